@@ -1,0 +1,41 @@
+# The README's two commands: `make run` and `make test`. Everything else is a convenience.
+BUILD ?= build
+JOBS ?= $(shell nproc)
+CMAKE_FLAGS ?=
+MODEL ?= $(BUILD)/tiny-deepseek2.gguf
+
+.PHONY: all bootstrap configure build run test test-slow bench fuzz clean format
+
+all: build
+
+bootstrap:
+	@./scripts/bootstrap.sh
+
+configure: bootstrap
+	@if [ ! -f $(BUILD)/CMakeCache.txt ]; then \
+	  cmake -S . -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Release $(CMAKE_FLAGS); fi
+
+build: configure
+	cmake --build $(BUILD) -j $(JOBS)
+
+# The main job: machine facts, its limits, and a synthesized model's summary.
+run: build
+	$(BUILD)/tandem info
+	$(BUILD)/tandem roofline
+	$(BUILD)/tandem synth --arch deepseek2 --preset tiny --format gguf --type q4_k_m --seed 1 -o $(MODEL)
+	$(BUILD)/tandem show -m $(MODEL)
+
+test: build
+	cd $(BUILD) && ctest --output-on-failure -j $(JOBS) -L 'unit|model|gpu' -LE slow
+
+test-slow: build
+	cd $(BUILD) && ctest --output-on-failure -L slow
+
+bench: build
+	cmake --build $(BUILD) --target benchmarks -j $(JOBS)
+
+clean:
+	rm -rf $(BUILD)
+
+format:
+	git ls-files '*.cpp' '*.h' '*.cu' '*.cuh' | xargs clang-format -i

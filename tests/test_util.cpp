@@ -1,0 +1,61 @@
+#include "tests/test_util.h"
+
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+#include <stdexcept>
+
+namespace tandem::test {
+namespace fs = std::filesystem;
+
+fs::path data_path(const std::string& relative) {
+  fs::path p = fs::path(TANDEM_TEST_DATA_DIR) / relative;
+  if (!fs::exists(p)) {
+    ADD_FAILURE() << "test data missing: " << p;
+    throw std::runtime_error("test data missing: " + p.string());
+  }
+  return p;
+}
+
+TempDir::TempDir(const std::string& tag) {
+  static std::atomic<int> counter{0};
+  path_ = fs::path(TANDEM_BINARY_DIR) / "test-tmp" /
+          (tag + "-" + std::to_string(getpid()) + "-" + std::to_string(counter++));
+  fs::remove_all(path_);
+  fs::create_directories(path_);
+}
+
+TempDir::~TempDir() {
+  std::error_code ec;
+  fs::remove_all(path_, ec);
+}
+
+namespace {
+std::string slurp(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+}  // namespace
+
+CommandResult run_tandem(const std::string& args) {
+  const char* bin = std::getenv("TANDEM_BIN");
+  std::string binary = bin ? bin : (std::string(TANDEM_BINARY_DIR) + "/tandem");
+  TempDir tmp("cmd");
+  const fs::path out = tmp / "stdout", err = tmp / "stderr";
+  const std::string cmd = binary + " " + args + " </dev/null >" + out.string() + " 2>" + err.string();
+  const int status = std::system(cmd.c_str());
+  CommandResult r;
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  r.out = slurp(out);
+  r.err = slurp(err);
+  return r;
+}
+
+}  // namespace tandem::test

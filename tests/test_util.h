@@ -1,0 +1,37 @@
+// Helpers shared by tests: where the test data and the tandem binary are, temporary directories,
+// running the CLI. Test data lives in tests/data (copied from ../shared so a fresh clone tests
+// itself); a missing file fails the test, it never skips it.
+#pragma once
+
+#include <filesystem>
+#include <string>
+
+namespace tandem::test {
+
+// tests/data/<relative>; fails the current test (ADD_FAILURE + throws) when it does not exist.
+std::filesystem::path data_path(const std::string& relative);
+
+// A fresh directory under the build tree, removed when the object goes away.
+class TempDir {
+ public:
+  explicit TempDir(const std::string& tag = "t");
+  ~TempDir();
+  TempDir(const TempDir&) = delete;
+  TempDir& operator=(const TempDir&) = delete;
+  const std::filesystem::path& path() const { return path_; }
+  std::filesystem::path operator/(const std::string& name) const { return path_ / name; }
+
+ private:
+  std::filesystem::path path_;
+};
+
+struct CommandResult {
+  int exit_code = -1;
+  std::string out;  // stdout
+  std::string err;  // stderr
+};
+
+// Runs `tandem <args>` (the binary from TANDEM_BIN) and captures both streams.
+CommandResult run_tandem(const std::string& args);
+
+}  // namespace tandem::test
