@@ -1,0 +1,129 @@
+#!/usr/bin/env python3
+"""Writes the fuzzing seed corpora (small valid files) into tests/data/fuzz/<target>/.
+
+Independent of tandem's writers on purpose (plain struct/json), so the seeds also check that the
+readers accept files tandem did not write. Run from anywhere: python3 tests/data/fuzz/make_seeds.py
+"""
+import json
+import os
+import shutil
+import struct
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+GOLDEN = os.path.join(HERE, "..", "golden")
+
+# --- GGUF ---
+U8, I8, U16, I16, U32, I32, F32, BOOL, STR, ARR, U64, I64, F64 = range(13)
+FMT = {U8: "B", I8: "b", U16: "H", I16: "h", U32: "I", I32: "i", F32: "f", BOOL: "?",
+       U64: "Q", I64: "q", F64: "d"}
+
+
+def gstr(s):
+    b = s.encode("utf-8")
+    return struct.pack("<Q", len(b)) + b
+
+
+def gval(t, v):
+    if t == STR:
+        return gstr(v)
+    if t == ARR:
+        et, items = v
+        return struct.pack("<IQ", et, len(items)) + b"".join(gval(et, x) for x in items)
+    return struct.pack("<" + FMT[t], v)
+
+
+def gguf(kvs, tensors, align=32):
+    """kvs: [(key, type, value)], tensors: [(name, ne list, ggml type, data bytes)]."""
+    out = struct.pack("<4sIQQ", b"GGUF", 3, len(tensors), len(kvs))
+    for k, t, v in kvs:
+        out += gstr(k) + struct.pack("<I", t) + gval(t, v)
+    off = 0
+    offsets = []
+    for name, ne, gt, data in tensors:
+        offsets.append(off)
+        out += gstr(name) + struct.pack("<I", len(ne)) + b"".join(struct.pack("<Q", n) for n in ne)
+        out += struct.pack("<IQ", gt, off)
+        off = (off + len(data) + align - 1) // align * align
+    if tensors:
+        out += b"\0" * (-len(out) % align)
+        for _, _, _, data in tensors:
+            out += data + b"\0" * (-len(data) % align)
+    return out
+
+
+def write(target, name, data):
+    d = os.path.join(HERE, target)
+    os.makedirs(d, exist_ok=True)
+    with open(os.path.join(d, name), "wb") as f:
+        f.write(data if isinstance(data, bytes) else data.encode("utf-8"))
+
+
+def q8_0_block():
+    return struct.pack("<e", 0.5) + bytes(range(32))
+
+
+def seeds_gguf():
+    write("gguf", "small.gguf", gguf(
+        [("general.architecture", STR, "llama"), ("llama.block_count", U32, 2),
+         ("llama.rope.freq_base", F32, 10000.0), ("tokenizer.ggml.add_bos_token", BOOL, True),
+         ("tokenizer.ggml.tokens", ARR, (STR, ["<s>", "</s>", "a", "\u00e9"])),
+         ("tokenizer.ggml.token_type", ARR, (I32, [3, 3, 1, 1]))],
+        [("token_embd.weight", [4, 2], 0, struct.pack("<8f", *range(8))),
+         ("blk.0.ffn_up.weight", [32, 1], 8, q8_0_block())]))
+    write("gguf", "types.gguf", gguf(
+        [("u8", U8, 200), ("i8", I8, -3), ("u16", U16, 60000), ("i16", I16, -300),
+         ("u32", U32, 1 << 31), ("i32", I32, -1), ("f32", F32, 1.5), ("bool", BOOL, False),
+         ("str", STR, "x"), ("u64", U64, 1 << 63), ("i64", I64, -(1 << 62)), ("f64", F64, 2.5),
+         ("nested", ARR, (ARR, [(I8, [1, 2]), (STR, ["y"]), (F64, [])]))], []))
+    write("gguf", "align64.gguf", gguf(
+        [("general.alignment", U32, 64)],
+        [("a", [4, 2], 1, bytes(16)), ("b", [3, 1, 2], 24, bytes(6)), ("c", [256], 12, bytes(144))],
+        align=64))
+    write("gguf", "empty.gguf", gguf([], []))
+
+
+def safetensors(tensors, metadata=None):
+    header, data = {}, b""
+    if metadata:
+        header["__metadata__"] = metadata
+    for name, dtype, shape, raw in tensors:
+        header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [len(data), len(data) + len(raw)]}
+        data += raw
+    h = json.dumps(header, separators=(",", ":")).encode()
+    h += b" " * (-len(h) % 8)
+    return struct.pack("<Q", len(h)) + h + data
+
+
+def seeds_safetensors():
+    write("safetensors", "dtypes.safetensors", safetensors(
+        [("bf16", "BF16", [2, 2], bytes(8)), ("f16", "F16", [3], bytes(6)),
+         ("f32", "F32", [1, 2], struct.pack("<2f", 1, 2)), ("f64", "F64", [1], bytes(8)),
+         ("fp8", "F8_E4M3", [4], bytes(4)), ("i8", "I8", [2], bytes(2)), ("u8", "U8", [2], bytes(2)),
+         ("i16", "I16", [1], bytes(2)), ("i32", "I32", [1], bytes(4)), ("i64", "I64", [1], bytes(8))],
+        {"format": "pt"}))
+    write("safetensors", "edge.safetensors", safetensors(
+        [("scalar", "F32", [], bytes(4)), ("empty", "F32", [0, 3], b""),
+         ("w", "BF16", [1, 1, 1, 2], bytes(4))]))
+    write("safetensors", "empty.safetensors", safetensors([]))
+
+
+def seeds_index():
+    write("safetensors_index", "index.json", json.dumps(
+        {"metadata": {"total_size": 1234},
+         "weight_map": {"lm_head.weight": "model-00002-of-00002.safetensors",
+                        "model.embed_tokens.weight": "model-00001-of-00002.safetensors"}}, indent=2))
+    write("safetensors_index", "minimal.json", '{"weight_map":{}}')
+
+
+def seeds_hf_config():
+    for model in ["deepseek2", "deepseek3", "mixtral", "qwen2moe", "qwen3moe"]:
+        d = os.path.join(HERE, "hf_config")
+        os.makedirs(d, exist_ok=True)
+        shutil.copyfile(os.path.join(GOLDEN, model + "-hf", "config.json"), os.path.join(d, model + ".json"))
+
+
+if __name__ == "__main__":
+    seeds_gguf()
+    seeds_safetensors()
+    seeds_index()
+    seeds_hf_config()
