@@ -1,0 +1,432 @@
+#include "ops/cpu/roofline.h"
+
+#include <immintrin.h>
+#include <time.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <nlohmann/json.hpp>
+#include <tuple>
+
+#include "core/error.h"
+#include "core/log.h"
+#include "core/memory.h"
+#include "ops/cpu/roofline_kernels.h"
+
+namespace tandem::cpu {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+constexpr size_t kPage = 4096;
+
+// Results of every kernel call land here, so no call is dead code.
+std::atomic<uint64_t> g_sink{0};
+
+int64_t now_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch())
+      .count();
+}
+
+// How n threads spread over the pool's nodes: round-robin over nodes that have workers.
+std::vector<int> threads_per_node(const ThreadPool& pool, int n) {
+  std::vector<int> per(static_cast<size_t>(pool.node_count()), 0);
+  for (int placed = 0; placed < n;) {
+    bool any = false;
+    for (int node = 0; node < pool.node_count() && placed < n; ++node) {
+      if (per[node] < pool.workers_on_node(node)) {
+        ++per[node];
+        ++placed;
+        any = true;
+      }
+    }
+    TD_CHECK(any, "{} threads do not fit the pool's {} workers", n, pool.size());
+  }
+  return per;
+}
+
+int64_t thread_cpu_ns() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return int64_t{ts.tv_sec} * 1'000'000'000 + ts.tv_nsec;
+}
+
+struct Timing {
+  double wall_s = 0;  // from the barrier release until the last thread finished
+  double cpu_s = 0;   // the most CPU time one thread spent in body (excludes preemption)
+};
+
+void atomic_max(std::atomic<int64_t>& a, int64_t v) {
+  int64_t prev = a.load();
+  while (prev < v && !a.compare_exchange_weak(prev, v)) {
+  }
+}
+
+// Runs body(node, index within node, participant index) on sum(per_node) workers at once,
+// each on its own node, all released together by a spin barrier.
+template <typename Body>
+Timing timed_parallel(ThreadPool& pool, const std::vector<int>& per_node, const Body& body) {
+  int total = 0;
+  for (int t : per_node) total += t;
+  std::atomic<int> arrived{0};
+  std::atomic<bool> go{false};
+  std::atomic<int64_t> start{0}, end{0}, cpu{0};
+  auto task = [&](int node, int index, int participant) {
+    // Each task blocks here until all have started, so no worker runs two of them.
+    if (arrived.fetch_add(1) + 1 == total) {
+      start.store(now_ns());
+      go.store(true);
+    } else {
+      while (!go.load(std::memory_order_acquire)) _mm_pause();
+    }
+    const int64_t cpu0 = thread_cpu_ns();
+    body(node, index, participant);
+    atomic_max(cpu, thread_cpu_ns() - cpu0);
+    atomic_max(end, now_ns());
+  };
+  std::vector<TaskHandle> handles;
+  handles.reserve(per_node.size());
+  int first = 0;
+  for (size_t k = 0; k < per_node.size(); first += per_node[k], ++k) {
+    if (per_node[k] == 0) continue;
+    const int node = static_cast<int>(k), base = first;
+    try {
+      handles.push_back(pool.submit(RunOptions{node, false}, static_cast<size_t>(per_node[k]),
+                                    [&task, node, base](size_t i) {
+                                      task(node, static_cast<int>(i), base + static_cast<int>(i));
+                                    }));
+    } catch (...) {
+      go.store(true);  // release the tasks already started, or their handles never return
+      throw;
+    }
+  }
+  for (TaskHandle& h : handles) h.wait();
+  return Timing{static_cast<double>(end.load() - start.load()) * 1e-9,
+                static_cast<double>(cpu.load()) * 1e-9};
+}
+
+// Grows `count` until one run(count) keeps a thread busy for `seconds` of CPU time (CPU time,
+// not wall time: on a busy machine a preempted thread must not stop the growth early), then
+// returns the best amount(count) / wall seconds of `repetitions` runs.
+template <typename Run, typename Amount>
+double best_rate(double seconds, int repetitions, const Run& run, const Amount& amount) {
+  uint64_t count = 1;
+  Timing t = run(count);
+  while (t.cpu_s < seconds * 0.5) {
+    const double grow = t.cpu_s > 0 ? seconds / t.cpu_s : 1000.0;
+    count = static_cast<uint64_t>(
+        std::ceil(static_cast<double>(count) * std::clamp(grow, 2.0, 1000.0)));
+    t = run(count);
+  }
+  double best = 0;
+  for (int r = 0; r < repetitions; ++r) best = std::max(best, amount(count) / run(count).wall_s);
+  return best;
+}
+
+struct Chunk {
+  const char* data = nullptr;
+  size_t bytes = 0;
+};
+
+// GB/s of `kernel` reading each participant's chunk `passes` times.
+double measure_read(ThreadPool& pool, const std::vector<int>& per_node, ReadFn kernel,
+                    const std::vector<Chunk>& chunks, const RooflineOptions& opt) {
+  size_t bytes_per_pass = 0;
+  for (const Chunk& c : chunks) bytes_per_pass += c.bytes;
+  auto run = [&](uint64_t passes) {
+    return timed_parallel(pool, per_node, [&](int, int, int p) {
+      uint64_t sum = 0;
+      for (uint64_t i = 0; i < passes; ++i) sum += kernel(chunks[p].data, chunks[p].bytes);
+      g_sink.fetch_add(sum, std::memory_order_relaxed);
+    });
+  };
+  auto amount = [&](uint64_t passes) {
+    return static_cast<double>(bytes_per_pass * passes) * 1e-9;
+  };
+  return best_rate(opt.seconds, opt.repetitions, run, amount);
+}
+
+double measure_compute(ThreadPool& pool, const std::vector<int>& per_node, const ComputeKernel& k,
+                       const RooflineOptions& opt) {
+  int threads = 0;
+  for (int t : per_node) threads += t;
+  auto run = [&](uint64_t iterations) {
+    return timed_parallel(pool, per_node, [&](int, int, int) {
+      const double r = k.fn(iterations);
+      uint64_t bits;
+      std::memcpy(&bits, &r, sizeof(bits));
+      g_sink.fetch_add(bits, std::memory_order_relaxed);
+    });
+  };
+  auto amount = [&](uint64_t iterations) {
+    return k.ops_per_iteration * static_cast<double>(iterations) * threads * 1e-9;
+  };
+  return best_rate(opt.seconds, opt.repetitions, run, amount);
+}
+
+size_t round_down(size_t x, size_t to) {
+  return x / to * to;
+}
+
+void validate(const ThreadPool& pool, const RooflineOptions& opt) {
+  if (pool.size() == 0)
+    fail(ErrorKind::kInvalidArgument, "roofline: the thread pool has no workers");
+  if (opt.threads < 0 || opt.threads > pool.size()) {
+    fail(ErrorKind::kInvalidArgument, "roofline: --threads {} is not in 1..{} (the pool's workers)",
+         opt.threads, pool.size());
+  }
+  if (!(opt.seconds > 0) || !std::isfinite(opt.seconds) || opt.seconds > 60) {
+    fail(ErrorKind::kInvalidArgument, "roofline: --seconds {} is not in (0, 60]", opt.seconds);
+  }
+  if (opt.repetitions < 1 || opt.repetitions > 100) {
+    fail(ErrorKind::kInvalidArgument, "roofline: {} repetitions is not in 1..100", opt.repetitions);
+  }
+  if (opt.dram_bytes < size_t{1} << 20) {
+    fail(ErrorKind::kInvalidArgument, "roofline: DRAM buffer of {} bytes is below 1 MiB",
+         opt.dram_bytes);
+  }
+}
+
+}  // namespace
+
+std::vector<int> sweep_thread_counts(int n) {
+  std::vector<int> counts;
+  for (int t = 1; t < n; t *= 2) counts.push_back(t);
+  if (n > 0) counts.push_back(n);
+  return counts;
+}
+
+RooflineResult measure_roofline(ThreadingContext& ctx, const RooflineOptions& opt) {
+  ThreadPool& pool = ctx.pool();
+  const Topology& topo = ctx.topology();
+  validate(pool, opt);
+  RooflineResult r;
+  r.threads = opt.threads > 0 ? opt.threads : pool.size();
+  r.isa = isa_name(best_isa());
+  const std::vector<int> per_node_full = threads_per_node(pool, r.threads);
+  const std::vector<int> counts =
+      opt.thread_sweep ? sweep_thread_counts(r.threads) : std::vector<int>{r.threads};
+  r.numa_nodes = 0;
+  for (int t : per_node_full) r.numa_nodes += t > 0 ? 1 : 0;
+
+  // DRAM: one buffer per node that has threads, bound to it, huge pages, prefaulted.
+  std::vector<AlignedBuffer> node_buffers(per_node_full.size());
+  const size_t per_node_bytes =
+      std::max(kHugePageBytes,
+               round_down(opt.dram_bytes / static_cast<size_t>(r.numa_nodes), kHugePageBytes));
+  r.huge_pages = opt.huge_pages;
+  for (size_t k = 0; k < per_node_full.size(); ++k) {
+    if (per_node_full[k] == 0) continue;
+    AllocOptions a;
+    a.huge_pages = opt.huge_pages;
+    a.prefault = true;
+    a.numa_node = topo.numa_nodes() > 1 && k < topo.nodes.size() ? topo.nodes[k].os_index : -1;
+    node_buffers[k] = AlignedBuffer(per_node_bytes, a);
+    r.dram_buffer_bytes += per_node_bytes;
+    r.huge_pages = r.huge_pages && node_buffers[k].huge_pages();
+    r.huge_page_backed_bytes += node_buffers[k].huge_page_bytes();
+  }
+  // Each participant reads its share of its node's buffer.
+  auto dram_chunks = [&](const std::vector<int>& per_node) {
+    std::vector<Chunk> chunks;
+    for (size_t k = 0; k < per_node.size(); ++k) {
+      const size_t share = round_down(per_node_bytes / std::max(1, per_node[k]), kPage);
+      for (int i = 0; i < per_node[k]; ++i) {
+        chunks.push_back({node_buffers[k].as<char>() + static_cast<size_t>(i) * share, share});
+      }
+    }
+    return chunks;
+  };
+
+  const std::vector<ReadKernel> kernels = read_kernels();
+  const ReadKernel* best = &kernels.back();
+  {
+    const std::vector<Chunk> chunks = dram_chunks(per_node_full);
+    for (const ReadKernel& k : kernels) {
+      if (k.isa == Isa::kScalar && kernels.size() > 1) continue;  // never the fastest
+      const double gbs = measure_read(pool, per_node_full, k.fn, chunks, opt);
+      log_info("roofline: DRAM read {} threads {}: {:.1f} GB/s", r.threads, k.name, gbs);
+      r.dram_variants.push_back({r.threads, gbs, k.name});
+      if (gbs > r.dram_read_gbs) {
+        r.dram_read_gbs = gbs;
+        best = &k;
+      }
+    }
+    r.dram_kernel = best->name;
+  }
+  for (int t : counts) {
+    if (t == r.threads) {
+      r.dram_sweep.push_back({t, r.dram_read_gbs, r.dram_kernel});
+      continue;
+    }
+    const std::vector<int> per_node = threads_per_node(pool, t);
+    r.dram_sweep.push_back(
+        {t, measure_read(pool, per_node, best->fn, dram_chunks(per_node), opt), best->name});
+  }
+  node_buffers.clear();
+
+  if (opt.cache_levels) {
+    // Per-thread buffers that fit half of a private L2, and a share of the L3 that is still
+    // well beyond L2 (so it is not the L2 number again).
+    const size_t l2 = topo.l2_bytes > 0 ? topo.l2_bytes : size_t{256} << 10;
+    r.l2_bytes_per_thread = std::max(kPage, round_down(l2 / 2, kPage));
+    const size_t l3_total = topo.l3_bytes * static_cast<size_t>(std::max(1, topo.l3_instances));
+    if (topo.l3_bytes > 0) {
+      r.l3_bytes_per_thread =
+          std::max(round_down(l3_total / 2 / static_cast<size_t>(r.threads), kPage), 2 * l2);
+    }
+    // Cache bandwidth is load-port bound: the widest plain loads, and the DRAM winner if other.
+    std::vector<const ReadKernel*> cache_kernels = {&kernels.front()};
+    if (best != &kernels.front()) cache_kernels.push_back(best);
+    for (auto [bytes, gbs, kernel] :
+         {std::tuple{r.l2_bytes_per_thread, &r.l2_read_gbs, &r.l2_kernel},
+          std::tuple{r.l3_bytes_per_thread, &r.l3_read_gbs, &r.l3_kernel}}) {
+      if (bytes == 0) continue;
+      std::vector<AlignedBuffer> buffers;
+      std::vector<Chunk> chunks;
+      for (int i = 0; i < r.threads; ++i) {
+        buffers.emplace_back(bytes, AllocOptions{kCacheLineBytes, false, -1, false, true});
+        chunks.push_back({buffers.back().as<char>(), bytes});
+      }
+      for (const ReadKernel* k : cache_kernels) {
+        const double value = measure_read(pool, per_node_full, k->fn, chunks, opt);
+        if (value > *gbs) {
+          *gbs = value;
+          *kernel = k->name;
+        }
+      }
+    }
+    log_info("roofline: L2 {:.1f} GB/s, L3 {:.1f} GB/s", r.l2_read_gbs, r.l3_read_gbs);
+  }
+
+  if (opt.compute) {
+    struct Target {
+      ComputeKind kind;
+      double* peak;
+      std::string* kernel;
+      std::vector<RooflinePoint>* sweep;
+    };
+    for (const Target& target :
+         {Target{ComputeKind::kFp32Fma, &r.fp32_gflops, &r.fp32_kernel, &r.fp32_sweep},
+          Target{ComputeKind::kBf16Dot, &r.bf16_gflops, &r.bf16_kernel, &r.bf16_sweep},
+          Target{ComputeKind::kInt8Dot, &r.int8_gops, &r.int8_kernel, &r.int8_sweep}}) {
+      const ComputeKernel* k = best_compute_kernel(target.kind);
+      if (k == nullptr) continue;
+      *target.kernel = k->name;
+      for (int t : counts) {
+        const double value = measure_compute(pool, threads_per_node(pool, t), *k, opt);
+        target.sweep->push_back({t, value, k->name});
+        if (t == r.threads) *target.peak = value;
+      }
+      log_info("roofline: {} {}: {:.1f} G/s", compute_kind_name(target.kind), k->name,
+               *target.peak);
+    }
+  }
+  return r;
+}
+
+namespace {
+
+nlohmann::json points_json(const std::vector<RooflinePoint>& points) {
+  nlohmann::json a = nlohmann::json::array();
+  for (const RooflinePoint& p : points) {
+    a.push_back({{"threads", p.threads}, {"value", p.value}, {"kernel", p.kernel}});
+  }
+  return a;
+}
+
+template <typename T>
+T get(const nlohmann::json& j, const char* key) {
+  if (!j.contains(key)) fail(ErrorKind::kFormat, "roofline JSON: key '{}' is missing", key);
+  try {
+    return j.at(key).get<T>();
+  } catch (const nlohmann::json::exception& e) {
+    fail(ErrorKind::kFormat, "roofline JSON: key '{}' has the wrong type: {}", key, e.what());
+  }
+}
+
+std::vector<RooflinePoint> points_from_json(const nlohmann::json& j, const char* key) {
+  std::vector<RooflinePoint> points;
+  if (!j.contains(key)) return points;
+  if (!j.at(key).is_array()) fail(ErrorKind::kFormat, "roofline JSON: '{}' is not an array", key);
+  for (const nlohmann::json& p : j.at(key)) {
+    if (!p.is_object()) fail(ErrorKind::kFormat, "roofline JSON: '{}' holds a non-object", key);
+    points.push_back(
+        {get<int>(p, "threads"), get<double>(p, "value"), get<std::string>(p, "kernel")});
+  }
+  return points;
+}
+
+}  // namespace
+
+std::string roofline_to_json(const RooflineResult& r, int indent) {
+  nlohmann::json j = {
+      {"threads", r.threads},
+      {"numa_nodes", r.numa_nodes},
+      {"isa", r.isa},
+      {"dram_read_gbs", r.dram_read_gbs},
+      {"dram_kernel", r.dram_kernel},
+      {"l3_read_gbs", r.l3_read_gbs},
+      {"l3_kernel", r.l3_kernel},
+      {"l2_read_gbs", r.l2_read_gbs},
+      {"l2_kernel", r.l2_kernel},
+      {"fp32_gflops", r.fp32_gflops},
+      {"fp32_kernel", r.fp32_kernel},
+      {"bf16_gflops", r.bf16_gflops},
+      {"bf16_kernel", r.bf16_kernel},
+      {"int8_gops", r.int8_gops},
+      {"int8_kernel", r.int8_kernel},
+      {"dram_buffer_bytes", r.dram_buffer_bytes},
+      {"l3_bytes_per_thread", r.l3_bytes_per_thread},
+      {"l2_bytes_per_thread", r.l2_bytes_per_thread},
+      {"huge_pages", r.huge_pages},
+      {"huge_page_backed_bytes", r.huge_page_backed_bytes},
+      {"dram_variants", points_json(r.dram_variants)},
+      {"dram_sweep", points_json(r.dram_sweep)},
+      {"fp32_sweep", points_json(r.fp32_sweep)},
+      {"bf16_sweep", points_json(r.bf16_sweep)},
+      {"int8_sweep", points_json(r.int8_sweep)},
+  };
+  return j.dump(indent);
+}
+
+RooflineResult roofline_from_json(const std::string& text) {
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(text);
+  } catch (const nlohmann::json::exception& e) {
+    fail(ErrorKind::kFormat, "roofline JSON does not parse: {}", e.what());
+  }
+  if (!j.is_object()) fail(ErrorKind::kFormat, "roofline JSON is not an object");
+  RooflineResult r;
+  r.threads = get<int>(j, "threads");
+  r.numa_nodes = get<int>(j, "numa_nodes");
+  r.isa = get<std::string>(j, "isa");
+  r.dram_read_gbs = get<double>(j, "dram_read_gbs");
+  r.dram_kernel = get<std::string>(j, "dram_kernel");
+  r.l3_read_gbs = get<double>(j, "l3_read_gbs");
+  r.l2_read_gbs = get<double>(j, "l2_read_gbs");
+  r.l3_kernel = get<std::string>(j, "l3_kernel");
+  r.l2_kernel = get<std::string>(j, "l2_kernel");
+  r.fp32_gflops = get<double>(j, "fp32_gflops");
+  r.fp32_kernel = get<std::string>(j, "fp32_kernel");
+  r.bf16_gflops = get<double>(j, "bf16_gflops");
+  r.bf16_kernel = get<std::string>(j, "bf16_kernel");
+  r.int8_gops = get<double>(j, "int8_gops");
+  r.int8_kernel = get<std::string>(j, "int8_kernel");
+  r.dram_buffer_bytes = get<size_t>(j, "dram_buffer_bytes");
+  r.l3_bytes_per_thread = get<size_t>(j, "l3_bytes_per_thread");
+  r.l2_bytes_per_thread = get<size_t>(j, "l2_bytes_per_thread");
+  r.huge_pages = get<bool>(j, "huge_pages");
+  r.huge_page_backed_bytes = get<size_t>(j, "huge_page_backed_bytes");
+  r.dram_variants = points_from_json(j, "dram_variants");
+  r.dram_sweep = points_from_json(j, "dram_sweep");
+  r.fp32_sweep = points_from_json(j, "fp32_sweep");
+  r.bf16_sweep = points_from_json(j, "bf16_sweep");
+  r.int8_sweep = points_from_json(j, "int8_sweep");
+  return r;
+}
+
+}  // namespace tandem::cpu

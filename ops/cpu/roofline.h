@@ -1,0 +1,71 @@
+// This machine's limits, measured: DRAM / L3 / L2 read bandwidth and peak fp32, bf16 and int8
+// throughput of the CPU, per thread count. Benchmarks report their results as fractions of these
+// numbers (ARCHITECTURE.md: performance is never asserted by timed tests), and the cost model can
+// start from them. `tandem roofline` prints them; measure_roofline() is the library API.
+//
+// How: every number is the best of several timed repetitions in which all threads start
+// together (a spin barrier) and the time runs until the last one finishes. DRAM reads stream
+// over a buffer far larger than L3, split per NUMA node and bound to it, huge pages, prefaulted;
+// every read-kernel variant (widths, prefetch, non-temporal loads) is tried and the best kept.
+#pragma once
+
+#include <cstddef>
+#include <string>
+#include <vector>
+
+#include "core/thread_pool.h"
+
+namespace tandem::cpu {
+
+struct RooflineOptions {
+  int threads = 0;                      // 0: every worker of the pool
+  size_t dram_bytes = size_t{1} << 30;  // DRAM buffer, all nodes together
+  double seconds = 0.25;                // minimum duration of one timed repetition
+  int repetitions = 3;                  // the best of these is reported
+  bool huge_pages = true;
+  bool thread_sweep = true;  // also measure 1, 2, 4, ... threads (else only `threads`)
+  bool cache_levels = true;  // L2 and L3 bandwidth
+  bool compute = true;       // fp32 / bf16 / int8 peaks
+};
+
+// One measured value (GB/s, GFLOP/s or GOP/s) at a thread count, with the kernel that gave it.
+struct RooflinePoint {
+  int threads = 0;
+  double value = 0;
+  std::string kernel;
+};
+
+struct RooflineResult {
+  int threads = 0;  // the thread count of the headline numbers below
+  int numa_nodes = 1;
+  std::string isa;  // best_isa() at measurement time
+  // Read bandwidth in GB/s (1e9 bytes/s), 0 when not measured.
+  double dram_read_gbs = 0, l3_read_gbs = 0, l2_read_gbs = 0;
+  std::string dram_kernel, l3_kernel, l2_kernel;
+  // Peak throughput: fp32 and bf16 in GFLOP/s, int8 in GOP/s (a multiply-add is 2); 0 = none.
+  double fp32_gflops = 0, bf16_gflops = 0, int8_gops = 0;
+  std::string fp32_kernel, bf16_kernel, int8_kernel;
+
+  size_t dram_buffer_bytes = 0;
+  size_t l3_bytes_per_thread = 0, l2_bytes_per_thread = 0;
+  bool huge_pages = false;            // MADV_HUGEPAGE accepted on the DRAM buffers
+  size_t huge_page_backed_bytes = 0;  // of them actually on huge pages
+
+  std::vector<RooflinePoint> dram_variants;  // each read kernel at `threads`
+  std::vector<RooflinePoint> dram_sweep, fp32_sweep, bf16_sweep, int8_sweep;  // by threads
+};
+
+// Measures with the workers of ctx.pool() (the caller only waits). Throws Error(kInvalidArgument)
+// for a bad option (threads beyond the pool, a zero buffer) and Error(kResource) when the
+// buffer cannot be allocated.
+RooflineResult measure_roofline(ThreadingContext& ctx, const RooflineOptions& options);
+
+// The thread counts a sweep visits: 1, 2, 4, ... below n, then n.
+std::vector<int> sweep_thread_counts(int n);
+
+std::string roofline_to_json(const RooflineResult& result, int indent = 2);
+// Reads what roofline_to_json wrote (e.g. a saved `tandem roofline --json`); throws
+// Error(kFormat) naming the key when it is malformed.
+RooflineResult roofline_from_json(const std::string& text);
+
+}  // namespace tandem::cpu

@@ -1,0 +1,180 @@
+// The roofline kernels do real arithmetic (read checksums equal an independent sum, compute
+// chains end at the value the formula predicts), and a small measurement gives positive, finite,
+// sensibly ordered numbers. Nothing here asserts a speed.
+#include "ops/cpu/roofline.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <set>
+#include <string>
+
+#include "core/error.h"
+#include "core/memory.h"
+#include "ops/cpu/roofline_kernels.h"
+
+namespace tandem::cpu {
+namespace {
+
+TEST(RooflineKernels, ReadChecksumsEqualAnIndependentSum) {
+  const std::vector<ReadKernel> kernels = read_kernels();
+  ASSERT_FALSE(kernels.empty());
+  EXPECT_STREQ(kernels.back().name, "scalar");
+  if (best_isa() >= Isa::kAvx512) {
+    EXPECT_STREQ(kernels.front().name, "avx512");
+  }
+  constexpr size_t kMax = 64 * 1024 + 4096;
+  AlignedBuffer buf(kMax, AllocOptions{64});
+  uint64_t* words = buf.as<uint64_t>();
+  std::mt19937_64 rng(7);
+  for (size_t i = 0; i < kMax / 8; ++i) words[i] = rng();
+  // Sizes around every block boundary of every variant (512, 256, 64 bytes and 8-byte tails).
+  for (size_t bytes : {0ul, 8ul, 56ul, 64ul, 72ul, 248ul, 256ul, 264ul, 504ul, 512ul, 520ul, 1000ul,
+                       4096ul, 4104ul, 65536ul + 448ul, kMax}) {
+    uint64_t expected = 0;
+    for (size_t i = 0; i < bytes / 8; ++i) expected += words[i];  // wraps mod 2^64 like the kernels
+    for (const ReadKernel& k : kernels) {
+      EXPECT_EQ(k.fn(words, bytes), expected) << k.name << " over " << bytes << " bytes";
+    }
+  }
+}
+
+TEST(RooflineKernels, ComputeChainsEndWhereTheFormulaSays) {
+  const std::vector<ComputeKernel> kernels = compute_kernels();
+  std::set<ComputeKind> kinds;
+  for (const ComputeKernel& k : kernels) {
+    kinds.insert(k.kind);
+    for (uint64_t n : {0ull, 1ull, 7ull, 1000ull}) {
+      // Every lane: start + step * n; exact in float/int32 at these sizes.
+      const double expected = k.lanes * (k.start + k.step * static_cast<double>(n));
+      EXPECT_EQ(k.fn(n), expected) << k.name << " after " << n << " iterations";
+    }
+    // Operations per iteration: lanes x 2 per multiply-add x the products per lane.
+    const double products = k.kind == ComputeKind::kFp32Fma   ? 1
+                            : k.kind == ComputeKind::kBf16Dot ? 2
+                                                              : 4;
+    EXPECT_EQ(k.ops_per_iteration, k.lanes * 2 * products) << k.name;
+  }
+  EXPECT_TRUE(kinds.count(ComputeKind::kFp32Fma));
+  EXPECT_TRUE(kinds.count(ComputeKind::kInt8Dot));
+  // What this CPU should pick, from its features.
+  const CpuFeatures& f = cpu_features();
+  ASSERT_NE(best_compute_kernel(ComputeKind::kFp32Fma), nullptr);
+  if (best_isa() >= Isa::kAvx512) {
+    EXPECT_STREQ(best_compute_kernel(ComputeKind::kFp32Fma)->name, "avx512_fma");
+  }
+  const ComputeKernel* bf16 = best_compute_kernel(ComputeKind::kBf16Dot);
+  EXPECT_EQ(bf16 != nullptr, best_isa() >= Isa::kAvx512Bf16 && f.avx512_bf16);
+  const ComputeKernel* int8 = best_compute_kernel(ComputeKind::kInt8Dot);
+  ASSERT_NE(int8, nullptr);
+  if (best_isa() >= Isa::kAvx512 && f.avx512_vnni) {
+    EXPECT_STREQ(int8->name, "avx512_vnni");
+  } else if (best_isa() >= Isa::kAvx2 && f.avx_vnni) {
+    EXPECT_STREQ(int8->name, "avx_vnni");
+  }
+}
+
+TEST(Roofline, SmallMeasurementIsPositiveFiniteAndOrdered) {
+  // One thread: on a busy 2-core machine (parallel builds) a thread that waits at the start
+  // barrier for a descheduled peer would distort the numbers; alone, best-of-6 is robust.
+  ThreadingContext ctx(detect_topology(), ThreadingOptions{0, true, 50});
+  RooflineOptions opt;
+  opt.threads = 1;
+  opt.dram_bytes = size_t{64} << 20;
+  opt.seconds = 0.001;  // short runs, many of them: some escape preemption on a busy machine
+  opt.repetitions = 6;
+  opt.thread_sweep = false;
+  const RooflineResult r = measure_roofline(ctx, opt);
+  EXPECT_EQ(r.threads, 1);
+  EXPECT_EQ(r.isa, isa_name(best_isa()));
+  EXPECT_EQ(r.dram_buffer_bytes, size_t{64} << 20);
+  for (double v : {r.dram_read_gbs, r.l2_read_gbs, r.fp32_gflops, r.int8_gops}) {
+    EXPECT_TRUE(std::isfinite(v) && v > 0) << v;
+  }
+  if (ctx.topology().l3_bytes > 0) {
+    EXPECT_GT(r.l3_read_gbs, 0);
+  }
+  // L2-resident data streams faster than a buffer larger than the whole L3.
+  EXPECT_GE(r.l2_read_gbs, r.dram_read_gbs);
+  EXPECT_FALSE(r.dram_kernel.empty());
+  EXPECT_FALSE(r.l2_kernel.empty());
+  EXPECT_EQ(r.dram_variants.size(), read_kernels().size() - 1);  // all but scalar
+  ASSERT_EQ(r.dram_sweep.size(), 1u);
+  EXPECT_EQ(r.dram_sweep[0].value, r.dram_read_gbs);
+  ASSERT_EQ(r.fp32_sweep.size(), 1u);
+  EXPECT_EQ(r.fp32_sweep[0].threads, 1);
+  EXPECT_EQ(r.fp32_sweep[0].value, r.fp32_gflops);
+  EXPECT_EQ(r.bf16_gflops > 0, best_compute_kernel(ComputeKind::kBf16Dot) != nullptr);
+}
+
+TEST(Roofline, OptionsAreValidated) {
+  ThreadingContext ctx(synthetic_topology(1, 1), ThreadingOptions{1, false, 20});
+  RooflineOptions opt;
+  opt.threads = 2;
+  EXPECT_THROW(measure_roofline(ctx, opt), Error);
+  opt.threads = 1;
+  opt.seconds = 0;
+  EXPECT_THROW(measure_roofline(ctx, opt), Error);
+  opt.seconds = NAN;
+  EXPECT_THROW(measure_roofline(ctx, opt), Error);
+  opt.seconds = 0.01;
+  opt.dram_bytes = 1000;
+  try {
+    measure_roofline(ctx, opt);
+    FAIL() << "no exception";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kInvalidArgument);
+    EXPECT_NE(std::string(e.what()).find("1000"), std::string::npos);
+  }
+}
+
+TEST(Roofline, SweepCounts) {
+  EXPECT_EQ(sweep_thread_counts(1), std::vector<int>{1});
+  EXPECT_EQ(sweep_thread_counts(2), (std::vector<int>{1, 2}));
+  EXPECT_EQ(sweep_thread_counts(6), (std::vector<int>{1, 2, 4, 6}));
+  EXPECT_EQ(sweep_thread_counts(8), (std::vector<int>{1, 2, 4, 8}));
+}
+
+TEST(Roofline, JsonRoundTripAndErrors) {
+  RooflineResult r;
+  r.threads = 2;
+  r.isa = "avx512_bf16";
+  r.dram_read_gbs = 34.5;
+  r.dram_kernel = "avx512_prefetch";
+  r.l2_kernel = "avx512";
+  r.int8_gops = 1800.25;
+  r.int8_kernel = "avx512_vnni";
+  r.huge_pages = true;
+  r.dram_buffer_bytes = size_t{1} << 30;
+  r.dram_sweep = {{1, 20.0, "avx512"}, {2, 34.5, "avx512"}};
+  const RooflineResult back = roofline_from_json(roofline_to_json(r));
+  EXPECT_EQ(back.threads, 2);
+  EXPECT_EQ(back.isa, "avx512_bf16");
+  EXPECT_EQ(back.dram_read_gbs, 34.5);
+  EXPECT_EQ(back.dram_kernel, "avx512_prefetch");
+  EXPECT_EQ(back.l2_kernel, "avx512");
+  EXPECT_EQ(back.int8_gops, 1800.25);
+  EXPECT_TRUE(back.huge_pages);
+  EXPECT_EQ(back.dram_buffer_bytes, size_t{1} << 30);
+  ASSERT_EQ(back.dram_sweep.size(), 2u);
+  EXPECT_EQ(back.dram_sweep[1].value, 34.5);
+  EXPECT_EQ(back.dram_sweep[0].threads, 1);
+
+  try {
+    roofline_from_json("{\"threads\": 2}");
+    FAIL() << "no exception";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kFormat);
+    EXPECT_NE(std::string(e.what()).find("numa_nodes"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(roofline_from_json("not json"), Error);
+  EXPECT_THROW(roofline_from_json("[1, 2]"), Error);
+  std::string wrong = roofline_to_json(r);
+  wrong.replace(wrong.find("\"isa\": \"avx512_bf16\""), 20, "\"isa\": 5");
+  EXPECT_THROW(roofline_from_json(wrong), Error);
+}
+
+}  // namespace
+}  // namespace tandem::cpu
