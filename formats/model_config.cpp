@@ -1,0 +1,364 @@
+// ModelConfig: names, validation, comparison and parameter counts. The readers are in
+// model_config_hf.cpp / model_config_gguf.cpp, presets and writers in model_config_presets.cpp /
+// model_config_write.cpp.
+#include "formats/model_config.h"
+
+#include <cmath>
+
+#include "core/error.h"
+#include "formats/model_config_detail.h"
+
+namespace tandem {
+
+namespace {
+
+struct ArchNames {
+  ModelArch arch;
+  std::string_view name, gguf, hf, model_type;
+};
+constexpr ArchNames kArchNames[] = {
+    {ModelArch::kDeepseek2, "deepseek2", "deepseek2", "DeepseekV2ForCausalLM", "deepseek_v2"},
+    {ModelArch::kDeepseek3, "deepseek3", "deepseek2", "DeepseekV3ForCausalLM", "deepseek_v3"},
+    {ModelArch::kQwen2Moe, "qwen2moe", "qwen2moe", "Qwen2MoeForCausalLM", "qwen2_moe"},
+    {ModelArch::kQwen3Moe, "qwen3moe", "qwen3moe", "Qwen3MoeForCausalLM", "qwen3_moe"},
+    {ModelArch::kMixtral, "mixtral", "llama", "MixtralForCausalLM", "mixtral"},
+};
+
+const ArchNames& names_of(ModelArch arch) {
+  for (const ArchNames& n : kArchNames) {
+    if (n.arch == arch) return n;
+  }
+  TD_CHECK(false, "arch id {}", static_cast<int>(arch));
+  return kArchNames[0];
+}
+
+// Range checks in one place: a value that fails names the field's key in the source file.
+class Validator {
+ public:
+  Validator(std::string_view source, detail::KeyNamer namer)
+      : source_(source), namer_(std::move(namer)) {}
+
+  void range(std::string_view field, int64_t v, int64_t lo, int64_t hi) const {
+    if (v < lo || v > hi) {
+      fail(ErrorKind::kFormat, "{}: key '{}': value {} is out of range [{}, {}]", source_,
+           namer_(field), v, lo, hi);
+    }
+  }
+  void positive_float(std::string_view field, double v, double hi) const {
+    if (!(std::isfinite(v) && v > 0.0 && v <= hi)) {
+      fail(ErrorKind::kFormat, "{}: key '{}': value {} must be finite, > 0 and <= {}", source_,
+           namer_(field), v, hi);
+    }
+  }
+  [[noreturn]] void inconsistent(std::string_view field, const std::string& why) const {
+    fail(ErrorKind::kFormat, "{}: key '{}': {}", source_, namer_(field), why);
+  }
+  std::string key(std::string_view field) const { return namer_(field); }
+
+ private:
+  std::string_view source_;
+  detail::KeyNamer namer_;
+};
+
+constexpr int64_t kMaxVocab = int64_t{1} << 23;
+constexpr int64_t kMaxHidden = int64_t{1} << 16;
+constexpr int64_t kMaxLayers = 1000;
+constexpr int64_t kMaxHeads = 1024;
+constexpr int64_t kMaxHeadDim = 4096;
+constexpr int64_t kMaxFfn = int64_t{1} << 20;
+constexpr int64_t kMaxExperts = int64_t{1} << 14;
+constexpr int64_t kMaxPositions = int64_t{1} << 28;
+constexpr double kMaxParams = 1e14;  // 100T parameters: anything above is a broken file
+
+void validate_impl(const ModelConfig& c, std::string_view source, const detail::KeyNamer& namer) {
+  Validator v(source, namer);
+  v.range("vocab_size", c.vocab_size, 1, kMaxVocab);
+  v.range("hidden_size", c.hidden_size, 1, kMaxHidden);
+  v.range("num_layers", c.num_layers, 1, kMaxLayers);
+  v.range("num_heads", c.num_heads, 1, kMaxHeads);
+  v.range("num_kv_heads", c.num_kv_heads, 1, c.num_heads);
+  if (c.num_heads % c.num_kv_heads != 0) {
+    v.inconsistent("num_kv_heads", fmt::format("{} key/value heads do not divide {} heads",
+                                               c.num_kv_heads, c.num_heads));
+  }
+  v.range("max_position_embeddings", c.max_position_embeddings, 1, kMaxPositions);
+  v.positive_float("rms_norm_eps", c.rms_norm_eps, 1.0);
+  v.positive_float("rope_theta", c.rope_theta, 1e12);
+  if (c.is_mla()) {
+    v.range("kv_lora_rank", c.kv_lora_rank, 1, kMaxHidden);
+    v.range("q_lora_rank", c.q_lora_rank, 0, kMaxHidden);
+    v.range("qk_nope_head_dim", c.qk_nope_head_dim, 1, kMaxHeadDim);
+    v.range("qk_rope_head_dim", c.qk_rope_head_dim, 2, kMaxHeadDim);
+    v.range("v_head_dim", c.v_head_dim, 1, kMaxHeadDim);
+    if (c.head_dim != c.qk_nope_head_dim + c.qk_rope_head_dim || c.rope_dim != c.qk_rope_head_dim) {
+      v.inconsistent("qk_nope_head_dim", "head sizes are inconsistent");
+    }
+  } else {
+    if (detail::is_deepseek(c.arch)) v.range("kv_lora_rank", c.kv_lora_rank, 1, kMaxHidden);
+    v.range("head_dim", c.head_dim, 1, kMaxHeadDim);
+    v.range("v_head_dim", c.v_head_dim, 1, kMaxHeadDim);
+  }
+  v.range("rope_dim", c.rope_dim, 2, c.head_dim);
+  if (c.rope_dim % 2 != 0) v.inconsistent("rope_dim", fmt::format("{} is odd", c.rope_dim));
+
+  v.range("intermediate_size", c.intermediate_size, 1, kMaxFfn);
+  v.range("moe_intermediate_size", c.moe_intermediate_size, 1, kMaxFfn);
+  v.range("shared_expert_intermediate_size", c.shared_expert_intermediate_size, 0, kMaxFfn);
+  v.range("n_shared_experts", c.n_shared_experts, 0, 256);
+  v.range("n_experts", c.n_experts, 1, kMaxExperts);
+  if (c.n_experts_per_tok > c.n_experts) {
+    v.inconsistent("n_experts_per_tok",
+                   fmt::format("{} experts per token but only {} experts ({})", c.n_experts_per_tok,
+                               c.n_experts, v.key("n_experts")));
+  }
+  v.range("n_experts_per_tok", c.n_experts_per_tok, 1, c.n_experts);
+  v.range("first_k_dense_replace", c.first_k_dense_replace, 0, c.num_layers);
+  v.range("moe_layer_freq", c.moe_layer_freq, 1, c.num_layers);
+  for (int64_t layer : c.mlp_only_layers) v.range("mlp_only_layers", layer, 0, c.num_layers - 1);
+
+  v.range("n_group", c.n_group, 1, c.n_experts);
+  if (c.n_experts % c.n_group != 0) {
+    v.inconsistent("n_group",
+                   fmt::format("{} groups do not divide {} experts", c.n_group, c.n_experts));
+  }
+  v.range("topk_group", c.topk_group, 1, c.n_group);
+  if (c.n_experts_per_tok > c.topk_group * (c.n_experts / c.n_group)) {
+    v.inconsistent("topk_group",
+                   fmt::format("{} groups of {} experts cannot hold {} experts per "
+                               "token",
+                               c.topk_group, c.n_experts / c.n_group, c.n_experts_per_tok));
+  }
+  v.positive_float("routed_scaling_factor", c.routed_scaling_factor, 1e4);
+
+  if (c.bos_token_id != -1) v.range("bos_token_id", c.bos_token_id, 0, c.vocab_size - 1);
+  if (c.eos_token_id != -1) v.range("eos_token_id", c.eos_token_id, 0, c.vocab_size - 1);
+  v.range("sliding_window", c.sliding_window, 0, kMaxPositions);
+
+  const RopeScaling& rs = c.rope_scaling;
+  if (rs.type != RopeScalingType::kNone) v.positive_float("rope_scaling.factor", rs.factor, 1e6);
+  if (rs.type == RopeScalingType::kYarn) {
+    v.range("rope_scaling.original_max_position_embeddings", rs.original_max_position_embeddings, 1,
+            kMaxPositions);
+    v.positive_float("rope_scaling.beta_fast", rs.beta_fast, 1e4);
+    v.positive_float("rope_scaling.beta_slow", rs.beta_slow, 1e4);
+    if (!(std::isfinite(rs.mscale) && std::isfinite(rs.mscale_all_dim))) {
+      v.inconsistent("rope_scaling.mscale", "must be finite");
+    }
+  }
+  double params = 0;
+  {
+    // Same formula as count_params(), in double so that absurd shapes cannot overflow.
+    const double h = static_cast<double>(c.hidden_size);
+    const double ffn_layers = static_cast<double>(c.num_moe_layers());
+    params =
+        static_cast<double>(c.vocab_size) * h * 2 +
+        ffn_layers * c.n_experts * 3.0 * h * c.moe_intermediate_size +
+        c.num_layers * 3.0 * h * std::max(c.intermediate_size, c.shared_expert_intermediate_size) +
+        c.num_layers * 4.0 * h * c.num_heads * std::max(c.head_dim, c.v_head_dim);
+  }
+  if (params > kMaxParams) {
+    fail(ErrorKind::kFormat,
+         "{}: the sizes describe a model of {:.3g} parameters, more than the "
+         "{:.0g} tandem accepts",
+         source, params, kMaxParams);
+  }
+}
+}  // namespace
+
+std::string_view arch_name(ModelArch arch) {
+  return names_of(arch).name;
+}
+std::string_view gguf_arch_name(ModelArch arch) {
+  return names_of(arch).gguf;
+}
+std::string_view hf_architecture_name(ModelArch arch) {
+  return names_of(arch).hf;
+}
+
+std::optional<ModelArch> arch_from_name(std::string_view name) {
+  for (const ArchNames& n : kArchNames) {
+    if (n.name == name) return n.arch;
+  }
+  return std::nullopt;
+}
+
+std::string_view rope_scaling_name(RopeScalingType type) {
+  switch (type) {
+    case RopeScalingType::kNone:
+      return "none";
+    case RopeScalingType::kLinear:
+      return "linear";
+    case RopeScalingType::kYarn:
+      return "yarn";
+  }
+  return "?";
+}
+std::string_view scoring_func_name(ScoringFunc func) {
+  return func == ScoringFunc::kSoftmax ? "softmax" : "sigmoid";
+}
+std::string_view topk_method_name(TopkMethod method) {
+  switch (method) {
+    case TopkMethod::kGreedy:
+      return "greedy";
+    case TopkMethod::kGroupLimitedGreedy:
+      return "group_limited_greedy";
+    case TopkMethod::kNoauxTc:
+      return "noaux_tc";
+  }
+  return "?";
+}
+
+bool ModelConfig::is_moe_layer(int64_t layer) const {
+  if (layer < 0 || layer >= num_layers || n_experts == 0) return false;
+  switch (arch) {
+    case ModelArch::kDeepseek2:
+    case ModelArch::kDeepseek3:
+      return layer >= first_k_dense_replace && layer % moe_layer_freq == 0;
+    case ModelArch::kQwen2Moe:
+    case ModelArch::kQwen3Moe:
+      for (int64_t l : mlp_only_layers) {
+        if (l == layer) return false;
+      }
+      return (layer + 1) % moe_layer_freq == 0;
+    case ModelArch::kMixtral:
+      return true;
+  }
+  return false;
+}
+
+int64_t ModelConfig::num_moe_layers() const {
+  int64_t n = 0;
+  for (int64_t l = 0; l < num_layers; ++l) n += is_moe_layer(l) ? 1 : 0;
+  return n;
+}
+
+std::vector<std::string> config_diff(const ModelConfig& a, const ModelConfig& b) {
+  std::vector<std::string> out;
+  auto same_float = [](float x, float y) {
+    return x == y || std::fabs(x - y) <= 1e-6f * std::max(std::fabs(x), std::fabs(y));
+  };
+  auto i = [&](const char* name, int64_t x, int64_t y) {
+    if (x != y) out.push_back(fmt::format("{}: {} vs {}", name, x, y));
+  };
+  auto f = [&](const char* name, float x, float y) {
+    if (!same_float(x, y)) out.push_back(fmt::format("{}: {} vs {}", name, x, y));
+  };
+  auto s = [&](const char* name, std::string_view x, std::string_view y) {
+    if (x != y) out.push_back(fmt::format("{}: {} vs {}", name, x, y));
+  };
+  s("arch", arch_name(a.arch), arch_name(b.arch));
+  i("vocab_size", a.vocab_size, b.vocab_size);
+  i("hidden_size", a.hidden_size, b.hidden_size);
+  i("num_layers", a.num_layers, b.num_layers);
+  i("num_heads", a.num_heads, b.num_heads);
+  i("num_kv_heads", a.num_kv_heads, b.num_kv_heads);
+  i("head_dim", a.head_dim, b.head_dim);
+  i("rope_dim", a.rope_dim, b.rope_dim);
+  i("intermediate_size", a.intermediate_size, b.intermediate_size);
+  i("moe_intermediate_size", a.moe_intermediate_size, b.moe_intermediate_size);
+  i("shared_expert_intermediate_size", a.shared_expert_intermediate_size,
+    b.shared_expert_intermediate_size);
+  i("n_shared_experts", a.n_shared_experts, b.n_shared_experts);
+  i("shared_expert_gate", a.shared_expert_gate, b.shared_expert_gate);
+  i("n_experts", a.n_experts, b.n_experts);
+  i("n_experts_per_tok", a.n_experts_per_tok, b.n_experts_per_tok);
+  i("first_k_dense_replace", a.first_k_dense_replace, b.first_k_dense_replace);
+  i("moe_layer_freq", a.moe_layer_freq, b.moe_layer_freq);
+  if (a.mlp_only_layers != b.mlp_only_layers) out.push_back("mlp_only_layers");
+  f("rms_norm_eps", a.rms_norm_eps, b.rms_norm_eps);
+  f("rope_theta", a.rope_theta, b.rope_theta);
+  s("rope_scaling.type", rope_scaling_name(a.rope_scaling.type),
+    rope_scaling_name(b.rope_scaling.type));
+  if (a.rope_scaling.type != RopeScalingType::kNone) {
+    f("rope_scaling.factor", a.rope_scaling.factor, b.rope_scaling.factor);
+  }
+  if (a.rope_scaling.type == RopeScalingType::kYarn) {
+    i("rope_scaling.original_max_position_embeddings",
+      a.rope_scaling.original_max_position_embeddings,
+      b.rope_scaling.original_max_position_embeddings);
+    f("rope_scaling.beta_fast", a.rope_scaling.beta_fast, b.rope_scaling.beta_fast);
+    f("rope_scaling.beta_slow", a.rope_scaling.beta_slow, b.rope_scaling.beta_slow);
+    f("rope_scaling.mscale", a.rope_scaling.mscale, b.rope_scaling.mscale);
+    f("rope_scaling.mscale_all_dim", a.rope_scaling.mscale_all_dim, b.rope_scaling.mscale_all_dim);
+  }
+  i("max_position_embeddings", a.max_position_embeddings, b.max_position_embeddings);
+  i("q_lora_rank", a.q_lora_rank, b.q_lora_rank);
+  i("kv_lora_rank", a.kv_lora_rank, b.kv_lora_rank);
+  i("qk_nope_head_dim", a.qk_nope_head_dim, b.qk_nope_head_dim);
+  i("qk_rope_head_dim", a.qk_rope_head_dim, b.qk_rope_head_dim);
+  i("v_head_dim", a.v_head_dim, b.v_head_dim);
+  s("scoring", scoring_func_name(a.scoring), scoring_func_name(b.scoring));
+  s("topk_method", topk_method_name(a.topk_method), topk_method_name(b.topk_method));
+  i("n_group", a.n_group, b.n_group);
+  i("topk_group", a.topk_group, b.topk_group);
+  i("norm_topk_prob", a.norm_topk_prob, b.norm_topk_prob);
+  f("routed_scaling_factor", a.routed_scaling_factor, b.routed_scaling_factor);
+  i("has_e_score_correction_bias", a.has_e_score_correction_bias, b.has_e_score_correction_bias);
+  i("attention_bias", a.attention_bias, b.attention_bias);
+  i("qk_norm", a.qk_norm, b.qk_norm);
+  i("tie_word_embeddings", a.tie_word_embeddings, b.tie_word_embeddings);
+  i("bos_token_id", a.bos_token_id, b.bos_token_id);
+  i("eos_token_id", a.eos_token_id, b.eos_token_id);
+  i("sliding_window", a.sliding_window, b.sliding_window);
+  return out;
+}
+
+namespace detail {
+
+bool is_deepseek(ModelArch arch) {
+  return arch == ModelArch::kDeepseek2 || arch == ModelArch::kDeepseek3;
+}
+
+std::string_view hf_model_type(ModelArch arch) {
+  return names_of(arch).model_type;
+}
+
+void validate_config_keys(const ModelConfig& config, std::string_view source,
+                          const KeyNamer& key_of) {
+  validate_impl(config, source, key_of);
+}
+
+}  // namespace detail
+
+void validate_config(const ModelConfig& config, std::string_view source) {
+  validate_impl(config, source, [](std::string_view f) { return std::string(f); });
+}
+
+ParamCount count_params(const ModelConfig& c) {
+  const int64_t h = c.hidden_size;
+  int64_t attn = 2 * h;  // the layer's two RMSNorms
+  if (c.is_mla()) {
+    const int64_t q_out = c.num_heads * c.head_dim;
+    attn +=
+        c.q_lora_rank > 0 ? h * c.q_lora_rank + c.q_lora_rank + c.q_lora_rank * q_out : h * q_out;
+    attn += h * (c.kv_lora_rank + c.qk_rope_head_dim) + c.kv_lora_rank;
+    attn += c.kv_lora_rank * c.num_heads * (c.qk_nope_head_dim + c.v_head_dim);
+    attn += c.num_heads * c.v_head_dim * h;
+  } else {
+    attn += h * c.num_heads * c.head_dim + 2 * h * c.num_kv_heads * c.head_dim +
+            c.num_heads * c.v_head_dim * h;
+    if (c.attention_bias) attn += (c.num_heads + 2 * c.num_kv_heads) * c.head_dim;
+    if (c.qk_norm) attn += 2 * c.head_dim;
+  }
+  ParamCount p;
+  p.embedding = c.vocab_size * h * (c.tie_word_embeddings ? 1 : 2);
+  int64_t dense = p.embedding + h;  // + final norm
+  for (int64_t layer = 0; layer < c.num_layers; ++layer) {
+    dense += attn;
+    if (!c.is_moe_layer(layer)) {
+      dense += 3 * h * c.intermediate_size;
+      continue;
+    }
+    dense += c.n_experts * h;  // router
+    if (c.has_e_score_correction_bias) dense += c.n_experts;
+    dense += 3 * h * c.shared_expert_intermediate_size;
+    if (c.shared_expert_gate) dense += h;
+    p.routed_experts += c.n_experts * 3 * h * c.moe_intermediate_size;
+  }
+  p.total = dense + p.routed_experts;
+  p.active_per_token =
+      dense + c.num_moe_layers() * c.n_experts_per_tok * 3 * h * c.moe_intermediate_size;
+  return p;
+}
+
+}  // namespace tandem

@@ -1,0 +1,166 @@
+// Model hyperparameters: one ModelConfig for every supported MoE architecture, read from a
+// Hugging Face config.json or from GGUF metadata (llama.cpp arches deepseek2, qwen2moe, qwen3moe,
+// llama-with-experts), or taken from a named preset with the real released shapes.
+//
+// The two sources describe the same model differently (DeepSeek MLA in GGUF is written as MQA
+// with head_count_kv = 1 and key_length = kv_lora + rope; routing flags that llama.cpp hard-codes
+// per arch are absent from GGUF). ModelConfig holds the HF meaning of every field, so the HF and
+// GGUF files of one model give equal configs (config_diff() is empty). Everything that comes
+// from a file is validated; a bad value throws Error naming the file and the key.
+//
+// Not for: tensor names or layouts (model/), tokenizers (engine/), checkpoint quantization.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace tandem {
+
+class GgufFile;
+class GgufWriter;
+
+enum class ModelArch : uint8_t { kDeepseek2, kDeepseek3, kQwen2Moe, kQwen3Moe, kMixtral };
+
+// "deepseek2", "deepseek3", "qwen2moe", "qwen3moe", "mixtral" (tandem's names, `--arch`).
+std::string_view arch_name(ModelArch arch);
+std::optional<ModelArch> arch_from_name(std::string_view name);
+// llama.cpp's `general.architecture`: deepseek2 (both DeepSeek arches), qwen2moe, qwen3moe, llama.
+std::string_view gguf_arch_name(ModelArch arch);
+// HF `architectures[0]`: DeepseekV2ForCausalLM, ..., MixtralForCausalLM.
+std::string_view hf_architecture_name(ModelArch arch);
+
+enum class RopeScalingType : uint8_t { kNone, kLinear, kYarn };
+enum class ScoringFunc : uint8_t { kSoftmax, kSigmoid };
+// DeepSeek router variants (HF `topk_method`); Qwen and Mixtral use kGreedy.
+enum class TopkMethod : uint8_t { kGreedy, kGroupLimitedGreedy, kNoauxTc };
+
+std::string_view rope_scaling_name(RopeScalingType type);  // "none", "linear", "yarn"
+std::string_view scoring_func_name(ScoringFunc func);      // "softmax", "sigmoid"
+std::string_view topk_method_name(
+    TopkMethod method);  // "greedy", "group_limited_greedy", "noaux_tc"
+
+struct RopeScaling {
+  RopeScalingType type = RopeScalingType::kNone;
+  float factor = 1.0f;
+  int64_t original_max_position_embeddings = 0;  // YaRN only
+  float beta_fast = 32.0f;                       // YaRN ramp (HF defaults 32 / 1)
+  float beta_slow = 1.0f;
+  // DeepSeek YaRN: cos/sin are scaled by mscale(factor, mscale) / mscale(factor, mscale_all_dim)
+  // and the softmax scale by mscale(factor, mscale_all_dim)^2, mscale(s, m) = 0.1 m ln(s) + 1
+  // (1 when m = 0). GGUF stores only mscale_all_dim (as yarn_log_multiplier = 0.1 * it);
+  // config_from_gguf() sets mscale = mscale_all_dim, which is what every released model has.
+  float mscale = 1.0f;
+  float mscale_all_dim = 0.0f;
+};
+
+struct ModelConfig {
+  ModelArch arch = ModelArch::kDeepseek2;
+
+  int64_t vocab_size = 0;
+  int64_t hidden_size = 0;
+  int64_t num_layers = 0;
+  int64_t num_heads = 0;
+  // Key/value heads of the attention as computed: for MLA (DeepSeek) this equals num_heads
+  // (every head gets its own K/V after decompression), whatever the file's header says.
+  int64_t num_kv_heads = 0;
+  // Query/key head size: qk_nope + qk_rope for MLA, else head_dim (default hidden / heads).
+  int64_t head_dim = 0;
+  int64_t rope_dim = 0;  // rotary dims per head: qk_rope for MLA, head_dim otherwise
+
+  int64_t intermediate_size = 0;      // dense FFN width (DeepSeek's leading dense layers)
+  int64_t moe_intermediate_size = 0;  // one routed expert's FFN width
+  // Width of the shared-expert FFN (0 = none): Qwen2-MoE `shared_expert_intermediate_size`,
+  // DeepSeek n_shared_experts * moe_intermediate_size (the shared experts are one wide FFN).
+  int64_t shared_expert_intermediate_size = 0;
+  int64_t n_shared_experts = 0;     // DeepSeek count; 1 for Qwen2-MoE when it has a shared expert
+  bool shared_expert_gate = false;  // Qwen2-MoE: shared expert output * sigmoid(x . w_gate)
+  int64_t n_experts = 0;
+  int64_t n_experts_per_tok = 0;
+  // Which layers are MoE (is_moe_layer()): DeepSeek: layer >= first_k_dense_replace and
+  // layer % moe_layer_freq == 0; Qwen: layer not in mlp_only_layers and
+  // (layer + 1) % moe_layer_freq == 0 (HF decoder_sparse_step); Mixtral: all.
+  int64_t first_k_dense_replace = 0;
+  int64_t moe_layer_freq = 1;
+  std::vector<int64_t> mlp_only_layers;
+
+  float rms_norm_eps = 1e-6f;
+  float rope_theta = 10000.0f;
+  RopeScaling rope_scaling;
+  int64_t max_position_embeddings = 0;
+
+  // MLA (DeepSeek); zero for the other arches.
+  int64_t q_lora_rank = 0;  // 0 = no query LoRA (V2-Lite): q_proj is a plain linear
+  int64_t kv_lora_rank = 0;
+  int64_t qk_nope_head_dim = 0;
+  int64_t qk_rope_head_dim = 0;
+  int64_t v_head_dim = 0;  // value head size (== head_dim for non-MLA arches)
+
+  // Routing.
+  ScoringFunc scoring = ScoringFunc::kSoftmax;
+  TopkMethod topk_method = TopkMethod::kGreedy;
+  int64_t n_group = 1;
+  int64_t topk_group = 1;
+  bool norm_topk_prob = false;  // renormalize the k selected weights to sum 1
+  float routed_scaling_factor = 1.0f;
+  bool has_e_score_correction_bias = false;  // DeepSeek-V3 noaux_tc selection bias
+
+  bool attention_bias = false;  // q/k/v projection biases (Qwen2-MoE)
+  bool qk_norm = false;         // per-head RMSNorm of q and k (Qwen3-MoE)
+  bool tie_word_embeddings = false;
+  int64_t bos_token_id = -1;  // -1 = none
+  int64_t eos_token_id = -1;
+  int64_t sliding_window = 0;  // 0 = full attention
+
+  bool is_mla() const { return kv_lora_rank > 0; }
+  bool is_moe_layer(int64_t layer) const;
+  int64_t num_moe_layers() const;
+  int64_t q_head_dim() const { return head_dim; }
+};
+
+// Names of the fields that differ between a and b ("hidden_size: 2048 vs 1024"), empty when the
+// two describe the same model. Floats compare to float32 rounding (relative 1e-6), since GGUF
+// stores some of them derived (yarn_log_multiplier = 0.1 * mscale_all_dim).
+std::vector<std::string> config_diff(const ModelConfig& a, const ModelConfig& b);
+
+// Throws Error(kFormat) naming `source` when a field is out of range or inconsistent (the
+// parsers call it; presets and hand-made configs can too).
+void validate_config(const ModelConfig& config, std::string_view source);
+
+// Reads an HF config.json (or a directory holding one). Errors name the file and the key:
+// missing required keys, wrong JSON types, absurd sizes -> kFormat; an architecture or feature
+// tandem does not implement -> kUnsupported naming it.
+ModelConfig config_from_hf_json(const std::filesystem::path& config_json);
+// Same, from JSON text; `source` names it in errors (fuzzing, tests).
+ModelConfig config_from_hf_json_text(std::string_view json_text, std::string_view source);
+
+// Reads the model hyperparameters of a GGUF file (arch from `general.architecture`).
+ModelConfig config_from_gguf(const GgufFile& file);
+
+// "tiny-deepseek2", "tiny-deepseek3", "tiny-qwen2moe", "tiny-qwen3moe", "tiny-mixtral" (the
+// golden test models' shapes) and the released shapes "deepseek-v2-lite", "deepseek-v3",
+// "kimi-k2", "qwen3-30b-a3b", "qwen2-57b-a14b", "mixtral-8x7b". Throws
+// Error(kInvalidArgument) listing the names for an unknown one.
+ModelConfig config_preset(std::string_view name);
+std::vector<std::string> config_preset_names();
+
+// The inverse of the readers: HF config.json text, and the GGUF model keys (`<arch>.*`, plus
+// general.architecture) as llama.cpp's convert_hf_to_gguf.py writes them. The tokenizer keys,
+// general.name and general.file_type are the caller's.
+std::string config_to_hf_json(const ModelConfig& config);
+void write_gguf_config(const ModelConfig& config, GgufWriter& writer);
+
+// Parameter counts from the shapes: total, the routed experts' share, and what one token
+// touches (everything but the routed experts, plus n_experts_per_tok experts per MoE layer).
+struct ParamCount {
+  int64_t total = 0;
+  int64_t routed_experts = 0;
+  int64_t active_per_token = 0;
+  int64_t embedding = 0;  // token embedding + untied lm_head
+};
+ParamCount count_params(const ModelConfig& config);
+
+}  // namespace tandem

@@ -1,0 +1,34 @@
+// Internals shared by the ModelConfig translation units (readers, writers); not an API.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <string_view>
+
+#include "formats/model_config.h"
+
+namespace tandem::detail {
+
+inline constexpr ModelArch kAllArches[] = {ModelArch::kDeepseek2, ModelArch::kDeepseek3,
+                                           ModelArch::kQwen2Moe, ModelArch::kQwen3Moe,
+                                           ModelArch::kMixtral};
+
+// Largest magnitude any integer of a config may have when read (real limits are far lower and
+// checked by validate_config_keys()): keeps sums and products of two values within int64.
+inline constexpr int64_t kMaxConfigInt = int64_t{1} << 31;
+inline bool in_config_range(int64_t v) {
+  return v >= -kMaxConfigInt && v <= kMaxConfigInt;
+}
+
+bool is_deepseek(ModelArch arch);
+// HF `model_type`: deepseek_v2, deepseek_v3, qwen2_moe, qwen3_moe, mixtral.
+std::string_view hf_model_type(ModelArch arch);
+
+// Maps a ModelConfig field name to the key that holds it in the source file, so that a
+// validation error names what the user has to fix.
+using KeyNamer = std::function<std::string(std::string_view field)>;
+void validate_config_keys(const ModelConfig& config, std::string_view source,
+                          const KeyNamer& key_of);
+
+}  // namespace tandem::detail

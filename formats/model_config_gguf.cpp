@@ -1,0 +1,330 @@
+// ModelConfig from GGUF metadata as llama.cpp writes and reads it (arches deepseek2, qwen2moe,
+// qwen3moe, llama with experts). What llama.cpp hard-codes per arch rather than storing (routing
+// normalization, q/k norms) is filled in the same way here.
+#include <cmath>
+
+#include "core/error.h"
+#include "formats/gguf.h"
+#include "formats/model_config.h"
+#include "formats/model_config_detail.h"
+
+namespace tandem {
+namespace {
+
+using detail::is_deepseek;
+
+std::string gguf_key_of(ModelArch arch, std::string_view field) {
+  const std::string a(gguf_arch_name(arch));
+  static const std::pair<std::string_view, std::string_view> kKeys[] = {
+      {"vocab_size", ".vocab_size"},
+      {"hidden_size", ".embedding_length"},
+      {"num_layers", ".block_count"},
+      {"num_heads", ".attention.head_count"},
+      {"num_kv_heads", ".attention.head_count_kv"},
+      {"head_dim", ".attention.key_length"},
+      {"v_head_dim", ".attention.value_length"},
+      {"rope_dim", ".rope.dimension_count"},
+      {"intermediate_size", ".feed_forward_length"},
+      {"moe_intermediate_size", ".expert_feed_forward_length"},
+      {"shared_expert_intermediate_size", ".expert_shared_feed_forward_length"},
+      {"n_shared_experts", ".expert_shared_count"},
+      {"n_experts", ".expert_count"},
+      {"n_experts_per_tok", ".expert_used_count"},
+      {"first_k_dense_replace", ".leading_dense_block_count"},
+      {"rms_norm_eps", ".attention.layer_norm_rms_epsilon"},
+      {"rope_theta", ".rope.freq_base"},
+      {"max_position_embeddings", ".context_length"},
+      {"q_lora_rank", ".attention.q_lora_rank"},
+      {"kv_lora_rank", ".attention.kv_lora_rank"},
+      {"qk_nope_head_dim", ".attention.key_length_mla"},
+      {"qk_rope_head_dim", ".rope.dimension_count"},
+      {"n_group", ".expert_group_count"},
+      {"topk_group", ".expert_group_used_count"},
+      {"routed_scaling_factor", ".expert_weights_scale"},
+      {"sliding_window", ".attention.sliding_window"},
+      {"rope_scaling.factor", ".rope.scaling.factor"},
+      {"rope_scaling.original_max_position_embeddings", ".rope.scaling.original_context_length"},
+      {"rope_scaling.beta_fast", ".rope.scaling.yarn_beta_fast"},
+      {"rope_scaling.beta_slow", ".rope.scaling.yarn_beta_slow"},
+      {"rope_scaling.mscale_all_dim", ".rope.scaling.yarn_log_multiplier"},
+  };
+  if (is_deepseek(arch) && field == "v_head_dim") return a + ".attention.value_length_mla";
+  if (field == "bos_token_id") return "tokenizer.ggml.bos_token_id";
+  if (field == "eos_token_id") return "tokenizer.ggml.eos_token_id";
+  for (const auto& [f, key] : kKeys) {
+    if (f == field) return a + std::string(key);
+  }
+  return std::string(field);
+}
+
+class GgufReader {
+ public:
+  GgufReader(const GgufFile& f, std::string arch) : f_(f), prefix_(std::move(arch) + ".") {}
+
+  std::string key(std::string_view k) const { return prefix_ + std::string(k); }
+  const GgufValue* find(std::string_view k) const { return f_.find(key(k)); }
+
+  // An integer that may be stored per layer (an array): every layer must agree.
+  int64_t uniform_int(const GgufValue& v, const std::string& k) const {
+    if (v.type() != GgufType::kArray) return as_int(v, k);
+    if (v.size() == 0) fail(ErrorKind::kFormat, "{}: key '{}': empty array", f_.path(), k);
+    const int64_t first = as_int(v.at(0), k);
+    for (size_t i = 1; i < v.size(); ++i) {
+      if (as_int(v.at(i), k) != first) {
+        fail(ErrorKind::kUnsupported,
+             "{}: key '{}': per-layer values differ (layer {}: {} vs "
+             "{}); tandem needs one value for all layers",
+             f_.path(), k, i, as_int(v.at(i), k), first);
+      }
+    }
+    return first;
+  }
+  int64_t req_int(std::string_view k) const {
+    const std::string full = key(k);
+    const GgufValue* v = f_.find(full);
+    if (!v) fail(ErrorKind::kFormat, "{}: required key '{}' is missing", f_.path(), full);
+    return uniform_int(*v, full);
+  }
+  int64_t opt_int(std::string_view k, int64_t fallback) const {
+    const std::string full = key(k);
+    const GgufValue* v = f_.find(full);
+    return v ? uniform_int(*v, full) : fallback;
+  }
+  double opt_float(std::string_view k, double fallback) const {
+    const std::string full = key(k);
+    const GgufValue* v = f_.find(full);
+    if (!v) return fallback;
+    try {
+      return v->as_float();
+    } catch (const Error&) {
+      fail(ErrorKind::kFormat, "{}: key '{}': expected a number, got {}", f_.path(), full,
+           gguf_type_name(v->type()));
+    }
+  }
+  double req_float(std::string_view k) const {
+    if (!find(k)) fail(ErrorKind::kFormat, "{}: required key '{}' is missing", f_.path(), key(k));
+    return opt_float(k, 0.0);
+  }
+  bool opt_bool(std::string_view k, bool fallback) const {
+    const std::string full = key(k);
+    const GgufValue* v = f_.find(full);
+    if (!v) return fallback;
+    try {
+      return v->as_bool();
+    } catch (const Error&) {
+      fail(ErrorKind::kFormat, "{}: key '{}': expected a bool, got {}", f_.path(), full,
+           gguf_type_name(v->type()));
+    }
+  }
+  std::string opt_string(std::string_view k, const std::string& fallback) const {
+    const std::string full = key(k);
+    const GgufValue* v = f_.find(full);
+    if (!v) return fallback;
+    if (v->type() != GgufType::kString) {
+      fail(ErrorKind::kFormat, "{}: key '{}': expected a string, got {}", f_.path(), full,
+           gguf_type_name(v->type()));
+    }
+    return v->as_string();
+  }
+  int64_t as_int(const GgufValue& v, const std::string& k) const {
+    if (!v.is_integer() && v.type() != GgufType::kBool) {
+      fail(ErrorKind::kFormat, "{}: key '{}': expected an integer, got {}", f_.path(), k,
+           gguf_type_name(v.type()));
+    }
+    // Far above any real size; refusing it keeps the arithmetic on these values overflow-free.
+    const bool is_signed = v.type() == GgufType::kInt8 || v.type() == GgufType::kInt16 ||
+                           v.type() == GgufType::kInt32 || v.type() == GgufType::kInt64;
+    const bool in_range = is_signed ? detail::in_config_range(v.as_int())
+                                    : v.as_uint() <= static_cast<uint64_t>(detail::kMaxConfigInt);
+    if (!in_range) {
+      fail(ErrorKind::kFormat, "{}: key '{}': value {} is out of range", f_.path(), k,
+           is_signed ? std::to_string(v.as_int()) : std::to_string(v.as_uint()));
+    }
+    return v.as_int();
+  }
+
+ private:
+  const GgufFile& f_;
+  std::string prefix_;
+};
+
+bool has_tensor_suffix(const GgufFile& f, std::string_view suffix) {
+  for (const GgufTensorInfo& t : f.tensors()) {
+    if (t.name.ends_with(suffix)) return true;
+  }
+  return false;
+}
+
+void read_gguf_rope_scaling(const GgufReader& r, const GgufFile& f, ModelConfig& c) {
+  RopeScaling& rs = c.rope_scaling;
+  std::string type = r.opt_string("rope.scaling.type", "none");
+  if (type == "none" && r.find("rope.scale_linear")) {  // pre-2024 spelling of linear scaling
+    type = "linear";
+    rs.factor = static_cast<float>(r.opt_float("rope.scale_linear", 1.0));
+  }
+  if (type == "none") return;
+  if (type == "linear") {
+    rs.type = RopeScalingType::kLinear;
+    if (r.find("rope.scaling.factor"))
+      rs.factor = static_cast<float>(r.req_float("rope.scaling.factor"));
+    return;
+  }
+  if (type != "yarn") {
+    fail(ErrorKind::kUnsupported,
+         "{}: key '{}': rope scaling '{}' is not supported (linear, "
+         "yarn)",
+         f.path(), r.key("rope.scaling.type"), type);
+  }
+  rs.type = RopeScalingType::kYarn;
+  rs.factor = static_cast<float>(r.req_float("rope.scaling.factor"));
+  rs.original_max_position_embeddings =
+      r.opt_int("rope.scaling.original_context_length", c.max_position_embeddings);
+  rs.beta_fast = static_cast<float>(r.opt_float("rope.scaling.yarn_beta_fast", 32.0));
+  rs.beta_slow = static_cast<float>(r.opt_float("rope.scaling.yarn_beta_slow", 1.0));
+  if (is_deepseek(c.arch) && r.find("rope.scaling.yarn_log_multiplier")) {
+    // convert_hf_to_gguf.py writes 0.1 * mscale_all_dim for deepseek2.
+    rs.mscale_all_dim =
+        static_cast<float>(r.opt_float("rope.scaling.yarn_log_multiplier", 0.0) / 0.1);
+    rs.mscale = rs.mscale_all_dim;
+  }
+}
+}  // namespace
+
+ModelConfig config_from_gguf(const GgufFile& f) {
+  const GgufValue* arch_value = f.find("general.architecture");
+  if (!arch_value)
+    fail(ErrorKind::kFormat, "{}: required key 'general.architecture' is missing", f.path());
+  if (arch_value->type() != GgufType::kString) {
+    fail(ErrorKind::kFormat, "{}: key 'general.architecture': expected a string", f.path());
+  }
+  const std::string arch = arch_value->as_string();
+  const GgufReader r(f, arch);
+  ModelConfig c;
+  if (arch == "deepseek2") {
+    // V3-style routing (sigmoid scores, selection bias) marks DeepSeek-V3 / R1 / Kimi-K2.
+    const bool sigmoid = r.opt_int("expert_gating_func", 1) == 2;
+    c.arch = sigmoid || has_tensor_suffix(f, "exp_probs_b.bias") ? ModelArch::kDeepseek3
+                                                                 : ModelArch::kDeepseek2;
+  } else if (arch == "qwen2moe") {
+    c.arch = ModelArch::kQwen2Moe;
+  } else if (arch == "qwen3moe") {
+    c.arch = ModelArch::kQwen3Moe;
+  } else if (arch == "llama") {
+    if (r.opt_int("expert_count", 0) <= 1) {
+      fail(ErrorKind::kUnsupported,
+           "{}: architecture 'llama' without experts (a dense model) is "
+           "not supported; tandem runs MoE models",
+           f.path());
+    }
+    c.arch = ModelArch::kMixtral;
+  } else {
+    fail(ErrorKind::kUnsupported,
+         "{}: key 'general.architecture': '{}' is not supported "
+         "(deepseek2, qwen2moe, qwen3moe, llama with experts)",
+         f.path(), arch);
+  }
+
+  if (const GgufValue* v = r.find("vocab_size")) {
+    c.vocab_size = r.as_int(*v, r.key("vocab_size"));
+  } else if (const GgufValue* tokens = f.find("tokenizer.ggml.tokens")) {
+    c.vocab_size = static_cast<int64_t>(tokens->size());
+  } else {
+    fail(ErrorKind::kFormat, "{}: neither '{}' nor 'tokenizer.ggml.tokens' is present", f.path(),
+         r.key("vocab_size"));
+  }
+  c.hidden_size = r.req_int("embedding_length");
+  c.num_layers = r.req_int("block_count");
+  c.num_heads = r.req_int("attention.head_count");
+  c.num_kv_heads = r.opt_int("attention.head_count_kv", c.num_heads);
+  c.max_position_embeddings = r.req_int("context_length");
+  c.rms_norm_eps = static_cast<float>(r.req_float("attention.layer_norm_rms_epsilon"));
+  c.rope_theta = static_cast<float>(r.opt_float("rope.freq_base", 10000.0));
+  c.intermediate_size = r.req_int("feed_forward_length");
+  c.n_experts = r.req_int("expert_count");
+  c.n_experts_per_tok = r.req_int("expert_used_count");
+  c.sliding_window = r.opt_int("attention.sliding_window", 0);
+  c.tie_word_embeddings = f.find_tensor("output.weight") == nullptr;
+  c.attention_bias = f.find_tensor("blk.0.attn_q.bias") != nullptr;
+  {
+    const GgufReader tok(f, "tokenizer.ggml");
+    c.bos_token_id = tok.opt_int("bos_token_id", -1);
+    c.eos_token_id = tok.opt_int("eos_token_id", -1);
+  }
+  if (c.num_heads <= 0) {
+    fail(ErrorKind::kFormat, "{}: key '{}': value {} must be > 0", f.path(),
+         r.key("attention.head_count"), c.num_heads);
+  }
+
+  switch (c.arch) {
+    case ModelArch::kDeepseek2:
+    case ModelArch::kDeepseek3: {
+      c.first_k_dense_replace = r.opt_int("leading_dense_block_count", 0);
+      c.q_lora_rank = r.opt_int("attention.q_lora_rank", 0);
+      c.kv_lora_rank = r.req_int("attention.kv_lora_rank");
+      c.qk_rope_head_dim = r.req_int("rope.dimension_count");
+      if (r.find("attention.key_length_mla")) {
+        c.qk_nope_head_dim = r.req_int("attention.key_length_mla") - c.qk_rope_head_dim;
+        c.v_head_dim = r.req_int("attention.value_length_mla");
+      } else {  // older files: MHA lengths, unsplit attn_kv_b
+        c.qk_nope_head_dim = r.req_int("attention.key_length") - c.qk_rope_head_dim;
+        c.v_head_dim = r.req_int("attention.value_length");
+      }
+      c.head_dim = c.qk_nope_head_dim + c.qk_rope_head_dim;
+      c.rope_dim = c.qk_rope_head_dim;
+      c.num_kv_heads = c.num_heads;
+      c.moe_intermediate_size = r.req_int("expert_feed_forward_length");
+      c.n_shared_experts = r.opt_int("expert_shared_count", 0);
+      c.shared_expert_intermediate_size = c.n_shared_experts * c.moe_intermediate_size;
+      c.routed_scaling_factor = static_cast<float>(r.opt_float("expert_weights_scale", 1.0));
+      c.norm_topk_prob = r.opt_bool("expert_weights_norm", false);
+      const int64_t gating = r.opt_int("expert_gating_func", 1);
+      if (gating != 1 && gating != 2) {
+        fail(ErrorKind::kUnsupported,
+             "{}: key '{}': gating function {} is not supported (1 = "
+             "softmax, 2 = sigmoid)",
+             f.path(), r.key("expert_gating_func"), gating);
+      }
+      c.scoring = gating == 2 ? ScoringFunc::kSigmoid : ScoringFunc::kSoftmax;
+      c.n_group = r.opt_int("expert_group_count", 1);
+      c.topk_group = r.opt_int("expert_group_used_count", 1);
+      c.has_e_score_correction_bias = has_tensor_suffix(f, "exp_probs_b.bias");
+      // GGUF has no topk_method: the selection bias means noaux_tc, groups mean V2's
+      // group-limited greedy (with one group both reduce to plain greedy).
+      c.topk_method = c.has_e_score_correction_bias ? TopkMethod::kNoauxTc
+                      : c.n_group > 1               ? TopkMethod::kGroupLimitedGreedy
+                                                    : TopkMethod::kGreedy;
+      break;
+    }
+    case ModelArch::kQwen2Moe:
+    case ModelArch::kQwen3Moe: {
+      const bool qwen3 = c.arch == ModelArch::kQwen3Moe;
+      c.head_dim = r.opt_int("attention.key_length", c.hidden_size / c.num_heads);
+      c.v_head_dim = r.opt_int("attention.value_length", c.head_dim);
+      c.rope_dim = r.opt_int("rope.dimension_count", c.head_dim);
+      c.moe_intermediate_size = r.req_int("expert_feed_forward_length");
+      if (!qwen3) {
+        c.shared_expert_intermediate_size = r.opt_int("expert_shared_feed_forward_length", 0);
+        c.n_shared_experts = c.shared_expert_intermediate_size > 0 ? 1 : 0;
+        c.shared_expert_gate = c.n_shared_experts > 0;
+      }
+      // llama.cpp hard-codes these per arch: Qwen2-MoE keeps raw top-k softmax weights, Qwen3
+      // renormalizes them and has q/k norms.
+      c.norm_topk_prob = qwen3;
+      c.qk_norm = qwen3;
+      break;
+    }
+    case ModelArch::kMixtral: {
+      c.head_dim = r.opt_int("attention.key_length", c.hidden_size / c.num_heads);
+      c.v_head_dim = r.opt_int("attention.value_length", c.head_dim);
+      c.rope_dim = r.opt_int("rope.dimension_count", c.head_dim);
+      c.moe_intermediate_size = r.opt_int("expert_feed_forward_length", c.intermediate_size);
+      c.norm_topk_prob = true;
+      break;
+    }
+  }
+  read_gguf_rope_scaling(r, f, c);
+  detail::validate_config_keys(c, f.path(),
+                               [&](std::string_view field) { return gguf_key_of(c.arch, field); });
+  return c;
+}
+}  // namespace tandem

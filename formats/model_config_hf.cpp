@@ -1,0 +1,374 @@
+// ModelConfig from a Hugging Face config.json: the keys of transformers' configuration classes
+// (DeepseekV2/V3Config, Qwen2Moe/Qwen3MoeConfig, MixtralConfig) with their defaults.
+#include <cmath>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "core/error.h"
+#include "formats/model_config.h"
+#include "formats/model_config_detail.h"
+
+namespace tandem {
+namespace {
+
+using Json = nlohmann::json;
+using detail::is_deepseek;
+
+std::string hf_key_of(ModelArch arch, std::string_view field) {
+  if (field == "num_layers") return "num_hidden_layers";
+  if (field == "num_heads") return "num_attention_heads";
+  if (field == "num_kv_heads") return "num_key_value_heads";
+  if (field == "rope_dim") return is_deepseek(arch) ? "qk_rope_head_dim" : "head_dim";
+  if (field == "n_experts") {
+    if (is_deepseek(arch)) return "n_routed_experts";
+    return arch == ModelArch::kMixtral ? "num_local_experts" : "num_experts";
+  }
+  if (field == "n_experts_per_tok") return "num_experts_per_tok";
+  if (field == "moe_intermediate_size" && arch == ModelArch::kMixtral) return "intermediate_size";
+  if (field == "moe_layer_freq" && !is_deepseek(arch)) return "decoder_sparse_step";
+  if (field == "scoring") return "scoring_func";
+  if (field == "head_dim" && is_deepseek(arch)) return "qk_nope_head_dim";
+  if (field == "shared_expert_intermediate_size" && is_deepseek(arch)) return "n_shared_experts";
+  if (field.starts_with("rope_scaling.")) return std::string(field);
+  return std::string(field);
+}
+
+std::string json_type(const Json& j) {
+  return j.type_name();
+}
+
+// Typed access to one JSON object with errors naming the file and the key.
+class JsonReader {
+ public:
+  JsonReader(const Json& obj, std::string_view source, std::string prefix = "")
+      : obj_(obj), source_(source), prefix_(std::move(prefix)) {}
+
+  bool has(const char* key) const {
+    auto it = obj_.find(key);
+    return it != obj_.end() && !it->is_null();
+  }
+  const Json* get(const char* key) const {
+    auto it = obj_.find(key);
+    return it == obj_.end() || it->is_null() ? nullptr : &*it;
+  }
+  int64_t req_int(const char* key) const {
+    const Json* j = get(key);
+    if (!j) fail(ErrorKind::kFormat, "{}: required key '{}{}' is missing", source_, prefix_, key);
+    return to_int(*j, key);
+  }
+  int64_t opt_int(const char* key, int64_t fallback) const {
+    const Json* j = get(key);
+    return j ? to_int(*j, key) : fallback;
+  }
+  double opt_float(const char* key, double fallback) const {
+    const Json* j = get(key);
+    if (!j) return fallback;
+    if (!j->is_number()) bad_type(key, "a number", *j);
+    return j->get<double>();
+  }
+  double req_float(const char* key) const {
+    if (!get(key))
+      fail(ErrorKind::kFormat, "{}: required key '{}{}' is missing", source_, prefix_, key);
+    return opt_float(key, 0.0);
+  }
+  bool opt_bool(const char* key, bool fallback) const {
+    const Json* j = get(key);
+    if (!j) return fallback;
+    if (!j->is_boolean()) bad_type(key, "true or false", *j);
+    return j->get<bool>();
+  }
+  std::string opt_string(const char* key, std::string fallback) const {
+    const Json* j = get(key);
+    if (!j) return fallback;
+    if (!j->is_string()) bad_type(key, "a string", *j);
+    return j->get<std::string>();
+  }
+  // An id that may also be a list of ids (eos_token_id in several releases): the first one.
+  int64_t opt_token_id(const char* key) const {
+    const Json* j = get(key);
+    if (!j) return -1;
+    if (j->is_array()) {
+      if (j->empty()) return -1;
+      return to_int(j->at(0), key);
+    }
+    return to_int(*j, key);
+  }
+  std::vector<int64_t> opt_int_list(const char* key) const {
+    std::vector<int64_t> out;
+    const Json* j = get(key);
+    if (!j) return out;
+    if (!j->is_array()) bad_type(key, "a list of integers", *j);
+    if (j->size() > 1000) bad_type(key, "a list of at most 1000 integers", *j);
+    for (const Json& e : *j) out.push_back(to_int(e, key));
+    return out;
+  }
+  [[noreturn]] void bad_type(const char* key, const char* expected, const Json& j) const {
+    fail(ErrorKind::kFormat, "{}: key '{}{}': expected {}, got {}", source_, prefix_, key, expected,
+         json_type(j));
+  }
+
+ private:
+  // Every integer of a config is far below 2^31 (validate_config_keys() checks the real ranges);
+  // refusing larger ones here keeps the arithmetic on them (products of two) free of overflow.
+  int64_t to_int(const Json& j, const char* key) const {
+    double d = 0;
+    if (j.is_number_integer()) {
+      if (j.is_number_unsigned() ? j.get<uint64_t>() <= static_cast<uint64_t>(detail::kMaxConfigInt)
+                                 : detail::in_config_range(j.get<int64_t>())) {
+        return j.get<int64_t>();
+      }
+      d = j.get<double>();
+    } else if (j.is_number_float()) {  // "1.0" style integers in hand-edited configs
+      d = j.get<double>();
+      if (d == std::floor(d) && std::fabs(d) <= detail::kMaxConfigInt)
+        return static_cast<int64_t>(d);
+      if (d != std::floor(d)) bad_type(key, "an integer", j);
+    } else {
+      bad_type(key, "an integer", j);
+    }
+    fail(ErrorKind::kFormat, "{}: key '{}{}': value {} is out of range", source_, prefix_, key,
+         j.dump());
+  }
+
+  const Json& obj_;
+  std::string_view source_;
+  std::string prefix_;
+};
+
+std::optional<ModelArch> arch_from_hf(const Json& root, std::string* what) {
+  if (auto it = root.find("architectures");
+      it != root.end() && it->is_array() && !it->empty() && it->at(0).is_string()) {
+    const std::string a = it->at(0).get<std::string>();
+    *what = a;
+    for (ModelArch arch : detail::kAllArches) {
+      if (hf_architecture_name(arch) == a) return arch;
+    }
+  }
+  if (auto it = root.find("model_type"); it != root.end() && it->is_string()) {
+    const std::string t = it->get<std::string>();
+    if (what->empty()) *what = t;
+    if (t == "kimi_k2") return ModelArch::kDeepseek3;
+    for (ModelArch arch : detail::kAllArches) {
+      if (detail::hf_model_type(arch) == t) return arch;
+    }
+  }
+  return std::nullopt;
+}
+
+void read_hf_rope_scaling(const JsonReader& r, const Json& root, std::string_view source,
+                          ModelConfig& c) {
+  const Json* rs = r.get("rope_scaling");
+  if (!rs) rs = r.get("rope_parameters");  // transformers >= 4.56 spelling
+  if (!rs) return;
+  if (!rs->is_object()) r.bad_type("rope_scaling", "an object or null", *rs);
+  JsonReader s(*rs, source, "rope_scaling.");
+  if (s.has("rope_theta")) c.rope_theta = static_cast<float>(s.opt_float("rope_theta", 0));
+  std::string type = s.opt_string("type", "");
+  if (type.empty()) type = s.opt_string("rope_type", "default");
+  if (type == "default" || type == "none") return;
+  if (type == "linear") {
+    c.rope_scaling.type = RopeScalingType::kLinear;
+    c.rope_scaling.factor = static_cast<float>(s.req_float("factor"));
+    return;
+  }
+  if (type == "yarn") {
+    RopeScaling& y = c.rope_scaling;
+    y.type = RopeScalingType::kYarn;
+    y.factor = static_cast<float>(s.req_float("factor"));
+    y.original_max_position_embeddings =
+        s.opt_int("original_max_position_embeddings", c.max_position_embeddings);
+    y.beta_fast = static_cast<float>(s.opt_float("beta_fast", 32.0));
+    y.beta_slow = static_cast<float>(s.opt_float("beta_slow", 1.0));
+    y.mscale = static_cast<float>(s.opt_float("mscale", 1.0));
+    y.mscale_all_dim = static_cast<float>(s.opt_float("mscale_all_dim", 0.0));
+    return;
+  }
+  fail(ErrorKind::kUnsupported,
+       "{}: key 'rope_scaling.type': rope scaling '{}' is not supported "
+       "(supported: linear, yarn)",
+       source, type);
+}
+
+ModelConfig parse_hf(const Json& root_in, std::string_view source) {
+  if (!root_in.is_object()) {
+    fail(ErrorKind::kFormat, "{}: expected a JSON object, got {}", source, json_type(root_in));
+  }
+  // Multimodal wrappers (e.g. Kimi-K2.5) nest the language model under text_config.
+  const Json* root = &root_in;
+  if (auto it = root_in.find("text_config");
+      it != root_in.end() && it->is_object() && !root_in.contains("hidden_size")) {
+    root = &*it;
+  }
+  std::string what;
+  std::optional<ModelArch> arch = arch_from_hf(*root, &what);
+  if (!arch && root != &root_in) arch = arch_from_hf(root_in, &what);
+  if (!arch) {
+    fail(ErrorKind::kUnsupported,
+         "{}: architecture '{}' is not supported (supported: "
+         "DeepseekV2ForCausalLM, DeepseekV3ForCausalLM, Qwen2MoeForCausalLM, "
+         "Qwen3MoeForCausalLM, MixtralForCausalLM)",
+         source, what.empty() ? "(none)" : what);
+  }
+  const JsonReader r(*root, source);
+  ModelConfig c;
+  c.arch = *arch;
+  const bool v3 = c.arch == ModelArch::kDeepseek3;
+
+  const std::string act = r.opt_string("hidden_act", "silu");
+  if (act != "silu") {
+    fail(ErrorKind::kUnsupported, "{}: key 'hidden_act': activation '{}' is not supported (silu)",
+         source, act);
+  }
+  c.vocab_size = r.req_int("vocab_size");
+  c.hidden_size = r.req_int("hidden_size");
+  c.num_layers = r.req_int("num_hidden_layers");
+  c.num_heads = r.req_int("num_attention_heads");
+  c.num_kv_heads = r.opt_int("num_key_value_heads", c.num_heads);
+  c.max_position_embeddings = r.opt_int("max_position_embeddings", 4096);
+  c.rms_norm_eps = static_cast<float>(r.opt_float("rms_norm_eps", 1e-6));
+  c.rope_theta = static_cast<float>(r.opt_float("rope_theta", 10000.0));
+  c.tie_word_embeddings = r.opt_bool("tie_word_embeddings", false);
+  c.bos_token_id = r.opt_token_id("bos_token_id");
+  c.eos_token_id = r.opt_token_id("eos_token_id");
+  c.intermediate_size = r.req_int("intermediate_size");
+  c.n_experts_per_tok = r.req_int("num_experts_per_tok");
+  // Guard the divisions below; the full range check follows in validate_config_keys().
+  if (c.num_heads <= 0) {
+    fail(ErrorKind::kFormat, "{}: key 'num_attention_heads': value {} must be > 0", source,
+         c.num_heads);
+  }
+
+  switch (c.arch) {
+    case ModelArch::kDeepseek2:
+    case ModelArch::kDeepseek3: {
+      c.moe_intermediate_size = r.req_int("moe_intermediate_size");
+      c.n_experts = r.req_int("n_routed_experts");
+      c.n_shared_experts = r.opt_int("n_shared_experts", 0);
+      c.shared_expert_intermediate_size = c.n_shared_experts * c.moe_intermediate_size;
+      c.first_k_dense_replace = r.opt_int("first_k_dense_replace", 0);
+      c.moe_layer_freq = r.opt_int("moe_layer_freq", 1);
+      c.q_lora_rank = r.opt_int("q_lora_rank", 0);
+      c.kv_lora_rank = r.req_int("kv_lora_rank");
+      c.qk_nope_head_dim = r.req_int("qk_nope_head_dim");
+      c.qk_rope_head_dim = r.req_int("qk_rope_head_dim");
+      c.v_head_dim = r.req_int("v_head_dim");
+      c.head_dim = c.qk_nope_head_dim + c.qk_rope_head_dim;
+      c.rope_dim = c.qk_rope_head_dim;
+      c.num_kv_heads = c.num_heads;  // MLA: every head has its own decompressed K/V
+      c.n_group = r.opt_int("n_group", 1);
+      c.topk_group = r.opt_int("topk_group", 1);
+      // Defaults are those of the HF configuration classes (V2: softmax greedy, V3: noaux_tc).
+      const std::string method = r.opt_string("topk_method", v3 ? "noaux_tc" : "greedy");
+      if (method == "greedy" || method == "gready") {  // "gready": DeepseekV2Config's default
+        c.topk_method = TopkMethod::kGreedy;
+      } else if (method == "group_limited_greedy") {
+        c.topk_method = TopkMethod::kGroupLimitedGreedy;
+      } else if (method == "noaux_tc") {
+        c.topk_method = TopkMethod::kNoauxTc;
+      } else {
+        fail(ErrorKind::kUnsupported,
+             "{}: key 'topk_method': '{}' is not supported (greedy, "
+             "group_limited_greedy, noaux_tc)",
+             source, method);
+      }
+      const std::string scoring = r.opt_string("scoring_func", v3 ? "sigmoid" : "softmax");
+      if (scoring == "softmax") {
+        c.scoring = ScoringFunc::kSoftmax;
+      } else if (scoring == "sigmoid") {
+        c.scoring = ScoringFunc::kSigmoid;
+      } else {
+        fail(ErrorKind::kUnsupported,
+             "{}: key 'scoring_func': '{}' is not supported (softmax, "
+             "sigmoid)",
+             source, scoring);
+      }
+      c.norm_topk_prob = r.opt_bool("norm_topk_prob", v3);
+      c.routed_scaling_factor =
+          static_cast<float>(r.opt_float("routed_scaling_factor", v3 ? 2.5 : 1.0));
+      c.has_e_score_correction_bias = c.topk_method == TopkMethod::kNoauxTc;
+      c.attention_bias = r.opt_bool("attention_bias", false);
+      break;
+    }
+    case ModelArch::kQwen2Moe:
+    case ModelArch::kQwen3Moe: {
+      const bool qwen3 = c.arch == ModelArch::kQwen3Moe;
+      c.moe_intermediate_size = r.req_int("moe_intermediate_size");
+      c.n_experts = r.req_int("num_experts");
+      c.head_dim =
+          qwen3 ? r.opt_int("head_dim", c.hidden_size / c.num_heads) : c.hidden_size / c.num_heads;
+      if (!qwen3 && c.hidden_size % c.num_heads != 0) {
+        fail(ErrorKind::kFormat,
+             "{}: key 'num_attention_heads': {} heads do not divide "
+             "hidden_size {}",
+             source, c.num_heads, c.hidden_size);
+      }
+      c.v_head_dim = c.head_dim;
+      c.rope_dim = c.head_dim;
+      if (!qwen3) {
+        c.shared_expert_intermediate_size = r.opt_int("shared_expert_intermediate_size", 0);
+        c.n_shared_experts = c.shared_expert_intermediate_size > 0 ? 1 : 0;
+        c.shared_expert_gate = c.n_shared_experts > 0;
+      }
+      c.norm_topk_prob = r.opt_bool("norm_topk_prob", false);
+      c.moe_layer_freq = r.opt_int("decoder_sparse_step", 1);
+      c.mlp_only_layers = r.opt_int_list("mlp_only_layers");
+      c.attention_bias = qwen3 ? r.opt_bool("attention_bias", false) : true;  // Qwen2: always
+      c.qk_norm = qwen3;
+      if (r.opt_bool("use_sliding_window", false))
+        c.sliding_window = r.opt_int("sliding_window", 0);
+      break;
+    }
+    case ModelArch::kMixtral: {
+      c.moe_intermediate_size = c.intermediate_size;  // Mixtral names the expert width so
+      c.n_experts = r.req_int("num_local_experts");
+      c.head_dim = r.opt_int("head_dim", c.hidden_size / c.num_heads);
+      if (!r.has("head_dim") && c.hidden_size % c.num_heads != 0) {
+        fail(ErrorKind::kFormat,
+             "{}: key 'num_attention_heads': {} heads do not divide "
+             "hidden_size {}",
+             source, c.num_heads, c.hidden_size);
+      }
+      c.v_head_dim = c.head_dim;
+      c.rope_dim = c.head_dim;
+      c.norm_topk_prob = true;  // MixtralSparseMoeBlock always renormalizes the top-k
+      c.sliding_window = r.opt_int("sliding_window", 0);
+      break;
+    }
+  }
+  read_hf_rope_scaling(r, *root, source, c);
+  detail::validate_config_keys(c, source, [&](std::string_view f) { return hf_key_of(c.arch, f); });
+  return c;
+}
+}  // namespace
+
+ModelConfig config_from_hf_json_text(std::string_view json_text, std::string_view source) {
+  Json root;
+  try {
+    root = Json::parse(json_text.begin(), json_text.end());
+  } catch (const Json::exception& e) {
+    fail(ErrorKind::kFormat, "{}: invalid JSON: {}", source, e.what());
+  }
+  try {
+    return parse_hf(root, source);
+  } catch (const Json::exception& e) {  // a type surprise nlohmann reports itself
+    fail(ErrorKind::kFormat, "{}: {}", source, e.what());
+  }
+}
+
+ModelConfig config_from_hf_json(const std::filesystem::path& config_json) {
+  std::filesystem::path path = config_json;
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) path /= "config.json";
+  std::ifstream in(path, std::ios::binary);
+  if (!in) fail(ErrorKind::kIo, "{}: cannot open", path.string());
+  const auto size = std::filesystem::file_size(path, ec);
+  if (!ec && size > (64u << 20)) {
+    fail(ErrorKind::kFormat, "{}: {} bytes is too large for a config.json", path.string(), size);
+  }
+  std::stringstream text;
+  text << in.rdbuf();
+  if (in.bad()) fail(ErrorKind::kIo, "{}: read error", path.string());
+  return config_from_hf_json_text(text.str(), path.string());
+}
+}  // namespace tandem

@@ -1,0 +1,304 @@
+// Named ModelConfigs: the golden test models' shapes ("tiny-<arch>") and released models.
+//
+// Sources of the released numbers: the models' config.json on Hugging Face. Qwen2-57B-A14B and
+// the DeepSeek-V2-Lite / Kimi-K2 headline sizes were cross-checked against copies of those
+// config.json files found in public repositories; the remaining values (rope scaling details,
+// token ids, context lengths) are written from memory of the released files and should be
+// re-checked against them before being relied on for anything but shapes.
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include "core/error.h"
+#include "formats/model_config.h"
+
+namespace tandem {
+namespace {
+
+ModelConfig deepseek_base(ModelArch arch) {
+  ModelConfig c;
+  c.arch = arch;
+  c.rms_norm_eps = 1e-6f;
+  c.rope_theta = 10000.0f;
+  return c;
+}
+
+void set_mla(ModelConfig& c, int64_t q_lora, int64_t kv_lora, int64_t nope, int64_t rope,
+             int64_t v) {
+  c.q_lora_rank = q_lora;
+  c.kv_lora_rank = kv_lora;
+  c.qk_nope_head_dim = nope;
+  c.qk_rope_head_dim = rope;
+  c.v_head_dim = v;
+  c.head_dim = nope + rope;
+  c.rope_dim = rope;
+  c.num_kv_heads = c.num_heads;
+}
+
+void set_yarn(ModelConfig& c, float factor, int64_t original, float beta_fast, float beta_slow,
+              float mscale, float mscale_all_dim) {
+  c.rope_scaling.type = RopeScalingType::kYarn;
+  c.rope_scaling.factor = factor;
+  c.rope_scaling.original_max_position_embeddings = original;
+  c.rope_scaling.beta_fast = beta_fast;
+  c.rope_scaling.beta_slow = beta_slow;
+  c.rope_scaling.mscale = mscale;
+  c.rope_scaling.mscale_all_dim = mscale_all_dim;
+}
+
+// tests/data/golden/deepseek2-hf/config.json (DeepSeek-V2-Lite style, scaled down).
+ModelConfig tiny_deepseek2() {
+  ModelConfig c = deepseek_base(ModelArch::kDeepseek2);
+  c.vocab_size = 512;
+  c.hidden_size = 256;
+  c.num_layers = 3;
+  c.num_heads = 2;
+  set_mla(c, 0, 128, 64, 32, 64);
+  c.intermediate_size = 128;
+  c.moe_intermediate_size = 64;
+  c.n_experts = 8;
+  c.n_experts_per_tok = 2;
+  c.n_shared_experts = 2;
+  c.shared_expert_intermediate_size = 2 * 64;
+  c.first_k_dense_replace = 1;
+  c.max_position_embeddings = 4096;
+  c.bos_token_id = 497;
+  c.eos_token_id = 498;
+  return c;
+}
+
+// tests/data/golden/deepseek3-hf/config.json (DeepSeek-V3 style, scaled down).
+ModelConfig tiny_deepseek3() {
+  ModelConfig c = tiny_deepseek2();
+  c.arch = ModelArch::kDeepseek3;
+  set_mla(c, 128, 128, 64, 32, 64);
+  c.n_experts = 16;
+  c.n_experts_per_tok = 4;
+  c.n_shared_experts = 1;
+  c.shared_expert_intermediate_size = 64;
+  c.n_group = 4;
+  c.topk_group = 2;
+  c.topk_method = TopkMethod::kNoauxTc;
+  c.scoring = ScoringFunc::kSigmoid;
+  c.norm_topk_prob = true;
+  c.routed_scaling_factor = 2.5f;
+  c.has_e_score_correction_bias = true;
+  return c;
+}
+
+ModelConfig tiny_qwen(ModelArch arch) {
+  ModelConfig c;
+  c.arch = arch;
+  c.vocab_size = 512;
+  c.hidden_size = 256;
+  c.num_layers = 2;
+  c.num_heads = 4;
+  c.num_kv_heads = 2;
+  c.intermediate_size = 512;
+  c.moe_intermediate_size = 128;
+  c.n_experts = 8;
+  c.max_position_embeddings = 4096;
+  c.rms_norm_eps = 1e-6f;
+  c.rope_theta = 1000000.0f;
+  c.bos_token_id = 497;
+  c.eos_token_id = 498;
+  if (arch == ModelArch::kQwen2Moe) {
+    c.head_dim = 64;
+    c.n_experts_per_tok = 4;
+    c.shared_expert_intermediate_size = 128;
+    c.n_shared_experts = 1;
+    c.shared_expert_gate = true;
+    c.attention_bias = true;
+  } else {
+    c.head_dim = 32;
+    c.n_experts_per_tok = 2;
+    c.norm_topk_prob = true;
+    c.qk_norm = true;
+  }
+  c.v_head_dim = c.head_dim;
+  c.rope_dim = c.head_dim;
+  return c;
+}
+
+ModelConfig tiny_mixtral() {
+  ModelConfig c;
+  c.arch = ModelArch::kMixtral;
+  c.vocab_size = 512;
+  c.hidden_size = 256;
+  c.num_layers = 2;
+  c.num_heads = 4;
+  c.num_kv_heads = 1;
+  c.head_dim = c.v_head_dim = c.rope_dim = 64;
+  c.intermediate_size = c.moe_intermediate_size = 128;
+  c.n_experts = 8;
+  c.n_experts_per_tok = 2;
+  c.norm_topk_prob = true;
+  c.max_position_embeddings = 4096;
+  c.rms_norm_eps = 1e-5f;
+  c.rope_theta = 1000000.0f;
+  c.bos_token_id = 1;
+  c.eos_token_id = 2;
+  return c;
+}
+
+// deepseek-ai/DeepSeek-V2-Lite.
+ModelConfig deepseek_v2_lite() {
+  ModelConfig c = deepseek_base(ModelArch::kDeepseek2);
+  c.vocab_size = 102400;
+  c.hidden_size = 2048;
+  c.num_layers = 27;
+  c.num_heads = 16;
+  set_mla(c, 0, 512, 128, 64, 128);
+  c.intermediate_size = 10944;
+  c.moe_intermediate_size = 1408;
+  c.n_experts = 64;
+  c.n_experts_per_tok = 6;
+  c.n_shared_experts = 2;
+  c.shared_expert_intermediate_size = 2 * 1408;
+  c.first_k_dense_replace = 1;
+  c.max_position_embeddings = 163840;
+  set_yarn(c, 40.0f, 4096, 32.0f, 1.0f, 0.707f, 0.707f);
+  c.bos_token_id = 100000;
+  c.eos_token_id = 100001;
+  return c;
+}
+
+// deepseek-ai/DeepSeek-V3 (R1 has the same shapes). The MTP layer is not modelled.
+ModelConfig deepseek_v3() {
+  ModelConfig c = deepseek_base(ModelArch::kDeepseek3);
+  c.vocab_size = 129280;
+  c.hidden_size = 7168;
+  c.num_layers = 61;
+  c.num_heads = 128;
+  set_mla(c, 1536, 512, 128, 64, 128);
+  c.intermediate_size = 18432;
+  c.moe_intermediate_size = 2048;
+  c.n_experts = 256;
+  c.n_experts_per_tok = 8;
+  c.n_shared_experts = 1;
+  c.shared_expert_intermediate_size = 2048;
+  c.first_k_dense_replace = 3;
+  c.n_group = 8;
+  c.topk_group = 4;
+  c.topk_method = TopkMethod::kNoauxTc;
+  c.scoring = ScoringFunc::kSigmoid;
+  c.norm_topk_prob = true;
+  c.routed_scaling_factor = 2.5f;
+  c.has_e_score_correction_bias = true;
+  c.max_position_embeddings = 163840;
+  set_yarn(c, 40.0f, 4096, 32.0f, 1.0f, 1.0f, 1.0f);
+  c.bos_token_id = 0;
+  c.eos_token_id = 1;
+  return c;
+}
+
+// moonshotai/Kimi-K2-Instruct (the first release; the 0905 update has 256K context, yarn 64).
+ModelConfig kimi_k2() {
+  ModelConfig c = deepseek_v3();
+  c.vocab_size = 163840;
+  c.num_heads = 64;
+  set_mla(c, 1536, 512, 128, 64, 128);
+  c.n_experts = 384;
+  c.first_k_dense_replace = 1;
+  c.n_group = 1;
+  c.topk_group = 1;
+  c.routed_scaling_factor = 2.827f;
+  c.rope_theta = 50000.0f;
+  c.max_position_embeddings = 131072;
+  set_yarn(c, 32.0f, 4096, 1.0f, 1.0f, 1.0f, 1.0f);
+  c.bos_token_id = 163584;
+  c.eos_token_id = 163585;
+  return c;
+}
+
+// Qwen/Qwen3-30B-A3B.
+ModelConfig qwen3_30b_a3b() {
+  ModelConfig c = tiny_qwen(ModelArch::kQwen3Moe);
+  c.vocab_size = 151936;
+  c.hidden_size = 2048;
+  c.num_layers = 48;
+  c.num_heads = 32;
+  c.num_kv_heads = 4;
+  c.head_dim = c.v_head_dim = c.rope_dim = 128;
+  c.intermediate_size = 6144;
+  c.moe_intermediate_size = 768;
+  c.n_experts = 128;
+  c.n_experts_per_tok = 8;
+  c.max_position_embeddings = 40960;
+  c.bos_token_id = 151643;
+  c.eos_token_id = 151645;
+  return c;
+}
+
+// Qwen/Qwen2-57B-A14B.
+ModelConfig qwen2_57b_a14b() {
+  ModelConfig c = tiny_qwen(ModelArch::kQwen2Moe);
+  c.vocab_size = 151936;
+  c.hidden_size = 3584;
+  c.num_layers = 28;
+  c.num_heads = 28;
+  c.num_kv_heads = 4;
+  c.head_dim = c.v_head_dim = c.rope_dim = 128;
+  c.intermediate_size = 18944;
+  c.moe_intermediate_size = 2560;
+  c.shared_expert_intermediate_size = 20480;
+  c.n_experts = 64;
+  c.n_experts_per_tok = 8;
+  c.max_position_embeddings = 131072;
+  c.bos_token_id = 151643;
+  c.eos_token_id = 151643;
+  return c;
+}
+
+// mistralai/Mixtral-8x7B-v0.1.
+ModelConfig mixtral_8x7b() {
+  ModelConfig c = tiny_mixtral();
+  c.vocab_size = 32000;
+  c.hidden_size = 4096;
+  c.num_layers = 32;
+  c.num_heads = 32;
+  c.num_kv_heads = 8;
+  c.head_dim = c.v_head_dim = c.rope_dim = 128;
+  c.intermediate_size = c.moe_intermediate_size = 14336;
+  c.max_position_embeddings = 32768;
+  return c;
+}
+
+struct Preset {
+  const char* name;
+  ModelConfig (*make)();
+};
+const Preset kPresets[] = {
+    {"tiny-deepseek2", tiny_deepseek2},
+    {"tiny-deepseek3", tiny_deepseek3},
+    {"tiny-qwen2moe", [] { return tiny_qwen(ModelArch::kQwen2Moe); }},
+    {"tiny-qwen3moe", [] { return tiny_qwen(ModelArch::kQwen3Moe); }},
+    {"tiny-mixtral", tiny_mixtral},
+    {"deepseek-v2-lite", deepseek_v2_lite},
+    {"deepseek-v3", deepseek_v3},
+    {"kimi-k2", kimi_k2},
+    {"qwen3-30b-a3b", qwen3_30b_a3b},
+    {"qwen2-57b-a14b", qwen2_57b_a14b},
+    {"mixtral-8x7b", mixtral_8x7b},
+};
+
+}  // namespace
+
+ModelConfig config_preset(std::string_view name) {
+  for (const Preset& p : kPresets) {
+    if (name == p.name) {
+      ModelConfig c = p.make();
+      validate_config(c, fmt::format("preset '{}'", name));
+      return c;
+    }
+  }
+  fail(ErrorKind::kInvalidArgument, "unknown model preset '{}' (known: {})", name,
+       fmt::join(config_preset_names(), ", "));
+}
+
+std::vector<std::string> config_preset_names() {
+  std::vector<std::string> names;
+  for (const Preset& p : kPresets) names.emplace_back(p.name);
+  return names;
+}
+
+}  // namespace tandem

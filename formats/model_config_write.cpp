@@ -1,0 +1,266 @@
+// ModelConfig -> HF config.json text and GGUF model keys: what the synthetic-model writer and
+// converters put in the files they make, keyed as transformers and convert_hf_to_gguf.py do.
+#include <fmt/format.h>
+
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "core/error.h"
+#include "formats/gguf.h"
+#include "formats/model_config.h"
+#include "formats/model_config_detail.h"
+
+namespace tandem {
+namespace {
+
+using OJson = nlohmann::ordered_json;
+
+using detail::is_deepseek;
+
+// The float as its shortest decimal, so that config.json says 1e-06, not 9.99999997e-07.
+double pretty(float v) {
+  return std::stod(fmt::format("{}", v));
+}
+
+// Fields that each format fixes per architecture: a config that contradicts them cannot be
+// written faithfully, so refuse rather than write a file that reads back differently.
+void check_expressible(const ModelConfig& c, std::string_view target, bool gguf) {
+  auto refuse = [&](const char* what) {
+    fail(ErrorKind::kUnsupported, "{} cannot express {} for architecture {}", target, what,
+         arch_name(c.arch));
+  };
+  const bool qwen2 = c.arch == ModelArch::kQwen2Moe, qwen3 = c.arch == ModelArch::kQwen3Moe;
+  if (c.qk_norm != qwen3) refuse(c.qk_norm ? "q/k norms" : "the absence of q/k norms");
+  if (qwen2 && !c.attention_bias) refuse("q/k/v without bias");
+  if (c.shared_expert_gate != (qwen2 && c.shared_expert_intermediate_size > 0)) {
+    refuse("this shared-expert gate setting");
+  }
+  if (is_deepseek(c.arch)) {
+    if (c.shared_expert_intermediate_size != c.n_shared_experts * c.moe_intermediate_size) {
+      refuse("a shared-expert width that is not n_shared_experts * moe_intermediate_size");
+    }
+    if (c.has_e_score_correction_bias != (c.topk_method == TopkMethod::kNoauxTc)) {
+      refuse("a selection bias without noaux_tc (or noaux_tc without one)");
+    }
+    if (!c.is_mla()) refuse("attention without MLA");
+  } else {
+    if (c.is_mla() || c.q_lora_rank != 0) refuse("MLA");
+    if (c.scoring != ScoringFunc::kSoftmax || c.topk_method != TopkMethod::kGreedy ||
+        c.n_group != 1 || c.topk_group != 1 || c.routed_scaling_factor != 1.0f) {
+      refuse("DeepSeek routing options");
+    }
+    if (c.first_k_dense_replace != 0) refuse("leading dense layers");
+  }
+  if (c.arch == ModelArch::kMixtral) {
+    if (!c.norm_topk_prob) refuse("top-k weights without renormalization");
+    if (c.moe_intermediate_size != c.intermediate_size) refuse("an expert width != intermediate");
+    if (c.moe_layer_freq != 1 || !c.mlp_only_layers.empty()) refuse("dense layers");
+  }
+  if (gguf) {
+    // llama.cpp hard-codes these; see config_from_gguf().
+    if ((qwen2 || qwen3) && c.norm_topk_prob != qwen3) refuse("this norm_topk_prob");
+    if (c.moe_layer_freq != 1 || !c.mlp_only_layers.empty())
+      refuse("non-MoE layers in the MoE stack");
+    if (c.rope_scaling.type == RopeScalingType::kYarn && is_deepseek(c.arch) &&
+        c.rope_scaling.mscale != c.rope_scaling.mscale_all_dim) {
+      refuse("YaRN mscale != mscale_all_dim");
+    }
+    if (c.rope_scaling.type == RopeScalingType::kYarn && !is_deepseek(c.arch) &&
+        (c.rope_scaling.mscale != 1.0f || c.rope_scaling.mscale_all_dim != 0.0f)) {
+      refuse("YaRN mscale outside DeepSeek");
+    }
+    if (c.attention_bias && is_deepseek(c.arch)) refuse("attention bias");
+    if (c.arch == ModelArch::kMixtral && c.attention_bias) refuse("attention bias");
+  }
+}
+
+OJson token_id(int64_t id) {
+  return id < 0 ? OJson(nullptr) : OJson(id);
+}
+
+OJson rope_scaling_json(const ModelConfig& c) {
+  const RopeScaling& rs = c.rope_scaling;
+  if (rs.type == RopeScalingType::kNone) return nullptr;
+  OJson j = OJson::object();
+  if (rs.type == RopeScalingType::kLinear) {
+    j["factor"] = pretty(rs.factor);
+    j["type"] = "linear";
+    return j;
+  }
+  j["beta_fast"] = pretty(rs.beta_fast);
+  j["beta_slow"] = pretty(rs.beta_slow);
+  j["factor"] = pretty(rs.factor);
+  if (rs.mscale != 1.0f || is_deepseek(c.arch)) j["mscale"] = pretty(rs.mscale);
+  if (rs.mscale_all_dim != 0.0f || is_deepseek(c.arch))
+    j["mscale_all_dim"] = pretty(rs.mscale_all_dim);
+  j["original_max_position_embeddings"] = rs.original_max_position_embeddings;
+  j["type"] = "yarn";
+  return j;
+}
+
+void set_u32(GgufWriter& w, const std::string& key, int64_t v) {
+  TD_CHECK(v >= 0 && v <= UINT32_MAX, "{} = {} does not fit uint32", key, v);
+  w.set(key, GgufValue::u32(static_cast<uint32_t>(v)));
+}
+
+}  // namespace
+
+std::string config_to_hf_json(const ModelConfig& c) {
+  validate_config(c, "config_to_hf_json");
+  check_expressible(c, "an HF config.json", false);
+  const bool deepseek = is_deepseek(c.arch);
+  OJson j;
+  j["architectures"] = OJson::array({std::string(hf_architecture_name(c.arch))});
+  j["model_type"] = detail::hf_model_type(c.arch);
+  j["vocab_size"] = c.vocab_size;
+  j["hidden_size"] = c.hidden_size;
+  j["num_hidden_layers"] = c.num_layers;
+  j["num_attention_heads"] = c.num_heads;
+  j["max_position_embeddings"] = c.max_position_embeddings;
+  j["rms_norm_eps"] = pretty(c.rms_norm_eps);
+  j["rope_theta"] = pretty(c.rope_theta);
+  j["hidden_act"] = "silu";
+  j["tie_word_embeddings"] = c.tie_word_embeddings;
+  j["attention_dropout"] = 0.0;
+  j["initializer_range"] = 0.02;
+  j["use_cache"] = true;
+  j["torch_dtype"] = "bfloat16";
+  j["bos_token_id"] = token_id(c.bos_token_id);
+  j["eos_token_id"] = token_id(c.eos_token_id);
+  j["num_key_value_heads"] = c.num_kv_heads;
+  j["intermediate_size"] = c.intermediate_size;
+  if (deepseek) {
+    j["moe_intermediate_size"] = c.moe_intermediate_size;
+    j["n_routed_experts"] = c.n_experts;
+    j["n_shared_experts"] = c.n_shared_experts;
+    j["num_experts_per_tok"] = c.n_experts_per_tok;
+    j["first_k_dense_replace"] = c.first_k_dense_replace;
+    j["moe_layer_freq"] = c.moe_layer_freq;
+    j["q_lora_rank"] = c.q_lora_rank > 0 ? OJson(c.q_lora_rank) : OJson(nullptr);
+    j["kv_lora_rank"] = c.kv_lora_rank;
+    j["qk_rope_head_dim"] = c.qk_rope_head_dim;
+    j["qk_nope_head_dim"] = c.qk_nope_head_dim;
+    j["v_head_dim"] = c.v_head_dim;
+    j["n_group"] = c.n_group;
+    j["topk_group"] = c.topk_group;
+    j["topk_method"] = topk_method_name(c.topk_method);
+    j["scoring_func"] = scoring_func_name(c.scoring);
+    j["norm_topk_prob"] = c.norm_topk_prob;
+    j["routed_scaling_factor"] = pretty(c.routed_scaling_factor);
+    j["aux_loss_alpha"] = 0.001;
+    j["seq_aux"] = true;
+    j["ep_size"] = 1;
+    j["pretraining_tp"] = 1;
+    j["attention_bias"] = c.attention_bias;
+    j["rope_scaling"] = rope_scaling_json(c);
+    if (c.arch == ModelArch::kDeepseek3) j["num_nextn_predict_layers"] = 0;
+  } else if (c.arch == ModelArch::kMixtral) {
+    if (c.head_dim * c.num_heads != c.hidden_size) j["head_dim"] = c.head_dim;
+    j["num_local_experts"] = c.n_experts;
+    j["num_experts_per_tok"] = c.n_experts_per_tok;
+    j["sliding_window"] = c.sliding_window > 0 ? OJson(c.sliding_window) : OJson(nullptr);
+    j["output_router_logits"] = false;
+    j["router_aux_loss_coef"] = 0.02;
+    j["router_jitter_noise"] = 0.0;
+    if (c.rope_scaling.type != RopeScalingType::kNone) j["rope_scaling"] = rope_scaling_json(c);
+  } else {
+    const bool qwen3 = c.arch == ModelArch::kQwen3Moe;
+    if (qwen3) j["head_dim"] = c.head_dim;
+    j["moe_intermediate_size"] = c.moe_intermediate_size;
+    if (!qwen3) j["shared_expert_intermediate_size"] = c.shared_expert_intermediate_size;
+    j["num_experts"] = c.n_experts;
+    j["num_experts_per_tok"] = c.n_experts_per_tok;
+    j["norm_topk_prob"] = c.norm_topk_prob;
+    j["decoder_sparse_step"] = c.moe_layer_freq;
+    j["mlp_only_layers"] = c.mlp_only_layers;
+    if (qwen3) j["attention_bias"] = c.attention_bias;
+    j["use_sliding_window"] = c.sliding_window > 0;
+    j["sliding_window"] = c.sliding_window > 0 ? OJson(c.sliding_window) : OJson(nullptr);
+    j["max_window_layers"] = c.num_layers;
+    j["output_router_logits"] = false;
+    j["router_aux_loss_coef"] = 0.001;
+    j["rope_scaling"] = rope_scaling_json(c);
+  }
+  j["transformers_version"] = "4.46.0";
+  return j.dump(2) + "\n";
+}
+
+void write_gguf_config(const ModelConfig& c, GgufWriter& w) {
+  validate_config(c, "write_gguf_config");
+  check_expressible(c, "GGUF (llama.cpp)", true);
+  const std::string a(gguf_arch_name(c.arch));
+  auto key = [&](const char* k) { return a + "." + k; };
+  w.set("general.architecture", GgufValue::string(a));
+  set_u32(w, key("context_length"), c.max_position_embeddings);
+  set_u32(w, key("embedding_length"), c.hidden_size);
+  set_u32(w, key("block_count"), c.num_layers);
+  set_u32(w, key("feed_forward_length"), c.intermediate_size);
+  set_u32(w, key("attention.head_count"), c.num_heads);
+  w.set(key("rope.freq_base"), GgufValue::f32(c.rope_theta));
+  w.set(key("attention.layer_norm_rms_epsilon"), GgufValue::f32(c.rms_norm_eps));
+  set_u32(w, key("expert_count"), c.n_experts);
+  set_u32(w, key("expert_used_count"), c.n_experts_per_tok);
+  set_u32(w, key("vocab_size"), c.vocab_size);
+  switch (c.arch) {
+    case ModelArch::kDeepseek2:
+    case ModelArch::kDeepseek3:
+      // MLA is written as MQA over the compressed KV (llama.cpp's absorbed form), see
+      // tests/data/golden/README.md "Layout notes".
+      set_u32(w, key("expert_group_count"), c.n_group);
+      set_u32(w, key("expert_group_used_count"), c.topk_group);
+      set_u32(w, key("leading_dense_block_count"), c.first_k_dense_replace);
+      set_u32(w, key("attention.q_lora_rank"), c.q_lora_rank);
+      set_u32(w, key("attention.kv_lora_rank"), c.kv_lora_rank);
+      set_u32(w, key("attention.head_count_kv"), 1);
+      set_u32(w, key("attention.key_length"), c.kv_lora_rank + c.qk_rope_head_dim);
+      set_u32(w, key("attention.value_length"), c.kv_lora_rank);
+      set_u32(w, key("attention.key_length_mla"), c.qk_nope_head_dim + c.qk_rope_head_dim);
+      set_u32(w, key("attention.value_length_mla"), c.v_head_dim);
+      set_u32(w, key("expert_feed_forward_length"), c.moe_intermediate_size);
+      set_u32(w, key("expert_shared_count"), c.n_shared_experts);
+      w.set(key("expert_weights_scale"), GgufValue::f32(c.routed_scaling_factor));
+      if (c.norm_topk_prob) w.set(key("expert_weights_norm"), GgufValue::boolean(true));
+      set_u32(w, key("expert_gating_func"), c.scoring == ScoringFunc::kSigmoid ? 2 : 1);
+      set_u32(w, key("rope.dimension_count"), c.qk_rope_head_dim);
+      break;
+    case ModelArch::kQwen2Moe:
+      set_u32(w, key("attention.head_count_kv"), c.num_kv_heads);
+      set_u32(w, key("rope.dimension_count"), c.rope_dim);
+      set_u32(w, key("expert_feed_forward_length"), c.moe_intermediate_size);
+      if (c.shared_expert_intermediate_size > 0) {
+        set_u32(w, key("expert_shared_feed_forward_length"), c.shared_expert_intermediate_size);
+      }
+      break;
+    case ModelArch::kQwen3Moe:
+      set_u32(w, key("attention.head_count_kv"), c.num_kv_heads);
+      set_u32(w, key("attention.key_length"), c.head_dim);
+      set_u32(w, key("attention.value_length"), c.v_head_dim);
+      set_u32(w, key("rope.dimension_count"), c.rope_dim);
+      set_u32(w, key("expert_feed_forward_length"), c.moe_intermediate_size);
+      break;
+    case ModelArch::kMixtral:
+      set_u32(w, key("attention.head_count_kv"), c.num_kv_heads);
+      if (c.head_dim * c.num_heads != c.hidden_size) {
+        set_u32(w, key("attention.key_length"), c.head_dim);
+        set_u32(w, key("attention.value_length"), c.v_head_dim);
+      }
+      set_u32(w, key("rope.dimension_count"), c.rope_dim);
+      break;
+  }
+  const RopeScaling& rs = c.rope_scaling;
+  if (rs.type != RopeScalingType::kNone) {
+    w.set(key("rope.scaling.type"), GgufValue::string(std::string(rope_scaling_name(rs.type))));
+    w.set(key("rope.scaling.factor"), GgufValue::f32(rs.factor));
+  }
+  if (rs.type == RopeScalingType::kYarn) {
+    set_u32(w, key("rope.scaling.original_context_length"), rs.original_max_position_embeddings);
+    w.set(key("rope.scaling.yarn_beta_fast"), GgufValue::f32(rs.beta_fast));
+    w.set(key("rope.scaling.yarn_beta_slow"), GgufValue::f32(rs.beta_slow));
+    if (is_deepseek(c.arch) && rs.mscale_all_dim != 0.0f) {
+      w.set(key("rope.scaling.yarn_log_multiplier"), GgufValue::f32(0.1f * rs.mscale_all_dim));
+    }
+  }
+  if (c.sliding_window > 0) set_u32(w, key("attention.sliding_window"), c.sliding_window);
+}
+
+}  // namespace tandem

@@ -1,0 +1,445 @@
+// Planning (sizes, resources) and writing of synthetic models; layouts are in synth_layout.cpp.
+#include "formats/synth.h"
+
+#include <fmt/format.h>
+#include <sys/statvfs.h>
+
+#include <algorithm>
+#include <cstring>
+#include <fstream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <thread>
+
+#include "core/error.h"
+#include "core/log.h"
+#include "core/progress.h"
+#include "formats/gguf.h"
+#include "formats/output_file.h"
+#include "formats/quant.h"
+#include "formats/safetensors.h"
+#include "formats/tokenizer_synth.h"
+
+namespace tandem {
+namespace {
+
+namespace fs = std::filesystem;
+
+constexpr int64_t kFp8Block = 128;  // DeepSeek-V3's weight_block_size [128, 128]
+constexpr uint64_t kDefaultShardBytes = 5'000'000'000;
+constexpr uint64_t kSmallModelBytes = 64ull << 20;
+
+struct TypeName {
+  SynthType type;
+  std::string_view name;
+  uint32_t ftype;
+};
+constexpr TypeName kTypes[] = {
+    {SynthType::kF32, "f32", 0},        {SynthType::kF16, "f16", 1},
+    {SynthType::kBF16, "bf16", 32},     {SynthType::kQ8_0, "q8_0", 7},
+    {SynthType::kQ4_K, "q4_k", 15},     {SynthType::kQ6_K, "q6_k", 18},
+    {SynthType::kQ4_K_M, "q4_k_m", 15}, {SynthType::kFp8, "fp8", 0},
+};
+
+int64_t numel(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+int thread_count(const SynthOptions& o) {
+  if (o.threads > 0) return o.threads;
+  return std::max(1u, std::thread::hardware_concurrency());
+}
+
+// Runs fn(begin, end) over [0, rows) split across threads; small jobs stay on this thread.
+template <typename F>
+void parallel_rows(int64_t rows, int64_t work_per_row, int threads, F&& fn) {
+  const int64_t total = rows * work_per_row;
+  const int n = static_cast<int>(std::min<int64_t>({threads, rows, total / (1 << 16) + 1}));
+  if (n <= 1) {
+    fn(int64_t{0}, rows);
+    return;
+  }
+  std::vector<std::thread> pool;
+  std::vector<std::exception_ptr> errors(n);
+  for (int t = 0; t < n; ++t) {
+    pool.emplace_back([&, t] {
+      try {
+        fn(rows * t / n, rows * (t + 1) / n);
+      } catch (...) {
+        errors[t] = std::current_exception();
+      }
+    });
+  }
+  for (auto& th : pool) th.join();
+  for (auto& e : errors) {
+    if (e) std::rethrow_exception(e);
+  }
+}
+
+// HF tensors stored as FP8 in DeepSeek-V3's release: the decoder's linear weights.
+bool is_fp8_weight(const HfTensorSpec& t) {
+  return t.role == WeightRole::kLinear && t.shape.size() == 2;
+}
+
+DType hf_dtype(const HfTensorSpec& t, SynthType type) {
+  if (type == SynthType::kFp8) {
+    if (is_fp8_weight(t)) return DType::kF8E4M3;
+    if (t.role == WeightRole::kScoreBias) return DType::kF32;  // as released
+  }
+  return DType::kBF16;
+}
+
+std::vector<int64_t> fp8_scale_shape(const std::vector<int64_t>& shape) {
+  return {(shape[0] + kFp8Block - 1) / kFp8Block, (shape[1] + kFp8Block - 1) / kFp8Block};
+}
+
+std::string scale_name(const std::string& weight) {
+  return weight.substr(0, weight.size() - std::string_view("weight").size()) + "weight_scale_inv";
+}
+
+// Applies --vocab / the built-in vocabulary's needs to the config.
+ModelConfig effective_config(const SynthOptions& o, std::unique_ptr<GgufFile>* vocab_file) {
+  ModelConfig c = o.config;
+  if (!o.vocab_gguf.empty()) {
+    *vocab_file = std::make_unique<GgufFile>(GgufFile::open(o.vocab_gguf));
+    const GgufValue* tokens = (*vocab_file)->find("tokenizer.ggml.tokens");
+    if (!tokens || tokens->type() != GgufType::kArray) {
+      fail(ErrorKind::kFormat, "{}: --vocab file has no 'tokenizer.ggml.tokens' array",
+           o.vocab_gguf.string());
+    }
+    c.vocab_size = static_cast<int64_t>(tokens->size());
+    c.bos_token_id = (*vocab_file)->get_int("tokenizer.ggml.bos_token_id", -1);
+    c.eos_token_id = (*vocab_file)->get_int("tokenizer.ggml.eos_token_id", -1);
+  } else if (c.bos_token_id < 0 || c.eos_token_id < 0 || c.bos_token_id == c.eos_token_id) {
+    c.bos_token_id = c.vocab_size - 2;  // the built-in vocabulary needs both control tokens
+    c.eos_token_id = c.vocab_size - 1;
+  }
+  validate_config(c, "synth");
+  return c;
+}
+
+SynthPlan make_plan(const SynthOptions& o, const ModelConfig& c) {
+  SynthPlan plan;
+  plan.config = c;
+  const std::vector<HfTensorSpec> hf = hf_tensor_specs(c);
+  const int threads = thread_count(o);
+  uint64_t largest = 0, metadata = 0;
+  auto add = [&](std::string name, DType dtype, std::vector<int64_t> shape) {
+    const uint64_t bytes = static_cast<uint64_t>(dtype_bytes(dtype, numel(shape)));
+    metadata += name.size() + 64 + 8 * shape.size();  // header entry + alignment padding
+    if (bytes > largest) {
+      largest = bytes;
+      plan.largest_tensor = name;
+    }
+    plan.tensor_bytes += bytes;
+    plan.tensors.push_back({std::move(name), dtype, std::move(shape), bytes});
+  };
+  int64_t widest_row = 0;
+  if (o.format == SynthFormat::kGguf) {
+    for (const GgufTensorSpec& t : gguf_tensor_specs(c, hf)) {
+      widest_row = std::max(widest_row, t.shape.back());
+      add(t.name, gguf_tensor_dtype(c, o.type, t.name, t.shape), t.shape);
+    }
+  } else {
+    for (const HfTensorSpec& t : hf) {
+      widest_row = std::max(widest_row, t.shape.back());
+      const DType dtype = hf_dtype(t, o.type);
+      add(t.name, dtype, t.shape);
+      if (dtype == DType::kF8E4M3) add(scale_name(t.name), DType::kF32, fp8_scale_shape(t.shape));
+    }
+  }
+  // Vocabulary (GGUF arrays or tokenizer.json): tokens, merges and their framing.
+  metadata += static_cast<uint64_t>(c.vocab_size) * 48 + (1u << 20);
+  plan.file_bytes = plan.tensor_bytes + metadata;
+  // The writers hold one whole tensor; each thread a few rows of F32 (FP8: a 128-row strip).
+  const uint64_t per_thread = static_cast<uint64_t>(widest_row) * sizeof(float) *
+                              (o.type == SynthType::kFp8 ? 2 * kFp8Block : 4);
+  plan.ram_bytes = largest + per_thread * threads + (64u << 20);
+  return plan;
+}
+
+uint64_t available_ram() {
+  std::ifstream in("/proc/meminfo");
+  std::string key;
+  uint64_t value = 0;
+  std::string unit;
+  while (in >> key >> value >> unit) {
+    if (key == "MemAvailable:") return value * 1024;
+  }
+  return UINT64_MAX;  // unknown: do not refuse
+}
+
+// Fills GGUF tensor `t` (type dtype) row by row from the HF value generator.
+void fill_gguf(const SynthOptions& o, const std::vector<HfTensorSpec>& hf, const GgufTensorSpec& t,
+               DType dtype, uint8_t* dst) {
+  const int64_t cols = t.shape.back();
+  const int64_t rows = numel(t.shape) / cols;
+  const int64_t row_bytes = dtype_bytes(dtype, cols);
+  parallel_rows(rows, cols, thread_count(o), [&](int64_t begin, int64_t end) {
+    std::vector<float> buf(cols);
+    for (int64_t r = begin; r < end; ++r) {
+      const HfRowRef ref = t.row(r);
+      synth_values(o.seed, hf[ref.hf_index], ref.start, ref.stride, cols, buf.data());
+      if (dtype == DType::kF32) {
+        std::memcpy(dst + r * row_bytes, buf.data(), row_bytes);
+      } else {
+        quantize_row(dtype, buf.data(), dst + r * row_bytes, cols);
+      }
+    }
+  });
+}
+
+void fill_hf(const SynthOptions& o, const HfTensorSpec& t, DType dtype, uint8_t* dst) {
+  const int64_t cols = t.shape.back();
+  const int64_t rows = numel(t.shape) / cols;
+  const int64_t row_bytes = dtype_bytes(dtype, cols);
+  parallel_rows(rows, cols, thread_count(o), [&](int64_t begin, int64_t end) {
+    std::vector<float> buf(cols);
+    for (int64_t r = begin; r < end; ++r) {
+      synth_values(o.seed, t, r * cols, 1, cols, buf.data());
+      if (dtype == DType::kF32) {
+        std::memcpy(dst + r * row_bytes, buf.data(), row_bytes);
+      } else {
+        quantize_row(dtype, buf.data(), dst + r * row_bytes, cols);
+      }
+    }
+  });
+}
+
+// FP8 weight (want_scales = false) or its scale_inv tensor, in 128-row strips: both are computed
+// from the same values, so each fill regenerates them instead of keeping the tensor around.
+void fill_fp8(const SynthOptions& o, const HfTensorSpec& t, bool want_scales, uint8_t* dst) {
+  const int64_t rows = t.shape[0], cols = t.shape[1];
+  const int64_t strips = (rows + kFp8Block - 1) / kFp8Block;
+  const int64_t scale_cols = (cols + kFp8Block - 1) / kFp8Block;
+  parallel_rows(strips, kFp8Block * cols, thread_count(o), [&](int64_t begin, int64_t end) {
+    std::vector<float> buf(kFp8Block * cols), scales(scale_cols);
+    std::vector<uint8_t> w(want_scales ? kFp8Block * cols : 0);
+    for (int64_t s = begin; s < end; ++s) {
+      const int64_t r0 = s * kFp8Block, n = std::min(kFp8Block, rows - r0);
+      synth_values(o.seed, t, r0 * cols, 1, n * cols, buf.data());
+      uint8_t* wdst = want_scales ? w.data() : dst + r0 * cols;
+      float* sdst = want_scales ? reinterpret_cast<float*>(dst) + s * scale_cols : scales.data();
+      quantize_fp8_blocks(buf.data(), n, cols, kFp8Block, kFp8Block, wdst, sdst);
+    }
+  });
+}
+
+void write_text(const fs::path& path, const std::string& text) {
+  OutputFile out(path);
+  out.write(text.data(), text.size());
+  out.commit();
+}
+
+void write_gguf(const SynthOptions& o, const SynthPlan& plan, const GgufFile* vocab_file,
+                Progress* progress) {
+  const ModelConfig& c = plan.config;
+  GgufWriter w(o.output);
+  w.set("general.architecture", GgufValue::string(std::string(gguf_arch_name(c.arch))));
+  w.set("general.name", GgufValue::string(o.name));
+  if (vocab_file) {
+    copy_gguf_tokenizer_keys(*vocab_file, w);
+  } else {
+    write_gguf_vocab(build_synth_vocab(c.vocab_size, c.bos_token_id, c.eos_token_id), w);
+  }
+  write_gguf_config(c, w);
+  const bool quantized =
+      o.type != SynthType::kF32 && o.type != SynthType::kF16 && o.type != SynthType::kBF16;
+  if (quantized) w.set("general.quantization_version", GgufValue::u32(2));
+  w.set("general.file_type", GgufValue::u32(gguf_file_type(o.type)));
+
+  auto hf = std::make_shared<std::vector<HfTensorSpec>>(hf_tensor_specs(c));
+  auto specs = std::make_shared<std::vector<GgufTensorSpec>>(gguf_tensor_specs(c, *hf));
+  for (size_t i = 0; i < specs->size(); ++i) {
+    const SynthTensorInfo& info = plan.tensors[i];
+    w.add_tensor(info.name, info.dtype, info.shape, [&o, hf, specs, i, info, progress](void* dst) {
+      log_debug("synth: {} {} {}", info.name, dtype_name(info.dtype), format_bytes_si(info.nbytes));
+      fill_gguf(o, *hf, (*specs)[i], info.dtype, static_cast<uint8_t*>(dst));
+      if (progress) progress->add(info.nbytes);
+    });
+  }
+  w.write();
+}
+
+void write_hf(const SynthOptions& o, const SynthPlan& plan, const GgufFile* vocab_file,
+              Progress* progress) {
+  const ModelConfig& c = plan.config;
+  // Before anything is written: a vocabulary that cannot be expressed must leave no files.
+  const SynthVocab vocab = vocab_file
+                               ? vocab_from_gguf(*vocab_file)
+                               : build_synth_vocab(c.vocab_size, c.bos_token_id, c.eos_token_id);
+  std::error_code ec;
+  fs::create_directories(o.output, ec);
+  if (ec) fail(ErrorKind::kIo, "{}: cannot create directory: {}", o.output.string(), ec.message());
+  // Stale shards of an earlier run would be mixed into this checkpoint by a reader.
+  for (const auto& entry : fs::directory_iterator(o.output)) {
+    const std::string n = entry.path().filename().string();
+    if (n == "model.safetensors" || n == "model.safetensors.index.json" ||
+        (n.starts_with("model-") && n.ends_with(".safetensors"))) {
+      fs::remove(entry.path(), ec);
+    }
+  }
+
+  nlohmann::ordered_json config = nlohmann::ordered_json::parse(config_to_hf_json(c));
+  if (o.type == SynthType::kFp8) {
+    config["quantization_config"] = {{"activation_scheme", "dynamic"},
+                                     {"fmt", "e4m3"},
+                                     {"quant_method", "fp8"},
+                                     {"weight_block_size", {kFp8Block, kFp8Block}}};
+  }
+  write_text(o.output / "config.json", config.dump(2) + "\n");
+  auto id_or_null = [](int64_t id) {
+    return id < 0 ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(id);
+  };
+  nlohmann::ordered_json gen = {{"_from_model_config", true},
+                                {"bos_token_id", id_or_null(c.bos_token_id)},
+                                {"eos_token_id", id_or_null(c.eos_token_id)},
+                                {"do_sample", false},
+                                {"transformers_version", "4.46.0"}};
+  write_text(o.output / "generation_config.json", gen.dump(2) + "\n");
+  write_text(o.output / "tokenizer.json", tokenizer_json(vocab));
+  write_text(o.output / "tokenizer_config.json",
+             tokenizer_config_json(vocab, c.max_position_embeddings));
+
+  uint64_t shard = o.hf_shard_bytes;
+  if (shard == 0) {
+    // Small checkpoints still come in two shards (+ index), the layout real ones have: with a
+    // limit of half + the largest tensor, the greedy split makes exactly two.
+    uint64_t largest = 0;
+    for (const SynthTensorInfo& t : plan.tensors) largest = std::max(largest, t.nbytes);
+    shard =
+        plan.tensor_bytes < kSmallModelBytes ? plan.tensor_bytes / 2 + largest : kDefaultShardBytes;
+  }
+  SafetensorsWriter w(o.output, shard);
+  w.set_metadata("format", "pt");
+  auto hf = std::make_shared<std::vector<HfTensorSpec>>(hf_tensor_specs(c));
+  for (size_t i = 0; i < hf->size(); ++i) {
+    const HfTensorSpec& t = (*hf)[i];
+    const DType dtype = hf_dtype(t, o.type);
+    const uint64_t bytes = dtype_bytes(dtype, numel(t.shape));
+    w.add_tensor(t.name, dtype, t.shape, [&o, hf, i, dtype, bytes, progress](void* dst) {
+      if (dtype == DType::kF8E4M3) {
+        fill_fp8(o, (*hf)[i], false, static_cast<uint8_t*>(dst));
+      } else {
+        fill_hf(o, (*hf)[i], dtype, static_cast<uint8_t*>(dst));
+      }
+      if (progress) progress->add(bytes);
+    });
+    if (dtype == DType::kF8E4M3) {
+      const std::vector<int64_t> shape = fp8_scale_shape(t.shape);
+      const uint64_t scale_bytes = sizeof(float) * numel(shape);
+      w.add_tensor(scale_name(t.name), DType::kF32, shape,
+                   [&o, hf, i, scale_bytes, progress](void* dst) {
+                     fill_fp8(o, (*hf)[i], true, static_cast<uint8_t*>(dst));
+                     if (progress) progress->add(scale_bytes);
+                   });
+    }
+  }
+  w.write();
+}
+
+}  // namespace
+
+std::optional<SynthType> synth_type_from_name(std::string_view name) {
+  for (const TypeName& t : kTypes) {
+    if (t.name == name) return t.type;
+  }
+  return std::nullopt;
+}
+
+std::string_view synth_type_name(SynthType type) {
+  for (const TypeName& t : kTypes) {
+    if (t.type == type) return t.name;
+  }
+  return "?";
+}
+
+bool synth_type_allowed(SynthType type, SynthFormat format) {
+  if (format == SynthFormat::kHf) return type == SynthType::kBF16 || type == SynthType::kFp8;
+  return type != SynthType::kFp8;
+}
+
+uint32_t gguf_file_type(SynthType type) {
+  for (const TypeName& t : kTypes) {
+    if (t.type == type) return t.ftype;
+  }
+  return 0;
+}
+
+std::string format_bytes_si(uint64_t bytes) {
+  const double b = static_cast<double>(bytes);
+  if (b >= 1e12) return fmt::format("{:.1f} TB", b / 1e12);
+  if (b >= 1e9) return fmt::format("{:.1f} GB", b / 1e9);
+  if (b >= 1e6) return fmt::format("{:.1f} MB", b / 1e6);
+  if (b >= 1e3) return fmt::format("{:.1f} kB", b / 1e3);
+  return fmt::format("{} B", bytes);
+}
+
+SynthPlan plan_synth(const SynthOptions& o) {
+  if (!synth_type_allowed(o.type, o.format)) {
+    fail(ErrorKind::kInvalidArgument,
+         "--type {} is not available for --format {} (gguf: f32, "
+         "f16, bf16, q8_0, q4_k, q6_k, q4_k_m; hf: bf16, fp8)",
+         synth_type_name(o.type), o.format == SynthFormat::kGguf ? "gguf" : "hf");
+  }
+  if (o.output.empty()) fail(ErrorKind::kInvalidArgument, "an output path (-o) is required");
+  std::unique_ptr<GgufFile> vocab_file;
+  return make_plan(o, effective_config(o, &vocab_file));
+}
+
+void check_synth_resources(const SynthOptions& o, const SynthPlan& plan) {
+  fs::path dir = o.format == SynthFormat::kHf ? o.output : o.output.parent_path();
+  if (dir.empty()) dir = ".";
+  // The nearest existing ancestor: where the files will land once directories are made.
+  std::error_code ec;
+  while (!fs::exists(dir, ec) && dir.has_parent_path() && dir != dir.parent_path()) {
+    dir = dir.parent_path();
+  }
+  uint64_t free_disk = UINT64_MAX;
+  if (o.free_disk_bytes) {
+    free_disk = *o.free_disk_bytes;
+  } else if (struct statvfs st; statvfs(dir.c_str(), &st) == 0) {
+    free_disk = static_cast<uint64_t>(st.f_bavail) * st.f_frsize;
+  }
+  if (plan.file_bytes > free_disk) {
+    fail(ErrorKind::kResource, "needs {} of disk, {} free at {}", format_bytes_si(plan.file_bytes),
+         format_bytes_si(free_disk), dir.string());
+  }
+  const uint64_t free_ram = o.free_ram_bytes ? *o.free_ram_bytes : available_ram();
+  if (plan.ram_bytes > free_ram) {
+    fail(ErrorKind::kResource, "needs {} of RAM (tensor '{}' is built whole), {} available",
+         format_bytes_si(plan.ram_bytes), plan.largest_tensor, format_bytes_si(free_ram));
+  }
+}
+
+SynthPlan synth_model(const SynthOptions& o) {
+  if (!synth_type_allowed(o.type, o.format) || o.output.empty()) plan_synth(o);  // throws
+  std::unique_ptr<GgufFile> vocab_file;
+  const ModelConfig c = effective_config(o, &vocab_file);
+  const SynthPlan plan = make_plan(o, c);
+  check_synth_resources(o, plan);
+  if (o.format == SynthFormat::kGguf) {
+    std::error_code ec;
+    if (fs::is_directory(o.output, ec)) {
+      fail(ErrorKind::kInvalidArgument, "-o {}: is a directory; a GGUF model is one file",
+           o.output.string());
+    }
+    if (o.output.has_parent_path()) fs::create_directories(o.output.parent_path(), ec);
+  }
+  log_info("synth: {} {} {} -> {} ({} tensors, {})", arch_name(c.arch), o.name,
+           synth_type_name(o.type), o.output.string(), plan.tensors.size(),
+           format_bytes_si(plan.file_bytes));
+  std::unique_ptr<Progress> progress;
+  if (o.progress) progress = std::make_unique<Progress>("synth", plan.tensor_bytes);
+  if (o.format == SynthFormat::kGguf) {
+    write_gguf(o, plan, vocab_file.get(), progress.get());
+  } else {
+    write_hf(o, plan, vocab_file.get(), progress.get());
+  }
+  if (progress) progress->finish();
+  return plan;
+}
+
+}  // namespace tandem

@@ -1,0 +1,373 @@
+// The tensor layouts of the supported architectures in both formats, the HF -> GGUF row mapping,
+// llama-quantize's per-tensor type choice, and the value generator.
+#include <fmt/format.h>
+
+#include <cmath>
+#include <cstdio>
+
+#include "core/error.h"
+#include "core/fp_convert.h"
+#include "formats/synth.h"
+
+namespace tandem {
+namespace {
+
+bool is_deepseek(ModelArch arch) {
+  return arch == ModelArch::kDeepseek2 || arch == ModelArch::kDeepseek3;
+}
+
+uint64_t splitmix64(uint64_t x) {
+  x += 0x9E3779B97F4A7C15ull;
+  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
+  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
+  return x ^ (x >> 31);
+}
+
+uint64_t fnv1a64(std::string_view s) {
+  uint64_t h = 0xCBF29CE484222325ull;
+  for (unsigned char c : s) h = (h ^ c) * 0x100000001B3ull;
+  return h;
+}
+
+class HfBuilder {
+ public:
+  void add(std::string name, std::vector<int64_t> shape, WeightRole role, int64_t fan_in = 0) {
+    specs.push_back({std::move(name), std::move(shape), role, fan_in});
+  }
+  std::vector<HfTensorSpec> specs;
+};
+
+// Locates HF tensors by name while the GGUF list is built.
+class HfIndex {
+ public:
+  explicit HfIndex(const std::vector<HfTensorSpec>& hf) : hf_(hf) {}
+  size_t operator()(const std::string& name) const {
+    for (size_t i = hint_; i < hf_.size(); ++i) {
+      if (hf_[i].name == name) return hint_ = i;
+    }
+    for (size_t i = 0; i < hint_; ++i) {
+      if (hf_[i].name == name) return hint_ = i;
+    }
+    TD_CHECK(false, "no HF tensor '{}' for the GGUF layout", name);
+    return 0;
+  }
+  const HfTensorSpec& spec(size_t i) const { return hf_[i]; }
+
+ private:
+  const std::vector<HfTensorSpec>& hf_;
+  mutable size_t hint_ = 0;
+};
+
+}  // namespace
+
+std::vector<HfTensorSpec> hf_tensor_specs(const ModelConfig& c) {
+  const int64_t h = c.hidden_size, v = c.vocab_size;
+  HfBuilder b;
+  b.add("model.embed_tokens.weight", {v, h}, WeightRole::kEmbedding, h);
+  b.add("model.norm.weight", {h}, WeightRole::kNorm);
+  if (!c.tie_word_embeddings) b.add("lm_head.weight", {v, h}, WeightRole::kOutput, h);
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    const std::string p = fmt::format("model.layers.{}.", l);
+    b.add(p + "input_layernorm.weight", {h}, WeightRole::kNorm);
+    b.add(p + "post_attention_layernorm.weight", {h}, WeightRole::kNorm);
+    const std::string a = p + "self_attn.";
+    if (c.is_mla()) {
+      const int64_t q_out = c.num_heads * c.head_dim;
+      if (c.q_lora_rank > 0) {
+        b.add(a + "q_a_proj.weight", {c.q_lora_rank, h}, WeightRole::kLinear, h);
+        b.add(a + "q_a_layernorm.weight", {c.q_lora_rank}, WeightRole::kNorm);
+        b.add(a + "q_b_proj.weight", {q_out, c.q_lora_rank}, WeightRole::kLinear, c.q_lora_rank);
+      } else {
+        b.add(a + "q_proj.weight", {q_out, h}, WeightRole::kLinear, h);
+      }
+      b.add(a + "kv_a_proj_with_mqa.weight", {c.kv_lora_rank + c.qk_rope_head_dim, h},
+            WeightRole::kLinear, h);
+      b.add(a + "kv_a_layernorm.weight", {c.kv_lora_rank}, WeightRole::kNorm);
+      b.add(a + "kv_b_proj.weight",
+            {c.num_heads * (c.qk_nope_head_dim + c.v_head_dim), c.kv_lora_rank},
+            WeightRole::kLinear, c.kv_lora_rank);
+      b.add(a + "o_proj.weight", {h, c.num_heads * c.v_head_dim}, WeightRole::kLinear,
+            c.num_heads * c.v_head_dim);
+    } else {
+      const int64_t q_out = c.num_heads * c.head_dim, kv_out = c.num_kv_heads * c.head_dim;
+      const int64_t v_out = c.num_kv_heads * c.v_head_dim;
+      b.add(a + "q_proj.weight", {q_out, h}, WeightRole::kLinear, h);
+      b.add(a + "k_proj.weight", {kv_out, h}, WeightRole::kLinear, h);
+      b.add(a + "v_proj.weight", {v_out, h}, WeightRole::kLinear, h);
+      b.add(a + "o_proj.weight", {h, c.num_heads * c.v_head_dim}, WeightRole::kLinear,
+            c.num_heads * c.v_head_dim);
+      if (c.attention_bias) {
+        b.add(a + "q_proj.bias", {q_out}, WeightRole::kBias);
+        b.add(a + "k_proj.bias", {kv_out}, WeightRole::kBias);
+        b.add(a + "v_proj.bias", {v_out}, WeightRole::kBias);
+      }
+      if (c.qk_norm) {
+        b.add(a + "q_norm.weight", {c.head_dim}, WeightRole::kNorm);
+        b.add(a + "k_norm.weight", {c.head_dim}, WeightRole::kNorm);
+      }
+    }
+    auto ffn = [&](const std::string& q, int64_t width, const char* gate, const char* up,
+                   const char* down) {
+      b.add(q + gate + ".weight", {width, h}, WeightRole::kLinear, h);
+      b.add(q + up + ".weight", {width, h}, WeightRole::kLinear, h);
+      b.add(q + down + ".weight", {h, width}, WeightRole::kLinear, width);
+    };
+    if (!c.is_moe_layer(l)) {
+      ffn(p + "mlp.", c.intermediate_size, "gate_proj", "up_proj", "down_proj");
+      continue;
+    }
+    if (c.arch == ModelArch::kMixtral) {
+      const std::string m = p + "block_sparse_moe.";
+      b.add(m + "gate.weight", {c.n_experts, h}, WeightRole::kRouter, h);
+      for (int64_t e = 0; e < c.n_experts; ++e) {
+        ffn(fmt::format("{}experts.{}.", m, e), c.moe_intermediate_size, "w1", "w3", "w2");
+      }
+      continue;
+    }
+    const std::string m = p + "mlp.";
+    b.add(m + "gate.weight", {c.n_experts, h}, WeightRole::kRouter, h);
+    if (c.has_e_score_correction_bias) {
+      b.add(m + "gate.e_score_correction_bias", {c.n_experts}, WeightRole::kScoreBias);
+    }
+    for (int64_t e = 0; e < c.n_experts; ++e) {
+      ffn(fmt::format("{}experts.{}.", m, e), c.moe_intermediate_size, "gate_proj", "up_proj",
+          "down_proj");
+    }
+    if (c.shared_expert_intermediate_size > 0) {
+      if (is_deepseek(c.arch)) {
+        ffn(m + "shared_experts.", c.shared_expert_intermediate_size, "gate_proj", "up_proj",
+            "down_proj");
+      } else {
+        b.add(m + "shared_expert_gate.weight", {1, h}, WeightRole::kRouter, h);
+        ffn(m + "shared_expert.", c.shared_expert_intermediate_size, "gate_proj", "up_proj",
+            "down_proj");
+      }
+    }
+  }
+  return std::move(b.specs);
+}
+
+std::vector<GgufTensorSpec> gguf_tensor_specs(const ModelConfig& c,
+                                              const std::vector<HfTensorSpec>& hf) {
+  const HfIndex index(hf);
+  std::vector<GgufTensorSpec> out;
+  // A GGUF tensor whose rows are the HF tensor's rows (possibly with a different rank).
+  auto direct = [&](std::string name, const std::string& hf_name,
+                    std::optional<std::vector<int64_t>> shape = std::nullopt) {
+    const size_t i = index(hf_name);
+    const int64_t cols = index.spec(i).shape.back();
+    out.push_back({std::move(name), shape ? *shape : index.spec(i).shape, index.spec(i).role,
+                   [i, cols](int64_t r) {
+                     return HfRowRef{i, r * cols, 1};
+                   }});
+  };
+  // Per-expert [rows, cols] HF tensors stacked into [n_experts, rows, cols].
+  auto stacked = [&](std::string name, const std::string& prefix, const std::string& suffix) {
+    std::vector<size_t> ids;
+    for (int64_t e = 0; e < c.n_experts; ++e)
+      ids.push_back(index(fmt::format("{}{}{}", prefix, e, suffix)));
+    const std::vector<int64_t>& s = index.spec(ids[0]).shape;
+    const int64_t rows = s[0], cols = s[1];
+    out.push_back({std::move(name),
+                   {c.n_experts, rows, cols},
+                   WeightRole::kLinear,
+                   [ids, rows, cols](int64_t r) {
+                     return HfRowRef{ids[r / rows], (r % rows) * cols, 1};
+                   }});
+  };
+  // llama.cpp's rope layout for Mixtral q/k: per head, rows (j, i) become (i, j).
+  auto permuted = [&](std::string name, const std::string& hf_name, int64_t heads) {
+    const size_t i = index(hf_name);
+    const int64_t cols = index.spec(i).shape.back();
+    const int64_t hd = index.spec(i).shape[0] / heads;
+    out.push_back(
+        {std::move(name), index.spec(i).shape, WeightRole::kLinear, [i, cols, hd](int64_t r) {
+           const int64_t head = r / hd, w = r % hd;
+           const int64_t src = head * hd + (w % 2) * (hd / 2) + w / 2;
+           return HfRowRef{i, src * cols, 1};
+         }});
+  };
+
+  direct("token_embd.weight", "model.embed_tokens.weight");
+  direct("output_norm.weight", "model.norm.weight");
+  if (!c.tie_word_embeddings) direct("output.weight", "lm_head.weight");
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    const std::string p = fmt::format("model.layers.{}.", l), a = p + "self_attn.";
+    const std::string g = fmt::format("blk.{}.", l);
+    direct(g + "attn_norm.weight", p + "input_layernorm.weight");
+    if (c.is_mla()) {
+      if (c.q_lora_rank > 0) {
+        direct(g + "attn_q_a.weight", a + "q_a_proj.weight");
+        direct(g + "attn_q_a_norm.weight", a + "q_a_layernorm.weight");
+        direct(g + "attn_q_b.weight", a + "q_b_proj.weight");
+      } else {
+        direct(g + "attn_q.weight", a + "q_proj.weight");
+      }
+      direct(g + "attn_kv_a_mqa.weight", a + "kv_a_proj_with_mqa.weight");
+      direct(g + "attn_kv_a_norm.weight", a + "kv_a_layernorm.weight");
+      // kv_b [heads * (nope + v), kv_lora] splits per head into K rows then V rows; K is stored
+      // transposed: attn_k_b [heads, kv_lora, nope], attn_v_b [heads, v, kv_lora].
+      const size_t kv = index(a + "kv_b_proj.weight");
+      const int64_t lora = c.kv_lora_rank, nope = c.qk_nope_head_dim, vd = c.v_head_dim;
+      out.push_back({g + "attn_k_b.weight",
+                     {c.num_heads, lora, nope},
+                     WeightRole::kLinear,
+                     [kv, lora, nope, vd](int64_t r) {
+                       const int64_t head = r / lora, col = r % lora;
+                       return HfRowRef{kv, head * (nope + vd) * lora + col, lora};
+                     }});
+      out.push_back({g + "attn_v_b.weight",
+                     {c.num_heads, vd, lora},
+                     WeightRole::kLinear,
+                     [kv, lora, nope, vd](int64_t r) {
+                       const int64_t head = r / vd, d = r % vd;
+                       return HfRowRef{kv, (head * (nope + vd) + nope + d) * lora, 1};
+                     }});
+      direct(g + "attn_output.weight", a + "o_proj.weight");
+    } else {
+      if (c.arch == ModelArch::kMixtral) {
+        permuted(g + "attn_q.weight", a + "q_proj.weight", c.num_heads);
+        permuted(g + "attn_k.weight", a + "k_proj.weight", c.num_kv_heads);
+      } else {
+        direct(g + "attn_q.weight", a + "q_proj.weight");
+        direct(g + "attn_k.weight", a + "k_proj.weight");
+      }
+      direct(g + "attn_v.weight", a + "v_proj.weight");
+      if (c.attention_bias) {
+        direct(g + "attn_q.bias", a + "q_proj.bias");
+        direct(g + "attn_k.bias", a + "k_proj.bias");
+        direct(g + "attn_v.bias", a + "v_proj.bias");
+      }
+      direct(g + "attn_output.weight", a + "o_proj.weight");
+      if (c.qk_norm) {
+        direct(g + "attn_q_norm.weight", a + "q_norm.weight");
+        direct(g + "attn_k_norm.weight", a + "k_norm.weight");
+      }
+    }
+    direct(g + "ffn_norm.weight", p + "post_attention_layernorm.weight");
+    if (!c.is_moe_layer(l)) {
+      direct(g + "ffn_gate.weight", p + "mlp.gate_proj.weight");
+      direct(g + "ffn_down.weight", p + "mlp.down_proj.weight");
+      direct(g + "ffn_up.weight", p + "mlp.up_proj.weight");
+      continue;
+    }
+    if (c.arch == ModelArch::kMixtral) {
+      const std::string m = p + "block_sparse_moe.";
+      direct(g + "ffn_gate_inp.weight", m + "gate.weight");
+      stacked(g + "ffn_gate_exps.weight", m + "experts.", ".w1.weight");
+      stacked(g + "ffn_down_exps.weight", m + "experts.", ".w2.weight");
+      stacked(g + "ffn_up_exps.weight", m + "experts.", ".w3.weight");
+      continue;
+    }
+    const std::string m = p + "mlp.";
+    direct(g + "ffn_gate_inp.weight", m + "gate.weight");
+    if (c.has_e_score_correction_bias) {
+      direct(g + "exp_probs_b.bias", m + "gate.e_score_correction_bias");
+    }
+    stacked(g + "ffn_gate_exps.weight", m + "experts.", ".gate_proj.weight");
+    stacked(g + "ffn_down_exps.weight", m + "experts.", ".down_proj.weight");
+    stacked(g + "ffn_up_exps.weight", m + "experts.", ".up_proj.weight");
+    if (c.shared_expert_intermediate_size > 0) {
+      const std::string s = m + (is_deepseek(c.arch) ? "shared_experts." : "shared_expert.");
+      if (!is_deepseek(c.arch)) {
+        direct(g + "ffn_gate_inp_shexp.weight", m + "shared_expert_gate.weight",
+               std::vector<int64_t>{c.hidden_size});
+      }
+      direct(g + "ffn_gate_shexp.weight", s + "gate_proj.weight");
+      direct(g + "ffn_down_shexp.weight", s + "down_proj.weight");
+      direct(g + "ffn_up_shexp.weight", s + "up_proj.weight");
+    }
+  }
+  return out;
+}
+
+DType gguf_tensor_dtype(const ModelConfig& c, SynthType type, const std::string& name,
+                        const std::vector<int64_t>& shape) {
+  const bool quantizable = shape.size() >= 2 && name.ends_with("weight") &&
+                           name.find("_norm.weight") == std::string::npos &&
+                           name.find("ffn_gate_inp.weight") == std::string::npos;
+  if (!quantizable || type == SynthType::kF32) return DType::kF32;
+  if (type == SynthType::kF16) return DType::kF16;
+  if (type == SynthType::kBF16) return DType::kBF16;
+  DType t = type == SynthType::kQ8_0   ? DType::kQ8_0
+            : type == SynthType::kQ6_K ? DType::kQ6_K
+                                       : DType::kQ4_K;
+  const int64_t ncols = shape.back();
+  if (type == SynthType::kQ4_K_M) {
+    // llama-quantize's llama_tensor_get_type_impl() for LLAMA_FTYPE_MOSTLY_Q4_K_M, MoE models.
+    int layer = -1;
+    std::sscanf(name.c_str(), "blk.%d.", &layer);
+    const int n = static_cast<int>(c.num_layers);
+    auto more_bits = [n](int i) { return i < n / 8 || i >= 7 * n / 8 || (i - n / 8) % 3 == 2; };
+    const bool eight = c.n_experts == 8;
+    if (name == "output.weight" || (c.tie_word_embeddings && name == "token_embd.weight")) {
+      t = ncols % 256 != 0 ? DType::kQ8_0 : DType::kQ6_K;
+    } else if (name.find("attn_v.weight") != std::string::npos) {
+      if (more_bits(layer)) t = DType::kQ6_K;
+      if (eight) t = DType::kQ8_0;
+    } else if (name.find("attn_k.weight") != std::string::npos) {
+      if (eight) t = DType::kQ8_0;
+    } else if (name.find("ffn_down") != std::string::npos) {
+      if (more_bits(layer)) t = DType::kQ6_K;
+    } else if (name.find("attn_output.weight") != std::string::npos) {
+      if (eight) t = DType::kQ5_K;
+    }
+  }
+  // tensor_type_fallback(): rows that are not whole super-blocks.
+  const auto block = [](DType d) { return dtype_info(d).block_elems; };
+  if (ncols % block(t) != 0) {
+    t = t == DType::kQ4_K   ? DType::kQ5_0
+        : t == DType::kQ5_K ? DType::kQ5_1
+        : t == DType::kQ6_K ? DType::kQ8_0
+                            : DType::kF16;
+    if (ncols % block(t) != 0) t = DType::kF16;
+  }
+  return t;
+}
+
+void synth_values(uint64_t seed, const HfTensorSpec& spec, int64_t start, int64_t stride, int64_t n,
+                  float* out) {
+  const uint64_t key = splitmix64(seed ^ fnv1a64(spec.name));
+  const double fan = static_cast<double>(std::max<int64_t>(spec.fan_in, 1));
+  float scale = 1.0f, offset = 0.0f;
+  switch (spec.role) {
+    case WeightRole::kEmbedding:
+      scale = 1.0f;
+      break;
+    case WeightRole::kOutput:
+      scale = static_cast<float>(2.0 / std::sqrt(fan));
+      break;
+    case WeightRole::kRouter:
+    case WeightRole::kLinear:
+      scale = static_cast<float>(1.0 / std::sqrt(fan));
+      break;
+    case WeightRole::kNorm:
+      scale = 0.1f, offset = 1.0f;
+      break;
+    case WeightRole::kBias:
+      scale = 0.1f;
+      break;
+    case WeightRole::kScoreBias:
+      scale = 0.01f;
+      break;
+  }
+  const bool uniform = spec.role == WeightRole::kScoreBias;
+  for (int64_t k = 0; k < n; ++k) {
+    const uint64_t z = splitmix64(key + static_cast<uint64_t>(start + k * stride));
+    float x;
+    if (uniform) {  // U(-1, 1)
+      x = static_cast<float>(static_cast<double>(z >> 11) * 0x1.0p-52 - 1.0);
+    } else {
+      // Irwin-Hall: four U(0,1) from the 16-bit lanes, centred and scaled to unit variance.
+      // Pure arithmetic (no libm), so the bytes do not depend on the C library.
+      float s = 0.0f;
+      for (int lane = 0; lane < 4; ++lane) {
+        s += (static_cast<float>((z >> (16 * lane)) & 0xFFFF) + 0.5f) * (1.0f / 65536.0f);
+      }
+      x = (s - 2.0f) * 1.7320508f;
+    }
+    out[k] = bf16_to_f32(f32_to_bf16(offset + scale * x));
+  }
+}
+
+}  // namespace tandem
