@@ -25,6 +25,13 @@ constexpr size_t kPage = 4096;
 // Results of every kernel call land here, so no call is dead code.
 std::atomic<uint64_t> g_sink{0};
 
+// Fills the DRAM buffer with distinct values: pages of zeros can be deduplicated by a hypervisor
+// (or be the kernel's shared zero page), and reading one physical page over and over measures a
+// cache, not DRAM.
+void fill_distinct(uint64_t* words, size_t n) {
+  for (size_t i = 0; i < n; ++i) words[i] = (i + 1) * 0x9E3779B97F4A7C15ull;
+}
+
 int64_t now_ns() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now().time_since_epoch())
       .count();
@@ -224,6 +231,7 @@ RooflineResult measure_roofline(ThreadingContext& ctx, const RooflineOptions& op
     a.prefault = true;
     a.numa_node = topo.numa_nodes() > 1 && k < topo.nodes.size() ? topo.nodes[k].os_index : -1;
     node_buffers[k] = AlignedBuffer(per_node_bytes, a);
+    fill_distinct(node_buffers[k].as<uint64_t>(), per_node_bytes / sizeof(uint64_t));
     r.dram_buffer_bytes += per_node_bytes;
     r.huge_pages = r.huge_pages && node_buffers[k].huge_pages();
     r.huge_page_backed_bytes += node_buffers[k].huge_page_bytes();
