@@ -1,0 +1,338 @@
+#include "model/model.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "core/error.h"
+#include "model/router.h"
+
+namespace tandem {
+namespace {
+
+template <typename T>
+T* grow(std::vector<T>& v, int64_t n) {
+  if (static_cast<int64_t>(v.size()) < n) v.resize(static_cast<size_t>(n));
+  return v.data();
+}
+
+void add_into(float* dst, const float* src, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) dst[i] += src[i];
+}
+
+}  // namespace
+
+Model::Model(const LoadedModel& weights, const ModelOptions& options)
+    : w_(weights),
+      ctx_(options.ctx),
+      pool_(options.pool),
+      mla_(options.mla),
+      on_routing_(options.on_routing) {
+  const ModelConfig& c = w_.config;
+  if (ctx_ <= 0) fail(ErrorKind::kInvalidArgument, "context size must be positive, got {}", ctx_);
+  if (options.moe != nullptr) {
+    moe_ = options.moe;
+  } else {
+    own_moe_ = std::make_unique<CpuMoeBackend>(pool_);
+    moe_ = own_moe_.get();
+  }
+  rope_ = ops::Rope(c.rope_dim, c.rope_theta, c.rope_scaling);
+  // llama.cpp's GGUF Mixtral has q/k rows permuted for the interleaved form; HF keeps rotate_half.
+  // DeepSeek's q_pe / k_pe are interleaved in both layouts.
+  const bool interleaved = c.is_mla() || (c.arch == ModelArch::kMixtral && w_.from_gguf);
+  rope_form_ = interleaved ? ops::RopeForm::kInterleaved : ops::RopeForm::kNeox;
+  attn_scale_ = 1.0f / std::sqrt(static_cast<float>(c.head_dim)) * rope_.softmax_scale_factor();
+
+  int64_t k_row = 0, v_row = 0;  // floats per cached position
+  if (c.is_mla()) {
+    if (mla_ == MlaMode::kAbsorbed) {
+      k_row = c.kv_lora_rank + c.qk_rope_head_dim;
+    } else {
+      k_row = c.num_heads * c.head_dim;
+      v_row = c.num_heads * c.v_head_dim;
+    }
+  } else {
+    k_row = c.num_kv_heads * c.head_dim;
+    v_row = c.num_kv_heads * c.head_dim;
+  }
+  const uint64_t bytes = static_cast<uint64_t>(ctx_) * (k_row + v_row) * c.num_layers * 4;
+  if (bytes > (uint64_t{1} << 40)) {
+    fail(ErrorKind::kResource, "KV cache for --ctx {} would need {} bytes", ctx_, bytes);
+  }
+  k_cache_.resize(c.num_layers);
+  v_cache_.resize(c.num_layers);
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    k_cache_[l].assign(static_cast<size_t>(ctx_ * k_row), 0.0f);
+    v_cache_[l].assign(static_cast<size_t>(ctx_ * v_row), 0.0f);
+  }
+}
+
+uint64_t Model::kv_cache_bytes() const {
+  uint64_t b = 0;
+  for (size_t l = 0; l < k_cache_.size(); ++l) b += (k_cache_[l].size() + v_cache_[l].size()) * 4;
+  return b;
+}
+
+void Model::forward(std::span<const int32_t> tokens, float* logits, bool all_rows) {
+  const ModelConfig& c = w_.config;
+  const int64_t n = static_cast<int64_t>(tokens.size());
+  const int64_t hd = c.hidden_size;
+  if (n == 0) fail(ErrorKind::kInvalidArgument, "forward: no tokens");
+  if (pos_ + n > ctx_) {
+    fail(ErrorKind::kOutOfRange, "{} tokens at position {} exceed the context size {}", n, pos_,
+         ctx_);
+  }
+  float* x = grow(x_, n * hd);
+  ops::embedding(w_.embed, tokens.data(), n, x);
+  float* h = grow(h_, n * hd);
+  float* a = grow(a_, n * hd);
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    const LayerWeights& lw = w_.layers[l];
+    for (int64_t t = 0; t < n; ++t) {
+      ops::rms_norm(x + t * hd, lw.attn_norm.data(), hd, c.rms_norm_eps, h + t * hd);
+    }
+    if (c.is_mla()) {
+      attention_mla(l, n, h, a);
+    } else {
+      attention_mha(l, n, h, a);
+    }
+    add_into(x, a, n * hd);
+    for (int64_t t = 0; t < n; ++t) {
+      ops::rms_norm(x + t * hd, lw.ffn_norm.data(), hd, c.rms_norm_eps, h + t * hd);
+    }
+    ffn(l, n, h, a);
+    add_into(x, a, n * hd);
+  }
+  pos_ += n;
+  const int64_t first = all_rows ? 0 : n - 1;
+  const int64_t rows = n - first;
+  for (int64_t t = first; t < n; ++t) {
+    ops::rms_norm(x + t * hd, w_.out_norm.data(), hd, c.rms_norm_eps, h + (t - first) * hd);
+  }
+  ops::matmul(w_.lm_head, h, rows, logits, pool_);
+}
+
+void Model::attention_mha(int64_t l, int64_t n, const float* x, float* out) {
+  const ModelConfig& c = w_.config;
+  const LayerWeights& lw = w_.layers[l];
+  const int64_t d = c.head_dim, nq = c.num_heads, nkv = c.num_kv_heads;
+  float* q = grow(q_, n * nq * d);
+  float* k = grow(k_, n * nkv * d);
+  float* v = grow(v_, n * nkv * d);
+  ops::matmul(lw.wq, x, n, q, pool_);
+  ops::matmul(lw.wk, x, n, k, pool_);
+  ops::matmul(lw.wv, x, n, v, pool_);
+  for (int64_t t = 0; t < n; ++t) {
+    const int64_t pos = pos_ + t;
+    float* qt = q + t * nq * d;
+    float* kt = k + t * nkv * d;
+    float* vt = v + t * nkv * d;
+    if (!lw.bq.empty()) {
+      add_into(qt, lw.bq.data(), nq * d);
+      add_into(kt, lw.bk.data(), nkv * d);
+      add_into(vt, lw.bv.data(), nkv * d);
+    }
+    for (int64_t i = 0; i < nq; ++i) {
+      if (!lw.q_norm.empty())
+        ops::rms_norm(qt + i * d, lw.q_norm.data(), d, c.rms_norm_eps, qt + i * d);
+      rope_.apply(qt + i * d, pos, rope_form_);
+    }
+    for (int64_t i = 0; i < nkv; ++i) {
+      if (!lw.k_norm.empty())
+        ops::rms_norm(kt + i * d, lw.k_norm.data(), d, c.rms_norm_eps, kt + i * d);
+      rope_.apply(kt + i * d, pos, rope_form_);
+    }
+    std::copy(kt, kt + nkv * d, k_cache_[l].data() + pos * nkv * d);
+    std::copy(vt, vt + nkv * d, v_cache_[l].data() + pos * nkv * d);
+  }
+  ops::AttentionArgs args;
+  args.q = q;
+  args.q_stride = nq * d;
+  args.n_tokens = n;
+  args.n_heads = nq;
+  args.n_kv_heads = nkv;
+  args.dk = d;
+  args.dv = d;
+  args.k = k_cache_[l].data();
+  args.v = v_cache_[l].data();
+  args.k_stride = nkv * d;
+  args.v_stride = nkv * d;
+  args.pos0 = pos_;
+  args.scale = attn_scale_;
+  args.out = grow(att_, n * nq * d);
+  ops::attention(args, pool_);
+  ops::matmul(lw.wo, args.out, n, out, pool_);
+}
+
+void Model::attention_mla(int64_t l, int64_t n, const float* x, float* out) {
+  const ModelConfig& c = w_.config;
+  const LayerWeights& lw = w_.layers[l];
+  const int64_t nope = c.qk_nope_head_dim, rd = c.qk_rope_head_dim, kvl = c.kv_lora_rank;
+  const int64_t vd = c.v_head_dim, nh = c.num_heads, qk = nope + rd, kr = kvl + rd;
+  float* q = grow(q_, n * nh * qk);
+  if (!lw.wq_a.empty()) {
+    float* qa = grow(t0_, n * c.q_lora_rank);
+    ops::matmul(lw.wq_a, x, n, qa, pool_);
+    for (int64_t t = 0; t < n; ++t) {
+      float* r = qa + t * c.q_lora_rank;
+      ops::rms_norm(r, lw.q_a_norm.data(), c.q_lora_rank, c.rms_norm_eps, r);
+    }
+    ops::matmul(lw.wq_b, qa, n, q, pool_);
+  } else {
+    ops::matmul(lw.wq, x, n, q, pool_);
+  }
+  float* kv = grow(k_, n * kr);  // per token: latent [kvl] then rope key [rd]
+  ops::matmul(lw.wkv_a, x, n, kv, pool_);
+  for (int64_t t = 0; t < n; ++t) {
+    float* r = kv + t * kr;
+    ops::rms_norm(r, lw.kv_a_norm.data(), kvl, c.rms_norm_eps, r);
+    rope_.apply(r + kvl, pos_ + t, rope_form_);
+    for (int64_t i = 0; i < nh; ++i)
+      rope_.apply(q + (t * nh + i) * qk + nope, pos_ + t, rope_form_);
+  }
+  float* lat = grow(t0_, n * std::max(kvl, nope));
+  float* tmp = grow(t2_, n * std::max({kvl, nope, vd}));
+  ops::AttentionArgs args;
+  args.n_tokens = n;
+  args.n_heads = nh;
+  args.pos0 = pos_;
+  args.scale = attn_scale_;
+  if (mla_ == MlaMode::kAbsorbed) {
+    std::copy(kv, kv + n * kr, k_cache_[l].data() + pos_ * kr);
+    // q_cat per head: W_UK^T q_nope (kvl values) then q_pe, scored against [latent, k_pe].
+    float* qc = grow(t1_, n * nh * kr);
+    for (int64_t i = 0; i < nh; ++i) {
+      for (int64_t t = 0; t < n; ++t) {
+        const float* src = q + (t * nh + i) * qk;
+        std::copy(src, src + nope, lat + t * nope);
+      }
+      if (lw.k_up_transposed) {
+        ops::matmul(lw.k_up[i], lat, n, tmp, nullptr);
+      } else {
+        ops::matmul_transposed(lw.k_up[i], lat, n, tmp);
+      }
+      for (int64_t t = 0; t < n; ++t) {
+        float* dst = qc + (t * nh + i) * kr;
+        std::copy(tmp + t * kvl, tmp + (t + 1) * kvl, dst);
+        const float* pe = q + (t * nh + i) * qk + nope;
+        std::copy(pe, pe + rd, dst + kvl);
+      }
+    }
+    args.q = qc;
+    args.q_stride = nh * kr;
+    args.n_kv_heads = 1;
+    args.dk = kr;
+    args.dv = kvl;
+    args.k = k_cache_[l].data();
+    args.v = k_cache_[l].data();
+    args.k_stride = kr;
+    args.v_stride = kr;
+    float* att = grow(att_, n * nh * kvl);
+    args.out = att;
+    ops::attention(args, pool_);
+    float* o = grow(v_, n * nh * vd);
+    for (int64_t i = 0; i < nh; ++i) {
+      for (int64_t t = 0; t < n; ++t) {
+        const float* src = att + (t * nh + i) * kvl;
+        std::copy(src, src + kvl, lat + t * kvl);
+      }
+      ops::matmul(lw.v_up[i], lat, n, tmp, nullptr);
+      for (int64_t t = 0; t < n; ++t) {
+        std::copy(tmp + t * vd, tmp + (t + 1) * vd, o + (t * nh + i) * vd);
+      }
+    }
+    ops::matmul(lw.wo, o, n, out, pool_);
+    return;
+  }
+  // Naive: decompress per-head K (nope part + the shared rope key) and V into the cache.
+  for (int64_t t = 0; t < n; ++t) std::copy(kv + t * kr, kv + t * kr + kvl, lat + t * kvl);
+  float* kc = k_cache_[l].data();
+  float* vc = v_cache_[l].data();
+  for (int64_t i = 0; i < nh; ++i) {
+    if (lw.k_up_transposed) {
+      ops::matmul_transposed(lw.k_up[i], lat, n, tmp);
+    } else {
+      ops::matmul(lw.k_up[i], lat, n, tmp, nullptr);
+    }
+    for (int64_t t = 0; t < n; ++t) {
+      float* dst = kc + ((pos_ + t) * nh + i) * qk;
+      std::copy(tmp + t * nope, tmp + (t + 1) * nope, dst);
+      std::copy(kv + t * kr + kvl, kv + (t + 1) * kr, dst + nope);
+    }
+    ops::matmul(lw.v_up[i], lat, n, tmp, nullptr);
+    for (int64_t t = 0; t < n; ++t) {
+      std::copy(tmp + t * vd, tmp + (t + 1) * vd, vc + ((pos_ + t) * nh + i) * vd);
+    }
+  }
+  args.q = q;
+  args.q_stride = nh * qk;
+  args.n_kv_heads = nh;
+  args.dk = qk;
+  args.dv = vd;
+  args.k = kc;
+  args.v = vc;
+  args.k_stride = nh * qk;
+  args.v_stride = nh * vd;
+  args.out = grow(att_, n * nh * vd);
+  ops::attention(args, pool_);
+  ops::matmul(lw.wo, args.out, n, out, pool_);
+}
+
+void Model::dense_ffn(const ops::Weight& g, const ops::Weight& u, const ops::Weight& d, int64_t n,
+                      const float* x, float* out) {
+  const int64_t ff = g.rows();
+  float* gb = grow(t1_, n * ff);
+  float* ub = grow(t2_, n * ff);
+  ops::matmul(g, x, n, gb, pool_);
+  ops::matmul(u, x, n, ub, pool_);
+  ops::swiglu(gb, ub, n * ff, gb);
+  ops::matmul(d, gb, n, out, pool_);
+}
+
+void Model::ffn(int64_t l, int64_t n, const float* x, float* out) {
+  const ModelConfig& c = w_.config;
+  const LayerWeights& lw = w_.layers[l];
+  const int64_t hd = c.hidden_size;
+  if (!lw.moe) {
+    dense_ffn(lw.ffn_gate, lw.ffn_up, lw.ffn_down, n, x, out);
+    return;
+  }
+  const int64_t ne = c.n_experts, k = c.n_experts_per_tok;
+  float* logits = grow(t0_, n * ne);
+  ops::matmul(lw.router, x, n, logits, pool_);
+  int32_t* ids = grow(ids_, n * k);
+  float* wts = grow(topw_, n * k);
+  const float* bias = lw.router_bias.empty() ? nullptr : lw.router_bias.data();
+  for (int64_t t = 0; t < n; ++t) {
+    route_token(c, logits + t * ne, bias, ids + t * k, wts + t * k, route_scratch_);
+  }
+  if (on_routing_) on_routing_(l, ids, n, k);
+  float* routed = grow(b_, n * hd);
+  MoeRequest req;
+  req.layer = l;
+  req.experts = &lw.experts;
+  req.hidden = x;
+  req.n_tokens = n;
+  req.hidden_size = hd;
+  req.ids = ids;
+  req.weights = wts;
+  req.k = k;
+  req.out = routed;
+  moe_->submit(req);
+  if (!lw.sh_gate.empty()) {
+    dense_ffn(lw.sh_gate, lw.sh_up, lw.sh_down, n, x, out);
+    if (!lw.sh_gate_inp.empty()) {
+      for (int64_t t = 0; t < n; ++t) {
+        float dot = 0.0f;
+        for (int64_t i = 0; i < hd; ++i) dot += x[t * hd + i] * lw.sh_gate_inp[i];
+        const float gate = 1.0f / (1.0f + std::exp(-dot));
+        for (int64_t i = 0; i < hd; ++i) out[t * hd + i] *= gate;
+      }
+    }
+  } else {
+    std::fill(out, out + n * hd, 0.0f);
+  }
+  moe_->wait();
+  add_into(out, routed, n * hd);
+}
+
+}  // namespace tandem

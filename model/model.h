@@ -1,0 +1,77 @@
+// The forward pass of every supported architecture over LoadedModel weights, with an F32 KV
+// cache: prefill a batch of tokens, then decode one at a time. Architecture differences are
+// data (ModelConfig flags) plus two attention kinds: MHA/GQA (Qwen2/3-MoE, Mixtral; Qwen2 biases,
+// Qwen3 q/k norm) and DeepSeek MLA (naive: decompress K/V per head; absorbed: cache only the
+// kv_lora latent + rope key and fold W_UK / W_UV into the query and output).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "model/moe_backend.h"
+#include "model/weights.h"
+#include "ops/cpu/ref_ops.h"
+
+namespace tandem {
+
+class ThreadPool;
+
+enum class MlaMode { kAbsorbed, kNaive };
+
+// Called after routing each MoE layer with the [n_tokens, k] expert ids of the batch (traces,
+// expert statistics, the scheduling policies).
+using RoutingObserver =
+    std::function<void(int64_t layer, const int32_t* ids, int64_t n_tokens, int64_t k)>;
+
+struct ModelOptions {
+  int64_t ctx = 4096;          // KV cache positions
+  ThreadPool* pool = nullptr;  // nullptr: single-threaded
+  MlaMode mla = MlaMode::kAbsorbed;
+  MoeBackend* moe = nullptr;  // nullptr: an internal CpuMoeBackend
+  RoutingObserver on_routing;  // optional
+};
+
+class Model {
+ public:
+  Model(const LoadedModel& weights, const ModelOptions& options);
+
+  const ModelConfig& config() const { return w_.config; }
+  int64_t position() const { return pos_; }
+  int64_t ctx() const { return ctx_; }
+  void reset() { pos_ = 0; }
+  uint64_t kv_cache_bytes() const;
+
+  // Feeds `tokens` at the current position. logits receives [n, vocab] when all_rows, else the
+  // last row's [vocab]. Throws Error(kOutOfRange) for a bad id or when the context is full.
+  void forward(std::span<const int32_t> tokens, float* logits, bool all_rows);
+
+ private:
+  void attention_mha(int64_t layer, int64_t n, const float* x, float* out);
+  void attention_mla(int64_t layer, int64_t n, const float* x, float* out);
+  void ffn(int64_t layer, int64_t n, const float* x, float* out);
+  void dense_ffn(const ops::Weight& g, const ops::Weight& u, const ops::Weight& d, int64_t n,
+                 const float* x, float* out);
+
+  const LoadedModel& w_;
+  int64_t ctx_;
+  ThreadPool* pool_;
+  MlaMode mla_;
+  RoutingObserver on_routing_;
+  std::unique_ptr<CpuMoeBackend> own_moe_;
+  MoeBackend* moe_;
+  ops::Rope rope_;
+  ops::RopeForm rope_form_;
+  float attn_scale_;
+  int64_t pos_ = 0;
+  // Per layer: K and V (MHA, naive MLA) or the latent + rope key (absorbed MLA, in k only).
+  std::vector<std::vector<float>> k_cache_, v_cache_;
+  // Activation scratch, grown on demand and reused.
+  std::vector<float> x_, h_, a_, b_, q_, k_, v_, t0_, t1_, t2_, att_, logits_r_;
+  std::vector<int32_t> ids_;
+  std::vector<float> topw_, route_scratch_;
+};
+
+}  // namespace tandem

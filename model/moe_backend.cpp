@@ -1,0 +1,51 @@
+#include "model/moe_backend.h"
+
+#include <algorithm>
+
+#include "core/error.h"
+#include "ops/cpu/ref_ops.h"
+
+namespace tandem {
+
+void CpuMoeBackend::submit(const MoeRequest& r) {
+  TD_CHECK(!pending_, "CpuMoeBackend::submit while a request is pending");
+  const int64_t h = r.hidden_size;
+  std::fill(r.out, r.out + r.n_tokens * h, 0.0f);
+  const int64_t n_experts = static_cast<int64_t>(r.experts->gate.size());
+  for (int64_t e = 0; e < n_experts; ++e) {
+    if (r.expert_mask != nullptr && r.expert_mask[e] == 0) continue;
+    rows_.clear();  // (token * k + slot) of every selection of e
+    for (int64_t i = 0; i < r.n_tokens * r.k; ++i) {
+      if (r.ids[i] == e) rows_.push_back(i);
+    }
+    if (rows_.empty()) continue;
+    const int64_t n = static_cast<int64_t>(rows_.size());
+    const int64_t ff = r.experts->gate[e].rows();
+    x_.resize(n * h);
+    g_.resize(n * ff);
+    u_.resize(n * ff);
+    d_.resize(n * h);
+    for (int64_t j = 0; j < n; ++j) {
+      const float* src = r.hidden + (rows_[j] / r.k) * h;
+      std::copy(src, src + h, x_.data() + j * h);
+    }
+    ops::matmul(r.experts->gate[e], x_.data(), n, g_.data(), pool_);
+    ops::matmul(r.experts->up[e], x_.data(), n, u_.data(), pool_);
+    ops::swiglu(g_.data(), u_.data(), n * ff, g_.data());
+    ops::matmul(r.experts->down[e], g_.data(), n, d_.data(), pool_);
+    for (int64_t j = 0; j < n; ++j) {
+      const float w = r.weights[rows_[j]];
+      float* dst = r.out + (rows_[j] / r.k) * h;
+      const float* src = d_.data() + j * h;
+      for (int64_t i = 0; i < h; ++i) dst[i] += w * src[i];
+    }
+  }
+  pending_ = true;
+}
+
+void CpuMoeBackend::wait() {
+  TD_CHECK(pending_, "CpuMoeBackend::wait without submit");
+  pending_ = false;
+}
+
+}  // namespace tandem

@@ -1,0 +1,55 @@
+// The one interface through which routed experts are computed: hidden states [T, H] plus the
+// router's top-k ids / weights [T, K] and an expert mask go in, the weighted sum of the selected
+// experts' outputs [T, H] comes out. submit() starts the work, wait() completes it, so a caller
+// can overlap it with other work (GPU experts, the next layer's attention) without the model
+// code knowing where experts run.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "model/weights.h"
+
+namespace tandem {
+
+class ThreadPool;
+
+struct MoeRequest {
+  int64_t layer = 0;
+  const ExpertWeights* experts = nullptr;
+  const float* hidden = nullptr;  // [n_tokens, hidden_size]
+  int64_t n_tokens = 0;
+  int64_t hidden_size = 0;
+  const int32_t* ids = nullptr;    // [n_tokens, k]
+  const float* weights = nullptr;  // [n_tokens, k]
+  int64_t k = 0;
+  // [n_experts]: nonzero = compute this expert here; nullptr = all. Skipped experts contribute
+  // nothing (another backend owns them).
+  const uint8_t* expert_mask = nullptr;
+  float* out = nullptr;  // [n_tokens, hidden_size], overwritten; valid after wait()
+};
+
+class MoeBackend {
+ public:
+  virtual ~MoeBackend() = default;
+  virtual void submit(const MoeRequest& request) = 0;
+  virtual void wait() = 0;
+};
+
+// The reference: per expert, gather its tokens, SwiGLU FFN through ops::matmul (weights read in
+// their stored dtype), scatter-add weighted. It computes during submit(); wait() only checks
+// that a request was submitted.
+class CpuMoeBackend : public MoeBackend {
+ public:
+  explicit CpuMoeBackend(ThreadPool* pool) : pool_(pool) {}
+  void submit(const MoeRequest& request) override;
+  void wait() override;
+
+ private:
+  ThreadPool* pool_;
+  bool pending_ = false;
+  std::vector<float> x_, g_, u_, d_;
+  std::vector<int64_t> rows_;
+};
+
+}  // namespace tandem

@@ -1,0 +1,329 @@
+#include "model/weights.h"
+
+#include <fmt/format.h>
+
+#include <fstream>
+#include <functional>
+#include <map>
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "core/log.h"
+#include "formats/gguf.h"
+#include "formats/safetensors.h"
+#include "ops/cpu/ref_ops.h"
+
+namespace tandem {
+namespace {
+
+// Tensor lookup over either checkpoint kind; tracks the dtypes and bytes used for the summary.
+class Source {
+ public:
+  Source(LoadedModel& m) : m_(m) {}
+
+  const Tensor* find(const std::string& name) {
+    Tensor t;
+    if (m_.gguf) {
+      if (m_.gguf->find_tensor(name) == nullptr) return nullptr;
+      t = m_.gguf->tensor(name);
+    } else {
+      if (m_.safetensors->find_tensor(name) == nullptr) return nullptr;
+      t = m_.safetensors->tensor(name);
+    }
+    last_ = t;
+    return &last_;
+  }
+
+  // A matrix weight; FP8 ones come with their `<name>_scale_inv` blocks.
+  ops::Weight get_w(const std::string& name, std::initializer_list<int64_t> shape) {
+    ops::Weight w(get(name, shape, /*allow_fp8=*/true));
+    if (w.t.dtype != DType::kF8E4M3) return w;
+    const std::string sname = name + "_scale_inv";
+    const Tensor* s = find(sname);
+    const int64_t rows = w.t.rows(), cols = w.t.row_elems();
+    const int64_t br = fp8_block_[0], bc = fp8_block_[1];
+    const int64_t sr = (rows + br - 1) / br, sc = (cols + bc - 1) / bc;
+    if (s == nullptr || s->dtype != DType::kF32 || s->numel() != sr * sc || s->row_elems() != sc) {
+      fail(ErrorKind::kFormat,
+           "{}: FP8 tensor '{}' needs an F32 '{}' of shape [{}, {}] ({}x{} "
+           "blocks)",
+           m_.path.string(), name, sname, sr, sc, br, bc);
+    }
+    w.scale_inv = s->as<const float>();
+    w.scale_cols = sc;
+    w.block_rows = br;
+    w.block_cols = bc;
+    return w;
+  }
+  void set_fp8_block(int64_t rows, int64_t cols) {
+    fp8_block_[0] = rows;
+    fp8_block_[1] = cols;
+  }
+
+  // The tensor, checked to hold `numel` elements per outer slice with rows of `row_elems`.
+  Tensor get(const std::string& name, std::initializer_list<int64_t> shape,
+             bool allow_fp8 = false) {
+    const Tensor* t = find(name);
+    if (t == nullptr) {
+      fail(ErrorKind::kFormat, "{}: missing tensor '{}' ({} model)", m_.path.string(), name,
+           arch_name(m_.config.arch));
+    }
+    check_dtype(name, *t, allow_fp8);
+    m_.weight_bytes += static_cast<uint64_t>(t->nbytes());
+    m_.bytes_by_dtype[std::string(dtype_info(t->dtype).name)] += static_cast<uint64_t>(t->nbytes());
+    int64_t numel = 1;
+    for (int64_t d : shape) numel *= d;
+    const int64_t inner = *(shape.end() - 1);
+    if (t->numel() != numel || t->row_elems() != inner) {
+      fail(ErrorKind::kFormat, "{}: tensor '{}' has shape {}, expected {} elements in rows of {}",
+           m_.path.string(), name, t->shape_string(), numel, inner);
+    }
+    return *t;
+  }
+  // Only dtypes whose rows dequantize_row turns into the real values: FP8 checkpoints need
+  // their weight_scale_inv blocks, which the reference path does not apply yet.
+  void check_dtype(const std::string& name, const Tensor& t, bool allow_fp8) {
+    const bool fp8 = t.dtype == DType::kF8E4M3 && !allow_fp8;
+    const bool is_int = t.dtype == DType::kI8 || t.dtype == DType::kI16 || t.dtype == DType::kI32 ||
+                        t.dtype == DType::kI64;
+    if (fp8 || is_int) {
+      fail(ErrorKind::kUnsupported,
+           "{}: tensor '{}' has type {}, which the CPU reference path "
+           "does not support{}",
+           m_.path.string(), name, dtype_info(t.dtype).name,
+           fp8 ? " here (FP8 is read for linear weights with block scales only)" : "");
+    }
+  }
+
+  std::vector<float> get_f32(const std::string& name, int64_t n) {
+    return ops::to_f32(get(name, {n}));
+  }
+  std::vector<float> opt_f32(const std::string& name, int64_t n) {
+    if (find(name) == nullptr) return {};
+    return get_f32(name, n);
+  }
+
+ private:
+  LoadedModel& m_;
+  Tensor last_;
+  int64_t fp8_block_[2] = {128, 128};
+};
+
+void load_gguf_layer(Source& s, const ModelConfig& c, int64_t l, LayerWeights& w) {
+  const std::string p = fmt::format("blk.{}.", l);
+  const int64_t hd = c.hidden_size;
+  w.attn_norm = s.get_f32(p + "attn_norm.weight", hd);
+  w.ffn_norm = s.get_f32(p + "ffn_norm.weight", hd);
+  if (c.is_mla()) {
+    const int64_t qk = c.qk_nope_head_dim + c.qk_rope_head_dim;
+    if (c.q_lora_rank > 0) {
+      w.wq_a = s.get_w(p + "attn_q_a.weight", {c.q_lora_rank, hd});
+      w.q_a_norm = s.get_f32(p + "attn_q_a_norm.weight", c.q_lora_rank);
+      w.wq_b = s.get_w(p + "attn_q_b.weight", {c.num_heads * qk, c.q_lora_rank});
+    } else {
+      w.wq = s.get_w(p + "attn_q.weight", {c.num_heads * qk, hd});
+    }
+    w.wkv_a = s.get_w(p + "attn_kv_a_mqa.weight", {c.kv_lora_rank + c.qk_rope_head_dim, hd});
+    w.kv_a_norm = s.get_f32(p + "attn_kv_a_norm.weight", c.kv_lora_rank);
+    if (s.find(p + "attn_k_b.weight") != nullptr) {
+      const ops::Weight kb =
+          s.get_w(p + "attn_k_b.weight", {c.num_heads, c.kv_lora_rank, c.qk_nope_head_dim});
+      const ops::Weight vb =
+          s.get_w(p + "attn_v_b.weight", {c.num_heads, c.v_head_dim, c.kv_lora_rank});
+      w.k_up_transposed = true;
+      for (int64_t h = 0; h < c.num_heads; ++h) {
+        w.k_up.push_back(kb.row_range(h * c.kv_lora_rank, c.kv_lora_rank));
+        w.v_up.push_back(vb.row_range(h * c.v_head_dim, c.v_head_dim));
+      }
+    } else {
+      const int64_t per = c.qk_nope_head_dim + c.v_head_dim;
+      const ops::Weight kvb = s.get_w(p + "attn_kv_b.weight", {c.num_heads * per, c.kv_lora_rank});
+      for (int64_t h = 0; h < c.num_heads; ++h) {
+        w.k_up.push_back(kvb.row_range(h * per, c.qk_nope_head_dim));
+        w.v_up.push_back(kvb.row_range(h * per + c.qk_nope_head_dim, c.v_head_dim));
+      }
+    }
+    w.wo = s.get_w(p + "attn_output.weight", {hd, c.num_heads * c.v_head_dim});
+  } else {
+    const int64_t d = c.head_dim;
+    w.wq = s.get_w(p + "attn_q.weight", {c.num_heads * d, hd});
+    w.wk = s.get_w(p + "attn_k.weight", {c.num_kv_heads * d, hd});
+    w.wv = s.get_w(p + "attn_v.weight", {c.num_kv_heads * d, hd});
+    w.wo = s.get_w(p + "attn_output.weight", {hd, c.num_heads * d});
+    if (c.attention_bias) {
+      w.bq = s.get_f32(p + "attn_q.bias", c.num_heads * d);
+      w.bk = s.get_f32(p + "attn_k.bias", c.num_kv_heads * d);
+      w.bv = s.get_f32(p + "attn_v.bias", c.num_kv_heads * d);
+    }
+    if (c.qk_norm) {
+      w.q_norm = s.get_f32(p + "attn_q_norm.weight", d);
+      w.k_norm = s.get_f32(p + "attn_k_norm.weight", d);
+    }
+  }
+  w.moe = c.is_moe_layer(l);
+  if (!w.moe) {
+    const int64_t ff = c.intermediate_size;
+    w.ffn_gate = s.get_w(p + "ffn_gate.weight", {ff, hd});
+    w.ffn_up = s.get_w(p + "ffn_up.weight", {ff, hd});
+    w.ffn_down = s.get_w(p + "ffn_down.weight", {hd, ff});
+    return;
+  }
+  const int64_t ne = c.n_experts, ff = c.moe_intermediate_size;
+  w.router = s.get_w(p + "ffn_gate_inp.weight", {ne, hd});
+  if (c.has_e_score_correction_bias) w.router_bias = s.get_f32(p + "exp_probs_b.bias", ne);
+  const ops::Weight g = s.get_w(p + "ffn_gate_exps.weight", {ne, ff, hd});
+  const ops::Weight u = s.get_w(p + "ffn_up_exps.weight", {ne, ff, hd});
+  const ops::Weight dn = s.get_w(p + "ffn_down_exps.weight", {ne, hd, ff});
+  for (int64_t e = 0; e < ne; ++e) {
+    w.experts.gate.push_back(g.row_range(e * ff, ff));
+    w.experts.up.push_back(u.row_range(e * ff, ff));
+    w.experts.down.push_back(dn.row_range(e * hd, hd));
+  }
+  if (c.shared_expert_intermediate_size > 0) {
+    const int64_t sf = c.shared_expert_intermediate_size;
+    w.sh_gate = s.get_w(p + "ffn_gate_shexp.weight", {sf, hd});
+    w.sh_up = s.get_w(p + "ffn_up_shexp.weight", {sf, hd});
+    w.sh_down = s.get_w(p + "ffn_down_shexp.weight", {hd, sf});
+    if (c.shared_expert_gate) w.sh_gate_inp = s.get_f32(p + "ffn_gate_inp_shexp.weight", hd);
+  }
+}
+
+void load_hf_layer(Source& s, const ModelConfig& c, int64_t l, LayerWeights& w) {
+  const std::string p = fmt::format("model.layers.{}.", l);
+  const std::string a = p + "self_attn.";
+  const int64_t hd = c.hidden_size;
+  w.attn_norm = s.get_f32(p + "input_layernorm.weight", hd);
+  w.ffn_norm = s.get_f32(p + "post_attention_layernorm.weight", hd);
+  if (c.is_mla()) {
+    const int64_t qk = c.qk_nope_head_dim + c.qk_rope_head_dim;
+    if (c.q_lora_rank > 0) {
+      w.wq_a = s.get_w(a + "q_a_proj.weight", {c.q_lora_rank, hd});
+      w.q_a_norm = s.get_f32(a + "q_a_layernorm.weight", c.q_lora_rank);
+      w.wq_b = s.get_w(a + "q_b_proj.weight", {c.num_heads * qk, c.q_lora_rank});
+    } else {
+      w.wq = s.get_w(a + "q_proj.weight", {c.num_heads * qk, hd});
+    }
+    w.wkv_a = s.get_w(a + "kv_a_proj_with_mqa.weight", {c.kv_lora_rank + c.qk_rope_head_dim, hd});
+    w.kv_a_norm = s.get_f32(a + "kv_a_layernorm.weight", c.kv_lora_rank);
+    const int64_t per = c.qk_nope_head_dim + c.v_head_dim;
+    const ops::Weight kvb = s.get_w(a + "kv_b_proj.weight", {c.num_heads * per, c.kv_lora_rank});
+    for (int64_t h = 0; h < c.num_heads; ++h) {
+      w.k_up.push_back(kvb.row_range(h * per, c.qk_nope_head_dim));
+      w.v_up.push_back(kvb.row_range(h * per + c.qk_nope_head_dim, c.v_head_dim));
+    }
+    w.wo = s.get_w(a + "o_proj.weight", {hd, c.num_heads * c.v_head_dim});
+  } else {
+    const int64_t d = c.head_dim;
+    w.wq = s.get_w(a + "q_proj.weight", {c.num_heads * d, hd});
+    w.wk = s.get_w(a + "k_proj.weight", {c.num_kv_heads * d, hd});
+    w.wv = s.get_w(a + "v_proj.weight", {c.num_kv_heads * d, hd});
+    w.wo = s.get_w(a + "o_proj.weight", {hd, c.num_heads * d});
+    if (c.attention_bias) {
+      w.bq = s.get_f32(a + "q_proj.bias", c.num_heads * d);
+      w.bk = s.get_f32(a + "k_proj.bias", c.num_kv_heads * d);
+      w.bv = s.get_f32(a + "v_proj.bias", c.num_kv_heads * d);
+    }
+    if (c.qk_norm) {
+      w.q_norm = s.get_f32(a + "q_norm.weight", d);
+      w.k_norm = s.get_f32(a + "k_norm.weight", d);
+    }
+  }
+  w.moe = c.is_moe_layer(l);
+  if (!w.moe) {
+    const int64_t ff = c.intermediate_size;
+    w.ffn_gate = s.get_w(p + "mlp.gate_proj.weight", {ff, hd});
+    w.ffn_up = s.get_w(p + "mlp.up_proj.weight", {ff, hd});
+    w.ffn_down = s.get_w(p + "mlp.down_proj.weight", {hd, ff});
+    return;
+  }
+  const int64_t ne = c.n_experts, ff = c.moe_intermediate_size;
+  const bool mixtral = c.arch == ModelArch::kMixtral;
+  const std::string m = p + (mixtral ? "block_sparse_moe." : "mlp.");
+  w.router = s.get_w(m + "gate.weight", {ne, hd});
+  if (c.has_e_score_correction_bias)
+    w.router_bias = s.get_f32(m + "gate.e_score_correction_bias", ne);
+  for (int64_t e = 0; e < ne; ++e) {
+    const std::string x = fmt::format("{}experts.{}.", m, e);
+    w.experts.gate.push_back(s.get_w(x + (mixtral ? "w1.weight" : "gate_proj.weight"), {ff, hd}));
+    w.experts.up.push_back(s.get_w(x + (mixtral ? "w3.weight" : "up_proj.weight"), {ff, hd}));
+    w.experts.down.push_back(s.get_w(x + (mixtral ? "w2.weight" : "down_proj.weight"), {hd, ff}));
+  }
+  if (c.shared_expert_intermediate_size > 0) {
+    const int64_t sf = c.shared_expert_intermediate_size;
+    const std::string x = m + (c.is_mla() ? "shared_experts." : "shared_expert.");
+    w.sh_gate = s.get_w(x + "gate_proj.weight", {sf, hd});
+    w.sh_up = s.get_w(x + "up_proj.weight", {sf, hd});
+    w.sh_down = s.get_w(x + "down_proj.weight", {hd, sf});
+    if (c.shared_expert_gate) w.sh_gate_inp = s.get_f32(m + "shared_expert_gate.weight", hd);
+  }
+}
+
+}  // namespace
+
+LoadedModel load_model(const std::filesystem::path& path) {
+  LoadedModel m;
+  m.path = path;
+  const bool dir = std::filesystem::is_directory(path);
+  if (!dir && path.extension() == ".gguf") {
+    m.gguf = std::make_shared<GgufFile>(GgufFile::open(path));
+    m.config = config_from_gguf(*m.gguf);
+    m.from_gguf = true;
+  } else if (dir) {
+    m.config = config_from_hf_json(path / "config.json");
+    m.safetensors = std::make_shared<SafetensorsModel>(SafetensorsModel::open(path));
+  } else {
+    fail(ErrorKind::kInvalidArgument, "{}: not a .gguf file or an HF checkpoint directory",
+         path.string());
+  }
+  const ModelConfig& c = m.config;
+  Source s(m);
+  if (!m.from_gguf) {
+    // FP8 checkpoints name their block shape in config.json (DeepSeek-V3: [128, 128]).
+    std::ifstream in(path / "config.json");
+    const nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+    if (j.is_object() && j.contains("quantization_config") &&
+        j["quantization_config"].contains("weight_block_size")) {
+      const auto& b = j["quantization_config"]["weight_block_size"];
+      if (!b.is_array() || b.size() != 2 || !b[0].is_number_integer() ||
+          !b[1].is_number_integer() || b[0].get<int64_t>() <= 0 || b[1].get<int64_t>() <= 0) {
+        fail(ErrorKind::kFormat,
+             "{}: quantization_config.weight_block_size must be two positive "
+             "integers",
+             (path / "config.json").string());
+      }
+      s.set_fp8_block(b[0].get<int64_t>(), b[1].get<int64_t>());
+    }
+  }
+  m.layers.resize(static_cast<size_t>(c.num_layers));
+  if (m.from_gguf) {
+    m.embed = s.get("token_embd.weight", {c.vocab_size, c.hidden_size});
+    m.out_norm = s.get_f32("output_norm.weight", c.hidden_size);
+    const bool has_out = s.find("output.weight") != nullptr;
+    m.lm_head =
+        has_out ? s.get_w("output.weight", {c.vocab_size, c.hidden_size}) : ops::Weight(m.embed);
+    for (int64_t l = 0; l < c.num_layers; ++l) load_gguf_layer(s, c, l, m.layers[l]);
+  } else {
+    m.embed = s.get("model.embed_tokens.weight", {c.vocab_size, c.hidden_size});
+    m.out_norm = s.get_f32("model.norm.weight", c.hidden_size);
+    const bool has_out = s.find("lm_head.weight") != nullptr;
+    m.lm_head =
+        has_out ? s.get_w("lm_head.weight", {c.vocab_size, c.hidden_size}) : ops::Weight(m.embed);
+    for (int64_t l = 0; l < c.num_layers; ++l) load_hf_layer(s, c, l, m.layers[l]);
+  }
+  return m;
+}
+
+std::string model_summary(const LoadedModel& m) {
+  const ParamCount pc = count_params(m.config);
+  std::string types;
+  for (const auto& [name, bytes] : m.bytes_by_dtype) {
+    types += fmt::format("{}{} {:.1f} MiB", types.empty() ? "" : ", ", name, bytes / 1048576.0);
+  }
+  return fmt::format(
+      "{} ({}), {} layers, {:.2f} M parameters ({:.2f} M active per token), weights {:.1f} MiB "
+      "({})",
+      arch_name(m.config.arch), m.from_gguf ? "GGUF" : "HF safetensors", m.config.num_layers,
+      pc.total / 1e6, pc.active_per_token / 1e6, m.weight_bytes / 1048576.0, types);
+}
+
+}  // namespace tandem

@@ -1,0 +1,80 @@
+// The model's parameters as views into the mmap'ed checkpoint (GGUF file or HF safetensors
+// directory): one loader for every architecture, mapping both naming schemes to LayerWeights.
+// Large matrices stay in their stored dtype (no copies; FP8 with its block scales); only the small
+// vectors (norm weights, biases, the DeepSeek-V3 selection bias) are converted to F32.
+#pragma once
+
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/tensor.h"
+#include "formats/model_config.h"
+#include "ops/cpu/ref_ops.h"
+
+namespace tandem {
+
+class GgufFile;
+class SafetensorsModel;
+
+// Routed experts of one MoE layer, one [rows, cols] view per expert (GGUF's stacked 3-D tensors
+// are sliced, HF's per-expert tensors used as they are).
+struct ExpertWeights {
+  std::vector<ops::Weight> gate, up, down;  // gate/up [ff, hidden], down [hidden, ff]
+};
+
+struct LayerWeights {
+  std::vector<float> attn_norm, ffn_norm;
+
+  // MHA / GQA (Qwen, Mixtral).
+  ops::Weight wq, wk, wv, wo;
+  std::vector<float> bq, bk, bv;      // Qwen2-MoE biases (empty when absent)
+  std::vector<float> q_norm, k_norm;  // Qwen3-MoE per-head norms (empty when absent)
+
+  // MLA (DeepSeek). wq is used when there is no q-LoRA.
+  ops::Weight wq_a, wq_b;
+  std::vector<float> q_a_norm;
+  ops::Weight wkv_a;  // [kv_lora + rope, hidden]
+  std::vector<float> kv_a_norm;
+  // Per head: k_up [qk_nope, kv_lora] (or [kv_lora, qk_nope] when k_up_transposed: GGUF
+  // attn_k_b) and v_up [v_head, kv_lora].
+  std::vector<ops::Weight> k_up, v_up;
+  bool k_up_transposed = false;
+
+  // Dense FFN (DeepSeek's leading layers).
+  ops::Weight ffn_gate, ffn_up, ffn_down;
+
+  // MoE.
+  bool moe = false;
+  ops::Weight router;              // [n_experts, hidden]
+  std::vector<float> router_bias;  // e_score_correction_bias (empty when absent)
+  ExpertWeights experts;
+  ops::Weight sh_gate, sh_up, sh_down;  // shared expert(s) as one FFN (absent: data == nullptr)
+  std::vector<float> sh_gate_inp;       // Qwen2-MoE sigmoid gate [hidden]
+};
+
+struct LoadedModel {
+  std::filesystem::path path;
+  ModelConfig config;
+  bool from_gguf = false;
+  Tensor embed;         // [vocab, hidden]
+  ops::Weight lm_head;  // [vocab, hidden] (the embedding when tied)
+  std::vector<float> out_norm;
+  std::vector<LayerWeights> layers;
+  uint64_t weight_bytes = 0;                       // sum of the tensors used
+  std::map<std::string, uint64_t> bytes_by_dtype;  // dtype name -> bytes of the tensors used
+
+  std::shared_ptr<GgufFile> gguf;
+  std::shared_ptr<SafetensorsModel> safetensors;
+};
+
+// A .gguf file or an HF directory (config.json + safetensors). Throws Error naming the file and
+// the tensor that is missing or has an unexpected shape.
+LoadedModel load_model(const std::filesystem::path& path);
+
+// One line: architecture, source, layers, parameters, bytes by dtype (mmap'ed, not copied).
+std::string model_summary(const LoadedModel& model);
+
+}  // namespace tandem

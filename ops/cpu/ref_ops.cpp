@@ -1,0 +1,219 @@
+#include "ops/cpu/ref_ops.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numbers>
+
+#include "core/error.h"
+#include "core/thread_pool.h"
+#include "formats/quant.h"
+
+namespace tandem::ops {
+namespace {
+
+// Rows of a weight per task: enough work per task to amortize the queue, enough tasks to balance.
+constexpr int64_t kRowsPerTask = 16;
+
+float dot(const float* a, const float* b, int64_t n) {
+  float s = 0.0f;
+  for (int64_t i = 0; i < n; ++i) s += a[i] * b[i];
+  return s;
+}
+
+std::vector<float>& thread_scratch() {
+  thread_local std::vector<float> scratch;
+  return scratch;
+}
+
+}  // namespace
+
+Weight Weight::row_range(int64_t r0, int64_t n) const {
+  Weight v = *this;
+  v.t.ndim = 2;
+  v.t.shape = {n, t.row_elems(), 0, 0};
+  v.t.data = static_cast<char*>(t.data) + r0 * t.row_bytes();
+  v.t.stride_bytes = {t.row_bytes(), static_cast<int64_t>(dtype_bytes(t.dtype, 1)), 0, 0};
+  v.row0 = row0 + r0;
+  return v;
+}
+
+const float* weight_row(const Weight& w, int64_t r, std::vector<float>& scratch) {
+  const int64_t k = w.t.row_elems();
+  if (w.t.dtype == DType::kF32 && w.scale_inv == nullptr) return w.t.row<const float>(r);
+  if (static_cast<int64_t>(scratch.size()) < k) scratch.resize(k);
+  float* out = scratch.data();
+  dequantize_row(w.t.dtype, w.t.row<const void>(r), out, k);
+  if (w.scale_inv != nullptr) {
+    const float* s = w.scale_inv + ((w.row0 + r) / w.block_rows) * w.scale_cols;
+    for (int64_t c = 0; c < k; ++c) out[c] *= s[c / w.block_cols];
+  }
+  return out;
+}
+
+void matmul(const Weight& w, const float* x, int64_t n_tokens, float* y, ThreadPool* pool) {
+  const int64_t n_rows = w.rows();
+  const int64_t k = w.cols();
+  auto task = [&](size_t task_id) {
+    std::vector<float>& scratch = thread_scratch();
+    const int64_t r0 = static_cast<int64_t>(task_id) * kRowsPerTask;
+    const int64_t r1 = std::min(n_rows, r0 + kRowsPerTask);
+    for (int64_t r = r0; r < r1; ++r) {
+      const float* wr = weight_row(w, r, scratch);
+      for (int64_t t = 0; t < n_tokens; ++t) y[t * n_rows + r] = dot(wr, x + t * k, k);
+    }
+  };
+  const size_t n_tasks = static_cast<size_t>((n_rows + kRowsPerTask - 1) / kRowsPerTask);
+  if (pool == nullptr || n_tasks == 1) {
+    for (size_t i = 0; i < n_tasks; ++i) task(i);
+  } else {
+    pool->run(n_tasks, task);
+  }
+}
+
+void matmul_transposed(const Weight& w, const float* x, int64_t n_tokens, float* y) {
+  const int64_t n_rows = w.rows();
+  const int64_t k = w.cols();
+  std::fill(y, y + n_tokens * k, 0.0f);
+  std::vector<float>& scratch = thread_scratch();
+  for (int64_t r = 0; r < n_rows; ++r) {
+    const float* wr = weight_row(w, r, scratch);
+    for (int64_t t = 0; t < n_tokens; ++t) {
+      const float xv = x[t * n_rows + r];
+      float* yt = y + t * k;
+      for (int64_t j = 0; j < k; ++j) yt[j] += xv * wr[j];
+    }
+  }
+}
+
+void embedding(const Tensor& table, const int32_t* ids, int64_t n, float* out) {
+  const int64_t rows = table.rows();
+  const int64_t k = table.row_elems();
+  for (int64_t i = 0; i < n; ++i) {
+    if (ids[i] < 0 || ids[i] >= rows) {
+      fail(ErrorKind::kOutOfRange, "token id {} at position {} is outside the vocabulary [0, {})",
+           ids[i], i, rows);
+    }
+    dequantize_row(table.dtype, table.row<const void>(ids[i]), out + i * k, k);
+  }
+}
+
+std::vector<float> to_f32(const Tensor& t) {
+  std::vector<float> out(static_cast<size_t>(t.numel()));
+  const int64_t k = t.row_elems();
+  for (int64_t r = 0; r < t.rows(); ++r) {
+    dequantize_row(t.dtype, t.row<const void>(r), out.data() + r * k, k);
+  }
+  return out;
+}
+
+void rms_norm(const float* x, const float* w, int64_t n, float eps, float* out) {
+  float ss = 0.0f;
+  for (int64_t i = 0; i < n; ++i) ss += x[i] * x[i];
+  const float inv = 1.0f / std::sqrt(ss / static_cast<float>(n) + eps);
+  for (int64_t i = 0; i < n; ++i) out[i] = x[i] * inv * w[i];
+}
+
+void softmax(float* x, int64_t n) {
+  float mx = x[0];
+  for (int64_t i = 1; i < n; ++i) mx = std::max(mx, x[i]);
+  float sum = 0.0f;
+  for (int64_t i = 0; i < n; ++i) {
+    x[i] = std::exp(x[i] - mx);
+    sum += x[i];
+  }
+  const float inv = 1.0f / sum;
+  for (int64_t i = 0; i < n; ++i) x[i] *= inv;
+}
+
+void swiglu(const float* gate, const float* up, int64_t n, float* out) {
+  for (int64_t i = 0; i < n; ++i) out[i] = silu(gate[i]) * up[i];
+}
+
+float yarn_mscale(float scale, float m) {
+  if (scale <= 1.0f) return 1.0f;
+  return 0.1f * m * std::log(scale) + 1.0f;
+}
+
+Rope::Rope(int64_t dim, float theta, const RopeScaling& scaling) : dim_(dim) {
+  const int64_t half = dim / 2;
+  inv_freq_.resize(static_cast<size_t>(half));
+  for (int64_t i = 0; i < half; ++i) {
+    inv_freq_[i] = static_cast<float>(
+        1.0 / std::pow(static_cast<double>(theta), static_cast<double>(2 * i) / dim));
+  }
+  if (scaling.type == RopeScalingType::kLinear) {
+    for (float& f : inv_freq_) f /= scaling.factor;
+  } else if (scaling.type == RopeScalingType::kYarn) {
+    // Dimension whose wavelength makes num_rot turns over the original context.
+    auto correction_dim = [&](double num_rot) {
+      return (dim * std::log(scaling.original_max_position_embeddings /
+                             (num_rot * 2.0 * std::numbers::pi))) /
+             (2.0 * std::log(static_cast<double>(theta)));
+    };
+    double low = std::floor(correction_dim(scaling.beta_fast));
+    double high = std::ceil(correction_dim(scaling.beta_slow));
+    low = std::max(low, 0.0);
+    high = std::min(high, static_cast<double>(dim - 1));
+    if (low == high) high += 0.001;
+    for (int64_t i = 0; i < half; ++i) {
+      const double ramp = std::clamp((i - low) / (high - low), 0.0, 1.0);
+      const double extra_mask = 1.0 - ramp;  // 1: keep the original (extrapolated) frequency
+      const double extra = inv_freq_[i];
+      const double inter = extra / scaling.factor;
+      inv_freq_[i] = static_cast<float>(inter * (1.0 - extra_mask) + extra * extra_mask);
+    }
+    cos_sin_scale_ = yarn_mscale(scaling.factor, scaling.mscale) /
+                     yarn_mscale(scaling.factor, scaling.mscale_all_dim);
+    if (scaling.mscale_all_dim != 0.0f) {
+      const float m = yarn_mscale(scaling.factor, scaling.mscale_all_dim);
+      softmax_factor_ = m * m;
+    }
+  }
+}
+
+void Rope::apply(float* x, int64_t pos, RopeForm form) const {
+  const int64_t half = dim_ / 2;
+  for (int64_t i = 0; i < half; ++i) {
+    const float angle = static_cast<float>(pos) * inv_freq_[i];
+    const float c = std::cos(angle) * cos_sin_scale_;
+    const float s = std::sin(angle) * cos_sin_scale_;
+    float* a = form == RopeForm::kNeox ? x + i : x + 2 * i;
+    float* b = form == RopeForm::kNeox ? x + i + half : x + 2 * i + 1;
+    const float x0 = *a;
+    const float x1 = *b;
+    *a = x0 * c - x1 * s;
+    *b = x0 * s + x1 * c;
+  }
+}
+
+void attention(const AttentionArgs& a, ThreadPool* pool) {
+  const int64_t group = a.n_heads / a.n_kv_heads;
+  auto task = [&](size_t id) {
+    thread_local std::vector<float> scores;
+    const int64_t t = static_cast<int64_t>(id) / a.n_heads;
+    const int64_t h = static_cast<int64_t>(id) % a.n_heads;
+    const int64_t g = h / group;
+    const int64_t n_ctx = a.pos0 + t + 1;
+    scores.resize(static_cast<size_t>(n_ctx));
+    const float* q = a.q + t * a.q_stride + h * a.dk;
+    for (int64_t s = 0; s < n_ctx; ++s) {
+      scores[s] = dot(q, a.k + s * a.k_stride + g * a.dk, a.dk) * a.scale;
+    }
+    softmax(scores.data(), n_ctx);
+    float* out = a.out + (t * a.n_heads + h) * a.dv;
+    std::fill(out, out + a.dv, 0.0f);
+    for (int64_t s = 0; s < n_ctx; ++s) {
+      const float* v = a.v + s * a.v_stride + g * a.dv;
+      const float p = scores[s];
+      for (int64_t j = 0; j < a.dv; ++j) out[j] += p * v[j];
+    }
+  };
+  const size_t n = static_cast<size_t>(a.n_tokens * a.n_heads);
+  if (pool == nullptr || n == 1) {
+    for (size_t i = 0; i < n; ++i) task(i);
+  } else {
+    pool->run(n, task);
+  }
+}
+
+}  // namespace tandem::ops

@@ -1,0 +1,112 @@
+// Reference CPU ops for the model forward: F32 activations and accumulation, weights read in the
+// dtype they are stored in (GGUF blocks, BF16, F16, ...) one row at a time through
+// dequantize_row into a small per-thread scratch, so no weight is ever dequantized whole.
+//
+// These are the correctness baseline the fast kernels are checked against, not the fast path.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "core/tensor.h"
+#include "formats/model_config.h"
+
+namespace tandem {
+class ThreadPool;
+}
+
+namespace tandem::ops {
+
+// A weight matrix in its stored dtype, plus DeepSeek-V3 style FP8 block scales when it has them:
+// value[r][c] = fp8[r][c] * scale_inv[(row0 + r) / block_rows][c / block_cols].
+struct Weight {
+  Tensor t;
+  const float* scale_inv = nullptr;  // F32 [ceil(R / block_rows), scale_cols]; nullptr: none
+  int64_t scale_cols = 0, block_rows = 0, block_cols = 0;
+  int64_t row0 = 0;  // first row of t within the scaled matrix (row views of kv_b, experts)
+
+  Weight() = default;
+  Weight(const Tensor& tensor) : t(tensor) {}  // NOLINT: a plain tensor is an unscaled weight
+  int64_t rows() const { return t.rows(); }
+  int64_t cols() const { return t.row_elems(); }
+  bool empty() const { return t.data == nullptr; }
+  // Rows [r0, r0 + n) as a 2-D weight (scales follow).
+  Weight row_range(int64_t r0, int64_t n) const;
+};
+
+// Row r of w as F32 (into scratch unless w is unscaled F32).
+const float* weight_row(const Weight& w, int64_t r, std::vector<float>& scratch);
+
+// y[t][n] = sum_k x[t][k] * w[n][k] for t < n_tokens: w is [N, K] (or any tensor whose rows are
+// K long), x is [n_tokens, K], y is [n_tokens, N]. Rows of w are split into tasks on `pool`
+// (nullptr: the calling thread only).
+void matmul(const Weight& w, const float* x, int64_t n_tokens, float* y, ThreadPool* pool);
+
+// y[t][k] = sum_n x[t][n] * w[n][k]: the transposed product (w^T x), used where a checkpoint
+// stores a matrix the other way round (GGUF attn_k_b vs HF kv_b_proj). Single-threaded.
+void matmul_transposed(const Weight& w, const float* x, int64_t n_tokens, float* y);
+
+// out[i] = table row ids[i]; throws Error(kOutOfRange) for an id outside the table.
+void embedding(const Tensor& table, const int32_t* ids, int64_t n, float* out);
+
+// Whole tensor (small: norms, biases) to F32.
+std::vector<float> to_f32(const Tensor& t);
+
+// out = x / rms(x) * w over n values (out may alias x).
+void rms_norm(const float* x, const float* w, int64_t n, float eps, float* out);
+
+void softmax(float* x, int64_t n);  // in place, max-subtracted
+// out[i] = silu(gate[i]) * up[i], silu(x) = x * sigmoid(x) (defined at the end)
+void swiglu(const float* gate, const float* up, int64_t n, float* out);
+
+// kNeox rotates pairs (x[i], x[i + d/2]) (HF rotate_half, llama.cpp NEOX); kInterleaved rotates
+// (x[2i], x[2i+1]) (llama.cpp NORM, DeepSeek's interleaved q_pe / k_pe).
+enum class RopeForm { kNeox, kInterleaved };
+
+// Rotary embedding frequencies for `dim` rotated values: plain theta^(-2i/dim), linear scaling
+// (divided by factor) or YaRN as DeepSeek does it (ramp between interpolated and extrapolated
+// frequencies, cos/sin scaled by mscale(factor, mscale) / mscale(factor, mscale_all_dim)).
+class Rope {
+ public:
+  Rope() = default;
+  Rope(int64_t dim, float theta, const RopeScaling& scaling);
+  int64_t dim() const { return dim_; }
+  const std::vector<float>& inv_freq() const { return inv_freq_; }
+  float cos_sin_scale() const { return cos_sin_scale_; }
+  // Multiplier on the attention softmax scale: mscale(factor, mscale_all_dim)^2 for YaRN.
+  float softmax_scale_factor() const { return softmax_factor_; }
+  // Rotates x[0..dim) of one head at position pos.
+  void apply(float* x, int64_t pos, RopeForm form) const;
+
+ private:
+  int64_t dim_ = 0;
+  std::vector<float> inv_freq_;
+  float cos_sin_scale_ = 1.0f;
+  float softmax_factor_ = 1.0f;
+};
+
+// YaRN's mscale(s, m) = 0.1 m ln(s) + 1, 1 for s <= 1.
+float yarn_mscale(float scale, float m);
+
+// Causal attention over a KV cache. Query token t sits at position pos0 + t and attends to cached
+// positions 0..pos0+t. Query head h uses KV head h / (n_heads / n_kv_heads). K of cached token s
+// and kv head g is k + s*k_stride + g*dk; V likewise with v_stride and dv. out is
+// [n_tokens, n_heads, dv]; q is [n_tokens, n_heads, dk] with q_stride floats between tokens.
+struct AttentionArgs {
+  const float* q = nullptr;
+  int64_t q_stride = 0;
+  int64_t n_tokens = 0, n_heads = 0, n_kv_heads = 0, dk = 0, dv = 0;
+  const float* k = nullptr;
+  const float* v = nullptr;
+  int64_t k_stride = 0, v_stride = 0;
+  int64_t pos0 = 0;
+  float scale = 1.0f;
+  float* out = nullptr;
+};
+void attention(const AttentionArgs& a, ThreadPool* pool);
+
+inline float silu(float x) {
+  return x / (1.0f + __builtin_expf(-x));
+}
+
+}  // namespace tandem::ops

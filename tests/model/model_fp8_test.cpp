@@ -1,0 +1,135 @@
+// A DeepSeek-V3-style FP8 checkpoint (E4M3 linear weights with 128x128 weight_scale_inv blocks,
+// written by synth) runs through the same forward as its BF16 twin (same seed): FP8 rounding
+// moves the logits by a few percent at most and keeps almost every argmax.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "core/error.h"
+#include "formats/quant.h"
+#include "formats/safetensors.h"
+#include "formats/synth.h"
+#include "model/model.h"
+#include "model/weights.h"
+#include "tests/test_util.h"
+
+namespace tandem {
+namespace {
+
+std::vector<float> prompt_logits(const LoadedModel& lm, const std::vector<int32_t>& tokens) {
+  ModelOptions mo;
+  mo.ctx = 64;
+  Model model(lm, mo);
+  std::vector<float> logits(tokens.size() * lm.config.vocab_size);
+  model.forward(tokens, logits.data(), true);
+  return logits;
+}
+
+TEST(ModelFp8, EqualsDequantizedTwinAndNearBf16) {
+  test::TempDir dir("fp8");
+  SynthOptions o;
+  o.config = config_preset("tiny-deepseek3");
+  o.format = SynthFormat::kHf;
+  o.seed = 11;
+  o.progress = false;
+  o.threads = 1;
+  o.type = SynthType::kFp8;
+  o.output = dir / "fp8";
+  synth_model(o);
+  o.type = SynthType::kBF16;
+  o.output = dir / "bf16";
+  synth_model(o);
+
+  const LoadedModel fp8 = load_model(dir / "fp8");
+  const LoadedModel bf16 = load_model(dir / "bf16");
+  ASSERT_EQ(fp8.layers[1].experts.gate[0].t.dtype, DType::kF8E4M3);
+  ASSERT_NE(fp8.layers[1].experts.gate[0].scale_inv, nullptr);
+  const int64_t nv = fp8.config.vocab_size;
+  std::vector<int32_t> tokens;
+  for (int i = 0; i < 24; ++i) tokens.push_back((i * 37 + 5) % static_cast<int32_t>(nv));
+  const std::vector<float> a = prompt_logits(fp8, tokens);
+  const std::vector<float> b = prompt_logits(bf16, tokens);
+  int agree = 0;
+  double worst = 0;
+  for (size_t t = 0; t < tokens.size(); ++t) {
+    const float* x = &a[t * nv];
+    const float* y = &b[t * nv];
+    double md = 0, my = 0;
+    for (int64_t j = 0; j < nv; ++j) {
+      md = std::max(md, std::fabs(double(x[j]) - y[j]));
+      my = std::max(my, std::fabs(double(y[j])));
+    }
+    worst = std::max(worst, md / my);
+    agree += std::max_element(x, x + nv) - x == std::max_element(y, y + nv) - y;
+  }
+  std::printf("fp8 vs bf16: max rel %.4f, argmax %d/%zu\n", worst, agree, tokens.size());
+  EXPECT_GT(worst, 0.0);  // the FP8 rounding is really applied
+  // Like the README's bound for llama.cpp's quantized files (routing flips on near-ties).
+  EXPECT_LE(worst, 0.4);
+  EXPECT_GE(agree * 10, static_cast<int>(tokens.size()) * 8);
+
+  // Exact: the same checkpoint with every FP8 weight expanded by dequantize_fp8_blocks to F32.
+  const SafetensorsModel src = SafetensorsModel::open(dir / "fp8");
+  std::filesystem::create_directories(dir / "f32");
+  SafetensorsWriter w(dir / "f32");
+  for (const auto& t : src.tensors()) {
+    if (t.name.ends_with("_scale_inv")) continue;
+    std::vector<int64_t> shape(t.shape.begin(), t.shape.begin() + t.ndim);
+    if (t.dtype != DType::kF8E4M3) {
+      const uint8_t* data = t.data;
+      const uint64_t n = t.nbytes;
+      w.add_tensor(t.name, t.dtype, shape, [data, n](void* dst) { std::memcpy(dst, data, n); });
+      continue;
+    }
+    const Tensor sc = src.tensor(t.name + "_scale_inv");
+    const uint8_t* data = t.data;
+    const int64_t rows = shape[0], cols = shape[1];
+    w.add_tensor(t.name, DType::kF32, shape, [=](void* dst) {
+      dequantize_fp8_blocks(data, sc.as<const float>(), rows, cols, 128, 128,
+                            static_cast<float*>(dst));
+    });
+  }
+  w.write();
+  std::filesystem::copy_file(dir / "bf16" / "config.json", dir / "f32" / "config.json");
+  const std::vector<float> c = prompt_logits(load_model(dir / "f32"), tokens);
+  for (size_t i = 0; i < a.size(); ++i) ASSERT_NEAR(a[i], c[i], 1e-4 * (1 + std::fabs(c[i]))) << i;
+}
+
+// Without its scale tensor an FP8 weight would be silently wrong: the loader refuses it.
+TEST(ModelFp8, MissingScaleIsAnError) {
+  test::TempDir dir("fp8m");
+  SynthOptions o;
+  o.config = config_preset("tiny-deepseek3");
+  o.format = SynthFormat::kHf;
+  o.type = SynthType::kFp8;
+  o.progress = false;
+  o.threads = 1;
+  o.output = dir / "m";
+  synth_model(o);
+  // Rewrite the checkpoint without one scale tensor.
+  const SafetensorsModel src = SafetensorsModel::open(dir / "m");
+  std::filesystem::create_directories(dir / "n");
+  SafetensorsWriter w(dir / "n");
+  const std::string dropped = "model.layers.1.mlp.experts.0.up_proj.weight_scale_inv";
+  for (const auto& t : src.tensors()) {
+    if (t.name == dropped) continue;
+    std::vector<int64_t> shape(t.shape.begin(), t.shape.begin() + t.ndim);
+    const uint8_t* data = t.data;
+    const uint64_t n = t.nbytes;
+    w.add_tensor(t.name, t.dtype, shape, [data, n](void* dst) { std::memcpy(dst, data, n); });
+  }
+  w.write();
+  std::filesystem::copy_file(dir / "m" / "config.json", dir / "n" / "config.json");
+  try {
+    load_model(dir / "n");
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(dropped), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace tandem

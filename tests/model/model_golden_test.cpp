@@ -1,0 +1,191 @@
+// The five tiny golden models (tests/data/golden, logits from llama.cpp) through tandem's CPU
+// forward: F32 GGUF and HF safetensors within the README's F32 tolerance with identical greedy
+// continuations (absorbed and naive MLA), Q8_0 / Q4_K_M GGUF within its quantized bounds.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "core/thread_pool.h"
+#include "model/model.h"
+#include "model/weights.h"
+#include "tests/test_util.h"
+
+namespace tandem {
+namespace {
+
+nlohmann::json read_json(const std::string& rel) {
+  std::ifstream in(test::data_path(rel));
+  return nlohmann::json::parse(in);
+}
+
+std::vector<float> read_f32(const std::string& rel) {
+  std::ifstream in(test::data_path(rel), std::ios::binary | std::ios::ate);
+  const auto size = static_cast<size_t>(in.tellg());
+  std::vector<float> v(size / 4);
+  in.seekg(0);
+  in.read(reinterpret_cast<char*>(v.data()), static_cast<std::streamsize>(size));
+  return v;
+}
+
+int32_t argmax(const float* x, int64_t n) {
+  return static_cast<int32_t>(std::max_element(x, x + n) - x);  // first max: lowest id on ties
+}
+
+ThreadPool& pool() {
+  static ThreadingContext ctx(ThreadingOptions{2, false, 50});
+  return ctx.pool();
+}
+
+struct PromptRun {
+  std::vector<float> logits;  // [n_prompt, vocab]
+  std::vector<int32_t> greedy;
+};
+
+PromptRun run_prompt(const LoadedModel& lm, const std::vector<int32_t>& tokens, MlaMode mla) {
+  ModelOptions mo;
+  mo.ctx = 128;
+  mo.pool = &pool();
+  mo.mla = mla;
+  Model model(lm, mo);
+  const int64_t nv = lm.config.vocab_size;
+  PromptRun r;
+  r.logits.resize(tokens.size() * nv);
+  model.forward(tokens, r.logits.data(), true);
+  std::vector<float> last(r.logits.end() - nv, r.logits.end());
+  for (int i = 0; i < 16; ++i) {
+    const int32_t next = argmax(last.data(), nv);
+    r.greedy.push_back(next);
+    if (i == 15) break;
+    model.forward(std::span<const int32_t>(&next, 1), last.data(), false);
+  }
+  return r;
+}
+
+// Max over positions of max_j |d| / (1e-4 + 1e-3 max_j |ref|) (F32 check passes when <= 1).
+struct Stats {
+  double worst_f32_ratio = 0;  // F32 tolerance units
+  std::vector<double> rel;     // per position max|d| / max|ref|
+  int argmax_agree = 0;
+};
+
+Stats compare(const std::vector<float>& got, const std::vector<float>& ref, int64_t nv) {
+  Stats s;
+  const int64_t rows = static_cast<int64_t>(ref.size()) / nv;
+  for (int64_t i = 0; i < rows; ++i) {
+    double md = 0, mr = 0;
+    for (int64_t j = 0; j < nv; ++j) {
+      md = std::max(md, std::fabs(double(got[i * nv + j]) - ref[i * nv + j]));
+      mr = std::max(mr, std::fabs(double(ref[i * nv + j])));
+    }
+    s.worst_f32_ratio = std::max(s.worst_f32_ratio, md / (1e-4 + 1e-3 * mr));
+    s.rel.push_back(md / mr);
+    s.argmax_agree += argmax(&got[i * nv], nv) == argmax(&ref[i * nv], nv);
+  }
+  return s;
+}
+
+class Golden : public ::testing::TestWithParam<std::string> {};
+
+void check_f32(const std::string& name, const std::string& model_rel, MlaMode mla) {
+  const nlohmann::json meta = read_json("golden/" + name + ".json");
+  const LoadedModel lm = load_model(test::data_path(model_rel));
+  for (const auto& p : meta["prompts"]) {
+    const std::vector<int32_t> tokens = p["tokens"].get<std::vector<int32_t>>();
+    const PromptRun r = run_prompt(lm, tokens, mla);
+    const std::vector<float> ref = read_f32("golden/" + p["logits_file"].get<std::string>());
+    ASSERT_EQ(r.logits.size(), ref.size());
+    const Stats s = compare(r.logits, ref, lm.config.vocab_size);
+    std::printf("%s %s prompt %zu: max error %.5f of the F32 tolerance\n", model_rel.c_str(),
+                mla == MlaMode::kNaive ? "naive" : "", tokens.size(), s.worst_f32_ratio);
+    EXPECT_LE(s.worst_f32_ratio, 1.0) << model_rel << " prompt of " << tokens.size();
+    EXPECT_EQ(r.greedy, p["greedy"].get<std::vector<int32_t>>()) << model_rel;
+  }
+}
+
+TEST_P(Golden, F32Gguf) {
+  check_f32(GetParam(), "golden/" + GetParam() + ".gguf", MlaMode::kAbsorbed);
+}
+TEST_P(Golden, BF16Safetensors) {
+  check_f32(GetParam(), "golden/" + GetParam() + "-hf", MlaMode::kAbsorbed);
+}
+// Which experts the router picks for the 40-token prompt, per layer, exactly as llama.cpp did.
+TEST_P(Golden, ExpertUsage) {
+  const nlohmann::json meta = read_json("golden/" + GetParam() + ".json");
+  const LoadedModel lm = load_model(test::data_path("golden/" + GetParam() + ".gguf"));
+  std::map<std::string, std::map<std::string, int>> usage;
+  ModelOptions o;
+  o.ctx = 128;
+  o.pool = &pool();
+  o.on_routing = [&](int64_t layer, const int32_t* ids, int64_t n, int64_t k) {
+    for (int64_t i = 0; i < n * k; ++i) {
+      ++usage["ffn_moe_topk-" + std::to_string(layer)][std::to_string(ids[i])];
+    }
+  };
+  Model model(lm, o);
+  const auto tokens = meta["prompts"][1]["tokens"].get<std::vector<int32_t>>();
+  std::vector<float> logits(lm.config.vocab_size);
+  model.forward(tokens, logits.data(), false);
+  const auto expect =
+      meta["expert_usage_prompt1"].get<std::map<std::string, std::map<std::string, int>>>();
+  EXPECT_EQ(usage, expect);
+}
+
+class GoldenMla : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(GoldenMla, NaiveMla) {
+  check_f32(GetParam(), "golden/" + GetParam() + ".gguf", MlaMode::kNaive);
+  check_f32(GetParam(), "golden/" + GetParam() + "-hf", MlaMode::kNaive);
+}
+
+TEST_P(Golden, Quantized) {
+  const std::string name = GetParam();
+  const nlohmann::json meta = read_json("golden/" + name + ".json");
+  for (const std::string q : {"q8_0", "q4_k_m"}) {
+    const auto& qm = meta["quantized"][q];
+    const LoadedModel lm = load_model(test::data_path("golden/" + qm["gguf"].get<std::string>()));
+    for (const auto& p : qm["prompts"]) {
+      const std::vector<int32_t> tokens = p["tokens"].get<std::vector<int32_t>>();
+      const PromptRun r = run_prompt(lm, tokens, MlaMode::kAbsorbed);
+      const auto ref = read_f32("golden/" + p["logits_file"].get<std::string>());
+      const Stats s = compare(r.logits, ref, lm.config.vocab_size);
+      const auto n = static_cast<int64_t>(s.rel.size());
+      const int64_t within =
+          std::count_if(s.rel.begin(), s.rel.end(), [](double e) { return e <= 0.05; });
+      const double worst = *std::max_element(s.rel.begin(), s.rel.end());
+      std::printf("%s %s prompt %zu: max rel %.4f, %ld/%ld within 0.05, argmax %d/%ld\n",
+                  name.c_str(), q.c_str(), tokens.size(), worst, long(within), long(n),
+                  s.argmax_agree, long(n));
+      EXPECT_GE(within, (n * 9 + 9) / 10) << name << " " << q;
+      EXPECT_LE(worst, 0.4) << name << " " << q;
+      EXPECT_GE(s.argmax_agree * 5, n * 4) << name << " " << q;
+    }
+  }
+}
+
+// Absorbed MLA (latent cache, W_UK / W_UV folded into q and output) is the same function as
+// naive MLA: equal to float rounding, far tighter than the golden tolerance.
+TEST_P(GoldenMla, AbsorbedEqualsNaive) {
+  for (const std::string suffix : {".gguf", "-hf", "-q4_k_m.gguf"}) {
+    const LoadedModel lm = load_model(test::data_path("golden/" + GetParam() + suffix));
+    const std::vector<int32_t> tokens = {497, 11, 300, 42, 7, 250, 100, 3, 480, 66};
+    const PromptRun a = run_prompt(lm, tokens, MlaMode::kAbsorbed);
+    const PromptRun b = run_prompt(lm, tokens, MlaMode::kNaive);
+    const Stats s = compare(a.logits, b.logits, lm.config.vocab_size);
+    EXPECT_LE(*std::max_element(s.rel.begin(), s.rel.end()), 1e-5) << suffix;
+    EXPECT_EQ(a.greedy, b.greedy) << suffix;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, Golden,
+                         ::testing::Values("qwen2moe", "qwen3moe", "mixtral", "deepseek2",
+                                           "deepseek3"));
+INSTANTIATE_TEST_SUITE_P(Models, GoldenMla, ::testing::Values("deepseek2", "deepseek3"));
+
+}  // namespace
+}  // namespace tandem

@@ -1,0 +1,117 @@
+// `tandem run` through the real binary: greedy continuation and --logits-out against the
+// llama.cpp golden files, and clear errors for bad prompts.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "engine/tokenizer.h"
+#include "tests/test_util.h"
+
+namespace tandem {
+namespace {
+
+std::vector<float> read_f32(const std::filesystem::path& p) {
+  std::ifstream in(p, std::ios::binary | std::ios::ate);
+  std::vector<float> v(static_cast<size_t>(in.tellg()) / 4);
+  in.seekg(0);
+  in.read(reinterpret_cast<char*>(v.data()), static_cast<std::streamsize>(v.size() * 4));
+  return v;
+}
+
+std::string join(const std::vector<int>& v, const char* sep) {
+  std::ostringstream s;
+  for (size_t i = 0; i < v.size(); ++i) s << (i ? sep : "") << v[i];
+  return s.str();
+}
+
+TEST(CliRun, GreedyAndLogitsMatchGolden) {
+  std::ifstream in(test::data_path("golden/deepseek3.json"));
+  const nlohmann::json meta = nlohmann::json::parse(in);
+  const auto& p = meta["prompts"][0];
+  const std::vector<int> tokens = p["tokens"].get<std::vector<int>>();
+  test::TempDir dir("run");
+  const std::string model = test::data_path("golden/deepseek3.gguf").string();
+  const test::CommandResult r = test::run_tandem(
+      "run -m " + model + " --tokens " + join(tokens, ",") + " -n 16 --ignore-eos --threads 2" +
+      " --logits-out " + (dir / "l.f32").string());
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out, join(p["greedy"].get<std::vector<int>>(), " ") + "\n");
+  EXPECT_NE(r.err.find("prefill: 7 tokens"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("decode: 15 tokens"), std::string::npos) << r.err;
+  const std::vector<float> got = read_f32(dir / "l.f32");
+  const std::vector<float> ref =
+      read_f32(test::data_path("golden/" + p["logits_file"].get<std::string>()));
+  ASSERT_EQ(got.size(), ref.size());
+  for (size_t i = 0; i < ref.size(); ++i) ASSERT_NEAR(got[i], ref[i], 2e-3) << i;
+}
+
+TEST(CliRun, SamplingIsSeeded) {
+  const std::string base = "run -m " + test::data_path("golden/qwen3moe.gguf").string() +
+                           " --tokens 497,5,6 -n 8 --ignore-eos --temp 1.5 --top-k 40 --min-p 0.01";
+  const test::CommandResult a = test::run_tandem(base + " --seed 7");
+  const test::CommandResult b = test::run_tandem(base + " --seed 7");
+  ASSERT_EQ(a.exit_code, 0) << a.err;
+  EXPECT_EQ(a.out, b.out);
+  std::istringstream s(a.out);
+  int id = 0, n = 0;
+  while (s >> id) {
+    EXPECT_GE(id, 0);
+    EXPECT_LT(id, 512);
+    ++n;
+  }
+  EXPECT_EQ(n, 8);
+}
+
+// -p goes through the GGUF vocabulary (BOS added); text output is the detokenized id stream.
+TEST(CliRun, TextPromptAndTextOutput) {
+  const std::string path = test::data_path("golden/mixtral.gguf").string();
+  const std::string base = "run -m " + path + " -p 'Hello world' -n 10 --ignore-eos";
+  const test::CommandResult ids = test::run_tandem(base + " --output ids");
+  ASSERT_EQ(ids.exit_code, 0) << ids.err;
+  const Tokenizer tok = Tokenizer::from_gguf_file(path);
+  const std::vector<TokenId> prompt = tok.encode("Hello world", true);
+  ASSERT_EQ(prompt.front(), 1);  // <s>
+  std::vector<int> prompt_ints(prompt.begin(), prompt.end());
+  EXPECT_NE(ids.err.find("prompt: " + std::to_string(prompt.size()) +
+                         " tokens: " + join(prompt_ints, ",")),
+            std::string::npos)
+      << ids.err;
+  std::istringstream s(ids.out);
+  std::vector<TokenId> generated;
+  for (int id = 0; s >> id;) generated.push_back(id);
+  ASSERT_EQ(generated.size(), 10u);
+  const test::CommandResult text = test::run_tandem(base);
+  ASSERT_EQ(text.exit_code, 0) << text.err;
+  EXPECT_EQ(text.out, tok.decode(generated) + "\n");
+}
+
+TEST(CliRun, BadPromptsAreClearErrors) {
+  const std::string m = "run -m " + test::data_path("golden/mixtral.gguf").string();
+  test::CommandResult r = test::run_tandem(m + " --tokens 1,2,512");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("token id 512 is outside the vocabulary [0, 512)"), std::string::npos)
+      << r.err;
+  r = test::run_tandem(m + " --tokens ''");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("empty"), std::string::npos) << r.err;
+  r = test::run_tandem(m + " --tokens 1,x");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("'x' is not a token id"), std::string::npos) << r.err;
+  r = test::run_tandem(m + " --tokens 1,2,3,4 --ctx 3");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("more than the context size --ctx 3"), std::string::npos) << r.err;
+  r = test::run_tandem(m + " --tokens 1 -p hi");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("exactly one of -p TEXT or --tokens IDS"), std::string::npos) << r.err;
+  r = test::run_tandem("run -m " + test::data_path("golden/mixtral-hf").string() + " -p hi");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("need a GGUF file's vocabulary"), std::string::npos) << r.err;
+}
+
+}  // namespace
+}  // namespace tandem

@@ -1,0 +1,218 @@
+// `tandem run`: load a model (GGUF or HF directory), prefill the prompt token ids as one batch,
+// then decode one token at a time with the chosen sampler. Generated ids go to stdout as they
+// come; the load summary and prefill / decode tokens per second go to stderr. --logits-out
+// writes the F32 logits of every prompt position ([n_prompt, n_vocab], raw little-endian).
+#include <fmt/format.h>
+
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "core/thread_pool.h"
+#include "engine/sampling.h"
+#include "engine/tokenizer.h"
+#include "formats/gguf.h"
+#include "model/model.h"
+#include "model/weights.h"
+#include "tools/command.h"
+
+namespace tandem::tools {
+namespace {
+
+struct RunArgs {
+  std::string model;
+  std::string tokens;
+  std::string prompt;
+  bool has_tokens = false, has_prompt = false;  // given on the command line (even if empty)
+  std::string output;  // "ids" or "text"; default: text for -p, ids for --tokens
+  int n_predict = 16;
+  SamplingParams sampling;
+  int64_t ctx = 0;
+  int threads = 0;
+  std::string logits_out;
+  std::string mla = "absorbed";
+  bool ignore_eos = false;
+};
+
+std::vector<int32_t> parse_tokens(const std::string& text, int64_t n_vocab) {
+  std::vector<int32_t> ids;
+  size_t pos = 0;
+  while (pos <= text.size() && !text.empty()) {
+    const size_t comma = text.find(',', pos);
+    const std::string item =
+        text.substr(pos, comma == std::string::npos ? std::string::npos : comma - pos);
+    size_t used = 0;
+    long long v = 0;
+    try {
+      v = std::stoll(item, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used == 0 || used != item.size()) {
+      fail(ErrorKind::kInvalidArgument, "--tokens: '{}' is not a token id", item);
+    }
+    if (v < 0 || v >= n_vocab) {
+      fail(ErrorKind::kOutOfRange, "--tokens: token id {} is outside the vocabulary [0, {})", v,
+           n_vocab);
+    }
+    ids.push_back(static_cast<int32_t>(v));
+    if (comma == std::string::npos) break;
+    pos = comma + 1;
+  }
+  if (ids.empty()) fail(ErrorKind::kInvalidArgument, "--tokens: the prompt is empty");
+  return ids;
+}
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+void run_model(const RunArgs& a) {
+  if (a.n_predict < 0) fail(ErrorKind::kInvalidArgument, "-n must be >= 0, got {}", a.n_predict);
+  if (a.mla != "absorbed" && a.mla != "naive") {
+    fail(ErrorKind::kInvalidArgument, "--mla must be 'absorbed' or 'naive', got '{}'", a.mla);
+  }
+  Sampler sampler(a.sampling);
+  const auto t_load = std::chrono::steady_clock::now();
+  const LoadedModel lm = load_model(a.model);
+  const ModelConfig& c = lm.config;
+  if (a.has_tokens == a.has_prompt) {
+    fail(ErrorKind::kInvalidArgument, "give the prompt as exactly one of -p TEXT or --tokens IDS");
+  }
+  const std::string output = a.output.empty() ? (a.has_prompt ? "text" : "ids") : a.output;
+  if (output != "ids" && output != "text") {
+    fail(ErrorKind::kInvalidArgument, "--output must be 'ids' or 'text', got '{}'", a.output);
+  }
+  // The vocabulary lives in the GGUF metadata; HF directories here carry none.
+  std::unique_ptr<Tokenizer> tokenizer;
+  if (a.has_prompt || output == "text") {
+    if (!lm.gguf) {
+      fail(ErrorKind::kUnsupported,
+           "{}: -p and --output text need a GGUF file's vocabulary; use "
+           "--tokens and --output ids with an HF directory",
+           a.model);
+    }
+    tokenizer = std::make_unique<Tokenizer>(Tokenizer::from_gguf(*lm.gguf));
+  }
+  std::vector<int32_t> prompt;
+  if (a.has_prompt) {
+    prompt = tokenizer->encode(a.prompt, /*add_special=*/true);
+    if (prompt.empty()) fail(ErrorKind::kInvalidArgument, "-p: the prompt is empty");
+    for (int32_t id : prompt) {
+      if (id < 0 || id >= c.vocab_size) {
+        fail(ErrorKind::kOutOfRange, "-p: token id {} is outside the model's vocabulary [0, {})",
+             id, c.vocab_size);
+      }
+    }
+  } else {
+    prompt = parse_tokens(a.tokens, c.vocab_size);
+  }
+  std::string prompt_ids;
+  for (int32_t id : prompt) prompt_ids += fmt::format("{}{}", prompt_ids.empty() ? "" : ",", id);
+  std::fprintf(stderr, "prompt: %zu tokens: %s\n", prompt.size(), prompt_ids.c_str());
+  int64_t ctx = a.ctx;
+  if (ctx == 0) {
+    ctx = static_cast<int64_t>(prompt.size()) + a.n_predict;
+    if (c.max_position_embeddings > 0) ctx = std::min<int64_t>(ctx, c.max_position_embeddings);
+  }
+  if (ctx <= 0) fail(ErrorKind::kInvalidArgument, "--ctx must be positive, got {}", ctx);
+  if (static_cast<int64_t>(prompt.size()) > ctx) {
+    fail(ErrorKind::kOutOfRange, "the prompt has {} tokens, more than the context size --ctx {}",
+         prompt.size(), ctx);
+  }
+  ThreadingContext threading(ThreadingOptions{a.threads, true, 50});
+  ModelOptions mo;
+  mo.ctx = ctx;
+  mo.pool = &threading.pool();
+  mo.mla = a.mla == "naive" ? MlaMode::kNaive : MlaMode::kAbsorbed;
+  Model model(lm, mo);
+  std::fprintf(stderr, "%s\nloaded in %.2f s; KV cache %.1f MiB for %ld positions; %d threads\n",
+               model_summary(lm).c_str(), seconds_since(t_load), model.kv_cache_bytes() / 1048576.0,
+               static_cast<long>(ctx), threading.n_threads());
+
+  const int64_t nv = c.vocab_size;
+  const bool all_rows = !a.logits_out.empty();
+  std::vector<float> logits(all_rows ? prompt.size() * nv : nv);
+  const auto t_prefill = std::chrono::steady_clock::now();
+  model.forward(prompt, logits.data(), all_rows);
+  const double prefill_s = seconds_since(t_prefill);
+  if (all_rows) {
+    std::ofstream out(a.logits_out, std::ios::binary);
+    out.write(reinterpret_cast<const char*>(logits.data()),
+              static_cast<std::streamsize>(logits.size() * sizeof(float)));
+    if (!out) fail(ErrorKind::kIo, "--logits-out: cannot write '{}'", a.logits_out);
+  }
+  const float* last = logits.data() + logits.size() - nv;
+  std::vector<float> row(last, last + nv);
+
+  const auto t_decode = std::chrono::steady_clock::now();
+  int generated = 0, decoded = 0;
+  std::unique_ptr<TokenStreamDecoder> text;
+  if (output == "text") text = std::make_unique<TokenStreamDecoder>(*tokenizer);
+  while (generated < a.n_predict) {
+    const int32_t next = sampler.sample(row.data(), nv);
+    if (text) {
+      std::fputs(text->push(next).c_str(), stdout);
+    } else {
+      std::fprintf(stdout, generated == 0 ? "%d" : " %d", next);
+    }
+    std::fflush(stdout);
+    ++generated;
+    const bool eos = tokenizer ? tokenizer->is_end_of_generation(next) : next == c.eos_token_id;
+    if (!a.ignore_eos && eos) break;
+    if (generated == a.n_predict) break;
+    if (model.position() >= ctx) {
+      std::fprintf(stderr, "\ncontext full (--ctx %ld): stopping\n", static_cast<long>(ctx));
+      break;
+    }
+    model.forward(std::span<const int32_t>(&next, 1), row.data(), false);
+    ++decoded;
+  }
+  if (text) std::fputs(text->flush().c_str(), stdout);
+  std::fprintf(stdout, "\n");
+  const double decode_s = seconds_since(t_decode);
+  std::fprintf(stderr, "prefill: %zu tokens in %.3f s (%.1f tokens/s)\n", prompt.size(), prefill_s,
+               prompt.size() / std::max(prefill_s, 1e-9));
+  std::fprintf(stderr, "decode: %d tokens in %.3f s (%.1f tokens/s)\n", decoded, decode_s,
+               decoded / std::max(decode_s, 1e-9));
+}
+
+void add_run(CLI::App& app) {
+  auto args = std::make_shared<RunArgs>();
+  app.add_option("-m,--model", args->model, "a .gguf file or an HF checkpoint directory")
+      ->required();
+  CLI::Option* tokens =
+      app.add_option("--tokens", args->tokens, "prompt token ids, comma-separated (BOS included)");
+  CLI::Option* prompt = app.add_option("-p,--prompt", args->prompt,
+                                       "prompt text (GGUF vocabulary; BOS added as the "
+                                       "metadata asks)");
+  app.add_option("--output", args->output,
+                 "print generated 'ids' or 'text' (default: text for "
+                 "-p, ids for --tokens)");
+  app.add_option("-n,--n-predict", args->n_predict, "tokens to generate (default 16)");
+  app.add_option("--temp", args->sampling.temperature, "temperature; 0 = greedy (default)");
+  app.add_option("--top-k", args->sampling.top_k, "keep the k most likely tokens (0 = off)");
+  app.add_option("--top-p", args->sampling.top_p, "nucleus sampling mass (1 = off)");
+  app.add_option("--min-p", args->sampling.min_p, "drop tokens below min-p * p_max (0 = off)");
+  app.add_option("--seed", args->sampling.seed, "sampler seed");
+  app.add_option("--ctx", args->ctx, "KV cache positions (default: prompt + n)");
+  app.add_option("--threads", args->threads, "worker threads (default: one per physical core)");
+  app.add_option("--logits-out", args->logits_out, "write F32 logits of every prompt position");
+  app.add_option("--mla", args->mla, "DeepSeek attention: absorbed (default) or naive");
+  app.add_flag("--ignore-eos", args->ignore_eos, "keep generating after the EOS token");
+  app.callback([args, tokens, prompt] {
+    args->has_tokens = tokens->count() > 0;
+    args->has_prompt = prompt->count() > 0;
+    run_model(*args);
+  });
+}
+
+Registrar reg("run", "Generate tokens: prefill the prompt ids, then decode (CPU reference path)",
+              add_run);
+
+}  // namespace
+}  // namespace tandem::tools
