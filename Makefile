@@ -3,6 +3,7 @@ BUILD ?= build
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
 MODEL ?= $(BUILD)/tiny-deepseek2.gguf
+DEMO ?= tests/data/demo/tandem-demo-moe-Q4_K_M.gguf
 
 .PHONY: all bootstrap configure build run test test-slow bench fuzz clean format
 
@@ -18,12 +19,14 @@ configure: bootstrap
 build: configure
 	cmake --build $(BUILD) -j $(JOBS)
 
-# The main job: machine facts, its limits, and a synthesized model's summary.
+# The main job: machine facts, its limits, a synthesized model's summary, and the trained demo
+# model (a small DeepSeek-V2-architecture MoE, tests/data/demo/README.md) writing text.
 run: build
 	$(BUILD)/tandem info
 	$(BUILD)/tandem roofline
 	$(BUILD)/tandem synth --arch deepseek2 --preset tiny --format gguf --type q4_k_m --seed 1 -o $(MODEL)
 	$(BUILD)/tandem show -m $(MODEL)
+	$(BUILD)/tandem run -m $(DEMO) -p "In the beginning" -n 100 --temp 0.8 --seed 42
 
 test: build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS) -L 'unit|model|gpu' -LE slow

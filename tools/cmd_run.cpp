@@ -87,16 +87,11 @@ void run_model(const RunArgs& a) {
   if (output != "ids" && output != "text") {
     fail(ErrorKind::kInvalidArgument, "--output must be 'ids' or 'text', got '{}'", a.output);
   }
-  // The vocabulary lives in the GGUF metadata; HF directories here carry none.
+  // The vocabulary: the GGUF metadata, or an HF directory's tokenizer.model / tokenizer.json.
   std::unique_ptr<Tokenizer> tokenizer;
   if (a.has_prompt || output == "text") {
-    if (!lm.gguf) {
-      fail(ErrorKind::kUnsupported,
-           "{}: -p and --output text need a GGUF file's vocabulary; use "
-           "--tokens and --output ids with an HF directory",
-           a.model);
-    }
-    tokenizer = std::make_unique<Tokenizer>(Tokenizer::from_gguf(*lm.gguf));
+    tokenizer = std::make_unique<Tokenizer>(lm.gguf ? Tokenizer::from_gguf(*lm.gguf)
+                                                    : Tokenizer::load(a.model));
   }
   std::vector<int32_t> prompt;
   if (a.has_prompt) {
@@ -152,7 +147,16 @@ void run_model(const RunArgs& a) {
   const auto t_decode = std::chrono::steady_clock::now();
   int generated = 0, decoded = 0;
   std::unique_ptr<TokenStreamDecoder> text;
-  if (output == "text") text = std::make_unique<TokenStreamDecoder>(*tokenizer);
+  if (output == "text") {
+    text = std::make_unique<TokenStreamDecoder>(*tokenizer);
+    if (a.has_prompt) {
+      // Like llama.cpp: the prompt, then the continuation. The prompt's tokens go through the
+      // decoder too, so that the first generated piece keeps its leading space.
+      std::fputs(a.prompt.c_str(), stdout);
+      for (int32_t id : prompt) text->push(id);
+      text->flush();
+    }
+  }
   while (generated < a.n_predict) {
     const int32_t next = sampler.sample(row.data(), nv);
     if (text) {
@@ -174,6 +178,7 @@ void run_model(const RunArgs& a) {
   }
   if (text) std::fputs(text->flush().c_str(), stdout);
   std::fprintf(stdout, "\n");
+  std::fflush(stdout);
   const double decode_s = seconds_since(t_decode);
   std::fprintf(stderr, "prefill: %zu tokens in %.3f s (%.1f tokens/s)\n", prompt.size(), prefill_s,
                prompt.size() / std::max(prefill_s, 1e-9));
