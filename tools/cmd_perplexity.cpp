@@ -38,10 +38,7 @@ void run_perplexity(const PerplexityArgs& a) {
   std::stringstream text;
   text << in.rdbuf();
   const LoadedModel lm = load_model(a.model);
-  if (!lm.gguf) {
-    fail(ErrorKind::kUnsupported, "{}: perplexity needs a GGUF file's vocabulary", a.model);
-  }
-  const Tokenizer tok = Tokenizer::from_gguf(*lm.gguf);
+  const Tokenizer tok = lm.gguf ? Tokenizer::from_gguf(*lm.gguf) : Tokenizer::load(a.model);
   const std::vector<TokenId> tokens = tok.encode(text.str(), /*add_special=*/true);
   const int64_t n_ctx = a.ctx;
   if (static_cast<int64_t>(tokens.size()) < 2 * n_ctx) {
@@ -95,7 +92,7 @@ void run_perplexity(const PerplexityArgs& a) {
 
 void add_perplexity(CLI::App& app) {
   auto args = std::make_shared<PerplexityArgs>();
-  app.add_option("-m,--model", args->model, "a .gguf file")->required();
+  app.add_option("-m,--model", args->model, "a .gguf file or an HF directory with its tokenizer")->required();
   app.add_option("-f,--file", args->file, "the text file")->required();
   app.add_option("--ctx", args->ctx, "tokens per chunk (default 512)");
   app.add_option("--threads", args->threads, "worker threads (default: one per physical core)");
