@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+
 #include <fstream>
 #include <functional>
 #include <map>
@@ -9,6 +11,8 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "core/progress.h"
+#include "core/topology.h"
 #include "formats/gguf.h"
 #include "formats/safetensors.h"
 #include "ops/cpu/ref_ops.h"
@@ -324,6 +328,40 @@ std::string model_summary(const LoadedModel& m) {
       "({})",
       arch_name(m.config.arch), m.from_gguf ? "GGUF" : "HF safetensors", m.config.num_layers,
       pc.total / 1e6, pc.active_per_token / 1e6, m.weight_bytes / 1048576.0, types);
+}
+
+uint64_t page_in_model(const LoadedModel& model) {
+  std::vector<std::pair<const uint8_t*, uint64_t>> ranges;
+  if (model.gguf) {
+    for (const GgufTensorInfo& t : model.gguf->tensors()) {
+      ranges.emplace_back(model.gguf->data() + t.offset, t.nbytes);
+    }
+  } else if (model.safetensors) {
+    for (const SafetensorsTensorInfo& t : model.safetensors->tensors()) {
+      ranges.emplace_back(t.data, t.nbytes);
+    }
+  }
+  uint64_t total = 0;
+  for (const auto& r : ranges) total += r.second;
+  const uint64_t available = meminfo_bytes("MemAvailable");
+  if (available > 0 && total > available / 10 * 9) {
+    log_info("{}: {} of tensors, {} of memory available: pages load on demand",
+             model.path.string(), format_binary_bytes(total), format_binary_bytes(available));
+    return 0;
+  }
+  constexpr uint64_t kPage = 4096, kChunk = 64ull << 20;
+  Progress progress("loading", total);
+  volatile uint8_t sink = 0;
+  for (const auto& [data, bytes] : ranges) {
+    for (uint64_t chunk = 0; chunk < bytes; chunk += kChunk) {
+      const uint64_t end = std::min(bytes, chunk + kChunk);
+      // One read per page faults it in; the mapping is read-only, so nothing is written.
+      for (uint64_t off = chunk; off < end; off += kPage) sink = sink + data[off];
+      progress.add(end - chunk);
+    }
+  }
+  progress.finish();
+  return total;
 }
 
 }  // namespace tandem

@@ -74,6 +74,12 @@ struct LoadedModel {
 // the tensor that is missing or has an unexpected shape.
 LoadedModel load_model(const std::filesystem::path& path);
 
+// Reads the model's tensor data into the page cache before the first token (with a progress bar
+// on a terminal), so prefill does not stall on disk reads page by page. Skipped, with a log line,
+// when the tensors do not fit in the memory available now: pages then load on demand. Returns the
+// bytes paged in.
+uint64_t page_in_model(const LoadedModel& model);
+
 // One line: architecture, source, layers, parameters, bytes by dtype (mmap'ed, not copied).
 std::string model_summary(const LoadedModel& model);
 

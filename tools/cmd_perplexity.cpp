@@ -38,6 +38,7 @@ void run_perplexity(const PerplexityArgs& a) {
   std::stringstream text;
   text << in.rdbuf();
   const LoadedModel lm = load_model(a.model);
+  page_in_model(lm);
   const Tokenizer tok = lm.gguf ? Tokenizer::from_gguf(*lm.gguf) : Tokenizer::load(a.model);
   const std::vector<TokenId> tokens = tok.encode(text.str(), /*add_special=*/true);
   const int64_t n_ctx = a.ctx;
