@@ -1,0 +1,73 @@
+// Values of the Jinja2 template engine (engine/jinja.h): a small dynamic type with Python's
+// semantics (truthiness, str(), ==, ordering), shared mutable containers as Python has, and a
+// conversion from/to JSON that keeps key order (templates print tool schemas in insertion order).
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace tandem::jinja {
+
+using Json = nlohmann::ordered_json;
+
+struct Value;
+using Array = std::vector<Value>;
+using Object = std::vector<std::pair<std::string, Value>>;  // insertion-ordered, like dict
+using KwArgs = std::vector<std::pair<std::string, Value>>;
+using Function = std::function<Value(std::vector<Value>& args, KwArgs& kwargs)>;
+
+struct Value {
+  enum class Kind { kUndefined, kNone, kBool, kInt, kFloat, kString, kArray, kObject, kCallable };
+  Kind kind = Kind::kUndefined;
+  bool b = false;
+  int64_t i = 0;
+  double f = 0;
+  std::string s;                 // kString; for kUndefined the message shown when it is used
+  std::shared_ptr<Array> arr;    // kArray
+  std::shared_ptr<Object> obj;   // kObject
+  std::shared_ptr<Function> fn;  // kCallable
+  bool is_generator = false;     // map/select results: printable, not JSON-serializable (jinja2)
+  bool is_tuple = false;         // an array that prints as a Python tuple
+  bool is_namespace = false;     // namespace(): the one object whose attributes `set` may assign
+
+  static Value undefined(std::string name = {});
+  static Value none();
+  static Value boolean(bool v);
+  static Value integer(int64_t v);
+  static Value number(double v);
+  static Value string(std::string v);
+  static Value array(Array v = {});
+  static Value object(Object v = {});
+  static Value function(Function f);
+
+  bool is_undefined() const { return kind == Kind::kUndefined; }
+  bool is_none() const { return kind == Kind::kNone; }
+  bool is_string() const { return kind == Kind::kString; }
+  bool is_array() const { return kind == Kind::kArray; }
+  bool is_object() const { return kind == Kind::kObject; }
+  bool is_number() const { return kind == Kind::kInt || kind == Kind::kFloat; }
+
+  bool truthy() const;
+  double as_double() const;
+  const Value* find(const std::string& key) const;  // object member or nullptr
+  void set(const std::string& key, Value v);        // object member, replaced or appended
+  const char* type_name() const;                    // Python's type name, for messages
+};
+
+Value from_json(const Json& j);
+// json.dumps(v, ensure_ascii=False, indent=indent, separators=..., sort_keys=...): indent < 0
+// means None. Throws for values JSON cannot hold (callables, undefined, generators).
+std::string to_json(const Value& v, int indent, const std::string& item_sep,
+                    const std::string& key_sep, bool sort_keys);
+std::string to_str(const Value& v);   // Python str()
+std::string to_repr(const Value& v);  // Python repr()
+bool equals(const Value& a, const Value& b);
+int compare(const Value& a, const Value& b);  // <0, 0, >0; throws for unorderable types
+
+}  // namespace tandem::jinja
