@@ -42,6 +42,11 @@ class Model {
   int64_t position() const { return pos_; }
   int64_t ctx() const { return ctx_; }
   void reset() { pos_ = 0; }
+  // Forgets every position from `pos` on (the KV cache is indexed by position, so the next
+  // forward() overwrites them): how a chat keeps the prefix it shares with the next prompt.
+  void truncate(int64_t pos) {
+    if (pos >= 0 && pos < pos_) pos_ = pos;
+  }
   uint64_t kv_cache_bytes() const;
 
   // Feeds `tokens` at the current position. logits receives [n, vocab] when all_rows, else the

@@ -44,12 +44,18 @@ std::string slurp(const fs::path& p) {
 }
 }  // namespace
 
-CommandResult run_tandem(const std::string& args) {
+CommandResult run_tandem(const std::string& args, const std::string& stdin_text) {
   const char* bin = std::getenv("TANDEM_BIN");
   std::string binary = bin ? bin : (std::string(TANDEM_BINARY_DIR) + "/tandem");
   TempDir tmp("cmd");
   const fs::path out = tmp / "stdout", err = tmp / "stderr";
-  const std::string cmd = binary + " " + args + " </dev/null >" + out.string() + " 2>" + err.string();
+  std::string input = "/dev/null";
+  if (!stdin_text.empty()) {
+    input = (tmp / "stdin").string();
+    std::ofstream(input, std::ios::binary) << stdin_text;
+  }
+  const std::string cmd =
+      binary + " " + args + " <" + input + " >" + out.string() + " 2>" + err.string();
   const int status = std::system(cmd.c_str());
   CommandResult r;
   r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);

@@ -31,7 +31,8 @@ struct CommandResult {
   std::string err;  // stderr
 };
 
-// Runs `tandem <args>` (the binary from TANDEM_BIN) and captures both streams.
-CommandResult run_tandem(const std::string& args);
+// Runs `tandem <args>` (the binary from TANDEM_BIN) and captures both streams; standard input
+// is `stdin_text` (empty: /dev/null).
+CommandResult run_tandem(const std::string& args, const std::string& stdin_text = "");
 
 }  // namespace tandem::test

@@ -13,12 +13,14 @@
 
 #include "core/error.h"
 #include "core/thread_pool.h"
+#include "engine/chat.h"
 #include "engine/sampling.h"
 #include "engine/tokenizer.h"
 #include "formats/gguf.h"
 #include "model/model.h"
 #include "model/weights.h"
 #include "tools/command.h"
+#include "tools/options.h"
 
 namespace tandem::tools {
 namespace {
@@ -36,6 +38,7 @@ struct RunArgs {
   std::string logits_out;
   std::string mla = "absorbed";
   bool ignore_eos = false;
+  bool chat = false;  // -p is one user message rendered with the model's chat template
 };
 
 std::vector<int32_t> parse_tokens(const std::string& text, int64_t n_vocab) {
@@ -95,7 +98,11 @@ void run_model(const RunArgs& a) {
                                                     : Tokenizer::load(a.model));
   }
   std::vector<int32_t> prompt;
-  if (a.has_prompt) {
+  if (a.chat && !a.has_prompt) fail(ErrorKind::kInvalidArgument, "--chat needs -p TEXT");
+  if (a.has_prompt && a.chat) {
+    const jinja::Json messages = jinja::Json::array({{{"role", "user"}, {"content", a.prompt}}});
+    prompt = render_chat(chat_template_for(lm), *tokenizer, messages, true);
+  } else if (a.has_prompt) {
     prompt = tokenizer->encode(a.prompt, /*add_special=*/true);
     if (prompt.empty()) fail(ErrorKind::kInvalidArgument, "-p: the prompt is empty");
     for (int32_t id : prompt) {
@@ -150,7 +157,7 @@ void run_model(const RunArgs& a) {
   std::unique_ptr<TokenStreamDecoder> text;
   if (output == "text") {
     text = std::make_unique<TokenStreamDecoder>(*tokenizer);
-    if (a.has_prompt) {
+    if (a.has_prompt && !a.chat) {
       // Like llama.cpp: the prompt, then the continuation. The prompt's tokens go through the
       // decoder too, so that the first generated piece keeps its leading space.
       std::fputs(a.prompt.c_str(), stdout);
@@ -200,16 +207,14 @@ void add_run(CLI::App& app) {
                  "print generated 'ids' or 'text' (default: text for "
                  "-p, ids for --tokens)");
   app.add_option("-n,--n-predict", args->n_predict, "tokens to generate (default 16)");
-  app.add_option("--temp", args->sampling.temperature, "temperature; 0 = greedy (default)");
-  app.add_option("--top-k", args->sampling.top_k, "keep the k most likely tokens (0 = off)");
-  app.add_option("--top-p", args->sampling.top_p, "nucleus sampling mass (1 = off)");
-  app.add_option("--min-p", args->sampling.min_p, "drop tokens below min-p * p_max (0 = off)");
-  app.add_option("--seed", args->sampling.seed, "sampler seed");
+  add_sampling_options(app, &args->sampling);
   app.add_option("--ctx", args->ctx, "KV cache positions (default: prompt + n)");
   app.add_option("--threads", args->threads, "worker threads (default: one per physical core)");
   app.add_option("--logits-out", args->logits_out, "write F32 logits of every prompt position");
   app.add_option("--mla", args->mla, "DeepSeek attention: absorbed (default) or naive");
   app.add_flag("--ignore-eos", args->ignore_eos, "keep generating after the EOS token");
+  app.add_flag("--chat", args->chat,
+               "-p is a user message: apply the model's chat template, print only the answer");
   app.callback([args, tokens, prompt] {
     args->has_tokens = tokens->count() > 0;
     args->has_prompt = prompt->count() > 0;
