@@ -113,27 +113,119 @@ class Source {
   int64_t fp8_block_[2] = {128, 128};
 };
 
-void load_gguf_layer(Source& s, const ModelConfig& c, int64_t l, LayerWeights& w) {
+// The checkpoint names of one layer's tensors: llama.cpp's GGUF names or Hugging Face's. The
+// loading logic (shapes, MLA splits, experts) is written once, in load_layer(), over this table.
+struct LayerNames {
+  std::string attn_norm, ffn_norm;
+  std::string q, k, v, o, q_bias, k_bias, v_bias, q_norm, k_norm;  // MHA/GQA (and q, o for MLA)
+  std::string q_a, q_a_norm, q_b, kv_a, kv_a_norm;                 // MLA
+  std::string kv_b;        // MLA up-projection, [heads * (nope + v), kv_lora]
+  std::string k_b, v_b;    // GGUF's split form of kv_b (empty for HF)
+  std::string gate, up, down;  // dense FFN
+  std::string router, router_bias;
+  // Routed experts: stacked [n_experts, ...] tensors (GGUF), or one tensor per expert named
+  // expert_prefix + e + "." + expert_gate/up/down (HF).
+  std::string gate_exps, up_exps, down_exps;
+  std::string expert_prefix, expert_gate, expert_up, expert_down;
+  std::string sh_gate, sh_up, sh_down, sh_gate_inp;  // shared expert(s)
+};
+
+LayerNames gguf_names(int64_t l) {
   const std::string p = fmt::format("blk.{}.", l);
+  LayerNames n;
+  n.attn_norm = p + "attn_norm.weight";
+  n.ffn_norm = p + "ffn_norm.weight";
+  n.q = p + "attn_q.weight";
+  n.k = p + "attn_k.weight";
+  n.v = p + "attn_v.weight";
+  n.o = p + "attn_output.weight";
+  n.q_bias = p + "attn_q.bias";
+  n.k_bias = p + "attn_k.bias";
+  n.v_bias = p + "attn_v.bias";
+  n.q_norm = p + "attn_q_norm.weight";
+  n.k_norm = p + "attn_k_norm.weight";
+  n.q_a = p + "attn_q_a.weight";
+  n.q_a_norm = p + "attn_q_a_norm.weight";
+  n.q_b = p + "attn_q_b.weight";
+  n.kv_a = p + "attn_kv_a_mqa.weight";
+  n.kv_a_norm = p + "attn_kv_a_norm.weight";
+  n.kv_b = p + "attn_kv_b.weight";
+  n.k_b = p + "attn_k_b.weight";
+  n.v_b = p + "attn_v_b.weight";
+  n.gate = p + "ffn_gate.weight";
+  n.up = p + "ffn_up.weight";
+  n.down = p + "ffn_down.weight";
+  n.router = p + "ffn_gate_inp.weight";
+  n.router_bias = p + "exp_probs_b.bias";
+  n.gate_exps = p + "ffn_gate_exps.weight";
+  n.up_exps = p + "ffn_up_exps.weight";
+  n.down_exps = p + "ffn_down_exps.weight";
+  n.sh_gate = p + "ffn_gate_shexp.weight";
+  n.sh_up = p + "ffn_up_shexp.weight";
+  n.sh_down = p + "ffn_down_shexp.weight";
+  n.sh_gate_inp = p + "ffn_gate_inp_shexp.weight";
+  return n;
+}
+
+LayerNames hf_names(const ModelConfig& c, int64_t l) {
+  const std::string p = fmt::format("model.layers.{}.", l), a = p + "self_attn.";
+  const bool mixtral = c.arch == ModelArch::kMixtral;
+  const std::string m = p + (mixtral ? "block_sparse_moe." : "mlp.");
+  const std::string sh = m + (c.is_mla() ? "shared_experts." : "shared_expert.");
+  LayerNames n;
+  n.attn_norm = p + "input_layernorm.weight";
+  n.ffn_norm = p + "post_attention_layernorm.weight";
+  n.q = a + "q_proj.weight";
+  n.k = a + "k_proj.weight";
+  n.v = a + "v_proj.weight";
+  n.o = a + "o_proj.weight";
+  n.q_bias = a + "q_proj.bias";
+  n.k_bias = a + "k_proj.bias";
+  n.v_bias = a + "v_proj.bias";
+  n.q_norm = a + "q_norm.weight";
+  n.k_norm = a + "k_norm.weight";
+  n.q_a = a + "q_a_proj.weight";
+  n.q_a_norm = a + "q_a_layernorm.weight";
+  n.q_b = a + "q_b_proj.weight";
+  n.kv_a = a + "kv_a_proj_with_mqa.weight";
+  n.kv_a_norm = a + "kv_a_layernorm.weight";
+  n.kv_b = a + "kv_b_proj.weight";
+  n.gate = p + "mlp.gate_proj.weight";
+  n.up = p + "mlp.up_proj.weight";
+  n.down = p + "mlp.down_proj.weight";
+  n.router = m + "gate.weight";
+  n.router_bias = m + "gate.e_score_correction_bias";
+  n.expert_prefix = m + "experts.";
+  n.expert_gate = mixtral ? "w1.weight" : "gate_proj.weight";
+  n.expert_up = mixtral ? "w3.weight" : "up_proj.weight";
+  n.expert_down = mixtral ? "w2.weight" : "down_proj.weight";
+  n.sh_gate = sh + "gate_proj.weight";
+  n.sh_up = sh + "up_proj.weight";
+  n.sh_down = sh + "down_proj.weight";
+  n.sh_gate_inp = m + "shared_expert_gate.weight";
+  return n;
+}
+
+void load_layer(Source& s, const ModelConfig& c, int64_t l, const LayerNames& n,
+                LayerWeights& w) {
   const int64_t hd = c.hidden_size;
-  w.attn_norm = s.get_f32(p + "attn_norm.weight", hd);
-  w.ffn_norm = s.get_f32(p + "ffn_norm.weight", hd);
+  w.attn_norm = s.get_f32(n.attn_norm, hd);
+  w.ffn_norm = s.get_f32(n.ffn_norm, hd);
   if (c.is_mla()) {
     const int64_t qk = c.qk_nope_head_dim + c.qk_rope_head_dim;
     if (c.q_lora_rank > 0) {
-      w.wq_a = s.get_w(p + "attn_q_a.weight", {c.q_lora_rank, hd});
-      w.q_a_norm = s.get_f32(p + "attn_q_a_norm.weight", c.q_lora_rank);
-      w.wq_b = s.get_w(p + "attn_q_b.weight", {c.num_heads * qk, c.q_lora_rank});
+      w.wq_a = s.get_w(n.q_a, {c.q_lora_rank, hd});
+      w.q_a_norm = s.get_f32(n.q_a_norm, c.q_lora_rank);
+      w.wq_b = s.get_w(n.q_b, {c.num_heads * qk, c.q_lora_rank});
     } else {
-      w.wq = s.get_w(p + "attn_q.weight", {c.num_heads * qk, hd});
+      w.wq = s.get_w(n.q, {c.num_heads * qk, hd});
     }
-    w.wkv_a = s.get_w(p + "attn_kv_a_mqa.weight", {c.kv_lora_rank + c.qk_rope_head_dim, hd});
-    w.kv_a_norm = s.get_f32(p + "attn_kv_a_norm.weight", c.kv_lora_rank);
-    if (s.find(p + "attn_k_b.weight") != nullptr) {
-      const ops::Weight kb =
-          s.get_w(p + "attn_k_b.weight", {c.num_heads, c.kv_lora_rank, c.qk_nope_head_dim});
-      const ops::Weight vb =
-          s.get_w(p + "attn_v_b.weight", {c.num_heads, c.v_head_dim, c.kv_lora_rank});
+    w.wkv_a = s.get_w(n.kv_a, {c.kv_lora_rank + c.qk_rope_head_dim, hd});
+    w.kv_a_norm = s.get_f32(n.kv_a_norm, c.kv_lora_rank);
+    if (!n.k_b.empty() && s.find(n.k_b) != nullptr) {
+      // GGUF's split form: attn_k_b is W_UK transposed per head, attn_v_b is W_UV.
+      const ops::Weight kb = s.get_w(n.k_b, {c.num_heads, c.kv_lora_rank, c.qk_nope_head_dim});
+      const ops::Weight vb = s.get_w(n.v_b, {c.num_heads, c.v_head_dim, c.kv_lora_rank});
       w.k_up_transposed = true;
       for (int64_t h = 0; h < c.num_heads; ++h) {
         w.k_up.push_back(kb.row_range(h * c.kv_lora_rank, c.kv_lora_rank));
@@ -141,124 +233,63 @@ void load_gguf_layer(Source& s, const ModelConfig& c, int64_t l, LayerWeights& w
       }
     } else {
       const int64_t per = c.qk_nope_head_dim + c.v_head_dim;
-      const ops::Weight kvb = s.get_w(p + "attn_kv_b.weight", {c.num_heads * per, c.kv_lora_rank});
+      const ops::Weight kvb = s.get_w(n.kv_b, {c.num_heads * per, c.kv_lora_rank});
       for (int64_t h = 0; h < c.num_heads; ++h) {
         w.k_up.push_back(kvb.row_range(h * per, c.qk_nope_head_dim));
         w.v_up.push_back(kvb.row_range(h * per + c.qk_nope_head_dim, c.v_head_dim));
       }
     }
-    w.wo = s.get_w(p + "attn_output.weight", {hd, c.num_heads * c.v_head_dim});
+    w.wo = s.get_w(n.o, {hd, c.num_heads * c.v_head_dim});
   } else {
     const int64_t d = c.head_dim;
-    w.wq = s.get_w(p + "attn_q.weight", {c.num_heads * d, hd});
-    w.wk = s.get_w(p + "attn_k.weight", {c.num_kv_heads * d, hd});
-    w.wv = s.get_w(p + "attn_v.weight", {c.num_kv_heads * d, hd});
-    w.wo = s.get_w(p + "attn_output.weight", {hd, c.num_heads * d});
+    w.wq = s.get_w(n.q, {c.num_heads * d, hd});
+    w.wk = s.get_w(n.k, {c.num_kv_heads * d, hd});
+    w.wv = s.get_w(n.v, {c.num_kv_heads * d, hd});
+    w.wo = s.get_w(n.o, {hd, c.num_heads * d});
     if (c.attention_bias) {
-      w.bq = s.get_f32(p + "attn_q.bias", c.num_heads * d);
-      w.bk = s.get_f32(p + "attn_k.bias", c.num_kv_heads * d);
-      w.bv = s.get_f32(p + "attn_v.bias", c.num_kv_heads * d);
+      w.bq = s.get_f32(n.q_bias, c.num_heads * d);
+      w.bk = s.get_f32(n.k_bias, c.num_kv_heads * d);
+      w.bv = s.get_f32(n.v_bias, c.num_kv_heads * d);
     }
     if (c.qk_norm) {
-      w.q_norm = s.get_f32(p + "attn_q_norm.weight", d);
-      w.k_norm = s.get_f32(p + "attn_k_norm.weight", d);
+      w.q_norm = s.get_f32(n.q_norm, d);
+      w.k_norm = s.get_f32(n.k_norm, d);
     }
   }
   w.moe = c.is_moe_layer(l);
   if (!w.moe) {
     const int64_t ff = c.intermediate_size;
-    w.ffn_gate = s.get_w(p + "ffn_gate.weight", {ff, hd});
-    w.ffn_up = s.get_w(p + "ffn_up.weight", {ff, hd});
-    w.ffn_down = s.get_w(p + "ffn_down.weight", {hd, ff});
+    w.ffn_gate = s.get_w(n.gate, {ff, hd});
+    w.ffn_up = s.get_w(n.up, {ff, hd});
+    w.ffn_down = s.get_w(n.down, {hd, ff});
     return;
   }
   const int64_t ne = c.n_experts, ff = c.moe_intermediate_size;
-  w.router = s.get_w(p + "ffn_gate_inp.weight", {ne, hd});
-  if (c.has_e_score_correction_bias) w.router_bias = s.get_f32(p + "exp_probs_b.bias", ne);
-  const ops::Weight g = s.get_w(p + "ffn_gate_exps.weight", {ne, ff, hd});
-  const ops::Weight u = s.get_w(p + "ffn_up_exps.weight", {ne, ff, hd});
-  const ops::Weight dn = s.get_w(p + "ffn_down_exps.weight", {ne, hd, ff});
-  for (int64_t e = 0; e < ne; ++e) {
-    w.experts.gate.push_back(g.row_range(e * ff, ff));
-    w.experts.up.push_back(u.row_range(e * ff, ff));
-    w.experts.down.push_back(dn.row_range(e * hd, hd));
-  }
-  if (c.shared_expert_intermediate_size > 0) {
-    const int64_t sf = c.shared_expert_intermediate_size;
-    w.sh_gate = s.get_w(p + "ffn_gate_shexp.weight", {sf, hd});
-    w.sh_up = s.get_w(p + "ffn_up_shexp.weight", {sf, hd});
-    w.sh_down = s.get_w(p + "ffn_down_shexp.weight", {hd, sf});
-    if (c.shared_expert_gate) w.sh_gate_inp = s.get_f32(p + "ffn_gate_inp_shexp.weight", hd);
-  }
-}
-
-void load_hf_layer(Source& s, const ModelConfig& c, int64_t l, LayerWeights& w) {
-  const std::string p = fmt::format("model.layers.{}.", l);
-  const std::string a = p + "self_attn.";
-  const int64_t hd = c.hidden_size;
-  w.attn_norm = s.get_f32(p + "input_layernorm.weight", hd);
-  w.ffn_norm = s.get_f32(p + "post_attention_layernorm.weight", hd);
-  if (c.is_mla()) {
-    const int64_t qk = c.qk_nope_head_dim + c.qk_rope_head_dim;
-    if (c.q_lora_rank > 0) {
-      w.wq_a = s.get_w(a + "q_a_proj.weight", {c.q_lora_rank, hd});
-      w.q_a_norm = s.get_f32(a + "q_a_layernorm.weight", c.q_lora_rank);
-      w.wq_b = s.get_w(a + "q_b_proj.weight", {c.num_heads * qk, c.q_lora_rank});
-    } else {
-      w.wq = s.get_w(a + "q_proj.weight", {c.num_heads * qk, hd});
+  w.router = s.get_w(n.router, {ne, hd});
+  if (c.has_e_score_correction_bias) w.router_bias = s.get_f32(n.router_bias, ne);
+  if (!n.gate_exps.empty()) {
+    const ops::Weight g = s.get_w(n.gate_exps, {ne, ff, hd});
+    const ops::Weight u = s.get_w(n.up_exps, {ne, ff, hd});
+    const ops::Weight dn = s.get_w(n.down_exps, {ne, hd, ff});
+    for (int64_t e = 0; e < ne; ++e) {
+      w.experts.gate.push_back(g.row_range(e * ff, ff));
+      w.experts.up.push_back(u.row_range(e * ff, ff));
+      w.experts.down.push_back(dn.row_range(e * hd, hd));
     }
-    w.wkv_a = s.get_w(a + "kv_a_proj_with_mqa.weight", {c.kv_lora_rank + c.qk_rope_head_dim, hd});
-    w.kv_a_norm = s.get_f32(a + "kv_a_layernorm.weight", c.kv_lora_rank);
-    const int64_t per = c.qk_nope_head_dim + c.v_head_dim;
-    const ops::Weight kvb = s.get_w(a + "kv_b_proj.weight", {c.num_heads * per, c.kv_lora_rank});
-    for (int64_t h = 0; h < c.num_heads; ++h) {
-      w.k_up.push_back(kvb.row_range(h * per, c.qk_nope_head_dim));
-      w.v_up.push_back(kvb.row_range(h * per + c.qk_nope_head_dim, c.v_head_dim));
-    }
-    w.wo = s.get_w(a + "o_proj.weight", {hd, c.num_heads * c.v_head_dim});
   } else {
-    const int64_t d = c.head_dim;
-    w.wq = s.get_w(a + "q_proj.weight", {c.num_heads * d, hd});
-    w.wk = s.get_w(a + "k_proj.weight", {c.num_kv_heads * d, hd});
-    w.wv = s.get_w(a + "v_proj.weight", {c.num_kv_heads * d, hd});
-    w.wo = s.get_w(a + "o_proj.weight", {hd, c.num_heads * d});
-    if (c.attention_bias) {
-      w.bq = s.get_f32(a + "q_proj.bias", c.num_heads * d);
-      w.bk = s.get_f32(a + "k_proj.bias", c.num_kv_heads * d);
-      w.bv = s.get_f32(a + "v_proj.bias", c.num_kv_heads * d);
+    for (int64_t e = 0; e < ne; ++e) {
+      const std::string x = fmt::format("{}{}.", n.expert_prefix, e);
+      w.experts.gate.push_back(s.get_w(x + n.expert_gate, {ff, hd}));
+      w.experts.up.push_back(s.get_w(x + n.expert_up, {ff, hd}));
+      w.experts.down.push_back(s.get_w(x + n.expert_down, {hd, ff}));
     }
-    if (c.qk_norm) {
-      w.q_norm = s.get_f32(a + "q_norm.weight", d);
-      w.k_norm = s.get_f32(a + "k_norm.weight", d);
-    }
-  }
-  w.moe = c.is_moe_layer(l);
-  if (!w.moe) {
-    const int64_t ff = c.intermediate_size;
-    w.ffn_gate = s.get_w(p + "mlp.gate_proj.weight", {ff, hd});
-    w.ffn_up = s.get_w(p + "mlp.up_proj.weight", {ff, hd});
-    w.ffn_down = s.get_w(p + "mlp.down_proj.weight", {hd, ff});
-    return;
-  }
-  const int64_t ne = c.n_experts, ff = c.moe_intermediate_size;
-  const bool mixtral = c.arch == ModelArch::kMixtral;
-  const std::string m = p + (mixtral ? "block_sparse_moe." : "mlp.");
-  w.router = s.get_w(m + "gate.weight", {ne, hd});
-  if (c.has_e_score_correction_bias)
-    w.router_bias = s.get_f32(m + "gate.e_score_correction_bias", ne);
-  for (int64_t e = 0; e < ne; ++e) {
-    const std::string x = fmt::format("{}experts.{}.", m, e);
-    w.experts.gate.push_back(s.get_w(x + (mixtral ? "w1.weight" : "gate_proj.weight"), {ff, hd}));
-    w.experts.up.push_back(s.get_w(x + (mixtral ? "w3.weight" : "up_proj.weight"), {ff, hd}));
-    w.experts.down.push_back(s.get_w(x + (mixtral ? "w2.weight" : "down_proj.weight"), {hd, ff}));
   }
   if (c.shared_expert_intermediate_size > 0) {
     const int64_t sf = c.shared_expert_intermediate_size;
-    const std::string x = m + (c.is_mla() ? "shared_experts." : "shared_expert.");
-    w.sh_gate = s.get_w(x + "gate_proj.weight", {sf, hd});
-    w.sh_up = s.get_w(x + "up_proj.weight", {sf, hd});
-    w.sh_down = s.get_w(x + "down_proj.weight", {hd, sf});
-    if (c.shared_expert_gate) w.sh_gate_inp = s.get_f32(m + "shared_expert_gate.weight", hd);
+    w.sh_gate = s.get_w(n.sh_gate, {sf, hd});
+    w.sh_up = s.get_w(n.sh_up, {sf, hd});
+    w.sh_down = s.get_w(n.sh_down, {hd, sf});
+    if (c.shared_expert_gate) w.sh_gate_inp = s.get_f32(n.sh_gate_inp, hd);
   }
 }
 
@@ -305,14 +336,14 @@ LoadedModel load_model(const std::filesystem::path& path) {
     const bool has_out = s.find("output.weight") != nullptr;
     m.lm_head =
         has_out ? s.get_w("output.weight", {c.vocab_size, c.hidden_size}) : ops::Weight(m.embed);
-    for (int64_t l = 0; l < c.num_layers; ++l) load_gguf_layer(s, c, l, m.layers[l]);
+    for (int64_t l = 0; l < c.num_layers; ++l) load_layer(s, c, l, gguf_names(l), m.layers[l]);
   } else {
     m.embed = s.get("model.embed_tokens.weight", {c.vocab_size, c.hidden_size});
     m.out_norm = s.get_f32("model.norm.weight", c.hidden_size);
     const bool has_out = s.find("lm_head.weight") != nullptr;
     m.lm_head =
         has_out ? s.get_w("lm_head.weight", {c.vocab_size, c.hidden_size}) : ops::Weight(m.embed);
-    for (int64_t l = 0; l < c.num_layers; ++l) load_hf_layer(s, c, l, m.layers[l]);
+    for (int64_t l = 0; l < c.num_layers; ++l) load_layer(s, c, l, hf_names(c, l), m.layers[l]);
   }
   return m;
 }
