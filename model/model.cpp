@@ -35,6 +35,10 @@ Model::Model(const LoadedModel& weights, const ModelOptions& options)
     own_moe_ = std::make_unique<CpuMoeBackend>(pool_);
     moe_ = own_moe_.get();
   }
+  moe_index_.assign(c.num_layers, -1);
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    if (w_.layers[l].moe) moe_index_[l] = n_moe_layers_++;
+  }
   rope_ = ops::Rope(c.rope_dim, c.rope_theta, c.rope_scaling);
   // llama.cpp's GGUF Mixtral has q/k rows permuted for the interleaved form; HF keeps rotate_half.
   // DeepSeek's q_pe / k_pe are interleaved in both layouts.
@@ -305,10 +309,28 @@ void Model::ffn(int64_t l, int64_t n, const float* x, float* out) {
   for (int64_t t = 0; t < n; ++t) {
     route_token(c, logits + t * ne, bias, ids + t * k, wts + t * k, route_scratch_);
   }
-  if (on_routing_) on_routing_(l, ids, n, k);
+  if (on_routing_) {
+    RoutingEvent ev;
+    ev.layer = l;
+    ev.moe_index = moe_index_[l];
+    ev.n_tokens = n;
+    ev.k = k;
+    ev.n_experts = ne;
+    ev.hidden_size = hd;
+    ev.pos0 = pos_;
+    ev.ids = ids;
+    ev.weights = wts;
+    ev.logits = logits;
+    ev.hidden = x;
+    on_routing_(ev);
+  }
   float* routed = grow(b_, n * hd);
   MoeRequest req;
   req.layer = l;
+  req.moe_index = moe_index_[l];
+  req.n_moe_layers = n_moe_layers_;
+  req.decode = n == 1;
+  req.layer_weights = &lw;
   req.experts = &lw.experts;
   req.hidden = x;
   req.n_tokens = n;
@@ -318,7 +340,9 @@ void Model::ffn(int64_t l, int64_t n, const float* x, float* out) {
   req.k = k;
   req.out = routed;
   moe_->submit(req);
-  if (!lw.sh_gate.empty()) {
+  if (moe_->computes_shared()) {
+    std::fill(out, out + n * hd, 0.0f);
+  } else if (!lw.sh_gate.empty()) {
     dense_ffn(lw.sh_gate, lw.sh_up, lw.sh_down, n, x, out);
     if (!lw.sh_gate_inp.empty()) {
       for (int64_t t = 0; t < n; ++t) {

@@ -21,10 +21,20 @@ class ThreadPool;
 
 enum class MlaMode { kAbsorbed, kNaive };
 
-// Called after routing each MoE layer with the [n_tokens, k] expert ids of the batch (traces,
-// expert statistics, the scheduling policies).
-using RoutingObserver =
-    std::function<void(int64_t layer, const int32_t* ids, int64_t n_tokens, int64_t k)>;
+// What the router decided for one MoE layer and one forward() batch: traces, expert statistics,
+// DALI's residual calibration and the scheduling policies read it. Pointers are valid only during
+// the call.
+struct RoutingEvent {
+  int64_t layer = 0;      // model layer index
+  int64_t moe_index = 0;  // index among the MoE layers (0 = first MoE layer)
+  int64_t n_tokens = 0, k = 0, n_experts = 0, hidden_size = 0;
+  int64_t pos0 = 0;                // position of the batch's first token
+  const int32_t* ids = nullptr;    // [n_tokens, k], the router's order
+  const float* weights = nullptr;  // [n_tokens, k], the weights the experts' outputs are scaled by
+  const float* logits = nullptr;   // [n_tokens, n_experts] raw router logits (router_scores())
+  const float* hidden = nullptr;   // [n_tokens, hidden_size] the MoE input (post-norm)
+};
+using RoutingObserver = std::function<void(const RoutingEvent& event)>;
 
 struct ModelOptions {
   int64_t ctx = 4096;          // KV cache positions
@@ -71,6 +81,8 @@ class Model {
   ops::RopeForm rope_form_;
   float attn_scale_;
   int64_t pos_ = 0;
+  std::vector<int64_t> moe_index_;  // per layer: index among MoE layers, -1 for dense
+  int64_t n_moe_layers_ = 0;
   // Per layer: K and V (MHA, naive MLA) or the latent + rope key (absorbed MLA, in k only).
   std::vector<std::vector<float>> k_cache_, v_cache_;
   // Activation scratch, grown on demand and reused.

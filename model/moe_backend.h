@@ -14,8 +14,14 @@ namespace tandem {
 
 class ThreadPool;
 
+struct LayerWeights;
+
 struct MoeRequest {
-  int64_t layer = 0;
+  int64_t layer = 0;             // model layer index
+  int64_t moe_index = 0;         // index among the MoE layers: 0 .. n_moe_layers - 1
+  int64_t n_moe_layers = 0;      // Expert Deferral never defers in the last MoE layer
+  bool decode = false;           // one token per forward (deferral applies only then)
+  const LayerWeights* layer_weights = nullptr;  // the whole layer (shared experts, router)
   const ExpertWeights* experts = nullptr;
   const float* hidden = nullptr;  // [n_tokens, hidden_size]
   int64_t n_tokens = 0;
@@ -34,6 +40,9 @@ class MoeBackend {
   virtual ~MoeBackend() = default;
   virtual void submit(const MoeRequest& request) = 0;
   virtual void wait() = 0;
+  // true: out also holds the shared experts' output (incl. Qwen2's sigmoid gate), the model does
+  // not compute them (a hybrid backend runs them on the accelerator).
+  virtual bool computes_shared() const { return false; }
 };
 
 // The reference: per expert, gather its tokens, SwiGLU FFN through ops::matmul (weights read in

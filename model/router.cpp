@@ -9,6 +9,16 @@
 
 namespace tandem {
 
+void router_scores(const ModelConfig& c, const float* logits, float* scores) {
+  const int64_t ne = c.n_experts;
+  std::copy(logits, logits + ne, scores);
+  if (c.scoring == ScoringFunc::kSigmoid) {
+    for (int64_t e = 0; e < ne; ++e) scores[e] = 1.0f / (1.0f + std::exp(-scores[e]));
+  } else {
+    ops::softmax(scores, ne);
+  }
+}
+
 void route_token(const ModelConfig& c, const float* logits, const float* bias, int32_t* ids,
                  float* weights, std::vector<float>& scratch) {
   const int64_t ne = c.n_experts;
@@ -16,12 +26,7 @@ void route_token(const ModelConfig& c, const float* logits, const float* bias, i
   scratch.resize(static_cast<size_t>(2 * ne));
   float* scores = scratch.data();
   float* choice = scratch.data() + ne;
-  std::copy(logits, logits + ne, scores);
-  if (c.scoring == ScoringFunc::kSigmoid) {
-    for (int64_t e = 0; e < ne; ++e) scores[e] = 1.0f / (1.0f + std::exp(-scores[e]));
-  } else {
-    ops::softmax(scores, ne);
-  }
+  router_scores(c, logits, scores);
   for (int64_t e = 0; e < ne; ++e) choice[e] = scores[e] + (bias != nullptr ? bias[e] : 0.0f);
 
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();

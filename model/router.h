@@ -16,4 +16,8 @@ namespace tandem {
 void route_token(const ModelConfig& config, const float* logits, const float* bias, int32_t* ids,
                  float* weights, std::vector<float>& scratch);
 
+// The router's per-expert scores of one token (softmax or sigmoid of the logits, before any
+// selection bias): what traces record as "full scores" and what HybriMoE's MRS cache reads.
+void router_scores(const ModelConfig& config, const float* logits, float* scores);
+
 }  // namespace tandem

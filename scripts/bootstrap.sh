@@ -7,7 +7,7 @@ packages=(
   build-essential cmake ninja-build pkg-config git
   libgtest-dev libgmock-dev libbenchmark-dev
   libfmt-dev libcli11-dev nlohmann-json3-dev
-  libhwloc-dev libnuma-dev libpcre2-dev
+  libhwloc-dev libnuma-dev libpcre2-dev libyaml-cpp-dev
   clang libclang-rt-14-dev   # libFuzzer for the `slow` fuzz tests
 )
 

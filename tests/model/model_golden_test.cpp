@@ -122,9 +122,9 @@ TEST_P(Golden, ExpertUsage) {
   ModelOptions o;
   o.ctx = 128;
   o.pool = &pool();
-  o.on_routing = [&](int64_t layer, const int32_t* ids, int64_t n, int64_t k) {
-    for (int64_t i = 0; i < n * k; ++i) {
-      ++usage["ffn_moe_topk-" + std::to_string(layer)][std::to_string(ids[i])];
+  o.on_routing = [&](const RoutingEvent& ev) {
+    for (int64_t i = 0; i < ev.n_tokens * ev.k; ++i) {
+      ++usage["ffn_moe_topk-" + std::to_string(ev.layer)][std::to_string(ev.ids[i])];
     }
   };
   Model model(lm, o);
