@@ -38,6 +38,7 @@ struct ChatArgs {
   int64_t ctx = 4096;
   int threads = 0;
   SamplingParams sampling{0.8f, 40, 0.95f, 0.05f, 0};
+  BackendOptions backend;
 };
 
 double seconds_since(std::chrono::steady_clock::time_point t) {
@@ -46,11 +47,11 @@ double seconds_since(std::chrono::steady_clock::time_point t) {
 
 class ChatSession {
  public:
-  ChatSession(const ChatArgs& a, const LoadedModel& lm, ThreadPool& pool)
+  ChatSession(const ChatArgs& a, const LoadedModel& lm, ThreadPool& pool, MoeBackend* moe)
       : args_(a),
         tok_(lm.gguf ? Tokenizer::from_gguf(*lm.gguf) : Tokenizer::load(a.model)),
         tmpl_(chat_template_for(lm)),
-        model_(lm, make_options(a, pool)),
+        model_(lm, make_options(a, pool, moe)),
         sampler_(a.sampling),
         logits_(static_cast<size_t>(lm.config.vocab_size)) {
     reset();
@@ -122,8 +123,9 @@ class ChatSession {
   }
 
  private:
-  static ModelOptions make_options(const ChatArgs& a, ThreadPool& pool) {
+  static ModelOptions make_options(const ChatArgs& a, ThreadPool& pool, MoeBackend* moe) {
     ModelOptions mo;
+    mo.moe = moe;
     mo.ctx = a.ctx;
     mo.pool = &pool;
     return mo;
@@ -178,8 +180,9 @@ void run_chat(const ChatArgs& a) {
   const LoadedModel lm = load_model(a.model);
   page_in_model(lm);
   ThreadingContext threading(ThreadingOptions{a.threads, true, 50});
-  ChatSession session(a, lm, threading.pool());
-  std::fprintf(stderr, "%s\n%s", model_summary(lm).c_str(),
+  MoeRuntime moe(lm, a.backend, threading);
+  ChatSession session(a, lm, threading.pool(), moe.backend());
+  std::fprintf(stderr, "%s\n%s\n%s", model_summary(lm).c_str(), moe.summary().c_str(),
                "chat: /reset starts over, /quit leaves, Ctrl-C stops an answer\n");
 
   struct sigaction sa = {};
@@ -220,6 +223,7 @@ void add_chat(CLI::App& app) {
   app.add_option("--ctx", args->ctx, "context size in tokens (default 4096)");
   app.add_option("--threads", args->threads, "worker threads (default: one per physical core)");
   add_sampling_options(app, &args->sampling);
+  add_backend_options(app, &args->backend);
   app.callback([args] { run_chat(*args); });
 }
 

@@ -20,6 +20,7 @@
 #include "model/model.h"
 #include "model/weights.h"
 #include "tools/command.h"
+#include "tools/options.h"
 
 namespace tandem::tools {
 namespace {
@@ -29,6 +30,7 @@ struct PerplexityArgs {
   std::string file;
   int64_t ctx = 512;
   int threads = 0;
+  BackendOptions backend;
 };
 
 void run_perplexity(const PerplexityArgs& a) {
@@ -53,9 +55,11 @@ void run_perplexity(const PerplexityArgs& a) {
   ModelOptions mo;
   mo.ctx = n_ctx;
   mo.pool = &threading.pool();
+  MoeRuntime moe(lm, a.backend, threading);
+  mo.moe = moe.backend();
   Model model(lm, mo);
-  std::fprintf(stderr, "%s\n%zu tokens, %ld chunks of %ld\n", model_summary(lm).c_str(),
-               tokens.size(), static_cast<long>(n_chunks), static_cast<long>(n_ctx));
+  std::fprintf(stderr, "%s\n%s\n%zu tokens, %ld chunks of %ld\n", model_summary(lm).c_str(),
+               moe.summary().c_str(), tokens.size(), static_cast<long>(n_chunks), static_cast<long>(n_ctx));
   std::vector<float> logits(static_cast<size_t>(n_ctx * nv));
   std::vector<int32_t> chunk(static_cast<size_t>(n_ctx));
   double nll = 0, nll2 = 0;
@@ -97,6 +101,7 @@ void add_perplexity(CLI::App& app) {
   app.add_option("-f,--file", args->file, "the text file")->required();
   app.add_option("--ctx", args->ctx, "tokens per chunk (default 512)");
   app.add_option("--threads", args->threads, "worker threads (default: one per physical core)");
+  add_backend_options(app, &args->backend);
   app.callback([args] { run_perplexity(*args); });
 }
 

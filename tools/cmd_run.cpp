@@ -39,6 +39,7 @@ struct RunArgs {
   std::string mla = "absorbed";
   bool ignore_eos = false;
   bool chat = false;  // -p is one user message rendered with the model's chat template
+  BackendOptions backend;
 };
 
 std::vector<int32_t> parse_tokens(const std::string& text, int64_t n_vocab) {
@@ -132,9 +133,12 @@ void run_model(const RunArgs& a) {
   mo.ctx = ctx;
   mo.pool = &threading.pool();
   mo.mla = a.mla == "naive" ? MlaMode::kNaive : MlaMode::kAbsorbed;
+  MoeRuntime moe(lm, a.backend, threading);
+  mo.moe = moe.backend();
   Model model(lm, mo);
-  std::fprintf(stderr, "%s\nloaded in %.2f s; KV cache %.1f MiB for %ld positions; %d threads\n",
-               model_summary(lm).c_str(), seconds_since(t_load), model.kv_cache_bytes() / 1048576.0,
+  std::fprintf(stderr, "%s\n%s\n", model_summary(lm).c_str(), moe.summary().c_str());
+  std::fprintf(stderr, "loaded in %.2f s; KV cache %.1f MiB for %ld positions; %d threads\n",
+               seconds_since(t_load), model.kv_cache_bytes() / 1048576.0,
                static_cast<long>(ctx), threading.n_threads());
 
   const int64_t nv = c.vocab_size;
@@ -212,6 +216,7 @@ void add_run(CLI::App& app) {
   app.add_option("--threads", args->threads, "worker threads (default: one per physical core)");
   app.add_option("--logits-out", args->logits_out, "write F32 logits of every prompt position");
   app.add_option("--mla", args->mla, "DeepSeek attention: absorbed (default) or naive");
+  add_backend_options(app, &args->backend);
   app.add_flag("--ignore-eos", args->ignore_eos, "keep generating after the EOS token");
   app.add_flag("--chat", args->chat,
                "-p is a user message: apply the model's chat template, print only the answer");

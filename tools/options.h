@@ -4,6 +4,7 @@
 #include <CLI/CLI.hpp>
 
 #include "engine/sampling.h"
+#include "runtime/moe_runtime.h"
 
 namespace tandem::tools {
 
@@ -15,6 +16,44 @@ inline void add_sampling_options(CLI::App& app, SamplingParams* p) {
   app.add_option("--min-p", p->min_p, "drop tokens below min-p * p_max (0 = off)")
       ->capture_default_str();
   app.add_option("--seed", p->seed, "sampler seed")->capture_default_str();
+}
+
+// Where and how experts run: every command that runs a model takes these.
+inline void add_backend_options(CLI::App& app, BackendOptions* o) {
+  app.add_option("--cpu-experts", o->cpu_experts,
+                 "CPU expert weights: native (as stored) | int8 | int4 | bf16 (repacked at load, "
+                 "cached on disk)")
+      ->capture_default_str();
+  app.add_option("--expert-group", o->expert_group, "int8/int4 quantization group: 32, 64, 128")
+      ->capture_default_str();
+  app.add_option("--expert-cache-dir", o->expert_cache_dir,
+                 "directory of repacked expert caches (default: next to the model)");
+  app.add_flag("!--no-expert-cache", o->expert_cache, "repack at every load, write no cache");
+  app.add_option("--accel", o->accel, "accelerator: auto | none | host | cuda")
+      ->capture_default_str();
+  app.add_option("--gpu-experts", o->gpu_experts,
+                 "routed experts resident on the accelerator per MoE layer (most popular first)")
+      ->capture_default_str();
+  app.add_option("--vram-budget", o->vram_budget, "accelerator memory to use, e.g. 8G");
+  app.add_option("--defer", o->defer, "Expert Deferral: experts per token deferred to the next "
+                 "layer (decode)")
+      ->capture_default_str();
+  app.add_option("--policy", o->policy,
+                 "CPU/accelerator assignment: static | fiddler | hybrimoe | dali | optimal")
+      ->capture_default_str();
+  app.add_option("--cache", o->cache, "accelerator expert cache: lru | lfu | mrs | dali | none")
+      ->capture_default_str();
+  app.add_option("--cache-slots", o->cache_slots,
+                 "expert cache slots per MoE layer (-1: what the budget allows)")
+      ->capture_default_str();
+  app.add_option("--prefetch", o->prefetch, "expert prefetching: none | gate | residual")
+      ->capture_default_str();
+  app.add_option("--rules", o->rules, "YAML placement rules");
+  app.add_option("--profile", o->profile, "cost model written by `tandem profile`");
+  app.add_option("--residuals", o->residuals, "residual vectors written by `tandem calibrate`");
+  app.add_option("--link", o->link,
+                 "host accelerator's link: pcie4 | pcie5 | none | GBPS[,LATENCY_US]")
+      ->capture_default_str();
 }
 
 }  // namespace tandem::tools
