@@ -1,0 +1,117 @@
+// The fast CPU kernels (ops/cpu/kernels.h) per format and ISA level:
+//  - GEMV: 1 token against 96 MiB of weights (far larger than L3, so DRAM-bound), all pool
+//    threads; bytes_per_second = weight bytes read, to compare with `tandem roofline`'s DRAM figure.
+//  - GEMM: 512 tokens against a 2048 x 2048 matrix (L2/L3-resident): items_per_second = multiply-
+//    adds x 2 (OP/s), to compare with the int8 / bf16 / fp32 peaks.
+// Run: build/bench/bench_kernels_bench [--benchmark_filter=Gemv] [--benchmark_format=json]
+#include <benchmark/benchmark.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <random>
+#include <vector>
+
+#include "core/cpu_features.h"
+#include "core/thread_pool.h"
+#include "core/topology.h"
+#include "formats/quant.h"
+#include "ops/cpu/kernels.h"
+
+namespace tandem {
+namespace {
+
+struct Weights {
+  std::vector<uint8_t> bytes;
+  kern::KMatrix m;
+};
+
+// rows x cols in `dtype`, the first row block random and repeated (quantizing 100 MB would take
+// longer than the benchmark; the kernels' speed does not depend on the values).
+Weights make_weights(DType dtype, int64_t rows, int64_t cols) {
+  std::mt19937 rng(1);
+  std::normal_distribution<float> normal(0.0f, 0.02f);
+  const int64_t rb = static_cast<int64_t>(dtype_bytes(dtype, cols));
+  constexpr int64_t kDistinct = 64;
+  std::vector<float> f(static_cast<size_t>(cols));
+  Weights w;
+  w.bytes.resize(static_cast<size_t>(rb * rows));
+  for (int64_t r = 0; r < std::min(rows, kDistinct); ++r) {
+    for (float& v : f) v = normal(rng);
+    quantize_row(dtype, f.data(), w.bytes.data() + r * rb, cols);
+  }
+  for (int64_t r = kDistinct; r < rows; ++r) {
+    std::copy_n(w.bytes.data() + (r % kDistinct) * rb, rb, w.bytes.data() + r * rb);
+  }
+  Tensor t;
+  t.dtype = dtype;
+  t.ndim = 2;
+  t.shape[0] = rows;
+  t.shape[1] = cols;
+  t.data = w.bytes.data();
+  kern::view_weight(ops::Weight(t), &w.m);
+  return w;
+}
+
+ThreadPool& pool() {
+  static ThreadPool p(place_workers(detect_topology(), 0));
+  return p;
+}
+
+void run(benchmark::State& state, DType dtype, int64_t rows, int64_t cols, int64_t tokens,
+         Isa isa) {
+  if (isa > best_isa()) {
+    state.SkipWithError("ISA not supported here");
+    return;
+  }
+  const Weights w = make_weights(dtype, rows, cols);
+  std::vector<float> x(static_cast<size_t>(tokens * cols));
+  std::mt19937 rng(2);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (float& v : x) v = normal(rng);
+  std::vector<float> y(static_cast<size_t>(tokens * rows));
+  kern::Activations a;
+  kern::quantize_activations(kern::act_format(w.m.format), 0, x.data(), tokens, cols, cols, &a);
+  const int64_t per_task = 64;
+  const size_t n_tasks = static_cast<size_t>((rows + per_task - 1) / per_task);
+  for (auto _ : state) {
+    pool().run(n_tasks, [&](size_t i) {
+      const int64_t r0 = static_cast<int64_t>(i) * per_task;
+      kern::gemm(w.m, a, r0, std::min(rows, r0 + per_task), y.data(), rows, isa);
+    });
+    benchmark::DoNotOptimize(y.data());
+  }
+  state.SetBytesProcessed(state.iterations() * static_cast<int64_t>(w.m.bytes()));
+  state.SetItemsProcessed(state.iterations() * 2 * rows * cols * tokens);
+  state.counters["threads"] = pool().size() + 1;
+}
+
+void BM_Gemv(benchmark::State& state, DType dtype, Isa isa) {
+  const int64_t cols = 2048;
+  const int64_t rows = (96ll << 20) / static_cast<int64_t>(dtype_bytes(dtype, cols));
+  run(state, dtype, rows, cols, 1, isa);
+}
+
+void BM_Gemm512(benchmark::State& state, DType dtype, Isa isa) {
+  run(state, dtype, 2048, 2048, 512, isa);
+}
+
+#define TD_FORMAT_BENCH(fn, dt, name)                                                  \
+  BENCHMARK_CAPTURE(fn, name##_scalar, dt, Isa::kScalar)->UseRealTime()->MinTime(0.3); \
+  BENCHMARK_CAPTURE(fn, name##_avx2, dt, Isa::kAvx2)->UseRealTime()->MinTime(0.3);     \
+  BENCHMARK_CAPTURE(fn, name##_avx512, dt, Isa::kAvx512)->UseRealTime()->MinTime(0.3); \
+  BENCHMARK_CAPTURE(fn, name##_avx512_vnni, dt, Isa::kAvx512Bf16)->UseRealTime()->MinTime(0.3)
+
+TD_FORMAT_BENCH(BM_Gemv, DType::kQ4_K, q4_k);
+TD_FORMAT_BENCH(BM_Gemv, DType::kQ6_K, q6_k);
+TD_FORMAT_BENCH(BM_Gemv, DType::kQ8_0, q8_0);
+TD_FORMAT_BENCH(BM_Gemv, DType::kBF16, bf16);
+TD_FORMAT_BENCH(BM_Gemv, DType::kF32, f32);
+TD_FORMAT_BENCH(BM_Gemm512, DType::kQ4_K, q4_k);
+TD_FORMAT_BENCH(BM_Gemm512, DType::kQ6_K, q6_k);
+TD_FORMAT_BENCH(BM_Gemm512, DType::kQ8_0, q8_0);
+TD_FORMAT_BENCH(BM_Gemm512, DType::kBF16, bf16);
+
+}  // namespace
+}  // namespace tandem
+
+BENCHMARK_MAIN();

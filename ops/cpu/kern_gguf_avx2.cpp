@@ -1,0 +1,92 @@
+// AVX2 (+FMA, F16C) instances of the GGUF / dense kernel templates: the baseline every supported
+// CPU runs. Compiled with -ffp-contract=off like the other kern_gguf_* units.
+#include <immintrin.h>
+
+#include "ops/cpu/kern_gguf_impl.h"
+
+namespace {
+
+struct Avx2 {
+  using V = __m256i;
+  using V32 = __m256i;
+  using F = __m256;
+  using BF = __m256i;
+  static constexpr int kBytes = 32;
+  static constexpr int kFloats = 8;
+
+  static V zero() { return _mm256_setzero_si256(); }
+  static V set1_8(int x) { return _mm256_set1_epi8(static_cast<char>(x)); }
+  static V load(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
+  static V load_halves(const void* p0, const void*) { return load(p0); }
+  static V and_(V a, V b) { return _mm256_and_si256(a, b); }
+  static V or_(V a, V b) { return _mm256_or_si256(a, b); }
+  static V srli16(V a, int n) { return _mm256_srli_epi16(a, n); }
+  static V slli16(V a, int n) { return _mm256_slli_epi16(a, n); }
+  static V scale16(int s0, int) { return _mm256_set1_epi16(static_cast<short>(s0)); }
+  // Lanes 0-7 (bytes 0-15) scaled by a, lanes 8-15 by b.
+  static V scale16_split(int a, int b) {
+    return _mm256_setr_m128i(_mm_set1_epi16(static_cast<short>(a)),
+                             _mm_set1_epi16(static_cast<short>(b)));
+  }
+  static V dot_acc(V acc, V u8, V s8, V sc) {
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u8, s8), sc));
+  }
+  static int32_t hsum(V v) {
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1));
+    return _mm_cvtsi128_si32(s);
+  }
+  static V32 load32(const int8_t* p) { return load(p); }
+  // Signed x signed through the unsigned x signed multiply: |w| * (a with w's sign).
+  static int32_t dot_s8_32(V32 w, const int8_t* a) {
+    const V av = load(a);
+    const V p = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(av, w));
+    return hsum(_mm256_madd_epi16(p, _mm256_set1_epi16(1)));
+  }
+
+  static F fzero() { return _mm256_setzero_ps(); }
+  static F fload(const float* p) { return _mm256_loadu_ps(p); }
+  static F load_half(const uint16_t* p) {
+    return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  }
+  static F fmadd(F a, F b, F c) { return _mm256_fmadd_ps(a, b, c); }
+  static float fhsum(F v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+  }
+  static BF load_bf(const uint16_t* p) { return load(p); }
+  // 16 BF16 pairs: widen each half to F32 (a shift) and FMA.
+  static F bf_dot(F acc, BF w, BF a) {
+    const __m256 wl = _mm256_castsi256_ps(
+        _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm256_castsi256_si128(w)), 16));
+    const __m256 wh = _mm256_castsi256_ps(
+        _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm256_extracti128_si256(w, 1)), 16));
+    const __m256 al = _mm256_castsi256_ps(
+        _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm256_castsi256_si128(a)), 16));
+    const __m256 ah = _mm256_castsi256_ps(
+        _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm256_extracti128_si256(a, 1)), 16));
+    return _mm256_fmadd_ps(wh, ah, _mm256_fmadd_ps(wl, al, acc));
+  }
+};
+
+void q4k(const GemmArgs& g) { drive<Q4KKern<Avx2>>(g); }
+void q5k(const GemmArgs& g) { drive<Q5KKern<Avx2>>(g); }
+void q6k(const GemmArgs& g) { drive<Q6KKern<Avx2>>(g); }
+void q80(const GemmArgs& g) { drive<Q80Kern<Avx2>>(g); }
+void f32(const GemmArgs& g) { drive<DenseKern<Avx2, false>>(g); }
+void f16(const GemmArgs& g) { drive<DenseKern<Avx2, true>>(g); }
+void bf16(const GemmArgs& g) { drive<Bf16Kern<Avx2>>(g); }
+
+}  // namespace
+
+namespace tandem::kern::detail {
+
+const GgufKernels& gguf_kernels_avx2() {
+  static const GgufKernels k{q4k, q5k, q6k, q80, f32, f16, bf16};
+  return k;
+}
+
+}  // namespace tandem::kern::detail

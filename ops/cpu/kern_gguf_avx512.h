@@ -1,0 +1,108 @@
+// AVX-512 traits for the kernel templates (kern_gguf_impl.h). kVnni adds AVX-512 VNNI (vpdpwssd,
+// vpdpbusd) and BF16 (vdpbf16ps). Included only by kern_gguf_avx512.cpp / kern_gguf_vnni.cpp,
+// which are compiled with the matching -mavx512* flags; internal linkage throughout.
+#pragma once
+
+#include <immintrin.h>
+
+#include <cstdint>
+
+namespace {
+
+template <bool kVnni>
+struct Avx512 {
+  using V = __m512i;
+  using V32 = __m256i;
+  using F = __m512;
+  using BF = __m512i;
+  static constexpr int kBytes = 64;
+  static constexpr int kFloats = 16;
+
+  static V zero() { return _mm512_setzero_si512(); }
+  static V set1_8(int x) { return _mm512_set1_epi8(static_cast<char>(x)); }
+  static V load(const void* p) { return _mm512_loadu_si512(p); }
+  static V load_halves(const void* p0, const void* p1) {
+    return _mm512_inserti64x4(
+        _mm512_castsi256_si512(_mm256_loadu_si256(static_cast<const __m256i*>(p0))),
+        _mm256_loadu_si256(static_cast<const __m256i*>(p1)), 1);
+  }
+  static V broadcast32(const void* p) {
+    return _mm512_broadcast_i64x4(_mm256_loadu_si256(static_cast<const __m256i*>(p)));
+  }
+  static V and_(V a, V b) { return _mm512_and_si512(a, b); }
+  static V or_(V a, V b) { return _mm512_or_si512(a, b); }
+  static V srli16(V a, unsigned n) { return _mm512_srli_epi16(a, n); }
+  static V slli16(V a, unsigned n) { return _mm512_slli_epi16(a, n); }
+  // 16-bit lanes 0-15 shifted right by a, lanes 16-31 by b.
+  static V srlv16_halves(V v, int a, int b) {
+    const V counts = _mm512_inserti64x4(_mm512_set1_epi16(static_cast<short>(a)),
+                                        _mm256_set1_epi16(static_cast<short>(b)), 1);
+    return _mm512_srlv_epi16(v, counts);
+  }
+  // Lanes 0-15 (the low 256 bits) scaled by s0, lanes 16-31 by s1.
+  static V scale16(int s0, int s1) {
+    return _mm512_inserti64x4(_mm512_set1_epi16(static_cast<short>(s0)),
+                              _mm256_set1_epi16(static_cast<short>(s1)), 1);
+  }
+  // 16-bit lanes 8q .. 8q+7 scaled by sc[q], q = 0..3 (16 bytes of quants per scale).
+  static V scale16_quarters(const int8_t* sc) {
+    int32_t four;
+    __builtin_memcpy(&four, sc, 4);
+    const __m128i s16 = _mm_cvtepi8_epi16(_mm_cvtsi32_si128(four));
+    const V idx = _mm512_set_epi16(3, 3, 3, 3, 3, 3, 3, 3, 2, 2, 2, 2, 2, 2, 2, 2, 1, 1, 1, 1, 1,
+                                   1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+    return _mm512_permutexvar_epi16(idx, _mm512_castsi128_si512(s16));
+  }
+  static V dot_acc(V acc, V u8, V s8, V sc) {
+    const V p = _mm512_maddubs_epi16(u8, s8);
+    if constexpr (kVnni) {
+      return _mm512_dpwssd_epi32(acc, p, sc);
+    } else {
+      return _mm512_add_epi32(acc, _mm512_madd_epi16(p, sc));
+    }
+  }
+  static int32_t hsum(V v) { return _mm512_reduce_add_epi32(v); }
+
+  static V32 load32(const int8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
+  static int32_t hsum256(__m256i v) {
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1));
+    return _mm_cvtsi128_si32(s);
+  }
+  static int32_t dot_s8_32(V32 w, const int8_t* a) {
+    const __m256i av = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a));
+    const __m256i ax = _mm256_sign_epi8(w, w), sy = _mm256_sign_epi8(av, w);
+    if constexpr (kVnni) {
+      return hsum256(_mm256_dpbusd_epi32(_mm256_setzero_si256(), ax, sy));
+    } else {
+      return hsum256(_mm256_madd_epi16(_mm256_maddubs_epi16(ax, sy), _mm256_set1_epi16(1)));
+    }
+  }
+
+  static F fzero() { return _mm512_setzero_ps(); }
+  static F fload(const float* p) { return _mm512_loadu_ps(p); }
+  static F load_half(const uint16_t* p) {
+    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  }
+  static F fmadd(F a, F b, F c) { return _mm512_fmadd_ps(a, b, c); }
+  static float fhsum(F v) { return _mm512_reduce_add_ps(v); }
+  static BF load_bf(const uint16_t* p) { return _mm512_loadu_si512(p); }
+  static F bf_dot(F acc, BF w, BF a) {
+    if constexpr (kVnni) {
+      return _mm512_dpbf16_ps(acc, reinterpret_cast<__m512bh&>(w), reinterpret_cast<__m512bh&>(a));
+    } else {
+      const __m512 wl = _mm512_castsi512_ps(
+          _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(w)), 16));
+      const __m512 wh = _mm512_castsi512_ps(
+          _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(w, 1)), 16));
+      const __m512 al = _mm512_castsi512_ps(
+          _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(a)), 16));
+      const __m512 ah = _mm512_castsi512_ps(
+          _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(a, 1)), 16));
+      return _mm512_fmadd_ps(wh, ah, _mm512_fmadd_ps(wl, al, acc));
+    }
+  }
+};
+
+}  // namespace

@@ -1,0 +1,377 @@
+// The GGUF / dense kernel algorithms, written once over a SIMD traits struct S (AVX2: 256-bit,
+// AVX-512: 512-bit, with or without VNNI). Included only by the kern_gguf_<isa>.cpp translation
+// units, each compiled for its ISA: everything here has internal linkage (an anonymous namespace)
+// so no AVX-512 copy of an inline function can leak into baseline code through the linker.
+//
+// Arithmetic contract (what makes SIMD == scalar reference bit for bit for the K-quants): per
+// super-block, the integer dot products are exact int32 sums; the block's float update is done in
+// scalar code in the same order as the reference: acc = acc + (da * dw) * isum, then
+// acc = acc - (da * dmin) * summs. These files are compiled with -ffp-contract=off.
+#pragma once
+
+#include <immintrin.h>
+
+#include <cstdint>
+#include <cstring>
+
+#include "formats/quant.h"
+#include "ops/cpu/kern_gguf.h"
+
+namespace {
+
+using tandem::BlockQ4_K;
+using tandem::BlockQ5_K;
+using tandem::BlockQ5_K;
+using tandem::BlockQ6_K;
+using tandem::BlockQ8_0;
+using tandem::BlockQ8_K;
+using tandem::kern::detail::GemmArgs;
+
+inline float half_to_float(uint16_t h) {
+  return _cvtsh_ss(h);
+}
+
+// The 6-bit scales and mins of the 8 sub-blocks of a Q4_K / Q5_K block.
+inline void unpack_k4_scales(const uint8_t* s, uint8_t* sc, uint8_t* m) {
+  for (int j = 0; j < 4; ++j) {
+    sc[j] = s[j] & 63;
+    m[j] = s[j + 4] & 63;
+  }
+  for (int j = 4; j < 8; ++j) {
+    sc[j] = static_cast<uint8_t>((s[j + 4] & 0xF) | ((s[j - 4] >> 6) << 4));
+    m[j] = static_cast<uint8_t>((s[j + 4] >> 4) | ((s[j] >> 6) << 4));
+  }
+}
+
+// Sum over the 8 sub-blocks of min * (sum of the activation's 32 quants there).
+inline int32_t k4_min_sum(const uint8_t* m, const int16_t* bsums) {
+  int32_t s = 0;
+  for (int j = 0; j < 8; ++j) s += m[j] * (bsums[2 * j] + bsums[2 * j + 1]);
+  return s;
+}
+
+// Q4_K x Q8_K for NT tokens of one weight row.
+template <class S, int NT>
+inline void q4k_row(const BlockQ4_K* w, const BlockQ8_K* const* a, int64_t nb, float* out) {
+  float acc[NT];
+  for (int t = 0; t < NT; ++t) acc[t] = 0.0f;
+  const typename S::V mask = S::set1_8(0x0F);
+  // The second 256-bit half of an AVX-512 vector is group g + 1 (sub-blocks 2g+2, 2g+3); AVX2
+  // has one half and must not index past the 8 scales.
+  constexpr int kNext = S::kBytes == 64 ? 2 : 0;
+  for (int64_t b = 0; b < nb; ++b) {
+    const BlockQ4_K& x = w[b];
+    uint8_t sc[8], m[8];
+    unpack_k4_scales(x.scales, sc, m);
+    typename S::V sum[NT];
+    for (int t = 0; t < NT; ++t) sum[t] = S::zero();
+    // Group g of 32 bytes holds sub-block 2g (low nibbles) and 2g+1 (high nibbles), whose
+    // activations are at 64g and 64g + 32. An AVX-512 vector covers groups g and g + 1.
+    for (int g = 0; g < 4; g += S::kBytes / 32) {
+      const typename S::V raw = S::load(x.qs + 32 * g);
+      const typename S::V lo = S::and_(raw, mask);
+      const typename S::V hi = S::and_(S::srli16(raw, 4), mask);
+      const typename S::V s_lo = S::scale16(sc[2 * g], sc[2 * g + kNext]);
+      const typename S::V s_hi = S::scale16(sc[2 * g + 1], sc[2 * g + 1 + kNext]);
+      for (int t = 0; t < NT; ++t) {
+        const int8_t* q8 = a[t][b].qs + 64 * g;
+        sum[t] = S::dot_acc(sum[t], lo, S::load_halves(q8, q8 + 64), s_lo);
+        sum[t] = S::dot_acc(sum[t], hi, S::load_halves(q8 + 32, q8 + 96), s_hi);
+      }
+    }
+    const float dw = half_to_float(x.d), dmw = half_to_float(x.dmin);
+    for (int t = 0; t < NT; ++t) {
+      const int32_t isum = S::hsum(sum[t]);
+      const int32_t summs = k4_min_sum(m, a[t][b].bsums);
+      const float da = a[t][b].d;
+      acc[t] = acc[t] + (da * dw) * static_cast<float>(isum);
+      acc[t] = acc[t] - (da * dmw) * static_cast<float>(summs);
+    }
+  }
+  for (int t = 0; t < NT; ++t) out[t] = acc[t];
+}
+
+// Q5_K x Q8_K for NT tokens of one weight row: Q4_K's nibbles plus a fifth bit, bit j of qh[l]
+// for element l of sub-block j (so group g's low nibbles take bit 2g, its high nibbles bit 2g+1).
+template <class S, int NT>
+inline void q5k_row(const BlockQ5_K* w, const BlockQ8_K* const* a, int64_t nb, float* out) {
+  float acc[NT];
+  for (int t = 0; t < NT; ++t) acc[t] = 0.0f;
+  const typename S::V mask = S::set1_8(0x0F);
+  // The second 256-bit half of an AVX-512 vector is group g + 1 (sub-blocks 2g+2, 2g+3); AVX2
+  // has one half and must not index past the 8 scales.
+  constexpr int kNext = S::kBytes == 64 ? 2 : 0;
+  const typename S::V one = S::set1_8(0x01);
+  for (int64_t b = 0; b < nb; ++b) {
+    const BlockQ5_K& x = w[b];
+    uint8_t sc[8], m[8];
+    unpack_k4_scales(x.scales, sc, m);
+    typename S::V sum[NT];
+    for (int t = 0; t < NT; ++t) sum[t] = S::zero();
+    for (int g = 0; g < 4; g += S::kBytes / 32) {
+      const typename S::V raw = S::load(x.qs + 32 * g);
+      typename S::V h_lo, h_hi;  // the fifth bits, as 0 / 1 per byte
+      if constexpr (S::kBytes == 32) {
+        const typename S::V hb = S::load(x.qh);
+        h_lo = S::and_(S::srli16(hb, 2 * g), one);
+        h_hi = S::and_(S::srli16(hb, 2 * g + 1), one);
+      } else {
+        const typename S::V hb = S::broadcast32(x.qh);
+        h_lo = S::and_(S::srlv16_halves(hb, 2 * g, 2 * g + 2), one);
+        h_hi = S::and_(S::srlv16_halves(hb, 2 * g + 1, 2 * g + 3), one);
+      }
+      const typename S::V lo = S::or_(S::and_(raw, mask), S::slli16(h_lo, 4));
+      const typename S::V hi = S::or_(S::and_(S::srli16(raw, 4), mask), S::slli16(h_hi, 4));
+      const typename S::V s_lo = S::scale16(sc[2 * g], sc[2 * g + kNext]);
+      const typename S::V s_hi = S::scale16(sc[2 * g + 1], sc[2 * g + 1 + kNext]);
+      for (int t = 0; t < NT; ++t) {
+        const int8_t* q8 = a[t][b].qs + 64 * g;
+        sum[t] = S::dot_acc(sum[t], lo, S::load_halves(q8, q8 + 64), s_lo);
+        sum[t] = S::dot_acc(sum[t], hi, S::load_halves(q8 + 32, q8 + 96), s_hi);
+      }
+    }
+    const float dw = half_to_float(x.d), dmw = half_to_float(x.dmin);
+    for (int t = 0; t < NT; ++t) {
+      const int32_t isum = S::hsum(sum[t]);
+      const int32_t summs = k4_min_sum(m, a[t][b].bsums);
+      const float da = a[t][b].d;
+      acc[t] = acc[t] + (da * dw) * static_cast<float>(isum);
+      acc[t] = acc[t] - (da * dmw) * static_cast<float>(summs);
+    }
+  }
+  for (int t = 0; t < NT; ++t) out[t] = acc[t];
+}
+
+// Q6_K x Q8_K for NT tokens of one weight row. Quants are used unsigned (0..63) and the bias of
+// 32 is removed afterwards through the activation's 16-value sums: isum -= 32 * sum(sc * bsum).
+template <class S, int NT>
+inline void q6k_row(const BlockQ6_K* w, const BlockQ8_K* const* a, int64_t nb, float* out) {
+  float acc[NT];
+  for (int t = 0; t < NT; ++t) acc[t] = 0.0f;
+  const typename S::V m4 = S::set1_8(0x0F);
+  const typename S::V m2 = S::set1_8(0x03);
+  for (int64_t b = 0; b < nb; ++b) {
+    const BlockQ6_K& x = w[b];
+    typename S::V sum[NT];
+    for (int t = 0; t < NT; ++t) sum[t] = S::zero();
+    for (int h = 0; h < 2; ++h) {
+      const uint8_t* ql = x.ql + 64 * h;
+      const uint8_t* qh = x.qh + 32 * h;
+      const int8_t* sc = x.scales + 8 * h;
+      if constexpr (S::kBytes == 32) {
+        const typename S::V l0 = S::load(ql), l1 = S::load(ql + 32), hb = S::load(qh);
+        typename S::V q[4];
+        q[0] = S::or_(S::and_(l0, m4), S::slli16(S::and_(hb, m2), 4));
+        q[1] = S::or_(S::and_(l1, m4), S::slli16(S::and_(S::srli16(hb, 2), m2), 4));
+        q[2] = S::or_(S::and_(S::srli16(l0, 4), m4), S::slli16(S::and_(S::srli16(hb, 4), m2), 4));
+        q[3] = S::or_(S::and_(S::srli16(l1, 4), m4), S::slli16(S::and_(S::srli16(hb, 6), m2), 4));
+        for (int i = 0; i < 4; ++i) {
+          const typename S::V s = S::scale16_split(sc[2 * i], sc[2 * i + 1]);
+          for (int t = 0; t < NT; ++t) {
+            sum[t] = S::dot_acc(sum[t], q[i], S::load(a[t][b].qs + 128 * h + 32 * i), s);
+          }
+        }
+      } else {
+        // 64 quants per vector: low nibbles = elements 0..63 of the half, high = 64..127.
+        const typename S::V l = S::load(ql);
+        const typename S::V hb = S::broadcast32(qh);
+        const typename S::V q_lo =
+            S::or_(S::and_(l, m4), S::slli16(S::and_(S::srlv16_halves(hb, 0, 2), m2), 4));
+        const typename S::V q_hi = S::or_(S::and_(S::srli16(l, 4), m4),
+                                          S::slli16(S::and_(S::srlv16_halves(hb, 4, 6), m2), 4));
+        const typename S::V s_lo = S::scale16_quarters(sc);
+        const typename S::V s_hi = S::scale16_quarters(sc + 4);
+        for (int t = 0; t < NT; ++t) {
+          const int8_t* q8 = a[t][b].qs + 128 * h;
+          sum[t] = S::dot_acc(sum[t], q_lo, S::load(q8), s_lo);
+          sum[t] = S::dot_acc(sum[t], q_hi, S::load(q8 + 64), s_hi);
+        }
+      }
+    }
+    const float dw = half_to_float(x.d);
+    for (int t = 0; t < NT; ++t) {
+      int32_t bias = 0;
+      for (int j = 0; j < 16; ++j) bias += x.scales[j] * a[t][b].bsums[j];
+      const int32_t isum = S::hsum(sum[t]) - 32 * bias;
+      acc[t] = acc[t] + (a[t][b].d * dw) * static_cast<float>(isum);
+    }
+  }
+  for (int t = 0; t < NT; ++t) out[t] = acc[t];
+}
+
+// Q8_0 x Q8_0: per 32-block an exact int32 dot, then acc = acc + (dw * da) * isum.
+template <class S, int NT>
+inline void q8_0_row(const BlockQ8_0* w, const BlockQ8_0* const* a, int64_t nb, float* out) {
+  float acc[NT];
+  for (int t = 0; t < NT; ++t) acc[t] = 0.0f;
+  for (int64_t b = 0; b < nb; ++b) {
+    const typename S::V32 q = S::load32(w[b].qs);
+    const float dw = half_to_float(w[b].d);
+    for (int t = 0; t < NT; ++t) {
+      const int32_t isum = S::dot_s8_32(q, a[t][b].qs);
+      acc[t] = acc[t] + (dw * half_to_float(a[t][b].d)) * static_cast<float>(isum);
+    }
+  }
+  for (int t = 0; t < NT; ++t) out[t] = acc[t];
+}
+
+// Dense rows: F32 / F16 weights against F32 activations (lane-parallel FMA, one horizontal sum
+// at the end: not bit-equal to the scalar reference, which sums in order).
+template <class S, int NT, bool kHalf>
+inline void dense_row(const void* wrow, const float* const* a, int64_t k, float* out) {
+  typename S::F acc[NT];
+  for (int t = 0; t < NT; ++t) acc[t] = S::fzero();
+  int64_t i = 0;
+  for (; i + S::kFloats <= k; i += S::kFloats) {
+    typename S::F wv;
+    if constexpr (kHalf) {
+      wv = S::load_half(static_cast<const uint16_t*>(wrow) + i);
+    } else {
+      wv = S::fload(static_cast<const float*>(wrow) + i);
+    }
+    for (int t = 0; t < NT; ++t) acc[t] = S::fmadd(wv, S::fload(a[t] + i), acc[t]);
+  }
+  for (int t = 0; t < NT; ++t) {
+    float s = S::fhsum(acc[t]);
+    for (int64_t j = i; j < k; ++j) {
+      const float wj = kHalf ? half_to_float(static_cast<const uint16_t*>(wrow)[j])
+                             : static_cast<const float*>(wrow)[j];
+      s += wj * a[t][j];
+    }
+    out[t] = s;
+  }
+}
+
+// BF16 x BF16 rows (F32 accumulation).
+template <class S, int NT>
+inline void bf16_row(const uint16_t* w, const uint16_t* const* a, int64_t k, float* out) {
+  typename S::F acc[NT];
+  for (int t = 0; t < NT; ++t) acc[t] = S::fzero();
+  int64_t i = 0;
+  for (; i + 2 * S::kFloats <= k; i += 2 * S::kFloats) {
+    const typename S::BF wv = S::load_bf(w + i);
+    for (int t = 0; t < NT; ++t) acc[t] = S::bf_dot(acc[t], wv, S::load_bf(a[t] + i));
+  }
+  for (int t = 0; t < NT; ++t) {
+    float s = S::fhsum(acc[t]);
+    for (int64_t j = i; j < k; ++j) {
+      uint32_t wb = static_cast<uint32_t>(w[j]) << 16, ab = static_cast<uint32_t>(a[t][j]) << 16;
+      float wf, af;
+      std::memcpy(&wf, &wb, 4);
+      std::memcpy(&af, &ab, 4);
+      s += wf * af;
+    }
+    out[t] = s;
+  }
+}
+
+// The driver: rows [n0, n1) in tiles of kTileRows, tokens in groups of up to 4; a tile's weight
+// rows stay in L1 while every token group passes over them (GEMM), and with <= 4 tokens each
+// weight block is read once for all of them (GEMV).
+template <class Kern>
+inline void drive(const GemmArgs& g) {
+  constexpr int64_t kTileRows = 16;
+  for (int64_t r0 = g.n0; r0 < g.n1; r0 += kTileRows) {
+    const int64_t r1 = r0 + kTileRows < g.n1 ? r0 + kTileRows : g.n1;
+    int64_t t0 = 0;
+    for (; t0 + 4 <= g.tokens; t0 += 4) {
+      for (int64_t r = r0; r < r1; ++r) Kern::template row<4>(g, r, t0);
+    }
+    const int64_t rest = g.tokens - t0;
+    for (int64_t r = r0; r < r1; ++r) {
+      if (rest == 3) Kern::template row<3>(g, r, t0);
+      if (rest == 2) Kern::template row<2>(g, r, t0);
+      if (rest == 1) Kern::template row<1>(g, r, t0);
+    }
+  }
+}
+
+template <class S>
+struct Q4KKern {
+  template <int NT>
+  static inline void row(const GemmArgs& g, int64_t r, int64_t t0) {
+    const BlockQ8_K* a[NT];
+    for (int t = 0; t < NT; ++t) {
+      a[t] = reinterpret_cast<const BlockQ8_K*>(g.act + (t0 + t) * g.act_row_bytes);
+    }
+    float out[NT];
+    q4k_row<S, NT>(reinterpret_cast<const BlockQ4_K*>(g.w + r * g.row_bytes), a, g.cols / 256,
+                   out);
+    for (int t = 0; t < NT; ++t) g.y[(t0 + t) * g.ldy + r] = out[t];
+  }
+};
+
+template <class S>
+struct Q5KKern {
+  template <int NT>
+  static inline void row(const GemmArgs& g, int64_t r, int64_t t0) {
+    const BlockQ8_K* a[NT];
+    for (int t = 0; t < NT; ++t) {
+      a[t] = reinterpret_cast<const BlockQ8_K*>(g.act + (t0 + t) * g.act_row_bytes);
+    }
+    float out[NT];
+    q5k_row<S, NT>(reinterpret_cast<const BlockQ5_K*>(g.w + r * g.row_bytes), a, g.cols / 256,
+                   out);
+    for (int t = 0; t < NT; ++t) g.y[(t0 + t) * g.ldy + r] = out[t];
+  }
+};
+
+template <class S>
+struct Q6KKern {
+  template <int NT>
+  static inline void row(const GemmArgs& g, int64_t r, int64_t t0) {
+    const BlockQ8_K* a[NT];
+    for (int t = 0; t < NT; ++t) {
+      a[t] = reinterpret_cast<const BlockQ8_K*>(g.act + (t0 + t) * g.act_row_bytes);
+    }
+    float out[NT];
+    q6k_row<S, NT>(reinterpret_cast<const BlockQ6_K*>(g.w + r * g.row_bytes), a, g.cols / 256,
+                   out);
+    for (int t = 0; t < NT; ++t) g.y[(t0 + t) * g.ldy + r] = out[t];
+  }
+};
+
+template <class S>
+struct Q80Kern {
+  template <int NT>
+  static inline void row(const GemmArgs& g, int64_t r, int64_t t0) {
+    const BlockQ8_0* a[NT];
+    for (int t = 0; t < NT; ++t) {
+      a[t] = reinterpret_cast<const BlockQ8_0*>(g.act + (t0 + t) * g.act_row_bytes);
+    }
+    float out[NT];
+    q8_0_row<S, NT>(reinterpret_cast<const BlockQ8_0*>(g.w + r * g.row_bytes), a, g.cols / 32,
+                    out);
+    for (int t = 0; t < NT; ++t) g.y[(t0 + t) * g.ldy + r] = out[t];
+  }
+};
+
+template <class S, bool kHalf>
+struct DenseKern {
+  template <int NT>
+  static inline void row(const GemmArgs& g, int64_t r, int64_t t0) {
+    const float* a[NT];
+    for (int t = 0; t < NT; ++t) {
+      a[t] = reinterpret_cast<const float*>(g.act + (t0 + t) * g.act_row_bytes);
+    }
+    float out[NT];
+    dense_row<S, NT, kHalf>(g.w + r * g.row_bytes, a, g.cols, out);
+    for (int t = 0; t < NT; ++t) g.y[(t0 + t) * g.ldy + r] = out[t];
+  }
+};
+
+template <class S>
+struct Bf16Kern {
+  template <int NT>
+  static inline void row(const GemmArgs& g, int64_t r, int64_t t0) {
+    const uint16_t* a[NT];
+    for (int t = 0; t < NT; ++t) {
+      a[t] = reinterpret_cast<const uint16_t*>(g.act + (t0 + t) * g.act_row_bytes);
+    }
+    float out[NT];
+    bf16_row<S, NT>(reinterpret_cast<const uint16_t*>(g.w + r * g.row_bytes), a, g.cols, out);
+    for (int t = 0; t < NT; ++t) g.y[(t0 + t) * g.ldy + r] = out[t];
+  }
+};
+
+}  // namespace

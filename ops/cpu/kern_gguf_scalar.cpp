@@ -1,0 +1,165 @@
+// Scalar references of the GGUF / dense kernels: the arithmetic every SIMD variant must
+// reproduce (kern_gguf_impl.h states the contract). Plain loops, in the order of the definition.
+#include <cstring>
+
+#include "core/fp_convert.h"
+#include "formats/quant.h"
+#include "ops/cpu/kern_gguf.h"
+
+namespace tandem::kern::detail {
+namespace {
+
+void scales_k4(const uint8_t* s, uint8_t* sc, uint8_t* m) {
+  for (int j = 0; j < 8; ++j) unpack_scale_min_k4(j, s, &sc[j], &m[j]);
+}
+
+float q4k_dot(const BlockQ4_K* w, const BlockQ8_K* a, int64_t nb) {
+  float acc = 0.0f;
+  for (int64_t b = 0; b < nb; ++b) {
+    uint8_t sc[8], m[8];
+    scales_k4(w[b].scales, sc, m);
+    int32_t isum = 0, summs = 0;
+    for (int j = 0; j < 8; ++j) {
+      // Sub-block j: nibble (j % 2) of bytes 32 * (j / 2) .. + 32.
+      const uint8_t* q = w[b].qs + 32 * (j / 2);
+      int32_t s = 0;
+      for (int l = 0; l < 32; ++l) {
+        const int v = (j % 2 == 0) ? (q[l] & 0xF) : (q[l] >> 4);
+        s += v * a[b].qs[32 * j + l];
+      }
+      isum += sc[j] * s;
+      summs += m[j] * (a[b].bsums[2 * j] + a[b].bsums[2 * j + 1]);
+    }
+    const float dw = f16_to_f32(w[b].d), dmw = f16_to_f32(w[b].dmin);
+    acc = acc + (a[b].d * dw) * static_cast<float>(isum);
+    acc = acc - (a[b].d * dmw) * static_cast<float>(summs);
+  }
+  return acc;
+}
+
+float q5k_dot(const BlockQ5_K* w, const BlockQ8_K* a, int64_t nb) {
+  float acc = 0.0f;
+  for (int64_t b = 0; b < nb; ++b) {
+    uint8_t sc[8], m[8];
+    scales_k4(w[b].scales, sc, m);
+    int32_t isum = 0, summs = 0;
+    for (int j = 0; j < 8; ++j) {
+      const uint8_t* q = w[b].qs + 32 * (j / 2);
+      int32_t s = 0;
+      for (int l = 0; l < 32; ++l) {
+        const int low = (j % 2 == 0) ? (q[l] & 0xF) : (q[l] >> 4);
+        const int high = (w[b].qh[l] >> j) & 1;  // bit j of qh[l]: the fifth bit of sub-block j
+        s += (low | (high << 4)) * a[b].qs[32 * j + l];
+      }
+      isum += sc[j] * s;
+      summs += m[j] * (a[b].bsums[2 * j] + a[b].bsums[2 * j + 1]);
+    }
+    const float dw = f16_to_f32(w[b].d), dmw = f16_to_f32(w[b].dmin);
+    acc = acc + (a[b].d * dw) * static_cast<float>(isum);
+    acc = acc - (a[b].d * dmw) * static_cast<float>(summs);
+  }
+  return acc;
+}
+
+float q6k_dot(const BlockQ6_K* w, const BlockQ8_K* a, int64_t nb) {
+  float acc = 0.0f;
+  for (int64_t b = 0; b < nb; ++b) {
+    int32_t isum = 0;
+    for (int h = 0; h < 2; ++h) {
+      const uint8_t* ql = w[b].ql + 64 * h;
+      const uint8_t* qh = w[b].qh + 32 * h;
+      const int8_t* sc = w[b].scales + 8 * h;
+      const int8_t* q8 = a[b].qs + 128 * h;
+      for (int l = 0; l < 32; ++l) {
+        const int q1 = ((ql[l] & 0xF) | (((qh[l] >> 0) & 3) << 4)) - 32;
+        const int q2 = ((ql[l + 32] & 0xF) | (((qh[l] >> 2) & 3) << 4)) - 32;
+        const int q3 = ((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32;
+        const int q4 = ((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32;
+        const int is = l / 16;
+        isum += sc[is + 0] * q1 * q8[l] + sc[is + 2] * q2 * q8[l + 32] +
+                sc[is + 4] * q3 * q8[l + 64] + sc[is + 6] * q4 * q8[l + 96];
+      }
+    }
+    acc = acc + (a[b].d * f16_to_f32(w[b].d)) * static_cast<float>(isum);
+  }
+  return acc;
+}
+
+float q8_0_dot(const BlockQ8_0* w, const BlockQ8_0* a, int64_t nb) {
+  float acc = 0.0f;
+  for (int64_t b = 0; b < nb; ++b) {
+    int32_t isum = 0;
+    for (int l = 0; l < 32; ++l) isum += w[b].qs[l] * a[b].qs[l];
+    acc = acc + (f16_to_f32(w[b].d) * f16_to_f32(a[b].d)) * static_cast<float>(isum);
+  }
+  return acc;
+}
+
+template <typename Dot>
+void rows(const GemmArgs& g, Dot&& dot) {
+  for (int64_t t = 0; t < g.tokens; ++t) {
+    const uint8_t* act = g.act + t * g.act_row_bytes;
+    for (int64_t r = g.n0; r < g.n1; ++r) g.y[t * g.ldy + r] = dot(g.w + r * g.row_bytes, act);
+  }
+}
+
+void q4k(const GemmArgs& g) {
+  rows(g, [&](const uint8_t* w, const uint8_t* a) {
+    return q4k_dot(reinterpret_cast<const BlockQ4_K*>(w), reinterpret_cast<const BlockQ8_K*>(a),
+                   g.cols / kQK_K);
+  });
+}
+void q5k(const GemmArgs& g) {
+  rows(g, [&](const uint8_t* w, const uint8_t* a) {
+    return q5k_dot(reinterpret_cast<const BlockQ5_K*>(w), reinterpret_cast<const BlockQ8_K*>(a),
+                   g.cols / kQK_K);
+  });
+}
+void q6k(const GemmArgs& g) {
+  rows(g, [&](const uint8_t* w, const uint8_t* a) {
+    return q6k_dot(reinterpret_cast<const BlockQ6_K*>(w), reinterpret_cast<const BlockQ8_K*>(a),
+                   g.cols / kQK_K);
+  });
+}
+void q80(const GemmArgs& g) {
+  rows(g, [&](const uint8_t* w, const uint8_t* a) {
+    return q8_0_dot(reinterpret_cast<const BlockQ8_0*>(w), reinterpret_cast<const BlockQ8_0*>(a),
+                    g.cols / kQK);
+  });
+}
+void f32(const GemmArgs& g) {
+  rows(g, [&](const uint8_t* w, const uint8_t* a) {
+    const float* wf = reinterpret_cast<const float*>(w);
+    const float* af = reinterpret_cast<const float*>(a);
+    float s = 0.0f;
+    for (int64_t i = 0; i < g.cols; ++i) s += wf[i] * af[i];
+    return s;
+  });
+}
+void f16(const GemmArgs& g) {
+  rows(g, [&](const uint8_t* w, const uint8_t* a) {
+    const uint16_t* wh = reinterpret_cast<const uint16_t*>(w);
+    const float* af = reinterpret_cast<const float*>(a);
+    float s = 0.0f;
+    for (int64_t i = 0; i < g.cols; ++i) s += f16_to_f32(wh[i]) * af[i];
+    return s;
+  });
+}
+void bf16(const GemmArgs& g) {
+  rows(g, [&](const uint8_t* w, const uint8_t* a) {
+    const uint16_t* wb = reinterpret_cast<const uint16_t*>(w);
+    const uint16_t* ab = reinterpret_cast<const uint16_t*>(a);
+    float s = 0.0f;
+    for (int64_t i = 0; i < g.cols; ++i) s += bf16_to_f32(wb[i]) * bf16_to_f32(ab[i]);
+    return s;
+  });
+}
+
+}  // namespace
+
+const GgufKernels& gguf_kernels_scalar() {
+  static const GgufKernels k{q4k, q5k, q6k, q80, f32, f16, bf16};
+  return k;
+}
+
+}  // namespace tandem::kern::detail

@@ -1,0 +1,26 @@
+// AVX-512 with VNNI and BF16 instances of the GGUF / dense kernel templates (compiled with the matching -mavx512* flags
+// and -ffp-contract=off; see ops/cpu/CMakeLists.txt). Selected only when the CPU has them.
+#include "ops/cpu/kern_gguf_impl.h"
+#include "ops/cpu/kern_gguf_avx512.h"
+
+namespace {
+
+using S = Avx512<true>;
+void q4k(const GemmArgs& g) { drive<Q4KKern<S>>(g); }
+void q5k(const GemmArgs& g) { drive<Q5KKern<S>>(g); }
+void q6k(const GemmArgs& g) { drive<Q6KKern<S>>(g); }
+void q80(const GemmArgs& g) { drive<Q80Kern<S>>(g); }
+void f32(const GemmArgs& g) { drive<DenseKern<S, false>>(g); }
+void f16(const GemmArgs& g) { drive<DenseKern<S, true>>(g); }
+void bf16(const GemmArgs& g) { drive<Bf16Kern<S>>(g); }
+
+}  // namespace
+
+namespace tandem::kern::detail {
+
+const GgufKernels& gguf_kernels_avx512_vnni() {
+  static const GgufKernels k{q4k, q5k, q6k, q80, f32, f16, bf16};
+  return k;
+}
+
+}  // namespace tandem::kern::detail

@@ -1,0 +1,229 @@
+#include "ops/cpu/kernels.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "core/error.h"
+#include "core/fp_convert.h"
+#include "core/thread_pool.h"
+#include "formats/quant.h"
+#include "ops/cpu/kern_gguf.h"
+
+namespace tandem::kern {
+
+using detail::GemmArgs;
+using detail::GemmFn;
+using detail::GgufKernels;
+
+const char* wformat_name(WFormat f) {
+  switch (f) {
+    case WFormat::kF32: return "f32";
+    case WFormat::kF16: return "f16";
+    case WFormat::kBF16: return "bf16";
+    case WFormat::kFP8Block: return "fp8";
+    case WFormat::kInt8: return "int8";
+    case WFormat::kInt4: return "int4";
+    case WFormat::kQ4_K: return "q4_k";
+    case WFormat::kQ5_K: return "q5_k";
+    case WFormat::kQ6_K: return "q6_k";
+    case WFormat::kQ8_0: return "q8_0";
+  }
+  return "?";
+}
+
+AFormat act_format(WFormat f) {
+  switch (f) {
+    case WFormat::kF32:
+    case WFormat::kF16: return AFormat::kF32;
+    case WFormat::kBF16:
+    case WFormat::kFP8Block: return AFormat::kBF16;
+    case WFormat::kInt8:
+    case WFormat::kInt4: return AFormat::kI8;
+    case WFormat::kQ4_K:
+    case WFormat::kQ5_K:
+    case WFormat::kQ6_K: return AFormat::kQ8_K;
+    case WFormat::kQ8_0: return AFormat::kQ8_0;
+  }
+  return AFormat::kF32;
+}
+
+uint64_t KMatrix::bytes() const {
+  return static_cast<uint64_t>(rows) * static_cast<uint64_t>(row_bytes);
+}
+
+bool view_weight(const ops::Weight& w, KMatrix* out) {
+  if (w.empty() || w.scale_inv != nullptr || w.t.ndim < 1) return false;
+  WFormat f;
+  switch (w.t.dtype) {
+    case DType::kF32: f = WFormat::kF32; break;
+    case DType::kF16: f = WFormat::kF16; break;
+    case DType::kBF16: f = WFormat::kBF16; break;
+    case DType::kQ4_K: f = WFormat::kQ4_K; break;
+    case DType::kQ5_K: f = WFormat::kQ5_K; break;
+    case DType::kQ6_K: f = WFormat::kQ6_K; break;
+    case DType::kQ8_0: f = WFormat::kQ8_0; break;
+    default: return false;
+  }
+  KMatrix m;
+  m.format = f;
+  m.rows = w.rows();
+  m.cols = w.cols();
+  m.data = static_cast<const uint8_t*>(w.t.data);
+  m.row_bytes = static_cast<int64_t>(w.t.row_bytes());
+  *out = m;
+  return true;
+}
+
+int64_t row_align(const KMatrix&) {
+  return 1;
+}
+
+namespace {
+
+int64_t block_of(AFormat f) {
+  switch (f) {
+    case AFormat::kQ8_K: return kQK_K;
+    case AFormat::kQ8_0: return kQK;
+    default: return 1;
+  }
+}
+
+int64_t act_row_bytes(AFormat f, int64_t cols) {
+  switch (f) {
+    case AFormat::kF32: return cols * 4;
+    case AFormat::kBF16: return cols * 2;
+    case AFormat::kQ8_K: return cols / kQK_K * static_cast<int64_t>(sizeof(BlockQ8_K));
+    case AFormat::kQ8_0: return cols / kQK * static_cast<int64_t>(sizeof(BlockQ8_0));
+    case AFormat::kI8: break;
+  }
+  fail(ErrorKind::kUnsupported, "activation format int8 needs the packed kernels");
+}
+
+// The kernel table for `isa`, falling back level by level for entries a level lacks.
+GemmFn pick(Isa isa, GemmFn GgufKernels::*entry) {
+  const Isa best = best_isa();
+  if (isa > best) isa = best;
+  if (isa >= Isa::kAvx512Bf16 && detail::gguf_kernels_avx512_vnni().*entry) {
+    return detail::gguf_kernels_avx512_vnni().*entry;
+  }
+  if (isa >= Isa::kAvx512 && detail::gguf_kernels_avx512().*entry) {
+    return detail::gguf_kernels_avx512().*entry;
+  }
+  if (isa >= Isa::kAvx2 && detail::gguf_kernels_avx2().*entry) {
+    return detail::gguf_kernels_avx2().*entry;
+  }
+  return detail::gguf_kernels_scalar().*entry;
+}
+
+GemmFn GgufKernels::*entry_of(WFormat f) {
+  switch (f) {
+    case WFormat::kF32: return &GgufKernels::f32;
+    case WFormat::kF16: return &GgufKernels::f16;
+    case WFormat::kBF16: return &GgufKernels::bf16;
+    case WFormat::kQ4_K: return &GgufKernels::q4_k;
+    case WFormat::kQ5_K: return &GgufKernels::q5_k;
+    case WFormat::kQ6_K: return &GgufKernels::q6_k;
+    case WFormat::kQ8_0: return &GgufKernels::q8_0;
+    default: break;
+  }
+  fail(ErrorKind::kUnsupported, "no CPU kernel for weight format {}", wformat_name(f));
+}
+
+GemmArgs make_args(const KMatrix& w, const Activations& a, int64_t n0, int64_t n1, float* y,
+                   int64_t ldy) {
+  TD_CHECK(a.format == act_format(w.format), "kern::gemm: {} weights need other activations",
+           wformat_name(w.format));
+  TD_CHECK(a.cols == w.cols, "kern::gemm: activations have {} columns, the weight {}", a.cols,
+           w.cols);
+  TD_CHECK(n0 >= 0 && n0 <= n1 && n1 <= w.rows, "kern::gemm: rows [{}, {}) of {}", n0, n1, w.rows);
+  GemmArgs g;
+  g.w = w.data;
+  g.row_bytes = w.row_bytes;
+  g.cols = w.cols;
+  g.act = a.data.data();
+  g.act_row_bytes = a.row_bytes;
+  g.tokens = a.tokens;
+  g.n0 = n0;
+  g.n1 = n1;
+  g.y = y;
+  g.ldy = ldy;
+  return g;
+}
+
+}  // namespace
+
+void quantize_activations(AFormat format, int group, const float* x, int64_t tokens, int64_t cols,
+                          int64_t ldx, Activations* out) {
+  const int64_t block = block_of(format);
+  if (cols % block != 0) {
+    fail(ErrorKind::kUnsupported, "activations of {} values are not a multiple of the block {}",
+         cols, block);
+  }
+  out->format = format;
+  out->tokens = tokens;
+  out->cols = cols;
+  out->group = group;
+  out->row_bytes = act_row_bytes(format, cols);
+  const size_t need = static_cast<size_t>(out->row_bytes * tokens);
+  if (out->data.size() < need) out->data.resize(need);
+  for (int64_t t = 0; t < tokens; ++t) {
+    const float* src = x + t * ldx;
+    uint8_t* dst = out->data.data() + t * out->row_bytes;
+    switch (format) {
+      case AFormat::kF32: std::memcpy(dst, src, static_cast<size_t>(cols) * 4); break;
+      case AFormat::kBF16: {
+        uint16_t* d = reinterpret_cast<uint16_t*>(dst);
+        for (int64_t i = 0; i < cols; ++i) d[i] = f32_to_bf16(src[i]);
+        break;
+      }
+      case AFormat::kQ8_K: quantize_row(DType::kQ8_K, src, dst, cols); break;
+      case AFormat::kQ8_0: quantize_row(DType::kQ8_0, src, dst, cols); break;
+      case AFormat::kI8: break;  // rejected by act_row_bytes
+    }
+  }
+}
+
+void gemm(const KMatrix& w, const Activations& a, int64_t n0, int64_t n1, float* y, int64_t ldy,
+          Isa isa) {
+  if (n0 == n1 || a.tokens == 0) return;
+  pick(isa, entry_of(w.format))(make_args(w, a, n0, n1, y, ldy));
+}
+
+void gemm_reference(const KMatrix& w, const Activations& a, int64_t n0, int64_t n1, float* y,
+                    int64_t ldy) {
+  if (n0 == n1 || a.tokens == 0) return;
+  (detail::gguf_kernels_scalar().*entry_of(w.format))(make_args(w, a, n0, n1, y, ldy));
+}
+
+void matmul(const KMatrix& w, const float* x, int64_t tokens, float* y, ThreadPool* pool,
+            Activations* scratch) {
+  quantize_activations(act_format(w.format), w.group, x, tokens, w.cols, w.cols, scratch);
+  const Activations& a = *scratch;
+  // Tasks of whole row tiles; enough of them for the pool to balance (dynamic queue), few enough
+  // that each task's weight slice is worth a dispatch (>= 16 rows or ~64 KiB).
+  const int64_t rows_per_task = std::max<int64_t>(
+      16, std::min<int64_t>(256, (64 * 1024) / std::max<int64_t>(1, w.row_bytes)) / 16 * 16);
+  const int64_t n_tasks = (w.rows + rows_per_task - 1) / rows_per_task;
+  const Isa isa = best_isa();
+  auto task = [&](size_t i) {
+    const int64_t r0 = static_cast<int64_t>(i) * rows_per_task;
+    gemm(w, a, r0, std::min(w.rows, r0 + rows_per_task), y, w.rows, isa);
+  };
+  if (pool == nullptr || n_tasks == 1) {
+    for (int64_t i = 0; i < n_tasks; ++i) task(static_cast<size_t>(i));
+  } else {
+    pool->run(static_cast<size_t>(n_tasks), task);
+  }
+}
+
+void matmul(const ops::Weight& w, const float* x, int64_t tokens, float* y, ThreadPool* pool) {
+  KMatrix m;
+  if (!view_weight(w, &m) || m.cols % block_of(act_format(m.format)) != 0) {
+    ops::matmul(w, x, tokens, y, pool);
+    return;
+  }
+  thread_local Activations scratch;
+  matmul(m, x, tokens, y, pool, &scratch);
+}
+
+}  // namespace tandem::kern

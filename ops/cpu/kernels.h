@@ -1,0 +1,105 @@
+// The fast CPU matrix kernels: y = x * W^T for weights in the formats experts and dense layers
+// are stored or repacked in, with activations converted once per matrix family (gate and up share
+// them) into the encoding the format's dot product wants: ggml's Q8_K / Q8_0 blocks for the GGUF
+// K-quants and Q8_0 (integer dot products, as llama.cpp computes them), BF16 for BF16 and
+// block-scaled FP8 (OSDI'26 §3.4: expand FP8 to BF16, BF16 dot, post-scale per 128-block), F32
+// for F32 / F16.
+//
+// Every format has a scalar reference (gemm_reference) of exactly the same arithmetic; the SIMD
+// variants (AVX2, AVX-512, AVX-512 VNNI/BF16) come from one algorithm template per format and are
+// checked against it on every ISA the machine has (tests/unit/ops_kernels_test.cpp).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "core/cpu_features.h"
+#include "ops/cpu/ref_ops.h"
+
+namespace tandem {
+class ThreadPool;
+}
+
+namespace tandem::kern {
+
+enum class WFormat : uint8_t { kF32, kF16, kBF16, kFP8Block, kInt8, kInt4, kQ4_K, kQ5_K, kQ6_K, kQ8_0 };
+const char* wformat_name(WFormat f);
+
+// Activation encodings: kQ8_K = ggml block_q8_K rows (Q4_K/Q5_K/Q6_K), kQ8_0 = ggml block_q8_0
+// rows (Q8_0), kBF16 (BF16, FP8Block), kF32 (F32, F16), kI8 (packed INT8/INT4, ops/cpu/packed.h).
+enum class AFormat : uint8_t { kF32, kBF16, kQ8_K, kQ8_0, kI8 };
+AFormat act_format(WFormat f);
+
+// A weight matrix [rows N, cols K] as a kernel reads it: a zero-copy view on stored data (GGUF
+// blocks, BF16/F16/F32 rows, FP8 + block scales) or a packed layout (owned memory or a mapped
+// cache file kept alive by `owner`).
+struct KMatrix {
+  WFormat format = WFormat::kF32;
+  int64_t rows = 0, cols = 0;
+  const uint8_t* data = nullptr;
+  int64_t row_bytes = 0;  // stored formats: bytes per row
+  // FP8Block: value = fp8[r][c] * scales[((row0 + r) / block_rows) * scale_stride + c / block_cols]
+  const float* scales = nullptr;
+  int64_t scale_stride = 0, block_rows = 0, block_cols = 0, row0 = 0;
+  int group = 0;                      // INT8/INT4 quantization group
+  std::shared_ptr<const void> owner;  // keeps packed / mapped memory alive; null for views
+  uint64_t bytes() const;             // bytes one full pass over the matrix reads (incl. scales)
+  bool valid() const { return data != nullptr; }
+};
+
+// Zero-copy view on a stored weight; false when its dtype has no fast kernel (use ops::matmul).
+bool view_weight(const ops::Weight& w, KMatrix* out);
+// Row tile granularity: gemm's n0 (and n1 unless n1 == rows) must be multiples of it.
+int64_t row_align(const KMatrix& w);
+
+// 64-byte aligned bytes, so SIMD loads of activation rows never split cache lines needlessly.
+template <typename T>
+struct AlignedAllocator {
+  using value_type = T;
+  AlignedAllocator() = default;
+  template <typename U>
+  AlignedAllocator(const AlignedAllocator<U>&) {}  // NOLINT
+  T* allocate(size_t n) {
+    return static_cast<T*>(::operator new(n * sizeof(T), std::align_val_t{64}));
+  }
+  void deallocate(T* p, size_t) { ::operator delete(p, std::align_val_t{64}); }
+  template <typename U>
+  bool operator==(const AlignedAllocator<U>&) const {
+    return true;
+  }
+};
+
+// Converted activations of `tokens` rows of `cols` values, reused without reallocating.
+struct Activations {
+  AFormat format = AFormat::kF32;
+  int64_t tokens = 0, cols = 0;
+  int group = 0;
+  int64_t row_bytes = 0;  // bytes per token row in data
+  std::vector<uint8_t, AlignedAllocator<uint8_t>> data;
+  const uint8_t* row(int64_t t) const { return data.data() + t * row_bytes; }
+};
+// x is [tokens, ldx]; the first cols values of each row are converted. cols must be a multiple of
+// the format's block (256 for Q8_K, 32 for Q8_0).
+void quantize_activations(AFormat format, int group, const float* x, int64_t tokens, int64_t cols,
+                          int64_t ldx, Activations* out);
+
+// y[t * ldy + n] = sum_k act[t][k] * w[n][k] for t < a.tokens and n in [n0, n1): y is the FULL
+// output (absolute column n); each call writes only its columns. Few tokens take the GEMV path
+// (each weight block loaded once for all of them), many the row-tiled GEMM. isa: the highest
+// level to use (kernels fall back to the best lower level they have).
+void gemm(const KMatrix& w, const Activations& a, int64_t n0, int64_t n1, float* y, int64_t ldy,
+          Isa isa = best_isa());
+// The scalar reference of exactly the same arithmetic (same activation quantization).
+void gemm_reference(const KMatrix& w, const Activations& a, int64_t n0, int64_t n1, float* y,
+                    int64_t ldy);
+
+// Dense convenience (attention projections, dense FFN, shared experts, lm_head, router):
+// converts x once and splits rows into tasks on pool (nullptr: the calling thread); falls back to
+// ops::matmul when the weight's dtype has no kernel. x [tokens, K], y [tokens, N].
+void matmul(const ops::Weight& w, const float* x, int64_t tokens, float* y, ThreadPool* pool);
+// The same with a prepared matrix and reusable activation storage.
+void matmul(const KMatrix& w, const float* x, int64_t tokens, float* y, ThreadPool* pool,
+            Activations* scratch);
+
+}  // namespace tandem::kern

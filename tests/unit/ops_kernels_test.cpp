@@ -1,0 +1,160 @@
+// Conformance of the fast CPU kernels: every format x every ISA level this CPU supports x token
+// counts across the GEMV / GEMM paths x odd row ranges, against the scalar reference of the same
+// arithmetic; and the reference itself against the F32 product of the dequantized weights within
+// the activation-quantization error bound.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "core/cpu_features.h"
+#include "core/tensor.h"
+#include "core/thread_pool.h"
+#include "formats/quant.h"
+#include "ops/cpu/kernels.h"
+#include "ops/cpu/ref_ops.h"
+
+namespace tandem {
+namespace {
+
+struct Case {
+  DType dtype;
+  bool exact;  // integer dot products: SIMD == reference bit for bit
+};
+
+class Kernels : public ::testing::TestWithParam<Case> {};
+
+std::vector<float> random_values(int64_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  std::vector<float> v(static_cast<size_t>(n));
+  for (float& x : v) x = dist(rng);
+  return v;
+}
+
+struct Matrix {
+  std::vector<uint8_t> bytes;
+  Tensor t;
+};
+
+Matrix make_matrix(DType dtype, int64_t rows, int64_t cols, uint32_t seed) {
+  const std::vector<float> f = random_values(rows * cols, seed);
+  Matrix m;
+  const int64_t rb = static_cast<int64_t>(dtype_bytes(dtype, cols));
+  m.bytes.resize(static_cast<size_t>(rb * rows));
+  for (int64_t r = 0; r < rows; ++r) quantize_row(dtype, f.data() + r * cols, m.bytes.data() + r * rb, cols);
+  m.t.dtype = dtype;
+  m.t.ndim = 2;
+  m.t.shape[0] = rows;
+  m.t.shape[1] = cols;
+  m.t.data = m.bytes.data();
+  return m;
+}
+
+TEST_P(Kernels, SimdEqualsReferenceOnEveryIsa) {
+  const Case c = GetParam();
+  const int64_t rows = 53, cols = 768;
+  const Matrix m = make_matrix(c.dtype, rows, cols, 7);
+  kern::KMatrix w;
+  ASSERT_TRUE(kern::view_weight(ops::Weight(m.t), &w));
+  for (int64_t tokens : {1, 2, 3, 4, 5, 17, 64}) {
+    const std::vector<float> x = random_values(tokens * cols, 100 + static_cast<uint32_t>(tokens));
+    kern::Activations a;
+    kern::quantize_activations(kern::act_format(w.format), 0, x.data(), tokens, cols, cols, &a);
+    for (auto [n0, n1] : {std::pair<int64_t, int64_t>{0, rows}, {5, 22}, {17, 18}}) {
+      std::vector<float> ref(static_cast<size_t>(tokens * rows), -1.0f);
+      kern::gemm_reference(w, a, n0, n1, ref.data(), rows);
+      for (Isa isa : supported_isas()) {
+        std::vector<float> y(static_cast<size_t>(tokens * rows), -1.0f);
+        kern::gemm(w, a, n0, n1, y.data(), rows, isa);
+        for (int64_t t = 0; t < tokens; ++t) {
+          for (int64_t r = 0; r < rows; ++r) {
+            const float got = y[t * rows + r], want = ref[t * rows + r];
+            if (r < n0 || r >= n1) {
+              ASSERT_EQ(got, -1.0f) << "wrote outside its rows: r " << r;
+            } else if (c.exact) {
+              ASSERT_EQ(got, want) << isa_name(isa) << " t " << t << " r " << r;
+            } else {
+              // Lane-parallel F32 sums vs in-order sums: rounding of a length-768 dot product.
+              ASSERT_NEAR(got, want, 1e-4f * (1.0f + std::fabs(want)))
+                  << isa_name(isa) << " t " << t << " r " << r;
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+// The reference against the exact product of the dequantized weights and the F32 activations:
+// the only difference is the activations' quantization, |err| <= sum_k |w_k| * step_k / 2 with
+// step = the activation block's scale (Q8_K: amax/127-ish; Q8_0: amax/127; BF16: 2^-8 relative).
+TEST_P(Kernels, ReferenceMatchesDequantizedProduct) {
+  const Case c = GetParam();
+  const int64_t rows = 9, cols = 512, tokens = 3;
+  const Matrix m = make_matrix(c.dtype, rows, cols, 11);
+  kern::KMatrix w;
+  ASSERT_TRUE(kern::view_weight(ops::Weight(m.t), &w));
+  const std::vector<float> x = random_values(tokens * cols, 5);
+  kern::Activations a;
+  const kern::AFormat af = kern::act_format(w.format);
+  kern::quantize_activations(af, 0, x.data(), tokens, cols, cols, &a);
+  std::vector<float> y(static_cast<size_t>(tokens * rows));
+  kern::gemm_reference(w, a, 0, rows, y.data(), rows);
+  const int64_t block = af == kern::AFormat::kQ8_K ? 256 : af == kern::AFormat::kQ8_0 ? 32 : 1;
+  std::vector<float> wrow(static_cast<size_t>(cols));
+  for (int64_t r = 0; r < rows; ++r) {
+    dequantize_row(c.dtype, m.bytes.data() + r * m.t.row_bytes(), wrow.data(), cols);
+    for (int64_t t = 0; t < tokens; ++t) {
+      const float* xt = x.data() + t * cols;
+      double exact = 0.0, bound = 0.0;
+      for (int64_t b0 = 0; b0 < cols; b0 += block) {
+        float amax = 0.0f;
+        for (int64_t i = b0; i < b0 + block; ++i) amax = std::max(amax, std::fabs(xt[i]));
+        for (int64_t i = b0; i < b0 + block; ++i) {
+          exact += static_cast<double>(wrow[i]) * xt[i];
+          const double step = af == kern::AFormat::kF32    ? 0.0
+                              : af == kern::AFormat::kBF16 ? std::fabs(xt[i]) / 128.0
+                                                           : amax / 127.0;
+          bound += std::fabs(wrow[i]) * (step / 2.0 + 1e-6 * std::fabs(xt[i]));
+        }
+      }
+      EXPECT_NEAR(y[t * rows + r], exact, bound + 1e-3) << "r " << r << " t " << t;
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Formats, Kernels,
+                         ::testing::Values(Case{DType::kQ4_K, true}, Case{DType::kQ5_K, true},
+                                           Case{DType::kQ6_K, true}, Case{DType::kQ8_0, true},
+                                           Case{DType::kF32, false}, Case{DType::kF16, false},
+                                           Case{DType::kBF16, false}),
+                         [](const auto& info) { return std::string(dtype_info(info.param.dtype).name); });
+
+// The threaded dense entry equals the single-call kernel, and falls back for dtypes without one.
+TEST(KernelsMatmul, ThreadedEqualsSingleCallAndFallsBack) {
+  ThreadPool pool(place_workers(detect_topology(), 2));
+  const int64_t rows = 300, cols = 512, tokens = 6;
+  const Matrix m = make_matrix(DType::kQ4_K, rows, cols, 3);
+  const std::vector<float> x = random_values(tokens * cols, 9);
+  std::vector<float> y(static_cast<size_t>(tokens * rows)), want(y.size());
+  kern::matmul(ops::Weight(m.t), x.data(), tokens, y.data(), &pool);
+  kern::KMatrix w;
+  ASSERT_TRUE(kern::view_weight(ops::Weight(m.t), &w));
+  kern::Activations a;
+  kern::quantize_activations(kern::AFormat::kQ8_K, 0, x.data(), tokens, cols, cols, &a);
+  kern::gemm_reference(w, a, 0, rows, want.data(), rows);
+  EXPECT_EQ(y, want);
+
+  const Matrix q5 = make_matrix(DType::kQ5_0, 4, 64, 1);  // no fast kernel: ops::matmul
+  kern::KMatrix none;
+  EXPECT_FALSE(kern::view_weight(ops::Weight(q5.t), &none));
+  std::vector<float> y5(2 * 4), r5(2 * 4);
+  kern::matmul(ops::Weight(q5.t), x.data(), 2, y5.data(), &pool);
+  ops::matmul(ops::Weight(q5.t), x.data(), 2, r5.data(), nullptr);
+  EXPECT_EQ(y5, r5);
+}
+
+}  // namespace
+}  // namespace tandem
