@@ -31,6 +31,7 @@ struct GgufKernels {
   GemmFn f32 = nullptr;   // F32 x F32
   GemmFn f16 = nullptr;   // F16 x F32
   GemmFn bf16 = nullptr;  // BF16 x BF16 (F32 accumulation)
+  GemmFn q5_0 = nullptr;  // Q5_0 x Q8_0
 };
 
 const GgufKernels& gguf_kernels_scalar();

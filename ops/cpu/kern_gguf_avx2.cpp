@@ -75,6 +75,7 @@ struct Avx2 {
 void q4k(const GemmArgs& g) { drive<Q4KKern<Avx2>>(g); }
 void q5k(const GemmArgs& g) { drive<Q5KKern<Avx2>>(g); }
 void q6k(const GemmArgs& g) { drive<Q6KKern<Avx2>>(g); }
+void q50(const GemmArgs& g) { drive<Q50Kern<Avx2>>(g); }
 void q80(const GemmArgs& g) { drive<Q80Kern<Avx2>>(g); }
 void f32(const GemmArgs& g) { drive<DenseKern<Avx2, false>>(g); }
 void f16(const GemmArgs& g) { drive<DenseKern<Avx2, true>>(g); }
@@ -85,7 +86,7 @@ void bf16(const GemmArgs& g) { drive<Bf16Kern<Avx2>>(g); }
 namespace tandem::kern::detail {
 
 const GgufKernels& gguf_kernels_avx2() {
-  static const GgufKernels k{q4k, q5k, q6k, q80, f32, f16, bf16};
+  static const GgufKernels k{q4k, nullptr, q6k, q80, f32, f16, bf16, q50};
   return k;
 }
 

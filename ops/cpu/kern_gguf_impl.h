@@ -20,6 +20,7 @@
 namespace {
 
 using tandem::BlockQ4_K;
+using tandem::BlockQ5_0;
 using tandem::BlockQ5_K;
 using tandem::BlockQ5_K;
 using tandem::BlockQ6_K;
@@ -215,6 +216,40 @@ inline void q8_0_row(const BlockQ8_0* w, const BlockQ8_0* const* a, int64_t nb, 
   for (int t = 0; t < NT; ++t) out[t] = acc[t];
 }
 
+// The 32 quants of a Q5_0 block as signed bytes in element order: low nibbles are elements 0..15,
+// high nibbles 16..31, and bit j of qh is element j's fifth bit; value = q - 16, i.e. the nibble
+// with 0xF0 or'ed in (two's complement) when the fifth bit is clear. (AVX2 instructions: also
+// available to the AVX-512 units.)
+inline __m256i expand_q5_0(const BlockQ5_0& x) {
+  const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(x.qs));
+  const __m256i nib = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(q, 4), q),
+                                       _mm256_set1_epi8(0x0F));
+  uint32_t bits;
+  std::memcpy(&bits, x.qh, 4);
+  // Byte i takes byte i / 8 of the bit mask, then tests its bit i % 8.
+  const __m256i spread = _mm256_shuffle_epi8(
+      _mm256_set1_epi32(static_cast<int>(bits)),
+      _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0));
+  const __m256i select = _mm256_set1_epi64x(static_cast<long long>(0x8040201008040201ull));
+  const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(spread, select), select);
+  return _mm256_or_si256(nib, _mm256_andnot_si256(set, _mm256_set1_epi8(static_cast<char>(0xF0))));
+}
+
+template <class S, int NT>
+inline void q5_0_row(const BlockQ5_0* w, const BlockQ8_0* const* a, int64_t nb, float* out) {
+  float acc[NT];
+  for (int t = 0; t < NT; ++t) acc[t] = 0.0f;
+  for (int64_t b = 0; b < nb; ++b) {
+    const __m256i q = expand_q5_0(w[b]);
+    const float dw = half_to_float(w[b].d);
+    for (int t = 0; t < NT; ++t) {
+      const int32_t isum = S::dot_s8_32(q, a[t][b].qs);
+      acc[t] = acc[t] + (dw * half_to_float(a[t][b].d)) * static_cast<float>(isum);
+    }
+  }
+  for (int t = 0; t < NT; ++t) out[t] = acc[t];
+}
+
 // Dense rows: F32 / F16 weights against F32 activations (lane-parallel FMA, one horizontal sum
 // at the end: not bit-equal to the scalar reference, which sums in order).
 template <class S, int NT, bool kHalf>
@@ -341,6 +376,21 @@ struct Q80Kern {
     }
     float out[NT];
     q8_0_row<S, NT>(reinterpret_cast<const BlockQ8_0*>(g.w + r * g.row_bytes), a, g.cols / 32,
+                    out);
+    for (int t = 0; t < NT; ++t) g.y[(t0 + t) * g.ldy + r] = out[t];
+  }
+};
+
+template <class S>
+struct Q50Kern {
+  template <int NT>
+  static inline void row(const GemmArgs& g, int64_t r, int64_t t0) {
+    const BlockQ8_0* a[NT];
+    for (int t = 0; t < NT; ++t) {
+      a[t] = reinterpret_cast<const BlockQ8_0*>(g.act + (t0 + t) * g.act_row_bytes);
+    }
+    float out[NT];
+    q5_0_row<S, NT>(reinterpret_cast<const BlockQ5_0*>(g.w + r * g.row_bytes), a, g.cols / 32,
                     out);
     for (int t = 0; t < NT; ++t) g.y[(t0 + t) * g.ldy + r] = out[t];
   }

@@ -95,6 +95,22 @@ float q8_0_dot(const BlockQ8_0* w, const BlockQ8_0* a, int64_t nb) {
   return acc;
 }
 
+float q5_0_dot(const BlockQ5_0* w, const BlockQ8_0* a, int64_t nb) {
+  float acc = 0.0f;
+  for (int64_t b = 0; b < nb; ++b) {
+    uint32_t qh;
+    std::memcpy(&qh, w[b].qh, 4);
+    int32_t isum = 0;
+    for (int j = 0; j < 16; ++j) {
+      const int lo = (w[b].qs[j] & 0xF) | (((qh >> j) & 1) << 4);
+      const int hi = (w[b].qs[j] >> 4) | (((qh >> (j + 16)) & 1) << 4);
+      isum += (lo - 16) * a[b].qs[j] + (hi - 16) * a[b].qs[j + 16];
+    }
+    acc = acc + (f16_to_f32(w[b].d) * f16_to_f32(a[b].d)) * static_cast<float>(isum);
+  }
+  return acc;
+}
+
 template <typename Dot>
 void rows(const GemmArgs& g, Dot&& dot) {
   for (int64_t t = 0; t < g.tokens; ++t) {
@@ -124,6 +140,12 @@ void q6k(const GemmArgs& g) {
 void q80(const GemmArgs& g) {
   rows(g, [&](const uint8_t* w, const uint8_t* a) {
     return q8_0_dot(reinterpret_cast<const BlockQ8_0*>(w), reinterpret_cast<const BlockQ8_0*>(a),
+                    g.cols / kQK);
+  });
+}
+void q50(const GemmArgs& g) {
+  rows(g, [&](const uint8_t* w, const uint8_t* a) {
+    return q5_0_dot(reinterpret_cast<const BlockQ5_0*>(w), reinterpret_cast<const BlockQ8_0*>(a),
                     g.cols / kQK);
   });
 }
@@ -158,7 +180,7 @@ void bf16(const GemmArgs& g) {
 }  // namespace
 
 const GgufKernels& gguf_kernels_scalar() {
-  static const GgufKernels k{q4k, q5k, q6k, q80, f32, f16, bf16};
+  static const GgufKernels k{q4k, q5k, q6k, q80, f32, f16, bf16, q50};
   return k;
 }
 

@@ -9,6 +9,7 @@ using S = Avx512<true>;
 void q4k(const GemmArgs& g) { drive<Q4KKern<S>>(g); }
 void q5k(const GemmArgs& g) { drive<Q5KKern<S>>(g); }
 void q6k(const GemmArgs& g) { drive<Q6KKern<S>>(g); }
+void q50(const GemmArgs& g) { drive<Q50Kern<S>>(g); }
 void q80(const GemmArgs& g) { drive<Q80Kern<S>>(g); }
 void f32(const GemmArgs& g) { drive<DenseKern<S, false>>(g); }
 void f16(const GemmArgs& g) { drive<DenseKern<S, true>>(g); }
@@ -19,7 +20,7 @@ void bf16(const GemmArgs& g) { drive<Bf16Kern<S>>(g); }
 namespace tandem::kern::detail {
 
 const GgufKernels& gguf_kernels_avx512_vnni() {
-  static const GgufKernels k{q4k, q5k, q6k, q80, f32, f16, bf16};
+  static const GgufKernels k{q4k, nullptr, q6k, q80, f32, f16, bf16, q50};
   return k;
 }
 

@@ -27,6 +27,7 @@ const char* wformat_name(WFormat f) {
     case WFormat::kQ5_K: return "q5_k";
     case WFormat::kQ6_K: return "q6_k";
     case WFormat::kQ8_0: return "q8_0";
+    case WFormat::kQ5_0: return "q5_0";
   }
   return "?";
 }
@@ -42,7 +43,8 @@ AFormat act_format(WFormat f) {
     case WFormat::kQ4_K:
     case WFormat::kQ5_K:
     case WFormat::kQ6_K: return AFormat::kQ8_K;
-    case WFormat::kQ8_0: return AFormat::kQ8_0;
+    case WFormat::kQ8_0:
+    case WFormat::kQ5_0: return AFormat::kQ8_0;
   }
   return AFormat::kF32;
 }
@@ -62,6 +64,7 @@ bool view_weight(const ops::Weight& w, KMatrix* out) {
     case DType::kQ5_K: f = WFormat::kQ5_K; break;
     case DType::kQ6_K: f = WFormat::kQ6_K; break;
     case DType::kQ8_0: f = WFormat::kQ8_0; break;
+    case DType::kQ5_0: f = WFormat::kQ5_0; break;
     default: return false;
   }
   KMatrix m;
@@ -124,6 +127,7 @@ GemmFn GgufKernels::*entry_of(WFormat f) {
     case WFormat::kQ5_K: return &GgufKernels::q5_k;
     case WFormat::kQ6_K: return &GgufKernels::q6_k;
     case WFormat::kQ8_0: return &GgufKernels::q8_0;
+    case WFormat::kQ5_0: return &GgufKernels::q5_0;
     default: break;
   }
   fail(ErrorKind::kUnsupported, "no CPU kernel for weight format {}", wformat_name(f));

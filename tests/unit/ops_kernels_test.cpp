@@ -128,6 +128,7 @@ TEST_P(Kernels, ReferenceMatchesDequantizedProduct) {
 INSTANTIATE_TEST_SUITE_P(Formats, Kernels,
                          ::testing::Values(Case{DType::kQ4_K, true}, Case{DType::kQ5_K, true},
                                            Case{DType::kQ6_K, true}, Case{DType::kQ8_0, true},
+                                           Case{DType::kQ5_0, true},
                                            Case{DType::kF32, false}, Case{DType::kF16, false},
                                            Case{DType::kBF16, false}),
                          [](const auto& info) { return std::string(dtype_info(info.param.dtype).name); });
@@ -147,7 +148,7 @@ TEST(KernelsMatmul, ThreadedEqualsSingleCallAndFallsBack) {
   kern::gemm_reference(w, a, 0, rows, want.data(), rows);
   EXPECT_EQ(y, want);
 
-  const Matrix q5 = make_matrix(DType::kQ5_0, 4, 64, 1);  // no fast kernel: ops::matmul
+  const Matrix q5 = make_matrix(DType::kQ4_1, 4, 64, 1);  // no fast kernel: ops::matmul
   kern::KMatrix none;
   EXPECT_FALSE(kern::view_weight(ops::Weight(q5.t), &none));
   std::vector<float> y5(2 * 4), r5(2 * 4);
