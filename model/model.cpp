@@ -5,6 +5,7 @@
 
 #include "core/error.h"
 #include "model/router.h"
+#include "ops/cpu/kernels.h"
 
 namespace tandem {
 namespace {
@@ -112,7 +113,7 @@ void Model::forward(std::span<const int32_t> tokens, float* logits, bool all_row
   for (int64_t t = first; t < n; ++t) {
     ops::rms_norm(x + t * hd, w_.out_norm.data(), hd, c.rms_norm_eps, h + (t - first) * hd);
   }
-  ops::matmul(w_.lm_head, h, rows, logits, pool_);
+  kern::matmul(w_.lm_head, h, rows, logits, pool_);
 }
 
 void Model::attention_mha(int64_t l, int64_t n, const float* x, float* out) {
@@ -122,9 +123,9 @@ void Model::attention_mha(int64_t l, int64_t n, const float* x, float* out) {
   float* q = grow(q_, n * nq * d);
   float* k = grow(k_, n * nkv * d);
   float* v = grow(v_, n * nkv * d);
-  ops::matmul(lw.wq, x, n, q, pool_);
-  ops::matmul(lw.wk, x, n, k, pool_);
-  ops::matmul(lw.wv, x, n, v, pool_);
+  kern::matmul(lw.wq, x, n, q, pool_);
+  kern::matmul(lw.wk, x, n, k, pool_);
+  kern::matmul(lw.wv, x, n, v, pool_);
   for (int64_t t = 0; t < n; ++t) {
     const int64_t pos = pos_ + t;
     float* qt = q + t * nq * d;
@@ -164,7 +165,7 @@ void Model::attention_mha(int64_t l, int64_t n, const float* x, float* out) {
   args.scale = attn_scale_;
   args.out = grow(att_, n * nq * d);
   ops::attention(args, pool_);
-  ops::matmul(lw.wo, args.out, n, out, pool_);
+  kern::matmul(lw.wo, args.out, n, out, pool_);
 }
 
 void Model::attention_mla(int64_t l, int64_t n, const float* x, float* out) {
@@ -175,17 +176,17 @@ void Model::attention_mla(int64_t l, int64_t n, const float* x, float* out) {
   float* q = grow(q_, n * nh * qk);
   if (!lw.wq_a.empty()) {
     float* qa = grow(t0_, n * c.q_lora_rank);
-    ops::matmul(lw.wq_a, x, n, qa, pool_);
+    kern::matmul(lw.wq_a, x, n, qa, pool_);
     for (int64_t t = 0; t < n; ++t) {
       float* r = qa + t * c.q_lora_rank;
       ops::rms_norm(r, lw.q_a_norm.data(), c.q_lora_rank, c.rms_norm_eps, r);
     }
-    ops::matmul(lw.wq_b, qa, n, q, pool_);
+    kern::matmul(lw.wq_b, qa, n, q, pool_);
   } else {
-    ops::matmul(lw.wq, x, n, q, pool_);
+    kern::matmul(lw.wq, x, n, q, pool_);
   }
   float* kv = grow(k_, n * kr);  // per token: latent [kvl] then rope key [rd]
-  ops::matmul(lw.wkv_a, x, n, kv, pool_);
+  kern::matmul(lw.wkv_a, x, n, kv, pool_);
   for (int64_t t = 0; t < n; ++t) {
     float* r = kv + t * kr;
     ops::rms_norm(r, lw.kv_a_norm.data(), kvl, c.rms_norm_eps, r);
@@ -209,8 +210,9 @@ void Model::attention_mla(int64_t l, int64_t n, const float* x, float* out) {
         const float* src = q + (t * nh + i) * qk;
         std::copy(src, src + nope, lat + t * nope);
       }
+      // (kern: quantized activations where llama.cpp's absorbed MLA quantizes them too.)
       if (lw.k_up_transposed) {
-        ops::matmul(lw.k_up[i], lat, n, tmp, nullptr);
+        kern::matmul(lw.k_up[i], lat, n, tmp, nullptr);
       } else {
         ops::matmul_transposed(lw.k_up[i], lat, n, tmp);
       }
@@ -239,12 +241,12 @@ void Model::attention_mla(int64_t l, int64_t n, const float* x, float* out) {
         const float* src = att + (t * nh + i) * kvl;
         std::copy(src, src + kvl, lat + t * kvl);
       }
-      ops::matmul(lw.v_up[i], lat, n, tmp, nullptr);
+      kern::matmul(lw.v_up[i], lat, n, tmp, nullptr);
       for (int64_t t = 0; t < n; ++t) {
         std::copy(tmp + t * vd, tmp + (t + 1) * vd, o + (t * nh + i) * vd);
       }
     }
-    ops::matmul(lw.wo, o, n, out, pool_);
+    kern::matmul(lw.wo, o, n, out, pool_);
     return;
   }
   // Naive: decompress per-head K (nope part + the shared rope key) and V into the cache.
@@ -278,7 +280,7 @@ void Model::attention_mla(int64_t l, int64_t n, const float* x, float* out) {
   args.v_stride = nh * vd;
   args.out = grow(att_, n * nh * vd);
   ops::attention(args, pool_);
-  ops::matmul(lw.wo, args.out, n, out, pool_);
+  kern::matmul(lw.wo, args.out, n, out, pool_);
 }
 
 void Model::dense_ffn(const ops::Weight& g, const ops::Weight& u, const ops::Weight& d, int64_t n,
@@ -286,10 +288,10 @@ void Model::dense_ffn(const ops::Weight& g, const ops::Weight& u, const ops::Wei
   const int64_t ff = g.rows();
   float* gb = grow(t1_, n * ff);
   float* ub = grow(t2_, n * ff);
-  ops::matmul(g, x, n, gb, pool_);
-  ops::matmul(u, x, n, ub, pool_);
+  kern::matmul(g, x, n, gb, pool_);
+  kern::matmul(u, x, n, ub, pool_);
   ops::swiglu(gb, ub, n * ff, gb);
-  ops::matmul(d, gb, n, out, pool_);
+  kern::matmul(d, gb, n, out, pool_);
 }
 
 void Model::ffn(int64_t l, int64_t n, const float* x, float* out) {
@@ -302,7 +304,7 @@ void Model::ffn(int64_t l, int64_t n, const float* x, float* out) {
   }
   const int64_t ne = c.n_experts, k = c.n_experts_per_tok;
   float* logits = grow(t0_, n * ne);
-  ops::matmul(lw.router, x, n, logits, pool_);
+  kern::matmul(lw.router, x, n, logits, pool_);
   int32_t* ids = grow(ids_, n * k);
   float* wts = grow(topw_, n * k);
   const float* bias = lw.router_bias.empty() ? nullptr : lw.router_bias.data();

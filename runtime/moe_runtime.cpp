@@ -2,13 +2,26 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <cstdio>
+
 #include "core/error.h"
+#include "core/log.h"
 #include "core/thread_pool.h"
+#include "model/fused_moe.h"
+#include "runtime/deferral.h"
+#include "runtime/placement.h"
+#ifdef TANDEM_HAVE_CUDA
+#include "ops/cuda/cuda_info.h"
+#endif
 
 namespace tandem {
 
 struct MoeRuntime::Impl {
-  std::unique_ptr<MoeBackend> cpu;  // the CPU MoE backend
+  std::unique_ptr<MoeBackend> cpu;           // the CPU MoE backend
+  std::unique_ptr<MoeBackend> cpu_deferred;  // a second instance for Expert Deferral
+  std::unique_ptr<rt::DeferringMoeBackend> deferring;
+  rt::Placement placement;
 };
 
 namespace {
@@ -17,10 +30,66 @@ namespace {
 std::unique_ptr<MoeBackend> make_cpu_backend(const LoadedModel& model, const BackendOptions& o,
                                              ThreadingContext& threading, std::string* summary) {
   if (o.cpu_experts != "native") {
-    fail(ErrorKind::kInvalidArgument, "--cpu-experts '{}' is not available yet", o.cpu_experts);
+    fail(ErrorKind::kUnsupported,
+         "--cpu-experts {}: repacking experts at load is not implemented yet (use native: the "
+         "experts as stored)",
+         o.cpu_experts);
   }
-  *summary = "CPU experts: native (reference backend)";
-  return std::make_unique<CpuMoeBackend>(&threading.pool());
+  *summary = "CPU experts: native (fused MoE backend)";
+  return std::make_unique<FusedMoeBackend>(&threading.pool());
+}
+
+}  // namespace
+
+namespace {
+
+template <size_t N>
+void check_choice(const char* flag, const std::string& value, const char* const (&choices)[N]) {
+  std::string all;
+  for (const char* c : choices) {
+    if (value == c) return;
+    all += (all.empty() ? "" : " | ") + std::string(c);
+  }
+  fail(ErrorKind::kInvalidArgument, "{} '{}' is not one of: {}", flag, value, all);
+}
+
+// Flag values that need no model: checked before anything expensive is built.
+void check_backend_options(const BackendOptions& o) {
+  static const char* const kAccel[] = {"auto", "none", "host", "cuda"};
+  static const char* const kPolicy[] = {"static", "fiddler", "hybrimoe", "dali", "optimal"};
+  static const char* const kCache[] = {"lru", "lfu", "mrs", "dali", "none"};
+  static const char* const kPrefetch[] = {"none", "gate", "residual"};
+  check_choice("--accel", o.accel, kAccel);
+  check_choice("--policy", o.policy, kPolicy);
+  check_choice("--cache", o.cache, kCache);
+  check_choice("--prefetch", o.prefetch, kPrefetch);
+  if (o.defer < 0) fail(ErrorKind::kInvalidArgument, "--defer must be >= 0, got {}", o.defer);
+  if (o.gpu_experts < 0) {
+    fail(ErrorKind::kInvalidArgument, "--gpu-experts must be >= 0, got {}", o.gpu_experts);
+  }
+  if (o.cache_slots < -1) {
+    fail(ErrorKind::kInvalidArgument, "--cache-slots must be >= 0 (or -1: from the budget), got {}",
+         o.cache_slots);
+  }
+  if (!o.vram_budget.empty()) rt::parse_bytes("--vram-budget", o.vram_budget);
+}
+
+// --accel auto|none|host|cuda -> none|host (cuda has no device backend yet).
+std::string resolve_accel(const std::string& accel) {
+  if (accel == "cuda") {
+    fail(ErrorKind::kUnsupported,
+         "--accel cuda: the CUDA device backend is not implemented yet (use --accel host)");
+  }
+  if (accel != "auto") return accel;
+#ifdef TANDEM_HAVE_CUDA
+  std::string why;
+  const auto gpus = cuda_devices(&why);
+  if (!gpus.empty()) {
+    log_info("--accel auto: CUDA device {} found, but the CUDA device backend is not implemented "
+             "yet: running CPU-only (--accel host emulates an accelerator)", gpus[0].name);
+  }
+#endif
+  return "none";
 }
 
 }  // namespace
@@ -28,10 +97,31 @@ std::unique_ptr<MoeBackend> make_cpu_backend(const LoadedModel& model, const Bac
 MoeRuntime::MoeRuntime(const LoadedModel& model, const BackendOptions& o,
                        ThreadingContext& threading)
     : impl_(std::make_unique<Impl>()) {
+  check_backend_options(o);
+  const std::string accel = resolve_accel(o.accel);
+  std::vector<rt::PlacementRule> rules;
+  if (!o.rules.empty()) rules = rt::load_placement_rules(o.rules);
+  impl_->placement = rt::resolve_placement(model, rules, accel != "none", o.cpu_experts);
   impl_->cpu = make_cpu_backend(model, o, threading, &summary_);
   backend_ = impl_->cpu.get();
-  if (o.accel != "auto" && o.accel != "none") {
-    fail(ErrorKind::kInvalidArgument, "--accel '{}' is not available yet", o.accel);
+  if (accel == "host") {
+    fail(ErrorKind::kUnsupported, "--accel host: the hybrid backend is not available yet");
+  }
+  summary_ += "; accelerator: none";
+  if (o.defer > 0) {
+    std::string unused;
+    impl_->cpu_deferred = make_cpu_backend(model, o, threading, &unused);
+    impl_->deferring = std::make_unique<rt::DeferringMoeBackend>(backend_, impl_->cpu_deferred.get(),
+                                                                  o.defer);
+    backend_ = impl_->deferring.get();
+    const int k = static_cast<int>(model.config.n_experts_per_tok);
+    summary_ += fmt::format("; Expert Deferral: {} of {} experts per token (decode)",
+                            std::min(o.defer, std::max(k - 1, 0)), k);
+  }
+  if (o.show_placement) {
+    std::fprintf(stderr, "%s\n", impl_->placement.format().c_str());
+  } else {
+    log_info("{}", impl_->placement.format());
   }
 }
 

@@ -37,6 +37,7 @@ struct BackendOptions {
   std::filesystem::path profile;     // cost model from `tandem profile`
   std::filesystem::path residuals;   // DALI residual vectors from `tandem calibrate`
   std::string link = "pcie4";        // host device link: pcie4 | pcie5 | none | <GB/s>[,<us>]
+  bool show_placement = false;       // print the resolved placement (also at -v)
 };
 
 class MoeRuntime {

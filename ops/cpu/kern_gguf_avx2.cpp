@@ -10,7 +10,6 @@ struct Avx2 {
   using V = __m256i;
   using V32 = __m256i;
   using F = __m256;
-  using BF = __m256i;
   static constexpr int kBytes = 32;
   static constexpr int kFloats = 8;
 
@@ -57,18 +56,9 @@ struct Avx2 {
     s = _mm_add_ss(s, _mm_movehdup_ps(s));
     return _mm_cvtss_f32(s);
   }
-  static BF load_bf(const uint16_t* p) { return load(p); }
-  // 16 BF16 pairs: widen each half to F32 (a shift) and FMA.
-  static F bf_dot(F acc, BF w, BF a) {
-    const __m256 wl = _mm256_castsi256_ps(
-        _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm256_castsi256_si128(w)), 16));
-    const __m256 wh = _mm256_castsi256_ps(
-        _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm256_extracti128_si256(w, 1)), 16));
-    const __m256 al = _mm256_castsi256_ps(
-        _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm256_castsi256_si128(a)), 16));
-    const __m256 ah = _mm256_castsi256_ps(
-        _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm256_extracti128_si256(a, 1)), 16));
-    return _mm256_fmadd_ps(wh, ah, _mm256_fmadd_ps(wl, al, acc));
+  static F load_bf16(const uint16_t* p) {
+    return _mm256_castsi256_ps(_mm256_slli_epi32(
+        _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p))), 16));
   }
 };
 
@@ -77,9 +67,9 @@ void q5k(const GemmArgs& g) { drive<Q5KKern<Avx2>>(g); }
 void q6k(const GemmArgs& g) { drive<Q6KKern<Avx2>>(g); }
 void q50(const GemmArgs& g) { drive<Q50Kern<Avx2>>(g); }
 void q80(const GemmArgs& g) { drive<Q80Kern<Avx2>>(g); }
-void f32(const GemmArgs& g) { drive<DenseKern<Avx2, false>>(g); }
-void f16(const GemmArgs& g) { drive<DenseKern<Avx2, true>>(g); }
-void bf16(const GemmArgs& g) { drive<Bf16Kern<Avx2>>(g); }
+void f32(const GemmArgs& g) { drive<DenseKern<Avx2, Dense::kF32>>(g); }
+void f16(const GemmArgs& g) { drive<DenseKern<Avx2, Dense::kF16>>(g); }
+void bf16(const GemmArgs& g) { drive<DenseKern<Avx2, Dense::kBF16>>(g); }
 
 }  // namespace
 

@@ -11,9 +11,9 @@ void q5k(const GemmArgs& g) { drive<Q5KKern<S>>(g); }
 void q6k(const GemmArgs& g) { drive<Q6KKern<S>>(g); }
 void q50(const GemmArgs& g) { drive<Q50Kern<S>>(g); }
 void q80(const GemmArgs& g) { drive<Q80Kern<S>>(g); }
-void f32(const GemmArgs& g) { drive<DenseKern<S, false>>(g); }
-void f16(const GemmArgs& g) { drive<DenseKern<S, true>>(g); }
-void bf16(const GemmArgs& g) { drive<Bf16Kern<S>>(g); }
+void f32(const GemmArgs& g) { drive<DenseKern<S, Dense::kF32>>(g); }
+void f16(const GemmArgs& g) { drive<DenseKern<S, Dense::kF16>>(g); }
+void bf16(const GemmArgs& g) { drive<DenseKern<S, Dense::kBF16>>(g); }
 
 }  // namespace
 

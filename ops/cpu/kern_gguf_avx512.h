@@ -1,5 +1,5 @@
 // AVX-512 traits for the kernel templates (kern_gguf_impl.h). kVnni adds AVX-512 VNNI (vpdpwssd,
-// vpdpbusd) and BF16 (vdpbf16ps). Included only by kern_gguf_avx512.cpp / kern_gguf_vnni.cpp,
+// vpdpbusd). Included only by kern_gguf_avx512.cpp / kern_gguf_vnni.cpp,
 // which are compiled with the matching -mavx512* flags; internal linkage throughout.
 #pragma once
 
@@ -14,7 +14,6 @@ struct Avx512 {
   using V = __m512i;
   using V32 = __m256i;
   using F = __m512;
-  using BF = __m512i;
   static constexpr int kBytes = 64;
   static constexpr int kFloats = 16;
 
@@ -87,21 +86,9 @@ struct Avx512 {
   }
   static F fmadd(F a, F b, F c) { return _mm512_fmadd_ps(a, b, c); }
   static float fhsum(F v) { return _mm512_reduce_add_ps(v); }
-  static BF load_bf(const uint16_t* p) { return _mm512_loadu_si512(p); }
-  static F bf_dot(F acc, BF w, BF a) {
-    if constexpr (kVnni) {
-      return _mm512_dpbf16_ps(acc, reinterpret_cast<__m512bh&>(w), reinterpret_cast<__m512bh&>(a));
-    } else {
-      const __m512 wl = _mm512_castsi512_ps(
-          _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(w)), 16));
-      const __m512 wh = _mm512_castsi512_ps(
-          _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(w, 1)), 16));
-      const __m512 al = _mm512_castsi512_ps(
-          _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(a)), 16));
-      const __m512 ah = _mm512_castsi512_ps(
-          _mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(a, 1)), 16));
-      return _mm512_fmadd_ps(wh, ah, _mm512_fmadd_ps(wl, al, acc));
-    }
+  static F load_bf16(const uint16_t* p) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(
+        _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16));
   }
 };
 

@@ -250,17 +250,29 @@ inline void q5_0_row(const BlockQ5_0* w, const BlockQ8_0* const* a, int64_t nb, 
   for (int t = 0; t < NT; ++t) out[t] = acc[t];
 }
 
-// Dense rows: F32 / F16 weights against F32 activations (lane-parallel FMA, one horizontal sum
-// at the end: not bit-equal to the scalar reference, which sums in order).
-template <class S, int NT, bool kHalf>
+// Dense rows: F32 / F16 / BF16 weights against F32 activations (lane-parallel FMA, one horizontal
+// sum at the end: not bit-equal to the scalar reference, which sums in order). BF16 weights keep
+// F32 activations: the product is then exact up to F32 rounding, as the golden files require.
+enum class Dense { kF32, kF16, kBF16 };
+
+inline float bf16_bits_to_float(uint16_t b) {
+  const uint32_t u = static_cast<uint32_t>(b) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+template <class S, int NT, Dense kKind>
 inline void dense_row(const void* wrow, const float* const* a, int64_t k, float* out) {
   typename S::F acc[NT];
   for (int t = 0; t < NT; ++t) acc[t] = S::fzero();
   int64_t i = 0;
   for (; i + S::kFloats <= k; i += S::kFloats) {
     typename S::F wv;
-    if constexpr (kHalf) {
+    if constexpr (kKind == Dense::kF16) {
       wv = S::load_half(static_cast<const uint16_t*>(wrow) + i);
+    } else if constexpr (kKind == Dense::kBF16) {
+      wv = S::load_bf16(static_cast<const uint16_t*>(wrow) + i);
     } else {
       wv = S::fload(static_cast<const float*>(wrow) + i);
     }
@@ -269,32 +281,10 @@ inline void dense_row(const void* wrow, const float* const* a, int64_t k, float*
   for (int t = 0; t < NT; ++t) {
     float s = S::fhsum(acc[t]);
     for (int64_t j = i; j < k; ++j) {
-      const float wj = kHalf ? half_to_float(static_cast<const uint16_t*>(wrow)[j])
-                             : static_cast<const float*>(wrow)[j];
+      const float wj = kKind == Dense::kF16    ? half_to_float(static_cast<const uint16_t*>(wrow)[j])
+                       : kKind == Dense::kBF16 ? bf16_bits_to_float(static_cast<const uint16_t*>(wrow)[j])
+                                               : static_cast<const float*>(wrow)[j];
       s += wj * a[t][j];
-    }
-    out[t] = s;
-  }
-}
-
-// BF16 x BF16 rows (F32 accumulation).
-template <class S, int NT>
-inline void bf16_row(const uint16_t* w, const uint16_t* const* a, int64_t k, float* out) {
-  typename S::F acc[NT];
-  for (int t = 0; t < NT; ++t) acc[t] = S::fzero();
-  int64_t i = 0;
-  for (; i + 2 * S::kFloats <= k; i += 2 * S::kFloats) {
-    const typename S::BF wv = S::load_bf(w + i);
-    for (int t = 0; t < NT; ++t) acc[t] = S::bf_dot(acc[t], wv, S::load_bf(a[t] + i));
-  }
-  for (int t = 0; t < NT; ++t) {
-    float s = S::fhsum(acc[t]);
-    for (int64_t j = i; j < k; ++j) {
-      uint32_t wb = static_cast<uint32_t>(w[j]) << 16, ab = static_cast<uint32_t>(a[t][j]) << 16;
-      float wf, af;
-      std::memcpy(&wf, &wb, 4);
-      std::memcpy(&af, &ab, 4);
-      s += wf * af;
     }
     out[t] = s;
   }
@@ -396,7 +386,7 @@ struct Q50Kern {
   }
 };
 
-template <class S, bool kHalf>
+template <class S, Dense kKind>
 struct DenseKern {
   template <int NT>
   static inline void row(const GemmArgs& g, int64_t r, int64_t t0) {
@@ -405,21 +395,7 @@ struct DenseKern {
       a[t] = reinterpret_cast<const float*>(g.act + (t0 + t) * g.act_row_bytes);
     }
     float out[NT];
-    dense_row<S, NT, kHalf>(g.w + r * g.row_bytes, a, g.cols, out);
-    for (int t = 0; t < NT; ++t) g.y[(t0 + t) * g.ldy + r] = out[t];
-  }
-};
-
-template <class S>
-struct Bf16Kern {
-  template <int NT>
-  static inline void row(const GemmArgs& g, int64_t r, int64_t t0) {
-    const uint16_t* a[NT];
-    for (int t = 0; t < NT; ++t) {
-      a[t] = reinterpret_cast<const uint16_t*>(g.act + (t0 + t) * g.act_row_bytes);
-    }
-    float out[NT];
-    bf16_row<S, NT>(reinterpret_cast<const uint16_t*>(g.w + r * g.row_bytes), a, g.cols, out);
+    dense_row<S, NT, kKind>(g.w + r * g.row_bytes, a, g.cols, out);
     for (int t = 0; t < NT; ++t) g.y[(t0 + t) * g.ldy + r] = out[t];
   }
 };

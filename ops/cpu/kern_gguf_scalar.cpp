@@ -170,9 +170,9 @@ void f16(const GemmArgs& g) {
 void bf16(const GemmArgs& g) {
   rows(g, [&](const uint8_t* w, const uint8_t* a) {
     const uint16_t* wb = reinterpret_cast<const uint16_t*>(w);
-    const uint16_t* ab = reinterpret_cast<const uint16_t*>(a);
+    const float* af = reinterpret_cast<const float*>(a);
     float s = 0.0f;
-    for (int64_t i = 0; i < g.cols; ++i) s += bf16_to_f32(wb[i]) * bf16_to_f32(ab[i]);
+    for (int64_t i = 0; i < g.cols; ++i) s += bf16_to_f32(wb[i]) * af[i];
     return s;
   });
 }

@@ -35,8 +35,8 @@ const char* wformat_name(WFormat f) {
 AFormat act_format(WFormat f) {
   switch (f) {
     case WFormat::kF32:
-    case WFormat::kF16: return AFormat::kF32;
-    case WFormat::kBF16:
+    case WFormat::kF16:
+    case WFormat::kBF16: return AFormat::kF32;
     case WFormat::kFP8Block: return AFormat::kBF16;
     case WFormat::kInt8:
     case WFormat::kInt4: return AFormat::kI8;

@@ -1,9 +1,8 @@
 // The fast CPU matrix kernels: y = x * W^T for weights in the formats experts and dense layers
 // are stored or repacked in, with activations converted once per matrix family (gate and up share
 // them) into the encoding the format's dot product wants: ggml's Q8_K / Q8_0 blocks for the GGUF
-// K-quants and Q8_0 (integer dot products, as llama.cpp computes them), BF16 for BF16 and
-// block-scaled FP8 (OSDI'26 §3.4: expand FP8 to BF16, BF16 dot, post-scale per 128-block), F32
-// for F32 / F16.
+// K-quants, Q8_0 and Q5_0 (integer dot products, as llama.cpp computes them); F32 for F32, F16
+// and BF16 weights (unquantized weights keep exact F32 activations, which the golden logits need).
 //
 // Every format has a scalar reference (gemm_reference) of exactly the same arithmetic; the SIMD
 // variants (AVX2, AVX-512, AVX-512 VNNI/BF16) come from one algorithm template per format and are
@@ -29,7 +28,8 @@ enum class WFormat : uint8_t {
 const char* wformat_name(WFormat f);
 
 // Activation encodings: kQ8_K = ggml block_q8_K rows (Q4_K/Q5_K/Q6_K), kQ8_0 = ggml block_q8_0
-// rows (Q8_0, Q5_0: llama.cpp's fallback for expert rows not a multiple of 256), kBF16 (BF16, FP8Block), kF32 (F32, F16), kI8 (packed INT8/INT4, ops/cpu/packed.h).
+// rows (Q8_0, Q5_0: llama.cpp's fallback for expert rows not a multiple of 256), kF32 (F32, F16,
+// BF16), kBF16 (block-scaled FP8), kI8 (packed INT8/INT4).
 enum class AFormat : uint8_t { kF32, kBF16, kQ8_K, kQ8_0, kI8 };
 AFormat act_format(WFormat f);
 

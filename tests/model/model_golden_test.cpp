@@ -169,7 +169,10 @@ TEST_P(Golden, Quantized) {
 }
 
 // Absorbed MLA (latent cache, W_UK / W_UV folded into q and output) is the same function as
-// naive MLA: equal to float rounding, far tighter than the golden tolerance.
+// naive MLA: equal to float rounding, far tighter than the golden tolerance, for F32 / BF16
+// weights. With Q4_K_M weights the matmuls quantize their inputs to Q8 (as llama.cpp does), and
+// the two forms quantize slightly different intermediate vectors (e.g. wo's input): equal then
+// within that quantization noise (1 / 127 of a block's range per value), not to float rounding.
 TEST_P(GoldenMla, AbsorbedEqualsNaive) {
   for (const std::string suffix : {".gguf", "-hf", "-q4_k_m.gguf"}) {
     const LoadedModel lm = load_model(test::data_path("golden/" + GetParam() + suffix));
@@ -177,8 +180,9 @@ TEST_P(GoldenMla, AbsorbedEqualsNaive) {
     const PromptRun a = run_prompt(lm, tokens, MlaMode::kAbsorbed);
     const PromptRun b = run_prompt(lm, tokens, MlaMode::kNaive);
     const Stats s = compare(a.logits, b.logits, lm.config.vocab_size);
-    EXPECT_LE(*std::max_element(s.rel.begin(), s.rel.end()), 1e-5) << suffix;
-    EXPECT_EQ(a.greedy, b.greedy) << suffix;
+    const bool quantized = std::string(suffix).find("q4_k_m") != std::string::npos;
+    EXPECT_LE(*std::max_element(s.rel.begin(), s.rel.end()), quantized ? 0.05 : 1e-5) << suffix;
+    if (!quantized) EXPECT_EQ(a.greedy, b.greedy) << suffix;
   }
 }
 

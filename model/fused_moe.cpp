@@ -1,0 +1,225 @@
+#include "model/fused_moe.h"
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstring>
+#include <thread>
+
+#include "core/error.h"
+#include "model/weights.h"
+#include "ops/cpu/ref_ops.h"
+
+namespace tandem {
+
+struct FusedMoeBackend::Expert {
+  int64_t id = 0;
+  int64_t ff = 0;
+  bool fast = false;  // all three matrices have kernels
+  kern::KMatrix gate, up, down;
+  const ops::Weight* w_gate = nullptr;
+  const ops::Weight* w_up = nullptr;
+  const ops::Weight* w_down = nullptr;
+  std::vector<int32_t> tokens;  // token of each row, in slot order
+  kern::Activations x;          // gathered gate/up activations
+  std::vector<float> g, u;      // [n, ff]: gate, up; g becomes SiLU(gate) * up
+  kern::Activations h;          // g converted for the down projection
+  std::vector<float> y;         // [n, hidden]
+  std::atomic<int64_t> gate_left{0};
+  std::atomic<bool> ready{false};
+};
+
+FusedMoeBackend::FusedMoeBackend(ThreadPool* pool, FusedMoeOptions options)
+    : pool_(pool), options_(options) {}
+
+FusedMoeBackend::~FusedMoeBackend() {
+  if (handle_.valid()) handle_.wait();
+}
+
+namespace {
+
+kern::Activations* acts_for(std::vector<kern::Activations>& v, kern::AFormat f) {
+  const size_t i = static_cast<size_t>(f);
+  if (v.size() <= i) v.resize(i + 1);
+  return &v[i];
+}
+
+void pause() {
+  _mm_pause();
+}
+
+}  // namespace
+
+void FusedMoeBackend::submit(const MoeRequest& r) {
+  TD_CHECK(!pending_, "FusedMoeBackend::submit while a request is pending");
+  req_ = r;
+  const int64_t T = r.n_tokens, K = r.k, H = r.hidden_size;
+  const int64_t n_experts = static_cast<int64_t>(r.experts->gate.size());
+  // Which experts are active and which rows they get (counting pass, then fill in slot order).
+  std::vector<int32_t> index_of(static_cast<size_t>(n_experts), -1);
+  slot_row_.assign(static_cast<size_t>(T * K), -1);
+  slot_expert_.assign(static_cast<size_t>(T * K), -1);
+  n_active_ = 0;
+  for (int64_t i = 0; i < T * K; ++i) {
+    const int32_t e = r.ids[i];
+    TD_CHECK(e >= 0 && e < n_experts, "expert id {} out of range", e);
+    if (r.expert_mask != nullptr && r.expert_mask[e] == 0) continue;
+    if (index_of[e] < 0) {
+      index_of[e] = static_cast<int32_t>(n_active_++);
+      if (static_cast<int64_t>(experts_.size()) < n_active_) {
+        experts_.push_back(std::make_unique<Expert>());
+      }
+      Expert& x = *experts_[n_active_ - 1];
+      x.id = e;
+      x.tokens.clear();
+      x.w_gate = &r.experts->gate[e];
+      x.w_up = &r.experts->up[e];
+      x.w_down = &r.experts->down[e];
+      x.ff = x.w_gate->rows();
+      x.fast = kern::view_weight(*x.w_gate, &x.gate) && kern::view_weight(*x.w_up, &x.up) &&
+               kern::view_weight(*x.w_down, &x.down) && x.gate.format == x.up.format;
+    }
+    Expert& x = *experts_[index_of[e]];
+    slot_expert_[i] = index_of[e];
+    slot_row_[i] = static_cast<int32_t>(x.tokens.size());
+    x.tokens.push_back(static_cast<int32_t>(i / K));
+  }
+
+  // Activations: the hidden states once per encoding, then each expert's rows gathered.
+  tasks_.clear();
+  int64_t total_rows = 0;
+  for (int64_t a = 0; a < n_active_; ++a) {
+    Expert& x = *experts_[a];
+    const int64_t n = static_cast<int64_t>(x.tokens.size());
+    x.y.resize(static_cast<size_t>(n * H));
+    x.ready.store(false, std::memory_order_relaxed);
+    if (!x.fast) continue;
+    const kern::AFormat af = kern::act_format(x.gate.format);
+    kern::Activations* all = acts_for(hidden_acts_, af);
+    if (all->tokens != T || all->format != af || all->cols != H) {
+      kern::quantize_activations(af, 0, r.hidden, T, H, H, all);
+    }
+    x.x.format = af;
+    x.x.tokens = n;
+    x.x.cols = H;
+    x.x.row_bytes = all->row_bytes;
+    if (x.x.data.size() < static_cast<size_t>(n * all->row_bytes)) {
+      x.x.data.resize(static_cast<size_t>(n * all->row_bytes));
+    }
+    for (int64_t j = 0; j < n; ++j) {
+      std::memcpy(x.x.data.data() + j * all->row_bytes, all->row(x.tokens[j]),
+                  static_cast<size_t>(all->row_bytes));
+    }
+    x.g.resize(static_cast<size_t>(n * x.ff));
+    x.u.resize(static_cast<size_t>(n * x.ff));
+    total_rows += 2 * x.ff + H;
+  }
+  // Invalidate the per-encoding caches for the next request.
+  for (kern::Activations& a : hidden_acts_) a.tokens = -1;
+
+  // Chunks: >= ~4 tasks per thread over the whole layer, multiples of 16 rows, capped.
+  const int64_t threads = pool_ != nullptr ? pool_->size() + 1 : 1;
+  int64_t chunk = total_rows / (4 * threads);
+  chunk = std::clamp<int64_t>(chunk / 16 * 16, 16, std::max<int64_t>(16, options_.max_rows_per_task));
+  for (int64_t a = 0; a < n_active_; ++a) {
+    Expert& x = *experts_[a];
+    if (!x.fast) {
+      tasks_.push_back({static_cast<int32_t>(a), 2, 0, 0});
+      continue;
+    }
+    // gate+up chunks count double, so they get half the rows.
+    const int64_t gu = std::max<int64_t>(16, chunk / 2 / 16 * 16);
+    int64_t n_gate = 0;
+    for (int64_t r0 = 0; r0 < x.ff; r0 += gu, ++n_gate) {
+      tasks_.push_back({static_cast<int32_t>(a), 0, r0, std::min(x.ff, r0 + gu)});
+    }
+    x.gate_left.store(n_gate, std::memory_order_relaxed);
+  }
+  // Down chunks after every gate/up chunk: a worker reaching one finds its expert's gate/up chunks
+  // already claimed (they precede it in the queue), so waiting for them cannot deadlock.
+  for (int64_t a = 0; a < n_active_; ++a) {
+    Expert& x = *experts_[a];
+    if (!x.fast) continue;
+    for (int64_t r0 = 0; r0 < H; r0 += chunk) {
+      tasks_.push_back({static_cast<int32_t>(a), 1, r0, std::min(H, r0 + chunk)});
+    }
+  }
+  pending_ = true;
+  if (tasks_.empty()) return;
+  if (pool_ == nullptr) {
+    for (const Task& t : tasks_) run_task(t);
+    return;
+  }
+  handle_ = pool_->submit(tasks_.size(), [this](size_t i) { run_task(tasks_[i]); });
+}
+
+void FusedMoeBackend::run_task(const Task& t) {
+  Expert& x = *experts_[t.expert];
+  const int64_t n = static_cast<int64_t>(x.tokens.size());
+  const int64_t H = req_.hidden_size;
+  if (t.phase == 2) {  // reference path: the whole expert here
+    std::vector<float> in(static_cast<size_t>(n * H)), g, u;
+    for (int64_t j = 0; j < n; ++j) {
+      std::memcpy(in.data() + j * H, req_.hidden + x.tokens[j] * H, static_cast<size_t>(H) * 4);
+    }
+    g.resize(static_cast<size_t>(n * x.ff));
+    u.resize(g.size());
+    ops::matmul(*x.w_gate, in.data(), n, g.data(), nullptr);
+    ops::matmul(*x.w_up, in.data(), n, u.data(), nullptr);
+    ops::swiglu(g.data(), u.data(), n * x.ff, g.data());
+    ops::matmul(*x.w_down, g.data(), n, x.y.data(), nullptr);
+    x.ready.store(true, std::memory_order_release);
+    return;
+  }
+  if (t.phase == 0) {
+    kern::gemm(x.gate, x.x, t.r0, t.r1, x.g.data(), x.ff);
+    kern::gemm(x.up, x.x, t.r0, t.r1, x.u.data(), x.ff);
+    for (int64_t j = 0; j < n; ++j) {
+      float* g = x.g.data() + j * x.ff;
+      const float* u = x.u.data() + j * x.ff;
+      for (int64_t i = t.r0; i < t.r1; ++i) g[i] = ops::silu(g[i]) * u[i];
+    }
+    if (x.gate_left.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+      kern::quantize_activations(kern::act_format(x.down.format), 0, x.g.data(), n, x.ff, x.ff,
+                                 &x.h);
+      x.ready.store(true, std::memory_order_release);
+    }
+    return;
+  }
+  // Down rows of this expert, once its intermediate rows are complete.
+  for (int spins = 0; !x.ready.load(std::memory_order_acquire); ++spins) {
+    if (spins < 4096) {
+      pause();
+    } else {
+      std::this_thread::yield();
+    }
+  }
+  kern::gemm(x.down, x.h, t.r0, t.r1, x.y.data(), H);
+}
+
+void FusedMoeBackend::wait() {
+  TD_CHECK(pending_, "FusedMoeBackend::wait without submit");
+  pending_ = false;
+  if (handle_.valid()) handle_.wait();
+  // Combine per token in slot order: deterministic whichever worker computed what.
+  const MoeRequest& r = req_;
+  const int64_t H = r.hidden_size, K = r.k;
+  auto combine = [&](size_t t) {
+    float* dst = r.out + static_cast<int64_t>(t) * H;
+    std::fill(dst, dst + H, 0.0f);
+    for (int64_t j = 0; j < K; ++j) {
+      const int64_t i = static_cast<int64_t>(t) * K + j;
+      if (slot_expert_[i] < 0) continue;
+      const float w = r.weights[i];
+      const float* src = experts_[slot_expert_[i]]->y.data() + slot_row_[i] * H;
+      for (int64_t c = 0; c < H; ++c) dst[c] += w * src[c];
+    }
+  };
+  if (pool_ != nullptr && r.n_tokens > 8) {
+    pool_->run(static_cast<size_t>(r.n_tokens), combine);
+  } else {
+    for (int64_t t = 0; t < r.n_tokens; ++t) combine(static_cast<size_t>(t));
+  }
+}
+
+}  // namespace tandem

@@ -1,0 +1,67 @@
+// The fused CPU MoE operator behind MoeBackend (KTransformers §3.2, OSDI'26 §3.5.1): one submit()
+// computes every routed expert of a layer for T tokens.
+//
+//  1. The hidden states are converted once into each activation encoding the layer's experts need
+//     (ops/cpu/kernels.h); each expert's token rows are gathered from them (a row copy: rows are
+//     quantized independently, so gathering quantized rows equals quantizing gathered rows).
+//  2. One pool job whose tasks are (expert, row chunk) units: first every expert's gate+up chunks
+//     (both matrices in one task over the same activations, then SiLU(gate)*up for those rows),
+//     then every expert's down chunks. Chunk sizes are balanced over the active experts so a big
+//     expert is split along its output dimension, and workers pull tasks from the pool's atomic
+//     counter (dynamic scheduling). Dependencies are per expert: the last gate/up chunk of an
+//     expert converts its intermediate rows for the down projection and marks it ready; a down
+//     chunk waits only for its own expert (no barrier between the phases of different experts).
+//  3. wait(): joins the job and combines the experts' outputs per token in top-k slot order
+//     (deterministic: the same sums whichever thread ran what).
+// Experts stored in a dtype without a kernel run the reference matmul inside one task.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "core/thread_pool.h"
+#include "model/moe_backend.h"
+#include "ops/cpu/kernels.h"
+
+namespace tandem {
+
+struct FusedMoeOptions {
+  // Target rows per task; the real chunk adapts so there are at least ~4 tasks per thread.
+  int64_t max_rows_per_task = 256;
+};
+
+class FusedMoeBackend : public MoeBackend {
+ public:
+  explicit FusedMoeBackend(ThreadPool* pool, FusedMoeOptions options = {});
+  ~FusedMoeBackend() override;
+  void submit(const MoeRequest& request) override;
+  void wait() override;
+
+  // Tasks of the last submitted layer (tests and benchmarks look at the decomposition).
+  int64_t last_task_count() const { return static_cast<int64_t>(tasks_.size()); }
+
+ private:
+  struct Expert;
+  struct Task {
+    int32_t expert;  // index into experts_
+    int32_t phase;   // 0: gate+up rows, 1: down rows, 2: whole expert (reference path)
+    int64_t r0, r1;
+  };
+  void run_task(const Task& task);
+
+  ThreadPool* pool_;
+  FusedMoeOptions options_;
+  MoeRequest req_;
+  bool pending_ = false;
+  std::vector<std::unique_ptr<Expert>> experts_;  // active experts of the request (reused)
+  int64_t n_active_ = 0;
+  std::vector<Task> tasks_;
+  std::vector<int32_t> slot_row_;  // [T * k]: row of that selection in its expert's output, -1
+  std::vector<int32_t> slot_expert_;  // [T * k]: index into experts_, -1 when masked out
+  std::vector<kern::Activations> hidden_acts_;  // hidden in each encoding needed (by AFormat)
+  TaskHandle handle_;
+};
+
+}  // namespace tandem

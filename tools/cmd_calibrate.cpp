@@ -1,0 +1,93 @@
+// `tandem calibrate`: DALI's residual vectors (eq. 11) from a model run over a text, for the
+// residual prefetcher (`--prefetch residual --residuals FILE`) and `tandem trace --residuals`.
+#include <fmt/format.h>
+
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "core/thread_pool.h"
+#include "engine/tokenizer.h"
+#include "model/model.h"
+#include "model/weights.h"
+#include "runtime/calibrate.h"
+#include "tools/command.h"
+#include "tools/options.h"
+
+namespace tandem::tools {
+namespace {
+
+struct CalibrateArgs {
+  std::string model, file, out;
+  int64_t ctx = 256;
+  int chunks = 0;
+  int threads = 0;
+  BackendOptions backend;
+};
+
+void run_calibrate(const CalibrateArgs& a) {
+  if (a.ctx < 2) fail(ErrorKind::kInvalidArgument, "--ctx must be at least 2, got {}", a.ctx);
+  std::ifstream in(a.file, std::ios::binary);
+  if (!in) fail(ErrorKind::kIo, "-f: cannot read '{}'", a.file);
+  std::stringstream text;
+  text << in.rdbuf();
+  const LoadedModel lm = load_model(a.model);
+  const Tokenizer tok = lm.gguf ? Tokenizer::from_gguf(*lm.gguf) : Tokenizer::load(a.model);
+  const std::vector<TokenId> tokens = tok.encode(text.str(), /*add_special=*/true);
+  if (tokens.empty()) fail(ErrorKind::kInvalidArgument, "{}: no tokens", a.file);
+  rt::ResidualCalibrator cal(lm);
+  ThreadingContext threading(ThreadingOptions{a.threads, true, 50});
+  ModelOptions mo;
+  mo.ctx = a.ctx;
+  mo.pool = &threading.pool();
+  MoeRuntime moe(lm, a.backend, threading);
+  mo.moe = moe.backend();
+  mo.on_routing = [&cal](const RoutingEvent& e) { cal.on_routing(e); };
+  Model model(lm, mo);
+  std::vector<float> logits(static_cast<size_t>(lm.config.vocab_size));
+  int64_t done = 0;
+  for (size_t b = 0; b < tokens.size(); b += size_t(a.ctx)) {
+    if (a.chunks > 0 && done == a.chunks) break;
+    const size_t e = std::min(tokens.size(), b + size_t(a.ctx));
+    std::vector<int32_t> chunk(tokens.begin() + long(b), tokens.begin() + long(e));
+    model.reset();
+    model.forward(chunk, logits.data(), false);
+    ++done;
+  }
+  const rt::ResidualVectors r = cal.result();
+  r.save(a.out);
+  double norm = 0;
+  for (const auto& v : r.vectors) {
+    double s = 0;
+    for (float x : v) s += double(x) * x;
+    norm += std::sqrt(s);
+  }
+  std::printf(
+      "%s: %zu residual vectors of %ld values from %ld tokens (%ld chunks); mean |r| %.4f\n",
+      a.out.c_str(), r.vectors.size(), long(r.hidden_size), long(r.tokens), long(done),
+      r.vectors.empty() ? 0.0 : norm / r.vectors.size());
+}
+
+void add_calibrate(CLI::App& app) {
+  auto a = std::make_shared<CalibrateArgs>();
+  app.add_option("-m,--model", a->model, "a .gguf file or an HF directory")->required();
+  app.add_option("-f,--file", a->file, "calibration text")->required();
+  app.add_option("-o,--output", a->out, "residual vectors (JSON) to write")->required();
+  app.add_option("--ctx", a->ctx, "tokens per chunk")->capture_default_str();
+  app.add_option("--chunks", a->chunks, "at most this many chunks (0: the whole text)")
+      ->capture_default_str();
+  app.add_option("--threads", a->threads, "worker threads (default: one per physical core)");
+  add_backend_options(app, &a->backend);
+  app.callback([a] { run_calibrate(*a); });
+}
+
+Registrar reg("calibrate", "DALI residual vectors (eq. 11) for residual-based expert prefetching",
+              add_calibrate);
+
+}  // namespace
+}  // namespace tandem::tools
