@@ -1,13 +1,22 @@
 #include "model/model.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 
 #include "core/error.h"
+#include "core/thread_pool.h"
 #include "model/router.h"
 #include "ops/cpu/kernels.h"
 
 namespace tandem {
+
+namespace {
+using Clock = std::chrono::steady_clock;
+double seconds(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+}  // namespace
 namespace {
 
 template <typename T>
@@ -96,15 +105,21 @@ void Model::forward(std::span<const int32_t> tokens, float* logits, bool all_row
       ops::rms_norm(x + t * hd, lw.attn_norm.data(), hd, c.rms_norm_eps, h + t * hd);
     }
     if (c.is_mla()) {
+      const auto t0 = Clock::now();
       attention_mla(l, n, h, a);
+      profile_.attention += seconds(t0);
     } else {
+      const auto t0 = Clock::now();
       attention_mha(l, n, h, a);
+      profile_.attention += seconds(t0);
     }
     add_into(x, a, n * hd);
     for (int64_t t = 0; t < n; ++t) {
       ops::rms_norm(x + t * hd, lw.ffn_norm.data(), hd, c.rms_norm_eps, h + t * hd);
     }
+    const auto t1 = Clock::now();
     ffn(l, n, h, a);
+    profile_.ffn += seconds(t1);
     add_into(x, a, n * hd);
   }
   pos_ += n;
@@ -113,7 +128,9 @@ void Model::forward(std::span<const int32_t> tokens, float* logits, bool all_row
   for (int64_t t = first; t < n; ++t) {
     ops::rms_norm(x + t * hd, w_.out_norm.data(), hd, c.rms_norm_eps, h + (t - first) * hd);
   }
+  const auto t2 = Clock::now();
   kern::matmul(w_.lm_head, h, rows, logits, pool_);
+  profile_.lm_head += seconds(t2);
 }
 
 void Model::attention_mha(int64_t l, int64_t n, const float* x, float* out) {
@@ -168,6 +185,16 @@ void Model::attention_mha(int64_t l, int64_t n, const float* x, float* out) {
   kern::matmul(lw.wo, args.out, n, out, pool_);
 }
 
+template <typename F>
+void Model::for_heads(int64_t n_heads, int64_t n_tokens, F&& fn) {
+  // One token's heads are too little work to dispatch; a batch's are worth it.
+  if (pool_ != nullptr && n_tokens > 1) {
+    pool_->run(static_cast<size_t>(n_heads), fn);
+  } else {
+    for (int64_t i = 0; i < n_heads; ++i) fn(static_cast<size_t>(i));
+  }
+}
+
 void Model::attention_mla(int64_t l, int64_t n, const float* x, float* out) {
   const ModelConfig& c = w_.config;
   const LayerWeights& lw = w_.layers[l];
@@ -205,24 +232,30 @@ void Model::attention_mla(int64_t l, int64_t n, const float* x, float* out) {
     std::copy(kv, kv + n * kr, k_cache_[l].data() + pos_ * kr);
     // q_cat per head: W_UK^T q_nope (kvl values) then q_pe, scored against [latent, k_pe].
     float* qc = grow(t1_, n * nh * kr);
-    for (int64_t i = 0; i < nh; ++i) {
+    // Heads are independent: one task each (per-thread scratch), threaded for prefill.
+    auto q_head = [&](size_t head) {
+      const int64_t i = static_cast<int64_t>(head);
+      thread_local std::vector<float> lat_l, tmp_l;
+      lat_l.resize(static_cast<size_t>(n * nope));
+      tmp_l.resize(static_cast<size_t>(n * kvl));
       for (int64_t t = 0; t < n; ++t) {
         const float* src = q + (t * nh + i) * qk;
-        std::copy(src, src + nope, lat + t * nope);
+        std::copy(src, src + nope, lat_l.data() + t * nope);
       }
       // (kern: quantized activations where llama.cpp's absorbed MLA quantizes them too.)
       if (lw.k_up_transposed) {
-        kern::matmul(lw.k_up[i], lat, n, tmp, nullptr);
+        kern::matmul(lw.k_up[i], lat_l.data(), n, tmp_l.data(), nullptr);
       } else {
-        ops::matmul_transposed(lw.k_up[i], lat, n, tmp);
+        ops::matmul_transposed(lw.k_up[i], lat_l.data(), n, tmp_l.data());
       }
       for (int64_t t = 0; t < n; ++t) {
         float* dst = qc + (t * nh + i) * kr;
-        std::copy(tmp + t * kvl, tmp + (t + 1) * kvl, dst);
+        std::copy(tmp_l.data() + t * kvl, tmp_l.data() + (t + 1) * kvl, dst);
         const float* pe = q + (t * nh + i) * qk + nope;
         std::copy(pe, pe + rd, dst + kvl);
       }
-    }
+    };
+    for_heads(nh, n, q_head);
     args.q = qc;
     args.q_stride = nh * kr;
     args.n_kv_heads = 1;
@@ -236,16 +269,21 @@ void Model::attention_mla(int64_t l, int64_t n, const float* x, float* out) {
     args.out = att;
     ops::attention(args, pool_);
     float* o = grow(v_, n * nh * vd);
-    for (int64_t i = 0; i < nh; ++i) {
+    auto v_head = [&](size_t head) {
+      const int64_t i = static_cast<int64_t>(head);
+      thread_local std::vector<float> lat_l, tmp_l;
+      lat_l.resize(static_cast<size_t>(n * kvl));
+      tmp_l.resize(static_cast<size_t>(n * vd));
       for (int64_t t = 0; t < n; ++t) {
         const float* src = att + (t * nh + i) * kvl;
-        std::copy(src, src + kvl, lat + t * kvl);
+        std::copy(src, src + kvl, lat_l.data() + t * kvl);
       }
-      kern::matmul(lw.v_up[i], lat, n, tmp, nullptr);
+      kern::matmul(lw.v_up[i], lat_l.data(), n, tmp_l.data(), nullptr);
       for (int64_t t = 0; t < n; ++t) {
-        std::copy(tmp + t * vd, tmp + (t + 1) * vd, o + (t * nh + i) * vd);
+        std::copy(tmp_l.data() + t * vd, tmp_l.data() + (t + 1) * vd, o + (t * nh + i) * vd);
       }
-    }
+    };
+    for_heads(nh, n, v_head);
     kern::matmul(lw.wo, o, n, out, pool_);
     return;
   }
@@ -357,7 +395,9 @@ void Model::ffn(int64_t l, int64_t n, const float* x, float* out) {
   } else {
     std::fill(out, out + n * hd, 0.0f);
   }
+  const auto tw = Clock::now();
   moe_->wait();
+  profile_.moe_wait += seconds(tw);
   add_into(out, routed, n * hd);
 }
 

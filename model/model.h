@@ -59,6 +59,13 @@ class Model {
   }
   uint64_t kv_cache_bytes() const;
 
+  // Wall time spent per part of the forward since construction (seconds): where time goes,
+  // for `tandem bench` and profiling. moe_wait is the part of ffn spent waiting for the backend.
+  struct Profile {
+    double attention = 0, ffn = 0, moe_wait = 0, lm_head = 0;
+  };
+  const Profile& profile() const { return profile_; }
+
   // Feeds `tokens` at the current position. logits receives [n, vocab] when all_rows, else the
   // last row's [vocab]. Throws Error(kOutOfRange) for a bad id or when the context is full.
   void forward(std::span<const int32_t> tokens, float* logits, bool all_rows);
@@ -66,6 +73,8 @@ class Model {
  private:
   void attention_mha(int64_t layer, int64_t n, const float* x, float* out);
   void attention_mla(int64_t layer, int64_t n, const float* x, float* out);
+  template <typename F>
+  void for_heads(int64_t n_heads, int64_t n_tokens, F&& fn);
   void ffn(int64_t layer, int64_t n, const float* x, float* out);
   void dense_ffn(const ops::Weight& g, const ops::Weight& u, const ops::Weight& d, int64_t n,
                  const float* x, float* out);
@@ -81,6 +90,7 @@ class Model {
   ops::RopeForm rope_form_;
   float attn_scale_;
   int64_t pos_ = 0;
+  Profile profile_;
   std::vector<int64_t> moe_index_;  // per layer: index among MoE layers, -1 for dense
   int64_t n_moe_layers_ = 0;
   // Per layer: K and V (MHA, naive MLA) or the latent + rope key (absorbed MLA, in k only).

@@ -44,6 +44,13 @@ struct Avx2 {
     return hsum(_mm256_madd_epi16(p, _mm256_set1_epi16(1)));
   }
 
+  static __m256i dot_s8_32_lanes(V32 w, const int8_t* a) {
+    const V av = load(a);
+    const V p = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(av, w));
+    return _mm256_madd_epi16(p, _mm256_set1_epi16(1));
+  }
+  static F to_float(V v) { return _mm256_cvtepi32_ps(v); }
+  static F fset1(float x) { return _mm256_set1_ps(x); }
   static F fzero() { return _mm256_setzero_ps(); }
   static F fload(const float* p) { return _mm256_loadu_ps(p); }
   static F load_half(const uint16_t* p) {

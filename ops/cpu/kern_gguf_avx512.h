@@ -79,6 +79,17 @@ struct Avx512 {
     }
   }
 
+  static __m256i dot_s8_32_lanes(V32 w, const int8_t* a) {
+    const __m256i av = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a));
+    const __m256i ax = _mm256_sign_epi8(w, w), sy = _mm256_sign_epi8(av, w);
+    if constexpr (kVnni) {
+      return _mm256_dpbusd_epi32(_mm256_setzero_si256(), ax, sy);
+    } else {
+      return _mm256_madd_epi16(_mm256_maddubs_epi16(ax, sy), _mm256_set1_epi16(1));
+    }
+  }
+  static F to_float(V v) { return _mm512_cvtepi32_ps(v); }
+  static F fset1(float x) { return _mm512_set1_ps(x); }
   static F fzero() { return _mm512_setzero_ps(); }
   static F fload(const float* p) { return _mm512_loadu_ps(p); }
   static F load_half(const uint16_t* p) {

@@ -3,10 +3,10 @@
 // units, each compiled for its ISA: everything here has internal linkage (an anonymous namespace)
 // so no AVX-512 copy of an inline function can leak into baseline code through the linker.
 //
-// Arithmetic contract (what makes SIMD == scalar reference bit for bit for the K-quants): per
-// super-block, the integer dot products are exact int32 sums; the block's float update is done in
-// scalar code in the same order as the reference: acc = acc + (da * dw) * isum, then
-// acc = acc - (da * dmin) * summs. These files are compiled with -ffp-contract=off.
+// Arithmetic contract: per block the integer dot products are exact int32 sums, as in the scalar
+// reference; the float accumulation over blocks runs in vector lanes (one int->float conversion
+// and one FMA per block, no horizontal sum until the row's end), so SIMD and reference differ only
+// by the F32 summation order of the blocks' contributions.
 #pragma once
 
 #include <immintrin.h>
@@ -32,6 +32,13 @@ inline float half_to_float(uint16_t h) {
   return _cvtsh_ss(h);
 }
 
+inline float hsum_ps256(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
 // The 6-bit scales and mins of the 8 sub-blocks of a Q4_K / Q5_K block.
 inline void unpack_k4_scales(const uint8_t* s, uint8_t* sc, uint8_t* m) {
   for (int j = 0; j < 4; ++j) {
@@ -54,8 +61,13 @@ inline int32_t k4_min_sum(const uint8_t* m, const int16_t* bsums) {
 // Q4_K x Q8_K for NT tokens of one weight row.
 template <class S, int NT>
 inline void q4k_row(const BlockQ4_K* w, const BlockQ8_K* const* a, int64_t nb, float* out) {
+  // facc: the scale part in vector lanes (no horizontal sum per block); acc: the min part.
   float acc[NT];
-  for (int t = 0; t < NT; ++t) acc[t] = 0.0f;
+  typename S::F facc[NT];
+  for (int t = 0; t < NT; ++t) {
+    acc[t] = 0.0f;
+    facc[t] = S::fzero();
+  }
   const typename S::V mask = S::set1_8(0x0F);
   // The second 256-bit half of an AVX-512 vector is group g + 1 (sub-blocks 2g+2, 2g+3); AVX2
   // has one half and must not index past the 8 scales.
@@ -82,14 +94,12 @@ inline void q4k_row(const BlockQ4_K* w, const BlockQ8_K* const* a, int64_t nb, f
     }
     const float dw = half_to_float(x.d), dmw = half_to_float(x.dmin);
     for (int t = 0; t < NT; ++t) {
-      const int32_t isum = S::hsum(sum[t]);
-      const int32_t summs = k4_min_sum(m, a[t][b].bsums);
       const float da = a[t][b].d;
-      acc[t] = acc[t] + (da * dw) * static_cast<float>(isum);
-      acc[t] = acc[t] - (da * dmw) * static_cast<float>(summs);
+      facc[t] = S::fmadd(S::to_float(sum[t]), S::fset1(da * dw), facc[t]);
+      acc[t] = acc[t] + (da * dmw) * static_cast<float>(k4_min_sum(m, a[t][b].bsums));
     }
   }
-  for (int t = 0; t < NT; ++t) out[t] = acc[t];
+  for (int t = 0; t < NT; ++t) out[t] = S::fhsum(facc[t]) - acc[t];
 }
 
 // Q5_K x Q8_K for NT tokens of one weight row: Q4_K's nibbles plus a fifth bit, bit j of qh[l]
@@ -148,7 +158,11 @@ inline void q5k_row(const BlockQ5_K* w, const BlockQ8_K* const* a, int64_t nb, f
 template <class S, int NT>
 inline void q6k_row(const BlockQ6_K* w, const BlockQ8_K* const* a, int64_t nb, float* out) {
   float acc[NT];
-  for (int t = 0; t < NT; ++t) acc[t] = 0.0f;
+  typename S::F facc[NT];
+  for (int t = 0; t < NT; ++t) {
+    acc[t] = 0.0f;
+    facc[t] = S::fzero();
+  }
   const typename S::V m4 = S::set1_8(0x0F);
   const typename S::V m2 = S::set1_8(0x03);
   for (int64_t b = 0; b < nb; ++b) {
@@ -193,27 +207,28 @@ inline void q6k_row(const BlockQ6_K* w, const BlockQ8_K* const* a, int64_t nb, f
     for (int t = 0; t < NT; ++t) {
       int32_t bias = 0;
       for (int j = 0; j < 16; ++j) bias += x.scales[j] * a[t][b].bsums[j];
-      const int32_t isum = S::hsum(sum[t]) - 32 * bias;
-      acc[t] = acc[t] + (a[t][b].d * dw) * static_cast<float>(isum);
+      const float d = a[t][b].d * dw;
+      facc[t] = S::fmadd(S::to_float(sum[t]), S::fset1(d), facc[t]);
+      acc[t] = acc[t] + d * static_cast<float>(32 * bias);
     }
   }
-  for (int t = 0; t < NT; ++t) out[t] = acc[t];
+  for (int t = 0; t < NT; ++t) out[t] = S::fhsum(facc[t]) - acc[t];
 }
 
 // Q8_0 x Q8_0: per 32-block an exact int32 dot, then acc = acc + (dw * da) * isum.
 template <class S, int NT>
 inline void q8_0_row(const BlockQ8_0* w, const BlockQ8_0* const* a, int64_t nb, float* out) {
-  float acc[NT];
-  for (int t = 0; t < NT; ++t) acc[t] = 0.0f;
+  __m256 acc[NT];
+  for (int t = 0; t < NT; ++t) acc[t] = _mm256_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
     const typename S::V32 q = S::load32(w[b].qs);
     const float dw = half_to_float(w[b].d);
     for (int t = 0; t < NT; ++t) {
-      const int32_t isum = S::dot_s8_32(q, a[t][b].qs);
-      acc[t] = acc[t] + (dw * half_to_float(a[t][b].d)) * static_cast<float>(isum);
+      const __m256 d = _mm256_set1_ps(dw * half_to_float(a[t][b].d));
+      acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(S::dot_s8_32_lanes(q, a[t][b].qs)), d, acc[t]);
     }
   }
-  for (int t = 0; t < NT; ++t) out[t] = acc[t];
+  for (int t = 0; t < NT; ++t) out[t] = hsum_ps256(acc[t]);
 }
 
 // The 32 quants of a Q5_0 block as signed bytes in element order: low nibbles are elements 0..15,
@@ -237,17 +252,17 @@ inline __m256i expand_q5_0(const BlockQ5_0& x) {
 
 template <class S, int NT>
 inline void q5_0_row(const BlockQ5_0* w, const BlockQ8_0* const* a, int64_t nb, float* out) {
-  float acc[NT];
-  for (int t = 0; t < NT; ++t) acc[t] = 0.0f;
+  __m256 acc[NT];
+  for (int t = 0; t < NT; ++t) acc[t] = _mm256_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
     const __m256i q = expand_q5_0(w[b]);
     const float dw = half_to_float(w[b].d);
     for (int t = 0; t < NT; ++t) {
-      const int32_t isum = S::dot_s8_32(q, a[t][b].qs);
-      acc[t] = acc[t] + (dw * half_to_float(a[t][b].d)) * static_cast<float>(isum);
+      const __m256 d = _mm256_set1_ps(dw * half_to_float(a[t][b].d));
+      acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(S::dot_s8_32_lanes(q, a[t][b].qs)), d, acc[t]);
     }
   }
-  for (int t = 0; t < NT; ++t) out[t] = acc[t];
+  for (int t = 0; t < NT; ++t) out[t] = hsum_ps256(acc[t]);
 }
 
 // Dense rows: F32 / F16 / BF16 weights against F32 activations (lane-parallel FMA, one horizontal

@@ -1,8 +1,8 @@
 // FusedMoeBackend (model/fused_moe.h) against two independent expectations:
 //  - exactly: the same arithmetic written out directly (per expert: quantize its tokens, the
-//    scalar reference kernels for gate and up, SiLU * up, quantize, reference down, combine in slot
-//    order). The K-quant kernels are bit-exact across ISAs, so any error in the task decomposition
-//    (chunking, per-expert dependencies, gathering, masks) shows as a mismatch;
+//    kernels for gate and up over all rows at once, SiLU * up, quantize, down, combine in slot
+//    order). A row's result does not depend on how rows are chunked, so any error in the task
+//    decomposition (chunking, per-expert dependencies, gathering, masks) shows as a mismatch;
 //  - approximately: the F32-activation reference backend (CpuMoeBackend), within the activation
 //    quantization error.
 #include <gtest/gtest.h>
@@ -90,11 +90,11 @@ std::vector<float> direct(const Experts& ex, const Routing& r, int64_t t, const 
         kern::quantize_activations(kern::act_format(g.format), 0, r.x.data() + i * kHidden, 1,
                                    kHidden, kHidden, &a);
         std::vector<float> gv(kFf), uv(kFf);
-        kern::gemm_reference(g, a, 0, kFf, gv.data(), kFf);
-        kern::gemm_reference(u, a, 0, kFf, uv.data(), kFf);
+        kern::gemm(g, a, 0, kFf, gv.data(), kFf);
+        kern::gemm(u, a, 0, kFf, uv.data(), kFf);
         for (int64_t f = 0; f < kFf; ++f) gv[f] = ops::silu(gv[f]) * uv[f];
         kern::quantize_activations(kern::act_format(d.format), 0, gv.data(), 1, kFf, kFf, &h);
-        kern::gemm_reference(d, h, 0, kHidden, y.data(), kHidden);
+        kern::gemm(d, h, 0, kHidden, y.data(), kHidden);
       } else {
         std::vector<float> gv(kFf), uv(kFf);
         ops::matmul(ex.w.gate[e], r.x.data() + i * kHidden, 1, gv.data(), nullptr);
