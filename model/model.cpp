@@ -181,7 +181,7 @@ void Model::attention_mha(int64_t l, int64_t n, const float* x, float* out) {
   args.pos0 = pos_;
   args.scale = attn_scale_;
   args.out = grow(att_, n * nq * d);
-  ops::attention(args, pool_);
+  kern::attention(args, pool_);
   kern::matmul(lw.wo, args.out, n, out, pool_);
 }
 
@@ -267,7 +267,7 @@ void Model::attention_mla(int64_t l, int64_t n, const float* x, float* out) {
     args.v_stride = kr;
     float* att = grow(att_, n * nh * kvl);
     args.out = att;
-    ops::attention(args, pool_);
+    kern::attention(args, pool_);
     float* o = grow(v_, n * nh * vd);
     auto v_head = [&](size_t head) {
       const int64_t i = static_cast<int64_t>(head);
@@ -317,7 +317,7 @@ void Model::attention_mla(int64_t l, int64_t n, const float* x, float* out) {
   args.k_stride = nh * qk;
   args.v_stride = nh * vd;
   args.out = grow(att_, n * nh * vd);
-  ops::attention(args, pool_);
+  kern::attention(args, pool_);
   kern::matmul(lw.wo, args.out, n, out, pool_);
 }
 

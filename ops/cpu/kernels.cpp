@@ -230,4 +230,44 @@ void matmul(const ops::Weight& w, const float* x, int64_t tokens, float* y, Thre
   matmul(m, x, tokens, y, pool, &scratch);
 }
 
+void attention(const ops::AttentionArgs& a, ThreadPool* pool) {
+  const int64_t group = a.n_heads / a.n_kv_heads;
+  const Isa isa = best_isa();
+  auto task = [&](size_t id) {
+    thread_local Activations q;
+    thread_local std::vector<float> scores;
+    const int64_t t = static_cast<int64_t>(id) / a.n_kv_heads;
+    const int64_t g = static_cast<int64_t>(id) % a.n_kv_heads;
+    const int64_t n_ctx = a.pos0 + t + 1;
+    KMatrix k;
+    k.format = WFormat::kF32;
+    k.rows = n_ctx;
+    k.cols = a.dk;
+    k.data = reinterpret_cast<const uint8_t*>(a.k + g * a.dk);
+    k.row_bytes = a.k_stride * 4;
+    const float* qg = a.q + t * a.q_stride + g * group * a.dk;
+    quantize_activations(AFormat::kF32, 0, qg, group, a.dk, a.dk, &q);
+    scores.resize(static_cast<size_t>(group * n_ctx));
+    gemm(k, q, 0, n_ctx, scores.data(), n_ctx, isa);
+    for (int64_t h = 0; h < group; ++h) {
+      float* sc = scores.data() + h * n_ctx;
+      for (int64_t s = 0; s < n_ctx; ++s) sc[s] *= a.scale;
+      ops::softmax(sc, n_ctx);
+      float* out = a.out + (t * a.n_heads + g * group + h) * a.dv;
+      std::fill(out, out + a.dv, 0.0f);
+      for (int64_t s = 0; s < n_ctx; ++s) {
+        const float* v = a.v + s * a.v_stride + g * a.dv;
+        const float p = sc[s];
+        for (int64_t j = 0; j < a.dv; ++j) out[j] += p * v[j];
+      }
+    }
+  };
+  const size_t n = static_cast<size_t>(a.n_tokens * a.n_kv_heads);
+  if (pool == nullptr || n == 1) {
+    for (size_t i = 0; i < n; ++i) task(i);
+  } else {
+    pool->run(n, task);
+  }
+}
+
 }  // namespace tandem::kern

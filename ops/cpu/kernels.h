@@ -104,4 +104,10 @@ void matmul(const ops::Weight& w, const float* x, int64_t tokens, float* y, Thre
 void matmul(const KMatrix& w, const float* x, int64_t tokens, float* y, ThreadPool* pool,
             Activations* scratch);
 
+// ops::attention's contract, computed per (token, KV head) with the fast F32 kernel: the scores of
+// every query head sharing that KV head against all its cached keys as one small GEMM (each key
+// row loaded once for the group), softmax, then the weighted sum of the values. Tasks over tokens
+// x KV heads on `pool`.
+void attention(const ops::AttentionArgs& args, ThreadPool* pool);
+
 }  // namespace tandem::kern

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <tuple>
 #include <random>
 #include <vector>
 
@@ -156,6 +157,45 @@ TEST(KernelsMatmul, ThreadedEqualsSingleCallAndFallsBack) {
   kern::matmul(ops::Weight(q5.t), x.data(), 2, y5.data(), &pool);
   ops::matmul(ops::Weight(q5.t), x.data(), 2, r5.data(), nullptr);
   EXPECT_EQ(y5, r5);
+}
+
+}  // namespace
+}  // namespace tandem
+
+namespace tandem {
+namespace {
+
+// The fast attention equals the reference attention (the same formula, F32) for GQA groups and
+// the one-KV-head shape of absorbed MLA, with a cached prefix (pos0 > 0).
+TEST(KernelsAttention, EqualsReference) {
+  ThreadPool pool(place_workers(detect_topology(), 2));
+  for (auto [heads, kv_heads, dk, dv] : {std::tuple<int64_t, int64_t, int64_t, int64_t>{8, 2, 64, 64},
+                                        {16, 1, 96, 80}}) {
+    const int64_t n = 5, pos0 = 7, ctx = pos0 + n;
+    const std::vector<float> q = random_values(n * heads * dk, 1);
+    const std::vector<float> k = random_values(ctx * kv_heads * dk, 2);
+    const std::vector<float> v = random_values(ctx * kv_heads * dv, 3);
+    ops::AttentionArgs a;
+    a.q = q.data();
+    a.q_stride = heads * dk;
+    a.n_tokens = n;
+    a.n_heads = heads;
+    a.n_kv_heads = kv_heads;
+    a.dk = dk;
+    a.dv = dv;
+    a.k = k.data();
+    a.v = v.data();
+    a.k_stride = kv_heads * dk;
+    a.v_stride = kv_heads * dv;
+    a.pos0 = pos0;
+    a.scale = 0.125f;
+    std::vector<float> want(static_cast<size_t>(n * heads * dv)), got(want.size());
+    a.out = want.data();
+    ops::attention(a, nullptr);
+    a.out = got.data();
+    kern::attention(a, &pool);
+    for (size_t i = 0; i < want.size(); ++i) ASSERT_NEAR(got[i], want[i], 1e-5f) << i;
+  }
 }
 
 }  // namespace
