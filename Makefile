@@ -27,6 +27,7 @@ run: build
 	$(BUILD)/tandem synth --arch deepseek2 --preset tiny --format gguf --type q4_k_m --seed 1 -o $(MODEL)
 	$(BUILD)/tandem show -m $(MODEL)
 	$(BUILD)/tandem run -m $(DEMO) -p "In the beginning" -n 100 --temp 0.8 --seed 42
+	$(BUILD)/tandem bench -m $(DEMO) -p 128 -n 32
 
 test: build
 	cd $(BUILD) && ctest --output-on-failure -j $(JOBS) -L 'unit|model|gpu' -LE slow
