@@ -1,0 +1,137 @@
+// One routed-expert MoE layer through the fused CPU operator (model/fused_moe.h), at real shapes:
+//  - DeepSeek-V2-Lite: hidden 2048, expert ff 1408, 64 experts, top-6; Q4_K gate/up, Q5_0 down
+//    (what llama-quantize's Q4_K_M makes of 1408-wide rows);
+//  - Qwen3-30B-A3B: hidden 2048, expert ff 768, 128 experts, top-8; Q4_K gate/up/down.
+// Decode (1 token): bytes_per_second = bytes of the selected experts' weights read per second
+// (compare with `tandem roofline`'s DRAM read figure). Prefill (512 tokens, random routing):
+// items_per_second = 2 x multiply-adds per second (compare with the int8 peak).
+// The layer's weights (~200-400 MB) are far larger than L3, and each iteration routes to other
+// experts, so decode reads from DRAM as in a real model.
+// Run: build/bench/bench_moe_layer_bench [--benchmark_format=json]
+#include <benchmark/benchmark.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <random>
+#include <vector>
+
+#include "core/thread_pool.h"
+#include "core/topology.h"
+#include "formats/quant.h"
+#include "model/fused_moe.h"
+
+namespace tandem {
+namespace {
+
+struct Shape {
+  int64_t hidden, ff, n_experts, k;
+  DType gate_up, down;
+};
+
+struct Layer {
+  std::vector<std::vector<uint8_t>> bytes;
+  ExpertWeights w;
+  uint64_t expert_bytes = 0;
+};
+
+// Four distinct random experts, their bytes replicated into every expert's own memory.
+Layer make_layer(const Shape& s) {
+  std::mt19937 rng(5);
+  std::normal_distribution<float> nd(0.0f, 0.02f);
+  auto quantize = [&](DType dt, int64_t rows, int64_t cols) {
+    std::vector<float> f(static_cast<size_t>(rows * cols));
+    for (float& v : f) v = nd(rng);
+    const int64_t rb = static_cast<int64_t>(dtype_bytes(dt, cols));
+    std::vector<uint8_t> q(static_cast<size_t>(rb * rows));
+    for (int64_t r = 0; r < rows; ++r) quantize_row(dt, f.data() + r * cols, q.data() + r * rb, cols);
+    return q;
+  };
+  std::vector<std::vector<uint8_t>> proto;
+  for (int i = 0; i < 4; ++i) {
+    proto.push_back(quantize(s.gate_up, s.ff, s.hidden));
+    proto.push_back(quantize(s.gate_up, s.ff, s.hidden));
+    proto.push_back(quantize(s.down, s.hidden, s.ff));
+  }
+  Layer l;
+  l.bytes.reserve(static_cast<size_t>(3 * s.n_experts));
+  for (int64_t e = 0; e < s.n_experts; ++e) {
+    for (int m = 0; m < 3; ++m) {
+      l.bytes.push_back(proto[static_cast<size_t>((e % 4) * 3 + m)]);
+      const bool down = m == 2;
+      const Tensor t = Tensor::dense(down ? s.down : s.gate_up,
+                                     {down ? s.hidden : s.ff, down ? s.ff : s.hidden},
+                                     l.bytes.back().data());
+      (m == 0 ? l.w.gate : m == 1 ? l.w.up : l.w.down).push_back(t);
+    }
+  }
+  l.expert_bytes = l.bytes[0].size() + l.bytes[1].size() + l.bytes[2].size();
+  return l;
+}
+
+ThreadPool& pool() {
+  static ThreadPool p(place_workers(detect_topology(), 0));
+  return p;
+}
+
+void BM_MoeLayer(benchmark::State& state, Shape s, int64_t tokens) {
+  static std::vector<std::pair<Shape, Layer>>* cache = new std::vector<std::pair<Shape, Layer>>;
+  const Layer* layer = nullptr;
+  for (auto& [shape, l] : *cache) {
+    if (shape.hidden == s.hidden && shape.ff == s.ff && shape.n_experts == s.n_experts) layer = &l;
+  }
+  if (layer == nullptr) {
+    cache->emplace_back(s, make_layer(s));
+    layer = &cache->back().second;
+  }
+  std::mt19937 rng(7);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<float> x(static_cast<size_t>(tokens * s.hidden)), out(x.size());
+  for (float& v : x) v = nd(rng);
+  // 16 routings cycled, each token's k distinct experts.
+  std::vector<std::vector<int32_t>> routings(16);
+  std::vector<int32_t> perm(static_cast<size_t>(s.n_experts));
+  for (auto& ids : routings) {
+    for (int64_t t = 0; t < tokens; ++t) {
+      for (int64_t e = 0; e < s.n_experts; ++e) perm[e] = static_cast<int32_t>(e);
+      std::shuffle(perm.begin(), perm.end(), rng);
+      ids.insert(ids.end(), perm.begin(), perm.begin() + s.k);
+    }
+  }
+  std::vector<float> w(static_cast<size_t>(tokens * s.k), 1.0f / static_cast<float>(s.k));
+  FusedMoeBackend be(&pool());
+  MoeRequest r;
+  r.experts = &layer->w;
+  r.hidden = x.data();
+  r.n_tokens = tokens;
+  r.hidden_size = s.hidden;
+  r.weights = w.data();
+  r.k = s.k;
+  r.out = out.data();
+  size_t i = 0;
+  uint64_t bytes = 0;
+  for (auto _ : state) {
+    const std::vector<int32_t>& ids = routings[i++ % routings.size()];
+    r.ids = ids.data();
+    be.submit(r);
+    be.wait();
+    std::vector<uint8_t> used(static_cast<size_t>(s.n_experts), 0);
+    for (int32_t e : ids) used[e] = 1;
+    bytes += static_cast<uint64_t>(std::count(used.begin(), used.end(), 1)) * layer->expert_bytes;
+  }
+  state.SetBytesProcessed(static_cast<int64_t>(bytes));
+  state.SetItemsProcessed(state.iterations() * 2 * tokens * s.k * 3 * s.hidden * s.ff);
+  state.counters["threads"] = pool().size() + 1;
+}
+
+const Shape kV2Lite{2048, 1408, 64, 6, DType::kQ4_K, DType::kQ5_0};
+const Shape kQwen3{2048, 768, 128, 8, DType::kQ4_K, DType::kQ4_K};
+
+BENCHMARK_CAPTURE(BM_MoeLayer, v2lite_decode, kV2Lite, 1)->UseRealTime()->MinTime(0.5);
+BENCHMARK_CAPTURE(BM_MoeLayer, v2lite_prefill512, kV2Lite, 512)->UseRealTime()->MinTime(0.5);
+BENCHMARK_CAPTURE(BM_MoeLayer, qwen3_30b_a3b_decode, kQwen3, 1)->UseRealTime()->MinTime(0.5);
+BENCHMARK_CAPTURE(BM_MoeLayer, qwen3_30b_a3b_prefill512, kQwen3, 512)->UseRealTime()->MinTime(0.5);
+
+}  // namespace
+}  // namespace tandem
+
+BENCHMARK_MAIN();
