@@ -1,0 +1,50 @@
+// `tandem bench` through the real binary on a golden model: the JSON report has both tests with
+// positive rates, the time split adds up to the whole forward, and the decode bound equals the
+// formula (bytes per decode step / DRAM bandwidth) for the figures it reports. Bad values fail.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "tests/test_util.h"
+
+namespace tandem {
+namespace {
+
+TEST(CliBench, JsonReportIsConsistent) {
+  const std::string model = test::data_path("golden/deepseek2-q4_k_m.gguf").string();
+  const test::CommandResult r =
+      test::run_tandem("bench -m " + model + " -p 32 -n 8 -r 2 --threads 2 --json");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  ASSERT_EQ(j["tests"].size(), 2u);
+  EXPECT_EQ(j["tests"][0]["test"], "pp32");
+  EXPECT_EQ(j["tests"][1]["test"], "tg8");
+  for (const auto& t : j["tests"]) {
+    EXPECT_EQ(t["tokens_per_s"].size(), 2u);
+    EXPECT_GT(t["avg_tokens_per_s"].get<double>(), 0.0);
+    const auto& s = t["time_split"];
+    const double sum = s["attention"].get<double>() + s["ffn"].get<double>() +
+                       s["lm_head"].get<double>();
+    EXPECT_NEAR(sum, 1.0, 1e-9);
+    EXPECT_LE(s["moe_wait"].get<double>(), s["ffn"].get<double>() + 1e-12);
+  }
+  const double gbs = j["dram_read_gbs"].get<double>();
+  const double bytes = j["decode_bytes_per_token"].get<double>();
+  EXPECT_GT(gbs, 0.0);
+  EXPECT_GT(bytes, 0.0);
+  EXPECT_NEAR(j["decode_bound_tokens_per_s"].get<double>(), gbs * 1e9 / bytes, 1e-6 * gbs * 1e9 / bytes);
+}
+
+TEST(CliBench, BadValuesFailWithMessage) {
+  const std::string model = test::data_path("golden/deepseek2-q4_k_m.gguf").string();
+  const test::CommandResult r = test::run_tandem("bench -m " + model + " -r 0");
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("-r"), std::string::npos) << r.err;
+  const test::CommandResult m = test::run_tandem("bench -m /nonexistent/model.gguf");
+  EXPECT_NE(m.exit_code, 0);
+  EXPECT_NE(m.err.find("/nonexistent/model.gguf"), std::string::npos) << m.err;
+}
+
+}  // namespace
+}  // namespace tandem
