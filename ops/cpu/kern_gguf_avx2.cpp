@@ -22,6 +22,21 @@ struct Avx2 {
   static V srli16(V a, int n) { return _mm256_srli_epi16(a, n); }
   static V slli16(V a, int n) { return _mm256_slli_epi16(a, n); }
   static V scale16(int s0, int) { return _mm256_set1_epi16(static_cast<short>(s0)); }
+  // The 8 sub-block scales as int16 in both 128-bit lanes; scale_pick broadcasts one of them.
+  static V scales_prepare(const uint8_t* sc) {
+    long long v;
+    __builtin_memcpy(&v, sc, 8);
+    return _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(_mm_cvtsi64_si128(v)));
+  }
+  static V scale_pick(V prepared, int i, int) {
+    const short lo = static_cast<short>((2 * i) | ((2 * i + 1) << 8));
+    return _mm256_shuffle_epi8(prepared, _mm256_set1_epi16(lo));
+  }
+  // Activations of group g (at q8): the low-nibble sub-block, then the high-nibble one.
+  static void load_act_pair(const int8_t* q8, V* lo, V* hi) {
+    *lo = load(q8);
+    *hi = load(q8 + 32);
+  }
   // Lanes 0-7 (bytes 0-15) scaled by a, lanes 8-15 by b.
   static V scale16_split(int a, int b) {
     return _mm256_setr_m128i(_mm_set1_epi16(static_cast<short>(a)),

@@ -43,6 +43,25 @@ struct Avx512 {
     return _mm512_inserti64x4(_mm512_set1_epi16(static_cast<short>(s0)),
                               _mm256_set1_epi16(static_cast<short>(s1)), 1);
   }
+  // The 8 sub-block scales as int16 in lanes 0-7; scale_pick(i0, i1) puts scale i0 in lanes
+  // 0-15 and i1 in lanes 16-31 (one permute from a constant index).
+  static V scales_prepare(const uint8_t* sc) {
+    long long v;
+    __builtin_memcpy(&v, sc, 8);
+    return _mm512_castsi128_si512(_mm_cvtepu8_epi16(_mm_cvtsi64_si128(v)));
+  }
+  static V scale_pick(V prepared, int i0, int i1) {
+    const V idx = _mm512_inserti64x4(_mm512_set1_epi16(static_cast<short>(i0)),
+                                     _mm256_set1_epi16(static_cast<short>(i1)), 1);
+    return _mm512_permutexvar_epi16(idx, prepared);
+  }
+  // Activations of groups g and g+1 (at q8): [sub 2g, sub 2g+2] and [sub 2g+1, sub 2g+3] from two
+  // 64-byte loads and two lane shuffles.
+  static void load_act_pair(const int8_t* q8, V* lo, V* hi) {
+    const V l0 = _mm512_loadu_si512(q8), l1 = _mm512_loadu_si512(q8 + 64);
+    *lo = _mm512_shuffle_i64x2(l0, l1, 0x44);
+    *hi = _mm512_shuffle_i64x2(l0, l1, 0xEE);
+  }
   // 16-bit lanes 8q .. 8q+7 scaled by sc[q], q = 0..3 (16 bytes of quants per scale).
   static V scale16_quarters(const int8_t* sc) {
     int32_t four;

@@ -39,23 +39,34 @@ inline float hsum_ps256(__m256 v) {
   return _mm_cvtss_f32(s);
 }
 
-// The 6-bit scales and mins of the 8 sub-blocks of a Q4_K / Q5_K block.
+// The 6-bit scales and mins of the 8 sub-blocks of a Q4_K / Q5_K block, four at a time in 32-bit
+// words: bytes 0-3 (A) hold scales 0-3 and the top bits of scales 4-7, bytes 4-7 (B) mins 0-3 and
+// the top bits of mins 4-7, bytes 8-11 (C) the low nibbles of scales (low) and mins (high) 4-7.
 inline void unpack_k4_scales(const uint8_t* s, uint8_t* sc, uint8_t* m) {
-  for (int j = 0; j < 4; ++j) {
-    sc[j] = s[j] & 63;
-    m[j] = s[j + 4] & 63;
-  }
-  for (int j = 4; j < 8; ++j) {
-    sc[j] = static_cast<uint8_t>((s[j + 4] & 0xF) | ((s[j - 4] >> 6) << 4));
-    m[j] = static_cast<uint8_t>((s[j + 4] >> 4) | ((s[j] >> 6) << 4));
-  }
+  uint32_t a, b, c;
+  std::memcpy(&a, s, 4);
+  std::memcpy(&b, s + 4, 4);
+  std::memcpy(&c, s + 8, 4);
+  const uint32_t sc_lo = a & 0x3F3F3F3Fu, m_lo = b & 0x3F3F3F3Fu;
+  const uint32_t sc_hi = (c & 0x0F0F0F0Fu) | ((a >> 2) & 0x30303030u);
+  const uint32_t m_hi = ((c >> 4) & 0x0F0F0F0Fu) | ((b >> 2) & 0x30303030u);
+  std::memcpy(sc, &sc_lo, 4);
+  std::memcpy(sc + 4, &sc_hi, 4);
+  std::memcpy(m, &m_lo, 4);
+  std::memcpy(m + 4, &m_hi, 4);
 }
 
-// Sum over the 8 sub-blocks of min * (sum of the activation's 32 quants there).
+// Sum over the 8 sub-blocks of min * (sum of the activation's 32 quants there): the 16 bsums
+// added pairwise, times the mins, in one multiply-add (SSE: available at every SIMD level).
 inline int32_t k4_min_sum(const uint8_t* m, const int16_t* bsums) {
-  int32_t s = 0;
-  for (int j = 0; j < 8; ++j) s += m[j] * (bsums[2 * j] + bsums[2 * j + 1]);
-  return s;
+  const __m128i b0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(bsums));
+  const __m128i b1 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(bsums + 8));
+  long long m8;
+  std::memcpy(&m8, m, 8);
+  __m128i p = _mm_madd_epi16(_mm_cvtepu8_epi16(_mm_cvtsi64_si128(m8)), _mm_hadd_epi16(b0, b1));
+  p = _mm_add_epi32(p, _mm_shuffle_epi32(p, 0x4E));
+  p = _mm_add_epi32(p, _mm_shuffle_epi32(p, 0xB1));
+  return _mm_cvtsi128_si32(p);
 }
 
 // Q4_K x Q8_K for NT tokens of one weight row.
@@ -76,6 +87,7 @@ inline void q4k_row(const BlockQ4_K* w, const BlockQ8_K* const* a, int64_t nb, f
     const BlockQ4_K& x = w[b];
     uint8_t sc[8], m[8];
     unpack_k4_scales(x.scales, sc, m);
+    const typename S::V scales = S::scales_prepare(sc);
     typename S::V sum[NT];
     for (int t = 0; t < NT; ++t) sum[t] = S::zero();
     // Group g of 32 bytes holds sub-block 2g (low nibbles) and 2g+1 (high nibbles), whose
@@ -84,12 +96,14 @@ inline void q4k_row(const BlockQ4_K* w, const BlockQ8_K* const* a, int64_t nb, f
       const typename S::V raw = S::load(x.qs + 32 * g);
       const typename S::V lo = S::and_(raw, mask);
       const typename S::V hi = S::and_(S::srli16(raw, 4), mask);
-      const typename S::V s_lo = S::scale16(sc[2 * g], sc[2 * g + kNext]);
-      const typename S::V s_hi = S::scale16(sc[2 * g + 1], sc[2 * g + 1 + kNext]);
+      const typename S::V s_lo = S::scale_pick(scales, 2 * g, 2 * g + kNext);
+      const typename S::V s_hi = S::scale_pick(scales, 2 * g + 1, 2 * g + 1 + kNext);
       for (int t = 0; t < NT; ++t) {
         const int8_t* q8 = a[t][b].qs + 64 * g;
-        sum[t] = S::dot_acc(sum[t], lo, S::load_halves(q8, q8 + 64), s_lo);
-        sum[t] = S::dot_acc(sum[t], hi, S::load_halves(q8 + 32, q8 + 96), s_hi);
+        typename S::V a_lo, a_hi;
+        S::load_act_pair(q8, &a_lo, &a_hi);
+        sum[t] = S::dot_acc(sum[t], lo, a_lo, s_lo);
+        sum[t] = S::dot_acc(sum[t], hi, a_hi, s_hi);
       }
     }
     const float dw = half_to_float(x.d), dmw = half_to_float(x.dmin);
