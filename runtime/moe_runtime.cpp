@@ -10,6 +10,8 @@
 #include "core/thread_pool.h"
 #include "model/fused_moe.h"
 #include "runtime/deferral.h"
+#include "runtime/device.h"
+#include "runtime/hybrid_moe.h"
 #include "runtime/placement.h"
 #ifdef TANDEM_HAVE_CUDA
 #include "ops/cuda/cuda_info.h"
@@ -20,6 +22,8 @@ namespace tandem {
 struct MoeRuntime::Impl {
   std::unique_ptr<MoeBackend> cpu;           // the CPU MoE backend
   std::unique_ptr<MoeBackend> cpu_deferred;  // a second instance for Expert Deferral
+  std::unique_ptr<rt::Device> device;
+  std::unique_ptr<rt::HybridMoeBackend> hybrid;
   std::unique_ptr<rt::DeferringMoeBackend> deferring;
   rt::Placement placement;
 };
@@ -105,9 +109,29 @@ MoeRuntime::MoeRuntime(const LoadedModel& model, const BackendOptions& o,
   impl_->cpu = make_cpu_backend(model, o, threading, &summary_);
   backend_ = impl_->cpu.get();
   if (accel == "host") {
-    fail(ErrorKind::kUnsupported, "--accel host: the hybrid backend is not available yet");
+    rt::HostDeviceOptions ho;
+    ho.memory_bytes = o.vram_budget.empty() ? (uint64_t{4} << 30)
+                                            : rt::parse_bytes("--vram-budget", o.vram_budget);
+    ho.link = rt::parse_link(o.link);
+    impl_->device = rt::make_host_device(ho);
+    rt::HybridOptions h;
+    h.policy = o.policy;
+    h.cache = o.cache;
+    h.prefetch = o.prefetch;
+    h.gpu_experts = o.gpu_experts;
+    h.cache_slots = o.cache_slots;
+    h.profile = o.profile;
+    h.residuals = o.residuals;
+    h.link_gb_per_s = ho.link.gb_per_s;
+    h.link_latency_us = ho.link.latency_us;
+    impl_->hybrid = std::make_unique<rt::HybridMoeBackend>(model, impl_->cpu.get(),
+                                                           impl_->device.get(), impl_->placement, h);
+    backend_ = impl_->hybrid.get();
+    summary_ += fmt::format("; accelerator: {} ({:.0f} MiB, link {}): {}", impl_->device->name(),
+                            ho.memory_bytes / 1048576.0, o.link, impl_->hybrid->summary());
+  } else {
+    summary_ += "; accelerator: none";
   }
-  summary_ += "; accelerator: none";
   if (o.defer > 0) {
     std::string unused;
     impl_->cpu_deferred = make_cpu_backend(model, o, threading, &unused);

@@ -45,6 +45,9 @@ int64_t packed_row_align(const KMatrix& w);
 // (symmetric, group-wise) or kBF16 in tandem's packed layout. Deterministic (same bytes every time).
 KMatrix pack_weight(const ops::Weight& w, WFormat target, int group, ThreadPool* pool);
 uint64_t packed_bytes(WFormat target, int64_t rows, int64_t cols, int group);
+// pack_weight into caller memory of packed_bytes() bytes (a cache file mapped for writing).
+void pack_weight_into(const ops::Weight& w, WFormat target, int group, uint8_t* out,
+                      ThreadPool* pool);
 // The same packed matrix over caller-owned bytes (a mapped cache file): no copy.
 KMatrix packed_view(WFormat target, int64_t rows, int64_t cols, int group, const uint8_t* bytes,
                     std::shared_ptr<const void> owner);

@@ -1,0 +1,150 @@
+// The packed formats (ops/cpu/packed.h) per ISA level:
+//  - GEMV: 1 token against 96 MiB of packed weights (3x L3 here, so DRAM-bound), the pool's
+//    threads; bytes_per_second = weight bytes read (incl. scales), vs `tandem roofline` DRAM.
+//  - GEMM: 512 tokens x a 2048 x 2048 matrix; items_per_second = 2 x multiply-adds (OP/s), vs
+//    the int8 VNNI / bf16 peaks of `tandem roofline`.
+// BF16 runs through kern::gemm (packed BF16 is plain BF16 rows, read by the BF16 kernel).
+// Run: build-kp/bench/bench_packed_bench [--benchmark_filter=Gemv] [--benchmark_min_time=1]
+#include <benchmark/benchmark.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <random>
+#include <vector>
+
+#include "core/cpu_features.h"
+#include "core/fp_convert.h"
+#include "core/thread_pool.h"
+#include "core/topology.h"
+#include "ops/cpu/packed.h"
+
+namespace tandem {
+namespace {
+
+using kern::WFormat;
+
+struct Packed {
+  std::shared_ptr<uint8_t[]> bytes;
+  std::vector<float> scales;
+  kern::KMatrix m;
+};
+
+// rows x cols packed: the first 256 rows packed from random values, their tiles repeated (packing
+// 100 MB from F32 would dominate the run; the kernels' speed does not depend on the values).
+Packed make_packed(WFormat f, int64_t rows, int64_t cols, int group) {
+  Packed p;
+  std::mt19937 rng(1);
+  std::normal_distribution<float> normal(0.0f, 0.02f);
+  const int64_t seed_rows = std::min<int64_t>(rows, 256);
+  if (f == WFormat::kFP8Block) {
+    const uint64_t n = static_cast<uint64_t>(rows * cols);
+    p.bytes.reset(new uint8_t[n]);
+    for (uint64_t i = 0; i < n; ++i) p.bytes[i] = static_cast<uint8_t>(rng() % 0x7E);
+    p.scales.assign(static_cast<size_t>((rows + 127) / 128 * ((cols + 127) / 128)), 1e-3f);
+    p.m.format = f;
+    p.m.rows = rows;
+    p.m.cols = cols;
+    p.m.data = p.bytes.get();
+    p.m.row_bytes = cols;
+    p.m.scales = p.scales.data();
+    p.m.scale_stride = (cols + 127) / 128;
+    p.m.block_rows = p.m.block_cols = 128;
+    return p;
+  }
+  std::vector<float> w(static_cast<size_t>(seed_rows * cols));
+  for (float& v : w) v = normal(rng);
+  const kern::KMatrix seed = kern::pack_weight(
+      ops::Weight(Tensor::dense(DType::kF32, {seed_rows, cols}, w.data())), f, group, nullptr);
+  const uint64_t total = kern::packed_bytes(f, rows, cols, group);
+  const uint64_t seed_bytes = kern::packed_bytes(f, seed_rows, cols, group);
+  p.bytes = std::shared_ptr<uint8_t[]>(
+      static_cast<uint8_t*>(::operator new[](total, std::align_val_t{64})),
+      [](uint8_t* q) { ::operator delete[](q, std::align_val_t{64}); });
+  for (uint64_t off = 0; off < total; off += seed_bytes) {
+    std::memcpy(p.bytes.get() + off, seed.data, std::min(seed_bytes, total - off));
+  }
+  p.m = kern::packed_view(f, rows, cols, group, p.bytes.get(), p.bytes);
+  return p;
+}
+
+ThreadPool& pool() {
+  static ThreadPool p(place_workers(detect_topology(), 0));
+  return p;
+}
+
+void run(benchmark::State& state, WFormat f, int64_t rows, int64_t cols, int64_t tokens, Isa isa) {
+  if (isa > best_isa()) {
+    state.SkipWithError("ISA not supported here");
+    return;
+  }
+  const int group = 128;
+  const Packed w = make_packed(f, rows, cols, group);
+  std::vector<float> x(static_cast<size_t>(tokens * cols));
+  std::mt19937 rng(2);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (float& v : x) v = normal(rng);
+  std::vector<float> y(static_cast<size_t>(tokens * rows));
+  kern::Activations a;
+  if (f == WFormat::kBF16) {
+    kern::quantize_activations(kern::act_format(f), group, x.data(), tokens, cols, cols, &a);
+  } else {
+    kern::packed_quantize_activations(f == WFormat::kFP8Block ? kern::AFormat::kBF16
+                                                              : kern::AFormat::kI8,
+                                      group, x.data(), tokens, cols, cols, &a);
+  }
+  const int64_t per_task = 64;
+  const size_t n_tasks = static_cast<size_t>((rows + per_task - 1) / per_task);
+  for (auto _ : state) {
+    pool().run(n_tasks, [&](size_t i) {
+      const int64_t r0 = static_cast<int64_t>(i) * per_task;
+      const int64_t r1 = std::min(rows, r0 + per_task);
+      if (f == WFormat::kBF16) {
+        kern::gemm(w.m, a, r0, r1, y.data(), rows, isa);
+      } else {
+        kern::packed_gemm(w.m, a, r0, r1, y.data(), rows, isa);
+      }
+    });
+    benchmark::DoNotOptimize(y.data());
+  }
+  const int64_t bytes = f == WFormat::kFP8Block
+                            ? rows * cols + static_cast<int64_t>(w.scales.size()) * 4
+                            : static_cast<int64_t>(kern::packed_bytes(f, rows, cols, group));
+  state.SetBytesProcessed(state.iterations() * bytes);
+  state.SetItemsProcessed(state.iterations() * 2 * rows * cols * tokens);
+  state.counters["threads"] = pool().size() + 1;
+}
+
+int64_t gemv_rows(WFormat f, int64_t cols) {
+  const int64_t per_row = f == WFormat::kInt4 ? cols / 2 : f == WFormat::kBF16 ? cols * 2 : cols;
+  return (96ll << 20) / per_row / 16 * 16;
+}
+
+void BM_Gemv(benchmark::State& state, WFormat f, Isa isa) {
+  run(state, f, gemv_rows(f, 2048), 2048, 1, isa);
+}
+
+void BM_Gemm512(benchmark::State& state, WFormat f, Isa isa) {
+  run(state, f, 2048, 2048, 512, isa);
+}
+
+#define TD_PACKED_BENCH(fn, f, name)                                                            \
+  BENCHMARK_CAPTURE(fn, name##_avx2, f, Isa::kAvx2)->UseRealTime()->MinTime(0.3);               \
+  BENCHMARK_CAPTURE(fn, name##_avx512, f, Isa::kAvx512)->UseRealTime()->MinTime(0.3);           \
+  BENCHMARK_CAPTURE(fn, name##_avx512_vnni, f, Isa::kAvx512Bf16)->UseRealTime()->MinTime(0.3); \
+  BENCHMARK_CAPTURE(fn, name##_amx, f, Isa::kAmx)->UseRealTime()->MinTime(0.3)
+
+TD_PACKED_BENCH(BM_Gemv, WFormat::kInt4, int4);
+TD_PACKED_BENCH(BM_Gemv, WFormat::kInt8, int8);
+TD_PACKED_BENCH(BM_Gemv, WFormat::kBF16, bf16);
+TD_PACKED_BENCH(BM_Gemv, WFormat::kFP8Block, fp8);
+TD_PACKED_BENCH(BM_Gemm512, WFormat::kInt4, int4);
+TD_PACKED_BENCH(BM_Gemm512, WFormat::kInt8, int8);
+TD_PACKED_BENCH(BM_Gemm512, WFormat::kBF16, bf16);
+TD_PACKED_BENCH(BM_Gemm512, WFormat::kFP8Block, fp8);
+
+}  // namespace
+}  // namespace tandem
+
+BENCHMARK_MAIN();

@@ -1,0 +1,390 @@
+#include "model/cpu_experts.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+
+#include "core/error.h"
+#include "core/log.h"
+#include "core/mapped_file.h"
+#include "core/progress.h"
+#include "core/thread_pool.h"
+#include "ops/cpu/packed.h"
+
+namespace tandem {
+
+namespace fs = std::filesystem;
+using kern::KMatrix;
+using kern::WFormat;
+
+namespace {
+
+constexpr char kMagic[8] = {'T', 'D', 'M', 'X', 'P', 'A', 'K', '1'};
+constexpr uint32_t kVersion = 1;
+constexpr uint64_t kAlign = 4096;  // header size and data alignment (a page: mmap-friendly)
+
+struct CacheHeader {
+  char magic[8];
+  uint32_t version;
+  uint32_t format;  // WFormat
+  uint32_t group;
+  uint32_t reserved;
+  uint64_t n_matrices;
+  uint64_t fingerprint;
+  uint64_t file_bytes;
+  uint64_t table_offset;
+  uint64_t table_hash;  // FNV-1a of the table bytes
+};
+
+struct CacheEntry {
+  uint32_t layer, expert, which, reserved;  // which: 0 gate, 1 up, 2 down
+  int64_t rows, cols;
+  uint64_t offset, bytes;
+};
+
+// The expert matrices in cache order: layer, expert, gate / up / down.
+struct Source {
+  uint32_t layer, expert, which;
+  const ops::Weight* w;
+};
+
+uint64_t fnv1a(const void* data, size_t n, uint64_t h = 0xcbf29ce484222325ull) {
+  const auto* p = static_cast<const uint8_t*>(data);
+  for (size_t i = 0; i < n; ++i) h = (h ^ p[i]) * 0x100000001b3ull;
+  return h;
+}
+
+template <typename T>
+uint64_t mix(uint64_t h, const T& v) {
+  return fnv1a(&v, sizeof(v), h);
+}
+
+uint64_t align_up(uint64_t v) {
+  return (v + kAlign - 1) / kAlign * kAlign;
+}
+
+WFormat parse_format(const std::string& f) {
+  if (f == "int8") return WFormat::kInt8;
+  if (f == "int4") return WFormat::kInt4;
+  if (f == "bf16") return WFormat::kBF16;
+  fail(ErrorKind::kInvalidArgument, "--cpu-experts '{}': expected native, int8, int4 or bf16", f);
+}
+
+std::vector<Source> sources_of(const LoadedModel& model) {
+  std::vector<Source> s;
+  for (size_t l = 0; l < model.layers.size(); ++l) {
+    const ExpertWeights& e = model.layers[l].experts;
+    if (!model.layers[l].moe) continue;
+    for (size_t x = 0; x < e.gate.size(); ++x) {
+      const auto L = static_cast<uint32_t>(l), X = static_cast<uint32_t>(x);
+      s.push_back({L, X, 0, &e.gate[x]});
+      s.push_back({L, X, 1, &e.up[x]});
+      s.push_back({L, X, 2, &e.down[x]});
+    }
+  }
+  return s;
+}
+
+// The files the model's bytes come from: the GGUF, or an HF directory's safetensors + config.
+std::vector<fs::path> source_files(const LoadedModel& model) {
+  std::vector<fs::path> files;
+  std::error_code ec;
+  if (fs::is_directory(model.path, ec)) {
+    for (const auto& entry : fs::directory_iterator(model.path, ec)) {
+      const fs::path& p = entry.path();
+      if (p.extension() == ".safetensors" || p.filename() == "config.json") files.push_back(p);
+    }
+    std::sort(files.begin(), files.end());
+  } else {
+    files.push_back(model.path);
+  }
+  return files;
+}
+
+uint64_t fingerprint(const LoadedModel& model, const std::vector<Source>& src, WFormat f,
+                     int group) {
+  uint64_t h = mix(mix(mix(0xcbf29ce484222325ull, kVersion), static_cast<uint32_t>(f)), group);
+  for (const fs::path& p : source_files(model)) {
+    std::error_code ec;
+    const auto size = static_cast<uint64_t>(fs::file_size(p, ec));
+    const auto mtime = fs::last_write_time(p, ec).time_since_epoch().count();
+    const std::string name = p.filename().string();
+    h = fnv1a(name.data(), name.size(), h);
+    h = mix(mix(h, size), static_cast<int64_t>(mtime));
+  }
+  for (const Source& s : src) {
+    h = mix(mix(mix(h, s.w->rows()), s.w->cols()), static_cast<int>(s.w->t.dtype));
+    h = mix(h, s.w->scale_inv != nullptr);
+  }
+  return h;
+}
+
+std::string cache_name(const LoadedModel& model, WFormat f, int group) {
+  fs::path p = model.path;
+  if (!p.has_filename()) p = p.parent_path();  // "dir/" -> "dir"
+  const std::string fmt_name = kern::wformat_name(f);
+  return f == WFormat::kBF16 ? fmt::format("{}.tandem-{}.bin", p.filename().string(), fmt_name)
+                             : fmt::format("{}.tandem-{}-g{}.bin", p.filename().string(),
+                                           fmt_name, group);
+}
+
+fs::path user_cache_dir() {
+  if (const char* x = std::getenv("XDG_CACHE_HOME"); x != nullptr && *x != '\0') {
+    return fs::path(x) / "tandem";
+  }
+  if (const char* home = std::getenv("HOME"); home != nullptr && *home != '\0') {
+    return fs::path(home) / ".cache" / "tandem";
+  }
+  return fs::temp_directory_path() / "tandem-cache";
+}
+
+// Checks a cache file against what this model and format expect; "" when valid, else why not.
+std::string validate(const MappedFile& file, const std::vector<Source>& src, WFormat f, int group,
+                     uint64_t fp, std::vector<CacheEntry>* entries) {
+  if (file.size() < kAlign) return fmt::format("{} bytes, shorter than the header", file.size());
+  CacheHeader h;
+  std::memcpy(&h, file.data(), sizeof(h));
+  if (std::memcmp(h.magic, kMagic, sizeof(kMagic)) != 0) return "not a tandem expert cache (magic)";
+  if (h.version != kVersion) return fmt::format("version {}, expected {}", h.version, kVersion);
+  if (h.format != static_cast<uint32_t>(f) || h.group != static_cast<uint32_t>(group)) {
+    return "written for another format or group";
+  }
+  if (h.fingerprint != fp) return "the model changed since it was written (fingerprint)";
+  if (h.file_bytes != file.size()) {
+    return fmt::format("{} bytes, the header says {} (truncated?)", file.size(), h.file_bytes);
+  }
+  if (h.n_matrices != src.size()) return "wrong number of matrices";
+  const uint64_t table_bytes = h.n_matrices * sizeof(CacheEntry);
+  if (h.table_offset < sizeof(CacheHeader) || h.table_offset > file.size() ||
+      table_bytes > file.size() - h.table_offset) {
+    return "matrix table outside the file";
+  }
+  if (fnv1a(file.data() + h.table_offset, table_bytes) != h.table_hash) {
+    return "matrix table corrupt (hash)";
+  }
+  entries->resize(src.size());
+  std::memcpy(entries->data(), file.data() + h.table_offset, table_bytes);
+  for (size_t i = 0; i < src.size(); ++i) {
+    const CacheEntry& e = (*entries)[i];
+    const Source& s = src[i];
+    if (e.layer != s.layer || e.expert != s.expert || e.which != s.which ||
+        e.rows != s.w->rows() || e.cols != s.w->cols() ||
+        e.bytes != kern::packed_bytes(f, e.rows, e.cols, group) || e.offset % kAlign != 0 ||
+        e.offset > file.size() || e.bytes > file.size() - e.offset) {
+      return fmt::format("matrix {} (layer {} expert {}) does not match", i, s.layer, s.expert);
+    }
+  }
+  return "";
+}
+
+void fill_result(CpuExperts* out, const LoadedModel& model, const std::vector<Source>& src,
+                 std::vector<KMatrix> mats) {
+  out->gate.assign(model.layers.size(), {});
+  out->up.assign(model.layers.size(), {});
+  out->down.assign(model.layers.size(), {});
+  for (size_t i = 0; i < src.size(); ++i) {
+    auto& dst = src[i].which == 0 ? out->gate : src[i].which == 1 ? out->up : out->down;
+    auto& layer = dst[src[i].layer];
+    if (layer.size() <= src[i].expert) layer.resize(src[i].expert + 1);
+    out->bytes += mats[i].bytes();
+    layer[src[i].expert] = std::move(mats[i]);
+  }
+}
+
+// Packs every matrix into a new file (written beside, then renamed into place). Returns false
+// (with a log line) when the file cannot be written; the caller then packs in memory.
+bool write_cache(const fs::path& path, const std::vector<Source>& src, WFormat f, int group,
+                 uint64_t fp, ThreadPool* pool) {
+  std::vector<CacheEntry> table(src.size());
+  uint64_t offset = align_up(kAlign + src.size() * sizeof(CacheEntry));
+  uint64_t payload = 0;
+  for (size_t i = 0; i < src.size(); ++i) {
+    CacheEntry& e = table[i];
+    e = CacheEntry{src[i].layer, src[i].expert, src[i].which, 0, src[i].w->rows(),
+                   src[i].w->cols(), offset, kern::packed_bytes(f, src[i].w->rows(),
+                                                                src[i].w->cols(), group)};
+    offset = align_up(offset + e.bytes);
+    payload += e.bytes;
+  }
+  const uint64_t total = offset;
+  std::error_code ec;
+  fs::create_directories(path.parent_path(), ec);
+  const fs::path tmp = path.string() + fmt::format(".tmp-{}", ::getpid());
+  const int fd = ::open(tmp.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) {
+    log_warn("{}: cannot write the expert cache ({}); packing in memory", tmp.string(),
+             std::strerror(errno));
+    return false;
+  }
+  void* map = MAP_FAILED;
+  if (::ftruncate(fd, static_cast<off_t>(total)) == 0) {
+    map = ::mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  }
+  if (map == MAP_FAILED) {
+    log_warn("{}: cannot size / map {} bytes ({}); packing in memory", tmp.string(), total,
+             std::strerror(errno));
+    ::close(fd);
+    fs::remove(tmp, ec);
+    return false;
+  }
+  auto* base = static_cast<uint8_t*>(map);
+  try {
+    Progress progress(fmt::format("repacking experts to {}", kern::wformat_name(f)), payload);
+    for (size_t i = 0; i < src.size(); ++i) {
+      kern::pack_weight_into(*src[i].w, f, group, base + table[i].offset, pool);
+      progress.add(table[i].bytes);
+    }
+    progress.finish();
+  } catch (...) {
+    ::munmap(map, total);
+    ::close(fd);
+    fs::remove(tmp, ec);
+    throw;
+  }
+  std::memcpy(base + kAlign, table.data(), table.size() * sizeof(CacheEntry));
+  CacheHeader h{};
+  std::memcpy(h.magic, kMagic, sizeof(kMagic));
+  h.version = kVersion;
+  h.format = static_cast<uint32_t>(f);
+  h.group = static_cast<uint32_t>(group);
+  h.n_matrices = src.size();
+  h.fingerprint = fp;
+  h.file_bytes = total;
+  h.table_offset = kAlign;
+  h.table_hash = fnv1a(base + kAlign, table.size() * sizeof(CacheEntry));
+  std::memcpy(base, &h, sizeof(h));
+  const bool ok = ::msync(map, total, MS_SYNC) == 0;
+  ::munmap(map, total);
+  ::close(fd);
+  if (!ok) {
+    log_warn("{}: writing the expert cache failed ({}); packing in memory", tmp.string(),
+             std::strerror(errno));
+    fs::remove(tmp, ec);
+    return false;
+  }
+  fs::rename(tmp, path, ec);
+  if (ec) {
+    log_warn("{}: cannot rename the expert cache into place ({}); packing in memory",
+             path.string(), ec.message());
+    fs::remove(tmp, ec);
+    return false;
+  }
+  return true;
+}
+
+bool map_cache(const fs::path& path, const std::vector<Source>& src, WFormat f, int group,
+               uint64_t fp, std::vector<KMatrix>* mats, std::string* why) {
+  std::shared_ptr<MappedFile> file;
+  try {
+    file = std::make_shared<MappedFile>(MappedFile::open(path));
+  } catch (const Error& e) {
+    *why = e.what();
+    return false;
+  }
+  std::vector<CacheEntry> entries;
+  *why = validate(*file, src, f, group, fp, &entries);
+  if (!why->empty()) return false;
+  std::shared_ptr<const void> owner = file;
+  mats->clear();
+  for (const CacheEntry& e : entries) {
+    mats->push_back(kern::packed_view(f, e.rows, e.cols, group, file->data() + e.offset, owner));
+  }
+  return true;
+}
+
+}  // namespace
+
+fs::path cpu_expert_cache_path(const LoadedModel& model, const CpuExpertOptions& options) {
+  const WFormat f = parse_format(options.format);
+  if (!options.cache_file.empty()) return options.cache_file;
+  const std::string name = cache_name(model, f, options.group);
+  if (!options.cache_dir.empty()) return options.cache_dir / name;
+  fs::path dir = model.path;
+  if (!dir.has_filename()) dir = dir.parent_path();
+  dir = dir.parent_path();
+  if (dir.empty()) dir = ".";
+  if (::access(dir.c_str(), W_OK) == 0) return dir / name;
+  return user_cache_dir() / name;
+}
+
+CpuExperts prepare_cpu_experts(const LoadedModel& model, const CpuExpertOptions& options,
+                               ThreadPool* pool) {
+  CpuExperts out;
+  out.format = options.format;
+  const std::vector<Source> src = sources_of(model);
+  std::vector<KMatrix> mats;
+  if (options.format == "native") {
+    for (const Source& s : src) {
+      KMatrix m;
+      if (!kern::view_weight(*s.w, &m)) {
+        m = KMatrix{};
+        m.rows = s.w->rows();
+        m.cols = s.w->cols();
+        m.row_bytes = static_cast<int64_t>(s.w->t.row_bytes());
+      }
+      mats.push_back(std::move(m));
+    }
+    fill_result(&out, model, src, std::move(mats));
+    return out;
+  }
+  const WFormat f = parse_format(options.format);
+  const int group = f == WFormat::kBF16 ? 0 : options.group;
+  if (f != WFormat::kBF16 && group != 32 && group != 64 && group != 128) {
+    fail(ErrorKind::kInvalidArgument, "--expert-group {}: expected 32, 64 or 128", group);
+  }
+  for (const Source& s : src) {
+    if (f != WFormat::kBF16 && s.w->cols() % group != 0) {
+      fail(ErrorKind::kUnsupported,
+           "{}: layer {} expert {}: {} rows of {} values are not a multiple of --expert-group {} "
+           "(try a smaller group)", model.path.string(), s.layer, s.expert,
+           s.which == 0 ? "gate" : s.which == 1 ? "up" : "down", s.w->cols(), group);
+    }
+  }
+  if (options.use_cache) {
+    const uint64_t fp = fingerprint(model, src, f, group);
+    const fs::path path = cpu_expert_cache_path(model, options);
+    out.cache_path = path;
+    std::error_code ec;
+    if (fs::exists(path, ec)) {
+      std::string why;
+      if (map_cache(path, src, f, group, fp, &mats, &why)) {
+        out.from_cache = true;
+        log_info("{} experts mapped from {}", options.format, path.string());
+        fill_result(&out, model, src, std::move(mats));
+        return out;
+      }
+      log_warn("{}: stale or corrupt expert cache ({}); repacking", path.string(), why);
+    }
+    if (write_cache(path, src, f, group, fp, pool)) {
+      std::string why;
+      if (map_cache(path, src, f, group, fp, &mats, &why)) {
+        out.cache_written = true;
+        log_info("{} experts packed and cached in {}", options.format, path.string());
+        fill_result(&out, model, src, std::move(mats));
+        return out;
+      }
+      log_warn("{}: the cache just written does not read back ({}); packing in memory",
+               path.string(), why);
+    }
+    out.cache_path.clear();
+  }
+  uint64_t payload = 0;
+  for (const Source& s : src) payload += kern::packed_bytes(f, s.w->rows(), s.w->cols(), group);
+  Progress progress(fmt::format("repacking experts to {}", kern::wformat_name(f)), payload);
+  mats.clear();
+  for (const Source& s : src) {
+    mats.push_back(kern::pack_weight(*s.w, f, group, pool));
+    progress.add(kern::packed_bytes(f, s.w->rows(), s.w->cols(), group));
+  }
+  progress.finish();
+  fill_result(&out, model, src, std::move(mats));
+  return out;
+}
+
+}  // namespace tandem

@@ -1,0 +1,56 @@
+// The routed experts as the CPU kernels read them (issue 4, KTransformers §3.2 online
+// quantization): either views on the stored weights ("native") or repacked at load into tandem's
+// INT8 / INT4 / BF16 layouts (ops/cpu/packed.h). Repacking a large model takes minutes, so the
+// packed experts are written once to a cache file and later loads mmap it (zero copies):
+//
+//   default file:  <model file or dir>.tandem-<format>[-g<group>].bin next to the model;
+//                  $XDG_CACHE_HOME/tandem (else ~/.cache/tandem) when that directory is not
+//                  writable; options.cache_dir (or cache_file) overrides.
+//   layout:        a 4 KiB header (magic "TDMXPAK1", version, format, group, a fingerprint of the
+//                  source: file sizes + mtimes + every expert's shape and dtype), a table of
+//                  per-matrix offsets, then each packed matrix 4 KiB-aligned.
+// A cache whose magic, version, fingerprint, size or table does not match is rebuilt (one log
+// line), never used. docs/cpu-backend.md, "Repacked experts".
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "model/weights.h"
+#include "ops/cpu/kernels.h"
+
+namespace tandem {
+
+class ThreadPool;
+
+struct CpuExpertOptions {
+  std::string format = "native";    // native | int8 | int4 | bf16
+  int group = 128;                  // int8 / int4 quantization group: 32, 64, 128
+  std::filesystem::path cache_dir;  // empty: next to the model, else the user cache dir
+  bool use_cache = true;            // false: pack in memory, read and write no file
+  std::filesystem::path cache_file;  // exact cache file (tandem convert -o); overrides cache_dir
+};
+
+// The routed experts of every MoE layer as kernel matrices: views for native (null data when the
+// stored dtype has no fast kernel: the backend then uses the reference path for that expert),
+// packed (from the on-disk cache when present and valid, else packed now and written) for
+// int8/int4/bf16.
+struct CpuExperts {
+  std::string format;
+  std::vector<std::vector<kern::KMatrix>> gate, up, down;  // [layer][expert]; empty for dense layers
+  uint64_t bytes = 0;
+  std::filesystem::path cache_path;  // the cache file used or written (empty: none)
+  bool from_cache = false;           // mapped from a valid cache (no repacking)
+  bool cache_written = false;        // packed now and written to cache_path
+};
+
+CpuExperts prepare_cpu_experts(const LoadedModel& model, const CpuExpertOptions& options,
+                               ThreadPool* pool);
+
+// Where prepare_cpu_experts looks for / writes the cache of `options` (no file is touched).
+std::filesystem::path cpu_expert_cache_path(const LoadedModel& model,
+                                            const CpuExpertOptions& options);
+
+}  // namespace tandem

@@ -1,0 +1,43 @@
+// Internal to the packed kernels: the per-ISA kernel tables packed.cpp dispatches on. Each table
+// comes from one algorithm template (packed_impl.h) compiled for its ISA in its own file.
+#pragma once
+
+#include <cstdint>
+
+#include "ops/cpu/kernels.h"
+
+namespace tandem::kern::detail {
+
+struct PackedArgs {
+  const KMatrix* w;
+  const Activations* a;
+  int64_t n0, n1;
+  float* y;
+  int64_t ldy;
+};
+using PackedFn = void (*)(const PackedArgs&);
+
+struct PackedKernels {
+  PackedFn int8 = nullptr, int4 = nullptr, fp8 = nullptr;
+};
+
+const PackedKernels& packed_kernels_avx2();
+const PackedKernels& packed_kernels_avx512();
+const PackedKernels& packed_kernels_vnni();  // AVX-512 VNNI + BF16
+const PackedKernels& packed_kernels_amx();   // AMX-INT8 / AMX-BF16 tiles (Sapphire Rapids+)
+
+// Byte offsets inside one packed group block (see packed.h).
+struct PackedGeometry {
+  int64_t groups = 0;        // cols / group
+  int64_t values_bytes = 0;  // quantized values of one group block (16 rows)
+  int64_t block_bytes = 0;   // values + 16 F32 scales (+ 16 int32 sums for INT8)
+  int64_t tile_bytes = 0;    // groups * block_bytes
+};
+PackedGeometry packed_geometry(WFormat f, int64_t cols, int group);
+
+// kI8 activation row: q int8 [cols], sa F32 [groups] at act_scales_offset, sums int32 [groups] after.
+inline int64_t act_scales_offset(int64_t cols) {
+  return (cols + 3) / 4 * 4;
+}
+
+}  // namespace tandem::kern::detail

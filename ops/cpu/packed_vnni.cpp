@@ -1,0 +1,109 @@
+// AVX-512 VNNI + BF16 instantiation of the packed kernels. INT8: vpdpbusd wants one unsigned
+// operand, so the broadcast activations are biased by 128 (a ^ 0x80) and 128 * sum(w) of each row
+// and group (stored with the weights) is subtracted once per group. INT4: the nibbles are the
+// unsigned operand and the activations stay signed. FP8: E4M3 is expanded to BF16 in registers
+// (pure integer ops, exact) and multiplied with vdpbf16ps, post-scaled once per scale block.
+// GCC 12 warns falsely inside its own AVX-512 intrinsic headers (undefined-vector idiom).
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
+#include <immintrin.h>
+
+#include <cstdint>
+#include <cstring>
+
+#include "ops/cpu/packed_kernels.h"
+
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx512bf16")
+
+#include "ops/cpu/packed_impl.h"
+
+namespace tandem::kern::detail {
+namespace {
+
+struct Vnni {
+  using VI = __m512i;
+  using VF = __m512;
+  static constexpr int kLanes = 16, kVecs = 1, kMaxTokens = 8;
+  static constexpr bool kBiasedS8 = true;
+  static VI zero_i() { return _mm512_setzero_si512(); }
+  static VF zero_f() { return _mm512_setzero_ps(); }
+  static VI load(const uint8_t* p) { return _mm512_loadu_si512(p); }
+  static VI bcast(int32_t bits) { return _mm512_set1_epi32(bits); }
+  static VI bcast_a8(int32_t bits) {
+    return _mm512_set1_epi32(static_cast<int32_t>(static_cast<uint32_t>(bits) ^ 0x80808080u));
+  }
+  static VI dot_s8(VI acc, VI w, VI a_biased) { return _mm512_dpbusd_epi32(acc, a_biased, w); }
+  static VI dot_u4(VI acc, VI u, VI a) { return _mm512_dpbusd_epi32(acc, u, a); }
+  static VI low_nibbles(VI b) { return _mm512_and_si512(b, _mm512_set1_epi8(0x0F)); }
+  static VI high_nibbles(VI b) {
+    return _mm512_and_si512(_mm512_srli_epi16(b, 4), _mm512_set1_epi8(0x0F));
+  }
+  static VI sub(VI a, VI b) { return _mm512_sub_epi32(a, b); }
+  static VI shl7(VI a) { return _mm512_slli_epi32(a, 7); }
+  static VF set1_f(float f) { return _mm512_set1_ps(f); }
+  static VF load_f(const float* p) { return _mm512_loadu_ps(p); }
+  static VF mul_f(VF a, VF b) { return _mm512_mul_ps(a, b); }
+  static VF fmadd_f(VF a, VF b, VF c) { return _mm512_fmadd_ps(a, b, c); }
+  static VF cvt_f(VI a) { return _mm512_cvtepi32_ps(a); }
+  static void store_f(float* p, VF v) { _mm512_storeu_ps(p, v); }
+};
+
+// 32 E4M3 bytes to 32 BF16: normal values rebias the exponent (+120) with one shift and add;
+// subnormals (exponent 0: m * 2^-9, normal in BF16) come from an 8-entry table.
+inline __m512i fp8x32_to_bf16(const uint8_t* p) {
+  const __m512i x = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  const __m512i mag = _mm512_and_si512(x, _mm512_set1_epi16(0x7F));
+  const __m512i normal = _mm512_add_epi16(_mm512_slli_epi16(mag, 4), _mm512_set1_epi16(0x3C00));
+  const __m512i sub_lut = _mm512_set_epi16(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,  //
+                                           0, 0, 0, 0, 0, 0, 0, 0,                          //
+                                           0x3C60, 0x3C40, 0x3C20, 0x3C00, 0x3BC0, 0x3B80,
+                                           0x3B00, 0);
+  const __mmask32 is_sub = _mm512_testn_epi16_mask(x, _mm512_set1_epi16(0x78));
+  const __m512i v = _mm512_mask_permutexvar_epi16(normal, is_sub, mag, sub_lut);
+  const __m512i sign = _mm512_slli_epi16(_mm512_and_si512(x, _mm512_set1_epi16(0x80)), 8);
+  return _mm512_or_si512(v, sign);
+}
+
+void fp8_kernel(const PackedArgs& p) {
+  const KMatrix& w = *p.w;
+  const Activations& a = *p.a;
+  for (int64_t n = p.n0; n < p.n1; ++n) {
+    const uint8_t* wr = w.data + n * w.row_bytes;
+    const float* srow = w.scales + ((w.row0 + n) / w.block_rows) * w.scale_stride;
+    for (int64_t t0 = 0; t0 < a.tokens; t0 += 4) {
+      const int nt = static_cast<int>(a.tokens - t0 < 4 ? a.tokens - t0 : 4);
+      const uint16_t* ar[4];
+      for (int t = 0; t < nt; ++t) ar[t] = reinterpret_cast<const uint16_t*>(a.row(t0 + t));
+      float acc[4] = {0, 0, 0, 0};
+      for (int64_t b0 = 0; b0 < w.cols; b0 += w.block_cols) {
+        const int64_t b1 = b0 + w.block_cols < w.cols ? b0 + w.block_cols : w.cols;
+        __m512 part[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(),
+                          _mm512_setzero_ps()};
+        for (int64_t k = b0; k < b1; k += 32) {
+          const __m512i wb = fp8x32_to_bf16(wr + k);
+          for (int t = 0; t < nt; ++t) {
+            const __m512i av = _mm512_loadu_si512(ar[t] + k);
+            part[t] = _mm512_dpbf16_ps(part[t], (__m512bh)wb, (__m512bh)av);
+          }
+        }
+        const float s = srow[b0 / w.block_cols];
+        for (int t = 0; t < nt; ++t) acc[t] = __builtin_fmaf(s, _mm512_reduce_add_ps(part[t]), acc[t]);
+      }
+      for (int t = 0; t < nt; ++t) p.y[(t0 + t) * p.ldy + n] = acc[t];
+    }
+  }
+}
+
+}  // namespace
+
+const PackedKernels& packed_kernels_vnni() {
+  static const PackedKernels k{&packed_impl::int_kernel<Vnni, false>,
+                               &packed_impl::int_kernel<Vnni, true>, &fp8_kernel};
+  return k;
+}
+
+}  // namespace tandem::kern::detail
+
+#pragma GCC pop_options

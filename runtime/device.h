@@ -1,0 +1,91 @@
+// The accelerator interface (issue 6): a CUDA-shaped Device that the hybrid runtime drives. A CUDA
+// backend implements it with stream = cudaStream_t, event = cudaEvent_t, host_callback =
+// cudaLaunchHostFunc, alloc = cudaMallocAsync / a pool; the host device emulates one on CPU threads
+// with a bandwidth- and latency-capped link so policies can be studied without a GPU.
+//
+// Contract for implementers:
+// - Ordering: work enqueued on one stream runs strictly in enqueue order; different streams are
+//   unordered except through record / wait_event. Every enqueue call returns without waiting.
+// - Lifetimes: pointers passed to copies and ops (host and device) must stay valid until the
+//   stream has reached that work (sync_stream / sync_event / a later event). Weight views are
+//   copied by value.
+// - Events: record() marks the current end of a stream; recording again re-targets the event to the
+//   newest record (like cudaEventRecord). query() of a never-recorded event is true.
+// - Callbacks: host_callback's fn runs on a host thread owned by the device (the stream's thread on
+//   the host device, a CUDA driver thread on CUDA), in stream order; it must not call sync_* of
+//   this device nor enqueue work it then waits for.
+// - Errors: an exception inside stream work is captured and rethrown as tandem::Error (naming the
+//   op) by the next sync_stream / sync_event that covers it (once); the stream keeps working
+//   afterwards. Bad arguments (unknown ids, shapes, host pointers as device memory) throw at once.
+//   alloc throws Error(kResource) naming the bytes asked and left.
+// - Thread safety: every call may come from any host thread; the runtime normally drives a device
+//   from one thread plus the callbacks it enqueued.
+// - Destruction waits for all enqueued work to finish; then device memory is released.
+// - Graph capture (CUDA): copies, ops, record / wait_event may be captured; host_callback only as a
+//   host node; alloc / free / sync_* must not be called while capturing.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "ops/cpu/ref_ops.h"
+
+namespace tandem::rt {
+
+using StreamId = int;
+using EventId = int;
+
+struct DeviceFfnWeights {  // one SwiGLU FFN (an expert or the shared experts) in device memory
+  ops::Weight gate, up, down;  // tensors whose data pointers are DEVICE memory, stored dtype
+};
+
+class Device {
+ public:
+  virtual ~Device() = default;
+  virtual std::string name() const = 0;
+  virtual uint64_t memory_capacity() const = 0;
+  virtual uint64_t memory_used() const = 0;
+  virtual void* alloc(uint64_t bytes) = 0;  // Error(kResource) naming bytes asked / left
+  virtual void free(void* p) = 0;
+  // Host staging memory for copies: pinned on CUDA (cudaHostAlloc / cudaFreeHost), so async copies
+  // run at full link speed; the default (and the host device) is 64-byte aligned pageable memory.
+  // Allocate it once (it is slow on CUDA) and reuse; free_host(nullptr) is a no-op.
+  virtual void* alloc_host(uint64_t bytes);
+  virtual void free_host(void* p);
+  virtual StreamId create_stream() = 0;  // stream 0 always exists (the default stream)
+  virtual EventId create_event() = 0;
+  virtual void record(EventId e, StreamId s) = 0;
+  virtual void wait_event(StreamId s, EventId e) = 0;  // s waits for e (no host block)
+  virtual bool query(EventId e) = 0;
+  virtual void sync_event(EventId e) = 0;  // host blocks
+  virtual void sync_stream(StreamId s) = 0;
+  // Host pointers must come from alloc_host for full link speed on CUDA (pinned memory).
+  virtual void copy_h2d(void* dst, const void* src, uint64_t bytes, StreamId s) = 0;
+  virtual void copy_d2h(void* dst, const void* src, uint64_t bytes, StreamId s) = 0;
+  // cudaLaunchHostFunc: fn runs on a host thread when the stream reaches it; later work on s waits
+  // until it returns. fn must not call sync_* of this device.
+  virtual void host_callback(StreamId s, std::function<void()> fn) = 0;
+  // Ops, stream-ordered, on device memory. x [n, hidden], out [n, hidden]:
+  // out[t] (+)= scale[t] * down(silu(gate x[t]) * up x[t]); scale == nullptr: 1.
+  virtual void ffn(StreamId s, const DeviceFfnWeights& w, const float* x, int64_t n,
+                   const float* scale, float* out, bool accumulate) = 0;
+  virtual void matmul(StreamId s, const ops::Weight& w, const float* x, int64_t n, float* y) = 0;
+  virtual void add(StreamId s, const float* a, float* out, int64_t count) = 0;  // out += a
+};
+
+struct LinkSpec {  // 0 GB/s: uncapped
+  double gb_per_s = 0;
+  double latency_us = 0;
+};
+LinkSpec parse_link(const std::string& text);  // pcie4 (~25 GB/s, 10 us), pcie5, none, "GBPS[,US]"
+
+struct HostDeviceOptions {
+  uint64_t memory_bytes;
+  int threads = 1;
+  LinkSpec link;
+};
+std::unique_ptr<Device> make_host_device(const HostDeviceOptions& o);
+
+}  // namespace tandem::rt

@@ -1,0 +1,467 @@
+// The host device (runtime/host_device.h): streams are host threads, copies are paced through an
+// emulated link, ops run the CPU kernels on the device's own thread pool.
+#include "runtime/host_device.h"
+
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <exception>
+#include <map>
+#include <mutex>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "core/error.h"
+#include "core/log.h"
+#include "core/memory.h"
+#include "core/thread_pool.h"
+#include "ops/cpu/kernels.h"
+
+namespace tandem::rt {
+
+void* Device::alloc_host(uint64_t bytes) {
+  if (bytes > (uint64_t(1) << 62)) {
+    fail(ErrorKind::kResource, "{}: alloc_host of {} bytes: too large", name(), bytes);
+  }
+  const uint64_t rounded = std::max<uint64_t>(64, (bytes + 63) / 64 * 64);
+  void* p = std::aligned_alloc(64, rounded);
+  if (p == nullptr) {
+    fail(ErrorKind::kResource, "{}: alloc_host of {} bytes: out of host memory", name(), bytes);
+  }
+  return p;
+}
+
+void Device::free_host(void* p) {
+  std::free(p);
+}
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// One direction of the host <-> device link. Copies reserve chunk-sized slots on a shared
+// schedule (next_free_), so two copies at once each get about half the bandwidth. A copy's
+// own chunks chain on virtual times, so sleep overshoot does not accumulate over a long copy.
+class Link {
+ public:
+  explicit Link(LinkSpec spec) : spec_(spec) {}
+
+  void copy(void* dst, const void* src, uint64_t bytes) {
+    const Clock::time_point begin = Clock::now();
+    if (spec_.latency_us > 0) {
+      wait_until(begin + std::chrono::duration_cast<Clock::duration>(
+                             std::chrono::duration<double, std::micro>(spec_.latency_us)));
+    }
+    auto* d = static_cast<uint8_t*>(dst);
+    const auto* s = static_cast<const uint8_t*>(src);
+    if (spec_.gb_per_s <= 0) {
+      if (bytes > 0) std::memcpy(d, s, bytes);
+      return;
+    }
+    const double ns_per_byte = 1.0 / spec_.gb_per_s;  // 1 GB/s = 1 byte/ns
+    Clock::time_point finish = Clock::now();
+    for (uint64_t off = 0; off < bytes; off += kHostLinkChunkBytes) {
+      const uint64_t n = std::min(kHostLinkChunkBytes, bytes - off);
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        const Clock::time_point start = std::max(next_free_, finish);
+        finish = start + std::chrono::duration_cast<Clock::duration>(
+                             std::chrono::duration<double, std::nano>(double(n) * ns_per_byte));
+        next_free_ = finish;
+      }
+      std::memcpy(d + off, s + off, n);
+      // Pace only when well ahead: many short waits cost more than they pace.
+      if (finish > Clock::now() + std::chrono::microseconds(100)) wait_until(finish);
+    }
+    wait_until(finish);
+  }
+
+ private:
+  // sleep_until overshoots by tens of microseconds (timer slack), as much as a PCIe copy's whole
+  // latency: sleep to just before t, then yield-spin to it.
+  static void wait_until(Clock::time_point t) {
+    const auto margin = std::chrono::microseconds(100);
+    if (t - Clock::now() > margin) std::this_thread::sleep_until(t - margin);
+    while (Clock::now() < t) std::this_thread::yield();
+  }
+
+  LinkSpec spec_;
+  std::mutex mu_;
+  Clock::time_point next_free_{};
+};
+
+struct Item {
+  const char* op;
+  std::function<void()> fn;
+};
+
+struct Stream {
+  std::deque<Item> queue;
+  uint64_t enqueued = 0, completed = 0;
+  std::exception_ptr error;  // the first unreported failure
+  uint64_t error_seq = 0;    // its position in the stream (1-based)
+  std::thread thread;
+};
+
+struct Event {
+  int stream = -1;  // -1: never recorded
+  uint64_t target = 0;
+};
+
+class HostDevice final : public Device {
+ public:
+  explicit HostDevice(const HostDeviceOptions& o) : opt_(o), h2d_(o.link), d2h_(o.link) {
+    if (o.threads < 1) {
+      fail(ErrorKind::kInvalidArgument, "host device: threads must be >= 1 (got {})", o.threads);
+    }
+    if (o.memory_bytes > 0) {
+      AllocOptions ao;
+      ao.alignment = kHostDeviceAlign;
+      memory_ = AlignedBuffer(o.memory_bytes, ao);
+      free_[0] = o.memory_bytes / kHostDeviceAlign * kHostDeviceAlign;
+      capacity_ = free_[0];
+    }
+    // The stream thread helps run each job, so threads - 1 workers make `threads` computing.
+    if (o.threads > 1) {
+      ThreadPoolOptions po;
+      po.pin = false;
+      pool_ = std::make_unique<ThreadPool>(std::vector<WorkerPlacement>(o.threads - 1), po);
+    }
+    create_stream();  // stream 0, the default stream
+  }
+
+  ~HostDevice() override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    for (auto& s : streams_) s->thread.join();  // threads drain their queues first
+    for (size_t i = 0; i < streams_.size(); ++i) {
+      if (!streams_[i]->error) continue;
+      try {
+        std::rethrow_exception(streams_[i]->error);
+      } catch (const std::exception& e) {
+        log_warn("host device: unreported error on stream {}: {}", i, e.what());
+      }
+    }
+  }
+
+  std::string name() const override { return "host"; }
+  uint64_t memory_capacity() const override { return capacity_; }
+  uint64_t memory_used() const override {
+    std::lock_guard<std::mutex> lock(mem_mu_);
+    return used_;
+  }
+
+  void* alloc(uint64_t bytes) override {
+    std::lock_guard<std::mutex> lock(mem_mu_);
+    const uint64_t left = capacity_ - used_;
+    uint64_t largest = 0;
+    if (bytes <= capacity_) {
+      const uint64_t need = std::max(
+          kHostDeviceAlign, (bytes + kHostDeviceAlign - 1) / kHostDeviceAlign * kHostDeviceAlign);
+      for (auto it = free_.begin(); it != free_.end(); ++it) {  // first fit
+        largest = std::max(largest, it->second);
+        if (it->second < need) continue;
+        const uint64_t off = it->first, size = it->second;
+        free_.erase(it);
+        if (size > need) free_[off + need] = size - need;
+        live_[off] = need;
+        used_ += need;
+        return memory_.as<uint8_t>() + off;
+      }
+    }
+    fail(ErrorKind::kResource,
+         "{} device: cannot allocate {} bytes: {} of {} bytes left (largest free block {})", name(),
+         bytes, left, capacity_, largest);
+  }
+
+  void free(void* p) override {
+    if (p == nullptr) return;
+    std::lock_guard<std::mutex> lock(mem_mu_);
+    const uint64_t off = static_cast<uint64_t>(static_cast<uint8_t*>(p) - memory_.as<uint8_t>());
+    auto it = in_memory(p, 0) ? live_.find(off) : live_.end();
+    if (it == live_.end()) {
+      fail(ErrorKind::kInvalidArgument, "{} device: free of {} which is not a live allocation",
+           name(), p);
+    }
+    uint64_t start = off, size = it->second;
+    used_ -= size;
+    live_.erase(it);
+    auto next = free_.lower_bound(start);  // coalesce with the neighbours
+    if (next != free_.end() && next->first == start + size) {
+      size += next->second;
+      next = free_.erase(next);
+    }
+    if (next != free_.begin()) {
+      auto prev = std::prev(next);
+      if (prev->first + prev->second == start) {
+        start = prev->first;
+        size += prev->second;
+        free_.erase(prev);
+      }
+    }
+    free_[start] = size;
+  }
+
+  StreamId create_stream() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto s = std::make_unique<Stream>();
+    Stream* raw = s.get();
+    const int id = static_cast<int>(streams_.size());
+    streams_.push_back(std::move(s));
+    raw->thread = std::thread([this, raw, id] { worker(raw, id); });
+    return id;
+  }
+
+  EventId create_event() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    events_.emplace_back();
+    return static_cast<int>(events_.size()) - 1;
+  }
+
+  void record(EventId e, StreamId s) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    Stream& st = stream(s);
+    event(e) = Event{s, st.enqueued};
+  }
+
+  void wait_event(StreamId s, EventId e) override {
+    Event ev;
+    Stream* other = nullptr;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stream(s);
+      ev = event(e);  // the newest record at the time of the call, like cudaStreamWaitEvent
+      if (ev.stream < 0 || ev.stream == s) return;  // never recorded / already ordered
+      other = streams_[ev.stream].get();
+    }
+    enqueue(s, "wait_event", [this, other, ev] {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [&] { return other->completed >= ev.target; });
+    });
+  }
+
+  bool query(EventId e) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    const Event& ev = event(e);
+    return ev.stream < 0 || streams_[ev.stream]->completed >= ev.target;
+  }
+
+  void sync_event(EventId e) override {
+    std::unique_lock<std::mutex> lock(mu_);
+    const Event ev = event(e);
+    if (ev.stream < 0) return;
+    Stream& st = *streams_[ev.stream];
+    cv_.wait(lock, [&] { return st.completed >= ev.target; });
+    if (st.error && st.error_seq <= ev.target) std::rethrow_exception(std::exchange(st.error, {}));
+  }
+
+  void sync_stream(StreamId s) override {
+    std::unique_lock<std::mutex> lock(mu_);
+    Stream& st = stream(s);
+    const uint64_t target = st.enqueued;
+    cv_.wait(lock, [&] { return st.completed >= target; });
+    if (st.error) std::rethrow_exception(std::exchange(st.error, {}));
+  }
+
+  void copy_h2d(void* dst, const void* src, uint64_t bytes, StreamId s) override {
+    check_device(dst, bytes, "copy_h2d destination");
+    enqueue(s, "copy_h2d", [this, dst, src, bytes] { h2d_.copy(dst, src, bytes); });
+  }
+
+  void copy_d2h(void* dst, const void* src, uint64_t bytes, StreamId s) override {
+    check_device(src, bytes, "copy_d2h source");
+    enqueue(s, "copy_d2h", [this, dst, src, bytes] { d2h_.copy(dst, src, bytes); });
+  }
+
+  void host_callback(StreamId s, std::function<void()> fn) override {
+    enqueue(s, "host_callback", std::move(fn));
+  }
+
+  void ffn(StreamId s, const DeviceFfnWeights& w, const float* x, int64_t n, const float* scale,
+           float* out, bool accumulate) override {
+    const int64_t H = w.gate.cols(), ff = w.gate.rows(), out_cols = w.down.rows();
+    if (w.up.rows() != ff || w.up.cols() != H || w.down.cols() != ff || n < 0) {
+      fail(ErrorKind::kInvalidArgument,
+           "{} device: ffn shapes: gate [{}, {}], up [{}, {}], down [{}, {}], {} tokens", name(),
+           ff, H, w.up.rows(), w.up.cols(), out_cols, w.down.cols(), n);
+    }
+    for (const ops::Weight* m : {&w.gate, &w.up, &w.down}) check_device(m->t.data, 1, "ffn weight");
+    check_device(x, uint64_t(n * H) * 4, "ffn input");
+    check_device(out, uint64_t(n * out_cols) * 4, "ffn output");
+    if (scale != nullptr) check_device(scale, uint64_t(n) * 4, "ffn scale");
+    enqueue(s, "ffn",
+            [this, w, x, n, scale, out, accumulate] { run_ffn(w, x, n, scale, out, accumulate); });
+  }
+
+  void matmul(StreamId s, const ops::Weight& w, const float* x, int64_t n, float* y) override {
+    check_device(w.t.data, 1, "matmul weight");
+    check_device(x, uint64_t(n * w.cols()) * 4, "matmul input");
+    check_device(y, uint64_t(n * w.rows()) * 4, "matmul output");
+    enqueue(s, "matmul", [this, w, x, n, y] { kern::matmul(w, x, n, y, pool_.get()); });
+  }
+
+  void add(StreamId s, const float* a, float* out, int64_t count) override {
+    check_device(a, uint64_t(count) * 4, "add input");
+    check_device(out, uint64_t(count) * 4, "add output");
+    enqueue(s, "add", [a, out, count] {
+      for (int64_t i = 0; i < count; ++i) out[i] += a[i];
+    });
+  }
+
+ private:
+  Stream& stream(StreamId s) {  // mu_ held
+    if (s < 0 || s >= static_cast<int>(streams_.size())) {
+      fail(ErrorKind::kInvalidArgument, "{} device: unknown stream {}", name(), s);
+    }
+    return *streams_[s];
+  }
+  Event& event(EventId e) {  // mu_ held
+    if (e < 0 || e >= static_cast<int>(events_.size())) {
+      fail(ErrorKind::kInvalidArgument, "{} device: unknown event {}", name(), e);
+    }
+    return events_[e];
+  }
+
+  bool in_memory(const void* p, uint64_t bytes) const {
+    const auto* base = memory_.as<uint8_t>();
+    const auto* q = static_cast<const uint8_t*>(p);
+    return base != nullptr && q >= base && q <= base + capacity_ &&
+           bytes <= static_cast<uint64_t>(base + capacity_ - q);
+  }
+  // Host pointers handed to device ops work here but would crash a CUDA device: reject them.
+  void check_device(const void* p, uint64_t bytes, const char* what) const {
+    if (bytes > 0 && !in_memory(p, bytes)) {
+      fail(ErrorKind::kInvalidArgument, "{} device: {} ({} bytes at {}) is not device memory",
+           name(), what, bytes, p);
+    }
+  }
+
+  void enqueue(StreamId s, const char* op, std::function<void()> fn) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      Stream& st = stream(s);
+      st.queue.push_back(Item{op, std::move(fn)});
+      ++st.enqueued;
+    }
+    cv_.notify_all();
+  }
+
+  void worker(Stream* st, int id) {
+    std::unique_lock<std::mutex> lock(mu_);
+    for (;;) {
+      cv_.wait(lock, [&] { return stop_ || !st->queue.empty(); });
+      if (st->queue.empty()) return;  // stopping and drained
+      Item item = std::move(st->queue.front());
+      st->queue.pop_front();
+      lock.unlock();
+      std::exception_ptr err;
+      try {
+        item.fn();
+      } catch (const Error& e) {
+        err = std::make_exception_ptr(Error(
+            e.kind(), fmt::format("{} device stream {}: {}: {}", name(), id, item.op, e.what())));
+      } catch (const std::exception& e) {
+        err = std::make_exception_ptr(
+            Error(ErrorKind::kInternal,
+                  fmt::format("{} device stream {}: {}: {}", name(), id, item.op, e.what())));
+      } catch (...) {
+        err = std::make_exception_ptr(
+            Error(ErrorKind::kInternal,
+                  fmt::format("{} device stream {}: {}: unknown exception", name(), id, item.op)));
+      }
+      item.fn = nullptr;  // release captures before reporting completion
+      lock.lock();
+      ++st->completed;
+      if (err && !st->error) {
+        st->error = err;
+        st->error_seq = st->completed;
+      }
+      cv_.notify_all();
+    }
+  }
+
+  // Row tiles of one GEMM over the device pool (per-row arithmetic does not depend on the split).
+  void gemm_rows(const kern::KMatrix& w, const kern::Activations& a, float* y) {
+    const int64_t rows_per_task = std::max<int64_t>(
+        16, std::min<int64_t>(256, (64 * 1024) / std::max<int64_t>(1, w.row_bytes)) / 16 * 16);
+    const int64_t n_tasks = (w.rows + rows_per_task - 1) / rows_per_task;
+    auto task = [&](size_t i) {
+      const int64_t r0 = static_cast<int64_t>(i) * rows_per_task;
+      kern::gemm(w, a, r0, std::min(w.rows, r0 + rows_per_task), y, w.rows);
+    };
+    if (pool_ == nullptr || n_tasks == 1) {
+      for (int64_t i = 0; i < n_tasks; ++i) task(static_cast<size_t>(i));
+    } else {
+      pool_->run(static_cast<size_t>(n_tasks), task);
+    }
+  }
+
+  // One expert exactly as model/fused_moe.cpp computes it (same activation encodings, kernels and
+  // SiLU), so a hybrid run produces the CPU backend's numbers for every expert.
+  void run_ffn(const DeviceFfnWeights& w, const float* x, int64_t n, const float* scale, float* out,
+               bool accumulate) {
+    if (n == 0) return;
+    const int64_t H = w.gate.cols(), ff = w.gate.rows(), out_cols = w.down.rows();
+    thread_local std::vector<float> g, u, d;
+    thread_local kern::Activations ax, ah;
+    g.resize(static_cast<size_t>(n * ff));
+    u.resize(g.size());
+    d.resize(static_cast<size_t>(n * out_cols));
+    kern::KMatrix kg, ku, kd;
+    const bool fast = kern::view_weight(w.gate, &kg) && kern::view_weight(w.up, &ku) &&
+                      kern::view_weight(w.down, &kd) && kg.format == ku.format;
+    if (fast) {
+      kern::quantize_activations(kern::act_format(kg.format), 0, x, n, H, H, &ax);
+      gemm_rows(kg, ax, g.data());
+      gemm_rows(ku, ax, u.data());
+      for (size_t i = 0; i < g.size(); ++i) g[i] = ops::silu(g[i]) * u[i];
+      kern::quantize_activations(kern::act_format(kd.format), 0, g.data(), n, ff, ff, &ah);
+      gemm_rows(kd, ah, d.data());
+    } else {
+      ops::matmul(w.gate, x, n, g.data(), pool_.get());
+      ops::matmul(w.up, x, n, u.data(), pool_.get());
+      ops::swiglu(g.data(), u.data(), n * ff, g.data());
+      ops::matmul(w.down, g.data(), n, d.data(), pool_.get());
+    }
+    for (int64_t t = 0; t < n; ++t) {
+      const float s = scale != nullptr ? scale[t] : 1.0f;
+      float* o = out + t * out_cols;
+      const float* src = d.data() + t * out_cols;
+      if (accumulate) {
+        for (int64_t i = 0; i < out_cols; ++i) o[i] += s * src[i];
+      } else {
+        for (int64_t i = 0; i < out_cols; ++i) o[i] = s * src[i];
+      }
+    }
+  }
+
+  HostDeviceOptions opt_;
+  Link h2d_, d2h_;
+  std::unique_ptr<ThreadPool> pool_;
+
+  mutable std::mutex mem_mu_;  // guards the allocator
+  AlignedBuffer memory_;
+  uint64_t capacity_ = 0, used_ = 0;
+  std::map<uint64_t, uint64_t> free_, live_;  // offset -> bytes
+
+  std::mutex mu_;  // guards streams, events and queues
+  std::condition_variable cv_;
+  bool stop_ = false;
+  std::vector<std::unique_ptr<Stream>> streams_;
+  std::vector<Event> events_;
+};
+
+}  // namespace
+
+std::unique_ptr<Device> make_host_device(const HostDeviceOptions& o) {
+  return std::make_unique<HostDevice>(o);
+}
+
+}  // namespace tandem::rt

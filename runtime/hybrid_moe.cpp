@@ -1,0 +1,558 @@
+#include "runtime/hybrid_moe.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "core/log.h"
+#include "model/router.h"
+#include "ops/cpu/ref_ops.h"
+#include "runtime/calibrate.h"
+#include "runtime/cost_model.h"
+#include "runtime/expert_cache.h"
+#include "runtime/policy.h"
+#include "runtime/prefetch.h"
+
+namespace tandem::rt {
+namespace {
+
+constexpr uint64_t kAlign = 256;
+uint64_t align_up(uint64_t v) { return (v + kAlign - 1) / kAlign * kAlign; }
+
+// Scale rows of an FP8 block-scaled weight that its rows use: [first block row, count].
+void scale_span(const ops::Weight& w, int64_t* first, int64_t* floats) {
+  *first = 0;
+  *floats = 0;
+  if (w.scale_inv == nullptr) return;
+  const int64_t r0 = w.row0 / w.block_rows, r1 = (w.row0 + w.rows() - 1) / w.block_rows;
+  *first = r0;
+  *floats = (r1 - r0 + 1) * w.scale_cols;
+}
+
+uint64_t weight_bytes(const ops::Weight& w) {
+  int64_t first, floats;
+  scale_span(w, &first, &floats);
+  return align_up(static_cast<uint64_t>(w.t.nbytes())) + align_up(floats * 4);
+}
+
+uint64_t ffn_bytes(const ops::Weight& g, const ops::Weight& u, const ops::Weight& d) {
+  return weight_bytes(g) + weight_bytes(u) + weight_bytes(d);
+}
+
+float sigmoid_dot(const float* x, const float* g, int64_t h) {
+  float dot = 0.0f;
+  for (int64_t i = 0; i < h; ++i) dot += x[i] * g[i];
+  return 1.0f / (1.0f + std::exp(-dot));
+}
+
+// Router scores of n tokens for a MoE layer (the MRS cache, DALI and the prefetchers read them).
+void layer_scores(const ModelConfig& c, const LayerWeights& lw, const float* x, int64_t n,
+                  std::vector<float>* logits, std::vector<float>* scores) {
+  logits->resize(n * c.n_experts);
+  scores->resize(n * c.n_experts);
+  ops::matmul(lw.router, x, n, logits->data(), nullptr);
+  for (int64_t t = 0; t < n; ++t) {
+    router_scores(c, logits->data() + t * c.n_experts, scores->data() + t * c.n_experts);
+  }
+}
+
+}  // namespace
+
+struct HybridMoeBackend::Layer {
+  int64_t model_layer = 0;
+  const LayerWeights* lw = nullptr;
+  bool cpu_only = false;
+  bool has_shared = false, shared_accel = false;
+  DeviceFfnWeights shared;
+  std::vector<DeviceFfnWeights> dev_w;  // [expert]: its weights in its slot while valid
+  std::vector<uint8_t> valid;           // [expert]: dev_w points at a slot holding it
+  std::vector<uint8_t> prefetched;      // [expert]: copied by the prefetcher for the next step
+};
+
+struct HybridMoeBackend::Pending {
+  bool active = false;
+  MoeRequest r;
+  MoeRequest cpu_req;
+  std::vector<uint8_t> mask;
+  std::vector<float> cpu_out, dev_y, xg, scale, shared_host, logits, scores;
+  std::vector<int64_t> row_of_pair;  // [t * k + j]: row of the device output, -1: on the CPU
+  int64_t shared_rows = 0;
+  float* d_buf = nullptr;  // device: inputs [rows, h], outputs [rows, h], scales [rows]
+  uint64_t d_bytes = 0;
+};
+
+HybridMoeBackend::HybridMoeBackend(const LoadedModel& model, MoeBackend* cpu, Device* device,
+                                   const Placement& placement, const HybridOptions& o)
+    : model_(model), cpu_(cpu), dev_(device), opt_(o), p_(std::make_unique<Pending>()) {
+  const ModelConfig& c = model.config;
+  const int n_experts = static_cast<int>(c.n_experts), k = static_cast<int>(c.n_experts_per_tok);
+  compute_ = dev_->create_stream();
+  copy_ = dev_->create_stream();
+  fetched_ = dev_->create_event();
+  done_ = dev_->create_event();
+  compute_done_ = dev_->create_event();
+
+  uint64_t shared_total = 0;
+  int max_pinned = std::min(o.gpu_experts, n_experts);
+  for (size_t l = 0; l < model.layers.size(); ++l) {
+    const LayerWeights& lw = model.layers[l];
+    if (!lw.moe) continue;
+    auto L = std::make_unique<Layer>();
+    L->model_layer = static_cast<int64_t>(l);
+    L->lw = &lw;
+    L->cpu_only = placement.experts_cpu_only(L->model_layer);
+    L->has_shared = !lw.sh_gate.empty();
+    L->shared_accel = L->has_shared && placement.shared_on_accel(L->model_layer);
+    if (L->shared_accel) shared_total += ffn_bytes(lw.sh_gate, lw.sh_up, lw.sh_down);
+    if (placement.experts_pinned(L->model_layer)) max_pinned = n_experts;
+    for (int e = 0; e < n_experts; ++e) {
+      slot_bytes_ = std::max(slot_bytes_, ffn_bytes(lw.experts.gate[e], lw.experts.up[e],
+                                                    lw.experts.down[e]));
+    }
+    L->dev_w.resize(n_experts);
+    L->valid.assign(n_experts, 0);
+    L->prefetched.assign(n_experts, 0);
+    moe_layers_.push_back(L->model_layer);
+    layers_.push_back(std::move(L));
+  }
+  const int n_moe = static_cast<int>(layers_.size());
+  TD_CHECK(n_moe > 0, "HybridMoeBackend on a model without MoE layers");
+
+  // Budget: shared experts, pinned experts, then cache slots; a reserve stays for activations.
+  const uint64_t budget = o.budget_bytes ? std::min(o.budget_bytes, dev_->memory_capacity())
+                                         : dev_->memory_capacity();
+  const uint64_t reserve = std::min<uint64_t>(budget / 4, uint64_t{64} << 20);
+  if (shared_total + reserve > budget) {
+    fail(ErrorKind::kResource,
+         "--vram-budget: the shared experts need {} bytes (+{} for activations), the budget is {}",
+         shared_total, reserve, budget);
+  }
+  const uint64_t avail = budget - shared_total - reserve;
+  const uint64_t pinned_bytes = uint64_t(n_moe) * max_pinned * slot_bytes_;
+  if (pinned_bytes > avail) {
+    fail(ErrorKind::kResource,
+         "--gpu-experts {}: {} pinned experts per layer x {} MoE layers need {} bytes, the budget "
+         "(--vram-budget) leaves {}", o.gpu_experts, max_pinned, n_moe, pinned_bytes, avail);
+  }
+  int extra = 0;
+  if (o.cache != "none") {
+    const uint64_t per_layer = uint64_t(n_moe) * slot_bytes_;
+    const int fit = static_cast<int>(std::min<uint64_t>((avail - pinned_bytes) / per_layer,
+                                                        uint64_t(n_experts)));
+    if (o.cache_slots >= 0) {
+      extra = o.cache_slots;
+      if (extra > fit) {
+        fail(ErrorKind::kResource, "--cache-slots {}: {} MoE layers x {} bytes per slot do not fit "
+             "next to the pinned experts in the budget (at most {} slots)", extra, n_moe,
+             slot_bytes_, fit);
+      }
+    } else {
+      extra = fit;
+    }
+  }
+  slots_per_layer_ = std::min(n_experts, max_pinned + extra);
+  slot_mem_.assign(size_t(n_moe) * std::max(slots_per_layer_, 1), nullptr);
+  slot_owner_.assign(slot_mem_.size(), {-1, -1});
+
+  CacheConfig cc;
+  cc.n_layers = n_moe;
+  cc.n_experts = n_experts;
+  cc.top_k = k;
+  cc.slots_per_layer = slots_per_layer_;
+  cc.global_pool = false;
+  cache_ = ExpertCache::make(o.cache, cc);
+  PolicyOptions po;
+  po.max_fetch = extra;  // at most the evictable slots: a fetched expert always finds one
+  policy_ = AssignmentPolicy::make(o.policy, po);
+
+  // Cost model: measured (tandem profile) or estimated from bytes and nominal rates.
+  if (!o.profile.empty()) {
+    cost_ = std::make_unique<CostModel>(CostModel::load(o.profile));
+    cost_source_ = o.profile.string();
+  } else {
+    cost_ = std::make_unique<CostModel>(estimate_cost());
+    cost_source_ = "estimated";
+  }
+  if (o.prefetch == "residual") {
+    if (o.residuals.empty()) {
+      fail(ErrorKind::kInvalidArgument,
+           "--prefetch residual needs --residuals FILE (written by `tandem calibrate`)");
+    }
+    residuals_ = std::make_unique<ResidualVectors>(ResidualVectors::load(o.residuals));
+    if (residuals_->hidden_size != c.hidden_size ||
+        residuals_->vectors.size() + 1 != layers_.size()) {
+      fail(ErrorKind::kFormat, "{}: residual vectors for hidden {} x {} layers do not fit this "
+           "model (hidden {}, {} MoE layers)", o.residuals.string(), residuals_->hidden_size,
+           residuals_->vectors.size() + 1, c.hidden_size, layers_.size());
+    }
+  }
+  prefetcher_ = Prefetcher::make(o.prefetch);
+
+  // Shared experts live on the device for the whole run.
+  for (auto& L : layers_) {
+    if (!L->shared_accel) continue;
+    const LayerWeights& lw = *L->lw;
+    auto* mem = static_cast<uint8_t*>(dev_->alloc(ffn_bytes(lw.sh_gate, lw.sh_up, lw.sh_down)));
+    shared_mem_.push_back(mem);
+    L->shared = place_ffn(lw.sh_gate, lw.sh_up, lw.sh_down, mem, copy_);
+  }
+  // Pinned experts: the most used ones per layer (profile counts) or ids 0..N-1.
+  std::vector<std::vector<int64_t>> counts = expert_counts();
+  if (max_pinned > 0 && counts.empty() && o.gpu_experts > 0) {
+    log_warn("--gpu-experts {}: no expert counts in {}: pinning experts 0..{} of each layer",
+             o.gpu_experts, o.profile.empty() ? std::string("(no --profile)") : o.profile.string(),
+             o.gpu_experts - 1);
+  }
+  for (int l = 0; l < n_moe; ++l) {
+    const int pin_n = placement.experts_pinned(layers_[l]->model_layer) ? n_experts
+                                                                         : std::min(o.gpu_experts, n_experts);
+    std::vector<int> order(n_experts);
+    for (int e = 0; e < n_experts; ++e) order[e] = e;
+    if (!counts.empty()) {
+      std::stable_sort(order.begin(), order.end(),
+                       [&](int a, int b) { return counts[l][a] > counts[l][b]; });
+    }
+    for (int i = 0; i < pin_n; ++i) {
+      const int e = order[i];
+      cache_->pin(l, e);  // takes a free slot (Error(kResource) when none is left)
+      copy_expert(l, e, cache_->slot_of(l, e), copy_);
+    }
+  }
+  dev_->sync_stream(copy_);
+  stats_.bytes_copied = 0;  // count what moves while running
+}
+
+HybridMoeBackend::~HybridMoeBackend() {
+  try {
+    if (p_->active) dev_->sync_event(done_);
+    dev_->sync_stream(copy_);
+    dev_->sync_stream(compute_);
+  } catch (...) {
+  }
+  for (void* m : slot_mem_)
+    if (m != nullptr) dev_->free(m);
+  for (void* m : shared_mem_) dev_->free(m);
+  if (p_->d_buf != nullptr) dev_->free(p_->d_buf);
+}
+
+CostModel HybridMoeBackend::estimate_cost() const {
+  // Nominal rates (docs/hybrid.md): the CPU streams expert weights from DRAM at ~50 GB/s and
+  // computes at ~0.5 TFLOP/s; the accelerator computes a resident expert ~20x faster; a transfer
+  // is latency + bytes / link.
+  const ModelConfig& c = model_.config;
+  const double bytes = static_cast<double>(slot_bytes_);
+  const double flops_per_token =
+      6.0 * c.hidden_size * static_cast<double>(layers_[0]->lw->experts.gate[0].rows());
+  const double cpu_fixed = bytes / 50e9, cpu_per_token = flops_per_token / 0.5e12;
+  const double transfer = opt_.link_latency_us * 1e-6 +
+                          (opt_.link_gb_per_s > 0 ? bytes / (opt_.link_gb_per_s * 1e9) : 0.0);
+  return CostModel::from_linear(cpu_fixed, cpu_per_token, cpu_fixed / 20, cpu_per_token / 20,
+                                transfer);
+}
+
+std::vector<std::vector<int64_t>> HybridMoeBackend::expert_counts() const {
+  if (opt_.profile.empty()) return {};
+  std::ifstream in(opt_.profile);
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(in);
+  } catch (const std::exception& e) {
+    fail(ErrorKind::kFormat, "--profile {}: {}", opt_.profile.string(), e.what());
+  }
+  if (!j.contains("expert_counts")) return {};
+  std::vector<std::vector<int64_t>> counts;
+  try {
+    counts = j["expert_counts"].get<std::vector<std::vector<int64_t>>>();
+  } catch (const std::exception& e) {
+    fail(ErrorKind::kFormat, "--profile {}: expert_counts: {}", opt_.profile.string(), e.what());
+  }
+  if (counts.size() != layers_.size()) {
+    fail(ErrorKind::kFormat, "--profile {}: expert_counts has {} layers, the model {} MoE layers",
+         opt_.profile.string(), counts.size(), layers_.size());
+  }
+  for (const auto& row : counts) {
+    if (static_cast<int64_t>(row.size()) != model_.config.n_experts) {
+      fail(ErrorKind::kFormat, "--profile {}: expert_counts rows must have {} experts",
+           opt_.profile.string(), model_.config.n_experts);
+    }
+  }
+  return counts;
+}
+
+DeviceFfnWeights HybridMoeBackend::place_ffn(const ops::Weight& g, const ops::Weight& u,
+                                             const ops::Weight& d, uint8_t* mem, StreamId s) {
+  DeviceFfnWeights out;
+  uint64_t off = 0;
+  auto place = [&](const ops::Weight& w, ops::Weight* dst) {
+    *dst = w;
+    const uint64_t n = static_cast<uint64_t>(w.t.nbytes());
+    dev_->copy_h2d(mem + off, w.t.data, n, s);
+    dst->t.data = mem + off;
+    dst->t.device = DeviceRef{DeviceKind::kAccel, 0};
+    off += align_up(n);
+    int64_t first, floats;
+    scale_span(w, &first, &floats);
+    if (floats > 0) {
+      dev_->copy_h2d(mem + off, w.scale_inv + first * w.scale_cols, floats * 4, s);
+      dst->scale_inv = reinterpret_cast<const float*>(mem + off);
+      dst->row0 = w.row0 - first * w.block_rows;
+      off += align_up(floats * 4);
+    }
+    stats_.bytes_copied += static_cast<int64_t>(n + floats * 4);
+  };
+  place(g, &out.gate);
+  place(u, &out.up);
+  place(d, &out.down);
+  return out;
+}
+
+void HybridMoeBackend::copy_expert(int layer, int expert, int slot, StreamId stream) {
+  TD_CHECK(slot >= 0 && slot < slots_per_layer_, "expert cache slot {} out of range", slot);
+  const size_t key = size_t(layer) * slots_per_layer_ + slot;
+  if (slot_mem_[key] == nullptr) slot_mem_[key] = dev_->alloc(slot_bytes_);
+  const auto [old_layer, old_expert] = slot_owner_[key];
+  if (old_expert >= 0) layers_[old_layer]->valid[old_expert] = 0;
+  Layer& L = *layers_[layer];
+  const ExpertWeights& ex = L.lw->experts;
+  L.dev_w[expert] = place_ffn(ex.gate[expert], ex.up[expert], ex.down[expert],
+                              static_cast<uint8_t*>(slot_mem_[key]), stream);
+  L.valid[expert] = 1;
+  slot_owner_[key] = {layer, expert};
+}
+
+void HybridMoeBackend::host_shared(const MoeRequest& r, float* out) {
+  const LayerWeights& lw = *r.layer_weights;
+  const int64_t n = r.n_tokens, h = r.hidden_size, ff = lw.sh_gate.rows();
+  std::vector<float> g(n * ff), u(n * ff);
+  ops::matmul(lw.sh_gate, r.hidden, n, g.data(), nullptr);
+  ops::matmul(lw.sh_up, r.hidden, n, u.data(), nullptr);
+  ops::swiglu(g.data(), u.data(), n * ff, g.data());
+  ops::matmul(lw.sh_down, g.data(), n, out, nullptr);
+  if (!lw.sh_gate_inp.empty()) {
+    for (int64_t t = 0; t < n; ++t) {
+      const float gate = sigmoid_dot(r.hidden + t * h, lw.sh_gate_inp.data(), h);
+      for (int64_t i = 0; i < h; ++i) out[t * h + i] *= gate;
+    }
+  }
+}
+
+void HybridMoeBackend::submit(const MoeRequest& r) {
+  TD_CHECK(!p_->active, "HybridMoeBackend::submit while a request is pending");
+  TD_CHECK(r.moe_index >= 0 && r.moe_index < static_cast<int64_t>(layers_.size()),
+           "MoE index {} out of range", r.moe_index);
+  const int layer = static_cast<int>(r.moe_index);
+  Layer& L = *layers_[layer];
+  Pending& p = *p_;
+  const ModelConfig& c = model_.config;
+  const int64_t n = r.n_tokens, k = r.k, h = r.hidden_size, ne = c.n_experts;
+  p.r = r;
+
+  // 1. Routing -> cache statistics -> assignment.
+  layer_scores(c, *L.lw, r.hidden, n, &p.logits, &p.scores);
+  LayerRouting lr;
+  lr.layer = layer;
+  lr.n_tokens = static_cast<int>(n);
+  lr.k = static_cast<int>(k);
+  lr.n_experts = static_cast<int>(ne);
+  lr.ids = r.ids;
+  lr.weights = r.weights;
+  lr.scores = p.scores.data();
+  cache_->on_routing(lr);
+  // DALI's workload window asks for its best non-resident experts after each window.
+  if (!L.cpu_only) {
+    for (int e : cache_->wanted(layer)) {
+      bool admitted = false;
+      cache_->admit(layer, e, &admitted);
+      if (!admitted) continue;
+      copy_expert(layer, e, cache_->slot_of(layer, e), copy_);
+      ++stats_.fetches;
+    }
+  }
+  Assignment a = policy_->assign(lr, *cache_, *cost_);
+  prefetcher_->set_layer_seconds(a.est_seconds);
+  a.on_accel.resize(ne, 0);
+  if (L.cpu_only) {
+    std::fill(a.on_accel.begin(), a.on_accel.end(), 0);
+    a.fetch.clear();
+  }
+  // 2. Fetch what the policy wants on the copy stream; an expert that gets no slot runs on the CPU.
+  for (int e : a.fetch) {
+    if (cache_->resident(layer, e) && L.valid[e]) continue;
+    bool admitted = false;
+    cache_->admit(layer, e, &admitted);
+    if (!admitted) {
+      a.on_accel[e] = 0;
+      continue;
+    }
+    copy_expert(layer, e, cache_->slot_of(layer, e), copy_);
+    ++stats_.fetches;
+  }
+  std::vector<int64_t> count(ne, 0);
+  for (int64_t i = 0; i < n * k; ++i) ++count[r.ids[i]];
+  for (int64_t e = 0; e < ne; ++e) {
+    if (a.on_accel[e] && !(cache_->resident(layer, static_cast<int>(e)) && L.valid[e])) {
+      a.on_accel[e] = 0;
+    }
+    if (r.expert_mask != nullptr && r.expert_mask[e] == 0) a.on_accel[e] = 0;
+    if (a.on_accel[e] && count[e] > 0 && L.prefetched[e]) ++stats_.prefetch_hits;
+  }
+  std::fill(L.prefetched.begin(), L.prefetched.end(), 0);
+  dev_->record(fetched_, copy_);
+  dev_->wait_event(compute_, fetched_);
+
+  // 3. Device inputs: shared rows (all tokens) then each accelerator expert's tokens, by id.
+  p.shared_rows = L.shared_accel ? n : 0;
+  p.row_of_pair.assign(n * k, -1);
+  int64_t rows = p.shared_rows;
+  for (int64_t e = 0; e < ne; ++e) {
+    if (a.on_accel[e]) rows += count[e];
+  }
+  p.xg.resize(rows * h);
+  p.scale.resize(rows);
+  if (p.shared_rows > 0) {
+    std::copy(r.hidden, r.hidden + n * h, p.xg.data());
+    for (int64_t t = 0; t < n; ++t) {
+      p.scale[t] = L.lw->sh_gate_inp.empty()
+                       ? 1.0f
+                       : sigmoid_dot(r.hidden + t * h, L.lw->sh_gate_inp.data(), h);
+    }
+  }
+  struct Run {
+    int64_t expert, row0, n;
+  };
+  std::vector<Run> runs;
+  int64_t row = p.shared_rows;
+  for (int64_t e = 0; e < ne; ++e) {
+    if (!a.on_accel[e] || count[e] == 0) continue;
+    runs.push_back({e, row, count[e]});
+    for (int64_t i = 0; i < n * k; ++i) {
+      if (r.ids[i] != e) continue;
+      const float* src = r.hidden + (i / k) * h;
+      std::copy(src, src + h, p.xg.data() + row * h);
+      p.scale[row] = r.weights[i];
+      p.row_of_pair[i] = row++;
+    }
+    stats_.accel_pairs += count[e];
+  }
+  stats_.cpu_pairs += n * k - (rows - p.shared_rows);
+  const uint64_t need = static_cast<uint64_t>(rows) * (2 * h + 1) * 4;
+  if (need > p.d_bytes) {
+    if (p.d_buf != nullptr) dev_->free(p.d_buf);
+    p.d_buf = nullptr;
+    p.d_buf = static_cast<float*>(dev_->alloc(need));
+    p.d_bytes = need;
+  }
+  float* d_x = p.d_buf;
+  float* d_y = d_x + rows * h;
+  float* d_s = d_y + rows * h;
+  if (rows > 0) {
+    dev_->copy_h2d(d_x, p.xg.data(), rows * h * 4, compute_);
+    dev_->copy_h2d(d_s, p.scale.data(), rows * 4, compute_);
+  }
+
+  // 4. The CPU experts start when the compute stream gets here (after the copies above), the
+  // device experts run meanwhile, and the stream then waits for the CPU before reporting done.
+  p.mask.assign(ne, 1);
+  for (int64_t e = 0; e < ne; ++e) {
+    p.mask[e] = (a.on_accel[e] || (r.expert_mask != nullptr && r.expert_mask[e] == 0)) ? 0 : 1;
+  }
+  p.cpu_out.resize(n * h);
+  p.cpu_req = r;
+  p.cpu_req.expert_mask = p.mask.data();
+  p.cpu_req.out = p.cpu_out.data();
+  dev_->host_callback(compute_, [this] { cpu_->submit(p_->cpu_req); });
+  if (p.shared_rows > 0) {
+    dev_->ffn(compute_, L.shared, d_x, n, L.lw->sh_gate_inp.empty() ? nullptr : d_s, d_y, false);
+    ++stats_.shared_on_accel;
+  }
+  for (const Run& run : runs) {
+    dev_->ffn(compute_, L.dev_w[run.expert], d_x + run.row0 * h, run.n, d_s + run.row0,
+              d_y + run.row0 * h, false);
+  }
+  dev_->record(compute_done_, compute_);
+  dev_->host_callback(compute_, [this] { cpu_->wait(); });
+  p.dev_y.resize(rows * h);
+  if (rows > 0) dev_->copy_d2h(p.dev_y.data(), d_y, rows * h * 4, compute_);
+  dev_->record(done_, compute_);
+  p.active = true;
+  ++stats_.layers;
+
+  // 5. Prefetch the next MoE layer's predicted experts behind this layer's compute.
+  if (opt_.prefetch != "none" && layer + 1 < static_cast<int>(layers_.size())) {
+    prefetch_next(r, layer);
+  }
+}
+
+void HybridMoeBackend::prefetch_next(const MoeRequest& r, int layer) {
+  const ModelConfig& c = model_.config;
+  const int64_t n = r.n_tokens, h = r.hidden_size;
+  Layer& next = *layers_[layer + 1];
+  if (next.cpu_only) return;
+  const float* x = r.hidden;
+  std::vector<float> shifted;
+  if (residuals_ != nullptr) {  // DALI eq. 11: this layer's input + r_l approximates the next's
+    shifted.assign(r.hidden, r.hidden + n * h);
+    const std::vector<float>& rv = residuals_->vectors[layer];
+    for (int64_t t = 0; t < n; ++t)
+      for (int64_t i = 0; i < h; ++i) shifted[t * h + i] += rv[i];
+    x = shifted.data();
+  }
+  std::vector<float> logits, scores;
+  layer_scores(c, *next.lw, x, n, &logits, &scores);
+  const std::vector<int> chosen =
+      prefetcher_->choose(layer + 1, scores.data(), static_cast<int>(n), *cache_, *cost_);
+  for (int e : chosen) {
+    if (cache_->resident(layer + 1, e) && next.valid[e]) continue;
+    bool admitted = false;
+    cache_->admit(layer + 1, e, &admitted);
+    if (!admitted) continue;
+    copy_expert(layer + 1, e, cache_->slot_of(layer + 1, e), copy_);
+    next.prefetched[e] = 1;
+    ++stats_.prefetches;
+  }
+}
+
+void HybridMoeBackend::wait() {
+  TD_CHECK(p_->active, "HybridMoeBackend::wait without submit");
+  Pending& p = *p_;
+  p.active = false;
+  const MoeRequest& r = p.r;
+  const Layer& L = *layers_[r.moe_index];
+  const int64_t n = r.n_tokens, h = r.hidden_size, k = r.k;
+  const bool host_sh = L.has_shared && !L.shared_accel;
+  if (host_sh) {  // placement put the shared experts on the CPU: compute them while we wait
+    p.shared_host.resize(n * h);
+    host_shared(r, p.shared_host.data());
+  }
+  dev_->sync_event(done_);  // rethrows errors from the stream (CPU backend included)
+  // Combine per token: CPU experts' sum, then the device experts in router slot order, then the
+  // shared experts in front, as the model adds them.
+  for (int64_t t = 0; t < n; ++t) {
+    float* dst = r.out + t * h;
+    std::copy(p.cpu_out.data() + t * h, p.cpu_out.data() + (t + 1) * h, dst);
+    for (int64_t j = 0; j < k; ++j) {
+      const int64_t row = p.row_of_pair[t * k + j];
+      if (row < 0) continue;
+      const float* y = p.dev_y.data() + row * h;
+      for (int64_t i = 0; i < h; ++i) dst[i] += y[i];
+    }
+    const float* sh = p.shared_rows > 0 ? p.dev_y.data() + t * h
+                      : host_sh         ? p.shared_host.data() + t * h
+                                        : nullptr;
+    if (sh != nullptr) {
+      for (int64_t i = 0; i < h; ++i) dst[i] = sh[i] + dst[i];
+    }
+  }
+}
+
+std::string HybridMoeBackend::summary() const {
+  return fmt::format("{} slots/layer of {:.2f} MiB ({} pinned), policy {}, cache {}, prefetch {}, "
+                     "cost model {}", slots_per_layer_, slot_bytes_ / 1048576.0,
+                     opt_.gpu_experts, opt_.policy, opt_.cache, opt_.prefetch, cost_source_);
+}
+
+}  // namespace tandem::rt

@@ -1,0 +1,103 @@
+// The hybrid MoE pipeline (KTransformers §3.3, HybriMoE, DALI): per MoE layer, the expert cache
+// sees the routing, the assignment policy splits the active experts between the CPU backend and
+// the accelerator, missing experts are copied on a copy stream, and the compute stream runs, in
+// order: host callback "submit the CPU experts", the shared experts and the accelerator experts,
+// host callback "wait for the CPU backend", the copy of the device results back, an event. wait()
+// syncs that event and combines the parts per token in router slot order. Prefetching copies the
+// predicted experts of the next MoE layer while this one computes.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "model/moe_backend.h"
+#include "model/weights.h"
+#include "runtime/device.h"
+#include "runtime/placement.h"
+
+namespace tandem::rt {
+
+class ExpertCache;
+class AssignmentPolicy;
+class Prefetcher;
+struct CostModel;
+struct ResidualVectors;
+
+struct HybridOptions {
+  std::string policy = "static";  // static | fiddler | hybrimoe | dali | optimal
+  std::string cache = "lru";      // lru | lfu | mrs | dali | none
+  std::string prefetch = "none";  // none | gate | residual
+  int gpu_experts = 0;            // pinned per MoE layer, most popular first
+  int cache_slots = -1;           // per MoE layer on top of the pinned ones; -1: from the budget
+  uint64_t budget_bytes = 0;      // accelerator memory to use; 0: the device's capacity
+  bool global_pool = false;       // one slot pool across layers instead of per-layer slots
+  std::filesystem::path profile;    // cost model (+ optional expert_counts) from `tandem profile`
+  std::filesystem::path residuals;  // DALI residual vectors (required by --prefetch residual)
+  double link_gb_per_s = 25, link_latency_us = 10;  // for the estimated cost model
+};
+
+// What ran where (token-expert pairs) and what moved: tests assert on these.
+struct HybridStats {
+  int64_t layers = 0;
+  int64_t accel_pairs = 0, cpu_pairs = 0;  // token-expert selections computed per side
+  int64_t fetches = 0;                     // on-demand copies of experts (policy fetch lists)
+  int64_t prefetches = 0;                  // copies for the next layer chosen by the prefetcher
+  int64_t prefetch_hits = 0;               // prefetched experts the next layer then ran on-device
+  int64_t bytes_copied = 0;                // expert weight bytes host -> device
+  int64_t shared_on_accel = 0;             // layers whose shared experts ran on the device
+};
+
+class HybridMoeBackend : public MoeBackend {
+ public:
+  // `cpu` computes the experts assigned to the CPU (honours MoeRequest::expert_mask); `device`
+  // holds the slots, the shared experts and the activation buffers. Throws Error(kResource) when
+  // the pinned experts and shared experts do not fit the budget.
+  HybridMoeBackend(const LoadedModel& model, MoeBackend* cpu, Device* device,
+                   const Placement& placement, const HybridOptions& options);
+  ~HybridMoeBackend() override;
+
+  void submit(const MoeRequest& request) override;
+  void wait() override;
+  bool computes_shared() const override { return true; }
+
+  const HybridStats& stats() const { return stats_; }
+  std::string summary() const;  // slots, budget, policy, cache, prefetch, cost model source
+
+ private:
+  struct Layer;
+  struct Pending;
+  void copy_expert(int layer, int expert, int slot, StreamId stream);
+  DeviceFfnWeights place_ffn(const ops::Weight& g, const ops::Weight& u, const ops::Weight& d,
+                             uint8_t* mem, StreamId stream);
+  CostModel estimate_cost() const;
+  std::vector<std::vector<int64_t>> expert_counts() const;
+  void prefetch_next(const MoeRequest& r, int layer);
+  void host_shared(const MoeRequest& r, float* out);
+
+  const LoadedModel& model_;
+  MoeBackend* cpu_;
+  Device* dev_;
+  HybridOptions opt_;
+  std::vector<int64_t> moe_layers_;  // model layer of each MoE layer
+  std::vector<std::unique_ptr<Layer>> layers_;
+  std::unique_ptr<ExpertCache> cache_;
+  std::unique_ptr<AssignmentPolicy> policy_;
+  std::unique_ptr<Prefetcher> prefetcher_;
+  std::unique_ptr<CostModel> cost_;
+  std::unique_ptr<ResidualVectors> residuals_;
+  std::string cost_source_;
+  StreamId compute_ = 0, copy_ = 0;
+  EventId fetched_ = 0, done_ = 0, compute_done_ = 0;
+  int slots_per_layer_ = 0;
+  uint64_t slot_bytes_ = 0;  // one expert's gate + up + down (+ scales), the largest layer
+  std::vector<void*> slot_mem_;                 // [layer * slots_per_layer + slot], lazy
+  std::vector<std::pair<int, int>> slot_owner_;  // (layer, expert) held by each slot
+  std::vector<void*> shared_mem_;
+  std::unique_ptr<Pending> p_;
+  HybridStats stats_;
+};
+
+}  // namespace tandem::rt

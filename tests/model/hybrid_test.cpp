@@ -1,0 +1,267 @@
+// The hybrid pipeline end to end on golden tiny models: for every policy x cache x prefetch,
+// --accel host (HybridMoeBackend over the host device) gives the same greedy tokens as the CPU
+// backend alone, with experts really fetched, prefetched and run on the device; Expert Deferral on
+// top of it equals the formula; and the CLI accepts the flags and rejects bad values by name.
+#include <fmt/format.h>
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <string>
+#include <vector>
+
+#include "core/thread_pool.h"
+#include "model/model.h"
+#include "model/weights.h"
+#include "runtime/calibrate.h"
+#include "runtime/deferral.h"
+#include "runtime/device.h"
+#include "runtime/hybrid_moe.h"
+#include "runtime/placement.h"
+#include "tests/test_util.h"
+
+namespace tandem {
+namespace {
+
+ThreadingContext& threading() {
+  static ThreadingContext ctx(ThreadingOptions{2, false, 50});
+  return ctx;
+}
+
+struct Decode {
+  std::vector<int32_t> tokens;
+  std::vector<float> logits;  // last position of every forward
+};
+
+const std::vector<int32_t> kPrompt = {1, 453, 386, 332, 341, 311, 426, 17};
+
+Decode decode(const LoadedModel& lm, MoeBackend* moe, int steps) {
+  ModelOptions mo;
+  mo.ctx = 64;
+  mo.pool = &threading().pool();
+  mo.moe = moe;
+  Model model(lm, mo);
+  std::vector<float> last(lm.config.vocab_size);
+  model.forward(kPrompt, last.data(), false);
+  Decode d;
+  d.logits = last;
+  for (int i = 0; i < steps; ++i) {
+    const auto next = static_cast<int32_t>(std::max_element(last.begin(), last.end()) - last.begin());
+    d.tokens.push_back(next);
+    model.forward(std::span<const int32_t>(&next, 1), last.data(), false);
+    d.logits.insert(d.logits.end(), last.begin(), last.end());
+  }
+  return d;
+}
+
+double max_rel_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  double worst = 0, ref = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    worst = std::max(worst, double(std::fabs(a[i] - b[i])));
+    ref = std::max(ref, double(std::fabs(b[i])));
+  }
+  return worst / ref;
+}
+
+std::unique_ptr<rt::Device> host_device() {
+  rt::HostDeviceOptions ho;
+  ho.memory_bytes = uint64_t{32} << 20;
+  ho.threads = 1;
+  ho.link = rt::parse_link("none");
+  return rt::make_host_device(ho);
+}
+
+rt::HybridOptions hybrid_options(const std::string& policy, const std::string& cache,
+                                 const std::string& prefetch, const std::string& residuals) {
+  rt::HybridOptions o;
+  o.policy = policy;
+  o.cache = cache;
+  o.prefetch = prefetch;
+  o.gpu_experts = 1;
+  o.cache_slots = 2;  // small: eviction and fetches really happen
+  o.residuals = residuals;
+  o.link_gb_per_s = 0;  // uncapped: moving an expert looks cheap, so fetching policies fetch
+  o.link_latency_us = 0;
+  return o;
+}
+
+class Hybrid : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(Hybrid, EveryPolicyCachePrefetchMatchesCpu) {
+  const LoadedModel lm = load_model(test::data_path("golden/" + GetParam() + ".gguf"));
+  const int steps = 6;
+  CpuMoeBackend plain(&threading().pool());
+  const Decode base = decode(lm, &plain, steps);
+  // DALI residual vectors for --prefetch residual, calibrated on the prompt.
+  test::TempDir dir;
+  const auto residuals = dir / "residuals.json";
+  {
+    rt::ResidualCalibrator cal(lm);
+    ModelOptions mo;
+    mo.ctx = 64;
+    mo.on_routing = [&](const RoutingEvent& e) { cal.on_routing(e); };
+    Model m(lm, mo);
+    std::vector<float> logits(lm.config.vocab_size);
+    m.forward(kPrompt, logits.data(), false);
+    cal.result().save(residuals);
+  }
+  const rt::Placement placement = rt::resolve_placement(lm, {}, true, "native");
+  const char* policies[] = {"static", "fiddler", "hybrimoe", "dali", "optimal"};
+  const char* caches[] = {"lru", "lfu", "mrs", "dali", "none"};
+  const char* prefetches[] = {"none", "gate", "residual"};
+  for (const char* policy : policies) {
+    rt::HybridStats sum;
+    for (const char* cache : caches) {
+      for (const char* prefetch : prefetches) {
+        SCOPED_TRACE(fmt::format("{} policy {} cache {} prefetch {}", GetParam(), policy, cache,
+                                 prefetch));
+        auto dev = host_device();
+        CpuMoeBackend cpu(&threading().pool());
+        rt::HybridMoeBackend h(lm, &cpu, dev.get(), placement,
+                               hybrid_options(policy, cache, prefetch, residuals.string()));
+        const Decode got = decode(lm, &h, steps);
+        EXPECT_EQ(got.tokens, base.tokens);
+        EXPECT_LE(max_rel_diff(got.logits, base.logits), 1e-5);
+        const rt::HybridStats& s = h.stats();
+        EXPECT_EQ(s.accel_pairs + s.cpu_pairs,
+                  (int64_t(kPrompt.size()) + steps) * lm.config.n_experts_per_tok *
+                      int64_t(s.layers / (steps + 1)));
+        if (std::string(prefetch) != "none" && std::string(cache) != "none") {
+          EXPECT_GT(s.prefetches, 0);
+        }
+        sum.accel_pairs += s.accel_pairs;
+        sum.fetches += s.fetches;
+        sum.prefetches += s.prefetches;
+        sum.shared_on_accel += s.shared_on_accel;
+      }
+    }
+    std::printf("%s %-8s: %lld pairs on the device, %lld fetches, %lld prefetches\n",
+                GetParam().c_str(), policy, (long long)sum.accel_pairs, (long long)sum.fetches,
+                (long long)sum.prefetches);
+    EXPECT_GT(sum.accel_pairs, 0) << policy;
+    if (std::string(policy) != "static") {
+      EXPECT_GT(sum.fetches, 0) << policy;
+    }
+    if (!lm.layers.back().sh_gate.empty()) {
+      EXPECT_GT(sum.shared_on_accel, 0);
+    }
+  }
+}
+
+// Expert Deferral computed directly (see runtime_deferral_test.cpp): the previous MoE layer's
+// deferred slots on its remembered input, added to this layer's immediate ones.
+class FormulaBackend : public MoeBackend {
+ public:
+  explicit FormulaBackend(int n_defer) : n_defer_(n_defer) {}
+  void submit(const MoeRequest& r) override {
+    const int64_t h = r.hidden_size;
+    std::vector<float> out(r.n_tokens * h, 0.0f);
+    const bool split = n_defer_ > 0 && r.decode && r.moe_index < r.n_moe_layers - 1;
+    std::vector<Sel> next_def;
+    for (int64_t t = 0; t < r.n_tokens; ++t) {
+      std::vector<int64_t> order(r.k);
+      std::iota(order.begin(), order.end(), 0);
+      std::sort(order.begin(), order.end(), [&](int64_t a, int64_t b) {
+        const float wa = r.weights[t * r.k + a], wb = r.weights[t * r.k + b];
+        return wa != wb ? wa < wb : a > b;
+      });
+      const int64_t nd = split ? std::min<int64_t>(n_defer_, r.k - 1) : 0;
+      std::vector<bool> is_def(r.k, false);
+      for (int64_t i = 0; i < nd; ++i) is_def[order[i]] = true;
+      for (int64_t j = 0; j < r.k; ++j) {
+        const Sel s{r.ids[t * r.k + j], r.weights[t * r.k + j], t};
+        if (is_def[j]) next_def.push_back(s);
+        else add(*r.experts, s, r.hidden, h, out.data());
+      }
+    }
+    if (r.moe_index > 0)
+      for (const Sel& s : def_) add(*prev_, s, prev_hidden_.data(), h, out.data());
+    def_ = next_def;
+    prev_ = r.experts;
+    prev_hidden_.assign(r.hidden, r.hidden + r.n_tokens * h);
+    std::copy(out.begin(), out.end(), r.out);
+  }
+  void wait() override {}
+
+ private:
+  struct Sel {
+    int32_t id;
+    float w;
+    int64_t token;
+  };
+  static void add(const ExpertWeights& ex, const Sel& s, const float* hidden, int64_t h,
+                  float* out) {
+    const int64_t ff = ex.gate[s.id].rows();
+    std::vector<float> g(ff), u(ff), d(h);
+    ops::matmul(ex.gate[s.id], hidden + s.token * h, 1, g.data(), nullptr);
+    ops::matmul(ex.up[s.id], hidden + s.token * h, 1, u.data(), nullptr);
+    ops::swiglu(g.data(), u.data(), ff, g.data());
+    ops::matmul(ex.down[s.id], g.data(), 1, d.data(), nullptr);
+    for (int64_t i = 0; i < h; ++i) out[s.token * h + i] += s.w * d[i];
+  }
+  int n_defer_;
+  std::vector<Sel> def_;
+  const ExpertWeights* prev_ = nullptr;
+  std::vector<float> prev_hidden_;
+};
+
+TEST_P(Hybrid, DeferralOverHybridMatchesFormula) {
+  const LoadedModel lm = load_model(test::data_path("golden/" + GetParam() + ".gguf"));
+  const rt::Placement placement = rt::resolve_placement(lm, {}, true, "native");
+  for (int n_defer = 1; n_defer < lm.config.n_experts_per_tok; ++n_defer) {
+    FormulaBackend f(n_defer);
+    const Decode want = decode(lm, &f, 6);
+    auto dev = host_device();
+    CpuMoeBackend cpu(&threading().pool()), cpu_def(&threading().pool());
+    rt::HybridMoeBackend h(lm, &cpu, dev.get(), placement,
+                           hybrid_options("hybrimoe", "lru", "gate", ""));
+    rt::DeferringMoeBackend d(&h, &cpu_def, n_defer);
+    const Decode got = decode(lm, &d, 6);
+    EXPECT_EQ(got.tokens, want.tokens) << "defer " << n_defer;
+    EXPECT_LE(max_rel_diff(got.logits, want.logits), 1e-4) << "defer " << n_defer;
+    EXPECT_GT(h.stats().accel_pairs, 0);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Golden, Hybrid, ::testing::Values("qwen2moe", "deepseek3", "mixtral"));
+
+TEST(HybridCli, RunWithEveryHybridFlag) {
+  const std::string model = test::data_path("golden/qwen2moe.gguf").string();
+  const std::string base = "run --model " + model + " --tokens 1,453,386,332 -n 6 --temp 0 ";
+  const auto cpu = test::run_tandem(base + "--accel none");
+  ASSERT_EQ(cpu.exit_code, 0) << cpu.err;
+  const auto r = test::run_tandem(base + "--accel host --vram-budget 64M --policy hybrimoe "
+                                  "--cache mrs --cache-slots 3 --prefetch gate --gpu-experts 1 "
+                                  "--link none --show-placement");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out, cpu.out);
+  EXPECT_NE(r.err.find("policy hybrimoe"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("layers.1.experts"), std::string::npos) << r.err;
+  const auto d = test::run_tandem(base + "--accel host --vram-budget 64M --defer 2 --link none");
+  ASSERT_EQ(d.exit_code, 0) << d.err;
+  EXPECT_NE(d.err.find("Expert Deferral"), std::string::npos);
+}
+
+TEST(HybridCli, BadValuesNameTheFlag) {
+  const std::string model = test::data_path("golden/mixtral.gguf").string();
+  const std::string base = "run --model " + model + " --tokens 1,453 -n 2 ";
+  const std::pair<const char*, const char*> cases[] = {
+      {"--accel tpu", "--accel"},        {"--policy fifo", "--policy"},
+      {"--cache arc", "--cache"},        {"--prefetch all", "--prefetch"},
+      {"--defer -1", "--defer"},         {"--vram-budget 12Q", "--vram-budget"},
+      {"--accel cuda", "--accel host"},  {"--accel host --link warp9", "warp9"},
+      {"--cache-slots -5", "--cache-slots"},
+      {"--accel host --prefetch residual", "--residuals"},
+      {"--accel host --vram-budget 1M --gpu-experts 8", "--gpu-experts"},
+      {"--rules /nonexistent.yaml", "/nonexistent.yaml"},
+  };
+  for (const auto& [flags, needle] : cases) {
+    const auto r = test::run_tandem(base + flags);
+    EXPECT_NE(r.exit_code, 0) << flags;
+    EXPECT_NE(r.err.find(needle), std::string::npos) << flags << ": " << r.err;
+  }
+}
+
+}  // namespace
+}  // namespace tandem

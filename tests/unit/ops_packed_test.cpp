@@ -1,0 +1,249 @@
+// The packed formats (ops/cpu/packed.h): pack error within the group-quantization bound, the
+// activation encoding by hand, a hand-computed product, and conformance of every SIMD / AMX
+// kernel on every ISA this CPU supports against the scalar reference (INT8 / INT4: bit for bit,
+// since each group's dot product is an exact integer and the post-scaling is the same fma in the
+// same order; FP8: within the F32 summation-order bound), and of the reference against the F32
+// product of the dequantized weights within the activation-quantization bound.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstring>
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "core/cpu_features.h"
+#include "core/error.h"
+#include "core/fp_convert.h"
+#include "core/tensor.h"
+#include "core/thread_pool.h"
+#include "core/topology.h"
+#include "formats/quant.h"
+#include "ops/cpu/packed.h"
+
+namespace tandem::kern {
+namespace {
+
+std::vector<float> random_values(int64_t n, uint32_t seed, float sigma = 1.0f) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> dist(0.0f, sigma);
+  std::vector<float> v(static_cast<size_t>(n));
+  for (float& x : v) x = dist(rng);
+  return v;
+}
+
+ops::Weight f32_weight(std::vector<float>& v, int64_t rows, int64_t cols) {
+  return ops::Weight(Tensor::dense(DType::kF32, {rows, cols}, v.data()));
+}
+
+TEST(PackedLayout, BytesAndGeometry) {
+  // INT8 group 32: 16 rows x 32 values + 16 scales + 16 sums = 640 bytes per group block.
+  EXPECT_EQ(packed_tile_bytes(WFormat::kInt8, 256, 32), 8 * 640);
+  // INT4 group 128: 16 x 64 bytes of nibbles + 16 scales.
+  EXPECT_EQ(packed_tile_bytes(WFormat::kInt4, 256, 128), 2 * (1024 + 64));
+  EXPECT_EQ(packed_bytes(WFormat::kInt8, 40, 256, 32), 3u * 8 * 640);  // 40 rows: 3 tiles
+  EXPECT_EQ(packed_bytes(WFormat::kBF16, 40, 256, 0), 40u * 256 * 2);
+  EXPECT_THROW(packed_bytes(WFormat::kInt8, 16, 100, 32), Error);  // not a multiple of the group
+  EXPECT_THROW(packed_bytes(WFormat::kInt4, 16, 96, 48), Error);   // group not 32/64/128
+  KMatrix m = packed_view(WFormat::kInt4, 40, 256, 64, nullptr, nullptr);
+  EXPECT_EQ(packed_row_align(m), 16);
+  EXPECT_EQ(m.row_bytes * 16, packed_tile_bytes(WFormat::kInt4, 256, 64));
+}
+
+TEST(PackedLayout, PackErrorWithinGroupBound) {
+  const int64_t rows = 40, cols = 256;
+  std::vector<float> w = random_values(rows * cols, 11);
+  for (WFormat f : {WFormat::kInt8, WFormat::kInt4}) {
+    const float qmax = f == WFormat::kInt8 ? 127.0f : 7.0f;
+    for (int group : {32, 64, 128}) {
+      KMatrix m = pack_weight(f32_weight(w, rows, cols), f, group, nullptr);
+      ASSERT_EQ(m.rows, rows);
+      for (int64_t n = 0; n < rows; ++n) {
+        for (int64_t g = 0; g < cols / group; ++g) {
+          float amax = 0.0f;
+          for (int64_t k = g * group; k < (g + 1) * group; ++k) {
+            amax = std::max(amax, std::fabs(w[n * cols + k]));
+          }
+          const float s = amax / qmax;  // |w - q*s| <= s/2 (plus the rounding of w/s in F32)
+          for (int64_t k = g * group; k < (g + 1) * group; ++k) {
+            const float err = std::fabs(w[n * cols + k] - packed_value(m, n, k));
+            ASSERT_LE(err, s * 0.5f * (1.0f + 1e-5f)) << wformat_name(f) << " g" << group;
+          }
+        }
+      }
+    }
+  }
+  KMatrix b = pack_weight(f32_weight(w, rows, cols), WFormat::kBF16, 0, nullptr);
+  for (int64_t i = 0; i < rows * cols; i += 7) {
+    EXPECT_EQ(packed_value(b, i / cols, i % cols), bf16_to_f32(f32_to_bf16(w[i])));
+  }
+}
+
+TEST(PackedLayout, PackIsDeterministicAndThreaded) {
+  const int64_t rows = 70, cols = 128;
+  std::vector<float> w = random_values(rows * cols, 5);
+  ThreadPool pool(place_workers(detect_topology(), 2));
+  KMatrix a = pack_weight(f32_weight(w, rows, cols), WFormat::kInt4, 32, nullptr);
+  KMatrix b = pack_weight(f32_weight(w, rows, cols), WFormat::kInt4, 32, &pool);
+  const uint64_t bytes = packed_bytes(WFormat::kInt4, rows, cols, 32);
+  EXPECT_EQ(std::memcmp(a.data, b.data, bytes), 0);
+}
+
+TEST(PackedActivations, Int8EncodingByHand) {
+  // One token, group 32: values k - 16 for the first group (amax 16), 0 for the second.
+  std::vector<float> x(64, 0.0f);
+  for (int k = 0; k < 32; ++k) x[k] = static_cast<float>(k - 16);
+  Activations a;
+  packed_quantize_activations(AFormat::kI8, 32, x.data(), 1, 64, 64, &a);
+  ASSERT_EQ(a.row_bytes % 64, 0);
+  const auto* q = reinterpret_cast<const int8_t*>(a.row(0));
+  const auto* sa = reinterpret_cast<const float*>(a.row(0) + 64);
+  const auto* sums = reinterpret_cast<const int32_t*>(a.row(0) + 64 + 8);
+  EXPECT_FLOAT_EQ(sa[0], 16.0f / 127.0f);
+  EXPECT_EQ(q[0], -127);                            // -16 / (16/127)
+  EXPECT_EQ(q[16], 0);
+  EXPECT_EQ(q[24], static_cast<int8_t>(std::lround(8 * 127.0 / 16)));  // 63.5 -> 64 (even)
+  EXPECT_EQ(sa[1], 1.0f);                           // all-zero group
+  int32_t s0 = 0;
+  for (int k = 0; k < 32; ++k) s0 += q[k];
+  EXPECT_EQ(sums[0], s0);
+  EXPECT_EQ(sums[1], 0);
+}
+
+TEST(PackedGemm, HandComputedInt4) {
+  // w[n][k] = ((k + n) % 15 - 7) / 2: every group has amax 3.5, s = 0.5, q = (k + n) % 15 - 7
+  // exactly; x = 1: sa = 1/127, q_a = 127. y[n] = sum_k q * 127 * (0.5 / 127) = sum_k w[n][k].
+  const int64_t rows = 16, cols = 64;
+  std::vector<float> w(rows * cols), x(cols, 1.0f);
+  for (int64_t n = 0; n < rows; ++n) {
+    for (int64_t k = 0; k < cols; ++k) w[n * cols + k] = static_cast<float>((k + n) % 15 - 7) / 2;
+  }
+  KMatrix m = pack_weight(f32_weight(w, rows, cols), WFormat::kInt4, 32, nullptr);
+  Activations a;
+  packed_quantize_activations(AFormat::kI8, 32, x.data(), 1, cols, cols, &a);
+  for (Isa isa : supported_isas()) {
+    std::vector<float> y(rows, -1.0f);
+    packed_gemm(m, a, 0, rows, y.data(), rows, isa);
+    for (int64_t n = 0; n < rows; ++n) {
+      float expect = 0.0f;
+      for (int64_t k = 0; k < cols; ++k) expect += w[n * cols + k];
+      EXPECT_NEAR(y[n], expect, 1e-4f) << isa_name(isa) << " row " << n;
+    }
+  }
+}
+
+// Every packed integer format x ISA x tokens x group: SIMD == reference bit for bit, only the
+// requested rows written, and the reference within the activation-quantization bound of the F32
+// product of the dequantized weights: |y - sum_k x_k wq_k| <= sum_g (sa_g / 2) sum_k |wq_k|.
+TEST(PackedGemm, IntConformance) {
+  const int64_t rows = 40, cols = 256;
+  std::vector<float> w = random_values(rows * cols, 21);
+  const std::vector<float> x_all = random_values(128 * cols, 22, 2.0f);
+  for (WFormat f : {WFormat::kInt8, WFormat::kInt4}) {
+    for (int group : {32, 64, 128}) {
+      KMatrix m = pack_weight(f32_weight(w, rows, cols), f, group, nullptr);
+      std::vector<float> wq(rows * cols);
+      for (int64_t i = 0; i < rows * cols; ++i) wq[i] = packed_value(m, i / cols, i % cols);
+      for (int64_t tokens : {1, 2, 4, 5, 33, 128}) {
+        Activations a;
+        packed_quantize_activations(AFormat::kI8, group, x_all.data(), tokens, cols, cols, &a);
+        std::vector<float> ref(tokens * rows, 0.0f);
+        packed_gemm_reference(m, a, 0, rows, ref.data(), rows);
+        for (int64_t t = 0; t < tokens; ++t) {
+          const float* xt = x_all.data() + t * cols;
+          for (int64_t n = 0; n < rows; ++n) {
+            double exact = 0, bound = 0;
+            for (int64_t g = 0; g < cols / group; ++g) {
+              float amax = 0;
+              for (int64_t k = g * group; k < (g + 1) * group; ++k) {
+                amax = std::max(amax, std::fabs(xt[k]));
+              }
+              for (int64_t k = g * group; k < (g + 1) * group; ++k) {
+                exact += static_cast<double>(xt[k]) * wq[n * cols + k];
+                bound += amax / 127.0 / 2 * std::fabs(wq[n * cols + k]) +
+                         1e-6 * std::fabs(xt[k] * wq[n * cols + k]);
+              }
+            }
+            ASSERT_NEAR(ref[t * rows + n], exact, bound) << wformat_name(f) << " t" << t;
+          }
+        }
+        for (Isa isa : supported_isas()) {
+          std::vector<float> y(tokens * rows, -7.0f);
+          packed_gemm(m, a, 0, rows, y.data(), rows, isa);
+          ASSERT_EQ(y, ref) << wformat_name(f) << " g" << group << " tokens " << tokens << " "
+                            << isa_name(isa);
+          // A row range: rows [16, 32) only; the rest keeps its sentinel.
+          std::vector<float> part(tokens * rows, -7.0f);
+          packed_gemm(m, a, 16, 32, part.data(), rows, isa);
+          for (int64_t i = 0; i < tokens * rows; ++i) {
+            const int64_t n = i % rows;
+            ASSERT_EQ(part[i], n >= 16 && n < 32 ? ref[i] : -7.0f) << isa_name(isa);
+          }
+        }
+      }
+    }
+  }
+}
+
+// FP8 block-scaled weights (128 x 128 blocks) against BF16 activations: SIMD vs reference within
+// the F32 summation-order bound (both sum exact BF16 x BF16 products in a different order:
+// |error| <= 2 * cols * 2^-24 * sum |terms|), and the reference vs the F32 product of the
+// dequantized FP8 and the BF16-rounded activations in double within the same bound.
+TEST(PackedGemm, Fp8Conformance) {
+  const int64_t rows = 40, cols = 384;
+  std::vector<float> src = random_values(rows * cols, 31, 0.05f);
+  std::vector<uint8_t> fp8(rows * cols);
+  std::vector<float> scale_inv(1 * 3);
+  quantize_fp8_blocks(src.data(), rows, cols, 128, 128, fp8.data(), scale_inv.data());
+  // Make a few values subnormal E4M3 (exponent 0) to cover the expansion's table.
+  for (int i = 0; i < 8; ++i) fp8[i * 37] = static_cast<uint8_t>(i | (i % 2 ? 0x80 : 0));
+  ops::Weight wt(Tensor::dense(DType::kF8E4M3, {rows, cols}, fp8.data()));
+  wt.scale_inv = scale_inv.data();
+  wt.scale_cols = 3;
+  wt.block_rows = 128;
+  wt.block_cols = 128;
+  KMatrix m;
+  ASSERT_TRUE(fp8_view(wt, &m));
+  const std::vector<float> x_all = random_values(128 * cols, 32);
+  for (int64_t tokens : {1, 2, 4, 5, 33, 128}) {
+    Activations a;
+    packed_quantize_activations(AFormat::kBF16, 0, x_all.data(), tokens, cols, cols, &a);
+    std::vector<float> ref(tokens * rows);
+    packed_gemm_reference(m, a, 0, rows, ref.data(), rows);
+    std::vector<double> bound(tokens * rows);
+    for (int64_t t = 0; t < tokens; ++t) {
+      for (int64_t n = 0; n < rows; ++n) {
+        double exact = 0, sum_abs = 0;
+        for (int64_t k = 0; k < cols; ++k) {
+          const double term = static_cast<double>(fp8_e4m3_to_f32(fp8[n * cols + k])) *
+                              scale_inv[k / 128] * bf16_to_f32(f32_to_bf16(x_all[t * cols + k]));
+          exact += term;
+          sum_abs += std::fabs(term);
+        }
+        bound[t * rows + n] = 2.0 * cols * std::ldexp(1.0, -24) * sum_abs + 1e-30;
+        ASSERT_NEAR(ref[t * rows + n], exact, bound[t * rows + n]);
+      }
+    }
+    for (Isa isa : supported_isas()) {
+      std::vector<float> y(tokens * rows, -7.0f);
+      packed_gemm(m, a, 0, rows, y.data(), rows, isa);
+      for (int64_t i = 0; i < tokens * rows; ++i) {
+        ASSERT_NEAR(y[i], ref[i], 2 * bound[i]) << isa_name(isa) << " tokens " << tokens;
+      }
+    }
+  }
+}
+
+TEST(PackedGemm, RejectsMismatchedActivations) {
+  const int64_t rows = 16, cols = 64;
+  std::vector<float> w = random_values(rows * cols, 3);
+  KMatrix m = pack_weight(f32_weight(w, rows, cols), WFormat::kInt8, 64, nullptr);
+  std::vector<float> x(cols, 1.0f), y(rows);
+  Activations a;
+  packed_quantize_activations(AFormat::kI8, 32, x.data(), 1, cols, cols, &a);  // group 32 != 64
+  EXPECT_THROW(packed_gemm(m, a, 0, rows, y.data(), rows, best_isa()), Error);
+  EXPECT_THROW(packed_quantize_activations(AFormat::kI8, 48, x.data(), 1, cols, cols, &a), Error);
+}
+
+}  // namespace
+}  // namespace tandem::kern

@@ -1,0 +1,85 @@
+// `tandem convert -m MODEL --cpu-experts int4|int8|bf16 [--expert-group G] [-o FILE]`: repacks
+// the routed experts ahead of time into the cache file that `--cpu-experts` loads map
+// (model/cpu_experts.h), and prints where it is. A valid cache already there is left as it is.
+#include <fmt/format.h>
+
+#include <chrono>
+#include <filesystem>
+#include <memory>
+#include <string>
+
+#include "core/error.h"
+#include "core/topology.h"
+#include "core/thread_pool.h"
+#include "model/cpu_experts.h"
+#include "model/weights.h"
+#include "tools/command.h"
+
+namespace tandem::tools {
+namespace {
+
+struct ConvertArgs {
+  std::string model;
+  std::string format;
+  int group = 128;
+  std::string output;
+  std::string cache_dir;
+  int threads = 0;
+};
+
+void convert(const ConvertArgs& a) {
+  if (a.format == "native") {
+    fail(ErrorKind::kInvalidArgument,
+         "--cpu-experts native uses the stored weights: there is nothing to convert");
+  }
+  if (a.format != "int8" && a.format != "int4" && a.format != "bf16") {
+    fail(ErrorKind::kInvalidArgument, "--cpu-experts '{}': expected int8, int4 or bf16", a.format);
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  const LoadedModel lm = load_model(a.model);
+  CpuExpertOptions o;
+  o.format = a.format;
+  o.group = a.group;
+  o.cache_dir = a.cache_dir;
+  if (!a.output.empty()) {
+    std::error_code ec;
+    o.cache_file = a.output;
+    if (std::filesystem::is_directory(a.output, ec)) {  // a directory: the default name in it
+      o.cache_file.clear();
+      o.cache_dir = a.output;
+    }
+  }
+  ThreadingContext threading(ThreadingOptions{a.threads, true, 50});
+  const CpuExperts experts = prepare_cpu_experts(lm, o, &threading.pool());
+  if (experts.cache_path.empty()) {
+    fail(ErrorKind::kIo, "{}: the repacked experts could not be written (see the log above)",
+         cpu_expert_cache_path(lm, o).string());
+  }
+  const double s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  fmt::print("{} {} experts ({}) in {}\n", experts.from_cache ? "up to date:" : "wrote",
+             a.format, format_binary_bytes(experts.bytes), experts.cache_path.string());
+  if (!experts.from_cache) fmt::print("packed in {:.2f} s\n", s);
+}
+
+void add_convert(CLI::App& app) {
+  auto args = std::make_shared<ConvertArgs>();
+  app.add_option("-m,--model", args->model, "a .gguf file or an HF checkpoint directory")
+      ->required();
+  app.add_option("--cpu-experts", args->format, "int8 | int4 | bf16")->required();
+  app.add_option("--expert-group", args->group, "int8/int4 quantization group: 32, 64, 128")
+      ->capture_default_str();
+  app.add_option("-o,--output", args->output,
+                 "cache file to write (a directory: the default file name in it; default: where "
+                 "--cpu-experts loads look, next to the model)");
+  app.add_option("--expert-cache-dir", args->cache_dir,
+                 "directory of repacked expert caches (as for run / chat)");
+  app.add_option("--threads", args->threads, "worker threads (default: one per physical core)");
+  app.callback([args] { convert(*args); });
+}
+
+Registrar reg("convert", "Repack the routed experts to int8 / int4 / bf16 (the load-time cache)",
+              add_convert);
+
+}  // namespace
+}  // namespace tandem::tools
