@@ -6,12 +6,15 @@
 #include <chrono>
 #include <fstream>
 #include <limits>
+#include <memory>
+#include <utility>
 #include <nlohmann/json.hpp>
 #include <random>
 
 #include "core/error.h"
 #include "core/thread_pool.h"
 #include "runtime/calibrate.h"
+#include "runtime/device.h"
 
 namespace tandem::rt {
 namespace {
@@ -28,6 +31,69 @@ uint64_t weight_bytes(const ops::Weight& w) {
   return b;
 }
 
+// The accelerator side on the emulated host device: one expert's weights copied through the link
+// (timed: the transfer), then its FFN on the device for each token count (best of N).
+void profile_host_device(const LayerWeights& lw, const LinkSpec& link, const std::vector<float>& x,
+                         const ProfileOptions& o, int threads, ProfileResult* r) {
+  const ExpertWeights& ex = lw.experts;
+  for (const ops::Weight* w : {&ex.gate[0], &ex.up[0], &ex.down[0]}) {
+    if (w->scale_inv != nullptr) {
+      fail(ErrorKind::kUnsupported,
+           "--accel host: profiling block-scaled FP8 experts on the device is not supported");
+    }
+  }
+  const uint64_t h = static_cast<uint64_t>(ex.down[0].rows());
+  const uint64_t max_t = static_cast<uint64_t>(x.size()) / h;
+  const uint64_t wbytes = uint64_t(ex.gate[0].t.nbytes()) + uint64_t(ex.up[0].t.nbytes()) +
+                          uint64_t(ex.down[0].t.nbytes());
+  HostDeviceOptions ho;
+  ho.memory_bytes = wbytes + 2 * max_t * h * 4 + (uint64_t{16} << 20);
+  ho.threads = std::max(1, threads);
+  ho.link = link;
+  std::unique_ptr<Device> dev = make_host_device(ho);
+  const StreamId s = dev->create_stream();
+  uint8_t* mem = static_cast<uint8_t*>(dev->alloc(wbytes));
+  float* dx = static_cast<float*>(dev->alloc(max_t * h * 4));
+  float* dy = static_cast<float*>(dev->alloc(max_t * h * 4));
+  DeviceFfnWeights w;
+  uint64_t off = 0;
+  double best_copy = std::numeric_limits<double>::infinity();
+  for (int i = 0; i <= o.repeats; ++i) {
+    off = 0;
+    const double t0 = now();
+    for (auto [src, dst] : {std::pair{&ex.gate[0], &w.gate}, {&ex.up[0], &w.up},
+                            {&ex.down[0], &w.down}}) {
+      *dst = *src;
+      const uint64_t n = static_cast<uint64_t>(src->t.nbytes());
+      dev->copy_h2d(mem + off, src->t.data, n, s);
+      dst->t.data = mem + off;
+      dst->t.device = DeviceRef{DeviceKind::kAccel, 0};
+      off += n;
+    }
+    dev->sync_stream(s);
+    if (i > 0) best_copy = std::min(best_copy, now() - t0);
+  }
+  dev->copy_h2d(dx, x.data(), max_t * h * 4, s);
+  dev->sync_stream(s);
+  for (int64_t n : o.tokens) {
+    double best = std::numeric_limits<double>::infinity();
+    for (int i = 0; i <= o.repeats; ++i) {
+      const double t0 = now();
+      dev->ffn(s, w, dx, n, nullptr, dy, false);
+      dev->sync_stream(s);
+      if (i > 0) best = std::min(best, now() - t0);
+    }
+    r->accel.push_back({n, best});
+  }
+  r->accel_name = dev->name();
+  r->transfer_seconds = best_copy;
+  r->transfer_source = fmt::format("measured through {} (link {} GB/s, {} us)", dev->name(),
+                                   link.gb_per_s, link.latency_us);
+  dev->free(dy);
+  dev->free(dx);
+  dev->free(mem);
+}
+
 }  // namespace
 
 ProfileResult profile_experts(const LoadedModel& model, const ProfileOptions& o,
@@ -36,10 +102,10 @@ ProfileResult profile_experts(const LoadedModel& model, const ProfileOptions& o,
   if (moe.empty())
     fail(ErrorKind::kUnsupported, "{}: no MoE layer to profile", model.path.string());
   if (o.repeats < 1) fail(ErrorKind::kInvalidArgument, "--repeats must be >= 1, got {}", o.repeats);
-  if (o.accel != "none") {
+  if (o.accel != "none" && o.accel != "host") {
     fail(ErrorKind::kUnsupported,
-         "--accel {}: this build has no accelerator device to profile; "
-         "use --accel none (CPU only, transfer from --link)",
+         "--accel {}: only the emulated host device can be profiled so far (use --accel host or "
+         "none)",
          o.accel);
   }
   const LayerWeights& lw = model.layers[static_cast<size_t>(moe[0])];
@@ -89,29 +155,21 @@ ProfileResult profile_experts(const LoadedModel& model, const ProfileOptions& o,
     }
     r.cpu.push_back({n, best});
   }
-  // No Device here (runtime/device.h is not part of this build yet): the transfer comes from
-  // the link model, bytes / bandwidth + latency.
-  double gbps = 25, us = 10;
-  if (o.link == "pcie5") {
-    gbps = 50;
-    us = 8;
-  } else if (o.link == "none") {
-    gbps = 0;
-    us = 0;
-  } else if (o.link != "pcie4") {
-    const size_t comma = o.link.find(',');
-    try {
-      gbps = std::stod(o.link.substr(0, comma));
-      us = comma == std::string::npos ? 0 : std::stod(o.link.substr(comma + 1));
-    } catch (const std::exception&) {
-      fail(ErrorKind::kInvalidArgument, "--link '{}': expected pcie4, pcie5, none or GBPS[,US]",
-           o.link);
-    }
-    if (!(gbps >= 0) || !(us >= 0))
-      fail(ErrorKind::kInvalidArgument, "--link '{}': negative", o.link);
+  LinkSpec link;
+  try {
+    link = parse_link(o.link);
+  } catch (const Error& e) {
+    fail(ErrorKind::kInvalidArgument, "--{}", e.what());  // "--link '...': expected ..."
   }
-  r.transfer_seconds = (gbps > 0 ? double(r.expert_bytes) / (gbps * 1e9) : 0) + us * 1e-6;
-  r.transfer_source = fmt::format("link model {} GB/s, {} us", gbps, us);
+  if (o.accel == "host") {
+    profile_host_device(lw, link, x, o, threading.n_threads(), &r);
+    return r;
+  }
+  // No device: the transfer comes from the link model, bytes / bandwidth + latency.
+  r.transfer_seconds =
+      (link.gb_per_s > 0 ? double(r.expert_bytes) / (link.gb_per_s * 1e9) : 0) +
+      link.latency_us * 1e-6;
+  r.transfer_source = fmt::format("link model {} GB/s, {} us", link.gb_per_s, link.latency_us);
   return r;
 }
 

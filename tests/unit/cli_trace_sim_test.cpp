@@ -254,11 +254,33 @@ TEST(CliProfile, WritesCostTables) {
   ASSERT_EQ(cpu.size(), 3u);
   EXPECT_EQ(cpu[2][0].get<int>(), 16);
   for (const auto& p : cpu) EXPECT_GT(p[1].get<double>(), 0.0);
-  EXPECT_TRUE(j.at("accel_expert").empty());  // no accelerator device in this build
+  EXPECT_TRUE(j.at("accel_expert").empty());  // --accel none: no accelerator measured
   const test::CommandResult bad =
       test::run_tandem("profile -m " + model + " --link fast -o " + (dir / "q.json").string());
   EXPECT_NE(bad.exit_code, 0);
   EXPECT_NE(bad.err.find("--link 'fast'"), std::string::npos) << bad.err;
+}
+
+// `tandem profile --accel host`: the expert's FFN timed on the emulated device for every token
+// count, and the transfer measured through its capped link: at least bytes / bandwidth + latency
+// (a lower bound; the emulation may only be slower).
+TEST(CliProfile, MeasuresTheHostDevice) {
+  test::TempDir dir("profile_host");
+  const std::string model = test::data_path("golden/deepseek2.gguf").string();
+  const test::CommandResult r = test::run_tandem("profile -m " + model +
+                                                 " --tokens 1,8 --repeats 1 --accel host "
+                                                 "--link 1,50 -o " +
+                                                 (dir / "p.json").string());
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  std::ifstream in(dir / "p.json");
+  const nlohmann::json j = nlohmann::json::parse(in);
+  const auto accel = j.at("accel_expert");
+  ASSERT_EQ(accel.size(), 2u);
+  EXPECT_EQ(accel[1][0].get<int>(), 8);
+  for (const auto& p : accel) EXPECT_GT(p[1].get<double>(), 0.0);
+  EXPECT_FALSE(j.at("accel").get<std::string>().empty());
+  const double bytes = j.at("expert_bytes").get<double>();
+  EXPECT_GE(j.at("transfer_seconds").get<double>(), 0.9 * (bytes / 1e9 + 50e-6));
 }
 
 }  // namespace
