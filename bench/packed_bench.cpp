@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <random>
@@ -70,7 +71,9 @@ Packed make_packed(WFormat f, int64_t rows, int64_t cols, int group) {
 }
 
 ThreadPool& pool() {
-  static ThreadPool p(place_workers(detect_topology(), 0));
+  // TANDEM_BENCH_WORKERS: pool workers (default: one per physical core; the caller helps too).
+  static ThreadPool p(place_workers(
+      detect_topology(), std::getenv("TANDEM_BENCH_WORKERS") ? std::atoi(std::getenv("TANDEM_BENCH_WORKERS")) : 0));
   return p;
 }
 

@@ -29,8 +29,9 @@ struct FusedMoeBackend::Expert {
   std::atomic<bool> ready{false};
 };
 
-FusedMoeBackend::FusedMoeBackend(ThreadPool* pool, FusedMoeOptions options)
-    : pool_(pool), options_(options) {}
+FusedMoeBackend::FusedMoeBackend(ThreadPool* pool, FusedMoeOptions options,
+                                 const CpuExperts* experts)
+    : pool_(pool), options_(options), prepared_(experts) {}
 
 FusedMoeBackend::~FusedMoeBackend() {
   if (handle_.valid()) handle_.wait();
@@ -76,8 +77,19 @@ void FusedMoeBackend::submit(const MoeRequest& r) {
       x.w_up = &r.experts->up[e];
       x.w_down = &r.experts->down[e];
       x.ff = x.w_gate->rows();
-      x.fast = kern::view_weight(*x.w_gate, &x.gate) && kern::view_weight(*x.w_up, &x.up) &&
-               kern::view_weight(*x.w_down, &x.down) && x.gate.format == x.up.format;
+      const bool prepared = prepared_ != nullptr &&
+                            static_cast<size_t>(r.layer) < prepared_->gate.size() &&
+                            static_cast<int64_t>(prepared_->gate[r.layer].size()) == n_experts;
+      if (prepared) {
+        x.gate = prepared_->gate[r.layer][e];
+        x.up = prepared_->up[r.layer][e];
+        x.down = prepared_->down[r.layer][e];
+        x.fast = x.gate.valid() && x.up.valid() && x.down.valid();
+      } else {
+        x.fast = kern::view_weight(*x.w_gate, &x.gate) && kern::view_weight(*x.w_up, &x.up) &&
+                 kern::view_weight(*x.w_down, &x.down);
+      }
+      x.fast = x.fast && x.gate.format == x.up.format && x.gate.group == x.up.group;
     }
     Expert& x = *experts_[index_of[e]];
     slot_expert_[i] = index_of[e];
@@ -96,12 +108,13 @@ void FusedMoeBackend::submit(const MoeRequest& r) {
     if (!x.fast) continue;
     const kern::AFormat af = kern::act_format(x.gate.format);
     kern::Activations* all = acts_for(hidden_acts_, af);
-    if (all->tokens != T || all->format != af || all->cols != H) {
-      kern::quantize_activations(af, 0, r.hidden, T, H, H, all);
+    if (all->tokens != T || all->format != af || all->cols != H || all->group != x.gate.group) {
+      kern::quantize_activations(af, x.gate.group, r.hidden, T, H, H, all);
     }
     x.x.format = af;
     x.x.tokens = n;
     x.x.cols = H;
+    x.x.group = all->group;
     x.x.row_bytes = all->row_bytes;
     if (x.x.data.size() < static_cast<size_t>(n * all->row_bytes)) {
       x.x.data.resize(static_cast<size_t>(n * all->row_bytes));
@@ -180,8 +193,8 @@ void FusedMoeBackend::run_task(const Task& t) {
       for (int64_t i = t.r0; i < t.r1; ++i) g[i] = ops::silu(g[i]) * u[i];
     }
     if (x.gate_left.fetch_sub(1, std::memory_order_acq_rel) == 1) {
-      kern::quantize_activations(kern::act_format(x.down.format), 0, x.g.data(), n, x.ff, x.ff,
-                                 &x.h);
+      kern::quantize_activations(kern::act_format(x.down.format), x.down.group, x.g.data(), n,
+                                 x.ff, x.ff, &x.h);
       x.ready.store(true, std::memory_order_release);
     }
     return;

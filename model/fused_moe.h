@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "core/thread_pool.h"
+#include "model/cpu_experts.h"
 #include "model/moe_backend.h"
 #include "ops/cpu/kernels.h"
 
@@ -34,7 +35,10 @@ struct FusedMoeOptions {
 
 class FusedMoeBackend : public MoeBackend {
  public:
-  explicit FusedMoeBackend(ThreadPool* pool, FusedMoeOptions options = {});
+  // experts: the routed experts as prepared by prepare_cpu_experts (repacked INT8/INT4/BF16, or
+  // native views); nullptr: views on the request's stored weights, made per request.
+  explicit FusedMoeBackend(ThreadPool* pool, FusedMoeOptions options = {},
+                           const CpuExperts* experts = nullptr);
   ~FusedMoeBackend() override;
   void submit(const MoeRequest& request) override;
   void wait() override;
@@ -53,6 +57,7 @@ class FusedMoeBackend : public MoeBackend {
 
   ThreadPool* pool_;
   FusedMoeOptions options_;
+  const CpuExperts* prepared_;
   MoeRequest req_;
   bool pending_ = false;
   std::vector<std::unique_ptr<Expert>> experts_;  // active experts of the request (reused)

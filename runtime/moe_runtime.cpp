@@ -8,6 +8,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "core/thread_pool.h"
+#include "model/cpu_experts.h"
 #include "model/fused_moe.h"
 #include "runtime/deferral.h"
 #include "runtime/device.h"
@@ -20,6 +21,7 @@
 namespace tandem {
 
 struct MoeRuntime::Impl {
+  std::shared_ptr<const CpuExperts> experts;  // repacked experts (null: native views)
   std::unique_ptr<MoeBackend> cpu;           // the CPU MoE backend
   std::unique_ptr<MoeBackend> cpu_deferred;  // a second instance for Expert Deferral
   std::unique_ptr<rt::Device> device;
@@ -32,15 +34,34 @@ namespace {
 
 // The CPU side: experts as the kernels read them and the backend that runs them.
 std::unique_ptr<MoeBackend> make_cpu_backend(const LoadedModel& model, const BackendOptions& o,
-                                             ThreadingContext& threading, std::string* summary) {
-  if (o.cpu_experts != "native") {
-    fail(ErrorKind::kUnsupported,
-         "--cpu-experts {}: repacking experts at load is not implemented yet (use native: the "
-         "experts as stored)",
+                                             ThreadingContext& threading, std::string* summary,
+                                             std::shared_ptr<const CpuExperts>* experts) {
+  if (o.cpu_experts != "native" && o.cpu_experts != "int8" && o.cpu_experts != "int4" &&
+      o.cpu_experts != "bf16") {
+    fail(ErrorKind::kInvalidArgument, "--cpu-experts '{}' is not one of: native | int8 | int4 | bf16",
          o.cpu_experts);
   }
-  *summary = "CPU experts: native (fused MoE backend)";
-  return std::make_unique<FusedMoeBackend>(&threading.pool());
+  if (o.cpu_experts == "native") {
+    *summary = "CPU experts: native (fused MoE backend)";
+    return std::make_unique<FusedMoeBackend>(&threading.pool());
+  }
+  // Repacked once (or mapped from the on-disk cache) and shared by every CPU backend instance.
+  if (*experts == nullptr) {
+    CpuExpertOptions co;
+    co.format = o.cpu_experts;
+    co.group = o.expert_group;
+    co.cache_dir = o.expert_cache_dir;
+    co.use_cache = o.expert_cache;
+    *experts = std::make_shared<const CpuExperts>(prepare_cpu_experts(model, co, &threading.pool()));
+  }
+  const CpuExperts& ce = **experts;
+  *summary = fmt::format("CPU experts: {}{} ({:.2f} GiB, {}; fused MoE backend)", ce.format,
+                         ce.format == "bf16" ? "" : fmt::format(" group {}", o.expert_group),
+                         ce.bytes / 1073741824.0,
+                         ce.from_cache        ? "mapped from " + ce.cache_path.string()
+                         : ce.cache_written   ? "packed, cached in " + ce.cache_path.string()
+                                              : std::string("packed in memory"));
+  return std::make_unique<FusedMoeBackend>(&threading.pool(), FusedMoeOptions{}, &ce);
 }
 
 }  // namespace
@@ -106,7 +127,7 @@ MoeRuntime::MoeRuntime(const LoadedModel& model, const BackendOptions& o,
   std::vector<rt::PlacementRule> rules;
   if (!o.rules.empty()) rules = rt::load_placement_rules(o.rules);
   impl_->placement = rt::resolve_placement(model, rules, accel != "none", o.cpu_experts);
-  impl_->cpu = make_cpu_backend(model, o, threading, &summary_);
+  impl_->cpu = make_cpu_backend(model, o, threading, &summary_, &impl_->experts);
   backend_ = impl_->cpu.get();
   if (accel == "host") {
     rt::HostDeviceOptions ho;
@@ -134,7 +155,7 @@ MoeRuntime::MoeRuntime(const LoadedModel& model, const BackendOptions& o,
   }
   if (o.defer > 0) {
     std::string unused;
-    impl_->cpu_deferred = make_cpu_backend(model, o, threading, &unused);
+    impl_->cpu_deferred = make_cpu_backend(model, o, threading, &unused, &impl_->experts);
     impl_->deferring = std::make_unique<rt::DeferringMoeBackend>(backend_, impl_->cpu_deferred.get(),
                                                                   o.defer);
     backend_ = impl_->deferring.get();

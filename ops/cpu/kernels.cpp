@@ -8,6 +8,7 @@
 #include "core/thread_pool.h"
 #include "formats/quant.h"
 #include "ops/cpu/kern_gguf.h"
+#include "ops/cpu/packed.h"
 
 namespace tandem::kern {
 
@@ -54,7 +55,8 @@ uint64_t KMatrix::bytes() const {
 }
 
 bool view_weight(const ops::Weight& w, KMatrix* out) {
-  if (w.empty() || w.scale_inv != nullptr || w.t.ndim < 1) return false;
+  if (w.empty() || w.t.ndim < 1) return false;
+  if (w.scale_inv != nullptr) return fp8_view(w, out);  // block-scaled FP8 (packed.h)
   WFormat f;
   switch (w.t.dtype) {
     case DType::kF32: f = WFormat::kF32; break;
@@ -77,8 +79,14 @@ bool view_weight(const ops::Weight& w, KMatrix* out) {
   return true;
 }
 
-int64_t row_align(const KMatrix&) {
-  return 1;
+namespace {
+bool is_packed(WFormat f) {
+  return f == WFormat::kInt8 || f == WFormat::kInt4 || f == WFormat::kFP8Block;
+}
+}  // namespace
+
+int64_t row_align(const KMatrix& w) {
+  return (w.format == WFormat::kInt8 || w.format == WFormat::kInt4) ? packed_row_align(w) : 1;
 }
 
 namespace {
@@ -158,6 +166,10 @@ GemmArgs make_args(const KMatrix& w, const Activations& a, int64_t n0, int64_t n
 
 void quantize_activations(AFormat format, int group, const float* x, int64_t tokens, int64_t cols,
                           int64_t ldx, Activations* out) {
+  if (format == AFormat::kI8 || format == AFormat::kBF16) {
+    packed_quantize_activations(format, group, x, tokens, cols, ldx, out);
+    return;
+  }
   const int64_t block = block_of(format);
   if (cols % block != 0) {
     fail(ErrorKind::kUnsupported, "activations of {} values are not a multiple of the block {}",
@@ -190,12 +202,20 @@ void quantize_activations(AFormat format, int group, const float* x, int64_t tok
 void gemm(const KMatrix& w, const Activations& a, int64_t n0, int64_t n1, float* y, int64_t ldy,
           Isa isa) {
   if (n0 == n1 || a.tokens == 0) return;
+  if (is_packed(w.format)) {
+    packed_gemm(w, a, n0, n1, y, ldy, isa);
+    return;
+  }
   pick(isa, entry_of(w.format))(make_args(w, a, n0, n1, y, ldy));
 }
 
 void gemm_reference(const KMatrix& w, const Activations& a, int64_t n0, int64_t n1, float* y,
                     int64_t ldy) {
   if (n0 == n1 || a.tokens == 0) return;
+  if (is_packed(w.format)) {
+    packed_gemm_reference(w, a, n0, n1, y, ldy);
+    return;
+  }
   (detail::gguf_kernels_scalar().*entry_of(w.format))(make_args(w, a, n0, n1, y, ldy));
 }
 

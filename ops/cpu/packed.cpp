@@ -166,22 +166,25 @@ void reference_fp8(const KMatrix& w, const Activations& a, int64_t n0, int64_t n
   }
 }
 
-detail::PackedFn pick(WFormat f, Isa isa) {
+// The kernel table of the highest level <= isa that has an entry for f (nullptr: scalar).
+const detail::PackedKernels* pick(WFormat f, Isa isa, detail::PackedFn* fn) {
   auto entry = [f](const detail::PackedKernels& k) {
     return f == WFormat::kInt8 ? k.int8 : f == WFormat::kInt4 ? k.int4 : k.fp8;
   };
   const Isa best = best_isa();
   if (isa > best) isa = best;
-  if (isa >= Isa::kAmx && entry(detail::packed_kernels_amx())) {
-    return entry(detail::packed_kernels_amx());
+  const detail::PackedKernels* tables[] = {
+      isa >= Isa::kAmx ? &detail::packed_kernels_amx() : nullptr,
+      isa >= Isa::kAvx512Bf16 ? &detail::packed_kernels_vnni() : nullptr,
+      isa >= Isa::kAvx512 ? &detail::packed_kernels_avx512() : nullptr,
+      isa >= Isa::kAvx2 ? &detail::packed_kernels_avx2() : nullptr};
+  for (const detail::PackedKernels* t : tables) {
+    if (t != nullptr && entry(*t) != nullptr) {
+      *fn = entry(*t);
+      return t;
+    }
   }
-  if (isa >= Isa::kAvx512Bf16 && entry(detail::packed_kernels_vnni())) {
-    return entry(detail::packed_kernels_vnni());
-  }
-  if (isa >= Isa::kAvx512 && entry(detail::packed_kernels_avx512())) {
-    return entry(detail::packed_kernels_avx512());
-  }
-  if (isa >= Isa::kAvx2) return entry(detail::packed_kernels_avx2());
+  *fn = nullptr;
   return nullptr;
 }
 
@@ -320,7 +323,8 @@ void packed_quantize_activations(AFormat f, int group, const float* x, int64_t t
   out->tokens = tokens;
   out->cols = cols;
   out->group = group;
-  out->row_bytes = f == AFormat::kBF16 ? (cols * 2 + 63) / 64 * 64 : (so + groups * 8 + 63) / 64 * 64;
+  const int64_t bo = detail::act_biased_offset(cols, groups);
+  out->row_bytes = f == AFormat::kBF16 ? (cols * 2 + 63) / 64 * 64 : (bo + cols + 63) / 64 * 64;
   const size_t need = static_cast<size_t>(out->row_bytes * tokens);
   if (out->data.size() < need) out->data.resize(need);
   for (int64_t t = 0; t < tokens; ++t) {
@@ -348,6 +352,7 @@ void packed_quantize_activations(AFormat f, int group, const float* x, int64_t t
       sa[g] = s;
       sums[g] = sum;
     }
+    for (int64_t k = 0; k < cols; ++k) dst[bo + k] = static_cast<uint8_t>(q[k]) ^ 0x80;
   }
 }
 
@@ -368,14 +373,16 @@ void packed_gemm(const KMatrix& w, const Activations& a, int64_t n0, int64_t n1,
                  int64_t ldy, Isa isa) {
   if (n0 == n1 || a.tokens == 0) return;
   check_args(w, a, n0, n1);
-  detail::PackedFn fn = pick(w.format, isa);
+  detail::PackedFn fn = nullptr;
+  pick(w.format, isa, &fn);
   // The SIMD FP8 kernels want whole 32-column steps inside each scale block.
   if (w.format == WFormat::kFP8Block && (w.block_cols % 32 != 0 || w.cols % 32 != 0)) fn = nullptr;
   if (fn == nullptr) {
     packed_gemm_reference(w, a, n0, n1, y, ldy);
     return;
   }
-  fn(PackedArgs{&w, &a, n0, n1, y, ldy});
+  PackedArgs args{&w, &a, n0, n1, y, ldy};
+  fn(args);
 }
 
 }  // namespace tandem::kern

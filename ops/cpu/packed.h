@@ -17,7 +17,8 @@
 //
 // kI8 activations (per token row, row_bytes rounded up to 64): cols int8 q (per-group scale
 // sa[g] = amax / 127 over the token's group g), then G F32 sa[g], then G int32 sum of q over group
-// g (the INT4 compensation: nibbles are q + 8). Then for either format, exactly:
+// g (the INT4 compensation: nibbles are q + 8), then 64-byte aligned cols bytes q + 128 (q ^ 0x80:
+// VNNI's unsigned operand for INT8, compensated by the weights' sums). For either format, exactly:
 //   y[t][n] = sum over g, in order, of (sa[g] * s[n][g]) * float(sum_k q_a[k] * q_w[n][k]).
 //
 // BF16: pack_weight converts to plain row-major BF16 rows (row_bytes = cols * 2), the layout the

@@ -18,7 +18,6 @@ struct Avx2 {
   static VF zero_f() { return _mm256_setzero_ps(); }
   static VI load(const uint8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const VI*>(p)); }
   static VI bcast(int32_t bits) { return _mm256_set1_epi32(bits); }
-  static VI bcast_a8(int32_t bits) { return _mm256_set1_epi32(bits); }
   static VI dot_s8(VI acc, VI w, VI a) {
     const VI p = _mm256_maddubs_epi16(_mm256_abs_epi8(w), _mm256_sign_epi8(a, w));
     return _mm256_add_epi32(acc, _mm256_madd_epi16(p, _mm256_set1_epi16(1)));

@@ -29,7 +29,6 @@ struct Avx512 {
   static VF zero_f() { return _mm512_setzero_ps(); }
   static VI load(const uint8_t* p) { return _mm512_loadu_si512(p); }
   static VI bcast(int32_t bits) { return _mm512_set1_epi32(bits); }
-  static VI bcast_a8(int32_t bits) { return _mm512_set1_epi32(bits); }
   static VI dot_s8(VI acc, VI w, VI a) {
     // No vpsignb at 512 bits: negate a where w < 0.
     const __mmask64 neg = _mm512_movepi8_mask(w);

@@ -5,7 +5,7 @@
 //   T::kVecs            vectors per 64-byte chunk (16 rows / kLanes)
 //   T::kMaxTokens       tokens computed together (accumulators kept in registers)
 //   T::kBiasedS8        the s8 x s8 dot adds 128 * sum(w) (VNNI u8 * s8 on a + 128)
-//   bcast_a8(bits)      4 activation bytes to every lane, as dot_s8 wants them (VNNI: a + 128)
+//   bcast(bits)         4 activation bytes to every lane (VNNI INT8 reads the biased copy)
 //   dot_s8(acc, w, a4)  acc + per lane sum of 4 products w * a (signed * signed)
 //   dot_u4(acc, u, a4)  acc + per lane sum of 4 products u * a (u in 0..15 unsigned)
 // Per 16-row tile and token: for each group, an exact int32 dot product per row, corrected,
@@ -37,13 +37,16 @@ inline void int_tile(const uint8_t* tile, const PackedGeometry& geo, int group,
     }
     const int64_t k0 = g * group;
     if constexpr (!kInt4) {
+      // VNNI reads q_a + 128 from the activation row's biased copy.
+      const int64_t bias_off =
+          T::kBiasedS8 ? act_biased_offset(geo.groups * group, geo.groups) : 0;
       for (int c = 0; c < group / 4; ++c) {
         VI w[V];
         for (int v = 0; v < V; ++v) w[v] = T::load(block + c * 64 + v * (64 / V));
         for (int t = 0; t < NT; ++t) {
           int32_t bits;
-          std::memcpy(&bits, arow[t] + k0 + 4 * c, 4);
-          const VI a = T::bcast_a8(bits);
+          std::memcpy(&bits, arow[t] + bias_off + k0 + 4 * c, 4);
+          const VI a = T::bcast(bits);
           for (int v = 0; v < V; ++v) iacc[t][v] = T::dot_s8(iacc[t][v], w[v], a);
         }
       }
@@ -113,7 +116,9 @@ void int_kernel(const PackedArgs& p) {
     const int64_t r1 = tile * 16 + 16 < p.n1 ? tile * 16 + 16 : p.n1;
     for (int64_t t0 = 0; t0 < a.tokens; t0 += T::kMaxTokens) {
       const int nt = static_cast<int>(a.tokens - t0 < T::kMaxTokens ? a.tokens - t0 : T::kMaxTokens);
-      for (int t = 0; t < nt; ++t) arow[t] = a.row(t0 + t);
+      for (int t = 0; t < nt; ++t) {
+        arow[t] = a.row(t0 + t);
+      }
       switch (nt) {
 #define TD_PACKED_CASE(N)                                                        \
   case N:                                                                        \

@@ -39,5 +39,10 @@ PackedGeometry packed_geometry(WFormat f, int64_t cols, int group);
 inline int64_t act_scales_offset(int64_t cols) {
   return (cols + 3) / 4 * 4;
 }
+// ... then, 64-byte aligned, q_a + 128 as u8 [cols] (q_a XOR 0x80): the unsigned operand of the
+// VNNI INT8 dot product, made once per quantization instead of once per weight tile.
+inline int64_t act_biased_offset(int64_t cols, int64_t groups) {
+  return (act_scales_offset(cols) + groups * 8 + 63) / 64 * 64;
+}
 
 }  // namespace tandem::kern::detail

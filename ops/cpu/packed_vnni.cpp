@@ -1,6 +1,6 @@
 // AVX-512 VNNI + BF16 instantiation of the packed kernels. INT8: vpdpbusd wants one unsigned
-// operand, so the broadcast activations are biased by 128 (a ^ 0x80) and 128 * sum(w) of each row
-// and group (stored with the weights) is subtracted once per group. INT4: the nibbles are the
+// operand, so the activations are read biased by 128 (the copy q_a ^ 0x80 in the activation row)
+// and 128 * sum(w) of each row and group (stored with the weights) is subtracted once per group. INT4: the nibbles are the
 // unsigned operand and the activations stay signed. FP8: E4M3 is expanded to BF16 in registers
 // (pure integer ops, exact) and multiplied with vdpbf16ps, post-scaled once per scale block.
 // GCC 12 warns falsely inside its own AVX-512 intrinsic headers (undefined-vector idiom).
@@ -31,9 +31,6 @@ struct Vnni {
   static VF zero_f() { return _mm512_setzero_ps(); }
   static VI load(const uint8_t* p) { return _mm512_loadu_si512(p); }
   static VI bcast(int32_t bits) { return _mm512_set1_epi32(bits); }
-  static VI bcast_a8(int32_t bits) {
-    return _mm512_set1_epi32(static_cast<int32_t>(static_cast<uint32_t>(bits) ^ 0x80808080u));
-  }
   static VI dot_s8(VI acc, VI w, VI a_biased) { return _mm512_dpbusd_epi32(acc, a_biased, w); }
   static VI dot_u4(VI acc, VI u, VI a) { return _mm512_dpbusd_epi32(acc, u, a); }
   static VI low_nibbles(VI b) { return _mm512_and_si512(b, _mm512_set1_epi8(0x0F)); }

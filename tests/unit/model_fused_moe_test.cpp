@@ -16,6 +16,7 @@
 #include "formats/quant.h"
 #include "model/fused_moe.h"
 #include "ops/cpu/kernels.h"
+#include "ops/cpu/packed.h"
 
 namespace tandem {
 namespace {
@@ -203,6 +204,77 @@ INSTANTIATE_TEST_SUITE_P(Formats, FusedMoe,
                            return std::string(dtype_info(info.param.first).name) + "_" + std::string(
                                   dtype_info(info.param.second).name);
                          });
+
+}  // namespace
+}  // namespace tandem
+
+namespace tandem {
+namespace {
+
+// Repacked experts (INT8 / INT4 groups of 64, ops/cpu/packed.h) through the same operator: equal
+// to the direct computation with those matrices, and close to the F32 reference (INT8 within the
+// Q8 roundings; INT4 within its 4-bit weight error).
+TEST(FusedMoePacked, Int8AndInt4Experts) {
+  const Experts ex = make_experts(DType::kF32, DType::kF32);
+  for (auto [fmt, bound] : {std::pair{kern::WFormat::kInt8, 0.03}, {kern::WFormat::kInt4, 0.3}}) {
+    CpuExperts ce;
+    ce.format = kern::wformat_name(fmt);
+    ce.gate.resize(1);
+    ce.up.resize(1);
+    ce.down.resize(1);
+    for (int64_t e = 0; e < kExperts; ++e) {
+      if (e == 5) {  // Q4_1 in make_experts: keep it on the reference path (no prepared matrix)
+        ce.gate[0].emplace_back();
+        ce.up[0].emplace_back();
+        ce.down[0].emplace_back();
+        continue;
+      }
+      ce.gate[0].push_back(kern::pack_weight(ex.w.gate[e], fmt, 64, nullptr));
+      ce.up[0].push_back(kern::pack_weight(ex.w.up[e], fmt, 64, nullptr));
+      ce.down[0].push_back(kern::pack_weight(ex.w.down[e], fmt, 64, nullptr));
+    }
+    const int64_t t = 7;
+    const Routing r = make_routing(t, 21);
+    std::vector<float> got(static_cast<size_t>(t * kHidden)), ref(got.size()),
+        want(got.size(), 0.0f);
+    FusedMoeBackend be(&pool(), FusedMoeOptions{16}, &ce);
+    be.submit(request(ex, r, t, got.data()));
+    be.wait();
+    // Direct: per selection, the packed kernels on that token alone.
+    for (int64_t i = 0; i < t; ++i) {
+      for (int64_t j = 0; j < kTopK; ++j) {
+        const int32_t e = r.ids[i * kTopK + j];
+        std::vector<float> y(kHidden), gv(kFf), uv(kFf);
+        if (e == 5) {
+          ops::matmul(ex.w.gate[e], r.x.data() + i * kHidden, 1, gv.data(), nullptr);
+          ops::matmul(ex.w.up[e], r.x.data() + i * kHidden, 1, uv.data(), nullptr);
+          ops::swiglu(gv.data(), uv.data(), kFf, gv.data());
+          ops::matmul(ex.w.down[e], gv.data(), 1, y.data(), nullptr);
+        } else {
+          kern::Activations a, h;
+          kern::quantize_activations(kern::AFormat::kI8, 64, r.x.data() + i * kHidden, 1, kHidden,
+                                     kHidden, &a);
+          kern::gemm(ce.gate[0][e], a, 0, kFf, gv.data(), kFf);
+          kern::gemm(ce.up[0][e], a, 0, kFf, uv.data(), kFf);
+          for (int64_t f = 0; f < kFf; ++f) gv[f] = ops::silu(gv[f]) * uv[f];
+          kern::quantize_activations(kern::AFormat::kI8, 64, gv.data(), 1, kFf, kFf, &h);
+          kern::gemm(ce.down[0][e], h, 0, kHidden, y.data(), kHidden);
+        }
+        for (int64_t c = 0; c < kHidden; ++c) want[i * kHidden + c] += r.w[i * kTopK + j] * y[c];
+      }
+    }
+    EXPECT_EQ(got, want) << kern::wformat_name(fmt);
+    CpuMoeBackend reference(nullptr);
+    reference.submit(request(ex, r, t, ref.data()));
+    reference.wait();
+    double ref2 = 0, err2 = 0;
+    for (size_t i = 0; i < ref.size(); ++i) {
+      ref2 += double(ref[i]) * ref[i];
+      err2 += (double(got[i]) - ref[i]) * (double(got[i]) - ref[i]);
+    }
+    EXPECT_LE(std::sqrt(err2 / ref2), bound) << kern::wformat_name(fmt);
+  }
+}
 
 }  // namespace
 }  // namespace tandem

@@ -108,6 +108,12 @@ TEST(PackedActivations, Int8EncodingByHand) {
   for (int k = 0; k < 32; ++k) s0 += q[k];
   EXPECT_EQ(sums[0], s0);
   EXPECT_EQ(sums[1], 0);
+  // Then, 64-byte aligned after the sums (offset 128), q + 128 as unsigned bytes.
+  const uint8_t* biased = a.row(0) + 128;
+  EXPECT_EQ(biased[0], 1);     // -127 + 128
+  EXPECT_EQ(biased[16], 128);  // 0 + 128
+  EXPECT_EQ(biased[63], 128);
+  EXPECT_EQ(a.row_bytes, 192);
 }
 
 TEST(PackedGemm, HandComputedInt4) {
