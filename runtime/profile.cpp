@@ -15,6 +15,7 @@
 #include "core/thread_pool.h"
 #include "runtime/calibrate.h"
 #include "runtime/device.h"
+#include "runtime/trace.h"
 
 namespace tandem::rt {
 namespace {
@@ -161,6 +162,16 @@ ProfileResult profile_experts(const LoadedModel& model, const ProfileOptions& o,
   } catch (const Error& e) {
     fail(ErrorKind::kInvalidArgument, "--{}", e.what());  // "--link '...': expected ..."
   }
+  if (!o.trace.empty()) {
+    r.expert_counts = expert_counts(read_trace(o.trace));
+    if (r.expert_counts.size() != moe.size() ||
+        (!r.expert_counts.empty() && static_cast<int64_t>(r.expert_counts[0].size()) != E)) {
+      fail(ErrorKind::kInvalidArgument,
+           "--trace {}: {} MoE layers x {} experts, the model has {} x {}", o.trace.string(),
+           r.expert_counts.size(), r.expert_counts.empty() ? 0 : r.expert_counts[0].size(),
+           moe.size(), E);
+    }
+  }
   if (o.accel == "host") {
     profile_host_device(lw, link, x, o, threading.n_threads(), &r);
     return r;
@@ -194,6 +205,7 @@ void save_profile(const ProfileResult& r, const std::filesystem::path& path) {
   j["accel"] = r.accel_name;
   j["transfer_seconds"] = r.transfer_seconds;
   j["transfer_source"] = r.transfer_source;
+  if (!r.expert_counts.empty()) j["expert_counts"] = r.expert_counts;
   std::ofstream out(path);
   if (!out) fail(ErrorKind::kIo, "{}: cannot create", path.string());
   out << j.dump(1) << "\n";

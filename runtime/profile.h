@@ -33,6 +33,9 @@ struct ProfileResult {
   std::string accel_name;           // "" when none
   double transfer_seconds = 0;      // one expert host -> accelerator
   std::string transfer_source;      // "measured" or "link model GBPS,US"
+  // [moe layer][expert] selections counted in a routing trace (`--trace`): the popularity
+  // `--gpu-experts N` pins by. Empty: none given.
+  std::vector<std::vector<int64_t>> expert_counts;
 };
 
 struct ProfileOptions {
@@ -41,6 +44,7 @@ struct ProfileOptions {
   BackendOptions backend;      // CPU experts as the runtime builds them (accel forced to none)
   std::string accel = "none";  // none | host (the emulated device when the build has it)
   std::string link = "pcie4";
+  std::filesystem::path trace;  // optional routing trace: expert popularity for --gpu-experts
 };
 
 ProfileResult profile_experts(const LoadedModel& model, const ProfileOptions& options,

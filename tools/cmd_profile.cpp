@@ -48,6 +48,8 @@ void add_profile(CLI::App& app) {
   app.add_option("-o,--output", a->out, "cost model JSON to write")->capture_default_str();
   app.add_option("--repeats", a->o.repeats, "runs per point (best of)")->capture_default_str();
   app.add_option("--tokens", a->o.tokens, "token counts to measure")->delimiter(',');
+  app.add_option("--trace", a->o.trace,
+                 "routing trace (`tandem trace`): per-layer expert popularity for --gpu-experts");
   app.add_option("--threads", a->threads, "worker threads (default: one per physical core)");
   add_backend_options(app, &a->o.backend);
   app.callback([a] { run_profile(*a); });

@@ -283,5 +283,27 @@ TEST(CliProfile, MeasuresTheHostDevice) {
   EXPECT_GE(j.at("transfer_seconds").get<double>(), 0.9 * (bytes / 1e9 + 50e-6));
 }
 
+// `tandem profile --trace`: the trace's per-layer expert counts go into the cost model, and
+// `--gpu-experts` then pins the most used experts without the "no expert counts" warning.
+TEST(CliProfile, ExpertCountsFromATrace) {
+  test::TempDir dir("profile_trace");
+  const std::string model = test::data_path("golden/deepseek2.gguf").string();
+  const std::string text = text_file(dir);
+  test::CommandResult r = test::run_tandem("trace -m " + model + " -f " + text +
+                                           " --ctx 16 -o " + (dir / "t.trace").string());
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  r = test::run_tandem("profile -m " + model + " --tokens 1 --repeats 1 --trace " +
+                       (dir / "t.trace").string() + " -o " + (dir / "p.json").string());
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  std::ifstream in(dir / "p.json");
+  const nlohmann::json j = nlohmann::json::parse(in);
+  EXPECT_EQ(j.at("expert_counts").get<std::vector<std::vector<int64_t>>>(),
+            rt::expert_counts(rt::read_trace(dir / "t.trace")));
+  r = test::run_tandem("run -m " + model + " --tokens 1,2,3 -n 2 --accel host --gpu-experts 2 "
+                       "--profile " + (dir / "p.json").string());
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.err.find("no expert counts"), std::string::npos) << r.err;
+}
+
 }  // namespace
 }  // namespace tandem
