@@ -57,7 +57,8 @@ void FusedMoeBackend::submit(const MoeRequest& r) {
   const int64_t T = r.n_tokens, K = r.k, H = r.hidden_size;
   const int64_t n_experts = static_cast<int64_t>(r.experts->gate.size());
   // Which experts are active and which rows they get (counting pass, then fill in slot order).
-  std::vector<int32_t> index_of(static_cast<size_t>(n_experts), -1);
+  std::vector<int32_t>& index_of = index_of_;  // reused: no allocation per layer
+  index_of.assign(static_cast<size_t>(n_experts), -1);
   slot_row_.assign(static_cast<size_t>(T * K), -1);
   slot_expert_.assign(static_cast<size_t>(T * K), -1);
   n_active_ = 0;

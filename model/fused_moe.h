@@ -63,6 +63,7 @@ class FusedMoeBackend : public MoeBackend {
   std::vector<std::unique_ptr<Expert>> experts_;  // active experts of the request (reused)
   int64_t n_active_ = 0;
   std::vector<Task> tasks_;
+  std::vector<int32_t> index_of_;  // [n_experts]: index into experts_, -1 when inactive
   std::vector<int32_t> slot_row_;  // [T * k]: row of that selection in its expert's output, -1
   std::vector<int32_t> slot_expert_;  // [T * k]: index into experts_, -1 when masked out
   std::vector<kern::Activations> hidden_acts_;  // hidden in each encoding needed (by AFormat)
