@@ -163,7 +163,7 @@ HybridMoeBackend::HybridMoeBackend(const LoadedModel& model, MoeBackend* cpu, De
   cc.n_experts = n_experts;
   cc.top_k = k;
   cc.slots_per_layer = slots_per_layer_;
-  cc.global_pool = false;
+  cc.global_pool = o.global_pool;
   cache_ = ExpertCache::make(o.cache, cc);
   PolicyOptions po;
   po.max_fetch = extra;  // at most the evictable slots: a fetched expert always finds one
@@ -311,8 +311,10 @@ DeviceFfnWeights HybridMoeBackend::place_ffn(const ops::Weight& g, const ops::We
 }
 
 void HybridMoeBackend::copy_expert(int layer, int expert, int slot, StreamId stream) {
-  TD_CHECK(slot >= 0 && slot < slots_per_layer_, "expert cache slot {} out of range", slot);
-  const size_t key = size_t(layer) * slots_per_layer_ + slot;
+  // Per-layer slots are [0, slots_per_layer) of each layer; a global pool numbers all of them.
+  const int n_slots = opt_.global_pool ? static_cast<int>(slot_mem_.size()) : slots_per_layer_;
+  TD_CHECK(slot >= 0 && slot < n_slots, "expert cache slot {} out of range", slot);
+  const size_t key = opt_.global_pool ? size_t(slot) : size_t(layer) * slots_per_layer_ + slot;
   if (slot_mem_[key] == nullptr) slot_mem_[key] = dev_->alloc(slot_bytes_);
   const auto [old_layer, old_expert] = slot_owner_[key];
   if (old_expert >= 0) layers_[old_layer]->valid[old_expert] = 0;

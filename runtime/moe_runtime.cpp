@@ -141,6 +141,7 @@ MoeRuntime::MoeRuntime(const LoadedModel& model, const BackendOptions& o,
     h.prefetch = o.prefetch;
     h.gpu_experts = o.gpu_experts;
     h.cache_slots = o.cache_slots;
+    h.global_pool = o.cache_global;
     h.profile = o.profile;
     h.residuals = o.residuals;
     h.link_gb_per_s = ho.link.gb_per_s;

@@ -32,6 +32,7 @@ struct BackendOptions {
   std::string policy = "static";     // static | fiddler | hybrimoe | dali | optimal
   std::string cache = "lru";         // lru | lfu | mrs | dali | none
   int cache_slots = -1;              // expert cache slots per layer (-1: from the budget)
+  bool cache_global = false;         // one pool of slots shared by all MoE layers
   std::string prefetch = "none";     // none | gate | residual
   std::filesystem::path rules;       // YAML placement rules
   std::filesystem::path profile;     // cost model from `tandem profile`

@@ -46,6 +46,8 @@ inline void add_backend_options(CLI::App& app, BackendOptions* o) {
   app.add_option("--cache-slots", o->cache_slots,
                  "expert cache slots per MoE layer (-1: what the budget allows)")
       ->capture_default_str();
+  app.add_flag("--cache-global", o->cache_global,
+               "one expert cache pool shared by all MoE layers (n_layers x --cache-slots slots)");
   app.add_option("--prefetch", o->prefetch, "expert prefetching: none | gate | residual")
       ->capture_default_str();
   app.add_option("--rules", o->rules, "YAML placement rules");

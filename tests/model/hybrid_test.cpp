@@ -224,6 +224,29 @@ TEST_P(Hybrid, DeferralOverHybridMatchesFormula) {
   }
 }
 
+// One slot pool shared by all MoE layers: layers evict each other's experts; tokens unchanged.
+TEST(HybridGlobalPool, MatchesCpu) {
+  const LoadedModel lm = load_model(test::data_path("golden/deepseek3.gguf"));
+  const int steps = 6;
+  CpuMoeBackend plain(&threading().pool());
+  const Decode base = decode(lm, &plain, steps);
+  const rt::Placement placement = rt::resolve_placement(lm, {}, true, "native");
+  for (const char* policy : {"static", "fiddler", "hybrimoe", "dali"}) {
+    for (const char* cache : {"lru", "mrs", "dali"}) {
+      SCOPED_TRACE(fmt::format("policy {} cache {} global pool", policy, cache));
+      auto dev = host_device();
+      CpuMoeBackend cpu(&threading().pool());
+      rt::HybridOptions o = hybrid_options(policy, cache, "gate", "");
+      o.global_pool = true;
+      rt::HybridMoeBackend h(lm, &cpu, dev.get(), placement, o);
+      const Decode got = decode(lm, &h, steps);
+      EXPECT_EQ(got.tokens, base.tokens);
+      EXPECT_LE(max_rel_diff(got.logits, base.logits), 1e-5);
+      EXPECT_GT(h.stats().accel_pairs, 0);
+    }
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Golden, Hybrid, ::testing::Values("qwen2moe", "deepseek3", "mixtral"));
 
 TEST(HybridCli, RunWithEveryHybridFlag) {
