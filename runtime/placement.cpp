@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "core/dtype.h"
+#include "core/log.h"
 #include "core/error.h"
 
 namespace tandem::rt {
@@ -225,6 +226,12 @@ Placement resolve_placement(const LoadedModel& model, const std::vector<Placemen
       if (!r.cpu_experts.empty() && experts) m.cpu_experts = r.cpu_experts;
       if (!r.op.empty()) m.op = r.op;
       m.rule = r.origin;
+      // Only `device` is followed at run time (for the MoE part); say so rather than ignore.
+      if (!r.dtype.empty() || !r.op.empty() || (!r.cpu_experts.empty() && experts)) {
+        log_warn("{}: {}: dtype / op / cpu_experts are recorded in the placement but not applied "
+                 "yet (the run uses the stored dtype and --cpu-experts)",
+                 r.origin, name);
+      }
       break;  // first match wins
     }
     if (!have_accel && m.device == Where::kAccel) {
