@@ -340,80 +340,48 @@ inline void drive(const GemmArgs& g) {
   }
 }
 
-template <class S>
-struct Q4KKern {
+// One weight row of a block format against NT token rows: gathers the tokens' activation rows,
+// runs the format's row kernel (Dot::run<NT>, one of the *_row templates above) and stores.
+template <class WBlock, class ABlock, int kBlock, class Dot>
+struct BlockKern {
   template <int NT>
   static inline void row(const GemmArgs& g, int64_t r, int64_t t0) {
-    const BlockQ8_K* a[NT];
+    const ABlock* a[NT];
     for (int t = 0; t < NT; ++t) {
-      a[t] = reinterpret_cast<const BlockQ8_K*>(g.act + (t0 + t) * g.act_row_bytes);
+      a[t] = reinterpret_cast<const ABlock*>(g.act + (t0 + t) * g.act_row_bytes);
     }
     float out[NT];
-    q4k_row<S, NT>(reinterpret_cast<const BlockQ4_K*>(g.w + r * g.row_bytes), a, g.cols / 256,
-                   out);
+    Dot::template run<NT>(reinterpret_cast<const WBlock*>(g.w + r * g.row_bytes), a,
+                          g.cols / kBlock, out);
     for (int t = 0; t < NT; ++t) g.y[(t0 + t) * g.ldy + r] = out[t];
   }
 };
 
-template <class S>
-struct Q5KKern {
-  template <int NT>
-  static inline void row(const GemmArgs& g, int64_t r, int64_t t0) {
-    const BlockQ8_K* a[NT];
-    for (int t = 0; t < NT; ++t) {
-      a[t] = reinterpret_cast<const BlockQ8_K*>(g.act + (t0 + t) * g.act_row_bytes);
-    }
-    float out[NT];
-    q5k_row<S, NT>(reinterpret_cast<const BlockQ5_K*>(g.w + r * g.row_bytes), a, g.cols / 256,
-                   out);
-    for (int t = 0; t < NT; ++t) g.y[(t0 + t) * g.ldy + r] = out[t];
-  }
-};
+#define TD_ROW_DOT(name, fn, WBlock, ABlock)                                                 \
+  template <class S>                                                                         \
+  struct name {                                                                              \
+    template <int NT>                                                                        \
+    static inline void run(const WBlock* w, const ABlock* const* a, int64_t nb, float* out) { \
+      fn<S, NT>(w, a, nb, out);                                                              \
+    }                                                                                        \
+  };
+TD_ROW_DOT(Q4KDot, q4k_row, BlockQ4_K, BlockQ8_K)
+TD_ROW_DOT(Q5KDot, q5k_row, BlockQ5_K, BlockQ8_K)
+TD_ROW_DOT(Q6KDot, q6k_row, BlockQ6_K, BlockQ8_K)
+TD_ROW_DOT(Q80Dot, q8_0_row, BlockQ8_0, BlockQ8_0)
+TD_ROW_DOT(Q50Dot, q5_0_row, BlockQ5_0, BlockQ8_0)
+#undef TD_ROW_DOT
 
 template <class S>
-struct Q6KKern {
-  template <int NT>
-  static inline void row(const GemmArgs& g, int64_t r, int64_t t0) {
-    const BlockQ8_K* a[NT];
-    for (int t = 0; t < NT; ++t) {
-      a[t] = reinterpret_cast<const BlockQ8_K*>(g.act + (t0 + t) * g.act_row_bytes);
-    }
-    float out[NT];
-    q6k_row<S, NT>(reinterpret_cast<const BlockQ6_K*>(g.w + r * g.row_bytes), a, g.cols / 256,
-                   out);
-    for (int t = 0; t < NT; ++t) g.y[(t0 + t) * g.ldy + r] = out[t];
-  }
-};
-
+using Q4KKern = BlockKern<BlockQ4_K, BlockQ8_K, 256, Q4KDot<S>>;
 template <class S>
-struct Q80Kern {
-  template <int NT>
-  static inline void row(const GemmArgs& g, int64_t r, int64_t t0) {
-    const BlockQ8_0* a[NT];
-    for (int t = 0; t < NT; ++t) {
-      a[t] = reinterpret_cast<const BlockQ8_0*>(g.act + (t0 + t) * g.act_row_bytes);
-    }
-    float out[NT];
-    q8_0_row<S, NT>(reinterpret_cast<const BlockQ8_0*>(g.w + r * g.row_bytes), a, g.cols / 32,
-                    out);
-    for (int t = 0; t < NT; ++t) g.y[(t0 + t) * g.ldy + r] = out[t];
-  }
-};
-
+using Q5KKern = BlockKern<BlockQ5_K, BlockQ8_K, 256, Q5KDot<S>>;
 template <class S>
-struct Q50Kern {
-  template <int NT>
-  static inline void row(const GemmArgs& g, int64_t r, int64_t t0) {
-    const BlockQ8_0* a[NT];
-    for (int t = 0; t < NT; ++t) {
-      a[t] = reinterpret_cast<const BlockQ8_0*>(g.act + (t0 + t) * g.act_row_bytes);
-    }
-    float out[NT];
-    q5_0_row<S, NT>(reinterpret_cast<const BlockQ5_0*>(g.w + r * g.row_bytes), a, g.cols / 32,
-                    out);
-    for (int t = 0; t < NT; ++t) g.y[(t0 + t) * g.ldy + r] = out[t];
-  }
-};
+using Q6KKern = BlockKern<BlockQ6_K, BlockQ8_K, 256, Q6KDot<S>>;
+template <class S>
+using Q80Kern = BlockKern<BlockQ8_0, BlockQ8_0, 32, Q80Dot<S>>;
+template <class S>
+using Q50Kern = BlockKern<BlockQ5_0, BlockQ8_0, 32, Q50Dot<S>>;
 
 template <class S, Dense kKind>
 struct DenseKern {

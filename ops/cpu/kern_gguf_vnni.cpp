@@ -20,7 +20,7 @@ void bf16(const GemmArgs& g) { drive<DenseKern<S, Dense::kBF16>>(g); }
 namespace tandem::kern::detail {
 
 const GgufKernels& gguf_kernels_avx512_vnni() {
-  static const GgufKernels k{q4k, nullptr, q6k, q80, f32, f16, bf16, q50};
+  static const GgufKernels k{q4k, q5k, q6k, q80, f32, f16, bf16, q50};
   return k;
 }
 
