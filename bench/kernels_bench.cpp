@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <random>
 #include <vector>
 
@@ -53,7 +54,7 @@ Weights make_weights(DType dtype, int64_t rows, int64_t cols) {
 }
 
 ThreadPool& pool() {
-  static ThreadPool p(place_workers(detect_topology(), 0));
+  static ThreadPool p(place_workers(detect_topology(), getenv("KB_W") ? atoi(getenv("KB_W")) : 0));
   return p;
 }
 
@@ -102,12 +103,15 @@ void BM_Gemm512(benchmark::State& state, DType dtype, Isa isa) {
   BENCHMARK_CAPTURE(fn, name##_avx512_vnni, dt, Isa::kAvx512Bf16)->UseRealTime()->MinTime(0.3)
 
 TD_FORMAT_BENCH(BM_Gemv, DType::kQ4_K, q4_k);
+TD_FORMAT_BENCH(BM_Gemv, DType::kQ5_K, q5_k);
 TD_FORMAT_BENCH(BM_Gemv, DType::kQ6_K, q6_k);
+TD_FORMAT_BENCH(BM_Gemv, DType::kQ5_0, q5_0);
 TD_FORMAT_BENCH(BM_Gemv, DType::kQ8_0, q8_0);
 TD_FORMAT_BENCH(BM_Gemv, DType::kBF16, bf16);
 TD_FORMAT_BENCH(BM_Gemv, DType::kF32, f32);
 TD_FORMAT_BENCH(BM_Gemm512, DType::kQ4_K, q4_k);
 TD_FORMAT_BENCH(BM_Gemm512, DType::kQ6_K, q6_k);
+TD_FORMAT_BENCH(BM_Gemm512, DType::kQ5_0, q5_0);
 TD_FORMAT_BENCH(BM_Gemm512, DType::kQ8_0, q8_0);
 TD_FORMAT_BENCH(BM_Gemm512, DType::kBF16, bf16);
 
