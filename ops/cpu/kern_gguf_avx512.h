@@ -80,6 +80,38 @@ struct Avx512 {
     }
   }
   static int32_t hsum(V v) { return _mm512_reduce_add_epi32(v); }
+  // Per 32-bit lane: acc + the sum of 4 products u * s (u unsigned, s signed bytes; |u * s| pairs
+  // fit int16 for the callers: u <= 31 or u == 16).
+  static V dot_u8s8(V acc, V u, V s) {
+    if constexpr (kVnni) {
+      return _mm512_dpbusd_epi32(acc, u, s);
+    } else {
+      return _mm512_add_epi32(acc, _mm512_madd_epi16(_mm512_maddubs_epi16(u, s),
+                                                     _mm512_set1_epi16(1)));
+    }
+  }
+  static V sub32(V a, V b) { return _mm512_sub_epi32(a, b); }
+  // Two consecutive Q5_0 blocks as 64 unsigned quants 0..31 in element order: bytes 0-15 the low
+  // nibbles of x0, 16-31 its high nibbles, 32-63 the same for x1; qh bit j adds 16 to element j.
+  static V q5_0_pair_u8(const tandem::BlockQ5_0& x0, const tandem::BlockQ5_0& x1) {
+    const __m256i q = _mm256_inserti128_si256(
+        _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x0.qs))),
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(x1.qs)), 1);
+    // [q0, q0, q1, q1], then the 2nd and 4th 128-bit lanes shifted right by 4.
+    const V dup = _mm512_permutexvar_epi64(_mm512_set_epi64(3, 2, 3, 2, 1, 0, 1, 0),
+                                           _mm512_castsi256_si512(q));
+    const V nib = _mm512_and_si512(_mm512_mask_srli_epi16(dup, 0xFF00FF00u, dup, 4),
+                                   _mm512_set1_epi8(0x0F));
+    uint32_t h0, h1;
+    __builtin_memcpy(&h0, x0.qh, 4);
+    __builtin_memcpy(&h1, x1.qh, 4);
+    const __mmask64 high = static_cast<__mmask64>(h0) | (static_cast<__mmask64>(h1) << 32);
+    return _mm512_mask_add_epi8(nib, high, nib, _mm512_set1_epi8(16));
+  }
+  // Lanes 0-7 s0, lanes 8-15 s1.
+  static F fpair(float s0, float s1) {
+    return _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_set1_ps(s0)), _mm256_set1_ps(s1), 1);
+  }
 
   static V32 load32(const int8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
   static int32_t hsum256(__m256i v) {

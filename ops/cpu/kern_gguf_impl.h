@@ -361,10 +361,52 @@ inline void q8_0_rows(const BlockQ8_0* const* w, const BlockQ8_0* const* a, int6
   q_0_rows<S, NR, NT>(w, a, nb, out, expand_q8_0);
 }
 
+// Q5_0 x Q8_0. AVX-512 takes two blocks per vector as unsigned quants u = q + 16 (0..31):
+// per block, dot(q, a) = dot(u, a) - 16 * sum(a), both exact int32 (one u8 x s8 dot each), then
+// converted and accumulated in lanes like q_0_rows; an odd last block goes through q_0_rows.
 template <class S, int NR, int NT>
 inline void q5_0_rows(const BlockQ5_0* const* w, const BlockQ8_0* const* a, int64_t nb,
                       float (*out)[NT]) {
-  q_0_rows<S, NR, NT>(w, a, nb, out, expand_q5_0);
+  if constexpr (S::kBytes == 64) {
+    typename S::F acc[NR][NT];
+    for (int r = 0; r < NR; ++r) {
+      for (int t = 0; t < NT; ++t) acc[r][t] = S::fzero();
+    }
+    const typename S::V sixteen = S::set1_8(16);
+    int64_t b = 0;
+    for (; b + 2 <= nb; b += 2) {
+      for (int r = 0; r < NR; ++r) prefetch_ahead(&w[r][b], 64);
+      typename S::V av[NT], bias[NT];
+      float da0[NT], da1[NT];
+      for (int t = 0; t < NT; ++t) {
+        av[t] = S::load_halves(a[t][b].qs, a[t][b + 1].qs);
+        bias[t] = S::dot_u8s8(S::zero(), sixteen, av[t]);
+        da0[t] = half_to_float(a[t][b].d);
+        da1[t] = half_to_float(a[t][b + 1].d);
+      }
+      for (int r = 0; r < NR; ++r) {
+        const typename S::V u = S::q5_0_pair_u8(w[r][b], w[r][b + 1]);
+        const float dw0 = half_to_float(w[r][b].d), dw1 = half_to_float(w[r][b + 1].d);
+        for (int t = 0; t < NT; ++t) {
+          const typename S::V dot = S::sub32(S::dot_u8s8(S::zero(), u, av[t]), bias[t]);
+          acc[r][t] = S::fmadd(S::to_float(dot), S::fpair(dw0 * da0[t], dw1 * da1[t]), acc[r][t]);
+        }
+      }
+    }
+    float tail[NR][NT] = {};
+    if (b < nb) {
+      const BlockQ5_0* wt[NR];
+      const BlockQ8_0* at[NT];
+      for (int r = 0; r < NR; ++r) wt[r] = w[r] + b;
+      for (int t = 0; t < NT; ++t) at[t] = a[t] + b;
+      q_0_rows<S, NR, NT>(wt, at, nb - b, tail, expand_q5_0);
+    }
+    for (int r = 0; r < NR; ++r) {
+      for (int t = 0; t < NT; ++t) out[r][t] = S::fhsum(acc[r][t]) + tail[r][t];
+    }
+  } else {
+    q_0_rows<S, NR, NT>(w, a, nb, out, expand_q5_0);
+  }
 }
 
 // Dense rows: F32 / F16 / BF16 weights against F32 activations (lane-parallel FMA, one horizontal
