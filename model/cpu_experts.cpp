@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <memory>
+#include <numeric>
 
 #include "core/error.h"
 #include "core/log.h"
@@ -299,6 +300,59 @@ bool map_cache(const fs::path& path, const std::vector<Source>& src, WFormat f, 
 }
 
 }  // namespace
+
+void split_cpu_experts(CpuExperts* ce, const std::vector<int>& nodes,
+                       const std::vector<int>& os_node, ThreadPool* pool) {
+  TD_CHECK(nodes.size() == os_node.size() && !nodes.empty(), "split_cpu_experts: bad node lists");
+  const int64_t P = static_cast<int64_t>(nodes.size());
+  ce->part_node = nodes;
+  ce->parts.assign(ce->gate.size(), {});
+  if (P == 1) return;
+  std::vector<std::pair<size_t, size_t>> items;  // (layer, expert)
+  for (size_t l = 0; l < ce->gate.size(); ++l) {
+    ce->parts[l].resize(ce->gate[l].size());
+    for (size_t e = 0; e < ce->gate[l].size(); ++e) items.emplace_back(l, e);
+  }
+  auto split_one = [&](size_t i) {
+    const auto [l, e] = items[i];
+    const KMatrix& g = ce->gate[l][e];
+    const KMatrix& u = ce->up[l][e];
+    const KMatrix& d = ce->down[l][e];
+    if (!g.valid() || !u.valid() || !d.valid() || g.format != u.format || g.group != u.group) {
+      return;  // the reference path computes it whole
+    }
+    const int64_t ff = g.rows;
+    const int64_t a = std::lcm(std::lcm(kern::row_align(g), kern::row_align(u)), kern::col_align(d));
+    std::vector<ExpertPart> parts;
+    for (int64_t p = 0; p < P; ++p) {
+      const int64_t f0 = ff * p / P / a * a;
+      const int64_t f1 = p + 1 == P ? ff : ff * (p + 1) / P / a * a;
+      ExpertPart part;
+      part.f0 = f0;
+      part.f1 = f1;
+      // An empty part keeps the formats (the backend reads the activation encoding there).
+      part.gate.format = part.up.format = g.format;
+      part.down.format = d.format;
+      part.gate.group = part.up.group = g.group;
+      part.down.group = d.group;
+      if (f1 > f0) {
+        AllocOptions alloc;
+        alloc.numa_node = os_node[static_cast<size_t>(p)];
+        part.gate = kern::copy_submatrix(g, f0, f1, 0, g.cols, alloc);
+        part.up = kern::copy_submatrix(u, f0, f1, 0, u.cols, alloc);
+        part.down = kern::copy_submatrix(d, 0, d.rows, f0, f1, alloc);
+      }
+      parts.push_back(std::move(part));
+    }
+    ce->parts[l][e] = std::move(parts);
+  };
+  if (pool != nullptr) {
+    pool->run(items.size(), split_one);
+  } else {
+    for (size_t i = 0; i < items.size(); ++i) split_one(i);
+  }
+  log_info("experts split into {} NUMA parts (tensor parallelism)", P);
+}
 
 fs::path cpu_expert_cache_path(const LoadedModel& model, const CpuExpertOptions& options) {
   const WFormat f = parse_format(options.format);

@@ -37,9 +37,21 @@ struct CpuExpertOptions {
 // stored dtype has no fast kernel: the backend then uses the reference path for that expert),
 // packed (from the on-disk cache when present and valid, else packed now and written) for
 // int8/int4/bf16.
+// One NUMA part of an expert (KTransformers §3.3 tensor parallelism): rows [f0, f1) of gate and
+// up and the same columns of down, copied into memory bound to the part's node. The expert's
+// output is the sum of its parts' down outputs.
+struct ExpertPart {
+  int64_t f0 = 0, f1 = 0;
+  kern::KMatrix gate, up, down;
+};
+
 struct CpuExperts {
   std::string format;
   std::vector<std::vector<kern::KMatrix>> gate, up, down;  // [layer][expert]; empty for dense layers
+  // NUMA split (split_cpu_experts): part p runs on pool node part_node[p]. parts[layer][expert]
+  // is empty where the expert is not split (no fast kernel, or too small to split).
+  std::vector<int> part_node;
+  std::vector<std::vector<std::vector<ExpertPart>>> parts;
   uint64_t bytes = 0;
   std::filesystem::path cache_path;  // the cache file used or written (empty: none)
   bool from_cache = false;           // mapped from a valid cache (no repacking)
@@ -48,6 +60,12 @@ struct CpuExperts {
 
 CpuExperts prepare_cpu_experts(const LoadedModel& model, const CpuExpertOptions& options,
                                ThreadPool* pool);
+
+// NUMA tensor parallelism: splits every expert's intermediate dimension into `nodes.size()` parts
+// (as even as the formats' row / column grids allow), part p copied into memory bound to OS node
+// os_node[p] (-1: unbound) and run by pool node nodes[p]. One part: nothing changes.
+void split_cpu_experts(CpuExperts* experts, const std::vector<int>& nodes,
+                       const std::vector<int>& os_node, ThreadPool* pool);
 
 // Where prepare_cpu_experts looks for / writes the cache of `options` (no file is touched).
 std::filesystem::path cpu_expert_cache_path(const LoadedModel& model,

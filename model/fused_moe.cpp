@@ -14,14 +14,17 @@ namespace tandem {
 
 struct FusedMoeBackend::Expert {
   int64_t id = 0;
-  int64_t ff = 0;
+  int64_t ff = 0;     // intermediate rows of this (sub-)expert
+  int part = 0;       // NUMA part (0 when unsplit)
+  int parts = 1;      // on an expert's first sub-expert: how many follow it (itself included)
+  int32_t first = 0;  // index of the expert's first sub-expert (owner of the gathered x)
   bool fast = false;  // all three matrices have kernels
   kern::KMatrix gate, up, down;
   const ops::Weight* w_gate = nullptr;
   const ops::Weight* w_up = nullptr;
   const ops::Weight* w_down = nullptr;
   std::vector<int32_t> tokens;  // token of each row, in slot order
-  kern::Activations x;          // gathered gate/up activations
+  kern::Activations x;          // gathered gate/up activations (first sub-expert only)
   std::vector<float> g, u;      // [n, ff]: gate, up; g becomes SiLU(gate) * up
   kern::Activations h;          // g converted for the down projection
   std::vector<float> y;         // [n, hidden]
@@ -34,7 +37,9 @@ FusedMoeBackend::FusedMoeBackend(ThreadPool* pool, FusedMoeOptions options,
     : pool_(pool), options_(options), prepared_(experts) {}
 
 FusedMoeBackend::~FusedMoeBackend() {
-  if (handle_.valid()) handle_.wait();
+  for (TaskHandle& h : handles_) {
+    if (h.valid()) h.wait();
+  }
 }
 
 namespace {
@@ -56,7 +61,20 @@ void FusedMoeBackend::submit(const MoeRequest& r) {
   req_ = r;
   const int64_t T = r.n_tokens, K = r.k, H = r.hidden_size;
   const int64_t n_experts = static_cast<int64_t>(r.experts->gate.size());
+  const bool prepared = prepared_ != nullptr &&
+                        static_cast<size_t>(r.layer) < prepared_->gate.size() &&
+                        static_cast<int64_t>(prepared_->gate[r.layer].size()) == n_experts;
+  const bool split = prepared && static_cast<size_t>(r.layer) < prepared_->parts.size() &&
+                     !prepared_->parts[r.layer].empty();
+  const int n_parts = split ? static_cast<int>(prepared_->part_node.size()) : 1;
+  auto next_expert = [&]() -> Expert& {
+    if (static_cast<int64_t>(experts_.size()) <= n_active_) {
+      experts_.push_back(std::make_unique<Expert>());
+    }
+    return *experts_[n_active_++];
+  };
   // Which experts are active and which rows they get (counting pass, then fill in slot order).
+  // A split expert takes n_parts consecutive entries (its sub-experts), the first owning the rows.
   std::vector<int32_t>& index_of = index_of_;  // reused: no allocation per layer
   index_of.assign(static_cast<size_t>(n_experts), -1);
   slot_row_.assign(static_cast<size_t>(T * K), -1);
@@ -67,21 +85,41 @@ void FusedMoeBackend::submit(const MoeRequest& r) {
     TD_CHECK(e >= 0 && e < n_experts, "expert id {} out of range", e);
     if (r.expert_mask != nullptr && r.expert_mask[e] == 0) continue;
     if (index_of[e] < 0) {
-      index_of[e] = static_cast<int32_t>(n_active_++);
-      if (static_cast<int64_t>(experts_.size()) < n_active_) {
-        experts_.push_back(std::make_unique<Expert>());
-      }
-      Expert& x = *experts_[n_active_ - 1];
+      const int32_t first = static_cast<int32_t>(n_active_);
+      index_of[e] = first;
+      Expert& x = next_expert();
       x.id = e;
+      x.part = 0;
+      x.parts = 1;
+      x.first = first;
       x.tokens.clear();
       x.w_gate = &r.experts->gate[e];
       x.w_up = &r.experts->up[e];
       x.w_down = &r.experts->down[e];
       x.ff = x.w_gate->rows();
-      const bool prepared = prepared_ != nullptr &&
-                            static_cast<size_t>(r.layer) < prepared_->gate.size() &&
-                            static_cast<int64_t>(prepared_->gate[r.layer].size()) == n_experts;
-      if (prepared) {
+      const std::vector<ExpertPart>* parts = split ? &prepared_->parts[r.layer][e] : nullptr;
+      if (parts != nullptr && !parts->empty()) {
+        // Sub-expert p: part p's slices (an empty part keeps a zero-row placeholder).
+        x.parts = n_parts;
+        for (int p = 0; p < n_parts; ++p) {
+          Expert& s = p == 0 ? x : next_expert();
+          const ExpertPart& part = (*parts)[static_cast<size_t>(p)];
+          if (p > 0) {
+            s.id = e;
+            s.parts = 1;
+            s.first = first;
+            s.w_gate = x.w_gate;
+            s.w_up = x.w_up;
+            s.w_down = x.w_down;
+          }
+          s.part = p;
+          s.ff = part.f1 - part.f0;
+          s.gate = part.gate;
+          s.up = part.up;
+          s.down = part.down;
+          s.fast = true;
+        }
+      } else if (prepared) {
         x.gate = prepared_->gate[r.layer][e];
         x.up = prepared_->up[r.layer][e];
         x.down = prepared_->down[r.layer][e];
@@ -98,15 +136,20 @@ void FusedMoeBackend::submit(const MoeRequest& r) {
     x.tokens.push_back(static_cast<int32_t>(i / K));
   }
 
-  // Activations: the hidden states once per encoding, then each expert's rows gathered.
-  tasks_.clear();
-  int64_t total_rows = 0;
+  // Activations: the hidden states once per encoding, then each expert's rows gathered (into
+  // its first sub-expert; the other parts read them there).
   for (int64_t a = 0; a < n_active_; ++a) {
     Expert& x = *experts_[a];
+    const Expert& owner = *experts_[x.first];
+    if (x.first != a) x.tokens = owner.tokens;
     const int64_t n = static_cast<int64_t>(x.tokens.size());
     x.y.resize(static_cast<size_t>(n * H));
     x.ready.store(false, std::memory_order_relaxed);
     if (!x.fast) continue;
+    x.g.resize(static_cast<size_t>(n * x.ff));
+    x.u.resize(static_cast<size_t>(n * x.ff));
+    // The first sub-expert gathers even when its own part is empty: the other parts read it.
+    if (x.first != a) continue;
     const kern::AFormat af = kern::act_format(x.gate.format);
     kern::Activations* all = acts_for(hidden_acts_, af);
     if (all->tokens != T || all->format != af || all->cols != H || all->group != x.gate.group) {
@@ -124,19 +167,48 @@ void FusedMoeBackend::submit(const MoeRequest& r) {
       std::memcpy(x.x.data.data() + j * all->row_bytes, all->row(x.tokens[j]),
                   static_cast<size_t>(all->row_bytes));
     }
-    x.g.resize(static_cast<size_t>(n * x.ff));
-    x.u.resize(static_cast<size_t>(n * x.ff));
-    total_rows += 2 * x.ff + H;
   }
   // Invalidate the per-encoding caches for the next request.
   for (kern::Activations& a : hidden_acts_) a.tokens = -1;
 
-  // Chunks: >= ~4 tasks per thread over the whole layer, multiples of 16 rows, capped.
-  const int64_t threads = pool_ != nullptr ? pool_->size() + 1 : 1;
+  tasks_.clear();
+  part_begin_.assign(1, 0);
+  for (int p = 0; p < n_parts; ++p) {
+    const int node = split ? prepared_->part_node[static_cast<size_t>(p)] : -1;
+    const int64_t threads =
+        pool_ == nullptr ? 1 : (node < 0 ? pool_->size() : pool_->workers_on_node(node)) + 1;
+    add_tasks(p, threads);
+    part_begin_.push_back(tasks_.size());
+  }
+  pending_ = true;
+  handles_.clear();
+  if (tasks_.empty()) return;
+  if (pool_ == nullptr) {
+    for (const Task& t : tasks_) run_task(t);
+    return;
+  }
+  for (int p = 0; p < n_parts; ++p) {
+    const size_t b = part_begin_[static_cast<size_t>(p)], n = part_begin_[p + 1] - b;
+    RunOptions ro;
+    ro.node = split ? prepared_->part_node[static_cast<size_t>(p)] : -1;
+    handles_.push_back(pool_->submit(ro, n, [this, b](size_t i) { run_task(tasks_[b + i]); }));
+  }
+}
+
+// Part `part`'s tasks: its sub-experts' gate/up chunks, then their down chunks.
+void FusedMoeBackend::add_tasks(int part, int64_t threads) {
+  const int64_t H = req_.hidden_size;
+  // Chunks: >= ~4 tasks per thread over the part's work, multiples of 16 rows, capped.
+  int64_t total_rows = 0;
+  for (int64_t a = 0; a < n_active_; ++a) {
+    const Expert& x = *experts_[a];
+    if (x.part == part && x.fast && x.ff > 0) total_rows += 2 * x.ff + H;
+  }
   int64_t chunk = total_rows / (4 * threads);
   chunk = std::clamp<int64_t>(chunk / 16 * 16, 16, std::max<int64_t>(16, options_.max_rows_per_task));
   for (int64_t a = 0; a < n_active_; ++a) {
     Expert& x = *experts_[a];
+    if (x.part != part || x.ff == 0) continue;
     if (!x.fast) {
       tasks_.push_back({static_cast<int32_t>(a), 2, 0, 0});
       continue;
@@ -153,18 +225,11 @@ void FusedMoeBackend::submit(const MoeRequest& r) {
   // already claimed (they precede it in the queue), so waiting for them cannot deadlock.
   for (int64_t a = 0; a < n_active_; ++a) {
     Expert& x = *experts_[a];
-    if (!x.fast) continue;
+    if (x.part != part || !x.fast || x.ff == 0) continue;
     for (int64_t r0 = 0; r0 < H; r0 += chunk) {
       tasks_.push_back({static_cast<int32_t>(a), 1, r0, std::min(H, r0 + chunk)});
     }
   }
-  pending_ = true;
-  if (tasks_.empty()) return;
-  if (pool_ == nullptr) {
-    for (const Task& t : tasks_) run_task(t);
-    return;
-  }
-  handle_ = pool_->submit(tasks_.size(), [this](size_t i) { run_task(tasks_[i]); });
 }
 
 void FusedMoeBackend::run_task(const Task& t) {
@@ -186,8 +251,9 @@ void FusedMoeBackend::run_task(const Task& t) {
     return;
   }
   if (t.phase == 0) {
-    kern::gemm(x.gate, x.x, t.r0, t.r1, x.g.data(), x.ff);
-    kern::gemm(x.up, x.x, t.r0, t.r1, x.u.data(), x.ff);
+    const kern::Activations& in = experts_[x.first]->x;
+    kern::gemm(x.gate, in, t.r0, t.r1, x.g.data(), x.ff);
+    kern::gemm(x.up, in, t.r0, t.r1, x.u.data(), x.ff);
     for (int64_t j = 0; j < n; ++j) {
       float* g = x.g.data() + j * x.ff;
       const float* u = x.u.data() + j * x.ff;
@@ -214,7 +280,9 @@ void FusedMoeBackend::run_task(const Task& t) {
 void FusedMoeBackend::wait() {
   TD_CHECK(pending_, "FusedMoeBackend::wait without submit");
   pending_ = false;
-  if (handle_.valid()) handle_.wait();
+  for (TaskHandle& h : handles_) {
+    if (h.valid()) h.wait();
+  }
   // Combine per token in slot order: deterministic whichever worker computed what.
   const MoeRequest& r = req_;
   const int64_t H = r.hidden_size, K = r.k;
@@ -225,8 +293,13 @@ void FusedMoeBackend::wait() {
       const int64_t i = static_cast<int64_t>(t) * K + j;
       if (slot_expert_[i] < 0) continue;
       const float w = r.weights[i];
-      const float* src = experts_[slot_expert_[i]]->y.data() + slot_row_[i] * H;
-      for (int64_t c = 0; c < H; ++c) dst[c] += w * src[c];
+      const int32_t a = slot_expert_[i];
+      for (int p = 0; p < experts_[a]->parts; ++p) {  // NUMA parts in order
+        const Expert& x = *experts_[a + p];
+        if (x.ff == 0) continue;
+        const float* src = x.y.data() + slot_row_[i] * H;
+        for (int64_t c = 0; c < H; ++c) dst[c] += w * src[c];
+      }
     }
   };
   if (pool_ != nullptr && r.n_tokens > 8) {

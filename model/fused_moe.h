@@ -13,6 +13,10 @@
 //     chunk waits only for its own expert (no barrier between the phases of different experts).
 //  3. wait(): joins the job and combines the experts' outputs per token in top-k slot order
 //     (deterministic: the same sums whichever thread ran what).
+// NUMA tensor parallelism (KTransformers §3.3): when the experts were split (split_cpu_experts),
+// each active expert becomes one sub-expert per part (its rows of gate/up, its columns of down, in
+// node-local memory), each part's tasks form one job on its node's workers, and wait() adds the
+// parts' outputs in part order. Unsplit experts run whole in part 0's job.
 // Experts stored in a dtype without a kernel run the reference matmul inside one task.
 #pragma once
 
@@ -45,6 +49,8 @@ class FusedMoeBackend : public MoeBackend {
 
   // Tasks of the last submitted layer (tests and benchmarks look at the decomposition).
   int64_t last_task_count() const { return static_cast<int64_t>(tasks_.size()); }
+  // Jobs (NUMA parts) of the last submitted layer.
+  int last_part_count() const { return static_cast<int>(handles_.size()); }
 
  private:
   struct Expert;
@@ -54,6 +60,7 @@ class FusedMoeBackend : public MoeBackend {
     int64_t r0, r1;
   };
   void run_task(const Task& task);
+  void add_tasks(int part, int64_t threads);
 
   ThreadPool* pool_;
   FusedMoeOptions options_;
@@ -62,12 +69,13 @@ class FusedMoeBackend : public MoeBackend {
   bool pending_ = false;
   std::vector<std::unique_ptr<Expert>> experts_;  // active experts of the request (reused)
   int64_t n_active_ = 0;
-  std::vector<Task> tasks_;
+  std::vector<Task> tasks_;                 // all parts' tasks, part by part
+  std::vector<size_t> part_begin_;          // [parts + 1]: each part's range in tasks_
   std::vector<int32_t> index_of_;  // [n_experts]: index into experts_, -1 when inactive
   std::vector<int32_t> slot_row_;  // [T * k]: row of that selection in its expert's output, -1
   std::vector<int32_t> slot_expert_;  // [T * k]: index into experts_, -1 when masked out
   std::vector<kern::Activations> hidden_acts_;  // hidden in each encoding needed (by AFormat)
-  TaskHandle handle_;
+  std::vector<TaskHandle> handles_;  // one job per part
 };
 
 }  // namespace tandem

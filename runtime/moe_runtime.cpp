@@ -41,26 +41,51 @@ std::unique_ptr<MoeBackend> make_cpu_backend(const LoadedModel& model, const Bac
     fail(ErrorKind::kInvalidArgument, "--cpu-experts '{}' is not one of: native | int8 | int4 | bf16",
          o.cpu_experts);
   }
-  if (o.cpu_experts == "native") {
+  // NUMA parts: one per pool node that has workers (0), or as asked, wrapping around them.
+  std::vector<int> nodes;
+  for (int n = 0; n < threading.pool().node_count(); ++n) {
+    if (threading.pool().workers_on_node(n) > 0) nodes.push_back(n);
+  }
+  if (nodes.empty()) nodes.push_back(-1);  // no workers: the caller runs everything
+  const int parts = o.numa_parts == 0 ? static_cast<int>(nodes.size()) : o.numa_parts;
+  std::vector<int> part_node, part_os_node;
+  for (int p = 0; p < parts; ++p) {
+    const int n = nodes[static_cast<size_t>(p) % nodes.size()];
+    part_node.push_back(n);
+    const auto& topo = threading.topology().nodes;
+    part_os_node.push_back(nodes.size() > 1 && static_cast<size_t>(n) < topo.size()
+                               ? topo[static_cast<size_t>(n)].os_index
+                               : -1);
+  }
+  if (o.cpu_experts == "native" && parts == 1) {
     *summary = "CPU experts: native (fused MoE backend)";
     return std::make_unique<FusedMoeBackend>(&threading.pool());
   }
-  // Repacked once (or mapped from the on-disk cache) and shared by every CPU backend instance.
+  // Prepared once (repacked or mapped from the on-disk cache; native: views) and shared by every
+  // CPU backend instance.
   if (*experts == nullptr) {
     CpuExpertOptions co;
     co.format = o.cpu_experts;
     co.group = o.expert_group;
     co.cache_dir = o.expert_cache_dir;
     co.use_cache = o.expert_cache;
-    *experts = std::make_shared<const CpuExperts>(prepare_cpu_experts(model, co, &threading.pool()));
+    CpuExperts ce = prepare_cpu_experts(model, co, &threading.pool());
+    if (parts > 1) split_cpu_experts(&ce, part_node, part_os_node, &threading.pool());
+    *experts = std::make_shared<const CpuExperts>(std::move(ce));
   }
   const CpuExperts& ce = **experts;
-  *summary = fmt::format("CPU experts: {}{} ({:.2f} GiB, {}; fused MoE backend)", ce.format,
-                         ce.format == "bf16" ? "" : fmt::format(" group {}", o.expert_group),
-                         ce.bytes / 1073741824.0,
-                         ce.from_cache        ? "mapped from " + ce.cache_path.string()
-                         : ce.cache_written   ? "packed, cached in " + ce.cache_path.string()
-                                              : std::string("packed in memory"));
+  const std::string numa = parts > 1 ? fmt::format(", {} NUMA parts", parts) : std::string();
+  if (ce.format == "native") {
+    *summary = fmt::format("CPU experts: native (fused MoE backend{})", numa);
+  } else {
+    *summary = fmt::format("CPU experts: {}{} ({:.2f} GiB, {}; fused MoE backend{})", ce.format,
+                           ce.format == "bf16" ? "" : fmt::format(" group {}", o.expert_group),
+                           ce.bytes / 1073741824.0,
+                           ce.from_cache        ? "mapped from " + ce.cache_path.string()
+                           : ce.cache_written   ? "packed, cached in " + ce.cache_path.string()
+                                                : std::string("packed in memory"),
+                           numa);
+  }
   return std::make_unique<FusedMoeBackend>(&threading.pool(), FusedMoeOptions{}, &ce);
 }
 
@@ -91,6 +116,10 @@ void check_backend_options(const BackendOptions& o) {
   if (o.defer < 0) fail(ErrorKind::kInvalidArgument, "--defer must be >= 0, got {}", o.defer);
   if (o.gpu_experts < 0) {
     fail(ErrorKind::kInvalidArgument, "--gpu-experts must be >= 0, got {}", o.gpu_experts);
+  }
+  if (o.numa_parts < 0 || o.numa_parts > 64) {
+    fail(ErrorKind::kInvalidArgument, "--numa-parts must be 0 (one per NUMA node) to 64, got {}",
+         o.numa_parts);
   }
   if (o.cache_slots < -1) {
     fail(ErrorKind::kInvalidArgument, "--cache-slots must be >= 0 (or -1: from the budget), got {}",

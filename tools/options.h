@@ -29,6 +29,10 @@ inline void add_backend_options(CLI::App& app, BackendOptions* o) {
   app.add_option("--expert-cache-dir", o->expert_cache_dir,
                  "directory of repacked expert caches (default: next to the model)");
   app.add_flag("!--no-expert-cache", o->expert_cache, "repack at every load, write no cache");
+  app.add_option("--numa-parts", o->numa_parts,
+                 "NUMA tensor parallelism: split each expert into N parts, one per NUMA node "
+                 "(0 = one per node, 1 = off)")
+      ->capture_default_str();
   app.add_option("--accel", o->accel, "accelerator: auto | none | host | cuda")
       ->capture_default_str();
   app.add_option("--gpu-experts", o->gpu_experts,

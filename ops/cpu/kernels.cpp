@@ -91,6 +91,78 @@ int64_t row_align(const KMatrix& w) {
 
 namespace {
 
+// Row-major formats: values per block and bytes per block along a row.
+struct RowBlocks {
+  int64_t values, bytes;
+};
+RowBlocks row_blocks(WFormat f) {
+  switch (f) {
+    case WFormat::kF32: return {1, 4};
+    case WFormat::kF16:
+    case WFormat::kBF16: return {1, 2};
+    case WFormat::kFP8Block: return {1, 1};
+    case WFormat::kQ4_K: return {kQK_K, sizeof(BlockQ4_K)};
+    case WFormat::kQ5_K: return {kQK_K, sizeof(BlockQ5_K)};
+    case WFormat::kQ6_K: return {kQK_K, sizeof(BlockQ6_K)};
+    case WFormat::kQ8_0: return {kQK, sizeof(BlockQ8_0)};
+    case WFormat::kQ5_0: return {kQK, sizeof(BlockQ5_0)};
+    case WFormat::kInt8:
+    case WFormat::kInt4: break;
+  }
+  fail(ErrorKind::kInvalidArgument, "{} is not a row-major format", wformat_name(f));
+}
+
+}  // namespace
+
+int64_t col_align(const KMatrix& w) {
+  if (w.format == WFormat::kInt8 || w.format == WFormat::kInt4) return w.group;
+  if (w.format == WFormat::kFP8Block) return w.block_cols;
+  return row_blocks(w.format).values;
+}
+
+KMatrix copy_submatrix(const KMatrix& w, int64_t r0, int64_t r1, int64_t c0, int64_t c1,
+                       const AllocOptions& alloc) {
+  const int64_t ra = row_align(w), ca = col_align(w);
+  if (!(0 <= r0 && r0 < r1 && r1 <= w.rows && 0 <= c0 && c0 < c1 && c1 <= w.cols) ||
+      r0 % ra != 0 || (r1 % ra != 0 && r1 != w.rows) || c0 % ca != 0 ||
+      (c1 % ca != 0 && c1 != w.cols)) {
+    fail(ErrorKind::kInvalidArgument,
+         "submatrix rows [{}, {}) x cols [{}, {}) of a {} x {} {} matrix: out of range or not on "
+         "its {}-row / {}-column grid",
+         r0, r1, c0, c1, w.rows, w.cols, wformat_name(w.format), ra, ca);
+  }
+  if (w.format == WFormat::kInt8 || w.format == WFormat::kInt4) {
+    return packed_copy_submatrix(w, r0, r1, c0, c1, alloc);
+  }
+  const RowBlocks rb = row_blocks(w.format);
+  const int64_t off = c0 / rb.values * rb.bytes;
+  const int64_t len = (c1 - c0 + rb.values - 1) / rb.values * rb.bytes;
+  struct Owner {
+    AlignedBuffer buf;
+    std::shared_ptr<const void> source;  // FP8 scales live there
+  };
+  auto owner = std::make_shared<Owner>();
+  owner->buf = AlignedBuffer(static_cast<size_t>((r1 - r0) * len), alloc);
+  owner->source = w.owner;
+  uint8_t* dst = owner->buf.as<uint8_t>();
+  for (int64_t r = r0; r < r1; ++r) {
+    std::memcpy(dst + (r - r0) * len, w.data + r * w.row_bytes + off, static_cast<size_t>(len));
+  }
+  KMatrix m = w;
+  m.rows = r1 - r0;
+  m.cols = c1 - c0;
+  m.data = dst;
+  m.row_bytes = len;
+  if (w.format == WFormat::kFP8Block) {
+    m.scales = w.scales + c0 / w.block_cols;
+    m.row0 = w.row0 + r0;
+  }
+  m.owner = std::move(owner);
+  return m;
+}
+
+namespace {
+
 int64_t block_of(AFormat f) {
   switch (f) {
     case AFormat::kQ8_K: return kQK_K;

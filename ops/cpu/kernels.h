@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "core/cpu_features.h"
+#include "core/memory.h"
 #include "ops/cpu/ref_ops.h"
 
 namespace tandem {
@@ -54,6 +55,15 @@ struct KMatrix {
 bool view_weight(const ops::Weight& w, KMatrix* out);
 // Row tile granularity: gemm's n0 (and n1 unless n1 == rows) must be multiples of it.
 int64_t row_align(const KMatrix& w);
+// Column granularity: a column slice starts (and ends, unless at cols) on a multiple of it (a GGUF
+// block, a packed group, an FP8 scale block; 1 for F32/F16/BF16).
+int64_t col_align(const KMatrix& w);
+// A copy of rows [r0, r1) x columns [c0, c1) of w in the same format, in memory allocated with
+// `alloc` (NUMA tensor parallelism binds it to the node that reads it). Bounds on row_align /
+// col_align (or the matrix ends), else Error(kInvalidArgument). FP8 block scales stay shared with
+// w (they are 1/16384 of the bytes); the copy keeps w's owner alive for them.
+KMatrix copy_submatrix(const KMatrix& w, int64_t r0, int64_t r1, int64_t c0, int64_t c1,
+                       const AllocOptions& alloc);
 
 // 64-byte aligned bytes, so SIMD loads of activation rows never split cache lines needlessly.
 template <typename T>

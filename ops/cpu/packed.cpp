@@ -233,6 +233,24 @@ KMatrix packed_view(WFormat target, int64_t rows, int64_t cols, int group, const
   return m;
 }
 
+KMatrix packed_copy_submatrix(const KMatrix& w, int64_t r0, int64_t r1, int64_t c0, int64_t c1,
+                              const AllocOptions& alloc) {
+  TD_CHECK(is_int(w.format), "packed_copy_submatrix: {} is not INT8 / INT4", wformat_name(w.format));
+  const detail::PackedGeometry geo = detail::packed_geometry(w.format, w.cols, w.group);
+  const int64_t t0 = r0 / kPackTileRows, t1 = (r1 + kPackTileRows - 1) / kPackTileRows;
+  const int64_t g0 = c0 / w.group, g1 = c1 / w.group;
+  const int64_t tile_bytes = (g1 - g0) * geo.block_bytes;
+  TD_CHECK(tile_bytes == packed_tile_bytes(w.format, c1 - c0, w.group),
+           "packed_copy_submatrix: group blocks do not add up");
+  auto buf = std::make_shared<AlignedBuffer>(static_cast<size_t>((t1 - t0) * tile_bytes), alloc);
+  uint8_t* dst = buf->as<uint8_t>();
+  for (int64_t t = t0; t < t1; ++t) {
+    std::memcpy(dst + (t - t0) * tile_bytes, w.data + t * geo.tile_bytes + g0 * geo.block_bytes,
+                static_cast<size_t>(tile_bytes));
+  }
+  return packed_view(w.format, r1 - r0, c1 - c0, w.group, dst, std::move(buf));
+}
+
 void pack_weight_into(const ops::Weight& w, WFormat target, int group, uint8_t* out,
                       ThreadPool* pool) {
   const int64_t rows = w.rows(), cols = w.cols();

@@ -53,6 +53,9 @@ void pack_weight_into(const ops::Weight& w, WFormat target, int group, uint8_t* 
 KMatrix packed_view(WFormat target, int64_t rows, int64_t cols, int group, const uint8_t* bytes,
                     std::shared_ptr<const void> owner);
 
+// copy_submatrix (kernels.h) for kInt8 / kInt4: whole 16-row tiles, whole groups.
+KMatrix packed_copy_submatrix(const KMatrix& w, int64_t r0, int64_t r1, int64_t c0, int64_t c1,
+                              const AllocOptions& alloc);
 // A zero-copy FP8Block view of an FP8 weight with block scales (false for anything else).
 bool fp8_view(const ops::Weight& w, KMatrix* out);
 // Bytes of one 16-row tile of a packed INT8 / INT4 matrix (its row_bytes is this / 16).

@@ -7,10 +7,12 @@
 //    quantization error.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 #include <vector>
 
+#include "core/error.h"
 #include "core/thread_pool.h"
 #include "core/topology.h"
 #include "formats/quant.h"
@@ -35,7 +37,8 @@ Tensor quantized(DType dt, int64_t rows, int64_t cols, std::mt19937& rng,
   for (float& v : f) v = nd(rng);
   const int64_t rb = static_cast<int64_t>(dtype_bytes(dt, cols));
   store.emplace_back(static_cast<size_t>(rb * rows));
-  for (int64_t r = 0; r < rows; ++r) quantize_row(dt, f.data() + r * cols, store.back().data() + r * rb, cols);
+  for (int64_t r = 0; r < rows; ++r)
+    quantize_row(dt, f.data() + r * cols, store.back().data() + r * rb, cols);
   return Tensor::dense(dt, {rows, cols}, store.back().data());
 }
 
@@ -140,7 +143,8 @@ TEST_P(FusedMoe, EqualsDirectComputationAndMasksSplitWork) {
       be.submit(request(ex, r, t, got.data()));
       be.wait();
       EXPECT_GT(be.last_task_count(), kExperts) << "the experts are split into row chunks";
-      for (size_t i = 0; i < want.size(); ++i) ASSERT_EQ(got[i], want[i]) << "t " << t << " i " << i;
+      for (size_t i = 0; i < want.size(); ++i)
+        ASSERT_EQ(got[i], want[i]) << "t " << t << " i " << i;
 
       const uint8_t mask_a[kExperts] = {1, 0, 1, 0, 1, 0, 1, 0};
       const uint8_t mask_b[kExperts] = {0, 1, 0, 1, 0, 1, 0, 1};
@@ -201,8 +205,8 @@ INSTANTIATE_TEST_SUITE_P(Formats, FusedMoe,
                                            std::pair{DType::kQ4_K, DType::kQ5_0},
                                            std::pair{DType::kQ8_0, DType::kQ8_0}),
                          [](const auto& info) {
-                           return std::string(dtype_info(info.param.first).name) + "_" + std::string(
-                                  dtype_info(info.param.second).name);
+                           return std::string(dtype_info(info.param.first).name) + "_" +
+                                  std::string(dtype_info(info.param.second).name);
                          });
 
 }  // namespace
@@ -273,6 +277,190 @@ TEST(FusedMoePacked, Int8AndInt4Experts) {
       err2 += (double(got[i]) - ref[i]) * (double(got[i]) - ref[i]);
     }
     EXPECT_LE(std::sqrt(err2 / ref2), bound) << kern::wformat_name(fmt);
+  }
+}
+
+}  // namespace
+}  // namespace tandem
+
+namespace tandem {
+namespace {
+
+// NUMA tensor parallelism (split_cpu_experts + FusedMoeBackend parts) on a pool of two synthetic
+// nodes. Expectations: (1) exactly the direct split arithmetic: per part, the kernels on that
+// part's rows of gate/up and columns of down (copied with kern::copy_submatrix), the parts' down
+// outputs added in part order; (2) the unsplit operator within F32 rounding (activation blocks are
+// cut on their own boundaries, so only the down sums' order differs).
+TEST(FusedMoeNuma, SplitExpertsMatchDirectSplitAndUnsplit) {
+  ThreadingContext ctx(synthetic_topology(2, 1), ThreadingOptions{2, false, 20});
+  ASSERT_EQ(ctx.pool().node_count(), 2);
+  struct Case {
+    DType gu, dn;
+    std::vector<int> nodes;  // pool node per part
+  };
+  // Three parts of a Q4_K down (256-column blocks, 512 columns): part 0 is empty, its expert's
+  // activations are still gathered there for the other parts.
+  for (const Case& k :
+       {Case{DType::kQ4_K, DType::kQ5_0, {0, 1}}, Case{DType::kQ8_0, DType::kQ6_K, {0, 1}},
+        Case{DType::kBF16, DType::kF32, {0, 1}}, Case{DType::kQ4_K, DType::kQ4_K, {0, 1, 0}}}) {
+    const DType gu = k.gu, dn = k.dn;
+    const size_t n_parts = k.nodes.size();
+    SCOPED_TRACE(std::string(dtype_info(gu).name) + " parts " + std::to_string(n_parts));
+    const Experts ex = make_experts(gu, dn);
+    CpuExperts ce;
+    ce.format = "native";
+    ce.gate.resize(1);
+    ce.up.resize(1);
+    ce.down.resize(1);
+    for (int64_t e = 0; e < kExperts; ++e) {
+      kern::KMatrix g, u, d;
+      kern::view_weight(ex.w.gate[e], &g);  // expert 5 (Q4_1) stays invalid: reference path
+      kern::view_weight(ex.w.up[e], &u);
+      kern::view_weight(ex.w.down[e], &d);
+      ce.gate[0].push_back(g);
+      ce.up[0].push_back(u);
+      ce.down[0].push_back(d);
+    }
+    CpuExperts split = ce;
+    split_cpu_experts(&split, k.nodes, std::vector<int>(n_parts, -1), &ctx.pool());
+    ASSERT_EQ(split.parts[0].size(), static_cast<size_t>(kExperts));
+    EXPECT_TRUE(split.parts[0][5].empty()) << "no kernel: not split";
+    const std::vector<ExpertPart>& p0 = split.parts[0][0];
+    ASSERT_EQ(p0.size(), n_parts);
+    EXPECT_EQ(p0[0].f0, 0);
+    for (size_t p = 0; p + 1 < n_parts; ++p) {
+      EXPECT_EQ(p0[p].f1, p0[p + 1].f0);
+      EXPECT_EQ(p0[p].f1 % kern::col_align(ce.down[0][0]), 0);
+    }
+    EXPECT_EQ(p0[n_parts - 1].f1, kFf);
+    if (n_parts == 2) {
+      EXPECT_GT(p0[0].f1, 0);
+      EXPECT_LT(p0[0].f1, kFf);
+    } else {
+      EXPECT_EQ(p0[0].f1, 0) << "a 512-wide Q4_K down has two blocks for three parts";
+    }
+
+    for (int64_t t : {1, 6}) {
+      const Routing r = make_routing(t, 300 + static_cast<uint32_t>(t));
+      std::vector<float> got(static_cast<size_t>(t * kHidden), -7.0f), whole(got.size());
+      FusedMoeBackend be(&ctx.pool(), FusedMoeOptions{16}, &split);
+      be.submit(request(ex, r, t, got.data()));
+      be.wait();
+      EXPECT_EQ(be.last_part_count(), static_cast<int>(n_parts));
+      FusedMoeBackend unsplit(&ctx.pool(), FusedMoeOptions{16}, &ce);
+      unsplit.submit(request(ex, r, t, whole.data()));
+      unsplit.wait();
+
+      std::vector<float> want(got.size(), 0.0f);
+      for (int64_t i = 0; i < t; ++i) {
+        for (int64_t j = 0; j < kTopK; ++j) {
+          const int32_t e = r.ids[i * kTopK + j];
+          const float w = r.w[i * kTopK + j];
+          std::vector<std::vector<float>> ys;
+          if (e == 5) {
+            std::vector<float> y(kHidden), gv(kFf), uv(kFf);
+            ops::matmul(ex.w.gate[e], r.x.data() + i * kHidden, 1, gv.data(), nullptr);
+            ops::matmul(ex.w.up[e], r.x.data() + i * kHidden, 1, uv.data(), nullptr);
+            ops::swiglu(gv.data(), uv.data(), kFf, gv.data());
+            ops::matmul(ex.w.down[e], gv.data(), 1, y.data(), nullptr);
+            ys.push_back(y);
+          } else {
+            const kern::KMatrix& g = ce.gate[0][e];
+            const kern::KMatrix& d = ce.down[0][e];
+            for (const ExpertPart& part : split.parts[0][e]) {
+              const int64_t f0 = part.f0, f1 = part.f1, n = f1 - f0;
+              if (n == 0) continue;
+              const kern::KMatrix gs = kern::copy_submatrix(g, f0, f1, 0, kHidden, {});
+              const kern::KMatrix us = kern::copy_submatrix(ce.up[0][e], f0, f1, 0, kHidden, {});
+              const kern::KMatrix ds = kern::copy_submatrix(d, 0, kHidden, f0, f1, {});
+              kern::Activations a, h;
+              kern::quantize_activations(kern::act_format(g.format), 0, r.x.data() + i * kHidden, 1,
+                                         kHidden, kHidden, &a);
+              std::vector<float> y(kHidden), gv(static_cast<size_t>(n)), uv(gv.size());
+              kern::gemm(gs, a, 0, n, gv.data(), n);
+              kern::gemm(us, a, 0, n, uv.data(), n);
+              for (int64_t f = 0; f < n; ++f) gv[f] = ops::silu(gv[f]) * uv[f];
+              kern::quantize_activations(kern::act_format(d.format), 0, gv.data(), 1, n, n, &h);
+              kern::gemm(ds, h, 0, kHidden, y.data(), kHidden);
+              ys.push_back(y);
+            }
+          }
+          for (const std::vector<float>& y : ys) {
+            for (int64_t c = 0; c < kHidden; ++c) want[i * kHidden + c] += w * y[c];
+          }
+        }
+      }
+      float amax = 0.0f;
+      for (float v : whole) amax = std::max(amax, std::fabs(v));
+      for (size_t i = 0; i < want.size(); ++i) {
+        ASSERT_EQ(got[i], want[i]) << "t " << t << " i " << i;
+        ASSERT_NEAR(got[i], whole[i], 2e-5f * amax) << "t " << t << " i " << i;
+      }
+    }
+  }
+}
+
+// copy_submatrix keeps the values: a row slice computes exactly the full matrix's rows, and a
+// column split's two halves add up to the full product within F32 rounding.
+TEST(CopySubmatrix, RowAndColumnSlicesOfEveryFormat) {
+  std::mt19937 rng(5);
+  std::vector<std::vector<uint8_t>> store;
+  const int64_t rows = 48, cols = 512;
+  std::vector<float> x(cols);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  for (float& v : x) v = nd(rng);
+  std::vector<kern::KMatrix> mats;
+  for (DType dt : {DType::kF32, DType::kBF16, DType::kQ4_K, DType::kQ5_K, DType::kQ6_K,
+                   DType::kQ8_0, DType::kQ5_0}) {
+    kern::KMatrix m;
+    ASSERT_TRUE(kern::view_weight(ops::Weight(quantized(dt, rows, cols, rng, store)), &m));
+    mats.push_back(m);
+  }
+  // FP8 E4M3 with 128 x 128 block scales (bytes & 0x77 are never NaN), viewed from row 16 of the
+  // scaled matrix so the slices' scale rows are offset too.
+  store.emplace_back(static_cast<size_t>(rows * cols));
+  for (uint8_t& b : store.back()) b = static_cast<uint8_t>(rng()) & 0x77;
+  const std::vector<float> fp8_scales = {0.5f, 1.5f, 0.25f, 2.0f, 1.0f, 0.75f, 3.0f, 0.125f};
+  ops::Weight fp8(Tensor::dense(DType::kF8E4M3, {rows, cols}, store.back().data()));
+  fp8.scale_inv = fp8_scales.data();
+  fp8.scale_cols = 4;
+  fp8.block_rows = 128;
+  fp8.block_cols = 128;
+  fp8.row0 = 112;  // rows 112..159 of the scaled matrix: scale rows 0 and 1
+  kern::KMatrix fp8m;
+  ASSERT_TRUE(kern::view_weight(fp8, &fp8m));
+  mats.push_back(fp8m);
+  const Tensor f32 = quantized(DType::kF32, rows, cols, rng, store);
+  mats.push_back(kern::pack_weight(ops::Weight(f32), kern::WFormat::kInt8, 64, nullptr));
+  mats.push_back(kern::pack_weight(ops::Weight(f32), kern::WFormat::kInt4, 128, nullptr));
+  for (const kern::KMatrix& m : mats) {
+    SCOPED_TRACE(kern::wformat_name(m.format));
+    const kern::AFormat af = kern::act_format(m.format);
+    kern::Activations a;
+    kern::quantize_activations(af, m.group, x.data(), 1, cols, cols, &a);
+    std::vector<float> full(rows);
+    kern::gemm(m, a, 0, rows, full.data(), rows);
+
+    const kern::KMatrix top = kern::copy_submatrix(m, 16, 48, 0, cols, {});
+    std::vector<float> part(32);
+    kern::gemm(top, a, 0, 32, part.data(), 32);
+    for (int64_t r = 0; r < 32; ++r) ASSERT_EQ(part[r], full[16 + r]) << r;
+
+    const int64_t c = 256;  // on every format's grid
+    ASSERT_EQ(c % kern::col_align(m), 0);
+    const kern::KMatrix left = kern::copy_submatrix(m, 0, rows, 0, c, {});
+    const kern::KMatrix right = kern::copy_submatrix(m, 0, rows, c, cols, {});
+    kern::Activations al, ar;
+    kern::quantize_activations(af, m.group, x.data(), 1, c, cols, &al);
+    kern::quantize_activations(af, m.group, x.data() + c, 1, cols - c, cols, &ar);
+    std::vector<float> yl(rows), yr(rows);
+    kern::gemm(left, al, 0, rows, yl.data(), rows);
+    kern::gemm(right, ar, 0, rows, yr.data(), rows);
+    float amax = 0.0f;
+    for (float v : full) amax = std::max(amax, std::fabs(v));
+    for (int64_t r = 0; r < rows; ++r) ASSERT_NEAR(yl[r] + yr[r], full[r], 1e-5f * amax) << r;
+    if (kern::col_align(m) > 1) EXPECT_THROW(kern::copy_submatrix(m, 0, rows, 0, c + 1, {}), Error);
+    EXPECT_THROW(kern::copy_submatrix(m, 0, rows, 0, cols + 1, {}), Error);
   }
 }
 
