@@ -117,8 +117,8 @@ void check_backend_options(const BackendOptions& o) {
   if (o.gpu_experts < 0) {
     fail(ErrorKind::kInvalidArgument, "--gpu-experts must be >= 0, got {}", o.gpu_experts);
   }
-  if (o.numa_parts < 0 || o.numa_parts > 64) {
-    fail(ErrorKind::kInvalidArgument, "--numa-parts must be 0 (one per NUMA node) to 64, got {}",
+  if (o.numa_parts < 0 || o.numa_parts > 16) {
+    fail(ErrorKind::kInvalidArgument, "--numa-parts must be 0 (one per NUMA node) to 16, got {}",
          o.numa_parts);
   }
   if (o.cache_slots < -1) {

@@ -116,6 +116,24 @@ TEST(CliRun, BadPromptsAreClearErrors) {
   r = test::run_tandem("run -m " + test::data_path("golden/mixtral-hf").string() + " -p hi");
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_NE(r.err.find("neither tokenizer.model nor tokenizer.json"), std::string::npos) << r.err;
+  r = test::run_tandem(m + " --tokens 1 --numa-parts 17");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("--numa-parts must be 0 (one per NUMA node) to 16, got 17"),
+            std::string::npos)
+      << r.err;
+}
+
+// Experts split in two NUMA parts (forced on one node) give the same greedy tokens as unsplit on a
+// golden model (F32 weights: only the order of the down sums differs).
+TEST(CliRun, NumaPartsKeepGreedyTokens) {
+  const std::string base = "run -m " + test::data_path("golden/mixtral.gguf").string() +
+                           " --tokens 1,2,3,4,5 -n 12 --temp 0 --output ids";
+  const test::CommandResult a = test::run_tandem(base);
+  const test::CommandResult b = test::run_tandem(base + " --numa-parts 2");
+  ASSERT_EQ(a.exit_code, 0) << a.err;
+  ASSERT_EQ(b.exit_code, 0) << b.err;
+  EXPECT_FALSE(a.out.empty());
+  EXPECT_EQ(a.out, b.out);
 }
 
 }  // namespace
