@@ -99,7 +99,8 @@ void FusedMoeBackend::submit(const MoeRequest& r) {
       x.ff = x.w_gate->rows();
       const std::vector<ExpertPart>* parts = split ? &prepared_->parts[r.layer][e] : nullptr;
       if (parts != nullptr && !parts->empty()) {
-        // Sub-expert p: part p's slices (an empty part keeps a zero-row placeholder).
+        // Sub-expert p: part p's slices (an empty part becomes a sub-expert with ff = 0, skipped
+        // by the tasks and the combine).
         x.parts = n_parts;
         for (int p = 0; p < n_parts; ++p) {
           Expert& s = p == 0 ? x : next_expert();
