@@ -12,7 +12,7 @@ namespace {
 struct Avx2 {
   using VI = __m256i;
   using VF = __m256;
-  static constexpr int kLanes = 8, kVecs = 2, kMaxTokens = 4;
+  static constexpr int kLanes = 8, kVecs = 2, kMaxTokens = 4, kTiles = 1;
   static constexpr bool kBiasedS8 = false;
   static VI zero_i() { return _mm256_setzero_si256(); }
   static VF zero_f() { return _mm256_setzero_ps(); }

@@ -23,7 +23,7 @@ namespace {
 struct Avx512 {
   using VI = __m512i;
   using VF = __m512;
-  static constexpr int kLanes = 16, kVecs = 1, kMaxTokens = 8;
+  static constexpr int kLanes = 16, kVecs = 1, kMaxTokens = 8, kTiles = 2;
   static constexpr bool kBiasedS8 = false;
   static VI zero_i() { return _mm512_setzero_si512(); }
   static VF zero_f() { return _mm512_setzero_ps(); }

@@ -4,6 +4,7 @@
 //   T::VI / T::VF       integer / float vector of kLanes 32-bit lanes (8: AVX2, 16: AVX-512)
 //   T::kVecs            vectors per 64-byte chunk (16 rows / kLanes)
 //   T::kMaxTokens       tokens computed together (accumulators kept in registers)
+//   T::kTiles           16-row tiles computed together in the GEMM (1: AVX2, 16 registers)
 //   T::kBiasedS8        the s8 x s8 dot adds 128 * sum(w) (VNNI u8 * s8 on a + 128)
 //   bcast(bits)         4 activation bytes to every lane (VNNI INT8 reads the biased copy)
 //   dot_s8(acc, w, a4)  acc + per lane sum of 4 products w * a (signed * signed)
@@ -19,21 +20,26 @@
 
 namespace tandem::kern::detail::packed_impl {
 
-template <class T, bool kInt4, int NT>
-inline void int_tile(const uint8_t* tile, const PackedGeometry& geo, int group,
-                     const uint8_t* const* arow, int64_t scales_offset, float (*out)[16]) {
+// NR tiles (16 * NR rows) x NT tokens: each activation broadcast feeds NR tiles' dot products and
+// each weight vector NT tokens' (the loads per dot product drop from (1 + NT) / NT to (NR + NT) /
+// (NR * NT): one 512-bit vpdpbusd per load is the port limit otherwise).
+template <class T, bool kInt4, int NT, int NR>
+inline void int_tile(const uint8_t* const* tiles, const PackedGeometry& geo, int group,
+                     const uint8_t* const* arow, int64_t scales_offset, float (*out)[16 * NR]) {
   using VI = typename T::VI;
   using VF = typename T::VF;
   constexpr int V = T::kVecs;
-  VF facc[NT][V];
+  constexpr int W = V * NR;  // vectors of one chunk across the NR tiles
+  VF facc[NT][W];
   for (int t = 0; t < NT; ++t) {
-    for (int v = 0; v < V; ++v) facc[t][v] = T::zero_f();
+    for (int v = 0; v < W; ++v) facc[t][v] = T::zero_f();
   }
   for (int64_t g = 0; g < geo.groups; ++g) {
-    const uint8_t* block = tile + g * geo.block_bytes;
-    VI iacc[NT][V];
+    const uint8_t* block[NR];
+    for (int r = 0; r < NR; ++r) block[r] = tiles[r] + g * geo.block_bytes;
+    VI iacc[NT][W];
     for (int t = 0; t < NT; ++t) {
-      for (int v = 0; v < V; ++v) iacc[t][v] = T::zero_i();
+      for (int v = 0; v < W; ++v) iacc[t][v] = T::zero_i();
     }
     const int64_t k0 = g * group;
     if constexpr (!kInt4) {
@@ -41,37 +47,44 @@ inline void int_tile(const uint8_t* tile, const PackedGeometry& geo, int group,
       const int64_t bias_off =
           T::kBiasedS8 ? act_biased_offset(geo.groups * group, geo.groups) : 0;
       for (int c = 0; c < group / 4; ++c) {
-        VI w[V];
-        for (int v = 0; v < V; ++v) w[v] = T::load(block + c * 64 + v * (64 / V));
+        VI w[W];
+        for (int r = 0; r < NR; ++r) {
+          for (int v = 0; v < V; ++v) w[r * V + v] = T::load(block[r] + c * 64 + v * (64 / V));
+        }
         for (int t = 0; t < NT; ++t) {
           int32_t bits;
           std::memcpy(&bits, arow[t] + bias_off + k0 + 4 * c, 4);
           const VI a = T::bcast(bits);
-          for (int v = 0; v < V; ++v) iacc[t][v] = T::dot_s8(iacc[t][v], w[v], a);
+          for (int v = 0; v < W; ++v) iacc[t][v] = T::dot_s8(iacc[t][v], w[v], a);
         }
       }
       if constexpr (T::kBiasedS8) {
-        const int32_t* wsum = reinterpret_cast<const int32_t*>(block + geo.values_bytes + 64);
-        for (int v = 0; v < V; ++v) {
-          const VI corr = T::shl7(T::load(reinterpret_cast<const uint8_t*>(wsum + v * T::kLanes)));
-          for (int t = 0; t < NT; ++t) iacc[t][v] = T::sub(iacc[t][v], corr);
+        for (int r = 0; r < NR; ++r) {
+          const int32_t* wsum = reinterpret_cast<const int32_t*>(block[r] + geo.values_bytes + 64);
+          for (int v = 0; v < V; ++v) {
+            const VI corr =
+                T::shl7(T::load(reinterpret_cast<const uint8_t*>(wsum + v * T::kLanes)));
+            for (int t = 0; t < NT; ++t) iacc[t][r * V + v] = T::sub(iacc[t][r * V + v], corr);
+          }
         }
       }
     } else {
       const int half = group / 8;
       for (int c = 0; c < half; ++c) {
-        VI lo[V], hi[V];
-        for (int v = 0; v < V; ++v) {
-          const VI b = T::load(block + c * 64 + v * (64 / V));
-          lo[v] = T::low_nibbles(b);
-          hi[v] = T::high_nibbles(b);
+        VI lo[W], hi[W];
+        for (int r = 0; r < NR; ++r) {
+          for (int v = 0; v < V; ++v) {
+            const VI b = T::load(block[r] + c * 64 + v * (64 / V));
+            lo[r * V + v] = T::low_nibbles(b);
+            hi[r * V + v] = T::high_nibbles(b);
+          }
         }
         for (int t = 0; t < NT; ++t) {
           int32_t bl, bh;
           std::memcpy(&bl, arow[t] + k0 + 4 * c, 4);
           std::memcpy(&bh, arow[t] + k0 + 4 * (c + half), 4);
           const VI al = T::bcast(bl), ah = T::bcast(bh);
-          for (int v = 0; v < V; ++v) {
+          for (int v = 0; v < W; ++v) {
             iacc[t][v] = T::dot_u4(iacc[t][v], lo[v], al);
             iacc[t][v] = T::dot_u4(iacc[t][v], hi[v], ah);
           }
@@ -82,67 +95,85 @@ inline void int_tile(const uint8_t* tile, const PackedGeometry& geo, int group,
         int32_t asum;
         std::memcpy(&asum, arow[t] + scales_offset + (geo.groups + g) * 4, 4);
         const VI corr = T::bcast(asum * 8);
-        for (int v = 0; v < V; ++v) iacc[t][v] = T::sub(iacc[t][v], corr);
+        for (int v = 0; v < W; ++v) iacc[t][v] = T::sub(iacc[t][v], corr);
       }
     }
-    const float* sw = reinterpret_cast<const float*>(block + geo.values_bytes);
     for (int t = 0; t < NT; ++t) {
       float sa;
       std::memcpy(&sa, arow[t] + scales_offset + g * 4, 4);
       const VF sav = T::set1_f(sa);
-      for (int v = 0; v < V; ++v) {
-        const VF sc = T::mul_f(sav, T::load_f(sw + v * T::kLanes));
-        facc[t][v] = T::fmadd_f(sc, T::cvt_f(iacc[t][v]), facc[t][v]);
+      for (int r = 0; r < NR; ++r) {
+        const float* sw = reinterpret_cast<const float*>(block[r] + geo.values_bytes);
+        for (int v = 0; v < V; ++v) {
+          const VF sc = T::mul_f(sav, T::load_f(sw + v * T::kLanes));
+          facc[t][r * V + v] = T::fmadd_f(sc, T::cvt_f(iacc[t][r * V + v]), facc[t][r * V + v]);
+        }
       }
     }
   }
   for (int t = 0; t < NT; ++t) {
-    for (int v = 0; v < V; ++v) T::store_f(out[t] + v * T::kLanes, facc[t][v]);
+    for (int v = 0; v < W; ++v) T::store_f(out[t] + v * T::kLanes, facc[t][v]);
   }
 }
 
-template <class T, bool kInt4>
-void int_kernel(const PackedArgs& p) {
-  const KMatrix& w = *p.w;
-  const Activations& a = *p.a;
-  const PackedGeometry geo = packed_geometry(w.format, w.cols, w.group);
+// NR tiles starting at `tiles` for every token of a, in blocks of up to T::kMaxTokens.
+template <class T, bool kInt4, int NR>
+void int_tiles(const KMatrix& w, const Activations& a, const PackedGeometry& geo, int64_t tile,
+               int64_t n0, int64_t n1, float* y, int64_t ldy) {
   const int64_t so = act_scales_offset(w.cols);
-  const int64_t tile0 = p.n0 / 16, tile1 = (p.n1 + 15) / 16;
-  alignas(64) float out[T::kMaxTokens][16];
+  alignas(64) float out[T::kMaxTokens][16 * NR];
   const uint8_t* arow[T::kMaxTokens];
-  for (int64_t tile = tile0; tile < tile1; ++tile) {
-    const uint8_t* tp = w.data + tile * geo.tile_bytes;
-    const int64_t r0 = tile * 16 > p.n0 ? tile * 16 : p.n0;
-    const int64_t r1 = tile * 16 + 16 < p.n1 ? tile * 16 + 16 : p.n1;
-    for (int64_t t0 = 0; t0 < a.tokens; t0 += T::kMaxTokens) {
-      const int nt = static_cast<int>(a.tokens - t0 < T::kMaxTokens ? a.tokens - t0 : T::kMaxTokens);
-      for (int t = 0; t < nt; ++t) {
-        arow[t] = a.row(t0 + t);
-      }
-      switch (nt) {
+  const uint8_t* tp[NR];
+  for (int r = 0; r < NR; ++r) tp[r] = w.data + (tile + r) * geo.tile_bytes;
+  const int64_t r0 = tile * 16 > n0 ? tile * 16 : n0;
+  const int64_t r1 = tile * 16 + 16 * NR < n1 ? tile * 16 + 16 * NR : n1;
+  for (int64_t t0 = 0; t0 < a.tokens; t0 += T::kMaxTokens) {
+    const int nt = static_cast<int>(a.tokens - t0 < T::kMaxTokens ? a.tokens - t0 : T::kMaxTokens);
+    for (int t = 0; t < nt; ++t) arow[t] = a.row(t0 + t);
+    switch (nt) {
 #define TD_PACKED_CASE(N)                                                        \
   case N:                                                                        \
     if constexpr (N <= T::kMaxTokens) {                                          \
-      int_tile<T, kInt4, N>(tp, geo, w.group, arow, so, out);                    \
+      int_tile<T, kInt4, N, NR>(tp, geo, w.group, arow, so, out);                \
     }                                                                            \
     break;
-        TD_PACKED_CASE(1)
-        TD_PACKED_CASE(2)
-        TD_PACKED_CASE(3)
-        TD_PACKED_CASE(4)
-        TD_PACKED_CASE(5)
-        TD_PACKED_CASE(6)
-        TD_PACKED_CASE(7)
-        TD_PACKED_CASE(8)
+      TD_PACKED_CASE(1)
+      TD_PACKED_CASE(2)
+      TD_PACKED_CASE(3)
+      TD_PACKED_CASE(4)
+      TD_PACKED_CASE(5)
+      TD_PACKED_CASE(6)
+      TD_PACKED_CASE(7)
+      TD_PACKED_CASE(8)
 #undef TD_PACKED_CASE
-        default: break;
-      }
-      for (int t = 0; t < nt; ++t) {
-        float* yt = p.y + (t0 + t) * p.ldy;
-        for (int64_t r = r0; r < r1; ++r) yt[r] = out[t][r - tile * 16];
+      default: break;
+    }
+    for (int t = 0; t < nt; ++t) {
+      float* yt = y + (t0 + t) * ldy;
+      for (int64_t r = r0; r < r1; ++r) yt[r] = out[t][r - tile * 16];
+    }
+  }
+}
+
+// GEMV (few tokens) reads one tile at a time: one weight stream per thread is what the hardware
+// prefetchers follow best. GEMM takes T::kTiles tiles per step (then 2, then 1 for the rest).
+template <class T, bool kInt4>
+void int_kernel(const PackedArgs& p) {
+  const KMatrix& w = *p.w;
+  const PackedGeometry geo = packed_geometry(w.format, w.cols, w.group);
+  const int64_t tile0 = p.n0 / 16, tile1 = (p.n1 + 15) / 16;
+  int64_t tile = tile0;
+  if (T::kTiles > 1 && p.a->tokens > T::kMaxTokens / 2) {
+    for (; tile + T::kTiles <= tile1; tile += T::kTiles) {
+      int_tiles<T, kInt4, T::kTiles>(w, *p.a, geo, tile, p.n0, p.n1, p.y, p.ldy);
+    }
+    if constexpr (T::kTiles > 2) {
+      for (; tile + 2 <= tile1; tile += 2) {
+        int_tiles<T, kInt4, 2>(w, *p.a, geo, tile, p.n0, p.n1, p.y, p.ldy);
       }
     }
   }
+  for (; tile < tile1; ++tile) int_tiles<T, kInt4, 1>(w, *p.a, geo, tile, p.n0, p.n1, p.y, p.ldy);
 }
 
 }  // namespace tandem::kern::detail::packed_impl

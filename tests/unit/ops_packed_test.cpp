@@ -10,6 +10,7 @@
 #include <cstring>
 #include <cmath>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "core/cpu_features.h"
@@ -142,7 +143,8 @@ TEST(PackedGemm, HandComputedInt4) {
 // requested rows written, and the reference within the activation-quantization bound of the F32
 // product of the dequantized weights: |y - sum_k x_k wq_k| <= sum_g (sa_g / 2) sum_k |wq_k|.
 TEST(PackedGemm, IntConformance) {
-  const int64_t rows = 40, cols = 256;
+  // 104 rows = 7 tiles (the last one padded): the GEMM's 4-, 2- and 1-tile steps all run.
+  const int64_t rows = 104, cols = 256;
   std::vector<float> w = random_values(rows * cols, 21);
   const std::vector<float> x_all = random_values(128 * cols, 22, 2.0f);
   for (WFormat f : {WFormat::kInt8, WFormat::kInt4}) {
@@ -178,12 +180,15 @@ TEST(PackedGemm, IntConformance) {
           packed_gemm(m, a, 0, rows, y.data(), rows, isa);
           ASSERT_EQ(y, ref) << wformat_name(f) << " g" << group << " tokens " << tokens << " "
                             << isa_name(isa);
-          // A row range: rows [16, 32) only; the rest keeps its sentinel.
-          std::vector<float> part(tokens * rows, -7.0f);
-          packed_gemm(m, a, 16, 32, part.data(), rows, isa);
-          for (int64_t i = 0; i < tokens * rows; ++i) {
-            const int64_t n = i % rows;
-            ASSERT_EQ(part[i], n >= 16 && n < 32 ? ref[i] : -7.0f) << isa_name(isa);
+          // Row ranges (one tile; five tiles = a 4-tile step and a 1-tile step): only those rows
+          // are written, the rest keeps its sentinel.
+          for (const auto& [n0, n1] : {std::pair<int64_t, int64_t>{16, 32}, {16, 96}}) {
+            std::vector<float> part(tokens * rows, -7.0f);
+            packed_gemm(m, a, n0, n1, part.data(), rows, isa);
+            for (int64_t i = 0; i < tokens * rows; ++i) {
+              const int64_t n = i % rows;
+              ASSERT_EQ(part[i], n >= n0 && n < n1 ? ref[i] : -7.0f) << isa_name(isa);
+            }
           }
         }
       }
