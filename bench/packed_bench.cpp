@@ -3,7 +3,8 @@
 //    threads; bytes_per_second = weight bytes read (incl. scales), vs `tandem roofline` DRAM.
 //  - GEMM: 512 tokens x a 2048 x 2048 matrix; items_per_second = 2 x multiply-adds (OP/s), vs
 //    the int8 VNNI / bf16 peaks of `tandem roofline`.
-// BF16 runs through kern::gemm (packed BF16 is plain BF16 rows, read by the BF16 kernel).
+// bf16 is the packed BF16 tile format (`--cpu-experts bf16`: BF16 activations, vdpbf16ps);
+// bf16_rows the plain row-major BF16 of native BF16 models (F32 activations, FMA), for comparison.
 // Run: build-kp/bench/bench_packed_bench [--benchmark_filter=Gemv] [--benchmark_min_time=1]
 #include <benchmark/benchmark.h>
 
@@ -90,24 +91,14 @@ void run(benchmark::State& state, WFormat f, int64_t rows, int64_t cols, int64_t
   for (float& v : x) v = normal(rng);
   std::vector<float> y(static_cast<size_t>(tokens * rows));
   kern::Activations a;
-  if (f == WFormat::kBF16) {
-    kern::quantize_activations(kern::act_format(f), group, x.data(), tokens, cols, cols, &a);
-  } else {
-    kern::packed_quantize_activations(f == WFormat::kFP8Block ? kern::AFormat::kBF16
-                                                              : kern::AFormat::kI8,
-                                      group, x.data(), tokens, cols, cols, &a);
-  }
+  kern::quantize_activations(kern::act_format(f), group, x.data(), tokens, cols, cols, &a);
   const int64_t per_task = 64;
   const size_t n_tasks = static_cast<size_t>((rows + per_task - 1) / per_task);
   for (auto _ : state) {
     pool().run(n_tasks, [&](size_t i) {
       const int64_t r0 = static_cast<int64_t>(i) * per_task;
       const int64_t r1 = std::min(rows, r0 + per_task);
-      if (f == WFormat::kBF16) {
-        kern::gemm(w.m, a, r0, r1, y.data(), rows, isa);
-      } else {
-        kern::packed_gemm(w.m, a, r0, r1, y.data(), rows, isa);
-      }
+      kern::gemm(w.m, a, r0, r1, y.data(), rows, isa);
     });
     benchmark::DoNotOptimize(y.data());
   }
@@ -120,7 +111,9 @@ void run(benchmark::State& state, WFormat f, int64_t rows, int64_t cols, int64_t
 }
 
 int64_t gemv_rows(WFormat f, int64_t cols) {
-  const int64_t per_row = f == WFormat::kInt4 ? cols / 2 : f == WFormat::kBF16 ? cols * 2 : cols;
+  const int64_t per_row = f == WFormat::kInt4                                 ? cols / 2
+                          : f == WFormat::kBF16 || f == WFormat::kBF16Tile ? cols * 2
+                                                                           : cols;
   return (96ll << 20) / per_row / 16 * 16;
 }
 
@@ -140,11 +133,13 @@ void BM_Gemm512(benchmark::State& state, WFormat f, Isa isa) {
 
 TD_PACKED_BENCH(BM_Gemv, WFormat::kInt4, int4);
 TD_PACKED_BENCH(BM_Gemv, WFormat::kInt8, int8);
-TD_PACKED_BENCH(BM_Gemv, WFormat::kBF16, bf16);
+TD_PACKED_BENCH(BM_Gemv, WFormat::kBF16Tile, bf16);
+TD_PACKED_BENCH(BM_Gemv, WFormat::kBF16, bf16_rows);
 TD_PACKED_BENCH(BM_Gemv, WFormat::kFP8Block, fp8);
 TD_PACKED_BENCH(BM_Gemm512, WFormat::kInt4, int4);
 TD_PACKED_BENCH(BM_Gemm512, WFormat::kInt8, int8);
-TD_PACKED_BENCH(BM_Gemm512, WFormat::kBF16, bf16);
+TD_PACKED_BENCH(BM_Gemm512, WFormat::kBF16Tile, bf16);
+TD_PACKED_BENCH(BM_Gemm512, WFormat::kBF16, bf16_rows);
 TD_PACKED_BENCH(BM_Gemm512, WFormat::kFP8Block, fp8);
 
 }  // namespace

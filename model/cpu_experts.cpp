@@ -27,7 +27,7 @@ using kern::WFormat;
 namespace {
 
 constexpr char kMagic[8] = {'T', 'D', 'M', 'X', 'P', 'A', 'K', '1'};
-constexpr uint32_t kVersion = 1;
+constexpr uint32_t kVersion = 2;  // 2: bf16 experts in 16-row tiles
 constexpr uint64_t kAlign = 4096;  // header size and data alignment (a page: mmap-friendly)
 
 struct CacheHeader {
@@ -73,7 +73,7 @@ uint64_t align_up(uint64_t v) {
 WFormat parse_format(const std::string& f) {
   if (f == "int8") return WFormat::kInt8;
   if (f == "int4") return WFormat::kInt4;
-  if (f == "bf16") return WFormat::kBF16;
+  if (f == "bf16") return WFormat::kBF16Tile;
   fail(ErrorKind::kInvalidArgument, "--cpu-experts '{}': expected native, int8, int4 or bf16", f);
 }
 
@@ -129,10 +129,8 @@ uint64_t fingerprint(const LoadedModel& model, const std::vector<Source>& src, W
 std::string cache_name(const LoadedModel& model, WFormat f, int group) {
   fs::path p = model.path;
   if (!p.has_filename()) p = p.parent_path();  // "dir/" -> "dir"
-  const std::string fmt_name = kern::wformat_name(f);
-  return f == WFormat::kBF16 ? fmt::format("{}.tandem-{}.bin", p.filename().string(), fmt_name)
-                             : fmt::format("{}.tandem-{}-g{}.bin", p.filename().string(),
-                                           fmt_name, group);
+  if (f == WFormat::kBF16Tile) return fmt::format("{}.tandem-bf16.bin", p.filename().string());
+  return fmt::format("{}.tandem-{}-g{}.bin", p.filename().string(), kern::wformat_name(f), group);
 }
 
 fs::path user_cache_dir() {
@@ -388,12 +386,12 @@ CpuExperts prepare_cpu_experts(const LoadedModel& model, const CpuExpertOptions&
     return out;
   }
   const WFormat f = parse_format(options.format);
-  const int group = f == WFormat::kBF16 ? 0 : options.group;
-  if (f != WFormat::kBF16 && group != 32 && group != 64 && group != 128) {
+  const int group = f == WFormat::kBF16Tile ? 0 : options.group;
+  if (f != WFormat::kBF16Tile && group != 32 && group != 64 && group != 128) {
     fail(ErrorKind::kInvalidArgument, "--expert-group {}: expected 32, 64 or 128", group);
   }
   for (const Source& s : src) {
-    if (f != WFormat::kBF16 && s.w->cols() % group != 0) {
+    if (f != WFormat::kBF16Tile && s.w->cols() % group != 0) {
       fail(ErrorKind::kUnsupported,
            "{}: layer {} expert {}: {} rows of {} values are not a multiple of --expert-group {} "
            "(try a smaller group)", model.path.string(), s.layer, s.expert,

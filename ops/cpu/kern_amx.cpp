@@ -5,6 +5,7 @@
 // int32 C tile of 16 tokens x 16 rows is post-scaled per group with the same fma as the reference,
 // so the result is bit-identical to packed_gemm_reference. FP8 rows are expanded to BF16 pairs
 // (the B layout of tdpbf16ps: 2 consecutive k of 16 rows per line), post-scaled per scale block.
+// BF16 tiles are that layout already: loaded as B tiles in place.
 // GCC 12 warns falsely inside its own AVX-512 intrinsic headers (undefined-vector idiom).
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
@@ -145,10 +146,48 @@ void fp8_kernel(const PackedArgs& p) {
   _tile_release();
 }
 
+// BF16 tiles: 32 columns of a 16-row tile (16 chunks of 64 bytes) are one B tile in place.
+void bf16_kernel(const PackedArgs& p) {
+  const KMatrix& w = *p.w;
+  const Activations& a = *p.a;
+  const int64_t tile_bytes = packed_geometry(w.format, w.cols, w.group).tile_bytes;
+  alignas(64) float c_out[16][16];
+  for (int64_t tile = p.n0 / 16; tile < (p.n1 + 15) / 16; ++tile) {
+    const uint8_t* tp = w.data + tile * tile_bytes;
+    for (int64_t t0 = 0; t0 < a.tokens; t0 += 16) {
+      const int nt = static_cast<int>(a.tokens - t0 < 16 ? a.tokens - t0 : 16);
+      configure(nt, 64, 16);  // (ldtilecfg clears the tiles: once per C tile)
+      _tile_zero(0);
+      int64_t k = 0;
+      for (; k + 32 <= w.cols; k += 32) {
+        _tile_loadd(1, a.row(t0) + k * 2, a.row_bytes);
+        _tile_loadd(2, tp + (k / 2) * 64, 64);
+        _tile_dpbf16ps(0, 1, 2);
+      }
+      if (k < w.cols) {  // the last cols % 32 columns: a narrower A tile, fewer B lines
+        const int rest = static_cast<int>(w.cols - k);
+        _tile_stored(0, c_out, 64);
+        configure(nt, rest * 2, rest / 2);
+        _tile_loadd(0, c_out, 64);
+        _tile_loadd(1, a.row(t0) + k * 2, a.row_bytes);
+        _tile_loadd(2, tp + (k / 2) * 64, 64);
+        _tile_dpbf16ps(0, 1, 2);
+      }
+      _tile_stored(0, c_out, 64);
+      const int64_t r0 = tile * 16 > p.n0 ? tile * 16 : p.n0;
+      const int64_t r1 = tile * 16 + 16 < p.n1 ? tile * 16 + 16 : p.n1;
+      for (int t = 0; t < nt; ++t) {
+        for (int64_t r = r0; r < r1; ++r) p.y[(t0 + t) * p.ldy + r] = c_out[t][r - tile * 16];
+      }
+    }
+  }
+  _tile_release();
+}
+
 }  // namespace
 
 const PackedKernels& packed_kernels_amx() {
-  static const PackedKernels k{&int_kernel<false>, &int_kernel<true>, &fp8_kernel};
+  static const PackedKernels k{&int_kernel<false>, &int_kernel<true>, &fp8_kernel, &bf16_kernel};
   return k;
 }
 

@@ -29,6 +29,7 @@ const char* wformat_name(WFormat f) {
     case WFormat::kQ6_K: return "q6_k";
     case WFormat::kQ8_0: return "q8_0";
     case WFormat::kQ5_0: return "q5_0";
+    case WFormat::kBF16Tile: return "bf16-tile";
   }
   return "?";
 }
@@ -38,7 +39,8 @@ AFormat act_format(WFormat f) {
     case WFormat::kF32:
     case WFormat::kF16:
     case WFormat::kBF16: return AFormat::kF32;
-    case WFormat::kFP8Block: return AFormat::kBF16;
+    case WFormat::kFP8Block:
+    case WFormat::kBF16Tile: return AFormat::kBF16;
     case WFormat::kInt8:
     case WFormat::kInt4: return AFormat::kI8;
     case WFormat::kQ4_K:
@@ -81,12 +83,12 @@ bool view_weight(const ops::Weight& w, KMatrix* out) {
 
 namespace {
 bool is_packed(WFormat f) {
-  return f == WFormat::kInt8 || f == WFormat::kInt4 || f == WFormat::kFP8Block;
+  return packed_tiled(f) || f == WFormat::kFP8Block;
 }
 }  // namespace
 
 int64_t row_align(const KMatrix& w) {
-  return (w.format == WFormat::kInt8 || w.format == WFormat::kInt4) ? packed_row_align(w) : 1;
+  return packed_tiled(w.format) ? packed_row_align(w) : 1;
 }
 
 namespace {
@@ -107,7 +109,8 @@ RowBlocks row_blocks(WFormat f) {
     case WFormat::kQ8_0: return {kQK, sizeof(BlockQ8_0)};
     case WFormat::kQ5_0: return {kQK, sizeof(BlockQ5_0)};
     case WFormat::kInt8:
-    case WFormat::kInt4: break;
+    case WFormat::kInt4:
+    case WFormat::kBF16Tile: break;
   }
   fail(ErrorKind::kInvalidArgument, "{} is not a row-major format", wformat_name(f));
 }
@@ -116,6 +119,7 @@ RowBlocks row_blocks(WFormat f) {
 
 int64_t col_align(const KMatrix& w) {
   if (w.format == WFormat::kInt8 || w.format == WFormat::kInt4) return w.group;
+  if (w.format == WFormat::kBF16Tile) return 2;  // one k pair
   if (w.format == WFormat::kFP8Block) return w.block_cols;
   return row_blocks(w.format).values;
 }
@@ -131,7 +135,7 @@ KMatrix copy_submatrix(const KMatrix& w, int64_t r0, int64_t r1, int64_t c0, int
          "its {}-row / {}-column grid",
          r0, r1, c0, c1, w.rows, w.cols, wformat_name(w.format), ra, ca);
   }
-  if (w.format == WFormat::kInt8 || w.format == WFormat::kInt4) {
+  if (packed_tiled(w.format)) {
     return packed_copy_submatrix(w, r0, r1, c0, c1, alloc);
   }
   const RowBlocks rb = row_blocks(w.format);

@@ -24,13 +24,14 @@ class ThreadPool;
 namespace tandem::kern {
 
 enum class WFormat : uint8_t {
-  kF32, kF16, kBF16, kFP8Block, kInt8, kInt4, kQ4_K, kQ5_K, kQ6_K, kQ8_0, kQ5_0
+  kF32, kF16, kBF16, kFP8Block, kInt8, kInt4, kQ4_K, kQ5_K, kQ6_K, kQ8_0, kQ5_0,
+  kBF16Tile  // BF16 in 16-row tiles of k pairs (packed.h): `--cpu-experts bf16`, BF16 activations
 };
 const char* wformat_name(WFormat f);
 
 // Activation encodings: kQ8_K = ggml block_q8_K rows (Q4_K/Q5_K/Q6_K), kQ8_0 = ggml block_q8_0
 // rows (Q8_0, Q5_0: llama.cpp's fallback for expert rows not a multiple of 256), kF32 (F32, F16,
-// BF16), kBF16 (block-scaled FP8), kI8 (packed INT8/INT4).
+// BF16), kBF16 (block-scaled FP8, packed BF16 tiles), kI8 (packed INT8/INT4).
 enum class AFormat : uint8_t { kF32, kBF16, kQ8_K, kQ8_0, kI8 };
 AFormat act_format(WFormat f);
 

@@ -21,6 +21,12 @@ namespace detail {
 
 PackedGeometry packed_geometry(WFormat f, int64_t cols, int group) {
   PackedGeometry g;
+  if (f == WFormat::kBF16Tile) {  // one 64-byte chunk per k pair, no scales
+    g.groups = cols / 2;
+    g.values_bytes = g.block_bytes = 64;
+    g.tile_bytes = g.groups * g.block_bytes;
+    return g;
+  }
   g.groups = cols / group;
   if (f == WFormat::kInt8) {
     g.values_bytes = kPackTileRows * group;
@@ -49,6 +55,13 @@ void check_int_shape(WFormat f, int64_t rows, int64_t cols, int group) {
   if (rows <= 0 || cols <= 0 || cols % group != 0) {
     fail(ErrorKind::kUnsupported, "{} packing: a [{}, {}] matrix: columns are not a multiple of the "
          "group {}", wformat_name(f), rows, cols, group);
+  }
+}
+
+void check_bf16_tile_shape(int64_t rows, int64_t cols) {
+  if (rows <= 0 || cols <= 0 || cols % 2 != 0) {
+    fail(ErrorKind::kUnsupported, "bf16 tile packing: a [{}, {}] matrix: the column count is not "
+         "even (tiles hold pairs of columns)", rows, cols);
   }
 }
 
@@ -101,6 +114,38 @@ void pack_tile(WFormat f, int group, const float* const* rows, int64_t n_rows, i
           }
         }
       }
+    }
+  }
+}
+
+// One BF16 tile: chunk c, row n: the pair w[n][2c], w[n][2c + 1] (rows past n_rows zero).
+void pack_tile_bf16(const float* const* rows, int64_t n_rows, int64_t cols, uint8_t* out) {
+  auto* dst = reinterpret_cast<uint16_t*>(out);
+  for (int64_t c = 0; c < cols / 2; ++c) {
+    for (int64_t n = 0; n < kPackTileRows; ++n) {
+      for (int j = 0; j < 2; ++j) {
+        dst[c * 32 + n * 2 + j] = n < n_rows ? f32_to_bf16(rows[n][2 * c + j]) : uint16_t{0};
+      }
+    }
+  }
+}
+
+uint16_t bf16_tile_bits(const KMatrix& w, int64_t n, int64_t k) {
+  const uint8_t* tile = w.data + (n / kPackTileRows) * kPackTileRows * w.cols * 2;
+  return reinterpret_cast<const uint16_t*>(tile)[(k / 2) * 32 + (n % kPackTileRows) * 2 + k % 2];
+}
+
+// kBF16Tile: per row and token, the F32 sum in k order of the exact products bf16(w) * bf16(a).
+void reference_bf16_tile(const KMatrix& w, const Activations& a, int64_t n0, int64_t n1, float* y,
+                         int64_t ldy) {
+  std::vector<float> wr(static_cast<size_t>(w.cols));
+  for (int64_t n = n0; n < n1; ++n) {
+    for (int64_t k = 0; k < w.cols; ++k) wr[k] = bf16_to_f32(bf16_tile_bits(w, n, k));
+    for (int64_t t = 0; t < a.tokens; ++t) {
+      const uint16_t* ar = reinterpret_cast<const uint16_t*>(a.row(t));
+      float acc = 0.0f;
+      for (int64_t k = 0; k < w.cols; ++k) acc = std::fma(wr[k], bf16_to_f32(ar[k]), acc);
+      y[t * ldy + n] = acc;
     }
   }
 }
@@ -169,7 +214,10 @@ void reference_fp8(const KMatrix& w, const Activations& a, int64_t n0, int64_t n
 // The kernel table of the highest level <= isa that has an entry for f (nullptr: scalar).
 const detail::PackedKernels* pick(WFormat f, Isa isa, detail::PackedFn* fn) {
   auto entry = [f](const detail::PackedKernels& k) {
-    return f == WFormat::kInt8 ? k.int8 : f == WFormat::kInt4 ? k.int4 : k.fp8;
+    return f == WFormat::kInt8   ? k.int8
+           : f == WFormat::kInt4 ? k.int4
+           : f == WFormat::kBF16Tile ? k.bf16
+                                     : k.fp8;
   };
   const Isa best = best_isa();
   if (isa > best) isa = best;
@@ -209,6 +257,10 @@ int64_t packed_tile_bytes(WFormat target, int64_t cols, int group) {
 
 uint64_t packed_bytes(WFormat target, int64_t rows, int64_t cols, int group) {
   if (target == WFormat::kBF16) return static_cast<uint64_t>(rows * cols * 2);
+  if (target == WFormat::kBF16Tile) {
+    check_bf16_tile_shape(rows, cols);
+    return static_cast<uint64_t>(tiles_of(rows) * packed_tile_bytes(target, cols, 0));
+  }
   TD_CHECK(is_int(target), "packed_bytes: {} is not a packed format", wformat_name(target));
   check_int_shape(target, rows, cols, group);
   return static_cast<uint64_t>(tiles_of(rows) * packed_tile_bytes(target, cols, group));
@@ -226,6 +278,11 @@ KMatrix packed_view(WFormat target, int64_t rows, int64_t cols, int group, const
     m.row_bytes = cols * 2;
     return m;
   }
+  if (target == WFormat::kBF16Tile) {
+    check_bf16_tile_shape(rows, cols);
+    m.row_bytes = packed_tile_bytes(target, cols, 0) / kPackTileRows;
+    return m;
+  }
   TD_CHECK(is_int(target), "packed_view: {} is not a packed format", wformat_name(target));
   check_int_shape(target, rows, cols, group);
   m.group = group;
@@ -235,10 +292,12 @@ KMatrix packed_view(WFormat target, int64_t rows, int64_t cols, int group, const
 
 KMatrix packed_copy_submatrix(const KMatrix& w, int64_t r0, int64_t r1, int64_t c0, int64_t c1,
                               const AllocOptions& alloc) {
-  TD_CHECK(is_int(w.format), "packed_copy_submatrix: {} is not INT8 / INT4", wformat_name(w.format));
+  TD_CHECK(packed_tiled(w.format), "packed_copy_submatrix: {} is not a tiled format",
+           wformat_name(w.format));
   const detail::PackedGeometry geo = detail::packed_geometry(w.format, w.cols, w.group);
   const int64_t t0 = r0 / kPackTileRows, t1 = (r1 + kPackTileRows - 1) / kPackTileRows;
-  const int64_t g0 = c0 / w.group, g1 = c1 / w.group;
+  const int64_t group_cols = w.format == WFormat::kBF16Tile ? 2 : w.group;
+  const int64_t g0 = c0 / group_cols, g1 = c1 / group_cols;
   const int64_t tile_bytes = (g1 - g0) * geo.block_bytes;
   TD_CHECK(tile_bytes == packed_tile_bytes(w.format, c1 - c0, w.group),
            "packed_copy_submatrix: group blocks do not add up");
@@ -275,6 +334,8 @@ void pack_weight_into(const ops::Weight& w, WFormat target, int group, uint8_t* 
       for (int64_t r = 0; r < n; ++r) {
         for (int64_t k = 0; k < cols; ++k) dst[r * cols + k] = f32_to_bf16(src[r][k]);
       }
+    } else if (target == WFormat::kBF16Tile) {
+      pack_tile_bf16(src, n, cols, out + static_cast<int64_t>(i) * tile_bytes);
     } else {
       pack_tile(target, group, src, n, cols, out + static_cast<int64_t>(i) * tile_bytes);
     }
@@ -299,6 +360,7 @@ float packed_value(const KMatrix& w, int64_t n, int64_t k) {
   if (w.format == WFormat::kBF16) {
     return bf16_to_f32(reinterpret_cast<const uint16_t*>(w.data + n * w.row_bytes)[k]);
   }
+  if (w.format == WFormat::kBF16Tile) return bf16_to_f32(bf16_tile_bits(w, n, k));
   float s = 0.0f;
   const int q = packed_q(w, n, k, &s);
   return static_cast<float>(q) * s;
@@ -322,7 +384,7 @@ bool fp8_view(const ops::Weight& w, KMatrix* out) {
 }
 
 int64_t packed_row_align(const KMatrix& w) {
-  return is_int(w.format) ? kPackTileRows : 1;
+  return packed_tiled(w.format) ? kPackTileRows : 1;
 }
 
 void packed_quantize_activations(AFormat f, int group, const float* x, int64_t tokens, int64_t cols,
@@ -380,6 +442,8 @@ void packed_gemm_reference(const KMatrix& w, const Activations& a, int64_t n0, i
   check_args(w, a, n0, n1);
   if (is_int(w.format)) {
     reference_int(w, a, n0, n1, y, ldy);
+  } else if (w.format == WFormat::kBF16Tile) {
+    reference_bf16_tile(w, a, n0, n1, y, ldy);
   } else if (w.format == WFormat::kFP8Block) {
     reference_fp8(w, a, n0, n1, y, ldy);
   } else {

@@ -21,9 +21,14 @@
 // VNNI's unsigned operand for INT8, compensated by the weights' sums). For either format, exactly:
 //   y[t][n] = sum over g, in order, of (sa[g] * s[n][g]) * float(sum_k q_a[k] * q_w[n][k]).
 //
-// BF16: pack_weight converts to plain row-major BF16 rows (row_bytes = cols * 2), the layout the
-// BF16 kernels read (F32 or BF16 activations). FP8Block: a zero-copy view (KMatrix fields as in
-// kernels.h) with kBF16 activations.
+// BF16 (kBF16Tile, `--cpu-experts bf16`): the same 16-row tiles, a tile being cols / 2 chunks of
+// 64 bytes, chunk c holding for row n the BF16 pair w[n][2c], w[n][2c+1] at bytes 4n..4n+3 (no
+// scales; cols even). One chunk is one zmm operand of vdpbf16ps against a broadcast activation
+// pair (kBF16 activation rows: BF16 round-to-nearest-even of the F32 values), 16 rows' dot products
+// with no reduction, and one line of an AMX-BF16 B tile. y = the F32 sum over k of the exact
+// products bf16(w) * bf16(a). pack_weight(kBF16) still writes plain row-major BF16 rows (the
+// kern::gemm BF16 kernel's layout, F32 activations). FP8Block: a zero-copy view (KMatrix fields as
+// in kernels.h) with kBF16 activations.
 #pragma once
 
 #include <cstdint>
@@ -35,6 +40,11 @@ namespace tandem::kern {
 
 constexpr int64_t kPackTileRows = 16;
 
+// The 16-row tile layouts: kInt8, kInt4, kBF16Tile.
+inline bool packed_tiled(WFormat f) {
+  return f == WFormat::kInt8 || f == WFormat::kInt4 || f == WFormat::kBF16Tile;
+}
+
 void packed_quantize_activations(AFormat f, int group, const float* x, int64_t tokens, int64_t cols,
                                  int64_t ldx, Activations* out);  // kBF16, kI8
 void packed_gemm(const KMatrix& w, const Activations& a, int64_t n0, int64_t n1, float* y,
@@ -43,7 +53,8 @@ void packed_gemm_reference(const KMatrix& w, const Activations& a, int64_t n0, i
                            int64_t ldy);
 int64_t packed_row_align(const KMatrix& w);
 // Quantize / convert any ops::Weight (F32, F16, BF16, FP8 with scales, GGUF blocks) to kInt8 / kInt4
-// (symmetric, group-wise) or kBF16 in tandem's packed layout. Deterministic (same bytes every time).
+// (symmetric, group-wise), kBF16Tile or kBF16 rows in tandem's packed layout (group: INT only).
+// Deterministic (same bytes every time).
 KMatrix pack_weight(const ops::Weight& w, WFormat target, int group, ThreadPool* pool);
 uint64_t packed_bytes(WFormat target, int64_t rows, int64_t cols, int group);
 // pack_weight into caller memory of packed_bytes() bytes (a cache file mapped for writing).
@@ -53,12 +64,12 @@ void pack_weight_into(const ops::Weight& w, WFormat target, int group, uint8_t* 
 KMatrix packed_view(WFormat target, int64_t rows, int64_t cols, int group, const uint8_t* bytes,
                     std::shared_ptr<const void> owner);
 
-// copy_submatrix (kernels.h) for kInt8 / kInt4: whole 16-row tiles, whole groups.
+// copy_submatrix (kernels.h) for the tiled formats: whole 16-row tiles, whole groups / k pairs.
 KMatrix packed_copy_submatrix(const KMatrix& w, int64_t r0, int64_t r1, int64_t c0, int64_t c1,
                               const AllocOptions& alloc);
 // A zero-copy FP8Block view of an FP8 weight with block scales (false for anything else).
 bool fp8_view(const ops::Weight& w, KMatrix* out);
-// Bytes of one 16-row tile of a packed INT8 / INT4 matrix (its row_bytes is this / 16).
+// Bytes of one 16-row tile of a packed INT8 / INT4 / BF16-tile matrix (its row_bytes is this / 16).
 int64_t packed_tile_bytes(WFormat target, int64_t cols, int group);
 // The packed formats' group-quantized value of w[n][k] (tests: pack error against the source).
 float packed_value(const KMatrix& w, int64_t n, int64_t k);

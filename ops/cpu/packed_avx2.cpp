@@ -30,6 +30,19 @@ struct Avx2 {
   static VI high_nibbles(VI b) {
     return _mm256_and_si256(_mm256_srli_epi16(b, 4), _mm256_set1_epi8(0x0F));
   }
+  // BF16 tiles: even / odd halves of each 32-bit lane widened to F32 (exact), two FMAs in k order.
+  struct WB {
+    VF even, odd;
+  };
+  using AB = WB;
+  static WB bf16_w(VI chunk) {
+    return {_mm256_castsi256_ps(_mm256_slli_epi32(chunk, 16)),
+            _mm256_castsi256_ps(_mm256_and_si256(chunk, _mm256_set1_epi32(-65536)))};
+  }
+  static AB bf16_a(int32_t pair) { return bf16_w(_mm256_set1_epi32(pair)); }
+  static VF bf16_dot(VF acc, const WB& w, const AB& a) {
+    return _mm256_fmadd_ps(w.odd, a.odd, _mm256_fmadd_ps(w.even, a.even, acc));
+  }
   static VI sub(VI a, VI b) { return _mm256_sub_epi32(a, b); }
   static VI shl7(VI a) { return _mm256_slli_epi32(a, 7); }
   static VF set1_f(float f) { return _mm256_set1_ps(f); }
@@ -95,7 +108,8 @@ void fp8_kernel(const PackedArgs& p) {
 
 const PackedKernels& packed_kernels_avx2() {
   static const PackedKernels k{&packed_impl::int_kernel<Avx2, false>,
-                               &packed_impl::int_kernel<Avx2, true>, &fp8_kernel};
+                               &packed_impl::int_kernel<Avx2, true>, &fp8_kernel,
+                               &packed_impl::bf16_kernel<Avx2>};
   return k;
 }
 

@@ -44,6 +44,23 @@ struct Avx512 {
   static VI high_nibbles(VI b) {
     return _mm512_and_si512(_mm512_srli_epi16(b, 4), _mm512_set1_epi8(0x0F));
   }
+  // BF16 tiles without BF16 instructions: even / odd halves of each 32-bit lane widened to F32
+  // (exact) and two FMAs, k order (bit-identical to the reference).
+  struct WB {
+    VF even, odd;
+  };
+  using AB = WB;
+  static WB bf16_w(VI chunk) {
+    return {_mm512_castsi512_ps(_mm512_slli_epi32(chunk, 16)),
+            _mm512_castsi512_ps(_mm512_and_si512(chunk, _mm512_set1_epi32(-65536)))};
+  }
+  static AB bf16_a(int32_t pair) {
+    const VI p = _mm512_set1_epi32(pair);
+    return bf16_w(p);
+  }
+  static VF bf16_dot(VF acc, const WB& w, const AB& a) {
+    return _mm512_fmadd_ps(w.odd, a.odd, _mm512_fmadd_ps(w.even, a.even, acc));
+  }
   static VI sub(VI a, VI b) { return _mm512_sub_epi32(a, b); }
   static VI shl7(VI a) { return _mm512_slli_epi32(a, 7); }
   static VF set1_f(float f) { return _mm512_set1_ps(f); }
@@ -99,7 +116,8 @@ void fp8_kernel(const PackedArgs& p) {
 
 const PackedKernels& packed_kernels_avx512() {
   static const PackedKernels k{&packed_impl::int_kernel<Avx512, false>,
-                               &packed_impl::int_kernel<Avx512, true>, &fp8_kernel};
+                               &packed_impl::int_kernel<Avx512, true>, &fp8_kernel,
+                               &packed_impl::bf16_kernel<Avx512>};
   return k;
 }
 

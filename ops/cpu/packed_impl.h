@@ -1,4 +1,4 @@
-// The one INT8 / INT4 algorithm of the packed formats, instantiated per ISA by packed_avx2.cpp,
+// The one INT8 / INT4 algorithm (and the BF16 tile one) of the packed formats, instantiated per ISA by packed_avx2.cpp,
 // packed_avx512.cpp and packed_vnni.cpp through a traits class T (include this after the file's
 // `#pragma GCC target`, and only in those files):
 //   T::VI / T::VF       integer / float vector of kLanes 32-bit lanes (8: AVX2, 16: AVX-512)
@@ -9,6 +9,9 @@
 //   bcast(bits)         4 activation bytes to every lane (VNNI INT8 reads the biased copy)
 //   dot_s8(acc, w, a4)  acc + per lane sum of 4 products w * a (signed * signed)
 //   dot_u4(acc, u, a4)  acc + per lane sum of 4 products u * a (u in 0..15 unsigned)
+//   WB / AB, bf16_w(chunk) / bf16_a(pair bits), bf16_dot(acc, wb, ab): a BF16 weight chunk and a
+//                       broadcast activation pair as the ISA's BF16 dot wants them; acc + per lane
+//                       w[2i] * a[0] + w[2i+1] * a[1] (exact products, F32 adds)
 // Per 16-row tile and token: for each group, an exact int32 dot product per row, corrected,
 // converted and accumulated as acc = fma(sa * s, float(dot), acc): bit-identical to the reference.
 #pragma once
@@ -24,8 +27,10 @@ namespace tandem::kern::detail::packed_impl {
 // each weight vector NT tokens' (the loads per dot product drop from (1 + NT) / NT to (NR + NT) /
 // (NR * NT): one 512-bit vpdpbusd per load is the port limit otherwise).
 template <class T, bool kInt4, int NT, int NR>
-inline void int_tile(const uint8_t* const* tiles, const PackedGeometry& geo, int group,
-                     const uint8_t* const* arow, int64_t scales_offset, float (*out)[16 * NR]) {
+inline void int_tile(const uint8_t* const* tiles, const KMatrix& wm, const PackedGeometry& geo,
+                     const uint8_t* const* arow, float (*out)[16 * NR]) {
+  const int group = wm.group;
+  const int64_t scales_offset = act_scales_offset(wm.cols);
   using VI = typename T::VI;
   using VF = typename T::VF;
   constexpr int V = T::kVecs;
@@ -116,11 +121,57 @@ inline void int_tile(const uint8_t* const* tiles, const PackedGeometry& geo, int
   }
 }
 
-// NR tiles starting at `tiles` for every token of a, in blocks of up to T::kMaxTokens.
-template <class T, bool kInt4, int NR>
-void int_tiles(const KMatrix& w, const Activations& a, const PackedGeometry& geo, int64_t tile,
-               int64_t n0, int64_t n1, float* y, int64_t ldy) {
-  const int64_t so = act_scales_offset(w.cols);
+// kBF16Tile: NR tiles x NT tokens, F32 accumulators over the whole row (no groups, no scales):
+// per 64-byte chunk (16 rows x one k pair) one BF16 dot per token against the broadcast pair.
+template <class T, int NT, int NR>
+inline void bf16_tile(const uint8_t* const* tiles, const KMatrix& wm, const PackedGeometry& geo,
+                      const uint8_t* const* arow, float (*out)[16 * NR]) {
+  using VF = typename T::VF;
+  constexpr int V = T::kVecs;
+  constexpr int W = V * NR;
+  VF acc[NT][W];
+  for (int t = 0; t < NT; ++t) {
+    for (int v = 0; v < W; ++v) acc[t][v] = T::zero_f();
+  }
+  (void)wm;
+  for (int64_t c = 0; c < geo.groups; ++c) {
+    typename T::WB w[W];
+    for (int r = 0; r < NR; ++r) {
+      for (int v = 0; v < V; ++v) w[r * V + v] = T::bf16_w(T::load(tiles[r] + c * 64 + v * (64 / V)));
+    }
+    for (int t = 0; t < NT; ++t) {
+      int32_t bits;
+      std::memcpy(&bits, arow[t] + 4 * c, 4);
+      const typename T::AB a = T::bf16_a(bits);
+      for (int v = 0; v < W; ++v) acc[t][v] = T::bf16_dot(acc[t][v], w[v], a);
+    }
+  }
+  for (int t = 0; t < NT; ++t) {
+    for (int v = 0; v < W; ++v) T::store_f(out[t] + v * T::kLanes, acc[t][v]);
+  }
+}
+
+// The tile computations as types (Op::run<T, NT, NR>) for the driver below.
+template <bool kInt4>
+struct IntOp {
+  template <class T, int NT, int NR>
+  static void run(const uint8_t* const* tiles, const KMatrix& w, const PackedGeometry& geo,
+                  const uint8_t* const* arow, float (*out)[16 * NR]) {
+    int_tile<T, kInt4, NT, NR>(tiles, w, geo, arow, out);
+  }
+};
+struct Bf16Op {
+  template <class T, int NT, int NR>
+  static void run(const uint8_t* const* tiles, const KMatrix& w, const PackedGeometry& geo,
+                  const uint8_t* const* arow, float (*out)[16 * NR]) {
+    bf16_tile<T, NT, NR>(tiles, w, geo, arow, out);
+  }
+};
+
+// NR tiles starting at `tile` for every token of a, in blocks of up to T::kMaxTokens.
+template <class T, class Op, int NR>
+void tiles_step(const KMatrix& w, const Activations& a, const PackedGeometry& geo, int64_t tile,
+                int64_t n0, int64_t n1, float* y, int64_t ldy) {
   alignas(64) float out[T::kMaxTokens][16 * NR];
   const uint8_t* arow[T::kMaxTokens];
   const uint8_t* tp[NR];
@@ -134,7 +185,7 @@ void int_tiles(const KMatrix& w, const Activations& a, const PackedGeometry& geo
 #define TD_PACKED_CASE(N)                                                        \
   case N:                                                                        \
     if constexpr (N <= T::kMaxTokens) {                                          \
-      int_tile<T, kInt4, N, NR>(tp, geo, w.group, arow, so, out);                \
+      Op::template run<T, N, NR>(tp, w, geo, arow, out);                         \
     }                                                                            \
     break;
       TD_PACKED_CASE(1)
@@ -157,23 +208,32 @@ void int_tiles(const KMatrix& w, const Activations& a, const PackedGeometry& geo
 
 // GEMV (few tokens) reads one tile at a time: one weight stream per thread is what the hardware
 // prefetchers follow best. GEMM takes T::kTiles tiles per step (then 2, then 1 for the rest).
-template <class T, bool kInt4>
-void int_kernel(const PackedArgs& p) {
+template <class T, class Op>
+void tiled_kernel(const PackedArgs& p) {
   const KMatrix& w = *p.w;
   const PackedGeometry geo = packed_geometry(w.format, w.cols, w.group);
   const int64_t tile0 = p.n0 / 16, tile1 = (p.n1 + 15) / 16;
   int64_t tile = tile0;
   if (T::kTiles > 1 && p.a->tokens > T::kMaxTokens / 2) {
     for (; tile + T::kTiles <= tile1; tile += T::kTiles) {
-      int_tiles<T, kInt4, T::kTiles>(w, *p.a, geo, tile, p.n0, p.n1, p.y, p.ldy);
+      tiles_step<T, Op, T::kTiles>(w, *p.a, geo, tile, p.n0, p.n1, p.y, p.ldy);
     }
     if constexpr (T::kTiles > 2) {
       for (; tile + 2 <= tile1; tile += 2) {
-        int_tiles<T, kInt4, 2>(w, *p.a, geo, tile, p.n0, p.n1, p.y, p.ldy);
+        tiles_step<T, Op, 2>(w, *p.a, geo, tile, p.n0, p.n1, p.y, p.ldy);
       }
     }
   }
-  for (; tile < tile1; ++tile) int_tiles<T, kInt4, 1>(w, *p.a, geo, tile, p.n0, p.n1, p.y, p.ldy);
+  for (; tile < tile1; ++tile) tiles_step<T, Op, 1>(w, *p.a, geo, tile, p.n0, p.n1, p.y, p.ldy);
+}
+
+template <class T, bool kInt4>
+void int_kernel(const PackedArgs& p) {
+  tiled_kernel<T, IntOp<kInt4>>(p);
+}
+template <class T>
+void bf16_kernel(const PackedArgs& p) {
+  tiled_kernel<T, Bf16Op>(p);
 }
 
 }  // namespace tandem::kern::detail::packed_impl

@@ -18,7 +18,7 @@ struct PackedArgs {
 using PackedFn = void (*)(const PackedArgs&);
 
 struct PackedKernels {
-  PackedFn int8 = nullptr, int4 = nullptr, fp8 = nullptr;
+  PackedFn int8 = nullptr, int4 = nullptr, fp8 = nullptr, bf16 = nullptr;  // bf16: kBF16Tile
 };
 
 const PackedKernels& packed_kernels_avx2();
@@ -28,7 +28,7 @@ const PackedKernels& packed_kernels_amx();   // AMX-INT8 / AMX-BF16 tiles (Sapph
 
 // Byte offsets inside one packed group block (see packed.h).
 struct PackedGeometry {
-  int64_t groups = 0;        // cols / group
+  int64_t groups = 0;        // cols / group (kBF16Tile: cols / 2, one k pair per "group")
   int64_t values_bytes = 0;  // quantized values of one group block (16 rows)
   int64_t block_bytes = 0;   // values + 16 F32 scales (+ 16 int32 sums for INT8)
   int64_t tile_bytes = 0;    // groups * block_bytes

@@ -3,6 +3,7 @@
 // and 128 * sum(w) of each row and group (stored with the weights) is subtracted once per group. INT4: the nibbles are the
 // unsigned operand and the activations stay signed. FP8: E4M3 is expanded to BF16 in registers
 // (pure integer ops, exact) and multiplied with vdpbf16ps, post-scaled once per scale block.
+// BF16 tiles: one vdpbf16ps per 16-row chunk and token.
 // GCC 12 warns falsely inside its own AVX-512 intrinsic headers (undefined-vector idiom).
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
@@ -38,6 +39,15 @@ struct Vnni {
     return acc;
   }
   static VI dot_s8(VI acc, VI w, VI a_biased) { return dpbusd(acc, a_biased, w); }
+  // BF16 tiles: the chunk and the broadcast pair are vdpbf16ps operands as they are.
+  using WB = VI;
+  using AB = VI;
+  static WB bf16_w(VI chunk) { return chunk; }
+  static AB bf16_a(int32_t pair) { return _mm512_set1_epi32(pair); }
+  static VF bf16_dot(VF acc, WB w, AB a) {
+    asm("vdpbf16ps %2, %1, %0" : "+v"(acc) : "v"(w), "v"(a));  // in place, as dpbusd
+    return acc;
+  }
   static VI dot_u4(VI acc, VI u, VI a) { return dpbusd(acc, u, a); }
   static VI low_nibbles(VI b) { return _mm512_and_si512(b, _mm512_set1_epi8(0x0F)); }
   static VI high_nibbles(VI b) {
@@ -103,7 +113,8 @@ void fp8_kernel(const PackedArgs& p) {
 
 const PackedKernels& packed_kernels_vnni() {
   static const PackedKernels k{&packed_impl::int_kernel<Vnni, false>,
-                               &packed_impl::int_kernel<Vnni, true>, &fp8_kernel};
+                               &packed_impl::int_kernel<Vnni, true>, &fp8_kernel,
+                               &packed_impl::bf16_kernel<Vnni>};
   return k;
 }
 

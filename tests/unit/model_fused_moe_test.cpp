@@ -433,6 +433,7 @@ TEST(CopySubmatrix, RowAndColumnSlicesOfEveryFormat) {
   const Tensor f32 = quantized(DType::kF32, rows, cols, rng, store);
   mats.push_back(kern::pack_weight(ops::Weight(f32), kern::WFormat::kInt8, 64, nullptr));
   mats.push_back(kern::pack_weight(ops::Weight(f32), kern::WFormat::kInt4, 128, nullptr));
+  mats.push_back(kern::pack_weight(ops::Weight(f32), kern::WFormat::kBF16Tile, 0, nullptr));
   for (const kern::KMatrix& m : mats) {
     SCOPED_TRACE(kern::wformat_name(m.format));
     const kern::AFormat af = kern::act_format(m.format);
@@ -459,7 +460,9 @@ TEST(CopySubmatrix, RowAndColumnSlicesOfEveryFormat) {
     float amax = 0.0f;
     for (float v : full) amax = std::max(amax, std::fabs(v));
     for (int64_t r = 0; r < rows; ++r) ASSERT_NEAR(yl[r] + yr[r], full[r], 1e-5f * amax) << r;
-    if (kern::col_align(m) > 1) EXPECT_THROW(kern::copy_submatrix(m, 0, rows, 0, c + 1, {}), Error);
+    if (kern::col_align(m) > 1) {
+      EXPECT_THROW(kern::copy_submatrix(m, 0, rows, 0, c + 1, {}), Error);
+    }
     EXPECT_THROW(kern::copy_submatrix(m, 0, rows, 0, cols + 1, {}), Error);
   }
 }

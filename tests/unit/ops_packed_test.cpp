@@ -44,6 +44,9 @@ TEST(PackedLayout, BytesAndGeometry) {
   EXPECT_EQ(packed_tile_bytes(WFormat::kInt4, 256, 128), 2 * (1024 + 64));
   EXPECT_EQ(packed_bytes(WFormat::kInt8, 40, 256, 32), 3u * 8 * 640);  // 40 rows: 3 tiles
   EXPECT_EQ(packed_bytes(WFormat::kBF16, 40, 256, 0), 40u * 256 * 2);
+  EXPECT_EQ(packed_bytes(WFormat::kBF16Tile, 40, 256, 0), 48u * 256 * 2);  // 3 tiles, padded
+  EXPECT_EQ(packed_tile_bytes(WFormat::kBF16Tile, 256, 0), 16 * 256 * 2);
+  EXPECT_THROW(packed_bytes(WFormat::kBF16Tile, 16, 63, 0), Error);  // pairs of columns
   EXPECT_THROW(packed_bytes(WFormat::kInt8, 16, 100, 32), Error);  // not a multiple of the group
   EXPECT_THROW(packed_bytes(WFormat::kInt4, 16, 96, 48), Error);   // group not 32/64/128
   KMatrix m = packed_view(WFormat::kInt4, 40, 256, 64, nullptr, nullptr);
@@ -240,6 +243,70 @@ TEST(PackedGemm, Fp8Conformance) {
       packed_gemm(m, a, 0, rows, y.data(), rows, isa);
       for (int64_t i = 0; i < tokens * rows; ++i) {
         ASSERT_NEAR(y[i], ref[i], 2 * bound[i]) << isa_name(isa) << " tokens " << tokens;
+      }
+    }
+  }
+}
+
+// BF16 tiles: the layout by packed_value (every element is bf16(w), zero padding rows), then every
+// ISA against the scalar reference (sequential F32 sum of exact products in k order): the FMA
+// fallbacks bit for bit (same products, same order), vdpbf16ps / AMX-BF16 within the F32
+// summation-order bound (their internal order and denormal flushing are the hardware's). The
+// reference against the double product of the BF16 values within the same bound. 70 columns:
+// not a multiple of 32 (AMX's tail step); 104 rows: 7 tiles, the 4-, 2- and 1-tile steps.
+TEST(PackedGemm, Bf16TileConformance) {
+  for (const int64_t cols : {int64_t{384}, int64_t{70}}) {
+    const int64_t rows = 104;
+    std::vector<float> w = random_values(rows * cols, 41, 0.05f);
+    KMatrix m = pack_weight(f32_weight(w, rows, cols), WFormat::kBF16Tile, 0, nullptr);
+    ASSERT_EQ(m.format, WFormat::kBF16Tile);
+    ASSERT_EQ(packed_row_align(m), 16);
+    for (int64_t i = 0; i < rows * cols; ++i) {
+      ASSERT_EQ(packed_value(m, i / cols, i % cols), bf16_to_f32(f32_to_bf16(w[i]))) << i;
+    }
+    const auto* padding = reinterpret_cast<const uint16_t*>(m.data);
+    for (int64_t c = 0; c < cols / 2; ++c) {  // tile 6 rows 8..15 (rows 104..111) are zero
+      for (int n = 8; n < 16; ++n) {
+        ASSERT_EQ(padding[6 * 16 * cols + c * 32 + n * 2], 0);
+        ASSERT_EQ(padding[6 * 16 * cols + c * 32 + n * 2 + 1], 0);
+      }
+    }
+    const std::vector<float> x_all = random_values(128 * cols, 42);
+    for (int64_t tokens : {1, 2, 4, 5, 33, 128}) {
+      Activations a;
+      packed_quantize_activations(AFormat::kBF16, 0, x_all.data(), tokens, cols, cols, &a);
+      std::vector<float> ref(tokens * rows);
+      packed_gemm_reference(m, a, 0, rows, ref.data(), rows);
+      std::vector<double> bound(tokens * rows);
+      for (int64_t t = 0; t < tokens; ++t) {
+        for (int64_t n = 0; n < rows; ++n) {
+          double exact = 0, sum_abs = 0;
+          for (int64_t k = 0; k < cols; ++k) {
+            const double term = static_cast<double>(bf16_to_f32(f32_to_bf16(w[n * cols + k]))) *
+                                bf16_to_f32(f32_to_bf16(x_all[t * cols + k]));
+            exact += term;
+            sum_abs += std::fabs(term);
+          }
+          bound[t * rows + n] = 2.0 * cols * std::ldexp(1.0, -24) * sum_abs + 1e-30;
+          ASSERT_NEAR(ref[t * rows + n], exact, bound[t * rows + n]);
+        }
+      }
+      for (Isa isa : supported_isas()) {
+        const bool exact_isa = isa < Isa::kAvx512Bf16;
+        for (const auto& [n0, n1] : {std::pair<int64_t, int64_t>{0, rows}, {16, 32}, {16, 96}}) {
+          std::vector<float> y(tokens * rows, -7.0f);
+          packed_gemm(m, a, n0, n1, y.data(), rows, isa);
+          for (int64_t i = 0; i < tokens * rows; ++i) {
+            const int64_t n = i % rows;
+            if (n < n0 || n >= n1) {
+              ASSERT_EQ(y[i], -7.0f) << isa_name(isa);
+            } else if (exact_isa) {
+              ASSERT_EQ(y[i], ref[i]) << isa_name(isa) << " cols " << cols << " tokens " << tokens;
+            } else {
+              ASSERT_NEAR(y[i], ref[i], 2 * bound[i]) << isa_name(isa) << " tokens " << tokens;
+            }
+          }
+        }
       }
     }
   }
