@@ -3,6 +3,7 @@
 #include "ops/cpu/packed.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -18,6 +19,15 @@ using detail::PackedArgs;
 using detail::PackedGeometry;
 
 namespace detail {
+
+const uint16_t* fp8_bf16_table() {
+  static const auto table = [] {
+    std::array<uint16_t, 256> t{};
+    for (int v = 0; v < 256; ++v) t[v] = f32_to_bf16(fp8_e4m3_to_f32(static_cast<uint8_t>(v)));
+    return t;
+  }();
+  return table.data();
+}
 
 PackedGeometry packed_geometry(WFormat f, int64_t cols, int group) {
   PackedGeometry g;

@@ -78,6 +78,10 @@ inline float hsum(__m256 v) {
 }
 
 void fp8_kernel(const PackedArgs& p) {
+  if (p.a->tokens >= kFp8TileMinTokens) {
+    packed_impl::fp8_gemm<Avx2>(p);
+    return;
+  }
   const KMatrix& w = *p.w;
   const Activations& a = *p.a;
   for (int64_t n = p.n0; n < p.n1; ++n) {

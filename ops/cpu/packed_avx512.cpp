@@ -86,6 +86,10 @@ inline __m512 bf16x16_to_f32(const uint16_t* p) {
 }
 
 void fp8_kernel(const PackedArgs& p) {
+  if (p.a->tokens >= kFp8TileMinTokens) {
+    packed_impl::fp8_gemm<Avx512>(p);
+    return;
+  }
   const KMatrix& w = *p.w;
   const Activations& a = *p.a;
   for (int64_t n = p.n0; n < p.n1; ++n) {

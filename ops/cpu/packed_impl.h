@@ -1,5 +1,5 @@
-// The one INT8 / INT4 algorithm (and the BF16 tile one) of the packed formats, instantiated per ISA by packed_avx2.cpp,
-// packed_avx512.cpp and packed_vnni.cpp through a traits class T (include this after the file's
+// The one INT8 / INT4 algorithm (and the BF16 tile and FP8 GEMM ones) of the packed formats,
+// instantiated per ISA by packed_avx2.cpp, packed_avx512.cpp and packed_vnni.cpp through a traits class T (include this after the file's
 // `#pragma GCC target`, and only in those files):
 //   T::VI / T::VF       integer / float vector of kLanes 32-bit lanes (8: AVX2, 16: AVX-512)
 //   T::kVecs            vectors per 64-byte chunk (16 rows / kLanes)
@@ -18,6 +18,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <vector>
 
 #include "ops/cpu/packed_kernels.h"
 
@@ -225,6 +226,132 @@ void tiled_kernel(const PackedArgs& p) {
     }
   }
   for (; tile < tile1; ++tile) tiles_step<T, Op, 1>(w, *p.a, geo, tile, p.n0, p.n1, p.y, p.ldy);
+}
+
+// FP8Block GEMM (many tokens; OSDI'26 §3.4 "expand FP8 to BF16, BF16 dot, post-scale once per
+// block"): NR 16-row tiles of the row-major FP8 matrix are expanded, a chunk of whole scale blocks
+// at a time, into the kBF16Tile layout (exact: every E4M3 value is a BF16 value) and multiplied
+// like BF16 tiles; each scale block's partial sums are post-scaled once per row lane,
+// acc = fma(scale, part, acc), as the reference does per block. The expansion is paid once per
+// tile and chunk for all tokens. acc_io: NT rows of 16 * NR F32 accumulators, updated in place.
+template <class T, int NT, int NR>
+inline void fp8_tile_chunk(const uint16_t* buf, int64_t pairs, const float* scales, int64_t blocks,
+                           int64_t block_pairs, const uint8_t* const* arow, float* acc_io,
+                           int64_t acc_stride) {
+  using VF = typename T::VF;
+  constexpr int V = T::kVecs;
+  constexpr int W = V * NR;
+  for (int64_t b = 0; b < blocks; ++b) {
+    VF part[NT][W];
+    for (int t = 0; t < NT; ++t) {
+      for (int v = 0; v < W; ++v) part[t][v] = T::zero_f();
+    }
+    const int64_t c1 = (b + 1) * block_pairs < pairs ? (b + 1) * block_pairs : pairs;
+    for (int64_t c = b * block_pairs; c < c1; ++c) {
+      typename T::WB w[W];
+      for (int r = 0; r < NR; ++r) {
+        const auto* chunk = reinterpret_cast<const uint8_t*>(buf + (r * pairs + c) * 32);
+        for (int v = 0; v < V; ++v) w[r * V + v] = T::bf16_w(T::load(chunk + v * (64 / V)));
+      }
+      for (int t = 0; t < NT; ++t) {
+        int32_t bits;
+        std::memcpy(&bits, arow[t] + 4 * c, 4);
+        const typename T::AB a = T::bf16_a(bits);
+        for (int v = 0; v < W; ++v) part[t][v] = T::bf16_dot(part[t][v], w[v], a);
+      }
+    }
+    for (int t = 0; t < NT; ++t) {
+      float* acc = acc_io + t * acc_stride;
+      for (int r = 0; r < NR; ++r) {
+        for (int v = 0; v < V; ++v) {
+          const int64_t lane = r * 16 + v * T::kLanes;
+          const VF s = T::load_f(scales + (r * blocks + b) * 16 + v * T::kLanes);
+          T::store_f(acc + lane, T::fmadd_f(s, part[t][r * V + v], T::load_f(acc + lane)));
+        }
+      }
+    }
+  }
+}
+
+// Rows [n, n + 16 * NR) ∩ [p.n0, p.n1) of an FP8Block matrix for every token (fp8_tile_chunk).
+// Needs cols and block_cols multiples of 32 (packed_gemm checks).
+template <class T, int NR>
+void fp8_rows(const PackedArgs& p, int64_t n) {
+  const KMatrix& w = *p.w;
+  const Activations& a = *p.a;
+  const int64_t n_end = n + 16 * NR < p.n1 ? n + 16 * NR : p.n1;
+  // Chunks of whole scale blocks, ~512 columns: NR x 16 x 512 BF16 = 16 KiB per tile.
+  const int64_t chunk_cols = w.block_cols >= 512 ? w.block_cols : 512 / w.block_cols * w.block_cols;
+  const int64_t max_blocks = (chunk_cols + w.block_cols - 1) / w.block_cols;
+  thread_local std::vector<uint16_t> buf;
+  thread_local std::vector<float> scales, acc;
+  buf.resize(static_cast<size_t>(NR * 16 * chunk_cols));
+  scales.resize(static_cast<size_t>(NR * max_blocks * 16));
+  const int64_t acc_stride = 16 * NR;
+  acc.assign(static_cast<size_t>(a.tokens * acc_stride), 0.0f);
+  const uint16_t* lut = fp8_bf16_table();
+  for (int64_t k0 = 0; k0 < w.cols; k0 += chunk_cols) {
+    const int64_t k1 = k0 + chunk_cols < w.cols ? k0 + chunk_cols : w.cols;
+    const int64_t pairs = (k1 - k0) / 2;
+    const int64_t blocks = (k1 - k0 + w.block_cols - 1) / w.block_cols;
+    for (int r = 0; r < NR; ++r) {
+      for (int i = 0; i < 16; ++i) {
+        const int64_t row = n + r * 16 + i;
+        uint16_t* dst = buf.data() + r * pairs * 32 + i * 2;
+        float* sc = scales.data() + r * blocks * 16 + i;
+        if (row >= n_end) {
+          for (int64_t c = 0; c < pairs; ++c) dst[c * 32] = dst[c * 32 + 1] = 0;
+          for (int64_t b = 0; b < blocks; ++b) sc[b * 16] = 0.0f;
+          continue;
+        }
+        const uint8_t* src = w.data + row * w.row_bytes + k0;
+        for (int64_t c = 0; c < pairs; ++c) {
+          dst[c * 32] = lut[src[2 * c]];
+          dst[c * 32 + 1] = lut[src[2 * c + 1]];
+        }
+        const float* srow = w.scales + ((w.row0 + row) / w.block_rows) * w.scale_stride;
+        for (int64_t b = 0; b < blocks; ++b) sc[b * 16] = srow[k0 / w.block_cols + b];
+      }
+    }
+    const uint8_t* arow[T::kMaxTokens];
+    for (int64_t t0 = 0; t0 < a.tokens; t0 += T::kMaxTokens) {
+      const int nt = static_cast<int>(a.tokens - t0 < T::kMaxTokens ? a.tokens - t0 : T::kMaxTokens);
+      for (int t = 0; t < nt; ++t) arow[t] = a.row(t0 + t) + k0 * 2;
+      float* acc_t = acc.data() + t0 * acc_stride;
+      switch (nt) {
+#define TD_FP8_CASE(N)                                                                          \
+  case N:                                                                                       \
+    if constexpr (N <= T::kMaxTokens) {                                                         \
+      fp8_tile_chunk<T, N, NR>(buf.data(), pairs, scales.data(), blocks, w.block_cols / 2, arow, \
+                               acc_t, acc_stride);                                              \
+    }                                                                                           \
+    break;
+        TD_FP8_CASE(1)
+        TD_FP8_CASE(2)
+        TD_FP8_CASE(3)
+        TD_FP8_CASE(4)
+        TD_FP8_CASE(5)
+        TD_FP8_CASE(6)
+        TD_FP8_CASE(7)
+        TD_FP8_CASE(8)
+#undef TD_FP8_CASE
+        default: break;
+      }
+    }
+  }
+  for (int64_t t = 0; t < a.tokens; ++t) {
+    for (int64_t r = n; r < n_end; ++r) p.y[t * p.ldy + r] = acc[t * acc_stride + (r - n)];
+  }
+}
+
+template <class T>
+void fp8_gemm(const PackedArgs& p) {
+  int64_t n = p.n0;
+  for (; n + 16 * T::kTiles <= p.n1; n += 16 * T::kTiles) fp8_rows<T, T::kTiles>(p, n);
+  if constexpr (T::kTiles > 2) {
+    for (; n + 32 <= p.n1; n += 32) fp8_rows<T, 2>(p, n);
+  }
+  for (; n < p.n1; n += 16) fp8_rows<T, 1>(p, n);
 }
 
 template <class T, bool kInt4>

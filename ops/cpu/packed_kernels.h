@@ -26,6 +26,13 @@ const PackedKernels& packed_kernels_avx512();
 const PackedKernels& packed_kernels_vnni();  // AVX-512 VNNI + BF16
 const PackedKernels& packed_kernels_amx();   // AMX-INT8 / AMX-BF16 tiles (Sapphire Rapids+)
 
+// E4M3 byte -> its BF16 bits (exact: E4M3's 3 mantissa bits and exponent range fit BF16).
+const uint16_t* fp8_bf16_table();
+// FP8Block GEMMs with more tokens than this expand the FP8 rows into BF16 tiles (packed_impl.h
+// fp8_gemm) once for all tokens; fewer tokens stream the rows directly (the expansion would cost
+// more than it saves).
+constexpr int64_t kFp8TileMinTokens = 5;
+
 // Byte offsets inside one packed group block (see packed.h).
 struct PackedGeometry {
   int64_t groups = 0;        // cols / group (kBF16Tile: cols / 2, one k pair per "group")

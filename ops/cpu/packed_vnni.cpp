@@ -80,6 +80,10 @@ inline __m512i fp8x32_to_bf16(const uint8_t* p) {
 }
 
 void fp8_kernel(const PackedArgs& p) {
+  if (p.a->tokens >= kFp8TileMinTokens) {
+    packed_impl::fp8_gemm<Vnni>(p);
+    return;
+  }
   const KMatrix& w = *p.w;
   const Activations& a = *p.a;
   for (int64_t n = p.n0; n < p.n1; ++n) {

@@ -203,18 +203,21 @@ TEST(PackedGemm, IntConformance) {
 // the F32 summation-order bound (both sum exact BF16 x BF16 products in a different order:
 // |error| <= 2 * cols * 2^-24 * sum |terms|), and the reference vs the F32 product of the
 // dequantized FP8 and the BF16-rounded activations in double within the same bound.
+// 104 rows in 24-row scale blocks: the many-token path's 4-, 2- and 1-tile steps, with tiles that
+// straddle scale rows; row ranges that start inside a tile.
 TEST(PackedGemm, Fp8Conformance) {
-  const int64_t rows = 40, cols = 384;
+  const int64_t rows = 104, cols = 384, block_rows = 24;
   std::vector<float> src = random_values(rows * cols, 31, 0.05f);
+  for (int64_t i = 0; i < rows * cols; ++i) src[i] *= 1.0f + static_cast<float>(i / cols / 24);
   std::vector<uint8_t> fp8(rows * cols);
-  std::vector<float> scale_inv(1 * 3);
-  quantize_fp8_blocks(src.data(), rows, cols, 128, 128, fp8.data(), scale_inv.data());
+  std::vector<float> scale_inv(5 * 3);
+  quantize_fp8_blocks(src.data(), rows, cols, block_rows, 128, fp8.data(), scale_inv.data());
   // Make a few values subnormal E4M3 (exponent 0) to cover the expansion's table.
   for (int i = 0; i < 8; ++i) fp8[i * 37] = static_cast<uint8_t>(i | (i % 2 ? 0x80 : 0));
   ops::Weight wt(Tensor::dense(DType::kF8E4M3, {rows, cols}, fp8.data()));
   wt.scale_inv = scale_inv.data();
   wt.scale_cols = 3;
-  wt.block_rows = 128;
+  wt.block_rows = block_rows;
   wt.block_cols = 128;
   KMatrix m;
   ASSERT_TRUE(fp8_view(wt, &m));
@@ -230,7 +233,8 @@ TEST(PackedGemm, Fp8Conformance) {
         double exact = 0, sum_abs = 0;
         for (int64_t k = 0; k < cols; ++k) {
           const double term = static_cast<double>(fp8_e4m3_to_f32(fp8[n * cols + k])) *
-                              scale_inv[k / 128] * bf16_to_f32(f32_to_bf16(x_all[t * cols + k]));
+                              scale_inv[n / block_rows * 3 + k / 128] *
+                              bf16_to_f32(f32_to_bf16(x_all[t * cols + k]));
           exact += term;
           sum_abs += std::fabs(term);
         }
@@ -239,10 +243,17 @@ TEST(PackedGemm, Fp8Conformance) {
       }
     }
     for (Isa isa : supported_isas()) {
-      std::vector<float> y(tokens * rows, -7.0f);
-      packed_gemm(m, a, 0, rows, y.data(), rows, isa);
-      for (int64_t i = 0; i < tokens * rows; ++i) {
-        ASSERT_NEAR(y[i], ref[i], 2 * bound[i]) << isa_name(isa) << " tokens " << tokens;
+      for (const auto& [n0, n1] : {std::pair<int64_t, int64_t>{0, rows}, {5, 90}}) {
+        std::vector<float> y(tokens * rows, -7.0f);
+        packed_gemm(m, a, n0, n1, y.data(), rows, isa);
+        for (int64_t i = 0; i < tokens * rows; ++i) {
+          const int64_t n = i % rows;
+          if (n < n0 || n >= n1) {
+            ASSERT_EQ(y[i], -7.0f) << isa_name(isa);
+          } else {
+            ASSERT_NEAR(y[i], ref[i], 2 * bound[i]) << isa_name(isa) << " tokens " << tokens;
+          }
+        }
       }
     }
   }
