@@ -7,6 +7,10 @@
 // items_per_second = 2 x multiply-adds per second (compare with the int8 peak).
 // The layer's weights (~200-400 MB) are far larger than L3, and each iteration routes to other
 // experts, so decode reads from DRAM as in a real model.
+// BM_MoeLayerPacked: the V2-Lite shape with the experts repacked as `--cpu-experts int4|int8|bf16`
+// does (group 128; bf16 = BF16 tiles) and as block-scaled FP8 (128 x 128 scales, a native FP8
+// checkpoint's experts); prefill compares with the int8 peak (INT8/INT4) or the bf16 peak (BF16,
+// FP8).
 // Run: build/bench/bench_moe_layer_bench [--benchmark_format=json]
 #include <benchmark/benchmark.h>
 
@@ -18,7 +22,9 @@
 #include "core/thread_pool.h"
 #include "core/topology.h"
 #include "formats/quant.h"
+#include "model/cpu_experts.h"
 #include "model/fused_moe.h"
+#include "ops/cpu/packed.h"
 
 namespace tandem {
 namespace {
@@ -73,6 +79,76 @@ ThreadPool& pool() {
   return p;
 }
 
+// Packed experts: 4 distinct random experts packed (or FP8-quantized), their bytes copied into
+// every expert's own memory; the stored weights are F32 headers over the prototypes (shapes only).
+struct PackedLayer {
+  std::vector<std::vector<float>> proto;       // F32 gate, up, down of 4 experts
+  std::vector<std::vector<uint8_t>> fp8;       // FP8 bytes per expert matrix
+  std::vector<std::vector<float>> fp8_scales;  // their block scales
+  std::vector<ops::Weight> fp8_weights;
+  Layer layer;
+  CpuExperts ce;
+};
+
+PackedLayer* make_packed_layer(const Shape& s, kern::WFormat f) {
+  auto* pl = new PackedLayer;
+  std::mt19937 rng(5);
+  std::normal_distribution<float> nd(0.0f, 0.02f);
+  for (int i = 0; i < 12; ++i) {
+    pl->proto.emplace_back(static_cast<size_t>(s.hidden * s.ff));
+    for (float& v : pl->proto.back()) v = nd(rng);
+  }
+  pl->ce.gate.resize(1);
+  pl->ce.up.resize(1);
+  pl->ce.down.resize(1);
+  pl->fp8_weights.reserve(static_cast<size_t>(3 * s.n_experts));
+  for (int64_t e = 0; e < s.n_experts; ++e) {
+    for (int m = 0; m < 3; ++m) {
+      const bool down = m == 2;
+      const int64_t rows = down ? s.hidden : s.ff, cols = down ? s.ff : s.hidden;
+      std::vector<float>& src = pl->proto[static_cast<size_t>((e % 4) * 3 + m)];
+      const Tensor t = Tensor::dense(DType::kF32, {rows, cols}, src.data());
+      (m == 0 ? pl->layer.w.gate : m == 1 ? pl->layer.w.up : pl->layer.w.down).push_back(t);
+      kern::KMatrix km;
+      if (f == kern::WFormat::kFP8Block) {
+        pl->fp8.emplace_back(static_cast<size_t>(rows * cols));
+        pl->fp8_scales.emplace_back(static_cast<size_t>((rows + 127) / 128 * ((cols + 127) / 128)));
+        quantize_fp8_blocks(src.data(), rows, cols, 128, 128, pl->fp8.back().data(),
+                            pl->fp8_scales.back().data());
+        ops::Weight w(Tensor::dense(DType::kF8E4M3, {rows, cols}, pl->fp8.back().data()));
+        w.scale_inv = pl->fp8_scales.back().data();
+        w.scale_cols = (cols + 127) / 128;
+        w.block_rows = w.block_cols = 128;
+        pl->fp8_weights.push_back(w);
+        kern::fp8_view(pl->fp8_weights.back(), &km);
+      } else {
+        km = kern::pack_weight(ops::Weight(t), f, 128, nullptr);  // own memory per expert
+      }
+      (m == 0 ? pl->ce.gate : m == 1 ? pl->ce.up : pl->ce.down)[0].push_back(km);
+      if (e == 0) pl->layer.expert_bytes += km.bytes();
+    }
+  }
+  return pl;
+}
+
+void run_layer(benchmark::State& state, const Shape& s, const Layer* layer, const CpuExperts* ce,
+               int64_t tokens);
+
+void BM_MoeLayerPacked(benchmark::State& state, Shape s, kern::WFormat f, int64_t tokens) {
+  static std::vector<std::pair<kern::WFormat, PackedLayer*>> cache;
+  PackedLayer* pl = nullptr;
+  for (auto& [format, l] : cache) {
+    if (format == f) pl = l;
+  }
+  if (pl == nullptr) {
+    for (auto& [format, l] : cache) delete l;  // one packed layer alive at a time (memory)
+    cache.clear();
+    pl = make_packed_layer(s, f);
+    cache.emplace_back(f, pl);
+  }
+  run_layer(state, s, &pl->layer, &pl->ce, tokens);
+}
+
 void BM_MoeLayer(benchmark::State& state, Shape s, int64_t tokens) {
   static std::vector<std::pair<Shape, Layer>>* cache = new std::vector<std::pair<Shape, Layer>>;
   const Layer* layer = nullptr;
@@ -83,6 +159,11 @@ void BM_MoeLayer(benchmark::State& state, Shape s, int64_t tokens) {
     cache->emplace_back(s, make_layer(s));
     layer = &cache->back().second;
   }
+  run_layer(state, s, layer, nullptr, tokens);
+}
+
+void run_layer(benchmark::State& state, const Shape& s, const Layer* layer, const CpuExperts* ce,
+               int64_t tokens) {
   std::mt19937 rng(7);
   std::normal_distribution<float> nd(0.0f, 1.0f);
   std::vector<float> x(static_cast<size_t>(tokens * s.hidden)), out(x.size());
@@ -98,7 +179,7 @@ void BM_MoeLayer(benchmark::State& state, Shape s, int64_t tokens) {
     }
   }
   std::vector<float> w(static_cast<size_t>(tokens * s.k), 1.0f / static_cast<float>(s.k));
-  FusedMoeBackend be(&pool());
+  FusedMoeBackend be(&pool(), {}, ce);
   MoeRequest r;
   r.experts = &layer->w;
   r.hidden = x.data();
@@ -130,6 +211,18 @@ BENCHMARK_CAPTURE(BM_MoeLayer, v2lite_decode, kV2Lite, 1)->UseRealTime()->MinTim
 BENCHMARK_CAPTURE(BM_MoeLayer, v2lite_prefill512, kV2Lite, 512)->UseRealTime()->MinTime(0.5);
 BENCHMARK_CAPTURE(BM_MoeLayer, qwen3_30b_a3b_decode, kQwen3, 1)->UseRealTime()->MinTime(0.5);
 BENCHMARK_CAPTURE(BM_MoeLayer, qwen3_30b_a3b_prefill512, kQwen3, 512)->UseRealTime()->MinTime(0.5);
+
+#define TD_PACKED_LAYER(f, name)                                                          \
+  BENCHMARK_CAPTURE(BM_MoeLayerPacked, v2lite_##name##_decode, kV2Lite, f, 1)             \
+      ->UseRealTime()                                                                     \
+      ->MinTime(0.5);                                                                     \
+  BENCHMARK_CAPTURE(BM_MoeLayerPacked, v2lite_##name##_prefill512, kV2Lite, f, 512)       \
+      ->UseRealTime()                                                                     \
+      ->MinTime(0.5)
+TD_PACKED_LAYER(kern::WFormat::kInt4, int4);
+TD_PACKED_LAYER(kern::WFormat::kInt8, int8);
+TD_PACKED_LAYER(kern::WFormat::kBF16Tile, bf16);
+TD_PACKED_LAYER(kern::WFormat::kFP8Block, fp8);
 
 }  // namespace
 }  // namespace tandem
