@@ -16,6 +16,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <random>
 #include <vector>
 
@@ -75,7 +76,9 @@ Layer make_layer(const Shape& s) {
 }
 
 ThreadPool& pool() {
-  static ThreadPool p(place_workers(detect_topology(), 0));
+  // TANDEM_BENCH_WORKERS: pool workers (default: one per physical core; the caller helps too).
+  const char* env = std::getenv("TANDEM_BENCH_WORKERS");
+  static ThreadPool p(place_workers(detect_topology(), env != nullptr ? std::atoi(env) : 0));
   return p;
 }
 

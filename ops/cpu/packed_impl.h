@@ -24,6 +24,15 @@
 
 namespace tandem::kern::detail::packed_impl {
 
+// GEMV steps (one tile, <= 2 tokens) prefetch this far ahead of the weight stream (tiles are
+// contiguous): one core's hardware prefetchers alone leave a single stream short of bandwidth
+// (as in kern_gguf_impl.h).
+constexpr int kPackedPrefetchBytes = 4096;
+template <int NR, int NT>
+inline void gemv_prefetch(const uint8_t* p) {
+  if constexpr (NR == 1 && NT <= 2) __builtin_prefetch(p + kPackedPrefetchBytes, 0, 3);
+}
+
 // NR tiles (16 * NR rows) x NT tokens: each activation broadcast feeds NR tiles' dot products and
 // each weight vector NT tokens' (the loads per dot product drop from (1 + NT) / NT to (NR + NT) /
 // (NR * NT): one 512-bit vpdpbusd per load is the port limit otherwise).
@@ -53,6 +62,7 @@ inline void int_tile(const uint8_t* const* tiles, const KMatrix& wm, const Packe
       const int64_t bias_off =
           T::kBiasedS8 ? act_biased_offset(geo.groups * group, geo.groups) : 0;
       for (int c = 0; c < group / 4; ++c) {
+        gemv_prefetch<NR, NT>(block[0] + c * 64);
         VI w[W];
         for (int r = 0; r < NR; ++r) {
           for (int v = 0; v < V; ++v) w[r * V + v] = T::load(block[r] + c * 64 + v * (64 / V));
@@ -77,6 +87,7 @@ inline void int_tile(const uint8_t* const* tiles, const KMatrix& wm, const Packe
     } else {
       const int half = group / 8;
       for (int c = 0; c < half; ++c) {
+        gemv_prefetch<NR, NT>(block[0] + c * 64);
         VI lo[W], hi[W];
         for (int r = 0; r < NR; ++r) {
           for (int v = 0; v < V; ++v) {
@@ -136,6 +147,7 @@ inline void bf16_tile(const uint8_t* const* tiles, const KMatrix& wm, const Pack
   }
   (void)wm;
   for (int64_t c = 0; c < geo.groups; ++c) {
+    gemv_prefetch<NR, NT>(tiles[0] + c * 64);
     typename T::WB w[W];
     for (int r = 0; r < NR; ++r) {
       for (int v = 0; v < V; ++v) w[r * V + v] = T::bf16_w(T::load(tiles[r] + c * 64 + v * (64 / V)));

@@ -93,12 +93,15 @@ void fp8_kernel(const PackedArgs& p) {
       const int nt = static_cast<int>(a.tokens - t0 < 4 ? a.tokens - t0 : 4);
       const uint16_t* ar[4];
       for (int t = 0; t < nt; ++t) ar[t] = reinterpret_cast<const uint16_t*>(a.row(t0 + t));
-      float acc[4] = {0, 0, 0, 0};
+      // Per lane: acc = fma(scale, block partial, acc); one reduction per row and token.
+      __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(),
+                       _mm512_setzero_ps()};
       for (int64_t b0 = 0; b0 < w.cols; b0 += w.block_cols) {
         const int64_t b1 = b0 + w.block_cols < w.cols ? b0 + w.block_cols : w.cols;
         __m512 part[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(),
                           _mm512_setzero_ps()};
         for (int64_t k = b0; k < b1; k += 32) {
+          if (k % 64 == 0) _mm_prefetch(reinterpret_cast<const char*>(wr + k) + 4096, _MM_HINT_T0);
           const __m512i wb = fp8x32_to_bf16(wr + k);
           for (int t = 0; t < nt; ++t) {
             const __m512i av = _mm512_loadu_si512(ar[t] + k);
@@ -106,9 +109,10 @@ void fp8_kernel(const PackedArgs& p) {
           }
         }
         const float s = srow[b0 / w.block_cols];
-        for (int t = 0; t < nt; ++t) acc[t] = __builtin_fmaf(s, _mm512_reduce_add_ps(part[t]), acc[t]);
+        const __m512 sv = _mm512_set1_ps(s);
+        for (int t = 0; t < nt; ++t) acc[t] = _mm512_fmadd_ps(sv, part[t], acc[t]);
       }
-      for (int t = 0; t < nt; ++t) p.y[(t0 + t) * p.ldy + n] = acc[t];
+      for (int t = 0; t < nt; ++t) p.y[(t0 + t) * p.ldy + n] = _mm512_reduce_add_ps(acc[t]);
     }
   }
 }
