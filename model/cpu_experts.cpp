@@ -27,7 +27,7 @@ using kern::WFormat;
 namespace {
 
 constexpr char kMagic[8] = {'T', 'D', 'M', 'X', 'P', 'A', 'K', '1'};
-constexpr uint32_t kVersion = 2;  // 2: bf16 experts in 16-row tiles
+constexpr uint32_t kVersion = 1;  // (format ids are in the header: BF16-tile caches differ by it)
 constexpr uint64_t kAlign = 4096;  // header size and data alignment (a page: mmap-friendly)
 
 struct CacheHeader {

@@ -43,6 +43,9 @@ struct Avx2 {
   static VF bf16_dot(VF acc, const WB& w, const AB& a) {
     return _mm256_fmadd_ps(w.odd, a.odd, _mm256_fmadd_ps(w.even, a.even, acc));
   }
+  static void fp8_expand(const uint8_t* const* src, int64_t pairs, uint16_t* dst) {
+    packed_impl::fp8_expand_lut(src, pairs, dst);
+  }
   static VI sub(VI a, VI b) { return _mm256_sub_epi32(a, b); }
   static VI shl7(VI a) { return _mm256_slli_epi32(a, 7); }
   static VF set1_f(float f) { return _mm256_set1_ps(f); }

@@ -61,6 +61,9 @@ struct Avx512 {
   static VF bf16_dot(VF acc, const WB& w, const AB& a) {
     return _mm512_fmadd_ps(w.odd, a.odd, _mm512_fmadd_ps(w.even, a.even, acc));
   }
+  static void fp8_expand(const uint8_t* const* src, int64_t pairs, uint16_t* dst) {
+    packed_impl::fp8_expand_lut(src, pairs, dst);
+  }
   static VI sub(VI a, VI b) { return _mm512_sub_epi32(a, b); }
   static VI shl7(VI a) { return _mm512_slli_epi32(a, 7); }
   static VF set1_f(float f) { return _mm512_set1_ps(f); }

@@ -9,6 +9,7 @@
 //   bcast(bits)         4 activation bytes to every lane (VNNI INT8 reads the biased copy)
 //   dot_s8(acc, w, a4)  acc + per lane sum of 4 products w * a (signed * signed)
 //   dot_u4(acc, u, a4)  acc + per lane sum of 4 products u * a (u in 0..15 unsigned)
+//   fp8_expand(src, pairs, dst)  16 FP8 rows into BF16 tile chunks (fp8_expand_lut's contract)
 //   WB / AB, bf16_w(chunk) / bf16_a(pair bits), bf16_dot(acc, wb, ab): a BF16 weight chunk and a
 //                       broadcast activation pair as the ISA's BF16 dot wants them; acc + per lane
 //                       w[2i] * a[0] + w[2i+1] * a[1] (exact products, F32 adds)
@@ -285,6 +286,24 @@ inline void fp8_tile_chunk(const uint16_t* buf, int64_t pairs, const float* scal
   }
 }
 
+// 16 FP8 rows (src[i] == nullptr: a zero padding row) x 2 * pairs columns into one BF16 tile's
+// chunks (dst[c * 32 + 2 i + j] = bf16(row i, column 2c + j)) through the exact E4M3 -> BF16 table.
+// The ISAs without a faster transposition (T::fp8_expand) use this.
+inline void fp8_expand_lut(const uint8_t* const* src, int64_t pairs, uint16_t* dst) {
+  const uint16_t* lut = fp8_bf16_table();
+  for (int i = 0; i < 16; ++i) {
+    uint16_t* d = dst + i * 2;
+    if (src[i] == nullptr) {
+      for (int64_t c = 0; c < pairs; ++c) d[c * 32] = d[c * 32 + 1] = 0;
+      continue;
+    }
+    for (int64_t c = 0; c < pairs; ++c) {
+      d[c * 32] = lut[src[i][2 * c]];
+      d[c * 32 + 1] = lut[src[i][2 * c + 1]];
+    }
+  }
+}
+
 // Rows [n, n + 16 * NR) ∩ [p.n0, p.n1) of an FP8Block matrix for every token (fp8_tile_chunk).
 // Needs cols and block_cols multiples of 32 (packed_gemm checks).
 template <class T, int NR>
@@ -301,29 +320,25 @@ void fp8_rows(const PackedArgs& p, int64_t n) {
   scales.resize(static_cast<size_t>(NR * max_blocks * 16));
   const int64_t acc_stride = 16 * NR;
   acc.assign(static_cast<size_t>(a.tokens * acc_stride), 0.0f);
-  const uint16_t* lut = fp8_bf16_table();
   for (int64_t k0 = 0; k0 < w.cols; k0 += chunk_cols) {
     const int64_t k1 = k0 + chunk_cols < w.cols ? k0 + chunk_cols : w.cols;
     const int64_t pairs = (k1 - k0) / 2;
     const int64_t blocks = (k1 - k0 + w.block_cols - 1) / w.block_cols;
     for (int r = 0; r < NR; ++r) {
+      const uint8_t* src[16];
       for (int i = 0; i < 16; ++i) {
         const int64_t row = n + r * 16 + i;
-        uint16_t* dst = buf.data() + r * pairs * 32 + i * 2;
         float* sc = scales.data() + r * blocks * 16 + i;
         if (row >= n_end) {
-          for (int64_t c = 0; c < pairs; ++c) dst[c * 32] = dst[c * 32 + 1] = 0;
+          src[i] = nullptr;
           for (int64_t b = 0; b < blocks; ++b) sc[b * 16] = 0.0f;
           continue;
         }
-        const uint8_t* src = w.data + row * w.row_bytes + k0;
-        for (int64_t c = 0; c < pairs; ++c) {
-          dst[c * 32] = lut[src[2 * c]];
-          dst[c * 32 + 1] = lut[src[2 * c + 1]];
-        }
+        src[i] = w.data + row * w.row_bytes + k0;
         const float* srow = w.scales + ((w.row0 + row) / w.block_rows) * w.scale_stride;
         for (int64_t b = 0; b < blocks; ++b) sc[b * 16] = srow[k0 / w.block_cols + b];
       }
+      T::fp8_expand(src, pairs, buf.data() + r * pairs * 32);
     }
     const uint8_t* arow[T::kMaxTokens];
     for (int64_t t0 = 0; t0 < a.tokens; t0 += T::kMaxTokens) {

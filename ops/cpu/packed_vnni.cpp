@@ -23,6 +23,56 @@
 namespace tandem::kern::detail {
 namespace {
 
+// 32 E4M3 bytes to 32 BF16: normal values rebias the exponent (+120) with one shift and add;
+// subnormals (exponent 0: m * 2^-9, normal in BF16) come from an 8-entry table.
+inline __m512i fp8x32_to_bf16(const uint8_t* p) {
+  const __m512i x = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  const __m512i mag = _mm512_and_si512(x, _mm512_set1_epi16(0x7F));
+  const __m512i normal = _mm512_add_epi16(_mm512_slli_epi16(mag, 4), _mm512_set1_epi16(0x3C00));
+  const __m512i sub_lut = _mm512_set_epi16(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,  //
+                                           0, 0, 0, 0, 0, 0, 0, 0,                          //
+                                           0x3C60, 0x3C40, 0x3C20, 0x3C00, 0x3BC0, 0x3B80,
+                                           0x3B00, 0);
+  const __mmask32 is_sub = _mm512_testn_epi16_mask(x, _mm512_set1_epi16(0x78));
+  const __m512i v = _mm512_mask_permutexvar_epi16(normal, is_sub, mag, sub_lut);
+  const __m512i sign = _mm512_slli_epi16(_mm512_and_si512(x, _mm512_set1_epi16(0x80)), 8);
+  return _mm512_or_si512(v, sign);
+}
+
+// 16 FP8 rows x 32 columns per step: each row expanded to 16 BF16 pairs (dwords), then a 16 x 16
+// dword transpose (unpack 32 / 64-bit, then two rounds of 128-bit lane shuffles) gives the 16
+// chunks (16 rows of one pair each). Padding rows are zero.
+inline void fp8_expand_transpose(const uint8_t* const* src, int64_t pairs, uint16_t* dst) {
+  for (int64_t c0 = 0; c0 < pairs; c0 += 16) {
+    __m512i r[16], t[16], u[16];
+    for (int i = 0; i < 16; ++i) {
+      r[i] = src[i] != nullptr ? fp8x32_to_bf16(src[i] + 2 * c0) : _mm512_setzero_si512();
+    }
+    for (int i = 0; i < 8; ++i) {
+      t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
+      t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+    }
+    // u[4i + j], 128-bit lane L: rows 4i..4i+3 of pair j + 4L.
+    for (int i = 0; i < 4; ++i) {
+      u[4 * i + 0] = _mm512_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
+      u[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
+      u[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
+      u[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
+    }
+    for (int j = 0; j < 4; ++j) {
+      const __m512i v = _mm512_shuffle_i32x4(u[j], u[4 + j], 0x88);   // lanes 0, 2 of each
+      const __m512i w = _mm512_shuffle_i32x4(u[j], u[4 + j], 0xDD);   // lanes 1, 3
+      const __m512i v2 = _mm512_shuffle_i32x4(u[8 + j], u[12 + j], 0x88);
+      const __m512i w2 = _mm512_shuffle_i32x4(u[8 + j], u[12 + j], 0xDD);
+      uint16_t* d = dst + (c0 + j) * 32;
+      _mm512_storeu_si512(d, _mm512_shuffle_i32x4(v, v2, 0x88));            // pair j
+      _mm512_storeu_si512(d + 4 * 32, _mm512_shuffle_i32x4(w, w2, 0x88));   // pair j + 4
+      _mm512_storeu_si512(d + 8 * 32, _mm512_shuffle_i32x4(v, v2, 0xDD));   // pair j + 8
+      _mm512_storeu_si512(d + 12 * 32, _mm512_shuffle_i32x4(w, w2, 0xDD));  // pair j + 12
+    }
+  }
+}
+
 struct Vnni {
   using VI = __m512i;
   using VF = __m512;
@@ -39,6 +89,13 @@ struct Vnni {
     return acc;
   }
   static VI dot_s8(VI acc, VI w, VI a_biased) { return dpbusd(acc, a_biased, w); }
+  static void fp8_expand(const uint8_t* const* src, int64_t pairs, uint16_t* dst) {
+    if (pairs % 16 == 0) {
+      fp8_expand_transpose(src, pairs, dst);
+    } else {
+      packed_impl::fp8_expand_lut(src, pairs, dst);
+    }
+  }
   // BF16 tiles: the chunk and the broadcast pair are vdpbf16ps operands as they are.
   using WB = VI;
   using AB = VI;
@@ -62,22 +119,6 @@ struct Vnni {
   static VF cvt_f(VI a) { return _mm512_cvtepi32_ps(a); }
   static void store_f(float* p, VF v) { _mm512_storeu_ps(p, v); }
 };
-
-// 32 E4M3 bytes to 32 BF16: normal values rebias the exponent (+120) with one shift and add;
-// subnormals (exponent 0: m * 2^-9, normal in BF16) come from an 8-entry table.
-inline __m512i fp8x32_to_bf16(const uint8_t* p) {
-  const __m512i x = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-  const __m512i mag = _mm512_and_si512(x, _mm512_set1_epi16(0x7F));
-  const __m512i normal = _mm512_add_epi16(_mm512_slli_epi16(mag, 4), _mm512_set1_epi16(0x3C00));
-  const __m512i sub_lut = _mm512_set_epi16(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,  //
-                                           0, 0, 0, 0, 0, 0, 0, 0,                          //
-                                           0x3C60, 0x3C40, 0x3C20, 0x3C00, 0x3BC0, 0x3B80,
-                                           0x3B00, 0);
-  const __mmask32 is_sub = _mm512_testn_epi16_mask(x, _mm512_set1_epi16(0x78));
-  const __m512i v = _mm512_mask_permutexvar_epi16(normal, is_sub, mag, sub_lut);
-  const __m512i sign = _mm512_slli_epi16(_mm512_and_si512(x, _mm512_set1_epi16(0x80)), 8);
-  return _mm512_or_si512(v, sign);
-}
 
 void fp8_kernel(const PackedArgs& p) {
   if (p.a->tokens >= kFp8TileMinTokens) {
