@@ -86,18 +86,15 @@ inline void prefetch_ahead(const void* p, int bytes) {
 // rows gives a single-token GEMV NR independent accumulation chains and shares each activation
 // load between the NR rows.
 
-// Q4_K x Q8_K.
+// Q4_K x Q8_K. The F32 steps are the scalar reference's (exact integer sums per super-block, then
+// acc + (da * dw) * isum - (da * dmin) * msum in block order), so every ISA and the tiled GEMM
+// (kern_gguf_vnni.cpp) agree bit for bit and a token's result never depends on its batch.
 template <class S, int NR, int NT>
 inline void q4k_rows(const BlockQ4_K* const* w, const BlockQ8_K* const* a, int64_t nb,
                      float (*out)[NT]) {
-  // facc: the scale part in vector lanes (no horizontal sum per block); acc: the min part.
   float acc[NR][NT];
-  typename S::F facc[NR][NT];
   for (int r = 0; r < NR; ++r) {
-    for (int t = 0; t < NT; ++t) {
-      acc[r][t] = 0.0f;
-      facc[r][t] = S::fzero();
-    }
+    for (int t = 0; t < NT; ++t) acc[r][t] = 0.0f;
   }
   const typename S::V mask = S::set1_8(0x0F);
   // The second 256-bit half of an AVX-512 vector is group g + 1 (sub-blocks 2g+2, 2g+3); AVX2
@@ -135,13 +132,13 @@ inline void q4k_rows(const BlockQ4_K* const* w, const BlockQ8_K* const* a, int64
       const float dw = half_to_float(w[r][b].d), dmw = half_to_float(w[r][b].dmin);
       for (int t = 0; t < NT; ++t) {
         const float da = a[t][b].d;
-        facc[r][t] = S::fmadd(S::to_float(sum[r][t]), S::fset1(da * dw), facc[r][t]);
-        acc[r][t] = acc[r][t] + (da * dmw) * static_cast<float>(k4_min_sum(m[r], a[t][b].bsums));
+        acc[r][t] = acc[r][t] + (da * dw) * static_cast<float>(S::hsum(sum[r][t]));
+        acc[r][t] = acc[r][t] - (da * dmw) * static_cast<float>(k4_min_sum(m[r], a[t][b].bsums));
       }
     }
   }
   for (int r = 0; r < NR; ++r) {
-    for (int t = 0; t < NT; ++t) out[r][t] = S::fhsum(facc[r][t]) - acc[r][t];
+    for (int t = 0; t < NT; ++t) out[r][t] = acc[r][t];
   }
 }
 

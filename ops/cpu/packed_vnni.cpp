@@ -18,6 +18,7 @@
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx512bf16")
 
+#include "ops/cpu/avx512_transpose.h"
 #include "ops/cpu/packed_impl.h"
 
 namespace tandem::kern::detail {
@@ -40,36 +41,15 @@ inline __m512i fp8x32_to_bf16(const uint8_t* p) {
 }
 
 // 16 FP8 rows x 32 columns per step: each row expanded to 16 BF16 pairs (dwords), then a 16 x 16
-// dword transpose (unpack 32 / 64-bit, then two rounds of 128-bit lane shuffles) gives the 16
-// chunks (16 rows of one pair each). Padding rows are zero.
+// dword transpose gives the 16 chunks (16 rows of one pair each). Padding rows are zero.
 inline void fp8_expand_transpose(const uint8_t* const* src, int64_t pairs, uint16_t* dst) {
   for (int64_t c0 = 0; c0 < pairs; c0 += 16) {
-    __m512i r[16], t[16], u[16];
+    __m512i r[16], out[16];
     for (int i = 0; i < 16; ++i) {
       r[i] = src[i] != nullptr ? fp8x32_to_bf16(src[i] + 2 * c0) : _mm512_setzero_si512();
     }
-    for (int i = 0; i < 8; ++i) {
-      t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
-      t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
-    }
-    // u[4i + j], 128-bit lane L: rows 4i..4i+3 of pair j + 4L.
-    for (int i = 0; i < 4; ++i) {
-      u[4 * i + 0] = _mm512_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
-      u[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
-      u[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
-      u[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
-    }
-    for (int j = 0; j < 4; ++j) {
-      const __m512i v = _mm512_shuffle_i32x4(u[j], u[4 + j], 0x88);   // lanes 0, 2 of each
-      const __m512i w = _mm512_shuffle_i32x4(u[j], u[4 + j], 0xDD);   // lanes 1, 3
-      const __m512i v2 = _mm512_shuffle_i32x4(u[8 + j], u[12 + j], 0x88);
-      const __m512i w2 = _mm512_shuffle_i32x4(u[8 + j], u[12 + j], 0xDD);
-      uint16_t* d = dst + (c0 + j) * 32;
-      _mm512_storeu_si512(d, _mm512_shuffle_i32x4(v, v2, 0x88));            // pair j
-      _mm512_storeu_si512(d + 4 * 32, _mm512_shuffle_i32x4(w, w2, 0x88));   // pair j + 4
-      _mm512_storeu_si512(d + 8 * 32, _mm512_shuffle_i32x4(v, v2, 0xDD));   // pair j + 8
-      _mm512_storeu_si512(d + 12 * 32, _mm512_shuffle_i32x4(w, w2, 0xDD));  // pair j + 12
-    }
+    transpose16_epi32(r, out);
+    for (int c = 0; c < 16; ++c) _mm512_storeu_si512(dst + (c0 + c) * 32, out[c]);
   }
 }
 
