@@ -22,7 +22,7 @@ using S = Avx512<true>;
 // super-block, each step rounded as the scalar reference and the row kernels do: bit-identical.
 // The rearrangement costs about as much as 8 tokens' arithmetic, so fewer tokens take the rows.
 constexpr int64_t kQ4KTileMinTokens = 16;
-constexpr int kQ4KTiles = 2, kQ4KTokens = 2;
+constexpr int kQ4KTiles = 2, kQ4KTokens = 4;
 
 struct Q4KTile {
   const uint8_t* qs;
@@ -150,7 +150,9 @@ void q4k_tiles_all_tokens(const GemmArgs& g, const Q4KTile* tile, int64_t nb, in
     if (nt == kQ4KTokens) {
       q4k_tiles<NR, kQ4KTokens>(tile, nb, a, out);
     } else {
-      q4k_tiles<NR, 1>(tile, nb, a, out);
+      for (int t = 0; t < nt; ++t) {  // the last tokens one at a time (same arithmetic per token)
+        q4k_tiles<NR, 1>(tile, nb, a + t, out + t);
+      }
     }
     for (int t = 0; t < nt; ++t) {
       for (int64_t r = n; r < n_end; ++r) g.y[(t0 + t) * g.ldy + r] = out[t][r - n];
