@@ -93,6 +93,40 @@ TEST_P(Kernels, SimdEqualsReferenceOnEveryIsa) {
   }
 }
 
+// A token's result does not depend on its batch: every format x ISA, a call with many tokens (the
+// GEMM path: tiles for Q4_K / Q8_0 / Q5_0 on AVX-512 VNNI from 16 tokens) equals one call per
+// token (the GEMV path) bit for bit. 800 columns: an odd number of 32-blocks (Q5_0's row kernel
+// then ends with a 256-bit block, and its GEMM keeps the rows).
+TEST_P(Kernels, ResultDoesNotDependOnTheBatch) {
+  const Case c = GetParam();
+  const bool k_quant = c.dtype == DType::kQ4_K || c.dtype == DType::kQ5_K || c.dtype == DType::kQ6_K;
+  for (const int64_t cols : {int64_t{768}, int64_t{800}}) {
+    if (k_quant && cols % 256 != 0) continue;
+    const int64_t rows = 37, tokens = 35;
+    const Matrix m = make_matrix(c.dtype, rows, cols, 13);
+    kern::KMatrix w;
+    ASSERT_TRUE(kern::view_weight(ops::Weight(m.t), &w));
+    const std::vector<float> x = random_values(tokens * cols, 14);
+    kern::Activations a;
+    kern::quantize_activations(kern::act_format(w.format), 0, x.data(), tokens, cols, cols, &a);
+    for (Isa isa : supported_isas()) {
+      std::vector<float> batch(static_cast<size_t>(tokens * rows));
+      kern::gemm(w, a, 0, rows, batch.data(), rows, isa);
+      for (int64_t t = 0; t < tokens; ++t) {
+        kern::Activations one;
+        kern::quantize_activations(kern::act_format(w.format), 0, x.data() + t * cols, 1, cols,
+                                   cols, &one);
+        std::vector<float> y(static_cast<size_t>(rows));
+        kern::gemm(w, one, 0, rows, y.data(), rows, isa);
+        for (int64_t r = 0; r < rows; ++r) {
+          ASSERT_EQ(batch[t * rows + r], y[r]) << isa_name(isa) << " cols " << cols << " t " << t
+                                               << " r " << r;
+        }
+      }
+    }
+  }
+}
+
 // The reference against the exact product of the dequantized weights and the F32 activations:
 // the only difference is the activations' quantization, |err| <= sum_k |w_k| * step_k / 2 with
 // step = the activation block's scale (Q8_K: amax/127-ish; Q8_0: amax/127; BF16: 2^-8 relative).
