@@ -204,35 +204,49 @@ namespace tandem {
 namespace {
 
 // The fast attention equals the reference attention (the same formula, F32) for GQA groups and
-// the one-KV-head shape of absorbed MLA, with a cached prefix (pos0 > 0).
+// the one-KV-head shape of absorbed MLA, with a cached prefix (pos0 > 0), 5 and 40 query tokens
+// (blocks of 16); token by token (decode) gives the same bits as the batch.
 TEST(KernelsAttention, EqualsReference) {
   ThreadPool pool(place_workers(detect_topology(), 2));
-  for (auto [heads, kv_heads, dk, dv] : {std::tuple<int64_t, int64_t, int64_t, int64_t>{8, 2, 64, 64},
-                                        {16, 1, 96, 80}}) {
-    const int64_t n = 5, pos0 = 7, ctx = pos0 + n;
-    const std::vector<float> q = random_values(n * heads * dk, 1);
-    const std::vector<float> k = random_values(ctx * kv_heads * dk, 2);
-    const std::vector<float> v = random_values(ctx * kv_heads * dv, 3);
-    ops::AttentionArgs a;
-    a.q = q.data();
-    a.q_stride = heads * dk;
-    a.n_tokens = n;
-    a.n_heads = heads;
-    a.n_kv_heads = kv_heads;
-    a.dk = dk;
-    a.dv = dv;
-    a.k = k.data();
-    a.v = v.data();
-    a.k_stride = kv_heads * dk;
-    a.v_stride = kv_heads * dv;
-    a.pos0 = pos0;
-    a.scale = 0.125f;
-    std::vector<float> want(static_cast<size_t>(n * heads * dv)), got(want.size());
-    a.out = want.data();
-    ops::attention(a, nullptr);
-    a.out = got.data();
-    kern::attention(a, &pool);
-    for (size_t i = 0; i < want.size(); ++i) ASSERT_NEAR(got[i], want[i], 1e-5f) << i;
+  for (auto [heads, kv_heads, dk, dv] :
+       {std::tuple<int64_t, int64_t, int64_t, int64_t>{8, 2, 64, 64}, {16, 1, 96, 80}}) {
+    for (const int64_t n : {int64_t{5}, int64_t{40}}) {  // 40: blocks of 16 query tokens
+      const int64_t pos0 = 7, ctx = pos0 + n;
+      const std::vector<float> q = random_values(n * heads * dk, 1);
+      const std::vector<float> k = random_values(ctx * kv_heads * dk, 2);
+      const std::vector<float> v = random_values(ctx * kv_heads * dv, 3);
+      ops::AttentionArgs a;
+      a.q = q.data();
+      a.q_stride = heads * dk;
+      a.n_tokens = n;
+      a.n_heads = heads;
+      a.n_kv_heads = kv_heads;
+      a.dk = dk;
+      a.dv = dv;
+      a.k = k.data();
+      a.v = v.data();
+      a.k_stride = kv_heads * dk;
+      a.v_stride = kv_heads * dv;
+      a.pos0 = pos0;
+      a.scale = 0.125f;
+      std::vector<float> want(static_cast<size_t>(n * heads * dv)), got(want.size());
+      a.out = want.data();
+      ops::attention(a, nullptr);
+      a.out = got.data();
+      kern::attention(a, &pool);
+      for (size_t i = 0; i < want.size(); ++i) ASSERT_NEAR(got[i], want[i], 1e-5f) << i;
+      // Token by token as decode computes it (one query, the prefix cached): the same bits.
+      for (int64_t t = 0; t < n; ++t) {
+        ops::AttentionArgs one = a;
+        one.q = q.data() + t * heads * dk;
+        one.n_tokens = 1;
+        one.pos0 = pos0 + t;
+        std::vector<float> y(static_cast<size_t>(heads * dv));
+        one.out = y.data();
+        kern::attention(one, nullptr);
+        for (int64_t i = 0; i < heads * dv; ++i) ASSERT_EQ(y[i], got[t * heads * dv + i]) << t;
+      }
+    }
   }
 }
 
