@@ -33,6 +33,11 @@ struct Q4KTile {
 // Tile rows [row0, row0 + rows) (rows <= 16; the rest zero) of g's Q4_K matrix into the storage.
 void q4k_expand(const GemmArgs& g, int64_t row0, int64_t rows, int64_t nb, uint8_t* qs,
                 int32_t* sc, int32_t* mn, float* d, float* dmin) {
+  const __m512i zero = _mm512_setzero_si512();
+  const __mmask16 live = static_cast<__mmask16>((1u << rows) - 1);  // rows past the end: zero
+  const __m512i offs = _mm512_mullo_epi32(
+      _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+      _mm512_set1_epi32(static_cast<int32_t>(g.row_bytes)));
   for (int64_t b = 0; b < nb; ++b) {
     for (int h = 0; h < 2; ++h) {
       __m512i r[16], out[16];
@@ -46,22 +51,33 @@ void q4k_expand(const GemmArgs& g, int64_t row0, int64_t rows, int64_t nb, uint8
       tandem::kern::detail::transpose16_epi32(r, out);
       for (int c = 0; c < 16; ++c) _mm512_storeu_si512(qs + (b * 32 + 16 * h + c) * 64, out[c]);
     }
-    for (int i = 0; i < 16; ++i) {
-      uint8_t s8[8] = {}, m8[8] = {};
-      float di = 0.0f, dmi = 0.0f;
-      if (i < rows) {
-        const auto* blk = reinterpret_cast<const BlockQ4_K*>(g.w + (row0 + i) * g.row_bytes) + b;
-        unpack_k4_scales(blk->scales, s8, m8);
-        di = half_to_float(blk->d);
-        dmi = half_to_float(blk->dmin);
-      }
-      for (int j = 0; j < 8; ++j) {
-        sc[(b * 8 + j) * 16 + i] = s8[j];
-        mn[(b * 8 + j) * 16 + i] = m8[j];
-      }
-      d[b * 16 + i] = di;
-      dmin[b * 16 + i] = dmi;
+    // Scales, mins, d and dmin of the 16 rows at once, a row per lane (unpack_k4_scales' bit
+    // layout): gathers of the block's first four 32-bit words, then byte j of each word.
+    const uint8_t* base = g.w + row0 * g.row_bytes + b * static_cast<int64_t>(sizeof(BlockQ4_K));
+    const __m512i dd = _mm512_mask_i32gather_epi32(zero, live, offs, base, 1);
+    const __m512i wa = _mm512_mask_i32gather_epi32(zero, live, offs, base + 4, 1);
+    const __m512i wb = _mm512_mask_i32gather_epi32(zero, live, offs, base + 8, 1);
+    const __m512i wc = _mm512_mask_i32gather_epi32(zero, live, offs, base + 12, 1);
+    const __m512i m3f = _mm512_set1_epi32(0x3F3F3F3F), m0f = _mm512_set1_epi32(0x0F0F0F0F);
+    const __m512i m30 = _mm512_set1_epi32(0x30303030);
+    const __m512i words[4] = {
+        _mm512_and_si512(wa, m3f),                                     // scales 0-3
+        _mm512_or_si512(_mm512_and_si512(wc, m0f),                     // scales 4-7
+                        _mm512_and_si512(_mm512_srli_epi32(wa, 2), m30)),
+        _mm512_and_si512(wb, m3f),                                     // mins 0-3
+        _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(wc, 4), m0f),  // mins 4-7
+                        _mm512_and_si512(_mm512_srli_epi32(wb, 2), m30))};
+    const __m512i ff = _mm512_set1_epi32(0xFF);
+    for (int j = 0; j < 4; ++j) {
+      _mm512_storeu_si512(sc + (b * 8 + j) * 16, _mm512_and_si512(_mm512_srli_epi32(words[0], 8 * j), ff));
+      _mm512_storeu_si512(sc + (b * 8 + 4 + j) * 16,
+                          _mm512_and_si512(_mm512_srli_epi32(words[1], 8 * j), ff));
+      _mm512_storeu_si512(mn + (b * 8 + j) * 16, _mm512_and_si512(_mm512_srli_epi32(words[2], 8 * j), ff));
+      _mm512_storeu_si512(mn + (b * 8 + 4 + j) * 16,
+                          _mm512_and_si512(_mm512_srli_epi32(words[3], 8 * j), ff));
     }
+    _mm512_storeu_ps(d + b * 16, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(dd)));
+    _mm512_storeu_ps(dmin + b * 16, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(dd, 16))));
   }
 }
 
@@ -365,7 +381,8 @@ void q50(const GemmArgs& g) {
 }
 
 void q4k(const GemmArgs& g) {
-  if (g.tokens >= kQ4KTileMinTokens) {
+  // (The rearrangement gathers the 16 rows' scales with 32-bit row offsets.)
+  if (g.tokens >= kQ4KTileMinTokens && g.row_bytes < (int64_t{1} << 27)) {
     q4k_tiled(g);
     return;
   }
