@@ -50,7 +50,8 @@ Layer make_layer(const Shape& s) {
     for (float& v : f) v = nd(rng);
     const int64_t rb = static_cast<int64_t>(dtype_bytes(dt, cols));
     std::vector<uint8_t> q(static_cast<size_t>(rb * rows));
-    for (int64_t r = 0; r < rows; ++r) quantize_row(dt, f.data() + r * cols, q.data() + r * rb, cols);
+    for (int64_t r = 0; r < rows; ++r)
+      quantize_row(dt, f.data() + r * cols, q.data() + r * rb, cols);
     return q;
   };
   std::vector<std::vector<uint8_t>> proto;
@@ -65,9 +66,9 @@ Layer make_layer(const Shape& s) {
     for (int m = 0; m < 3; ++m) {
       l.bytes.push_back(proto[static_cast<size_t>((e % 4) * 3 + m)]);
       const bool down = m == 2;
-      const Tensor t = Tensor::dense(down ? s.down : s.gate_up,
-                                     {down ? s.hidden : s.ff, down ? s.ff : s.hidden},
-                                     l.bytes.back().data());
+      const Tensor t =
+          Tensor::dense(down ? s.down : s.gate_up, {down ? s.hidden : s.ff, down ? s.ff : s.hidden},
+                        l.bytes.back().data());
       (m == 0 ? l.w.gate : m == 1 ? l.w.up : l.w.down).push_back(t);
     }
   }
@@ -215,12 +216,12 @@ BENCHMARK_CAPTURE(BM_MoeLayer, v2lite_prefill512, kV2Lite, 512)->UseRealTime()->
 BENCHMARK_CAPTURE(BM_MoeLayer, qwen3_30b_a3b_decode, kQwen3, 1)->UseRealTime()->MinTime(0.5);
 BENCHMARK_CAPTURE(BM_MoeLayer, qwen3_30b_a3b_prefill512, kQwen3, 512)->UseRealTime()->MinTime(0.5);
 
-#define TD_PACKED_LAYER(f, name)                                                          \
-  BENCHMARK_CAPTURE(BM_MoeLayerPacked, v2lite_##name##_decode, kV2Lite, f, 1)             \
-      ->UseRealTime()                                                                     \
-      ->MinTime(0.5);                                                                     \
-  BENCHMARK_CAPTURE(BM_MoeLayerPacked, v2lite_##name##_prefill512, kV2Lite, f, 512)       \
-      ->UseRealTime()                                                                     \
+#define TD_PACKED_LAYER(f, name)                                                    \
+  BENCHMARK_CAPTURE(BM_MoeLayerPacked, v2lite_##name##_decode, kV2Lite, f, 1)       \
+      ->UseRealTime()                                                               \
+      ->MinTime(0.5);                                                               \
+  BENCHMARK_CAPTURE(BM_MoeLayerPacked, v2lite_##name##_prefill512, kV2Lite, f, 512) \
+      ->UseRealTime()                                                               \
       ->MinTime(0.5)
 TD_PACKED_LAYER(kern::WFormat::kInt4, int4);
 TD_PACKED_LAYER(kern::WFormat::kInt8, int8);

@@ -1,7 +1,8 @@
 // A 16 x 16 transpose of 32-bit elements in AVX-512 registers (internal linkage: include it only
 // in translation units compiled for AVX-512, after their target pragma or with -mavx512f).
 // Used to turn 16 row-major weight rows into the 16-row chunks of the tile layouts (one dword of
-// each row per 64-byte chunk): FP8 -> BF16 tiles (packed_vnni.cpp), Q4_K nibbles (kern_gguf_vnni.cpp).
+// each row per 64-byte chunk): FP8 -> BF16 tiles (packed_vnni.cpp), Q4_K nibbles
+// (kern_gguf_vnni.cpp).
 #pragma once
 
 #include <immintrin.h>

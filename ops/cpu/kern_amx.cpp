@@ -133,8 +133,8 @@ void fp8_kernel(const PackedArgs& p) {
         }
         _tile_stored(0, c_out, 64);
         for (int n = 0; n < nn; ++n) {
-          const float s = w.scales[((w.row0 + n0 + n) / w.block_rows) * w.scale_stride +
-                                   b0 / w.block_cols];
+          const float s =
+              w.scales[((w.row0 + n0 + n) / w.block_rows) * w.scale_stride + b0 / w.block_cols];
           for (int t = 0; t < nt; ++t) acc[t][n] = __builtin_fmaf(s, c_out[t][n], acc[t][n]);
         }
       }

@@ -1,9 +1,11 @@
-// AVX-512 with VNNI and BF16 instances of the GGUF / dense kernel templates (compiled with the matching -mavx512* flags
-// and -ffp-contract=off; see ops/cpu/CMakeLists.txt). Selected only when the CPU has them.
+// AVX-512 with VNNI and BF16 instances of the GGUF / dense kernel templates (compiled with the
+// matching -mavx512* flags and -ffp-contract=off; see ops/cpu/CMakeLists.txt). Selected only when
+// the CPU has them.
 #include <vector>
 
 #include "ops/cpu/avx512_transpose.h"
 #include "ops/cpu/kern_gguf_impl.h"
+// (after kern_gguf_impl.h: the traits use its block types)
 #include "ops/cpu/kern_gguf_avx512.h"
 
 namespace {
@@ -31,13 +33,13 @@ struct Q4KTile {
 };
 
 // Tile rows [row0, row0 + rows) (rows <= 16; the rest zero) of g's Q4_K matrix into the storage.
-void q4k_expand(const GemmArgs& g, int64_t row0, int64_t rows, int64_t nb, uint8_t* qs,
-                int32_t* sc, int32_t* mn, float* d, float* dmin) {
+void q4k_expand(const GemmArgs& g, int64_t row0, int64_t rows, int64_t nb, uint8_t* qs, int32_t* sc,
+                int32_t* mn, float* d, float* dmin) {
   const __m512i zero = _mm512_setzero_si512();
   const __mmask16 live = static_cast<__mmask16>((1u << rows) - 1);  // rows past the end: zero
-  const __m512i offs = _mm512_mullo_epi32(
-      _mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
-      _mm512_set1_epi32(static_cast<int32_t>(g.row_bytes)));
+  const __m512i offs =
+      _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                         _mm512_set1_epi32(static_cast<int32_t>(g.row_bytes)));
   for (int64_t b = 0; b < nb; ++b) {
     for (int h = 0; h < 2; ++h) {
       __m512i r[16], out[16];
@@ -61,23 +63,26 @@ void q4k_expand(const GemmArgs& g, int64_t row0, int64_t rows, int64_t nb, uint8
     const __m512i m3f = _mm512_set1_epi32(0x3F3F3F3F), m0f = _mm512_set1_epi32(0x0F0F0F0F);
     const __m512i m30 = _mm512_set1_epi32(0x30303030);
     const __m512i words[4] = {
-        _mm512_and_si512(wa, m3f),                                     // scales 0-3
-        _mm512_or_si512(_mm512_and_si512(wc, m0f),                     // scales 4-7
+        _mm512_and_si512(wa, m3f),                  // scales 0-3
+        _mm512_or_si512(_mm512_and_si512(wc, m0f),  // scales 4-7
                         _mm512_and_si512(_mm512_srli_epi32(wa, 2), m30)),
-        _mm512_and_si512(wb, m3f),                                     // mins 0-3
+        _mm512_and_si512(wb, m3f),                                        // mins 0-3
         _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(wc, 4), m0f),  // mins 4-7
                         _mm512_and_si512(_mm512_srli_epi32(wb, 2), m30))};
     const __m512i ff = _mm512_set1_epi32(0xFF);
     for (int j = 0; j < 4; ++j) {
-      _mm512_storeu_si512(sc + (b * 8 + j) * 16, _mm512_and_si512(_mm512_srli_epi32(words[0], 8 * j), ff));
+      _mm512_storeu_si512(sc + (b * 8 + j) * 16,
+                          _mm512_and_si512(_mm512_srli_epi32(words[0], 8 * j), ff));
       _mm512_storeu_si512(sc + (b * 8 + 4 + j) * 16,
                           _mm512_and_si512(_mm512_srli_epi32(words[1], 8 * j), ff));
-      _mm512_storeu_si512(mn + (b * 8 + j) * 16, _mm512_and_si512(_mm512_srli_epi32(words[2], 8 * j), ff));
+      _mm512_storeu_si512(mn + (b * 8 + j) * 16,
+                          _mm512_and_si512(_mm512_srli_epi32(words[2], 8 * j), ff));
       _mm512_storeu_si512(mn + (b * 8 + 4 + j) * 16,
                           _mm512_and_si512(_mm512_srli_epi32(words[3], 8 * j), ff));
     }
     _mm512_storeu_ps(d + b * 16, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(dd)));
-    _mm512_storeu_ps(dmin + b * 16, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(dd, 16))));
+    _mm512_storeu_ps(dmin + b * 16,
+                     _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(dd, 16))));
   }
 }
 
@@ -222,14 +227,14 @@ constexpr int64_t kQ0TileMinTokens = 16;
 constexpr int kQ80Tokens = 3;  // 8 accumulators per token; Q5_0 has 16, one token at a time
 
 struct Q0Tile {
-  const uint8_t* w;      // [nb][8][64]
-  const int32_t* negw;   // [nb][8][16]
-  const float* dw;       // [nb][16]
+  const uint8_t* w;     // [nb][8][64]
+  const int32_t* negw;  // [nb][8][16]
+  const float* dw;      // [nb][16]
 };
 
 template <class Block, class Expand>
-void q0_expand(const GemmArgs& g, int64_t row0, int64_t rows, int64_t nb, Expand expand,
-               uint8_t* w, int32_t* negw, float* dw) {
+void q0_expand(const GemmArgs& g, int64_t row0, int64_t rows, int64_t nb, Expand expand, uint8_t* w,
+               int32_t* negw, float* dw) {
   const __m512i u128 = _mm512_set1_epi8(static_cast<char>(0x80));
   for (int64_t b = 0; b < nb; b += 2) {
     __m512i r[16], out[16];
@@ -246,7 +251,8 @@ void q0_expand(const GemmArgs& g, int64_t row0, int64_t rows, int64_t nb, Expand
     for (int c = 0; c < 16 && b + c / 8 < nb; ++c) {
       _mm512_storeu_si512(w + (b * 8 + c) * 64, out[c]);
       const __m512i sum128 = dpbusd(_mm512_setzero_si512(), u128, out[c]);
-      _mm512_storeu_si512(negw + (b * 8 + c) * 16, _mm512_sub_epi32(_mm512_setzero_si512(), sum128));
+      _mm512_storeu_si512(negw + (b * 8 + c) * 16,
+                          _mm512_sub_epi32(_mm512_setzero_si512(), sum128));
     }
     for (int64_t bb = b; bb < b + 2 && bb < nb; ++bb) {
       for (int i = 0; i < 16; ++i) {
@@ -261,8 +267,8 @@ void q0_expand(const GemmArgs& g, int64_t row0, int64_t rows, int64_t nb, Expand
 
 // One block's 8 chunks for NT tokens into the lane accumulators acc[t][base + l].
 template <int NT, int kAcc>
-inline void q0_block(const Q0Tile& tl, int64_t b, const uint8_t* const* abias,
-                     const __m512* dd, __m512 (*acc)[kAcc], int base) {
+inline void q0_block(const Q0Tile& tl, int64_t b, const uint8_t* const* abias, const __m512* dd,
+                     __m512 (*acc)[kAcc], int base) {
   for (int l = 0; l < 8; ++l) {
     const __m512i w = _mm512_loadu_si512(tl.w + (b * 8 + l) * 64);
     const __m512i nw = _mm512_loadu_si512(tl.negw + (b * 8 + l) * 16);
@@ -277,8 +283,8 @@ inline void q0_block(const Q0Tile& tl, int64_t b, const uint8_t* const* abias,
 
 // Q8_0: hsum_ps256's tree, ((a0 + a4) + (a2 + a6)) + ((a1 + a5) + (a3 + a7)).
 template <int NT>
-void q80_tile(const Q0Tile& tl, int64_t nb, const BlockQ8_0* const* a,
-              const uint8_t* const* abias, float (*out)[16]) {
+void q80_tile(const Q0Tile& tl, int64_t nb, const BlockQ8_0* const* a, const uint8_t* const* abias,
+              float (*out)[16]) {
   __m512 acc[NT][8];
   for (int t = 0; t < NT; ++t) {
     for (int l = 0; l < 8; ++l) acc[t][l] = _mm512_setzero_ps();
@@ -286,7 +292,8 @@ void q80_tile(const Q0Tile& tl, int64_t nb, const BlockQ8_0* const* a,
   for (int64_t b = 0; b < nb; ++b) {
     const __m512 dwv = _mm512_loadu_ps(tl.dw + b * 16);
     __m512 dd[NT];
-    for (int t = 0; t < NT; ++t) dd[t] = _mm512_mul_ps(dwv, _mm512_set1_ps(half_to_float(a[t][b].d)));
+    for (int t = 0; t < NT; ++t)
+      dd[t] = _mm512_mul_ps(dwv, _mm512_set1_ps(half_to_float(a[t][b].d)));
     q0_block<NT, 8>(tl, b, abias, dd, acc, 0);
   }
   for (int t = 0; t < NT; ++t) {
@@ -298,8 +305,7 @@ void q80_tile(const Q0Tile& tl, int64_t nb, const BlockQ8_0* const* a,
 
 // Q5_0 (even block count): _mm512_reduce_add_ps's tree over the 16 lane accumulators, then + 0.0f
 // (the row kernel adds its empty odd-block tail).
-void q50_tile(const Q0Tile& tl, int64_t nb, const BlockQ8_0* a, const uint8_t* abias,
-              float* out) {
+void q50_tile(const Q0Tile& tl, int64_t nb, const BlockQ8_0* a, const uint8_t* abias, float* out) {
   __m512 acc[1][16];
   for (int l = 0; l < 16; ++l) acc[0][l] = _mm512_setzero_ps();
   const uint8_t* ab[1] = {abias};
@@ -310,8 +316,10 @@ void q50_tile(const Q0Tile& tl, int64_t nb, const BlockQ8_0* a, const uint8_t* a
   }
   const __m512* v = acc[0];
   auto add = [](__m512 x, __m512 y) { return _mm512_add_ps(x, y); };
-  const __m512 t8_0 = add(add(add(v[0], v[8]), add(v[4], v[12])), add(add(v[2], v[10]), add(v[6], v[14])));
-  const __m512 t8_1 = add(add(add(v[1], v[9]), add(v[5], v[13])), add(add(v[3], v[11]), add(v[7], v[15])));
+  const __m512 t8_0 =
+      add(add(add(v[0], v[8]), add(v[4], v[12])), add(add(v[2], v[10]), add(v[6], v[14])));
+  const __m512 t8_1 =
+      add(add(add(v[1], v[9]), add(v[5], v[13])), add(add(v[3], v[11]), add(v[7], v[15])));
   _mm512_storeu_ps(out, add(add(t8_0, t8_1), _mm512_setzero_ps()));
 }
 
@@ -388,11 +396,21 @@ void q4k(const GemmArgs& g) {
   }
   drive<Q4KKern<S>>(g);
 }
-void q5k(const GemmArgs& g) { drive<Q5KKern<S>>(g); }
-void q6k(const GemmArgs& g) { drive<Q6KKern<S>>(g); }
-void f32(const GemmArgs& g) { drive<DenseKern<S, Dense::kF32>>(g); }
-void f16(const GemmArgs& g) { drive<DenseKern<S, Dense::kF16>>(g); }
-void bf16(const GemmArgs& g) { drive<DenseKern<S, Dense::kBF16>>(g); }
+void q5k(const GemmArgs& g) {
+  drive<Q5KKern<S>>(g);
+}
+void q6k(const GemmArgs& g) {
+  drive<Q6KKern<S>>(g);
+}
+void f32(const GemmArgs& g) {
+  drive<DenseKern<S, Dense::kF32>>(g);
+}
+void f16(const GemmArgs& g) {
+  drive<DenseKern<S, Dense::kF16>>(g);
+}
+void bf16(const GemmArgs& g) {
+  drive<DenseKern<S, Dense::kBF16>>(g);
+}
 
 }  // namespace
 

@@ -59,19 +59,23 @@ bool is_int(WFormat f) {
 
 void check_int_shape(WFormat f, int64_t rows, int64_t cols, int group) {
   if (group != 32 && group != 64 && group != 128) {
-    fail(ErrorKind::kInvalidArgument, "{} packing: group {} is not 32, 64 or 128",
-         wformat_name(f), group);
+    fail(ErrorKind::kInvalidArgument, "{} packing: group {} is not 32, 64 or 128", wformat_name(f),
+         group);
   }
   if (rows <= 0 || cols <= 0 || cols % group != 0) {
-    fail(ErrorKind::kUnsupported, "{} packing: a [{}, {}] matrix: columns are not a multiple of the "
-         "group {}", wformat_name(f), rows, cols, group);
+    fail(ErrorKind::kUnsupported,
+         "{} packing: a [{}, {}] matrix: columns are not a multiple of the "
+         "group {}",
+         wformat_name(f), rows, cols, group);
   }
 }
 
 void check_bf16_tile_shape(int64_t rows, int64_t cols) {
   if (rows <= 0 || cols <= 0 || cols % 2 != 0) {
-    fail(ErrorKind::kUnsupported, "bf16 tile packing: a [{}, {}] matrix: the column count is not "
-         "even (tiles hold pairs of columns)", rows, cols);
+    fail(ErrorKind::kUnsupported,
+         "bf16 tile packing: a [{}, {}] matrix: the column count is not "
+         "even (tiles hold pairs of columns)",
+         rows, cols);
   }
 }
 
@@ -111,7 +115,8 @@ void pack_tile(WFormat f, int group, const float* const* rows, int64_t n_rows, i
     if (f == WFormat::kInt8) {
       for (int c = 0; c < chunks; ++c) {
         for (int n = 0; n < kPackTileRows; ++n) {
-          for (int j = 0; j < 4; ++j) block[c * 64 + n * 4 + j] = static_cast<uint8_t>(q[n][4 * c + j]);
+          for (int j = 0; j < 4; ++j)
+            block[c * 64 + n * 4 + j] = static_cast<uint8_t>(q[n][4 * c + j]);
         }
       }
     } else {
@@ -224,8 +229,8 @@ void reference_fp8(const KMatrix& w, const Activations& a, int64_t n0, int64_t n
 // The kernel table of the highest level <= isa that has an entry for f (nullptr: scalar).
 const detail::PackedKernels* pick(WFormat f, Isa isa, detail::PackedFn* fn) {
   auto entry = [f](const detail::PackedKernels& k) {
-    return f == WFormat::kInt8   ? k.int8
-           : f == WFormat::kInt4 ? k.int4
+    return f == WFormat::kInt8       ? k.int8
+           : f == WFormat::kInt4     ? k.int4
            : f == WFormat::kBF16Tile ? k.bf16
                                      : k.fp8;
   };
@@ -250,8 +255,7 @@ void check_args(const KMatrix& w, const Activations& a, int64_t n0, int64_t n1) 
   TD_CHECK(w.data != nullptr, "packed_gemm: {} matrix without data", wformat_name(w.format));
   TD_CHECK(a.cols == w.cols, "packed_gemm: activations have {} columns, the weight {}", a.cols,
            w.cols);
-  TD_CHECK(n0 >= 0 && n0 <= n1 && n1 <= w.rows, "packed_gemm: rows [{}, {}) of {}", n0, n1,
-           w.rows);
+  TD_CHECK(n0 >= 0 && n0 <= n1 && n1 <= w.rows, "packed_gemm: rows [{}, {}) of {}", n0, n1, w.rows);
   const AFormat want = is_int(w.format) ? AFormat::kI8 : AFormat::kBF16;
   TD_CHECK(a.format == want, "packed_gemm: {} weights need other activations",
            wformat_name(w.format));
@@ -325,8 +329,8 @@ void pack_weight_into(const ops::Weight& w, WFormat target, int group, uint8_t* 
   const int64_t rows = w.rows(), cols = w.cols();
   packed_bytes(target, rows, cols, group);  // validates the shape
   const int64_t n_tiles = tiles_of(rows);
-  const int64_t tile_bytes = target == WFormat::kBF16 ? kPackTileRows * cols * 2
-                                                      : packed_tile_bytes(target, cols, group);
+  const int64_t tile_bytes =
+      target == WFormat::kBF16 ? kPackTileRows * cols * 2 : packed_tile_bytes(target, cols, group);
   auto task = [&](size_t i) {
     std::vector<float> scratch[kPackTileRows];
     const float* src[kPackTileRows];
@@ -430,7 +434,8 @@ void packed_quantize_activations(AFormat f, int group, const float* x, int64_t t
     auto* sums = reinterpret_cast<int32_t*>(dst + so + groups * 4);
     for (int64_t g = 0; g < groups; ++g) {
       float amax = 0.0f;
-      for (int64_t k = g * group; k < (g + 1) * group; ++k) amax = std::max(amax, std::fabs(src[k]));
+      for (int64_t k = g * group; k < (g + 1) * group; ++k)
+        amax = std::max(amax, std::fabs(src[k]));
       const float s = amax > 0.0f ? amax / 127.0f : 1.0f;
       const float inv = 1.0f / s;
       int32_t sum = 0;
@@ -446,8 +451,8 @@ void packed_quantize_activations(AFormat f, int group, const float* x, int64_t t
   }
 }
 
-void packed_gemm_reference(const KMatrix& w, const Activations& a, int64_t n0, int64_t n1,
-                           float* y, int64_t ldy) {
+void packed_gemm_reference(const KMatrix& w, const Activations& a, int64_t n0, int64_t n1, float* y,
+                           int64_t ldy) {
   if (n0 == n1 || a.tokens == 0) return;
   check_args(w, a, n0, n1);
   if (is_int(w.format)) {

@@ -101,7 +101,8 @@ void fp8_kernel(const PackedArgs& p) {
                           _mm256_setzero_ps()};
         for (int64_t k = b0; k < b1; k += 8) {
           const __m256 wf = fp8x8_to_f32(wr + k);
-          for (int t = 0; t < nt; ++t) part[t] = _mm256_fmadd_ps(wf, bf16x8_to_f32(ar[t] + k), part[t]);
+          for (int t = 0; t < nt; ++t)
+            part[t] = _mm256_fmadd_ps(wf, bf16x8_to_f32(ar[t] + k), part[t]);
         }
         const float s = srow[b0 / w.block_cols];
         for (int t = 0; t < nt; ++t) acc[t] = __builtin_fmaf(s, hsum(part[t]), acc[t]);

@@ -1,7 +1,7 @@
 // AVX-512 (F/BW/VL/DQ, no VNNI) instantiation of the packed kernels: the AVX2 algorithm at 16
 // lanes (one zmm is one 16-row chunk). Every header is included before the target pragma so no
-// inline library code is compiled for AVX-512 here (it could be picked for other translation units).
-// GCC 12 warns falsely inside its own AVX-512 intrinsic headers (undefined-vector idiom).
+// inline library code is compiled for AVX-512 here (it could be picked for other translation
+// units). GCC 12 warns falsely inside its own AVX-512 intrinsic headers (undefined-vector idiom).
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 
@@ -112,7 +112,8 @@ void fp8_kernel(const PackedArgs& p) {
         for (int64_t k = b0; k < b1; k += 16) {
           if (k % 64 == 0) _mm_prefetch(reinterpret_cast<const char*>(wr + k) + 4096, _MM_HINT_T0);
           const __m512 wf = fp8x16_to_f32(wr + k);
-          for (int t = 0; t < nt; ++t) part[t] = _mm512_fmadd_ps(wf, bf16x16_to_f32(ar[t] + k), part[t]);
+          for (int t = 0; t < nt; ++t)
+            part[t] = _mm512_fmadd_ps(wf, bf16x16_to_f32(ar[t] + k), part[t]);
         }
         const float s = srow[b0 / w.block_cols];
         const __m512 sv = _mm512_set1_ps(s);

@@ -1,6 +1,6 @@
 // The one INT8 / INT4 algorithm (and the BF16 tile and FP8 GEMM ones) of the packed formats,
-// instantiated per ISA by packed_avx2.cpp, packed_avx512.cpp and packed_vnni.cpp through a traits class T (include this after the file's
-// `#pragma GCC target`, and only in those files):
+// instantiated per ISA by packed_avx2.cpp, packed_avx512.cpp and packed_vnni.cpp through a traits
+// class T (include this after the file's `#pragma GCC target`, and only in those files):
 //   T::VI / T::VF       integer / float vector of kLanes 32-bit lanes (8: AVX2, 16: AVX-512)
 //   T::kVecs            vectors per 64-byte chunk (16 rows / kLanes)
 //   T::kMaxTokens       tokens computed together (accumulators kept in registers)
@@ -60,8 +60,7 @@ inline void int_tile(const uint8_t* const* tiles, const KMatrix& wm, const Packe
     const int64_t k0 = g * group;
     if constexpr (!kInt4) {
       // VNNI reads q_a + 128 from the activation row's biased copy.
-      const int64_t bias_off =
-          T::kBiasedS8 ? act_biased_offset(geo.groups * group, geo.groups) : 0;
+      const int64_t bias_off = T::kBiasedS8 ? act_biased_offset(geo.groups * group, geo.groups) : 0;
       for (int c = 0; c < group / 4; ++c) {
         gemv_prefetch<NR, NT>(block[0] + c * 64);
         VI w[W];
@@ -151,7 +150,8 @@ inline void bf16_tile(const uint8_t* const* tiles, const KMatrix& wm, const Pack
     gemv_prefetch<NR, NT>(tiles[0] + c * 64);
     typename T::WB w[W];
     for (int r = 0; r < NR; ++r) {
-      for (int v = 0; v < V; ++v) w[r * V + v] = T::bf16_w(T::load(tiles[r] + c * 64 + v * (64 / V)));
+      for (int v = 0; v < V; ++v)
+        w[r * V + v] = T::bf16_w(T::load(tiles[r] + c * 64 + v * (64 / V)));
     }
     for (int t = 0; t < NT; ++t) {
       int32_t bits;
@@ -196,11 +196,11 @@ void tiles_step(const KMatrix& w, const Activations& a, const PackedGeometry& ge
     const int nt = static_cast<int>(a.tokens - t0 < T::kMaxTokens ? a.tokens - t0 : T::kMaxTokens);
     for (int t = 0; t < nt; ++t) arow[t] = a.row(t0 + t);
     switch (nt) {
-#define TD_PACKED_CASE(N)                                                        \
-  case N:                                                                        \
-    if constexpr (N <= T::kMaxTokens) {                                          \
-      Op::template run<T, N, NR>(tp, w, geo, arow, out);                         \
-    }                                                                            \
+#define TD_PACKED_CASE(N)                                \
+  case N:                                                \
+    if constexpr (N <= T::kMaxTokens) {                  \
+      Op::template run<T, N, NR>(tp, w, geo, arow, out); \
+    }                                                    \
     break;
       TD_PACKED_CASE(1)
       TD_PACKED_CASE(2)
@@ -211,7 +211,8 @@ void tiles_step(const KMatrix& w, const Activations& a, const PackedGeometry& ge
       TD_PACKED_CASE(7)
       TD_PACKED_CASE(8)
 #undef TD_PACKED_CASE
-      default: break;
+      default:
+        break;
     }
     for (int t = 0; t < nt; ++t) {
       float* yt = y + (t0 + t) * ldy;
@@ -342,16 +343,17 @@ void fp8_rows(const PackedArgs& p, int64_t n) {
     }
     const uint8_t* arow[T::kMaxTokens];
     for (int64_t t0 = 0; t0 < a.tokens; t0 += T::kMaxTokens) {
-      const int nt = static_cast<int>(a.tokens - t0 < T::kMaxTokens ? a.tokens - t0 : T::kMaxTokens);
+      const int nt =
+          static_cast<int>(a.tokens - t0 < T::kMaxTokens ? a.tokens - t0 : T::kMaxTokens);
       for (int t = 0; t < nt; ++t) arow[t] = a.row(t0 + t) + k0 * 2;
       float* acc_t = acc.data() + t0 * acc_stride;
       switch (nt) {
-#define TD_FP8_CASE(N)                                                                          \
-  case N:                                                                                       \
-    if constexpr (N <= T::kMaxTokens) {                                                         \
+#define TD_FP8_CASE(N)                                                                           \
+  case N:                                                                                        \
+    if constexpr (N <= T::kMaxTokens) {                                                          \
       fp8_tile_chunk<T, N, NR>(buf.data(), pairs, scales.data(), blocks, w.block_cols / 2, arow, \
-                               acc_t, acc_stride);                                              \
-    }                                                                                           \
+                               acc_t, acc_stride);                                               \
+    }                                                                                            \
     break;
         TD_FP8_CASE(1)
         TD_FP8_CASE(2)
@@ -362,7 +364,8 @@ void fp8_rows(const PackedArgs& p, int64_t n) {
         TD_FP8_CASE(7)
         TD_FP8_CASE(8)
 #undef TD_FP8_CASE
-        default: break;
+        default:
+          break;
       }
     }
   }

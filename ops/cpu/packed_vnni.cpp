@@ -1,9 +1,9 @@
 // AVX-512 VNNI + BF16 instantiation of the packed kernels. INT8: vpdpbusd wants one unsigned
 // operand, so the activations are read biased by 128 (the copy q_a ^ 0x80 in the activation row)
-// and 128 * sum(w) of each row and group (stored with the weights) is subtracted once per group. INT4: the nibbles are the
-// unsigned operand and the activations stay signed. FP8: E4M3 is expanded to BF16 in registers
-// (pure integer ops, exact) and multiplied with vdpbf16ps, post-scaled once per scale block.
-// BF16 tiles: one vdpbf16ps per 16-row chunk and token.
+// and 128 * sum(w) of each row and group (stored with the weights) is subtracted once per group.
+// INT4: the nibbles are the unsigned operand and the activations stay signed. FP8: E4M3 is expanded
+// to BF16 in registers (pure integer ops, exact) and multiplied with vdpbf16ps, post-scaled once
+// per scale block. BF16 tiles: one vdpbf16ps per 16-row chunk and token.
 // GCC 12 warns falsely inside its own AVX-512 intrinsic headers (undefined-vector idiom).
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
@@ -30,10 +30,10 @@ inline __m512i fp8x32_to_bf16(const uint8_t* p) {
   const __m512i x = _mm512_cvtepu8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
   const __m512i mag = _mm512_and_si512(x, _mm512_set1_epi16(0x7F));
   const __m512i normal = _mm512_add_epi16(_mm512_slli_epi16(mag, 4), _mm512_set1_epi16(0x3C00));
-  const __m512i sub_lut = _mm512_set_epi16(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,  //
-                                           0, 0, 0, 0, 0, 0, 0, 0,                          //
-                                           0x3C60, 0x3C40, 0x3C20, 0x3C00, 0x3BC0, 0x3B80,
-                                           0x3B00, 0);
+  const __m512i sub_lut =
+      _mm512_set_epi16(0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0,  //
+                       0, 0, 0, 0, 0, 0, 0, 0,                          //
+                       0x3C60, 0x3C40, 0x3C20, 0x3C00, 0x3BC0, 0x3B80, 0x3B00, 0);
   const __mmask32 is_sub = _mm512_testn_epi16_mask(x, _mm512_set1_epi16(0x78));
   const __m512i v = _mm512_mask_permutexvar_epi16(normal, is_sub, mag, sub_lut);
   const __m512i sign = _mm512_slli_epi16(_mm512_and_si512(x, _mm512_set1_epi16(0x80)), 8);
