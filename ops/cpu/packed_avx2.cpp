@@ -9,6 +9,30 @@
 namespace tandem::kern::detail {
 namespace {
 
+// 8 E4M3 bytes to F32: the magnitude bits moved into F32 position read as 2^-120 times the value
+// (subnormals included, as F32 subnormals), so one multiply by 2^120 rebiases exactly.
+inline __m256 fp8x8_to_f32(const uint8_t* p) {
+  int64_t bits;
+  std::memcpy(&bits, p, 8);
+  const __m256i x = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128(bits));
+  const __m256i mag = _mm256_slli_epi32(_mm256_and_si256(x, _mm256_set1_epi32(0x7F)), 20);
+  const __m256 v = _mm256_mul_ps(_mm256_castsi256_ps(mag), _mm256_set1_ps(0x1p120f));
+  const __m256i sign = _mm256_slli_epi32(_mm256_and_si256(x, _mm256_set1_epi32(0x80)), 24);
+  return _mm256_or_ps(v, _mm256_castsi256_ps(sign));
+}
+
+inline __m256 bf16x8_to_f32(const uint16_t* p) {
+  const __m256i x = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(x, 16));
+}
+
+inline float hsum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+
 struct Avx2 {
   using VI = __m256i;
   using VF = __m256;
@@ -46,6 +70,14 @@ struct Avx2 {
   static void fp8_expand(const uint8_t* const* src, int64_t pairs, uint16_t* dst) {
     packed_impl::fp8_expand_lut(src, pairs, dst);
   }
+  // FP8 rows (few tokens): 8 E4M3 widened to F32, FMA with the widened BF16 activations.
+  static constexpr int kFp8Step = 8;
+  using F8 = VF;
+  static F8 fp8_load(const uint8_t* w) { return fp8x8_to_f32(w); }
+  static VF fp8_dot(VF part, F8 w, const uint16_t* a) {
+    return _mm256_fmadd_ps(w, bf16x8_to_f32(a), part);
+  }
+  static float hsum_f(VF v) { return hsum(v); }
   static VI sub(VI a, VI b) { return _mm256_sub_epi32(a, b); }
   static VI shl7(VI a) { return _mm256_slli_epi32(a, 7); }
   static VF set1_f(float f) { return _mm256_set1_ps(f); }
@@ -56,59 +88,11 @@ struct Avx2 {
   static void store_f(float* p, VF v) { _mm256_storeu_ps(p, v); }
 };
 
-// 8 E4M3 bytes to F32: the magnitude bits moved into F32 position read as 2^-120 times the value
-// (subnormals included, as F32 subnormals), so one multiply by 2^120 rebiases exactly.
-inline __m256 fp8x8_to_f32(const uint8_t* p) {
-  int64_t bits;
-  std::memcpy(&bits, p, 8);
-  const __m256i x = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128(bits));
-  const __m256i mag = _mm256_slli_epi32(_mm256_and_si256(x, _mm256_set1_epi32(0x7F)), 20);
-  const __m256 v = _mm256_mul_ps(_mm256_castsi256_ps(mag), _mm256_set1_ps(0x1p120f));
-  const __m256i sign = _mm256_slli_epi32(_mm256_and_si256(x, _mm256_set1_epi32(0x80)), 24);
-  return _mm256_or_ps(v, _mm256_castsi256_ps(sign));
-}
-
-inline __m256 bf16x8_to_f32(const uint16_t* p) {
-  const __m256i x = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-  return _mm256_castsi256_ps(_mm256_slli_epi32(x, 16));
-}
-
-inline float hsum(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
-
 void fp8_kernel(const PackedArgs& p) {
   if (p.a->tokens >= kFp8TileMinTokens) {
     packed_impl::fp8_gemm<Avx2>(p);
-    return;
-  }
-  const KMatrix& w = *p.w;
-  const Activations& a = *p.a;
-  for (int64_t n = p.n0; n < p.n1; ++n) {
-    const uint8_t* wr = w.data + n * w.row_bytes;
-    const float* srow = w.scales + ((w.row0 + n) / w.block_rows) * w.scale_stride;
-    for (int64_t t0 = 0; t0 < a.tokens; t0 += 4) {
-      const int nt = static_cast<int>(a.tokens - t0 < 4 ? a.tokens - t0 : 4);
-      const uint16_t* ar[4];
-      for (int t = 0; t < nt; ++t) ar[t] = reinterpret_cast<const uint16_t*>(a.row(t0 + t));
-      float acc[4] = {0, 0, 0, 0};
-      for (int64_t b0 = 0; b0 < w.cols; b0 += w.block_cols) {
-        const int64_t b1 = b0 + w.block_cols < w.cols ? b0 + w.block_cols : w.cols;
-        __m256 part[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(),
-                          _mm256_setzero_ps()};
-        for (int64_t k = b0; k < b1; k += 8) {
-          const __m256 wf = fp8x8_to_f32(wr + k);
-          for (int t = 0; t < nt; ++t)
-            part[t] = _mm256_fmadd_ps(wf, bf16x8_to_f32(ar[t] + k), part[t]);
-        }
-        const float s = srow[b0 / w.block_cols];
-        for (int t = 0; t < nt; ++t) acc[t] = __builtin_fmaf(s, hsum(part[t]), acc[t]);
-      }
-      for (int t = 0; t < nt; ++t) p.y[(t0 + t) * p.ldy + n] = acc[t];
-    }
+  } else {
+    packed_impl::fp8_row_kernel<Avx2>(p);
   }
 }
 

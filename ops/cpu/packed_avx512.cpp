@@ -20,6 +20,20 @@
 namespace tandem::kern::detail {
 namespace {
 
+// 16 E4M3 bytes to F32 (see packed_avx2.cpp: magnitude bits in F32 position times 2^120).
+inline __m512 fp8x16_to_f32(const uint8_t* p) {
+  const __m512i x = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  const __m512i mag = _mm512_slli_epi32(_mm512_and_si512(x, _mm512_set1_epi32(0x7F)), 20);
+  const __m512 v = _mm512_mul_ps(_mm512_castsi512_ps(mag), _mm512_set1_ps(0x1p120f));
+  const __m512i sign = _mm512_slli_epi32(_mm512_and_si512(x, _mm512_set1_epi32(0x80)), 24);
+  return _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(v), sign));
+}
+
+inline __m512 bf16x16_to_f32(const uint16_t* p) {
+  const __m512i x = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(x, 16));
+}
+
 struct Avx512 {
   using VI = __m512i;
   using VF = __m512;
@@ -64,6 +78,14 @@ struct Avx512 {
   static void fp8_expand(const uint8_t* const* src, int64_t pairs, uint16_t* dst) {
     packed_impl::fp8_expand_lut(src, pairs, dst);
   }
+  // FP8 rows (few tokens): 16 E4M3 widened to F32, FMA with the widened BF16 activations.
+  static constexpr int kFp8Step = 16;
+  using F8 = VF;
+  static F8 fp8_load(const uint8_t* w) { return fp8x16_to_f32(w); }
+  static VF fp8_dot(VF part, F8 w, const uint16_t* a) {
+    return _mm512_fmadd_ps(w, bf16x16_to_f32(a), part);
+  }
+  static float hsum_f(VF v) { return _mm512_reduce_add_ps(v); }
   static VI sub(VI a, VI b) { return _mm512_sub_epi32(a, b); }
   static VI shl7(VI a) { return _mm512_slli_epi32(a, 7); }
   static VF set1_f(float f) { return _mm512_set1_ps(f); }
@@ -74,53 +96,11 @@ struct Avx512 {
   static void store_f(float* p, VF v) { _mm512_storeu_ps(p, v); }
 };
 
-// 16 E4M3 bytes to F32 (see packed_avx2.cpp: magnitude bits in F32 position times 2^120).
-inline __m512 fp8x16_to_f32(const uint8_t* p) {
-  const __m512i x = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-  const __m512i mag = _mm512_slli_epi32(_mm512_and_si512(x, _mm512_set1_epi32(0x7F)), 20);
-  const __m512 v = _mm512_mul_ps(_mm512_castsi512_ps(mag), _mm512_set1_ps(0x1p120f));
-  const __m512i sign = _mm512_slli_epi32(_mm512_and_si512(x, _mm512_set1_epi32(0x80)), 24);
-  return _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(v), sign));
-}
-
-inline __m512 bf16x16_to_f32(const uint16_t* p) {
-  const __m512i x = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-  return _mm512_castsi512_ps(_mm512_slli_epi32(x, 16));
-}
-
 void fp8_kernel(const PackedArgs& p) {
   if (p.a->tokens >= kFp8TileMinTokens) {
     packed_impl::fp8_gemm<Avx512>(p);
-    return;
-  }
-  const KMatrix& w = *p.w;
-  const Activations& a = *p.a;
-  for (int64_t n = p.n0; n < p.n1; ++n) {
-    const uint8_t* wr = w.data + n * w.row_bytes;
-    const float* srow = w.scales + ((w.row0 + n) / w.block_rows) * w.scale_stride;
-    for (int64_t t0 = 0; t0 < a.tokens; t0 += 4) {
-      const int nt = static_cast<int>(a.tokens - t0 < 4 ? a.tokens - t0 : 4);
-      const uint16_t* ar[4];
-      for (int t = 0; t < nt; ++t) ar[t] = reinterpret_cast<const uint16_t*>(a.row(t0 + t));
-      // Per lane: acc = fma(scale, block partial, acc); one reduction per row and token.
-      __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(),
-                       _mm512_setzero_ps()};
-      for (int64_t b0 = 0; b0 < w.cols; b0 += w.block_cols) {
-        const int64_t b1 = b0 + w.block_cols < w.cols ? b0 + w.block_cols : w.cols;
-        __m512 part[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(),
-                          _mm512_setzero_ps()};
-        for (int64_t k = b0; k < b1; k += 16) {
-          if (k % 64 == 0) _mm_prefetch(reinterpret_cast<const char*>(wr + k) + 4096, _MM_HINT_T0);
-          const __m512 wf = fp8x16_to_f32(wr + k);
-          for (int t = 0; t < nt; ++t)
-            part[t] = _mm512_fmadd_ps(wf, bf16x16_to_f32(ar[t] + k), part[t]);
-        }
-        const float s = srow[b0 / w.block_cols];
-        const __m512 sv = _mm512_set1_ps(s);
-        for (int t = 0; t < nt; ++t) acc[t] = _mm512_fmadd_ps(sv, part[t], acc[t]);
-      }
-      for (int t = 0; t < nt; ++t) p.y[(t0 + t) * p.ldy + n] = _mm512_reduce_add_ps(acc[t]);
-    }
+  } else {
+    packed_impl::fp8_row_kernel<Avx512>(p);
   }
 }
 

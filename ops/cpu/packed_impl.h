@@ -10,6 +10,8 @@
 //   dot_s8(acc, w, a4)  acc + per lane sum of 4 products w * a (signed * signed)
 //   dot_u4(acc, u, a4)  acc + per lane sum of 4 products u * a (u in 0..15 unsigned)
 //   fp8_expand(src, pairs, dst)  16 FP8 rows into BF16 tile chunks (fp8_expand_lut's contract)
+//   kFp8Step, F8, fp8_load(w), fp8_dot(part, f8, a), hsum_f(v): the FP8 row kernel's step
+//                       (fp8_row_kernel)
 //   WB / AB, bf16_w(chunk) / bf16_a(pair bits), bf16_dot(acc, wb, ab): a BF16 weight chunk and a
 //                       broadcast activation pair as the ISA's BF16 dot wants them; acc + per lane
 //                       w[2i] * a[0] + w[2i+1] * a[1] (exact products, F32 adds)
@@ -371,6 +373,39 @@ void fp8_rows(const PackedArgs& p, int64_t n) {
   }
   for (int64_t t = 0; t < a.tokens; ++t) {
     for (int64_t r = n; r < n_end; ++r) p.y[t * p.ldy + r] = acc[t * acc_stride + (r - n)];
+  }
+}
+
+// FP8Block with few tokens (the GEMV): per row and scale block, T::kFp8Step columns at a time
+// (T::fp8_load expands the weights once for up to 4 tokens, T::fp8_dot multiplies into F32 lanes),
+// post-scaled in the lanes, acc = fma(scale, part, acc), one reduction per row and token at the
+// end; the row stream is prefetched kPackedPrefetchBytes ahead.
+template <class T>
+void fp8_row_kernel(const PackedArgs& p) {
+  using VF = typename T::VF;
+  const KMatrix& w = *p.w;
+  const Activations& a = *p.a;
+  for (int64_t n = p.n0; n < p.n1; ++n) {
+    const uint8_t* wr = w.data + n * w.row_bytes;
+    const float* srow = w.scales + ((w.row0 + n) / w.block_rows) * w.scale_stride;
+    for (int64_t t0 = 0; t0 < a.tokens; t0 += 4) {
+      const int nt = static_cast<int>(a.tokens - t0 < 4 ? a.tokens - t0 : 4);
+      const uint16_t* ar[4];
+      for (int t = 0; t < nt; ++t) ar[t] = reinterpret_cast<const uint16_t*>(a.row(t0 + t));
+      VF acc[4] = {T::zero_f(), T::zero_f(), T::zero_f(), T::zero_f()};
+      for (int64_t b0 = 0; b0 < w.cols; b0 += w.block_cols) {
+        const int64_t b1 = b0 + w.block_cols < w.cols ? b0 + w.block_cols : w.cols;
+        VF part[4] = {T::zero_f(), T::zero_f(), T::zero_f(), T::zero_f()};
+        for (int64_t k = b0; k < b1; k += T::kFp8Step) {
+          if (k % 64 == 0) __builtin_prefetch(wr + k + kPackedPrefetchBytes, 0, 3);
+          const typename T::F8 wv = T::fp8_load(wr + k);
+          for (int t = 0; t < nt; ++t) part[t] = T::fp8_dot(part[t], wv, ar[t] + k);
+        }
+        const VF sv = T::set1_f(srow[b0 / w.block_cols]);
+        for (int t = 0; t < nt; ++t) acc[t] = T::fmadd_f(sv, part[t], acc[t]);
+      }
+      for (int t = 0; t < nt; ++t) p.y[(t0 + t) * p.ldy + n] = T::hsum_f(acc[t]);
+    }
   }
 }
 

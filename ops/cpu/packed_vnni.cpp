@@ -76,6 +76,14 @@ struct Vnni {
       packed_impl::fp8_expand_lut(src, pairs, dst);
     }
   }
+  // FP8 rows (few tokens): 32 E4M3 expanded to BF16, vdpbf16ps with the BF16 activations.
+  static constexpr int kFp8Step = 32;
+  using F8 = VI;
+  static F8 fp8_load(const uint8_t* w) { return fp8x32_to_bf16(w); }
+  static VF fp8_dot(VF part, F8 w, const uint16_t* a) {
+    return _mm512_dpbf16_ps(part, (__m512bh)w, (__m512bh)_mm512_loadu_si512(a));
+  }
+  static float hsum_f(VF v) { return _mm512_reduce_add_ps(v); }
   // BF16 tiles: the chunk and the broadcast pair are vdpbf16ps operands as they are.
   using WB = VI;
   using AB = VI;
@@ -103,38 +111,8 @@ struct Vnni {
 void fp8_kernel(const PackedArgs& p) {
   if (p.a->tokens >= kFp8TileMinTokens) {
     packed_impl::fp8_gemm<Vnni>(p);
-    return;
-  }
-  const KMatrix& w = *p.w;
-  const Activations& a = *p.a;
-  for (int64_t n = p.n0; n < p.n1; ++n) {
-    const uint8_t* wr = w.data + n * w.row_bytes;
-    const float* srow = w.scales + ((w.row0 + n) / w.block_rows) * w.scale_stride;
-    for (int64_t t0 = 0; t0 < a.tokens; t0 += 4) {
-      const int nt = static_cast<int>(a.tokens - t0 < 4 ? a.tokens - t0 : 4);
-      const uint16_t* ar[4];
-      for (int t = 0; t < nt; ++t) ar[t] = reinterpret_cast<const uint16_t*>(a.row(t0 + t));
-      // Per lane: acc = fma(scale, block partial, acc); one reduction per row and token.
-      __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(),
-                       _mm512_setzero_ps()};
-      for (int64_t b0 = 0; b0 < w.cols; b0 += w.block_cols) {
-        const int64_t b1 = b0 + w.block_cols < w.cols ? b0 + w.block_cols : w.cols;
-        __m512 part[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(),
-                          _mm512_setzero_ps()};
-        for (int64_t k = b0; k < b1; k += 32) {
-          if (k % 64 == 0) _mm_prefetch(reinterpret_cast<const char*>(wr + k) + 4096, _MM_HINT_T0);
-          const __m512i wb = fp8x32_to_bf16(wr + k);
-          for (int t = 0; t < nt; ++t) {
-            const __m512i av = _mm512_loadu_si512(ar[t] + k);
-            part[t] = _mm512_dpbf16_ps(part[t], (__m512bh)wb, (__m512bh)av);
-          }
-        }
-        const float s = srow[b0 / w.block_cols];
-        const __m512 sv = _mm512_set1_ps(s);
-        for (int t = 0; t < nt; ++t) acc[t] = _mm512_fmadd_ps(sv, part[t], acc[t]);
-      }
-      for (int t = 0; t < nt; ++t) p.y[(t0 + t) * p.ldy + n] = _mm512_reduce_add_ps(acc[t]);
-    }
+  } else {
+    packed_impl::fp8_row_kernel<Vnni>(p);
   }
 }
 
