@@ -1,5 +1,6 @@
 // Internal interface between kernels.cpp (dispatch) and the per-ISA translation units of the
-// GGUF / dense kernels (kern_gguf_<isa>.cpp, each compiled for its ISA; see ops/cpu/CMakeLists.txt).
+// GGUF / dense kernels (kern_gguf_<isa>.cpp, each compiled for its ISA; see
+// ops/cpu/CMakeLists.txt).
 #pragma once
 
 #include <cstdint>
@@ -21,6 +22,21 @@ struct GemmArgs {
 };
 
 using GemmFn = void (*)(const GemmArgs& args);
+
+// A Q8_0 activation row: its nb blocks, then (from the next 64-byte boundary) nbp = nb rounded up
+// to 16 int32 -128 * (sum of the block's 32 quants) and nbp F32 block scales, zero past nb: the
+// AVX-512 VNNI kernels read weights as q + 128 (or q + 16) unsigned bytes and subtract this bias,
+// 16 blocks per vector (kern_gguf_vnni.cpp). Filled once per activation row by
+// quantize_activations; gathering whole rows carries it along.
+inline int64_t q8_0_act_aux_offset(int64_t nb) {
+  return (nb * 34 + 63) / 64 * 64;
+}
+inline int64_t q8_0_act_padded_blocks(int64_t nb) {
+  return (nb + 15) / 16 * 16;
+}
+inline int64_t q8_0_act_row_bytes(int64_t nb) {
+  return q8_0_act_aux_offset(nb) + q8_0_act_padded_blocks(nb) * 8;
+}
 
 // The kernels one ISA level provides (nullptr: not specialised at this level).
 struct GgufKernels {

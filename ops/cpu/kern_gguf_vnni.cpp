@@ -1,6 +1,8 @@
 // AVX-512 with VNNI and BF16 instances of the GGUF / dense kernel templates (compiled with the
 // matching -mavx512* flags and -ffp-contract=off; see ops/cpu/CMakeLists.txt). Selected only when
 // the CPU has them.
+#include <algorithm>
+#include <type_traits>
 #include <vector>
 
 #include "ops/cpu/avx512_transpose.h"
@@ -212,29 +214,158 @@ void q4k_tiled(const GemmArgs& g) {
   }
 }
 
-// Q8_0 / Q5_0 GEMM through 16-row tiles (many tokens), bit-identical to their row kernels. The
-// row kernels (q_0_rows, q5_0_rows in kern_gguf_impl.h) accumulate per row in F32 vector lanes:
-// Q8_0 in 8 lanes (lane l: elements 4l..4l+3 of every block), Q5_0 in 16 (lanes 0-7 the even
-// block of each pair, 8-15 the odd one), acc = fma(float(exact 4-element dot), dw * da, acc), then
-// hsum_ps256 / _mm512_reduce_add_ps. Here each of those lane accumulators is a vector over the 16
-// rows of a tile (8 or 16 per token), updated with the same fma in the same block order, and the
-// same reduction tree is applied lane-wise: the same bits, so a token's result does not depend on
-// its batch. Tile storage per block: 8 chunks of the 16 rows' signed quants (q, or q - 16 for Q5_0;
-// chunk l = bytes 4l..4l+3 of each row, by the 16 x 16 dword transpose of two blocks at a time),
-// 8 chunks of -128 * (the 4 quants' sum) per row (the vpdpbusd bias of the activations read as
-// a + 128), 16 F32 dw.
+// Q8_0 / Q5_0 (x Q8_0 activations). Rows (few tokens) and 16-row tiles (many tokens) share one F32
+// accumulation order, so a token's result does not depend on its batch:
+//   isum_b = the exact int32 dot product of block b's 32 quants,
+//   acc[b % 16] = fma(float(isum_b), dw_b * da_b, acc[b % 16]) for b = 0, 1, ... in order,
+//   h8[i] = acc[i] + acc[i + 8], h4[i] = h8[i] + h8[i + 4], h2[i] = h4[i] + h4[i + 2],
+//   result = h2[0] + h2[1].
+// vpdpbusd multiplies unsigned by signed bytes: the weights enter as u = q + c (Q8_0: q ^ 0x80,
+// c = 128; Q5_0 rows: the 5-bit value, c = 16; tiles: c = 128 for both) and c * sum(a) is
+// subtracted per block, exactly. Rows take 16 blocks at a time: one vpdpbusd per pair of blocks
+// (lanes 0-7 the even block, 8-15 the odd one), the 8 pair vectors reduced to the 16 block sums
+// by a transposing add tree, one FMA per 16 blocks. Tiles keep each acc[L] as a vector over the
+// 16 rows, lane L's blocks one after the other, 8 tokens at a time.
+// (Session 5: the previous layout, the row kernels' 8 / 16 lane accumulators per 4-element dword
+// reproduced in the tiles, cost 8 conversions and FMAs per block and token; docs/cpu-kernels.md.)
 constexpr int64_t kQ0TileMinTokens = 16;
-constexpr int kQ80Tokens = 3;  // 8 accumulators per token; Q5_0 has 16, one token at a time
 
-struct Q0Tile {
-  const uint8_t* w;     // [nb][8][64]
-  const int32_t* negw;  // [nb][8][16]
-  const float* dw;      // [nb][16]
+// Token t's activation row: blocks, and the bias / scale arrays (kern_gguf.h).
+struct Q0Act {
+  const BlockQ8_0* blk;
+  const int32_t* negc;  // -128 * sum(a) per block, padded to 16
+  const float* d;
 };
+inline Q0Act q0_act(const GemmArgs& g, int64_t t) {
+  const uint8_t* row = g.act + t * g.act_row_bytes;
+  const int64_t nb = g.cols / tandem::kQK;
+  const auto* negc =
+      reinterpret_cast<const int32_t*>(row + tandem::kern::detail::q8_0_act_aux_offset(nb));
+  return {reinterpret_cast<const BlockQ8_0*>(row), negc,
+          reinterpret_cast<const float*>(negc + tandem::kern::detail::q8_0_act_padded_blocks(nb))};
+}
+
+// The row kernel's u for blocks b and b + 1 of a row (only b when `one`): 64 unsigned bytes.
+template <class Block>
+inline __m512i q0_pair_u8(const Block* x, bool one) {
+  if constexpr (std::is_same_v<Block, BlockQ8_0>) {
+    const __m512i v =
+        one ? _mm512_zextsi256_si512(expand_q8_0(x[0])) : S::load_halves(x[0].qs, x[1].qs);
+    return _mm512_xor_si512(v, _mm512_set1_epi8(static_cast<char>(0x80)));
+  } else {
+    if (one) {
+      return _mm512_zextsi256_si512(_mm256_add_epi8(expand_q5_0(x[0]), _mm256_set1_epi8(16)));
+    }
+    return S::q5_0_pair_u8(x[0], x[1]);
+  }
+}
+
+// v[p]: lanes 0-7 partial sums of block 2p, 8-15 of block 2p + 1 -> the 16 block sums in order.
+inline __m512i q0_block_sums(const __m512i* v) {
+  __m512i x[4];
+  for (int i = 0; i < 4; ++i) {
+    x[i] = _mm512_add_epi32(_mm512_unpacklo_epi32(v[2 * i], v[2 * i + 1]),
+                            _mm512_unpackhi_epi32(v[2 * i], v[2 * i + 1]));
+  }
+  // y0, 128-bit lane k: the sums of v[0..3]'s dwords 4k..4k+3; y1 the same for v[4..7].
+  const __m512i y0 =
+      _mm512_add_epi32(_mm512_unpacklo_epi64(x[0], x[1]), _mm512_unpackhi_epi64(x[0], x[1]));
+  const __m512i y1 =
+      _mm512_add_epi32(_mm512_unpacklo_epi64(x[2], x[3]), _mm512_unpackhi_epi64(x[2], x[3]));
+  // Lanes 0, 2 + lanes 1, 3: blocks (0 2 4 6) (1 3 5 7) (8 10 12 14) (9 11 13 15).
+  const __m512i s =
+      _mm512_add_epi32(_mm512_shuffle_i32x4(y0, y1, 0x88), _mm512_shuffle_i32x4(y0, y1, 0xDD));
+  return _mm512_permutexvar_epi32(
+      _mm512_set_epi32(15, 11, 14, 10, 13, 9, 12, 8, 7, 3, 6, 2, 5, 1, 4, 0), s);
+}
+
+inline float q0_tree(__m512 acc) {
+  const __m256 h8 = _mm256_add_ps(_mm512_castps512_ps256(acc),
+                                  _mm512_castps512_ps256(_mm512_shuffle_f32x4(acc, acc, 0xEE)));
+  const __m128 h4 = _mm_add_ps(_mm256_castps256_ps128(h8), _mm256_extractf128_ps(h8, 1));
+  const __m128 h2 = _mm_add_ps(h4, _mm_movehl_ps(h4, h4));
+  return _mm_cvtss_f32(_mm_add_ss(h2, _mm_movehdup_ps(h2)));
+}
+
+// NR rows x NT tokens (rows r.., tokens t0..).
+template <class Block, int NR, int NT>
+void q0_rows(const GemmArgs& g, int64_t r, int64_t t0) {
+  // isum = the block sums of u * a minus c * sum(a): + negc (c = 128) or + negc / 8 (c = 16).
+  constexpr int kBiasShift = std::is_same_v<Block, BlockQ8_0> ? 0 : 3;
+  constexpr int kStride = static_cast<int>(sizeof(Block));
+  const __m512i gidx =
+      _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                         _mm512_set1_epi32(kStride));
+  const int64_t nb = g.cols / tandem::kQK;
+  const Block* w[NR];
+  for (int i = 0; i < NR; ++i) w[i] = reinterpret_cast<const Block*>(g.w + (r + i) * g.row_bytes);
+  Q0Act a[NT];
+  for (int t = 0; t < NT; ++t) a[t] = q0_act(g, t0 + t);
+  __m512 acc[NR][NT];
+  for (int i = 0; i < NR; ++i) {
+    for (int t = 0; t < NT; ++t) acc[i][t] = _mm512_setzero_ps();
+  }
+  for (int64_t g0 = 0; g0 < nb; g0 += 16) {
+    const int m = static_cast<int>(nb - g0 < 16 ? nb - g0 : 16);
+    const int pairs = (m + 1) / 2;
+    const __mmask16 live = static_cast<__mmask16>((1u << m) - 1);
+    for (int i = 0; i < NR; ++i) {
+      const Block* x = w[i] + g0;
+      prefetch_ahead(x, 16 * kStride);
+      __m512i u[8];
+      for (int p = 0; p < pairs; ++p) u[p] = q0_pair_u8(x + 2 * p, 2 * p + 1 == m);
+      const __m512 dw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(
+          _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), live, gidx, x, 1)));
+      for (int t = 0; t < NT; ++t) {
+        const BlockQ8_0* ab = a[t].blk + g0;
+        __m512i v[8];
+        for (int p = 0; p < 8; ++p) {
+          if (p >= pairs) {
+            v[p] = _mm512_setzero_si512();
+          } else {
+            const __m512i av = 2 * p + 1 == m ? _mm512_zextsi256_si512(expand_q8_0(ab[2 * p]))
+                                              : S::load_halves(ab[2 * p].qs, ab[2 * p + 1].qs);
+            v[p] = dpbusd(_mm512_setzero_si512(), u[p], av);
+          }
+        }
+        const __m512i bias = _mm512_srai_epi32(_mm512_loadu_si512(a[t].negc + g0), kBiasShift);
+        const __m512i isum = _mm512_add_epi32(q0_block_sums(v), bias);
+        const __m512 s = _mm512_mul_ps(dw, _mm512_loadu_ps(a[t].d + g0));
+        acc[i][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), s, acc[i][t]);
+      }
+    }
+  }
+  for (int i = 0; i < NR; ++i) {
+    for (int t = 0; t < NT; ++t) g.y[(t0 + t) * g.ldy + r + i] = q0_tree(acc[i][t]);
+  }
+}
+
+template <class Block>
+void q0_rows_all(const GemmArgs& g) {
+  for (int64_t r0 = g.n0; r0 < g.n1; r0 += 16) {
+    const int64_t r1 = std::min(g.n1, r0 + 16);
+    int64_t t0 = 0;
+    for (; t0 + 4 <= g.tokens; t0 += 4) {
+      int64_t r = r0;
+      for (; r + 2 <= r1; r += 2) q0_rows<Block, 2, 4>(g, r, t0);
+      for (; r < r1; ++r) q0_rows<Block, 1, 4>(g, r, t0);
+    }
+    const int64_t rest = g.tokens - t0;
+    for (int64_t r = r0; r < r1; ++r) {
+      if (rest == 3) q0_rows<Block, 1, 3>(g, r, t0);
+      if (rest == 2) q0_rows<Block, 1, 2>(g, r, t0);
+      if (rest == 1) q0_rows<Block, 1, 1>(g, r, t0);
+    }
+  }
+}
+
+// Tile storage per block: 8 chunks of 64 bytes, chunk l = bytes 4l..4l+3 of the 16 rows' quants
+// as q + 128 (by the 16 x 16 dword transpose of two blocks at a time), then 16 F32 dw.
+constexpr int64_t kQ0TileBlockBytes = 8 * 64 + 16 * 4;
 
 template <class Block, class Expand>
-void q0_expand(const GemmArgs& g, int64_t row0, int64_t rows, int64_t nb, Expand expand, uint8_t* w,
-               int32_t* negw, float* dw) {
+void q0_expand(const GemmArgs& g, int64_t row0, int64_t rows, int64_t nb, Expand expand,
+               uint8_t* tile) {
   const __m512i u128 = _mm512_set1_epi8(static_cast<char>(0x80));
   for (int64_t b = 0; b < nb; b += 2) {
     __m512i r[16], out[16];
@@ -248,121 +379,82 @@ void q0_expand(const GemmArgs& g, int64_t row0, int64_t rows, int64_t nb, Expand
       }
     }
     tandem::kern::detail::transpose16_epi32(r, out);
-    for (int c = 0; c < 16 && b + c / 8 < nb; ++c) {
-      _mm512_storeu_si512(w + (b * 8 + c) * 64, out[c]);
-      const __m512i sum128 = dpbusd(_mm512_setzero_si512(), u128, out[c]);
-      _mm512_storeu_si512(negw + (b * 8 + c) * 16,
-                          _mm512_sub_epi32(_mm512_setzero_si512(), sum128));
-    }
     for (int64_t bb = b; bb < b + 2 && bb < nb; ++bb) {
+      uint8_t* dst = tile + bb * kQ0TileBlockBytes;
+      for (int l = 0; l < 8; ++l) {
+        _mm512_storeu_si512(dst + l * 64, _mm512_xor_si512(out[(bb - b) * 8 + l], u128));
+      }
+      float* dw = reinterpret_cast<float*>(dst + 8 * 64);
       for (int i = 0; i < 16; ++i) {
-        dw[bb * 16 + i] =
-            i < rows ? half_to_float(
-                           (reinterpret_cast<const Block*>(g.w + (row0 + i) * g.row_bytes) + bb)->d)
-                     : 0.0f;
+        dw[i] = i < rows
+                    ? half_to_float(
+                          (reinterpret_cast<const Block*>(g.w + (row0 + i) * g.row_bytes) + bb)->d)
+                    : 0.0f;
       }
     }
   }
 }
 
-// One block's 8 chunks for NT tokens into the lane accumulators acc[t][base + l].
-template <int NT, int kAcc>
-inline void q0_block(const Q0Tile& tl, int64_t b, const uint8_t* const* abias, const __m512* dd,
-                     __m512 (*acc)[kAcc], int base) {
-  for (int l = 0; l < 8; ++l) {
-    const __m512i w = _mm512_loadu_si512(tl.w + (b * 8 + l) * 64);
-    const __m512i nw = _mm512_loadu_si512(tl.negw + (b * 8 + l) * 16);
-    for (int t = 0; t < NT; ++t) {
-      int32_t bits;
-      std::memcpy(&bits, abias[t] + b * 32 + 4 * l, 4);
-      const __m512i dot = dpbusd(nw, _mm512_set1_epi32(bits), w);
-      acc[t][base + l] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), dd[t], acc[t][base + l]);
-    }
-  }
+inline __m512i dpbusd_bcast(__m512i acc, __m512i u8, const int8_t* s8x4) {
+  asm("vpdpbusd %2%{1to16%}, %1, %0"
+      : "+v"(acc)
+      : "v"(u8), "m"(*reinterpret_cast<const int32_t*>(s8x4)));
+  return acc;
 }
 
-// Q8_0: hsum_ps256's tree, ((a0 + a4) + (a2 + a6)) + ((a1 + a5) + (a3 + a7)).
+// NT tokens (t0..) against one tile: out[t][row].
 template <int NT>
-void q80_tile(const Q0Tile& tl, int64_t nb, const BlockQ8_0* const* a, const uint8_t* const* abias,
-              float (*out)[16]) {
-  __m512 acc[NT][8];
+void q0_tile(const uint8_t* tile, const GemmArgs& g, int64_t t0, float (*out)[16]) {
+  const int64_t nb = g.cols / tandem::kQK;
+  Q0Act a[NT];
+  for (int t = 0; t < NT; ++t) a[t] = q0_act(g, t0 + t);
+  alignas(64) float lanes[NT][16][16];
+  for (int L = 0; L < 16; ++L) {
+    __m512 acc[NT];
+    for (int t = 0; t < NT; ++t) acc[t] = _mm512_setzero_ps();
+    for (int64_t b = L; b < nb; b += 16) {
+      const uint8_t* c = tile + b * kQ0TileBlockBytes;
+      __m512i isum[NT];
+      for (int t = 0; t < NT; ++t) isum[t] = _mm512_set1_epi32(a[t].negc[b]);
+      for (int l = 0; l < 8; ++l) {
+        const __m512i wv = _mm512_loadu_si512(c + l * 64);
+        for (int t = 0; t < NT; ++t) isum[t] = dpbusd_bcast(isum[t], wv, a[t].blk[b].qs + 4 * l);
+      }
+      const __m512 dw = _mm512_loadu_ps(reinterpret_cast<const float*>(c + 8 * 64));
+      for (int t = 0; t < NT; ++t) {
+        const __m512 s = _mm512_mul_ps(dw, _mm512_set1_ps(a[t].d[b]));
+        acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[t]), s, acc[t]);
+      }
+    }
+    for (int t = 0; t < NT; ++t) _mm512_store_ps(lanes[t][L], acc[t]);
+  }
   for (int t = 0; t < NT; ++t) {
-    for (int l = 0; l < 8; ++l) acc[t][l] = _mm512_setzero_ps();
+    __m512 h8[8], h4[4];
+    for (int i = 0; i < 8; ++i) {
+      h8[i] = _mm512_add_ps(_mm512_load_ps(lanes[t][i]), _mm512_load_ps(lanes[t][i + 8]));
+    }
+    for (int i = 0; i < 4; ++i) h4[i] = _mm512_add_ps(h8[i], h8[i + 4]);
+    const __m512 h2_0 = _mm512_add_ps(h4[0], h4[2]), h2_1 = _mm512_add_ps(h4[1], h4[3]);
+    _mm512_storeu_ps(out[t], _mm512_add_ps(h2_0, h2_1));
   }
-  for (int64_t b = 0; b < nb; ++b) {
-    const __m512 dwv = _mm512_loadu_ps(tl.dw + b * 16);
-    __m512 dd[NT];
-    for (int t = 0; t < NT; ++t)
-      dd[t] = _mm512_mul_ps(dwv, _mm512_set1_ps(half_to_float(a[t][b].d)));
-    q0_block<NT, 8>(tl, b, abias, dd, acc, 0);
-  }
-  for (int t = 0; t < NT; ++t) {
-    const __m512 s0 = _mm512_add_ps(acc[t][0], acc[t][4]), s1 = _mm512_add_ps(acc[t][1], acc[t][5]);
-    const __m512 s2 = _mm512_add_ps(acc[t][2], acc[t][6]), s3 = _mm512_add_ps(acc[t][3], acc[t][7]);
-    _mm512_storeu_ps(out[t], _mm512_add_ps(_mm512_add_ps(s0, s2), _mm512_add_ps(s1, s3)));
-  }
-}
-
-// Q5_0 (even block count): _mm512_reduce_add_ps's tree over the 16 lane accumulators, then + 0.0f
-// (the row kernel adds its empty odd-block tail).
-void q50_tile(const Q0Tile& tl, int64_t nb, const BlockQ8_0* a, const uint8_t* abias, float* out) {
-  __m512 acc[1][16];
-  for (int l = 0; l < 16; ++l) acc[0][l] = _mm512_setzero_ps();
-  const uint8_t* ab[1] = {abias};
-  for (int64_t b = 0; b < nb; ++b) {
-    const __m512 dd[1] = {
-        _mm512_mul_ps(_mm512_loadu_ps(tl.dw + b * 16), _mm512_set1_ps(half_to_float(a[b].d)))};
-    q0_block<1, 16>(tl, b, ab, dd, acc, static_cast<int>(b % 2) * 8);
-  }
-  const __m512* v = acc[0];
-  auto add = [](__m512 x, __m512 y) { return _mm512_add_ps(x, y); };
-  const __m512 t8_0 =
-      add(add(add(v[0], v[8]), add(v[4], v[12])), add(add(v[2], v[10]), add(v[6], v[14])));
-  const __m512 t8_1 =
-      add(add(add(v[1], v[9]), add(v[5], v[13])), add(add(v[3], v[11]), add(v[7], v[15])));
-  _mm512_storeu_ps(out, add(add(t8_0, t8_1), _mm512_setzero_ps()));
 }
 
 template <class Block, class Expand>
-void q0_tiled(const GemmArgs& g, Expand expand, bool q5) {
+void q0_tiled(const GemmArgs& g, Expand expand) {
   const int64_t nb = g.cols / tandem::kQK;
-  thread_local std::vector<uint8_t> w, abias;
-  thread_local std::vector<int32_t> negw;
-  thread_local std::vector<float> dw;
-  w.resize(static_cast<size_t>(nb * 8 * 64));
-  negw.resize(static_cast<size_t>(nb * 8 * 16));
-  dw.resize(static_cast<size_t>(nb * 16));
-  // Every token's quants as a + 128 (the unsigned operand of vpdpbusd), contiguous.
-  abias.resize(static_cast<size_t>(g.tokens * nb * 32));
-  for (int64_t t = 0; t < g.tokens; ++t) {
-    const auto* at = reinterpret_cast<const BlockQ8_0*>(g.act + t * g.act_row_bytes);
-    for (int64_t b = 0; b < nb; ++b) {
-      const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(at[b].qs));
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(abias.data() + (t * nb + b) * 32),
-                          _mm256_xor_si256(q, _mm256_set1_epi8(static_cast<char>(0x80))));
-    }
-  }
-  const Q0Tile tl{w.data(), negw.data(), dw.data()};
-  alignas(64) float out[kQ80Tokens][16];
+  thread_local std::vector<uint8_t> tile;
+  tile.resize(static_cast<size_t>(nb * kQ0TileBlockBytes));
+  alignas(64) float out[8][16];
   for (int64_t n = g.n0; n < g.n1; n += 16) {
     const int64_t n_end = std::min(g.n1, n + 16);
-    q0_expand<Block>(g, n, n_end - n, nb, expand, w.data(), negw.data(), dw.data());
+    q0_expand<Block>(g, n, n_end - n, nb, expand, tile.data());
     for (int64_t t0 = 0; t0 < g.tokens;) {
-      const BlockQ8_0* a[kQ80Tokens];
-      const uint8_t* ab[kQ80Tokens];
-      int nt = 1;
-      if (!q5 && g.tokens - t0 >= kQ80Tokens) nt = kQ80Tokens;
-      for (int t = 0; t < nt; ++t) {
-        a[t] = reinterpret_cast<const BlockQ8_0*>(g.act + (t0 + t) * g.act_row_bytes);
-        ab[t] = abias.data() + (t0 + t) * nb * 32;
-      }
-      if (q5) {
-        q50_tile(tl, nb, a[0], ab[0], out[0]);
-      } else if (nt == kQ80Tokens) {
-        q80_tile<kQ80Tokens>(tl, nb, a, ab, out);
-      } else {
-        q80_tile<1>(tl, nb, a, ab, out);
-      }
+      const int64_t rest = g.tokens - t0;
+      const int nt = rest >= 8 ? 8 : rest >= 4 ? 4 : rest >= 2 ? 2 : 1;
+      if (nt == 8) q0_tile<8>(tile.data(), g, t0, out);
+      if (nt == 4) q0_tile<4>(tile.data(), g, t0, out);
+      if (nt == 2) q0_tile<2>(tile.data(), g, t0, out);
+      if (nt == 1) q0_tile<1>(tile.data(), g, t0, out);
       for (int t = 0; t < nt; ++t) {
         for (int64_t r = n; r < n_end; ++r) g.y[(t0 + t) * g.ldy + r] = out[t][r - n];
       }
@@ -371,21 +463,21 @@ void q0_tiled(const GemmArgs& g, Expand expand, bool q5) {
   }
 }
 
-void q80(const GemmArgs& g) {
+template <class Block, class Expand>
+void q0_gemm(const GemmArgs& g, Expand expand) {
   if (g.tokens >= kQ0TileMinTokens) {
-    q0_tiled<BlockQ8_0>(g, expand_q8_0, false);
-    return;
+    q0_tiled<Block>(g, expand);
+  } else {
+    q0_rows_all<Block>(g);
   }
-  drive<Q80Kern<S>>(g);
+}
+
+void q80(const GemmArgs& g) {
+  q0_gemm<BlockQ8_0>(g, expand_q8_0);
 }
 
 void q50(const GemmArgs& g) {
-  // An odd block count ends the row kernel with a 256-bit tail block: rows only.
-  if (g.tokens >= kQ0TileMinTokens && (g.cols / tandem::kQK) % 2 == 0) {
-    q0_tiled<BlockQ5_0>(g, expand_q5_0, true);
-    return;
-  }
-  drive<Q50Kern<S>>(g);
+  q0_gemm<BlockQ5_0>(g, expand_q5_0);
 }
 
 void q4k(const GemmArgs& g) {

@@ -180,7 +180,7 @@ int64_t act_row_bytes(AFormat f, int64_t cols) {
     case AFormat::kF32: return cols * 4;
     case AFormat::kBF16: return cols * 2;
     case AFormat::kQ8_K: return cols / kQK_K * static_cast<int64_t>(sizeof(BlockQ8_K));
-    case AFormat::kQ8_0: return cols / kQK * static_cast<int64_t>(sizeof(BlockQ8_0));
+    case AFormat::kQ8_0: return detail::q8_0_act_row_bytes(cols / kQK);
     case AFormat::kI8: break;
   }
   fail(ErrorKind::kUnsupported, "activation format int8 needs the packed kernels");
@@ -269,7 +269,22 @@ void quantize_activations(AFormat format, int group, const float* x, int64_t tok
         break;
       }
       case AFormat::kQ8_K: quantize_row(DType::kQ8_K, src, dst, cols); break;
-      case AFormat::kQ8_0: quantize_row(DType::kQ8_0, src, dst, cols); break;
+      case AFormat::kQ8_0: {
+        quantize_row(DType::kQ8_0, src, dst, cols);
+        const int64_t nb = cols / kQK, nbp = detail::q8_0_act_padded_blocks(nb);
+        const auto* blk = reinterpret_cast<const BlockQ8_0*>(dst);
+        auto* negc = reinterpret_cast<int32_t*>(dst + detail::q8_0_act_aux_offset(nb));
+        auto* d = reinterpret_cast<float*>(negc + nbp);
+        for (int64_t b = 0; b < nbp; ++b) {
+          int32_t sum = 0;
+          if (b < nb) {
+            for (int i = 0; i < kQK; ++i) sum += blk[b].qs[i];
+          }
+          negc[b] = -128 * sum;
+          d[b] = b < nb ? f16_to_f32(blk[b].d) : 0.0f;
+        }
+        break;
+      }
       case AFormat::kI8: break;  // rejected by act_row_bytes
     }
   }
