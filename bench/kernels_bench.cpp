@@ -1,6 +1,7 @@
 // The fast CPU kernels (ops/cpu/kernels.h) per format and ISA level:
 //  - GEMV: 1 token against 96 MiB of weights (far larger than L3, so DRAM-bound), all pool
-//    threads; bytes_per_second = weight bytes read, to compare with `tandem roofline`'s DRAM figure.
+//    threads; bytes_per_second = weight bytes read, to compare with `tandem roofline`'s DRAM
+//    figure.
 //  - GEMM: 512 tokens against a 2048 x 2048 matrix (L2/L3-resident): items_per_second = multiply-
 //    adds x 2 (OP/s), to compare with the int8 / bf16 / fp32 peaks.
 // Run: build/bench/bench_kernels_bench [--benchmark_filter=Gemv] [--benchmark_format=json]
@@ -17,6 +18,7 @@
 #include "core/topology.h"
 #include "formats/quant.h"
 #include "ops/cpu/kernels.h"
+#include "ops/cpu/ref_ops.h"
 
 namespace tandem {
 namespace {
@@ -117,6 +119,57 @@ TD_FORMAT_BENCH(BM_Gemm512, DType::kQ6_K, q6_k);
 TD_FORMAT_BENCH(BM_Gemm512, DType::kQ5_0, q5_0);
 TD_FORMAT_BENCH(BM_Gemm512, DType::kQ8_0, q8_0);
 TD_FORMAT_BENCH(BM_Gemm512, DType::kBF16, bf16);
+
+// Prefill attention of 512 tokens on an empty cache, DeepSeek-V2-Lite's absorbed MLA shape (16
+// heads on one shared latent KV head: dk 576, dv 512) and a GQA shape (32 heads, 8 KV heads,
+// 128 / 128): items_per_second = the scores' and the value sums' multiply-adds x 2 (FLOP/s, to
+// compare with the fp32 peak). avx2: the F32-GEMM scores and scalar value loop.
+void BM_Attention(benchmark::State& state, int64_t heads, int64_t kv_heads, int64_t dk, int64_t dv,
+                  Isa isa) {
+  if (isa > best_isa()) {
+    state.SkipWithError("ISA not supported here");
+    return;
+  }
+  const int64_t n = 512;
+  std::mt19937 rng(3);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  auto fill = [&](int64_t count) {
+    std::vector<float> v(static_cast<size_t>(count));
+    for (float& x : v) x = normal(rng);
+    return v;
+  };
+  const std::vector<float> q = fill(n * heads * dk), k = fill(n * kv_heads * dk),
+                           v = fill(n * kv_heads * dv);
+  std::vector<float> out(static_cast<size_t>(n * heads * dv));
+  ops::AttentionArgs a;
+  a.q = q.data();
+  a.q_stride = heads * dk;
+  a.n_tokens = n;
+  a.n_heads = heads;
+  a.n_kv_heads = kv_heads;
+  a.dk = dk;
+  a.dv = dv;
+  a.k = k.data();
+  a.v = v.data();
+  a.k_stride = kv_heads * dk;
+  a.v_stride = kv_heads * dv;
+  a.scale = 0.1f;
+  a.out = out.data();
+  for (auto _ : state) {
+    kern::attention(a, &pool(), isa);
+    benchmark::DoNotOptimize(out.data());
+  }
+  const int64_t pairs = n * (n + 1) / 2;  // (query, key) pairs under the causal mask
+  state.SetItemsProcessed(state.iterations() * 2 * pairs * heads * (dk + dv));
+}
+BENCHMARK_CAPTURE(BM_Attention, mla_avx2, 16, 1, 576, 512, Isa::kAvx2)->UseRealTime()->MinTime(0.3);
+BENCHMARK_CAPTURE(BM_Attention, mla_avx512, 16, 1, 576, 512, Isa::kAvx512)
+    ->UseRealTime()
+    ->MinTime(0.3);
+BENCHMARK_CAPTURE(BM_Attention, gqa_avx2, 32, 8, 128, 128, Isa::kAvx2)->UseRealTime()->MinTime(0.3);
+BENCHMARK_CAPTURE(BM_Attention, gqa_avx512, 32, 8, 128, 128, Isa::kAvx512)
+    ->UseRealTime()
+    ->MinTime(0.3);
 
 }  // namespace
 }  // namespace tandem

@@ -5,6 +5,10 @@
 
 #include <cstdint>
 
+namespace tandem::ops {
+struct AttentionArgs;
+}
+
 namespace tandem::kern::detail {
 
 // One call: rows [n0, n1) of a weight whose row r starts at w + r * row_bytes, against
@@ -54,5 +58,12 @@ const GgufKernels& gguf_kernels_scalar();
 const GgufKernels& gguf_kernels_avx2();
 const GgufKernels& gguf_kernels_avx512();       // AVX-512 F/BW/VL/DQ
 const GgufKernels& gguf_kernels_avx512_vnni();  // + VNNI and BF16
+
+// kern::attention's task (query token t, KV head group g) on AVX-512 (attention_avx512.cpp):
+// scores needs group * n_ctx floats, dummy dv (written, never read).
+// x = softmax(scale * x) with a vectorized e^x (within 2 ulp of std::exp; attention_avx512.cpp).
+void softmax_scaled_avx512(float* x, int64_t n, float scale);
+void attention_task_avx512(const ops::AttentionArgs& a, int64_t t, int64_t g, float* scores,
+                           float* dummy);
 
 }  // namespace tandem::kern::detail

@@ -341,15 +341,20 @@ void matmul(const ops::Weight& w, const float* x, int64_t tokens, float* y, Thre
   matmul(m, x, tokens, y, pool, &scratch);
 }
 
-void attention(const ops::AttentionArgs& a, ThreadPool* pool) {
+void attention(const ops::AttentionArgs& a, ThreadPool* pool, Isa isa) {
   const int64_t group = a.n_heads / a.n_kv_heads;
-  const Isa isa = best_isa();
+  isa = std::min(isa, best_isa());
   auto task = [&](size_t id) {
     thread_local Activations q;
     thread_local std::vector<float> scores;
     const int64_t t = static_cast<int64_t>(id) / a.n_kv_heads;
     const int64_t g = static_cast<int64_t>(id) % a.n_kv_heads;
     const int64_t n_ctx = a.pos0 + t + 1;
+    if (isa >= Isa::kAvx512) {
+      scores.resize(static_cast<size_t>(group * n_ctx + a.dv));
+      detail::attention_task_avx512(a, t, g, scores.data(), scores.data() + group * n_ctx);
+      return;
+    }
     KMatrix k;
     k.format = WFormat::kF32;
     k.rows = n_ctx;

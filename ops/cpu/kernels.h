@@ -115,10 +115,11 @@ void matmul(const ops::Weight& w, const float* x, int64_t tokens, float* y, Thre
 void matmul(const KMatrix& w, const float* x, int64_t tokens, float* y, ThreadPool* pool,
             Activations* scratch);
 
-// ops::attention's contract, computed per (token, KV head) with the fast F32 kernel: the scores of
-// every query head sharing that KV head against all its cached keys as one small GEMM (each key
-// row loaded once for the group), softmax, then the weighted sum of the values. Tasks over tokens
-// x KV heads on `pool`.
-void attention(const ops::AttentionArgs& args, ThreadPool* pool);
+// ops::attention's contract, one task per (token, KV head) on `pool`: the scores of every query
+// head sharing that KV head against all its cached keys, softmax, then the weighted sum of the
+// values. AVX-512: register-blocked scores and value sums (attention_avx512.cpp); below it the
+// scores as one small GEMM of the F32 kernel and a scalar value loop. A token's output does not
+// depend on the other tokens of the call. isa: the highest level to use.
+void attention(const ops::AttentionArgs& args, ThreadPool* pool, Isa isa = best_isa());
 
 }  // namespace tandem::kern

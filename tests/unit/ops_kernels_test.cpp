@@ -4,15 +4,17 @@
 // the activation-quantization error bound.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
-#include <tuple>
 #include <random>
+#include <tuple>
 #include <vector>
 
 #include "core/cpu_features.h"
 #include "core/tensor.h"
 #include "core/thread_pool.h"
 #include "formats/quant.h"
+#include "ops/cpu/kern_gguf.h"
 #include "ops/cpu/kernels.h"
 #include "ops/cpu/ref_ops.h"
 
@@ -44,7 +46,8 @@ Matrix make_matrix(DType dtype, int64_t rows, int64_t cols, uint32_t seed) {
   Matrix m;
   const int64_t rb = static_cast<int64_t>(dtype_bytes(dtype, cols));
   m.bytes.resize(static_cast<size_t>(rb * rows));
-  for (int64_t r = 0; r < rows; ++r) quantize_row(dtype, f.data() + r * cols, m.bytes.data() + r * rb, cols);
+  for (int64_t r = 0; r < rows; ++r)
+    quantize_row(dtype, f.data() + r * cols, m.bytes.data() + r * rb, cols);
   m.t.dtype = dtype;
   m.t.ndim = 2;
   m.t.shape[0] = rows;
@@ -83,8 +86,7 @@ TEST_P(Kernels, SimdEqualsReferenceOnEveryIsa) {
             } else {
               // Integer block sums are exact; only the F32 summation order of the blocks' (or
               // values') contributions differs: rounding of a 768-term sum of O(1) terms.
-              ASSERT_NEAR(got, want, 2e-5f * 768)
-                  << isa_name(isa) << " t " << t << " r " << r;
+              ASSERT_NEAR(got, want, 2e-5f * 768) << isa_name(isa) << " t " << t << " r " << r;
             }
           }
         }
@@ -99,7 +101,8 @@ TEST_P(Kernels, SimdEqualsReferenceOnEveryIsa) {
 // then ends with a 256-bit block, and its GEMM keeps the rows).
 TEST_P(Kernels, ResultDoesNotDependOnTheBatch) {
   const Case c = GetParam();
-  const bool k_quant = c.dtype == DType::kQ4_K || c.dtype == DType::kQ5_K || c.dtype == DType::kQ6_K;
+  const bool k_quant =
+      c.dtype == DType::kQ4_K || c.dtype == DType::kQ5_K || c.dtype == DType::kQ6_K;
   for (const int64_t cols : {int64_t{768}, int64_t{800}}) {
     if (k_quant && cols % 256 != 0) continue;
     const int64_t rows = 37, tokens = 39;  // token groups of 8, 4, 2, 1
@@ -119,8 +122,8 @@ TEST_P(Kernels, ResultDoesNotDependOnTheBatch) {
         std::vector<float> y(static_cast<size_t>(rows));
         kern::gemm(w, one, 0, rows, y.data(), rows, isa);
         for (int64_t r = 0; r < rows; ++r) {
-          ASSERT_EQ(batch[t * rows + r], y[r]) << isa_name(isa) << " cols " << cols << " t " << t
-                                               << " r " << r;
+          ASSERT_EQ(batch[t * rows + r], y[r])
+              << isa_name(isa) << " cols " << cols << " t " << t << " r " << r;
         }
       }
     }
@@ -168,10 +171,11 @@ TEST_P(Kernels, ReferenceMatchesDequantizedProduct) {
 INSTANTIATE_TEST_SUITE_P(Formats, Kernels,
                          ::testing::Values(Case{DType::kQ4_K, true}, Case{DType::kQ5_K, true},
                                            Case{DType::kQ6_K, true}, Case{DType::kQ8_0, true},
-                                           Case{DType::kQ5_0, true},
-                                           Case{DType::kF32, false}, Case{DType::kF16, false},
-                                           Case{DType::kBF16, false}),
-                         [](const auto& info) { return std::string(dtype_info(info.param.dtype).name); });
+                                           Case{DType::kQ5_0, true}, Case{DType::kF32, false},
+                                           Case{DType::kF16, false}, Case{DType::kBF16, false}),
+                         [](const auto& info) {
+                           return std::string(dtype_info(info.param.dtype).name);
+                         });
 
 // The threaded dense entry equals the single-call kernel, and falls back for dtypes without one.
 TEST(KernelsMatmul, ThreadedEqualsSingleCallAndFallsBack) {
@@ -206,10 +210,37 @@ namespace {
 // The fast attention equals the reference attention (the same formula, F32) for GQA groups and
 // the one-KV-head shape of absorbed MLA, with a cached prefix (pos0 > 0), 5 and 40 query tokens
 // (blocks of 16); token by token (decode) gives the same bits as the batch.
+// The vectorized softmax of the AVX-512 attention against ops::softmax (std::exp): every
+// probability within a few ulp (e^x within 2 ulp, then one sum and one product), tails of every
+// length, a range wide enough to underflow.
+TEST(KernelsSoftmax, Avx512MatchesReference) {
+  if (best_isa() < Isa::kAvx512) GTEST_SKIP() << "no AVX-512 here";
+  std::mt19937 rng(9);
+  for (const int64_t n : {int64_t{1}, int64_t{15}, int64_t{16}, int64_t{17}, int64_t{100}}) {
+    for (const float spread : {1.0f, 30.0f, 200.0f}) {
+      std::uniform_real_distribution<float> u(-spread, spread);
+      std::vector<float> x(static_cast<size_t>(n));
+      for (float& v : x) v = u(rng);
+      std::vector<float> want = x, got = x;
+      for (float& v : want) v *= 0.3f;
+      ops::softmax(want.data(), n);
+      kern::detail::softmax_scaled_avx512(got.data(), n, 0.3f);
+      for (int64_t i = 0; i < n; ++i) {
+        const float tol = std::max(4e-7f * want[static_cast<size_t>(i)], 1e-38f);
+        ASSERT_NEAR(got[static_cast<size_t>(i)], want[static_cast<size_t>(i)], tol)
+            << "n " << n << " spread " << spread << " i " << i;
+      }
+    }
+  }
+}
+
 TEST(KernelsAttention, EqualsReference) {
   ThreadPool pool(place_workers(detect_topology(), 2));
   for (auto [heads, kv_heads, dk, dv] :
-       {std::tuple<int64_t, int64_t, int64_t, int64_t>{8, 2, 64, 64}, {16, 1, 96, 80}}) {
+       {std::tuple<int64_t, int64_t, int64_t, int64_t>{8, 2, 64, 64},
+        {16, 1, 96, 80},
+        {6, 2, 40, 24},
+        {4, 4, 16, 200}}) {
     for (const int64_t n : {int64_t{5}, int64_t{40}}) {  // 40: blocks of 16 query tokens
       const int64_t pos0 = 7, ctx = pos0 + n;
       const std::vector<float> q = random_values(n * heads * dk, 1);

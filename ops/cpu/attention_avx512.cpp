@@ -1,0 +1,223 @@
+// AVX-512 attention for one (query token, KV head group) task of kern::attention (compiled with
+// the AVX-512 flags, selected at run time; see kernels.cpp). Per task: the group's scores against
+// the n_ctx cached keys, scale, softmax (vectorized e^x), then the probability-weighted sum of
+// the values.
+//  - Scores in register blocks of 16 outputs (4 heads x 4 keys; 2 x 8 or 1 x 16 for small groups):
+//    per 16 key dimensions NH + NS loads feed 16 FMAs, then one transposing add tree turns the 16
+//    accumulators into the 16 dot products.
+//  - Values: blocks of NH heads x NJ vectors of 16 output dimensions (NH x NJ = 16 accumulators),
+//    over chunks of kChunk keys whose values stay in L2 while every block passes over them; each
+//    output is one FMA chain over the keys in order.
+// Every output depends only on its own query, the keys and the values, never on which tokens share
+// the call: a token computes the same bits in a prefill batch and alone in decode.
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+
+#include "ops/cpu/kern_gguf.h"
+#include "ops/cpu/ref_ops.h"  // AttentionArgs
+
+namespace tandem::kern::detail {
+namespace {
+
+// out[i] = the sum of v[i]'s 16 lanes, i = 0..15 (unpack / shuffle tree, 4 levels).
+inline __m512 sum16(const __m512* v) {
+  __m512 a[8], b[4];
+  for (int i = 0; i < 8; ++i) {
+    a[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]),
+                         _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
+  }
+  // b[i], 128-bit lane k: the sums of lane k's four floats of v[4i..4i+3].
+  for (int i = 0; i < 4; ++i) {
+    const __m512d x = _mm512_castps_pd(a[2 * i]), y = _mm512_castps_pd(a[2 * i + 1]);
+    b[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)),
+                         _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)));
+  }
+  const __m512 c0 =
+      _mm512_add_ps(_mm512_shuffle_f32x4(b[0], b[1], 0x88), _mm512_shuffle_f32x4(b[0], b[1], 0xDD));
+  const __m512 c1 =
+      _mm512_add_ps(_mm512_shuffle_f32x4(b[2], b[3], 0x88), _mm512_shuffle_f32x4(b[2], b[3], 0xDD));
+  return _mm512_add_ps(_mm512_shuffle_f32x4(c0, c1, 0x88), _mm512_shuffle_f32x4(c0, c1, 0xDD));
+}
+
+// out[h * NS + s] = dot(q[h], k[s]) over dk values.
+template <int NH, int NS>
+inline void qk_block(const float* const* q, const float* const* k, int64_t dk, float* out) {
+  static_assert(NH * NS == 16);
+  __m512 acc[16];
+  for (__m512& x : acc) x = _mm512_setzero_ps();
+  int64_t d = 0;
+  for (; d + 16 <= dk; d += 16) {
+    __m512 kv[NS];
+    for (int s = 0; s < NS; ++s) kv[s] = _mm512_loadu_ps(k[s] + d);
+    for (int h = 0; h < NH; ++h) {
+      const __m512 qv = _mm512_loadu_ps(q[h] + d);
+      for (int s = 0; s < NS; ++s) acc[h * NS + s] = _mm512_fmadd_ps(qv, kv[s], acc[h * NS + s]);
+    }
+  }
+  if (d < dk) {
+    const __mmask16 m = static_cast<__mmask16>((1u << (dk - d)) - 1);
+    __m512 kv[NS];
+    for (int s = 0; s < NS; ++s) kv[s] = _mm512_maskz_loadu_ps(m, k[s] + d);
+    for (int h = 0; h < NH; ++h) {
+      const __m512 qv = _mm512_maskz_loadu_ps(m, q[h] + d);
+      for (int s = 0; s < NS; ++s) acc[h * NS + s] = _mm512_fmadd_ps(qv, kv[s], acc[h * NS + s]);
+    }
+  }
+  _mm512_storeu_ps(out, sum16(acc));
+}
+
+// out[h][j0 + ...] continues acc = fma(p[h][s], v[s][j], acc) over s in [s0, s1), for the NJ * 16
+// dimensions from j0 (mask m[z] for vector z).
+template <int NH, int NJ>
+inline void pv_block(const float* const* p, const float* v, int64_t v_stride, int64_t s0,
+                     int64_t s1, int64_t j0, const __mmask16* m, float* const* out) {
+  static_assert(NH * NJ == 16);
+  __m512 acc[NH][NJ];
+  for (int h = 0; h < NH; ++h) {
+    for (int z = 0; z < NJ; ++z) acc[h][z] = _mm512_maskz_loadu_ps(m[z], out[h] + j0 + 16 * z);
+  }
+  for (int64_t s = s0; s < s1; ++s) {
+    const float* vr = v + s * v_stride + j0;
+    __m512 vv[NJ];
+    for (int z = 0; z < NJ; ++z) vv[z] = _mm512_maskz_loadu_ps(m[z], vr + 16 * z);
+    for (int h = 0; h < NH; ++h) {
+      const __m512 ph = _mm512_set1_ps(p[h][s]);
+      for (int z = 0; z < NJ; ++z) acc[h][z] = _mm512_fmadd_ps(ph, vv[z], acc[h][z]);
+    }
+  }
+  for (int h = 0; h < NH; ++h) {
+    for (int z = 0; z < NJ; ++z) _mm512_mask_storeu_ps(out[h] + j0 + 16 * z, m[z], acc[h][z]);
+  }
+}
+
+// e^x for x <= 0 (Cephes expf: x = n ln2 + r, |r| <= ln2 / 2, degree-6 polynomial, times 2^n by
+// vscalefps; within 2 ulp of std::exp; below -88 it underflows to 0 as std::exp does).
+inline __m512 exp_nonpositive(__m512 x) {
+  x = _mm512_max_ps(x, _mm512_set1_ps(-88.0f));
+  const __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+  __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+  p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+  p = _mm512_fmadd_ps(p, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+  return _mm512_scalef_ps(p, n);
+}
+
+}  // namespace
+
+// x[i] = softmax(scale * x)[i] (ops::softmax after the scaling, vectorized).
+void softmax_scaled_avx512(float* x, int64_t n, float scale) {
+  const __m512 sv = _mm512_set1_ps(scale);
+  __m512 mx = _mm512_set1_ps(-INFINITY);
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m512 v = _mm512_mul_ps(_mm512_loadu_ps(x + i), sv);
+    _mm512_storeu_ps(x + i, v);
+    mx = _mm512_max_ps(mx, v);
+  }
+  const __mmask16 tail = static_cast<__mmask16>((1u << (n - i)) - 1);
+  if (i < n) {
+    const __m512 v = _mm512_mul_ps(_mm512_maskz_loadu_ps(tail, x + i), sv);
+    _mm512_mask_storeu_ps(x + i, tail, v);
+    mx = _mm512_mask_max_ps(mx, tail, mx, v);
+  }
+  const __m512 m = _mm512_set1_ps(_mm512_reduce_max_ps(mx));
+  __m512 sum = _mm512_setzero_ps();
+  for (i = 0; i + 16 <= n; i += 16) {
+    const __m512 e = exp_nonpositive(_mm512_sub_ps(_mm512_loadu_ps(x + i), m));
+    _mm512_storeu_ps(x + i, e);
+    sum = _mm512_add_ps(sum, e);
+  }
+  if (i < n) {
+    const __m512 e = exp_nonpositive(_mm512_sub_ps(_mm512_maskz_loadu_ps(tail, x + i), m));
+    _mm512_mask_storeu_ps(x + i, tail, e);
+    sum = _mm512_mask_add_ps(sum, tail, sum, e);
+  }
+  const __m512 inv = _mm512_set1_ps(1.0f / _mm512_reduce_add_ps(sum));
+  for (i = 0; i + 16 <= n; i += 16)
+    _mm512_storeu_ps(x + i, _mm512_mul_ps(_mm512_loadu_ps(x + i), inv));
+  if (i < n)
+    _mm512_mask_storeu_ps(x + i, tail, _mm512_mul_ps(_mm512_maskz_loadu_ps(tail, x + i), inv));
+}
+
+namespace {
+
+constexpr int64_t kChunk = 64;  // keys per pass of the value blocks (64 x dv floats in L2)
+
+template <int NH>
+void task(const ops::AttentionArgs& a, int64_t t, int64_t g, float* scores, float* dummy) {
+  constexpr int NS = 16 / NH, NJ = 16 / NH;
+  const int64_t group = a.n_heads / a.n_kv_heads, n_ctx = a.pos0 + t + 1;
+  const float* q0 = a.q + t * a.q_stride + g * group * a.dk;
+  const float* k0 = a.k + g * a.dk;
+  // Scores: head blocks of NH (a short last block repeats its last head), key blocks of NS (a
+  // short last block repeats the last key); repeated outputs are dropped.
+  alignas(64) float blk[16];
+  for (int64_t h0 = 0; h0 < group; h0 += NH) {
+    const float* q[NH];
+    for (int h = 0; h < NH; ++h) q[h] = q0 + std::min(h0 + h, group - 1) * a.dk;
+    for (int64_t s0 = 0; s0 < n_ctx; s0 += NS) {
+      const float* k[NS];
+      for (int s = 0; s < NS; ++s) k[s] = k0 + std::min(s0 + s, n_ctx - 1) * a.k_stride;
+      qk_block<NH, NS>(q, k, a.dk, blk);
+      for (int h = 0; h < NH && h0 + h < group; ++h) {
+        for (int s = 0; s < NS && s0 + s < n_ctx; ++s) {
+          scores[(h0 + h) * n_ctx + s0 + s] = blk[h * NS + s];
+        }
+      }
+    }
+  }
+  for (int64_t h = 0; h < group; ++h) {
+    softmax_scaled_avx512(scores + h * n_ctx, n_ctx, a.scale);
+    float* out = a.out + (t * a.n_heads + g * group + h) * a.dv;
+    std::fill(out, out + a.dv, 0.0f);
+  }
+  // Values: key chunks outer, so a chunk's rows stay in cache for every (head, dim) block.
+  const float* v0 = a.v + g * a.dv;
+  for (int64_t c0 = 0; c0 < n_ctx; c0 += kChunk) {
+    const int64_t c1 = std::min(n_ctx, c0 + kChunk);
+    for (int64_t h0 = 0; h0 < group; h0 += NH) {
+      const float* p[NH];
+      float* out[NH];
+      for (int h = 0; h < NH; ++h) {
+        const int64_t hh = std::min(h0 + h, group - 1);
+        p[h] = scores + hh * n_ctx;
+        out[h] = h0 + h < group ? a.out + (t * a.n_heads + g * group + hh) * a.dv : dummy;
+      }
+      for (int64_t j0 = 0; j0 < a.dv; j0 += 16 * NJ) {
+        __mmask16 m[NJ];
+        for (int z = 0; z < NJ; ++z) {
+          const int64_t left = a.dv - j0 - 16 * z;
+          m[z] = left >= 16  ? static_cast<__mmask16>(0xFFFF)
+                 : left <= 0 ? static_cast<__mmask16>(0)
+                             : static_cast<__mmask16>((1u << left) - 1);
+        }
+        pv_block<NH, NJ>(p, v0, a.v_stride, c0, c1, j0, m, out);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+void attention_task_avx512(const ops::AttentionArgs& a, int64_t t, int64_t g, float* scores,
+                           float* dummy) {
+  const int64_t group = a.n_heads / a.n_kv_heads;
+  if (group >= 4) {
+    task<4>(a, t, g, scores, dummy);
+  } else if (group >= 2) {
+    task<2>(a, t, g, scores, dummy);
+  } else {
+    task<1>(a, t, g, scores, dummy);
+  }
+}
+
+}  // namespace tandem::kern::detail
