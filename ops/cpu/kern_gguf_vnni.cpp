@@ -19,7 +19,8 @@ using S = Avx512<true>;
 //   qs: per super-block 32 chunks of 64 bytes, chunk c = byte-dword c (bytes 4c..4c+3) of the 16
 //       rows' 128 quant bytes (a 16 x 16 dword transpose, twice). Dword c = 8g + q holds elements
 //       64g + 4q.. (low nibbles, sub-block 2g) and 64g + 32 + 4q.. (high, sub-block 2g + 1).
-//   sc, m: per super-block and sub-block j, 16 int32 (the rows' 6-bit scales / mins);
+//   sc: per super-block and sub-block j, 16 int32 (the rows' 6-bit scales); m: the same for the
+//       mins, as the int16 pair (m, m) (vpdpwssd against the token's bsums 2j, 2j + 1);
 //   d, dmin: per super-block 16 F32.
 // Per row lane and token: isum = sum_j sc_j * dot_j (vpdpbusd: nibbles unsigned x Q8_K signed),
 // msum = sum_j m_j * bsum_j (exact integers), then acc + (da * d) * isum - (da * dmin) * msum per
@@ -77,10 +78,12 @@ void q4k_expand(const GemmArgs& g, int64_t row0, int64_t rows, int64_t nb, uint8
                           _mm512_and_si512(_mm512_srli_epi32(words[0], 8 * j), ff));
       _mm512_storeu_si512(sc + (b * 8 + 4 + j) * 16,
                           _mm512_and_si512(_mm512_srli_epi32(words[1], 8 * j), ff));
-      _mm512_storeu_si512(mn + (b * 8 + j) * 16,
-                          _mm512_and_si512(_mm512_srli_epi32(words[2], 8 * j), ff));
+      // Mins as the int16 pair (m, m) per row: one vpdpwssd against a token's two bsums.
+      const __m512i m_lo = _mm512_and_si512(_mm512_srli_epi32(words[2], 8 * j), ff);
+      const __m512i m_hi = _mm512_and_si512(_mm512_srli_epi32(words[3], 8 * j), ff);
+      _mm512_storeu_si512(mn + (b * 8 + j) * 16, _mm512_or_si512(m_lo, _mm512_slli_epi32(m_lo, 16)));
       _mm512_storeu_si512(mn + (b * 8 + 4 + j) * 16,
-                          _mm512_and_si512(_mm512_srli_epi32(words[3], 8 * j), ff));
+                          _mm512_or_si512(m_hi, _mm512_slli_epi32(m_hi, 16)));
     }
     _mm512_storeu_ps(d + b * 16, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(dd)));
     _mm512_storeu_ps(dmin + b * 16,
@@ -90,6 +93,22 @@ void q4k_expand(const GemmArgs& g, int64_t row0, int64_t rows, int64_t nb, uint8
 
 inline __m512i dpbusd(__m512i acc, __m512i u8, __m512i s8) {
   asm("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(u8), "v"(s8));  // in place (see packed_vnni.cpp)
+  return acc;
+}
+
+// acc + u8 x the 4 signed bytes at s8x4, broadcast (the load folded into vpdpbusd).
+inline __m512i dpbusd_bcast(__m512i acc, __m512i u8, const int8_t* s8x4) {
+  asm("vpdpbusd %2%{1to16%}, %1, %0"
+      : "+v"(acc)
+      : "v"(u8), "m"(*reinterpret_cast<const int32_t*>(s8x4)));
+  return acc;
+}
+
+// acc + per 32-bit lane the sum of the two int16 products with the int16 pair at p (broadcast).
+inline __m512i dpwssd_bcast(__m512i acc, __m512i s16, const int16_t* p) {
+  asm("vpdpwssd %2%{1to16%}, %1, %0"
+      : "+v"(acc)
+      : "v"(s16), "m"(*reinterpret_cast<const int32_t*>(p)));
   return acc;
 }
 
@@ -140,11 +159,11 @@ void q4k_tiles(const Q4KTile* tile, int64_t nb, const BlockQ8_K* const* a, float
     for (int t = 0; t < NT; ++t) {
       const BlockQ8_K& x = a[t][b];
       for (int r = 0; r < NR; ++r) {
+        // msum = sum_j m_j * (bsums[2j] + bsums[2j + 1]), exact int32.
         __m512i msum = _mm512_setzero_si512();
         for (int j = 0; j < 8; ++j) {
-          const __m512i m = _mm512_loadu_si512(tile[r].mn + (b * 8 + j) * 16);
-          msum = _mm512_add_epi32(
-              msum, _mm512_mullo_epi32(m, _mm512_set1_epi32(x.bsums[2 * j] + x.bsums[2 * j + 1])));
+          msum = dpwssd_bcast(msum, _mm512_loadu_si512(tile[r].mn + (b * 8 + j) * 16),
+                              x.bsums + 2 * j);
         }
         const __m512 da = _mm512_set1_ps(x.d);
         const __m512 dv = _mm512_mul_ps(_mm512_loadu_ps(tile[r].d + b * 16), da);
@@ -395,12 +414,6 @@ void q0_expand(const GemmArgs& g, int64_t row0, int64_t rows, int64_t nb, Expand
   }
 }
 
-inline __m512i dpbusd_bcast(__m512i acc, __m512i u8, const int8_t* s8x4) {
-  asm("vpdpbusd %2%{1to16%}, %1, %0"
-      : "+v"(acc)
-      : "v"(u8), "m"(*reinterpret_cast<const int32_t*>(s8x4)));
-  return acc;
-}
 
 // NT tokens (t0..) against one tile: out[t][row].
 template <int NT>
