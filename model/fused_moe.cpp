@@ -154,7 +154,7 @@ void FusedMoeBackend::submit(const MoeRequest& r) {
     const kern::AFormat af = kern::act_format(x.gate.format);
     kern::Activations* all = acts_for(hidden_acts_, af);
     if (all->tokens != T || all->format != af || all->cols != H || all->group != x.gate.group) {
-      kern::quantize_activations(af, x.gate.group, r.hidden, T, H, H, all);
+      kern::quantize_activations(af, x.gate.group, r.hidden, T, H, H, all, pool_);
     }
     x.x.format = af;
     x.x.tokens = n;

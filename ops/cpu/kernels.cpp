@@ -241,7 +241,7 @@ GemmArgs make_args(const KMatrix& w, const Activations& a, int64_t n0, int64_t n
 }  // namespace
 
 void quantize_activations(AFormat format, int group, const float* x, int64_t tokens, int64_t cols,
-                          int64_t ldx, Activations* out) {
+                          int64_t ldx, Activations* out, ThreadPool* pool) {
   if (format == AFormat::kI8 || format == AFormat::kBF16) {
     packed_quantize_activations(format, group, x, tokens, cols, ldx, out);
     return;
@@ -258,7 +258,7 @@ void quantize_activations(AFormat format, int group, const float* x, int64_t tok
   out->row_bytes = act_row_bytes(format, cols);
   const size_t need = static_cast<size_t>(out->row_bytes * tokens);
   if (out->data.size() < need) out->data.resize(need);
-  for (int64_t t = 0; t < tokens; ++t) {
+  auto row = [&](int64_t t) {
     const float* src = x + t * ldx;
     uint8_t* dst = out->data.data() + t * out->row_bytes;
     switch (format) {
@@ -287,6 +287,16 @@ void quantize_activations(AFormat format, int group, const float* x, int64_t tok
       }
       case AFormat::kI8: break;  // rejected by act_row_bytes
     }
+  };
+  // Prefill batches in token blocks on the pool (each row is independent: the same bits).
+  constexpr int64_t kTokensPerTask = 16;
+  if (pool != nullptr && tokens >= 2 * kTokensPerTask) {
+    pool->run(static_cast<size_t>((tokens + kTokensPerTask - 1) / kTokensPerTask), [&](size_t i) {
+      const int64_t t0 = static_cast<int64_t>(i) * kTokensPerTask;
+      for (int64_t t = t0; t < std::min(tokens, t0 + kTokensPerTask); ++t) row(t);
+    });
+  } else {
+    for (int64_t t = 0; t < tokens; ++t) row(t);
   }
 }
 
@@ -312,7 +322,7 @@ void gemm_reference(const KMatrix& w, const Activations& a, int64_t n0, int64_t 
 
 void matmul(const KMatrix& w, const float* x, int64_t tokens, float* y, ThreadPool* pool,
             Activations* scratch) {
-  quantize_activations(act_format(w.format), w.group, x, tokens, w.cols, w.cols, scratch);
+  quantize_activations(act_format(w.format), w.group, x, tokens, w.cols, w.cols, scratch, pool);
   const Activations& a = *scratch;
   // Tasks of whole row tiles; enough of them for the pool to balance (dynamic queue), few enough
   // that each task's weight slice is worth a dispatch (>= 16 rows or ~64 KiB).
