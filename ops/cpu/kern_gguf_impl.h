@@ -39,6 +39,13 @@ inline float hsum_ps256(__m256 v) {
   return _mm_cvtss_f32(s);
 }
 
+inline int32_t hsum_epi32_256(__m256i v) {
+  __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1));
+  return _mm_cvtsi128_si32(s);
+}
+
 // The 6-bit scales and mins of the 8 sub-blocks of a Q4_K / Q5_K block, four at a time in 32-bit
 // words: bytes 0-3 (A) hold scales 0-3 and the top bits of scales 4-7, bytes 4-7 (B) mins 0-3 and
 // the top bits of mins 4-7, bytes 8-11 (C) the low nibbles of scales (low) and mins (high) 4-7.
@@ -280,9 +287,12 @@ inline void q6k_rows(const BlockQ6_K* const* w, const BlockQ8_K* const* a, int64
     for (int r = 0; r < NR; ++r) {
       const BlockQ6_K& x = w[r][b];
       const float dw = half_to_float(x.d);
+      // bias = sum_j scales[j] * bsums[j], exact (int16 x int16 pairs; AVX2 at every level).
+      const __m256i sc16 =
+          _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x.scales)));
       for (int t = 0; t < NT; ++t) {
-        int32_t bias = 0;
-        for (int j = 0; j < 16; ++j) bias += x.scales[j] * a[t][b].bsums[j];
+        const int32_t bias = hsum_epi32_256(_mm256_madd_epi16(
+            sc16, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a[t][b].bsums))));
         const float d = a[t][b].d * dw;
         facc[r][t] = S::fmadd(S::to_float(sum[r][t]), S::fset1(d), facc[r][t]);
         acc[r][t] = acc[r][t] + d * static_cast<float>(32 * bias);
