@@ -45,12 +45,7 @@ struct Avx2 {
   static V dot_acc(V acc, V u8, V s8, V sc) {
     return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u8, s8), sc));
   }
-  static int32_t hsum(V v) {
-    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
-    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1));
-    return _mm_cvtsi128_si32(s);
-  }
+  static int32_t hsum(V v) { return hsum_epi32_256(v); }
   static V32 load32(const int8_t* p) { return load(p); }
   // Signed x signed through the unsigned x signed multiply: |w| * (a with w's sign).
   static int32_t dot_s8_32(V32 w, const int8_t* a) {

@@ -114,12 +114,7 @@ struct Avx512 {
   }
 
   static V32 load32(const int8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
-  static int32_t hsum256(__m256i v) {
-    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4E));
-    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xB1));
-    return _mm_cvtsi128_si32(s);
-  }
+  static int32_t hsum256(__m256i v) { return hsum_epi32_256(v); }  // kern_gguf_impl.h
   static int32_t dot_s8_32(V32 w, const int8_t* a) {
     const __m256i av = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a));
     const __m256i ax = _mm256_sign_epi8(w, w), sy = _mm256_sign_epi8(av, w);
