@@ -33,7 +33,7 @@ using GemmFn = void (*)(const GemmArgs& args);
 // 16 blocks per vector (kern_gguf_vnni.cpp). Filled once per activation row by
 // quantize_activations; gathering whole rows carries it along.
 inline int64_t q8_0_act_aux_offset(int64_t nb) {
-  return (nb * 34 + 63) / 64 * 64;
+  return (nb * 34 + 63) / 64 * 64;  // 34 = sizeof(BlockQ8_0) (static_assert in formats/quant.h)
 }
 inline int64_t q8_0_act_padded_blocks(int64_t nb) {
   return (nb + 15) / 16 * 16;
