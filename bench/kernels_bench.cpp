@@ -1,7 +1,8 @@
 // The fast CPU kernels (ops/cpu/kernels.h) per format and ISA level:
 //  - GEMV: 1 token against 96 MiB of weights (far larger than L3, so DRAM-bound), all pool
 //    threads; bytes_per_second = weight bytes read, to compare with `tandem roofline`'s DRAM
-//    figure.
+//    figure. TANDEM_BENCH_GEMV_KIB=8192 makes the weights cache-resident (the kernel's own speed),
+//    TANDEM_BENCH_HUGE=1 puts them in transparent huge pages.
 //  - GEMM: 512 tokens against a 2048 x 2048 matrix (L2/L3-resident): items_per_second = multiply-
 //    adds x 2 (OP/s), to compare with the int8 / bf16 / fp32 peaks.
 // Run: build/bench/bench_kernels_bench [--benchmark_filter=Gemv] [--benchmark_format=json]
@@ -14,6 +15,7 @@
 #include <vector>
 
 #include "core/cpu_features.h"
+#include "core/memory.h"
 #include "core/thread_pool.h"
 #include "core/topology.h"
 #include "formats/quant.h"
@@ -24,7 +26,7 @@ namespace tandem {
 namespace {
 
 struct Weights {
-  std::vector<uint8_t> bytes;
+  AlignedBuffer bytes;
   kern::KMatrix m;
 };
 
@@ -37,20 +39,25 @@ Weights make_weights(DType dtype, int64_t rows, int64_t cols) {
   constexpr int64_t kDistinct = 64;
   std::vector<float> f(static_cast<size_t>(cols));
   Weights w;
-  w.bytes.resize(static_cast<size_t>(rb * rows));
+  // TANDEM_BENCH_HUGE=1: the weights in transparent huge pages (2 MiB: fewer TLB misses).
+  const char* huge = std::getenv("TANDEM_BENCH_HUGE");
+  AllocOptions opt;
+  opt.huge_pages = huge != nullptr && std::atoi(huge) != 0;
+  w.bytes = AlignedBuffer(static_cast<size_t>(rb * rows), opt);
+  uint8_t* bytes = w.bytes.as<uint8_t>();
   for (int64_t r = 0; r < std::min(rows, kDistinct); ++r) {
     for (float& v : f) v = normal(rng);
-    quantize_row(dtype, f.data(), w.bytes.data() + r * rb, cols);
+    quantize_row(dtype, f.data(), bytes + r * rb, cols);
   }
   for (int64_t r = kDistinct; r < rows; ++r) {
-    std::copy_n(w.bytes.data() + (r % kDistinct) * rb, rb, w.bytes.data() + r * rb);
+    std::copy_n(bytes + (r % kDistinct) * rb, rb, bytes + r * rb);
   }
   Tensor t;
   t.dtype = dtype;
   t.ndim = 2;
   t.shape[0] = rows;
   t.shape[1] = cols;
-  t.data = w.bytes.data();
+  t.data = bytes;
   kern::view_weight(ops::Weight(t), &w.m);
   return w;
 }
@@ -92,8 +99,12 @@ void run(benchmark::State& state, DType dtype, int64_t rows, int64_t cols, int64
 }
 
 void BM_Gemv(benchmark::State& state, DType dtype, Isa isa) {
+  // TANDEM_BENCH_GEMV_KIB=N: N KiB of weights instead of 96 MiB (e.g. 512: cache-resident, so the
+  // kernel's own speed, without DRAM).
+  const char* kib = std::getenv("TANDEM_BENCH_GEMV_KIB");
+  const int64_t bytes = kib != nullptr ? std::atoll(kib) << 10 : 96ll << 20;
   const int64_t cols = 2048;
-  const int64_t rows = (96ll << 20) / static_cast<int64_t>(dtype_bytes(dtype, cols));
+  const int64_t rows = bytes / static_cast<int64_t>(dtype_bytes(dtype, cols));
   run(state, dtype, rows, cols, 1, isa);
 }
 

@@ -2,11 +2,18 @@
 // and -ffp-contract=off; see ops/cpu/CMakeLists.txt). Selected only when the CPU has them.
 #include "ops/cpu/kern_gguf_impl.h"
 #include "ops/cpu/kern_gguf_avx512.h"
+#include "ops/cpu/kern_q4k_gemv16.h"
 
 namespace {
 
 using S = Avx512<false>;
-void q4k(const GemmArgs& g) { drive<Q4KKern<S>>(g); }
+void q4k(const GemmArgs& g) {
+  if (g.tokens == 1) {
+    q4k_gemv<S>(g);
+  } else {
+    drive<Q4KKern<S>>(g);
+  }
+}
 void q5k(const GemmArgs& g) { drive<Q5KKern<S>>(g); }
 void q6k(const GemmArgs& g) { drive<Q6KKern<S>>(g); }
 void q50(const GemmArgs& g) { drive<Q50Kern<S>>(g); }

@@ -9,6 +9,7 @@
 #include "ops/cpu/kern_gguf_impl.h"
 // (after kern_gguf_impl.h: the traits use its block types)
 #include "ops/cpu/kern_gguf_avx512.h"
+#include "ops/cpu/kern_q4k_gemv16.h"
 
 namespace {
 
@@ -497,6 +498,10 @@ void q4k(const GemmArgs& g) {
   // (The rearrangement gathers the 16 rows' scales with 32-bit row offsets.)
   if (g.tokens >= kQ4KTileMinTokens && g.row_bytes < (int64_t{1} << 27)) {
     q4k_tiled(g);
+    return;
+  }
+  if (g.tokens == 1) {
+    q4k_gemv<S>(g);
     return;
   }
   drive<Q4KKern<S>>(g);

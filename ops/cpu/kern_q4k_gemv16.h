@@ -1,0 +1,164 @@
+// Q4_K GEMV (one token) 16 rows at a time on AVX-512 (S = Avx512<kVnni>, kern_gguf_avx512.h).
+// Included only by kern_gguf_avx512.cpp and kern_gguf_vnni.cpp, after kern_gguf_impl.h and the
+// traits; internal linkage.
+//
+// The row kernel (q4k_rows) spends most of a super-block's instructions on fixed per-block work
+// done one row at a time: the scalar unpacking of the 12 scale bytes, two horizontal sums (the
+// quants' dot and the mins' correction) and a serial F32 chain. Here the 16 rows of a tile go
+// through super-block b together: per row the same vector dot as q4k_rows (nibbles x Q8_K with
+// the sub-block scales, one vpermw per half), the scales unpacked by two byte shuffles, and the
+// mins' correction by one vpmaddwd; then one transposing add tree turns the 16 rows' partial
+// vectors into two vectors (isum and msum, a row per lane) and the F32 steps run a row per lane.
+// Those steps are the scalar reference's, each rounded alike (acc + (da * d) * isum, then
+// - (da * dmin) * msum, in block order), so the result is bit-identical to q4k_rows, to the tiled
+// GEMM and to the reference: tiles and the leftover rows can mix freely.
+#pragma once
+
+#include <immintrin.h>
+
+#include <cstdint>
+#include <vector>
+
+namespace {
+
+// One row's super-block against the token's: a vector whose lanes 0-7 sum to the row's isum
+// (sum over sub-blocks of scale * dot) and lanes 8-15 to its msum (sum of min * the activation's
+// pair of 16-sums). al / ah: the activation's low / high nibble partners for groups 0-1 and 2-3
+// (load_act_pair); pairs: int16 lanes 8-15 = bsums[2j] + bsums[2j + 1], lanes 0-7 zero.
+template <class S>
+inline __m512i q4k_row_partials(const tandem::BlockQ4_K& x, const __m512i* al, const __m512i* ah,
+                                __m256i pairs, const __m512i* pick) {
+  // Bytes 0-3 of the block are d and dmin, 4-7 (A) the scales 0-3 and the scales' top bits, 8-11
+  // (B) the mins 0-3 and their top bits, 12-15 (C) the low nibbles of scales / mins 4-7
+  // (unpack_k4_scales). Into u: bytes 0-7 the 8 scales, 8-15 the 8 mins.
+  const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(&x));
+  const __m128i p = _mm_shuffle_epi8(raw, _mm_setr_epi8(4, 5, 6, 7, 12, 13, 14, 15, 8, 9, 10, 11,
+                                                        12, 13, 14, 15));  // A C B C
+  const __m128i q = _mm_shuffle_epi8(raw, _mm_setr_epi8(-1, -1, -1, -1, 4, 5, 6, 7, -1, -1, -1,
+                                                        -1, 8, 9, 10, 11));  // 0 A 0 B
+  const __m128i low = _mm_and_si128(p, _mm_setr_epi32(0x3F3F3F3F, 0x0F0F0F0F, 0x3F3F3F3F, 0));
+  const __m128i mid = _mm_and_si128(_mm_srli_epi16(p, 4), _mm_setr_epi32(0, 0, 0, 0x0F0F0F0F));
+  const __m128i top =
+      _mm_and_si128(_mm_srli_epi16(q, 2), _mm_setr_epi32(0, 0x30303030, 0, 0x30303030));
+  const __m128i u = _mm_or_si128(_mm_or_si128(low, mid), top);
+  const __m256i u16 = _mm256_cvtepu8_epi16(u);  // int16: scales in lanes 0-7, mins in 8-15
+  const __m512i scales = _mm512_castsi256_si512(u16);
+  const __m512i mask = _mm512_set1_epi8(0x0F);
+  __m512i sum = _mm512_setzero_si512();
+  for (int h = 0; h < 2; ++h) {  // groups 2h and 2h + 1 (sub-blocks 4h .. 4h + 3)
+    const __m512i w = _mm512_loadu_si512(x.qs + 64 * h);
+    const __m512i lo = _mm512_and_si512(w, mask);
+    const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(w, 4), mask);
+    sum = S::dot_acc(sum, lo, al[h], _mm512_permutexvar_epi16(pick[2 * h], scales));
+    sum = S::dot_acc(sum, hi, ah[h], _mm512_permutexvar_epi16(pick[2 * h + 1], scales));
+  }
+  const __m256i isum8 =
+      _mm256_add_epi32(_mm512_castsi512_si256(sum), _mm512_extracti64x4_epi64(sum, 1));
+  const __m256i msum8 = _mm256_madd_epi16(u16, pairs);  // lanes 0-3: scales x 0
+  return _mm512_inserti64x4(_mm512_castsi256_si512(isum8), msum8, 1);
+}
+
+// Lanes of a and b (per 128-bit lane: a0+a2, b0+b2, a1+a3, b1+b3): the first level of the tree.
+inline __m512i q4k_tree2(__m512i a, __m512i b) {
+  return _mm512_add_epi32(_mm512_unpacklo_epi32(a, b), _mm512_unpackhi_epi32(a, b));
+}
+inline __m512i q4k_tree4(__m512i a, __m512i b) {
+  return _mm512_add_epi32(_mm512_unpacklo_epi64(a, b), _mm512_unpackhi_epi64(a, b));
+}
+
+// A Q8_K token row's super-block as q4k_row_partials takes it (prepared once per call).
+struct Q4KAct {
+  __m512i al[2], ah[2];
+  __m256i pairs;
+  float d;
+};
+
+template <class S>
+inline void q4k_prepare_act(const tandem::BlockQ8_K& x, Q4KAct* p) {
+  S::load_act_pair(x.qs, &p->al[0], &p->ah[0]);
+  S::load_act_pair(x.qs + 128, &p->al[1], &p->ah[1]);
+  const __m128i b0 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(x.bsums));
+  const __m128i b1 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(x.bsums + 8));
+  p->pairs = _mm256_inserti128_si256(_mm256_setzero_si256(), _mm_hadd_epi16(b0, b1), 1);
+  p->d = x.d;
+}
+
+// Rows w, w + row_bytes, ..., w + 15 * row_bytes (nb super-blocks each; 16 * row_bytes < 2^31)
+// against one prepared token row: y[r] for r = 0..15. The rows are read one after the other (one
+// sequential stream, prefetched ahead like the row kernels: walking the 16 rows super-block by
+// super-block measured 20-40% slower), their partial vectors parked in part (16 * nb vectors,
+// L1-resident) until the tree and the F32 steps run per super-block.
+template <class S>
+void q4k_gemv16(const uint8_t* w, int64_t row_bytes, int64_t nb, const Q4KAct* act, float* y,
+                __m512i* part) {
+  // scale_pick's indices: int16 lanes 0-15 take scale i0, lanes 16-31 scale i0 + 2.
+  __m512i pick[4];
+  for (int i = 0; i < 4; ++i) {
+    const int i0 = (i / 2) * 4 + (i % 2);  // (0, 2), (1, 3), (4, 6), (5, 7)
+    pick[i] = _mm512_inserti64x4(_mm512_set1_epi16(static_cast<short>(i0)),
+                                 _mm256_set1_epi16(static_cast<short>(i0 + 2)), 1);
+  }
+  for (int r = 0; r < 16; ++r) {
+    const auto* row = reinterpret_cast<const tandem::BlockQ4_K*>(w + r * row_bytes);
+    for (int64_t b = 0; b < nb; ++b) {
+      prefetch_ahead(row + b, sizeof(tandem::BlockQ4_K));
+      part[b * 16 + r] = q4k_row_partials<S>(row[b], act[b].al, act[b].ah, act[b].pairs, pick);
+    }
+  }
+  const __m512i offs =
+      _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                         _mm512_set1_epi32(static_cast<int32_t>(row_bytes)));
+  __m512 acc = _mm512_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    const __m512i* v = part + b * 16;
+    __m512i quad[4];
+    for (int qd = 0; qd < 4; ++qd) {  // 128-bit lane j: rows 4qd..4qd+3, part j
+      quad[qd] = q4k_tree4(q4k_tree2(v[4 * qd], v[4 * qd + 1]),
+                           q4k_tree2(v[4 * qd + 2], v[4 * qd + 3]));
+    }
+    // 128-bit lanes: [isum rows 0-3, msum 0-3, isum 4-7, msum 4-7], then rows 8-15.
+    const __m512i h0 = _mm512_add_epi32(_mm512_shuffle_i64x2(quad[0], quad[1], 0x88),
+                                        _mm512_shuffle_i64x2(quad[0], quad[1], 0xDD));
+    const __m512i h1 = _mm512_add_epi32(_mm512_shuffle_i64x2(quad[2], quad[3], 0x88),
+                                        _mm512_shuffle_i64x2(quad[2], quad[3], 0xDD));
+    const __m512i isum = _mm512_shuffle_i64x2(h0, h1, 0x88);
+    const __m512i msum = _mm512_shuffle_i64x2(h0, h1, 0xDD);
+    // d | dmin << 16 of each row's super-block b
+    const __m512i dd = _mm512_i32gather_epi32(
+        offs, w + b * static_cast<int64_t>(sizeof(tandem::BlockQ4_K)), 1);
+    const __m512 dw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(dd));
+    const __m512 dmw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(dd, 16)));
+    const __m512 da = _mm512_set1_ps(act[b].d);
+    acc = _mm512_add_ps(acc, _mm512_mul_ps(_mm512_mul_ps(da, dw), _mm512_cvtepi32_ps(isum)));
+    acc = _mm512_sub_ps(acc, _mm512_mul_ps(_mm512_mul_ps(da, dmw), _mm512_cvtepi32_ps(msum)));
+  }
+  _mm512_storeu_ps(y, acc);
+}
+
+// One token (g.tokens == 1): full tiles of 16 rows through q4k_gemv16, the rest (and matrices
+// too large for 32-bit gather offsets) through the row kernels: the same bits either way.
+template <class S>
+void q4k_gemv(const GemmArgs& g) {
+  int64_t r = g.n0;
+  if (16 * g.row_bytes < (int64_t{1} << 31)) {
+    const int64_t nb = g.cols / tandem::kQK_K;
+    const auto* a = reinterpret_cast<const tandem::BlockQ8_K*>(g.act);
+    thread_local std::vector<Q4KAct> act;
+    thread_local std::vector<__m512i> part;
+    if (r + 16 <= g.n1) {
+      act.resize(static_cast<size_t>(nb));
+      part.resize(static_cast<size_t>(16 * nb));
+      for (int64_t b = 0; b < nb; ++b) q4k_prepare_act<S>(a[b], &act[static_cast<size_t>(b)]);
+    }
+    for (; r + 16 <= g.n1; r += 16) {
+      q4k_gemv16<S>(g.w + r * g.row_bytes, g.row_bytes, nb, act.data(), g.y + r, part.data());
+    }
+  }
+  if (r < g.n1) {
+    GemmArgs rest = g;
+    rest.n0 = r;
+    drive<Q4KKern<S>>(rest);
+  }
+}
+
+}  // namespace
