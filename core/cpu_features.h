@@ -15,6 +15,7 @@ struct CpuFeatures {
   bool avx_vnni = false;                                       // VEX-encoded VNNI (AVX2 width)
   bool avx512f = false, avx512bw = false, avx512vl = false, avx512dq = false;
   bool avx512_vnni = false, avx512_bf16 = false, avx512_vbmi = false;
+  bool avx512_bitalg = false;  // VPSHUFBITQMB (Ice Lake+, Zen 4+)
   bool amx_tile = false, amx_int8 = false, amx_bf16 = false;  // and the OS granted tile state
 };
 

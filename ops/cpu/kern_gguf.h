@@ -57,7 +57,13 @@ struct GgufKernels {
 const GgufKernels& gguf_kernels_scalar();
 const GgufKernels& gguf_kernels_avx2();
 const GgufKernels& gguf_kernels_avx512();       // AVX-512 F/BW/VL/DQ
-const GgufKernels& gguf_kernels_avx512_vnni();  // + VNNI and BF16
+const GgufKernels& gguf_kernels_avx512_vnni();  // + VNNI and BF16 (+ VBMI / BITALG kernels
+                                                // where the CPU has them)
+const GgufKernels& gguf_kernels_avx512_vnni_base();  // the same without the VBMI / BITALG ones
+
+// Q5_0 x Q8_0 for fewer than 16 tokens on AVX-512 VNNI + VBMI + BITALG (kern_q0_vbmi.cpp; the
+// caller checks the CPU): bit-identical to the VNNI rows and tiles.
+void q5_0_rows_vbmi(const GemmArgs& g);
 
 // kern::attention's task (query token t, KV head group g) on AVX-512 (attention_avx512.cpp):
 // scores needs group * n_ctx floats, dummy dv (written, never read).

@@ -5,6 +5,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "core/cpu_features.h"
 #include "ops/cpu/avx512_transpose.h"
 #include "ops/cpu/kern_gguf_impl.h"
 // (after kern_gguf_impl.h: the traits use its block types)
@@ -493,6 +494,13 @@ void q80(const GemmArgs& g) {
 void q50(const GemmArgs& g) {
   q0_gemm<BlockQ5_0>(g, expand_q5_0);
 }
+void q50_vbmi(const GemmArgs& g) {
+  if (g.tokens < kQ0TileMinTokens) {
+    tandem::kern::detail::q5_0_rows_vbmi(g);
+  } else {
+    q50(g);
+  }
+}
 
 void q4k(const GemmArgs& g) {
   // (The rearrangement gathers the 16 rows' scales with 32-bit row offsets.)
@@ -526,9 +534,15 @@ void bf16(const GemmArgs& g) {
 
 namespace tandem::kern::detail {
 
-const GgufKernels& gguf_kernels_avx512_vnni() {
+const GgufKernels& gguf_kernels_avx512_vnni_base() {
   static const GgufKernels k{q4k, q5k, q6k, q80, f32, f16, bf16, q50};
   return k;
+}
+
+const GgufKernels& gguf_kernels_avx512_vnni() {
+  static const GgufKernels k{q4k, q5k, q6k, q80, f32, f16, bf16, q50_vbmi};
+  static const bool vbmi = cpu_features().avx512_vbmi && cpu_features().avx512_bitalg;
+  return vbmi ? k : gguf_kernels_avx512_vnni_base();
 }
 
 }  // namespace tandem::kern::detail

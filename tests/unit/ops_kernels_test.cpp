@@ -177,6 +177,51 @@ INSTANTIATE_TEST_SUITE_P(Formats, Kernels,
                            return std::string(dtype_info(info.param.dtype).name);
                          });
 
+// On AVX-512 VNNI CPUs with VBMI and BITALG, Q5_0 GEMV takes kern_q0_vbmi.cpp (four blocks per
+// step); the same level without them (Cooper Lake) keeps the VNNI rows. Both must give the same
+// bits (the shared F32 order), for block counts that end in every partial group of four, several
+// token counts and row ranges.
+TEST(KernelsQ50, VbmiRowsEqualVnniRows) {
+  if (best_isa() < Isa::kAvx512Bf16) GTEST_SKIP() << "no AVX-512 VNNI here";
+  const CpuFeatures& f = cpu_features();
+  if (!f.avx512_vbmi || !f.avx512_bitalg) GTEST_SKIP() << "no AVX-512 VBMI / BITALG here";
+  const kern::detail::GemmFn with = kern::detail::gguf_kernels_avx512_vnni().q5_0;
+  const kern::detail::GemmFn without = kern::detail::gguf_kernels_avx512_vnni_base().q5_0;
+  ASSERT_NE(with, without) << "the VBMI kernel is not selected on this CPU";
+  for (const int64_t cols : {int64_t{32}, int64_t{96}, int64_t{544}, int64_t{1408}}) {
+    const int64_t rows = 21;
+    const Matrix m = make_matrix(DType::kQ5_0, rows, cols, 5);
+    for (const int64_t tokens : {int64_t{1}, int64_t{3}, int64_t{6}, int64_t{15}}) {
+      const std::vector<float> x = random_values(tokens * cols, 6);
+      kern::Activations a;
+      kern::quantize_activations(kern::AFormat::kQ8_0, 0, x.data(), tokens, cols, cols, &a);
+      kern::detail::GemmArgs g;
+      g.w = m.bytes.data();
+      g.row_bytes = static_cast<int64_t>(dtype_bytes(DType::kQ5_0, cols));
+      g.cols = cols;
+      g.act = a.data.data();
+      g.act_row_bytes = a.row_bytes;
+      g.tokens = tokens;
+      g.n0 = 2;
+      g.n1 = rows;
+      g.ldy = rows;
+      std::vector<float> y0(static_cast<size_t>(tokens * rows), -1.0f), y1(y0);
+      g.y = y0.data();
+      with(g);
+      g.y = y1.data();
+      without(g);
+      EXPECT_EQ(y0, y1) << "cols " << cols << " tokens " << tokens;
+      EXPECT_EQ(y0[0], -1.0f) << "wrote outside its rows";
+      std::vector<float> ref(y0.size(), -1.0f);
+      g.y = ref.data();
+      kern::detail::gguf_kernels_scalar().q5_0(g);
+      for (size_t i = 0; i < ref.size(); ++i) {
+        ASSERT_NEAR(y0[i], ref[i], 2e-5f * static_cast<float>(cols)) << "cols " << cols << " i " << i;
+      }
+    }
+  }
+}
+
 // The threaded dense entry equals the single-call kernel, and falls back for dtypes without one.
 TEST(KernelsMatmul, ThreadedEqualsSingleCallAndFallsBack) {
   ThreadPool pool(place_workers(detect_topology(), 2));

@@ -1,0 +1,185 @@
+// Q5_0 x Q8_0 for fewer than 16 tokens (GEMV) with AVX-512 VBMI and BITALG on top of VNNI
+// (compiled with those flags; kern_gguf_vnni.cpp calls it only on CPUs that have them: Ice Lake+,
+// Zen 4+). Same arithmetic and F32 order as the VNNI row kernels and tiles (kern_gguf_vnni.cpp):
+// exact int32 block sums, acc[b % 16] = fma(float(isum_b), dw_b * da_b, acc[b % 16]), the fixed
+// tree; so results are bit-identical to them whatever the batch.
+//
+// What differs is how a block's 5-bit quants are formed: four blocks (88 bytes) at a time, from one
+// full and one masked 64-byte load, one vpermt2b gathers the four 16-byte nibble arrays into a
+// vector, a second the four 32-bit fifth-bit words, and vpshufbitqmb turns those into the two
+// 64-bit masks that add 16 to the quants whose bit is set; a third the fp16 scales. The
+// token's quants are rearranged once per call to match (16 low-nibble partners of each block, then
+// 16 high). (The VNNI rows expand two blocks per vector with a 64-bit permute, a masked shift and a
+// mask built in general registers, and gather the scales: about twice the instructions per block.)
+#include <immintrin.h>
+
+#include <algorithm>
+#include <array>
+#include <cstring>
+#include <vector>
+
+#include "ops/cpu/kern_gguf_impl.h"
+// (after kern_gguf_impl.h: the traits use its block types)
+#include "ops/cpu/kern_gguf_avx512.h"
+
+namespace {
+
+constexpr int kBlockBytes = static_cast<int>(sizeof(BlockQ5_0));  // 22
+static_assert(kBlockBytes == 22, "Q5_0 block: fp16 d, 4 bytes qh, 16 bytes qs");
+constexpr int kMaxTokens = 4;
+
+using Bytes64 = std::array<uint8_t, 64>;
+
+// Byte indices into the 128 loaded bytes (block i of the four at 22 * i).
+constexpr Bytes64 qs_index() {  // out 16i + j = qs[j] of block i
+  Bytes64 x{};
+  for (int p = 0; p < 64; ++p) x[p] = static_cast<uint8_t>(kBlockBytes * (p / 16) + 6 + p % 16);
+  return x;
+}
+constexpr Bytes64 qh_index() {  // 64-bit lanes 2i and 2i + 1: qh of block i (low 4 bytes)
+  Bytes64 x{};
+  for (int p = 0; p < 64; ++p) x[p] = static_cast<uint8_t>(kBlockBytes * (p / 16) + 2 + p % 4);
+  return x;
+}
+constexpr Bytes64 d_index() {  // out 8k + 2i + e = byte e of block i's d (any k)
+  Bytes64 x{};
+  for (int p = 0; p < 64; ++p) x[p] = static_cast<uint8_t>(kBlockBytes * ((p % 8) / 2) + p % 2);
+  return x;
+}
+constexpr Bytes64 bit_index(int first) {  // byte 16i + j: bit first + j of its 64-bit lane's qh
+  Bytes64 x{};
+  for (int p = 0; p < 64; ++p) x[p] = static_cast<uint8_t>(first + p % 16);
+  return x;
+}
+constexpr Bytes64 kQsIndex = qs_index(), kQhIndex = qh_index(), kDIndex = d_index();
+constexpr Bytes64 kBitsLo = bit_index(0), kBitsHi = bit_index(16);
+
+inline __m512i load_index(const Bytes64& x) {
+  return _mm512_loadu_si512(x.data());
+}
+
+inline __mmask64 byte_mask(int n) {  // the first n bytes (0..64)
+  return n >= 64 ? ~__mmask64{0} : (__mmask64{1} << n) - 1;
+}
+
+// Per 128-bit lane of a and b: a0+a2, b0+b2, a1+a3, b1+b3.
+inline __m512i tree2(__m512i a, __m512i b) {
+  return _mm512_add_epi32(_mm512_unpacklo_epi32(a, b), _mm512_unpackhi_epi32(a, b));
+}
+inline __m512i tree4(__m512i a, __m512i b) {
+  return _mm512_add_epi32(_mm512_unpacklo_epi64(a, b), _mm512_unpackhi_epi64(a, b));
+}
+
+// The same tree as kern_gguf_vnni.cpp's q0_tree: h8, h4, h2, then the last pair.
+inline float lane_tree(__m512 acc) {
+  const __m256 h8 = _mm256_add_ps(_mm512_castps512_ps256(acc),
+                                  _mm512_castps512_ps256(_mm512_shuffle_f32x4(acc, acc, 0xEE)));
+  const __m128 h4 = _mm_add_ps(_mm256_castps256_ps128(h8), _mm256_extractf128_ps(h8, 1));
+  const __m128 h2 = _mm_add_ps(h4, _mm_movehl_ps(h4, h4));
+  return _mm_cvtss_f32(_mm_add_ss(h2, _mm_movehdup_ps(h2)));
+}
+
+// One token's activation, rearranged: per quad of blocks two vectors (the 16 low-nibble partners
+// of each block, then the 16 high ones), zero past nb; and the row's aux arrays (kern_gguf.h).
+struct Act {
+  const __m512i* quads;
+  const int32_t* negc;
+  const float* d;
+};
+
+template <int NT>
+void row(const uint8_t* w, int64_t nb, const Act* act, float* out) {
+  const __m512i qs_idx = load_index(kQsIndex), qh_idx = load_index(kQhIndex);
+  const __m512i d_idx = load_index(kDIndex);
+  const __m512i bits_lo = load_index(kBitsLo), bits_hi = load_index(kBitsHi);
+  const __m512i nib = _mm512_set1_epi8(0x0F), sixteen = _mm512_set1_epi8(0x10);
+  // Quad k's block sums land in 128-bit lane i = block 4k + i: dword 4i + k -> dword 4k + i.
+  const __m512i order =
+      _mm512_set_epi32(15, 11, 7, 3, 14, 10, 6, 2, 13, 9, 5, 1, 12, 8, 4, 0);
+  __m512 acc[NT];
+  for (int t = 0; t < NT; ++t) acc[t] = _mm512_setzero_ps();
+  for (int64_t g0 = 0; g0 < nb; g0 += 16) {
+    const int m = static_cast<int>(std::min<int64_t>(16, nb - g0));
+    __m512i d16 = _mm512_setzero_si512();
+    __m512i v[4][NT];
+    for (int k = 0; k < 4; ++k) {
+      const int blocks = std::clamp(m - 4 * k, 0, 4);
+      if (blocks == 0) {
+        for (int t = 0; t < NT; ++t) v[k][t] = _mm512_setzero_si512();
+        continue;
+      }
+      const uint8_t* x = w + (g0 + 4 * k) * kBlockBytes;
+      prefetch_ahead(x, 4 * kBlockBytes);
+      const int bytes = blocks * kBlockBytes;
+      const __m512i z0 = _mm512_maskz_loadu_epi8(byte_mask(bytes), x);
+      const __m512i z1 = _mm512_maskz_loadu_epi8(byte_mask(std::max(0, bytes - 64)), x + 64);
+      const __m512i q = _mm512_permutex2var_epi8(z0, qs_idx, z1);
+      const __m512i h = _mm512_permutex2var_epi8(z0, qh_idx, z1);
+      d16 = _mm512_mask_blend_epi8(__mmask64{0xFF} << (8 * k), d16,
+                                   _mm512_permutex2var_epi8(z0, d_idx, z1));
+      const __m512i lo = _mm512_and_si512(q, nib);
+      const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(q, 4), nib);
+      const __m512i u_lo =
+          _mm512_mask_add_epi8(lo, _mm512_bitshuffle_epi64_mask(h, bits_lo), lo, sixteen);
+      const __m512i u_hi =
+          _mm512_mask_add_epi8(hi, _mm512_bitshuffle_epi64_mask(h, bits_hi), hi, sixteen);
+      for (int t = 0; t < NT; ++t) {
+        const __m512i* aq = act[t].quads + 2 * ((g0 >> 2) + k);
+        v[k][t] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), u_lo, aq[0]),
+                                      u_hi, aq[1]);
+      }
+    }
+    const __m512 dw = _mm512_cvtph_ps(_mm512_castsi512_si256(d16));
+    for (int t = 0; t < NT; ++t) {
+      const __m512i sums = _mm512_permutexvar_epi32(
+          order, tree4(tree2(v[0][t], v[1][t]), tree2(v[2][t], v[3][t])));
+      // u = q + 16: isum = dot(u, a) - 16 * sum(a) = sums + negc / 8.
+      const __m512i isum =
+          _mm512_add_epi32(sums, _mm512_srai_epi32(_mm512_loadu_si512(act[t].negc + g0), 3));
+      const __m512 s = _mm512_mul_ps(dw, _mm512_loadu_ps(act[t].d + g0));
+      acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), s, acc[t]);
+    }
+  }
+  for (int t = 0; t < NT; ++t) out[t] = lane_tree(acc[t]);
+}
+
+}  // namespace
+
+namespace tandem::kern::detail {
+
+void q5_0_rows_vbmi(const GemmArgs& g) {
+  const int64_t nb = g.cols / kQK;
+  const int64_t quads = (nb + 3) / 4;
+  thread_local std::vector<__m512i> arranged;
+  arranged.assign(static_cast<size_t>(2 * quads * g.tokens), _mm512_setzero_si512());
+  thread_local std::vector<Act> acts;
+  acts.resize(static_cast<size_t>(g.tokens));
+  for (int64_t t = 0; t < g.tokens; ++t) {
+    const uint8_t* rowp = g.act + t * g.act_row_bytes;
+    const auto* blk = reinterpret_cast<const BlockQ8_0*>(rowp);
+    auto* dst = reinterpret_cast<int8_t*>(arranged.data() + 2 * quads * t);
+    for (int64_t b = 0; b < nb; ++b) {
+      int8_t* quad = dst + (b / 4) * 128 + (b % 4) * 16;
+      std::memcpy(quad, blk[b].qs, 16);
+      std::memcpy(quad + 64, blk[b].qs + 16, 16);
+    }
+    const auto* negc = reinterpret_cast<const int32_t*>(rowp + q8_0_act_aux_offset(nb));
+    acts[static_cast<size_t>(t)] = {arranged.data() + 2 * quads * t, negc,
+                                    reinterpret_cast<const float*>(negc + q8_0_act_padded_blocks(nb))};
+  }
+  for (int64_t r = g.n0; r < g.n1; ++r) {
+    const uint8_t* w = g.w + r * g.row_bytes;
+    for (int64_t t0 = 0; t0 < g.tokens; t0 += kMaxTokens) {
+      const int64_t nt = std::min<int64_t>(kMaxTokens, g.tokens - t0);
+      float out[kMaxTokens];
+      const Act* a = acts.data() + t0;
+      if (nt == 4) row<4>(w, nb, a, out);
+      if (nt == 3) row<3>(w, nb, a, out);
+      if (nt == 2) row<2>(w, nb, a, out);
+      if (nt == 1) row<1>(w, nb, a, out);
+      for (int64_t t = 0; t < nt; ++t) g.y[(t0 + t) * g.ldy + r] = out[t];
+    }
+  }
+}
+
+}  // namespace tandem::kern::detail
