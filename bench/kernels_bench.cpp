@@ -131,6 +131,35 @@ TD_FORMAT_BENCH(BM_Gemm512, DType::kQ5_0, q5_0);
 TD_FORMAT_BENCH(BM_Gemm512, DType::kQ8_0, q8_0);
 TD_FORMAT_BENCH(BM_Gemm512, DType::kBF16, bf16);
 
+// Decode's pattern: one token through a chain of distinct matrices (rows x 2048 each, 128 MiB in
+// all, so DRAM-bound), each by kern::matmul on the pool (one job per matrix, as the forward pass
+// does): bytes_per_second against BM_Gemv's one large matrix shows the per-call cost.
+void BM_MatmulChain(benchmark::State& state, DType dtype, int64_t rows) {
+  const int64_t cols = 2048;
+  const int64_t rb = static_cast<int64_t>(dtype_bytes(dtype, cols));
+  const int64_t n = std::max<int64_t>(1, (128ll << 20) / (rb * rows));
+  const Weights w = make_weights(dtype, rows * n, cols);
+  std::vector<Tensor> parts(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) {
+    Tensor& t = parts[static_cast<size_t>(i)];
+    t.dtype = dtype;
+    t.ndim = 2;
+    t.shape[0] = rows;
+    t.shape[1] = cols;
+    t.data = const_cast<uint8_t*>(w.bytes.as<uint8_t>()) + i * rows * rb;
+  }
+  std::vector<float> x(static_cast<size_t>(cols), 0.5f), y(static_cast<size_t>(rows));
+  for (auto _ : state) {
+    for (const Tensor& t : parts) kern::matmul(ops::Weight(t), x.data(), 1, y.data(), &pool());
+    benchmark::DoNotOptimize(y.data());
+  }
+  state.SetBytesProcessed(state.iterations() * n * rows * rb);
+  state.counters["calls"] = static_cast<double>(n);
+}
+BENCHMARK_CAPTURE(BM_MatmulChain, q4_k_3072, DType::kQ4_K, 3072)->UseRealTime()->MinTime(0.3);
+BENCHMARK_CAPTURE(BM_MatmulChain, q4_k_576, DType::kQ4_K, 576)->UseRealTime()->MinTime(0.3);
+BENCHMARK_CAPTURE(BM_MatmulChain, q4_k_24576, DType::kQ4_K, 24576)->UseRealTime()->MinTime(0.3);
+
 // Prefill attention of 512 tokens on an empty cache, DeepSeek-V2-Lite's absorbed MLA shape (16
 // heads on one shared latent KV head: dk 576, dv 512) and a GQA shape (32 heads, 8 KV heads,
 // 128 / 128): items_per_second = the scores' and the value sums' multiply-adds x 2 (FLOP/s, to

@@ -16,6 +16,7 @@
 #include <algorithm>
 #include <array>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "ops/cpu/kern_gguf_impl.h"
@@ -87,60 +88,162 @@ struct Act {
   const float* d;
 };
 
+// The constants of the quad expansion.
+struct Consts {
+  __m512i qs_idx, qh_idx, d_idx, bits_lo, bits_hi, nib, sixteen;
+  // Vector k's 128-bit lane i holds block i of quad k: dword 4i + k -> dword 4k + i.
+  __m512i order;
+};
+inline Consts consts() {
+  return {load_index(kQsIndex),     load_index(kQhIndex),       load_index(kDIndex),
+          load_index(kBitsLo),      load_index(kBitsHi),        _mm512_set1_epi8(0x0F),
+          _mm512_set1_epi8(0x10),
+          _mm512_set_epi32(15, 11, 7, 3, 14, 10, 6, 2, 13, 9, 5, 1, 12, 8, 4, 0)};
+}
+
+// `blocks` (1..4) consecutive blocks at x as unsigned quants u = q + 16: u_lo the 16 low-nibble
+// quants of each block (bytes 16i..16i+15), u_hi the 16 high ones; their fp16 scales into bytes
+// 8k..8k+7 of d16. Reads only the blocks' bytes.
+inline void load_quad(const uint8_t* x, int blocks, int k, const Consts& c, __m512i* u_lo,
+                      __m512i* u_hi, __m512i* d16) {
+  prefetch_ahead(x, 4 * kBlockBytes);
+  const int bytes = blocks * kBlockBytes;
+  const __m512i z0 = _mm512_maskz_loadu_epi8(byte_mask(bytes), x);
+  const __m512i z1 = _mm512_maskz_loadu_epi8(byte_mask(std::max(0, bytes - 64)), x + 64);
+  const __m512i q = _mm512_permutex2var_epi8(z0, c.qs_idx, z1);
+  const __m512i h = _mm512_permutex2var_epi8(z0, c.qh_idx, z1);
+  *d16 = _mm512_mask_blend_epi8(__mmask64{0xFF} << (8 * k), *d16,
+                                _mm512_permutex2var_epi8(z0, c.d_idx, z1));
+  const __m512i lo = _mm512_and_si512(q, c.nib);
+  const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(q, 4), c.nib);
+  *u_lo = _mm512_mask_add_epi8(lo, _mm512_bitshuffle_epi64_mask(h, c.bits_lo), lo, c.sixteen);
+  *u_hi = _mm512_mask_add_epi8(hi, _mm512_bitshuffle_epi64_mask(h, c.bits_hi), hi, c.sixteen);
+}
+
+// The four quad vectors' dot products -> the 16 exact block sums (of u), in vector-major order.
+inline __m512i block_sums(const __m512i* v, const Consts& c) {
+  return _mm512_permutexvar_epi32(c.order, tree4(tree2(v[0], v[1]), tree2(v[2], v[3])));
+}
+
 template <int NT>
 void row(const uint8_t* w, int64_t nb, const Act* act, float* out) {
-  const __m512i qs_idx = load_index(kQsIndex), qh_idx = load_index(kQhIndex);
-  const __m512i d_idx = load_index(kDIndex);
-  const __m512i bits_lo = load_index(kBitsLo), bits_hi = load_index(kBitsHi);
-  const __m512i nib = _mm512_set1_epi8(0x0F), sixteen = _mm512_set1_epi8(0x10);
-  // Quad k's block sums land in 128-bit lane i = block 4k + i: dword 4i + k -> dword 4k + i.
-  const __m512i order =
-      _mm512_set_epi32(15, 11, 7, 3, 14, 10, 6, 2, 13, 9, 5, 1, 12, 8, 4, 0);
+  const Consts c = consts();
   __m512 acc[NT];
   for (int t = 0; t < NT; ++t) acc[t] = _mm512_setzero_ps();
   for (int64_t g0 = 0; g0 < nb; g0 += 16) {
     const int m = static_cast<int>(std::min<int64_t>(16, nb - g0));
     __m512i d16 = _mm512_setzero_si512();
-    __m512i v[4][NT];
+    __m512i v[NT][4];
     for (int k = 0; k < 4; ++k) {
       const int blocks = std::clamp(m - 4 * k, 0, 4);
       if (blocks == 0) {
-        for (int t = 0; t < NT; ++t) v[k][t] = _mm512_setzero_si512();
+        for (int t = 0; t < NT; ++t) v[t][k] = _mm512_setzero_si512();
         continue;
       }
-      const uint8_t* x = w + (g0 + 4 * k) * kBlockBytes;
-      prefetch_ahead(x, 4 * kBlockBytes);
-      const int bytes = blocks * kBlockBytes;
-      const __m512i z0 = _mm512_maskz_loadu_epi8(byte_mask(bytes), x);
-      const __m512i z1 = _mm512_maskz_loadu_epi8(byte_mask(std::max(0, bytes - 64)), x + 64);
-      const __m512i q = _mm512_permutex2var_epi8(z0, qs_idx, z1);
-      const __m512i h = _mm512_permutex2var_epi8(z0, qh_idx, z1);
-      d16 = _mm512_mask_blend_epi8(__mmask64{0xFF} << (8 * k), d16,
-                                   _mm512_permutex2var_epi8(z0, d_idx, z1));
-      const __m512i lo = _mm512_and_si512(q, nib);
-      const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(q, 4), nib);
-      const __m512i u_lo =
-          _mm512_mask_add_epi8(lo, _mm512_bitshuffle_epi64_mask(h, bits_lo), lo, sixteen);
-      const __m512i u_hi =
-          _mm512_mask_add_epi8(hi, _mm512_bitshuffle_epi64_mask(h, bits_hi), hi, sixteen);
+      __m512i u_lo, u_hi;
+      load_quad(w + (g0 + 4 * k) * kBlockBytes, blocks, k, c, &u_lo, &u_hi, &d16);
       for (int t = 0; t < NT; ++t) {
         const __m512i* aq = act[t].quads + 2 * ((g0 >> 2) + k);
-        v[k][t] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), u_lo, aq[0]),
+        v[t][k] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), u_lo, aq[0]),
                                       u_hi, aq[1]);
       }
     }
     const __m512 dw = _mm512_cvtph_ps(_mm512_castsi512_si256(d16));
     for (int t = 0; t < NT; ++t) {
-      const __m512i sums = _mm512_permutexvar_epi32(
-          order, tree4(tree2(v[0][t], v[1][t]), tree2(v[2][t], v[3][t])));
       // u = q + 16: isum = dot(u, a) - 16 * sum(a) = sums + negc / 8.
-      const __m512i isum =
-          _mm512_add_epi32(sums, _mm512_srai_epi32(_mm512_loadu_si512(act[t].negc + g0), 3));
+      const __m512i isum = _mm512_add_epi32(
+          block_sums(v[t], c), _mm512_srai_epi32(_mm512_loadu_si512(act[t].negc + g0), 3));
       const __m512 s = _mm512_mul_ps(dw, _mm512_loadu_ps(act[t].d + g0));
       acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), s, acc[t]);
     }
   }
   for (int t = 0; t < NT; ++t) out[t] = lane_tree(acc[t]);
+}
+
+// Short rows (nb <= 4 * Q, Q = 1 or 2 quads) R = 4 / Q at a time: row r's blocks in lanes
+// 4Qr .. 4Qr + 4Q - 1 of one vector. Row r's result is what row() computes, step for step: the
+// products fma(float(isum), dw * da, +0) in lanes 0..nb-1, +0 elsewhere, the tree's levels above
+// 4Q lanes adding those zeros, then the 4Q lanes' own levels.
+template <int Q, int NT>
+void short_rows(const uint8_t* w, int64_t row_bytes, int64_t nb, const Act* act, float (*out)[NT]) {
+  constexpr int R = 4 / Q;
+  const Consts c = consts();
+  __m512i d16 = _mm512_setzero_si512();
+  __m512i v[NT][4];
+  for (int r = 0; r < R; ++r) {
+    for (int qd = 0; qd < Q; ++qd) {
+      const int k = r * Q + qd;
+      const int blocks = std::clamp(static_cast<int>(nb) - 4 * qd, 0, 4);
+      if (blocks == 0) {
+        for (int t = 0; t < NT; ++t) v[t][k] = _mm512_setzero_si512();
+        continue;
+      }
+      __m512i u_lo, u_hi;
+      load_quad(w + r * row_bytes + 4 * qd * kBlockBytes, blocks, k, c, &u_lo, &u_hi, &d16);
+      for (int t = 0; t < NT; ++t) {
+        const __m512i* aq = act[t].quads + 2 * qd;
+        v[t][k] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), u_lo, aq[0]),
+                                      u_hi, aq[1]);
+      }
+    }
+  }
+  const __m512 dw = _mm512_cvtph_ps(_mm512_castsi512_si256(d16));
+  const __m512 zero = _mm512_setzero_ps();
+  for (int t = 0; t < NT; ++t) {
+    __m512i bias;
+    __m512 ad;
+    if constexpr (Q == 1) {
+      bias = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(act[t].negc)));
+      ad = _mm512_broadcast_f32x4(_mm_loadu_ps(act[t].d));
+    } else {
+      bias = _mm512_broadcast_i32x8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(act[t].negc)));
+      ad = _mm512_broadcast_f32x8(_mm256_loadu_ps(act[t].d));
+    }
+    const __m512i isum = _mm512_add_epi32(block_sums(v[t], c), _mm512_srai_epi32(bias, 3));
+    const __m512 p = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(dw, ad), zero);
+    // h8 (and for Q == 1, h4) add the untouched lanes: + 0.
+    __m512 h = _mm512_add_ps(p, zero);
+    if constexpr (Q == 1) {
+      h = _mm512_add_ps(h, zero);
+    } else {  // h4: lanes i and i + 4 of each row's 8
+      h = _mm512_add_ps(h, _mm512_shuffle_f32x4(h, h, 0xB1));
+    }
+    h = _mm512_add_ps(h, _mm512_permute_ps(h, 0x4E));  // h2: lanes i and i + 2
+    h = _mm512_add_ps(h, _mm512_permute_ps(h, 0xB1));  // h1: lanes 0 and 1
+    alignas(64) float lanes[16];
+    _mm512_store_ps(lanes, h);
+    for (int r = 0; r < R; ++r) out[r][t] = lanes[4 * Q * r];
+  }
+}
+
+// short_rows for nb <= 8 and nt <= kMaxTokens tokens: out[row][token].
+inline void short_rows_any(const uint8_t* w, int64_t row_bytes, int64_t nb, const Act* a, int64_t nt,
+                           float (*out)[kMaxTokens]) {
+  float o[4][kMaxTokens];
+  auto run = [&](auto q, auto t) {
+    constexpr int kQ = decltype(q)::value, kT = decltype(t)::value;
+    float tmp[4][kT];
+    short_rows<kQ, kT>(w, row_bytes, nb, a, tmp);
+    for (int i = 0; i < 4 / kQ; ++i) {
+      for (int j = 0; j < kT; ++j) o[i][j] = tmp[i][j];
+    }
+  };
+  using One = std::integral_constant<int, 1>;
+  using Two = std::integral_constant<int, 2>;
+  using Three = std::integral_constant<int, 3>;
+  using Four = std::integral_constant<int, 4>;
+  if (nb <= 4) {
+    if (nt == 1) run(One{}, One{});
+    if (nt == 2) run(One{}, Two{});
+    if (nt == 3) run(One{}, Three{});
+    if (nt == 4) run(One{}, Four{});
+  } else {
+    if (nt == 1) run(Two{}, One{});
+    if (nt == 2) run(Two{}, Two{});
+    if (nt == 3) run(Two{}, Three{});
+    if (nt == 4) run(Two{}, Four{});
+  }
+  std::memcpy(out, o, sizeof(o));
 }
 
 }  // namespace
@@ -167,7 +270,23 @@ void q5_0_rows_vbmi(const GemmArgs& g) {
     acts[static_cast<size_t>(t)] = {arranged.data() + 2 * quads * t, negc,
                                     reinterpret_cast<const float*>(negc + q8_0_act_padded_blocks(nb))};
   }
-  for (int64_t r = g.n0; r < g.n1; ++r) {
+  int64_t r = g.n0;
+  if (nb <= 8) {  // short rows (e.g. MLA's per-head K up-projections): 4 or 2 per vector
+    const int per = nb <= 4 ? 4 : 2;
+    const int64_t r_end = g.n0 + (g.n1 - g.n0) / per * per;
+    for (int64_t t0 = 0; t0 < g.tokens; t0 += kMaxTokens) {
+      const int64_t nt = std::min<int64_t>(kMaxTokens, g.tokens - t0);
+      for (int64_t rr = g.n0; rr < r_end; rr += per) {
+        float out[4][kMaxTokens];
+        short_rows_any(g.w + rr * g.row_bytes, g.row_bytes, nb, acts.data() + t0, nt, out);
+        for (int i = 0; i < per; ++i) {
+          for (int64_t t = 0; t < nt; ++t) g.y[(t0 + t) * g.ldy + rr + i] = out[i][t];
+        }
+      }
+    }
+    r = r_end;  // the rest row by row
+  }
+  for (; r < g.n1; ++r) {
     const uint8_t* w = g.w + r * g.row_bytes;
     for (int64_t t0 = 0; t0 < g.tokens; t0 += kMaxTokens) {
       const int64_t nt = std::min<int64_t>(kMaxTokens, g.tokens - t0);

@@ -325,9 +325,19 @@ void matmul(const KMatrix& w, const float* x, int64_t tokens, float* y, ThreadPo
   quantize_activations(act_format(w.format), w.group, x, tokens, w.cols, w.cols, scratch, pool);
   const Activations& a = *scratch;
   // Tasks of whole row tiles; enough of them for the pool to balance (dynamic queue), few enough
-  // that each task's weight slice is worth a dispatch (>= 16 rows or ~64 KiB).
-  const int64_t rows_per_task = std::max<int64_t>(
-      16, std::min<int64_t>(256, (64 * 1024) / std::max<int64_t>(1, w.row_bytes)) / 16 * 16);
+  // that each task's weight slice is worth a dispatch. A GEMV (<= 4 tokens) streams each task's
+  // slice once: its first prefetch distance arrives as demand misses and its last is prefetched
+  // in vain, so tasks are long there: about two per thread, 64-256 KiB (64 KiB tasks measured
+  // 20-30% below 256 KiB ones, bench_kernels_bench BM_MatmulChain). A GEMM's tasks are worth
+  // hundreds of tokens each: 64 KiB (>= 16 rows) for balance.
+  const int64_t row_bytes = std::max<int64_t>(1, w.row_bytes);
+  int64_t task_bytes = int64_t{64} << 10;
+  if (tokens <= 4) {
+    const int64_t threads = pool != nullptr ? pool->size() + 1 : 1;
+    task_bytes = std::clamp<int64_t>(w.rows * row_bytes / (2 * threads), task_bytes,
+                                     int64_t{256} << 10);
+  }
+  const int64_t rows_per_task = std::max<int64_t>(16, task_bytes / row_bytes / 16 * 16);
   const int64_t n_tasks = (w.rows + rows_per_task - 1) / rows_per_task;
   const Isa isa = best_isa();
   auto task = [&](size_t i) {
