@@ -183,7 +183,11 @@ void run_layer(benchmark::State& state, const Shape& s, const Layer* layer, cons
     }
   }
   std::vector<float> w(static_cast<size_t>(tokens * s.k), 1.0f / static_cast<float>(s.k));
-  FusedMoeBackend be(&pool(), {}, ce);
+  FusedMoeOptions opt;  // TANDEM_BENCH_MOE_ROWS=N: FusedMoeOptions::max_rows_per_task
+  if (const char* rows = std::getenv("TANDEM_BENCH_MOE_ROWS")) {
+    opt.max_rows_per_task = std::atoll(rows);
+  }
+  FusedMoeBackend be(&pool(), opt, ce);
   MoeRequest r;
   r.experts = &layer->w;
   r.hidden = x.data();
