@@ -84,7 +84,10 @@ void run(benchmark::State& state, DType dtype, int64_t rows, int64_t cols, int64
   std::vector<float> y(static_cast<size_t>(tokens * rows));
   kern::Activations a;
   kern::quantize_activations(kern::act_format(w.m.format), 0, x.data(), tokens, cols, cols, &a);
-  const int64_t per_task = 64;
+  // Tasks as kern::matmul cuts them: 64 rows for a GEMM, ~256 KiB of weights for a GEMV (each
+  // task one long stream; until session 6 this bench used 64-row GEMV tasks, 20-30% slower).
+  const int64_t per_task =
+      tokens > 4 ? 64 : std::max<int64_t>(16, (256 << 10) / w.m.row_bytes / 16 * 16);
   const size_t n_tasks = static_cast<size_t>((rows + per_task - 1) / per_task);
   for (auto _ : state) {
     pool().run(n_tasks, [&](size_t i) {
