@@ -167,13 +167,14 @@ BENCHMARK_CAPTURE(BM_MatmulChain, q4_k_24576, DType::kQ4_K, 24576)->UseRealTime(
 // heads on one shared latent KV head: dk 576, dv 512) and a GQA shape (32 heads, 8 KV heads,
 // 128 / 128): items_per_second = the scores' and the value sums' multiply-adds x 2 (FLOP/s, to
 // compare with the fp32 peak). avx2: the F32-GEMM scores and scalar value loop.
+// n query tokens after pos0 cached ones: prefill (512 on an empty cache) or decode (1 token after
+// 4095: the absorbed-MLA decode step at a 4K context, whose one KV group is split over threads).
 void BM_Attention(benchmark::State& state, int64_t heads, int64_t kv_heads, int64_t dk, int64_t dv,
-                  Isa isa) {
+                  Isa isa, int64_t n = 512, int64_t pos0 = 0) {
   if (isa > best_isa()) {
     state.SkipWithError("ISA not supported here");
     return;
   }
-  const int64_t n = 512;
   std::mt19937 rng(3);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   auto fill = [&](int64_t count) {
@@ -181,8 +182,9 @@ void BM_Attention(benchmark::State& state, int64_t heads, int64_t kv_heads, int6
     for (float& x : v) x = normal(rng);
     return v;
   };
-  const std::vector<float> q = fill(n * heads * dk), k = fill(n * kv_heads * dk),
-                           v = fill(n * kv_heads * dv);
+  const int64_t ctx = pos0 + n;
+  const std::vector<float> q = fill(n * heads * dk), k = fill(ctx * kv_heads * dk),
+                           v = fill(ctx * kv_heads * dv);
   std::vector<float> out(static_cast<size_t>(n * heads * dv));
   ops::AttentionArgs a;
   a.q = q.data();
@@ -197,16 +199,20 @@ void BM_Attention(benchmark::State& state, int64_t heads, int64_t kv_heads, int6
   a.k_stride = kv_heads * dk;
   a.v_stride = kv_heads * dv;
   a.scale = 0.1f;
+  a.pos0 = pos0;
   a.out = out.data();
   for (auto _ : state) {
     kern::attention(a, &pool(), isa);
     benchmark::DoNotOptimize(out.data());
   }
-  const int64_t pairs = n * (n + 1) / 2;  // (query, key) pairs under the causal mask
+  const int64_t pairs = n * pos0 + n * (n + 1) / 2;  // (query, key) pairs under the causal mask
   state.SetItemsProcessed(state.iterations() * 2 * pairs * heads * (dk + dv));
 }
 BENCHMARK_CAPTURE(BM_Attention, mla_avx2, 16, 1, 576, 512, Isa::kAvx2)->UseRealTime()->MinTime(0.3);
 BENCHMARK_CAPTURE(BM_Attention, mla_avx512, 16, 1, 576, 512, Isa::kAvx512)
+    ->UseRealTime()
+    ->MinTime(0.3);
+BENCHMARK_CAPTURE(BM_Attention, mla_decode_4k_avx512, 16, 1, 576, 512, Isa::kAvx512, 1, 4095)
     ->UseRealTime()
     ->MinTime(0.3);
 BENCHMARK_CAPTURE(BM_Attention, gqa_avx2, 32, 8, 128, 128, Isa::kAvx2)->UseRealTime()->MinTime(0.3);

@@ -153,44 +153,47 @@ namespace {
 constexpr int64_t kChunk = 64;  // keys per pass of the value blocks (64 x dv floats in L2)
 
 template <int NH>
-void task(const ops::AttentionArgs& a, int64_t t, int64_t g, float* scores, float* dummy) {
+void task(const ops::AttentionArgs& a, int64_t t, int64_t g, int64_t hb, int64_t he,
+          float* scores, float* dummy) {
   constexpr int NS = 16 / NH, NJ = 16 / NH;
-  const int64_t group = a.n_heads / a.n_kv_heads, n_ctx = a.pos0 + t + 1;
-  const float* q0 = a.q + t * a.q_stride + g * group * a.dk;
+  // Heads hb..he-1 of KV group g (scores[(h - hb) * n_ctx ..]); each head's arithmetic does not
+  // depend on which heads share the task.
+  const int64_t n_ctx = a.pos0 + t + 1, base = g * (a.n_heads / a.n_kv_heads);
+  const float* q0 = a.q + t * a.q_stride + base * a.dk;
   const float* k0 = a.k + g * a.dk;
   // Scores: head blocks of NH (a short last block repeats its last head), key blocks of NS (a
   // short last block repeats the last key); repeated outputs are dropped.
   alignas(64) float blk[16];
-  for (int64_t h0 = 0; h0 < group; h0 += NH) {
+  for (int64_t h0 = hb; h0 < he; h0 += NH) {
     const float* q[NH];
-    for (int h = 0; h < NH; ++h) q[h] = q0 + std::min(h0 + h, group - 1) * a.dk;
+    for (int h = 0; h < NH; ++h) q[h] = q0 + std::min(h0 + h, he - 1) * a.dk;
     for (int64_t s0 = 0; s0 < n_ctx; s0 += NS) {
       const float* k[NS];
       for (int s = 0; s < NS; ++s) k[s] = k0 + std::min(s0 + s, n_ctx - 1) * a.k_stride;
       qk_block<NH, NS>(q, k, a.dk, blk);
-      for (int h = 0; h < NH && h0 + h < group; ++h) {
+      for (int h = 0; h < NH && h0 + h < he; ++h) {
         for (int s = 0; s < NS && s0 + s < n_ctx; ++s) {
-          scores[(h0 + h) * n_ctx + s0 + s] = blk[h * NS + s];
+          scores[(h0 + h - hb) * n_ctx + s0 + s] = blk[h * NS + s];
         }
       }
     }
   }
-  for (int64_t h = 0; h < group; ++h) {
-    softmax_scaled_avx512(scores + h * n_ctx, n_ctx, a.scale);
-    float* out = a.out + (t * a.n_heads + g * group + h) * a.dv;
+  for (int64_t h = hb; h < he; ++h) {
+    softmax_scaled_avx512(scores + (h - hb) * n_ctx, n_ctx, a.scale);
+    float* out = a.out + (t * a.n_heads + base + h) * a.dv;
     std::fill(out, out + a.dv, 0.0f);
   }
   // Values: key chunks outer, so a chunk's rows stay in cache for every (head, dim) block.
   const float* v0 = a.v + g * a.dv;
   for (int64_t c0 = 0; c0 < n_ctx; c0 += kChunk) {
     const int64_t c1 = std::min(n_ctx, c0 + kChunk);
-    for (int64_t h0 = 0; h0 < group; h0 += NH) {
+    for (int64_t h0 = hb; h0 < he; h0 += NH) {
       const float* p[NH];
       float* out[NH];
       for (int h = 0; h < NH; ++h) {
-        const int64_t hh = std::min(h0 + h, group - 1);
-        p[h] = scores + hh * n_ctx;
-        out[h] = h0 + h < group ? a.out + (t * a.n_heads + g * group + hh) * a.dv : dummy;
+        const int64_t hh = std::min(h0 + h, he - 1);
+        p[h] = scores + (hh - hb) * n_ctx;
+        out[h] = h0 + h < he ? a.out + (t * a.n_heads + base + hh) * a.dv : dummy;
       }
       for (int64_t j0 = 0; j0 < a.dv; j0 += 16 * NJ) {
         __mmask16 m[NJ];
@@ -208,15 +211,17 @@ void task(const ops::AttentionArgs& a, int64_t t, int64_t g, float* scores, floa
 
 }  // namespace
 
-void attention_task_avx512(const ops::AttentionArgs& a, int64_t t, int64_t g, float* scores,
-                           float* dummy) {
+void attention_task_avx512(const ops::AttentionArgs& a, int64_t t, int64_t g, int64_t hb,
+                           int64_t he, float* scores, float* dummy) {
+  // The head block follows the group's size (not the task's share of it), so splitting a group's
+  // heads over tasks leaves every head's arithmetic as it was.
   const int64_t group = a.n_heads / a.n_kv_heads;
   if (group >= 4) {
-    task<4>(a, t, g, scores, dummy);
+    task<4>(a, t, g, hb, he, scores, dummy);
   } else if (group >= 2) {
-    task<2>(a, t, g, scores, dummy);
+    task<2>(a, t, g, hb, he, scores, dummy);
   } else {
-    task<1>(a, t, g, scores, dummy);
+    task<1>(a, t, g, hb, he, scores, dummy);
   }
 }
 

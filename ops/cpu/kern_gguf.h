@@ -69,7 +69,8 @@ void q5_0_rows_vbmi(const GemmArgs& g);
 // scores needs group * n_ctx floats, dummy dv (written, never read).
 // x = softmax(scale * x) with a vectorized e^x (within 2 ulp of std::exp; attention_avx512.cpp).
 void softmax_scaled_avx512(float* x, int64_t n, float scale);
-void attention_task_avx512(const ops::AttentionArgs& a, int64_t t, int64_t g, float* scores,
-                           float* dummy);
+// Heads [hb, he) of the group only (0 <= hb < he <= group): scores then needs (he - hb) * n_ctx.
+void attention_task_avx512(const ops::AttentionArgs& a, int64_t t, int64_t g, int64_t hb,
+                           int64_t he, float* scores, float* dummy);
 
 }  // namespace tandem::kern::detail

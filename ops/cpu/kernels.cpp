@@ -364,15 +364,29 @@ void matmul(const ops::Weight& w, const float* x, int64_t tokens, float* y, Thre
 void attention(const ops::AttentionArgs& a, ThreadPool* pool, Isa isa) {
   const int64_t group = a.n_heads / a.n_kv_heads;
   isa = std::min(isa, best_isa());
+  // Fewer (token, KV group) tasks than threads (decode; absorbed MLA has one KV group): the
+  // group's heads are split over tasks in blocks of 4 (each task reads the whole KV cache, which
+  // the split keeps in L3 for moderate contexts). Every head's arithmetic is the same either way.
+  int64_t splits = 1;
+  if (isa >= Isa::kAvx512 && pool != nullptr && group >= 8) {
+    const int64_t threads = pool->size() + 1;
+    while (splits * 2 <= group / 4 && a.n_tokens * a.n_kv_heads * splits * 2 <= threads) {
+      splits *= 2;
+    }
+  }
+  const int64_t heads_per = group / splits;  // a multiple of 4 (group >= 8 when splits > 1)
   auto task = [&](size_t id) {
     thread_local Activations q;
     thread_local std::vector<float> scores;
-    const int64_t t = static_cast<int64_t>(id) / a.n_kv_heads;
-    const int64_t g = static_cast<int64_t>(id) % a.n_kv_heads;
+    const int64_t part = static_cast<int64_t>(id) % splits;
+    const int64_t t = static_cast<int64_t>(id) / splits / a.n_kv_heads;
+    const int64_t g = static_cast<int64_t>(id) / splits % a.n_kv_heads;
     const int64_t n_ctx = a.pos0 + t + 1;
     if (isa >= Isa::kAvx512) {
-      scores.resize(static_cast<size_t>(group * n_ctx + a.dv));
-      detail::attention_task_avx512(a, t, g, scores.data(), scores.data() + group * n_ctx);
+      const int64_t hb = part * heads_per, he = part + 1 == splits ? group : hb + heads_per;
+      scores.resize(static_cast<size_t>((he - hb) * n_ctx + a.dv));
+      detail::attention_task_avx512(a, t, g, hb, he, scores.data(),
+                                    scores.data() + (he - hb) * n_ctx);
       return;
     }
     KMatrix k;
@@ -398,7 +412,7 @@ void attention(const ops::AttentionArgs& a, ThreadPool* pool, Isa isa) {
       }
     }
   };
-  const size_t n = static_cast<size_t>(a.n_tokens * a.n_kv_heads);
+  const size_t n = static_cast<size_t>(a.n_tokens * a.n_kv_heads * splits);
   if (pool == nullptr || n == 1) {
     for (size_t i = 0; i < n; ++i) task(i);
   } else {

@@ -320,10 +320,15 @@ TEST(KernelsAttention, EqualsReference) {
         one.q = q.data() + t * heads * dk;
         one.n_tokens = 1;
         one.pos0 = pos0 + t;
-        std::vector<float> y(static_cast<size_t>(heads * dv));
-        one.out = y.data();
-        kern::attention(one, nullptr);
-        for (int64_t i = 0; i < heads * dv; ++i) ASSERT_EQ(y[i], got[t * heads * dv + i]) << t;
+        // On the pool a one-token call splits a group of >= 8 heads over tasks (16 / 1 here).
+        for (ThreadPool* p : {static_cast<ThreadPool*>(nullptr), &pool}) {
+          std::vector<float> y(static_cast<size_t>(heads * dv));
+          one.out = y.data();
+          kern::attention(one, p);
+          for (int64_t i = 0; i < heads * dv; ++i) {
+            ASSERT_EQ(y[i], got[t * heads * dv + i]) << t << (p != nullptr ? " pool" : "");
+          }
+        }
       }
     }
   }
