@@ -153,8 +153,8 @@ namespace {
 constexpr int64_t kChunk = 64;  // keys per pass of the value blocks (64 x dv floats in L2)
 
 template <int NH>
-void task(const ops::AttentionArgs& a, int64_t t, int64_t g, int64_t hb, int64_t he,
-          float* scores, float* dummy) {
+void task(const ops::AttentionArgs& a, int64_t t, int64_t g, int64_t hb, int64_t he, float* scores,
+          float* dummy) {
   constexpr int NS = 16 / NH, NJ = 16 / NH;
   // Heads hb..he-1 of KV group g (scores[(h - hb) * n_ctx ..]); each head's arithmetic does not
   // depend on which heads share the task.

@@ -149,4 +149,23 @@ struct Avx512 {
   }
 };
 
+// Transposing add trees over 32-bit lanes, per 128-bit lane of a and b: tree2 gives
+// a0+a2, b0+b2, a1+a3, b1+b3; tree4 of two tree2 results the four vectors' lane sums in order.
+inline __m512i tree2_epi32(__m512i a, __m512i b) {
+  return _mm512_add_epi32(_mm512_unpacklo_epi32(a, b), _mm512_unpackhi_epi32(a, b));
+}
+inline __m512i tree4_epi32(__m512i a, __m512i b) {
+  return _mm512_add_epi32(_mm512_unpacklo_epi64(a, b), _mm512_unpackhi_epi64(a, b));
+}
+
+// The fixed tree over 16 F32 lanes of the Q8_0 / Q5_0 order (kern_gguf_vnni.cpp): h8[i] =
+// acc[i] + acc[i + 8], h4[i] = h8[i] + h8[i + 4], h2[i] = h4[i] + h4[i + 2], h2[0] + h2[1].
+inline float lane_tree_ps(__m512 acc) {
+  const __m256 h8 = _mm256_add_ps(_mm512_castps512_ps256(acc),
+                                  _mm512_castps512_ps256(_mm512_shuffle_f32x4(acc, acc, 0xEE)));
+  const __m128 h4 = _mm_add_ps(_mm256_castps256_ps128(h8), _mm256_extractf128_ps(h8, 1));
+  const __m128 h2 = _mm_add_ps(h4, _mm_movehl_ps(h4, h4));
+  return _mm_cvtss_f32(_mm_add_ss(h2, _mm_movehdup_ps(h2)));
+}
+
 }  // namespace

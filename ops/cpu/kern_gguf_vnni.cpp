@@ -283,29 +283,14 @@ inline __m512i q0_pair_u8(const Block* x, bool one) {
 
 // v[p]: lanes 0-7 partial sums of block 2p, 8-15 of block 2p + 1 -> the 16 block sums in order.
 inline __m512i q0_block_sums(const __m512i* v) {
-  __m512i x[4];
-  for (int i = 0; i < 4; ++i) {
-    x[i] = _mm512_add_epi32(_mm512_unpacklo_epi32(v[2 * i], v[2 * i + 1]),
-                            _mm512_unpackhi_epi32(v[2 * i], v[2 * i + 1]));
-  }
   // y0, 128-bit lane k: the sums of v[0..3]'s dwords 4k..4k+3; y1 the same for v[4..7].
-  const __m512i y0 =
-      _mm512_add_epi32(_mm512_unpacklo_epi64(x[0], x[1]), _mm512_unpackhi_epi64(x[0], x[1]));
-  const __m512i y1 =
-      _mm512_add_epi32(_mm512_unpacklo_epi64(x[2], x[3]), _mm512_unpackhi_epi64(x[2], x[3]));
+  const __m512i y0 = tree4_epi32(tree2_epi32(v[0], v[1]), tree2_epi32(v[2], v[3]));
+  const __m512i y1 = tree4_epi32(tree2_epi32(v[4], v[5]), tree2_epi32(v[6], v[7]));
   // Lanes 0, 2 + lanes 1, 3: blocks (0 2 4 6) (1 3 5 7) (8 10 12 14) (9 11 13 15).
   const __m512i s =
       _mm512_add_epi32(_mm512_shuffle_i32x4(y0, y1, 0x88), _mm512_shuffle_i32x4(y0, y1, 0xDD));
   return _mm512_permutexvar_epi32(
       _mm512_set_epi32(15, 11, 14, 10, 13, 9, 12, 8, 7, 3, 6, 2, 5, 1, 4, 0), s);
-}
-
-inline float q0_tree(__m512 acc) {
-  const __m256 h8 = _mm256_add_ps(_mm512_castps512_ps256(acc),
-                                  _mm512_castps512_ps256(_mm512_shuffle_f32x4(acc, acc, 0xEE)));
-  const __m128 h4 = _mm_add_ps(_mm256_castps256_ps128(h8), _mm256_extractf128_ps(h8, 1));
-  const __m128 h2 = _mm_add_ps(h4, _mm_movehl_ps(h4, h4));
-  return _mm_cvtss_f32(_mm_add_ss(h2, _mm_movehdup_ps(h2)));
 }
 
 // NR rows x NT tokens (rows r.., tokens t0..).
@@ -357,7 +342,7 @@ void q0_rows(const GemmArgs& g, int64_t r, int64_t t0) {
     }
   }
   for (int i = 0; i < NR; ++i) {
-    for (int t = 0; t < NT; ++t) g.y[(t0 + t) * g.ldy + r + i] = q0_tree(acc[i][t]);
+    for (int t = 0; t < NT; ++t) g.y[(t0 + t) * g.ldy + r + i] = lane_tree_ps(acc[i][t]);
   }
 }
 

@@ -63,23 +63,6 @@ inline __mmask64 byte_mask(int n) {  // the first n bytes (0..64)
   return n >= 64 ? ~__mmask64{0} : (__mmask64{1} << n) - 1;
 }
 
-// Per 128-bit lane of a and b: a0+a2, b0+b2, a1+a3, b1+b3.
-inline __m512i tree2(__m512i a, __m512i b) {
-  return _mm512_add_epi32(_mm512_unpacklo_epi32(a, b), _mm512_unpackhi_epi32(a, b));
-}
-inline __m512i tree4(__m512i a, __m512i b) {
-  return _mm512_add_epi32(_mm512_unpacklo_epi64(a, b), _mm512_unpackhi_epi64(a, b));
-}
-
-// The same tree as kern_gguf_vnni.cpp's q0_tree: h8, h4, h2, then the last pair.
-inline float lane_tree(__m512 acc) {
-  const __m256 h8 = _mm256_add_ps(_mm512_castps512_ps256(acc),
-                                  _mm512_castps512_ps256(_mm512_shuffle_f32x4(acc, acc, 0xEE)));
-  const __m128 h4 = _mm_add_ps(_mm256_castps256_ps128(h8), _mm256_extractf128_ps(h8, 1));
-  const __m128 h2 = _mm_add_ps(h4, _mm_movehl_ps(h4, h4));
-  return _mm_cvtss_f32(_mm_add_ss(h2, _mm_movehdup_ps(h2)));
-}
-
 // One token's activation, rearranged: per quad of blocks two vectors (the 16 low-nibble partners
 // of each block, then the 16 high ones), zero past nb; and the row's aux arrays (kern_gguf.h).
 struct Act {
@@ -95,8 +78,12 @@ struct Consts {
   __m512i order;
 };
 inline Consts consts() {
-  return {load_index(kQsIndex),     load_index(kQhIndex),       load_index(kDIndex),
-          load_index(kBitsLo),      load_index(kBitsHi),        _mm512_set1_epi8(0x0F),
+  return {load_index(kQsIndex),
+          load_index(kQhIndex),
+          load_index(kDIndex),
+          load_index(kBitsLo),
+          load_index(kBitsHi),
+          _mm512_set1_epi8(0x0F),
           _mm512_set1_epi8(0x10),
           _mm512_set_epi32(15, 11, 7, 3, 14, 10, 6, 2, 13, 9, 5, 1, 12, 8, 4, 0)};
 }
@@ -122,7 +109,8 @@ inline void load_quad(const uint8_t* x, int blocks, int k, const Consts& c, __m5
 
 // The four quad vectors' dot products -> the 16 exact block sums (of u), in vector-major order.
 inline __m512i block_sums(const __m512i* v, const Consts& c) {
-  return _mm512_permutexvar_epi32(c.order, tree4(tree2(v[0], v[1]), tree2(v[2], v[3])));
+  return _mm512_permutexvar_epi32(c.order,
+                                  tree4_epi32(tree2_epi32(v[0], v[1]), tree2_epi32(v[2], v[3])));
 }
 
 template <int NT>
@@ -157,7 +145,7 @@ void row(const uint8_t* w, int64_t nb, const Act* act, float* out) {
       acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), s, acc[t]);
     }
   }
-  for (int t = 0; t < NT; ++t) out[t] = lane_tree(acc[t]);
+  for (int t = 0; t < NT; ++t) out[t] = lane_tree_ps(acc[t]);
 }
 
 // Short rows (nb <= 4 * Q, Q = 1 or 2 quads) R = 4 / Q at a time: row r's blocks in lanes
@@ -196,7 +184,8 @@ void short_rows(const uint8_t* w, int64_t row_bytes, int64_t nb, const Act* act,
       bias = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(act[t].negc)));
       ad = _mm512_broadcast_f32x4(_mm_loadu_ps(act[t].d));
     } else {
-      bias = _mm512_broadcast_i32x8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(act[t].negc)));
+      bias =
+          _mm512_broadcast_i32x8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(act[t].negc)));
       ad = _mm512_broadcast_f32x8(_mm256_loadu_ps(act[t].d));
     }
     const __m512i isum = _mm512_add_epi32(block_sums(v[t], c), _mm512_srai_epi32(bias, 3));
@@ -217,8 +206,8 @@ void short_rows(const uint8_t* w, int64_t row_bytes, int64_t nb, const Act* act,
 }
 
 // short_rows for nb <= 8 and nt <= kMaxTokens tokens: out[row][token].
-inline void short_rows_any(const uint8_t* w, int64_t row_bytes, int64_t nb, const Act* a, int64_t nt,
-                           float (*out)[kMaxTokens]) {
+inline void short_rows_any(const uint8_t* w, int64_t row_bytes, int64_t nb, const Act* a,
+                           int64_t nt, float (*out)[kMaxTokens]) {
   float o[4][kMaxTokens];
   auto run = [&](auto q, auto t) {
     constexpr int kQ = decltype(q)::value, kT = decltype(t)::value;
@@ -267,8 +256,9 @@ void q5_0_rows_vbmi(const GemmArgs& g) {
       std::memcpy(quad + 64, blk[b].qs + 16, 16);
     }
     const auto* negc = reinterpret_cast<const int32_t*>(rowp + q8_0_act_aux_offset(nb));
-    acts[static_cast<size_t>(t)] = {arranged.data() + 2 * quads * t, negc,
-                                    reinterpret_cast<const float*>(negc + q8_0_act_padded_blocks(nb))};
+    acts[static_cast<size_t>(t)] = {
+        arranged.data() + 2 * quads * t, negc,
+        reinterpret_cast<const float*>(negc + q8_0_act_padded_blocks(nb))};
   }
   int64_t r = g.n0;
   if (nb <= 8) {  // short rows (e.g. MLA's per-head K up-projections): 4 or 2 per vector

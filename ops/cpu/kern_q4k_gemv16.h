@@ -32,10 +32,10 @@ inline __m512i q4k_row_partials(const tandem::BlockQ4_K& x, const __m512i* al, c
   // (B) the mins 0-3 and their top bits, 12-15 (C) the low nibbles of scales / mins 4-7
   // (unpack_k4_scales). Into u: bytes 0-7 the 8 scales, 8-15 the 8 mins.
   const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(&x));
-  const __m128i p = _mm_shuffle_epi8(raw, _mm_setr_epi8(4, 5, 6, 7, 12, 13, 14, 15, 8, 9, 10, 11,
-                                                        12, 13, 14, 15));  // A C B C
-  const __m128i q = _mm_shuffle_epi8(raw, _mm_setr_epi8(-1, -1, -1, -1, 4, 5, 6, 7, -1, -1, -1,
-                                                        -1, 8, 9, 10, 11));  // 0 A 0 B
+  const __m128i p = _mm_shuffle_epi8(
+      raw, _mm_setr_epi8(4, 5, 6, 7, 12, 13, 14, 15, 8, 9, 10, 11, 12, 13, 14, 15));  // A C B C
+  const __m128i q = _mm_shuffle_epi8(
+      raw, _mm_setr_epi8(-1, -1, -1, -1, 4, 5, 6, 7, -1, -1, -1, -1, 8, 9, 10, 11));  // 0 A 0 B
   const __m128i low = _mm_and_si128(p, _mm_setr_epi32(0x3F3F3F3F, 0x0F0F0F0F, 0x3F3F3F3F, 0));
   const __m128i mid = _mm_and_si128(_mm_srli_epi16(p, 4), _mm_setr_epi32(0, 0, 0, 0x0F0F0F0F));
   const __m128i top =
@@ -56,14 +56,6 @@ inline __m512i q4k_row_partials(const tandem::BlockQ4_K& x, const __m512i* al, c
       _mm256_add_epi32(_mm512_castsi512_si256(sum), _mm512_extracti64x4_epi64(sum, 1));
   const __m256i msum8 = _mm256_madd_epi16(u16, pairs);  // lanes 0-3: scales x 0
   return _mm512_inserti64x4(_mm512_castsi256_si512(isum8), msum8, 1);
-}
-
-// Lanes of a and b (per 128-bit lane: a0+a2, b0+b2, a1+a3, b1+b3): the first level of the tree.
-inline __m512i q4k_tree2(__m512i a, __m512i b) {
-  return _mm512_add_epi32(_mm512_unpacklo_epi32(a, b), _mm512_unpackhi_epi32(a, b));
-}
-inline __m512i q4k_tree4(__m512i a, __m512i b) {
-  return _mm512_add_epi32(_mm512_unpacklo_epi64(a, b), _mm512_unpackhi_epi64(a, b));
 }
 
 // A Q8_K token row's super-block as q4k_row_partials takes it (prepared once per call).
@@ -113,8 +105,8 @@ void q4k_gemv16(const uint8_t* w, int64_t row_bytes, int64_t nb, const Q4KAct* a
     const __m512i* v = part + b * 16;
     __m512i quad[4];
     for (int qd = 0; qd < 4; ++qd) {  // 128-bit lane j: rows 4qd..4qd+3, part j
-      quad[qd] = q4k_tree4(q4k_tree2(v[4 * qd], v[4 * qd + 1]),
-                           q4k_tree2(v[4 * qd + 2], v[4 * qd + 3]));
+      quad[qd] = tree4_epi32(tree2_epi32(v[4 * qd], v[4 * qd + 1]),
+                             tree2_epi32(v[4 * qd + 2], v[4 * qd + 3]));
     }
     // 128-bit lanes: [isum rows 0-3, msum 0-3, isum 4-7, msum 4-7], then rows 8-15.
     const __m512i h0 = _mm512_add_epi32(_mm512_shuffle_i64x2(quad[0], quad[1], 0x88),
@@ -124,8 +116,8 @@ void q4k_gemv16(const uint8_t* w, int64_t row_bytes, int64_t nb, const Q4KAct* a
     const __m512i isum = _mm512_shuffle_i64x2(h0, h1, 0x88);
     const __m512i msum = _mm512_shuffle_i64x2(h0, h1, 0xDD);
     // d | dmin << 16 of each row's super-block b
-    const __m512i dd = _mm512_i32gather_epi32(
-        offs, w + b * static_cast<int64_t>(sizeof(tandem::BlockQ4_K)), 1);
+    const __m512i dd =
+        _mm512_i32gather_epi32(offs, w + b * static_cast<int64_t>(sizeof(tandem::BlockQ4_K)), 1);
     const __m512 dw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(dd));
     const __m512 dmw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(dd, 16)));
     const __m512 da = _mm512_set1_ps(act[b].d);

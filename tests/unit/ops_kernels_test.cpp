@@ -189,9 +189,8 @@ TEST(KernelsQ50, VbmiRowsEqualVnniRows) {
   const kern::detail::GemmFn without = kern::detail::gguf_kernels_avx512_vnni_base().q5_0;
   ASSERT_NE(with, without) << "the VBMI kernel is not selected on this CPU";
   // 1 .. 8 blocks: the short-row kernels (4 or 2 rows per vector, 21 - 2 rows: a remainder).
-  for (const int64_t cols :
-       {int64_t{32}, int64_t{96}, int64_t{128}, int64_t{160}, int64_t{256}, int64_t{544},
-        int64_t{1408}}) {
+  for (const int64_t cols : {int64_t{32}, int64_t{96}, int64_t{128}, int64_t{160}, int64_t{256},
+                             int64_t{544}, int64_t{1408}}) {
     const int64_t rows = 21;
     const Matrix m = make_matrix(DType::kQ5_0, rows, cols, 5);
     for (const int64_t tokens : {int64_t{1}, int64_t{3}, int64_t{6}, int64_t{15}}) {
@@ -219,7 +218,8 @@ TEST(KernelsQ50, VbmiRowsEqualVnniRows) {
       g.y = ref.data();
       kern::detail::gguf_kernels_scalar().q5_0(g);
       for (size_t i = 0; i < ref.size(); ++i) {
-        ASSERT_NEAR(y0[i], ref[i], 2e-5f * static_cast<float>(cols)) << "cols " << cols << " i " << i;
+        ASSERT_NEAR(y0[i], ref[i], 2e-5f * static_cast<float>(cols))
+            << "cols " << cols << " i " << i;
       }
     }
   }
