@@ -75,6 +75,12 @@ class Model {
   void attention_mla(int64_t layer, int64_t n, const float* x, float* out);
   template <typename F>
   void for_heads(int64_t n_heads, F&& fn);
+  template <typename F>
+  void for_tokens(int64_t n, F&& fn);
+  struct RopeAngles {
+    std::vector<float> c, s;
+  };
+  RopeAngles& rope_angles(int64_t pos) const;
   void ffn(int64_t layer, int64_t n, const float* x, float* out);
   void dense_ffn(const ops::Weight& g, const ops::Weight& u, const ops::Weight& d, int64_t n,
                  const float* x, float* out);

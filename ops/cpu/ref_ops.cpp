@@ -171,19 +171,30 @@ Rope::Rope(int64_t dim, float theta, const RopeScaling& scaling) : dim_(dim) {
   }
 }
 
-void Rope::apply(float* x, int64_t pos, RopeForm form) const {
+void Rope::angles(int64_t pos, float* c, float* s) const {
+  for (int64_t i = 0; i < dim_ / 2; ++i) {
+    const float angle = static_cast<float>(pos) * inv_freq_[i];
+    c[i] = std::cos(angle) * cos_sin_scale_;
+    s[i] = std::sin(angle) * cos_sin_scale_;
+  }
+}
+
+void Rope::rotate(float* x, const float* c, const float* s, RopeForm form) const {
   const int64_t half = dim_ / 2;
   for (int64_t i = 0; i < half; ++i) {
-    const float angle = static_cast<float>(pos) * inv_freq_[i];
-    const float c = std::cos(angle) * cos_sin_scale_;
-    const float s = std::sin(angle) * cos_sin_scale_;
     float* a = form == RopeForm::kNeox ? x + i : x + 2 * i;
     float* b = form == RopeForm::kNeox ? x + i + half : x + 2 * i + 1;
     const float x0 = *a;
     const float x1 = *b;
-    *a = x0 * c - x1 * s;
-    *b = x0 * s + x1 * c;
+    *a = x0 * c[i] - x1 * s[i];
+    *b = x0 * s[i] + x1 * c[i];
   }
+}
+
+void Rope::apply(float* x, int64_t pos, RopeForm form) const {
+  std::vector<float> cs(static_cast<size_t>(dim_ / 2 * 2));
+  angles(pos, cs.data(), cs.data() + dim_ / 2);
+  rotate(x, cs.data(), cs.data() + dim_ / 2, form);
 }
 
 void attention(const AttentionArgs& a, ThreadPool* pool) {

@@ -77,6 +77,10 @@ class Rope {
   float softmax_scale_factor() const { return softmax_factor_; }
   // Rotates x[0..dim) of one head at position pos.
   void apply(float* x, int64_t pos, RopeForm form) const;
+  // The same in two steps, so a token's heads share one computation of the angles: c and s get
+  // dim / 2 values for position pos; rotate() applies them to one head (apply() = both).
+  void angles(int64_t pos, float* c, float* s) const;
+  void rotate(float* x, const float* c, const float* s, RopeForm form) const;
 
  private:
   int64_t dim_ = 0;
