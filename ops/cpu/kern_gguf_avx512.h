@@ -168,4 +168,16 @@ inline float lane_tree_ps(__m512 acc) {
   return _mm_cvtss_f32(_mm_add_ss(h2, _mm_movehdup_ps(h2)));
 }
 
+// v[p]: lanes 0-7 partial sums of block 2p, 8-15 of block 2p + 1 -> the 16 block sums in order.
+inline __m512i q0_block_sums(const __m512i* v) {
+  // y0, 128-bit lane k: the sums of v[0..3]'s dwords 4k..4k+3; y1 the same for v[4..7].
+  const __m512i y0 = tree4_epi32(tree2_epi32(v[0], v[1]), tree2_epi32(v[2], v[3]));
+  const __m512i y1 = tree4_epi32(tree2_epi32(v[4], v[5]), tree2_epi32(v[6], v[7]));
+  // Lanes 0, 2 + lanes 1, 3: blocks (0 2 4 6) (1 3 5 7) (8 10 12 14) (9 11 13 15).
+  const __m512i s =
+      _mm512_add_epi32(_mm512_shuffle_i32x4(y0, y1, 0x88), _mm512_shuffle_i32x4(y0, y1, 0xDD));
+  return _mm512_permutexvar_epi32(
+      _mm512_set_epi32(15, 11, 14, 10, 13, 9, 12, 8, 7, 3, 6, 2, 5, 1, 4, 0), s);
+}
+
 }  // namespace
