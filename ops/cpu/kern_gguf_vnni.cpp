@@ -281,7 +281,6 @@ inline __m512i q0_pair_u8(const Block* x, bool one) {
   }
 }
 
-
 // NR rows x NT tokens (rows r.., tokens t0..).
 template <class Block, int NR, int NT>
 void q0_rows(const GemmArgs& g, int64_t r, int64_t t0) {

@@ -329,15 +329,16 @@ void matmul(const KMatrix& w, const float* x, int64_t tokens, float* y, ThreadPo
   // slice once: its first prefetch distance arrives as demand misses and its last is prefetched
   // in vain, so tasks are long there: about two per thread, 64-256 KiB (64 KiB tasks measured
   // 20-30% below 256 KiB ones, bench_kernels_bench BM_MatmulChain). A GEMM's tasks are worth
-  // hundreds of tokens each: 64 KiB (>= 16 rows) for balance.
+  // hundreds of tokens each: 64 KiB and 16-256 rows, for balance.
   const int64_t row_bytes = std::max<int64_t>(1, w.row_bytes);
-  int64_t task_bytes = int64_t{64} << 10;
+  int64_t rows_per_task = std::min<int64_t>(256, (int64_t{64} << 10) / row_bytes);
   if (tokens <= 4) {
     const int64_t threads = pool != nullptr ? pool->size() + 1 : 1;
-    task_bytes = std::clamp<int64_t>(w.rows * row_bytes / (2 * threads), task_bytes,
-                                     int64_t{256} << 10);
+    rows_per_task = std::clamp<int64_t>(w.rows * row_bytes / (2 * threads), int64_t{64} << 10,
+                                        int64_t{256} << 10) /
+                    row_bytes;
   }
-  const int64_t rows_per_task = std::max<int64_t>(16, task_bytes / row_bytes / 16 * 16);
+  rows_per_task = std::max<int64_t>(16, rows_per_task / 16 * 16);
   const int64_t n_tasks = (w.rows + rows_per_task - 1) / rows_per_task;
   const Isa isa = best_isa();
   auto task = [&](size_t i) {

@@ -192,7 +192,8 @@ void Rope::rotate(float* x, const float* c, const float* s, RopeForm form) const
 }
 
 void Rope::apply(float* x, int64_t pos, RopeForm form) const {
-  std::vector<float> cs(static_cast<size_t>(dim_ / 2 * 2));
+  thread_local std::vector<float> cs;
+  cs.resize(static_cast<size_t>(dim_ / 2 * 2));
   angles(pos, cs.data(), cs.data() + dim_ / 2);
   rotate(x, cs.data(), cs.data() + dim_ / 2, form);
 }
