@@ -4,11 +4,12 @@
 //
 // The row kernel (q4k_rows) spends most of a super-block's instructions on fixed per-block work
 // done one row at a time: the scalar unpacking of the 12 scale bytes, two horizontal sums (the
-// quants' dot and the mins' correction) and a serial F32 chain. Here the 16 rows of a tile go
-// through super-block b together: per row the same vector dot as q4k_rows (nibbles x Q8_K with
-// the sub-block scales, one vpermw per half), the scales unpacked by two byte shuffles, and the
-// mins' correction by one vpmaddwd; then one transposing add tree turns the 16 rows' partial
-// vectors into two vectors (isum and msum, a row per lane) and the F32 steps run a row per lane.
+// quants' dot and the mins' correction) and a serial F32 chain. Here a tile of 16 rows is read
+// row after row, each super-block giving one partial vector: the same vector dot as q4k_rows
+// (nibbles x Q8_K with the sub-block scales, one vpermw per half), the scales unpacked by two byte
+// shuffles, and the mins' correction by one vpmaddwd; then per super-block one transposing add
+// tree turns the 16 rows' partial vectors into two vectors (isum and msum, a row per lane) and the
+// F32 steps run a row per lane.
 // Those steps are the scalar reference's, each rounded alike (acc + (da * d) * isum, then
 // - (da * dmin) * msum, in block order), so the result is bit-identical to q4k_rows, to the tiled
 // GEMM and to the reference: tiles and the leftover rows can mix freely.
