@@ -5,6 +5,9 @@
 
 #include <cstdint>
 
+namespace tandem {
+struct BlockQ8_K;
+}
 namespace tandem::ops {
 struct AttentionArgs;
 }
@@ -60,6 +63,11 @@ const GgufKernels& gguf_kernels_avx512();       // AVX-512 F/BW/VL/DQ
 const GgufKernels& gguf_kernels_avx512_vnni();  // + VNNI and BF16 (+ VBMI / BITALG kernels
                                                 // where the CPU has them)
 const GgufKernels& gguf_kernels_avx512_vnni_base();  // the same without the VBMI / BITALG ones
+
+// Activation rows on AVX-512 (quant_act_avx512.cpp), bit-identical to the scalar quantizers:
+// nb Q8_K blocks of x; a Q8_0 activation row of cols values with its bias / scale arrays.
+void quantize_q8_k_avx512(const float* x, BlockQ8_K* y, int64_t nb);
+void quantize_q8_0_act_avx512(const float* x, uint8_t* dst, int64_t cols);
 
 // Q5_0 x Q8_0 for fewer than 16 tokens on AVX-512 VNNI + VBMI + BITALG (kern_q0_vbmi.cpp; the
 // caller checks the CPU): bit-identical to the VNNI rows and tiles.

@@ -241,9 +241,9 @@ GemmArgs make_args(const KMatrix& w, const Activations& a, int64_t n0, int64_t n
 }  // namespace
 
 void quantize_activations(AFormat format, int group, const float* x, int64_t tokens, int64_t cols,
-                          int64_t ldx, Activations* out, ThreadPool* pool) {
+                          int64_t ldx, Activations* out, ThreadPool* pool, Isa isa) {
   if (format == AFormat::kI8 || format == AFormat::kBF16) {
-    packed_quantize_activations(format, group, x, tokens, cols, ldx, out);
+    packed_quantize_activations(format, group, x, tokens, cols, ldx, out, pool, isa);
     return;
   }
   const int64_t block = block_of(format);
@@ -258,6 +258,7 @@ void quantize_activations(AFormat format, int group, const float* x, int64_t tok
   out->row_bytes = act_row_bytes(format, cols);
   const size_t need = static_cast<size_t>(out->row_bytes * tokens);
   if (out->data.size() < need) out->data.resize(need);
+  const bool avx512 = std::min(isa, best_isa()) >= Isa::kAvx512;
   auto row = [&](int64_t t) {
     const float* src = x + t * ldx;
     uint8_t* dst = out->data.data() + t * out->row_bytes;
@@ -268,8 +269,18 @@ void quantize_activations(AFormat format, int group, const float* x, int64_t tok
         for (int64_t i = 0; i < cols; ++i) d[i] = f32_to_bf16(src[i]);
         break;
       }
-      case AFormat::kQ8_K: quantize_row(DType::kQ8_K, src, dst, cols); break;
+      case AFormat::kQ8_K:
+        if (avx512) {
+          detail::quantize_q8_k_avx512(src, reinterpret_cast<BlockQ8_K*>(dst), cols / kQK_K);
+        } else {
+          quantize_row(DType::kQ8_K, src, dst, cols);
+        }
+        break;
       case AFormat::kQ8_0: {
+        if (avx512) {
+          detail::quantize_q8_0_act_avx512(src, dst, cols);
+          break;
+        }
         quantize_row(DType::kQ8_0, src, dst, cols);
         const int64_t nb = cols / kQK, nbp = detail::q8_0_act_padded_blocks(nb);
         const auto* blk = reinterpret_cast<const BlockQ8_0*>(dst);

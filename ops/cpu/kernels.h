@@ -95,8 +95,10 @@ struct Activations {
 // x is [tokens, ldx]; the first cols values of each row are converted. cols must be a multiple of
 // the format's block (256 for Q8_K, 32 for Q8_0).
 // pool: converts blocks of tokens in parallel (GGUF / F32 activations; nullptr: this thread).
+// isa: the highest level to use; every level gives the same bytes (Q8_K / Q8_0 have AVX-512 code).
 void quantize_activations(AFormat format, int group, const float* x, int64_t tokens, int64_t cols,
-                          int64_t ldx, Activations* out, ThreadPool* pool = nullptr);
+                          int64_t ldx, Activations* out, ThreadPool* pool = nullptr,
+                          Isa isa = best_isa());
 
 // y[t * ldy + n] = sum_k act[t][k] * w[n][k] for t < a.tokens and n in [n0, n1): y is the FULL
 // output (absolute column n); each call writes only its columns. Few tokens take the GEMV path

@@ -402,7 +402,7 @@ int64_t packed_row_align(const KMatrix& w) {
 }
 
 void packed_quantize_activations(AFormat f, int group, const float* x, int64_t tokens, int64_t cols,
-                                 int64_t ldx, Activations* out) {
+                                 int64_t ldx, Activations* out, ThreadPool* pool, Isa isa) {
   if (f != AFormat::kI8 && f != AFormat::kBF16) {
     fail(ErrorKind::kUnsupported, "packed activations: format {} is not kI8 or kBF16",
          static_cast<int>(f));
@@ -421,13 +421,22 @@ void packed_quantize_activations(AFormat f, int group, const float* x, int64_t t
   out->row_bytes = f == AFormat::kBF16 ? (cols * 2 + 63) / 64 * 64 : (bo + cols + 63) / 64 * 64;
   const size_t need = static_cast<size_t>(out->row_bytes * tokens);
   if (out->data.size() < need) out->data.resize(need);
-  for (int64_t t = 0; t < tokens; ++t) {
+  const bool avx512 = std::min(isa, best_isa()) >= Isa::kAvx512;
+  auto row = [&](int64_t t) {
     const float* src = x + t * ldx;
     uint8_t* dst = out->data.data() + t * out->row_bytes;
     if (f == AFormat::kBF16) {
       auto* d = reinterpret_cast<uint16_t*>(dst);
-      for (int64_t k = 0; k < cols; ++k) d[k] = f32_to_bf16(src[k]);
-      continue;
+      if (avx512) {
+        detail::f32_to_bf16_avx512(src, d, cols);
+      } else {
+        for (int64_t k = 0; k < cols; ++k) d[k] = f32_to_bf16(src[k]);
+      }
+      return;
+    }
+    if (avx512 && group % 16 == 0) {
+      detail::quantize_i8_act_avx512(src, dst, cols, group);
+      return;
     }
     auto* q = reinterpret_cast<int8_t*>(dst);
     auto* sa = reinterpret_cast<float*>(dst + so);
@@ -448,6 +457,16 @@ void packed_quantize_activations(AFormat f, int group, const float* x, int64_t t
       sums[g] = sum;
     }
     for (int64_t k = 0; k < cols; ++k) dst[bo + k] = static_cast<uint8_t>(q[k]) ^ 0x80;
+  };
+  // Prefill batches in token blocks on the pool (rows are independent: the same bytes).
+  constexpr int64_t kTokensPerTask = 16;
+  if (pool != nullptr && tokens >= 2 * kTokensPerTask) {
+    pool->run(static_cast<size_t>((tokens + kTokensPerTask - 1) / kTokensPerTask), [&](size_t i) {
+      const int64_t t0 = static_cast<int64_t>(i) * kTokensPerTask;
+      for (int64_t t = t0; t < std::min(tokens, t0 + kTokensPerTask); ++t) row(t);
+    });
+  } else {
+    for (int64_t t = 0; t < tokens; ++t) row(t);
   }
 }
 

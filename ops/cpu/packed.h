@@ -45,8 +45,10 @@ inline bool packed_tiled(WFormat f) {
   return f == WFormat::kInt8 || f == WFormat::kInt4 || f == WFormat::kBF16Tile;
 }
 
+// kBF16, kI8; pool and isa as kern::quantize_activations (every level gives the same bytes).
 void packed_quantize_activations(AFormat f, int group, const float* x, int64_t tokens, int64_t cols,
-                                 int64_t ldx, Activations* out);  // kBF16, kI8
+                                 int64_t ldx, Activations* out, ThreadPool* pool = nullptr,
+                                 Isa isa = best_isa());
 void packed_gemm(const KMatrix& w, const Activations& a, int64_t n0, int64_t n1, float* y,
                  int64_t ldy, Isa isa);
 void packed_gemm_reference(const KMatrix& w, const Activations& a, int64_t n0, int64_t n1, float* y,

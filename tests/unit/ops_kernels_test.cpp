@@ -6,6 +6,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <limits>
 #include <random>
 #include <tuple>
 #include <vector>
@@ -247,6 +249,76 @@ TEST(KernelsMatmul, ThreadedEqualsSingleCallAndFallsBack) {
   kern::matmul(ops::Weight(q5.t), x.data(), 2, y5.data(), &pool);
   ops::matmul(ops::Weight(q5.t), x.data(), 2, r5.data(), nullptr);
   EXPECT_EQ(y5, r5);
+}
+
+// Activation rows with the corner cases of the scalar quantizers: a block of zeros, ties of the
+// largest |x| (Q8_K keeps the first: its sign decides the scale's), values that scale to exact
+// halves (Q8_K rounds them to even, Q8_0 away from zero), huge and tiny values; Q8_K also
+// subnormals, infinities and NaN (skipped by the maximum searches).
+std::vector<float> corner_rows(int64_t cols, bool non_finite) {
+  std::vector<float> x = random_values(4 * cols, 21);
+  float* r1 = x.data() + cols;
+  std::fill(r1, r1 + 256, 0.0f);  // a whole Q8_K block (and 8 Q8_0 blocks) of zeros
+  r1[300] = 20.0f;                // a tie, the positive first
+  r1[301] = -20.0f;
+  r1[520] = -30.0f;  // a tie, the negative first (Q8_K scale 127/30 vs -127/30)
+  r1[700] = 30.0f;
+  float* r2 = x.data() + 2 * cols;
+  for (int64_t i = 0; i < cols; ++i) {
+    // Max |x| 127 per block: Q8_0's d = 1 and Q8_K's iscale = +-1, so k + 0.5 stays a half.
+    r2[i] = i % 32 == 0 ? (i % 64 == 0 ? 127.0f : -127.0f)
+                        : static_cast<float>(static_cast<int>(i % 29) - 14) + 0.5f;
+  }
+  float* r3 = x.data() + 3 * cols;
+  // (Subnormal Q8_0 blocks would scale by 1 / d = inf, whose int conversion C++ leaves undefined.)
+  const float tiny = non_finite ? 1e-40f : 1e-30f;
+  for (int64_t i = 0; i < cols; ++i) r3[i] *= (i / 256) % 2 == 0 ? 1e30f : tiny;
+  if (non_finite) {
+    r3[5] = std::numeric_limits<float>::infinity();
+    r3[260] = std::numeric_limits<float>::quiet_NaN();
+    r3[517] = -std::numeric_limits<float>::infinity();
+  }
+  return x;
+}
+
+TEST(KernelsActivations, SimdEqualsScalarBytes) {
+  ThreadPool pool(place_workers(detect_topology(), 2));
+  for (const auto format : {kern::AFormat::kQ8_K, kern::AFormat::kQ8_0}) {
+    const bool k = format == kern::AFormat::kQ8_K;
+    for (const int64_t cols : {int64_t{1024}, int64_t{768}}) {
+      SCOPED_TRACE(::testing::Message() << (k ? "Q8_K" : "Q8_0") << " cols " << cols);
+      const std::vector<float> x = corner_rows(cols, k);
+      kern::Activations want;
+      kern::quantize_activations(format, 0, x.data(), 4, cols, cols, &want, nullptr,
+                                 Isa::kScalar);
+      // The scalar level is the formats' quantizer, row by row.
+      const DType dt = k ? DType::kQ8_K : DType::kQ8_0;
+      std::vector<uint8_t> row(dtype_bytes(dt, cols));
+      for (int64_t t = 0; t < 4; ++t) {
+        quantize_row(dt, x.data() + t * cols, row.data(), cols);
+        EXPECT_EQ(0, std::memcmp(row.data(), want.row(t), row.size())) << "token " << t;
+      }
+      for (int level = 1; level <= static_cast<int>(best_isa()); ++level) {
+        kern::Activations got;
+        kern::quantize_activations(format, 0, x.data(), 4, cols, cols, &got, nullptr,
+                                   static_cast<Isa>(level));
+        ASSERT_EQ(got.row_bytes, want.row_bytes);
+        for (int64_t t = 0; t < 4; ++t) {
+          EXPECT_EQ(0, std::memcmp(got.row(t), want.row(t), static_cast<size_t>(want.row_bytes)))
+              << isa_name(static_cast<Isa>(level)) << " token " << t;
+        }
+      }
+      // Many tokens on the pool: the same rows.
+      std::vector<float> many;
+      for (int rep = 0; rep < 10; ++rep) many.insert(many.end(), x.begin(), x.end());
+      kern::Activations par;
+      kern::quantize_activations(format, 0, many.data(), 40, cols, cols, &par, &pool);
+      for (int64_t t = 0; t < 40; ++t) {
+        EXPECT_EQ(0, std::memcmp(par.row(t), want.row(t % 4), static_cast<size_t>(want.row_bytes)))
+            << "pool token " << t;
+      }
+    }
+  }
 }
 
 }  // namespace

@@ -334,5 +334,52 @@ TEST(PackedGemm, RejectsMismatchedActivations) {
   EXPECT_THROW(packed_quantize_activations(AFormat::kI8, 48, x.data(), 1, cols, cols, &a), Error);
 }
 
+// The SIMD activation encoders give the scalar code's bytes: int8 rows with a group of zeros,
+// exact halves (nearest even), huge and tiny values, every group size; BF16 rows with rounding
+// ties, subnormals, infinities and NaN; many tokens on the pool alike.
+TEST(PackedActivations, SimdEqualsScalarBytes) {
+  ThreadPool pool(place_workers(detect_topology(), 2));
+  const int64_t cols = 512;
+  std::vector<float> x = random_values(4 * cols, 17);
+  std::fill(x.begin() + cols, x.begin() + cols + 128, 0.0f);
+  for (int64_t i = 0; i < cols; ++i) {  // |x| <= 127 with 127 in every group: halves stay halves
+    x[2 * cols + i] = i % 32 == 0 ? 127.0f : static_cast<float>(static_cast<int>(i % 23) - 11) + 0.5f;
+    x[3 * cols + i] *= (i / 128) % 2 == 0 ? 1e30f : 1e-30f;
+  }
+  std::vector<float> xb = x;  // BF16 corner cases
+  const uint32_t bits[] = {0x3F808000u, 0x3F818000u, 0xBF808000u, 0x00000001u, 0x807FFFFFu,
+                           0x7F800000u, 0xFF800000u, 0x7FC00001u, 0xFF800001u, 0x7F7FFFFFu};
+  for (size_t i = 0; i < std::size(bits); ++i) std::memcpy(&xb[cols + 200 + i], &bits[i], 4);
+  struct Run {
+    AFormat f;
+    int group;
+    const std::vector<float>* x;
+  };
+  for (const Run& r : {Run{AFormat::kI8, 32, &x}, Run{AFormat::kI8, 64, &x},
+                       Run{AFormat::kI8, 128, &x}, Run{AFormat::kBF16, 0, &xb}}) {
+    SCOPED_TRACE(::testing::Message() << (r.f == AFormat::kI8 ? "int8 group " : "bf16 ") << r.group);
+    Activations want;
+    packed_quantize_activations(r.f, r.group, r.x->data(), 4, cols, cols, &want, nullptr,
+                                Isa::kScalar);
+    for (int level = 1; level <= static_cast<int>(best_isa()); ++level) {
+      Activations got;
+      packed_quantize_activations(r.f, r.group, r.x->data(), 4, cols, cols, &got, nullptr,
+                                  static_cast<Isa>(level));
+      ASSERT_EQ(got.row_bytes, want.row_bytes);
+      EXPECT_EQ(0, std::memcmp(got.data.data(), want.data.data(),
+                               static_cast<size_t>(4 * want.row_bytes)))
+          << isa_name(static_cast<Isa>(level));
+    }
+    std::vector<float> many;
+    for (int rep = 0; rep < 10; ++rep) many.insert(many.end(), r.x->begin(), r.x->end());
+    Activations par;
+    packed_quantize_activations(r.f, r.group, many.data(), 40, cols, cols, &par, &pool);
+    for (int64_t t = 0; t < 40; ++t) {
+      EXPECT_EQ(0, std::memcmp(par.row(t), want.row(t % 4), static_cast<size_t>(want.row_bytes)))
+          << "pool token " << t;
+    }
+  }
+}
+
 }  // namespace
 }  // namespace tandem::kern
