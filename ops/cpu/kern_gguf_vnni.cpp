@@ -191,16 +191,26 @@ void q4k_tiles_all_tokens(const GemmArgs& g, const Q4KTile* tile, int64_t nb, in
     for (int t = 0; t < nt; ++t) {
       a[t] = reinterpret_cast<const BlockQ8_K*>(g.act + (t0 + t) * g.act_row_bytes);
     }
-    if (nt == kQ4KTokens) {
-      q4k_tiles<NR, kQ4KTokens>(tile, nb, a, out);
-    } else {
-      for (int t = 0; t < nt; ++t) {  // the last tokens one at a time (same arithmetic per token)
-        q4k_tiles<NR, 1>(tile, nb, a + t, out + t);
-      }
+    static_assert(kQ4KTokens == 4);
+    // (The last 1-3 tokens in one pass too: a token's arithmetic does not depend on NT.)
+    switch (nt) {
+      case 4: q4k_tiles<NR, 4>(tile, nb, a, out); break;
+      case 3: q4k_tiles<NR, 3>(tile, nb, a, out); break;
+      case 2: q4k_tiles<NR, 2>(tile, nb, a, out); break;
+      default: q4k_tiles<NR, 1>(tile, nb, a, out); break;
     }
     for (int t = 0; t < nt; ++t) {
       for (int64_t r = n; r < n_end; ++r) g.y[(t0 + t) * g.ldy + r] = out[t][r - n];
     }
+  }
+}
+
+// Prefetches weight rows [r0, r1) of g (contiguous), a cache line at a time.
+template <_mm_hint kHint>
+void prefetch_rows(const GemmArgs& g, int64_t r0, int64_t r1) {
+  const uint8_t* e = g.w + r1 * g.row_bytes;
+  for (const uint8_t* p = g.w + r0 * g.row_bytes; p < e; p += 64) {
+    _mm_prefetch(reinterpret_cast<const char*>(p), kHint);
   }
 }
 
@@ -215,6 +225,11 @@ void q4k_tiled(const GemmArgs& g) {
   d.resize(static_cast<size_t>(kQ4KTiles * nb * 16));
   dmin.resize(d.size());
   Q4KTile tile[kQ4KTiles];
+  // The expansion reads 16 rows a super-block at a time, 16 strided streams the hardware
+  // prefetchers follow badly (perf: its loads were most of its time, the weights' first touch);
+  // the rows of a tile pair are contiguous, so the next pair is prefetched into L2 ahead of its
+  // expansion while this pair's tokens run, and the first pair up front.
+  prefetch_rows<_MM_HINT_T0>(g, g.n0, std::min(g.n1, g.n0 + 16 * kQ4KTiles));
   for (int64_t n = g.n0; n < g.n1; n += 16 * kQ4KTiles) {
     const int64_t n_end = std::min(g.n1, n + 16 * kQ4KTiles);
     const int tiles = static_cast<int>((n_end - n + 15) / 16);
@@ -227,6 +242,7 @@ void q4k_tiled(const GemmArgs& g) {
       q4k_expand(g, n + 16 * r, std::min<int64_t>(16, n_end - n - 16 * r), nb, q, s, m, dd, dm);
       tile[r] = {q, s, m, dd, dm};
     }
+    prefetch_rows<_MM_HINT_T1>(g, n_end, std::min(g.n1, n_end + 16 * kQ4KTiles));
     if (tiles == 2) {
       q4k_tiles_all_tokens<2>(g, tile, nb, n, n_end);
     } else {
@@ -433,9 +449,11 @@ void q0_tiled(const GemmArgs& g, Expand expand) {
   thread_local std::vector<uint8_t> tile;
   tile.resize(static_cast<size_t>(nb * kQ0TileBlockBytes));
   alignas(64) float out[8][16];
+  prefetch_rows<_MM_HINT_T0>(g, g.n0, std::min(g.n1, g.n0 + 16));  // as q4k_tiled
   for (int64_t n = g.n0; n < g.n1; n += 16) {
     const int64_t n_end = std::min(g.n1, n + 16);
     q0_expand<Block>(g, n, n_end - n, nb, expand, tile.data());
+    prefetch_rows<_MM_HINT_T1>(g, n_end, std::min(g.n1, n_end + 16));
     for (int64_t t0 = 0; t0 < g.tokens;) {
       const int64_t rest = g.tokens - t0;
       const int nt = rest >= 8 ? 8 : rest >= 4 ? 4 : rest >= 2 ? 2 : 1;

@@ -64,7 +64,7 @@ TEST_P(Kernels, SimdEqualsReferenceOnEveryIsa) {
   const Matrix m = make_matrix(c.dtype, rows, cols, 7);
   kern::KMatrix w;
   ASSERT_TRUE(kern::view_weight(ops::Weight(m.t), &w));
-  for (int64_t tokens : {1, 2, 3, 4, 5, 17, 64}) {
+  for (int64_t tokens : {1, 2, 3, 4, 5, 17, 19, 30, 64}) {
     const std::vector<float> x = random_values(tokens * cols, 100 + static_cast<uint32_t>(tokens));
     kern::Activations a;
     kern::quantize_activations(kern::act_format(w.format), 0, x.data(), tokens, cols, cols, &a);
