@@ -46,6 +46,12 @@ struct Avx2 {
     return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u8, s8), sc));
   }
   static int32_t hsum(V v) { return hsum_epi32_256(v); }
+  static void hsum4(V a, V b, V c, V d, int32_t* out) {
+    out[0] = hsum(a);
+    out[1] = hsum(b);
+    out[2] = hsum(c);
+    out[3] = hsum(d);
+  }
   static V32 load32(const int8_t* p) { return load(p); }
   // Signed x signed through the unsigned x signed multiply: |w| * (a with w's sign).
   static int32_t dot_s8_32(V32 w, const int8_t* a) {

@@ -80,6 +80,17 @@ struct Avx512 {
     }
   }
   static int32_t hsum(V v) { return _mm512_reduce_add_epi32(v); }
+  // out[i] = hsum(v_i) for four vectors through one transposing add tree (exact integers).
+  static void hsum4(V a, V b, V c, V d, int32_t* out) {
+    const V ab = _mm512_add_epi32(_mm512_unpacklo_epi32(a, b), _mm512_unpackhi_epi32(a, b));
+    const V cd = _mm512_add_epi32(_mm512_unpacklo_epi32(c, d), _mm512_unpackhi_epi32(c, d));
+    // Per 128-bit lane: the sums of a, b, c, d over that lane.
+    const V t = _mm512_add_epi32(_mm512_unpacklo_epi64(ab, cd), _mm512_unpackhi_epi64(ab, cd));
+    const __m256i h =
+        _mm256_add_epi32(_mm512_castsi512_si256(t), _mm512_extracti64x4_epi64(t, 1));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out),
+                     _mm_add_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1)));
+  }
   // Per 32-bit lane: acc + the sum of 4 products u * s (u unsigned, s signed bytes; |u * s| pairs
   // fit int16 for the callers: u <= 31 or u == 16).
   static V dot_u8s8(V acc, V u, V s) {

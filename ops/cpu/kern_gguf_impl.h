@@ -223,12 +223,8 @@ template <class S, int NR, int NT>
 inline void q6k_rows(const BlockQ6_K* const* w, const BlockQ8_K* const* a, int64_t nb,
                      float (*out)[NT]) {
   float acc[NR][NT];
-  typename S::F facc[NR][NT];
   for (int r = 0; r < NR; ++r) {
-    for (int t = 0; t < NT; ++t) {
-      acc[r][t] = 0.0f;
-      facc[r][t] = S::fzero();
-    }
+    for (int t = 0; t < NT; ++t) acc[r][t] = 0.0f;
   }
   const typename S::V m4 = S::set1_8(0x0F);
   const typename S::V m2 = S::set1_8(0x03);
@@ -284,6 +280,14 @@ inline void q6k_rows(const BlockQ6_K* const* w, const BlockQ8_K* const* a, int64
         }
       }
     }
+    // The exact lane sums, four at a time where there are four (one transposing tree).
+    int32_t hs[NR * NT];
+    int p = 0;
+    for (; p + 4 <= NR * NT; p += 4) {
+      S::hsum4(sum[p / NT][p % NT], sum[(p + 1) / NT][(p + 1) % NT],
+               sum[(p + 2) / NT][(p + 2) % NT], sum[(p + 3) / NT][(p + 3) % NT], hs + p);
+    }
+    for (; p < NR * NT; ++p) hs[p] = S::hsum(sum[p / NT][p % NT]);
     for (int r = 0; r < NR; ++r) {
       const BlockQ6_K& x = w[r][b];
       const float dw = half_to_float(x.d);
@@ -293,14 +297,15 @@ inline void q6k_rows(const BlockQ6_K* const* w, const BlockQ8_K* const* a, int64
       for (int t = 0; t < NT; ++t) {
         const int32_t bias = hsum_epi32_256(_mm256_madd_epi16(
             sc16, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a[t][b].bsums))));
-        const float d = a[t][b].d * dw;
-        facc[r][t] = S::fmadd(S::to_float(sum[r][t]), S::fset1(d), facc[r][t]);
-        acc[r][t] = acc[r][t] + d * static_cast<float>(32 * bias);
+        // The reference's F32 step per super-block on the exact isum (as Q4_K): every ISA and
+        // the 16-row tiles give the same bits.
+        const int32_t isum = hs[r * NT + t] - 32 * bias;
+        acc[r][t] = acc[r][t] + (a[t][b].d * dw) * static_cast<float>(isum);
       }
     }
   }
   for (int r = 0; r < NR; ++r) {
-    for (int t = 0; t < NT; ++t) out[r][t] = S::fhsum(facc[r][t]) - acc[r][t];
+    for (int t = 0; t < NT; ++t) out[r][t] = acc[r][t];
   }
 }
 

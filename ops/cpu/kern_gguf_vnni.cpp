@@ -2,6 +2,7 @@
 // matching -mavx512* flags and -ffp-contract=off; see ops/cpu/CMakeLists.txt). Selected only when
 // the CPU has them.
 #include <algorithm>
+#include <cstddef>
 #include <type_traits>
 #include <vector>
 
@@ -247,6 +248,185 @@ void q4k_tiled(const GemmArgs& g) {
       q4k_tiles_all_tokens<2>(g, tile, nb, n, n_end);
     } else {
       q4k_tiles_all_tokens<1>(g, tile, nb, n, n_end);
+    }
+  }
+}
+
+// Q6_K GEMM through 16-row tiles (many tokens), as Q4_K's: per super-block of 16 rows
+//   qs: 64 chunks of 64 bytes, chunk k = elements 4k..4k+3 of the 16 rows as unsigned 0..63
+//       (the stored 6-bit values, q + 32);
+//   sc: 16 x 16 int32, the rows' scale of sub-block j (elements 16j..16j+15);
+//   sp: 8 x 16 int32, the int16 pair (sc[2i], sc[2i + 1]) per row, against the token's bsums;
+//   d: 16 F32.
+// Per row lane and token: isum = sum_j sc_j * dot_j(q + 32, a) - 32 * sum_j sc_j * bsum_j (exact
+// integers, the reference's isum), then acc + (da * d) * isum per super-block: bit-identical.
+constexpr int64_t kQ6KTileMinTokens = 16;
+constexpr int kQ6KTokens = 4;
+
+struct Q6KTile {
+  const uint8_t* qs;
+  const int32_t *sc, *sp;
+  const float* d;
+};
+
+void q6k_expand(const GemmArgs& g, int64_t row0, int64_t rows, int64_t nb, uint8_t* qs,
+                int32_t* sc, int32_t* sp, float* d) {
+  const __m512i zero = _mm512_setzero_si512();
+  const __mmask16 live = static_cast<__mmask16>((1u << rows) - 1);
+  const __m512i offs =
+      _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                         _mm512_set1_epi32(static_cast<int32_t>(g.row_bytes)));
+  const __m512i m4 = _mm512_set1_epi8(0x0F), m2 = _mm512_set1_epi8(0x03);
+  // Per-half shift counts of the qh bytes: q_lo takes bits 0-1 (low 32 bytes) / 2-3 (high),
+  // q_hi bits 4-5 / 6-7.
+  const __m512i sh_lo = _mm512_inserti64x4(_mm512_set1_epi16(0), _mm256_set1_epi16(2), 1);
+  const __m512i sh_hi = _mm512_inserti64x4(_mm512_set1_epi16(4), _mm256_set1_epi16(6), 1);
+  for (int64_t b = 0; b < nb; ++b) {
+    __m512i v[4][16], scl[16];
+    for (int i = 0; i < 16; ++i) {
+      if (i >= rows) {
+        for (int k = 0; k < 4; ++k) v[k][i] = zero;
+        scl[i] = zero;
+        continue;
+      }
+      const auto& x = reinterpret_cast<const BlockQ6_K*>(g.w + (row0 + i) * g.row_bytes)[b];
+      for (int h = 0; h < 2; ++h) {
+        const __m512i l = _mm512_loadu_si512(x.ql + 64 * h);
+        const __m512i hb = _mm512_broadcast_i64x4(
+            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.qh + 32 * h)));
+        const __m512i hl = _mm512_and_si512(_mm512_srlv_epi16(hb, sh_lo), m2);
+        const __m512i hh = _mm512_and_si512(_mm512_srlv_epi16(hb, sh_hi), m2);
+        // Elements 128h + 0..63, then 128h + 64..127 (natural order).
+        v[2 * h][i] = _mm512_or_si512(_mm512_and_si512(l, m4), _mm512_slli_epi16(hl, 4));
+        v[2 * h + 1][i] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l, 4), m4),
+                                          _mm512_slli_epi16(hh, 4));
+      }
+      scl[i] = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x.scales)));
+    }
+    for (int k = 0; k < 4; ++k) {
+      __m512i out[16];
+      tandem::kern::detail::transpose16_epi32(v[k], out);
+      for (int c = 0; c < 16; ++c) _mm512_storeu_si512(qs + (b * 64 + 16 * k + c) * 64, out[c]);
+    }
+    __m512i st[16];
+    tandem::kern::detail::transpose16_epi32(scl, st);
+    for (int j = 0; j < 16; ++j) _mm512_storeu_si512(sc + (b * 16 + j) * 16, st[j]);
+    const __m512i lo16 = _mm512_set1_epi32(0xFFFF);
+    for (int i = 0; i < 8; ++i) {
+      _mm512_storeu_si512(sp + (b * 8 + i) * 16,
+                          _mm512_or_si512(_mm512_and_si512(st[2 * i], lo16),
+                                          _mm512_slli_epi32(st[2 * i + 1], 16)));
+    }
+    // d: the high half of the dword ending the block (scales[14..15], d): never past the row.
+    const uint8_t* base = g.w + row0 * g.row_bytes + b * static_cast<int64_t>(sizeof(BlockQ6_K));
+    const __m512i dd = _mm512_mask_i32gather_epi32(
+        zero, live, offs, base + offsetof(BlockQ6_K, d) - 2, 1);
+    _mm512_storeu_ps(d + b * 16, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(dd, 16))));
+  }
+}
+
+template <int NR, int NT>
+void q6k_tiles(const Q6KTile* tile, int64_t nb, const BlockQ8_K* const* a, float (*out)[16 * NR]) {
+  __m512 facc[NT][NR];
+  for (int t = 0; t < NT; ++t) {
+    for (int r = 0; r < NR; ++r) facc[t][r] = _mm512_setzero_ps();
+  }
+  for (int64_t b = 0; b < nb; ++b) {
+    __m512i isum[NT][NR];
+    for (int t = 0; t < NT; ++t) {
+      for (int r = 0; r < NR; ++r) isum[t][r] = _mm512_setzero_si512();
+    }
+    for (int j = 0; j < 16; ++j) {
+      __m512i dj[NT][NR];
+      for (int t = 0; t < NT; ++t) {
+        for (int r = 0; r < NR; ++r) dj[t][r] = _mm512_setzero_si512();
+      }
+      for (int q = 0; q < 4; ++q) {
+        const int k = 4 * j + q;
+        __m512i w[NR];
+        for (int r = 0; r < NR; ++r) w[r] = _mm512_loadu_si512(tile[r].qs + (b * 64 + k) * 64);
+        for (int t = 0; t < NT; ++t) {
+          for (int r = 0; r < NR; ++r) dj[t][r] = dpbusd_bcast(dj[t][r], w[r], a[t][b].qs + 4 * k);
+        }
+      }
+      for (int r = 0; r < NR; ++r) {
+        const __m512i s = _mm512_loadu_si512(tile[r].sc + (b * 16 + j) * 16);
+        for (int t = 0; t < NT; ++t) {
+          isum[t][r] = _mm512_add_epi32(isum[t][r], _mm512_mullo_epi32(dj[t][r], s));
+        }
+      }
+    }
+    for (int t = 0; t < NT; ++t) {
+      const BlockQ8_K& x = a[t][b];
+      const __m512 da = _mm512_set1_ps(x.d);
+      for (int r = 0; r < NR; ++r) {
+        __m512i bias = _mm512_setzero_si512();  // sum_j sc_j * bsum_j, exact int32
+        for (int i = 0; i < 8; ++i) {
+          bias = dpwssd_bcast(bias, _mm512_loadu_si512(tile[r].sp + (b * 8 + i) * 16),
+                              x.bsums + 2 * i);
+        }
+        const __m512i is = _mm512_sub_epi32(isum[t][r], _mm512_slli_epi32(bias, 5));
+        const __m512 dv = _mm512_mul_ps(da, _mm512_loadu_ps(tile[r].d + b * 16));
+        facc[t][r] = _mm512_add_ps(facc[t][r], _mm512_mul_ps(dv, _mm512_cvtepi32_ps(is)));
+      }
+    }
+  }
+  for (int t = 0; t < NT; ++t) {
+    for (int r = 0; r < NR; ++r) _mm512_storeu_ps(out[t] + 16 * r, facc[t][r]);
+  }
+}
+
+template <int NR>
+void q6k_tiles_all_tokens(const GemmArgs& g, const Q6KTile* tile, int64_t nb, int64_t n,
+                          int64_t n_end) {
+  alignas(64) float out[kQ6KTokens][16 * NR];
+  const BlockQ8_K* a[kQ6KTokens];
+  static_assert(kQ6KTokens == 4);
+  for (int64_t t0 = 0; t0 < g.tokens; t0 += kQ6KTokens) {
+    const int nt = static_cast<int>(std::min<int64_t>(kQ6KTokens, g.tokens - t0));
+    for (int t = 0; t < nt; ++t) {
+      a[t] = reinterpret_cast<const BlockQ8_K*>(g.act + (t0 + t) * g.act_row_bytes);
+    }
+    switch (nt) {
+      case 4: q6k_tiles<NR, 4>(tile, nb, a, out); break;
+      case 3: q6k_tiles<NR, 3>(tile, nb, a, out); break;
+      case 2: q6k_tiles<NR, 2>(tile, nb, a, out); break;
+      default: q6k_tiles<NR, 1>(tile, nb, a, out); break;
+    }
+    for (int t = 0; t < nt; ++t) {
+      for (int64_t r = n; r < n_end; ++r) g.y[(t0 + t) * g.ldy + r] = out[t][r - n];
+    }
+  }
+}
+
+void q6k_tiled(const GemmArgs& g) {
+  constexpr int kTiles = 2;
+  const int64_t nb = g.cols / tandem::kQK_K;
+  thread_local std::vector<uint8_t> qs;
+  thread_local std::vector<int32_t> sc, sp;
+  thread_local std::vector<float> d;
+  qs.resize(static_cast<size_t>(kTiles * nb * 64 * 64));
+  sc.resize(static_cast<size_t>(kTiles * nb * 16 * 16));
+  sp.resize(static_cast<size_t>(kTiles * nb * 8 * 16));
+  d.resize(static_cast<size_t>(kTiles * nb * 16));
+  Q6KTile tile[kTiles];
+  prefetch_rows<_MM_HINT_T0>(g, g.n0, std::min(g.n1, g.n0 + 16 * kTiles));  // as q4k_tiled
+  for (int64_t n = g.n0; n < g.n1; n += 16 * kTiles) {
+    const int64_t n_end = std::min(g.n1, n + 16 * kTiles);
+    const int tiles = static_cast<int>((n_end - n + 15) / 16);
+    for (int r = 0; r < tiles; ++r) {
+      uint8_t* q = qs.data() + r * nb * 64 * 64;
+      int32_t* s = sc.data() + r * nb * 16 * 16;
+      int32_t* p = sp.data() + r * nb * 8 * 16;
+      float* dd = d.data() + r * nb * 16;
+      q6k_expand(g, n + 16 * r, std::min<int64_t>(16, n_end - n - 16 * r), nb, q, s, p, dd);
+      tile[r] = {q, s, p, dd};
+    }
+    prefetch_rows<_MM_HINT_T1>(g, n_end, std::min(g.n1, n_end + 16 * kTiles));
+    if (tiles == 2) {
+      q6k_tiles_all_tokens<2>(g, tile, nb, n, n_end);
+    } else {
+      q6k_tiles_all_tokens<1>(g, tile, nb, n, n_end);
     }
   }
 }
@@ -509,6 +689,11 @@ void q5k(const GemmArgs& g) {
   drive<Q5KKern<S>>(g);
 }
 void q6k(const GemmArgs& g) {
+  // (The rearrangement gathers the 16 rows' scales with 32-bit row offsets.)
+  if (g.tokens >= kQ6KTileMinTokens && g.row_bytes < (int64_t{1} << 27)) {
+    q6k_tiled(g);
+    return;
+  }
   drive<Q6KKern<S>>(g);
 }
 void f32(const GemmArgs& g) {

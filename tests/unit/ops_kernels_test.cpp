@@ -81,9 +81,9 @@ TEST_P(Kernels, SimdEqualsReferenceOnEveryIsa) {
               ASSERT_EQ(got, -1.0f) << "wrote outside its rows: r " << r;
             } else if (isa == Isa::kScalar) {
               ASSERT_EQ(got, want) << "the scalar level is the reference";
-            } else if (c.dtype == DType::kQ4_K) {
-              // Q4_K keeps the reference's F32 steps on every ISA, rows or tiles (>= 16 tokens on
-              // AVX-512 VNNI): bit for bit, whatever the batch.
+            } else if (c.dtype == DType::kQ4_K || c.dtype == DType::kQ6_K) {
+              // Q4_K and Q6_K keep the reference's F32 steps on every ISA, rows or tiles (>= 16
+              // tokens on AVX-512 VNNI): bit for bit, whatever the batch.
               ASSERT_EQ(got, want) << isa_name(isa) << " t " << t << " r " << r;
             } else {
               // Integer block sums are exact; only the F32 summation order of the blocks' (or
@@ -98,7 +98,7 @@ TEST_P(Kernels, SimdEqualsReferenceOnEveryIsa) {
 }
 
 // A token's result does not depend on its batch: every format x ISA, a call with many tokens (the
-// GEMM path: tiles for Q4_K / Q8_0 / Q5_0 on AVX-512 VNNI from 16 tokens) equals one call per
+// GEMM path: tiles for Q4_K / Q6_K / Q8_0 / Q5_0 on AVX-512 VNNI from 16 tokens) equals one call per
 // token (the GEMV path) bit for bit. 800 columns: an odd number of 32-blocks (Q5_0's row kernel
 // then ends with a 256-bit block, and its GEMM keeps the rows).
 TEST_P(Kernels, ResultDoesNotDependOnTheBatch) {
