@@ -241,17 +241,25 @@ void BM_QuantizeActivations(benchmark::State& state, kern::AFormat format, Isa i
 }
 BENCHMARK_CAPTURE(BM_QuantizeActivations, q8_k_scalar, kern::AFormat::kQ8_K, Isa::kScalar)
     ->MinTime(0.3);
+BENCHMARK_CAPTURE(BM_QuantizeActivations, q8_k_avx2, kern::AFormat::kQ8_K, Isa::kAvx2)
+    ->MinTime(0.3);
 BENCHMARK_CAPTURE(BM_QuantizeActivations, q8_k_avx512, kern::AFormat::kQ8_K, Isa::kAvx512)
     ->MinTime(0.3);
 BENCHMARK_CAPTURE(BM_QuantizeActivations, q8_0_scalar, kern::AFormat::kQ8_0, Isa::kScalar)
+    ->MinTime(0.3);
+BENCHMARK_CAPTURE(BM_QuantizeActivations, q8_0_avx2, kern::AFormat::kQ8_0, Isa::kAvx2)
     ->MinTime(0.3);
 BENCHMARK_CAPTURE(BM_QuantizeActivations, q8_0_avx512, kern::AFormat::kQ8_0, Isa::kAvx512)
     ->MinTime(0.3);
 BENCHMARK_CAPTURE(BM_QuantizeActivations, i8_g128_scalar, kern::AFormat::kI8, Isa::kScalar)
     ->MinTime(0.3);
+BENCHMARK_CAPTURE(BM_QuantizeActivations, i8_g128_avx2, kern::AFormat::kI8, Isa::kAvx2)
+    ->MinTime(0.3);
 BENCHMARK_CAPTURE(BM_QuantizeActivations, i8_g128_avx512, kern::AFormat::kI8, Isa::kAvx512)
     ->MinTime(0.3);
 BENCHMARK_CAPTURE(BM_QuantizeActivations, bf16_scalar, kern::AFormat::kBF16, Isa::kScalar)
+    ->MinTime(0.3);
+BENCHMARK_CAPTURE(BM_QuantizeActivations, bf16_avx2, kern::AFormat::kBF16, Isa::kAvx2)
     ->MinTime(0.3);
 BENCHMARK_CAPTURE(BM_QuantizeActivations, bf16_avx512, kern::AFormat::kBF16, Isa::kAvx512)
     ->MinTime(0.3);

@@ -64,10 +64,12 @@ const GgufKernels& gguf_kernels_avx512_vnni();  // + VNNI and BF16 (+ VBMI / BIT
                                                 // where the CPU has them)
 const GgufKernels& gguf_kernels_avx512_vnni_base();  // the same without the VBMI / BITALG ones
 
-// Activation rows on AVX-512 (quant_act_avx512.cpp), bit-identical to the scalar quantizers:
+// Activation rows on AVX-512 (quant_act_avx512.cpp) and AVX2, bit-identical to the scalar quantizers:
 // nb Q8_K blocks of x; a Q8_0 activation row of cols values with its bias / scale arrays.
 void quantize_q8_k_avx512(const float* x, BlockQ8_K* y, int64_t nb);
 void quantize_q8_0_act_avx512(const float* x, uint8_t* dst, int64_t cols);
+void quantize_q8_k_avx2(const float* x, BlockQ8_K* y, int64_t nb);  // quant_act_avx2.cpp
+void quantize_q8_0_act_avx2(const float* x, uint8_t* dst, int64_t cols);
 
 // Q5_0 x Q8_0 for fewer than 16 tokens on AVX-512 VNNI + VBMI + BITALG (kern_q0_vbmi.cpp; the
 // caller checks the CPU): bit-identical to the VNNI rows and tiles.

@@ -258,7 +258,8 @@ void quantize_activations(AFormat format, int group, const float* x, int64_t tok
   out->row_bytes = act_row_bytes(format, cols);
   const size_t need = static_cast<size_t>(out->row_bytes * tokens);
   if (out->data.size() < need) out->data.resize(need);
-  const bool avx512 = std::min(isa, best_isa()) >= Isa::kAvx512;
+  const Isa level = std::min(isa, best_isa());
+  const bool avx512 = level >= Isa::kAvx512, avx2 = level >= Isa::kAvx2;
   auto row = [&](int64_t t) {
     const float* src = x + t * ldx;
     uint8_t* dst = out->data.data() + t * out->row_bytes;
@@ -272,13 +273,16 @@ void quantize_activations(AFormat format, int group, const float* x, int64_t tok
       case AFormat::kQ8_K:
         if (avx512) {
           detail::quantize_q8_k_avx512(src, reinterpret_cast<BlockQ8_K*>(dst), cols / kQK_K);
+        } else if (avx2) {
+          detail::quantize_q8_k_avx2(src, reinterpret_cast<BlockQ8_K*>(dst), cols / kQK_K);
         } else {
           quantize_row(DType::kQ8_K, src, dst, cols);
         }
         break;
       case AFormat::kQ8_0: {
-        if (avx512) {
-          detail::quantize_q8_0_act_avx512(src, dst, cols);
+        if (avx512 || avx2) {
+          (avx512 ? detail::quantize_q8_0_act_avx512 : detail::quantize_q8_0_act_avx2)(src, dst,
+                                                                                       cols);
           break;
         }
         quantize_row(DType::kQ8_0, src, dst, cols);

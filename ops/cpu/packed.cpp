@@ -421,7 +421,8 @@ void packed_quantize_activations(AFormat f, int group, const float* x, int64_t t
   out->row_bytes = f == AFormat::kBF16 ? (cols * 2 + 63) / 64 * 64 : (bo + cols + 63) / 64 * 64;
   const size_t need = static_cast<size_t>(out->row_bytes * tokens);
   if (out->data.size() < need) out->data.resize(need);
-  const bool avx512 = std::min(isa, best_isa()) >= Isa::kAvx512;
+  const Isa level = std::min(isa, best_isa());
+  const bool avx512 = level >= Isa::kAvx512, avx2 = level >= Isa::kAvx2;
   auto row = [&](int64_t t) {
     const float* src = x + t * ldx;
     uint8_t* dst = out->data.data() + t * out->row_bytes;
@@ -429,6 +430,8 @@ void packed_quantize_activations(AFormat f, int group, const float* x, int64_t t
       auto* d = reinterpret_cast<uint16_t*>(dst);
       if (avx512) {
         detail::f32_to_bf16_avx512(src, d, cols);
+      } else if (avx2) {
+        detail::f32_to_bf16_avx2(src, d, cols);
       } else {
         for (int64_t k = 0; k < cols; ++k) d[k] = f32_to_bf16(src[k]);
       }
@@ -436,6 +439,10 @@ void packed_quantize_activations(AFormat f, int group, const float* x, int64_t t
     }
     if (avx512 && group % 16 == 0) {
       detail::quantize_i8_act_avx512(src, dst, cols, group);
+      return;
+    }
+    if (avx2 && group % 8 == 0) {
+      detail::quantize_i8_act_avx2(src, dst, cols, group);
       return;
     }
     auto* q = reinterpret_cast<int8_t*>(dst);

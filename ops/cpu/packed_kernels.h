@@ -53,9 +53,11 @@ inline int64_t act_biased_offset(int64_t cols, int64_t groups) {
 }
 
 // One kI8 activation row (group a multiple of 16) and one BF16 row on AVX-512
-// (quant_act_avx512.cpp): the same bytes as packed_quantize_activations' scalar code for finite
+// (quant_act_avx512.cpp; AVX2: quant_act_avx2.cpp): the same bytes as packed_quantize_activations' scalar code for finite
 // values (f32_to_bf16: for every input).
 void quantize_i8_act_avx512(const float* x, uint8_t* dst, int64_t cols, int64_t group);
 void f32_to_bf16_avx512(const float* x, uint16_t* y, int64_t n);
+void quantize_i8_act_avx2(const float* x, uint8_t* dst, int64_t cols, int64_t group);  // 8 | group
+void f32_to_bf16_avx2(const float* x, uint16_t* y, int64_t n);
 
 }  // namespace tandem::kern::detail
