@@ -163,17 +163,22 @@ void task(const ops::AttentionArgs& a, int64_t t, int64_t g, int64_t hb, int64_t
   const float* k0 = a.k + g * a.dk;
   // Scores: head blocks of NH (a short last block repeats its last head), key blocks of NS (a
   // short last block repeats the last key); repeated outputs are dropped.
+  // Key chunks outer (as the values below): a chunk's keys stay in L2 while every head block
+  // passes over them, instead of every head block streaming all the keys from L3 / DRAM.
   alignas(64) float blk[16];
-  for (int64_t h0 = hb; h0 < he; h0 += NH) {
-    const float* q[NH];
-    for (int h = 0; h < NH; ++h) q[h] = q0 + std::min(h0 + h, he - 1) * a.dk;
-    for (int64_t s0 = 0; s0 < n_ctx; s0 += NS) {
-      const float* k[NS];
-      for (int s = 0; s < NS; ++s) k[s] = k0 + std::min(s0 + s, n_ctx - 1) * a.k_stride;
-      qk_block<NH, NS>(q, k, a.dk, blk);
-      for (int h = 0; h < NH && h0 + h < he; ++h) {
-        for (int s = 0; s < NS && s0 + s < n_ctx; ++s) {
-          scores[(h0 + h - hb) * n_ctx + s0 + s] = blk[h * NS + s];
+  for (int64_t c0 = 0; c0 < n_ctx; c0 += kChunk) {
+    const int64_t c1 = std::min(n_ctx, c0 + kChunk);
+    for (int64_t h0 = hb; h0 < he; h0 += NH) {
+      const float* q[NH];
+      for (int h = 0; h < NH; ++h) q[h] = q0 + std::min(h0 + h, he - 1) * a.dk;
+      for (int64_t s0 = c0; s0 < c1; s0 += NS) {
+        const float* k[NS];
+        for (int s = 0; s < NS; ++s) k[s] = k0 + std::min(s0 + s, n_ctx - 1) * a.k_stride;
+        qk_block<NH, NS>(q, k, a.dk, blk);
+        for (int h = 0; h < NH && h0 + h < he; ++h) {
+          for (int s = 0; s < NS && s0 + s < c1; ++s) {
+            scores[(h0 + h - hb) * n_ctx + s0 + s] = blk[h * NS + s];
+          }
         }
       }
     }
