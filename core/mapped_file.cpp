@@ -5,15 +5,45 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <utility>
 
 #include "core/error.h"
+#include "core/log.h"
+#include "core/progress.h"
+#include "core/topology.h"
 
 namespace tandem {
 
-MappedFile MappedFile::open(const std::filesystem::path& path) {
+namespace {
+
+// Reads fd's size bytes into huge-page memory, with a progress bar on a terminal.
+AlignedBuffer read_into_memory(int fd, size_t size, const std::string& path) {
+  AllocOptions opt;
+  opt.huge_pages = true;
+  AlignedBuffer buf(size, opt);
+  auto* dst = buf.as<uint8_t>();
+  constexpr size_t kChunk = size_t{64} << 20;
+  Progress progress("loading", size);
+  for (size_t off = 0; off < size;) {
+    const ssize_t got = ::pread(fd, dst + off, std::min(kChunk, size - off), static_cast<off_t>(off));
+    if (got < 0 && errno == EINTR) continue;
+    if (got <= 0) {
+      fail(ErrorKind::kIo, "{}: read failed at byte {} of {}: {}", path, off, size,
+           got < 0 ? std::strerror(errno) : "unexpected end of file");
+    }
+    off += static_cast<size_t>(got);
+    progress.add(static_cast<uint64_t>(got));
+  }
+  progress.finish();
+  return buf;
+}
+
+}  // namespace
+
+MappedFile MappedFile::open(const std::filesystem::path& path, LoadMode mode) {
   MappedFile file;
   file.path_ = path.string();
   const int fd = ::open(file.path_.c_str(), O_RDONLY | O_CLOEXEC);
@@ -29,6 +59,24 @@ MappedFile MappedFile::open(const std::filesystem::path& path) {
     fail(ErrorKind::kIo, "{}: not a regular file", file.path_);
   }
   file.size_ = static_cast<size_t>(st.st_size);
+  if (file.size_ > 0 && mode == LoadMode::kCopy) {
+    const uint64_t available = meminfo_bytes("MemAvailable");
+    if (available == 0 || file.size_ <= available / 10 * 9) {
+      try {
+        file.copy_ = read_into_memory(fd, file.size_, file.path_);
+      } catch (...) {
+        ::close(fd);
+        throw;
+      }
+      ::close(fd);
+      file.data_ = file.copy_.as<uint8_t>();
+      log_debug("{}: {} read into memory ({} in huge pages)", file.path_,
+                format_binary_bytes(file.size_), format_binary_bytes(file.copy_.huge_page_bytes()));
+      return file;
+    }
+    log_info("{}: {} does not fit in the {} of memory available: mapped, pages load on demand",
+             file.path_, format_binary_bytes(file.size_), format_binary_bytes(available));
+  }
   if (file.size_ > 0) {
     void* p = ::mmap(nullptr, file.size_, PROT_READ, MAP_PRIVATE, fd, 0);
     if (p == MAP_FAILED) {
@@ -45,20 +93,22 @@ MappedFile MappedFile::open(const std::filesystem::path& path) {
 }
 
 MappedFile::~MappedFile() {
-  if (data_ != nullptr) ::munmap(const_cast<uint8_t*>(data_), size_);
+  if (data_ != nullptr && copy_.empty()) ::munmap(const_cast<uint8_t*>(data_), size_);
 }
 
 MappedFile::MappedFile(MappedFile&& other) noexcept
     : data_(std::exchange(other.data_, nullptr)),
       size_(std::exchange(other.size_, 0)),
-      path_(std::move(other.path_)) {}
+      path_(std::move(other.path_)),
+      copy_(std::move(other.copy_)) {}  // (the copy's address does not change when moved)
 
 MappedFile& MappedFile::operator=(MappedFile&& other) noexcept {
   if (this != &other) {
-    if (data_ != nullptr) ::munmap(const_cast<uint8_t*>(data_), size_);
+    if (data_ != nullptr && copy_.empty()) ::munmap(const_cast<uint8_t*>(data_), size_);
     data_ = std::exchange(other.data_, nullptr);
     size_ = std::exchange(other.size_, 0);
     path_ = std::move(other.path_);
+    copy_ = std::move(other.copy_);
   }
   return *this;
 }

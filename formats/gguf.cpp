@@ -384,8 +384,8 @@ class GgufParser {
   std::string where_;
 };
 
-GgufFile GgufFile::open(const std::filesystem::path& path) {
-  MappedFile map = MappedFile::open(path);
+GgufFile GgufFile::open(const std::filesystem::path& path, LoadMode mode) {
+  MappedFile map = MappedFile::open(path, mode);
   GgufFile file = parse(path.string(), map.data(), map.size());
   file.map_ = std::move(map);  // the mapping's address does not change when moved
   return file;

@@ -110,8 +110,8 @@ struct GgufTensorInfo {
 
 class GgufFile {
  public:
-  // mmap + parse + validate; throws Error naming the file.
-  static GgufFile open(const std::filesystem::path& path);
+  // mmap (or copy, see LoadMode) + parse + validate; throws Error naming the file.
+  static GgufFile open(const std::filesystem::path& path, LoadMode mode = LoadMode::kMap);
   // Parses a GGUF image in memory (fuzzing, tests). `name` is used in error messages. The buffer
   // is not copied and must outlive the returned object and every Tensor taken from it.
   static GgufFile parse(std::string name, const uint8_t* data, size_t size);
@@ -139,6 +139,7 @@ class GgufFile {
 
   const uint8_t* data() const { return data_; }  // the whole mapping
   uint64_t size() const { return size_; }
+  bool in_memory() const { return map_.copied(); }  // read into memory (LoadMode::kCopy)
 
  private:
   friend class GgufParser;

@@ -232,7 +232,7 @@ std::map<std::string, std::string> SafetensorsModel::parse_index(const std::stri
   return out;
 }
 
-SafetensorsModel SafetensorsModel::open(const std::filesystem::path& path) {
+SafetensorsModel SafetensorsModel::open(const std::filesystem::path& path, LoadMode mode) {
   namespace fs = std::filesystem;
   fs::path file = path;
   if (fs::is_directory(path)) {
@@ -248,7 +248,7 @@ SafetensorsModel SafetensorsModel::open(const std::filesystem::path& path) {
   SafetensorsModel model;
   model.path_ = path.string();
   if (file.extension() != ".json") {
-    model.maps_.push_back(std::make_unique<MappedFile>(MappedFile::open(file)));
+    model.maps_.push_back(std::make_unique<MappedFile>(MappedFile::open(file, mode)));
     const MappedFile& m = *model.maps_.back();
     model.add_shard(file.string(), m.data(), m.size(), true);
     return model;
@@ -266,7 +266,7 @@ SafetensorsModel SafetensorsModel::open(const std::filesystem::path& path) {
       fail(ErrorKind::kIo, "{}: shard '{}' named in weight_map is missing ({})", file.string(),
            shard, p.string());
     }
-    model.maps_.push_back(std::make_unique<MappedFile>(MappedFile::open(p)));
+    model.maps_.push_back(std::make_unique<MappedFile>(MappedFile::open(p, mode)));
     const MappedFile& m = *model.maps_.back();
     model.add_shard(p.string(), m.data(), m.size(), model.maps_.size() == 1);
     shard_path[shard] = p.string();

@@ -46,7 +46,8 @@ class SafetensorsModel {
  public:
   // path: a .safetensors file, an index .json, or a directory holding model.safetensors or
   // model.safetensors.index.json. Throws Error naming the file / tensor / missing shard.
-  static SafetensorsModel open(const std::filesystem::path& path);
+  // mode: map or copy each file (LoadMode).
+  static SafetensorsModel open(const std::filesystem::path& path, LoadMode mode = LoadMode::kMap);
   // Parses one safetensors image in memory (fuzzing, tests). The buffer is not copied and must
   // outlive the returned object.
   static SafetensorsModel parse(std::string name, const uint8_t* data, size_t size);
@@ -65,6 +66,13 @@ class SafetensorsModel {
   const SafetensorsTensorInfo* find_tensor(std::string_view name) const;
   Tensor tensor(std::string_view name) const;  // throws Error(kFormat) naming tensor and path
   const std::map<std::string, std::string>& metadata() const { return metadata_; }  // first shard
+  // Every shard read into memory (LoadMode::kCopy; false for parse()).
+  bool in_memory() const {
+    for (const auto& m : maps_) {
+      if (!m->copied()) return false;
+    }
+    return !maps_.empty();
+  }
   const std::string& path() const { return path_; }  // what open() was given
   size_t num_shards() const { return maps_.size(); }
 

@@ -278,10 +278,10 @@ bool write_cache(const fs::path& path, const std::vector<Source>& src, WFormat f
 }
 
 bool map_cache(const fs::path& path, const std::vector<Source>& src, WFormat f, int group,
-               uint64_t fp, std::vector<KMatrix>* mats, std::string* why) {
+               uint64_t fp, LoadMode mode, std::vector<KMatrix>* mats, std::string* why) {
   std::shared_ptr<MappedFile> file;
   try {
-    file = std::make_shared<MappedFile>(MappedFile::open(path));
+    file = std::make_shared<MappedFile>(MappedFile::open(path, mode));
   } catch (const Error& e) {
     *why = e.what();
     return false;
@@ -405,7 +405,7 @@ CpuExperts prepare_cpu_experts(const LoadedModel& model, const CpuExpertOptions&
     std::error_code ec;
     if (fs::exists(path, ec)) {
       std::string why;
-      if (map_cache(path, src, f, group, fp, &mats, &why)) {
+      if (map_cache(path, src, f, group, fp, options.cache_load, &mats, &why)) {
         out.from_cache = true;
         log_info("{} experts mapped from {}", options.format, path.string());
         fill_result(&out, model, src, std::move(mats));
@@ -415,7 +415,7 @@ CpuExperts prepare_cpu_experts(const LoadedModel& model, const CpuExpertOptions&
     }
     if (write_cache(path, src, f, group, fp, pool)) {
       std::string why;
-      if (map_cache(path, src, f, group, fp, &mats, &why)) {
+      if (map_cache(path, src, f, group, fp, options.cache_load, &mats, &why)) {
         out.cache_written = true;
         log_info("{} experts packed and cached in {}", options.format, path.string());
         fill_result(&out, model, src, std::move(mats));

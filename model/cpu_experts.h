@@ -31,6 +31,7 @@ struct CpuExpertOptions {
   std::filesystem::path cache_dir;  // empty: next to the model, else the user cache dir
   bool use_cache = true;            // false: pack in memory, read and write no file
   std::filesystem::path cache_file;  // exact cache file (tandem convert -o); overrides cache_dir
+  LoadMode cache_load = LoadMode::kMap;  // map the cache file or copy it into huge-page memory
 };
 
 // The routed experts of every MoE layer as kernel matrices: views for native (null data when the

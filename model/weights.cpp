@@ -295,17 +295,17 @@ void load_layer(Source& s, const ModelConfig& c, int64_t l, const LayerNames& n,
 
 }  // namespace
 
-LoadedModel load_model(const std::filesystem::path& path) {
+LoadedModel load_model(const std::filesystem::path& path, LoadMode mode) {
   LoadedModel m;
   m.path = path;
   const bool dir = std::filesystem::is_directory(path);
   if (!dir && path.extension() == ".gguf") {
-    m.gguf = std::make_shared<GgufFile>(GgufFile::open(path));
+    m.gguf = std::make_shared<GgufFile>(GgufFile::open(path, mode));
     m.config = config_from_gguf(*m.gguf);
     m.from_gguf = true;
   } else if (dir) {
     m.config = config_from_hf_json(path / "config.json");
-    m.safetensors = std::make_shared<SafetensorsModel>(SafetensorsModel::open(path));
+    m.safetensors = std::make_shared<SafetensorsModel>(SafetensorsModel::open(path, mode));
   } else {
     fail(ErrorKind::kInvalidArgument, "{}: not a .gguf file or an HF checkpoint directory",
          path.string());
@@ -362,6 +362,10 @@ std::string model_summary(const LoadedModel& m) {
 }
 
 uint64_t page_in_model(const LoadedModel& model) {
+  if ((model.gguf && model.gguf->in_memory()) ||
+      (model.safetensors && model.safetensors->in_memory())) {
+    return 0;
+  }
   std::vector<std::pair<const uint8_t*, uint64_t>> ranges;
   if (model.gguf) {
     for (const GgufTensorInfo& t : model.gguf->tensors()) {

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "core/mapped_file.h"
 #include "core/tensor.h"
 #include "formats/model_config.h"
 #include "ops/cpu/ref_ops.h"
@@ -72,12 +73,13 @@ struct LoadedModel {
 
 // A .gguf file or an HF directory (config.json + safetensors). Throws Error naming the file and
 // the tensor that is missing or has an unexpected shape.
-LoadedModel load_model(const std::filesystem::path& path);
+// mode: map the files (page cache) or copy them into huge-page memory when they fit (LoadMode).
+LoadedModel load_model(const std::filesystem::path& path, LoadMode mode = LoadMode::kMap);
 
 // Reads the model's tensor data into the page cache before the first token (with a progress bar
 // on a terminal), so prefill does not stall on disk reads page by page. Skipped, with a log line,
-// when the tensors do not fit in the memory available now: pages then load on demand. Returns the
-// bytes paged in.
+// when the tensors do not fit in the memory available now: pages then load on demand; and when
+// the files were copied into memory at load (nothing to page in). Returns the bytes paged in.
 uint64_t page_in_model(const LoadedModel& model);
 
 // One line: architecture, source, layers, parameters, bytes by dtype (mmap'ed, not copied).

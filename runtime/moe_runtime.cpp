@@ -69,6 +69,7 @@ std::unique_ptr<MoeBackend> make_cpu_backend(const LoadedModel& model, const Bac
     co.group = o.expert_group;
     co.cache_dir = o.expert_cache_dir;
     co.use_cache = o.expert_cache;
+    co.cache_load = o.mmap ? LoadMode::kMap : LoadMode::kCopy;
     CpuExperts ce = prepare_cpu_experts(model, co, &threading.pool());
     if (parts > 1) split_cpu_experts(&ce, part_node, part_os_node, &threading.pool());
     *experts = std::make_shared<const CpuExperts>(std::move(ce));

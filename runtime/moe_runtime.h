@@ -24,6 +24,9 @@ struct BackendOptions {
   int expert_group = 128;              // int8/int4 quantization group: 32, 64, 128
   std::filesystem::path expert_cache_dir;  // empty: default (see docs/cpu-backend.md)
   bool expert_cache = true;                // read / write the repacked experts on disk
+  // Map the model files (and the expert cache) instead of copying them into huge-page memory
+  // (core/mapped_file.h LoadMode: a copy is made only when it fits in the memory available).
+  bool mmap = false;
   // NUMA tensor parallelism: parts each expert is split into, one per NUMA node of the pool
   // (0: one per node the pool spans, so 1 on a one-node machine; 1: off). More parts than nodes
   // wrap around the nodes (tests and benchmarks force 2 parts on one node).

@@ -98,7 +98,7 @@ void run_bench(const BenchArgs& a) {
     fail(ErrorKind::kInvalidArgument, "-p and -n must be >= 0 and -r >= 1 (got {}, {}, {})",
          a.n_prompt, a.n_gen, a.reps);
   }
-  const LoadedModel lm = load_model(a.model);
+  const LoadedModel lm = load_model(a.model, load_mode(a.backend));
   page_in_model(lm);
   ThreadingContext threading(ThreadingOptions{a.threads, true, 50});
   MoeRuntime moe(lm, a.backend, threading);

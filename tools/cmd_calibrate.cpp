@@ -36,7 +36,7 @@ void run_calibrate(const CalibrateArgs& a) {
   if (!in) fail(ErrorKind::kIo, "-f: cannot read '{}'", a.file);
   std::stringstream text;
   text << in.rdbuf();
-  const LoadedModel lm = load_model(a.model);
+  const LoadedModel lm = load_model(a.model, load_mode(a.backend));
   const Tokenizer tok = lm.gguf ? Tokenizer::from_gguf(*lm.gguf) : Tokenizer::load(a.model);
   const std::vector<TokenId> tokens = tok.encode(text.str(), /*add_special=*/true);
   if (tokens.empty()) fail(ErrorKind::kInvalidArgument, "{}: no tokens", a.file);

@@ -177,7 +177,7 @@ class ChatSession {
 
 void run_chat(const ChatArgs& a) {
   if (a.ctx < 16) fail(ErrorKind::kInvalidArgument, "--ctx must be at least 16, got {}", a.ctx);
-  const LoadedModel lm = load_model(a.model);
+  const LoadedModel lm = load_model(a.model, load_mode(a.backend));
   page_in_model(lm);
   ThreadingContext threading(ThreadingOptions{a.threads, true, 50});
   MoeRuntime moe(lm, a.backend, threading);

@@ -39,7 +39,7 @@ void run_perplexity(const PerplexityArgs& a) {
   if (!in) fail(ErrorKind::kIo, "-f: cannot read '{}'", a.file);
   std::stringstream text;
   text << in.rdbuf();
-  const LoadedModel lm = load_model(a.model);
+  const LoadedModel lm = load_model(a.model, load_mode(a.backend));
   page_in_model(lm);
   const Tokenizer tok = lm.gguf ? Tokenizer::from_gguf(*lm.gguf) : Tokenizer::load(a.model);
   const std::vector<TokenId> tokens = tok.encode(text.str(), /*add_special=*/true);

@@ -23,7 +23,7 @@ struct ProfileArgs {
 };
 
 void run_profile(const ProfileArgs& a) {
-  const LoadedModel lm = load_model(a.model);
+  const LoadedModel lm = load_model(a.model, load_mode(a.o.backend));
   page_in_model(lm);
   ThreadingContext threading(ThreadingOptions{a.threads, true, 50});
   rt::ProfileOptions o = a.o;

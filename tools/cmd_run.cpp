@@ -82,7 +82,7 @@ void run_model(const RunArgs& a) {
   }
   Sampler sampler(a.sampling);
   const auto t_load = std::chrono::steady_clock::now();
-  const LoadedModel lm = load_model(a.model);
+  const LoadedModel lm = load_model(a.model, load_mode(a.backend));
   page_in_model(lm);
   const ModelConfig& c = lm.config;
   if (a.has_tokens == a.has_prompt) {

@@ -3,6 +3,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "core/mapped_file.h"
 #include "engine/sampling.h"
 #include "runtime/moe_runtime.h"
 
@@ -18,6 +19,14 @@ inline void add_sampling_options(CLI::App& app, SamplingParams* p) {
   app.add_option("--seed", p->seed, "sampler seed")->capture_default_str();
 }
 
+// The model files are copied into huge-page memory unless --mmap, or unless the CPU experts are
+// repacked (int8 / int4 / bf16): then the stored experts are read once to pack (or never, with a
+// cache) and copying the whole file would hold it in memory for nothing; the packed cache is the
+// copy then (BackendOptions::mmap, CpuExpertOptions::cache_load).
+inline LoadMode load_mode(const BackendOptions& o) {
+  return o.mmap || o.cpu_experts != "native" ? LoadMode::kMap : LoadMode::kCopy;
+}
+
 // Where and how experts run: every command that runs a model takes these.
 inline void add_backend_options(CLI::App& app, BackendOptions* o) {
   app.add_option("--cpu-experts", o->cpu_experts,
@@ -29,6 +38,9 @@ inline void add_backend_options(CLI::App& app, BackendOptions* o) {
   app.add_option("--expert-cache-dir", o->expert_cache_dir,
                  "directory of repacked expert caches (default: next to the model)");
   app.add_flag("!--no-expert-cache", o->expert_cache, "repack at every load, write no cache");
+  app.add_flag("--mmap", o->mmap,
+               "map the model files instead of reading them into huge-page memory (less memory "
+               "held; decode slower when the page cache holds the file in 4 KiB pages)");
   app.add_option("--numa-parts", o->numa_parts,
                  "NUMA tensor parallelism: split each expert into N parts, one per NUMA node "
                  "(0 = one per node, 1 = off)")

@@ -48,6 +48,13 @@ TEST(CliRun, GreedyAndLogitsMatchGolden) {
       read_f32(test::data_path("golden/" + p["logits_file"].get<std::string>()));
   ASSERT_EQ(got.size(), ref.size());
   for (size_t i = 0; i < ref.size(); ++i) ASSERT_NEAR(got[i], ref[i], 2e-3) << i;
+  // --mmap (the file mapped instead of copied into memory): the same logits, bit for bit.
+  const test::CommandResult m = test::run_tandem(
+      "run -m " + model + " --tokens " + join(tokens, ",") + " -n 16 --ignore-eos --threads 2" +
+      " --mmap --logits-out " + (dir / "m.f32").string());
+  ASSERT_EQ(m.exit_code, 0) << m.err;
+  EXPECT_EQ(m.out, r.out);
+  EXPECT_EQ(read_f32(dir / "m.f32"), got);
 }
 
 TEST(CliRun, SamplingIsSeeded) {

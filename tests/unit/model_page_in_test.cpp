@@ -1,5 +1,14 @@
-// page_in_model reads every tensor's bytes once (GGUF and HF), and reports how many.
+// page_in_model reads every tensor's bytes once (GGUF and HF), and reports how many; a model
+// copied into memory at load (LoadMode::kCopy) holds the file's bytes and needs no paging in.
 #include <gtest/gtest.h>
+
+#include <cstring>
+#include <fstream>
+#include <iterator>
+#include <vector>
+
+#include "core/error.h"
+#include "core/mapped_file.h"
 
 #include "formats/gguf.h"
 #include "formats/safetensors.h"
@@ -24,6 +33,47 @@ TEST(PageIn, HfPagesInEveryShard) {
   uint64_t expected = 0;
   for (const SafetensorsTensorInfo& t : st.tensors()) expected += t.nbytes;
   EXPECT_EQ(page_in_model(lm), expected);
+}
+
+std::vector<char> file_bytes(const std::filesystem::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+TEST(LoadMode, CopyHoldsTheFilesBytes) {
+  const std::filesystem::path gguf = test::data_path("golden/deepseek3-q4_k_m.gguf");
+  const std::vector<char> want = file_bytes(gguf);
+  const MappedFile mapped = MappedFile::open(gguf);
+  const MappedFile copied = MappedFile::open(gguf, LoadMode::kCopy);
+  EXPECT_FALSE(mapped.copied());
+  ASSERT_TRUE(copied.copied());  // a few MiB always fit
+  ASSERT_EQ(copied.size(), want.size());
+  EXPECT_NE(copied.data(), mapped.data());
+  EXPECT_EQ(0, std::memcmp(copied.data(), want.data(), want.size()));
+  EXPECT_EQ(0, std::memcmp(mapped.data(), want.data(), want.size()));
+  MappedFile moved = MappedFile::open(gguf, LoadMode::kCopy);
+  const uint8_t* at = moved.data();
+  MappedFile target = std::move(moved);  // the bytes stay where they are
+  EXPECT_EQ(target.data(), at);
+  EXPECT_TRUE(target.copied());
+  EXPECT_THROW(MappedFile::open(gguf.string() + ".missing", LoadMode::kCopy), Error);
+}
+
+TEST(LoadMode, CopiedModelsNeedNoPagingIn) {
+  const LoadedModel g =
+      load_model(test::data_path("golden/deepseek3-q4_k_m.gguf"), LoadMode::kCopy);
+  ASSERT_TRUE(g.gguf->in_memory());
+  EXPECT_EQ(page_in_model(g), 0u);
+  const LoadedModel h = load_model(test::data_path("golden/mixtral-hf"), LoadMode::kCopy);
+  ASSERT_TRUE(h.safetensors->in_memory());
+  EXPECT_EQ(page_in_model(h), 0u);
+  // The same tensors as the mapped model, byte for byte.
+  const LoadedModel m = load_model(test::data_path("golden/deepseek3-q4_k_m.gguf"));
+  ASSERT_EQ(g.gguf->tensors().size(), m.gguf->tensors().size());
+  for (size_t i = 0; i < m.gguf->tensors().size(); ++i) {
+    const GgufTensorInfo& t = m.gguf->tensors()[i];
+    EXPECT_EQ(0, std::memcmp(g.gguf->data() + t.offset, m.gguf->data() + t.offset, t.nbytes));
+  }
 }
 
 }  // namespace
