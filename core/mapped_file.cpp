@@ -6,9 +6,13 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstring>
+#include <mutex>
+#include <thread>
 #include <utility>
+#include <vector>
 
 #include "core/error.h"
 #include "core/log.h"
@@ -19,24 +23,54 @@ namespace tandem {
 
 namespace {
 
-// Reads fd's size bytes into huge-page memory, with a progress bar on a terminal.
+// Reads bytes [off, end) of fd into dst + off; "" or the error.
+std::string read_range(int fd, uint8_t* dst, size_t off, size_t end, size_t size, Progress* p) {
+  while (off < end) {
+    const ssize_t got = ::pread(fd, dst + off, end - off, static_cast<off_t>(off));
+    if (got < 0 && errno == EINTR) continue;
+    if (got <= 0) {
+      return fmt::format("read failed at byte {} of {}: {}", off, size,
+                         got < 0 ? std::strerror(errno) : "unexpected end of file");
+    }
+    off += static_cast<size_t>(got);
+    p->add(static_cast<uint64_t>(got));
+  }
+  return {};
+}
+
+// Reads fd's size bytes into huge-page memory, with a progress bar on a terminal. A few threads
+// share the 64 MiB chunks: the kernel zeroes each new huge page in the faulting thread before the
+// copy fills it, and both run at one core's speed per thread. (Plain threads, not the pool: the
+// model is loaded before the pool exists, and these only wait on the kernel.)
 AlignedBuffer read_into_memory(int fd, size_t size, const std::string& path) {
   AllocOptions opt;
   opt.huge_pages = true;
   AlignedBuffer buf(size, opt);
   auto* dst = buf.as<uint8_t>();
   constexpr size_t kChunk = size_t{64} << 20;
+  const size_t chunks = (size + kChunk - 1) / kChunk;
+  const size_t n_threads =
+      std::min<size_t>({chunks, 8, std::max(1u, std::thread::hardware_concurrency())});
   Progress progress("loading", size);
-  for (size_t off = 0; off < size;) {
-    const ssize_t got = ::pread(fd, dst + off, std::min(kChunk, size - off), static_cast<off_t>(off));
-    if (got < 0 && errno == EINTR) continue;
-    if (got <= 0) {
-      fail(ErrorKind::kIo, "{}: read failed at byte {} of {}: {}", path, off, size,
-           got < 0 ? std::strerror(errno) : "unexpected end of file");
+  std::atomic<size_t> next{0};
+  std::mutex mu;
+  std::string error;
+  auto work = [&] {
+    for (size_t c = next++; c < chunks; c = next++) {
+      const std::string e =
+          read_range(fd, dst, c * kChunk, std::min(size, (c + 1) * kChunk), size, &progress);
+      if (!e.empty()) {
+        const std::lock_guard<std::mutex> lock(mu);
+        if (error.empty()) error = e;
+        next = chunks;  // the others stop at their next chunk
+      }
     }
-    off += static_cast<size_t>(got);
-    progress.add(static_cast<uint64_t>(got));
-  }
+  };
+  std::vector<std::thread> threads;
+  for (size_t t = 1; t < n_threads; ++t) threads.emplace_back(work);
+  work();
+  for (std::thread& t : threads) t.join();
+  if (!error.empty()) fail(ErrorKind::kIo, "{}: {}", path, error);
   progress.finish();
   return buf;
 }
