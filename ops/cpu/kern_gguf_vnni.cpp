@@ -30,7 +30,7 @@ using S = Avx512<true>;
 // super-block, each step rounded as the scalar reference and the row kernels do: bit-identical.
 // The rearrangement costs about as much as 8 tokens' arithmetic, so fewer tokens take the rows.
 constexpr int64_t kQ4KTileMinTokens = 16;
-constexpr int kQ4KTiles = 2, kQ4KTokens = 4;
+constexpr int kQ4KTiles = 2;
 
 struct Q4KTile {
   const uint8_t* qs;
@@ -182,28 +182,37 @@ void q4k_tiles(const Q4KTile* tile, int64_t nb, const BlockQ8_K* const* a, float
   }
 }
 
-template <int NR>
-void q4k_tiles_all_tokens(const GemmArgs& g, const Q4KTile* tile, int64_t nb, int64_t n,
-                          int64_t n_end) {
-  alignas(64) float out[kQ4KTokens][16 * NR];
-  const BlockQ8_K* a[kQ4KTokens];
-  for (int64_t t0 = 0; t0 < g.tokens; t0 += kQ4KTokens) {
-    const int nt = static_cast<int>(std::min<int64_t>(kQ4KTokens, g.tokens - t0));
+// Runs a K-quant tile kernel over all of g's tokens, 4 at a time (the last 1-3 in one pass too:
+// a token's arithmetic does not depend on NT), storing rows [n, n_end). kernel(nt, a, out) with
+// nt a std::integral_constant<int, 1..4>.
+template <int NR, class Kernel>
+void k_tiles_all_tokens(const GemmArgs& g, int64_t n, int64_t n_end, const Kernel& kernel) {
+  constexpr int kTokens = 4;
+  alignas(64) float out[kTokens][16 * NR];
+  const BlockQ8_K* a[kTokens];
+  for (int64_t t0 = 0; t0 < g.tokens; t0 += kTokens) {
+    const int nt = static_cast<int>(std::min<int64_t>(kTokens, g.tokens - t0));
     for (int t = 0; t < nt; ++t) {
       a[t] = reinterpret_cast<const BlockQ8_K*>(g.act + (t0 + t) * g.act_row_bytes);
     }
-    static_assert(kQ4KTokens == 4);
-    // (The last 1-3 tokens in one pass too: a token's arithmetic does not depend on NT.)
     switch (nt) {
-      case 4: q4k_tiles<NR, 4>(tile, nb, a, out); break;
-      case 3: q4k_tiles<NR, 3>(tile, nb, a, out); break;
-      case 2: q4k_tiles<NR, 2>(tile, nb, a, out); break;
-      default: q4k_tiles<NR, 1>(tile, nb, a, out); break;
+      case 4: kernel(std::integral_constant<int, 4>{}, a, out); break;
+      case 3: kernel(std::integral_constant<int, 3>{}, a, out); break;
+      case 2: kernel(std::integral_constant<int, 2>{}, a, out); break;
+      default: kernel(std::integral_constant<int, 1>{}, a, out); break;
     }
     for (int t = 0; t < nt; ++t) {
       for (int64_t r = n; r < n_end; ++r) g.y[(t0 + t) * g.ldy + r] = out[t][r - n];
     }
   }
+}
+
+template <int NR>
+void q4k_tiles_all_tokens(const GemmArgs& g, const Q4KTile* tile, int64_t nb, int64_t n,
+                          int64_t n_end) {
+  k_tiles_all_tokens<NR>(g, n, n_end, [&](auto nt, const BlockQ8_K* const* a, float(*out)[16 * NR]) {
+    q4k_tiles<NR, decltype(nt)::value>(tile, nb, a, out);
+  });
 }
 
 // Prefetches weight rows [r0, r1) of g (contiguous), a cache line at a time.
@@ -261,7 +270,6 @@ void q4k_tiled(const GemmArgs& g) {
 // Per row lane and token: isum = sum_j sc_j * dot_j(q + 32, a) - 32 * sum_j sc_j * bsum_j (exact
 // integers, the reference's isum), then acc + (da * d) * isum per super-block: bit-identical.
 constexpr int64_t kQ6KTileMinTokens = 16;
-constexpr int kQ6KTokens = 4;
 
 struct Q6KTile {
   const uint8_t* qs;
@@ -379,24 +387,9 @@ void q6k_tiles(const Q6KTile* tile, int64_t nb, const BlockQ8_K* const* a, float
 template <int NR>
 void q6k_tiles_all_tokens(const GemmArgs& g, const Q6KTile* tile, int64_t nb, int64_t n,
                           int64_t n_end) {
-  alignas(64) float out[kQ6KTokens][16 * NR];
-  const BlockQ8_K* a[kQ6KTokens];
-  static_assert(kQ6KTokens == 4);
-  for (int64_t t0 = 0; t0 < g.tokens; t0 += kQ6KTokens) {
-    const int nt = static_cast<int>(std::min<int64_t>(kQ6KTokens, g.tokens - t0));
-    for (int t = 0; t < nt; ++t) {
-      a[t] = reinterpret_cast<const BlockQ8_K*>(g.act + (t0 + t) * g.act_row_bytes);
-    }
-    switch (nt) {
-      case 4: q6k_tiles<NR, 4>(tile, nb, a, out); break;
-      case 3: q6k_tiles<NR, 3>(tile, nb, a, out); break;
-      case 2: q6k_tiles<NR, 2>(tile, nb, a, out); break;
-      default: q6k_tiles<NR, 1>(tile, nb, a, out); break;
-    }
-    for (int t = 0; t < nt; ++t) {
-      for (int64_t r = n; r < n_end; ++r) g.y[(t0 + t) * g.ldy + r] = out[t][r - n];
-    }
-  }
+  k_tiles_all_tokens<NR>(g, n, n_end, [&](auto nt, const BlockQ8_K* const* a, float(*out)[16 * NR]) {
+    q6k_tiles<NR, decltype(nt)::value>(tile, nb, a, out);
+  });
 }
 
 void q6k_tiled(const GemmArgs& g) {

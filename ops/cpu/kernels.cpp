@@ -9,6 +9,7 @@
 #include "formats/quant.h"
 #include "ops/cpu/kern_gguf.h"
 #include "ops/cpu/packed.h"
+#include "ops/cpu/token_blocks.h"
 
 namespace tandem::kern {
 
@@ -303,16 +304,7 @@ void quantize_activations(AFormat format, int group, const float* x, int64_t tok
       case AFormat::kI8: break;  // rejected by act_row_bytes
     }
   };
-  // Prefill batches in token blocks on the pool (each row is independent: the same bits).
-  constexpr int64_t kTokensPerTask = 16;
-  if (pool != nullptr && tokens >= 2 * kTokensPerTask) {
-    pool->run(static_cast<size_t>((tokens + kTokensPerTask - 1) / kTokensPerTask), [&](size_t i) {
-      const int64_t t0 = static_cast<int64_t>(i) * kTokensPerTask;
-      for (int64_t t = t0; t < std::min(tokens, t0 + kTokensPerTask); ++t) row(t);
-    });
-  } else {
-    for (int64_t t = 0; t < tokens; ++t) row(t);
-  }
+  detail::for_token_blocks(pool, tokens, row);
 }
 
 void gemm(const KMatrix& w, const Activations& a, int64_t n0, int64_t n1, float* y, int64_t ldy,

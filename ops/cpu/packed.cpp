@@ -12,6 +12,7 @@
 #include "core/fp_convert.h"
 #include "core/thread_pool.h"
 #include "ops/cpu/packed_kernels.h"
+#include "ops/cpu/token_blocks.h"
 
 namespace tandem::kern {
 
@@ -465,16 +466,7 @@ void packed_quantize_activations(AFormat f, int group, const float* x, int64_t t
     }
     for (int64_t k = 0; k < cols; ++k) dst[bo + k] = static_cast<uint8_t>(q[k]) ^ 0x80;
   };
-  // Prefill batches in token blocks on the pool (rows are independent: the same bytes).
-  constexpr int64_t kTokensPerTask = 16;
-  if (pool != nullptr && tokens >= 2 * kTokensPerTask) {
-    pool->run(static_cast<size_t>((tokens + kTokensPerTask - 1) / kTokensPerTask), [&](size_t i) {
-      const int64_t t0 = static_cast<int64_t>(i) * kTokensPerTask;
-      for (int64_t t = t0; t < std::min(tokens, t0 + kTokensPerTask); ++t) row(t);
-    });
-  } else {
-    for (int64_t t = 0; t < tokens; ++t) row(t);
-  }
+  detail::for_token_blocks(pool, tokens, row);
 }
 
 void packed_gemm_reference(const KMatrix& w, const Activations& a, int64_t n0, int64_t n1, float* y,
