@@ -93,6 +93,11 @@ MappedFile MappedFile::open(const std::filesystem::path& path, LoadMode mode) {
     fail(ErrorKind::kIo, "{}: not a regular file", file.path_);
   }
   file.size_ = static_cast<size_t>(st.st_size);
+  // Without transparent huge pages a copy would only double the memory held: map instead.
+  if (mode == LoadMode::kCopy && thp_mode() == ThpMode::kNever) {
+    log_debug("{}: transparent huge pages are off: mapped", file.path_);
+    mode = LoadMode::kMap;
+  }
   if (file.size_ > 0 && mode == LoadMode::kCopy) {
     const uint64_t available = meminfo_bytes("MemAvailable");
     if (available == 0 || file.size_ <= available / 10 * 9) {

@@ -17,7 +17,8 @@ namespace tandem {
 
 enum class LoadMode {
   kMap,   // mmap the file (read-only, paged in from the page cache)
-  kCopy,  // read it into huge-page memory when it fits in 90% of MemAvailable, else kMap
+  kCopy,  // read it into huge-page memory when it fits in 90% of MemAvailable and transparent
+          // huge pages are not off, else kMap
 };
 
 class MappedFile {
