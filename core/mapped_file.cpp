@@ -109,8 +109,11 @@ MappedFile MappedFile::open(const std::filesystem::path& path, LoadMode mode) {
       }
       ::close(fd);
       file.data_ = file.copy_.as<uint8_t>();
-      log_debug("{}: {} read into memory ({} in huge pages)", file.path_,
-                format_binary_bytes(file.size_), format_binary_bytes(file.copy_.huge_page_bytes()));
+      if (LogLevel::kDebug <= log_level()) {  // (huge_page_bytes reads /proc/self/smaps)
+        log_debug("{}: {} read into memory ({} in huge pages)", file.path_,
+                  format_binary_bytes(file.size_),
+                  format_binary_bytes(file.copy_.huge_page_bytes()));
+      }
       return file;
     }
     log_info("{}: {} does not fit in the {} of memory available: mapped, pages load on demand",
