@@ -64,8 +64,9 @@ const GgufKernels& gguf_kernels_avx512_vnni();  // + VNNI and BF16 (+ VBMI / BIT
                                                 // where the CPU has them)
 const GgufKernels& gguf_kernels_avx512_vnni_base();  // the same without the VBMI / BITALG ones
 
-// Activation rows on AVX-512 (quant_act_avx512.cpp) and AVX2, bit-identical to the scalar quantizers:
-// nb Q8_K blocks of x; a Q8_0 activation row of cols values with its bias / scale arrays.
+// Activation rows on AVX-512 (quant_act_avx512.cpp) and AVX2, bit-identical to the scalar
+// quantizers: nb Q8_K blocks of x; a Q8_0 activation row of cols values with its bias / scale
+// arrays.
 void quantize_q8_k_avx512(const float* x, BlockQ8_K* y, int64_t nb);
 void quantize_q8_0_act_avx512(const float* x, uint8_t* dst, int64_t cols);
 void quantize_q8_k_avx2(const float* x, BlockQ8_K* y, int64_t nb);  // quant_act_avx2.cpp

@@ -210,9 +210,10 @@ void k_tiles_all_tokens(const GemmArgs& g, int64_t n, int64_t n_end, const Kerne
 template <int NR>
 void q4k_tiles_all_tokens(const GemmArgs& g, const Q4KTile* tile, int64_t nb, int64_t n,
                           int64_t n_end) {
-  k_tiles_all_tokens<NR>(g, n, n_end, [&](auto nt, const BlockQ8_K* const* a, float(*out)[16 * NR]) {
-    q4k_tiles<NR, decltype(nt)::value>(tile, nb, a, out);
-  });
+  k_tiles_all_tokens<NR>(g, n, n_end,
+                         [&](auto nt, const BlockQ8_K* const* a, float(*out)[16 * NR]) {
+                           q4k_tiles<NR, decltype(nt)::value>(tile, nb, a, out);
+                         });
 }
 
 // Prefetches weight rows [r0, r1) of g (contiguous), a cache line at a time.
@@ -387,9 +388,10 @@ void q6k_tiles(const Q6KTile* tile, int64_t nb, const BlockQ8_K* const* a, float
 template <int NR>
 void q6k_tiles_all_tokens(const GemmArgs& g, const Q6KTile* tile, int64_t nb, int64_t n,
                           int64_t n_end) {
-  k_tiles_all_tokens<NR>(g, n, n_end, [&](auto nt, const BlockQ8_K* const* a, float(*out)[16 * NR]) {
-    q6k_tiles<NR, decltype(nt)::value>(tile, nb, a, out);
-  });
+  k_tiles_all_tokens<NR>(g, n, n_end,
+                         [&](auto nt, const BlockQ8_K* const* a, float(*out)[16 * NR]) {
+                           q6k_tiles<NR, decltype(nt)::value>(tile, nb, a, out);
+                         });
 }
 
 void q6k_tiled(const GemmArgs& g) {

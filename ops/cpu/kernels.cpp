@@ -266,11 +266,6 @@ void quantize_activations(AFormat format, int group, const float* x, int64_t tok
     uint8_t* dst = out->data.data() + t * out->row_bytes;
     switch (format) {
       case AFormat::kF32: std::memcpy(dst, src, static_cast<size_t>(cols) * 4); break;
-      case AFormat::kBF16: {
-        uint16_t* d = reinterpret_cast<uint16_t*>(dst);
-        for (int64_t i = 0; i < cols; ++i) d[i] = f32_to_bf16(src[i]);
-        break;
-      }
       case AFormat::kQ8_K:
         if (avx512) {
           detail::quantize_q8_k_avx512(src, reinterpret_cast<BlockQ8_K*>(dst), cols / kQK_K);
@@ -301,7 +296,8 @@ void quantize_activations(AFormat format, int group, const float* x, int64_t tok
         }
         break;
       }
-      case AFormat::kI8: break;  // rejected by act_row_bytes
+      case AFormat::kBF16:
+      case AFormat::kI8: break;  // packed_quantize_activations (above)
     }
   };
   detail::for_token_blocks(pool, tokens, row);

@@ -52,9 +52,9 @@ inline int64_t act_biased_offset(int64_t cols, int64_t groups) {
   return (act_scales_offset(cols) + groups * 8 + 63) / 64 * 64;
 }
 
-// One kI8 activation row (group a multiple of 16) and one BF16 row on AVX-512
-// (quant_act_avx512.cpp; AVX2: quant_act_avx2.cpp): the same bytes as packed_quantize_activations' scalar code for finite
-// values (f32_to_bf16: for every input).
+// One kI8 activation row (group a multiple of 16; AVX2: of 8) and one BF16 row on AVX-512
+// (quant_act_avx512.cpp; AVX2: quant_act_avx2.cpp): the same bytes as
+// packed_quantize_activations' scalar code for finite values (f32_to_bf16: for every input).
 void quantize_i8_act_avx512(const float* x, uint8_t* dst, int64_t cols, int64_t group);
 void f32_to_bf16_avx512(const float* x, uint16_t* y, int64_t n);
 void quantize_i8_act_avx2(const float* x, uint8_t* dst, int64_t cols, int64_t group);  // 8 | group

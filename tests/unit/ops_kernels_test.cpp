@@ -98,8 +98,8 @@ TEST_P(Kernels, SimdEqualsReferenceOnEveryIsa) {
 }
 
 // A token's result does not depend on its batch: every format x ISA, a call with many tokens (the
-// GEMM path: tiles for Q4_K / Q6_K / Q8_0 / Q5_0 on AVX-512 VNNI from 16 tokens) equals one call per
-// token (the GEMV path) bit for bit. 800 columns: an odd number of 32-blocks (Q5_0's row kernel
+// GEMM path: tiles for Q4_K / Q6_K / Q8_0 / Q5_0 on AVX-512 VNNI from 16 tokens) equals one call
+// per token (the GEMV path) bit for bit. 800 columns: an odd number of 32-blocks (Q5_0's row kernel
 // then ends with a 256-bit block, and its GEMM keeps the rows).
 TEST_P(Kernels, ResultDoesNotDependOnTheBatch) {
   const Case c = GetParam();

@@ -343,7 +343,8 @@ TEST(PackedActivations, SimdEqualsScalarBytes) {
   std::vector<float> x = random_values(4 * cols, 17);
   std::fill(x.begin() + cols, x.begin() + cols + 128, 0.0f);
   for (int64_t i = 0; i < cols; ++i) {  // |x| <= 127 with 127 in every group: halves stay halves
-    x[2 * cols + i] = i % 32 == 0 ? 127.0f : static_cast<float>(static_cast<int>(i % 23) - 11) + 0.5f;
+    x[2 * cols + i] =
+        i % 32 == 0 ? 127.0f : static_cast<float>(static_cast<int>(i % 23) - 11) + 0.5f;
     x[3 * cols + i] *= (i / 128) % 2 == 0 ? 1e30f : 1e-30f;
   }
   std::vector<float> xb = x;  // BF16 corner cases
@@ -357,7 +358,8 @@ TEST(PackedActivations, SimdEqualsScalarBytes) {
   };
   for (const Run& r : {Run{AFormat::kI8, 32, &x}, Run{AFormat::kI8, 64, &x},
                        Run{AFormat::kI8, 128, &x}, Run{AFormat::kBF16, 0, &xb}}) {
-    SCOPED_TRACE(::testing::Message() << (r.f == AFormat::kI8 ? "int8 group " : "bf16 ") << r.group);
+    SCOPED_TRACE(::testing::Message() << (r.f == AFormat::kI8 ? "int8 group " : "bf16 ")
+                                      << r.group);
     Activations want;
     packed_quantize_activations(r.f, r.group, r.x->data(), 4, cols, cols, &want, nullptr,
                                 Isa::kScalar);
