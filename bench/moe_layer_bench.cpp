@@ -6,7 +6,9 @@
 // (compare with `tandem roofline`'s DRAM read figure). Prefill (512 tokens, random routing):
 // items_per_second = 2 x multiply-adds per second (compare with the int8 peak).
 // The layer's weights (~200-400 MB) are far larger than L3, and each iteration routes to other
-// experts, so decode reads from DRAM as in a real model.
+// experts, so decode reads from DRAM as in a real model. They sit in one buffer of transparent huge
+// pages, as a model file copied at load does (core/mapped_file.h, LoadMode::kCopy);
+// TANDEM_BENCH_HUGE=0 puts them in plain 4 KiB pages (a model mapped with --mmap).
 // BM_MoeLayerPacked: the V2-Lite shape with the experts repacked as `--cpu-experts int4|int8|bf16`
 // does (group 128; bf16 = BF16 tiles) and as block-scaled FP8 (128 x 128 scales, a native FP8
 // checkpoint's experts); prefill compares with the int8 peak (INT8/INT4) or the bf16 peak (BF16,
@@ -20,6 +22,7 @@
 #include <random>
 #include <vector>
 
+#include "core/memory.h"
 #include "core/thread_pool.h"
 #include "core/topology.h"
 #include "formats/quant.h"
@@ -36,10 +39,19 @@ struct Shape {
 };
 
 struct Layer {
-  std::vector<std::vector<uint8_t>> bytes;
+  AlignedBuffer bytes;  // every expert's matrices, one after the other
   ExpertWeights w;
   uint64_t expert_bytes = 0;
 };
+
+// The weights' memory: huge pages unless TANDEM_BENCH_HUGE=0.
+AlignedBuffer weight_buffer(size_t bytes) {
+  const char* env = std::getenv("TANDEM_BENCH_HUGE");
+  AllocOptions opt;
+  opt.huge_pages = env == nullptr || std::atoi(env) != 0;
+  opt.prefault = true;
+  return AlignedBuffer(bytes, opt);
+}
 
 // Four distinct random experts, their bytes replicated into every expert's own memory.
 Layer make_layer(const Shape& s) {
@@ -61,18 +73,20 @@ Layer make_layer(const Shape& s) {
     proto.push_back(quantize(s.down, s.hidden, s.ff));
   }
   Layer l;
-  l.bytes.reserve(static_cast<size_t>(3 * s.n_experts));
+  l.expert_bytes = proto[0].size() + proto[1].size() + proto[2].size();
+  l.bytes = weight_buffer(static_cast<size_t>(l.expert_bytes * s.n_experts));
+  uint8_t* at = l.bytes.as<uint8_t>();
   for (int64_t e = 0; e < s.n_experts; ++e) {
     for (int m = 0; m < 3; ++m) {
-      l.bytes.push_back(proto[static_cast<size_t>((e % 4) * 3 + m)]);
+      const std::vector<uint8_t>& src = proto[static_cast<size_t>((e % 4) * 3 + m)];
+      std::copy(src.begin(), src.end(), at);
       const bool down = m == 2;
-      const Tensor t =
-          Tensor::dense(down ? s.down : s.gate_up, {down ? s.hidden : s.ff, down ? s.ff : s.hidden},
-                        l.bytes.back().data());
+      const Tensor t = Tensor::dense(
+          down ? s.down : s.gate_up, {down ? s.hidden : s.ff, down ? s.ff : s.hidden}, at);
       (m == 0 ? l.w.gate : m == 1 ? l.w.up : l.w.down).push_back(t);
+      at += src.size();
     }
   }
-  l.expert_bytes = l.bytes[0].size() + l.bytes[1].size() + l.bytes[2].size();
   return l;
 }
 
@@ -87,8 +101,7 @@ ThreadPool& pool() {
 // every expert's own memory; the stored weights are F32 headers over the prototypes (shapes only).
 struct PackedLayer {
   std::vector<std::vector<float>> proto;       // F32 gate, up, down of 4 experts
-  std::vector<std::vector<uint8_t>> fp8;       // FP8 bytes per expert matrix
-  std::vector<std::vector<float>> fp8_scales;  // their block scales
+  std::vector<std::vector<float>> fp8_scales;  // block scales of the 12 FP8 prototypes
   std::vector<ops::Weight> fp8_weights;
   Layer layer;
   CpuExperts ce;
@@ -102,34 +115,52 @@ PackedLayer* make_packed_layer(const Shape& s, kern::WFormat f) {
     pl->proto.emplace_back(static_cast<size_t>(s.hidden * s.ff));
     for (float& v : pl->proto.back()) v = nd(rng);
   }
+  const bool fp8 = f == kern::WFormat::kFP8Block;
+  auto matrix_bytes = [&](int m) {
+    const int64_t rows = m == 2 ? s.hidden : s.ff, cols = m == 2 ? s.ff : s.hidden;
+    return fp8 ? static_cast<uint64_t>(rows * cols) : kern::packed_bytes(f, rows, cols, 128);
+  };
+  for (int m = 0; m < 3; ++m) pl->layer.expert_bytes += matrix_bytes(m);
+  pl->layer.bytes = weight_buffer(static_cast<size_t>(pl->layer.expert_bytes * s.n_experts));
   pl->ce.gate.resize(1);
   pl->ce.up.resize(1);
   pl->ce.down.resize(1);
+  pl->fp8_scales.resize(12);
   pl->fp8_weights.reserve(static_cast<size_t>(3 * s.n_experts));
+  uint8_t* at = pl->layer.bytes.as<uint8_t>();
+  uint8_t* first[12] = {};  // each prototype's bytes in experts 0-3, copied to the rest
   for (int64_t e = 0; e < s.n_experts; ++e) {
     for (int m = 0; m < 3; ++m) {
       const bool down = m == 2;
       const int64_t rows = down ? s.hidden : s.ff, cols = down ? s.ff : s.hidden;
-      std::vector<float>& src = pl->proto[static_cast<size_t>((e % 4) * 3 + m)];
+      const size_t i = static_cast<size_t>((e % 4) * 3 + m);
+      std::vector<float>& src = pl->proto[i];
       const Tensor t = Tensor::dense(DType::kF32, {rows, cols}, src.data());
       (m == 0 ? pl->layer.w.gate : m == 1 ? pl->layer.w.up : pl->layer.w.down).push_back(t);
+      const uint64_t bytes = matrix_bytes(m);
+      if (first[i] != nullptr) {
+        std::copy_n(first[i], bytes, at);
+      } else if (fp8) {
+        pl->fp8_scales[i].resize(static_cast<size_t>((rows + 127) / 128 * ((cols + 127) / 128)));
+        quantize_fp8_blocks(src.data(), rows, cols, 128, 128, at, pl->fp8_scales[i].data());
+        first[i] = at;
+      } else {
+        kern::pack_weight_into(ops::Weight(t), f, 128, at, &pool());
+        first[i] = at;
+      }
       kern::KMatrix km;
-      if (f == kern::WFormat::kFP8Block) {
-        pl->fp8.emplace_back(static_cast<size_t>(rows * cols));
-        pl->fp8_scales.emplace_back(static_cast<size_t>((rows + 127) / 128 * ((cols + 127) / 128)));
-        quantize_fp8_blocks(src.data(), rows, cols, 128, 128, pl->fp8.back().data(),
-                            pl->fp8_scales.back().data());
-        ops::Weight w(Tensor::dense(DType::kF8E4M3, {rows, cols}, pl->fp8.back().data()));
-        w.scale_inv = pl->fp8_scales.back().data();
+      if (fp8) {
+        ops::Weight w(Tensor::dense(DType::kF8E4M3, {rows, cols}, at));
+        w.scale_inv = pl->fp8_scales[i].data();
         w.scale_cols = (cols + 127) / 128;
         w.block_rows = w.block_cols = 128;
         pl->fp8_weights.push_back(w);
         kern::fp8_view(pl->fp8_weights.back(), &km);
       } else {
-        km = kern::pack_weight(ops::Weight(t), f, 128, nullptr);  // own memory per expert
+        km = kern::packed_view(f, rows, cols, 128, at, nullptr);
       }
       (m == 0 ? pl->ce.gate : m == 1 ? pl->ce.up : pl->ce.down)[0].push_back(km);
-      if (e == 0) pl->layer.expert_bytes += km.bytes();
+      at += bytes;
     }
   }
   return pl;

@@ -18,6 +18,7 @@
 
 #include "core/cpu_features.h"
 #include "core/fp_convert.h"
+#include "core/memory.h"
 #include "core/thread_pool.h"
 #include "core/topology.h"
 #include "ops/cpu/packed.h"
@@ -28,13 +29,22 @@ namespace {
 using kern::WFormat;
 
 struct Packed {
-  std::shared_ptr<uint8_t[]> bytes;
+  std::shared_ptr<AlignedBuffer> bytes;
   std::vector<float> scales;
   kern::KMatrix m;
 };
 
 // rows x cols packed: the first 256 rows packed from random values, their tiles repeated (packing
 // 100 MB from F32 would dominate the run; the kernels' speed does not depend on the values).
+// The weights sit in transparent huge pages, as a model or packed cache copied at load does
+// (core/mapped_file.h, LoadMode::kCopy); TANDEM_BENCH_HUGE=0 puts them in 4 KiB pages.
+std::shared_ptr<AlignedBuffer> weight_buffer(uint64_t bytes) {
+  const char* env = std::getenv("TANDEM_BENCH_HUGE");
+  AllocOptions opt;
+  opt.huge_pages = env == nullptr || std::atoi(env) != 0;
+  return std::make_shared<AlignedBuffer>(static_cast<size_t>(bytes), opt);
+}
+
 Packed make_packed(WFormat f, int64_t rows, int64_t cols, int group) {
   Packed p;
   std::mt19937 rng(1);
@@ -42,13 +52,14 @@ Packed make_packed(WFormat f, int64_t rows, int64_t cols, int group) {
   const int64_t seed_rows = std::min<int64_t>(rows, 256);
   if (f == WFormat::kFP8Block) {
     const uint64_t n = static_cast<uint64_t>(rows * cols);
-    p.bytes.reset(new uint8_t[n]);
-    for (uint64_t i = 0; i < n; ++i) p.bytes[i] = static_cast<uint8_t>(rng() % 0x7E);
+    p.bytes = weight_buffer(n);
+    uint8_t* bytes = p.bytes->as<uint8_t>();
+    for (uint64_t i = 0; i < n; ++i) bytes[i] = static_cast<uint8_t>(rng() % 0x7E);
     p.scales.assign(static_cast<size_t>((rows + 127) / 128 * ((cols + 127) / 128)), 1e-3f);
     p.m.format = f;
     p.m.rows = rows;
     p.m.cols = cols;
-    p.m.data = p.bytes.get();
+    p.m.data = bytes;
     p.m.row_bytes = cols;
     p.m.scales = p.scales.data();
     p.m.scale_stride = (cols + 127) / 128;
@@ -61,13 +72,12 @@ Packed make_packed(WFormat f, int64_t rows, int64_t cols, int group) {
       ops::Weight(Tensor::dense(DType::kF32, {seed_rows, cols}, w.data())), f, group, nullptr);
   const uint64_t total = kern::packed_bytes(f, rows, cols, group);
   const uint64_t seed_bytes = kern::packed_bytes(f, seed_rows, cols, group);
-  p.bytes = std::shared_ptr<uint8_t[]>(
-      static_cast<uint8_t*>(::operator new[](total, std::align_val_t{64})),
-      [](uint8_t* q) { ::operator delete[](q, std::align_val_t{64}); });
+  p.bytes = weight_buffer(total);
+  uint8_t* bytes = p.bytes->as<uint8_t>();
   for (uint64_t off = 0; off < total; off += seed_bytes) {
-    std::memcpy(p.bytes.get() + off, seed.data, std::min(seed_bytes, total - off));
+    std::memcpy(bytes + off, seed.data, std::min(seed_bytes, total - off));
   }
-  p.m = kern::packed_view(f, rows, cols, group, p.bytes.get(), p.bytes);
+  p.m = kern::packed_view(f, rows, cols, group, bytes, p.bytes);
   return p;
 }
 
@@ -92,7 +102,9 @@ void run(benchmark::State& state, WFormat f, int64_t rows, int64_t cols, int64_t
   std::vector<float> y(static_cast<size_t>(tokens * rows));
   kern::Activations a;
   kern::quantize_activations(kern::act_format(f), group, x.data(), tokens, cols, cols, &a);
-  const int64_t per_task = 64;
+  // Tasks as the fused MoE cuts them: 64 rows for a GEMM, up to 1024 rows (one long stream) for a
+  // GEMV.
+  const int64_t per_task = tokens > 4 ? 64 : 1024;
   const size_t n_tasks = static_cast<size_t>((rows + per_task - 1) / per_task);
   for (auto _ : state) {
     pool().run(n_tasks, [&](size_t i) {
@@ -114,7 +126,11 @@ int64_t gemv_rows(WFormat f, int64_t cols) {
   const int64_t per_row = f == WFormat::kInt4                                 ? cols / 2
                           : f == WFormat::kBF16 || f == WFormat::kBF16Tile ? cols * 2
                                                                            : cols;
-  return (96ll << 20) / per_row / 16 * 16;
+  // TANDEM_BENCH_GEMV_KIB=N: N KiB of weights instead of 96 MiB (e.g. 8192: L3-resident, so the
+  // kernel's own speed, without DRAM).
+  const char* kib = std::getenv("TANDEM_BENCH_GEMV_KIB");
+  const int64_t bytes = kib != nullptr ? std::atoll(kib) << 10 : 96ll << 20;
+  return std::max<int64_t>(16, bytes / per_row / 16 * 16);
 }
 
 void BM_Gemv(benchmark::State& state, WFormat f, Isa isa) {

@@ -15,6 +15,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "core/cpu_features.h"
 #include "core/fp_convert.h"
 #include "ops/cpu/packed_kernels.h"
 
@@ -104,6 +105,12 @@ void int_kernel(const PackedArgs& p) {
 }
 
 void fp8_kernel(const PackedArgs& p) {
+  // A GEMV would use one tile row of 16: the VBMI row kernel streams the FP8 bytes instead.
+  static const bool vbmi = cpu_features().avx512_vbmi && cpu_features().avx512_bf16;
+  if (vbmi && fp8_rows_vbmi_fits(*p.w, p.a->tokens)) {
+    fp8_rows_vbmi(p);
+    return;
+  }
   const KMatrix& w = *p.w;
   const Activations& a = *p.a;
   alignas(64) uint16_t b_tile[16][16][2];  // [k pair][row][2]: 32 columns of 16 rows

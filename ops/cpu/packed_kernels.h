@@ -23,7 +23,8 @@ struct PackedKernels {
 
 const PackedKernels& packed_kernels_avx2();
 const PackedKernels& packed_kernels_avx512();
-const PackedKernels& packed_kernels_vnni();  // AVX-512 VNNI + BF16
+const PackedKernels& packed_kernels_vnni();  // AVX-512 VNNI + BF16 (+ VBMI where the CPU has it)
+const PackedKernels& packed_kernels_vnni_base();  // the same without the VBMI FP8 GEMV
 const PackedKernels& packed_kernels_amx();   // AMX-INT8 / AMX-BF16 tiles (Sapphire Rapids+)
 
 // E4M3 byte -> its BF16 bits (exact: E4M3's 3 mantissa bits and exponent range fit BF16).
@@ -32,6 +33,11 @@ const uint16_t* fp8_bf16_table();
 // fp8_gemm) once for all tokens; fewer tokens stream the rows directly (the expansion would cost
 // more than it saves).
 constexpr int64_t kFp8TileMinTokens = 5;
+// FP8Block GEMV with AVX-512 VBMI (packed_fp8_vbmi.cpp; call only on CPUs with VBMI + BF16) for
+// the matrices and token counts fp8_rows_vbmi_fits accepts (<= 4 tokens, 64 | cols, 64 | block
+// columns).
+bool fp8_rows_vbmi_fits(const KMatrix& w, int64_t tokens);
+void fp8_rows_vbmi(const PackedArgs& p);
 
 // Byte offsets inside one packed group block (see packed.h).
 struct PackedGeometry {

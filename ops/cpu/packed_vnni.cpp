@@ -3,7 +3,8 @@
 // and 128 * sum(w) of each row and group (stored with the weights) is subtracted once per group.
 // INT4: the nibbles are the unsigned operand and the activations stay signed. FP8: E4M3 is expanded
 // to BF16 in registers (pure integer ops, exact) and multiplied with vdpbf16ps, post-scaled once
-// per scale block. BF16 tiles: one vdpbf16ps per 16-row chunk and token.
+// per scale block (the GEMV on CPUs with VBMI: packed_fp8_vbmi.cpp). BF16 tiles: one vdpbf16ps
+// per 16-row chunk and token.
 // GCC 12 warns falsely inside its own AVX-512 intrinsic headers (undefined-vector idiom).
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
@@ -13,6 +14,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "core/cpu_features.h"
 #include "ops/cpu/packed_kernels.h"
 
 #pragma GCC push_options
@@ -108,7 +110,7 @@ struct Vnni {
   static void store_f(float* p, VF v) { _mm512_storeu_ps(p, v); }
 };
 
-void fp8_kernel(const PackedArgs& p) {
+void fp8_kernel_base(const PackedArgs& p) {
   if (p.a->tokens >= kFp8TileMinTokens) {
     packed_impl::fp8_gemm<Vnni>(p);
   } else {
@@ -116,13 +118,29 @@ void fp8_kernel(const PackedArgs& p) {
   }
 }
 
+void fp8_kernel(const PackedArgs& p) {
+  if (fp8_rows_vbmi_fits(*p.w, p.a->tokens)) {
+    fp8_rows_vbmi(p);
+  } else {
+    fp8_kernel_base(p);
+  }
+}
+
 }  // namespace
+
+const PackedKernels& packed_kernels_vnni_base() {
+  static const PackedKernels k{&packed_impl::int_kernel<Vnni, false>,
+                               &packed_impl::int_kernel<Vnni, true>, &fp8_kernel_base,
+                               &packed_impl::bf16_kernel<Vnni>};
+  return k;
+}
 
 const PackedKernels& packed_kernels_vnni() {
   static const PackedKernels k{&packed_impl::int_kernel<Vnni, false>,
                                &packed_impl::int_kernel<Vnni, true>, &fp8_kernel,
                                &packed_impl::bf16_kernel<Vnni>};
-  return k;
+  static const bool vbmi = cpu_features().avx512_vbmi;
+  return vbmi ? k : packed_kernels_vnni_base();
 }
 
 }  // namespace tandem::kern::detail

@@ -21,6 +21,7 @@
 #include "core/topology.h"
 #include "formats/quant.h"
 #include "ops/cpu/packed.h"
+#include "ops/cpu/packed_kernels.h"
 
 namespace tandem::kern {
 namespace {
@@ -252,6 +253,57 @@ TEST(PackedGemm, Fp8Conformance) {
             ASSERT_EQ(y[i], -7.0f) << isa_name(isa);
           } else {
             ASSERT_NEAR(y[i], ref[i], 2 * bound[i]) << isa_name(isa) << " tokens " << tokens;
+          }
+        }
+      }
+    }
+  }
+}
+
+// Every E4M3 value through the FP8 GEMV kernels exactly: row n holds the byte values (k + 3n) mod
+// 256 (the two NaNs replaced by zero); a token that is one-hot at column k gives y[n] =
+// fl(scale * e4m3(w[n][k])), one product and one rounding whatever a kernel's summation order. The
+// VNNI row kernel (shifts and a subnormal table) and, on CPUs with VBMI, the VBMI kernel (byte
+// tables, activations permuted to the unpacks' order), 1-4 tokens, scale blocks 16 x 128.
+TEST(PackedGemm, Fp8GemvExpandsEveryValueExactly) {
+  const CpuFeatures& f = cpu_features();
+  if (!f.avx512_bf16) GTEST_SKIP() << "no AVX-512 BF16 here";
+  const int64_t rows = 20, cols = 256;
+  std::vector<uint8_t> fp8(rows * cols);
+  for (int64_t n = 0; n < rows; ++n) {
+    for (int64_t k = 0; k < cols; ++k) {
+      const auto v = static_cast<uint8_t>((k + 3 * n) & 0xFF);
+      fp8[n * cols + k] = (v & 0x7F) == 0x7F ? 0 : v;
+    }
+  }
+  std::vector<float> scale_inv = {0.75f, 1.5f, 3e-3f, 0.1f};  // [row block][column block]
+  ops::Weight wt(Tensor::dense(DType::kF8E4M3, {rows, cols}, fp8.data()));
+  wt.scale_inv = scale_inv.data();
+  wt.scale_cols = 2;
+  wt.block_rows = 16;
+  wt.block_cols = 128;
+  KMatrix m;
+  ASSERT_TRUE(fp8_view(wt, &m));
+  std::vector<std::pair<const char*, detail::PackedFn>> kernels = {
+      {"avx512_vnni", detail::packed_kernels_vnni_base().fp8}};
+  if (f.avx512_vbmi) kernels.emplace_back("avx512_vbmi", detail::packed_kernels_vnni().fp8);
+  for (const auto& [name, fn] : kernels) {
+    for (int64_t tokens = 1; tokens <= 4; ++tokens) {
+      for (int64_t k0 = 0; k0 < cols; k0 += tokens) {
+        std::vector<float> x(tokens * cols, 0.0f);
+        for (int64_t t = 0; t < tokens; ++t) x[t * cols + (k0 + t) % cols] = 1.0f;
+        Activations a;
+        packed_quantize_activations(AFormat::kBF16, 0, x.data(), tokens, cols, cols, &a);
+        std::vector<float> y(tokens * rows, -7.0f);
+        fn(detail::PackedArgs{&m, &a, 0, rows, y.data(), rows});
+        for (int64_t t = 0; t < tokens; ++t) {
+          const int64_t k = (k0 + t) % cols;
+          for (int64_t n = 0; n < rows; ++n) {
+            const float want =
+                scale_inv[n / 16 * 2 + k / 128] * fp8_e4m3_to_f32(fp8[n * cols + k]);
+            ASSERT_EQ(y[t * rows + n], want)
+                << name << " tokens " << tokens << " row " << n << " byte "
+                << static_cast<int>(fp8[n * cols + k]);
           }
         }
       }

@@ -1,0 +1,127 @@
+// FP8Block GEMV (1-4 tokens) with AVX-512 VBMI on top of VNNI + BF16 (compiled for it;
+// packed_vnni.cpp calls it only on CPUs that have VBMI: Ice Lake+, Sapphire Rapids, Zen 4+).
+//
+// The VNNI row kernel widens 32 E4M3 bytes to 16-bit lanes and rebuilds BF16 with shifts, an add,
+// a masked table permute for the subnormals and the sign: ten instructions per 32 weights, which
+// left the GEMV slower in L3 than DRAM's bandwidth. Here 64 E4M3 bytes stay in one vector and two
+// 128-entry byte tables (vpermt2b, indexed by the 7 magnitude bits) give each value's BF16 high and
+// low byte, exact for subnormals too (the tables are fp8_bf16_table's bytes); one vpternlogd puts
+// the sign bit back and two byte unpacks form the two BF16 vectors: six instructions per 64 weights.
+// The unpacks interleave within 128-bit lanes, so the first vector holds elements 0-7, 16-23,
+// 32-39, 48-55 of the 64 and the second the others; the token's BF16 row is permuted alike once
+// per call. Per row and scale block: vdpbf16ps into two F32 accumulators per token, their sum
+// post-scaled once (acc = fma(scale, part, acc), as the row kernel), one reduction per row.
+// (Same products as the row kernel; their F32 summation order differs, within the bound the
+// conformance test asserts.)
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
+#include <immintrin.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "ops/cpu/packed_kernels.h"
+
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx512bf16,avx512vbmi")
+
+namespace tandem::kern::detail {
+namespace {
+
+constexpr int kMaxTokens = 4;
+// The row stream is prefetched this far ahead, as the other packed GEMV kernels do (8 and 16 KiB,
+// prefetcht1 / t2 and none measured slower here).
+constexpr int kPrefetchBytes = 4096;
+
+struct Fp8Tables {
+  __m512i hi0, hi1, lo0, lo1;  // bytes of the BF16 of magnitudes 0-63 and 64-127
+};
+
+Fp8Tables make_tables() {
+  alignas(64) uint8_t hi[128], lo[128];
+  const uint16_t* bf16 = fp8_bf16_table();
+  for (int v = 0; v < 128; ++v) {
+    hi[v] = static_cast<uint8_t>(bf16[v] >> 8);
+    lo[v] = static_cast<uint8_t>(bf16[v] & 0xFF);
+  }
+  return {_mm512_load_si512(hi), _mm512_load_si512(hi + 64), _mm512_load_si512(lo),
+          _mm512_load_si512(lo + 64)};
+}
+
+// 64 BF16 activations permuted as the unpacks order the weights (8-element runs: 0, 2, 4, 6 into
+// the first half, 1, 3, 5, 7 into the second).
+inline void permute64(const uint16_t* a, uint16_t* out) {
+  const __m512i x0 = _mm512_loadu_si512(a), x1 = _mm512_loadu_si512(a + 32);
+  const __m512i lo = _mm512_set_epi64(13, 12, 9, 8, 5, 4, 1, 0);
+  const __m512i hi = _mm512_set_epi64(15, 14, 11, 10, 7, 6, 3, 2);
+  _mm512_storeu_si512(out, _mm512_permutex2var_epi64(x0, lo, x1));
+  _mm512_storeu_si512(out + 32, _mm512_permutex2var_epi64(x0, hi, x1));
+}
+
+template <int NT>
+inline void fp8_row_vbmi(const KMatrix& w, const uint8_t* wr, const float* srow,
+                         const uint16_t* const* ar, const Fp8Tables& tab, float* out) {
+  const __m512i sign = _mm512_set1_epi8(static_cast<char>(0x80));
+  __m512 acc[NT];
+  for (int t = 0; t < NT; ++t) acc[t] = _mm512_setzero_ps();
+  int64_t bi = 0;
+  for (int64_t b0 = 0; b0 < w.cols; b0 += w.block_cols, ++bi) {
+    const int64_t b1 = b0 + w.block_cols < w.cols ? b0 + w.block_cols : w.cols;
+    __m512 pa[NT], pb[NT];
+    for (int t = 0; t < NT; ++t) pa[t] = pb[t] = _mm512_setzero_ps();
+    for (int64_t k = b0; k < b1; k += 64) {
+      __builtin_prefetch(wr + k + kPrefetchBytes, 0, 3);
+      const __m512i b = _mm512_loadu_si512(wr + k);
+      const __m512i hi = _mm512_ternarylogic_epi32(_mm512_permutex2var_epi8(tab.hi0, b, tab.hi1),
+                                                   b, sign, 0xF8);  // A | (B & C)
+      const __m512i lo = _mm512_permutex2var_epi8(tab.lo0, b, tab.lo1);
+      const __m512bh w0 = (__m512bh)_mm512_unpacklo_epi8(lo, hi);
+      const __m512bh w1 = (__m512bh)_mm512_unpackhi_epi8(lo, hi);
+      for (int t = 0; t < NT; ++t) {
+        pa[t] = _mm512_dpbf16_ps(pa[t], w0, (__m512bh)_mm512_loadu_si512(ar[t] + k));
+        pb[t] = _mm512_dpbf16_ps(pb[t], w1, (__m512bh)_mm512_loadu_si512(ar[t] + k + 32));
+      }
+    }
+    const __m512 sv = _mm512_set1_ps(srow[bi]);
+    for (int t = 0; t < NT; ++t) acc[t] = _mm512_fmadd_ps(sv, _mm512_add_ps(pa[t], pb[t]), acc[t]);
+  }
+  for (int t = 0; t < NT; ++t) out[t] = _mm512_reduce_add_ps(acc[t]);
+}
+
+}  // namespace
+
+bool fp8_rows_vbmi_fits(const KMatrix& w, int64_t tokens) {
+  return tokens <= kMaxTokens && w.cols % 64 == 0 && w.block_cols % 64 == 0;
+}
+
+void fp8_rows_vbmi(const PackedArgs& p) {
+  static const Fp8Tables tab = make_tables();
+  const KMatrix& w = *p.w;
+  const Activations& a = *p.a;
+  const int nt = static_cast<int>(a.tokens);
+  thread_local std::vector<uint16_t> perm;
+  perm.resize(static_cast<size_t>(nt * w.cols));
+  const uint16_t* ar[kMaxTokens];
+  for (int t = 0; t < nt; ++t) {
+    const auto* src = reinterpret_cast<const uint16_t*>(a.row(t));
+    uint16_t* dst = perm.data() + t * w.cols;
+    for (int64_t k = 0; k < w.cols; k += 64) permute64(src + k, dst + k);
+    ar[t] = dst;
+  }
+  for (int64_t n = p.n0; n < p.n1; ++n) {
+    const uint8_t* wr = w.data + n * w.row_bytes;
+    const float* srow = w.scales + ((w.row0 + n) / w.block_rows) * w.scale_stride;
+    float out[kMaxTokens];
+    // Token counts as template arguments: the accumulators stay in registers.
+    if (nt == 1) fp8_row_vbmi<1>(w, wr, srow, ar, tab, out);
+    if (nt == 2) fp8_row_vbmi<2>(w, wr, srow, ar, tab, out);
+    if (nt == 3) fp8_row_vbmi<3>(w, wr, srow, ar, tab, out);
+    if (nt == 4) fp8_row_vbmi<4>(w, wr, srow, ar, tab, out);
+    for (int t = 0; t < nt; ++t) p.y[t * p.ldy + n] = out[t];
+  }
+}
+
+}  // namespace tandem::kern::detail
+
+#pragma GCC pop_options
