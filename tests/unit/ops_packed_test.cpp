@@ -263,9 +263,10 @@ TEST(PackedGemm, Fp8Conformance) {
 // Every E4M3 value through the FP8 GEMV kernels exactly: row n holds the byte values (k + 3n) mod
 // 256 (the two NaNs replaced by zero); a token that is one-hot at column k gives y[n] =
 // fl(scale * e4m3(w[n][k])), one product and one rounding whatever a kernel's summation order. The
-// VNNI row kernel (shifts and a subnormal table) and, on CPUs with VBMI, the VBMI kernel (byte
-// tables, activations permuted to the unpacks' order), 1-4 tokens, scale blocks 16 x 128.
-TEST(PackedGemm, Fp8GemvExpandsEveryValueExactly) {
+// VNNI kernels (shifts and a subnormal table) and, on CPUs with VBMI, the VBMI ones (byte tables;
+// GEMV: activations permuted to the unpacks' order; GEMM: tile chunks stored at their pairs'
+// places): 1-4 tokens (rows), 5 and 17 (BF16 tiles), scale blocks 16 x 128.
+TEST(PackedGemm, Fp8KernelsExpandEveryValueExactly) {
   const CpuFeatures& f = cpu_features();
   if (!f.avx512_bf16) GTEST_SKIP() << "no AVX-512 BF16 here";
   const int64_t rows = 20, cols = 256;
@@ -288,7 +289,7 @@ TEST(PackedGemm, Fp8GemvExpandsEveryValueExactly) {
       {"avx512_vnni", detail::packed_kernels_vnni_base().fp8}};
   if (f.avx512_vbmi) kernels.emplace_back("avx512_vbmi", detail::packed_kernels_vnni().fp8);
   for (const auto& [name, fn] : kernels) {
-    for (int64_t tokens = 1; tokens <= 4; ++tokens) {
+    for (int64_t tokens : {1, 2, 3, 4, 5, 17}) {
       for (int64_t k0 = 0; k0 < cols; k0 += tokens) {
         std::vector<float> x(tokens * cols, 0.0f);
         for (int64_t t = 0; t < tokens; ++t) x[t * cols + (k0 + t) % cols] = 1.0f;
