@@ -13,9 +13,10 @@
 // per call. Per row and scale block: vdpbf16ps into two F32 accumulators per token, their sum
 // post-scaled once (acc = fma(scale, part, acc), as the row kernel), one reduction per row.
 // (Same products as the row kernel; their F32 summation order differs, within the bound the
-// conformance test asserts.) The many-token GEMM's expansion into BF16 tiles (fp8_expand_vbmi)
-// takes the same 64-value step: two 16 x 16 dword transposes per 16 rows, each chunk stored at
-// its pair's place, so the tiles are exactly those of the VNNI expansion.
+// conformance test asserts.) The same step for the many-token GEMM's expansion into BF16 tiles
+// (two 16 x 16 dword transposes per 64 columns, each chunk stored at its pair's place) measured
+// 12-14% slower per MoE layer prefill than the VNNI expansion, even without register spills: not
+// kept.
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 
@@ -28,8 +29,6 @@
 
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx512bf16,avx512vbmi")
-
-#include "ops/cpu/avx512_transpose.h"
 
 namespace tandem::kern::detail {
 namespace {
@@ -64,20 +63,10 @@ inline void permute64(const uint16_t* a, uint16_t* out) {
   _mm512_storeu_si512(out + 32, _mm512_permutex2var_epi64(x0, hi, x1));
 }
 
-// 64 E4M3 bytes at p to BF16: *w0 = elements 0-7, 16-23, 32-39, 48-55, *w1 = the others.
-inline void expand64(const uint8_t* p, const Fp8Tables& tab, __m512i* w0, __m512i* w1) {
-  const __m512i b = _mm512_loadu_si512(p);
-  const __m512i hi = _mm512_ternarylogic_epi32(_mm512_permutex2var_epi8(tab.hi0, b, tab.hi1), b,
-                                               _mm512_set1_epi8(static_cast<char>(0x80)),
-                                               0xF8);  // A | (B & C): the sign bit
-  const __m512i lo = _mm512_permutex2var_epi8(tab.lo0, b, tab.lo1);
-  *w0 = _mm512_unpacklo_epi8(lo, hi);
-  *w1 = _mm512_unpackhi_epi8(lo, hi);
-}
-
 template <int NT>
 inline void fp8_row_vbmi(const KMatrix& w, const uint8_t* wr, const float* srow,
                          const uint16_t* const* ar, const Fp8Tables& tab, float* out) {
+  const __m512i sign = _mm512_set1_epi8(static_cast<char>(0x80));
   __m512 acc[NT];
   for (int t = 0; t < NT; ++t) acc[t] = _mm512_setzero_ps();
   int64_t bi = 0;
@@ -87,22 +76,21 @@ inline void fp8_row_vbmi(const KMatrix& w, const uint8_t* wr, const float* srow,
     for (int t = 0; t < NT; ++t) pa[t] = pb[t] = _mm512_setzero_ps();
     for (int64_t k = b0; k < b1; k += 64) {
       __builtin_prefetch(wr + k + kPrefetchBytes, 0, 3);
-      __m512i w0, w1;
-      expand64(wr + k, tab, &w0, &w1);
+      const __m512i b = _mm512_loadu_si512(wr + k);
+      const __m512i hi = _mm512_ternarylogic_epi32(_mm512_permutex2var_epi8(tab.hi0, b, tab.hi1),
+                                                   b, sign, 0xF8);  // A | (B & C)
+      const __m512i lo = _mm512_permutex2var_epi8(tab.lo0, b, tab.lo1);
+      const __m512bh w0 = (__m512bh)_mm512_unpacklo_epi8(lo, hi);
+      const __m512bh w1 = (__m512bh)_mm512_unpackhi_epi8(lo, hi);
       for (int t = 0; t < NT; ++t) {
-        pa[t] = _mm512_dpbf16_ps(pa[t], (__m512bh)w0, (__m512bh)_mm512_loadu_si512(ar[t] + k));
-        pb[t] = _mm512_dpbf16_ps(pb[t], (__m512bh)w1, (__m512bh)_mm512_loadu_si512(ar[t] + k + 32));
+        pa[t] = _mm512_dpbf16_ps(pa[t], w0, (__m512bh)_mm512_loadu_si512(ar[t] + k));
+        pb[t] = _mm512_dpbf16_ps(pb[t], w1, (__m512bh)_mm512_loadu_si512(ar[t] + k + 32));
       }
     }
     const __m512 sv = _mm512_set1_ps(srow[bi]);
     for (int t = 0; t < NT; ++t) acc[t] = _mm512_fmadd_ps(sv, _mm512_add_ps(pa[t], pb[t]), acc[t]);
   }
   for (int t = 0; t < NT; ++t) out[t] = _mm512_reduce_add_ps(acc[t]);
-}
-
-const Fp8Tables& tables() {
-  static const Fp8Tables tab = make_tables();
-  return tab;
 }
 
 }  // namespace
@@ -112,7 +100,7 @@ bool fp8_rows_vbmi_fits(const KMatrix& w, int64_t tokens) {
 }
 
 void fp8_rows_vbmi(const PackedArgs& p) {
-  const Fp8Tables& tab = tables();
+  static const Fp8Tables tab = make_tables();
   const KMatrix& w = *p.w;
   const Activations& a = *p.a;
   const int nt = static_cast<int>(a.tokens);
@@ -135,29 +123,6 @@ void fp8_rows_vbmi(const PackedArgs& p) {
     if (nt == 3) fp8_row_vbmi<3>(w, wr, srow, ar, tab, out);
     if (nt == 4) fp8_row_vbmi<4>(w, wr, srow, ar, tab, out);
     for (int t = 0; t < nt; ++t) p.y[t * p.ldy + n] = out[t];
-  }
-}
-
-void fp8_expand_vbmi(const uint8_t* const* src, int64_t pairs, uint16_t* dst) {
-  const Fp8Tables& tab = tables();
-  for (int64_t c0 = 0; c0 < pairs; c0 += 32) {
-    __m512i r0[16], r1[16], out[16];
-    for (int i = 0; i < 16; ++i) {
-      if (src[i] == nullptr) {
-        r0[i] = r1[i] = _mm512_setzero_si512();
-      } else {
-        expand64(src[i] + 2 * c0, tab, &r0[i], &r1[i]);
-      }
-    }
-    // Dword j of r0 is pair 8 * (j / 4) + j % 4 of the 32, of r1 the same + 4.
-    transpose16_epi32(r0, out);
-    for (int j = 0; j < 16; ++j) {
-      _mm512_storeu_si512(dst + (c0 + 8 * (j / 4) + j % 4) * 32, out[j]);
-    }
-    transpose16_epi32(r1, out);
-    for (int j = 0; j < 16; ++j) {
-      _mm512_storeu_si512(dst + (c0 + 8 * (j / 4) + 4 + j % 4) * 32, out[j]);
-    }
   }
 }
 

@@ -38,8 +38,6 @@ constexpr int64_t kFp8TileMinTokens = 5;
 // columns).
 bool fp8_rows_vbmi_fits(const KMatrix& w, int64_t tokens);
 void fp8_rows_vbmi(const PackedArgs& p);
-// fp8_expand_lut's contract with VBMI byte tables, for pairs a multiple of 32.
-void fp8_expand_vbmi(const uint8_t* const* src, int64_t pairs, uint16_t* dst);
 
 // Byte offsets inside one packed group block (see packed.h).
 struct PackedGeometry {

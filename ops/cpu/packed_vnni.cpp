@@ -110,17 +110,6 @@ struct Vnni {
   static void store_f(float* p, VF v) { _mm512_storeu_ps(p, v); }
 };
 
-// With VBMI the tiles' expansion takes 64 columns per step through byte tables (the same tiles).
-struct VnniVbmi : Vnni {
-  static void fp8_expand(const uint8_t* const* src, int64_t pairs, uint16_t* dst) {
-    if (pairs % 32 == 0) {
-      fp8_expand_vbmi(src, pairs, dst);
-    } else {
-      Vnni::fp8_expand(src, pairs, dst);
-    }
-  }
-};
-
 void fp8_kernel_base(const PackedArgs& p) {
   if (p.a->tokens >= kFp8TileMinTokens) {
     packed_impl::fp8_gemm<Vnni>(p);
@@ -130,12 +119,10 @@ void fp8_kernel_base(const PackedArgs& p) {
 }
 
 void fp8_kernel(const PackedArgs& p) {
-  if (p.a->tokens >= kFp8TileMinTokens) {
-    packed_impl::fp8_gemm<VnniVbmi>(p);
-  } else if (fp8_rows_vbmi_fits(*p.w, p.a->tokens)) {
+  if (fp8_rows_vbmi_fits(*p.w, p.a->tokens)) {
     fp8_rows_vbmi(p);
   } else {
-    packed_impl::fp8_row_kernel<Vnni>(p);
+    fp8_kernel_base(p);
   }
 }
 

@@ -263,9 +263,9 @@ TEST(PackedGemm, Fp8Conformance) {
 // Every E4M3 value through the FP8 GEMV kernels exactly: row n holds the byte values (k + 3n) mod
 // 256 (the two NaNs replaced by zero); a token that is one-hot at column k gives y[n] =
 // fl(scale * e4m3(w[n][k])), one product and one rounding whatever a kernel's summation order. The
-// VNNI kernels (shifts and a subnormal table) and, on CPUs with VBMI, the VBMI ones (byte tables;
-// GEMV: activations permuted to the unpacks' order; GEMM: tile chunks stored at their pairs'
-// places): 1-4 tokens (rows), 5 and 17 (BF16 tiles), scale blocks 16 x 128.
+// VNNI kernels (shifts and a subnormal table: rows for 1-4 tokens, BF16 tiles for 5 and 17) and,
+// on CPUs with VBMI, the VBMI GEMV (byte tables, activations permuted to the unpacks' order; more
+// tokens take the VNNI tiles), scale blocks 16 x 128.
 TEST(PackedGemm, Fp8KernelsExpandEveryValueExactly) {
   const CpuFeatures& f = cpu_features();
   if (!f.avx512_bf16) GTEST_SKIP() << "no AVX-512 BF16 here";
