@@ -227,6 +227,50 @@ TEST(KernelsQ50, VbmiRowsEqualVnniRows) {
   }
 }
 
+// Q4_K one-token GEMV (16-row tiles, super-blocks in groups of four: kern_q4k_gemv16.h) on raw
+// random blocks, every bit pattern of the packed 6-bit scales and mins reachable (quantize_row
+// writes only some), and row lengths ending in every partial group of four: bit for bit the
+// scalar reference on every ISA, rows as tiles and as the leftover row kernel.
+TEST(KernelsQ4K, OneTokenEqualsReferenceOnRawBlocks) {
+  for (const int64_t nb : {int64_t{1}, int64_t{2}, int64_t{3}, int64_t{4}, int64_t{5},
+                           int64_t{8}, int64_t{11}}) {
+    const int64_t rows = 37, cols = nb * 256;  // 2 tiles of 16 + 5 rows
+    std::mt19937 rng(static_cast<uint32_t>(nb));
+    std::vector<BlockQ4_K> blocks(static_cast<size_t>(rows * nb));
+    for (BlockQ4_K& b : blocks) {
+      auto* bytes = reinterpret_cast<uint8_t*>(&b);
+      for (size_t i = 0; i < sizeof(BlockQ4_K); ++i) bytes[i] = static_cast<uint8_t>(rng());
+      // d, dmin: finite halves 2^-14 .. 2 (exponent 1 .. 16), either sign.
+      b.d = static_cast<uint16_t>((rng() & 0x83FF) | ((1 + rng() % 16) << 10));
+      b.dmin = static_cast<uint16_t>((rng() & 0x83FF) | ((1 + rng() % 16) << 10));
+    }
+    Tensor t;
+    t.dtype = DType::kQ4_K;
+    t.ndim = 2;
+    t.shape[0] = rows;
+    t.shape[1] = cols;
+    t.data = blocks.data();
+    kern::KMatrix w;
+    ASSERT_TRUE(kern::view_weight(ops::Weight(t), &w));
+    const std::vector<float> x = random_values(cols, 40 + static_cast<uint32_t>(nb));
+    kern::Activations a;
+    kern::quantize_activations(kern::AFormat::kQ8_K, 0, x.data(), 1, cols, cols, &a);
+    std::vector<float> ref(static_cast<size_t>(rows), -1.0f);
+    kern::gemm_reference(w, a, 0, rows, ref.data(), rows);
+    for (Isa isa : supported_isas()) {
+      for (auto [n0, n1] : {std::pair<int64_t, int64_t>{0, rows}, {3, 36}}) {
+        std::vector<float> y(static_cast<size_t>(rows), -1.0f);
+        kern::gemm(w, a, n0, n1, y.data(), rows, isa);
+        for (int64_t r = 0; r < rows; ++r) {
+          const float want = r < n0 || r >= n1 ? -1.0f : ref[static_cast<size_t>(r)];
+          ASSERT_EQ(y[static_cast<size_t>(r)], want)
+              << isa_name(isa) << " nb " << nb << " rows " << n0 << ".." << n1 << " r " << r;
+        }
+      }
+    }
+  }
+}
+
 // The threaded dense entry equals the single-call kernel, and falls back for dtypes without one.
 TEST(KernelsMatmul, ThreadedEqualsSingleCallAndFallsBack) {
   ThreadPool pool(place_workers(detect_topology(), 2));
