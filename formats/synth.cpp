@@ -39,6 +39,7 @@ constexpr TypeName kTypes[] = {
     {SynthType::kBF16, "bf16", 32},     {SynthType::kQ8_0, "q8_0", 7},
     {SynthType::kQ4_K, "q4_k", 15},     {SynthType::kQ6_K, "q6_k", 18},
     {SynthType::kQ4_K_M, "q4_k_m", 15}, {SynthType::kFp8, "fp8", 0},
+    {SynthType::kQ5_K, "q5_k", 16},     {SynthType::kQ5_K_M, "q5_k_m", 17},
 };
 
 int64_t numel(const std::vector<int64_t>& shape) {
@@ -381,7 +382,7 @@ SynthPlan plan_synth(const SynthOptions& o) {
   if (!synth_type_allowed(o.type, o.format)) {
     fail(ErrorKind::kInvalidArgument,
          "--type {} is not available for --format {} (gguf: f32, "
-         "f16, bf16, q8_0, q4_k, q6_k, q4_k_m; hf: bf16, fp8)",
+         "f16, bf16, q8_0, q4_k, q5_k, q6_k, q4_k_m, q5_k_m; hf: bf16, fp8)",
          synth_type_name(o.type), o.format == SynthFormat::kGguf ? "gguf" : "hf");
   }
   if (o.output.empty()) fail(ErrorKind::kInvalidArgument, "an output path (-o) is required");

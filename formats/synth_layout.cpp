@@ -289,12 +289,15 @@ DType gguf_tensor_dtype(const ModelConfig& c, SynthType type, const std::string&
   if (!quantizable || type == SynthType::kF32) return DType::kF32;
   if (type == SynthType::kF16) return DType::kF16;
   if (type == SynthType::kBF16) return DType::kBF16;
+  const bool five = type == SynthType::kQ5_K || type == SynthType::kQ5_K_M;
   DType t = type == SynthType::kQ8_0   ? DType::kQ8_0
             : type == SynthType::kQ6_K ? DType::kQ6_K
+            : five                     ? DType::kQ5_K
                                        : DType::kQ4_K;
   const int64_t ncols = shape.back();
-  if (type == SynthType::kQ4_K_M) {
-    // llama-quantize's llama_tensor_get_type_impl() for LLAMA_FTYPE_MOSTLY_Q4_K_M, MoE models.
+  if (type == SynthType::kQ4_K_M || type == SynthType::kQ5_K_M) {
+    // llama-quantize's llama_tensor_get_type_impl() for LLAMA_FTYPE_MOSTLY_Q4_K_M / Q5_K_M, MoE
+    // models (the same rules; Q5_K_M's base type is Q5_K).
     int layer = -1;
     std::sscanf(name.c_str(), "blk.%d.", &layer);
     const int n = static_cast<int>(c.num_layers);

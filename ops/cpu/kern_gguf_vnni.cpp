@@ -38,14 +38,51 @@ struct Q4KTile {
   const float *d, *dmin;
 };
 
-// Tile rows [row0, row0 + rows) (rows <= 16; the rest zero) of g's Q4_K matrix into the storage.
-void q4k_expand(const GemmArgs& g, int64_t row0, int64_t rows, int64_t nb, uint8_t* qs, int32_t* sc,
-                int32_t* mn, float* d, float* dmin) {
+// Scales, mins, d and dmin of super-block b of the 16 rows from row0 (rows past `live`: zero) at
+// once, a row per lane (unpack_k4_scales' bit layout: Q4_K and Q5_K share the first 16 bytes of a
+// block): gathers of the block's first four 32-bit words, then byte j of each word.
+void k4_expand_scales(const GemmArgs& g, int64_t row0, __mmask16 live, int64_t b,
+                      int64_t block_bytes, int32_t* sc, int32_t* mn, float* d, float* dmin) {
   const __m512i zero = _mm512_setzero_si512();
-  const __mmask16 live = static_cast<__mmask16>((1u << rows) - 1);  // rows past the end: zero
   const __m512i offs =
       _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
                          _mm512_set1_epi32(static_cast<int32_t>(g.row_bytes)));
+  const uint8_t* base = g.w + row0 * g.row_bytes + b * block_bytes;
+  const __m512i dd = _mm512_mask_i32gather_epi32(zero, live, offs, base, 1);
+  const __m512i wa = _mm512_mask_i32gather_epi32(zero, live, offs, base + 4, 1);
+  const __m512i wb = _mm512_mask_i32gather_epi32(zero, live, offs, base + 8, 1);
+  const __m512i wc = _mm512_mask_i32gather_epi32(zero, live, offs, base + 12, 1);
+  const __m512i m3f = _mm512_set1_epi32(0x3F3F3F3F), m0f = _mm512_set1_epi32(0x0F0F0F0F);
+  const __m512i m30 = _mm512_set1_epi32(0x30303030);
+  const __m512i words[4] = {
+      _mm512_and_si512(wa, m3f),                  // scales 0-3
+      _mm512_or_si512(_mm512_and_si512(wc, m0f),  // scales 4-7
+                      _mm512_and_si512(_mm512_srli_epi32(wa, 2), m30)),
+      _mm512_and_si512(wb, m3f),                                        // mins 0-3
+      _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(wc, 4), m0f),  // mins 4-7
+                      _mm512_and_si512(_mm512_srli_epi32(wb, 2), m30))};
+  const __m512i ff = _mm512_set1_epi32(0xFF);
+  for (int j = 0; j < 4; ++j) {
+    _mm512_storeu_si512(sc + (b * 8 + j) * 16,
+                        _mm512_and_si512(_mm512_srli_epi32(words[0], 8 * j), ff));
+    _mm512_storeu_si512(sc + (b * 8 + 4 + j) * 16,
+                        _mm512_and_si512(_mm512_srli_epi32(words[1], 8 * j), ff));
+    // Mins as the int16 pair (m, m) per row: one vpdpwssd against a token's two bsums.
+    const __m512i m_lo = _mm512_and_si512(_mm512_srli_epi32(words[2], 8 * j), ff);
+    const __m512i m_hi = _mm512_and_si512(_mm512_srli_epi32(words[3], 8 * j), ff);
+    _mm512_storeu_si512(mn + (b * 8 + j) * 16, _mm512_or_si512(m_lo, _mm512_slli_epi32(m_lo, 16)));
+    _mm512_storeu_si512(mn + (b * 8 + 4 + j) * 16,
+                        _mm512_or_si512(m_hi, _mm512_slli_epi32(m_hi, 16)));
+  }
+  _mm512_storeu_ps(d + b * 16, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(dd)));
+  _mm512_storeu_ps(dmin + b * 16,
+                   _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(dd, 16))));
+}
+
+// Tile rows [row0, row0 + rows) (rows <= 16; the rest zero) of g's Q4_K matrix into the storage.
+void q4k_expand(const GemmArgs& g, int64_t row0, int64_t rows, int64_t nb, uint8_t* qs, int32_t* sc,
+                int32_t* mn, float* d, float* dmin) {
+  const __mmask16 live = static_cast<__mmask16>((1u << rows) - 1);  // rows past the end: zero
   for (int64_t b = 0; b < nb; ++b) {
     for (int h = 0; h < 2; ++h) {
       __m512i r[16], out[16];
@@ -59,38 +96,50 @@ void q4k_expand(const GemmArgs& g, int64_t row0, int64_t rows, int64_t nb, uint8
       tandem::kern::detail::transpose16_epi32(r, out);
       for (int c = 0; c < 16; ++c) _mm512_storeu_si512(qs + (b * 32 + 16 * h + c) * 64, out[c]);
     }
-    // Scales, mins, d and dmin of the 16 rows at once, a row per lane (unpack_k4_scales' bit
-    // layout): gathers of the block's first four 32-bit words, then byte j of each word.
-    const uint8_t* base = g.w + row0 * g.row_bytes + b * static_cast<int64_t>(sizeof(BlockQ4_K));
-    const __m512i dd = _mm512_mask_i32gather_epi32(zero, live, offs, base, 1);
-    const __m512i wa = _mm512_mask_i32gather_epi32(zero, live, offs, base + 4, 1);
-    const __m512i wb = _mm512_mask_i32gather_epi32(zero, live, offs, base + 8, 1);
-    const __m512i wc = _mm512_mask_i32gather_epi32(zero, live, offs, base + 12, 1);
-    const __m512i m3f = _mm512_set1_epi32(0x3F3F3F3F), m0f = _mm512_set1_epi32(0x0F0F0F0F);
-    const __m512i m30 = _mm512_set1_epi32(0x30303030);
-    const __m512i words[4] = {
-        _mm512_and_si512(wa, m3f),                  // scales 0-3
-        _mm512_or_si512(_mm512_and_si512(wc, m0f),  // scales 4-7
-                        _mm512_and_si512(_mm512_srli_epi32(wa, 2), m30)),
-        _mm512_and_si512(wb, m3f),                                        // mins 0-3
-        _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(wc, 4), m0f),  // mins 4-7
-                        _mm512_and_si512(_mm512_srli_epi32(wb, 2), m30))};
-    const __m512i ff = _mm512_set1_epi32(0xFF);
-    for (int j = 0; j < 4; ++j) {
-      _mm512_storeu_si512(sc + (b * 8 + j) * 16,
-                          _mm512_and_si512(_mm512_srli_epi32(words[0], 8 * j), ff));
-      _mm512_storeu_si512(sc + (b * 8 + 4 + j) * 16,
-                          _mm512_and_si512(_mm512_srli_epi32(words[1], 8 * j), ff));
-      // Mins as the int16 pair (m, m) per row: one vpdpwssd against a token's two bsums.
-      const __m512i m_lo = _mm512_and_si512(_mm512_srli_epi32(words[2], 8 * j), ff);
-      const __m512i m_hi = _mm512_and_si512(_mm512_srli_epi32(words[3], 8 * j), ff);
-      _mm512_storeu_si512(mn + (b * 8 + j) * 16, _mm512_or_si512(m_lo, _mm512_slli_epi32(m_lo, 16)));
-      _mm512_storeu_si512(mn + (b * 8 + 4 + j) * 16,
-                          _mm512_or_si512(m_hi, _mm512_slli_epi32(m_hi, 16)));
+    k4_expand_scales(g, row0, live, b, sizeof(BlockQ4_K), sc, mn, d, dmin);
+  }
+}
+
+// The same for Q5_K, whose quants are 5 bits: per super-block 64 chunks, the 16 rows' values as
+// whole bytes (0..31), chunk 32h + c the low nibbles' values of byte-dword c of the 64 quant bytes
+// 64h.. (plus their fifth bits) and chunk 32h + 16 + c the high nibbles', so the tile kernel reads
+// two chunks per step instead of splitting one. The fifth bit of element 32k + l (sub-block k) is
+// bit k of qh[l].
+void q5k_expand(const GemmArgs& g, int64_t row0, int64_t rows, int64_t nb, uint8_t* qs, int32_t* sc,
+                int32_t* mn, float* d, float* dmin) {
+  const __mmask16 live = static_cast<__mmask16>((1u << rows) - 1);
+  const __m512i m0f = _mm512_set1_epi8(0x0F), m10 = _mm512_set1_epi8(0x10);
+  for (int64_t b = 0; b < nb; ++b) {
+    for (int h = 0; h < 2; ++h) {
+      // Bytes 0-31 are sub-blocks 4h (low nibbles) and 4h + 1 (high), bytes 32-63 4h + 2 and
+      // 4h + 3: qh shifted right by 4h (resp. 4h + 2) puts the low nibbles' fifth bits in bit 0
+      // and the high nibbles' in bit 1 of each byte (16-bit shifts: the bits crossing into the
+      // other byte are masked off).
+      const __m512i shift = _mm512_inserti64x4(_mm512_set1_epi16(static_cast<short>(4 * h)),
+                                               _mm256_set1_epi16(static_cast<short>(4 * h + 2)), 1);
+      __m512i lo[16], hi[16], out[16];
+      for (int i = 0; i < 16; ++i) {
+        lo[i] = hi[i] = _mm512_setzero_si512();
+        if (i < rows) {
+          const auto* blk = reinterpret_cast<const BlockQ5_K*>(g.w + (row0 + i) * g.row_bytes) + b;
+          const __m512i raw = _mm512_loadu_si512(blk->qs + 64 * h);
+          const __m512i bits = _mm512_srlv_epi16(
+              _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(blk->qh))),
+              shift);
+          lo[i] = _mm512_or_si512(_mm512_and_si512(raw, m0f),
+                                  _mm512_and_si512(_mm512_slli_epi16(bits, 4), m10));
+          hi[i] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(raw, 4), m0f),
+                                  _mm512_and_si512(_mm512_slli_epi16(bits, 3), m10));
+        }
+      }
+      tandem::kern::detail::transpose16_epi32(lo, out);
+      for (int c = 0; c < 16; ++c) _mm512_storeu_si512(qs + (b * 64 + 32 * h + c) * 64, out[c]);
+      tandem::kern::detail::transpose16_epi32(hi, out);
+      for (int c = 0; c < 16; ++c) {
+        _mm512_storeu_si512(qs + (b * 64 + 32 * h + 16 + c) * 64, out[c]);
+      }
     }
-    _mm512_storeu_ps(d + b * 16, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(dd)));
-    _mm512_storeu_ps(dmin + b * 16,
-                     _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(dd, 16))));
+    k4_expand_scales(g, row0, live, b, sizeof(BlockQ5_K), sc, mn, d, dmin);
   }
 }
 
@@ -115,7 +164,8 @@ inline __m512i dpwssd_bcast(__m512i acc, __m512i s16, const int16_t* p) {
   return acc;
 }
 
-template <int NR, int NT>
+// kFive: Q5_K tiles (q5k_expand: values as bytes, two chunks per step), else Q4_K's (nibbles).
+template <int NR, int NT, bool kFive>
 void q4k_tiles(const Q4KTile* tile, int64_t nb, const BlockQ8_K* const* a, float (*out)[16 * NR]) {
   const __m512i mask = _mm512_set1_epi8(0x0F);
   __m512 facc[NT][NR];
@@ -135,9 +185,15 @@ void q4k_tiles(const Q4KTile* tile, int64_t nb, const BlockQ8_K* const* a, float
       for (int q = 0; q < 8; ++q) {
         __m512i lo[NR], hi[NR];
         for (int r = 0; r < NR; ++r) {
-          const __m512i raw = _mm512_loadu_si512(tile[r].qs + (b * 32 + gi * 8 + q) * 64);
-          lo[r] = _mm512_and_si512(raw, mask);
-          hi[r] = _mm512_and_si512(_mm512_srli_epi16(raw, 4), mask);
+          if constexpr (kFive) {
+            const uint8_t* c = tile[r].qs + (b * 64 + 32 * (gi / 2) + 8 * (gi % 2) + q) * 64;
+            lo[r] = _mm512_loadu_si512(c);
+            hi[r] = _mm512_loadu_si512(c + 16 * 64);
+          } else {
+            const __m512i raw = _mm512_loadu_si512(tile[r].qs + (b * 32 + gi * 8 + q) * 64);
+            lo[r] = _mm512_and_si512(raw, mask);
+            hi[r] = _mm512_and_si512(_mm512_srli_epi16(raw, 4), mask);
+          }
         }
         for (int t = 0; t < NT; ++t) {
           int32_t bl, bh;
@@ -207,12 +263,12 @@ void k_tiles_all_tokens(const GemmArgs& g, int64_t n, int64_t n_end, const Kerne
   }
 }
 
-template <int NR>
+template <int NR, bool kFive>
 void q4k_tiles_all_tokens(const GemmArgs& g, const Q4KTile* tile, int64_t nb, int64_t n,
                           int64_t n_end) {
   k_tiles_all_tokens<NR>(g, n, n_end,
                          [&](auto nt, const BlockQ8_K* const* a, float(*out)[16 * NR]) {
-                           q4k_tiles<NR, decltype(nt)::value>(tile, nb, a, out);
+                           q4k_tiles<NR, decltype(nt)::value, kFive>(tile, nb, a, out);
                          });
 }
 
@@ -225,12 +281,15 @@ void prefetch_rows(const GemmArgs& g, int64_t r0, int64_t r1) {
   }
 }
 
+// Q4_K (kFive false) or Q5_K tiled GEMM.
+template <bool kFive>
 void q4k_tiled(const GemmArgs& g) {
+  constexpr int64_t kChunks = kFive ? 64 : 32;  // 64-byte quant chunks per super-block and tile
   const int64_t nb = g.cols / tandem::kQK_K;
   thread_local std::vector<uint8_t> qs;
   thread_local std::vector<int32_t> sc, mn;
   thread_local std::vector<float> d, dmin;
-  qs.resize(static_cast<size_t>(kQ4KTiles * nb * 32 * 64));
+  qs.resize(static_cast<size_t>(kQ4KTiles * nb * kChunks * 64));
   sc.resize(static_cast<size_t>(kQ4KTiles * nb * 8 * 16));
   mn.resize(sc.size());
   d.resize(static_cast<size_t>(kQ4KTiles * nb * 16));
@@ -245,19 +304,24 @@ void q4k_tiled(const GemmArgs& g) {
     const int64_t n_end = std::min(g.n1, n + 16 * kQ4KTiles);
     const int tiles = static_cast<int>((n_end - n + 15) / 16);
     for (int r = 0; r < tiles; ++r) {
-      uint8_t* q = qs.data() + r * nb * 32 * 64;
+      uint8_t* q = qs.data() + r * nb * kChunks * 64;
       int32_t* s = sc.data() + r * nb * 8 * 16;
       int32_t* m = mn.data() + r * nb * 8 * 16;
       float* dd = d.data() + r * nb * 16;
       float* dm = dmin.data() + r * nb * 16;
-      q4k_expand(g, n + 16 * r, std::min<int64_t>(16, n_end - n - 16 * r), nb, q, s, m, dd, dm);
+      const int64_t rows = std::min<int64_t>(16, n_end - n - 16 * r);
+      if constexpr (kFive) {
+        q5k_expand(g, n + 16 * r, rows, nb, q, s, m, dd, dm);
+      } else {
+        q4k_expand(g, n + 16 * r, rows, nb, q, s, m, dd, dm);
+      }
       tile[r] = {q, s, m, dd, dm};
     }
     prefetch_rows<_MM_HINT_T1>(g, n_end, std::min(g.n1, n_end + 16 * kQ4KTiles));
     if (tiles == 2) {
-      q4k_tiles_all_tokens<2>(g, tile, nb, n, n_end);
+      q4k_tiles_all_tokens<2, kFive>(g, tile, nb, n, n_end);
     } else {
-      q4k_tiles_all_tokens<1>(g, tile, nb, n, n_end);
+      q4k_tiles_all_tokens<1, kFive>(g, tile, nb, n, n_end);
     }
   }
 }
@@ -671,7 +735,7 @@ void q50_vbmi(const GemmArgs& g) {
 void q4k(const GemmArgs& g) {
   // (The rearrangement gathers the 16 rows' scales with 32-bit row offsets.)
   if (g.tokens >= kQ4KTileMinTokens && g.row_bytes < (int64_t{1} << 27)) {
-    q4k_tiled(g);
+    q4k_tiled<false>(g);
     return;
   }
   if (g.tokens == 1) {
@@ -681,6 +745,11 @@ void q4k(const GemmArgs& g) {
   drive<Q4KKern<S>>(g);
 }
 void q5k(const GemmArgs& g) {
+  // (As Q4_K's: the same tiles, from 16 tokens.)
+  if (g.tokens >= kQ4KTileMinTokens && g.row_bytes < (int64_t{1} << 27)) {
+    q4k_tiled<true>(g);
+    return;
+  }
   drive<Q5KKern<S>>(g);
 }
 void q6k(const GemmArgs& g) {

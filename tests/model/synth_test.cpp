@@ -230,6 +230,9 @@ TEST(Synth, QuantizedFilesDecodeToTheSameWeights) {
       {SynthType::kQ4_K, 0.12, {"f32", "q4_K", "q5_0"}},
       // The mix: Q4_K, Q6_K for lm_head and the last ffn_down, fallbacks for short rows.
       {SynthType::kQ4_K_M, 0.12, {"f32", "q4_K", "q5_0", "q6_K", "q8_0"}},
+      // Q5_K: rows that are not whole super-blocks fall back to Q5_1 (llama-quantize's rule).
+      {SynthType::kQ5_K, 0.06, {"f32", "q5_K", "q5_1"}},
+      {SynthType::kQ5_K_M, 0.06, {"f32", "q5_K", "q5_1", "q6_K", "q8_0"}},
   };
   for (const Case& k : cases) {
     SCOPED_TRACE(std::string(synth_type_name(k.type)));

@@ -81,9 +81,10 @@ TEST_P(Kernels, SimdEqualsReferenceOnEveryIsa) {
               ASSERT_EQ(got, -1.0f) << "wrote outside its rows: r " << r;
             } else if (isa == Isa::kScalar) {
               ASSERT_EQ(got, want) << "the scalar level is the reference";
-            } else if (c.dtype == DType::kQ4_K || c.dtype == DType::kQ6_K) {
-              // Q4_K and Q6_K keep the reference's F32 steps on every ISA, rows or tiles (>= 16
-              // tokens on AVX-512 VNNI): bit for bit, whatever the batch.
+            } else if (c.dtype == DType::kQ4_K || c.dtype == DType::kQ5_K ||
+                       c.dtype == DType::kQ6_K) {
+              // Q4_K, Q5_K and Q6_K keep the reference's F32 steps on every ISA, rows or tiles
+              // (>= 16 tokens on AVX-512 VNNI): bit for bit, whatever the batch.
               ASSERT_EQ(got, want) << isa_name(isa) << " t " << t << " r " << r;
             } else {
               // Integer block sums are exact; only the F32 summation order of the blocks' (or
