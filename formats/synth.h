@@ -43,7 +43,9 @@ enum class SynthFormat : uint8_t { kGguf, kHf };
 
 // The weight types synth writes. GGUF: f32, f16, bf16, q8_0, q4_k, q5_k, q6_k (pure), q4_k_m,
 // q5_k_m (llama-quantize's mixes). HF: bf16, fp8.
-enum class SynthType : uint8_t { kF32, kF16, kBF16, kQ8_0, kQ4_K, kQ6_K, kQ4_K_M, kFp8, kQ5_K, kQ5_K_M };
+enum class SynthType : uint8_t {
+  kF32, kF16, kBF16, kQ8_0, kQ4_K, kQ6_K, kQ4_K_M, kFp8, kQ5_K, kQ5_K_M
+};
 
 std::optional<SynthType> synth_type_from_name(std::string_view name);
 std::string_view synth_type_name(SynthType type);
