@@ -30,11 +30,15 @@ struct GemmArgs {
 
 using GemmFn = void (*)(const GemmArgs& args);
 
-// A Q8_0 activation row: its nb blocks, then (from the next 64-byte boundary) nbp = nb rounded up
-// to 16 int32 -128 * (sum of the block's 32 quants) and nbp F32 block scales, zero past nb: the
-// AVX-512 VNNI kernels read weights as q + 128 (or q + 16) unsigned bytes and subtract this bias,
-// 16 blocks per vector (kern_gguf_vnni.cpp). Filled once per activation row by
-// quantize_activations; gathering whole rows carries it along.
+// A Q8_0 activation row: its nb blocks, then (from the next 64-byte boundary) three arrays of
+// nbp = nb rounded up to 16 entries, zero past nb:
+//   int32 -128 * (sum of the block's 32 quants): the AVX-512 VNNI kernels read weights as q + 128
+//         (or q + 16, q + 8) unsigned bytes and subtract this bias, 16 blocks per vector
+//         (kern_gguf_vnni.cpp);
+//   F32 the block scale d (the stored F16, widened);
+//   F32 s = F16(d * sum(q)) widened, with d the unrounded amax / 127: ggml's block_q8_1 `s`, the
+//         activation side of the Q4_1 / Q5_1 min term (block_q8_1's d and qs equal block_q8_0's).
+// Filled once per activation row by quantize_activations; gathering whole rows carries it along.
 inline int64_t q8_0_act_aux_offset(int64_t nb) {
   return (nb * 34 + 63) / 64 * 64;  // 34 = sizeof(BlockQ8_0) (static_assert in formats/quant.h)
 }
@@ -42,7 +46,12 @@ inline int64_t q8_0_act_padded_blocks(int64_t nb) {
   return (nb + 15) / 16 * 16;
 }
 inline int64_t q8_0_act_row_bytes(int64_t nb) {
-  return q8_0_act_aux_offset(nb) + q8_0_act_padded_blocks(nb) * 8;
+  return q8_0_act_aux_offset(nb) + q8_0_act_padded_blocks(nb) * 12;
+}
+// The s array of the activation row starting at `row` (nb blocks).
+inline const float* q8_0_act_sums(const uint8_t* row, int64_t nb) {
+  return reinterpret_cast<const float*>(row + q8_0_act_aux_offset(nb) +
+                                        q8_0_act_padded_blocks(nb) * 8);
 }
 
 // The kernels one ISA level provides (nullptr: not specialised at this level).
@@ -55,6 +64,9 @@ struct GgufKernels {
   GemmFn f16 = nullptr;   // F16 x F32
   GemmFn bf16 = nullptr;  // BF16 x BF16 (F32 accumulation)
   GemmFn q5_0 = nullptr;  // Q5_0 x Q8_0
+  GemmFn q4_0 = nullptr;  // Q4_0 x Q8_0
+  GemmFn q4_1 = nullptr;  // Q4_1 x Q8_0 (+ the s array: ggml's Q8_1)
+  GemmFn q5_1 = nullptr;  // Q5_1 x Q8_0 (+ s)
 };
 
 const GgufKernels& gguf_kernels_scalar();
@@ -72,9 +84,12 @@ void quantize_q8_0_act_avx512(const float* x, uint8_t* dst, int64_t cols);
 void quantize_q8_k_avx2(const float* x, BlockQ8_K* y, int64_t nb);  // quant_act_avx2.cpp
 void quantize_q8_0_act_avx2(const float* x, uint8_t* dst, int64_t cols);
 
-// Q5_0 x Q8_0 for fewer than 16 tokens on AVX-512 VNNI + VBMI + BITALG (kern_q0_vbmi.cpp; the
-// caller checks the CPU): bit-identical to the VNNI rows and tiles.
+// Q5_0 / Q4_0 / Q4_1 / Q5_1 x Q8_0 for fewer than 16 tokens on AVX-512 VNNI + VBMI + BITALG
+// (kern_q0_vbmi.cpp; the caller checks the CPU): bit-identical to the VNNI rows and tiles.
 void q5_0_rows_vbmi(const GemmArgs& g);
+void q4_0_rows_vbmi(const GemmArgs& g);
+void q4_1_rows_vbmi(const GemmArgs& g);
+void q5_1_rows_vbmi(const GemmArgs& g);
 
 // kern::attention's task (query token t, KV head group g) on AVX-512 (attention_avx512.cpp):
 // scores needs group * n_ctx floats, dummy dv (written, never read).

@@ -89,6 +89,9 @@ void q4k(const GemmArgs& g) { drive<Q4KKern<Avx2>>(g); }
 void q5k(const GemmArgs& g) { drive<Q5KKern<Avx2>>(g); }
 void q6k(const GemmArgs& g) { drive<Q6KKern<Avx2>>(g); }
 void q50(const GemmArgs& g) { drive<Q50Kern<Avx2>>(g); }
+void q40(const GemmArgs& g) { drive<Q40Kern<Avx2>>(g); }
+void q41(const GemmArgs& g) { drive<Q41Kern<Avx2>>(g); }
+void q51(const GemmArgs& g) { drive<Q51Kern<Avx2>>(g); }
 void q80(const GemmArgs& g) { drive<Q80Kern<Avx2>>(g); }
 void f32(const GemmArgs& g) { drive<DenseKern<Avx2, Dense::kF32>>(g); }
 void f16(const GemmArgs& g) { drive<DenseKern<Avx2, Dense::kF16>>(g); }
@@ -99,7 +102,7 @@ void bf16(const GemmArgs& g) { drive<DenseKern<Avx2, Dense::kBF16>>(g); }
 namespace tandem::kern::detail {
 
 const GgufKernels& gguf_kernels_avx2() {
-  static const GgufKernels k{q4k, q5k, q6k, q80, f32, f16, bf16, q50};
+  static const GgufKernels k{q4k, q5k, q6k, q80, f32, f16, bf16, q50, q40, q41, q51};
   return k;
 }
 

@@ -17,6 +17,9 @@ void q4k(const GemmArgs& g) {
 void q5k(const GemmArgs& g) { drive<Q5KKern<S>>(g); }
 void q6k(const GemmArgs& g) { drive<Q6KKern<S>>(g); }
 void q50(const GemmArgs& g) { drive<Q50Kern<S>>(g); }
+void q40(const GemmArgs& g) { drive<Q40Kern<S>>(g); }
+void q41(const GemmArgs& g) { drive<Q41Kern<S>>(g); }
+void q51(const GemmArgs& g) { drive<Q51Kern<S>>(g); }
 void q80(const GemmArgs& g) { drive<Q80Kern<S>>(g); }
 void f32(const GemmArgs& g) { drive<DenseKern<S, Dense::kF32>>(g); }
 void f16(const GemmArgs& g) { drive<DenseKern<S, Dense::kF16>>(g); }
@@ -27,7 +30,7 @@ void bf16(const GemmArgs& g) { drive<DenseKern<S, Dense::kBF16>>(g); }
 namespace tandem::kern::detail {
 
 const GgufKernels& gguf_kernels_avx512() {
-  static const GgufKernels k{q4k, q5k, q6k, q80, f32, f16, bf16, q50};
+  static const GgufKernels k{q4k, q5k, q6k, q80, f32, f16, bf16, q50, q40, q41, q51};
   return k;
 }
 

@@ -102,22 +102,31 @@ struct Avx512 {
     }
   }
   static V sub32(V a, V b) { return _mm512_sub_epi32(a, b); }
-  // Two consecutive Q5_0 blocks as 64 unsigned quants 0..31 in element order: bytes 0-15 the low
-  // nibbles of x0, 16-31 its high nibbles, 32-63 the same for x1; qh bit j adds 16 to element j.
-  static V q5_0_pair_u8(const tandem::BlockQ5_0& x0, const tandem::BlockQ5_0& x1) {
+  // The nibbles of two consecutive legacy 4/5-bit blocks (qs0, qs1) as 64 bytes 0..15 in element
+  // order: bytes 0-15 the low nibbles of block 0, 16-31 its high nibbles, 32-63 block 1's.
+  static V nib_pair_u8(const uint8_t* qs0, const uint8_t* qs1) {
     const __m256i q = _mm256_inserti128_si256(
-        _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x0.qs))),
-        _mm_loadu_si128(reinterpret_cast<const __m128i*>(x1.qs)), 1);
+        _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(qs0))),
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs1)), 1);
     // [q0, q0, q1, q1], then the 2nd and 4th 128-bit lanes shifted right by 4.
     const V dup = _mm512_permutexvar_epi64(_mm512_set_epi64(3, 2, 3, 2, 1, 0, 1, 0),
                                            _mm512_castsi256_si512(q));
-    const V nib = _mm512_and_si512(_mm512_mask_srli_epi16(dup, 0xFF00FF00u, dup, 4),
-                                   _mm512_set1_epi8(0x0F));
+    return _mm512_and_si512(_mm512_mask_srli_epi16(dup, 0xFF00FF00u, dup, 4),
+                            _mm512_set1_epi8(0x0F));
+  }
+  // The same with the fifth bits (qh0, qh1: bit j of the LE 32-bit word adds 16 to element j):
+  // 64 unsigned quants 0..31.
+  static V q5_pair_u8(const uint8_t* qs0, const uint8_t* qh0, const uint8_t* qs1,
+                      const uint8_t* qh1) {
+    const V nib = nib_pair_u8(qs0, qs1);
     uint32_t h0, h1;
-    __builtin_memcpy(&h0, x0.qh, 4);
-    __builtin_memcpy(&h1, x1.qh, 4);
+    __builtin_memcpy(&h0, qh0, 4);
+    __builtin_memcpy(&h1, qh1, 4);
     const __mmask64 high = static_cast<__mmask64>(h0) | (static_cast<__mmask64>(h1) << 32);
     return _mm512_mask_add_epi8(nib, high, nib, _mm512_set1_epi8(16));
+  }
+  static V q5_0_pair_u8(const tandem::BlockQ5_0& x0, const tandem::BlockQ5_0& x1) {
+    return q5_pair_u8(x0.qs, x0.qh, x1.qs, x1.qh);
   }
   // Lanes 0-7 s0, lanes 8-15 s1.
   static F fpair(float s0, float s1) {
@@ -169,7 +178,7 @@ inline __m512i tree4_epi32(__m512i a, __m512i b) {
   return _mm512_add_epi32(_mm512_unpacklo_epi64(a, b), _mm512_unpackhi_epi64(a, b));
 }
 
-// The fixed tree over 16 F32 lanes of the Q8_0 / Q5_0 order (kern_gguf_vnni.cpp): h8[i] =
+// The fixed tree over 16 F32 lanes of the legacy formats' order (kern_gguf_vnni.cpp): h8[i] =
 // acc[i] + acc[i + 8], h4[i] = h8[i] + h8[i + 4], h2[i] = h4[i] + h4[i + 2], h2[0] + h2[1].
 inline float lane_tree_ps(__m512 acc) {
   const __m256 h8 = _mm256_add_ps(_mm512_castps512_ps256(acc),

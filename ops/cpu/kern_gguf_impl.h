@@ -19,9 +19,11 @@
 
 namespace {
 
+using tandem::BlockQ4_0;
+using tandem::BlockQ4_1;
 using tandem::BlockQ4_K;
 using tandem::BlockQ5_0;
-using tandem::BlockQ5_K;
+using tandem::BlockQ5_1;
 using tandem::BlockQ5_K;
 using tandem::BlockQ6_K;
 using tandem::BlockQ8_0;
@@ -345,23 +347,96 @@ inline __m256i expand_q8_0(const BlockQ8_0& x) {
   return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.qs));
 }
 
-// The 32 quants of a Q5_0 block as signed bytes in element order: low nibbles are elements 0..15,
-// high nibbles 16..31, and bit j of qh is element j's fifth bit; value = q - 16, i.e. the nibble
-// with 0xF0 or'ed in (two's complement) when the fifth bit is clear. (AVX2 instructions: also
-// available to the AVX-512 units.)
-inline __m256i expand_q5_0(const BlockQ5_0& x) {
-  const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(x.qs));
-  const __m256i nib = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(q, 4), q),
-                                       _mm256_set1_epi8(0x0F));
+// The 32 nibbles of a legacy 4/5-bit block (qs: element j low nibble, j + 16 high) as bytes
+// 0..15 in element order. (AVX2 instructions: also available to the AVX-512 units.)
+inline __m256i nibbles_32(const uint8_t* qs) {
+  const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(qs));
+  return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(q, 4), q), _mm256_set1_epi8(0x0F));
+}
+
+// 0xFF in byte j where bit j of the 32-bit qh (element j's fifth bit) is set, else 0.
+inline __m256i fifth_bits_32(const uint8_t* qh) {
   uint32_t bits;
-  std::memcpy(&bits, x.qh, 4);
+  std::memcpy(&bits, qh, 4);
   // Byte i takes byte i / 8 of the bit mask, then tests its bit i % 8.
   const __m256i spread = _mm256_shuffle_epi8(
       _mm256_set1_epi32(static_cast<int>(bits)),
       _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0));
   const __m256i select = _mm256_set1_epi64x(static_cast<long long>(0x8040201008040201ull));
-  const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(spread, select), select);
-  return _mm256_or_si256(nib, _mm256_andnot_si256(set, _mm256_set1_epi8(static_cast<char>(0xF0))));
+  return _mm256_cmpeq_epi8(_mm256_and_si256(spread, select), select);
+}
+
+// The 32 quants of a Q5_0 block as signed bytes in element order: value = q - 16, i.e. the
+// nibble with 0xF0 or'ed in (two's complement) when the fifth bit is clear.
+inline __m256i expand_q5_0(const BlockQ5_0& x) {
+  const __m256i f0 = _mm256_set1_epi8(static_cast<char>(0xF0));
+  return _mm256_or_si256(nibbles_32(x.qs), _mm256_andnot_si256(fifth_bits_32(x.qh), f0));
+}
+// Q4_0: q - 8. Q4_1 / Q5_1: q itself (0..15 / 0..31; their offset is the min term).
+inline __m256i expand_q4_0(const BlockQ4_0& x) {
+  return _mm256_sub_epi8(nibbles_32(x.qs), _mm256_set1_epi8(8));
+}
+inline __m256i expand_q4_1(const BlockQ4_1& x) {
+  return nibbles_32(x.qs);
+}
+inline __m256i expand_q5_1(const BlockQ5_1& x) {
+  return _mm256_or_si256(nibbles_32(x.qs),
+                         _mm256_and_si256(fifth_bits_32(x.qh), _mm256_set1_epi8(0x10)));
+}
+
+// Q4_1 / Q5_1 x Q8_0 with the Q8_1 sums (kern_gguf.h; a[t] are whole activation rows): q_0_rows'
+// lanes for the (dw * da) * isum parts, the min terms m * s summed in block order beside them.
+template <class S, int NR, int NT, class WBlock, class Expand>
+inline void q_1_rows(const WBlock* const* w, const BlockQ8_0* const* a, int64_t nb,
+                     float (*out)[NT], Expand expand) {
+  __m256 acc[NR][NT];
+  float macc[NR][NT];
+  const float* sa[NT];
+  for (int t = 0; t < NT; ++t) {
+    sa[t] = tandem::kern::detail::q8_0_act_sums(reinterpret_cast<const uint8_t*>(a[t]), nb);
+  }
+  for (int r = 0; r < NR; ++r) {
+    for (int t = 0; t < NT; ++t) {
+      acc[r][t] = _mm256_setzero_ps();
+      macc[r][t] = 0.0f;
+    }
+  }
+  for (int64_t b = 0; b < nb; ++b) {
+    if (b % 2 == 0) {
+      for (int r = 0; r < NR; ++r) prefetch_ahead(&w[r][b], 64);
+    }
+    float da[NT];
+    for (int t = 0; t < NT; ++t) da[t] = half_to_float(a[t][b].d);
+    for (int r = 0; r < NR; ++r) {
+      const __m256i q = expand(w[r][b]);
+      const float dw = half_to_float(w[r][b].d), mw = half_to_float(w[r][b].m);
+      for (int t = 0; t < NT; ++t) {
+        const __m256 d = _mm256_set1_ps(dw * da[t]);
+        acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(S::dot_s8_32_lanes(q, a[t][b].qs)), d,
+                                    acc[r][t]);
+        macc[r][t] = macc[r][t] + mw * sa[t][b];
+      }
+    }
+  }
+  for (int r = 0; r < NR; ++r) {
+    for (int t = 0; t < NT; ++t) out[r][t] = hsum_ps256(acc[r][t]) + macc[r][t];
+  }
+}
+
+template <class S, int NR, int NT>
+inline void q4_0_rows(const BlockQ4_0* const* w, const BlockQ8_0* const* a, int64_t nb,
+                      float (*out)[NT]) {
+  q_0_rows<S, NR, NT>(w, a, nb, out, expand_q4_0);
+}
+template <class S, int NR, int NT>
+inline void q4_1_rows(const BlockQ4_1* const* w, const BlockQ8_0* const* a, int64_t nb,
+                      float (*out)[NT]) {
+  q_1_rows<S, NR, NT>(w, a, nb, out, expand_q4_1);
+}
+template <class S, int NR, int NT>
+inline void q5_1_rows(const BlockQ5_1* const* w, const BlockQ8_0* const* a, int64_t nb,
+                      float (*out)[NT]) {
+  q_1_rows<S, NR, NT>(w, a, nb, out, expand_q5_1);
 }
 
 template <class S, int NR, int NT>
@@ -539,6 +614,9 @@ TD_ROW_DOT(Q5KDot, q5k_rows, BlockQ5_K, BlockQ8_K, 2)
 TD_ROW_DOT(Q6KDot, q6k_rows, BlockQ6_K, BlockQ8_K, 1)
 TD_ROW_DOT(Q80Dot, q8_0_rows, BlockQ8_0, BlockQ8_0, 2)
 TD_ROW_DOT(Q50Dot, q5_0_rows, BlockQ5_0, BlockQ8_0, 2)
+TD_ROW_DOT(Q40Dot, q4_0_rows, BlockQ4_0, BlockQ8_0, 2)
+TD_ROW_DOT(Q41Dot, q4_1_rows, BlockQ4_1, BlockQ8_0, 2)
+TD_ROW_DOT(Q51Dot, q5_1_rows, BlockQ5_1, BlockQ8_0, 2)
 #undef TD_ROW_DOT
 
 template <class S>
@@ -551,6 +629,12 @@ template <class S>
 using Q80Kern = BlockKern<BlockQ8_0, BlockQ8_0, 32, Q80Dot<S>>;
 template <class S>
 using Q50Kern = BlockKern<BlockQ5_0, BlockQ8_0, 32, Q50Dot<S>>;
+template <class S>
+using Q40Kern = BlockKern<BlockQ4_0, BlockQ8_0, 32, Q40Dot<S>>;
+template <class S>
+using Q41Kern = BlockKern<BlockQ4_1, BlockQ8_0, 32, Q41Dot<S>>;
+template <class S>
+using Q51Kern = BlockKern<BlockQ5_1, BlockQ8_0, 32, Q51Dot<S>>;
 
 template <class S, Dense kKind>
 struct DenseKern {

@@ -111,6 +111,39 @@ float q5_0_dot(const BlockQ5_0* w, const BlockQ8_0* a, int64_t nb) {
   return acc;
 }
 
+float q4_0_dot(const BlockQ4_0* w, const BlockQ8_0* a, int64_t nb) {
+  float acc = 0.0f;
+  for (int64_t b = 0; b < nb; ++b) {
+    int32_t isum = 0;
+    for (int j = 0; j < 16; ++j) {
+      isum += ((w[b].qs[j] & 0xF) - 8) * a[b].qs[j] + ((w[b].qs[j] >> 4) - 8) * a[b].qs[j + 16];
+    }
+    acc = acc + (f16_to_f32(w[b].d) * f16_to_f32(a[b].d)) * static_cast<float>(isum);
+  }
+  return acc;
+}
+
+// Q4_1 / Q5_1: x = d * q + m against ggml's Q8_1 (the Q8_0 row's quants and d, and its s array,
+// s = d_a * sum(q_a) rounded to F16): per block (dw * da) * isum + m * s, as
+// ggml_vec_dot_q4_1_q8_1 / q5_1_q8_1.
+template <bool kFive, class Block>
+float q_1_dot(const Block* w, const BlockQ8_0* a, const float* s, int64_t nb) {
+  float acc = 0.0f;
+  for (int64_t b = 0; b < nb; ++b) {
+    uint32_t qh = 0;
+    if constexpr (kFive) std::memcpy(&qh, w[b].qh, 4);
+    int32_t isum = 0;
+    for (int j = 0; j < 16; ++j) {
+      const int lo = (w[b].qs[j] & 0xF) | (((qh >> j) & 1) << 4);
+      const int hi = (w[b].qs[j] >> 4) | (((qh >> (j + 16)) & 1) << 4);
+      isum += lo * a[b].qs[j] + hi * a[b].qs[j + 16];
+    }
+    acc = acc + ((f16_to_f32(w[b].d) * f16_to_f32(a[b].d)) * static_cast<float>(isum) +
+                 f16_to_f32(w[b].m) * s[b]);
+  }
+  return acc;
+}
+
 template <typename Dot>
 void rows(const GemmArgs& g, Dot&& dot) {
   for (int64_t t = 0; t < g.tokens; ++t) {
@@ -149,6 +182,20 @@ void q50(const GemmArgs& g) {
                     g.cols / kQK);
   });
 }
+void q40(const GemmArgs& g) {
+  rows(g, [&](const uint8_t* w, const uint8_t* a) {
+    return q4_0_dot(reinterpret_cast<const BlockQ4_0*>(w), reinterpret_cast<const BlockQ8_0*>(a),
+                    g.cols / kQK);
+  });
+}
+template <bool kFive, class Block>
+void q_1(const GemmArgs& g) {
+  const int64_t nb = g.cols / kQK;
+  rows(g, [&](const uint8_t* w, const uint8_t* a) {
+    return q_1_dot<kFive>(reinterpret_cast<const Block*>(w), reinterpret_cast<const BlockQ8_0*>(a),
+                          q8_0_act_sums(a, nb), nb);
+  });
+}
 void f32(const GemmArgs& g) {
   rows(g, [&](const uint8_t* w, const uint8_t* a) {
     const float* wf = reinterpret_cast<const float*>(w);
@@ -180,7 +227,8 @@ void bf16(const GemmArgs& g) {
 }  // namespace
 
 const GgufKernels& gguf_kernels_scalar() {
-  static const GgufKernels k{q4k, q5k, q6k, q80, f32, f16, bf16, q50};
+  static const GgufKernels k{q4k,  q5k, q6k, q80, f32, f16, bf16, q50, q40,
+                             q_1<false, BlockQ4_1>, q_1<true, BlockQ5_1>};
   return k;
 }
 

@@ -490,15 +490,18 @@ void q6k_tiled(const GemmArgs& g) {
   }
 }
 
-// Q8_0 / Q5_0 (x Q8_0 activations). Rows (few tokens) and 16-row tiles (many tokens) share one F32
-// accumulation order, so a token's result does not depend on its batch:
-//   isum_b = the exact int32 dot product of block b's 32 quants,
+// The legacy 32-blocks Q8_0 / Q5_0 / Q4_0 / Q4_1 / Q5_1 (x Q8_0 activations). Rows (few tokens)
+// and 16-row tiles (many tokens) share one F32 accumulation order, so a token's result does not
+// depend on its batch:
+//   isum_b = the exact int32 dot product of block b's 32 quants (q - 8 for Q4_0, q - 16 for Q5_0,
+//            q itself for Q4_1 / Q5_1),
 //   acc[b % 16] = fma(float(isum_b), dw_b * da_b, acc[b % 16]) for b = 0, 1, ... in order,
+//   then for Q4_1 / Q5_1 acc[b % 16] = fma(m_b, s_b, acc[b % 16]) (s: the Q8_1 sum, kern_gguf.h),
 //   h8[i] = acc[i] + acc[i + 8], h4[i] = h8[i] + h8[i + 4], h2[i] = h4[i] + h4[i + 2],
 //   result = h2[0] + h2[1].
 // vpdpbusd multiplies unsigned by signed bytes: the weights enter as u = q + c (Q8_0: q ^ 0x80,
-// c = 128; Q5_0 rows: the 5-bit value, c = 16; tiles: c = 128 for both) and c * sum(a) is
-// subtracted per block, exactly. Rows take 16 blocks at a time: one vpdpbusd per pair of blocks
+// c = 128; rows of the 4/5-bit formats: the stored value, c = 16 / 8 / 0; tiles: c = 128 for all)
+// and c * sum(a) is subtracted per block, exactly. Rows take 16 blocks at a time: one vpdpbusd per pair of blocks
 // (lanes 0-7 the even block, 8-15 the odd one), the 8 pair vectors reduced to the 16 block sums
 // by a transposing add tree, one FMA per 16 blocks. Tiles keep each acc[L] as a vector over the
 // 16 rows, lane L's blocks one after the other, 8 tokens at a time.
@@ -511,6 +514,7 @@ struct Q0Act {
   const BlockQ8_0* blk;
   const int32_t* negc;  // -128 * sum(a) per block, padded to 16
   const float* d;
+  const float* s;  // the Q8_1 sums
 };
 inline Q0Act q0_act(const GemmArgs& g, int64_t t) {
   const uint8_t* row = g.act + t * g.act_row_bytes;
@@ -518,8 +522,40 @@ inline Q0Act q0_act(const GemmArgs& g, int64_t t) {
   const auto* negc =
       reinterpret_cast<const int32_t*>(row + tandem::kern::detail::q8_0_act_aux_offset(nb));
   return {reinterpret_cast<const BlockQ8_0*>(row), negc,
-          reinterpret_cast<const float*>(negc + tandem::kern::detail::q8_0_act_padded_blocks(nb))};
+          reinterpret_cast<const float*>(negc + tandem::kern::detail::q8_0_act_padded_blocks(nb)),
+          tandem::kern::detail::q8_0_act_sums(row, nb)};
 }
+
+// Per legacy format: the row kernel's u = q + c and its bias c * sum(a), taken from the
+// activation's -128 * sum(a) by an arithmetic shift (kBiasShift; -1: c = 0, no bias); kMin: blocks
+// carry a min m (F16 right after d), the term m * s.
+template <class Block>
+struct Q0Fmt;
+template <>
+struct Q0Fmt<BlockQ8_0> {
+  static constexpr int kBiasShift = 0;  // c = 128
+  static constexpr bool kMin = false;
+};
+template <>
+struct Q0Fmt<BlockQ5_0> {
+  static constexpr int kBiasShift = 3;  // c = 16
+  static constexpr bool kMin = false;
+};
+template <>
+struct Q0Fmt<BlockQ4_0> {
+  static constexpr int kBiasShift = 4;  // c = 8
+  static constexpr bool kMin = false;
+};
+template <>
+struct Q0Fmt<BlockQ4_1> {
+  static constexpr int kBiasShift = -1;
+  static constexpr bool kMin = true;
+};
+template <>
+struct Q0Fmt<BlockQ5_1> {
+  static constexpr int kBiasShift = -1;
+  static constexpr bool kMin = true;
+};
 
 // The row kernel's u for blocks b and b + 1 of a row (only b when `one`): 64 unsigned bytes.
 template <class Block>
@@ -528,19 +564,26 @@ inline __m512i q0_pair_u8(const Block* x, bool one) {
     const __m512i v =
         one ? _mm512_zextsi256_si512(expand_q8_0(x[0])) : S::load_halves(x[0].qs, x[1].qs);
     return _mm512_xor_si512(v, _mm512_set1_epi8(static_cast<char>(0x80)));
-  } else {
+  } else if constexpr (std::is_same_v<Block, BlockQ5_0>) {
     if (one) {
       return _mm512_zextsi256_si512(_mm256_add_epi8(expand_q5_0(x[0]), _mm256_set1_epi8(16)));
     }
     return S::q5_0_pair_u8(x[0], x[1]);
+  } else if constexpr (std::is_same_v<Block, BlockQ5_1>) {
+    if (one) return _mm512_zextsi256_si512(expand_q5_1(x[0]));
+    return S::q5_pair_u8(x[0].qs, x[0].qh, x[1].qs, x[1].qh);
+  } else {  // Q4_0 (c = 8), Q4_1: the nibbles
+    if (one) return _mm512_zextsi256_si512(nibbles_32(x[0].qs));
+    return S::nib_pair_u8(x[0].qs, x[1].qs);
   }
 }
 
 // NR rows x NT tokens (rows r.., tokens t0..).
 template <class Block, int NR, int NT>
 void q0_rows(const GemmArgs& g, int64_t r, int64_t t0) {
-  // isum = the block sums of u * a minus c * sum(a): + negc (c = 128) or + negc / 8 (c = 16).
-  constexpr int kBiasShift = std::is_same_v<Block, BlockQ8_0> ? 0 : 3;
+  // isum = the block sums of u * a minus c * sum(a): + negc (c = 128) or + negc >> 3 (c = 16) ...
+  constexpr int kBiasShift = Q0Fmt<Block>::kBiasShift;
+  constexpr bool kMin = Q0Fmt<Block>::kMin;
   constexpr int kStride = static_cast<int>(sizeof(Block));
   const __m512i gidx =
       _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
@@ -563,8 +606,11 @@ void q0_rows(const GemmArgs& g, int64_t r, int64_t t0) {
       prefetch_ahead(x, 16 * kStride);
       __m512i u[8];
       for (int p = 0; p < pairs; ++p) u[p] = q0_pair_u8(x + 2 * p, 2 * p + 1 == m);
-      const __m512 dw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(
-          _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), live, gidx, x, 1)));
+      // d (and m, the next F16) of the 16 blocks.
+      const __m512i dm = _mm512_mask_i32gather_epi32(_mm512_setzero_si512(), live, gidx, x, 1);
+      const __m512 dw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(dm));
+      __m512 mw = _mm512_setzero_ps();
+      if constexpr (kMin) mw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(dm, 16)));
       for (int t = 0; t < NT; ++t) {
         const BlockQ8_0* ab = a[t].blk + g0;
         __m512i v[8];
@@ -577,10 +623,14 @@ void q0_rows(const GemmArgs& g, int64_t r, int64_t t0) {
             v[p] = dpbusd(_mm512_setzero_si512(), u[p], av);
           }
         }
-        const __m512i bias = _mm512_srai_epi32(_mm512_loadu_si512(a[t].negc + g0), kBiasShift);
-        const __m512i isum = _mm512_add_epi32(q0_block_sums(v), bias);
+        __m512i isum = q0_block_sums(v);
+        if constexpr (kBiasShift >= 0) {
+          isum = _mm512_add_epi32(
+              isum, _mm512_srai_epi32(_mm512_loadu_si512(a[t].negc + g0), kBiasShift));
+        }
         const __m512 s = _mm512_mul_ps(dw, _mm512_loadu_ps(a[t].d + g0));
         acc[i][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), s, acc[i][t]);
+        if constexpr (kMin) acc[i][t] = _mm512_fmadd_ps(mw, _mm512_loadu_ps(a[t].s + g0), acc[i][t]);
       }
     }
   }
@@ -609,8 +659,10 @@ void q0_rows_all(const GemmArgs& g) {
 }
 
 // Tile storage per block: 8 chunks of 64 bytes, chunk l = bytes 4l..4l+3 of the 16 rows' quants
-// as q + 128 (by the 16 x 16 dword transpose of two blocks at a time), then 16 F32 dw.
-constexpr int64_t kQ0TileBlockBytes = 8 * 64 + 16 * 4;
+// as q - c + 128 (by the 16 x 16 dword transpose of two blocks at a time), then 16 F32 dw (and
+// for Q4_1 / Q5_1 16 F32 m).
+template <class Block>
+constexpr int64_t kQ0TileBlockBytes = 8 * 64 + 16 * 4 * (Q0Fmt<Block>::kMin ? 2 : 1);
 
 template <class Block, class Expand>
 void q0_expand(const GemmArgs& g, int64_t row0, int64_t rows, int64_t nb, Expand expand,
@@ -629,16 +681,15 @@ void q0_expand(const GemmArgs& g, int64_t row0, int64_t rows, int64_t nb, Expand
     }
     tandem::kern::detail::transpose16_epi32(r, out);
     for (int64_t bb = b; bb < b + 2 && bb < nb; ++bb) {
-      uint8_t* dst = tile + bb * kQ0TileBlockBytes;
+      uint8_t* dst = tile + bb * kQ0TileBlockBytes<Block>;
       for (int l = 0; l < 8; ++l) {
         _mm512_storeu_si512(dst + l * 64, _mm512_xor_si512(out[(bb - b) * 8 + l], u128));
       }
       float* dw = reinterpret_cast<float*>(dst + 8 * 64);
       for (int i = 0; i < 16; ++i) {
-        dw[i] = i < rows
-                    ? half_to_float(
-                          (reinterpret_cast<const Block*>(g.w + (row0 + i) * g.row_bytes) + bb)->d)
-                    : 0.0f;
+        const Block* x = reinterpret_cast<const Block*>(g.w + (row0 + i) * g.row_bytes) + bb;
+        dw[i] = i < rows ? half_to_float(x->d) : 0.0f;
+        if constexpr (Q0Fmt<Block>::kMin) dw[16 + i] = i < rows ? half_to_float(x->m) : 0.0f;
       }
     }
   }
@@ -646,7 +697,7 @@ void q0_expand(const GemmArgs& g, int64_t row0, int64_t rows, int64_t nb, Expand
 
 
 // NT tokens (t0..) against one tile: out[t][row].
-template <int NT>
+template <class Block, int NT>
 void q0_tile(const uint8_t* tile, const GemmArgs& g, int64_t t0, float (*out)[16]) {
   const int64_t nb = g.cols / tandem::kQK;
   Q0Act a[NT];
@@ -656,7 +707,7 @@ void q0_tile(const uint8_t* tile, const GemmArgs& g, int64_t t0, float (*out)[16
     __m512 acc[NT];
     for (int t = 0; t < NT; ++t) acc[t] = _mm512_setzero_ps();
     for (int64_t b = L; b < nb; b += 16) {
-      const uint8_t* c = tile + b * kQ0TileBlockBytes;
+      const uint8_t* c = tile + b * kQ0TileBlockBytes<Block>;
       __m512i isum[NT];
       for (int t = 0; t < NT; ++t) isum[t] = _mm512_set1_epi32(a[t].negc[b]);
       for (int l = 0; l < 8; ++l) {
@@ -667,6 +718,10 @@ void q0_tile(const uint8_t* tile, const GemmArgs& g, int64_t t0, float (*out)[16
       for (int t = 0; t < NT; ++t) {
         const __m512 s = _mm512_mul_ps(dw, _mm512_set1_ps(a[t].d[b]));
         acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[t]), s, acc[t]);
+      }
+      if constexpr (Q0Fmt<Block>::kMin) {
+        const __m512 mw = _mm512_loadu_ps(reinterpret_cast<const float*>(c + 8 * 64) + 16);
+        for (int t = 0; t < NT; ++t) acc[t] = _mm512_fmadd_ps(mw, _mm512_set1_ps(a[t].s[b]), acc[t]);
       }
     }
     for (int t = 0; t < NT; ++t) _mm512_store_ps(lanes[t][L], acc[t]);
@@ -686,7 +741,7 @@ template <class Block, class Expand>
 void q0_tiled(const GemmArgs& g, Expand expand) {
   const int64_t nb = g.cols / tandem::kQK;
   thread_local std::vector<uint8_t> tile;
-  tile.resize(static_cast<size_t>(nb * kQ0TileBlockBytes));
+  tile.resize(static_cast<size_t>(nb * kQ0TileBlockBytes<Block>));
   alignas(64) float out[8][16];
   prefetch_rows<_MM_HINT_T0>(g, g.n0, std::min(g.n1, g.n0 + 16));  // as q4k_tiled
   for (int64_t n = g.n0; n < g.n1; n += 16) {
@@ -696,10 +751,10 @@ void q0_tiled(const GemmArgs& g, Expand expand) {
     for (int64_t t0 = 0; t0 < g.tokens;) {
       const int64_t rest = g.tokens - t0;
       const int nt = rest >= 8 ? 8 : rest >= 4 ? 4 : rest >= 2 ? 2 : 1;
-      if (nt == 8) q0_tile<8>(tile.data(), g, t0, out);
-      if (nt == 4) q0_tile<4>(tile.data(), g, t0, out);
-      if (nt == 2) q0_tile<2>(tile.data(), g, t0, out);
-      if (nt == 1) q0_tile<1>(tile.data(), g, t0, out);
+      if (nt == 8) q0_tile<Block, 8>(tile.data(), g, t0, out);
+      if (nt == 4) q0_tile<Block, 4>(tile.data(), g, t0, out);
+      if (nt == 2) q0_tile<Block, 2>(tile.data(), g, t0, out);
+      if (nt == 1) q0_tile<Block, 1>(tile.data(), g, t0, out);
       for (int t = 0; t < nt; ++t) {
         for (int64_t r = n; r < n_end; ++r) g.y[(t0 + t) * g.ldy + r] = out[t][r - n];
       }
@@ -724,11 +779,22 @@ void q80(const GemmArgs& g) {
 void q50(const GemmArgs& g) {
   q0_gemm<BlockQ5_0>(g, expand_q5_0);
 }
-void q50_vbmi(const GemmArgs& g) {
+void q40(const GemmArgs& g) {
+  q0_gemm<BlockQ4_0>(g, expand_q4_0);
+}
+void q41(const GemmArgs& g) {
+  q0_gemm<BlockQ4_1>(g, expand_q4_1);
+}
+void q51(const GemmArgs& g) {
+  q0_gemm<BlockQ5_1>(g, expand_q5_1);
+}
+// Fewer than 16 tokens through kern_q0_vbmi.cpp, else the tiles.
+template <tandem::kern::detail::GemmFn kVbmi, tandem::kern::detail::GemmFn kVnni>
+void q0_vbmi(const GemmArgs& g) {
   if (g.tokens < kQ0TileMinTokens) {
-    tandem::kern::detail::q5_0_rows_vbmi(g);
+    kVbmi(g);
   } else {
-    q50(g);
+    kVnni(g);
   }
 }
 
@@ -775,12 +841,23 @@ void bf16(const GemmArgs& g) {
 namespace tandem::kern::detail {
 
 const GgufKernels& gguf_kernels_avx512_vnni_base() {
-  static const GgufKernels k{q4k, q5k, q6k, q80, f32, f16, bf16, q50};
+  static const GgufKernels k{q4k, q5k, q6k, q80, f32, f16, bf16, q50, q40, q41, q51};
   return k;
 }
 
 const GgufKernels& gguf_kernels_avx512_vnni() {
-  static const GgufKernels k{q4k, q5k, q6k, q80, f32, f16, bf16, q50_vbmi};
+  using namespace tandem::kern::detail;  // NOLINT: the *_rows_vbmi entry points
+  static const GgufKernels k{q4k,
+                             q5k,
+                             q6k,
+                             q80,
+                             f32,
+                             f16,
+                             bf16,
+                             q0_vbmi<q5_0_rows_vbmi, q50>,
+                             q0_vbmi<q4_0_rows_vbmi, q40>,
+                             q0_vbmi<q4_1_rows_vbmi, q41>,
+                             q0_vbmi<q5_1_rows_vbmi, q51>};
   static const bool vbmi = cpu_features().avx512_vbmi && cpu_features().avx512_bitalg;
   return vbmi ? k : gguf_kernels_avx512_vnni_base();
 }

@@ -1,16 +1,18 @@
-// Q5_0 x Q8_0 for fewer than 16 tokens (GEMV) with AVX-512 VBMI and BITALG on top of VNNI
-// (compiled with those flags; kern_gguf_vnni.cpp calls it only on CPUs that have them: Ice Lake+,
-// Zen 4+). Same arithmetic and F32 order as the VNNI row kernels and tiles (kern_gguf_vnni.cpp):
-// exact int32 block sums, acc[b % 16] = fma(float(isum_b), dw_b * da_b, acc[b % 16]), the fixed
-// tree; so results are bit-identical to them whatever the batch.
+// The legacy 4/5-bit formats Q5_0, Q4_0, Q4_1, Q5_1 x Q8_0 for fewer than 16 tokens (GEMV) with
+// AVX-512 VBMI and BITALG on top of VNNI (compiled with those flags; kern_gguf_vnni.cpp calls it
+// only on CPUs that have them: Ice Lake+, Zen 4+). Same arithmetic and F32 order as the VNNI row
+// kernels and tiles (kern_gguf_vnni.cpp): exact int32 block sums, acc[b % 16] = fma(float(isum_b),
+// dw_b * da_b, acc[b % 16]) (then fma(m_b, s_b, acc[b % 16]) for Q4_1 / Q5_1), the fixed tree; so
+// results are bit-identical to them whatever the batch.
 //
-// What differs is how a block's 5-bit quants are formed: four blocks (88 bytes) at a time, from one
+// What differs is how a block's quants are formed: four blocks (72-96 bytes) at a time, from one
 // full and one masked 64-byte load, one vpermt2b gathers the four 16-byte nibble arrays into a
-// vector, a second the four 32-bit fifth-bit words, and vpshufbitqmb turns those into the two
-// 64-bit masks that add 16 to the quants whose bit is set; a third the fp16 scales. The
-// token's quants are rearranged once per call to match (16 low-nibble partners of each block, then
-// 16 high). (The VNNI rows expand two blocks per vector with a 64-bit permute, a masked shift and a
-// mask built in general registers, and gather the scales: about twice the instructions per block.)
+// vector; for the 5-bit formats a second the four 32-bit fifth-bit words, and vpshufbitqmb turns
+// those into the two 64-bit masks that add 16 to the quants whose bit is set; one more the fp16
+// scales (and mins). The token's quants are rearranged once per call to match (16 low-nibble
+// partners of each block, then 16 high). (The VNNI rows expand two blocks per vector with a 64-bit
+// permute, a masked shift and a mask built in general registers, and gather the scales: about
+// twice the instructions per block.)
 #include <immintrin.h>
 
 #include <algorithm>
@@ -25,26 +27,48 @@
 
 namespace {
 
-constexpr int kBlockBytes = static_cast<int>(sizeof(BlockQ5_0));  // 22
-static_assert(kBlockBytes == 22, "Q5_0 block: fp16 d, 4 bytes qh, 16 bytes qs");
 constexpr int kMaxTokens = 4;
+
+// Per format: block bytes; offsets of qs, qh (-1: none) and m (-1: none; d is at 0); the bias c of
+// u = q + c as the shift of the activation's -128 * sum(a) (-1: c = 0).
+template <class Block>
+struct Fmt;
+template <>
+struct Fmt<BlockQ5_0> {
+  static constexpr int kQs = 6, kQh = 2, kM = -1, kShift = 3;  // c = 16
+};
+template <>
+struct Fmt<BlockQ4_0> {
+  static constexpr int kQs = 2, kQh = -1, kM = -1, kShift = 4;  // c = 8
+};
+template <>
+struct Fmt<BlockQ4_1> {
+  static constexpr int kQs = 4, kQh = -1, kM = 2, kShift = -1;
+};
+template <>
+struct Fmt<BlockQ5_1> {
+  static constexpr int kQs = 8, kQh = 4, kM = 2, kShift = -1;
+};
+static_assert(sizeof(BlockQ5_0) == 22 && sizeof(BlockQ4_0) == 18 && sizeof(BlockQ4_1) == 20 &&
+                  sizeof(BlockQ5_1) == 24,
+              "legacy blocks: fp16 d (+ fp16 m) (+ 4 bytes qh) + 16 bytes qs");
 
 using Bytes64 = std::array<uint8_t, 64>;
 
-// Byte indices into the 128 loaded bytes (block i of the four at 22 * i).
-constexpr Bytes64 qs_index() {  // out 16i + j = qs[j] of block i
+// Byte indices into the 128 loaded bytes (block i of the four at bytes * i).
+constexpr Bytes64 qs_index(int bytes, int qs) {  // out 16i + j = qs[j] of block i
   Bytes64 x{};
-  for (int p = 0; p < 64; ++p) x[p] = static_cast<uint8_t>(kBlockBytes * (p / 16) + 6 + p % 16);
+  for (int p = 0; p < 64; ++p) x[p] = static_cast<uint8_t>(bytes * (p / 16) + qs + p % 16);
   return x;
 }
-constexpr Bytes64 qh_index() {  // 64-bit lanes 2i and 2i + 1: qh of block i (low 4 bytes)
+constexpr Bytes64 qh_index(int bytes, int qh) {  // 64-bit lanes 2i and 2i + 1: qh of block i
   Bytes64 x{};
-  for (int p = 0; p < 64; ++p) x[p] = static_cast<uint8_t>(kBlockBytes * (p / 16) + 2 + p % 4);
+  for (int p = 0; p < 64; ++p) x[p] = static_cast<uint8_t>(bytes * (p / 16) + qh + p % 4);
   return x;
 }
-constexpr Bytes64 d_index() {  // out 8k + 2i + e = byte e of block i's d (any k)
+constexpr Bytes64 half_index(int bytes, int off) {  // out 8k + 2i + e = byte e of block i's half
   Bytes64 x{};
-  for (int p = 0; p < 64; ++p) x[p] = static_cast<uint8_t>(kBlockBytes * ((p % 8) / 2) + p % 2);
+  for (int p = 0; p < 64; ++p) x[p] = static_cast<uint8_t>(bytes * ((p % 8) / 2) + off + p % 2);
   return x;
 }
 constexpr Bytes64 bit_index(int first) {  // byte 16i + j: bit first + j of its 64-bit lane's qh
@@ -52,7 +76,14 @@ constexpr Bytes64 bit_index(int first) {  // byte 16i + j: bit first + j of its 
   for (int p = 0; p < 64; ++p) x[p] = static_cast<uint8_t>(first + p % 16);
   return x;
 }
-constexpr Bytes64 kQsIndex = qs_index(), kQhIndex = qh_index(), kDIndex = d_index();
+template <class Block>
+struct Tables {
+  static constexpr int kBytes = static_cast<int>(sizeof(Block));
+  static constexpr Bytes64 kQs = qs_index(kBytes, Fmt<Block>::kQs);
+  static constexpr Bytes64 kQh = qh_index(kBytes, Fmt<Block>::kQh < 0 ? 0 : Fmt<Block>::kQh);
+  static constexpr Bytes64 kD = half_index(kBytes, 0);
+  static constexpr Bytes64 kM = half_index(kBytes, Fmt<Block>::kM < 0 ? 0 : Fmt<Block>::kM);
+};
 constexpr Bytes64 kBitsLo = bit_index(0), kBitsHi = bit_index(16);
 
 inline __m512i load_index(const Bytes64& x) {
@@ -69,18 +100,22 @@ struct Act {
   const __m512i* quads;
   const int32_t* negc;
   const float* d;
+  const float* s;  // the Q8_1 sums (Q4_1 / Q5_1)
 };
 
 // The constants of the quad expansion.
 struct Consts {
-  __m512i qs_idx, qh_idx, d_idx, bits_lo, bits_hi, nib, sixteen;
+  __m512i qs_idx, qh_idx, d_idx, m_idx, bits_lo, bits_hi, nib, sixteen;
   // Vector k's 128-bit lane i holds block i of quad k: dword 4i + k -> dword 4k + i.
   __m512i order;
 };
+template <class Block>
 inline Consts consts() {
-  return {load_index(kQsIndex),
-          load_index(kQhIndex),
-          load_index(kDIndex),
+  using T = Tables<Block>;
+  return {load_index(T::kQs),
+          load_index(T::kQh),
+          load_index(T::kD),
+          load_index(T::kM),
           load_index(kBitsLo),
           load_index(kBitsHi),
           _mm512_set1_epi8(0x0F),
@@ -88,23 +123,48 @@ inline Consts consts() {
           _mm512_set_epi32(15, 11, 7, 3, 14, 10, 6, 2, 13, 9, 5, 1, 12, 8, 4, 0)};
 }
 
-// `blocks` (1..4) consecutive blocks at x as unsigned quants u = q + 16: u_lo the 16 low-nibble
-// quants of each block (bytes 16i..16i+15), u_hi the 16 high ones; their fp16 scales into bytes
-// 8k..8k+7 of d16. Reads only the blocks' bytes.
+// The fp16 scales (and mins) of the 16 blocks of a row's group, 8 bytes per quad.
+struct Halves {
+  __m512i d16 = _mm512_setzero_si512(), m16 = _mm512_setzero_si512();
+};
+
+// `blocks` (1..4) consecutive blocks at x as unsigned quants u = q + c (the stored value): u_lo
+// the 16 low-nibble quants of each block (bytes 16i..16i+15), u_hi the 16 high ones; their fp16
+// scales (and mins) into bytes 8k..8k+7 of h. Reads only the blocks' bytes.
+template <class Block>
 inline void load_quad(const uint8_t* x, int blocks, int k, const Consts& c, __m512i* u_lo,
-                      __m512i* u_hi, __m512i* d16) {
-  prefetch_ahead(x, 4 * kBlockBytes);
-  const int bytes = blocks * kBlockBytes;
+                      __m512i* u_hi, Halves* h) {
+  constexpr int kBytes = static_cast<int>(sizeof(Block));
+  prefetch_ahead(x, 4 * kBytes);
+  const int bytes = blocks * kBytes;
   const __m512i z0 = _mm512_maskz_loadu_epi8(byte_mask(bytes), x);
   const __m512i z1 = _mm512_maskz_loadu_epi8(byte_mask(std::max(0, bytes - 64)), x + 64);
   const __m512i q = _mm512_permutex2var_epi8(z0, c.qs_idx, z1);
-  const __m512i h = _mm512_permutex2var_epi8(z0, c.qh_idx, z1);
-  *d16 = _mm512_mask_blend_epi8(__mmask64{0xFF} << (8 * k), *d16,
-                                _mm512_permutex2var_epi8(z0, c.d_idx, z1));
+  const __mmask64 lane = __mmask64{0xFF} << (8 * k);
+  h->d16 = _mm512_mask_blend_epi8(lane, h->d16, _mm512_permutex2var_epi8(z0, c.d_idx, z1));
+  if constexpr (Fmt<Block>::kM >= 0) {
+    h->m16 = _mm512_mask_blend_epi8(lane, h->m16, _mm512_permutex2var_epi8(z0, c.m_idx, z1));
+  }
   const __m512i lo = _mm512_and_si512(q, c.nib);
   const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(q, 4), c.nib);
-  *u_lo = _mm512_mask_add_epi8(lo, _mm512_bitshuffle_epi64_mask(h, c.bits_lo), lo, c.sixteen);
-  *u_hi = _mm512_mask_add_epi8(hi, _mm512_bitshuffle_epi64_mask(h, c.bits_hi), hi, c.sixteen);
+  if constexpr (Fmt<Block>::kQh >= 0) {
+    const __m512i qh = _mm512_permutex2var_epi8(z0, c.qh_idx, z1);
+    *u_lo = _mm512_mask_add_epi8(lo, _mm512_bitshuffle_epi64_mask(qh, c.bits_lo), lo, c.sixteen);
+    *u_hi = _mm512_mask_add_epi8(hi, _mm512_bitshuffle_epi64_mask(qh, c.bits_hi), hi, c.sixteen);
+  } else {
+    *u_lo = lo;
+    *u_hi = hi;
+  }
+}
+
+// isum of 16 blocks from the exact sums of u: + c * sum(a) removed via the bias array.
+template <class Block>
+inline __m512i with_bias(__m512i sums, __m512i negc) {
+  if constexpr (Fmt<Block>::kShift >= 0) {
+    return _mm512_add_epi32(sums, _mm512_srai_epi32(negc, Fmt<Block>::kShift));
+  } else {
+    return sums;
+  }
 }
 
 // The four quad vectors' dot products -> the 16 exact block sums (of u), in vector-major order.
@@ -113,14 +173,15 @@ inline __m512i block_sums(const __m512i* v, const Consts& c) {
                                   tree4_epi32(tree2_epi32(v[0], v[1]), tree2_epi32(v[2], v[3])));
 }
 
-template <int NT>
+template <class Block, int NT>
 void row(const uint8_t* w, int64_t nb, const Act* act, float* out) {
-  const Consts c = consts();
+  constexpr int kBytes = static_cast<int>(sizeof(Block));
+  const Consts c = consts<Block>();
   __m512 acc[NT];
   for (int t = 0; t < NT; ++t) acc[t] = _mm512_setzero_ps();
   for (int64_t g0 = 0; g0 < nb; g0 += 16) {
     const int m = static_cast<int>(std::min<int64_t>(16, nb - g0));
-    __m512i d16 = _mm512_setzero_si512();
+    Halves hv;
     __m512i v[NT][4];
     for (int k = 0; k < 4; ++k) {
       const int blocks = std::clamp(m - 4 * k, 0, 4);
@@ -129,20 +190,26 @@ void row(const uint8_t* w, int64_t nb, const Act* act, float* out) {
         continue;
       }
       __m512i u_lo, u_hi;
-      load_quad(w + (g0 + 4 * k) * kBlockBytes, blocks, k, c, &u_lo, &u_hi, &d16);
+      load_quad<Block>(w + (g0 + 4 * k) * kBytes, blocks, k, c, &u_lo, &u_hi, &hv);
       for (int t = 0; t < NT; ++t) {
         const __m512i* aq = act[t].quads + 2 * ((g0 >> 2) + k);
         v[t][k] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), u_lo, aq[0]),
                                       u_hi, aq[1]);
       }
     }
-    const __m512 dw = _mm512_cvtph_ps(_mm512_castsi512_si256(d16));
+    const __m512 dw = _mm512_cvtph_ps(_mm512_castsi512_si256(hv.d16));
     for (int t = 0; t < NT; ++t) {
-      // u = q + 16: isum = dot(u, a) - 16 * sum(a) = sums + negc / 8.
-      const __m512i isum = _mm512_add_epi32(
-          block_sums(v[t], c), _mm512_srai_epi32(_mm512_loadu_si512(act[t].negc + g0), 3));
+      // u = q + c: isum = dot(u, a) - c * sum(a) = sums + (negc >> shift).
+      const __m512i isum =
+          with_bias<Block>(block_sums(v[t], c), _mm512_loadu_si512(act[t].negc + g0));
       const __m512 s = _mm512_mul_ps(dw, _mm512_loadu_ps(act[t].d + g0));
       acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), s, acc[t]);
+    }
+    if constexpr (Fmt<Block>::kM >= 0) {
+      const __m512 mw = _mm512_cvtph_ps(_mm512_castsi512_si256(hv.m16));
+      for (int t = 0; t < NT; ++t) {
+        acc[t] = _mm512_fmadd_ps(mw, _mm512_loadu_ps(act[t].s + g0), acc[t]);
+      }
     }
   }
   for (int t = 0; t < NT; ++t) out[t] = lane_tree_ps(acc[t]);
@@ -152,11 +219,12 @@ void row(const uint8_t* w, int64_t nb, const Act* act, float* out) {
 // 4Qr .. 4Qr + 4Q - 1 of one vector. Row r's result is what row() computes, step for step: the
 // products fma(float(isum), dw * da, +0) in lanes 0..nb-1, +0 elsewhere, the tree's levels above
 // 4Q lanes adding those zeros, then the 4Q lanes' own levels.
-template <int Q, int NT>
+template <class Block, int Q, int NT>
 void short_rows(const uint8_t* w, int64_t row_bytes, int64_t nb, const Act* act, float (*out)[NT]) {
   constexpr int R = 4 / Q;
-  const Consts c = consts();
-  __m512i d16 = _mm512_setzero_si512();
+  constexpr int kBytes = static_cast<int>(sizeof(Block));
+  const Consts c = consts<Block>();
+  Halves hv;
   __m512i v[NT][4];
   for (int r = 0; r < R; ++r) {
     for (int qd = 0; qd < Q; ++qd) {
@@ -167,7 +235,7 @@ void short_rows(const uint8_t* w, int64_t row_bytes, int64_t nb, const Act* act,
         continue;
       }
       __m512i u_lo, u_hi;
-      load_quad(w + r * row_bytes + 4 * qd * kBlockBytes, blocks, k, c, &u_lo, &u_hi, &d16);
+      load_quad<Block>(w + r * row_bytes + 4 * qd * kBytes, blocks, k, c, &u_lo, &u_hi, &hv);
       for (int t = 0; t < NT; ++t) {
         const __m512i* aq = act[t].quads + 2 * qd;
         v[t][k] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), u_lo, aq[0]),
@@ -175,21 +243,25 @@ void short_rows(const uint8_t* w, int64_t row_bytes, int64_t nb, const Act* act,
       }
     }
   }
-  const __m512 dw = _mm512_cvtph_ps(_mm512_castsi512_si256(d16));
+  const __m512 dw = _mm512_cvtph_ps(_mm512_castsi512_si256(hv.d16));
+  const __m512 mw = _mm512_cvtph_ps(_mm512_castsi512_si256(hv.m16));
   const __m512 zero = _mm512_setzero_ps();
   for (int t = 0; t < NT; ++t) {
     __m512i bias;
-    __m512 ad;
+    __m512 ad, as;
     if constexpr (Q == 1) {
       bias = _mm512_broadcast_i32x4(_mm_loadu_si128(reinterpret_cast<const __m128i*>(act[t].negc)));
       ad = _mm512_broadcast_f32x4(_mm_loadu_ps(act[t].d));
+      as = _mm512_broadcast_f32x4(_mm_loadu_ps(act[t].s));
     } else {
       bias =
           _mm512_broadcast_i32x8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(act[t].negc)));
       ad = _mm512_broadcast_f32x8(_mm256_loadu_ps(act[t].d));
+      as = _mm512_broadcast_f32x8(_mm256_loadu_ps(act[t].s));
     }
-    const __m512i isum = _mm512_add_epi32(block_sums(v[t], c), _mm512_srai_epi32(bias, 3));
-    const __m512 p = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(dw, ad), zero);
+    const __m512i isum = with_bias<Block>(block_sums(v[t], c), bias);
+    __m512 p = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(dw, ad), zero);
+    if constexpr (Fmt<Block>::kM >= 0) p = _mm512_fmadd_ps(mw, as, p);
     // h8 (and for Q == 1, h4) add the untouched lanes: + 0.
     __m512 h = _mm512_add_ps(p, zero);
     if constexpr (Q == 1) {
@@ -206,13 +278,14 @@ void short_rows(const uint8_t* w, int64_t row_bytes, int64_t nb, const Act* act,
 }
 
 // short_rows for nb <= 8 and nt <= kMaxTokens tokens: out[row][token].
+template <class Block>
 inline void short_rows_any(const uint8_t* w, int64_t row_bytes, int64_t nb, const Act* a,
                            int64_t nt, float (*out)[kMaxTokens]) {
   float o[4][kMaxTokens];
   auto run = [&](auto q, auto t) {
     constexpr int kQ = decltype(q)::value, kT = decltype(t)::value;
     float tmp[4][kT];
-    short_rows<kQ, kT>(w, row_bytes, nb, a, tmp);
+    short_rows<Block, kQ, kT>(w, row_bytes, nb, a, tmp);
     for (int i = 0; i < 4 / kQ; ++i) {
       for (int j = 0; j < kT; ++j) o[i][j] = tmp[i][j];
     }
@@ -235,11 +308,12 @@ inline void short_rows_any(const uint8_t* w, int64_t row_bytes, int64_t nb, cons
   std::memcpy(out, o, sizeof(o));
 }
 
-}  // namespace
-
-namespace tandem::kern::detail {
-
-void q5_0_rows_vbmi(const GemmArgs& g) {
+template <class Block>
+void rows_vbmi(const GemmArgs& g) {
+  using tandem::kern::detail::q8_0_act_aux_offset;
+  using tandem::kern::detail::q8_0_act_padded_blocks;
+  using tandem::kern::detail::q8_0_act_sums;
+  using tandem::kQK;
   const int64_t nb = g.cols / kQK;
   const int64_t quads = (nb + 3) / 4;
   thread_local std::vector<__m512i> arranged;
@@ -258,7 +332,8 @@ void q5_0_rows_vbmi(const GemmArgs& g) {
     const auto* negc = reinterpret_cast<const int32_t*>(rowp + q8_0_act_aux_offset(nb));
     acts[static_cast<size_t>(t)] = {
         arranged.data() + 2 * quads * t, negc,
-        reinterpret_cast<const float*>(negc + q8_0_act_padded_blocks(nb))};
+        reinterpret_cast<const float*>(negc + q8_0_act_padded_blocks(nb)),
+        q8_0_act_sums(rowp, nb)};
   }
   int64_t r = g.n0;
   if (nb <= 8) {  // short rows (e.g. MLA's per-head K up-projections): 4 or 2 per vector
@@ -268,7 +343,7 @@ void q5_0_rows_vbmi(const GemmArgs& g) {
       const int64_t nt = std::min<int64_t>(kMaxTokens, g.tokens - t0);
       for (int64_t rr = g.n0; rr < r_end; rr += per) {
         float out[4][kMaxTokens];
-        short_rows_any(g.w + rr * g.row_bytes, g.row_bytes, nb, acts.data() + t0, nt, out);
+        short_rows_any<Block>(g.w + rr * g.row_bytes, g.row_bytes, nb, acts.data() + t0, nt, out);
         for (int i = 0; i < per; ++i) {
           for (int64_t t = 0; t < nt; ++t) g.y[(t0 + t) * g.ldy + rr + i] = out[i][t];
         }
@@ -282,13 +357,30 @@ void q5_0_rows_vbmi(const GemmArgs& g) {
       const int64_t nt = std::min<int64_t>(kMaxTokens, g.tokens - t0);
       float out[kMaxTokens];
       const Act* a = acts.data() + t0;
-      if (nt == 4) row<4>(w, nb, a, out);
-      if (nt == 3) row<3>(w, nb, a, out);
-      if (nt == 2) row<2>(w, nb, a, out);
-      if (nt == 1) row<1>(w, nb, a, out);
+      if (nt == 4) row<Block, 4>(w, nb, a, out);
+      if (nt == 3) row<Block, 3>(w, nb, a, out);
+      if (nt == 2) row<Block, 2>(w, nb, a, out);
+      if (nt == 1) row<Block, 1>(w, nb, a, out);
       for (int64_t t = 0; t < nt; ++t) g.y[(t0 + t) * g.ldy + r] = out[t];
     }
   }
+}
+
+}  // namespace
+
+namespace tandem::kern::detail {
+
+void q5_0_rows_vbmi(const GemmArgs& g) {
+  rows_vbmi<BlockQ5_0>(g);
+}
+void q4_0_rows_vbmi(const GemmArgs& g) {
+  rows_vbmi<BlockQ4_0>(g);
+}
+void q4_1_rows_vbmi(const GemmArgs& g) {
+  rows_vbmi<BlockQ4_1>(g);
+}
+void q5_1_rows_vbmi(const GemmArgs& g) {
+  rows_vbmi<BlockQ5_1>(g);
 }
 
 }  // namespace tandem::kern::detail

@@ -30,6 +30,9 @@ const char* wformat_name(WFormat f) {
     case WFormat::kQ6_K: return "q6_k";
     case WFormat::kQ8_0: return "q8_0";
     case WFormat::kQ5_0: return "q5_0";
+    case WFormat::kQ4_0: return "q4_0";
+    case WFormat::kQ4_1: return "q4_1";
+    case WFormat::kQ5_1: return "q5_1";
     case WFormat::kBF16Tile: return "bf16-tile";
   }
   return "?";
@@ -48,7 +51,10 @@ AFormat act_format(WFormat f) {
     case WFormat::kQ5_K:
     case WFormat::kQ6_K: return AFormat::kQ8_K;
     case WFormat::kQ8_0:
-    case WFormat::kQ5_0: return AFormat::kQ8_0;
+    case WFormat::kQ5_0:
+    case WFormat::kQ4_0:
+    case WFormat::kQ4_1:
+    case WFormat::kQ5_1: return AFormat::kQ8_0;
   }
   return AFormat::kF32;
 }
@@ -70,6 +76,9 @@ bool view_weight(const ops::Weight& w, KMatrix* out) {
     case DType::kQ6_K: f = WFormat::kQ6_K; break;
     case DType::kQ8_0: f = WFormat::kQ8_0; break;
     case DType::kQ5_0: f = WFormat::kQ5_0; break;
+    case DType::kQ4_0: f = WFormat::kQ4_0; break;
+    case DType::kQ4_1: f = WFormat::kQ4_1; break;
+    case DType::kQ5_1: f = WFormat::kQ5_1; break;
     default: return false;
   }
   KMatrix m;
@@ -109,6 +118,9 @@ RowBlocks row_blocks(WFormat f) {
     case WFormat::kQ6_K: return {kQK_K, sizeof(BlockQ6_K)};
     case WFormat::kQ8_0: return {kQK, sizeof(BlockQ8_0)};
     case WFormat::kQ5_0: return {kQK, sizeof(BlockQ5_0)};
+    case WFormat::kQ4_0: return {kQK, sizeof(BlockQ4_0)};
+    case WFormat::kQ4_1: return {kQK, sizeof(BlockQ4_1)};
+    case WFormat::kQ5_1: return {kQK, sizeof(BlockQ5_1)};
     case WFormat::kInt8:
     case WFormat::kInt4:
     case WFormat::kBF16Tile: break;
@@ -213,6 +225,9 @@ GemmFn GgufKernels::*entry_of(WFormat f) {
     case WFormat::kQ6_K: return &GgufKernels::q6_k;
     case WFormat::kQ8_0: return &GgufKernels::q8_0;
     case WFormat::kQ5_0: return &GgufKernels::q5_0;
+    case WFormat::kQ4_0: return &GgufKernels::q4_0;
+    case WFormat::kQ4_1: return &GgufKernels::q4_1;
+    case WFormat::kQ5_1: return &GgufKernels::q5_1;
     default: break;
   }
   fail(ErrorKind::kUnsupported, "no CPU kernel for weight format {}", wformat_name(f));
@@ -286,13 +301,17 @@ void quantize_activations(AFormat format, int group, const float* x, int64_t tok
         const auto* blk = reinterpret_cast<const BlockQ8_0*>(dst);
         auto* negc = reinterpret_cast<int32_t*>(dst + detail::q8_0_act_aux_offset(nb));
         auto* d = reinterpret_cast<float*>(negc + nbp);
+        float* s = d + nbp;
         for (int64_t b = 0; b < nbp; ++b) {
           int32_t sum = 0;
+          BlockQ8_1 q1{};  // ggml's Q8_1 of the same block: its s (its d and qs are Q8_0's)
           if (b < nb) {
             for (int i = 0; i < kQK; ++i) sum += blk[b].qs[i];
+            quantize_row(DType::kQ8_1, src + b * kQK, reinterpret_cast<uint8_t*>(&q1), kQK);
           }
           negc[b] = -128 * sum;
           d[b] = b < nb ? f16_to_f32(blk[b].d) : 0.0f;
+          s[b] = b < nb ? f16_to_f32(q1.s) : 0.0f;
         }
         break;
       }

@@ -1,8 +1,9 @@
 // The fast CPU matrix kernels: y = x * W^T for weights in the formats experts and dense layers
 // are stored or repacked in, with activations converted once per matrix family (gate and up share
 // them) into the encoding the format's dot product wants: ggml's Q8_K / Q8_0 blocks for the GGUF
-// K-quants, Q8_0 and Q5_0 (integer dot products, as llama.cpp computes them); F32 for F32, F16
-// and BF16 weights (unquantized weights keep exact F32 activations, which the golden logits need).
+// K-quants and the legacy 32-blocks Q8_0, Q5_0, Q4_0, Q4_1, Q5_1 (integer dot products, as
+// llama.cpp computes them); F32 for F32, F16 and BF16 weights (unquantized weights keep exact F32
+// activations, which the golden logits need).
 //
 // Every format has a scalar reference (gemm_reference) of exactly the same arithmetic; the SIMD
 // variants (AVX2, AVX-512, AVX-512 VNNI/BF16) come from one algorithm template per format and are
@@ -25,13 +26,15 @@ namespace tandem::kern {
 
 enum class WFormat : uint8_t {
   kF32, kF16, kBF16, kFP8Block, kInt8, kInt4, kQ4_K, kQ5_K, kQ6_K, kQ8_0, kQ5_0,
-  kBF16Tile  // BF16 in 16-row tiles of k pairs (packed.h): `--cpu-experts bf16`, BF16 activations
+  kBF16Tile,  // BF16 in 16-row tiles of k pairs (packed.h): `--cpu-experts bf16`, BF16 activations
+  kQ4_0, kQ4_1, kQ5_1  // ggml's legacy 32-blocks (Q5_1: llama-quantize's Q5_K fallback)
 };
 const char* wformat_name(WFormat f);
 
 // Activation encodings: kQ8_K = ggml block_q8_K rows (Q4_K/Q5_K/Q6_K), kQ8_0 = ggml block_q8_0
-// rows (Q8_0, Q5_0: llama.cpp's fallback for expert rows not a multiple of 256), kF32 (F32, F16,
-// BF16), kBF16 (block-scaled FP8, packed BF16 tiles), kI8 (packed INT8/INT4).
+// rows with the Q8_1 sums (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1: the last two llama.cpp's fallbacks for
+// expert rows not a multiple of 256), kF32 (F32, F16, BF16), kBF16 (block-scaled FP8, packed
+// BF16 tiles), kI8 (packed INT8/INT4).
 enum class AFormat : uint8_t { kF32, kBF16, kQ8_K, kQ8_0, kI8 };
 AFormat act_format(WFormat f);
 

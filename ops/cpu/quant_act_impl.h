@@ -1,7 +1,7 @@
 // Activation quantization in SIMD: one algorithm per format over a traits struct S (Avx2 in
 // quant_act_avx2.cpp, Avx512 in quant_act_avx512.cpp, each compiled for its ISA), giving the
 // bytes of the scalar quantizers (formats/quant_k.cpp quantize_q8_k, formats/quant_legacy.cpp
-// quantize_q8_0 plus kernels.cpp's Q8_0 bias / scale arrays, packed.cpp's int8 groups and
+// quantize_q8_0 plus kernels.cpp's Q8_0 bias / scale / sum arrays, packed.cpp's int8 groups and
 // f32_to_bf16) for finite inputs, and for Q8_K and BF16 for every input:
 //  - the same products in the same precision (-ffp-contract=off);
 //  - nearest_int's and round_half_away's rounding by the same 1.5 * 2^23 bias, lane by lane;
@@ -72,6 +72,7 @@ void quantize_q8_0_act_impl(const float* x, uint8_t* dst, int64_t cols) {
   auto* blk = reinterpret_cast<BlockQ8_0*>(dst);
   auto* negc = reinterpret_cast<int32_t*>(dst + q8_0_act_aux_offset(nb));
   auto* dv = reinterpret_cast<float*>(negc + nbp);
+  float* sv = dv + nbp;
   for (int64_t b = 0; b < nb; ++b, x += kQK) {
     typename S::F v[kVecs];
     typename S::F acc = S::fzero();
@@ -90,12 +91,15 @@ void quantize_q8_0_act_impl(const float* x, uint8_t* dst, int64_t cols) {
       S::store_low_bytes(q, blk[b].qs + S::kLanes * k);
       sum = S::add(sum, S::as_int8(q));
     }
-    negc[b] = -128 * S::hsum(sum);
+    const int32_t isum = S::hsum(sum);
+    negc[b] = -128 * isum;
     dv[b] = f16_to_f32(h);
+    sv[b] = f16_to_f32(f32_to_f16(static_cast<float>(isum) * d));  // ggml's block_q8_1 s
   }
   for (int64_t b = nb; b < nbp; ++b) {
     negc[b] = 0;
     dv[b] = 0.0f;
+    sv[b] = 0.0f;
   }
 }
 

@@ -42,16 +42,16 @@ Tensor quantized(DType dt, int64_t rows, int64_t cols, std::mt19937& rng,
   return Tensor::dense(dt, {rows, cols}, store.back().data());
 }
 
-// gate/up in `gu`, down in `dn`; expert 5 in Q4_1, which has no fast kernel (reference path).
+// gate/up in `gu`, down in `dn`; expert 5 in Q3_K, which has no fast kernel (reference path).
 Experts make_experts(DType gu, DType dn) {
   std::mt19937 rng(17);
   Experts e;
   e.bytes.reserve(3 * kExperts);
   for (int64_t i = 0; i < kExperts; ++i) {
-    const DType g = i == 5 ? DType::kQ4_1 : gu;
+    const DType g = i == 5 ? DType::kQ3_K : gu;
     e.w.gate.push_back(quantized(g, kFf, kHidden, rng, e.bytes));
     e.w.up.push_back(quantized(g, kFf, kHidden, rng, e.bytes));
-    e.w.down.push_back(quantized(i == 5 ? DType::kQ4_1 : dn, kHidden, kFf, rng, e.bytes));
+    e.w.down.push_back(quantized(i == 5 ? DType::kQ3_K : dn, kHidden, kFf, rng, e.bytes));
   }
   return e;
 }
@@ -203,6 +203,8 @@ TEST(FusedMoeOverlap, TwoInstancesPendingAtOnce) {
 INSTANTIATE_TEST_SUITE_P(Formats, FusedMoe,
                          ::testing::Values(std::pair{DType::kQ4_K, DType::kQ6_K},
                                            std::pair{DType::kQ4_K, DType::kQ5_0},
+                                           std::pair{DType::kQ5_K, DType::kQ5_1},
+                                           std::pair{DType::kQ4_0, DType::kQ4_1},
                                            std::pair{DType::kQ8_0, DType::kQ8_0}),
                          [](const auto& info) {
                            return std::string(dtype_info(info.param.first).name) + "_" +
@@ -227,7 +229,7 @@ TEST(FusedMoePacked, Int8AndInt4Experts) {
     ce.up.resize(1);
     ce.down.resize(1);
     for (int64_t e = 0; e < kExperts; ++e) {
-      if (e == 5) {  // Q4_1 in make_experts: keep it on the reference path (no prepared matrix)
+      if (e == 5) {  // Q3_K in make_experts: keep it on the reference path (no prepared matrix)
         ce.gate[0].emplace_back();
         ce.up[0].emplace_back();
         ce.down[0].emplace_back();
@@ -302,7 +304,8 @@ TEST(FusedMoeNuma, SplitExpertsMatchDirectSplitAndUnsplit) {
   // activations are still gathered there for the other parts.
   for (const Case& k :
        {Case{DType::kQ4_K, DType::kQ5_0, {0, 1}}, Case{DType::kQ8_0, DType::kQ6_K, {0, 1}},
-        Case{DType::kBF16, DType::kF32, {0, 1}}, Case{DType::kQ4_K, DType::kQ4_K, {0, 1, 0}}}) {
+        Case{DType::kBF16, DType::kF32, {0, 1}}, Case{DType::kQ4_K, DType::kQ4_K, {0, 1, 0}},
+        Case{DType::kQ5_K, DType::kQ5_1, {0, 1}}}) {
     const DType gu = k.gu, dn = k.dn;
     const size_t n_parts = k.nodes.size();
     SCOPED_TRACE(std::string(dtype_info(gu).name) + " parts " + std::to_string(n_parts));
@@ -314,7 +317,7 @@ TEST(FusedMoeNuma, SplitExpertsMatchDirectSplitAndUnsplit) {
     ce.down.resize(1);
     for (int64_t e = 0; e < kExperts; ++e) {
       kern::KMatrix g, u, d;
-      kern::view_weight(ex.w.gate[e], &g);  // expert 5 (Q4_1) stays invalid: reference path
+      kern::view_weight(ex.w.gate[e], &g);  // expert 5 (Q3_K) stays invalid: reference path
       kern::view_weight(ex.w.up[e], &u);
       kern::view_weight(ex.w.down[e], &d);
       ce.gate[0].push_back(g);
@@ -411,7 +414,7 @@ TEST(CopySubmatrix, RowAndColumnSlicesOfEveryFormat) {
   for (float& v : x) v = nd(rng);
   std::vector<kern::KMatrix> mats;
   for (DType dt : {DType::kF32, DType::kBF16, DType::kQ4_K, DType::kQ5_K, DType::kQ6_K,
-                   DType::kQ8_0, DType::kQ5_0}) {
+                   DType::kQ8_0, DType::kQ5_0, DType::kQ4_0, DType::kQ4_1, DType::kQ5_1}) {
     kern::KMatrix m;
     ASSERT_TRUE(kern::view_weight(ops::Weight(quantized(dt, rows, cols, rng, store)), &m));
     mats.push_back(m);

@@ -174,55 +174,64 @@ TEST_P(Kernels, ReferenceMatchesDequantizedProduct) {
 INSTANTIATE_TEST_SUITE_P(Formats, Kernels,
                          ::testing::Values(Case{DType::kQ4_K, true}, Case{DType::kQ5_K, true},
                                            Case{DType::kQ6_K, true}, Case{DType::kQ8_0, true},
-                                           Case{DType::kQ5_0, true}, Case{DType::kF32, false},
+                                           Case{DType::kQ5_0, true}, Case{DType::kQ4_0, true},
+                                           Case{DType::kQ4_1, true}, Case{DType::kQ5_1, true},
+                                           Case{DType::kF32, false},
                                            Case{DType::kF16, false}, Case{DType::kBF16, false}),
                          [](const auto& info) {
                            return std::string(dtype_info(info.param.dtype).name);
                          });
 
-// On AVX-512 VNNI CPUs with VBMI and BITALG, Q5_0 GEMV takes kern_q0_vbmi.cpp (four blocks per
-// step); the same level without them (Cooper Lake) keeps the VNNI rows. Both must give the same
-// bits (the shared F32 order), for block counts that end in every partial group of four, several
-// token counts and row ranges.
-TEST(KernelsQ50, VbmiRowsEqualVnniRows) {
+// On AVX-512 VNNI CPUs with VBMI and BITALG, the GEMV of the legacy 4/5-bit formats takes
+// kern_q0_vbmi.cpp (four blocks per step); the same level without them (Cooper Lake) keeps the
+// VNNI rows. Both must give the same bits (the shared F32 order), for block counts that end in
+// every partial group of four (1..8 blocks: the short-row kernels), several token counts and row
+// ranges; and stay within the summation-order tolerance of the scalar reference.
+TEST(KernelsLegacy, VbmiRowsEqualVnniRows) {
   if (best_isa() < Isa::kAvx512Bf16) GTEST_SKIP() << "no AVX-512 VNNI here";
   const CpuFeatures& f = cpu_features();
   if (!f.avx512_vbmi || !f.avx512_bitalg) GTEST_SKIP() << "no AVX-512 VBMI / BITALG here";
-  const kern::detail::GemmFn with = kern::detail::gguf_kernels_avx512_vnni().q5_0;
-  const kern::detail::GemmFn without = kern::detail::gguf_kernels_avx512_vnni_base().q5_0;
-  ASSERT_NE(with, without) << "the VBMI kernel is not selected on this CPU";
-  // 1 .. 8 blocks: the short-row kernels (4 or 2 rows per vector, 21 - 2 rows: a remainder).
-  for (const int64_t cols : {int64_t{32}, int64_t{96}, int64_t{128}, int64_t{160}, int64_t{256},
-                             int64_t{544}, int64_t{1408}}) {
-    const int64_t rows = 21;
-    const Matrix m = make_matrix(DType::kQ5_0, rows, cols, 5);
-    for (const int64_t tokens : {int64_t{1}, int64_t{3}, int64_t{6}, int64_t{15}}) {
-      const std::vector<float> x = random_values(tokens * cols, 6);
-      kern::Activations a;
-      kern::quantize_activations(kern::AFormat::kQ8_0, 0, x.data(), tokens, cols, cols, &a);
-      kern::detail::GemmArgs g;
-      g.w = m.bytes.data();
-      g.row_bytes = static_cast<int64_t>(dtype_bytes(DType::kQ5_0, cols));
-      g.cols = cols;
-      g.act = a.data.data();
-      g.act_row_bytes = a.row_bytes;
-      g.tokens = tokens;
-      g.n0 = 2;
-      g.n1 = rows;
-      g.ldy = rows;
-      std::vector<float> y0(static_cast<size_t>(tokens * rows), -1.0f), y1(y0);
-      g.y = y0.data();
-      with(g);
-      g.y = y1.data();
-      without(g);
-      EXPECT_EQ(y0, y1) << "cols " << cols << " tokens " << tokens;
-      EXPECT_EQ(y0[0], -1.0f) << "wrote outside its rows";
-      std::vector<float> ref(y0.size(), -1.0f);
-      g.y = ref.data();
-      kern::detail::gguf_kernels_scalar().q5_0(g);
-      for (size_t i = 0; i < ref.size(); ++i) {
-        ASSERT_NEAR(y0[i], ref[i], 2e-5f * static_cast<float>(cols))
-            << "cols " << cols << " i " << i;
+  using kern::detail::GgufKernels;
+  for (const auto& [dtype, entry] :
+       {std::pair{DType::kQ5_0, &GgufKernels::q5_0}, std::pair{DType::kQ4_0, &GgufKernels::q4_0},
+        std::pair{DType::kQ4_1, &GgufKernels::q4_1}, std::pair{DType::kQ5_1, &GgufKernels::q5_1}}) {
+    SCOPED_TRACE(dtype_info(dtype).name);
+    const kern::detail::GemmFn with = kern::detail::gguf_kernels_avx512_vnni().*entry;
+    const kern::detail::GemmFn without = kern::detail::gguf_kernels_avx512_vnni_base().*entry;
+    ASSERT_NE(with, without) << "the VBMI kernel is not selected on this CPU";
+    // 1 .. 8 blocks: the short-row kernels (4 or 2 rows per vector, 21 - 2 rows: a remainder).
+    for (const int64_t cols : {int64_t{32}, int64_t{96}, int64_t{128}, int64_t{160},
+                               int64_t{256}, int64_t{544}, int64_t{1408}}) {
+      const int64_t rows = 21;
+      const Matrix m = make_matrix(dtype, rows, cols, 5);
+      for (const int64_t tokens : {int64_t{1}, int64_t{3}, int64_t{6}, int64_t{15}}) {
+        const std::vector<float> x = random_values(tokens * cols, 6);
+        kern::Activations a;
+        kern::quantize_activations(kern::AFormat::kQ8_0, 0, x.data(), tokens, cols, cols, &a);
+        kern::detail::GemmArgs g;
+        g.w = m.bytes.data();
+        g.row_bytes = static_cast<int64_t>(dtype_bytes(dtype, cols));
+        g.cols = cols;
+        g.act = a.data.data();
+        g.act_row_bytes = a.row_bytes;
+        g.tokens = tokens;
+        g.n0 = 2;
+        g.n1 = rows;
+        g.ldy = rows;
+        std::vector<float> y0(static_cast<size_t>(tokens * rows), -1.0f), y1(y0);
+        g.y = y0.data();
+        with(g);
+        g.y = y1.data();
+        without(g);
+        EXPECT_EQ(y0, y1) << "cols " << cols << " tokens " << tokens;
+        EXPECT_EQ(y0[0], -1.0f) << "wrote outside its rows";
+        std::vector<float> ref(y0.size(), -1.0f);
+        g.y = ref.data();
+        (kern::detail::gguf_kernels_scalar().*entry)(g);
+        for (size_t i = 0; i < ref.size(); ++i) {
+          ASSERT_NEAR(y0[i], ref[i], 2e-5f * static_cast<float>(cols))
+              << "cols " << cols << " i " << i;
+        }
       }
     }
   }
@@ -287,12 +296,12 @@ TEST(KernelsMatmul, ThreadedEqualsSingleCallAndFallsBack) {
   kern::gemm(w, a, 0, rows, want.data(), rows);  // one call, best ISA: the same per-row sums
   EXPECT_EQ(y, want);
 
-  const Matrix q5 = make_matrix(DType::kQ4_1, 4, 64, 1);  // no fast kernel: ops::matmul
+  const Matrix q3 = make_matrix(DType::kQ3_K, 4, 256, 1);  // no fast kernel: ops::matmul
   kern::KMatrix none;
-  EXPECT_FALSE(kern::view_weight(ops::Weight(q5.t), &none));
+  EXPECT_FALSE(kern::view_weight(ops::Weight(q3.t), &none));
   std::vector<float> y5(2 * 4), r5(2 * 4);
-  kern::matmul(ops::Weight(q5.t), x.data(), 2, y5.data(), &pool);
-  ops::matmul(ops::Weight(q5.t), x.data(), 2, r5.data(), nullptr);
+  kern::matmul(ops::Weight(q3.t), x.data(), 2, y5.data(), &pool);
+  ops::matmul(ops::Weight(q3.t), x.data(), 2, r5.data(), nullptr);
   EXPECT_EQ(y5, r5);
 }
 
