@@ -40,6 +40,8 @@ constexpr TypeName kTypes[] = {
     {SynthType::kQ4_K, "q4_k", 15},     {SynthType::kQ6_K, "q6_k", 18},
     {SynthType::kQ4_K_M, "q4_k_m", 15}, {SynthType::kFp8, "fp8", 0},
     {SynthType::kQ5_K, "q5_k", 16},     {SynthType::kQ5_K_M, "q5_k_m", 17},
+    {SynthType::kQ4_0, "q4_0", 2},      {SynthType::kQ4_1, "q4_1", 3},
+    {SynthType::kQ5_0, "q5_0", 8},      {SynthType::kQ5_1, "q5_1", 9},
 };
 
 int64_t numel(const std::vector<int64_t>& shape) {
@@ -357,6 +359,19 @@ std::string_view synth_type_name(SynthType type) {
   return "?";
 }
 
+std::string_view synth_gguf_type_list() {
+  static const std::string list = [] {
+    std::string s;
+    for (const TypeName& t : kTypes) {
+      if (!synth_type_allowed(t.type, SynthFormat::kGguf)) continue;
+      if (!s.empty()) s += ", ";
+      s += t.name;
+    }
+    return s;
+  }();
+  return list;
+}
+
 bool synth_type_allowed(SynthType type, SynthFormat format) {
   if (format == SynthFormat::kHf) return type == SynthType::kBF16 || type == SynthType::kFp8;
   return type != SynthType::kFp8;
@@ -381,9 +396,9 @@ std::string format_bytes_si(uint64_t bytes) {
 SynthPlan plan_synth(const SynthOptions& o) {
   if (!synth_type_allowed(o.type, o.format)) {
     fail(ErrorKind::kInvalidArgument,
-         "--type {} is not available for --format {} (gguf: f32, "
-         "f16, bf16, q8_0, q4_k, q5_k, q6_k, q4_k_m, q5_k_m; hf: bf16, fp8)",
-         synth_type_name(o.type), o.format == SynthFormat::kGguf ? "gguf" : "hf");
+         "--type {} is not available for --format {} (gguf: {}; hf: bf16, fp8)",
+         synth_type_name(o.type), o.format == SynthFormat::kGguf ? "gguf" : "hf",
+         synth_gguf_type_list());
   }
   if (o.output.empty()) fail(ErrorKind::kInvalidArgument, "an output path (-o) is required");
   std::unique_ptr<GgufFile> vocab_file;

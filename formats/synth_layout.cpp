@@ -292,6 +292,10 @@ DType gguf_tensor_dtype(const ModelConfig& c, SynthType type, const std::string&
   const bool five = type == SynthType::kQ5_K || type == SynthType::kQ5_K_M;
   DType t = type == SynthType::kQ8_0   ? DType::kQ8_0
             : type == SynthType::kQ6_K ? DType::kQ6_K
+            : type == SynthType::kQ4_0 ? DType::kQ4_0
+            : type == SynthType::kQ4_1 ? DType::kQ4_1
+            : type == SynthType::kQ5_0 ? DType::kQ5_0
+            : type == SynthType::kQ5_1 ? DType::kQ5_1
             : five                     ? DType::kQ5_K
                                        : DType::kQ4_K;
   const int64_t ncols = shape.back();

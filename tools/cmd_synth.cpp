@@ -82,9 +82,8 @@ void run_synth(const SynthArgs& a) {
   const std::optional<SynthType> t = synth_type_from_name(type);
   if (!t || !synth_type_allowed(*t, o.format)) {
     fail(ErrorKind::kInvalidArgument,
-         "--type {} is not available for --format {} (gguf: f32, "
-         "f16, bf16, q8_0, q4_k, q5_k, q6_k, q4_k_m, q5_k_m; hf: bf16, fp8)",
-         type, a.format);
+         "--type {} is not available for --format {} (gguf: {}; hf: bf16, fp8)", type, a.format,
+         synth_gguf_type_list());
   }
   o.type = *t;
   o.seed = a.seed;
@@ -114,8 +113,8 @@ void add_synth(CLI::App& app) {
       ->check(CLI::IsMember({"gguf", "hf"}));
   app.add_option(
       "--type", args->type,
-      "gguf: f32 (default), f16, bf16, q8_0, q4_k, q5_k, q6_k, q4_k_m, q5_k_m; hf: bf16 "
-      "(default), fp8");
+      "gguf: f32 (default), f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q4_k, q5_k, q6_k, q4_k_m, "
+      "q5_k_m; hf: bf16 (default), fp8");
   app.add_option("--seed", args->seed, "random seed (same seed, same bytes)");
   app.add_option("--vocab", args->vocab,
                  "copy the tokenizer of this GGUF file (sets the vocab size)")

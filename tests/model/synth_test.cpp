@@ -233,6 +233,11 @@ TEST(Synth, QuantizedFilesDecodeToTheSameWeights) {
       // Q5_K: rows that are not whole super-blocks fall back to Q5_1 (llama-quantize's rule).
       {SynthType::kQ5_K, 0.06, {"f32", "q5_K", "q5_1"}},
       {SynthType::kQ5_K_M, 0.06, {"f32", "q5_K", "q5_1", "q6_K", "q8_0"}},
+      // The legacy 32-blocks, pure (every row is whole blocks).
+      {SynthType::kQ4_0, 0.12, {"f32", "q4_0"}},
+      {SynthType::kQ4_1, 0.12, {"f32", "q4_1"}},
+      {SynthType::kQ5_0, 0.06, {"f32", "q5_0"}},
+      {SynthType::kQ5_1, 0.06, {"f32", "q5_1"}},
   };
   for (const Case& k : cases) {
     SCOPED_TRACE(std::string(synth_type_name(k.type)));
