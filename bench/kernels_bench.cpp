@@ -121,6 +121,8 @@ void BM_Gemm512(benchmark::State& state, DType dtype, Isa isa) {
   BENCHMARK_CAPTURE(fn, name##_avx512, dt, Isa::kAvx512)->UseRealTime()->MinTime(0.3); \
   BENCHMARK_CAPTURE(fn, name##_avx512_vnni, dt, Isa::kAvx512Bf16)->UseRealTime()->MinTime(0.3)
 
+TD_FORMAT_BENCH(BM_Gemv, DType::kQ2_K, q2_k);
+TD_FORMAT_BENCH(BM_Gemv, DType::kQ3_K, q3_k);
 TD_FORMAT_BENCH(BM_Gemv, DType::kQ4_K, q4_k);
 TD_FORMAT_BENCH(BM_Gemv, DType::kQ5_K, q5_k);
 TD_FORMAT_BENCH(BM_Gemv, DType::kQ6_K, q6_k);
@@ -131,6 +133,8 @@ TD_FORMAT_BENCH(BM_Gemv, DType::kQ5_1, q5_1);
 TD_FORMAT_BENCH(BM_Gemv, DType::kQ8_0, q8_0);
 TD_FORMAT_BENCH(BM_Gemv, DType::kBF16, bf16);
 TD_FORMAT_BENCH(BM_Gemv, DType::kF32, f32);
+TD_FORMAT_BENCH(BM_Gemm512, DType::kQ2_K, q2_k);
+TD_FORMAT_BENCH(BM_Gemm512, DType::kQ3_K, q3_k);
 TD_FORMAT_BENCH(BM_Gemm512, DType::kQ4_K, q4_k);
 TD_FORMAT_BENCH(BM_Gemm512, DType::kQ5_K, q5_k);
 TD_FORMAT_BENCH(BM_Gemm512, DType::kQ6_K, q6_k);

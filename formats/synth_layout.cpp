@@ -296,6 +296,8 @@ DType gguf_tensor_dtype(const ModelConfig& c, SynthType type, const std::string&
             : type == SynthType::kQ4_1 ? DType::kQ4_1
             : type == SynthType::kQ5_0 ? DType::kQ5_0
             : type == SynthType::kQ5_1 ? DType::kQ5_1
+            : type == SynthType::kQ2_K ? DType::kQ2_K
+            : type == SynthType::kQ3_K ? DType::kQ3_K
             : five                     ? DType::kQ5_K
                                        : DType::kQ4_K;
   const int64_t ncols = shape.back();
@@ -323,7 +325,8 @@ DType gguf_tensor_dtype(const ModelConfig& c, SynthType type, const std::string&
   // tensor_type_fallback(): rows that are not whole super-blocks.
   const auto block = [](DType d) { return dtype_info(d).block_elems; };
   if (ncols % block(t) != 0) {
-    t = t == DType::kQ4_K   ? DType::kQ5_0
+    t = t == DType::kQ2_K || t == DType::kQ3_K ? DType::kQ4_0
+        : t == DType::kQ4_K ? DType::kQ5_0
         : t == DType::kQ5_K ? DType::kQ5_1
         : t == DType::kQ6_K ? DType::kQ8_0
                             : DType::kF16;

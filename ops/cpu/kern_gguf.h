@@ -67,6 +67,8 @@ struct GgufKernels {
   GemmFn q4_0 = nullptr;  // Q4_0 x Q8_0
   GemmFn q4_1 = nullptr;  // Q4_1 x Q8_0 (+ the s array: ggml's Q8_1)
   GemmFn q5_1 = nullptr;  // Q5_1 x Q8_0 (+ s)
+  GemmFn q2_k = nullptr;  // Q2_K x Q8_K
+  GemmFn q3_k = nullptr;  // Q3_K x Q8_K
 };
 
 const GgufKernels& gguf_kernels_scalar();

@@ -92,6 +92,8 @@ void q50(const GemmArgs& g) { drive<Q50Kern<Avx2>>(g); }
 void q40(const GemmArgs& g) { drive<Q40Kern<Avx2>>(g); }
 void q41(const GemmArgs& g) { drive<Q41Kern<Avx2>>(g); }
 void q51(const GemmArgs& g) { drive<Q51Kern<Avx2>>(g); }
+void q2k(const GemmArgs& g) { drive<Q2KKern<Avx2>>(g); }
+void q3k(const GemmArgs& g) { drive<Q3KKern<Avx2>>(g); }
 void q80(const GemmArgs& g) { drive<Q80Kern<Avx2>>(g); }
 void f32(const GemmArgs& g) { drive<DenseKern<Avx2, Dense::kF32>>(g); }
 void f16(const GemmArgs& g) { drive<DenseKern<Avx2, Dense::kF16>>(g); }
@@ -102,7 +104,7 @@ void bf16(const GemmArgs& g) { drive<DenseKern<Avx2, Dense::kBF16>>(g); }
 namespace tandem::kern::detail {
 
 const GgufKernels& gguf_kernels_avx2() {
-  static const GgufKernels k{q4k, q5k, q6k, q80, f32, f16, bf16, q50, q40, q41, q51};
+  static const GgufKernels k{q4k, q5k, q6k, q80, f32, f16, bf16, q50, q40, q41, q51, q2k, q3k};
   return k;
 }
 

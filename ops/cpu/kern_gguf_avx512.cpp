@@ -20,6 +20,8 @@ void q50(const GemmArgs& g) { drive<Q50Kern<S>>(g); }
 void q40(const GemmArgs& g) { drive<Q40Kern<S>>(g); }
 void q41(const GemmArgs& g) { drive<Q41Kern<S>>(g); }
 void q51(const GemmArgs& g) { drive<Q51Kern<S>>(g); }
+void q2k(const GemmArgs& g) { drive<Q2KKern<S>>(g); }
+void q3k(const GemmArgs& g) { drive<Q3KKern<S>>(g); }
 void q80(const GemmArgs& g) { drive<Q80Kern<S>>(g); }
 void f32(const GemmArgs& g) { drive<DenseKern<S, Dense::kF32>>(g); }
 void f16(const GemmArgs& g) { drive<DenseKern<S, Dense::kF16>>(g); }
@@ -30,7 +32,7 @@ void bf16(const GemmArgs& g) { drive<DenseKern<S, Dense::kBF16>>(g); }
 namespace tandem::kern::detail {
 
 const GgufKernels& gguf_kernels_avx512() {
-  static const GgufKernels k{q4k, q5k, q6k, q80, f32, f16, bf16, q50, q40, q41, q51};
+  static const GgufKernels k{q4k, q5k, q6k, q80, f32, f16, bf16, q50, q40, q41, q51, q2k, q3k};
   return k;
 }
 

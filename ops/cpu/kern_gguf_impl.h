@@ -19,6 +19,8 @@
 
 namespace {
 
+using tandem::BlockQ2_K;
+using tandem::BlockQ3_K;
 using tandem::BlockQ4_0;
 using tandem::BlockQ4_1;
 using tandem::BlockQ4_K;
@@ -423,6 +425,107 @@ inline void q_1_rows(const WBlock* const* w, const BlockQ8_0* const* a, int64_t 
   }
 }
 
+// Q2_K / Q3_K x Q8_K (16 sub-blocks of 16 values): per 32-value run i (sub-blocks 2i, 2i + 1:
+// the 2-bit fields at bits 2j of qs[32n ..], i = 4n + j) the values as signed bytes, one signed dot
+// per token (8 int32 lanes: lanes 0-3 sub-block 2i, 4-7 sub-block 2i + 1) times the lanes' scales,
+// summed exactly; then the reference's F32 steps per super-block (bit-identical on every ISA).
+// AVX2 instructions only (also the AVX-512 units' path: Q2_K / Q3_K files are rare enough that
+// one kernel serves every level).
+// Lanes 0-3 sc8[2i], lanes 4-7 sc8[2i + 1], as int32.
+inline __m256i run_scales(__m128i sc8, int i) {
+  const __m128i idx = _mm_add_epi8(_mm_setr_epi8(0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0),
+                                   _mm_set1_epi8(static_cast<char>(2 * i)));
+  return _mm256_cvtepi8_epi32(_mm_shuffle_epi8(sc8, idx));
+}
+// The 2-bit fields of run i (bits 2j of the 32 bytes at qs + 32n) as bytes 0..3.
+inline __m256i run_low2(const uint8_t* qs, int i) {
+  const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs + 32 * (i / 4)));
+  return _mm256_and_si256(_mm256_srl_epi16(q, _mm_cvtsi32_si128(2 * (i % 4))),
+                          _mm256_set1_epi8(3));
+}
+
+template <class S, int NR, int NT>
+inline void q2k_rows(const BlockQ2_K* const* w, const BlockQ8_K* const* a, int64_t nb,
+                     float (*out)[NT]) {
+  float acc[NR][NT];
+  for (int r = 0; r < NR; ++r) {
+    for (int t = 0; t < NT; ++t) acc[r][t] = 0.0f;
+  }
+  for (int64_t b = 0; b < nb; ++b) {
+    for (int r = 0; r < NR; ++r) prefetch_ahead(&w[r][b], sizeof(BlockQ2_K));
+    for (int r = 0; r < NR; ++r) {
+      const BlockQ2_K& x = w[r][b];
+      const __m128i sc = _mm_loadu_si128(reinterpret_cast<const __m128i*>(x.scales));
+      const __m128i lo4 = _mm_set1_epi8(0x0F);
+      const __m128i sc8 = _mm_and_si128(sc, lo4);
+      const __m256i m16 = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(sc, 4), lo4));
+      __m256i isum[NT];
+      for (int t = 0; t < NT; ++t) isum[t] = _mm256_setzero_si256();
+      for (int i = 0; i < 8; ++i) {
+        const __m256i v = run_low2(x.qs, i);
+        const __m256i s = run_scales(sc8, i);
+        for (int t = 0; t < NT; ++t) {
+          isum[t] = _mm256_add_epi32(isum[t],
+                                     _mm256_mullo_epi32(S::dot_s8_32_lanes(v, a[t][b].qs + 32 * i), s));
+        }
+      }
+      const float dw = half_to_float(x.d), dmw = half_to_float(x.dmin);
+      for (int t = 0; t < NT; ++t) {
+        const __m256i bs =
+            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a[t][b].bsums));
+        const int32_t summs = hsum_epi32_256(_mm256_madd_epi16(m16, bs));
+        acc[r][t] = acc[r][t] + (a[t][b].d * dw) * static_cast<float>(hsum_epi32_256(isum[t]));
+        acc[r][t] = acc[r][t] - (a[t][b].d * dmw) * static_cast<float>(summs);
+      }
+    }
+  }
+  for (int r = 0; r < NR; ++r) {
+    for (int t = 0; t < NT; ++t) out[r][t] = acc[r][t];
+  }
+}
+
+template <class S, int NR, int NT>
+inline void q3k_rows(const BlockQ3_K* const* w, const BlockQ8_K* const* a, int64_t nb,
+                     float (*out)[NT]) {
+  float acc[NR][NT];
+  for (int r = 0; r < NR; ++r) {
+    for (int t = 0; t < NT; ++t) acc[r][t] = 0.0f;
+  }
+  for (int64_t b = 0; b < nb; ++b) {
+    for (int r = 0; r < NR; ++r) prefetch_ahead(&w[r][b], sizeof(BlockQ3_K));
+    for (int r = 0; r < NR; ++r) {
+      const BlockQ3_K& x = w[r][b];
+      alignas(16) uint8_t sc[16];
+      tandem::unpack_q3_k_scales(x.scales, sc);
+      const __m128i sc8 = _mm_sub_epi8(_mm_load_si128(reinterpret_cast<const __m128i*>(sc)),
+                                       _mm_set1_epi8(32));
+      const __m256i hm = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.hmask));
+      __m256i isum[NT];
+      for (int t = 0; t < NT; ++t) isum[t] = _mm256_setzero_si256();
+      for (int i = 0; i < 8; ++i) {
+        // q - 4 where bit i (= 4n + j) of hmask is clear.
+        const __m256i clear = _mm256_cmpeq_epi8(
+            _mm256_and_si256(hm, _mm256_set1_epi8(static_cast<char>(1 << i))),
+            _mm256_setzero_si256());
+        const __m256i v =
+            _mm256_sub_epi8(run_low2(x.qs, i), _mm256_and_si256(clear, _mm256_set1_epi8(4)));
+        const __m256i s = run_scales(sc8, i);
+        for (int t = 0; t < NT; ++t) {
+          isum[t] = _mm256_add_epi32(isum[t],
+                                     _mm256_mullo_epi32(S::dot_s8_32_lanes(v, a[t][b].qs + 32 * i), s));
+        }
+      }
+      const float dw = half_to_float(x.d);
+      for (int t = 0; t < NT; ++t) {
+        acc[r][t] = acc[r][t] + (a[t][b].d * dw) * static_cast<float>(hsum_epi32_256(isum[t]));
+      }
+    }
+  }
+  for (int r = 0; r < NR; ++r) {
+    for (int t = 0; t < NT; ++t) out[r][t] = acc[r][t];
+  }
+}
+
 template <class S, int NR, int NT>
 inline void q4_0_rows(const BlockQ4_0* const* w, const BlockQ8_0* const* a, int64_t nb,
                       float (*out)[NT]) {
@@ -615,6 +718,8 @@ TD_ROW_DOT(Q6KDot, q6k_rows, BlockQ6_K, BlockQ8_K, 1)
 TD_ROW_DOT(Q80Dot, q8_0_rows, BlockQ8_0, BlockQ8_0, 2)
 TD_ROW_DOT(Q50Dot, q5_0_rows, BlockQ5_0, BlockQ8_0, 2)
 TD_ROW_DOT(Q40Dot, q4_0_rows, BlockQ4_0, BlockQ8_0, 2)
+TD_ROW_DOT(Q2KDot, q2k_rows, BlockQ2_K, BlockQ8_K, 2)
+TD_ROW_DOT(Q3KDot, q3k_rows, BlockQ3_K, BlockQ8_K, 2)
 TD_ROW_DOT(Q41Dot, q4_1_rows, BlockQ4_1, BlockQ8_0, 2)
 TD_ROW_DOT(Q51Dot, q5_1_rows, BlockQ5_1, BlockQ8_0, 2)
 #undef TD_ROW_DOT
@@ -631,6 +736,10 @@ template <class S>
 using Q50Kern = BlockKern<BlockQ5_0, BlockQ8_0, 32, Q50Dot<S>>;
 template <class S>
 using Q40Kern = BlockKern<BlockQ4_0, BlockQ8_0, 32, Q40Dot<S>>;
+template <class S>
+using Q2KKern = BlockKern<BlockQ2_K, BlockQ8_K, 256, Q2KDot<S>>;
+template <class S>
+using Q3KKern = BlockKern<BlockQ3_K, BlockQ8_K, 256, Q3KDot<S>>;
 template <class S>
 using Q41Kern = BlockKern<BlockQ4_1, BlockQ8_0, 32, Q41Dot<S>>;
 template <class S>

@@ -144,6 +144,53 @@ float q_1_dot(const Block* w, const BlockQ8_0* a, const float* s, int64_t nb) {
   return acc;
 }
 
+// Q2_K: 16 sub-blocks of 16, x = d * (sc & 15) * q - dmin * (sc >> 4), q 2 bits; element
+// 128n + 32j + 16p + l is bits 2j.. of qs[32n + 16p + l] (sub-block 8n + 2j + p). The Q4_K steps:
+// acc + (da * d) * isum, then - (da * dmin) * summs, summs = sum_j (sc_j >> 4) * bsums[j].
+float q2k_dot(const BlockQ2_K* w, const BlockQ8_K* a, int64_t nb) {
+  float acc = 0.0f;
+  for (int64_t b = 0; b < nb; ++b) {
+    int32_t isum = 0, summs = 0;
+    for (int j = 0; j < 16; ++j) summs += (w[b].scales[j] >> 4) * a[b].bsums[j];
+    for (int sub = 0; sub < 16; ++sub) {
+      const int n = sub / 8, j = (sub % 8) / 2, p = sub % 2;
+      int32_t s = 0;
+      for (int l = 0; l < 16; ++l) {
+        const int q = (w[b].qs[32 * n + 16 * p + l] >> (2 * j)) & 3;
+        s += q * a[b].qs[16 * sub + l];
+      }
+      isum += (w[b].scales[sub] & 0xF) * s;
+    }
+    acc = acc + (a[b].d * f16_to_f32(w[b].d)) * static_cast<float>(isum);
+    acc = acc - (a[b].d * f16_to_f32(w[b].dmin)) * static_cast<float>(summs);
+  }
+  return acc;
+}
+
+// Q3_K: 16 sub-blocks of 16, x = d * (sc - 32) * q, q = the 2 bits of qs (as Q2_K) minus 4 where
+// bit 4n + j of hmask[16p + l] is clear; 6-bit scales (unpack_q3_k_scales). As Q6_K:
+// acc + (da * d) * isum per super-block.
+float q3k_dot(const BlockQ3_K* w, const BlockQ8_K* a, int64_t nb) {
+  float acc = 0.0f;
+  for (int64_t b = 0; b < nb; ++b) {
+    uint8_t sc[16];
+    unpack_q3_k_scales(w[b].scales, sc);
+    int32_t isum = 0;
+    for (int sub = 0; sub < 16; ++sub) {
+      const int n = sub / 8, j = (sub % 8) / 2, p = sub % 2;
+      int32_t s = 0;
+      for (int l = 0; l < 16; ++l) {
+        const int low = (w[b].qs[32 * n + 16 * p + l] >> (2 * j)) & 3;
+        const int high = (w[b].hmask[16 * p + l] >> (4 * n + j)) & 1;
+        s += (low - (high ? 0 : 4)) * a[b].qs[16 * sub + l];
+      }
+      isum += (sc[sub] - 32) * s;
+    }
+    acc = acc + (a[b].d * f16_to_f32(w[b].d)) * static_cast<float>(isum);
+  }
+  return acc;
+}
+
 template <typename Dot>
 void rows(const GemmArgs& g, Dot&& dot) {
   for (int64_t t = 0; t < g.tokens; ++t) {
@@ -196,6 +243,18 @@ void q_1(const GemmArgs& g) {
                           q8_0_act_sums(a, nb), nb);
   });
 }
+void q2k(const GemmArgs& g) {
+  rows(g, [&](const uint8_t* w, const uint8_t* a) {
+    return q2k_dot(reinterpret_cast<const BlockQ2_K*>(w), reinterpret_cast<const BlockQ8_K*>(a),
+                   g.cols / kQK_K);
+  });
+}
+void q3k(const GemmArgs& g) {
+  rows(g, [&](const uint8_t* w, const uint8_t* a) {
+    return q3k_dot(reinterpret_cast<const BlockQ3_K*>(w), reinterpret_cast<const BlockQ8_K*>(a),
+                   g.cols / kQK_K);
+  });
+}
 void f32(const GemmArgs& g) {
   rows(g, [&](const uint8_t* w, const uint8_t* a) {
     const float* wf = reinterpret_cast<const float*>(w);
@@ -228,7 +287,7 @@ void bf16(const GemmArgs& g) {
 
 const GgufKernels& gguf_kernels_scalar() {
   static const GgufKernels k{q4k,  q5k, q6k, q80, f32, f16, bf16, q50, q40,
-                             q_1<false, BlockQ4_1>, q_1<true, BlockQ5_1>};
+                             q_1<false, BlockQ4_1>, q_1<true, BlockQ5_1>, q2k, q3k};
   return k;
 }
 

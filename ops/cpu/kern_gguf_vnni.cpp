@@ -779,6 +779,12 @@ void q80(const GemmArgs& g) {
 void q50(const GemmArgs& g) {
   q0_gemm<BlockQ5_0>(g, expand_q5_0);
 }
+void q2k(const GemmArgs& g) {
+  drive<Q2KKern<S>>(g);
+}
+void q3k(const GemmArgs& g) {
+  drive<Q3KKern<S>>(g);
+}
 void q40(const GemmArgs& g) {
   q0_gemm<BlockQ4_0>(g, expand_q4_0);
 }
@@ -841,7 +847,7 @@ void bf16(const GemmArgs& g) {
 namespace tandem::kern::detail {
 
 const GgufKernels& gguf_kernels_avx512_vnni_base() {
-  static const GgufKernels k{q4k, q5k, q6k, q80, f32, f16, bf16, q50, q40, q41, q51};
+  static const GgufKernels k{q4k, q5k, q6k, q80, f32, f16, bf16, q50, q40, q41, q51, q2k, q3k};
   return k;
 }
 
@@ -857,7 +863,9 @@ const GgufKernels& gguf_kernels_avx512_vnni() {
                              q0_vbmi<q5_0_rows_vbmi, q50>,
                              q0_vbmi<q4_0_rows_vbmi, q40>,
                              q0_vbmi<q4_1_rows_vbmi, q41>,
-                             q0_vbmi<q5_1_rows_vbmi, q51>};
+                             q0_vbmi<q5_1_rows_vbmi, q51>,
+                             q2k,
+                             q3k};
   static const bool vbmi = cpu_features().avx512_vbmi && cpu_features().avx512_bitalg;
   return vbmi ? k : gguf_kernels_avx512_vnni_base();
 }

@@ -33,6 +33,8 @@ const char* wformat_name(WFormat f) {
     case WFormat::kQ4_0: return "q4_0";
     case WFormat::kQ4_1: return "q4_1";
     case WFormat::kQ5_1: return "q5_1";
+    case WFormat::kQ2_K: return "q2_k";
+    case WFormat::kQ3_K: return "q3_k";
     case WFormat::kBF16Tile: return "bf16-tile";
   }
   return "?";
@@ -47,6 +49,8 @@ AFormat act_format(WFormat f) {
     case WFormat::kBF16Tile: return AFormat::kBF16;
     case WFormat::kInt8:
     case WFormat::kInt4: return AFormat::kI8;
+    case WFormat::kQ2_K:
+    case WFormat::kQ3_K:
     case WFormat::kQ4_K:
     case WFormat::kQ5_K:
     case WFormat::kQ6_K: return AFormat::kQ8_K;
@@ -79,6 +83,8 @@ bool view_weight(const ops::Weight& w, KMatrix* out) {
     case DType::kQ4_0: f = WFormat::kQ4_0; break;
     case DType::kQ4_1: f = WFormat::kQ4_1; break;
     case DType::kQ5_1: f = WFormat::kQ5_1; break;
+    case DType::kQ2_K: f = WFormat::kQ2_K; break;
+    case DType::kQ3_K: f = WFormat::kQ3_K; break;
     default: return false;
   }
   KMatrix m;
@@ -121,6 +127,8 @@ RowBlocks row_blocks(WFormat f) {
     case WFormat::kQ4_0: return {kQK, sizeof(BlockQ4_0)};
     case WFormat::kQ4_1: return {kQK, sizeof(BlockQ4_1)};
     case WFormat::kQ5_1: return {kQK, sizeof(BlockQ5_1)};
+    case WFormat::kQ2_K: return {kQK_K, sizeof(BlockQ2_K)};
+    case WFormat::kQ3_K: return {kQK_K, sizeof(BlockQ3_K)};
     case WFormat::kInt8:
     case WFormat::kInt4:
     case WFormat::kBF16Tile: break;
@@ -228,6 +236,8 @@ GemmFn GgufKernels::*entry_of(WFormat f) {
     case WFormat::kQ4_0: return &GgufKernels::q4_0;
     case WFormat::kQ4_1: return &GgufKernels::q4_1;
     case WFormat::kQ5_1: return &GgufKernels::q5_1;
+    case WFormat::kQ2_K: return &GgufKernels::q2_k;
+    case WFormat::kQ3_K: return &GgufKernels::q3_k;
     default: break;
   }
   fail(ErrorKind::kUnsupported, "no CPU kernel for weight format {}", wformat_name(f));

@@ -238,6 +238,9 @@ TEST(Synth, QuantizedFilesDecodeToTheSameWeights) {
       {SynthType::kQ4_1, 0.12, {"f32", "q4_1"}},
       {SynthType::kQ5_0, 0.06, {"f32", "q5_0"}},
       {SynthType::kQ5_1, 0.06, {"f32", "q5_1"}},
+      // Q2_K / Q3_K: short rows fall back to Q4_0 (llama-quantize's rule).
+      {SynthType::kQ2_K, 0.35, {"f32", "q2_K", "q4_0"}},
+      {SynthType::kQ3_K, 0.18, {"f32", "q3_K", "q4_0"}},
   };
   for (const Case& k : cases) {
     SCOPED_TRACE(std::string(synth_type_name(k.type)));
@@ -584,7 +587,7 @@ TEST(SynthCli, RefusesBadArguments) {
       {"synth --arch mixtral --preset deepseek-v3" + out, "does not match --preset deepseek-v3"},
       {"synth --arch qwen3moe --type fp8" + out, "--type fp8 is not available for --format gguf"},
       {"synth --arch qwen3moe --format hf --type q4_k_m" + out, "--type q4_k_m is not available"},
-      {"synth --arch qwen3moe --type q3_k" + out, "--type q3_k"},
+      {"synth --arch qwen3moe --type iq2_xs" + out, "--type iq2_xs"},
       {"synth --arch qwen3moe --layers 0" + out, "--layers 0"},
       {"synth --arch qwen3moe --layers 5000" + out, "--layers 5000"},
       {"synth --arch llama2" + out, "--arch"},

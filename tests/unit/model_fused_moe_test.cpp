@@ -42,16 +42,16 @@ Tensor quantized(DType dt, int64_t rows, int64_t cols, std::mt19937& rng,
   return Tensor::dense(dt, {rows, cols}, store.back().data());
 }
 
-// gate/up in `gu`, down in `dn`; expert 5 in Q3_K, which has no fast kernel (reference path).
+// gate/up in `gu`, down in `dn`; expert 5 in Q8_1, which has no fast kernel (reference path).
 Experts make_experts(DType gu, DType dn) {
   std::mt19937 rng(17);
   Experts e;
   e.bytes.reserve(3 * kExperts);
   for (int64_t i = 0; i < kExperts; ++i) {
-    const DType g = i == 5 ? DType::kQ3_K : gu;
+    const DType g = i == 5 ? DType::kQ8_1 : gu;
     e.w.gate.push_back(quantized(g, kFf, kHidden, rng, e.bytes));
     e.w.up.push_back(quantized(g, kFf, kHidden, rng, e.bytes));
-    e.w.down.push_back(quantized(i == 5 ? DType::kQ3_K : dn, kHidden, kFf, rng, e.bytes));
+    e.w.down.push_back(quantized(i == 5 ? DType::kQ8_1 : dn, kHidden, kFf, rng, e.bytes));
   }
   return e;
 }
@@ -205,6 +205,7 @@ INSTANTIATE_TEST_SUITE_P(Formats, FusedMoe,
                                            std::pair{DType::kQ4_K, DType::kQ5_0},
                                            std::pair{DType::kQ5_K, DType::kQ5_1},
                                            std::pair{DType::kQ4_0, DType::kQ4_1},
+                                           std::pair{DType::kQ2_K, DType::kQ3_K},
                                            std::pair{DType::kQ8_0, DType::kQ8_0}),
                          [](const auto& info) {
                            return std::string(dtype_info(info.param.first).name) + "_" +
@@ -229,7 +230,7 @@ TEST(FusedMoePacked, Int8AndInt4Experts) {
     ce.up.resize(1);
     ce.down.resize(1);
     for (int64_t e = 0; e < kExperts; ++e) {
-      if (e == 5) {  // Q3_K in make_experts: keep it on the reference path (no prepared matrix)
+      if (e == 5) {  // Q8_1 in make_experts: keep it on the reference path (no prepared matrix)
         ce.gate[0].emplace_back();
         ce.up[0].emplace_back();
         ce.down[0].emplace_back();
@@ -317,7 +318,7 @@ TEST(FusedMoeNuma, SplitExpertsMatchDirectSplitAndUnsplit) {
     ce.down.resize(1);
     for (int64_t e = 0; e < kExperts; ++e) {
       kern::KMatrix g, u, d;
-      kern::view_weight(ex.w.gate[e], &g);  // expert 5 (Q3_K) stays invalid: reference path
+      kern::view_weight(ex.w.gate[e], &g);  // expert 5 (Q8_1) stays invalid: reference path
       kern::view_weight(ex.w.up[e], &u);
       kern::view_weight(ex.w.down[e], &d);
       ce.gate[0].push_back(g);
@@ -414,7 +415,8 @@ TEST(CopySubmatrix, RowAndColumnSlicesOfEveryFormat) {
   for (float& v : x) v = nd(rng);
   std::vector<kern::KMatrix> mats;
   for (DType dt : {DType::kF32, DType::kBF16, DType::kQ4_K, DType::kQ5_K, DType::kQ6_K,
-                   DType::kQ8_0, DType::kQ5_0, DType::kQ4_0, DType::kQ4_1, DType::kQ5_1}) {
+                   DType::kQ8_0, DType::kQ5_0, DType::kQ4_0, DType::kQ4_1, DType::kQ5_1,
+                   DType::kQ2_K, DType::kQ3_K}) {
     kern::KMatrix m;
     ASSERT_TRUE(kern::view_weight(ops::Weight(quantized(dt, rows, cols, rng, store)), &m));
     mats.push_back(m);

@@ -82,8 +82,9 @@ TEST_P(Kernels, SimdEqualsReferenceOnEveryIsa) {
             } else if (isa == Isa::kScalar) {
               ASSERT_EQ(got, want) << "the scalar level is the reference";
             } else if (c.dtype == DType::kQ4_K || c.dtype == DType::kQ5_K ||
-                       c.dtype == DType::kQ6_K) {
-              // Q4_K, Q5_K and Q6_K keep the reference's F32 steps on every ISA, rows or tiles
+                       c.dtype == DType::kQ6_K || c.dtype == DType::kQ2_K ||
+                       c.dtype == DType::kQ3_K) {
+              // The K-quants keep the reference's F32 steps on every ISA, rows or tiles
               // (>= 16 tokens on AVX-512 VNNI): bit for bit, whatever the batch.
               ASSERT_EQ(got, want) << isa_name(isa) << " t " << t << " r " << r;
             } else {
@@ -104,8 +105,9 @@ TEST_P(Kernels, SimdEqualsReferenceOnEveryIsa) {
 // then ends with a 256-bit block, and its GEMM keeps the rows).
 TEST_P(Kernels, ResultDoesNotDependOnTheBatch) {
   const Case c = GetParam();
-  const bool k_quant =
-      c.dtype == DType::kQ4_K || c.dtype == DType::kQ5_K || c.dtype == DType::kQ6_K;
+  const bool k_quant = c.dtype == DType::kQ4_K || c.dtype == DType::kQ5_K ||
+                       c.dtype == DType::kQ6_K || c.dtype == DType::kQ2_K ||
+                       c.dtype == DType::kQ3_K;
   for (const int64_t cols : {int64_t{768}, int64_t{800}}) {
     if (k_quant && cols % 256 != 0) continue;
     const int64_t rows = 37, tokens = 39;  // token groups of 8, 4, 2, 1
@@ -176,6 +178,7 @@ INSTANTIATE_TEST_SUITE_P(Formats, Kernels,
                                            Case{DType::kQ6_K, true}, Case{DType::kQ8_0, true},
                                            Case{DType::kQ5_0, true}, Case{DType::kQ4_0, true},
                                            Case{DType::kQ4_1, true}, Case{DType::kQ5_1, true},
+                                           Case{DType::kQ2_K, true}, Case{DType::kQ3_K, true},
                                            Case{DType::kF32, false},
                                            Case{DType::kF16, false}, Case{DType::kBF16, false}),
                          [](const auto& info) {
@@ -296,7 +299,7 @@ TEST(KernelsMatmul, ThreadedEqualsSingleCallAndFallsBack) {
   kern::gemm(w, a, 0, rows, want.data(), rows);  // one call, best ISA: the same per-row sums
   EXPECT_EQ(y, want);
 
-  const Matrix q3 = make_matrix(DType::kQ3_K, 4, 256, 1);  // no fast kernel: ops::matmul
+  const Matrix q3 = make_matrix(DType::kQ8_1, 4, 256, 1);  // no fast kernel: ops::matmul
   kern::KMatrix none;
   EXPECT_FALSE(kern::view_weight(ops::Weight(q3.t), &none));
   std::vector<float> y5(2 * 4), r5(2 * 4);
