@@ -425,17 +425,26 @@ inline void q_1_rows(const WBlock* const* w, const BlockQ8_0* const* a, int64_t 
   }
 }
 
-// Q2_K / Q3_K x Q8_K (16 sub-blocks of 16 values): per 32-value run i (sub-blocks 2i, 2i + 1:
-// the 2-bit fields at bits 2j of qs[32n ..], i = 4n + j) the values as signed bytes, one signed dot
-// per token (8 int32 lanes: lanes 0-3 sub-block 2i, 4-7 sub-block 2i + 1) times the lanes' scales,
-// summed exactly; then the reference's F32 steps per super-block (bit-identical on every ISA).
-// AVX2 instructions only (also the AVX-512 units' path: Q2_K / Q3_K files are rare enough that
-// one kernel serves every level).
-// Lanes 0-3 sc8[2i], lanes 4-7 sc8[2i + 1], as int32.
-inline __m256i run_scales(__m128i sc8, int i) {
-  const __m128i idx = _mm_add_epi8(_mm_setr_epi8(0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0),
+// Q2_K / Q3_K x Q8_K (16 sub-blocks of 16 values), as llama.cpp's AVX2 dot products do it: per
+// 32-value run i (sub-blocks 2i, 2i + 1: the 2-bit fields at bits 2j of qs[32n ..], i = 4n + j)
+// the values as unsigned bytes u (Q3_K: q + 4, 0..7), one vpmaddubsw per token (int16 pair sums,
+// |u * a| pairs <= 2 * 7 * 128) and one vpmaddwd (VNNI: vpdpwssd) by the run's int16 scales (lanes
+// 0-7 sub-block 2i, 8-15 sub-block 2i + 1), summed exactly in int32 lanes; Q3_K's bias
+// 4 * sum_j sc_j * bsum_j and Q2_K's min sum_j m_j * bsum_j by one vpmaddwd against the token's
+// bsums. Then the reference's F32 steps per super-block: bit-identical on every ISA. AVX2
+// instructions only: one kernel serves every level.
+inline __m256i madd16_acc(__m256i acc, __m256i p16, __m256i s16) {
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+  return _mm256_dpwssd_epi32(acc, p16, s16);
+#else
+  return _mm256_add_epi32(acc, _mm256_madd_epi16(p16, s16));
+#endif
+}
+// int16 lanes 0-7 sc8[2i], lanes 8-15 sc8[2i + 1].
+inline __m256i run_scales16(__m128i sc8, int i) {
+  const __m128i idx = _mm_add_epi8(_mm_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1),
                                    _mm_set1_epi8(static_cast<char>(2 * i)));
-  return _mm256_cvtepi8_epi32(_mm_shuffle_epi8(sc8, idx));
+  return _mm256_cvtepi8_epi16(_mm_shuffle_epi8(sc8, idx));
 }
 // The 2-bit fields of run i (bits 2j of the 32 bytes at qs + 32n) as bytes 0..3.
 inline __m256i run_low2(const uint8_t* qs, int i) {
@@ -443,39 +452,79 @@ inline __m256i run_low2(const uint8_t* qs, int i) {
   return _mm256_and_si256(_mm256_srl_epi16(q, _mm_cvtsi32_si128(2 * (i % 4))),
                           _mm256_set1_epi8(3));
 }
+inline __m256i load_bsums(const BlockQ8_K& a) {
+  return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.bsums));
+}
 
-template <class S, int NR, int NT>
-inline void q2k_rows(const BlockQ2_K* const* w, const BlockQ8_K* const* a, int64_t nb,
+// Q3_K's 16 6-bit scales (unpack_q3_k_scales' bytes, 0..63) in four 32-bit words: low nibbles
+// from bytes 0-7 (sub-blocks 0-7 low, 8-15 high), top bits from bytes 8-11 (bits 2 * (j / 4)).
+inline __m128i q3k_scales8(const uint8_t* packed) {
+  uint32_t a0, a1, t;
+  std::memcpy(&a0, packed, 4);
+  std::memcpy(&a1, packed + 4, 4);
+  std::memcpy(&t, packed + 8, 4);
+  const uint32_t lo = 0x0F0F0F0Fu, hi = 0x03030303u;
+  return _mm_setr_epi32(static_cast<int>((a0 & lo) | ((t & hi) << 4)),
+                        static_cast<int>((a1 & lo) | (((t >> 2) & hi) << 4)),
+                        static_cast<int>(((a0 >> 4) & lo) | (((t >> 4) & hi) << 4)),
+                        static_cast<int>(((a1 >> 4) & lo) | (((t >> 6) & hi) << 4)));
+}
+
+// kThree: Q3_K (u = q + 4 from the hmask bits, scales - 32, bias), else Q2_K (scales & 15,
+// mins >> 4).
+template <bool kThree, class Block, int NR, int NT>
+inline void k23_rows(const Block* const* w, const BlockQ8_K* const* a, int64_t nb,
                      float (*out)[NT]) {
   float acc[NR][NT];
   for (int r = 0; r < NR; ++r) {
     for (int t = 0; t < NT; ++t) acc[r][t] = 0.0f;
   }
   for (int64_t b = 0; b < nb; ++b) {
-    for (int r = 0; r < NR; ++r) prefetch_ahead(&w[r][b], sizeof(BlockQ2_K));
+    for (int r = 0; r < NR; ++r) prefetch_ahead(&w[r][b], sizeof(Block));
+    __m256i bsum[NT];
+    for (int t = 0; t < NT; ++t) bsum[t] = load_bsums(a[t][b]);
     for (int r = 0; r < NR; ++r) {
-      const BlockQ2_K& x = w[r][b];
-      const __m128i sc = _mm_loadu_si128(reinterpret_cast<const __m128i*>(x.scales));
-      const __m128i lo4 = _mm_set1_epi8(0x0F);
-      const __m128i sc8 = _mm_and_si128(sc, lo4);
-      const __m256i m16 = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(sc, 4), lo4));
+      const Block& x = w[r][b];
+      __m128i sc8;
+      __m256i corr16;  // Q3_K: -4 * sc per sub-block; Q2_K: the mins
+      if constexpr (kThree) {
+        sc8 = _mm_sub_epi8(q3k_scales8(x.scales), _mm_set1_epi8(32));
+        corr16 = _mm256_mullo_epi16(_mm256_cvtepi8_epi16(sc8), _mm256_set1_epi16(-4));
+      } else {
+        const __m128i sc = _mm_loadu_si128(reinterpret_cast<const __m128i*>(x.scales));
+        const __m128i lo4 = _mm_set1_epi8(0x0F);
+        sc8 = _mm_and_si128(sc, lo4);
+        corr16 = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(sc, 4), lo4));
+      }
+      __m256i hm = _mm256_setzero_si256();
+      if constexpr (kThree) hm = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.hmask));
       __m256i isum[NT];
       for (int t = 0; t < NT; ++t) isum[t] = _mm256_setzero_si256();
       for (int i = 0; i < 8; ++i) {
-        const __m256i v = run_low2(x.qs, i);
-        const __m256i s = run_scales(sc8, i);
+        __m256i u = run_low2(x.qs, i);
+        if constexpr (kThree) {  // + 4 where bit i (= 4n + j) of hmask is set
+          const __m256i bit = _mm256_set1_epi8(static_cast<char>(1 << i));
+          u = _mm256_or_si256(u, _mm256_and_si256(
+                                     _mm256_cmpeq_epi8(_mm256_and_si256(hm, bit), bit),
+                                     _mm256_set1_epi8(4)));
+        }
+        const __m256i s16 = run_scales16(sc8, i);
         for (int t = 0; t < NT; ++t) {
-          isum[t] = _mm256_add_epi32(isum[t],
-                                     _mm256_mullo_epi32(S::dot_s8_32_lanes(v, a[t][b].qs + 32 * i), s));
+          const __m256i av =
+              _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a[t][b].qs + 32 * i));
+          isum[t] = madd16_acc(isum[t], _mm256_maddubs_epi16(u, av), s16);
         }
       }
-      const float dw = half_to_float(x.d), dmw = half_to_float(x.dmin);
+      const float dw = half_to_float(x.d);
       for (int t = 0; t < NT; ++t) {
-        const __m256i bs =
-            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a[t][b].bsums));
-        const int32_t summs = hsum_epi32_256(_mm256_madd_epi16(m16, bs));
-        acc[r][t] = acc[r][t] + (a[t][b].d * dw) * static_cast<float>(hsum_epi32_256(isum[t]));
-        acc[r][t] = acc[r][t] - (a[t][b].d * dmw) * static_cast<float>(summs);
+        const int32_t corr = hsum_epi32_256(_mm256_madd_epi16(corr16, bsum[t]));
+        if constexpr (kThree) {
+          const int32_t is = hsum_epi32_256(isum[t]) + corr;
+          acc[r][t] = acc[r][t] + (a[t][b].d * dw) * static_cast<float>(is);
+        } else {
+          acc[r][t] = acc[r][t] + (a[t][b].d * dw) * static_cast<float>(hsum_epi32_256(isum[t]));
+          acc[r][t] = acc[r][t] - (a[t][b].d * half_to_float(x.dmin)) * static_cast<float>(corr);
+        }
       }
     }
   }
@@ -485,45 +534,14 @@ inline void q2k_rows(const BlockQ2_K* const* w, const BlockQ8_K* const* a, int64
 }
 
 template <class S, int NR, int NT>
+inline void q2k_rows(const BlockQ2_K* const* w, const BlockQ8_K* const* a, int64_t nb,
+                     float (*out)[NT]) {
+  k23_rows<false, BlockQ2_K, NR, NT>(w, a, nb, out);
+}
+template <class S, int NR, int NT>
 inline void q3k_rows(const BlockQ3_K* const* w, const BlockQ8_K* const* a, int64_t nb,
                      float (*out)[NT]) {
-  float acc[NR][NT];
-  for (int r = 0; r < NR; ++r) {
-    for (int t = 0; t < NT; ++t) acc[r][t] = 0.0f;
-  }
-  for (int64_t b = 0; b < nb; ++b) {
-    for (int r = 0; r < NR; ++r) prefetch_ahead(&w[r][b], sizeof(BlockQ3_K));
-    for (int r = 0; r < NR; ++r) {
-      const BlockQ3_K& x = w[r][b];
-      alignas(16) uint8_t sc[16];
-      tandem::unpack_q3_k_scales(x.scales, sc);
-      const __m128i sc8 = _mm_sub_epi8(_mm_load_si128(reinterpret_cast<const __m128i*>(sc)),
-                                       _mm_set1_epi8(32));
-      const __m256i hm = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.hmask));
-      __m256i isum[NT];
-      for (int t = 0; t < NT; ++t) isum[t] = _mm256_setzero_si256();
-      for (int i = 0; i < 8; ++i) {
-        // q - 4 where bit i (= 4n + j) of hmask is clear.
-        const __m256i clear = _mm256_cmpeq_epi8(
-            _mm256_and_si256(hm, _mm256_set1_epi8(static_cast<char>(1 << i))),
-            _mm256_setzero_si256());
-        const __m256i v =
-            _mm256_sub_epi8(run_low2(x.qs, i), _mm256_and_si256(clear, _mm256_set1_epi8(4)));
-        const __m256i s = run_scales(sc8, i);
-        for (int t = 0; t < NT; ++t) {
-          isum[t] = _mm256_add_epi32(isum[t],
-                                     _mm256_mullo_epi32(S::dot_s8_32_lanes(v, a[t][b].qs + 32 * i), s));
-        }
-      }
-      const float dw = half_to_float(x.d);
-      for (int t = 0; t < NT; ++t) {
-        acc[r][t] = acc[r][t] + (a[t][b].d * dw) * static_cast<float>(hsum_epi32_256(isum[t]));
-      }
-    }
-  }
-  for (int r = 0; r < NR; ++r) {
-    for (int t = 0; t < NT; ++t) out[r][t] = acc[r][t];
-  }
+  k23_rows<true, BlockQ3_K, NR, NT>(w, a, nb, out);
 }
 
 template <class S, int NR, int NT>
