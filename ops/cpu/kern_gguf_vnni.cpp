@@ -501,10 +501,10 @@ void q6k_tiled(const GemmArgs& g) {
 //   result = h2[0] + h2[1].
 // vpdpbusd multiplies unsigned by signed bytes: the weights enter as u = q + c (Q8_0: q ^ 0x80,
 // c = 128; rows of the 4/5-bit formats: the stored value, c = 16 / 8 / 0; tiles: c = 128 for all)
-// and c * sum(a) is subtracted per block, exactly. Rows take 16 blocks at a time: one vpdpbusd per pair of blocks
-// (lanes 0-7 the even block, 8-15 the odd one), the 8 pair vectors reduced to the 16 block sums
-// by a transposing add tree, one FMA per 16 blocks. Tiles keep each acc[L] as a vector over the
-// 16 rows, lane L's blocks one after the other, 8 tokens at a time.
+// and c * sum(a) is subtracted per block, exactly. Rows take 16 blocks at a time: one vpdpbusd
+// per pair of blocks (lanes 0-7 the even block, 8-15 the odd one), the 8 pair vectors reduced to
+// the 16 block sums by a transposing add tree, one FMA per 16 blocks. Tiles keep each acc[L] as a
+// vector over the 16 rows, lane L's blocks one after the other, 8 tokens at a time.
 // (Session 5: the previous layout, the row kernels' 8 / 16 lane accumulators per 4-element dword
 // reproduced in the tiles, cost 8 conversions and FMAs per block and token; docs/cpu-kernels.md.)
 constexpr int64_t kQ0TileMinTokens = 16;
@@ -630,7 +630,9 @@ void q0_rows(const GemmArgs& g, int64_t r, int64_t t0) {
         }
         const __m512 s = _mm512_mul_ps(dw, _mm512_loadu_ps(a[t].d + g0));
         acc[i][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), s, acc[i][t]);
-        if constexpr (kMin) acc[i][t] = _mm512_fmadd_ps(mw, _mm512_loadu_ps(a[t].s + g0), acc[i][t]);
+        if constexpr (kMin) {
+          acc[i][t] = _mm512_fmadd_ps(mw, _mm512_loadu_ps(a[t].s + g0), acc[i][t]);
+        }
       }
     }
   }
@@ -721,7 +723,9 @@ void q0_tile(const uint8_t* tile, const GemmArgs& g, int64_t t0, float (*out)[16
       }
       if constexpr (Q0Fmt<Block>::kMin) {
         const __m512 mw = _mm512_loadu_ps(reinterpret_cast<const float*>(c + 8 * 64) + 16);
-        for (int t = 0; t < NT; ++t) acc[t] = _mm512_fmadd_ps(mw, _mm512_set1_ps(a[t].s[b]), acc[t]);
+        for (int t = 0; t < NT; ++t) {
+          acc[t] = _mm512_fmadd_ps(mw, _mm512_set1_ps(a[t].s[b]), acc[t]);
+        }
       }
     }
     for (int t = 0; t < NT; ++t) _mm512_store_ps(lanes[t][L], acc[t]);
