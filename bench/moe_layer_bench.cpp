@@ -2,8 +2,9 @@
 //  - DeepSeek-V2-Lite: hidden 2048, expert ff 1408, 64 experts, top-6; Q4_K gate/up, Q5_0 down
 //    (what llama-quantize's Q4_K_M makes of 1408-wide rows);
 //  - Qwen3-30B-A3B: hidden 2048, expert ff 768, 128 experts, top-8; Q4_K gate/up/down.
-// Decode (1 token): bytes_per_second = bytes of the selected experts' weights read per second
-// (compare with `tandem roofline`'s DRAM read figure). Prefill (512 tokens, random routing):
+// Decode (1 token): GBps = bytes of the selected experts' weights read per second (1e9-based;
+// bytes_per_second is the same in GiB/s), of_dram = that as a fraction of DRAM read bandwidth
+// measured in rounds alternating with the layer's (bench/dram_probe.h). Prefill (512 tokens, random routing):
 // items_per_second = 2 x multiply-adds per second (compare with the int8 peak).
 // The layer's weights (~200-400 MB) are far larger than L3, and each iteration routes to other
 // experts, so decode reads from DRAM as in a real model. They sit in one buffer of transparent huge
@@ -17,11 +18,13 @@
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <cstdlib>
 #include <random>
 #include <vector>
 
+#include "bench/dram_probe.h"
 #include "core/memory.h"
 #include "core/thread_pool.h"
 #include "core/topology.h"
@@ -228,18 +231,43 @@ void run_layer(benchmark::State& state, const Shape& s, const Layer* layer, cons
   r.k = s.k;
   r.out = out.data();
   size_t i = 0;
-  uint64_t bytes = 0;
-  for (auto _ : state) {
+  // One call; returns the bytes of the distinct experts it read.
+  auto step = [&] {
     const std::vector<int32_t>& ids = routings[i++ % routings.size()];
     r.ids = ids.data();
     be.submit(r);
     be.wait();
     std::vector<uint8_t> used(static_cast<size_t>(s.n_experts), 0);
     for (int32_t e : ids) used[e] = 1;
-    bytes += static_cast<uint64_t>(std::count(used.begin(), used.end(), 1)) * layer->expert_bytes;
-  }
+    return static_cast<uint64_t>(std::count(used.begin(), used.end(), 1)) * layer->expert_bytes;
+  };
+  uint64_t bytes = 0;
+  for (auto _ : state) bytes += step();
+  // bytes_per_second is in 2^30 units where Google Benchmark prints "G/s"; GBps is 1e9-based,
+  // the unit of `tandem roofline`.
   state.SetBytesProcessed(static_cast<int64_t>(bytes));
+  state.counters["GBps"] = benchmark::Counter(static_cast<double>(bytes) * 1e-9,
+                                              benchmark::Counter::kIsRate);
   state.SetItemsProcessed(state.iterations() * 2 * tokens * s.k * 3 * s.hidden * s.ff);
+  if (tokens == 1) {
+    // of_dram: the median over 8 paired rounds (~20 ms of the layer, then one DRAM probe pass,
+    // bench/dram_probe.h) of layer GB/s / probe GB/s; dram_GBps: the probe's median.
+    static DramProbe probe(&pool());
+    std::vector<double> ratio, dram;
+    for (int round = 0; round < 8; ++round) {
+      uint64_t round_bytes = 0;
+      double sec = 0;
+      const auto t0 = std::chrono::steady_clock::now();
+      do {
+        round_bytes += step();
+        sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      } while (sec < 0.02);
+      dram.push_back(probe.measure());
+      ratio.push_back(static_cast<double>(round_bytes) * 1e-9 / sec / dram.back());
+    }
+    state.counters["dram_GBps"] = median(dram);
+    state.counters["of_dram"] = median(ratio);
+  }
   state.counters["threads"] = pool().size() + 1;
 }
 

@@ -205,6 +205,69 @@ std::vector<int> sweep_thread_counts(int n) {
   return counts;
 }
 
+DramReadProbe::DramReadProbe(ThreadingContext& ctx, const RooflineOptions& opt)
+    : pool_(&ctx.pool()), opt_(opt), kernels_(read_kernels()) {
+  validate(*pool_, opt_);
+  const Topology& topo = ctx.topology();
+  threads_ = opt_.threads > 0 ? opt_.threads : pool_->size();
+  per_node_ = threads_per_node(*pool_, threads_);
+  for (int t : per_node_) numa_nodes_ += t > 0 ? 1 : 0;
+  // One buffer per node that has threads, bound to it, huge pages, prefaulted.
+  buffers_.resize(per_node_.size());
+  per_node_bytes_ =
+      std::max(kHugePageBytes,
+               round_down(opt_.dram_bytes / static_cast<size_t>(numa_nodes_), kHugePageBytes));
+  huge_pages_ = opt_.huge_pages;
+  for (size_t k = 0; k < per_node_.size(); ++k) {
+    if (per_node_[k] == 0) continue;
+    AllocOptions a;
+    a.huge_pages = opt_.huge_pages;
+    a.prefault = true;
+    a.numa_node = topo.numa_nodes() > 1 && k < topo.nodes.size() ? topo.nodes[k].os_index : -1;
+    buffers_[k] = AlignedBuffer(per_node_bytes_, a);
+    fill_distinct(buffers_[k].as<uint64_t>(), per_node_bytes_ / sizeof(uint64_t));
+    buffer_bytes_ += per_node_bytes_;
+    huge_pages_ = huge_pages_ && buffers_[k].huge_pages();
+    huge_page_backed_bytes_ += buffers_[k].huge_page_bytes();
+  }
+  if (kernels_.size() > 1) kernels_.pop_back();  // the scalar one is never the fastest
+  best_ = 0;
+}
+
+// Each participant reads its share of its node's buffer.
+static std::vector<Chunk> dram_chunks(const std::vector<AlignedBuffer>& buffers,
+                                      size_t per_node_bytes, const std::vector<int>& per_node) {
+  std::vector<Chunk> chunks;
+  for (size_t k = 0; k < per_node.size(); ++k) {
+    const size_t share = round_down(per_node_bytes / std::max(1, per_node[k]), kPage);
+    for (int i = 0; i < per_node[k]; ++i) {
+      chunks.push_back({buffers[k].as<char>() + static_cast<size_t>(i) * share, share});
+    }
+  }
+  return chunks;
+}
+
+double DramReadProbe::measure(std::vector<RooflinePoint>* variants) {
+  const std::vector<Chunk> chunks = dram_chunks(buffers_, per_node_bytes_, per_node_);
+  double best_gbs = 0;
+  for (size_t i = 0; i < kernels_.size(); ++i) {
+    const double gbs = measure_read(*pool_, per_node_, kernels_[i].fn, chunks, opt_);
+    log_debug("roofline: DRAM read {} threads {}: {:.1f} GB/s", threads_, kernels_[i].name, gbs);
+    if (variants != nullptr) variants->push_back({threads_, gbs, kernels_[i].name});
+    if (gbs > best_gbs) {
+      best_gbs = gbs;
+      best_ = i;
+    }
+  }
+  return best_gbs;
+}
+
+double DramReadProbe::measure_at(int threads) {
+  const std::vector<int> per_node = threads_per_node(*pool_, threads);
+  return measure_read(*pool_, per_node, kernels_[best_].fn,
+                      dram_chunks(buffers_, per_node_bytes_, per_node), opt_);
+}
+
 RooflineResult measure_roofline(ThreadingContext& ctx, const RooflineOptions& opt) {
   ThreadPool& pool = ctx.pool();
   const Topology& topo = ctx.topology();
@@ -212,68 +275,29 @@ RooflineResult measure_roofline(ThreadingContext& ctx, const RooflineOptions& op
   RooflineResult r;
   r.threads = opt.threads > 0 ? opt.threads : pool.size();
   r.isa = isa_name(best_isa());
-  const std::vector<int> per_node_full = threads_per_node(pool, r.threads);
   const std::vector<int> counts =
       opt.thread_sweep ? sweep_thread_counts(r.threads) : std::vector<int>{r.threads};
-  r.numa_nodes = 0;
-  for (int t : per_node_full) r.numa_nodes += t > 0 ? 1 : 0;
-
-  // DRAM: one buffer per node that has threads, bound to it, huge pages, prefaulted.
-  std::vector<AlignedBuffer> node_buffers(per_node_full.size());
-  const size_t per_node_bytes =
-      std::max(kHugePageBytes,
-               round_down(opt.dram_bytes / static_cast<size_t>(r.numa_nodes), kHugePageBytes));
-  r.huge_pages = opt.huge_pages;
-  for (size_t k = 0; k < per_node_full.size(); ++k) {
-    if (per_node_full[k] == 0) continue;
-    AllocOptions a;
-    a.huge_pages = opt.huge_pages;
-    a.prefault = true;
-    a.numa_node = topo.numa_nodes() > 1 && k < topo.nodes.size() ? topo.nodes[k].os_index : -1;
-    node_buffers[k] = AlignedBuffer(per_node_bytes, a);
-    fill_distinct(node_buffers[k].as<uint64_t>(), per_node_bytes / sizeof(uint64_t));
-    r.dram_buffer_bytes += per_node_bytes;
-    r.huge_pages = r.huge_pages && node_buffers[k].huge_pages();
-    r.huge_page_backed_bytes += node_buffers[k].huge_page_bytes();
-  }
-  // Each participant reads its share of its node's buffer.
-  auto dram_chunks = [&](const std::vector<int>& per_node) {
-    std::vector<Chunk> chunks;
-    for (size_t k = 0; k < per_node.size(); ++k) {
-      const size_t share = round_down(per_node_bytes / std::max(1, per_node[k]), kPage);
-      for (int i = 0; i < per_node[k]; ++i) {
-        chunks.push_back({node_buffers[k].as<char>() + static_cast<size_t>(i) * share, share});
-      }
-    }
-    return chunks;
-  };
-
   const std::vector<ReadKernel> kernels = read_kernels();
-  const ReadKernel* best = &kernels.back();
+  const ReadKernel* best = &kernels.front();
   {
-    const std::vector<Chunk> chunks = dram_chunks(per_node_full);
+    DramReadProbe probe(ctx, opt);
+    r.numa_nodes = probe.numa_nodes();
+    r.dram_buffer_bytes = probe.buffer_bytes();
+    r.huge_pages = probe.huge_pages();
+    r.huge_page_backed_bytes = probe.huge_page_backed_bytes();
+    r.dram_read_gbs = probe.measure(&r.dram_variants);
+    r.dram_kernel = probe.best_kernel();
+    for (const RooflinePoint& v : r.dram_variants) {
+      log_info("roofline: DRAM read {} threads {}: {:.1f} GB/s", v.threads, v.kernel, v.value);
+    }
     for (const ReadKernel& k : kernels) {
-      if (k.isa == Isa::kScalar && kernels.size() > 1) continue;  // never the fastest
-      const double gbs = measure_read(pool, per_node_full, k.fn, chunks, opt);
-      log_info("roofline: DRAM read {} threads {}: {:.1f} GB/s", r.threads, k.name, gbs);
-      r.dram_variants.push_back({r.threads, gbs, k.name});
-      if (gbs > r.dram_read_gbs) {
-        r.dram_read_gbs = gbs;
-        best = &k;
-      }
+      if (r.dram_kernel == k.name) best = &k;
     }
-    r.dram_kernel = best->name;
-  }
-  for (int t : counts) {
-    if (t == r.threads) {
-      r.dram_sweep.push_back({t, r.dram_read_gbs, r.dram_kernel});
-      continue;
+    for (int t : counts) {
+      r.dram_sweep.push_back(
+          {t, t == r.threads ? r.dram_read_gbs : probe.measure_at(t), r.dram_kernel});
     }
-    const std::vector<int> per_node = threads_per_node(pool, t);
-    r.dram_sweep.push_back(
-        {t, measure_read(pool, per_node, best->fn, dram_chunks(per_node), opt), best->name});
   }
-  node_buffers.clear();
 
   if (opt.cache_levels) {
     // Per-thread buffers that fit half of a private L2, and a share of the L3 that is still
@@ -298,8 +322,9 @@ RooflineResult measure_roofline(ThreadingContext& ctx, const RooflineOptions& op
         buffers.emplace_back(bytes, AllocOptions{kCacheLineBytes, false, -1, false, true});
         chunks.push_back({buffers.back().as<char>(), bytes});
       }
+      const std::vector<int> per_node = threads_per_node(pool, r.threads);
       for (const ReadKernel* k : cache_kernels) {
-        const double value = measure_read(pool, per_node_full, k->fn, chunks, opt);
+        const double value = measure_read(pool, per_node, k->fn, chunks, opt);
         if (value > *gbs) {
           *gbs = value;
           *kernel = k->name;

@@ -13,7 +13,9 @@
 #include <string>
 #include <vector>
 
+#include "core/memory.h"
 #include "core/thread_pool.h"
+#include "ops/cpu/roofline_kernels.h"
 
 namespace tandem::cpu {
 
@@ -59,6 +61,38 @@ struct RooflineResult {
 // for a bad option (threads beyond the pool, a zero buffer) and Error(kResource) when the
 // buffer cannot be allocated.
 RooflineResult measure_roofline(ThreadingContext& ctx, const RooflineOptions& options);
+
+// DRAM read bandwidth on demand: measure_roofline's DRAM step with its buffers kept, so a caller
+// can measure again right next to its own work (`tandem bench` after each decode repetition). On a
+// shared host the bandwidth a guest gets changes within minutes; a fraction of a figure measured
+// earlier says little. Uses options.threads, dram_bytes, seconds, repetitions, huge_pages; throws
+// as measure_roofline does.
+class DramReadProbe {
+ public:
+  DramReadProbe(ThreadingContext& ctx, const RooflineOptions& options);
+  // Every read kernel once (best of options.repetitions each); the best GB/s. Appends each
+  // kernel's figure to *variants when given.
+  double measure(std::vector<RooflinePoint>* variants = nullptr);
+  // The kernel that won the last measure() (the first one before any), on `threads` threads.
+  double measure_at(int threads);
+  const char* best_kernel() const { return kernels_[best_].name; }
+  int threads() const { return threads_; }
+  int numa_nodes() const { return numa_nodes_; }
+  size_t buffer_bytes() const { return buffer_bytes_; }
+  bool huge_pages() const { return huge_pages_; }
+  size_t huge_page_backed_bytes() const { return huge_page_backed_bytes_; }
+
+ private:
+  ThreadPool* pool_;
+  RooflineOptions opt_;
+  std::vector<ReadKernel> kernels_;
+  size_t best_ = 0;
+  int threads_ = 0, numa_nodes_ = 0;
+  std::vector<int> per_node_;
+  std::vector<AlignedBuffer> buffers_;
+  size_t per_node_bytes_ = 0, buffer_bytes_ = 0, huge_page_backed_bytes_ = 0;
+  bool huge_pages_ = false;
+};
 
 // The thread counts a sweep visits: 1, 2, 4, ... below n, then n.
 std::vector<int> sweep_thread_counts(int n);

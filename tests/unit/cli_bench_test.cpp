@@ -1,10 +1,12 @@
 // `tandem bench` through the real binary on a golden model: the JSON report has both tests with
 // positive rates, the time split adds up to the whole forward, and the decode bound equals the
-// formula (bytes per decode step / DRAM bandwidth) for the figures it reports. Bad values fail.
+// formula (bytes per decode step / DRAM bandwidth) for the figures it reports, and so does each
+// decode repetition's fraction of it. Bad values fail.
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 #include "tests/test_util.h"
 
@@ -33,7 +35,20 @@ TEST(CliBench, JsonReportIsConsistent) {
   const double bytes = j["decode_bytes_per_token"].get<double>();
   EXPECT_GT(gbs, 0.0);
   EXPECT_GT(bytes, 0.0);
-  EXPECT_NEAR(j["decode_bound_tokens_per_s"].get<double>(), gbs * 1e9 / bytes, 1e-6 * gbs * 1e9 / bytes);
+  EXPECT_NEAR(j["decode_bound_tokens_per_s"].get<double>(), gbs * 1e9 / bytes,
+              1e-6 * gbs * 1e9 / bytes);
+  // Decode's fraction of the bound: each repetition against the DRAM figure measured right after
+  // it, averaged.
+  const auto& tg = j["tests"][1];
+  const auto after = tg["dram_read_gbs_after_each"].get<std::vector<double>>();
+  const auto tps = tg["tokens_per_s"].get<std::vector<double>>();
+  ASSERT_EQ(after.size(), tps.size());
+  double fraction = 0;
+  for (size_t i = 0; i < tps.size(); ++i) {
+    EXPECT_GT(after[i], 0.0);
+    fraction += tps[i] * bytes / (after[i] * 1e9) / static_cast<double>(tps.size());
+  }
+  EXPECT_NEAR(tg["fraction_of_bound"].get<double>(), fraction, 1e-9 * fraction);
 }
 
 TEST(CliBench, BadValuesFailWithMessage) {

@@ -109,6 +109,38 @@ TEST(Roofline, SmallMeasurementIsPositiveFiniteAndOrdered) {
   EXPECT_EQ(r.bf16_gflops > 0, best_compute_kernel(ComputeKind::kBf16Dot) != nullptr);
 }
 
+TEST(Roofline, DramReadProbeMeasuresAgainOnItsBuffer) {
+  ThreadingContext ctx(detect_topology(), ThreadingOptions{0, true, 50});
+  RooflineOptions opt;
+  opt.threads = 1;
+  opt.dram_bytes = size_t{16} << 20;
+  opt.seconds = 0.001;
+  opt.repetitions = 2;
+  DramReadProbe probe(ctx, opt);
+  EXPECT_EQ(probe.threads(), 1);
+  EXPECT_EQ(probe.buffer_bytes(), size_t{16} << 20);
+  std::vector<RooflinePoint> variants;
+  const double first = probe.measure(&variants);
+  ASSERT_EQ(variants.size(), read_kernels().size() - 1);  // all but scalar
+  double best = 0;
+  std::string best_name;
+  for (const RooflinePoint& v : variants) {
+    EXPECT_TRUE(std::isfinite(v.value) && v.value > 0) << v.kernel;
+    EXPECT_EQ(v.threads, 1);
+    if (v.value > best) {
+      best = v.value;
+      best_name = v.kernel;
+    }
+  }
+  EXPECT_EQ(first, best);
+  EXPECT_EQ(probe.best_kernel(), best_name);
+  const double again = probe.measure();  // the same buffers, no reallocation
+  EXPECT_TRUE(std::isfinite(again) && again > 0);
+  EXPECT_GT(probe.measure_at(1), 0);
+  opt.threads = 1000;
+  EXPECT_THROW(DramReadProbe(ctx, opt), Error);
+}
+
 TEST(Roofline, OptionsAreValidated) {
   ThreadingContext ctx(synthetic_topology(1, 1), ThreadingOptions{1, false, 20});
   RooflineOptions opt;

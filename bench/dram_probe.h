@@ -1,0 +1,74 @@
+// DRAM read bandwidth measured inside a benchmark, next to what it compares with. This machine's
+// DRAM speed swings by up to 2x within minutes (other guests on the host), so a fraction of a
+// `tandem roofline` figure taken minutes earlier says little; a benchmark that alternates short
+// rounds of its own work with rounds of this probe, and reports the median of the per-round
+// ratios, measures both under the same conditions.
+//
+// The probe streams a huge-page buffer far larger than L3 with roofline's read kernels
+// (ops/cpu/roofline_kernels.h, the best of them per round, as `tandem roofline` keeps the best),
+// on the benchmark's own threads: the pool's workers and the caller, pulling 4 MiB chunks as the
+// fused MoE's tasks are pulled.
+#pragma once
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <vector>
+
+#include "core/memory.h"
+#include "core/thread_pool.h"
+#include "ops/cpu/roofline_kernels.h"
+
+namespace tandem {
+
+class DramProbe {
+ public:
+  explicit DramProbe(ThreadPool* pool, size_t bytes = size_t{512} << 20) : pool_(pool) {
+    AllocOptions a;
+    a.huge_pages = true;
+    a.prefault = true;
+    buffer_ = AlignedBuffer(bytes, a);
+    uint64_t* w = buffer_.as<uint64_t>();
+    // Distinct values: pages of one value could be deduplicated by a hypervisor.
+    for (size_t i = 0; i < bytes / sizeof(uint64_t); ++i) w[i] = i * 0x9E3779B97F4A7C15ull;
+    for (const cpu::ReadKernel& k : cpu::read_kernels()) {
+      if (k.isa != Isa::kScalar) kernels_.push_back(k.fn);
+    }
+    if (kernels_.empty()) kernels_.push_back(&cpu::read_sum_scalar);
+  }
+
+  // One pass over the buffer per read kernel; the best rate in GB/s (1e9 bytes per second).
+  double measure() {
+    constexpr size_t kChunk = size_t{4} << 20;
+    const size_t chunks = buffer_.size() / kChunk;
+    double best = 0;
+    for (cpu::ReadFn fn : kernels_) {
+      std::atomic<uint64_t> sink{0};
+      const auto t0 = std::chrono::steady_clock::now();
+      pool_->run(chunks, [&](size_t c) {
+        sink.fetch_add(fn(buffer_.as<char>() + c * kChunk, kChunk), std::memory_order_relaxed);
+      });
+      const double s =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      sink_ += sink.load();
+      best = std::max(best, static_cast<double>(chunks * kChunk) / s * 1e-9);
+    }
+    return best;
+  }
+
+ private:
+  ThreadPool* pool_;
+  AlignedBuffer buffer_;
+  std::vector<cpu::ReadFn> kernels_;
+  uint64_t sink_ = 0;  // keeps the sums alive
+};
+
+// The median of v (v non-empty; reordered).
+inline double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+}  // namespace tandem
