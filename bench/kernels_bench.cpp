@@ -20,6 +20,7 @@
 #include "core/topology.h"
 #include "formats/quant.h"
 #include "ops/cpu/kernels.h"
+#include "ops/cpu/q4k_x16.h"
 #include "ops/cpu/ref_ops.h"
 
 namespace tandem {
@@ -110,6 +111,47 @@ void BM_Gemv(benchmark::State& state, DType dtype, Isa isa) {
   const int64_t rows = bytes / static_cast<int64_t>(dtype_bytes(dtype, cols));
   run(state, dtype, rows, cols, 1, isa);
 }
+
+// The Q4_K x16 tile GEMV (ops/cpu/q4k_x16.h) on BM_Gemv/q4_k's weights repacked: the same bytes,
+// the same task size, bytes_per_second comparable with BM_Gemv/q4_k_*.
+void BM_GemvQ4KX16(benchmark::State& state, Isa isa) {
+  if (isa > best_isa()) {
+    state.SkipWithError("ISA not supported here");
+    return;
+  }
+  const char* kib = std::getenv("TANDEM_BENCH_GEMV_KIB");
+  const int64_t bytes = kib != nullptr ? std::atoll(kib) << 10 : 96ll << 20;
+  const int64_t cols = 2048;
+  const int64_t tile_bytes = kern::q4k_x16_tile_bytes(cols);
+  const int64_t tiles = std::max<int64_t>(1, bytes / tile_bytes), rows = 16 * tiles;
+  const Weights w = make_weights(DType::kQ4_K, rows, cols);
+  const char* huge = std::getenv("TANDEM_BENCH_HUGE");
+  AllocOptions opt;
+  opt.huge_pages = huge != nullptr && std::atoi(huge) != 0;
+  AlignedBuffer packed(static_cast<size_t>(tiles * tile_bytes), opt);
+  kern::q4k_x16_repack(w.m.data, w.m.row_bytes, rows, cols, packed.as<uint8_t>());
+  std::vector<float> x(static_cast<size_t>(cols)), y(static_cast<size_t>(rows));
+  std::mt19937 rng(2);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (float& v : x) v = normal(rng);
+  kern::Activations a;
+  kern::quantize_activations(kern::AFormat::kQ8_K, 0, x.data(), 1, cols, cols, &a);
+  const auto* act = reinterpret_cast<const BlockQ8_K*>(a.row(0));
+  const int64_t per_task = std::max<int64_t>(1, (256 << 10) / tile_bytes);  // tiles, ~256 KiB
+  const size_t n_tasks = static_cast<size_t>((tiles + per_task - 1) / per_task);
+  for (auto _ : state) {
+    pool().run(n_tasks, [&](size_t i) {
+      const int64_t t0 = static_cast<int64_t>(i) * per_task;
+      const int64_t n = std::min(tiles, t0 + per_task) - t0;
+      kern::q4k_x16_gemv(packed.as<uint8_t>() + t0 * tile_bytes, n, cols, act, y.data() + 16 * t0,
+                         isa);
+    });
+    benchmark::DoNotOptimize(y.data());
+  }
+  state.SetBytesProcessed(state.iterations() * tiles * tile_bytes);
+  state.counters["threads"] = pool().size() + 1;
+}
+BENCHMARK_CAPTURE(BM_GemvQ4KX16, avx512_vnni, Isa::kAvx512Bf16)->UseRealTime()->MinTime(0.3);
 
 void BM_Gemm512(benchmark::State& state, DType dtype, Isa isa) {
   run(state, dtype, 2048, 2048, 512, isa);

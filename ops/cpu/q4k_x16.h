@@ -1,0 +1,45 @@
+// Q4_K rows interleaved 16 at a time ("Q4_K x16"), the layout for a faster one-token GEMV
+// (docs/cpu-kernels.md, "Session 11: Q4_K in 16-row tiles"). Not yet the layout the engine holds
+// experts in: the kernel, its reference, test and benchmark come first.
+//
+// Same bytes as the 16 GGUF rows it comes from, rearranged. A tile is nb = cols / 256 super-block
+// slices in column order; slice b is
+//   header: 256 bytes, row n's d, dmin and 12 scale bytes (the first 16 bytes of its BlockQ4_K b)
+//           at bytes 16n .. 16n + 15;
+//   quants: 32 chunks of 64 bytes; chunk c = 8g + i (g = 0..3, i = 0..7) holds, for row n, the
+//           bytes qs[32g + 4i .. 32g + 4i + 3] of its block b at bytes 4n .. 4n + 3: their low
+//           nibbles are values 64g + 4i .. +3 (sub-block 2g), high nibbles 64g + 32 + 4i .. +3
+//           (sub-block 2g + 1).
+// One chunk is one vpdpbusd operand: 16 rows x 4 values against 4 activation bytes broadcast, a
+// row per lane, no horizontal sums; the 16 rows' scales unpack once per slice in vector lanes.
+// The arithmetic is the scalar reference's (exact integer isum / msum per super-block, then acc +
+// (da * d) * isum - (da * dmin) * msum in block order): bit-identical to kern::gemm on the rows.
+#pragma once
+
+#include <cstdint>
+
+#include "core/cpu_features.h"
+#include "formats/quant.h"
+
+namespace tandem::kern {
+
+constexpr int64_t kQ4KX16Rows = 16;
+
+// Bytes of one tile of rows `cols` long (16 GGUF rows' bytes).
+int64_t q4k_x16_tile_bytes(int64_t cols);
+
+// Rows [0, rows) of a Q4_K matrix (row r at w + r * row_bytes; cols a positive multiple of 256)
+// into ceil(rows / 16) tiles at out. A last tile's missing rows are zero blocks (d = dmin = 0).
+void q4k_x16_repack(const uint8_t* w, int64_t row_bytes, int64_t rows, int64_t cols, uint8_t* out);
+
+// The inverse for one tile: its 16 rows, row n at rows + n * row_bytes (row_bytes = cols / 256 *
+// 144).
+void q4k_x16_unpack(const uint8_t* tile, int64_t cols, uint8_t* rows);
+
+// One token: y[16 t + n] = row n of tile t . act for t < n_tiles; act is the token's Q8_K row
+// (cols / 256 blocks). isa: AVX-512 VNNI runs the tile kernel; below it, each tile is unpacked and
+// goes through the scalar reference (the same bits).
+void q4k_x16_gemv(const uint8_t* tiles, int64_t n_tiles, int64_t cols, const BlockQ8_K* act,
+                  float* y, Isa isa = best_isa());
+
+}  // namespace tandem::kern
