@@ -2,7 +2,8 @@
 //  - GEMV: 1 token against 96 MiB of weights (far larger than L3, so DRAM-bound), all pool
 //    threads; bytes_per_second = weight bytes read, to compare with `tandem roofline`'s DRAM
 //    figure. TANDEM_BENCH_GEMV_KIB=8192 makes the weights cache-resident (the kernel's own speed),
-//    TANDEM_BENCH_HUGE=1 puts them in transparent huge pages.
+//    TANDEM_BENCH_HUGE=1 puts them in transparent huge pages. BM_GemvQ4KX16: the Q4_K x16 tile
+//    GEMV on the same weights (TANDEM_BENCH_TASK_KIB=N: tasks of N KiB instead of 256).
 //  - GEMM: 512 tokens against a 2048 x 2048 matrix (L2/L3-resident): items_per_second = multiply-
 //    adds x 2 (OP/s), to compare with the int8 / bf16 / fp32 peaks.
 // Run: build/bench/bench_kernels_bench [--benchmark_filter=Gemv] [--benchmark_format=json]
@@ -137,7 +138,10 @@ void BM_GemvQ4KX16(benchmark::State& state, Isa isa) {
   kern::Activations a;
   kern::quantize_activations(kern::AFormat::kQ8_K, 0, x.data(), 1, cols, cols, &a);
   const auto* act = reinterpret_cast<const BlockQ8_K*>(a.row(0));
-  const int64_t per_task = std::max<int64_t>(1, (256 << 10) / tile_bytes);  // tiles, ~256 KiB
+  // Tasks of ~256 KiB as BM_Gemv's (TANDEM_BENCH_TASK_KIB=N: N KiB).
+  const char* task_kib = std::getenv("TANDEM_BENCH_TASK_KIB");
+  const int64_t per_task = std::max<int64_t>(
+      1, (task_kib != nullptr ? std::atoll(task_kib) << 10 : 256 << 10) / tile_bytes);
   const size_t n_tasks = static_cast<size_t>((tiles + per_task - 1) / per_task);
   for (auto _ : state) {
     pool().run(n_tasks, [&](size_t i) {
