@@ -241,6 +241,32 @@ TEST(KernelsLegacy, VbmiRowsEqualVnniRows) {
   }
 }
 
+// Raw random Q4_K blocks: every bit pattern of the packed 6-bit scales and mins reachable
+// (quantize_row writes only some); d, dmin finite halves 2^-14 .. 2 (exponent 1 .. 16), either
+// sign.
+std::vector<BlockQ4_K> raw_q4k_blocks(int64_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<BlockQ4_K> blocks(static_cast<size_t>(n));
+  for (BlockQ4_K& b : blocks) {
+    auto* bytes = reinterpret_cast<uint8_t*>(&b);
+    for (size_t i = 0; i < sizeof(BlockQ4_K); ++i) bytes[i] = static_cast<uint8_t>(rng());
+    b.d = static_cast<uint16_t>((rng() & 0x83FF) | ((1 + rng() % 16) << 10));
+    b.dmin = static_cast<uint16_t>((rng() & 0x83FF) | ((1 + rng() % 16) << 10));
+  }
+  return blocks;
+}
+
+// A kernel view of rows x cols Q4_K blocks.
+bool q4k_view(const std::vector<BlockQ4_K>& blocks, int64_t rows, int64_t cols, kern::KMatrix* w) {
+  Tensor t;
+  t.dtype = DType::kQ4_K;
+  t.ndim = 2;
+  t.shape[0] = rows;
+  t.shape[1] = cols;
+  t.data = const_cast<BlockQ4_K*>(blocks.data());
+  return kern::view_weight(ops::Weight(t), w);
+}
+
 // Q4_K one-token GEMV (16-row tiles, super-blocks in groups of four: kern_q4k_gemv16.h) on raw
 // random blocks, every bit pattern of the packed 6-bit scales and mins reachable (quantize_row
 // writes only some), and row lengths ending in every partial group of four: bit for bit the
@@ -249,23 +275,9 @@ TEST(KernelsQ4K, OneTokenEqualsReferenceOnRawBlocks) {
   for (const int64_t nb : {int64_t{1}, int64_t{2}, int64_t{3}, int64_t{4}, int64_t{5},
                            int64_t{8}, int64_t{11}}) {
     const int64_t rows = 37, cols = nb * 256;  // 2 tiles of 16 + 5 rows
-    std::mt19937 rng(static_cast<uint32_t>(nb));
-    std::vector<BlockQ4_K> blocks(static_cast<size_t>(rows * nb));
-    for (BlockQ4_K& b : blocks) {
-      auto* bytes = reinterpret_cast<uint8_t*>(&b);
-      for (size_t i = 0; i < sizeof(BlockQ4_K); ++i) bytes[i] = static_cast<uint8_t>(rng());
-      // d, dmin: finite halves 2^-14 .. 2 (exponent 1 .. 16), either sign.
-      b.d = static_cast<uint16_t>((rng() & 0x83FF) | ((1 + rng() % 16) << 10));
-      b.dmin = static_cast<uint16_t>((rng() & 0x83FF) | ((1 + rng() % 16) << 10));
-    }
-    Tensor t;
-    t.dtype = DType::kQ4_K;
-    t.ndim = 2;
-    t.shape[0] = rows;
-    t.shape[1] = cols;
-    t.data = blocks.data();
+    const std::vector<BlockQ4_K> blocks = raw_q4k_blocks(rows * nb, static_cast<uint32_t>(nb));
     kern::KMatrix w;
-    ASSERT_TRUE(kern::view_weight(ops::Weight(t), &w));
+    ASSERT_TRUE(q4k_view(blocks, rows, cols, &w));
     const std::vector<float> x = random_values(cols, 40 + static_cast<uint32_t>(nb));
     kern::Activations a;
     kern::quantize_activations(kern::AFormat::kQ8_K, 0, x.data(), 1, cols, cols, &a);
@@ -292,14 +304,8 @@ TEST(KernelsQ4KX16, TileGemvEqualsReferenceOnRawBlocks) {
   for (const int64_t nb : {int64_t{1}, int64_t{3}, int64_t{8}, int64_t{11}}) {
     const int64_t rows = 37, cols = nb * 256;  // 3 tiles, the last one with 5 rows
     const int64_t row_bytes = nb * static_cast<int64_t>(sizeof(BlockQ4_K));
-    std::mt19937 rng(100 + static_cast<uint32_t>(nb));
-    std::vector<BlockQ4_K> blocks(static_cast<size_t>(rows * nb));
-    for (BlockQ4_K& b : blocks) {
-      auto* bytes = reinterpret_cast<uint8_t*>(&b);
-      for (size_t i = 0; i < sizeof(BlockQ4_K); ++i) bytes[i] = static_cast<uint8_t>(rng());
-      b.d = static_cast<uint16_t>((rng() & 0x83FF) | ((1 + rng() % 16) << 10));
-      b.dmin = static_cast<uint16_t>((rng() & 0x83FF) | ((1 + rng() % 16) << 10));
-    }
+    const std::vector<BlockQ4_K> blocks =
+        raw_q4k_blocks(rows * nb, 100 + static_cast<uint32_t>(nb));
     const auto* raw = reinterpret_cast<const uint8_t*>(blocks.data());
     const int64_t tiles = 3;
     ASSERT_EQ(kern::q4k_x16_tile_bytes(cols), 16 * row_bytes);
@@ -319,14 +325,8 @@ TEST(KernelsQ4KX16, TileGemvEqualsReferenceOnRawBlocks) {
         }
       }
     }
-    Tensor t;
-    t.dtype = DType::kQ4_K;
-    t.ndim = 2;
-    t.shape[0] = rows;
-    t.shape[1] = cols;
-    t.data = blocks.data();
     kern::KMatrix w;
-    ASSERT_TRUE(kern::view_weight(ops::Weight(t), &w));
+    ASSERT_TRUE(q4k_view(blocks, rows, cols, &w));
     const std::vector<float> x = random_values(cols, 70 + static_cast<uint32_t>(nb));
     kern::Activations a;
     kern::quantize_activations(kern::AFormat::kQ8_K, 0, x.data(), 1, cols, cols, &a);
