@@ -7,7 +7,9 @@
 // The probe streams a huge-page buffer far larger than L3 with roofline's read kernels
 // (ops/cpu/roofline_kernels.h, the best of them per round, as `tandem roofline` keeps the best),
 // on the benchmark's own threads: the pool's workers and the caller, pulling 4 MiB chunks as the
-// fused MoE's tasks are pulled.
+// fused MoE's tasks are pulled. (cpu::DramReadProbe, ops/cpu/roofline.h, runs on the workers
+// alone while the caller waits: with TANDEM_BENCH_WORKERS=1 that would be one thread against the
+// layer's two.)
 #pragma once
 
 #include <algorithm>

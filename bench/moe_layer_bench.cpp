@@ -4,8 +4,8 @@
 //  - Qwen3-30B-A3B: hidden 2048, expert ff 768, 128 experts, top-8; Q4_K gate/up/down.
 // Decode (1 token): GBps = bytes of the selected experts' weights read per second (1e9-based;
 // bytes_per_second is the same in GiB/s), of_dram = that as a fraction of DRAM read bandwidth
-// measured in rounds alternating with the layer's (bench/dram_probe.h). Prefill (512 tokens, random routing):
-// items_per_second = 2 x multiply-adds per second (compare with the int8 peak).
+// measured in rounds alternating with the layer's (bench/dram_probe.h). Prefill (512 tokens,
+// random routing): items_per_second = 2 x multiply-adds per second (compare with the int8 peak).
 // The layer's weights (~200-400 MB) are far larger than L3, and each iteration routes to other
 // experts, so decode reads from DRAM as in a real model. They sit in one buffer of transparent huge
 // pages, as a model file copied at load does (core/mapped_file.h, LoadMode::kCopy);
