@@ -73,4 +73,26 @@ inline double median(std::vector<double> v) {
   return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
+// Paired rounds: 8 times, ~20 ms of `step` (a callable returning the bytes it read) then one
+// probe pass. Returns {median of step GB/s / probe GB/s, median probe GB/s}.
+struct OfDram {
+  double of_dram = 0, dram_gbs = 0;
+};
+template <class Step>
+OfDram paired_rounds(DramProbe& probe, Step&& step) {
+  std::vector<double> ratio, dram;
+  for (int round = 0; round < 8; ++round) {
+    uint64_t bytes = 0;
+    double sec = 0;
+    const auto t0 = std::chrono::steady_clock::now();
+    do {
+      bytes += step();
+      sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    } while (sec < 0.02);
+    dram.push_back(probe.measure());
+    ratio.push_back(static_cast<double>(bytes) * 1e-9 / sec / dram.back());
+  }
+  return {median(ratio), median(dram)};
+}
+
 }  // namespace tandem

@@ -4,6 +4,10 @@
 //    figure. TANDEM_BENCH_GEMV_KIB=8192 makes the weights cache-resident (the kernel's own speed),
 //    TANDEM_BENCH_HUGE=1 puts them in transparent huge pages. BM_GemvQ4KX16: the Q4_K x16 tile
 //    GEMV on the same weights (TANDEM_BENCH_TASK_KIB=N: tasks of N KiB instead of 256).
+//    BM_GemvReadOnly: the same bytes read in the same tasks without arithmetic. From DRAM each
+//    also reports GBps (1e9 bytes/s) and of_dram: the median ratio to a DRAM probe run in
+//    rounds alternating with it (bench/dram_probe.h), i.e. the fraction of DRAM in the same
+//    minute. BM_MatmulChain: kern::matmul over a chain of small matrices (per-call costs).
 //  - GEMM: 512 tokens against a 2048 x 2048 matrix (L2/L3-resident): items_per_second = multiply-
 //    adds x 2 (OP/s), to compare with the int8 / bf16 / fp32 peaks.
 // Run: build/bench/bench_kernels_bench [--benchmark_filter=Gemv] [--benchmark_format=json]
@@ -13,6 +17,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <random>
+#include <string_view>
 #include <vector>
 
 #include "core/cpu_features.h"
@@ -23,6 +28,8 @@
 #include "ops/cpu/kernels.h"
 #include "ops/cpu/q4k_x16.h"
 #include "ops/cpu/ref_ops.h"
+#include "ops/cpu/roofline_kernels.h"
+#include "bench/dram_probe.h"
 
 namespace tandem {
 namespace {
@@ -72,6 +79,26 @@ ThreadPool& pool() {
   return p;
 }
 
+// Decode GEMVs from DRAM (not TANDEM_BENCH_GEMV_KIB): GBps (1e9-based; Google Benchmark's "G/s"
+// is 2^30), and of_dram / dram_GBps from 8 rounds alternating with a DRAM probe on the same
+// threads (bench/dram_probe.h): the fraction of DRAM in the same minute.
+template <class Step>
+void report_gemv(benchmark::State& state, int64_t bytes_per_call, Step&& step) {
+  state.SetBytesProcessed(state.iterations() * bytes_per_call);
+  state.counters["GBps"] = benchmark::Counter(
+      static_cast<double>(state.iterations()) * static_cast<double>(bytes_per_call) * 1e-9,
+      benchmark::Counter::kIsRate);
+  state.counters["threads"] = pool().size() + 1;
+  if (std::getenv("TANDEM_BENCH_GEMV_KIB") != nullptr) return;
+  static DramProbe probe(&pool());
+  const OfDram r = paired_rounds(probe, [&] {
+    step();
+    return static_cast<uint64_t>(bytes_per_call);
+  });
+  state.counters["of_dram"] = r.of_dram;
+  state.counters["dram_GBps"] = r.dram_gbs;
+}
+
 void run(benchmark::State& state, DType dtype, int64_t rows, int64_t cols, int64_t tokens,
          Isa isa) {
   if (isa > best_isa()) {
@@ -91,16 +118,21 @@ void run(benchmark::State& state, DType dtype, int64_t rows, int64_t cols, int64
   const int64_t per_task =
       tokens > 4 ? 64 : std::max<int64_t>(16, (256 << 10) / w.m.row_bytes / 16 * 16);
   const size_t n_tasks = static_cast<size_t>((rows + per_task - 1) / per_task);
-  for (auto _ : state) {
+  auto call = [&] {
     pool().run(n_tasks, [&](size_t i) {
       const int64_t r0 = static_cast<int64_t>(i) * per_task;
       kern::gemm(w.m, a, r0, std::min(rows, r0 + per_task), y.data(), rows, isa);
     });
     benchmark::DoNotOptimize(y.data());
-  }
-  state.SetBytesProcessed(state.iterations() * static_cast<int64_t>(w.m.bytes()));
+  };
+  for (auto _ : state) call();
   state.SetItemsProcessed(state.iterations() * 2 * rows * cols * tokens);
-  state.counters["threads"] = pool().size() + 1;
+  if (tokens == 1) {
+    report_gemv(state, static_cast<int64_t>(w.m.bytes()), call);
+  } else {
+    state.SetBytesProcessed(state.iterations() * static_cast<int64_t>(w.m.bytes()));
+    state.counters["threads"] = pool().size() + 1;
+  }
 }
 
 void BM_Gemv(benchmark::State& state, DType dtype, Isa isa) {
@@ -143,7 +175,7 @@ void BM_GemvQ4KX16(benchmark::State& state, Isa isa) {
   const int64_t per_task = std::max<int64_t>(
       1, (task_kib != nullptr ? std::atoll(task_kib) << 10 : 256 << 10) / tile_bytes);
   const size_t n_tasks = static_cast<size_t>((tiles + per_task - 1) / per_task);
-  for (auto _ : state) {
+  auto call = [&] {
     pool().run(n_tasks, [&](size_t i) {
       const int64_t t0 = static_cast<int64_t>(i) * per_task;
       const int64_t n = std::min(tiles, t0 + per_task) - t0;
@@ -151,10 +183,48 @@ void BM_GemvQ4KX16(benchmark::State& state, Isa isa) {
                          isa);
     });
     benchmark::DoNotOptimize(y.data());
-  }
-  state.SetBytesProcessed(state.iterations() * tiles * tile_bytes);
-  state.counters["threads"] = pool().size() + 1;
+  };
+  for (auto _ : state) call();
+  report_gemv(state, tiles * tile_bytes, call);
 }
+BENCHMARK_CAPTURE(BM_GemvQ4KX16, avx512_vnni, Isa::kAvx512Bf16)->UseRealTime()->MinTime(0.3);
+
+// No arithmetic: BM_Gemv/q4_k's buffer (same size, same huge-page setting) read in the same
+// ~256 KiB tasks by one of `tandem roofline`'s read kernels. What a GEMV would reach if its
+// arithmetic were free: the gap between this and BM_Gemv is the kernel's, the gap between this
+// and dram_GBps is the task split's and the pool's.
+void BM_GemvReadOnly(benchmark::State& state, std::string_view kernel) {
+  const char* kib = std::getenv("TANDEM_BENCH_GEMV_KIB");
+  const int64_t bytes = kib != nullptr ? std::atoll(kib) << 10 : 96ll << 20;
+  const Weights w = make_weights(DType::kQ4_K, bytes / 1152, 2048);
+  cpu::ReadFn read = nullptr;
+  for (const cpu::ReadKernel& k : cpu::read_kernels()) {
+    if (k.name == kernel) read = k.fn;
+  }
+  if (read == nullptr) {
+    state.SkipWithError("read kernel not supported here");
+    return;
+  }
+  const char* task_kib = std::getenv("TANDEM_BENCH_TASK_KIB");
+  const int64_t task = (task_kib != nullptr ? std::atoll(task_kib) : 256) << 10;
+  const int64_t total = static_cast<int64_t>(w.m.bytes()) / 64 * 64;
+  const size_t n_tasks = static_cast<size_t>((total + task - 1) / task);
+  std::vector<uint64_t> sums(n_tasks);
+  auto call = [&] {
+    pool().run(n_tasks, [&](size_t i) {
+      const int64_t b0 = static_cast<int64_t>(i) * task;
+      sums[i] = read(w.m.data + b0, static_cast<size_t>(std::min(total, b0 + task) - b0));
+    });
+    benchmark::DoNotOptimize(sums.data());
+  };
+  for (auto _ : state) call();
+  report_gemv(state, total, call);
+}
+BENCHMARK_CAPTURE(BM_GemvReadOnly, avx512, "avx512")->UseRealTime()->MinTime(0.3);
+BENCHMARK_CAPTURE(BM_GemvReadOnly, avx512_prefetch, "avx512_prefetch")
+    ->UseRealTime()
+    ->MinTime(0.3);
+
 BENCHMARK_CAPTURE(BM_GemvQ4KX16, avx512_vnni, Isa::kAvx512Bf16)->UseRealTime()->MinTime(0.3);
 
 void BM_Gemm512(benchmark::State& state, DType dtype, Isa isa) {
@@ -209,11 +279,12 @@ void BM_MatmulChain(benchmark::State& state, DType dtype, int64_t rows) {
     t.data = const_cast<uint8_t*>(w.bytes.as<uint8_t>()) + i * rows * rb;
   }
   std::vector<float> x(static_cast<size_t>(cols), 0.5f), y(static_cast<size_t>(rows));
-  for (auto _ : state) {
+  auto call = [&] {
     for (const Tensor& t : parts) kern::matmul(ops::Weight(t), x.data(), 1, y.data(), &pool());
     benchmark::DoNotOptimize(y.data());
-  }
-  state.SetBytesProcessed(state.iterations() * n * rows * rb);
+  };
+  for (auto _ : state) call();
+  report_gemv(state, n * rows * rb, call);
   state.counters["calls"] = static_cast<double>(n);
 }
 BENCHMARK_CAPTURE(BM_MatmulChain, q4_k_3072, DType::kQ4_K, 3072)->UseRealTime()->MinTime(0.3);

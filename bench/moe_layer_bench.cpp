@@ -253,20 +253,9 @@ void run_layer(benchmark::State& state, const Shape& s, const Layer* layer, cons
     // of_dram: the median over 8 paired rounds (~20 ms of the layer, then one DRAM probe pass,
     // bench/dram_probe.h) of layer GB/s / probe GB/s; dram_GBps: the probe's median.
     static DramProbe probe(&pool());
-    std::vector<double> ratio, dram;
-    for (int round = 0; round < 8; ++round) {
-      uint64_t round_bytes = 0;
-      double sec = 0;
-      const auto t0 = std::chrono::steady_clock::now();
-      do {
-        round_bytes += step();
-        sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-      } while (sec < 0.02);
-      dram.push_back(probe.measure());
-      ratio.push_back(static_cast<double>(round_bytes) * 1e-9 / sec / dram.back());
-    }
-    state.counters["dram_GBps"] = median(dram);
-    state.counters["of_dram"] = median(ratio);
+    const OfDram r = paired_rounds(probe, step);
+    state.counters["dram_GBps"] = r.dram_gbs;
+    state.counters["of_dram"] = r.of_dram;
   }
   state.counters["threads"] = pool().size() + 1;
 }

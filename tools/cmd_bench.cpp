@@ -7,6 +7,8 @@
 // now (a short `tandem roofline`) or read from `--roofline FILE` (`tandem roofline --json`).
 // Measured, it is measured again right after each decode repetition and each repetition's
 // fraction of the bound uses that figure: on a shared host DRAM bandwidth swings within minutes.
+// Decode also reports each section's weight bytes per step and the rate it read them at (bytes /
+// the section's time): the part of the step that falls short of DRAM.
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
@@ -70,19 +72,28 @@ uint64_t weight_bytes(const ops::Weight& w) {
   return tensor_bytes(w.t);
 }
 
-// Bytes one decode step reads: all per-layer weights except the routed experts, k average routed
-// experts per MoE layer, the final norm and lm_head (the embedding row is negligible).
-uint64_t decode_bytes(const LoadedModel& m) {
-  uint64_t b = weight_bytes(m.lm_head);
+// Bytes one decode step reads, by the section of Model::Profile that reads them: all per-layer
+// weights except the routed experts, k average routed experts per MoE layer, the final norm and
+// lm_head (the embedding row is negligible). The router belongs to the FFN section.
+struct StepBytes {
+  uint64_t attention = 0, ffn = 0, lm_head = 0;
+  uint64_t total() const { return attention + ffn + lm_head; }
+};
+
+StepBytes decode_bytes(const LoadedModel& m) {
+  StepBytes b;
+  b.lm_head = weight_bytes(m.lm_head);
   const int64_t k = m.config.n_experts_per_tok;
   for (const LayerWeights& l : m.layers) {
-    for (const ops::Weight* w : {&l.wq, &l.wk, &l.wv, &l.wo, &l.wq_a, &l.wq_b, &l.wkv_a,
-                                 &l.ffn_gate, &l.ffn_up, &l.ffn_down, &l.router, &l.sh_gate,
-                                 &l.sh_up, &l.sh_down}) {
-      b += weight_bytes(*w);
+    for (const ops::Weight* w : {&l.wq, &l.wk, &l.wv, &l.wo, &l.wq_a, &l.wq_b, &l.wkv_a}) {
+      b.attention += weight_bytes(*w);
     }
     for (const auto& v : {&l.k_up, &l.v_up}) {
-      for (const ops::Weight& w : *v) b += weight_bytes(w);
+      for (const ops::Weight& w : *v) b.attention += weight_bytes(w);
+    }
+    for (const ops::Weight* w : {&l.ffn_gate, &l.ffn_up, &l.ffn_down, &l.router, &l.sh_gate,
+                                 &l.sh_up, &l.sh_down}) {
+      b.ffn += weight_bytes(*w);
     }
     if (l.moe && !l.experts.gate.empty()) {
       uint64_t all = 0;
@@ -91,7 +102,7 @@ uint64_t decode_bytes(const LoadedModel& m) {
         all += weight_bytes(l.experts.gate[e]) + weight_bytes(l.experts.up[e]) +
                weight_bytes(l.experts.down[e]);
       }
-      b += all / ne * static_cast<uint64_t>(k);
+      b.ffn += all / ne * static_cast<uint64_t>(k);
     }
   }
   return b;
@@ -126,7 +137,8 @@ void run_bench(const BenchArgs& a) {
     probe = std::make_unique<cpu::DramReadProbe>(threading, ro);
     dram_gbs = probe->measure();
   }
-  const uint64_t step_bytes = decode_bytes(lm);
+  const StepBytes split = decode_bytes(lm);
+  const uint64_t step_bytes = split.total();
   const double bound_tps = dram_gbs > 0 ? dram_gbs * 1e9 / static_cast<double>(step_bytes) : 0;
 
   ModelOptions mo;
@@ -212,6 +224,8 @@ void run_bench(const BenchArgs& a) {
   j["dram_read_gbs"] = dram_gbs;
   j["decode_bytes_per_token"] = step_bytes;
   j["decode_bound_tokens_per_s"] = bound_tps;
+  j["decode_bytes_split"] = {
+      {"attention", split.attention}, {"ffn", split.ffn}, {"lm_head", split.lm_head}};
   for (const Result& r : results) {
     const Stat s = stat(r.tps);
     const double total = r.profile.attention + r.profile.ffn + r.profile.lm_head;
@@ -234,6 +248,14 @@ void run_bench(const BenchArgs& a) {
         fraction.push_back(r.tps[i] * static_cast<double>(step_bytes) / (gbs * 1e9));
       }
       t["fraction_of_bound"] = stat(fraction).mean;
+      // Each section's weight bytes over its time: which part of the step falls short of DRAM.
+      const double steps = static_cast<double>(r.n) * static_cast<double>(r.tps.size());
+      auto rate = [&](uint64_t bytes, double seconds) {
+        return seconds > 0 ? static_cast<double>(bytes) * steps / seconds / 1e9 : 0.0;
+      };
+      t["section_read_gbs"] = {{"attention", rate(split.attention, r.profile.attention)},
+                               {"ffn", rate(split.ffn, r.profile.ffn)},
+                               {"lm_head", rate(split.lm_head, r.profile.lm_head)}};
       if (!rep_dram_gbs.empty()) t["dram_read_gbs_after_each"] = rep_dram_gbs;
     }
     j["tests"].push_back(t);
@@ -266,6 +288,13 @@ void run_bench(const BenchArgs& a) {
                    fmt::join(t["dram_read_gbs_after_each"].get<std::vector<double>>(), " / "));
       }
       fmt::print("\n");
+    }
+    if (t.contains("section_read_gbs")) {
+      const auto& g = t["section_read_gbs"];
+      fmt::print("{}: weights read at {:.1f} GB/s in attention, {:.1f} in the FFN / MoE, {:.1f} in "
+                 "lm_head\n",
+                 t["test"].get<std::string>(), g["attention"].get<double>(),
+                 g["ffn"].get<double>(), g["lm_head"].get<double>());
     }
   }
 }

@@ -1,13 +1,17 @@
 // `tandem bench` through the real binary on a golden model: the JSON report has both tests with
 // positive rates, the time split adds up to the whole forward, and the decode bound equals the
 // formula (bytes per decode step / DRAM bandwidth) for the figures it reports, and so does each
-// decode repetition's fraction of it. Bad values fail.
+// decode repetition's fraction of it. The bytes split by section adds up to the step's bytes, its
+// lm_head part is the file's output.weight, and the per-section read rates are bytes / time.
+// Bad values fail.
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
+#include "core/tensor.h"
+#include "formats/gguf.h"
 #include "tests/test_util.h"
 
 namespace tandem {
@@ -49,6 +53,27 @@ TEST(CliBench, JsonReportIsConsistent) {
     fraction += tps[i] * bytes / (after[i] * 1e9) / static_cast<double>(tps.size());
   }
   EXPECT_NEAR(tg["fraction_of_bound"].get<double>(), fraction, 1e-9 * fraction);
+
+  // Bytes by section: they add up to the step; lm_head's is output.weight's size in the file.
+  const auto& split = j["decode_bytes_split"];
+  const double att = split["attention"].get<double>(), ffn = split["ffn"].get<double>();
+  const double head = split["lm_head"].get<double>();
+  EXPECT_GT(att, 0.0);
+  EXPECT_GT(ffn, 0.0);
+  EXPECT_EQ(att + ffn + head, bytes);
+  const GgufFile f = GgufFile::open(model);
+  const Tensor out = f.tensor("output.weight");
+  EXPECT_EQ(head, static_cast<double>(out.rows()) * static_cast<double>(out.row_bytes()));
+  // Each section's rate is its bytes over its share of the same decode time: rate * share / bytes
+  // is one constant (decode steps / seconds) for every section.
+  const auto& rate = tg["section_read_gbs"];
+  const auto& share = tg["time_split"];
+  const double k = rate["lm_head"].get<double>() * share["lm_head"].get<double>() / head;
+  EXPECT_GT(k, 0.0);
+  for (const char* sec : {"attention", "ffn"}) {
+    const double b = split[sec].get<double>();
+    EXPECT_NEAR(rate[sec].get<double>() * share[sec].get<double>() / b, k, 1e-6 * k) << sec;
+  }
 }
 
 TEST(CliBench, BadValuesFailWithMessage) {
