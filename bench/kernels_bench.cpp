@@ -14,6 +14,7 @@
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <cstdlib>
 #include <random>
@@ -287,6 +288,65 @@ void BM_MatmulChain(benchmark::State& state, DType dtype, int64_t rows) {
   report_gemv(state, n * rows * rb, call);
   state.counters["calls"] = static_cast<double>(n);
 }
+// MLA's projections of one token's hidden state, q (3072 x 2048) and kv_a (576 x 2048) in Q4_K,
+// over ~128 MiB of distinct pairs (DRAM-bound as in decode): both in one
+// kern::matmul_shared_input (one conversion, one dispatch; the timed loop), against one
+// kern::matmul each. shared_vs_separate: the median over 16 rounds of ~20 ms of each, in turn,
+// of the rate ratio (an A/B in the same minute).
+void BM_QKvA(benchmark::State& state) {
+  const int64_t cols = 2048, rq = 3072, rkv = 576;
+  const int64_t rb = static_cast<int64_t>(dtype_bytes(DType::kQ4_K, cols));
+  const int64_t pairs = (128ll << 20) / (rb * (rq + rkv));
+  const Weights w = make_weights(DType::kQ4_K, (rq + rkv) * pairs, cols);
+  std::vector<ops::Weight> q, kv;
+  for (int64_t i = 0; i < pairs; ++i) {
+    for (int k = 0; k < 2; ++k) {
+      Tensor t;
+      t.dtype = DType::kQ4_K;
+      t.ndim = 2;
+      t.shape[0] = k == 0 ? rq : rkv;
+      t.shape[1] = cols;
+      t.data = const_cast<uint8_t*>(w.bytes.as<uint8_t>()) + (i * (rq + rkv) + k * rq) * rb;
+      (k == 0 ? q : kv).emplace_back(t);
+    }
+  }
+  std::vector<float> x(static_cast<size_t>(cols), 0.5f), yq(rq), ykv(rkv);
+  auto call = [&](bool shared) {
+    for (int64_t i = 0; i < pairs; ++i) {
+      if (shared) {
+        const ops::Weight* ws[2] = {&q[i], &kv[i]};
+        float* ys[2] = {yq.data(), ykv.data()};
+        kern::matmul_shared_input(ws, x.data(), 1, ys, &pool());
+      } else {
+        kern::matmul(q[i], x.data(), 1, yq.data(), &pool());
+        kern::matmul(kv[i], x.data(), 1, ykv.data(), &pool());
+      }
+    }
+    benchmark::DoNotOptimize(yq.data());
+  };
+  for (auto _ : state) call(true);
+  const int64_t bytes = pairs * (rq + rkv) * rb;
+  report_gemv(state, bytes, [&] { call(true); });
+  auto rate = [&](bool shared) {
+    int calls = 0;
+    double sec = 0;
+    const auto t0 = std::chrono::steady_clock::now();
+    do {
+      call(shared);
+      ++calls;
+      sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    } while (sec < 0.02);
+    return calls / sec;
+  };
+  std::vector<double> ratio;
+  for (int round = 0; round < 16; ++round) {
+    const double sep = rate(false);
+    ratio.push_back(rate(true) / sep);
+  }
+  state.counters["shared_vs_separate"] = median(ratio);
+}
+BENCHMARK(BM_QKvA)->UseRealTime()->MinTime(0.3);
+
 BENCHMARK_CAPTURE(BM_MatmulChain, q4_k_3072, DType::kQ4_K, 3072)->UseRealTime()->MinTime(0.3);
 BENCHMARK_CAPTURE(BM_MatmulChain, q4_k_576, DType::kQ4_K, 576)->UseRealTime()->MinTime(0.3);
 BENCHMARK_CAPTURE(BM_MatmulChain, q4_k_24576, DType::kQ4_K, 24576)->UseRealTime()->MinTime(0.3);

@@ -140,9 +140,11 @@ void Model::attention_mha(int64_t l, int64_t n, const float* x, float* out) {
   float* q = grow(q_, n * nq * d);
   float* k = grow(k_, n * nkv * d);
   float* v = grow(v_, n * nkv * d);
-  kern::matmul(lw.wq, x, n, q, pool_);
-  kern::matmul(lw.wk, x, n, k, pool_);
-  kern::matmul(lw.wv, x, n, v, pool_);
+  {
+    const ops::Weight* ws[3] = {&lw.wq, &lw.wk, &lw.wv};
+    float* ys[3] = {q, k, v};
+    kern::matmul_shared_input(ws, x, n, ys, pool_);
+  }
   for_tokens(n, [&](int64_t t) {
     const int64_t pos = pos_ + t;
     float* qt = q + t * nq * d;
@@ -225,19 +227,23 @@ void Model::attention_mla(int64_t l, int64_t n, const float* x, float* out) {
   const int64_t nope = c.qk_nope_head_dim, rd = c.qk_rope_head_dim, kvl = c.kv_lora_rank;
   const int64_t vd = c.v_head_dim, nh = c.num_heads, qk = nope + rd, kr = kvl + rd;
   float* q = grow(q_, n * nh * qk);
+  float* kv = grow(k_, n * kr);  // per token: latent [kvl] then rope key [rd]
+  // The projections of x (q or q_a, and kv_a) in one call.
   if (!lw.wq_a.empty()) {
     float* qa = grow(t0_, n * c.q_lora_rank);
-    kern::matmul(lw.wq_a, x, n, qa, pool_);
+    const ops::Weight* ws[2] = {&lw.wq_a, &lw.wkv_a};
+    float* ys[2] = {qa, kv};
+    kern::matmul_shared_input(ws, x, n, ys, pool_);
     for (int64_t t = 0; t < n; ++t) {
       float* r = qa + t * c.q_lora_rank;
       ops::rms_norm(r, lw.q_a_norm.data(), c.q_lora_rank, c.rms_norm_eps, r);
     }
     kern::matmul(lw.wq_b, qa, n, q, pool_);
   } else {
-    kern::matmul(lw.wq, x, n, q, pool_);
+    const ops::Weight* ws[2] = {&lw.wq, &lw.wkv_a};
+    float* ys[2] = {q, kv};
+    kern::matmul_shared_input(ws, x, n, ys, pool_);
   }
-  float* kv = grow(k_, n * kr);  // per token: latent [kvl] then rope key [rd]
-  kern::matmul(lw.wkv_a, x, n, kv, pool_);
   for_tokens(n, [&](int64_t t) {
     float* r = kv + t * kr;
     ops::rms_norm(r, lw.kv_a_norm.data(), kvl, c.rms_norm_eps, r);
@@ -352,8 +358,9 @@ void Model::dense_ffn(const ops::Weight& g, const ops::Weight& u, const ops::Wei
   const int64_t ff = g.rows();
   float* gb = grow(t1_, n * ff);
   float* ub = grow(t2_, n * ff);
-  kern::matmul(g, x, n, gb, pool_);
-  kern::matmul(u, x, n, ub, pool_);
+  const ops::Weight* ws[2] = {&g, &u};
+  float* ys[2] = {gb, ub};
+  kern::matmul_shared_input(ws, x, n, ys, pool_);
   ops::swiglu(gb, ub, n * ff, gb);
   kern::matmul(d, gb, n, out, pool_);
 }

@@ -352,35 +352,77 @@ void gemm_reference(const KMatrix& w, const Activations& a, int64_t n0, int64_t 
   (detail::gguf_kernels_scalar().*entry_of(w.format))(make_args(w, a, n0, n1, y, ldy));
 }
 
+namespace {
+
+// Rows per task of a matrix with row_bytes bytes per row in a call that streams `call_bytes` of
+// weights for `tokens` tokens on `threads` threads. Tasks of whole row tiles; enough of them for
+// the pool to balance (dynamic queue), few enough that each task's weight slice is worth a
+// dispatch. A GEMV (<= 4 tokens) streams each task's slice once: its first prefetch distance
+// arrives as demand misses and its last is prefetched in vain, so tasks are long there: about two
+// per thread, 64-256 KiB (64 KiB tasks measured 20-30% below 256 KiB ones, bench_kernels_bench
+// BM_MatmulChain). A GEMM's tasks are worth hundreds of tokens each: 64 KiB and 16-256 rows, for
+// balance.
+int64_t rows_per_task(int64_t row_bytes, int64_t call_bytes, int64_t tokens, int64_t threads) {
+  row_bytes = std::max<int64_t>(1, row_bytes);
+  int64_t rows = std::min<int64_t>(256, (int64_t{64} << 10) / row_bytes);
+  if (tokens <= 4) {
+    rows = std::clamp<int64_t>(call_bytes / (2 * threads), int64_t{64} << 10,
+                               int64_t{256} << 10) /
+           row_bytes;
+  }
+  return std::max<int64_t>(16, rows / 16 * 16);
+}
+
+}  // namespace
+
 void matmul(const KMatrix& w, const float* x, int64_t tokens, float* y, ThreadPool* pool,
             Activations* scratch) {
-  quantize_activations(act_format(w.format), w.group, x, tokens, w.cols, w.cols, scratch, pool);
-  const Activations& a = *scratch;
-  // Tasks of whole row tiles; enough of them for the pool to balance (dynamic queue), few enough
-  // that each task's weight slice is worth a dispatch. A GEMV (<= 4 tokens) streams each task's
-  // slice once: its first prefetch distance arrives as demand misses and its last is prefetched
-  // in vain, so tasks are long there: about two per thread, 64-256 KiB (64 KiB tasks measured
-  // 20-30% below 256 KiB ones, bench_kernels_bench BM_MatmulChain). A GEMM's tasks are worth
-  // hundreds of tokens each: 64 KiB and 16-256 rows, for balance.
-  const int64_t row_bytes = std::max<int64_t>(1, w.row_bytes);
-  int64_t rows_per_task = std::min<int64_t>(256, (int64_t{64} << 10) / row_bytes);
-  if (tokens <= 4) {
-    const int64_t threads = pool != nullptr ? pool->size() + 1 : 1;
-    rows_per_task = std::clamp<int64_t>(w.rows * row_bytes / (2 * threads), int64_t{64} << 10,
-                                        int64_t{256} << 10) /
-                    row_bytes;
+  const KMatrix* ws[1] = {&w};
+  float* ys[1] = {y};
+  matmul_shared_input(ws, x, tokens, ys, pool, scratch);
+}
+
+void matmul_shared_input(std::span<const KMatrix* const> ws, const float* x, int64_t tokens,
+                         std::span<float* const> ys, ThreadPool* pool, Activations* scratch) {
+  TD_CHECK(!ws.empty() && ws.size() == ys.size(), "matmul_shared_input: {} matrices, {} outputs",
+           ws.size(), ys.size());
+  const KMatrix& w0 = *ws[0];
+  for (const KMatrix* w : ws) {
+    TD_CHECK(w->cols == w0.cols && act_format(w->format) == act_format(w0.format) &&
+                 w->group == w0.group,
+             "matmul_shared_input: the matrices must take the same activations");
   }
-  rows_per_task = std::max<int64_t>(16, rows_per_task / 16 * 16);
-  const int64_t n_tasks = (w.rows + rows_per_task - 1) / rows_per_task;
+  quantize_activations(act_format(w0.format), w0.group, x, tokens, w0.cols, w0.cols, scratch,
+                       pool);
+  const Activations& a = *scratch;
+  const int64_t threads = pool != nullptr ? pool->size() + 1 : 1;
+  int64_t call_bytes = 0;
+  for (const KMatrix* w : ws) call_bytes += w->rows * w->row_bytes;
+  // Tasks of every matrix in one list (matrix after matrix): one dispatch for all of them.
+  struct Span {
+    size_t first_task;
+    int64_t rows_per_task;
+  };
+  std::vector<Span> spans;
+  spans.reserve(ws.size());
+  size_t n_tasks = 0;
+  for (const KMatrix* w : ws) {
+    const int64_t per = rows_per_task(w->row_bytes, call_bytes, tokens, threads);
+    spans.push_back({n_tasks, per});
+    n_tasks += static_cast<size_t>((w->rows + per - 1) / per);
+  }
   const Isa isa = best_isa();
   auto task = [&](size_t i) {
-    const int64_t r0 = static_cast<int64_t>(i) * rows_per_task;
-    gemm(w, a, r0, std::min(w.rows, r0 + rows_per_task), y, w.rows, isa);
+    size_t m = spans.size() - 1;
+    while (spans[m].first_task > i) --m;
+    const KMatrix& w = *ws[m];
+    const int64_t r0 = static_cast<int64_t>(i - spans[m].first_task) * spans[m].rows_per_task;
+    gemm(w, a, r0, std::min(w.rows, r0 + spans[m].rows_per_task), ys[m], w.rows, isa);
   };
   if (pool == nullptr || n_tasks == 1) {
-    for (int64_t i = 0; i < n_tasks; ++i) task(static_cast<size_t>(i));
+    for (size_t i = 0; i < n_tasks; ++i) task(i);
   } else {
-    pool->run(static_cast<size_t>(n_tasks), task);
+    pool->run(n_tasks, task);
   }
 }
 
@@ -392,6 +434,27 @@ void matmul(const ops::Weight& w, const float* x, int64_t tokens, float* y, Thre
   }
   thread_local Activations scratch;
   matmul(m, x, tokens, y, pool, &scratch);
+}
+
+void matmul_shared_input(std::span<const ops::Weight* const> ws, const float* x, int64_t tokens,
+                         std::span<float* const> ys, ThreadPool* pool) {
+  TD_CHECK(ws.size() == ys.size(), "matmul_shared_input: {} matrices, {} outputs", ws.size(),
+           ys.size());
+  std::vector<KMatrix> m(ws.size());
+  bool shared = true;
+  for (size_t i = 0; i < ws.size(); ++i) {
+    shared = shared && view_weight(*ws[i], &m[i]) &&
+             m[i].cols % block_of(act_format(m[i].format)) == 0 && m[i].cols == m[0].cols &&
+             act_format(m[i].format) == act_format(m[0].format) && m[i].group == m[0].group;
+  }
+  if (!shared) {  // different encodings or no kernel: one call each
+    for (size_t i = 0; i < ws.size(); ++i) kern::matmul(*ws[i], x, tokens, ys[i], pool);
+    return;
+  }
+  std::vector<const KMatrix*> p(m.size());
+  for (size_t i = 0; i < m.size(); ++i) p[i] = &m[i];
+  thread_local Activations scratch;
+  matmul_shared_input(p, x, tokens, ys, pool, &scratch);
 }
 
 void attention(const ops::AttentionArgs& a, ThreadPool* pool, Isa isa) {

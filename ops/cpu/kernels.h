@@ -12,6 +12,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <vector>
 
 #include "core/cpu_features.h"
@@ -121,6 +122,15 @@ void matmul(const ops::Weight& w, const float* x, int64_t tokens, float* y, Thre
 // The same with a prepared matrix and reusable activation storage.
 void matmul(const KMatrix& w, const float* x, int64_t tokens, float* y, ThreadPool* pool,
             Activations* scratch);
+// Several matrices of the same input (q and kv_a, gate and up): x converted once and every
+// matrix's row tasks in one pool dispatch, so a small matrix costs no dispatch, conversion or
+// tail of its own. ys[i] is [tokens, ws[i].rows]; each result equals matmul's. The KMatrix form
+// requires the same cols and activation encoding (Error otherwise); the Weight form falls back to
+// one matmul per weight when they differ or one has no kernel.
+void matmul_shared_input(std::span<const KMatrix* const> ws, const float* x, int64_t tokens,
+                         std::span<float* const> ys, ThreadPool* pool, Activations* scratch);
+void matmul_shared_input(std::span<const ops::Weight* const> ws, const float* x, int64_t tokens,
+                         std::span<float* const> ys, ThreadPool* pool);
 
 // ops::attention's contract, one task per (token, KV head) on `pool`: the scores of every query
 // head sharing that KV head against all its cached keys, softmax, then the weighted sum of the

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "core/cpu_features.h"
+#include "core/error.h"
 #include "core/tensor.h"
 #include "core/thread_pool.h"
 #include "formats/quant.h"
@@ -366,6 +367,57 @@ TEST(KernelsMatmul, ThreadedEqualsSingleCallAndFallsBack) {
   kern::matmul(ops::Weight(q3.t), x.data(), 2, y5.data(), &pool);
   ops::matmul(ops::Weight(q3.t), x.data(), 2, r5.data(), nullptr);
   EXPECT_EQ(y5, r5);
+}
+
+// Several matrices of one input in one call: each output equals its own matrix's kernel run as one
+// call on this thread (for the K-quants also the scalar reference: they are exact), for one decode
+// token and a 6-token batch; mixed activation encodings fall back to one call each; the KMatrix
+// form rejects them.
+TEST(KernelsMatmul, SharedInputEqualsReferencePerMatrix) {
+  ThreadPool pool(place_workers(detect_topology(), 2));
+  const int64_t cols = 512;
+  // q / kv_a-like shapes (a large and a small matrix, both Q8_K activations), then a Q8_0 one.
+  const Matrix a = make_matrix(DType::kQ4_K, 1040, cols, 21);
+  const Matrix b = make_matrix(DType::kQ6_K, 96, cols, 22);
+  const Matrix c = make_matrix(DType::kQ8_0, 48, cols, 23);
+  for (int64_t tokens : {1, 6}) {
+    const std::vector<float> x = random_values(tokens * cols, 31 + static_cast<uint32_t>(tokens));
+    auto reference = [&](const Matrix& m, bool scalar) {
+      kern::KMatrix w;
+      EXPECT_TRUE(kern::view_weight(ops::Weight(m.t), &w));
+      kern::Activations act;
+      kern::quantize_activations(kern::act_format(w.format), 0, x.data(), tokens, cols, cols,
+                                 &act);
+      std::vector<float> y(static_cast<size_t>(tokens * w.rows));
+      if (scalar) {
+        kern::gemm_reference(w, act, 0, w.rows, y.data(), w.rows);
+      } else {
+        kern::gemm(w, act, 0, w.rows, y.data(), w.rows);
+      }
+      return y;
+    };
+    const ops::Weight wa(a.t), wb(b.t), wc(c.t);
+    std::vector<float> ya(1040 * static_cast<size_t>(tokens)), yb(96 * tokens), yc(48 * tokens);
+    const ops::Weight* same[2] = {&wa, &wb};
+    float* same_y[2] = {ya.data(), yb.data()};
+    kern::matmul_shared_input(same, x.data(), tokens, same_y, &pool);
+    EXPECT_EQ(ya, reference(a, true)) << tokens;
+    EXPECT_EQ(yb, reference(b, true)) << tokens;
+    std::fill(ya.begin(), ya.end(), 0.0f);
+    const ops::Weight* mixed[3] = {&wc, &wa, &wb};
+    float* mixed_y[3] = {yc.data(), ya.data(), yb.data()};
+    kern::matmul_shared_input(mixed, x.data(), tokens, mixed_y, &pool);
+    EXPECT_EQ(yc, reference(c, false)) << tokens;
+    EXPECT_EQ(ya, reference(a, true)) << tokens;
+  }
+  kern::KMatrix ka, kc;
+  ASSERT_TRUE(kern::view_weight(ops::Weight(a.t), &ka));
+  ASSERT_TRUE(kern::view_weight(ops::Weight(c.t), &kc));
+  const kern::KMatrix* mixed[2] = {&ka, &kc};
+  std::vector<float> x(cols, 1.0f), y1(1040), y2(48);
+  float* ys[2] = {y1.data(), y2.data()};
+  kern::Activations scratch;
+  EXPECT_THROW(kern::matmul_shared_input(mixed, x.data(), 1, ys, &pool, &scratch), Error);
 }
 
 // Activation rows with the corner cases of the scalar quantizers: a block of zeros, ties of the
