@@ -95,4 +95,27 @@ OfDram paired_rounds(DramProbe& probe, Step&& step) {
   return {median(ratio), median(dram)};
 }
 
+// An A/B in the same minute: 16 rounds of ~20 ms of `a` then ~20 ms of `b` (callables doing one
+// call each); the median over the rounds of b's calls per second / a's.
+template <class A, class B>
+double ab_rounds(A&& a, B&& b) {
+  auto rate = [](auto&& fn) {
+    int calls = 0;
+    double sec = 0;
+    const auto t0 = std::chrono::steady_clock::now();
+    do {
+      fn();
+      ++calls;
+      sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    } while (sec < 0.02);
+    return calls / sec;
+  };
+  std::vector<double> ratio;
+  for (int round = 0; round < 16; ++round) {
+    const double ra = rate(a);
+    ratio.push_back(rate(b) / ra);
+  }
+  return median(ratio);
+}
+
 }  // namespace tandem

@@ -187,6 +187,18 @@ void BM_GemvQ4KX16(benchmark::State& state, Isa isa) {
   };
   for (auto _ : state) call();
   report_gemv(state, tiles * tile_bytes, call);
+  // vs_rows: against the row kernel on the stored rows (BM_Gemv/q4_k's tasks), A/B in the same
+  // minute (ab_rounds).
+  const int64_t row_task = std::max<int64_t>(16, (256 << 10) / w.m.row_bytes / 16 * 16);
+  const size_t row_tasks = static_cast<size_t>((rows + row_task - 1) / row_task);
+  auto rows_call = [&] {
+    pool().run(row_tasks, [&](size_t i) {
+      const int64_t r0 = static_cast<int64_t>(i) * row_task;
+      kern::gemm(w.m, a, r0, std::min(rows, r0 + row_task), y.data(), rows, isa);
+    });
+    benchmark::DoNotOptimize(y.data());
+  };
+  state.counters["vs_rows"] = ab_rounds(rows_call, call);
 }
 BENCHMARK_CAPTURE(BM_GemvQ4KX16, avx512_vnni, Isa::kAvx512Bf16)->UseRealTime()->MinTime(0.3);
 
@@ -226,7 +238,6 @@ BENCHMARK_CAPTURE(BM_GemvReadOnly, avx512_prefetch, "avx512_prefetch")
     ->UseRealTime()
     ->MinTime(0.3);
 
-BENCHMARK_CAPTURE(BM_GemvQ4KX16, avx512_vnni, Isa::kAvx512Bf16)->UseRealTime()->MinTime(0.3);
 
 void BM_Gemm512(benchmark::State& state, DType dtype, Isa isa) {
   run(state, dtype, 2048, 2048, 512, isa);
@@ -291,8 +302,7 @@ void BM_MatmulChain(benchmark::State& state, DType dtype, int64_t rows) {
 // MLA's projections of one token's hidden state, q (3072 x 2048) and kv_a (576 x 2048) in Q4_K,
 // over ~128 MiB of distinct pairs (DRAM-bound as in decode): both in one
 // kern::matmul_shared_input (one conversion, one dispatch; the timed loop), against one
-// kern::matmul each. shared_vs_separate: the median over 16 rounds of ~20 ms of each, in turn,
-// of the rate ratio (an A/B in the same minute).
+// kern::matmul each. shared_vs_separate: the rate ratio, A/B in the same minute (ab_rounds).
 void BM_QKvA(benchmark::State& state) {
   const int64_t cols = 2048, rq = 3072, rkv = 576;
   const int64_t rb = static_cast<int64_t>(dtype_bytes(DType::kQ4_K, cols));
@@ -327,23 +337,7 @@ void BM_QKvA(benchmark::State& state) {
   for (auto _ : state) call(true);
   const int64_t bytes = pairs * (rq + rkv) * rb;
   report_gemv(state, bytes, [&] { call(true); });
-  auto rate = [&](bool shared) {
-    int calls = 0;
-    double sec = 0;
-    const auto t0 = std::chrono::steady_clock::now();
-    do {
-      call(shared);
-      ++calls;
-      sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    } while (sec < 0.02);
-    return calls / sec;
-  };
-  std::vector<double> ratio;
-  for (int round = 0; round < 16; ++round) {
-    const double sep = rate(false);
-    ratio.push_back(rate(true) / sep);
-  }
-  state.counters["shared_vs_separate"] = median(ratio);
+  state.counters["shared_vs_separate"] = ab_rounds([&] { call(false); }, [&] { call(true); });
 }
 BENCHMARK(BM_QKvA)->UseRealTime()->MinTime(0.3);
 
