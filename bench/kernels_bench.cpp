@@ -114,22 +114,32 @@ void run(benchmark::State& state, DType dtype, int64_t rows, int64_t cols, int64
   std::vector<float> y(static_cast<size_t>(tokens * rows));
   kern::Activations a;
   kern::quantize_activations(kern::act_format(w.m.format), 0, x.data(), tokens, cols, cols, &a);
-  // Tasks as kern::matmul cuts them: 64 rows for a GEMM, ~256 KiB of weights for a GEMV (each
-  // task one long stream; until session 6 this bench used 64-row GEMV tasks, 20-30% slower).
-  const int64_t per_task =
-      tokens > 4 ? 64 : std::max<int64_t>(16, (256 << 10) / w.m.row_bytes / 16 * 16);
-  const size_t n_tasks = static_cast<size_t>((rows + per_task - 1) / per_task);
-  auto call = [&] {
+  // Tasks of 64 rows for a GEMM, ~256 KiB of weights for a GEMV (each task one long stream; until
+  // session 6 this bench used 64-row GEMV tasks, 20-30% slower). kern::matmul cuts a GEMV this
+  // large into 4 MiB tasks since session 12: tasks_4m_vs_256k below measures the difference.
+  auto rows_of = [&](int64_t task_bytes) {
+    return std::max<int64_t>(16, task_bytes / w.m.row_bytes / 16 * 16);
+  };
+  auto call_with = [&](int64_t per_task) {
+    const size_t n_tasks = static_cast<size_t>((rows + per_task - 1) / per_task);
     pool().run(n_tasks, [&](size_t i) {
       const int64_t r0 = static_cast<int64_t>(i) * per_task;
       kern::gemm(w.m, a, r0, std::min(rows, r0 + per_task), y.data(), rows, isa);
     });
     benchmark::DoNotOptimize(y.data());
   };
+  const int64_t per_task = tokens > 4 ? 64 : rows_of(256 << 10);
+  auto call = [&] { call_with(per_task); };
   for (auto _ : state) call();
   state.SetItemsProcessed(state.iterations() * 2 * rows * cols * tokens);
   if (tokens == 1) {
     report_gemv(state, static_cast<int64_t>(w.m.bytes()), call);
+    // tasks_4m_vs_256k: ~4 MiB tasks (the fused MoE's longest decode streams) against these
+    // ~256 KiB ones, A/B in the same minute (ab_rounds).
+    if (std::getenv("TANDEM_BENCH_GEMV_KIB") == nullptr) {
+      state.counters["tasks_4m_vs_256k"] =
+          ab_rounds(call, [&] { call_with(rows_of(int64_t{4} << 20)); });
+    }
   } else {
     state.SetBytesProcessed(state.iterations() * static_cast<int64_t>(w.m.bytes()));
     state.counters["threads"] = pool().size() + 1;

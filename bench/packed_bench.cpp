@@ -1,6 +1,7 @@
 // The packed formats (ops/cpu/packed.h) per ISA level:
 //  - GEMV: 1 token against 96 MiB of packed weights (3x L3 here, so DRAM-bound), the pool's
-//    threads; bytes_per_second = weight bytes read (incl. scales), vs `tandem roofline` DRAM.
+//    threads; bytes_per_second = weight bytes read (incl. scales), vs `tandem roofline` DRAM;
+//    GBps the same in 1e9 units, of_dram the fraction of a DRAM probe run in alternating rounds.
 //  - GEMM: 512 tokens x a 2048 x 2048 matrix; items_per_second = 2 x multiply-adds (OP/s), vs
 //    the int8 VNNI / bf16 peaks of `tandem roofline`.
 // bf16 is the packed BF16 tile format (`--cpu-experts bf16`: BF16 activations, vdpbf16ps);
@@ -21,6 +22,7 @@
 #include "core/memory.h"
 #include "core/thread_pool.h"
 #include "core/topology.h"
+#include "bench/dram_probe.h"
 #include "ops/cpu/packed.h"
 
 namespace tandem {
@@ -106,20 +108,37 @@ void run(benchmark::State& state, WFormat f, int64_t rows, int64_t cols, int64_t
   // GEMV.
   const int64_t per_task = tokens > 4 ? 64 : 1024;
   const size_t n_tasks = static_cast<size_t>((rows + per_task - 1) / per_task);
-  for (auto _ : state) {
+  auto call = [&] {
     pool().run(n_tasks, [&](size_t i) {
       const int64_t r0 = static_cast<int64_t>(i) * per_task;
       const int64_t r1 = std::min(rows, r0 + per_task);
       kern::gemm(w.m, a, r0, r1, y.data(), rows, isa);
     });
     benchmark::DoNotOptimize(y.data());
-  }
+  };
+  for (auto _ : state) call();
   const int64_t bytes = f == WFormat::kFP8Block
                             ? rows * cols + static_cast<int64_t>(w.scales.size()) * 4
                             : static_cast<int64_t>(kern::packed_bytes(f, rows, cols, group));
   state.SetBytesProcessed(state.iterations() * bytes);
   state.SetItemsProcessed(state.iterations() * 2 * rows * cols * tokens);
   state.counters["threads"] = pool().size() + 1;
+  // GEMV: GBps (1e9-based; "G/s" above is 2^30) and, from DRAM, of_dram / dram_GBps: 8 rounds
+  // alternating with a DRAM probe on the same threads (bench/dram_probe.h).
+  if (tokens == 1) {
+    state.counters["GBps"] = benchmark::Counter(
+        static_cast<double>(state.iterations()) * static_cast<double>(bytes) * 1e-9,
+        benchmark::Counter::kIsRate);
+    if (std::getenv("TANDEM_BENCH_GEMV_KIB") == nullptr) {
+      static DramProbe probe(&pool());
+      const OfDram r = paired_rounds(probe, [&] {
+        call();
+        return static_cast<uint64_t>(bytes);
+      });
+      state.counters["of_dram"] = r.of_dram;
+      state.counters["dram_GBps"] = r.dram_gbs;
+    }
+  }
 }
 
 int64_t gemv_rows(WFormat f, int64_t cols) {

@@ -359,15 +359,16 @@ namespace {
 // the pool to balance (dynamic queue), few enough that each task's weight slice is worth a
 // dispatch. A GEMV (<= 4 tokens) streams each task's slice once: its first prefetch distance
 // arrives as demand misses and its last is prefetched in vain, so tasks are long there: about two
-// per thread, 64-256 KiB (64 KiB tasks measured 20-30% below 256 KiB ones, bench_kernels_bench
-// BM_MatmulChain). A GEMM's tasks are worth hundreds of tokens each: 64 KiB and 16-256 rows, for
-// balance.
+// per thread, 64 KiB-4 MiB (64 KiB tasks measured 20-30% below 256 KiB ones, bench_kernels_bench
+// BM_MatmulChain; 4 MiB tasks 1-12% above 256 KiB ones on 96 MiB, same-minute A/B in
+// BM_Gemv's tasks_4m_vs_256k, the most when DRAM is fastest). A GEMM's tasks are worth hundreds
+// of tokens each: 64 KiB and 16-256 rows, for balance.
 int64_t rows_per_task(int64_t row_bytes, int64_t call_bytes, int64_t tokens, int64_t threads) {
   row_bytes = std::max<int64_t>(1, row_bytes);
   int64_t rows = std::min<int64_t>(256, (int64_t{64} << 10) / row_bytes);
   if (tokens <= 4) {
     rows = std::clamp<int64_t>(call_bytes / (2 * threads), int64_t{64} << 10,
-                               int64_t{256} << 10) /
+                               int64_t{4} << 20) /
            row_bytes;
   }
   return std::max<int64_t>(16, rows / 16 * 16);
