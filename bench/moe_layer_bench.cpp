@@ -217,9 +217,10 @@ void run_layer(benchmark::State& state, const Shape& s, const Layer* layer, cons
     }
   }
   std::vector<float> w(static_cast<size_t>(tokens * s.k), 1.0f / static_cast<float>(s.k));
-  FusedMoeOptions opt;  // TANDEM_BENCH_MOE_ROWS=N: FusedMoeOptions::max_rows_per_task
+  // TANDEM_BENCH_MOE_ROWS=N: FusedMoeOptions::max_rows_per_task and max_rows_per_task_decode.
+  FusedMoeOptions opt;
   if (const char* rows = std::getenv("TANDEM_BENCH_MOE_ROWS")) {
-    opt.max_rows_per_task = std::atoll(rows);
+    opt.max_rows_per_task = opt.max_rows_per_task_decode = std::atoll(rows);
   }
   FusedMoeBackend be(&pool(), opt, ce);
   MoeRequest r;
@@ -231,16 +232,17 @@ void run_layer(benchmark::State& state, const Shape& s, const Layer* layer, cons
   r.k = s.k;
   r.out = out.data();
   size_t i = 0;
-  // One call; returns the bytes of the distinct experts it read.
-  auto step = [&] {
+  // One call on backend b; returns the bytes of the distinct experts it read.
+  auto step_on = [&](FusedMoeBackend& b) {
     const std::vector<int32_t>& ids = routings[i++ % routings.size()];
     r.ids = ids.data();
-    be.submit(r);
-    be.wait();
+    b.submit(r);
+    b.wait();
     std::vector<uint8_t> used(static_cast<size_t>(s.n_experts), 0);
     for (int32_t e : ids) used[e] = 1;
     return static_cast<uint64_t>(std::count(used.begin(), used.end(), 1)) * layer->expert_bytes;
   };
+  auto step = [&] { return step_on(be); };
   uint64_t bytes = 0;
   for (auto _ : state) bytes += step();
   // bytes_per_second is in 2^30 units where Google Benchmark prints "G/s"; GBps is 1e9-based,
@@ -256,6 +258,14 @@ void run_layer(benchmark::State& state, const Shape& s, const Layer* layer, cons
     const OfDram r = paired_rounds(probe, step);
     state.counters["dram_GBps"] = r.dram_gbs;
     state.counters["of_dram"] = r.of_dram;
+    // TANDEM_BENCH_MOE_ROWS_B=N: b_vs_a, the layer with max_rows_per_task N against the one
+    // above, A/B in the same minute (ab_rounds; the routings cycle through both alike).
+    if (const char* rows_b = std::getenv("TANDEM_BENCH_MOE_ROWS_B")) {
+      FusedMoeOptions opt_b = opt;
+      opt_b.max_rows_per_task = opt_b.max_rows_per_task_decode = std::atoll(rows_b);
+      FusedMoeBackend be_b(&pool(), opt_b, ce);
+      state.counters["b_vs_a"] = ab_rounds([&] { step_on(be); }, [&] { step_on(be_b); });
+    }
   }
   state.counters["threads"] = pool().size() + 1;
 }

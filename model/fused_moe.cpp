@@ -206,7 +206,9 @@ void FusedMoeBackend::add_tasks(int part, int64_t threads) {
     if (x.part == part && x.fast && x.ff > 0) total_rows += 2 * x.ff + H;
   }
   int64_t chunk = total_rows / (4 * threads);
-  chunk = std::clamp<int64_t>(chunk / 16 * 16, 16, std::max<int64_t>(16, options_.max_rows_per_task));
+  const int64_t cap =
+      req_.n_tokens <= 4 ? options_.max_rows_per_task_decode : options_.max_rows_per_task;
+  chunk = std::clamp<int64_t>(chunk / 16 * 16, 16, std::max<int64_t>(16, cap));
   for (int64_t a = 0; a < n_active_; ++a) {
     Expert& x = *experts_[a];
     if (x.part != part || x.ff == 0) continue;

@@ -38,6 +38,11 @@ struct FusedMoeOptions {
   // +8-10% GB/s for the V2-Lite and Qwen3 decode layers, prefill unchanged; bench_moe_layer_bench
   // with TANDEM_BENCH_MOE_ROWS.)
   int64_t max_rows_per_task = 1024;
+  // The cap for decode (<= 4 tokens), where a layer's few experts make few tasks anyway: 4096
+  // lets a V2-Lite or Qwen3 expert's gate/up and down each be one stream; same-minute A/B
+  // against 1024 (TANDEM_BENCH_MOE_ROWS_B): V2-Lite GGUF 0.997-1.043, Qwen3 GGUF 1.012-1.057
+  // (the most when DRAM is fastest), INT8 0.989-1.007.
+  int64_t max_rows_per_task_decode = 4096;
 };
 
 class FusedMoeBackend : public MoeBackend {

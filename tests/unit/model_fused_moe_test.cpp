@@ -138,7 +138,7 @@ TEST_P(FusedMoe, EqualsDirectComputationAndMasksSplitWork) {
     const Routing r = make_routing(t, 100 + static_cast<uint32_t>(t));
     const std::vector<float> want = direct(ex, r, t, nullptr);
     for (ThreadPool* p : {static_cast<ThreadPool*>(nullptr), &pool()}) {
-      FusedMoeBackend be(p, FusedMoeOptions{16});  // small chunks: many tasks per expert
+      FusedMoeBackend be(p, FusedMoeOptions{16, 16});  // small chunks: many tasks per expert
       std::vector<float> got(want.size(), -7.0f);
       be.submit(request(ex, r, t, got.data()));
       be.wait();
@@ -244,7 +244,7 @@ TEST(FusedMoePacked, Int8AndInt4Experts) {
     const Routing r = make_routing(t, 21);
     std::vector<float> got(static_cast<size_t>(t * kHidden)), ref(got.size()),
         want(got.size(), 0.0f);
-    FusedMoeBackend be(&pool(), FusedMoeOptions{16}, &ce);
+    FusedMoeBackend be(&pool(), FusedMoeOptions{16, 16}, &ce);
     be.submit(request(ex, r, t, got.data()));
     be.wait();
     // Direct: per selection, the packed kernels on that token alone.
@@ -347,11 +347,11 @@ TEST(FusedMoeNuma, SplitExpertsMatchDirectSplitAndUnsplit) {
     for (int64_t t : {1, 6}) {
       const Routing r = make_routing(t, 300 + static_cast<uint32_t>(t));
       std::vector<float> got(static_cast<size_t>(t * kHidden), -7.0f), whole(got.size());
-      FusedMoeBackend be(&ctx.pool(), FusedMoeOptions{16}, &split);
+      FusedMoeBackend be(&ctx.pool(), FusedMoeOptions{16, 16}, &split);
       be.submit(request(ex, r, t, got.data()));
       be.wait();
       EXPECT_EQ(be.last_part_count(), static_cast<int>(n_parts));
-      FusedMoeBackend unsplit(&ctx.pool(), FusedMoeOptions{16}, &ce);
+      FusedMoeBackend unsplit(&ctx.pool(), FusedMoeOptions{16, 16}, &ce);
       unsplit.submit(request(ex, r, t, whole.data()));
       unsplit.wait();
 
