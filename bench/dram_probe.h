@@ -12,10 +12,13 @@
 // layer's two.)
 #pragma once
 
+#include <benchmark/benchmark.h>
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <cstdlib>
 #include <vector>
 
 #include "core/memory.h"
@@ -116,6 +119,24 @@ double ab_rounds(A&& a, B&& b) {
     ratio.push_back(rate(b) / ra);
   }
   return median(ratio);
+}
+
+// A one-token GEMV benchmark's rates: GBps (1e9 bytes/s; Google Benchmark's "G/s" is 2^30) and,
+// unless TANDEM_BENCH_GEMV_KIB made it cache-resident, of_dram / dram_GBps from paired_rounds
+// against a DRAM probe on `pool` (one probe per benchmark binary).
+template <class Step>
+void report_gemv(benchmark::State& state, ThreadPool* pool, int64_t bytes_per_call, Step&& step) {
+  state.counters["GBps"] = benchmark::Counter(
+      static_cast<double>(state.iterations()) * static_cast<double>(bytes_per_call) * 1e-9,
+      benchmark::Counter::kIsRate);
+  if (std::getenv("TANDEM_BENCH_GEMV_KIB") != nullptr) return;
+  static DramProbe probe(pool);
+  const OfDram r = paired_rounds(probe, [&] {
+    step();
+    return static_cast<uint64_t>(bytes_per_call);
+  });
+  state.counters["of_dram"] = r.of_dram;
+  state.counters["dram_GBps"] = r.dram_gbs;
 }
 
 }  // namespace tandem

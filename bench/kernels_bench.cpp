@@ -80,24 +80,12 @@ ThreadPool& pool() {
   return p;
 }
 
-// Decode GEMVs from DRAM (not TANDEM_BENCH_GEMV_KIB): GBps (1e9-based; Google Benchmark's "G/s"
-// is 2^30), and of_dram / dram_GBps from 8 rounds alternating with a DRAM probe on the same
-// threads (bench/dram_probe.h): the fraction of DRAM in the same minute.
+// Decode GEMVs: bytes_per_second, threads and report_gemv's GBps / of_dram (bench/dram_probe.h).
 template <class Step>
-void report_gemv(benchmark::State& state, int64_t bytes_per_call, Step&& step) {
+void gemv_counters(benchmark::State& state, int64_t bytes_per_call, Step&& step) {
   state.SetBytesProcessed(state.iterations() * bytes_per_call);
-  state.counters["GBps"] = benchmark::Counter(
-      static_cast<double>(state.iterations()) * static_cast<double>(bytes_per_call) * 1e-9,
-      benchmark::Counter::kIsRate);
   state.counters["threads"] = pool().size() + 1;
-  if (std::getenv("TANDEM_BENCH_GEMV_KIB") != nullptr) return;
-  static DramProbe probe(&pool());
-  const OfDram r = paired_rounds(probe, [&] {
-    step();
-    return static_cast<uint64_t>(bytes_per_call);
-  });
-  state.counters["of_dram"] = r.of_dram;
-  state.counters["dram_GBps"] = r.dram_gbs;
+  report_gemv(state, &pool(), bytes_per_call, step);
 }
 
 void run(benchmark::State& state, DType dtype, int64_t rows, int64_t cols, int64_t tokens,
@@ -133,7 +121,7 @@ void run(benchmark::State& state, DType dtype, int64_t rows, int64_t cols, int64
   for (auto _ : state) call();
   state.SetItemsProcessed(state.iterations() * 2 * rows * cols * tokens);
   if (tokens == 1) {
-    report_gemv(state, static_cast<int64_t>(w.m.bytes()), call);
+    gemv_counters(state, static_cast<int64_t>(w.m.bytes()), call);
     // tasks_4m_vs_256k: ~4 MiB tasks (the fused MoE's longest decode streams) against these
     // ~256 KiB ones, A/B in the same minute (ab_rounds).
     if (std::getenv("TANDEM_BENCH_GEMV_KIB") == nullptr) {
@@ -196,7 +184,7 @@ void BM_GemvQ4KX16(benchmark::State& state, Isa isa) {
     benchmark::DoNotOptimize(y.data());
   };
   for (auto _ : state) call();
-  report_gemv(state, tiles * tile_bytes, call);
+  gemv_counters(state, tiles * tile_bytes, call);
   // vs_rows: against the row kernel on the stored rows (BM_Gemv/q4_k's tasks), A/B in the same
   // minute (ab_rounds).
   const int64_t row_task = std::max<int64_t>(16, (256 << 10) / w.m.row_bytes / 16 * 16);
@@ -241,7 +229,7 @@ void BM_GemvReadOnly(benchmark::State& state, std::string_view kernel) {
     benchmark::DoNotOptimize(sums.data());
   };
   for (auto _ : state) call();
-  report_gemv(state, total, call);
+  gemv_counters(state, total, call);
 }
 BENCHMARK_CAPTURE(BM_GemvReadOnly, avx512, "avx512")->UseRealTime()->MinTime(0.3);
 BENCHMARK_CAPTURE(BM_GemvReadOnly, avx512_prefetch, "avx512_prefetch")
@@ -306,7 +294,7 @@ void BM_MatmulChain(benchmark::State& state, DType dtype, int64_t rows) {
     benchmark::DoNotOptimize(y.data());
   };
   for (auto _ : state) call();
-  report_gemv(state, n * rows * rb, call);
+  gemv_counters(state, n * rows * rb, call);
   state.counters["calls"] = static_cast<double>(n);
 }
 // MLA's projections of one token's hidden state, q (3072 x 2048) and kv_a (576 x 2048) in Q4_K,
@@ -346,7 +334,7 @@ void BM_QKvA(benchmark::State& state) {
   };
   for (auto _ : state) call(true);
   const int64_t bytes = pairs * (rq + rkv) * rb;
-  report_gemv(state, bytes, [&] { call(true); });
+  gemv_counters(state, bytes, [&] { call(true); });
   state.counters["shared_vs_separate"] = ab_rounds([&] { call(false); }, [&] { call(true); });
 }
 BENCHMARK(BM_QKvA)->UseRealTime()->MinTime(0.3);

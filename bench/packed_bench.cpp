@@ -123,22 +123,8 @@ void run(benchmark::State& state, WFormat f, int64_t rows, int64_t cols, int64_t
   state.SetBytesProcessed(state.iterations() * bytes);
   state.SetItemsProcessed(state.iterations() * 2 * rows * cols * tokens);
   state.counters["threads"] = pool().size() + 1;
-  // GEMV: GBps (1e9-based; "G/s" above is 2^30) and, from DRAM, of_dram / dram_GBps: 8 rounds
-  // alternating with a DRAM probe on the same threads (bench/dram_probe.h).
-  if (tokens == 1) {
-    state.counters["GBps"] = benchmark::Counter(
-        static_cast<double>(state.iterations()) * static_cast<double>(bytes) * 1e-9,
-        benchmark::Counter::kIsRate);
-    if (std::getenv("TANDEM_BENCH_GEMV_KIB") == nullptr) {
-      static DramProbe probe(&pool());
-      const OfDram r = paired_rounds(probe, [&] {
-        call();
-        return static_cast<uint64_t>(bytes);
-      });
-      state.counters["of_dram"] = r.of_dram;
-      state.counters["dram_GBps"] = r.dram_gbs;
-    }
-  }
+  // GEMV: GBps and, from DRAM, of_dram / dram_GBps (bench/dram_probe.h).
+  if (tokens == 1) report_gemv(state, &pool(), bytes, call);
 }
 
 int64_t gemv_rows(WFormat f, int64_t cols) {
