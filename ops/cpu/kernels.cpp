@@ -1,6 +1,7 @@
 #include "ops/cpu/kernels.h"
 
 #include <algorithm>
+#include <array>
 #include <cstring>
 
 #include "core/error.h"
@@ -385,8 +386,9 @@ void matmul(const KMatrix& w, const float* x, int64_t tokens, float* y, ThreadPo
 
 void matmul_shared_input(std::span<const KMatrix* const> ws, const float* x, int64_t tokens,
                          std::span<float* const> ys, ThreadPool* pool, Activations* scratch) {
-  TD_CHECK(!ws.empty() && ws.size() == ys.size(), "matmul_shared_input: {} matrices, {} outputs",
-           ws.size(), ys.size());
+  TD_CHECK(!ws.empty() && ws.size() == ys.size() && ws.size() <= kMaxSharedInput,
+           "matmul_shared_input: {} matrices, {} outputs (1 to {})", ws.size(), ys.size(),
+           kMaxSharedInput);
   const KMatrix& w0 = *ws[0];
   for (const KMatrix* w : ws) {
     TD_CHECK(w->cols == w0.cols && act_format(w->format) == act_format(w0.format) &&
@@ -401,20 +403,19 @@ void matmul_shared_input(std::span<const KMatrix* const> ws, const float* x, int
   for (const KMatrix* w : ws) call_bytes += w->rows * w->row_bytes;
   // Tasks of every matrix in one list (matrix after matrix): one dispatch for all of them.
   struct Span {
-    size_t first_task;
-    int64_t rows_per_task;
+    size_t first_task = 0;
+    int64_t rows_per_task = 0;
   };
-  std::vector<Span> spans;
-  spans.reserve(ws.size());
+  std::array<Span, kMaxSharedInput> spans;  // no allocation per call: this is every matmul's path
   size_t n_tasks = 0;
-  for (const KMatrix* w : ws) {
-    const int64_t per = rows_per_task(w->row_bytes, call_bytes, tokens, threads);
-    spans.push_back({n_tasks, per});
-    n_tasks += static_cast<size_t>((w->rows + per - 1) / per);
+  for (size_t i = 0; i < ws.size(); ++i) {
+    const int64_t per = rows_per_task(ws[i]->row_bytes, call_bytes, tokens, threads);
+    spans[i] = {n_tasks, per};
+    n_tasks += static_cast<size_t>((ws[i]->rows + per - 1) / per);
   }
   const Isa isa = best_isa();
   auto task = [&](size_t i) {
-    size_t m = spans.size() - 1;
+    size_t m = ws.size() - 1;
     while (spans[m].first_task > i) --m;
     const KMatrix& w = *ws[m];
     const int64_t r0 = static_cast<int64_t>(i - spans[m].first_task) * spans[m].rows_per_task;
@@ -439,9 +440,10 @@ void matmul(const ops::Weight& w, const float* x, int64_t tokens, float* y, Thre
 
 void matmul_shared_input(std::span<const ops::Weight* const> ws, const float* x, int64_t tokens,
                          std::span<float* const> ys, ThreadPool* pool) {
-  TD_CHECK(ws.size() == ys.size(), "matmul_shared_input: {} matrices, {} outputs", ws.size(),
-           ys.size());
-  std::vector<KMatrix> m(ws.size());
+  TD_CHECK(ws.size() == ys.size() && ws.size() <= kMaxSharedInput,
+           "matmul_shared_input: {} matrices, {} outputs (at most {})", ws.size(), ys.size(),
+           kMaxSharedInput);
+  std::array<KMatrix, kMaxSharedInput> m;
   bool shared = true;
   for (size_t i = 0; i < ws.size(); ++i) {
     shared = shared && view_weight(*ws[i], &m[i]) &&
@@ -452,10 +454,11 @@ void matmul_shared_input(std::span<const ops::Weight* const> ws, const float* x,
     for (size_t i = 0; i < ws.size(); ++i) kern::matmul(*ws[i], x, tokens, ys[i], pool);
     return;
   }
-  std::vector<const KMatrix*> p(m.size());
-  for (size_t i = 0; i < m.size(); ++i) p[i] = &m[i];
+  std::array<const KMatrix*, kMaxSharedInput> p{};
+  for (size_t i = 0; i < ws.size(); ++i) p[i] = &m[i];
   thread_local Activations scratch;
-  matmul_shared_input(p, x, tokens, ys, pool, &scratch);
+  matmul_shared_input(std::span<const KMatrix* const>(p.data(), ws.size()), x, tokens, ys, pool,
+                      &scratch);
 }
 
 void attention(const ops::AttentionArgs& a, ThreadPool* pool, Isa isa) {

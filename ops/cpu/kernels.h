@@ -126,7 +126,8 @@ void matmul(const KMatrix& w, const float* x, int64_t tokens, float* y, ThreadPo
 // matrix's row tasks in one pool dispatch, so a small matrix costs no dispatch, conversion or
 // tail of its own. ys[i] is [tokens, ws[i].rows]; each result equals matmul's. The KMatrix form
 // requires the same cols and activation encoding (Error otherwise); the Weight form falls back to
-// one matmul per weight when they differ or one has no kernel.
+// one matmul per weight when they differ or one has no kernel. At most kMaxSharedInput matrices.
+inline constexpr size_t kMaxSharedInput = 4;
 void matmul_shared_input(std::span<const KMatrix* const> ws, const float* x, int64_t tokens,
                          std::span<float* const> ys, ThreadPool* pool, Activations* scratch);
 void matmul_shared_input(std::span<const ops::Weight* const> ws, const float* x, int64_t tokens,
