@@ -372,7 +372,7 @@ TEST(KernelsMatmul, ThreadedEqualsSingleCallAndFallsBack) {
 // Several matrices of one input in one call: each output equals its own matrix's kernel run as one
 // call on this thread (for the K-quants also the scalar reference: they are exact), for one decode
 // token and a 6-token batch; mixed activation encodings fall back to one call each; the KMatrix
-// form rejects them.
+// form rejects them; more than kMaxSharedInput matrices is an error.
 TEST(KernelsMatmul, SharedInputEqualsReferencePerMatrix) {
   ThreadPool pool(place_workers(detect_topology(), 2));
   const int64_t cols = 512;
@@ -418,6 +418,13 @@ TEST(KernelsMatmul, SharedInputEqualsReferencePerMatrix) {
   float* ys[2] = {y1.data(), y2.data()};
   kern::Activations scratch;
   EXPECT_THROW(kern::matmul_shared_input(mixed, x.data(), 1, ys, &pool, &scratch), Error);
+  // More matrices than the fixed task table holds: an error, not a write past it.
+  const ops::Weight wa(a.t);
+  const ops::Weight* five[5] = {&wa, &wa, &wa, &wa, &wa};
+  std::vector<float> y5(5 * 1040);
+  float* ys5[5] = {y5.data(), y5.data() + 1040, y5.data() + 2080, y5.data() + 3120,
+                   y5.data() + 4160};
+  EXPECT_THROW(kern::matmul_shared_input(five, x.data(), 1, ys5, &pool), Error);
 }
 
 // Activation rows with the corner cases of the scalar quantizers: a block of zeros, ties of the
