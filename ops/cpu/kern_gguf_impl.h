@@ -83,10 +83,10 @@ inline int32_t k4_min_sum(const uint8_t* m, const int16_t* bsums) {
 // Software prefetch kPrefetchBytes ahead of the weight stream (rows are contiguous, so past a
 // row's end it fetches the next row): one core's hardware prefetchers alone leave the GEMV short
 // of DRAM bandwidth.
-// (A/B on this machine: 4 KiB beat 1 and 2 KiB and none (session 6); 12 KiB against 4 KiB in the
-// same minute, session 13: 1.05-1.18 where DRAM gave ~70 GB/s, within the A/A noise (0.94-1.02)
-// where it gave ~45; docs/cpu-kernels.md "Session 13".)
-constexpr int kPrefetchBytes = 12288;
+// (A/B on this machine: 4 KiB beat 1 and 2 KiB and none. 12 KiB, session 13: 1.05-1.18x on the
+// 96 MiB GEMV benchmark in fast minutes, but end to end decode 5% slower in 6 of 6 alternating
+// pairs, so 4 KiB stays; docs/cpu-kernels.md "Session 13".)
+constexpr int kPrefetchBytes = 4096;
 inline void prefetch_ahead(const void* p, int bytes) {
   for (int o = 0; o < bytes; o += 64) {
     _mm_prefetch(static_cast<const char*>(p) + kPrefetchBytes + o, _MM_HINT_T0);
