@@ -339,6 +339,48 @@ void BM_QKvA(benchmark::State& state) {
 }
 BENCHMARK(BM_QKvA)->UseRealTime()->MinTime(0.3);
 
+// MLA absorbed decode's per-head up-projections as Model::attention_mla runs them: 16 heads, one
+// pool task each, each a single-threaded kern::matmul of its own [rows x cols] slice (k_b: 512 x
+// 128, 88-byte Q5_0 rows; v_b: 128 x 512) for one token, over ~128 MiB of distinct layers
+// (DRAM-bound as in decode; TANDEM_BENCH_GEMV_KIB=N: N KiB, cache-resident). GBps / of_dram
+// against BM_Gemv's one large matrix show the cost of many small matrices.
+void BM_MlaHeads(benchmark::State& state, int64_t rows, int64_t cols) {
+  constexpr int64_t kHeads = 16;
+  const int64_t rb = static_cast<int64_t>(dtype_bytes(DType::kQ5_0, cols));
+  const char* kib = std::getenv("TANDEM_BENCH_GEMV_KIB");  // N KiB: cache-resident
+  const int64_t bytes = kib != nullptr ? std::atoll(kib) << 10 : 128ll << 20;
+  const int64_t layers = std::max<int64_t>(1, bytes / (rb * rows * kHeads));
+  const Weights w = make_weights(DType::kQ5_0, rows * kHeads * layers, cols);
+  std::vector<ops::Weight> heads;
+  for (int64_t i = 0; i < kHeads * layers; ++i) {
+    Tensor t;
+    t.dtype = DType::kQ5_0;
+    t.ndim = 2;
+    t.shape[0] = rows;
+    t.shape[1] = cols;
+    t.data = const_cast<uint8_t*>(w.bytes.as<uint8_t>()) + i * rows * rb;
+    heads.emplace_back(t);
+  }
+  std::vector<float> x(static_cast<size_t>(kHeads * cols), 0.5f);
+  std::vector<float> y(static_cast<size_t>(kHeads * rows));
+  auto call = [&] {
+    for (int64_t l = 0; l < layers; ++l) {
+      pool().run(kHeads, [&](size_t h) {
+        kern::matmul(heads[static_cast<size_t>(l * kHeads) + h], x.data() + h * cols, 1,
+                     y.data() + h * rows, nullptr);
+      });
+    }
+    benchmark::DoNotOptimize(y.data());
+  };
+  for (auto _ : state) call();
+  gemv_counters(state, layers * kHeads * rows * rb, call);
+  state.counters["us_per_layer"] =
+      benchmark::Counter(static_cast<double>(state.iterations() * layers) * 1e-6,
+                         benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
+}
+BENCHMARK_CAPTURE(BM_MlaHeads, k_b_512x128, 512, 128)->UseRealTime()->MinTime(0.3);
+BENCHMARK_CAPTURE(BM_MlaHeads, v_b_128x512, 128, 512)->UseRealTime()->MinTime(0.3);
+
 BENCHMARK_CAPTURE(BM_MatmulChain, q4_k_3072, DType::kQ4_K, 3072)->UseRealTime()->MinTime(0.3);
 BENCHMARK_CAPTURE(BM_MatmulChain, q4_k_576, DType::kQ4_K, 576)->UseRealTime()->MinTime(0.3);
 BENCHMARK_CAPTURE(BM_MatmulChain, q4_k_24576, DType::kQ4_K, 24576)->UseRealTime()->MinTime(0.3);
