@@ -374,6 +374,22 @@ void BM_MlaHeads(benchmark::State& state, int64_t rows, int64_t cols) {
   };
   for (auto _ : state) call();
   gemv_counters(state, layers * kHeads * rows * rb, call);
+  // ranges_vs_heads: one task per thread, each a contiguous range of heads (one stream), against
+  // a task per head pulled in any order (A/B in the same minute, ab_rounds).
+  const size_t threads = pool().size() + 1;
+  auto ranges = [&] {
+    for (int64_t l = 0; l < layers; ++l) {
+      pool().run(threads, [&](size_t part) {
+        const size_t h0 = part * kHeads / threads, h1 = (part + 1) * kHeads / threads;
+        for (size_t h = h0; h < h1; ++h) {
+          kern::matmul(heads[static_cast<size_t>(l * kHeads) + h], x.data() + h * cols, 1,
+                       y.data() + h * rows, nullptr);
+        }
+      });
+    }
+    benchmark::DoNotOptimize(y.data());
+  };
+  state.counters["ranges_vs_heads"] = ab_rounds(call, ranges);
   state.counters["us_per_layer"] =
       benchmark::Counter(static_cast<double>(state.iterations() * layers) * 1e-6,
                          benchmark::Counter::kIsRate | benchmark::Counter::kInvert);

@@ -74,7 +74,7 @@ class Model {
   void attention_mha(int64_t layer, int64_t n, const float* x, float* out);
   void attention_mla(int64_t layer, int64_t n, const float* x, float* out);
   template <typename F>
-  void for_heads(int64_t n_heads, F&& fn);
+  void for_heads(int64_t n_heads, int64_t n_tokens, F&& fn);
   template <typename F>
   void for_tokens(int64_t n, F&& fn);
   struct RopeAngles {
