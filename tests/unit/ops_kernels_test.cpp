@@ -209,7 +209,7 @@ TEST(KernelsLegacy, VbmiRowsEqualVnniRows) {
                                int64_t{256}, int64_t{544}, int64_t{1408}}) {
       const int64_t rows = 21;
       const Matrix m = make_matrix(dtype, rows, cols, 5);
-      for (const int64_t tokens : {int64_t{1}, int64_t{3}, int64_t{6}, int64_t{15}}) {
+      for (const int64_t tokens : {int64_t{1}, int64_t{2}, int64_t{3}, int64_t{6}, int64_t{15}}) {
         const std::vector<float> x = random_values(tokens * cols, 6);
         kern::Activations a;
         kern::quantize_activations(kern::AFormat::kQ8_0, 0, x.data(), tokens, cols, cols, &a);
