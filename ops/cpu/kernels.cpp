@@ -366,12 +366,16 @@ namespace {
 // of tokens each: 64 KiB and 16-256 rows, for balance.
 int64_t rows_per_task(int64_t row_bytes, int64_t call_bytes, int64_t tokens, int64_t threads) {
   row_bytes = std::max<int64_t>(1, row_bytes);
-  int64_t rows = std::min<int64_t>(256, (int64_t{64} << 10) / row_bytes);
   if (tokens <= 4) {
-    rows = std::clamp<int64_t>(call_bytes / (2 * threads), int64_t{64} << 10,
-                               int64_t{4} << 20) /
-           row_bytes;
+    // Tasks per thread: at least two, more only to stay <= 4 MiB; a whole number of them per
+    // thread (7 tasks on 2 threads leave one thread a task alone at the end), rows rounded up so
+    // that rounding adds no task.
+    const int64_t per_thread = (call_bytes + threads - 1) / threads;
+    const int64_t n = std::max<int64_t>(2, (per_thread + (int64_t{4} << 20) - 1) >> 22);
+    const int64_t bytes = std::max<int64_t>(int64_t{64} << 10, (per_thread + n - 1) / n);
+    return std::max<int64_t>(16, ((bytes + row_bytes - 1) / row_bytes + 15) / 16 * 16);
   }
+  const int64_t rows = std::min<int64_t>(256, (int64_t{64} << 10) / row_bytes);
   return std::max<int64_t>(16, rows / 16 * 16);
 }
 
