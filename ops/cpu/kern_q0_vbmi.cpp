@@ -220,7 +220,7 @@ void row(const uint8_t* w, int64_t nb, const Act* act, float* out) {
 // products fma(float(isum), dw * da, +0) in lanes 0..nb-1, +0 elsewhere, the tree's levels above
 // 4Q lanes adding those zeros, then the 4Q lanes' own levels.
 // Results go straight to y[t * ldy + r] (rows r < R contiguous per token): one permute and one
-// store per token (through a stack array and a memcpy the results measured 2-3x slower per row:
+// store per token (through a stack array and a memcpy, MLA's k_b measured 2x slower:
 // the wide reload of narrow stores cannot be forwarded).
 template <class Block, int Q, int NT>
 void short_rows(const uint8_t* w, int64_t row_bytes, int64_t nb, const Act* act, float* y,
