@@ -86,12 +86,13 @@ void quantize_q8_0_act_avx512(const float* x, uint8_t* dst, int64_t cols);
 void quantize_q8_k_avx2(const float* x, BlockQ8_K* y, int64_t nb);  // quant_act_avx2.cpp
 void quantize_q8_0_act_avx2(const float* x, uint8_t* dst, int64_t cols);
 
-// Q5_0 / Q4_0 / Q4_1 / Q5_1 x Q8_0 for fewer than 16 tokens on AVX-512 VNNI + VBMI + BITALG
+// Q5_0 / Q4_0 / Q4_1 / Q5_1 / Q8_0 x Q8_0 for fewer than 16 tokens on AVX-512 VNNI + VBMI + BITALG
 // (kern_q0_vbmi.cpp; the caller checks the CPU): bit-identical to the VNNI rows and tiles.
 void q5_0_rows_vbmi(const GemmArgs& g);
 void q4_0_rows_vbmi(const GemmArgs& g);
 void q4_1_rows_vbmi(const GemmArgs& g);
 void q5_1_rows_vbmi(const GemmArgs& g);
+void q8_0_rows_vbmi(const GemmArgs& g);
 
 // kern::attention's task (query token t, KV head group g) on AVX-512 (attention_avx512.cpp):
 // scores needs group * n_ctx floats, dummy dv (written, never read).

@@ -860,7 +860,7 @@ const GgufKernels& gguf_kernels_avx512_vnni() {
   static const GgufKernels k{q4k,
                              q5k,
                              q6k,
-                             q80,
+                             q0_vbmi<q8_0_rows_vbmi, q80>,
                              f32,
                              f16,
                              bf16,

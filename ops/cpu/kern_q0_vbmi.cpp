@@ -1,4 +1,4 @@
-// The legacy 4/5-bit formats Q5_0, Q4_0, Q4_1, Q5_1 x Q8_0 for fewer than 16 tokens (GEMV) with
+// The legacy formats Q5_0, Q4_0, Q4_1, Q5_1 and Q8_0 x Q8_0 for fewer than 16 tokens (GEMV) with
 // AVX-512 VBMI and BITALG on top of VNNI (compiled with those flags; kern_gguf_vnni.cpp calls it
 // only on CPUs that have them: Ice Lake+, Zen 4+). Same arithmetic and F32 order as the VNNI row
 // kernels and tiles (kern_gguf_vnni.cpp): exact int32 block sums, acc[b % 16] = fma(float(isum_b),
@@ -9,10 +9,11 @@
 // full and one masked 64-byte load, one vpermt2b gathers the four 16-byte nibble arrays into a
 // vector; for the 5-bit formats a second the four 32-bit fifth-bit words, and vpshufbitqmb turns
 // those into the two 64-bit masks that add 16 to the quants whose bit is set; one more the fp16
-// scales (and mins). The token's quants are rearranged once per call to match (16 low-nibble
-// partners of each block, then 16 high). (The VNNI rows expand two blocks per vector with a 64-bit
-// permute, a masked shift and a mask built in general registers, and gather the scales: about
-// twice the instructions per block.)
+// scales (and mins). Q8_0's four blocks (136 bytes) take a second pair of loads from byte 8 for
+// their quants 16-31, and u = q + 128 is one XOR. The token's quants are rearranged once per call
+// to match (the 16 low-nibble / first partners of each block, then the 16 high / last). (The
+// VNNI rows expand two blocks per vector with a 64-bit permute, a masked shift and a mask built in
+// general registers, and gather the scales: about twice the instructions per block.)
 #include <immintrin.h>
 
 #include <algorithm>
@@ -49,9 +50,15 @@ template <>
 struct Fmt<BlockQ5_1> {
   static constexpr int kQs = 8, kQh = 4, kM = 2, kShift = -1;
 };
+template <>
+struct Fmt<BlockQ8_0> {  // 32 whole bytes, not nibbles (kIs8); c = 128
+  static constexpr int kQs = 2, kQh = -1, kM = -1, kShift = 0;
+};
+template <class Block>
+constexpr bool kIs8 = std::is_same_v<Block, BlockQ8_0>;
 static_assert(sizeof(BlockQ5_0) == 22 && sizeof(BlockQ4_0) == 18 && sizeof(BlockQ4_1) == 20 &&
-                  sizeof(BlockQ5_1) == 24,
-              "legacy blocks: fp16 d (+ fp16 m) (+ 4 bytes qh) + 16 bytes qs");
+                  sizeof(BlockQ5_1) == 24 && sizeof(BlockQ8_0) == 34,
+              "legacy blocks: fp16 d (+ fp16 m) (+ 4 bytes qh) + 16 bytes qs; Q8_0: d + 32 qs");
 
 using Bytes64 = std::array<uint8_t, 64>;
 
@@ -80,7 +87,10 @@ template <class Block>
 struct Tables {
   static constexpr int kBytes = static_cast<int>(sizeof(Block));
   static constexpr Bytes64 kQs = qs_index(kBytes, Fmt<Block>::kQs);
-  static constexpr Bytes64 kQh = qh_index(kBytes, Fmt<Block>::kQh < 0 ? 0 : Fmt<Block>::kQh);
+  // Q8_0: the qh slot holds the quants 16-31 of each block, indexed from byte 8 of the quad
+  // (its 136 bytes do not fit one two-vector permute).
+  static constexpr Bytes64 kQh = kIs8<Block> ? qs_index(kBytes, Fmt<Block>::kQs + 8)
+                                             : qh_index(kBytes, std::max(0, Fmt<Block>::kQh));
   static constexpr Bytes64 kD = half_index(kBytes, 0);
   static constexpr Bytes64 kM = half_index(kBytes, Fmt<Block>::kM < 0 ? 0 : Fmt<Block>::kM);
 };
@@ -142,6 +152,14 @@ inline void load_quad(const uint8_t* x, int blocks, int k, const Consts& c, __m5
   const __m512i q = _mm512_permutex2var_epi8(z0, c.qs_idx, z1);
   const __mmask64 lane = __mmask64{0xFF} << (8 * k);
   h->d16 = _mm512_mask_blend_epi8(lane, h->d16, _mm512_permutex2var_epi8(z0, c.d_idx, z1));
+  if constexpr (kIs8<Block>) {  // u = q + 128: the sign bit flipped
+    const __m512i z2 = _mm512_maskz_loadu_epi8(byte_mask(std::max(0, bytes - 8)), x + 8);
+    const __m512i z3 = _mm512_maskz_loadu_epi8(byte_mask(std::max(0, bytes - 72)), x + 72);
+    const __m512i sign = _mm512_set1_epi8(static_cast<char>(0x80));
+    *u_lo = _mm512_xor_si512(q, sign);
+    *u_hi = _mm512_xor_si512(_mm512_permutex2var_epi8(z2, c.qh_idx, z3), sign);
+    return;
+  }
   if constexpr (Fmt<Block>::kM >= 0) {
     h->m16 = _mm512_mask_blend_epi8(lane, h->m16, _mm512_permutex2var_epi8(z0, c.m_idx, z1));
   }
@@ -382,6 +400,9 @@ void q4_1_rows_vbmi(const GemmArgs& g) {
 }
 void q5_1_rows_vbmi(const GemmArgs& g) {
   rows_vbmi<BlockQ5_1>(g);
+}
+void q8_0_rows_vbmi(const GemmArgs& g) {
+  rows_vbmi<BlockQ8_0>(g);
 }
 
 }  // namespace tandem::kern::detail

@@ -199,7 +199,8 @@ TEST(KernelsLegacy, VbmiRowsEqualVnniRows) {
   using kern::detail::GgufKernels;
   for (const auto& [dtype, entry] :
        {std::pair{DType::kQ5_0, &GgufKernels::q5_0}, std::pair{DType::kQ4_0, &GgufKernels::q4_0},
-        std::pair{DType::kQ4_1, &GgufKernels::q4_1}, std::pair{DType::kQ5_1, &GgufKernels::q5_1}}) {
+        std::pair{DType::kQ4_1, &GgufKernels::q4_1}, std::pair{DType::kQ5_1, &GgufKernels::q5_1},
+        std::pair{DType::kQ8_0, &GgufKernels::q8_0}}) {
     SCOPED_TRACE(dtype_info(dtype).name);
     const kern::detail::GemmFn with = kern::detail::gguf_kernels_avx512_vnni().*entry;
     const kern::detail::GemmFn without = kern::detail::gguf_kernels_avx512_vnni_base().*entry;
