@@ -141,7 +141,9 @@ void BM_Gemv(benchmark::State& state, DType dtype, Isa isa) {
   const int64_t bytes = kib != nullptr ? std::atoll(kib) << 10 : 96ll << 20;
   const int64_t cols = 2048;
   const int64_t rows = bytes / static_cast<int64_t>(dtype_bytes(dtype, cols));
-  run(state, dtype, rows, cols, 1, isa);
+  // TANDEM_BENCH_TOKENS=N: N tokens (2-15: the few-token paths between GEMV and tiles).
+  const char* tokens = std::getenv("TANDEM_BENCH_TOKENS");
+  run(state, dtype, rows, cols, tokens != nullptr ? std::max(1, std::atoi(tokens)) : 1, isa);
 }
 
 // The Q4_K x16 tile GEMV (ops/cpu/q4k_x16.h) on BM_Gemv/q4_k's weights repacked: the same bytes,
