@@ -14,7 +14,13 @@ void q4k(const GemmArgs& g) {
     drive<Q4KKern<S>>(g);
   }
 }
-void q5k(const GemmArgs& g) { drive<Q5KKern<S>>(g); }
+void q5k(const GemmArgs& g) {
+  if (g.tokens == 1) {
+    q4k_gemv<S, BlockQ5_K>(g);
+  } else {
+    drive<Q5KKern<S>>(g);
+  }
+}
 void q6k(const GemmArgs& g) { drive<Q6KKern<S>>(g); }
 void q50(const GemmArgs& g) { drive<Q50Kern<S>>(g); }
 void q40(const GemmArgs& g) { drive<Q40Kern<S>>(g); }

@@ -826,6 +826,10 @@ void q5k(const GemmArgs& g) {
     q4k_tiled<true>(g);
     return;
   }
+  if (g.tokens == 1) {
+    q4k_gemv<S, BlockQ5_K>(g);
+    return;
+  }
   drive<Q5KKern<S>>(g);
 }
 void q6k(const GemmArgs& g) {

@@ -1,4 +1,5 @@
-// Q4_K GEMV (one token) 16 rows at a time on AVX-512 (S = Avx512<kVnni>, kern_gguf_avx512.h).
+// Q4_K and Q5_K GEMV (one token) 16 rows at a time on AVX-512 (S = Avx512<kVnni>,
+// kern_gguf_avx512.h).
 // Included only by kern_gguf_avx512.cpp and kern_gguf_vnni.cpp, after kern_gguf_impl.h and the
 // traits; internal linkage.
 //
@@ -18,6 +19,7 @@
 #include <immintrin.h>
 
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
 namespace {
@@ -26,8 +28,11 @@ namespace {
 // (sum over sub-blocks of scale * dot) and lanes 8-15 to its msum (sum of min * the activation's
 // pair of 16-sums). al / ah: the activation's low / high nibble partners for groups 0-1 and 2-3
 // (load_act_pair); pairs: int16 lanes 8-15 = bsums[2j] + bsums[2j + 1], lanes 0-7 zero.
-template <class S>
-inline __m512i q4k_row_partials(const tandem::BlockQ4_K& x, const __m512i* al, const __m512i* ah,
+// Block: BlockQ4_K, or BlockQ5_K (the same 16-byte header; each quant's fifth bit from qh, bit
+// 2g of qh[l] for element l of group g's low nibbles, 2g + 1 for its high ones, added as 16: the
+// same integers as q5k_rows).
+template <class S, class Block>
+inline __m512i q4k_row_partials(const Block& x, const __m512i* al, const __m512i* ah,
                                 __m256i pairs, const __m512i* pick) {
   // Bytes 0-3 of the block are d and dmin, 4-7 (A) the scales 0-3 and the scales' top bits, 8-11
   // (B) the mins 0-3 and their top bits, 12-15 (C) the low nibbles of scales / mins 4-7
@@ -46,10 +51,25 @@ inline __m512i q4k_row_partials(const tandem::BlockQ4_K& x, const __m512i* al, c
   const __m512i scales = _mm512_castsi256_si512(u16);
   const __m512i mask = _mm512_set1_epi8(0x0F);
   __m512i sum = _mm512_setzero_si512();
+  [[maybe_unused]] __m512i qh;
+  if constexpr (std::is_same_v<Block, tandem::BlockQ5_K>) {  // qh[l] in bytes l and 32 + l
+    qh = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.qh)));
+  }
   for (int h = 0; h < 2; ++h) {  // groups 2h and 2h + 1 (sub-blocks 4h .. 4h + 3)
     const __m512i w = _mm512_loadu_si512(x.qs + 64 * h);
-    const __m512i lo = _mm512_and_si512(w, mask);
-    const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(w, 4), mask);
+    __m512i lo = _mm512_and_si512(w, mask);
+    __m512i hi = _mm512_and_si512(_mm512_srli_epi16(w, 4), mask);
+    if constexpr (std::is_same_v<Block, tandem::BlockQ5_K>) {
+      // Group 2h's bits (2g = 4h, 4h + 1) in the low 32 bytes, group 2h + 1's (4h + 2, 4h + 3) in
+      // the high ones.
+      const char b0 = static_cast<char>(1 << (4 * h)), b2 = static_cast<char>(4 << (4 * h));
+      const __m512i bit_lo =
+          _mm512_inserti64x4(_mm512_set1_epi8(b0), _mm256_set1_epi8(b2), 1);
+      const __m512i bit_hi = _mm512_add_epi8(bit_lo, bit_lo);
+      const __m512i sixteen = _mm512_set1_epi8(16);
+      lo = _mm512_mask_add_epi8(lo, _mm512_test_epi8_mask(qh, bit_lo), lo, sixteen);
+      hi = _mm512_mask_add_epi8(hi, _mm512_test_epi8_mask(qh, bit_hi), hi, sixteen);
+    }
     sum = S::dot_acc(sum, lo, al[h], _mm512_permutexvar_epi16(pick[2 * h], scales));
     sum = S::dot_acc(sum, hi, ah[h], _mm512_permutexvar_epi16(pick[2 * h + 1], scales));
   }
@@ -81,7 +101,7 @@ inline void q4k_prepare_act(const tandem::BlockQ8_K& x, Q4KAct* p) {
 // sequential stream, prefetched ahead like the row kernels: walking the 16 rows super-block by
 // super-block measured 20-40% slower), their partial vectors parked in part (16 * nb vectors,
 // L1-resident) until the tree and the F32 steps run per super-block.
-template <class S>
+template <class S, class Block>
 void q4k_gemv16(const uint8_t* w, int64_t row_bytes, int64_t nb, const Q4KAct* act, float* y,
                 __m512i* part) {
   // scale_pick's indices: int16 lanes 0-15 take scale i0, lanes 16-31 scale i0 + 2.
@@ -92,9 +112,9 @@ void q4k_gemv16(const uint8_t* w, int64_t row_bytes, int64_t nb, const Q4KAct* a
                                  _mm256_set1_epi16(static_cast<short>(i0 + 2)), 1);
   }
   for (int r = 0; r < 16; ++r) {
-    const auto* row = reinterpret_cast<const tandem::BlockQ4_K*>(w + r * row_bytes);
+    const auto* row = reinterpret_cast<const Block*>(w + r * row_bytes);
     for (int64_t b = 0; b < nb; ++b) {
-      prefetch_ahead(row + b, sizeof(tandem::BlockQ4_K));
+      prefetch_ahead(row + b, sizeof(Block));
       part[b * 16 + r] = q4k_row_partials<S>(row[b], act[b].al, act[b].ah, act[b].pairs, pick);
     }
   }
@@ -118,7 +138,7 @@ void q4k_gemv16(const uint8_t* w, int64_t row_bytes, int64_t nb, const Q4KAct* a
     const __m512i msum = _mm512_shuffle_i64x2(h0, h1, 0xDD);
     // d | dmin << 16 of each row's super-block b
     const __m512i dd =
-        _mm512_i32gather_epi32(offs, w + b * static_cast<int64_t>(sizeof(tandem::BlockQ4_K)), 1);
+        _mm512_i32gather_epi32(offs, w + b * static_cast<int64_t>(sizeof(Block)), 1);
     const __m512 dw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(dd));
     const __m512 dmw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(dd, 16)));
     const __m512 da = _mm512_set1_ps(act[b].d);
@@ -130,7 +150,8 @@ void q4k_gemv16(const uint8_t* w, int64_t row_bytes, int64_t nb, const Q4KAct* a
 
 // One token (g.tokens == 1): full tiles of 16 rows through q4k_gemv16, the rest (and matrices
 // too large for 32-bit gather offsets) through the row kernels: the same bits either way.
-template <class S>
+// Block: BlockQ4_K or BlockQ5_K.
+template <class S, class Block = tandem::BlockQ4_K>
 void q4k_gemv(const GemmArgs& g) {
   int64_t r = g.n0;
   if (16 * g.row_bytes < (int64_t{1} << 31)) {
@@ -144,13 +165,18 @@ void q4k_gemv(const GemmArgs& g) {
       for (int64_t b = 0; b < nb; ++b) q4k_prepare_act<S>(a[b], &act[static_cast<size_t>(b)]);
     }
     for (; r + 16 <= g.n1; r += 16) {
-      q4k_gemv16<S>(g.w + r * g.row_bytes, g.row_bytes, nb, act.data(), g.y + r, part.data());
+      q4k_gemv16<S, Block>(g.w + r * g.row_bytes, g.row_bytes, nb, act.data(), g.y + r,
+                           part.data());
     }
   }
   if (r < g.n1) {
     GemmArgs rest = g;
     rest.n0 = r;
-    drive<Q4KKern<S>>(rest);
+    if constexpr (std::is_same_v<Block, tandem::BlockQ5_K>) {
+      drive<Q5KKern<S>>(rest);
+    } else {
+      drive<Q4KKern<S>>(rest);
+    }
   }
 }
 
