@@ -9,14 +9,14 @@ namespace {
 using S = Avx512<false>;
 void q4k(const GemmArgs& g) {
   if (g.tokens == 1) {
-    q4k_gemv<S>(g);
+    k_gemv<S, BlockQ4_K>(g);
   } else {
     drive<Q4KKern<S>>(g);
   }
 }
 void q5k(const GemmArgs& g) {
   if (g.tokens == 1) {
-    q4k_gemv<S, BlockQ5_K>(g);
+    k_gemv<S, BlockQ5_K>(g);
   } else {
     drive<Q5KKern<S>>(g);
   }
@@ -26,8 +26,20 @@ void q50(const GemmArgs& g) { drive<Q50Kern<S>>(g); }
 void q40(const GemmArgs& g) { drive<Q40Kern<S>>(g); }
 void q41(const GemmArgs& g) { drive<Q41Kern<S>>(g); }
 void q51(const GemmArgs& g) { drive<Q51Kern<S>>(g); }
-void q2k(const GemmArgs& g) { drive<Q2KKern<S>>(g); }
-void q3k(const GemmArgs& g) { drive<Q3KKern<S>>(g); }
+void q2k(const GemmArgs& g) {
+  if (g.tokens == 1) {
+    k_gemv<S, BlockQ2_K>(g);
+  } else {
+    drive<Q2KKern<S>>(g);
+  }
+}
+void q3k(const GemmArgs& g) {
+  if (g.tokens == 1) {
+    k_gemv<S, BlockQ3_K>(g);
+  } else {
+    drive<Q3KKern<S>>(g);
+  }
+}
 void q80(const GemmArgs& g) { drive<Q80Kern<S>>(g); }
 void f32(const GemmArgs& g) { drive<DenseKern<S, Dense::kF32>>(g); }
 void f16(const GemmArgs& g) { drive<DenseKern<S, Dense::kF16>>(g); }

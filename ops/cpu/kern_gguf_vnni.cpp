@@ -783,10 +783,19 @@ void q80(const GemmArgs& g) {
 void q50(const GemmArgs& g) {
   q0_gemm<BlockQ5_0>(g, expand_q5_0);
 }
+// One token through the 16-row kernel (kern_q4k_gemv16.h), more through the rows.
 void q2k(const GemmArgs& g) {
+  if (g.tokens == 1) {
+    k_gemv<S, BlockQ2_K>(g);
+    return;
+  }
   drive<Q2KKern<S>>(g);
 }
 void q3k(const GemmArgs& g) {
+  if (g.tokens == 1) {
+    k_gemv<S, BlockQ3_K>(g);
+    return;
+  }
   drive<Q3KKern<S>>(g);
 }
 void q40(const GemmArgs& g) {
@@ -815,7 +824,7 @@ void q4k(const GemmArgs& g) {
     return;
   }
   if (g.tokens == 1) {
-    q4k_gemv<S>(g);
+    k_gemv<S, BlockQ4_K>(g);
     return;
   }
   drive<Q4KKern<S>>(g);
@@ -827,7 +836,7 @@ void q5k(const GemmArgs& g) {
     return;
   }
   if (g.tokens == 1) {
-    q4k_gemv<S, BlockQ5_K>(g);
+    k_gemv<S, BlockQ5_K>(g);
     return;
   }
   drive<Q5KKern<S>>(g);

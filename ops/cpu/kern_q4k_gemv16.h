@@ -1,5 +1,5 @@
-// Q4_K and Q5_K GEMV (one token) 16 rows at a time on AVX-512 (S = Avx512<kVnni>,
-// kern_gguf_avx512.h).
+// K-quant GEMV (one token) 16 rows at a time on AVX-512 (S = Avx512<kVnni>, kern_gguf_avx512.h):
+// Q4_K and Q5_K, and Q2_K and Q3_K (k23_row_partials below).
 // Included only by kern_gguf_avx512.cpp and kern_gguf_vnni.cpp, after kern_gguf_impl.h and the
 // traits; internal linkage.
 //
@@ -18,6 +18,7 @@
 
 #include <immintrin.h>
 
+#include <cstddef>
 #include <cstdint>
 #include <type_traits>
 #include <vector>
@@ -96,28 +97,147 @@ inline void q4k_prepare_act(const tandem::BlockQ8_K& x, Q4KAct* p) {
   p->d = x.d;
 }
 
+// Q2_K / Q3_K: k23_rows' arithmetic (kern_gguf_impl.h) a super-block per step. The 64 bytes of qs
+// hold all 256 2-bit fields: shifted right by 2j they give run j's values (bytes 0-31: elements
+// 32j .. 32j + 31, sub-blocks 2j and 2j + 1; bytes 32-63: elements 128 + 32j .., sub-blocks 8 + 2j
+// and 9 + 2j), against the token's bytes in that order (K23Act, prepared once per call); Q3_K adds
+// 4 where its hmask bit is set (u = q + 4, 0..7, as k23_rows). One vpmaddubsw and one vpmaddwd
+// (VNNI: vpdpwssd) by the sub-blocks' int16 scales per run: the same exact integers.
+struct K23Act {
+  __m512i run[4];
+  __m256i bsums;
+  float d;
+};
+
+// bsums: the token's 16-value sums; for Q3_K times -4 (|bsum| <= 2048: exact in int16), so that
+// its bias sum_j sc_j * (-4 * bsum_j) is one vpmaddwd by the scales.
+template <class S, bool kThree>
+inline void k23_prepare_act(const tandem::BlockQ8_K& x, K23Act* p) {
+  for (int j = 0; j < 4; ++j) p->run[j] = S::load_halves(x.qs + 32 * j, x.qs + 128 + 32 * j);
+  p->bsums = load_bsums(x);
+  if constexpr (kThree) p->bsums = _mm256_mullo_epi16(p->bsums, _mm256_set1_epi16(-4));
+  p->d = x.d;
+}
+
+// Q3_K's 16 scales minus 32 as int16 (q3k_scales8's bytes, in vector lanes): the 16 bytes that
+// end with d (the block's bytes 94-109; the 12 scale bytes at 2-13) shuffled into words a0 a1 a0
+// a1 (the low nibbles, shifted by 0 0 4 4) and t t t t (the top bits, by 0 2 4 6).
+inline __m256i q3k_scales16(const tandem::BlockQ3_K& x) {
+  const auto* p =
+      reinterpret_cast<const uint8_t*>(&x) + offsetof(tandem::BlockQ3_K, scales) - 2;
+  const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  const __m128i a =
+      _mm_shuffle_epi8(raw, _mm_setr_epi8(2, 3, 4, 5, 6, 7, 8, 9, 2, 3, 4, 5, 6, 7, 8, 9));
+  const __m128i t = _mm_shuffle_epi32(_mm_srli_si128(raw, 10), 0);
+  const __m128i lo =
+      _mm_and_si128(_mm_srlv_epi32(a, _mm_setr_epi32(0, 0, 4, 4)), _mm_set1_epi8(0x0F));
+  const __m128i hi = _mm_slli_epi32(
+      _mm_and_si128(_mm_srlv_epi32(t, _mm_setr_epi32(0, 2, 4, 6)), _mm_set1_epi8(3)), 4);
+  return _mm256_cvtepi8_epi16(_mm_sub_epi8(_mm_or_si128(lo, hi), _mm_set1_epi8(32)));
+}
+
+// Lanes 0-7 sum to the row's isum (sum of scale * dot), lanes 8-15 to its correction: Q2_K the
+// mins' sum_j m_j * bsums_j, Q3_K the bias sum_j -4 * sc_j * bsums_j (added to isum in the F32
+// step, as k23_rows does). pick: gemv16_picks.
+template <class S, class Block>
+inline __m512i k23_row_partials(const Block& x, const K23Act& a, const __m512i* pick) {
+  constexpr bool kThree = std::is_same_v<Block, tandem::BlockQ3_K>;
+  __m256i sc16, corr16;
+  if constexpr (kThree) {
+    sc16 = q3k_scales16(x);
+    corr16 = sc16;  // against -4 * bsums
+  } else {
+    const __m128i sc = _mm_loadu_si128(reinterpret_cast<const __m128i*>(x.scales));
+    const __m128i lo4 = _mm_set1_epi8(0x0F);
+    sc16 = _mm256_cvtepu8_epi16(_mm_and_si128(sc, lo4));
+    corr16 = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(sc, 4), lo4));
+  }
+  const __m512i scales = _mm512_castsi256_si512(sc16);
+  const __m512i qs = _mm512_loadu_si512(x.qs);
+  [[maybe_unused]] __m512i hm;
+  if constexpr (kThree) {
+    hm = _mm512_broadcast_i64x4(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.hmask)));
+  }
+  __m512i sum = _mm512_setzero_si512();
+#pragma GCC unroll 4
+  for (int j = 0; j < 4; ++j) {
+    __m512i u = _mm512_and_si512(_mm512_srli_epi16(qs, 2 * j), _mm512_set1_epi8(3));
+    if constexpr (kThree) {  // element 32m + l's bit m of hmask[l]: m = j below, 4 + j above
+      const __m512i bit = _mm512_inserti64x4(_mm512_set1_epi8(static_cast<char>(1 << j)),
+                                             _mm256_set1_epi8(static_cast<char>(16 << j)), 1);
+      u = _mm512_mask_add_epi8(u, _mm512_test_epi8_mask(hm, bit), u, _mm512_set1_epi8(4));
+    }
+    sum = S::dot_acc(sum, u, a.run[j], _mm512_permutexvar_epi16(pick[j], scales));
+  }
+  const __m256i isum8 =
+      _mm256_add_epi32(_mm512_castsi512_si256(sum), _mm512_extracti64x4_epi64(sum, 1));
+  return _mm512_inserti64x4(_mm512_castsi256_si512(isum8), _mm256_madd_epi16(corr16, a.bsums),
+                            1);
+}
+
+template <class Block>
+constexpr bool kK23 =
+    std::is_same_v<Block, tandem::BlockQ2_K> || std::is_same_v<Block, tandem::BlockQ3_K>;
+
+// The prepared token super-block of each family, and the scale-picking indices of its partials.
+template <class Block>
+using Gemv16Act = std::conditional_t<kK23<Block>, K23Act, Q4KAct>;
+
+template <class S, class Block>
+inline void gemv16_prepare_act(const tandem::BlockQ8_K& x, Gemv16Act<Block>* p) {
+  if constexpr (kK23<Block>) {
+    k23_prepare_act<S, std::is_same_v<Block, tandem::BlockQ3_K>>(x, p);
+  } else {
+    q4k_prepare_act<S>(x, p);
+  }
+}
+
+// The scale-picking indices of the partials: step i's int16 scales by one vpermw with pick[i]
+// (K23, run i: lanes 0-7 scale 2i, 8-15 2i + 1, 16-23 8 + 2i, 24-31 9 + 2i; Q4_K / Q5_K: lanes
+// 0-15 scale i0, 16-31 i0 + 2, i0 = 0, 1, 4, 5 for steps 0-3). (One vpermw per super-block into
+// per-lane quads, then a vpshufb per step, measured no faster.)
+template <class Block>
+inline void gemv16_picks(__m512i* pick) {
+  for (int i = 0; i < 4; ++i) {
+    int16_t idx[32];
+    for (int k = 0; k < 32; ++k) {
+      idx[k] = static_cast<int16_t>(kK23<Block> ? 8 * (k / 16) + 2 * i + (k % 16) / 8
+                                                : (i / 2) * 4 + i % 2 + 2 * (k / 16));
+    }
+    pick[i] = _mm512_loadu_si512(idx);
+  }
+}
+
+template <class S, class Block>
+inline __m512i gemv16_partials(const Block& x, const Gemv16Act<Block>& a, const __m512i* pick) {
+  if constexpr (kK23<Block>) {
+    return k23_row_partials<S>(x, a, pick);
+  } else {
+    return q4k_row_partials<S>(x, a.al, a.ah, a.pairs, pick);
+  }
+}
+
 // Rows w, w + row_bytes, ..., w + 15 * row_bytes (nb super-blocks each; 16 * row_bytes < 2^31)
 // against one prepared token row: y[r] for r = 0..15. The rows are read one after the other (one
 // sequential stream, prefetched ahead like the row kernels: walking the 16 rows super-block by
 // super-block measured 20-40% slower), their partial vectors parked in part (16 * nb vectors,
 // L1-resident) until the tree and the F32 steps run per super-block.
 template <class S, class Block>
-void q4k_gemv16(const uint8_t* w, int64_t row_bytes, int64_t nb, const Q4KAct* act, float* y,
-                __m512i* part) {
-  // scale_pick's indices: int16 lanes 0-15 take scale i0, lanes 16-31 scale i0 + 2.
+void gemv16(const uint8_t* w, int64_t row_bytes, int64_t nb, const Gemv16Act<Block>* act,
+            float* y, __m512i* part) {
   __m512i pick[4];
-  for (int i = 0; i < 4; ++i) {
-    const int i0 = (i / 2) * 4 + (i % 2);  // (0, 2), (1, 3), (4, 6), (5, 7)
-    pick[i] = _mm512_inserti64x4(_mm512_set1_epi16(static_cast<short>(i0)),
-                                 _mm256_set1_epi16(static_cast<short>(i0 + 2)), 1);
-  }
+  gemv16_picks<Block>(pick);
   for (int r = 0; r < 16; ++r) {
     const auto* row = reinterpret_cast<const Block*>(w + r * row_bytes);
     for (int64_t b = 0; b < nb; ++b) {
       prefetch_ahead(row + b, sizeof(Block));
-      part[b * 16 + r] = q4k_row_partials<S>(row[b], act[b].al, act[b].ah, act[b].pairs, pick);
+      part[b * 16 + r] = gemv16_partials<S>(row[b], act[b], pick);
     }
   }
+  // The 32 bits gathered per row hold d (low half) and dmin (high); Q3_K has no dmin, and its d
+  // ends the block: the word before it, d in the high half.
+  constexpr bool kThree = std::is_same_v<Block, tandem::BlockQ3_K>;
+  constexpr int64_t kDWord = static_cast<int64_t>(offsetof(Block, d)) - (kThree ? 2 : 0);
   const __m512i offs =
       _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
                          _mm512_set1_epi32(static_cast<int32_t>(row_bytes)));
@@ -136,37 +256,43 @@ void q4k_gemv16(const uint8_t* w, int64_t row_bytes, int64_t nb, const Q4KAct* a
                                         _mm512_shuffle_i64x2(quad[2], quad[3], 0xDD));
     const __m512i isum = _mm512_shuffle_i64x2(h0, h1, 0x88);
     const __m512i msum = _mm512_shuffle_i64x2(h0, h1, 0xDD);
-    // d | dmin << 16 of each row's super-block b
-    const __m512i dd =
-        _mm512_i32gather_epi32(offs, w + b * static_cast<int64_t>(sizeof(Block)), 1);
-    const __m512 dw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(dd));
-    const __m512 dmw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(dd, 16)));
+    const __m512i dd = _mm512_i32gather_epi32(
+        offs, w + b * static_cast<int64_t>(sizeof(Block)) + kDWord, 1);
     const __m512 da = _mm512_set1_ps(act[b].d);
-    acc = _mm512_add_ps(acc, _mm512_mul_ps(_mm512_mul_ps(da, dw), _mm512_cvtepi32_ps(isum)));
-    acc = _mm512_sub_ps(acc, _mm512_mul_ps(_mm512_mul_ps(da, dmw), _mm512_cvtepi32_ps(msum)));
+    if constexpr (kThree) {  // acc + (da * d) * (isum + bias), as k23_rows
+      const __m512 dw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(dd, 16)));
+      acc = _mm512_add_ps(acc, _mm512_mul_ps(_mm512_mul_ps(da, dw),
+                                             _mm512_cvtepi32_ps(_mm512_add_epi32(isum, msum))));
+    } else {  // acc + (da * d) * isum, then - (da * dmin) * msum
+      const __m512 dw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(dd));
+      const __m512 dmw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(dd, 16)));
+      acc = _mm512_add_ps(acc, _mm512_mul_ps(_mm512_mul_ps(da, dw), _mm512_cvtepi32_ps(isum)));
+      acc = _mm512_sub_ps(acc, _mm512_mul_ps(_mm512_mul_ps(da, dmw), _mm512_cvtepi32_ps(msum)));
+    }
   }
   _mm512_storeu_ps(y, acc);
 }
 
-// One token (g.tokens == 1): full tiles of 16 rows through q4k_gemv16, the rest (and matrices
-// too large for 32-bit gather offsets) through the row kernels: the same bits either way.
-// Block: BlockQ4_K or BlockQ5_K.
-template <class S, class Block = tandem::BlockQ4_K>
-void q4k_gemv(const GemmArgs& g) {
+// One token (g.tokens == 1): full tiles of 16 rows through gemv16, the rest (and matrices too
+// large for 32-bit gather offsets) through the row kernels: the same bits either way.
+// Block: BlockQ4_K, BlockQ5_K, BlockQ2_K or BlockQ3_K.
+template <class S, class Block>
+void k_gemv(const GemmArgs& g) {
   int64_t r = g.n0;
   if (16 * g.row_bytes < (int64_t{1} << 31)) {
     const int64_t nb = g.cols / tandem::kQK_K;
     const auto* a = reinterpret_cast<const tandem::BlockQ8_K*>(g.act);
-    thread_local std::vector<Q4KAct> act;
+    thread_local std::vector<Gemv16Act<Block>> act;
     thread_local std::vector<__m512i> part;
     if (r + 16 <= g.n1) {
       act.resize(static_cast<size_t>(nb));
       part.resize(static_cast<size_t>(16 * nb));
-      for (int64_t b = 0; b < nb; ++b) q4k_prepare_act<S>(a[b], &act[static_cast<size_t>(b)]);
+      for (int64_t b = 0; b < nb; ++b) {
+        gemv16_prepare_act<S, Block>(a[b], &act[static_cast<size_t>(b)]);
+      }
     }
     for (; r + 16 <= g.n1; r += 16) {
-      q4k_gemv16<S, Block>(g.w + r * g.row_bytes, g.row_bytes, nb, act.data(), g.y + r,
-                           part.data());
+      gemv16<S, Block>(g.w + r * g.row_bytes, g.row_bytes, nb, act.data(), g.y + r, part.data());
     }
   }
   if (r < g.n1) {
@@ -174,6 +300,10 @@ void q4k_gemv(const GemmArgs& g) {
     rest.n0 = r;
     if constexpr (std::is_same_v<Block, tandem::BlockQ5_K>) {
       drive<Q5KKern<S>>(rest);
+    } else if constexpr (std::is_same_v<Block, tandem::BlockQ2_K>) {
+      drive<Q2KKern<S>>(rest);
+    } else if constexpr (std::is_same_v<Block, tandem::BlockQ3_K>) {
+      drive<Q3KKern<S>>(rest);
     } else {
       drive<Q4KKern<S>>(rest);
     }
