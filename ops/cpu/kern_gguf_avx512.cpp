@@ -21,7 +21,13 @@ void q5k(const GemmArgs& g) {
     drive<Q5KKern<S>>(g);
   }
 }
-void q6k(const GemmArgs& g) { drive<Q6KKern<S>>(g); }
+void q6k(const GemmArgs& g) {
+  if (g.tokens == 1) {
+    k_gemv<S, BlockQ6_K>(g);
+  } else {
+    drive<Q6KKern<S>>(g);
+  }
+}
 void q50(const GemmArgs& g) { drive<Q50Kern<S>>(g); }
 void q40(const GemmArgs& g) { drive<Q40Kern<S>>(g); }
 void q41(const GemmArgs& g) { drive<Q41Kern<S>>(g); }

@@ -847,6 +847,10 @@ void q6k(const GemmArgs& g) {
     q6k_tiled(g);
     return;
   }
+  if (g.tokens == 1) {
+    k_gemv<S, BlockQ6_K>(g);
+    return;
+  }
   drive<Q6KKern<S>>(g);
 }
 void f32(const GemmArgs& g) {

@@ -1,5 +1,5 @@
 // K-quant GEMV (one token) 16 rows at a time on AVX-512 (S = Avx512<kVnni>, kern_gguf_avx512.h):
-// Q4_K and Q5_K, and Q2_K and Q3_K (k23_row_partials below).
+// Q4_K and Q5_K, Q2_K and Q3_K (k23_row_partials below), Q6_K (q6k_row_partials).
 // Included only by kern_gguf_avx512.cpp and kern_gguf_vnni.cpp, after kern_gguf_impl.h and the
 // traits; internal linkage.
 //
@@ -100,10 +100,12 @@ inline void q4k_prepare_act(const tandem::BlockQ8_K& x, Q4KAct* p) {
 // Q2_K / Q3_K: k23_rows' arithmetic (kern_gguf_impl.h) a super-block per step. The 64 bytes of qs
 // hold all 256 2-bit fields: shifted right by 2j they give run j's values (bytes 0-31: elements
 // 32j .. 32j + 31, sub-blocks 2j and 2j + 1; bytes 32-63: elements 128 + 32j .., sub-blocks 8 + 2j
-// and 9 + 2j), against the token's bytes in that order (K23Act, prepared once per call); Q3_K adds
+// and 9 + 2j), against the token's bytes in that order (RunAct, prepared once per call); Q3_K adds
 // 4 where its hmask bit is set (u = q + 4, 0..7, as k23_rows). One vpmaddubsw and one vpmaddwd
 // (VNNI: vpdpwssd) by the sub-blocks' int16 scales per run: the same exact integers.
-struct K23Act {
+// The token's 256 bytes as a row's four steps take them (K23: run j; Q6_K: bytes 64k ..), its
+// bsums (Q3_K / Q6_K: scaled, below) and d.
+struct RunAct {
   __m512i run[4];
   __m256i bsums;
   float d;
@@ -112,7 +114,7 @@ struct K23Act {
 // bsums: the token's 16-value sums; for Q3_K times -4 (|bsum| <= 2048: exact in int16), so that
 // its bias sum_j sc_j * (-4 * bsum_j) is one vpmaddwd by the scales.
 template <class S, bool kThree>
-inline void k23_prepare_act(const tandem::BlockQ8_K& x, K23Act* p) {
+inline void k23_prepare_act(const tandem::BlockQ8_K& x, RunAct* p) {
   for (int j = 0; j < 4; ++j) p->run[j] = S::load_halves(x.qs + 32 * j, x.qs + 128 + 32 * j);
   p->bsums = load_bsums(x);
   if constexpr (kThree) p->bsums = _mm256_mullo_epi16(p->bsums, _mm256_set1_epi16(-4));
@@ -140,7 +142,7 @@ inline __m256i q3k_scales16(const tandem::BlockQ3_K& x) {
 // mins' sum_j m_j * bsums_j, Q3_K the bias sum_j -4 * sc_j * bsums_j (added to isum in the F32
 // step, as k23_rows does). pick: gemv16_picks.
 template <class S, class Block>
-inline __m512i k23_row_partials(const Block& x, const K23Act& a, const __m512i* pick) {
+inline __m512i k23_row_partials(const Block& x, const RunAct& a, const __m512i* pick) {
   constexpr bool kThree = std::is_same_v<Block, tandem::BlockQ3_K>;
   __m256i sc16, corr16;
   if constexpr (kThree) {
@@ -175,18 +177,56 @@ inline __m512i k23_row_partials(const Block& x, const K23Act& a, const __m512i* 
                             1);
 }
 
+// Q6_K: q6k_rows' 512-bit steps (per half h: the low nibbles of ql + 64h with their qh bit pairs
+// are elements 0-63, the high nibbles 64-127, unsigned 0..63) with the 16 scales widened once per
+// super-block and picked per step by vpermw. Lanes 8-15 of the partial sum to sum_j sc_j *
+// bsums_j (one vpmaddwd); the F32 step subtracts 32 times it from isum (exact int32), as q6k_rows.
+template <class S>
+inline __m512i q6k_row_partials(const tandem::BlockQ6_K& x, const RunAct& a,
+                                const __m512i* pick) {
+  const __m256i sc16 =
+      _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x.scales)));
+  const __m512i scales = _mm512_castsi256_si512(sc16);
+  const __m512i m4 = _mm512_set1_epi8(0x0F), m2 = _mm512_set1_epi8(0x03);
+  __m512i sum = _mm512_setzero_si512();
+  for (int h = 0; h < 2; ++h) {
+    const __m512i l = _mm512_loadu_si512(x.ql + 64 * h);
+    const __m512i hb = S::broadcast32(x.qh + 32 * h);
+    const __m512i q_lo = _mm512_or_si512(
+        _mm512_and_si512(l, m4),
+        _mm512_slli_epi16(_mm512_and_si512(S::srlv16_halves(hb, 0, 2), m2), 4));
+    const __m512i q_hi = _mm512_or_si512(
+        _mm512_and_si512(_mm512_srli_epi16(l, 4), m4),
+        _mm512_slli_epi16(_mm512_and_si512(S::srlv16_halves(hb, 4, 6), m2), 4));
+    sum = S::dot_acc(sum, q_lo, a.run[2 * h], _mm512_permutexvar_epi16(pick[2 * h], scales));
+    sum = S::dot_acc(sum, q_hi, a.run[2 * h + 1],
+                     _mm512_permutexvar_epi16(pick[2 * h + 1], scales));
+  }
+  const __m256i isum8 =
+      _mm256_add_epi32(_mm512_castsi512_si256(sum), _mm512_extracti64x4_epi64(sum, 1));
+  return _mm512_inserti64x4(_mm512_castsi256_si512(isum8), _mm256_madd_epi16(sc16, a.bsums),
+                            1);
+}
+
 template <class Block>
 constexpr bool kK23 =
     std::is_same_v<Block, tandem::BlockQ2_K> || std::is_same_v<Block, tandem::BlockQ3_K>;
 
 // The prepared token super-block of each family, and the scale-picking indices of its partials.
 template <class Block>
-using Gemv16Act = std::conditional_t<kK23<Block>, K23Act, Q4KAct>;
+constexpr bool kQ6 = std::is_same_v<Block, tandem::BlockQ6_K>;
+
+template <class Block>
+using Gemv16Act = std::conditional_t<kK23<Block> || kQ6<Block>, RunAct, Q4KAct>;
 
 template <class S, class Block>
 inline void gemv16_prepare_act(const tandem::BlockQ8_K& x, Gemv16Act<Block>* p) {
   if constexpr (kK23<Block>) {
     k23_prepare_act<S, std::is_same_v<Block, tandem::BlockQ3_K>>(x, p);
+  } else if constexpr (kQ6<Block>) {
+    for (int k = 0; k < 4; ++k) p->run[k] = S::load(x.qs + 64 * k);
+    p->bsums = load_bsums(x);
+    p->d = x.d;
   } else {
     q4k_prepare_act<S>(x, p);
   }
@@ -201,8 +241,13 @@ inline void gemv16_picks(__m512i* pick) {
   for (int i = 0; i < 4; ++i) {
     int16_t idx[32];
     for (int k = 0; k < 32; ++k) {
-      idx[k] = static_cast<int16_t>(kK23<Block> ? 8 * (k / 16) + 2 * i + (k % 16) / 8
-                                                : (i / 2) * 4 + i % 2 + 2 * (k / 16));
+      if constexpr (kK23<Block>) {
+        idx[k] = static_cast<int16_t>(8 * (k / 16) + 2 * i + (k % 16) / 8);
+      } else if constexpr (kQ6<Block>) {  // step i: lanes 8q .. 8q + 7 scale 4i + q
+        idx[k] = static_cast<int16_t>(4 * i + k / 8);
+      } else {
+        idx[k] = static_cast<int16_t>((i / 2) * 4 + i % 2 + 2 * (k / 16));
+      }
     }
     pick[i] = _mm512_loadu_si512(idx);
   }
@@ -212,6 +257,8 @@ template <class S, class Block>
 inline __m512i gemv16_partials(const Block& x, const Gemv16Act<Block>& a, const __m512i* pick) {
   if constexpr (kK23<Block>) {
     return k23_row_partials<S>(x, a, pick);
+  } else if constexpr (kQ6<Block>) {
+    return q6k_row_partials<S>(x, a, pick);
   } else {
     return q4k_row_partials<S>(x, a.al, a.ah, a.pairs, pick);
   }
@@ -234,10 +281,11 @@ void gemv16(const uint8_t* w, int64_t row_bytes, int64_t nb, const Gemv16Act<Blo
       part[b * 16 + r] = gemv16_partials<S>(row[b], act[b], pick);
     }
   }
-  // The 32 bits gathered per row hold d (low half) and dmin (high); Q3_K has no dmin, and its d
-  // ends the block: the word before it, d in the high half.
+  // The 32 bits gathered per row hold d (low half) and dmin (high); Q3_K and Q6_K have no dmin,
+  // and their d ends the block: the word before it, d in the high half.
   constexpr bool kThree = std::is_same_v<Block, tandem::BlockQ3_K>;
-  constexpr int64_t kDWord = static_cast<int64_t>(offsetof(Block, d)) - (kThree ? 2 : 0);
+  constexpr bool kDLast = kThree || kQ6<Block>;
+  constexpr int64_t kDWord = static_cast<int64_t>(offsetof(Block, d)) - (kDLast ? 2 : 0);
   const __m512i offs =
       _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
                          _mm512_set1_epi32(static_cast<int32_t>(row_bytes)));
@@ -259,7 +307,11 @@ void gemv16(const uint8_t* w, int64_t row_bytes, int64_t nb, const Gemv16Act<Blo
     const __m512i dd = _mm512_i32gather_epi32(
         offs, w + b * static_cast<int64_t>(sizeof(Block)) + kDWord, 1);
     const __m512 da = _mm512_set1_ps(act[b].d);
-    if constexpr (kThree) {  // acc + (da * d) * (isum + bias), as k23_rows
+    if constexpr (kQ6<Block>) {  // acc + (da * d) * (isum - 32 * bias), as q6k_rows
+      const __m512 dw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(dd, 16)));
+      const __m512i is = _mm512_sub_epi32(isum, _mm512_slli_epi32(msum, 5));
+      acc = _mm512_add_ps(acc, _mm512_mul_ps(_mm512_mul_ps(da, dw), _mm512_cvtepi32_ps(is)));
+    } else if constexpr (kThree) {  // acc + (da * d) * (isum + bias), as k23_rows
       const __m512 dw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(dd, 16)));
       acc = _mm512_add_ps(acc, _mm512_mul_ps(_mm512_mul_ps(da, dw),
                                              _mm512_cvtepi32_ps(_mm512_add_epi32(isum, msum))));
@@ -275,7 +327,7 @@ void gemv16(const uint8_t* w, int64_t row_bytes, int64_t nb, const Gemv16Act<Blo
 
 // One token (g.tokens == 1): full tiles of 16 rows through gemv16, the rest (and matrices too
 // large for 32-bit gather offsets) through the row kernels: the same bits either way.
-// Block: BlockQ4_K, BlockQ5_K, BlockQ2_K or BlockQ3_K.
+// Block: BlockQ4_K, BlockQ5_K, BlockQ2_K, BlockQ3_K or BlockQ6_K.
 template <class S, class Block>
 void k_gemv(const GemmArgs& g) {
   int64_t r = g.n0;
@@ -304,6 +356,8 @@ void k_gemv(const GemmArgs& g) {
       drive<Q2KKern<S>>(rest);
     } else if constexpr (std::is_same_v<Block, tandem::BlockQ3_K>) {
       drive<Q3KKern<S>>(rest);
+    } else if constexpr (kQ6<Block>) {
+      drive<Q6KKern<S>>(rest);
     } else {
       drive<Q4KKern<S>>(rest);
     }
