@@ -326,24 +326,33 @@ void q4k_tiled(const GemmArgs& g) {
   }
 }
 
-// Q6_K GEMM through 16-row tiles (many tokens), as Q4_K's: per super-block of 16 rows
-//   qs: 64 chunks of 64 bytes, chunk k = elements 4k..4k+3 of the 16 rows as unsigned 0..63
-//       (the stored 6-bit values, q + 32);
-//   sc: 16 x 16 int32, the rows' scale of sub-block j (elements 16j..16j+15);
-//   sp: 8 x 16 int32, the int16 pair (sc[2i], sc[2i + 1]) per row, against the token's bsums;
-//   d: 16 F32.
-// Per row lane and token: isum = sum_j sc_j * dot_j(q + 32, a) - 32 * sum_j sc_j * bsum_j (exact
-// integers, the reference's isum), then acc + (da * d) * isum per super-block: bit-identical.
+// Q6_K, Q3_K and Q2_K GEMM through 16-row tiles (many tokens), as Q4_K's. The three share a
+// shape: 16 sub-blocks of 16 values with a scale each, values unsigned as bytes (Q6_K: the stored
+// 6-bit q + 32, 0..63; Q3_K: u = q + 4, 0..7; Q2_K: q, 0..3). Per super-block of 16 rows
+//   qs: 64 chunks of 64 bytes, chunk k = elements 4k..4k+3 of the 16 rows as those bytes;
+//   sc: 16 x 16 int32, the rows' scale of sub-block j (elements 16j..16j+15; Q3_K: sc - 32,
+//       Q2_K: sc & 15);
+//   sp: 8 x 16 int32, per row the int16 pair (c[2i], c[2i + 1]) against the token's bsums, c the
+//       scales (Q6_K, Q3_K: the values' offset times the scales is the bias) or Q2_K's mins;
+//   d (and Q2_K's dmin): 16 F32.
+// Per row lane and token: isum = sum_j sc_j * dot_j(u, a) and bias = sum_i c . bsums (exact
+// integers); then Q6_K acc + (da * d) * (isum - 32 * bias), Q3_K acc + (da * d) * (isum - 4 *
+// bias) (the references' isum: u - 32, u - 4 are the signed values), Q2_K acc + (da * d) * isum -
+// (da * dmin) * bias, per super-block as the scalar references round: bit-identical.
 constexpr int64_t kQ6KTileMinTokens = 16;
 
-struct Q6KTile {
+struct K16Tile {
   const uint8_t* qs;
   const int32_t *sc, *sp;
-  const float* d;
+  const float *d, *dmin;
 };
 
-void q6k_expand(const GemmArgs& g, int64_t row0, int64_t rows, int64_t nb, uint8_t* qs,
-                int32_t* sc, int32_t* sp, float* d) {
+template <class Block>
+constexpr bool kIsQ2K = std::is_same_v<Block, BlockQ2_K>;
+
+template <class Block>
+void k16_expand(const GemmArgs& g, int64_t row0, int64_t rows, int64_t nb, uint8_t* qs,
+                int32_t* sc, int32_t* sp, float* d, float* dmin) {
   const __m512i zero = _mm512_setzero_si512();
   const __mmask16 live = static_cast<__mmask16>((1u << rows) - 1);
   const __m512i offs =
@@ -351,30 +360,60 @@ void q6k_expand(const GemmArgs& g, int64_t row0, int64_t rows, int64_t nb, uint8
                          _mm512_set1_epi32(static_cast<int32_t>(g.row_bytes)));
   const __m512i m4 = _mm512_set1_epi8(0x0F), m2 = _mm512_set1_epi8(0x03);
   // Per-half shift counts of the qh bytes: q_lo takes bits 0-1 (low 32 bytes) / 2-3 (high),
-  // q_hi bits 4-5 / 6-7.
+  // q_hi bits 4-5 / 6-7. (Q2_K / Q3_K: the same counts for runs 0-1 / 2-3 of a 128-half.)
   const __m512i sh_lo = _mm512_inserti64x4(_mm512_set1_epi16(0), _mm256_set1_epi16(2), 1);
   const __m512i sh_hi = _mm512_inserti64x4(_mm512_set1_epi16(4), _mm256_set1_epi16(6), 1);
   for (int64_t b = 0; b < nb; ++b) {
-    __m512i v[4][16], scl[16];
+    __m512i v[4][16], scl[16], mnl[16];
     for (int i = 0; i < 16; ++i) {
       if (i >= rows) {
         for (int k = 0; k < 4; ++k) v[k][i] = zero;
-        scl[i] = zero;
+        scl[i] = mnl[i] = zero;
         continue;
       }
-      const auto& x = reinterpret_cast<const BlockQ6_K*>(g.w + (row0 + i) * g.row_bytes)[b];
-      for (int h = 0; h < 2; ++h) {
-        const __m512i l = _mm512_loadu_si512(x.ql + 64 * h);
-        const __m512i hb = _mm512_broadcast_i64x4(
-            _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.qh + 32 * h)));
-        const __m512i hl = _mm512_and_si512(_mm512_srlv_epi16(hb, sh_lo), m2);
-        const __m512i hh = _mm512_and_si512(_mm512_srlv_epi16(hb, sh_hi), m2);
-        // Elements 128h + 0..63, then 128h + 64..127 (natural order).
-        v[2 * h][i] = _mm512_or_si512(_mm512_and_si512(l, m4), _mm512_slli_epi16(hl, 4));
-        v[2 * h + 1][i] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l, 4), m4),
-                                          _mm512_slli_epi16(hh, 4));
+      const auto& x = reinterpret_cast<const Block*>(g.w + (row0 + i) * g.row_bytes)[b];
+      if constexpr (std::is_same_v<Block, BlockQ6_K>) {
+        for (int h = 0; h < 2; ++h) {
+          const __m512i l = _mm512_loadu_si512(x.ql + 64 * h);
+          const __m512i hb = _mm512_broadcast_i64x4(
+              _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.qh + 32 * h)));
+          const __m512i hl = _mm512_and_si512(_mm512_srlv_epi16(hb, sh_lo), m2);
+          const __m512i hh = _mm512_and_si512(_mm512_srlv_epi16(hb, sh_hi), m2);
+          // Elements 128h + 0..63, then 128h + 64..127 (natural order).
+          v[2 * h][i] = _mm512_or_si512(_mm512_and_si512(l, m4), _mm512_slli_epi16(hl, 4));
+          v[2 * h + 1][i] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(l, 4), m4),
+                                            _mm512_slli_epi16(hh, 4));
+        }
+        scl[i] = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x.scales)));
+      } else {
+        // Elements 64k .. 64k + 63 (k = 2n + kk): runs j = 2kk, 2kk + 1 of the 32 bytes qs + 32n
+        // (element 128n + 32j + l is bits 2j of qs[32n + l]); Q3_K adds 4 where bit 4n + j of
+        // hmask[l] is set.
+        [[maybe_unused]] __m512i hm;
+        if constexpr (!kIsQ2K<Block>) {
+          hm = _mm512_broadcast_i64x4(
+              _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.hmask)));
+        }
+        for (int k = 0; k < 4; ++k) {
+          const __m512i q = _mm512_broadcast_i64x4(
+              _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x.qs + 32 * (k / 2))));
+          __m512i u = _mm512_and_si512(_mm512_srlv_epi16(q, k % 2 ? sh_hi : sh_lo), m2);
+          if constexpr (!kIsQ2K<Block>) {
+            const int m = 4 * (k / 2) + 2 * (k % 2);
+            const __m512i bit = _mm512_inserti64x4(_mm512_set1_epi8(static_cast<char>(1 << m)),
+                                                   _mm256_set1_epi8(static_cast<char>(2 << m)), 1);
+            u = _mm512_mask_add_epi8(u, _mm512_test_epi8_mask(hm, bit), u, _mm512_set1_epi8(4));
+          }
+          v[k][i] = u;
+        }
+        if constexpr (kIsQ2K<Block>) {
+          const __m128i raw = _mm_loadu_si128(reinterpret_cast<const __m128i*>(x.scales));
+          scl[i] = _mm512_cvtepu8_epi32(_mm_and_si128(raw, _mm_set1_epi8(0x0F)));
+          mnl[i] = _mm512_cvtepu8_epi32(_mm_and_si128(_mm_srli_epi16(raw, 4), _mm_set1_epi8(0x0F)));
+        } else {
+          scl[i] = _mm512_cvtepi16_epi32(q3k_scales16(x));
+        }
       }
-      scl[i] = _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(x.scales)));
     }
     for (int k = 0; k < 4; ++k) {
       __m512i out[16];
@@ -384,22 +423,32 @@ void q6k_expand(const GemmArgs& g, int64_t row0, int64_t rows, int64_t nb, uint8
     __m512i st[16];
     tandem::kern::detail::transpose16_epi32(scl, st);
     for (int j = 0; j < 16; ++j) _mm512_storeu_si512(sc + (b * 16 + j) * 16, st[j]);
+    if constexpr (kIsQ2K<Block>) tandem::kern::detail::transpose16_epi32(mnl, st);
     const __m512i lo16 = _mm512_set1_epi32(0xFFFF);
     for (int i = 0; i < 8; ++i) {
       _mm512_storeu_si512(sp + (b * 8 + i) * 16,
                           _mm512_or_si512(_mm512_and_si512(st[2 * i], lo16),
                                           _mm512_slli_epi32(st[2 * i + 1], 16)));
     }
-    // d: the high half of the dword ending the block (scales[14..15], d): never past the row.
-    const uint8_t* base = g.w + row0 * g.row_bytes + b * static_cast<int64_t>(sizeof(BlockQ6_K));
-    const __m512i dd = _mm512_mask_i32gather_epi32(
-        zero, live, offs, base + offsetof(BlockQ6_K, d) - 2, 1);
-    _mm512_storeu_ps(d + b * 16, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(dd, 16))));
+    const uint8_t* base = g.w + row0 * g.row_bytes + b * static_cast<int64_t>(sizeof(Block));
+    if constexpr (kIsQ2K<Block>) {  // d, dmin: one dword
+      const __m512i dd =
+          _mm512_mask_i32gather_epi32(zero, live, offs, base + offsetof(BlockQ2_K, d), 1);
+      _mm512_storeu_ps(d + b * 16, _mm512_cvtph_ps(_mm512_cvtepi32_epi16(dd)));
+      _mm512_storeu_ps(dmin + b * 16,
+                       _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(dd, 16))));
+    } else {  // d: the high half of the dword ending the block: never past the row
+      const __m512i dd =
+          _mm512_mask_i32gather_epi32(zero, live, offs, base + offsetof(Block, d) - 2, 1);
+      _mm512_storeu_ps(d + b * 16,
+                       _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(dd, 16))));
+    }
   }
 }
 
-template <int NR, int NT>
-void q6k_tiles(const Q6KTile* tile, int64_t nb, const BlockQ8_K* const* a, float (*out)[16 * NR]) {
+template <int NR, int NT, class Block>
+void k16_tiles(const K16Tile* tile, int64_t nb, const BlockQ8_K* const* a,
+               float (*out)[16 * NR]) {
   __m512 facc[NT][NR];
   for (int t = 0; t < NT; ++t) {
     for (int r = 0; r < NR; ++r) facc[t][r] = _mm512_setzero_ps();
@@ -433,14 +482,21 @@ void q6k_tiles(const Q6KTile* tile, int64_t nb, const BlockQ8_K* const* a, float
       const BlockQ8_K& x = a[t][b];
       const __m512 da = _mm512_set1_ps(x.d);
       for (int r = 0; r < NR; ++r) {
-        __m512i bias = _mm512_setzero_si512();  // sum_j sc_j * bsum_j, exact int32
+        __m512i bias = _mm512_setzero_si512();  // sum_j c_j * bsum_j, exact int32
         for (int i = 0; i < 8; ++i) {
           bias = dpwssd_bcast(bias, _mm512_loadu_si512(tile[r].sp + (b * 8 + i) * 16),
                               x.bsums + 2 * i);
         }
-        const __m512i is = _mm512_sub_epi32(isum[t][r], _mm512_slli_epi32(bias, 5));
         const __m512 dv = _mm512_mul_ps(da, _mm512_loadu_ps(tile[r].d + b * 16));
-        facc[t][r] = _mm512_add_ps(facc[t][r], _mm512_mul_ps(dv, _mm512_cvtepi32_ps(is)));
+        if constexpr (kIsQ2K<Block>) {
+          const __m512 mv = _mm512_mul_ps(da, _mm512_loadu_ps(tile[r].dmin + b * 16));
+          facc[t][r] = _mm512_add_ps(facc[t][r], _mm512_mul_ps(dv, _mm512_cvtepi32_ps(isum[t][r])));
+          facc[t][r] = _mm512_sub_ps(facc[t][r], _mm512_mul_ps(mv, _mm512_cvtepi32_ps(bias)));
+        } else {
+          constexpr int kShift = std::is_same_v<Block, BlockQ6_K> ? 5 : 2;  // 32 or 4 times
+          const __m512i is = _mm512_sub_epi32(isum[t][r], _mm512_slli_epi32(bias, kShift));
+          facc[t][r] = _mm512_add_ps(facc[t][r], _mm512_mul_ps(dv, _mm512_cvtepi32_ps(is)));
+        }
       }
     }
   }
@@ -449,26 +505,28 @@ void q6k_tiles(const Q6KTile* tile, int64_t nb, const BlockQ8_K* const* a, float
   }
 }
 
-template <int NR>
-void q6k_tiles_all_tokens(const GemmArgs& g, const Q6KTile* tile, int64_t nb, int64_t n,
+template <int NR, class Block>
+void k16_tiles_all_tokens(const GemmArgs& g, const K16Tile* tile, int64_t nb, int64_t n,
                           int64_t n_end) {
   k_tiles_all_tokens<NR>(g, n, n_end,
                          [&](auto nt, const BlockQ8_K* const* a, float(*out)[16 * NR]) {
-                           q6k_tiles<NR, decltype(nt)::value>(tile, nb, a, out);
+                           k16_tiles<NR, decltype(nt)::value, Block>(tile, nb, a, out);
                          });
 }
 
-void q6k_tiled(const GemmArgs& g) {
+template <class Block>
+void k16_tiled(const GemmArgs& g) {
   constexpr int kTiles = 2;
   const int64_t nb = g.cols / tandem::kQK_K;
   thread_local std::vector<uint8_t> qs;
   thread_local std::vector<int32_t> sc, sp;
-  thread_local std::vector<float> d;
+  thread_local std::vector<float> d, dmin;
   qs.resize(static_cast<size_t>(kTiles * nb * 64 * 64));
   sc.resize(static_cast<size_t>(kTiles * nb * 16 * 16));
   sp.resize(static_cast<size_t>(kTiles * nb * 8 * 16));
   d.resize(static_cast<size_t>(kTiles * nb * 16));
-  Q6KTile tile[kTiles];
+  dmin.resize(d.size());
+  K16Tile tile[kTiles];
   prefetch_rows<_MM_HINT_T0>(g, g.n0, std::min(g.n1, g.n0 + 16 * kTiles));  // as q4k_tiled
   for (int64_t n = g.n0; n < g.n1; n += 16 * kTiles) {
     const int64_t n_end = std::min(g.n1, n + 16 * kTiles);
@@ -478,14 +536,16 @@ void q6k_tiled(const GemmArgs& g) {
       int32_t* s = sc.data() + r * nb * 16 * 16;
       int32_t* p = sp.data() + r * nb * 8 * 16;
       float* dd = d.data() + r * nb * 16;
-      q6k_expand(g, n + 16 * r, std::min<int64_t>(16, n_end - n - 16 * r), nb, q, s, p, dd);
-      tile[r] = {q, s, p, dd};
+      float* dm = dmin.data() + r * nb * 16;
+      k16_expand<Block>(g, n + 16 * r, std::min<int64_t>(16, n_end - n - 16 * r), nb, q, s, p,
+                        dd, dm);
+      tile[r] = {q, s, p, dd, dm};
     }
     prefetch_rows<_MM_HINT_T1>(g, n_end, std::min(g.n1, n_end + 16 * kTiles));
     if (tiles == 2) {
-      q6k_tiles_all_tokens<2>(g, tile, nb, n, n_end);
+      k16_tiles_all_tokens<2, Block>(g, tile, nb, n, n_end);
     } else {
-      q6k_tiles_all_tokens<1>(g, tile, nb, n, n_end);
+      k16_tiles_all_tokens<1, Block>(g, tile, nb, n, n_end);
     }
   }
 }
@@ -783,8 +843,12 @@ void q80(const GemmArgs& g) {
 void q50(const GemmArgs& g) {
   q0_gemm<BlockQ5_0>(g, expand_q5_0);
 }
-// One token through the 16-row kernel (kern_q4k_gemv16.h), more through the rows.
+// Many tokens through the tiles, one through the 16-row kernel (kern_q4k_gemv16.h), else rows.
 void q2k(const GemmArgs& g) {
+  if (g.tokens >= kQ6KTileMinTokens && g.row_bytes < (int64_t{1} << 27)) {
+    k16_tiled<BlockQ2_K>(g);
+    return;
+  }
   if (g.tokens == 1) {
     k_gemv<S, BlockQ2_K>(g);
     return;
@@ -792,6 +856,10 @@ void q2k(const GemmArgs& g) {
   drive<Q2KKern<S>>(g);
 }
 void q3k(const GemmArgs& g) {
+  if (g.tokens >= kQ6KTileMinTokens && g.row_bytes < (int64_t{1} << 27)) {
+    k16_tiled<BlockQ3_K>(g);
+    return;
+  }
   if (g.tokens == 1) {
     k_gemv<S, BlockQ3_K>(g);
     return;
@@ -844,7 +912,7 @@ void q5k(const GemmArgs& g) {
 void q6k(const GemmArgs& g) {
   // (The rearrangement gathers the 16 rows' scales with 32-bit row offsets.)
   if (g.tokens >= kQ6KTileMinTokens && g.row_bytes < (int64_t{1} << 27)) {
-    q6k_tiled(g);
+    k16_tiled<BlockQ6_K>(g);
     return;
   }
   if (g.tokens == 1) {
