@@ -340,6 +340,10 @@ void q4k_tiled(const GemmArgs& g) {
 // bias) (the references' isum: u - 32, u - 4 are the signed values), Q2_K acc + (da * d) * isum -
 // (da * dmin) * bias, per super-block as the scalar references round: bit-identical.
 constexpr int64_t kQ6KTileMinTokens = 16;
+// Q2_K / Q3_K's row kernel (AVX2 width) is slower: their tiles win from 4 tokens (cache-resident
+// `TANDEM_BENCH_TOKENS=4 bench_kernels_bench --benchmark_filter=BM_Gemv/q3_k`: 1.5x; at 2-3
+// tokens even).
+constexpr int64_t kK23TileMinTokens = 4;
 
 struct K16Tile {
   const uint8_t* qs;
@@ -843,9 +847,9 @@ void q80(const GemmArgs& g) {
 void q50(const GemmArgs& g) {
   q0_gemm<BlockQ5_0>(g, expand_q5_0);
 }
-// Many tokens through the tiles, one through the 16-row kernel (kern_q4k_gemv16.h), else rows.
+// 4+ tokens through the tiles, one through the 16-row kernel (kern_q4k_gemv16.h), else rows.
 void q2k(const GemmArgs& g) {
-  if (g.tokens >= kQ6KTileMinTokens && g.row_bytes < (int64_t{1} << 27)) {
+  if (g.tokens >= kK23TileMinTokens && g.row_bytes < (int64_t{1} << 27)) {
     k16_tiled<BlockQ2_K>(g);
     return;
   }
@@ -856,7 +860,7 @@ void q2k(const GemmArgs& g) {
   drive<Q2KKern<S>>(g);
 }
 void q3k(const GemmArgs& g) {
-  if (g.tokens >= kQ6KTileMinTokens && g.row_bytes < (int64_t{1} << 27)) {
+  if (g.tokens >= kK23TileMinTokens && g.row_bytes < (int64_t{1} << 27)) {
     k16_tiled<BlockQ3_K>(g);
     return;
   }
