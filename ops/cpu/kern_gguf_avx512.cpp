@@ -7,46 +7,17 @@
 namespace {
 
 using S = Avx512<false>;
-void q4k(const GemmArgs& g) {
-  if (g.tokens == 1) {
-    k_gemv<S, BlockQ4_K>(g);
-  } else {
-    drive<Q4KKern<S>>(g);
-  }
-}
-void q5k(const GemmArgs& g) {
-  if (g.tokens == 1) {
-    k_gemv<S, BlockQ5_K>(g);
-  } else {
-    drive<Q5KKern<S>>(g);
-  }
-}
-void q6k(const GemmArgs& g) {
-  if (g.tokens == 1) {
-    k_gemv<S, BlockQ6_K>(g);
-  } else {
-    drive<Q6KKern<S>>(g);
-  }
-}
 void q50(const GemmArgs& g) { drive<Q50Kern<S>>(g); }
 void q40(const GemmArgs& g) { drive<Q40Kern<S>>(g); }
 void q41(const GemmArgs& g) { drive<Q41Kern<S>>(g); }
 void q51(const GemmArgs& g) { drive<Q51Kern<S>>(g); }
-void q2k(const GemmArgs& g) {
-  if (g.tokens == 1) {
-    k_gemv<S, BlockQ2_K>(g);
-  } else {
-    drive<Q2KKern<S>>(g);
-  }
-}
-void q3k(const GemmArgs& g) {
-  if (g.tokens == 1) {
-    k_gemv<S, BlockQ3_K>(g);
-  } else {
-    drive<Q3KKern<S>>(g);
-  }
-}
 void q80(const GemmArgs& g) { drive<Q80Kern<S>>(g); }
+// The K-quants: one token 16 rows at a time, more through the row kernels (kern_q4k_gemv16.h).
+void q4k(const GemmArgs& g) { k_rows<S, BlockQ4_K>(g); }
+void q5k(const GemmArgs& g) { k_rows<S, BlockQ5_K>(g); }
+void q6k(const GemmArgs& g) { k_rows<S, BlockQ6_K>(g); }
+void q2k(const GemmArgs& g) { k_rows<S, BlockQ2_K>(g); }
+void q3k(const GemmArgs& g) { k_rows<S, BlockQ3_K>(g); }
 void f32(const GemmArgs& g) { drive<DenseKern<S, Dense::kF32>>(g); }
 void f16(const GemmArgs& g) { drive<DenseKern<S, Dense::kF16>>(g); }
 void bf16(const GemmArgs& g) { drive<DenseKern<S, Dense::kBF16>>(g); }

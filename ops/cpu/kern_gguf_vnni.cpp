@@ -847,28 +847,20 @@ void q80(const GemmArgs& g) {
 void q50(const GemmArgs& g) {
   q0_gemm<BlockQ5_0>(g, expand_q5_0);
 }
-// 4+ tokens through the tiles, one through the 16-row kernel (kern_q4k_gemv16.h), else rows.
-void q2k(const GemmArgs& g) {
+// Q2_K / Q3_K: 4+ tokens through the tiles, else k_rows (kern_q4k_gemv16.h).
+template <class Block>
+void k23(const GemmArgs& g) {
   if (g.tokens >= kK23TileMinTokens && g.row_bytes < (int64_t{1} << 27)) {
-    k16_tiled<BlockQ2_K>(g);
-    return;
+    k16_tiled<Block>(g);
+  } else {
+    k_rows<S, Block>(g);
   }
-  if (g.tokens == 1) {
-    k_gemv<S, BlockQ2_K>(g);
-    return;
-  }
-  drive<Q2KKern<S>>(g);
+}
+void q2k(const GemmArgs& g) {
+  k23<BlockQ2_K>(g);
 }
 void q3k(const GemmArgs& g) {
-  if (g.tokens >= kK23TileMinTokens && g.row_bytes < (int64_t{1} << 27)) {
-    k16_tiled<BlockQ3_K>(g);
-    return;
-  }
-  if (g.tokens == 1) {
-    k_gemv<S, BlockQ3_K>(g);
-    return;
-  }
-  drive<Q3KKern<S>>(g);
+  k23<BlockQ3_K>(g);
 }
 void q40(const GemmArgs& g) {
   q0_gemm<BlockQ4_0>(g, expand_q4_0);
@@ -895,11 +887,7 @@ void q4k(const GemmArgs& g) {
     q4k_tiled<false>(g);
     return;
   }
-  if (g.tokens == 1) {
-    k_gemv<S, BlockQ4_K>(g);
-    return;
-  }
-  drive<Q4KKern<S>>(g);
+  k_rows<S, BlockQ4_K>(g);
 }
 void q5k(const GemmArgs& g) {
   // (As Q4_K's: the same tiles, from 16 tokens.)
@@ -907,11 +895,7 @@ void q5k(const GemmArgs& g) {
     q4k_tiled<true>(g);
     return;
   }
-  if (g.tokens == 1) {
-    k_gemv<S, BlockQ5_K>(g);
-    return;
-  }
-  drive<Q5KKern<S>>(g);
+  k_rows<S, BlockQ5_K>(g);
 }
 void q6k(const GemmArgs& g) {
   // (The rearrangement gathers the 16 rows' scales with 32-bit row offsets.)
@@ -919,11 +903,7 @@ void q6k(const GemmArgs& g) {
     k16_tiled<BlockQ6_K>(g);
     return;
   }
-  if (g.tokens == 1) {
-    k_gemv<S, BlockQ6_K>(g);
-    return;
-  }
-  drive<Q6KKern<S>>(g);
+  k_rows<S, BlockQ6_K>(g);
 }
 void f32(const GemmArgs& g) {
   drive<DenseKern<S, Dense::kF32>>(g);

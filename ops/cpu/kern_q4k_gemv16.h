@@ -325,13 +325,14 @@ void gemv16(const uint8_t* w, int64_t row_bytes, int64_t nb, const Gemv16Act<Blo
   _mm512_storeu_ps(y, acc);
 }
 
-// One token (g.tokens == 1): full tiles of 16 rows through gemv16, the rest (and matrices too
-// large for 32-bit gather offsets) through the row kernels: the same bits either way.
-// Block: BlockQ4_K, BlockQ5_K, BlockQ2_K, BlockQ3_K or BlockQ6_K.
+// The row path of a K-quant (Block: BlockQ4_K, BlockQ5_K, BlockQ2_K, BlockQ3_K or BlockQ6_K): one
+// token's full tiles of 16 rows through gemv16, the remaining rows (more tokens, the last rows,
+// matrices too large for 32-bit gather offsets) through the format's row kernel: the same bits
+// either way.
 template <class S, class Block>
-void k_gemv(const GemmArgs& g) {
+void k_rows(const GemmArgs& g) {
   int64_t r = g.n0;
-  if (16 * g.row_bytes < (int64_t{1} << 31)) {
+  if (g.tokens == 1 && 16 * g.row_bytes < (int64_t{1} << 31)) {
     const int64_t nb = g.cols / tandem::kQK_K;
     const auto* a = reinterpret_cast<const tandem::BlockQ8_K*>(g.act);
     thread_local std::vector<Gemv16Act<Block>> act;
