@@ -103,8 +103,9 @@ inline void q4k_prepare_act(const tandem::BlockQ8_K& x, Q4KAct* p) {
 // and 9 + 2j), against the token's bytes in that order (RunAct, prepared once per call); Q3_K adds
 // 4 where its hmask bit is set (u = q + 4, 0..7, as k23_rows). One vpmaddubsw and one vpmaddwd
 // (VNNI: vpdpwssd) by the sub-blocks' int16 scales per run: the same exact integers.
-// The token's 256 bytes as a row's four steps take them (K23: run j; Q6_K: bytes 64k ..), its
-// bsums (Q3_K / Q6_K: scaled, below) and d.
+//
+// RunAct: the token's 256 bytes as a row's four steps take them (K23: run j; Q6_K: bytes 64k ..),
+// its bsums (Q3_K: times -4, below) and d.
 struct RunAct {
   __m512i run[4];
   __m256i bsums;
@@ -212,10 +213,10 @@ template <class Block>
 constexpr bool kK23 =
     std::is_same_v<Block, tandem::BlockQ2_K> || std::is_same_v<Block, tandem::BlockQ3_K>;
 
-// The prepared token super-block of each family, and the scale-picking indices of its partials.
 template <class Block>
 constexpr bool kQ6 = std::is_same_v<Block, tandem::BlockQ6_K>;
 
+// The prepared token super-block of each family.
 template <class Block>
 using Gemv16Act = std::conditional_t<kK23<Block> || kQ6<Block>, RunAct, Q4KAct>;
 
