@@ -14,6 +14,8 @@
 // does (group 128; bf16 = BF16 tiles) and as block-scaled FP8 (128 x 128 scales, a native FP8
 // checkpoint's experts); prefill compares with the int8 peak (INT8/INT4) or the bf16 peak (BF16,
 // FP8).
+// BM_MoeLayerRepack: the GGUF layers with their Q4_K experts in x16 tiles (`--cpu-experts
+// repack`), vs_native against the stored rows in the same minute.
 // Run: build/bench/bench_moe_layer_bench [--benchmark_format=json]
 #include <benchmark/benchmark.h>
 
@@ -32,6 +34,7 @@
 #include "model/cpu_experts.h"
 #include "model/fused_moe.h"
 #include "ops/cpu/packed.h"
+#include "ops/cpu/q4k_x16.h"
 
 namespace tandem {
 namespace {
@@ -170,7 +173,7 @@ PackedLayer* make_packed_layer(const Shape& s, kern::WFormat f) {
 }
 
 void run_layer(benchmark::State& state, const Shape& s, const Layer* layer, const CpuExperts* ce,
-               int64_t tokens);
+               int64_t tokens, bool vs_native = false);
 
 void BM_MoeLayerPacked(benchmark::State& state, Shape s, kern::WFormat f, int64_t tokens) {
   static std::vector<std::pair<kern::WFormat, PackedLayer*>> cache;
@@ -187,21 +190,64 @@ void BM_MoeLayerPacked(benchmark::State& state, Shape s, kern::WFormat f, int64_
   run_layer(state, s, &pl->layer, &pl->ce, tokens);
 }
 
-void BM_MoeLayer(benchmark::State& state, Shape s, int64_t tokens) {
+const Layer* gguf_layer(const Shape& s) {
   static std::vector<std::pair<Shape, Layer>>* cache = new std::vector<std::pair<Shape, Layer>>;
-  const Layer* layer = nullptr;
   for (auto& [shape, l] : *cache) {
-    if (shape.hidden == s.hidden && shape.ff == s.ff && shape.n_experts == s.n_experts) layer = &l;
+    if (shape.hidden == s.hidden && shape.ff == s.ff && shape.n_experts == s.n_experts) return &l;
   }
-  if (layer == nullptr) {
-    cache->emplace_back(s, make_layer(s));
-    layer = &cache->back().second;
+  cache->emplace_back(s, make_layer(s));
+  return &cache->back().second;
+}
+
+void BM_MoeLayer(benchmark::State& state, Shape s, int64_t tokens) {
+  run_layer(state, s, gguf_layer(s), nullptr, tokens);
+}
+
+// BM_MoeLayer's experts as `--cpu-experts repack` holds them: the Q4_K matrices rearranged into
+// x16 tiles (ops/cpu/q4k_x16.h) in one huge-page buffer, the others (V2-Lite's Q5_0 down) read
+// where they are. vs_native: this layer's rate / the stored rows' (BM_MoeLayer's), A/B in the same
+// minute (bench/dram_probe.h, ab_rounds).
+void BM_MoeLayerRepack(benchmark::State& state, Shape s, int64_t tokens) {
+  static std::vector<std::pair<Shape, std::pair<AlignedBuffer, CpuExperts>>>* cache =
+      new std::vector<std::pair<Shape, std::pair<AlignedBuffer, CpuExperts>>>;
+  const Layer* layer = gguf_layer(s);
+  CpuExperts* ce = nullptr;
+  for (auto& [shape, x] : *cache) {
+    if (shape.hidden == s.hidden && shape.ff == s.ff && shape.n_experts == s.n_experts) {
+      ce = &x.second;
+    }
   }
-  run_layer(state, s, layer, nullptr, tokens);
+  if (ce == nullptr) {
+    cache->emplace_back(s, std::pair<AlignedBuffer, CpuExperts>{
+                               weight_buffer(static_cast<size_t>(layer->expert_bytes *
+                                                                 s.n_experts)),
+                               CpuExperts{}});
+    AlignedBuffer& buf = cache->back().second.first;
+    ce = &cache->back().second.second;
+    ce->gate.resize(1);
+    ce->up.resize(1);
+    ce->down.resize(1);
+    uint8_t* at = buf.as<uint8_t>();
+    for (int64_t e = 0; e < s.n_experts; ++e) {
+      for (int m = 0; m < 3; ++m) {
+        const auto& w = (m == 0 ? layer->w.gate : m == 1 ? layer->w.up : layer->w.down)[e];
+        kern::KMatrix km;
+        kern::view_weight(w, &km);
+        if (km.format == kern::WFormat::kQ4_K) {
+          kern::q4k_x16_repack(km.data, km.row_bytes, km.rows, km.cols, at);
+          km.format = kern::WFormat::kQ4_KX16;
+          km.data = at;
+          at += km.bytes();
+        }
+        (m == 0 ? ce->gate : m == 1 ? ce->up : ce->down)[0].push_back(km);
+      }
+    }
+  }
+  run_layer(state, s, layer, ce, tokens, /*vs_native=*/true);
 }
 
 void run_layer(benchmark::State& state, const Shape& s, const Layer* layer, const CpuExperts* ce,
-               int64_t tokens) {
+               int64_t tokens, bool vs_native) {
   std::mt19937 rng(7);
   std::normal_distribution<float> nd(0.0f, 1.0f);
   std::vector<float> x(static_cast<size_t>(tokens * s.hidden)), out(x.size());
@@ -266,6 +312,10 @@ void run_layer(benchmark::State& state, const Shape& s, const Layer* layer, cons
       FusedMoeBackend be_b(&pool(), opt_b, ce);
       state.counters["b_vs_a"] = ab_rounds([&] { step_on(be); }, [&] { step_on(be_b); });
     }
+    if (vs_native) {
+      FusedMoeBackend native(&pool(), opt, nullptr);
+      state.counters["vs_native"] = ab_rounds([&] { step_on(native); }, [&] { step_on(be); });
+    }
   }
   state.counters["threads"] = pool().size() + 1;
 }
@@ -277,6 +327,13 @@ BENCHMARK_CAPTURE(BM_MoeLayer, v2lite_decode, kV2Lite, 1)->UseRealTime()->MinTim
 BENCHMARK_CAPTURE(BM_MoeLayer, v2lite_prefill512, kV2Lite, 512)->UseRealTime()->MinTime(0.5);
 BENCHMARK_CAPTURE(BM_MoeLayer, qwen3_30b_a3b_decode, kQwen3, 1)->UseRealTime()->MinTime(0.5);
 BENCHMARK_CAPTURE(BM_MoeLayer, qwen3_30b_a3b_prefill512, kQwen3, 512)->UseRealTime()->MinTime(0.5);
+
+BENCHMARK_CAPTURE(BM_MoeLayerRepack, v2lite_decode, kV2Lite, 1)->UseRealTime()->MinTime(0.5);
+BENCHMARK_CAPTURE(BM_MoeLayerRepack, v2lite_prefill512, kV2Lite, 512)->UseRealTime()->MinTime(0.5);
+BENCHMARK_CAPTURE(BM_MoeLayerRepack, qwen3_30b_a3b_decode, kQwen3, 1)->UseRealTime()->MinTime(0.5);
+BENCHMARK_CAPTURE(BM_MoeLayerRepack, qwen3_30b_a3b_prefill512, kQwen3, 512)
+    ->UseRealTime()
+    ->MinTime(0.5);
 
 #define TD_PACKED_LAYER(f, name)                                                    \
   BENCHMARK_CAPTURE(BM_MoeLayerPacked, v2lite_##name##_decode, kV2Lite, f, 1)       \

@@ -17,6 +17,7 @@
 #include "core/progress.h"
 #include "core/thread_pool.h"
 #include "ops/cpu/packed.h"
+#include "ops/cpu/q4k_x16.h"
 
 namespace tandem {
 
@@ -74,7 +75,13 @@ WFormat parse_format(const std::string& f) {
   if (f == "int8") return WFormat::kInt8;
   if (f == "int4") return WFormat::kInt4;
   if (f == "bf16") return WFormat::kBF16Tile;
-  fail(ErrorKind::kInvalidArgument, "--cpu-experts '{}': expected native, int8, int4 or bf16", f);
+  if (f == "repack") {
+    fail(ErrorKind::kInvalidArgument,
+         "--cpu-experts repack rearranges the stored experts at load (no requantization): it "
+         "writes no cache and needs no conversion");
+  }
+  fail(ErrorKind::kInvalidArgument,
+       "--cpu-experts '{}': expected native, repack, int8, int4 or bf16", f);
 }
 
 std::vector<Source> sources_of(const LoadedModel& model) {
@@ -352,6 +359,70 @@ void split_cpu_experts(CpuExperts* ce, const std::vector<int>& nodes,
   log_info("experts split into {} NUMA parts (tensor parallelism)", P);
 }
 
+namespace {
+
+// --cpu-experts repack: every routed expert copied into one huge-page arena (4 KiB-aligned
+// matrices: no 2 MiB rounding per matrix), the Q4_K ones rearranged into x16 tiles
+// (ops/cpu/q4k_x16.h) where the CPU has AVX-512 VNNI (the tiles' kernels; below it they would
+// only be unpacked again), the rest as stored. Experts without a kernel stay invalid views (the
+// reference path reads the stored weight). Same values, same bits: nothing is requantized.
+std::vector<KMatrix> repack_experts(const std::vector<Source>& src, ThreadPool* pool,
+                                    int64_t* tiled) {
+  enum class Kind { kNone, kCopy, kX16 };
+  const bool x16 = best_isa() >= Isa::kAvx512Bf16;
+  std::vector<KMatrix> view(src.size());
+  std::vector<Kind> kind(src.size(), Kind::kNone);
+  std::vector<uint64_t> offset(src.size() + 1, 0);
+  for (size_t i = 0; i < src.size(); ++i) {
+    KMatrix& m = view[i];
+    uint64_t bytes = 0;
+    if (kern::view_weight(*src[i].w, &m)) {
+      kind[i] = x16 && m.format == WFormat::kQ4_K && m.cols % kQK_K == 0 ? Kind::kX16 : Kind::kCopy;
+      bytes = kind[i] == Kind::kX16
+                  ? static_cast<uint64_t>((m.rows + kern::kQ4KX16Rows - 1) / kern::kQ4KX16Rows *
+                                          kern::q4k_x16_tile_bytes(m.cols))
+                  : static_cast<uint64_t>(m.rows * m.row_bytes);
+    } else {
+      m = KMatrix{};
+      m.rows = src[i].w->rows();
+      m.cols = src[i].w->cols();
+      m.row_bytes = static_cast<int64_t>(src[i].w->t.row_bytes());
+    }
+    offset[i + 1] = align_up(offset[i] + bytes);
+  }
+  AllocOptions a;
+  a.huge_pages = true;
+  auto arena = std::make_shared<AlignedBuffer>(std::max<uint64_t>(offset.back(), 1), a);
+  Progress progress("repacking experts", offset.back());
+  std::vector<KMatrix> mats(src.size());
+  auto one = [&](size_t i) {
+    KMatrix m = view[i];
+    uint8_t* dst = arena->as<uint8_t>() + offset[i];
+    if (kind[i] == Kind::kX16) {
+      kern::q4k_x16_repack(m.data, m.row_bytes, m.rows, m.cols, dst);
+      m.format = WFormat::kQ4_KX16;
+    } else if (kind[i] == Kind::kCopy) {
+      std::memcpy(dst, m.data, static_cast<size_t>(m.rows * m.row_bytes));
+    }
+    if (kind[i] != Kind::kNone) {
+      m.data = dst;
+      m.owner = arena;  // (FP8 block scales stay in the model, which outlives the experts)
+    }
+    mats[i] = std::move(m);
+    progress.add(offset[i + 1] - offset[i]);
+  };
+  if (pool != nullptr) {
+    pool->run(src.size(), one);
+  } else {
+    for (size_t i = 0; i < src.size(); ++i) one(i);
+  }
+  progress.finish();
+  *tiled = std::count(kind.begin(), kind.end(), Kind::kX16);
+  return mats;
+}
+
+}  // namespace
+
 fs::path cpu_expert_cache_path(const LoadedModel& model, const CpuExpertOptions& options) {
   const WFormat f = parse_format(options.format);
   if (!options.cache_file.empty()) return options.cache_file;
@@ -383,6 +454,14 @@ CpuExperts prepare_cpu_experts(const LoadedModel& model, const CpuExpertOptions&
       mats.push_back(std::move(m));
     }
     fill_result(&out, model, src, std::move(mats));
+    return out;
+  }
+  if (options.format == "repack") {
+    int64_t tiled = 0;
+    mats = repack_experts(src, pool, &tiled);
+    fill_result(&out, model, src, std::move(mats));
+    log_info("{} of {} expert matrices in Q4_K x16 tiles, the rest as stored ({:.2f} GiB)", tiled,
+             src.size(), out.bytes / 1073741824.0);
     return out;
   }
   const WFormat f = parse_format(options.format);

@@ -1,7 +1,10 @@
 // The routed experts as the CPU kernels read them (issue 4, KTransformers §3.2 online
-// quantization): either views on the stored weights ("native") or repacked at load into tandem's
-// INT8 / INT4 / BF16 layouts (ops/cpu/packed.h). Repacking a large model takes minutes, so the
-// packed experts are written once to a cache file and later loads mmap it (zero copies):
+// quantization): views on the stored weights ("native"); the stored values rearranged at load
+// into one huge-page arena ("repack": Q4_K in x16 tiles, ops/cpu/q4k_x16.h, on CPUs with AVX-512
+// VNNI, the other types copied as stored; bit-identical results, no cache: it runs at memory
+// speed); or requantized at load into tandem's INT8 / INT4 / BF16 layouts (ops/cpu/packed.h).
+// Requantizing a large model takes minutes, so those packed experts are written once to a cache
+// file and later loads mmap it (zero copies):
 //
 //   default file:  <model file or dir>.tandem-<format>[-g<group>].bin next to the model;
 //                  $XDG_CACHE_HOME/tandem (else ~/.cache/tandem) when that directory is not
@@ -26,7 +29,7 @@ namespace tandem {
 class ThreadPool;
 
 struct CpuExpertOptions {
-  std::string format = "native";    // native | int8 | int4 | bf16
+  std::string format = "native";    // native | repack | int8 | int4 | bf16
   int group = 128;                  // int8 / int4 quantization group: 32, 64, 128
   std::filesystem::path cache_dir;  // empty: next to the model, else the user cache dir
   bool use_cache = true;            // false: pack in memory, read and write no file
@@ -36,8 +39,8 @@ struct CpuExpertOptions {
 
 // The routed experts of every MoE layer as kernel matrices: views for native (null data when the
 // stored dtype has no fast kernel: the backend then uses the reference path for that expert),
-// packed (from the on-disk cache when present and valid, else packed now and written) for
-// int8/int4/bf16.
+// rearranged in memory for repack, packed (from the on-disk cache when present and valid, else
+// packed now and written) for int8/int4/bf16.
 // One NUMA part of an expert (KTransformers §3.3 tensor parallelism): rows [f0, f1) of gate and
 // up and the same columns of down, copied into memory bound to the part's node. The expert's
 // output is the sum of its parts' down outputs.

@@ -36,10 +36,10 @@ namespace {
 std::unique_ptr<MoeBackend> make_cpu_backend(const LoadedModel& model, const BackendOptions& o,
                                              ThreadingContext& threading, std::string* summary,
                                              std::shared_ptr<const CpuExperts>* experts) {
-  if (o.cpu_experts != "native" && o.cpu_experts != "int8" && o.cpu_experts != "int4" &&
-      o.cpu_experts != "bf16") {
-    fail(ErrorKind::kInvalidArgument, "--cpu-experts '{}' is not one of: native | int8 | int4 | bf16",
-         o.cpu_experts);
+  if (o.cpu_experts != "native" && o.cpu_experts != "repack" && o.cpu_experts != "int8" &&
+      o.cpu_experts != "int4" && o.cpu_experts != "bf16") {
+    fail(ErrorKind::kInvalidArgument,
+         "--cpu-experts '{}' is not one of: native | repack | int8 | int4 | bf16", o.cpu_experts);
   }
   // NUMA parts: one per pool node that has workers (0), or as asked, wrapping around them.
   std::vector<int> nodes;
@@ -78,6 +78,10 @@ std::unique_ptr<MoeBackend> make_cpu_backend(const LoadedModel& model, const Bac
   const std::string numa = parts > 1 ? fmt::format(", {} NUMA parts", parts) : std::string();
   if (ce.format == "native") {
     *summary = fmt::format("CPU experts: native (fused MoE backend{})", numa);
+  } else if (ce.format == "repack") {
+    *summary = fmt::format("CPU experts: repack (Q4_K in x16 tiles, the rest as stored; {:.2f} GiB "
+                           "in memory; fused MoE backend{})",
+                           ce.bytes / 1073741824.0, numa);
   } else {
     *summary = fmt::format("CPU experts: {}{} ({:.2f} GiB, {}; fused MoE backend{})", ce.format,
                            ce.format == "bf16" ? "" : fmt::format(" group {}", o.expert_group),

@@ -20,7 +20,7 @@ class ThreadingContext;
 
 struct BackendOptions {
   // CPU experts (issue 4).
-  std::string cpu_experts = "native";  // native | int8 | int4 | bf16
+  std::string cpu_experts = "native";  // native | repack | int8 | int4 | bf16
   int expert_group = 128;              // int8/int4 quantization group: 32, 64, 128
   std::filesystem::path expert_cache_dir;  // empty: default (see docs/cpu-backend.md)
   bool expert_cache = true;                // read / write the repacked experts on disk

@@ -16,7 +16,7 @@ namespace {
 
 const char* const kModules[] = {"embedding", "attention", "dense", "router",
                                 "shared",    "experts",   "lm_head", "moe"};
-const char* const kCpuExperts[] = {"native", "int8", "int4", "bf16"};
+const char* const kCpuExperts[] = {"native", "repack", "int8", "int4", "bf16"};
 const char* const kOps[] = {"default", "fused", "reference"};
 
 template <size_t N>

@@ -24,7 +24,7 @@ struct PlacementRule {
   bool has_device = false;
   Where device = Where::kCpu;
   std::string dtype;        // dtype on the accelerator (recorded; stored dtype used for now)
-  std::string cpu_experts;  // native|int8|int4|bf16 for routed experts in host DRAM
+  std::string cpu_experts;  // native|repack|int8|int4|bf16 for routed experts in host DRAM
   std::string op;           // backend op: default|fused|reference
   std::string origin;       // "file:line" of the rule
 };

@@ -28,9 +28,10 @@ struct ConvertArgs {
 };
 
 void convert(const ConvertArgs& a) {
-  if (a.format == "native") {
+  if (a.format == "native" || a.format == "repack") {
     fail(ErrorKind::kInvalidArgument,
-         "--cpu-experts native uses the stored weights: there is nothing to convert");
+         "--cpu-experts {} uses the stored weights (repack rearranges them at load, in memory): "
+         "there is nothing to convert", a.format);
   }
   if (a.format != "int8" && a.format != "int4" && a.format != "bf16") {
     fail(ErrorKind::kInvalidArgument, "--cpu-experts '{}': expected int8, int4 or bf16", a.format);

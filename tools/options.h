@@ -20,9 +20,10 @@ inline void add_sampling_options(CLI::App& app, SamplingParams* p) {
 }
 
 // The model files are copied into huge-page memory unless --mmap, or unless the CPU experts are
-// repacked (int8 / int4 / bf16): then the stored experts are read once to pack (or never, with a
-// cache) and copying the whole file would hold it in memory for nothing; the packed cache is the
-// copy then (BackendOptions::mmap, CpuExpertOptions::cache_load).
+// repacked (repack / int8 / int4 / bf16): then the stored experts are read once to pack (or never,
+// with a cache) and copying the whole file would hold it in memory for nothing; the packed experts
+// (their huge-page arena, or the packed cache) are the copy then (BackendOptions::mmap,
+// CpuExpertOptions::cache_load).
 inline LoadMode load_mode(const BackendOptions& o) {
   return o.mmap || o.cpu_experts != "native" ? LoadMode::kMap : LoadMode::kCopy;
 }
@@ -30,8 +31,9 @@ inline LoadMode load_mode(const BackendOptions& o) {
 // Where and how experts run: every command that runs a model takes these.
 inline void add_backend_options(CLI::App& app, BackendOptions* o) {
   app.add_option("--cpu-experts", o->cpu_experts,
-                 "CPU expert weights: native (as stored) | int8 | int4 | bf16 (repacked at load, "
-                 "cached on disk)")
+                 "CPU expert weights: native (as stored) | repack (Q4_K rearranged at load into "
+                 "16-row tiles, same values) | int8 | int4 | bf16 (requantized at load, cached on "
+                 "disk)")
       ->capture_default_str();
   app.add_option("--expert-group", o->expert_group, "int8/int4 quantization group: 32, 64, 128")
       ->capture_default_str();

@@ -69,6 +69,10 @@ struct GgufKernels {
   GemmFn q5_1 = nullptr;  // Q5_1 x Q8_0 (+ s)
   GemmFn q2_k = nullptr;  // Q2_K x Q8_K
   GemmFn q3_k = nullptr;  // Q3_K x Q8_K
+  // Q4_K x16 tiles (q4k_x16.h) x Q8_K: g.w the tiles, g.row_bytes a GGUF row's bytes (a tile is
+  // 16 of them), g.n0 a multiple of 16. Only the AVX-512 VNNI table has it; kern::gemm runs the
+  // lower levels and the reference through each tile's rows unpacked (the same bits).
+  GemmFn q4_kx16 = nullptr;
 };
 
 const GgufKernels& gguf_kernels_scalar();

@@ -12,6 +12,7 @@
 // (after kern_gguf_impl.h: the traits use its block types)
 #include "ops/cpu/kern_gguf_avx512.h"
 #include "ops/cpu/kern_q4k_gemv16.h"
+#include "ops/cpu/q4k_x16.h"
 
 namespace {
 
@@ -33,21 +34,22 @@ constexpr int64_t kQ4KTileMinTokens = 16;
 constexpr int kQ4KTiles = 2;
 
 struct Q4KTile {
-  const uint8_t* qs;
+  const uint8_t* qs;  // super-block b's chunks from qs + b * qs_stride
+  int64_t qs_stride;
   const int32_t *sc, *mn;
   const float *d, *dmin;
 };
 
-// Scales, mins, d and dmin of super-block b of the 16 rows from row0 (rows past `live`: zero) at
-// once, a row per lane (unpack_k4_scales' bit layout: Q4_K and Q5_K share the first 16 bytes of a
-// block): gathers of the block's first four 32-bit words, then byte j of each word.
-void k4_expand_scales(const GemmArgs& g, int64_t row0, __mmask16 live, int64_t b,
-                      int64_t block_bytes, int32_t* sc, int32_t* mn, float* d, float* dmin) {
+// Scales, mins, d and dmin of super-block b of 16 rows (rows past `live`: zero) at once, a row
+// per lane (unpack_k4_scales' bit layout: Q4_K and Q5_K share the first 16 bytes of a block):
+// gathers of the block headers' four 32-bit words (row n's header at base + n * stride: GGUF rows,
+// or a Q4_K x16 slice's 16-byte headers), then byte j of each word.
+void k4_expand_scales(const uint8_t* base, int64_t stride, __mmask16 live, int64_t b, int32_t* sc,
+                      int32_t* mn, float* d, float* dmin) {
   const __m512i zero = _mm512_setzero_si512();
   const __m512i offs =
       _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
-                         _mm512_set1_epi32(static_cast<int32_t>(g.row_bytes)));
-  const uint8_t* base = g.w + row0 * g.row_bytes + b * block_bytes;
+                         _mm512_set1_epi32(static_cast<int32_t>(stride)));
   const __m512i dd = _mm512_mask_i32gather_epi32(zero, live, offs, base, 1);
   const __m512i wa = _mm512_mask_i32gather_epi32(zero, live, offs, base + 4, 1);
   const __m512i wb = _mm512_mask_i32gather_epi32(zero, live, offs, base + 8, 1);
@@ -96,7 +98,8 @@ void q4k_expand(const GemmArgs& g, int64_t row0, int64_t rows, int64_t nb, uint8
       tandem::kern::detail::transpose16_epi32(r, out);
       for (int c = 0; c < 16; ++c) _mm512_storeu_si512(qs + (b * 32 + 16 * h + c) * 64, out[c]);
     }
-    k4_expand_scales(g, row0, live, b, sizeof(BlockQ4_K), sc, mn, d, dmin);
+    k4_expand_scales(g.w + row0 * g.row_bytes + b * sizeof(BlockQ4_K), g.row_bytes, live, b, sc,
+                     mn, d, dmin);
   }
 }
 
@@ -139,7 +142,8 @@ void q5k_expand(const GemmArgs& g, int64_t row0, int64_t rows, int64_t nb, uint8
         _mm512_storeu_si512(qs + (b * 64 + 32 * h + 16 + c) * 64, out[c]);
       }
     }
-    k4_expand_scales(g, row0, live, b, sizeof(BlockQ5_K), sc, mn, d, dmin);
+    k4_expand_scales(g.w + row0 * g.row_bytes + b * sizeof(BlockQ5_K), g.row_bytes, live, b, sc,
+                     mn, d, dmin);
   }
 }
 
@@ -185,12 +189,13 @@ void q4k_tiles(const Q4KTile* tile, int64_t nb, const BlockQ8_K* const* a, float
       for (int q = 0; q < 8; ++q) {
         __m512i lo[NR], hi[NR];
         for (int r = 0; r < NR; ++r) {
+          const uint8_t* qb = tile[r].qs + b * tile[r].qs_stride;
           if constexpr (kFive) {
-            const uint8_t* c = tile[r].qs + (b * 64 + 32 * (gi / 2) + 8 * (gi % 2) + q) * 64;
+            const uint8_t* c = qb + (32 * (gi / 2) + 8 * (gi % 2) + q) * 64;
             lo[r] = _mm512_loadu_si512(c);
             hi[r] = _mm512_loadu_si512(c + 16 * 64);
           } else {
-            const __m512i raw = _mm512_loadu_si512(tile[r].qs + (b * 32 + gi * 8 + q) * 64);
+            const __m512i raw = _mm512_loadu_si512(qb + (gi * 8 + q) * 64);
             lo[r] = _mm512_and_si512(raw, mask);
             hi[r] = _mm512_and_si512(_mm512_srli_epi16(raw, 4), mask);
           }
@@ -315,7 +320,7 @@ void q4k_tiled(const GemmArgs& g) {
       } else {
         q4k_expand(g, n + 16 * r, rows, nb, q, s, m, dd, dm);
       }
-      tile[r] = {q, s, m, dd, dm};
+      tile[r] = {q, kChunks * 64, s, m, dd, dm};
     }
     prefetch_rows<_MM_HINT_T1>(g, n_end, std::min(g.n1, n_end + 16 * kQ4KTiles));
     if (tiles == 2) {
@@ -323,6 +328,70 @@ void q4k_tiled(const GemmArgs& g) {
     } else {
       q4k_tiles_all_tokens<1, kFive>(g, tile, nb, n, n_end);
     }
+  }
+}
+
+// Q4_K x16 (q4k_x16.h) with two or more tokens: its slices are q4k_tiles' layout already (chunk
+// 8g + i = byte-dword 8g + i of the 16 rows' quants, after the slice's 256 header bytes), so the
+// tiles read the quants in place; only the 16 headers per slice are unpacked (per call, into
+// thread-local sc / mn / d / dmin), the next tile pair prefetched into L2 meanwhile.
+void q4k_x16_tiled(const GemmArgs& g) {
+  constexpr int64_t kSliceBytes = 16 * static_cast<int64_t>(sizeof(BlockQ4_K));
+  const int64_t nb = g.cols / tandem::kQK_K, tile_bytes = nb * kSliceBytes;
+  thread_local std::vector<int32_t> sc, mn;
+  thread_local std::vector<float> d, dmin;
+  sc.resize(static_cast<size_t>(kQ4KTiles * nb * 8 * 16));
+  mn.resize(sc.size());
+  d.resize(static_cast<size_t>(kQ4KTiles * nb * 16));
+  dmin.resize(d.size());
+  Q4KTile tile[kQ4KTiles];
+  const int64_t t_end = (g.n1 + 15) / 16;
+  for (int64_t n = g.n0; n < g.n1; n += 16 * kQ4KTiles) {
+    const int64_t n_end = std::min(g.n1, n + 16 * kQ4KTiles);
+    const int tiles = static_cast<int>((n_end - n + 15) / 16);
+    const int64_t t0 = n / 16;
+    for (int64_t p = t0 + tiles; p < std::min(t_end, t0 + 2 * tiles); ++p) {
+      const uint8_t* e = g.w + (p + 1) * tile_bytes;
+      for (const uint8_t* q = g.w + p * tile_bytes; q < e; q += 64) {
+        _mm_prefetch(reinterpret_cast<const char*>(q), _MM_HINT_T1);
+      }
+    }
+    for (int r = 0; r < tiles; ++r) {
+      const uint8_t* t = g.w + (t0 + r) * tile_bytes;
+      int32_t* s = sc.data() + r * nb * 8 * 16;
+      int32_t* m = mn.data() + r * nb * 8 * 16;
+      float* dd = d.data() + r * nb * 16;
+      float* dm = dmin.data() + r * nb * 16;
+      for (int64_t b = 0; b < nb; ++b) {
+        k4_expand_scales(t + b * kSliceBytes, 16, 0xFFFF, b, s, m, dd, dm);
+      }
+      tile[r] = {t + 256, kSliceBytes, s, m, dd, dm};
+    }
+    if (tiles == 2) {
+      q4k_tiles_all_tokens<2, false>(g, tile, nb, n, n_end);
+    } else {
+      q4k_tiles_all_tokens<1, false>(g, tile, nb, n, n_end);
+    }
+  }
+}
+
+// Q4_K x16 entry: one token through the x16 GEMV (q4k_x16_vnni.cpp; a last partial tile into a
+// scratch row), more through q4k_x16_tiled.
+void q4kx16(const GemmArgs& g) {
+  if (g.tokens > 1) {
+    q4k_x16_tiled(g);
+    return;
+  }
+  const int64_t nb = g.cols / tandem::kQK_K, tile_bytes = 16 * g.row_bytes;
+  const auto* act = reinterpret_cast<const BlockQ8_K*>(g.act);
+  const int64_t t0 = g.n0 / 16, full = g.n1 / 16;
+  if (full > t0) {
+    tandem::kern::q4k_x16_gemv_vnni(g.w + t0 * tile_bytes, full - t0, nb, act, g.y + 16 * t0);
+  }
+  if (full * 16 < g.n1) {
+    alignas(64) float part[16];
+    tandem::kern::q4k_x16_gemv_vnni(g.w + full * tile_bytes, 1, nb, act, part);
+    for (int64_t r = full * 16; r < g.n1; ++r) g.y[r] = part[r - full * 16];
   }
 }
 
@@ -920,7 +989,8 @@ void bf16(const GemmArgs& g) {
 namespace tandem::kern::detail {
 
 const GgufKernels& gguf_kernels_avx512_vnni_base() {
-  static const GgufKernels k{q4k, q5k, q6k, q80, f32, f16, bf16, q50, q40, q41, q51, q2k, q3k};
+  static const GgufKernels k{q4k, q5k, q6k, q80, f32, f16, bf16, q50, q40,
+                             q41, q51, q2k, q3k, q4kx16};
   return k;
 }
 
@@ -938,7 +1008,8 @@ const GgufKernels& gguf_kernels_avx512_vnni() {
                              q0_vbmi<q4_1_rows_vbmi, q41>,
                              q0_vbmi<q5_1_rows_vbmi, q51>,
                              q2k,
-                             q3k};
+                             q3k,
+                             q4kx16};
   static const bool vbmi = cpu_features().avx512_vbmi && cpu_features().avx512_bitalg;
   return vbmi ? k : gguf_kernels_avx512_vnni_base();
 }

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <array>
 #include <cstring>
+#include <vector>
 
 #include "core/error.h"
 #include "core/fp_convert.h"
@@ -10,6 +11,7 @@
 #include "formats/quant.h"
 #include "ops/cpu/kern_gguf.h"
 #include "ops/cpu/packed.h"
+#include "ops/cpu/q4k_x16.h"
 #include "ops/cpu/token_blocks.h"
 
 namespace tandem::kern {
@@ -37,6 +39,7 @@ const char* wformat_name(WFormat f) {
     case WFormat::kQ2_K: return "q2_k";
     case WFormat::kQ3_K: return "q3_k";
     case WFormat::kBF16Tile: return "bf16-tile";
+    case WFormat::kQ4_KX16: return "q4_k-x16";
   }
   return "?";
 }
@@ -53,6 +56,7 @@ AFormat act_format(WFormat f) {
     case WFormat::kQ2_K:
     case WFormat::kQ3_K:
     case WFormat::kQ4_K:
+    case WFormat::kQ4_KX16:
     case WFormat::kQ5_K:
     case WFormat::kQ6_K: return AFormat::kQ8_K;
     case WFormat::kQ8_0:
@@ -65,7 +69,9 @@ AFormat act_format(WFormat f) {
 }
 
 uint64_t KMatrix::bytes() const {
-  return static_cast<uint64_t>(rows) * static_cast<uint64_t>(row_bytes);
+  // Q4_K x16: whole tiles (a last tile's missing rows are zero blocks, read like the others).
+  const int64_t r = format == WFormat::kQ4_KX16 ? (rows + 15) / 16 * 16 : rows;
+  return static_cast<uint64_t>(r) * static_cast<uint64_t>(row_bytes);
 }
 
 bool view_weight(const ops::Weight& w, KMatrix* out) {
@@ -105,6 +111,7 @@ bool is_packed(WFormat f) {
 }  // namespace
 
 int64_t row_align(const KMatrix& w) {
+  if (w.format == WFormat::kQ4_KX16) return kQ4KX16Rows;
   return packed_tiled(w.format) ? packed_row_align(w) : 1;
 }
 
@@ -120,7 +127,8 @@ RowBlocks row_blocks(WFormat f) {
     case WFormat::kF16:
     case WFormat::kBF16: return {1, 2};
     case WFormat::kFP8Block: return {1, 1};
-    case WFormat::kQ4_K: return {kQK_K, sizeof(BlockQ4_K)};
+    case WFormat::kQ4_K:
+    case WFormat::kQ4_KX16: return {kQK_K, sizeof(BlockQ4_K)};  // x16: per row within its tile
     case WFormat::kQ5_K: return {kQK_K, sizeof(BlockQ5_K)};
     case WFormat::kQ6_K: return {kQK_K, sizeof(BlockQ6_K)};
     case WFormat::kQ8_0: return {kQK, sizeof(BlockQ8_0)};
@@ -160,6 +168,7 @@ KMatrix copy_submatrix(const KMatrix& w, int64_t r0, int64_t r1, int64_t c0, int
   if (packed_tiled(w.format)) {
     return packed_copy_submatrix(w, r0, r1, c0, c1, alloc);
   }
+  if (w.format == WFormat::kQ4_KX16) return q4k_x16_copy_submatrix(w, r0, r1, c0, c1, alloc);
   const RowBlocks rb = row_blocks(w.format);
   const int64_t off = c0 / rb.values * rb.bytes;
   const int64_t len = (c1 - c0 + rb.values - 1) / rb.values * rb.bytes;
@@ -239,6 +248,7 @@ GemmFn GgufKernels::*entry_of(WFormat f) {
     case WFormat::kQ5_1: return &GgufKernels::q5_1;
     case WFormat::kQ2_K: return &GgufKernels::q2_k;
     case WFormat::kQ3_K: return &GgufKernels::q3_k;
+    case WFormat::kQ4_KX16: return &GgufKernels::q4_kx16;
     default: break;
   }
   fail(ErrorKind::kUnsupported, "no CPU kernel for weight format {}", wformat_name(f));
@@ -333,11 +343,50 @@ void quantize_activations(AFormat format, int group, const float* x, int64_t tok
   detail::for_token_blocks(pool, tokens, row);
 }
 
+namespace {
+
+// Q4_K x16 without its AVX-512 VNNI kernel (lower levels, the reference): each tile's rows back
+// in GGUF order in a thread-local buffer, then the Q4_K row kernel `rows` on the call's rows of
+// that tile (the same arithmetic as the tile kernel: the same bits).
+void q4k_x16_through_rows(const GemmArgs& g, GemmFn rows) {
+  const int64_t tile_bytes = kQ4KX16Rows * g.row_bytes;
+  thread_local std::vector<uint8_t> buf;
+  buf.resize(static_cast<size_t>(tile_bytes));
+  for (int64_t t = g.n0 / kQ4KX16Rows; t * kQ4KX16Rows < g.n1; ++t) {
+    const int64_t first = t * kQ4KX16Rows;
+    q4k_x16_unpack(g.w + t * tile_bytes, g.cols, buf.data());
+    GemmArgs r = g;
+    r.w = buf.data();
+    r.n0 = std::max(g.n0, first) - first;
+    r.n1 = std::min(g.n1, first + kQ4KX16Rows) - first;
+    r.y = g.y + first;  // rows of this tile are columns first.. of y
+    rows(r);
+  }
+}
+
+void check_x16_rows(const KMatrix& w, int64_t n0) {
+  TD_CHECK(w.format != WFormat::kQ4_KX16 || n0 % kQ4KX16Rows == 0,
+           "kern::gemm: Q4_K x16 rows start on a tile ({} is not a multiple of 16)", n0);
+}
+
+}  // namespace
+
 void gemm(const KMatrix& w, const Activations& a, int64_t n0, int64_t n1, float* y, int64_t ldy,
           Isa isa) {
   if (n0 == n1 || a.tokens == 0) return;
   if (is_packed(w.format)) {
     packed_gemm(w, a, n0, n1, y, ldy, isa);
+    return;
+  }
+  if (w.format == WFormat::kQ4_KX16) {
+    check_x16_rows(w, n0);
+    const GemmArgs g = make_args(w, a, n0, n1, y, ldy);
+    const GemmFn tile = detail::gguf_kernels_avx512_vnni().q4_kx16;
+    if (std::min(isa, best_isa()) >= Isa::kAvx512Bf16 && tile != nullptr) {
+      tile(g);
+    } else {
+      q4k_x16_through_rows(g, pick(isa, &GgufKernels::q4_k));
+    }
     return;
   }
   pick(isa, entry_of(w.format))(make_args(w, a, n0, n1, y, ldy));
@@ -348,6 +397,11 @@ void gemm_reference(const KMatrix& w, const Activations& a, int64_t n0, int64_t 
   if (n0 == n1 || a.tokens == 0) return;
   if (is_packed(w.format)) {
     packed_gemm_reference(w, a, n0, n1, y, ldy);
+    return;
+  }
+  if (w.format == WFormat::kQ4_KX16) {
+    check_x16_rows(w, n0);
+    q4k_x16_through_rows(make_args(w, a, n0, n1, y, ldy), detail::gguf_kernels_scalar().q4_k);
     return;
   }
   (detail::gguf_kernels_scalar().*entry_of(w.format))(make_args(w, a, n0, n1, y, ldy));

@@ -1,16 +1,13 @@
 #include "ops/cpu/q4k_x16.h"
 
 #include <cstring>
+#include <memory>
 #include <vector>
 
 #include "core/error.h"
 #include "ops/cpu/kernels.h"
 
 namespace tandem::kern {
-
-// q4k_x16_vnni.cpp (compiled for AVX-512 VNNI): tiles [0, n_tiles).
-void q4k_x16_gemv_vnni(const uint8_t* tiles, int64_t n_tiles, int64_t nb, const BlockQ8_K* act,
-                       float* y);
 
 namespace {
 
@@ -90,6 +87,57 @@ void q4k_x16_gemv(const uint8_t* tiles, int64_t n_tiles, int64_t cols, const Blo
     q4k_x16_unpack(tiles + t * nb * kSlice, cols, rows.data());
     gemm_reference(m, a, 0, kQ4KX16Rows, y + t * kQ4KX16Rows, kQ4KX16Rows);
   }
+}
+
+namespace {
+
+struct Owned {
+  AlignedBuffer buf;
+};
+
+KMatrix x16_matrix(int64_t rows, int64_t cols, const AllocOptions& alloc, uint8_t** data) {
+  auto owner = std::make_shared<Owned>();
+  const int64_t tiles = (rows + kQ4KX16Rows - 1) / kQ4KX16Rows;
+  owner->buf = AlignedBuffer(static_cast<size_t>(tiles * q4k_x16_tile_bytes(cols)), alloc);
+  *data = owner->buf.as<uint8_t>();
+  KMatrix m;
+  m.format = WFormat::kQ4_KX16;
+  m.rows = rows;
+  m.cols = cols;
+  m.row_bytes = blocks(cols) * static_cast<int64_t>(sizeof(BlockQ4_K));
+  m.data = *data;
+  m.owner = std::move(owner);
+  return m;
+}
+
+}  // namespace
+
+KMatrix q4k_x16_matrix(const KMatrix& q4k, const AllocOptions& alloc) {
+  if (q4k.format != WFormat::kQ4_K || q4k.cols % kQK_K != 0 || q4k.rows <= 0) {
+    fail(ErrorKind::kInvalidArgument, "Q4_K x16: a {} x {} {} matrix cannot be repacked",
+         q4k.rows, q4k.cols, wformat_name(q4k.format));
+  }
+  uint8_t* out = nullptr;
+  KMatrix m = x16_matrix(q4k.rows, q4k.cols, alloc, &out);
+  q4k_x16_repack(q4k.data, q4k.row_bytes, q4k.rows, q4k.cols, out);
+  return m;
+}
+
+KMatrix q4k_x16_copy_submatrix(const KMatrix& w, int64_t r0, int64_t r1, int64_t c0, int64_t c1,
+                               const AllocOptions& alloc) {
+  TD_CHECK(w.format == WFormat::kQ4_KX16 && r0 % kQ4KX16Rows == 0 && c0 % kQK_K == 0 &&
+               (c1 % kQK_K == 0 || c1 == w.cols) && r0 < r1 && r1 <= w.rows && c1 <= w.cols,
+           "Q4_K x16 submatrix rows [{}, {}) x cols [{}, {}) of {} x {}", r0, r1, c0, c1, w.rows,
+           w.cols);
+  uint8_t* out = nullptr;
+  KMatrix m = x16_matrix(r1 - r0, c1 - c0, alloc, &out);
+  const int64_t slice_bytes = kSlice, nb = blocks(w.cols), b0 = c0 / kQK_K;
+  const int64_t n = (c1 - c0) / kQK_K;
+  for (int64_t t = r0 / kQ4KX16Rows, i = 0; t * kQ4KX16Rows < r1; ++t, ++i) {
+    std::memcpy(out + i * n * slice_bytes, w.data + (t * nb + b0) * slice_bytes,
+                static_cast<size_t>(n * slice_bytes));
+  }
+  return m;
 }
 
 }  // namespace tandem::kern

@@ -1,6 +1,7 @@
-// Q4_K rows interleaved 16 at a time ("Q4_K x16"), the layout for a faster one-token GEMV
-// (docs/cpu-kernels.md, "Session 11: Q4_K in 16-row tiles"). Not yet the layout the engine holds
-// experts in: the kernel, its reference, test and benchmark come first.
+// Q4_K rows interleaved 16 at a time ("Q4_K x16", kern::WFormat::kQ4_KX16), the layout
+// `--cpu-experts repack` holds Q4_K experts in: its one-token GEMV streams DRAM faster than the
+// row kernel (docs/cpu-kernels.md, "Session 11" and "Session 15"), its GEMM reads the quants in
+// place (no per-call transposition).
 //
 // Same bytes as the 16 GGUF rows it comes from, rearranged. A tile is nb = cols / 256 super-block
 // slices in column order; slice b is
@@ -19,9 +20,12 @@
 #include <cstdint>
 
 #include "core/cpu_features.h"
+#include "core/memory.h"
 #include "formats/quant.h"
 
 namespace tandem::kern {
+
+struct KMatrix;
 
 constexpr int64_t kQ4KX16Rows = 16;
 
@@ -41,5 +45,20 @@ void q4k_x16_unpack(const uint8_t* tile, int64_t cols, uint8_t* rows);
 // goes through the scalar reference (the same bits).
 void q4k_x16_gemv(const uint8_t* tiles, int64_t n_tiles, int64_t cols, const BlockQ8_K* act,
                   float* y, Isa isa = best_isa());
+
+// (Internal: the AVX-512 VNNI tile GEMV behind q4k_x16_gemv and kern::gemm, q4k_x16_vnni.cpp;
+// nb = cols / 256. Call only where the CPU has AVX-512 VNNI.)
+void q4k_x16_gemv_vnni(const uint8_t* tiles, int64_t n_tiles, int64_t nb, const BlockQ8_K* act,
+                       float* y);
+
+// A Q4_K matrix (kern::KMatrix of format kQ4_K) repacked into x16 tiles in memory allocated with
+// `alloc`: format kQ4_KX16, the same rows / cols / row_bytes (a GGUF row's bytes), data the tiles
+// (owned). Error(kInvalidArgument) for another format or cols not a multiple of 256.
+KMatrix q4k_x16_matrix(const KMatrix& q4k, const AllocOptions& alloc);
+
+// kern::copy_submatrix for kQ4_KX16: rows [r0, r1) on tiles (r1 a multiple of 16 or rows), columns
+// [c0, c1) on super-blocks (multiples of 256 or cols); each tile's slices are one copy.
+KMatrix q4k_x16_copy_submatrix(const KMatrix& w, int64_t r0, int64_t r1, int64_t c0, int64_t c1,
+                               const AllocOptions& alloc);
 
 }  // namespace tandem::kern

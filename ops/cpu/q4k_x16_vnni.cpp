@@ -13,9 +13,6 @@
 
 namespace tandem::kern {
 
-void q4k_x16_gemv_vnni(const uint8_t* tiles, int64_t n_tiles, int64_t nb, const BlockQ8_K* act,
-                       float* y);
-
 namespace {
 
 constexpr int64_t kSlice = 16 * static_cast<int64_t>(sizeof(BlockQ4_K));

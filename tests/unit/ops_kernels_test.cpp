@@ -346,6 +346,69 @@ TEST(KernelsQ4KX16, TileGemvEqualsReferenceOnRawBlocks) {
   }
 }
 
+// A Q4_K matrix repacked into x16 tiles (kern::q4k_x16_matrix, what `--cpu-experts repack`
+// holds) through kern::gemm: for 1-20 tokens (the one-token GEMV, the in-place tiles), whole and
+// partial row ranges on tiles, on every ISA, bit for bit the scalar reference on the GGUF rows;
+// gemm_reference on the tiles too; a submatrix (tile rows x super-block columns) equals the same
+// submatrix of the rows.
+TEST(KernelsQ4KX16, MatrixThroughGemmEqualsReferenceOnRows) {
+  const int64_t nb = 6, rows = 53, cols = nb * 256;  // 4 tiles, the last one with 5 rows
+  const std::vector<BlockQ4_K> blocks = raw_q4k_blocks(rows * nb, 300);
+  kern::KMatrix w;
+  ASSERT_TRUE(q4k_view(blocks, rows, cols, &w));
+  const kern::KMatrix x16 = kern::q4k_x16_matrix(w, AllocOptions{});
+  ASSERT_EQ(x16.format, kern::WFormat::kQ4_KX16);
+  ASSERT_EQ(x16.bytes(), static_cast<uint64_t>(64 * w.row_bytes));
+  ASSERT_EQ(kern::row_align(x16), 16);
+  ASSERT_EQ(kern::act_format(x16.format), kern::AFormat::kQ8_K);
+  for (const int64_t tokens : {int64_t{1}, int64_t{2}, int64_t{3}, int64_t{5}, int64_t{20}}) {
+    const std::vector<float> x = random_values(tokens * cols, 80 + static_cast<uint32_t>(tokens));
+    kern::Activations a;
+    kern::quantize_activations(kern::AFormat::kQ8_K, 0, x.data(), tokens, cols, cols, &a);
+    std::vector<float> ref(static_cast<size_t>(tokens * rows));
+    kern::gemm_reference(w, a, 0, rows, ref.data(), rows);
+    std::vector<float> on_tiles(ref.size(), -1.0f);
+    kern::gemm_reference(x16, a, 0, rows, on_tiles.data(), rows);
+    ASSERT_EQ(on_tiles, ref) << "reference on tiles, tokens " << tokens;
+    for (Isa isa : supported_isas()) {
+      for (auto [n0, n1] : {std::pair<int64_t, int64_t>{0, rows}, {16, 48}, {32, 40}, {48, 53}}) {
+        std::vector<float> y(ref.size(), -1.0f);
+        kern::gemm(x16, a, n0, n1, y.data(), rows, isa);
+        for (int64_t t = 0; t < tokens; ++t) {
+          for (int64_t r = 0; r < rows; ++r) {
+            const size_t i = static_cast<size_t>(t * rows + r);
+            ASSERT_EQ(y[i], r < n0 || r >= n1 ? -1.0f : ref[i])
+                << isa_name(isa) << " tokens " << tokens << " rows " << n0 << ".." << n1
+                << " t " << t << " r " << r;
+          }
+        }
+      }
+    }
+  }
+  {  // rows must start on a tile
+    const std::vector<float> x = random_values(cols, 90);
+    kern::Activations a;
+    kern::quantize_activations(kern::AFormat::kQ8_K, 0, x.data(), 1, cols, cols, &a);
+    std::vector<float> y(static_cast<size_t>(rows));
+    EXPECT_THROW(kern::gemm(x16, a, 8, 16, y.data(), rows), Error);
+    EXPECT_NO_THROW(kern::gemm(x16, a, 16, 24, y.data(), rows));
+  }
+  // Rows [16, 53) x columns [256, 1024) of the tiles and of the GGUF rows: the same products.
+  const kern::KMatrix sub = kern::copy_submatrix(x16, 16, 53, 256, 1024, AllocOptions{});
+  const kern::KMatrix sub_rows = kern::copy_submatrix(w, 16, 53, 256, 1024, AllocOptions{});
+  ASSERT_EQ(sub.format, kern::WFormat::kQ4_KX16);
+  ASSERT_EQ(sub.rows, 37);
+  ASSERT_EQ(sub.cols, 768);
+  const std::vector<float> x = random_values(3 * 768, 91);
+  kern::Activations a;
+  kern::quantize_activations(kern::AFormat::kQ8_K, 0, x.data(), 3, 768, 768, &a);
+  std::vector<float> want(3 * 37), got(want.size());
+  kern::gemm_reference(sub_rows, a, 0, 37, want.data(), 37);
+  kern::gemm(sub, a, 0, 37, got.data(), 37);
+  EXPECT_EQ(got, want);
+  EXPECT_THROW(kern::copy_submatrix(x16, 8, 32, 0, cols, AllocOptions{}), Error);
+}
+
 // The threaded dense entry equals the single-call kernel, and falls back for dtypes without one.
 TEST(KernelsMatmul, ThreadedEqualsSingleCallAndFallsBack) {
   ThreadPool pool(place_workers(detect_topology(), 2));
