@@ -312,6 +312,13 @@ void run_layer(benchmark::State& state, const Shape& s, const Layer* layer, cons
       FusedMoeBackend be_b(&pool(), opt_b, ce);
       state.counters["b_vs_a"] = ab_rounds([&] { step_on(be); }, [&] { step_on(be_b); });
     }
+    // TANDEM_BENCH_MOE_TAIL_B=N: b_vs_a with FusedMoeOptions::tail_pieces N against the default.
+    if (const char* tail_b = std::getenv("TANDEM_BENCH_MOE_TAIL_B")) {
+      FusedMoeOptions opt_b = opt;
+      opt_b.tail_pieces = std::atoi(tail_b);
+      FusedMoeBackend be_b(&pool(), opt_b, ce);
+      state.counters["tail_b_vs_a"] = ab_rounds([&] { step_on(be); }, [&] { step_on(be_b); });
+    }
     if (vs_native) {
       FusedMoeBackend native(&pool(), opt, nullptr);
       state.counters["vs_native"] = ab_rounds([&] { step_on(native); }, [&] { step_on(be); });

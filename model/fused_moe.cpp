@@ -226,11 +226,28 @@ void FusedMoeBackend::add_tasks(int part, int64_t threads) {
   }
   // Down chunks after every gate/up chunk: a worker reaching one finds its expert's gate/up chunks
   // already claimed (they precede it in the queue), so waiting for them cannot deadlock.
+  const size_t first_down = tasks_.size();
   for (int64_t a = 0; a < n_active_; ++a) {
     Expert& x = *experts_[a];
     if (x.part != part || !x.fast || x.ff == 0) continue;
     for (int64_t r0 = 0; r0 < H; r0 += chunk) {
       tasks_.push_back({static_cast<int32_t>(a), 1, r0, std::min(H, r0 + chunk)});
+    }
+  }
+  // The tail: the last `threads` down chunks in pieces (row_align: every format's row tile
+  // divides 16).
+  const int pieces = options_.tail_pieces;
+  const size_t n_down = tasks_.size() - first_down;
+  if (pieces > 1 && n_down > 0) {
+    const size_t tail = std::min(n_down, static_cast<size_t>(threads));
+    std::vector<Task> last(tasks_.end() - static_cast<std::ptrdiff_t>(tail), tasks_.end());
+    tasks_.resize(tasks_.size() - tail);
+    for (const Task& t : last) {
+      const int64_t rows = t.r1 - t.r0;
+      const int64_t step = std::max<int64_t>(16, (rows + pieces - 1) / pieces / 16 * 16);
+      for (int64_t r0 = t.r0; r0 < t.r1; r0 += step) {
+        tasks_.push_back({t.expert, 1, r0, std::min(t.r1, r0 + step)});
+      }
     }
   }
 }

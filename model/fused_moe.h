@@ -43,6 +43,10 @@ struct FusedMoeOptions {
   // against 1024 (TANDEM_BENCH_MOE_ROWS_B): V2-Lite GGUF 0.997-1.043, Qwen3 GGUF 1.012-1.057
   // (the most when DRAM is fastest), INT8 0.989-1.007.
   int64_t max_rows_per_task_decode = 4096;
+  // The last `threads` down chunks of a part (the queue's tail) are cut into this many pieces
+  // (>= 16 rows each), so the threads finish together: the wait at the end is a piece's time, not
+  // a chunk's. 1: off.
+  int tail_pieces = 4;
 };
 
 class FusedMoeBackend : public MoeBackend {

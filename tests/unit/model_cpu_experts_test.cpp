@@ -1,4 +1,5 @@
-// prepare_cpu_experts (model/cpu_experts.h) on a golden model: native views, repacking with the
+// prepare_cpu_experts (model/cpu_experts.h) on a golden model: native views, `repack` (a Q4_K
+// synth model: x16 tiles, bit-identical products), requantizing with the
 // on-disk cache (written next to the model, mapped on the next load with no repacking; stale,
 // corrupt and truncated caches rebuilt), the cache location rules, and every expert's SwiGLU
 // output with packed weights against the F32 reference within the quantization tolerance.
@@ -13,9 +14,11 @@
 
 #include "core/error.h"
 #include "core/thread_pool.h"
+#include "formats/synth.h"
 #include "model/cpu_experts.h"
 #include "model/weights.h"
 #include "ops/cpu/packed.h"
+#include "ops/cpu/q4k_x16.h"
 #include "ops/cpu/ref_ops.h"
 #include "tests/test_util.h"
 
@@ -219,6 +222,67 @@ TEST(CpuExperts, PackedExpertsMatchNative) {
       }
     }
   }
+}
+
+// `repack`: every routed expert copied out of the model into memory of its own, the Q4_K ones in
+// x16 tiles where the CPU has AVX-512 VNNI (else as stored), the others (here the Q5_0 / Q8_0
+// downs of 64-value rows) as stored; every matrix's product on random activations, 1 and 5
+// tokens, bit for bit the stored rows'. No cache file, and `convert` has nothing to write.
+TEST(CpuExperts, RepackRearrangesQ4KAndKeepsTheProducts) {
+  test::TempDir dir("repack");
+  SynthOptions so;
+  so.config = config_preset("tiny-qwen3moe");
+  so.type = SynthType::kQ4_K;
+  so.seed = 5;
+  so.progress = false;
+  so.threads = 1;
+  so.output = dir / "q4k.gguf";
+  synth_model(so);
+  const LoadedModel lm = load_model(so.output);
+  CpuExpertOptions o;
+  o.format = "repack";
+  const CpuExperts e = prepare_cpu_experts(lm, o, &pool());
+  EXPECT_EQ(e.format, "repack");
+  EXPECT_TRUE(e.cache_path.empty());
+  size_t files = 0;
+  for (const auto& entry : fs::directory_iterator(dir.path())) files += entry.is_regular_file();
+  EXPECT_EQ(files, 1u);  // the model alone: no cache file
+  const bool x16 = best_isa() >= Isa::kAvx512Bf16;
+  int64_t tiled = 0, checked = 0;
+  std::mt19937 rng(3);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  for (size_t l = 0; l < lm.layers.size(); ++l) {
+    const ExpertWeights& w = lm.layers[l].experts;
+    for (size_t xi = 0; xi < e.gate[l].size(); ++xi) {
+      const ops::Weight* stored[3] = {&w.gate[xi], &w.up[xi], &w.down[xi]};
+      const kern::KMatrix* got[3] = {&e.gate[l][xi], &e.up[l][xi], &e.down[l][xi]};
+      for (int m = 0; m < 3; ++m) {
+        kern::KMatrix v;
+        ASSERT_TRUE(kern::view_weight(*stored[m], &v));
+        const kern::KMatrix& r = *got[m];
+        ASSERT_TRUE(r.valid());
+        EXPECT_NE(r.data, v.data);  // a copy
+        const bool want_x16 = x16 && v.format == kern::WFormat::kQ4_K;
+        ASSERT_EQ(r.format, want_x16 ? kern::WFormat::kQ4_KX16 : v.format);
+        tiled += want_x16 ? 1 : 0;
+        for (const int64_t tokens : {int64_t{1}, int64_t{5}}) {
+          std::vector<float> x(static_cast<size_t>(tokens * v.cols));
+          for (float& f : x) f = nd(rng);
+          kern::Activations a;
+          kern::quantize_activations(kern::act_format(v.format), 0, x.data(), tokens, v.cols,
+                                     v.cols, &a);
+          std::vector<float> want(static_cast<size_t>(tokens * v.rows)), have(want.size());
+          kern::gemm(v, a, 0, v.rows, want.data(), v.rows);
+          kern::gemm(r, a, 0, r.rows, have.data(), r.rows);
+          ASSERT_EQ(have, want) << "layer " << l << " expert " << xi << " matrix " << m;
+          ++checked;
+        }
+      }
+    }
+  }
+  EXPECT_GT(checked, 0);
+  if (x16) EXPECT_GT(tiled, 0);
+  EXPECT_THROW(cpu_expert_cache_path(lm, o), Error);  // nothing to cache or convert
 }
 
 }  // namespace

@@ -19,6 +19,7 @@
 #include "model/fused_moe.h"
 #include "ops/cpu/kernels.h"
 #include "ops/cpu/packed.h"
+#include "ops/cpu/q4k_x16.h"
 
 namespace tandem {
 namespace {
@@ -469,6 +470,72 @@ TEST(CopySubmatrix, RowAndColumnSlicesOfEveryFormat) {
       EXPECT_THROW(kern::copy_submatrix(m, 0, rows, 0, c + 1, {}), Error);
     }
     EXPECT_THROW(kern::copy_submatrix(m, 0, rows, 0, cols + 1, {}), Error);
+  }
+}
+
+}  // namespace
+}  // namespace tandem
+
+namespace tandem {
+namespace {
+
+// `--cpu-experts repack`'s experts: the Q4_K matrices rearranged into x16 tiles
+// (kern::q4k_x16_matrix), the others as stored. The fused operator on them gives exactly the
+// direct computation on the stored rows (1, 3 and 40 tokens: the x16 GEMV and the in-place tiles;
+// expert 5 without a kernel on the reference path), and split into NUMA parts exactly what the
+// stored rows split the same way give.
+TEST(FusedMoeRepack, Q4KX16ExpertsEqualTheStoredRows) {
+  ThreadingContext ctx(synthetic_topology(2, 1), ThreadingOptions{2, false, 20});
+  for (const auto& [gu, dn] : {std::pair{DType::kQ4_K, DType::kQ4_K},
+                               std::pair{DType::kQ4_K, DType::kQ5_0}}) {
+    SCOPED_TRACE(std::string(dtype_info(dn).name) + " down");
+    const Experts ex = make_experts(gu, dn);
+    CpuExperts native, repacked;
+    for (CpuExperts* c : {&native, &repacked}) {
+      c->gate.resize(1);
+      c->up.resize(1);
+      c->down.resize(1);
+    }
+    int64_t tiled = 0;
+    for (int64_t e = 0; e < kExperts; ++e) {
+      const ops::Weight* w[3] = {&ex.w.gate[e], &ex.w.up[e], &ex.w.down[e]};
+      for (int m = 0; m < 3; ++m) {
+        kern::KMatrix v;
+        kern::view_weight(*w[m], &v);  // expert 5 (Q8_1) stays invalid: reference path
+        kern::KMatrix x = v;
+        if (v.valid() && v.format == kern::WFormat::kQ4_K) {
+          x = kern::q4k_x16_matrix(v, AllocOptions{});
+          ++tiled;
+        }
+        (m == 0 ? native.gate : m == 1 ? native.up : native.down)[0].push_back(v);
+        (m == 0 ? repacked.gate : m == 1 ? repacked.up : repacked.down)[0].push_back(x);
+      }
+    }
+    ASSERT_EQ(tiled, dn == DType::kQ4_K ? 21 : 14);
+    for (int64_t t : {1, 3, 40}) {
+      const Routing r = make_routing(t, 200 + static_cast<uint32_t>(t));
+      const std::vector<float> want = direct(ex, r, t, nullptr);
+      std::vector<float> got(want.size(), -1.0f);
+      FusedMoeBackend be(&pool(), FusedMoeOptions{}, &repacked);
+      be.submit(request(ex, r, t, got.data()));
+      be.wait();
+      ASSERT_EQ(got, want) << "tokens " << t;
+      // Two NUMA parts (each expert's rows of gate/up on 16-row tiles, down's columns on
+      // super-blocks / blocks): the same as the stored rows split alike.
+      CpuExperts split_n = native, split_r = repacked;
+      split_cpu_experts(&split_n, {0, 1}, {-1, -1}, &ctx.pool());
+      split_cpu_experts(&split_r, {0, 1}, {-1, -1}, &ctx.pool());
+      ASSERT_EQ(split_r.parts[0][0].size(), 2u);
+      ASSERT_EQ(split_r.parts[0][0][0].gate.format, kern::WFormat::kQ4_KX16);
+      std::vector<float> a(want.size()), b(want.size());
+      FusedMoeBackend bn(&ctx.pool(), FusedMoeOptions{}, &split_n);
+      bn.submit(request(ex, r, t, a.data()));
+      bn.wait();
+      FusedMoeBackend br(&ctx.pool(), FusedMoeOptions{}, &split_r);
+      br.submit(request(ex, r, t, b.data()));
+      br.wait();
+      ASSERT_EQ(b, a) << "split, tokens " << t;
+    }
   }
 }
 
