@@ -240,9 +240,9 @@ void FusedMoeBackend::add_tasks(int part, int64_t threads) {
   const size_t n_down = tasks_.size() - first_down;
   if (pieces > 1 && n_down > 0) {
     const size_t tail = std::min(n_down, static_cast<size_t>(threads));
-    std::vector<Task> last(tasks_.end() - static_cast<std::ptrdiff_t>(tail), tasks_.end());
+    tail_.assign(tasks_.end() - static_cast<std::ptrdiff_t>(tail), tasks_.end());
     tasks_.resize(tasks_.size() - tail);
-    for (const Task& t : last) {
+    for (const Task& t : tail_) {
       const int64_t rows = t.r1 - t.r0;
       const int64_t step = std::max<int64_t>(16, (rows + pieces - 1) / pieces / 16 * 16);
       for (int64_t r0 = t.r0; r0 < t.r1; r0 += step) {

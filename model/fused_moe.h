@@ -82,6 +82,7 @@ class FusedMoeBackend : public MoeBackend {
   std::vector<std::unique_ptr<Expert>> experts_;  // active experts of the request (reused)
   int64_t n_active_ = 0;
   std::vector<Task> tasks_;                 // all parts' tasks, part by part
+  std::vector<Task> tail_;                  // add_tasks' scratch: the chunks cut into pieces
   std::vector<size_t> part_begin_;          // [parts + 1]: each part's range in tasks_
   std::vector<int32_t> index_of_;  // [n_experts]: index into experts_, -1 when inactive
   std::vector<int32_t> slot_row_;  // [T * k]: row of that selection in its expert's output, -1
