@@ -2,7 +2,6 @@
 
 #include <cstring>
 #include <memory>
-#include <vector>
 
 #include "core/error.h"
 #include "ops/cpu/kernels.h"
@@ -67,15 +66,13 @@ void q4k_x16_gemv(const uint8_t* tiles, int64_t n_tiles, int64_t cols, const Blo
     q4k_x16_gemv_vnni(tiles, n_tiles, nb, act, y);
     return;
   }
-  // The reference: each tile's rows back in GGUF order through kern::gemm_reference.
-  const int64_t row_bytes = nb * static_cast<int64_t>(sizeof(BlockQ4_K));
-  std::vector<uint8_t> rows(static_cast<size_t>(kQ4KX16Rows * row_bytes));
+  // Below it: kern::gemm on the tiles (each tile's rows unpacked, the Q4_K row kernel of `isa`).
   KMatrix m;
-  m.format = WFormat::kQ4_K;
-  m.rows = kQ4KX16Rows;
+  m.format = WFormat::kQ4_KX16;
+  m.rows = n_tiles * kQ4KX16Rows;
   m.cols = cols;
-  m.row_bytes = row_bytes;
-  m.data = rows.data();
+  m.row_bytes = nb * static_cast<int64_t>(sizeof(BlockQ4_K));
+  m.data = tiles;
   Activations a;
   a.format = AFormat::kQ8_K;
   a.tokens = 1;
@@ -83,23 +80,16 @@ void q4k_x16_gemv(const uint8_t* tiles, int64_t n_tiles, int64_t cols, const Blo
   a.row_bytes = nb * static_cast<int64_t>(sizeof(BlockQ8_K));
   a.data.resize(static_cast<size_t>(a.row_bytes));
   std::memcpy(a.data.data(), act, static_cast<size_t>(a.row_bytes));
-  for (int64_t t = 0; t < n_tiles; ++t) {
-    q4k_x16_unpack(tiles + t * nb * kSlice, cols, rows.data());
-    gemm_reference(m, a, 0, kQ4KX16Rows, y + t * kQ4KX16Rows, kQ4KX16Rows);
-  }
+  gemm(m, a, 0, m.rows, y, m.rows, isa);
 }
 
 namespace {
 
-struct Owned {
-  AlignedBuffer buf;
-};
-
 KMatrix x16_matrix(int64_t rows, int64_t cols, const AllocOptions& alloc, uint8_t** data) {
-  auto owner = std::make_shared<Owned>();
   const int64_t tiles = (rows + kQ4KX16Rows - 1) / kQ4KX16Rows;
-  owner->buf = AlignedBuffer(static_cast<size_t>(tiles * q4k_x16_tile_bytes(cols)), alloc);
-  *data = owner->buf.as<uint8_t>();
+  auto owner = std::make_shared<AlignedBuffer>(
+      static_cast<size_t>(tiles * q4k_x16_tile_bytes(cols)), alloc);
+  *data = owner->as<uint8_t>();
   KMatrix m;
   m.format = WFormat::kQ4_KX16;
   m.rows = rows;

@@ -41,8 +41,8 @@ void q4k_x16_repack(const uint8_t* w, int64_t row_bytes, int64_t rows, int64_t c
 void q4k_x16_unpack(const uint8_t* tile, int64_t cols, uint8_t* rows);
 
 // One token: y[16 t + n] = row n of tile t . act for t < n_tiles; act is the token's Q8_K row
-// (cols / 256 blocks). isa: AVX-512 VNNI runs the tile kernel; below it, each tile is unpacked and
-// goes through the scalar reference (the same bits).
+// (cols / 256 blocks). isa: AVX-512 VNNI runs the tile kernel; below it kern::gemm unpacks each
+// tile and runs the Q4_K row kernel of that level (the same bits).
 void q4k_x16_gemv(const uint8_t* tiles, int64_t n_tiles, int64_t cols, const BlockQ8_K* act,
                   float* y, Isa isa = best_isa());
 
