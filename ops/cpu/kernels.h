@@ -34,9 +34,9 @@ enum class WFormat : uint8_t {
 };
 const char* wformat_name(WFormat f);
 
-// Activation encodings: kQ8_K = ggml block_q8_K rows (Q2_K .. Q6_K, Q4_K x16), kQ8_0 = ggml block_q8_0
-// rows with the Q8_1 sums (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1: the last two llama.cpp's fallbacks for
-// expert rows not a multiple of 256), kF32 (F32, F16, BF16), kBF16 (block-scaled FP8, packed
+// Activation encodings: kQ8_K = ggml block_q8_K rows (Q2_K .. Q6_K, Q4_K x16), kQ8_0 = ggml
+// block_q8_0 rows with the Q8_1 sums (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1: the last two llama.cpp's
+// fallbacks for expert rows not a multiple of 256), kF32 (F32, F16, BF16), kBF16 (block-scaled FP8, packed
 // BF16 tiles), kI8 (packed INT8/INT4).
 enum class AFormat : uint8_t { kF32, kBF16, kQ8_K, kQ8_0, kI8 };
 AFormat act_format(WFormat f);
