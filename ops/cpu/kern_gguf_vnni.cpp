@@ -350,12 +350,8 @@ void q4k_x16_tiled(const GemmArgs& g) {
     const int64_t n_end = std::min(g.n1, n + 16 * kQ4KTiles);
     const int tiles = static_cast<int>((n_end - n + 15) / 16);
     const int64_t t0 = n / 16;
-    for (int64_t p = t0 + tiles; p < std::min(t_end, t0 + 2 * tiles); ++p) {
-      const uint8_t* e = g.w + (p + 1) * tile_bytes;
-      for (const uint8_t* q = g.w + p * tile_bytes; q < e; q += 64) {
-        _mm_prefetch(reinterpret_cast<const char*>(q), _MM_HINT_T1);
-      }
-    }
+    // (A tile is 16 rows' bytes, so prefetch_rows' row r is byte r * row_bytes of the tiles.)
+    prefetch_rows<_MM_HINT_T1>(g, 16 * (t0 + tiles), 16 * std::min(t_end, t0 + 2 * tiles));
     for (int r = 0; r < tiles; ++r) {
       const uint8_t* t = g.w + (t0 + r) * tile_bytes;
       int32_t* s = sc.data() + r * nb * 8 * 16;
