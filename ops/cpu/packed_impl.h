@@ -6,6 +6,7 @@
 //   T::kMaxTokens       tokens computed together (accumulators kept in registers)
 //   T::kTiles           16-row tiles computed together in the GEMM (1: AVX2, 16 registers)
 //   T::kBiasedS8        the s8 x s8 dot adds 128 * sum(w) (VNNI u8 * s8 on a + 128)
+//   T::kBf16Chains      accumulators per token of a BF16 GEMV step (1: the reference's k order)
 //   bcast(bits)         4 activation bytes to every lane (VNNI INT8 reads the biased copy)
 //   dot_s8(acc, w, a4)  acc + per lane sum of 4 products w * a (signed * signed)
 //   dot_u4(acc, u, a4)  acc + per lane sum of 4 products u * a (u in 0..15 unsigned)
@@ -52,28 +53,37 @@ inline void int_tile(const uint8_t* const* tiles, const KMatrix& wm, const Packe
   for (int t = 0; t < NT; ++t) {
     for (int v = 0; v < W; ++v) facc[t][v] = T::zero_f();
   }
+  // A GEMV step (one tile, <= 2 tokens) has one integer accumulator per token and group: its dot
+  // products form one dependency chain. Two accumulators there (INT8: even / odd chunks; INT4:
+  // low / high nibbles), added at the group's end: integer sums, so the same result.
+  constexpr int IC = NR == 1 && NT <= 2 ? 2 : 1;
   for (int64_t g = 0; g < geo.groups; ++g) {
     const uint8_t* block[NR];
     for (int r = 0; r < NR; ++r) block[r] = tiles[r] + g * geo.block_bytes;
-    VI iacc[NT][W];
-    for (int t = 0; t < NT; ++t) {
-      for (int v = 0; v < W; ++v) iacc[t][v] = T::zero_i();
+    VI iacc[IC][NT][W];
+    for (int j = 0; j < IC; ++j) {
+      for (int t = 0; t < NT; ++t) {
+        for (int v = 0; v < W; ++v) iacc[j][t][v] = T::zero_i();
+      }
     }
     const int64_t k0 = g * group;
     if constexpr (!kInt4) {
       // VNNI reads q_a + 128 from the activation row's biased copy.
       const int64_t bias_off = T::kBiasedS8 ? act_biased_offset(geo.groups * group, geo.groups) : 0;
-      for (int c = 0; c < group / 4; ++c) {
-        gemv_prefetch<NR, NT>(block[0] + c * 64);
-        VI w[W];
-        for (int r = 0; r < NR; ++r) {
-          for (int v = 0; v < V; ++v) w[r * V + v] = T::load(block[r] + c * 64 + v * (64 / V));
-        }
-        for (int t = 0; t < NT; ++t) {
-          int32_t bits;
-          std::memcpy(&bits, arow[t] + bias_off + k0 + 4 * c, 4);
-          const VI a = T::bcast(bits);
-          for (int v = 0; v < W; ++v) iacc[t][v] = T::dot_s8(iacc[t][v], w[v], a);
+      for (int c0 = 0; c0 < group / 4; c0 += IC) {  // group / 4 is even
+        for (int j = 0; j < IC; ++j) {
+          const int c = c0 + j;
+          gemv_prefetch<NR, NT>(block[0] + c * 64);
+          VI w[W];
+          for (int r = 0; r < NR; ++r) {
+            for (int v = 0; v < V; ++v) w[r * V + v] = T::load(block[r] + c * 64 + v * (64 / V));
+          }
+          for (int t = 0; t < NT; ++t) {
+            int32_t bits;
+            std::memcpy(&bits, arow[t] + bias_off + k0 + 4 * c, 4);
+            const VI a = T::bcast(bits);
+            for (int v = 0; v < W; ++v) iacc[j][t][v] = T::dot_s8(iacc[j][t][v], w[v], a);
+          }
         }
       }
       if constexpr (T::kBiasedS8) {
@@ -82,7 +92,9 @@ inline void int_tile(const uint8_t* const* tiles, const KMatrix& wm, const Packe
           for (int v = 0; v < V; ++v) {
             const VI corr =
                 T::shl7(T::load(reinterpret_cast<const uint8_t*>(wsum + v * T::kLanes)));
-            for (int t = 0; t < NT; ++t) iacc[t][r * V + v] = T::sub(iacc[t][r * V + v], corr);
+            for (int t = 0; t < NT; ++t) {
+              iacc[IC - 1][t][r * V + v] = T::sub(iacc[IC - 1][t][r * V + v], corr);
+            }
           }
         }
       }
@@ -104,8 +116,8 @@ inline void int_tile(const uint8_t* const* tiles, const KMatrix& wm, const Packe
           std::memcpy(&bh, arow[t] + k0 + 4 * (c + half), 4);
           const VI al = T::bcast(bl), ah = T::bcast(bh);
           for (int v = 0; v < W; ++v) {
-            iacc[t][v] = T::dot_u4(iacc[t][v], lo[v], al);
-            iacc[t][v] = T::dot_u4(iacc[t][v], hi[v], ah);
+            iacc[0][t][v] = T::dot_u4(iacc[0][t][v], lo[v], al);
+            iacc[IC - 1][t][v] = T::dot_u4(iacc[IC - 1][t][v], hi[v], ah);
           }
         }
       }
@@ -114,7 +126,12 @@ inline void int_tile(const uint8_t* const* tiles, const KMatrix& wm, const Packe
         int32_t asum;
         std::memcpy(&asum, arow[t] + scales_offset + (geo.groups + g) * 4, 4);
         const VI corr = T::bcast(asum * 8);
-        for (int v = 0; v < W; ++v) iacc[t][v] = T::sub(iacc[t][v], corr);
+        for (int v = 0; v < W; ++v) iacc[IC - 1][t][v] = T::sub(iacc[IC - 1][t][v], corr);
+      }
+    }
+    if constexpr (IC > 1) {
+      for (int t = 0; t < NT; ++t) {
+        for (int v = 0; v < W; ++v) iacc[0][t][v] = T::add_i(iacc[0][t][v], iacc[1][t][v]);
       }
     }
     for (int t = 0; t < NT; ++t) {
@@ -125,7 +142,7 @@ inline void int_tile(const uint8_t* const* tiles, const KMatrix& wm, const Packe
         const float* sw = reinterpret_cast<const float*>(block[r] + geo.values_bytes);
         for (int v = 0; v < V; ++v) {
           const VF sc = T::mul_f(sav, T::load_f(sw + v * T::kLanes));
-          facc[t][r * V + v] = T::fmadd_f(sc, T::cvt_f(iacc[t][r * V + v]), facc[t][r * V + v]);
+          facc[t][r * V + v] = T::fmadd_f(sc, T::cvt_f(iacc[0][t][r * V + v]), facc[t][r * V + v]);
         }
       }
     }
@@ -137,18 +154,26 @@ inline void int_tile(const uint8_t* const* tiles, const KMatrix& wm, const Packe
 
 // kBF16Tile: NR tiles x NT tokens, F32 accumulators over the whole row (no groups, no scales):
 // per 64-byte chunk (16 rows x one k pair) one BF16 dot per token against the broadcast pair.
+// A GEMV step (one tile, <= 2 tokens) has one accumulator per token: its dot products form one
+// dependency chain, latency-bound at ~64 bytes per dot latency. ISAs whose BF16 dot already sums
+// in their own order (T::kBf16Chains > 1, vdpbf16ps) then spread the chunks round-robin over
+// kBf16Chains accumulators, added in a fixed order at the end; the FMA fallbacks keep one chain
+// (the reference's k order, bit for bit).
 template <class T, int NT, int NR>
 inline void bf16_tile(const uint8_t* const* tiles, const KMatrix& wm, const PackedGeometry& geo,
                       const uint8_t* const* arow, float (*out)[16 * NR]) {
   using VF = typename T::VF;
   constexpr int V = T::kVecs;
   constexpr int W = V * NR;
-  VF acc[NT][W];
-  for (int t = 0; t < NT; ++t) {
-    for (int v = 0; v < W; ++v) acc[t][v] = T::zero_f();
+  constexpr int C = NR == 1 && NT <= 2 ? T::kBf16Chains : 1;
+  VF acc[C][NT][W];
+  for (int j = 0; j < C; ++j) {
+    for (int t = 0; t < NT; ++t) {
+      for (int v = 0; v < W; ++v) acc[j][t][v] = T::zero_f();
+    }
   }
   (void)wm;
-  for (int64_t c = 0; c < geo.groups; ++c) {
+  auto step = [&](int64_t c, VF(&a_io)[NT][W]) {
     gemv_prefetch<NR, NT>(tiles[0] + c * 64);
     typename T::WB w[W];
     for (int r = 0; r < NR; ++r) {
@@ -159,11 +184,23 @@ inline void bf16_tile(const uint8_t* const* tiles, const KMatrix& wm, const Pack
       int32_t bits;
       std::memcpy(&bits, arow[t] + 4 * c, 4);
       const typename T::AB a = T::bf16_a(bits);
-      for (int v = 0; v < W; ++v) acc[t][v] = T::bf16_dot(acc[t][v], w[v], a);
+      for (int v = 0; v < W; ++v) a_io[t][v] = T::bf16_dot(a_io[t][v], w[v], a);
+    }
+  };
+  int64_t c = 0;
+  if constexpr (C > 1) {
+    for (; c + C <= geo.groups; c += C) {
+      for (int j = 0; j < C; ++j) step(c + j, acc[j]);
+    }
+  }
+  for (; c < geo.groups; ++c) step(c, acc[0]);
+  for (int j = 1; j < C; ++j) {
+    for (int t = 0; t < NT; ++t) {
+      for (int v = 0; v < W; ++v) acc[0][t][v] = T::add_f(acc[0][t][v], acc[j][t][v]);
     }
   }
   for (int t = 0; t < NT; ++t) {
-    for (int v = 0; v < W; ++v) T::store_f(out[t] + v * T::kLanes, acc[t][v]);
+    for (int v = 0; v < W; ++v) T::store_f(out[t] + v * T::kLanes, acc[0][t][v]);
   }
 }
 
