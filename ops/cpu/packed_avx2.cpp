@@ -38,7 +38,6 @@ struct Avx2 {
   using VF = __m256;
   static constexpr int kLanes = 8, kVecs = 2, kMaxTokens = 4, kTiles = 1;
   static constexpr bool kBiasedS8 = false;
-  static constexpr int kBf16Chains = 1;
   static VI zero_i() { return _mm256_setzero_si256(); }
   static VF zero_f() { return _mm256_setzero_ps(); }
   static VI load(const uint8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const VI*>(p)); }
@@ -85,7 +84,6 @@ struct Avx2 {
   static VF set1_f(float f) { return _mm256_set1_ps(f); }
   static VF load_f(const float* p) { return _mm256_loadu_ps(p); }
   static VF mul_f(VF a, VF b) { return _mm256_mul_ps(a, b); }
-  static VF add_f(VF a, VF b) { return _mm256_add_ps(a, b); }
   static VF fmadd_f(VF a, VF b, VF c) { return _mm256_fmadd_ps(a, b, c); }
   static VF cvt_f(VI a) { return _mm256_cvtepi32_ps(a); }
   static void store_f(float* p, VF v) { _mm256_storeu_ps(p, v); }

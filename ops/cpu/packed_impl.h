@@ -6,7 +6,6 @@
 //   T::kMaxTokens       tokens computed together (accumulators kept in registers)
 //   T::kTiles           16-row tiles computed together in the GEMM (1: AVX2, 16 registers)
 //   T::kBiasedS8        the s8 x s8 dot adds 128 * sum(w) (VNNI u8 * s8 on a + 128)
-//   T::kBf16Chains      accumulators per token of a BF16 GEMV step (1: the reference's k order)
 //   bcast(bits)         4 activation bytes to every lane (VNNI INT8 reads the biased copy)
 //   dot_s8(acc, w, a4)  acc + per lane sum of 4 products w * a (signed * signed)
 //   dot_u4(acc, u, a4)  acc + per lane sum of 4 products u * a (u in 0..15 unsigned)
@@ -154,26 +153,18 @@ inline void int_tile(const uint8_t* const* tiles, const KMatrix& wm, const Packe
 
 // kBF16Tile: NR tiles x NT tokens, F32 accumulators over the whole row (no groups, no scales):
 // per 64-byte chunk (16 rows x one k pair) one BF16 dot per token against the broadcast pair.
-// A GEMV step (one tile, <= 2 tokens) has one accumulator per token: its dot products form one
-// dependency chain, latency-bound at ~64 bytes per dot latency. ISAs whose BF16 dot already sums
-// in their own order (T::kBf16Chains > 1, vdpbf16ps) then spread the chunks round-robin over
-// kBf16Chains accumulators, added in a fixed order at the end; the FMA fallbacks keep one chain
-// (the reference's k order, bit for bit).
 template <class T, int NT, int NR>
 inline void bf16_tile(const uint8_t* const* tiles, const KMatrix& wm, const PackedGeometry& geo,
                       const uint8_t* const* arow, float (*out)[16 * NR]) {
   using VF = typename T::VF;
   constexpr int V = T::kVecs;
   constexpr int W = V * NR;
-  constexpr int C = NR == 1 && NT <= 2 ? T::kBf16Chains : 1;
-  VF acc[C][NT][W];
-  for (int j = 0; j < C; ++j) {
-    for (int t = 0; t < NT; ++t) {
-      for (int v = 0; v < W; ++v) acc[j][t][v] = T::zero_f();
-    }
+  VF acc[NT][W];
+  for (int t = 0; t < NT; ++t) {
+    for (int v = 0; v < W; ++v) acc[t][v] = T::zero_f();
   }
   (void)wm;
-  auto step = [&](int64_t c, VF(&a_io)[NT][W]) {
+  for (int64_t c = 0; c < geo.groups; ++c) {
     gemv_prefetch<NR, NT>(tiles[0] + c * 64);
     typename T::WB w[W];
     for (int r = 0; r < NR; ++r) {
@@ -184,23 +175,11 @@ inline void bf16_tile(const uint8_t* const* tiles, const KMatrix& wm, const Pack
       int32_t bits;
       std::memcpy(&bits, arow[t] + 4 * c, 4);
       const typename T::AB a = T::bf16_a(bits);
-      for (int v = 0; v < W; ++v) a_io[t][v] = T::bf16_dot(a_io[t][v], w[v], a);
-    }
-  };
-  int64_t c = 0;
-  if constexpr (C > 1) {
-    for (; c + C <= geo.groups; c += C) {
-      for (int j = 0; j < C; ++j) step(c + j, acc[j]);
-    }
-  }
-  for (; c < geo.groups; ++c) step(c, acc[0]);
-  for (int j = 1; j < C; ++j) {
-    for (int t = 0; t < NT; ++t) {
-      for (int v = 0; v < W; ++v) acc[0][t][v] = T::add_f(acc[0][t][v], acc[j][t][v]);
+      for (int v = 0; v < W; ++v) acc[t][v] = T::bf16_dot(acc[t][v], w[v], a);
     }
   }
   for (int t = 0; t < NT; ++t) {
-    for (int v = 0; v < W; ++v) T::store_f(out[t] + v * T::kLanes, acc[0][t][v]);
+    for (int v = 0; v < W; ++v) T::store_f(out[t] + v * T::kLanes, acc[t][v]);
   }
 }
 

@@ -60,7 +60,6 @@ struct Vnni {
   using VF = __m512;
   static constexpr int kLanes = 16, kVecs = 1, kMaxTokens = 4, kTiles = 4;
   static constexpr bool kBiasedS8 = true;
-  static constexpr int kBf16Chains = 4;
   static VI zero_i() { return _mm512_setzero_si512(); }
   static VF zero_f() { return _mm512_setzero_ps(); }
   static VI load(const uint8_t* p) { return _mm512_loadu_si512(p); }
@@ -107,7 +106,6 @@ struct Vnni {
   static VF set1_f(float f) { return _mm512_set1_ps(f); }
   static VF load_f(const float* p) { return _mm512_loadu_ps(p); }
   static VF mul_f(VF a, VF b) { return _mm512_mul_ps(a, b); }
-  static VF add_f(VF a, VF b) { return _mm512_add_ps(a, b); }
   static VF fmadd_f(VF a, VF b, VF c) { return _mm512_fmadd_ps(a, b, c); }
   static VF cvt_f(VI a) { return _mm512_cvtepi32_ps(a); }
   static void store_f(float* p, VF v) { _mm512_storeu_ps(p, v); }

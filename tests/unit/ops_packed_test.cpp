@@ -373,6 +373,26 @@ TEST(PackedGemm, Bf16TileConformance) {
         }
       }
     }
+    // A token's result does not depend on its batch (every step keeps one accumulator per row
+    // and token, chunks in k order): the 128-token GEMM's rows equal one-token GEMVs bit for bit.
+    // (AMX tiles sum in the hardware's own order.)
+    Activations all;
+    packed_quantize_activations(AFormat::kBF16, 0, x_all.data(), 128, cols, cols, &all);
+    for (Isa isa : supported_isas()) {
+      if (isa == Isa::kAmx) continue;
+      std::vector<float> batch(128 * rows);
+      packed_gemm(m, all, 0, rows, batch.data(), rows, isa);
+      for (const int64_t t : {0, 5, 127}) {
+        Activations one;
+        packed_quantize_activations(AFormat::kBF16, 0, x_all.data() + t * cols, 1, cols, cols,
+                                    &one);
+        std::vector<float> y(rows);
+        packed_gemm(m, one, 0, rows, y.data(), rows, isa);
+        for (int64_t n = 0; n < rows; ++n) {
+          ASSERT_EQ(y[n], batch[t * rows + n]) << isa_name(isa) << " token " << t << " row " << n;
+        }
+      }
+    }
   }
 }
 
