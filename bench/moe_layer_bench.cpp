@@ -14,6 +14,7 @@
 // does (group 128; bf16 = BF16 tiles) and as block-scaled FP8 (128 x 128 scales, a native FP8
 // checkpoint's experts); prefill compares with the int8 peak (INT8/INT4) or the bf16 peak (BF16,
 // FP8).
+// BM_MoeLayerShared: the V2-Lite decode layer with its shared experts, as the model runs it.
 // BM_MoeLayerRepack: the GGUF layers with their Q4_K experts in x16 tiles (`--cpu-experts
 // repack`), vs_native against the stored rows in the same minute.
 // Run: build/bench/bench_moe_layer_bench [--benchmark_format=json]
@@ -33,7 +34,10 @@
 #include "formats/quant.h"
 #include "model/cpu_experts.h"
 #include "model/fused_moe.h"
+#include "model/weights.h"
+#include "ops/cpu/kernels.h"
 #include "ops/cpu/packed.h"
+#include "ops/cpu/ref_ops.h"
 #include "ops/cpu/q4k_x16.h"
 
 namespace tandem {
@@ -246,6 +250,119 @@ void BM_MoeLayerRepack(benchmark::State& state, Shape s, int64_t tokens) {
   run_layer(state, s, layer, ce, tokens, /*vs_native=*/true);
 }
 
+// BM_MoeLayerShared: the V2-Lite layer with its two shared experts (one FFN of 2816: Q4_K gate /
+// up, Q6_K down, as in the Q4_K_M file's "more bits" layers), in 8 copies cycled with the routings
+// so they come from DRAM as each layer's own do. Decode as Model::ffn runs it on the CPU: the
+// fused operator computing the shared experts in its own task queue (FusedMoeOptions::
+// shared_experts); of_dram counts routed + shared bytes. vs_model: that against the operator on
+// the routed experts alone while the caller computes the shared ones through the pool
+// (kern::matmul_shared_input, SwiGLU, kern::matmul: Model::dense_ffn) and adds them after wait(),
+// A/B in the same minute (ab_rounds). Both give the same bits (asserted here once).
+void BM_MoeLayerShared(benchmark::State& state, Shape s) {
+  const Layer* layer = gguf_layer(s);
+  constexpr int kCopies = 8;
+  const int64_t sff = 2 * s.ff;
+  static std::vector<std::vector<uint8_t>>* bytes = new std::vector<std::vector<uint8_t>>;
+  static std::vector<LayerWeights>* lws = new std::vector<LayerWeights>;
+  static uint64_t shared_bytes = 0;
+  if (lws->empty()) {
+    std::mt19937 rng(9);
+    std::normal_distribution<float> nd(0.0f, 0.02f);
+    auto quantized = [&](DType dt, int64_t rows, int64_t cols) {
+      std::vector<float> f(static_cast<size_t>(rows * cols));
+      for (float& v : f) v = nd(rng);
+      const int64_t rb = static_cast<int64_t>(dtype_bytes(dt, cols));
+      bytes->emplace_back(static_cast<size_t>(rb * rows));
+      for (int64_t r = 0; r < rows; ++r) {
+        quantize_row(dt, f.data() + r * cols, bytes->back().data() + r * rb, cols);
+      }
+      return Tensor::dense(dt, {rows, cols}, bytes->back().data());
+    };
+    bytes->reserve(3 * kCopies);
+    for (int c = 0; c < kCopies; ++c) {
+      LayerWeights lw;
+      lw.moe = true;
+      lw.experts = layer->w;
+      lw.sh_gate = ops::Weight(quantized(DType::kQ4_K, sff, s.hidden));
+      lw.sh_up = ops::Weight(quantized(DType::kQ4_K, sff, s.hidden));
+      lw.sh_down = ops::Weight(quantized(DType::kQ6_K, s.hidden, sff));
+      lws->push_back(std::move(lw));
+    }
+    shared_bytes = dtype_bytes(DType::kQ4_K, s.hidden) * 2 * sff +
+                   dtype_bytes(DType::kQ6_K, sff) * s.hidden;
+  }
+  std::mt19937 rng(7);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<float> x(static_cast<size_t>(s.hidden)), out(x.size()), sh(x.size());
+  for (float& v : x) v = nd(rng);
+  std::vector<std::vector<int32_t>> routings(16);
+  std::vector<int32_t> perm(static_cast<size_t>(s.n_experts));
+  for (auto& ids : routings) {
+    for (int64_t e = 0; e < s.n_experts; ++e) perm[e] = static_cast<int32_t>(e);
+    std::shuffle(perm.begin(), perm.end(), rng);
+    ids.assign(perm.begin(), perm.begin() + s.k);
+  }
+  std::vector<float> w(static_cast<size_t>(s.k), 1.0f / static_cast<float>(s.k));
+  FusedMoeOptions with;
+  with.shared_experts = true;
+  FusedMoeBackend fused(&pool(), with), routed_only(&pool());
+  MoeRequest r;
+  r.hidden = x.data();
+  r.n_tokens = 1;
+  r.hidden_size = s.hidden;
+  r.weights = w.data();
+  r.k = s.k;
+  r.experts = &layer->w;
+  std::vector<float> g(static_cast<size_t>(sff)), u(g.size());
+  size_t i = 0;
+  auto next = [&] {
+    r.ids = routings[i % routings.size()].data();
+    r.layer_weights = &(*lws)[i % kCopies];
+    ++i;
+  };
+  auto step_fused = [&] {
+    next();
+    r.out = out.data();
+    fused.submit(r);
+    fused.wait();
+  };
+  auto step_model = [&] {
+    next();
+    r.out = sh.data();
+    routed_only.submit(r);
+    const ops::Weight* ws[2] = {&r.layer_weights->sh_gate, &r.layer_weights->sh_up};
+    float* ys[2] = {g.data(), u.data()};
+    kern::matmul_shared_input(ws, x.data(), 1, ys, &pool());
+    ops::swiglu(g.data(), u.data(), sff, g.data());
+    kern::matmul(r.layer_weights->sh_down, g.data(), 1, out.data(), &pool());
+    routed_only.wait();
+    for (int64_t c = 0; c < s.hidden; ++c) out[c] += sh[c];
+  };
+  step_model();
+  const std::vector<float> want = out;
+  i = 0;
+  step_fused();
+  if (out != want) state.SkipWithError("the fused shared experts differ from Model::dense_ffn's");
+  auto step = [&] {
+    step_fused();
+    std::vector<uint8_t> used(static_cast<size_t>(s.n_experts), 0);
+    for (int64_t j = 0; j < s.k; ++j) used[r.ids[j]] = 1;
+    return static_cast<uint64_t>(std::count(used.begin(), used.end(), 1)) * layer->expert_bytes +
+           shared_bytes;
+  };
+  uint64_t total = 0;
+  for (auto _ : state) total += step();
+  state.SetBytesProcessed(static_cast<int64_t>(total));
+  state.counters["GBps"] =
+      benchmark::Counter(static_cast<double>(total) * 1e-9, benchmark::Counter::kIsRate);
+  static DramProbe probe(&pool());
+  const OfDram o = paired_rounds(probe, step);
+  state.counters["dram_GBps"] = o.dram_gbs;
+  state.counters["of_dram"] = o.of_dram;
+  state.counters["vs_model"] = ab_rounds(step_model, step_fused);
+  state.counters["threads"] = pool().size() + 1;
+}
+
 void run_layer(benchmark::State& state, const Shape& s, const Layer* layer, const CpuExperts* ce,
                int64_t tokens, bool vs_native) {
   std::mt19937 rng(7);
@@ -341,6 +458,8 @@ BENCHMARK_CAPTURE(BM_MoeLayerRepack, qwen3_30b_a3b_decode, kQwen3, 1)->UseRealTi
 BENCHMARK_CAPTURE(BM_MoeLayerRepack, qwen3_30b_a3b_prefill512, kQwen3, 512)
     ->UseRealTime()
     ->MinTime(0.5);
+
+BENCHMARK_CAPTURE(BM_MoeLayerShared, v2lite_decode, kV2Lite)->UseRealTime()->MinTime(0.5);
 
 #define TD_PACKED_LAYER(f, name)                                                    \
   BENCHMARK_CAPTURE(BM_MoeLayerPacked, v2lite_##name##_decode, kV2Lite, f, 1)       \

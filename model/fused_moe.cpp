@@ -137,6 +137,35 @@ void FusedMoeBackend::submit(const MoeRequest& r) {
     x.tokens.push_back(static_cast<int32_t>(i / K));
   }
 
+  // The shared experts: one more expert over all T tokens (part 0), computed like a routed one
+  // when all three matrices have kernels and gate / up take the same activations (what
+  // Model::dense_ffn's kern::matmul_shared_input then does too), else by phase 3.
+  shared_ = -1;
+  const LayerWeights* lw = r.layer_weights;
+  if (options_.shared_experts && lw != nullptr && !lw->sh_gate.empty()) {
+    shared_ = n_active_;
+    Expert& x = next_expert();
+    x.id = -1;
+    x.part = 0;
+    x.parts = 1;
+    x.first = static_cast<int32_t>(shared_);
+    x.tokens.resize(static_cast<size_t>(T));
+    for (int64_t t = 0; t < T; ++t) x.tokens[static_cast<size_t>(t)] = static_cast<int32_t>(t);
+    x.w_gate = &lw->sh_gate;
+    x.w_up = &lw->sh_up;
+    x.w_down = &lw->sh_down;
+    x.ff = lw->sh_gate.rows();
+    x.fast = kern::view_weight(lw->sh_gate, &x.gate) && kern::view_weight(lw->sh_up, &x.up) &&
+             kern::view_weight(lw->sh_down, &x.down) && x.gate.format == x.up.format &&
+             x.gate.group == x.up.group;
+    shared_gate_.clear();
+    if (!lw->sh_gate_inp.empty()) {
+      for (int64_t t = 0; t < T; ++t) {
+        shared_gate_.push_back(shared_expert_gate(r.hidden + t * H, lw->sh_gate_inp.data(), H));
+      }
+    }
+  }
+
   // Activations: the hidden states once per encoding, then each expert's rows gathered (into
   // its first sub-expert; the other parts read them there).
   for (int64_t a = 0; a < n_active_; ++a) {
@@ -213,7 +242,7 @@ void FusedMoeBackend::add_tasks(int part, int64_t threads) {
     Expert& x = *experts_[a];
     if (x.part != part || x.ff == 0) continue;
     if (!x.fast) {
-      tasks_.push_back({static_cast<int32_t>(a), 2, 0, 0});
+      tasks_.push_back({static_cast<int32_t>(a), a == shared_ ? 3 : 2, 0, 0});
       continue;
     }
     // gate+up chunks count double, so they get half the rows.
@@ -270,6 +299,16 @@ void FusedMoeBackend::run_task(const Task& t) {
     x.ready.store(true, std::memory_order_release);
     return;
   }
+  if (t.phase == 3) {  // the shared experts without the fast path, as Model::dense_ffn
+    std::vector<float> g(static_cast<size_t>(n * x.ff)), u(g.size());
+    const ops::Weight* ws[2] = {x.w_gate, x.w_up};
+    float* ys[2] = {g.data(), u.data()};
+    kern::matmul_shared_input(ws, req_.hidden, n, ys, nullptr);
+    ops::swiglu(g.data(), u.data(), n * x.ff, g.data());
+    kern::matmul(*x.w_down, g.data(), n, x.y.data(), nullptr);
+    x.ready.store(true, std::memory_order_release);
+    return;
+  }
   if (t.phase == 0) {
     const kern::Activations& in = experts_[x.first]->x;
     kern::gemm(x.gate, in, t.r0, t.r1, x.g.data(), x.ff);
@@ -320,6 +359,14 @@ void FusedMoeBackend::wait() {
         const float* src = x.y.data() + slot_row_[i] * H;
         for (int64_t c = 0; c < H; ++c) dst[c] += w * src[c];
       }
+    }
+    if (shared_ >= 0) {  // Model::ffn: (shared * gate) + routed, the product rounded first
+      float* sy = experts_[static_cast<size_t>(shared_)]->y.data() + static_cast<int64_t>(t) * H;
+      if (!shared_gate_.empty()) {
+        const float gate = shared_gate_[t];
+        for (int64_t c = 0; c < H; ++c) sy[c] *= gate;
+      }
+      for (int64_t c = 0; c < H; ++c) dst[c] += sy[c];
     }
   };
   if (pool_ != nullptr && r.n_tokens > 8) {

@@ -47,6 +47,11 @@ struct FusedMoeOptions {
   // (>= 16 rows each), so the threads finish together: the wait at the end is a piece's time, not
   // a chunk's. 1: off.
   int tail_pieces = 4;
+  // Compute the layer's shared experts too (computes_shared()): one more expert over every token,
+  // its gate/up and down chunks in the same task queue as the routed ones, added to each token's
+  // routed sum (after it: the bits of Model::ffn's shared + routed). Off for a backend inside a
+  // hybrid one (the accelerator runs the shared experts) and for Expert Deferral's deferred one.
+  bool shared_experts = false;
 };
 
 class FusedMoeBackend : public MoeBackend {
@@ -58,6 +63,7 @@ class FusedMoeBackend : public MoeBackend {
   ~FusedMoeBackend() override;
   void submit(const MoeRequest& request) override;
   void wait() override;
+  bool computes_shared() const override { return options_.shared_experts; }
 
   // Tasks of the last submitted layer (tests and benchmarks look at the decomposition).
   int64_t last_task_count() const { return static_cast<int64_t>(tasks_.size()); }
@@ -68,7 +74,9 @@ class FusedMoeBackend : public MoeBackend {
   struct Expert;
   struct Task {
     int32_t expert;  // index into experts_
-    int32_t phase;   // 0: gate+up rows, 1: down rows, 2: whole expert (reference path)
+    // 0: gate+up rows, 1: down rows, 2: whole expert (reference path), 3: whole shared expert as
+    // Model::dense_ffn computes it (no fast path for its matrices)
+    int32_t phase;
     int64_t r0, r1;
   };
   void run_task(const Task& task);
@@ -87,6 +95,8 @@ class FusedMoeBackend : public MoeBackend {
   std::vector<int32_t> index_of_;  // [n_experts]: index into experts_, -1 when inactive
   std::vector<int32_t> slot_row_;  // [T * k]: row of that selection in its expert's output, -1
   std::vector<int32_t> slot_expert_;  // [T * k]: index into experts_, -1 when masked out
+  int64_t shared_ = -1;               // index of the shared expert in experts_, -1: none
+  std::vector<float> shared_gate_;    // [T]: Qwen2-MoE's sigmoid gate per token (when present)
   std::vector<kern::Activations> hidden_acts_;  // hidden in each encoding needed (by AFormat)
   std::vector<TaskHandle> handles_;  // one job per part
 };

@@ -428,9 +428,7 @@ void Model::ffn(int64_t l, int64_t n, const float* x, float* out) {
     dense_ffn(lw.sh_gate, lw.sh_up, lw.sh_down, n, x, out);
     if (!lw.sh_gate_inp.empty()) {
       for (int64_t t = 0; t < n; ++t) {
-        float dot = 0.0f;
-        for (int64_t i = 0; i < hd; ++i) dot += x[t * hd + i] * lw.sh_gate_inp[i];
-        const float gate = 1.0f / (1.0f + std::exp(-dot));
+        const float gate = shared_expert_gate(x + t * hd, lw.sh_gate_inp.data(), hd);
         for (int64_t i = 0; i < hd; ++i) out[t * hd + i] *= gate;
       }
     }

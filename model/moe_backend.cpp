@@ -1,11 +1,18 @@
 #include "model/moe_backend.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "core/error.h"
 #include "ops/cpu/ref_ops.h"
 
 namespace tandem {
+
+float shared_expert_gate(const float* x, const float* g, int64_t h) {
+  float dot = 0.0f;
+  for (int64_t i = 0; i < h; ++i) dot += x[i] * g[i];
+  return 1.0f / (1.0f + std::exp(-dot));
+}
 
 void CpuMoeBackend::submit(const MoeRequest& r) {
   TD_CHECK(!pending_, "CpuMoeBackend::submit while a request is pending");

@@ -35,6 +35,10 @@ struct MoeRequest {
   float* out = nullptr;  // [n_tokens, hidden_size], overwritten; valid after wait()
 };
 
+// Qwen2-MoE's shared-expert gate for one token: sigmoid(x . g) over h values (the one definition
+// every backend and the model use, so their outputs agree bit for bit).
+float shared_expert_gate(const float* x, const float* g, int64_t h);
+
 class MoeBackend {
  public:
   virtual ~MoeBackend() = default;

@@ -43,12 +43,6 @@ uint64_t ffn_bytes(const ops::Weight& g, const ops::Weight& u, const ops::Weight
   return weight_bytes(g) + weight_bytes(u) + weight_bytes(d);
 }
 
-float sigmoid_dot(const float* x, const float* g, int64_t h) {
-  float dot = 0.0f;
-  for (int64_t i = 0; i < h; ++i) dot += x[i] * g[i];
-  return 1.0f / (1.0f + std::exp(-dot));
-}
-
 // Router scores of n tokens for a MoE layer (the MRS cache, DALI and the prefetchers read them).
 void layer_scores(const ModelConfig& c, const LayerWeights& lw, const float* x, int64_t n,
                   std::vector<float>* logits, std::vector<float>* scores) {
@@ -336,7 +330,7 @@ void HybridMoeBackend::host_shared(const MoeRequest& r, float* out) {
   ops::matmul(lw.sh_down, g.data(), n, out, nullptr);
   if (!lw.sh_gate_inp.empty()) {
     for (int64_t t = 0; t < n; ++t) {
-      const float gate = sigmoid_dot(r.hidden + t * h, lw.sh_gate_inp.data(), h);
+      const float gate = shared_expert_gate(r.hidden + t * h, lw.sh_gate_inp.data(), h);
       for (int64_t i = 0; i < h; ++i) out[t * h + i] *= gate;
     }
   }
@@ -420,7 +414,7 @@ void HybridMoeBackend::submit(const MoeRequest& r) {
     for (int64_t t = 0; t < n; ++t) {
       p.scale[t] = L.lw->sh_gate_inp.empty()
                        ? 1.0f
-                       : sigmoid_dot(r.hidden + t * h, L.lw->sh_gate_inp.data(), h);
+                       : shared_expert_gate(r.hidden + t * h, L.lw->sh_gate_inp.data(), h);
     }
   }
   struct Run {

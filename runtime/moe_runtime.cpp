@@ -32,10 +32,14 @@ struct MoeRuntime::Impl {
 
 namespace {
 
-// The CPU side: experts as the kernels read them and the backend that runs them.
+// The CPU side: experts as the kernels read them and the backend that runs them (with the shared
+// experts in its task queue when `shared_experts`: the CPU-only primary backend).
 std::unique_ptr<MoeBackend> make_cpu_backend(const LoadedModel& model, const BackendOptions& o,
-                                             ThreadingContext& threading, std::string* summary,
+                                             ThreadingContext& threading, bool shared_experts,
+                                             std::string* summary,
                                              std::shared_ptr<const CpuExperts>* experts) {
+  FusedMoeOptions fo;
+  fo.shared_experts = shared_experts;
   if (o.cpu_experts != "native" && o.cpu_experts != "repack" && o.cpu_experts != "int8" &&
       o.cpu_experts != "int4" && o.cpu_experts != "bf16") {
     fail(ErrorKind::kInvalidArgument,
@@ -59,7 +63,7 @@ std::unique_ptr<MoeBackend> make_cpu_backend(const LoadedModel& model, const Bac
   }
   if (o.cpu_experts == "native" && parts == 1) {
     *summary = "CPU experts: native (fused MoE backend)";
-    return std::make_unique<FusedMoeBackend>(&threading.pool());
+    return std::make_unique<FusedMoeBackend>(&threading.pool(), fo);
   }
   // Prepared once (repacked or mapped from the on-disk cache; native: views) and shared by every
   // CPU backend instance.
@@ -91,7 +95,7 @@ std::unique_ptr<MoeBackend> make_cpu_backend(const LoadedModel& model, const Bac
                                                 : std::string("packed in memory"),
                            numa);
   }
-  return std::make_unique<FusedMoeBackend>(&threading.pool(), FusedMoeOptions{}, &ce);
+  return std::make_unique<FusedMoeBackend>(&threading.pool(), fo, &ce);
 }
 
 }  // namespace
@@ -161,7 +165,8 @@ MoeRuntime::MoeRuntime(const LoadedModel& model, const BackendOptions& o,
   std::vector<rt::PlacementRule> rules;
   if (!o.rules.empty()) rules = rt::load_placement_rules(o.rules);
   impl_->placement = rt::resolve_placement(model, rules, accel != "none", o.cpu_experts);
-  impl_->cpu = make_cpu_backend(model, o, threading, &summary_, &impl_->experts);
+  impl_->cpu =
+      make_cpu_backend(model, o, threading, accel == "none", &summary_, &impl_->experts);
   backend_ = impl_->cpu.get();
   if (accel == "host") {
     rt::HostDeviceOptions ho;
@@ -190,7 +195,7 @@ MoeRuntime::MoeRuntime(const LoadedModel& model, const BackendOptions& o,
   }
   if (o.defer > 0) {
     std::string unused;
-    impl_->cpu_deferred = make_cpu_backend(model, o, threading, &unused, &impl_->experts);
+    impl_->cpu_deferred = make_cpu_backend(model, o, threading, false, &unused, &impl_->experts);
     impl_->deferring = std::make_unique<rt::DeferringMoeBackend>(backend_, impl_->cpu_deferred.get(),
                                                                   o.defer);
     backend_ = impl_->deferring.get();

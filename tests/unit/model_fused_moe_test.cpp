@@ -17,9 +17,11 @@
 #include "core/topology.h"
 #include "formats/quant.h"
 #include "model/fused_moe.h"
+#include "model/weights.h"
 #include "ops/cpu/kernels.h"
 #include "ops/cpu/packed.h"
 #include "ops/cpu/q4k_x16.h"
+#include "ops/cpu/ref_ops.h"
 
 namespace tandem {
 namespace {
@@ -199,6 +201,70 @@ TEST(FusedMoeOverlap, TwoInstancesPendingAtOnce) {
   a.wait();
   EXPECT_EQ(o1, direct(ex, r1, 2, nullptr));
   EXPECT_EQ(o2, direct(ex, r2, 3, nullptr));
+}
+
+// The shared experts in the operator's task queue (FusedMoeOptions::shared_experts) against
+// Model::ffn's own computation written out: routed experts as `direct`, the shared FFN through
+// kern::matmul_shared_input, SwiGLU and kern::matmul, Qwen2-MoE's sigmoid gate applied to it,
+// then shared + routed. Bit for bit, for the fast path (Q4_K gate / up, Q6_K down), the path
+// without one (gate and up of different formats: phase 3), with and without the gate, 1 / 3 / 20
+// tokens, with a pool and without; a backend without the option leaves them out.
+TEST(FusedMoeShared, EqualsModelSharedPlusRouted) {
+  const Experts ex = make_experts(DType::kQ4_K, DType::kQ5_0);
+  constexpr int64_t kSharedFf = 2 * kFf;
+  std::mt19937 rng(23);
+  std::vector<std::vector<uint8_t>> store;
+  store.reserve(4);
+  LayerWeights fast, slow;
+  fast.sh_gate = ops::Weight(quantized(DType::kQ4_K, kSharedFf, kHidden, rng, store));
+  fast.sh_up = ops::Weight(quantized(DType::kQ4_K, kSharedFf, kHidden, rng, store));
+  fast.sh_down = ops::Weight(quantized(DType::kQ6_K, kHidden, kSharedFf, rng, store));
+  slow = fast;
+  slow.sh_up = ops::Weight(quantized(DType::kQ8_0, kSharedFf, kHidden, rng, store));
+  std::vector<float> gate_inp(kHidden);
+  std::normal_distribution<float> nd(0.0f, 0.1f);
+  for (float& v : gate_inp) v = nd(rng);
+  FusedMoeOptions with;
+  with.shared_experts = true;
+  with.max_rows_per_task = with.max_rows_per_task_decode = 64;  // several shared chunks
+  for (LayerWeights* lw : {&fast, &slow}) {
+    for (const bool gated : {false, true}) {
+      lw->sh_gate_inp = gated ? gate_inp : std::vector<float>();
+      for (const int64_t t : {1, 3, 20}) {
+        SCOPED_TRACE(::testing::Message() << (lw == &fast ? "fast" : "phase 3") << " gated "
+                                          << gated << " tokens " << t);
+        const Routing r = make_routing(t, 300 + static_cast<uint32_t>(t));
+        std::vector<float> g(static_cast<size_t>(t * kSharedFf)), u(g.size());
+        std::vector<float> want(static_cast<size_t>(t * kHidden));
+        const ops::Weight* ws[2] = {&lw->sh_gate, &lw->sh_up};
+        float* ys[2] = {g.data(), u.data()};
+        kern::matmul_shared_input(ws, r.x.data(), t, ys, nullptr);
+        ops::swiglu(g.data(), u.data(), t * kSharedFf, g.data());
+        kern::matmul(lw->sh_down, g.data(), t, want.data(), nullptr);
+        for (int64_t i = 0; i < t && gated; ++i) {
+          const float s = shared_expert_gate(r.x.data() + i * kHidden, gate_inp.data(), kHidden);
+          for (int64_t c = 0; c < kHidden; ++c) want[i * kHidden + c] *= s;
+        }
+        const std::vector<float> routed = direct(ex, r, t, nullptr);
+        for (size_t i = 0; i < want.size(); ++i) want[i] += routed[i];
+        for (ThreadPool* p : {static_cast<ThreadPool*>(nullptr), &pool()}) {
+          FusedMoeBackend be(p, with);
+          ASSERT_TRUE(be.computes_shared());
+          std::vector<float> got(want.size(), -7.0f);
+          MoeRequest q = request(ex, r, t, got.data());
+          q.layer_weights = lw;
+          be.submit(q);
+          be.wait();
+          ASSERT_EQ(got, want);
+          FusedMoeBackend routed_only(p);
+          ASSERT_FALSE(routed_only.computes_shared());
+          routed_only.submit(q);
+          routed_only.wait();
+          ASSERT_EQ(got, routed);
+        }
+      }
+    }
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Formats, FusedMoe,
