@@ -257,8 +257,9 @@ void BM_MoeLayerRepack(benchmark::State& state, Shape s, int64_t tokens) {
 // shared_experts); of_dram counts routed + shared bytes. vs_model: that against the operator on
 // the routed experts alone while the caller computes the shared ones through the pool
 // (kern::matmul_shared_input, SwiGLU, kern::matmul: Model::dense_ffn) and adds them after wait(),
-// A/B in the same minute (ab_rounds). Both give the same bits (asserted here once).
-void BM_MoeLayerShared(benchmark::State& state, Shape s) {
+// A/B in the same minute (ab_rounds). Both give the same bits (asserted here once). Prefill (512
+// tokens): items_per_second = 2 x multiply-adds of routed + shared experts, vs_model likewise.
+void BM_MoeLayerShared(benchmark::State& state, Shape s, int64_t tokens) {
   const Layer* layer = gguf_layer(s);
   constexpr int kCopies = 8;
   const int64_t sff = 2 * s.ff;
@@ -293,27 +294,29 @@ void BM_MoeLayerShared(benchmark::State& state, Shape s) {
   }
   std::mt19937 rng(7);
   std::normal_distribution<float> nd(0.0f, 1.0f);
-  std::vector<float> x(static_cast<size_t>(s.hidden)), out(x.size()), sh(x.size());
+  std::vector<float> x(static_cast<size_t>(tokens * s.hidden)), out(x.size()), sh(x.size());
   for (float& v : x) v = nd(rng);
   std::vector<std::vector<int32_t>> routings(16);
   std::vector<int32_t> perm(static_cast<size_t>(s.n_experts));
   for (auto& ids : routings) {
-    for (int64_t e = 0; e < s.n_experts; ++e) perm[e] = static_cast<int32_t>(e);
-    std::shuffle(perm.begin(), perm.end(), rng);
-    ids.assign(perm.begin(), perm.begin() + s.k);
+    for (int64_t t = 0; t < tokens; ++t) {
+      for (int64_t e = 0; e < s.n_experts; ++e) perm[e] = static_cast<int32_t>(e);
+      std::shuffle(perm.begin(), perm.end(), rng);
+      ids.insert(ids.end(), perm.begin(), perm.begin() + s.k);
+    }
   }
-  std::vector<float> w(static_cast<size_t>(s.k), 1.0f / static_cast<float>(s.k));
+  std::vector<float> w(static_cast<size_t>(tokens * s.k), 1.0f / static_cast<float>(s.k));
   FusedMoeOptions with;
   with.shared_experts = true;
   FusedMoeBackend fused(&pool(), with), routed_only(&pool());
   MoeRequest r;
   r.hidden = x.data();
-  r.n_tokens = 1;
+  r.n_tokens = tokens;
   r.hidden_size = s.hidden;
   r.weights = w.data();
   r.k = s.k;
   r.experts = &layer->w;
-  std::vector<float> g(static_cast<size_t>(sff)), u(g.size());
+  std::vector<float> g(static_cast<size_t>(tokens * sff)), u(g.size());
   size_t i = 0;
   auto next = [&] {
     r.ids = routings[i % routings.size()].data();
@@ -332,11 +335,11 @@ void BM_MoeLayerShared(benchmark::State& state, Shape s) {
     routed_only.submit(r);
     const ops::Weight* ws[2] = {&r.layer_weights->sh_gate, &r.layer_weights->sh_up};
     float* ys[2] = {g.data(), u.data()};
-    kern::matmul_shared_input(ws, x.data(), 1, ys, &pool());
-    ops::swiglu(g.data(), u.data(), sff, g.data());
-    kern::matmul(r.layer_weights->sh_down, g.data(), 1, out.data(), &pool());
+    kern::matmul_shared_input(ws, x.data(), tokens, ys, &pool());
+    ops::swiglu(g.data(), u.data(), tokens * sff, g.data());
+    kern::matmul(r.layer_weights->sh_down, g.data(), tokens, out.data(), &pool());
     routed_only.wait();
-    for (int64_t c = 0; c < s.hidden; ++c) out[c] += sh[c];
+    for (size_t c = 0; c < out.size(); ++c) out[c] += sh[c];
   };
   step_model();
   const std::vector<float> want = out;
@@ -346,7 +349,7 @@ void BM_MoeLayerShared(benchmark::State& state, Shape s) {
   auto step = [&] {
     step_fused();
     std::vector<uint8_t> used(static_cast<size_t>(s.n_experts), 0);
-    for (int64_t j = 0; j < s.k; ++j) used[r.ids[j]] = 1;
+    for (int64_t j = 0; j < tokens * s.k; ++j) used[r.ids[j]] = 1;
     return static_cast<uint64_t>(std::count(used.begin(), used.end(), 1)) * layer->expert_bytes +
            shared_bytes;
   };
@@ -355,10 +358,14 @@ void BM_MoeLayerShared(benchmark::State& state, Shape s) {
   state.SetBytesProcessed(static_cast<int64_t>(total));
   state.counters["GBps"] =
       benchmark::Counter(static_cast<double>(total) * 1e-9, benchmark::Counter::kIsRate);
-  static DramProbe probe(&pool());
-  const OfDram o = paired_rounds(probe, step);
-  state.counters["dram_GBps"] = o.dram_gbs;
-  state.counters["of_dram"] = o.of_dram;
+  // Prefill: 2 x multiply-adds of the routed and the shared experts per second.
+  state.SetItemsProcessed(state.iterations() * 2 * tokens * 3 * s.hidden * (s.k * s.ff + sff));
+  if (tokens == 1) {
+    static DramProbe probe(&pool());
+    const OfDram o = paired_rounds(probe, step);
+    state.counters["dram_GBps"] = o.dram_gbs;
+    state.counters["of_dram"] = o.of_dram;
+  }
   state.counters["vs_model"] = ab_rounds(step_model, step_fused);
   state.counters["threads"] = pool().size() + 1;
 }
@@ -459,7 +466,10 @@ BENCHMARK_CAPTURE(BM_MoeLayerRepack, qwen3_30b_a3b_prefill512, kQwen3, 512)
     ->UseRealTime()
     ->MinTime(0.5);
 
-BENCHMARK_CAPTURE(BM_MoeLayerShared, v2lite_decode, kV2Lite)->UseRealTime()->MinTime(0.5);
+BENCHMARK_CAPTURE(BM_MoeLayerShared, v2lite_decode, kV2Lite, 1)->UseRealTime()->MinTime(0.5);
+BENCHMARK_CAPTURE(BM_MoeLayerShared, v2lite_prefill512, kV2Lite, 512)
+    ->UseRealTime()
+    ->MinTime(0.5);
 
 #define TD_PACKED_LAYER(f, name)                                                    \
   BENCHMARK_CAPTURE(BM_MoeLayerPacked, v2lite_##name##_decode, kV2Lite, f, 1)       \
