@@ -250,6 +250,31 @@ void BM_MoeLayerRepack(benchmark::State& state, Shape s, int64_t tokens) {
   run_layer(state, s, layer, ce, tokens, /*vs_native=*/true);
 }
 
+// A layer call's inputs: tokens x hidden random activations, 16 routings to cycle (each token's k
+// distinct experts), equal routing weights.
+struct Inputs {
+  std::vector<float> x, w;
+  std::vector<std::vector<int32_t>> routings;
+};
+Inputs make_inputs(const Shape& s, int64_t tokens) {
+  std::mt19937 rng(7);
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  Inputs in;
+  in.x.resize(static_cast<size_t>(tokens * s.hidden));
+  for (float& v : in.x) v = nd(rng);
+  in.routings.resize(16);
+  std::vector<int32_t> perm(static_cast<size_t>(s.n_experts));
+  for (auto& ids : in.routings) {
+    for (int64_t t = 0; t < tokens; ++t) {
+      for (int64_t e = 0; e < s.n_experts; ++e) perm[e] = static_cast<int32_t>(e);
+      std::shuffle(perm.begin(), perm.end(), rng);
+      ids.insert(ids.end(), perm.begin(), perm.begin() + s.k);
+    }
+  }
+  in.w.assign(static_cast<size_t>(tokens * s.k), 1.0f / static_cast<float>(s.k));
+  return in;
+}
+
 // BM_MoeLayerShared: the V2-Lite layer with its two shared experts (one FFN of 2816: Q4_K gate /
 // up, Q6_K down, as in the Q4_K_M file's "more bits" layers), in 8 copies cycled with the routings
 // so they come from DRAM as each layer's own do. Decode as Model::ffn runs it on the CPU: the
@@ -292,20 +317,10 @@ void BM_MoeLayerShared(benchmark::State& state, Shape s, int64_t tokens) {
     shared_bytes = dtype_bytes(DType::kQ4_K, s.hidden) * 2 * sff +
                    dtype_bytes(DType::kQ6_K, sff) * s.hidden;
   }
-  std::mt19937 rng(7);
-  std::normal_distribution<float> nd(0.0f, 1.0f);
-  std::vector<float> x(static_cast<size_t>(tokens * s.hidden)), out(x.size()), sh(x.size());
-  for (float& v : x) v = nd(rng);
-  std::vector<std::vector<int32_t>> routings(16);
-  std::vector<int32_t> perm(static_cast<size_t>(s.n_experts));
-  for (auto& ids : routings) {
-    for (int64_t t = 0; t < tokens; ++t) {
-      for (int64_t e = 0; e < s.n_experts; ++e) perm[e] = static_cast<int32_t>(e);
-      std::shuffle(perm.begin(), perm.end(), rng);
-      ids.insert(ids.end(), perm.begin(), perm.begin() + s.k);
-    }
-  }
-  std::vector<float> w(static_cast<size_t>(tokens * s.k), 1.0f / static_cast<float>(s.k));
+  const Inputs in = make_inputs(s, tokens);
+  const std::vector<float>& x = in.x;
+  const std::vector<std::vector<int32_t>>& routings = in.routings;
+  std::vector<float> out(x.size()), sh(x.size());
   FusedMoeOptions with;
   with.shared_experts = true;
   FusedMoeBackend fused(&pool(), with), routed_only(&pool());
@@ -313,7 +328,7 @@ void BM_MoeLayerShared(benchmark::State& state, Shape s, int64_t tokens) {
   r.hidden = x.data();
   r.n_tokens = tokens;
   r.hidden_size = s.hidden;
-  r.weights = w.data();
+  r.weights = in.w.data();
   r.k = s.k;
   r.experts = &layer->w;
   std::vector<float> g(static_cast<size_t>(tokens * sff)), u(g.size());
@@ -372,21 +387,10 @@ void BM_MoeLayerShared(benchmark::State& state, Shape s, int64_t tokens) {
 
 void run_layer(benchmark::State& state, const Shape& s, const Layer* layer, const CpuExperts* ce,
                int64_t tokens, bool vs_native) {
-  std::mt19937 rng(7);
-  std::normal_distribution<float> nd(0.0f, 1.0f);
-  std::vector<float> x(static_cast<size_t>(tokens * s.hidden)), out(x.size());
-  for (float& v : x) v = nd(rng);
-  // 16 routings cycled, each token's k distinct experts.
-  std::vector<std::vector<int32_t>> routings(16);
-  std::vector<int32_t> perm(static_cast<size_t>(s.n_experts));
-  for (auto& ids : routings) {
-    for (int64_t t = 0; t < tokens; ++t) {
-      for (int64_t e = 0; e < s.n_experts; ++e) perm[e] = static_cast<int32_t>(e);
-      std::shuffle(perm.begin(), perm.end(), rng);
-      ids.insert(ids.end(), perm.begin(), perm.begin() + s.k);
-    }
-  }
-  std::vector<float> w(static_cast<size_t>(tokens * s.k), 1.0f / static_cast<float>(s.k));
+  const Inputs in = make_inputs(s, tokens);
+  const std::vector<float>& x = in.x;
+  const std::vector<std::vector<int32_t>>& routings = in.routings;
+  std::vector<float> out(x.size());
   // TANDEM_BENCH_MOE_ROWS=N: FusedMoeOptions::max_rows_per_task and max_rows_per_task_decode.
   FusedMoeOptions opt;
   if (const char* rows = std::getenv("TANDEM_BENCH_MOE_ROWS")) {
@@ -398,7 +402,7 @@ void run_layer(benchmark::State& state, const Shape& s, const Layer* layer, cons
   r.hidden = x.data();
   r.n_tokens = tokens;
   r.hidden_size = s.hidden;
-  r.weights = w.data();
+  r.weights = in.w.data();
   r.k = s.k;
   r.out = out.data();
   size_t i = 0;
