@@ -12,6 +12,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <fstream>
@@ -43,6 +44,7 @@ struct BenchArgs {
   bool json = false;
   std::string roofline;
   BackendOptions backend;
+  std::string vs;  // backend flags of a second configuration, alternated with the first
 };
 
 struct Stat {
@@ -113,10 +115,37 @@ void run_bench(const BenchArgs& a) {
     fail(ErrorKind::kInvalidArgument, "-p and -n must be >= 0 and -r >= 1 (got {}, {}, {})",
          a.n_prompt, a.n_gen, a.reps);
   }
-  const LoadedModel lm = load_model(a.model, load_mode(a.backend));
+  // --vs FLAGS: a second backend configuration (these flags over the first's), its own MoeRuntime
+  // and Model on the same loaded weights, each repetition run on both in alternating order (A B,
+  // B A, ...): the paired ratios compare the two in the same minutes.
+  const bool vs = !a.vs.empty();
+  BackendOptions backend_b = a.backend;
+  if (vs) {
+    CLI::App flags("--vs");
+    add_backend_options(flags, &backend_b);
+    try {
+      flags.parse(a.vs, false);
+    } catch (const CLI::ParseError& e) {
+      fail(ErrorKind::kInvalidArgument, "--vs '{}': {}", a.vs, e.what());
+    }
+  }
+  // One load for both: into huge-page memory when either side would read it there.
+  const LoadMode mode = load_mode(a.backend) == LoadMode::kCopy ||
+                                (vs && load_mode(backend_b) == LoadMode::kCopy)
+                            ? LoadMode::kCopy
+                            : LoadMode::kMap;
+  const LoadedModel lm = load_model(a.model, mode);
   page_in_model(lm);
   ThreadingContext threading(ThreadingOptions{a.threads, true, 50});
   MoeRuntime moe(lm, a.backend, threading);
+  std::unique_ptr<MoeRuntime> moe_b;
+  if (vs) {
+    try {
+      moe_b = std::make_unique<MoeRuntime>(lm, backend_b, threading);
+    } catch (const Error& e) {
+      fail(e.kind(), "--vs '{}': {}", a.vs, e.what());
+    }
+  }
   const ModelConfig& c = lm.config;
 
   // DRAM read bandwidth: from --roofline FILE, or measured now and again right after each decode
@@ -146,6 +175,12 @@ void run_bench(const BenchArgs& a) {
   mo.pool = &threading.pool();
   mo.moe = moe.backend();
   Model model(lm, mo);
+  std::unique_ptr<Model> model_b;
+  if (vs) {
+    ModelOptions mo_b = mo;
+    mo_b.moe = moe_b->backend();
+    model_b = std::make_unique<Model>(lm, mo_b);
+  }
   std::mt19937 rng(1234);
   std::uniform_int_distribution<int32_t> tok(0, static_cast<int32_t>(c.vocab_size - 1));
   std::vector<int32_t> prompt(static_cast<size_t>(a.n_prompt));
@@ -155,65 +190,61 @@ void run_bench(const BenchArgs& a) {
   // Warm-up, as llama-bench does: one prefill of the test's size (the scratch buffers grow to it:
   // first-touch page faults were ~9% of a cold pp512) and one decode step, outside the timing.
   const int32_t warm[4] = {1, 2, 3, 4};
-  if (a.n_prompt > 0) {
-    model.forward(prompt, logits.data(), false);
-  } else {
-    model.forward(std::span<const int32_t>(warm, 4), logits.data(), false);
+  for (Model* m : {&model, model_b.get()}) {
+    if (m == nullptr) continue;
+    if (a.n_prompt > 0) {
+      m->forward(prompt, logits.data(), false);
+    } else {
+      m->forward(std::span<const int32_t>(warm, 4), logits.data(), false);
+    }
+    m->forward(std::span<const int32_t>(warm, 1), logits.data(), false);
+    m->reset();
   }
-  model.forward(std::span<const int32_t>(warm, 1), logits.data(), false);
-  model.reset();
 
   struct Result {
     std::string test;
     int n = 0;
-    std::vector<double> tps;
-    Model::Profile profile;
+    std::vector<double> tps, tps_b;  // per repetition: the first configuration, the --vs one
+    Model::Profile profile, profile_b;
   };
   std::vector<Result> results;
   std::vector<double> rep_dram_gbs;  // measured right after each decode repetition
-  auto diff = [](const Model::Profile& b, const Model::Profile& e) {
-    Model::Profile d;
-    d.attention = e.attention - b.attention;
-    d.ffn = e.ffn - b.ffn;
-    d.moe_wait = e.moe_wait - b.moe_wait;
-    d.lm_head = e.lm_head - b.lm_head;
-    return d;
+  auto add = [](Model::Profile* to, const Model::Profile& b, const Model::Profile& e) {
+    to->attention += e.attention - b.attention;
+    to->ffn += e.ffn - b.ffn;
+    to->moe_wait += e.moe_wait - b.moe_wait;
+    to->lm_head += e.lm_head - b.lm_head;
   };
-  if (a.n_prompt > 0) {
-    Result r{fmt::format("pp{}", a.n_prompt), a.n_prompt, {}, {}};
-    const Model::Profile p0 = model.profile();
-    for (int i = 0; i < a.reps; ++i) {
-      model.reset();
-      const double t0 = now_s();
-      model.forward(prompt, logits.data(), false);
-      r.tps.push_back(a.n_prompt / (now_s() - t0));
-    }
-    r.profile = diff(p0, model.profile());
-    results.push_back(r);
-  }
-  if (a.n_gen > 0) {
-    Result r{fmt::format("tg{}", a.n_gen), a.n_gen, {}, {}};
-    Model::Profile profile;
-    for (int i = 0; i < a.reps; ++i) {
-      model.reset();
-      const Model::Profile p0 = model.profile();
-      const double t0 = now_s();
-      for (int j = 0; j < a.n_gen; ++j) {
+  // One repetition of a test on m: tokens/s, its profile added to *profile.
+  auto rep = [&](Model& m, bool decode, int n, Model::Profile* profile) {
+    m.reset();
+    const Model::Profile p0 = m.profile();
+    const double t0 = now_s();
+    if (!decode) {
+      m.forward(prompt, logits.data(), false);
+    } else {
+      for (int j = 0; j < n; ++j) {
         const int32_t t = prompt.empty() ? j % static_cast<int32_t>(c.vocab_size)
                                          : prompt[j % prompt.size()];
-        model.forward(std::span<const int32_t>(&t, 1), logits.data(), false);
+        m.forward(std::span<const int32_t>(&t, 1), logits.data(), false);
       }
-      r.tps.push_back(a.n_gen / (now_s() - t0));
-      const Model::Profile d = diff(p0, model.profile());
-      profile.attention += d.attention;
-      profile.ffn += d.ffn;
-      profile.moe_wait += d.moe_wait;
-      profile.lm_head += d.lm_head;
-      if (probe) rep_dram_gbs.push_back(probe->measure());
     }
-    r.profile = profile;
+    const double tps = n / (now_s() - t0);
+    add(profile, p0, m.profile());
+    return tps;
+  };
+  auto run_test = [&](const std::string& name, bool decode, int n) {
+    Result r{name, n, {}, {}, {}, {}};
+    for (int i = 0; i < a.reps; ++i) {
+      if (vs && i % 2 == 1) r.tps_b.push_back(rep(*model_b, decode, n, &r.profile_b));
+      r.tps.push_back(rep(model, decode, n, &r.profile));
+      if (vs && i % 2 == 0) r.tps_b.push_back(rep(*model_b, decode, n, &r.profile_b));
+      if (decode && probe) rep_dram_gbs.push_back(probe->measure());
+    }
     results.push_back(r);
-  }
+  };
+  if (a.n_prompt > 0) run_test(fmt::format("pp{}", a.n_prompt), false, a.n_prompt);
+  if (a.n_gen > 0) run_test(fmt::format("tg{}", a.n_gen), true, a.n_gen);
 
   nlohmann::json j;
   j["model"] = a.model;
@@ -226,9 +257,18 @@ void run_bench(const BenchArgs& a) {
   j["decode_bound_tokens_per_s"] = bound_tps;
   j["decode_bytes_split"] = {
       {"attention", split.attention}, {"ffn", split.ffn}, {"lm_head", split.lm_head}};
+  auto time_split = [](const Model::Profile& p) {
+    const double total = std::max(p.attention + p.ffn + p.lm_head, 1e-12);
+    return nlohmann::json{{"attention", p.attention / total},
+                          {"ffn", p.ffn / total},
+                          {"moe_wait", p.moe_wait / total},
+                          {"lm_head", p.lm_head / total}};
+  };
+  if (vs) {
+    j["vs"] = {{"flags", a.vs}, {"backend", moe_b->summary()}};
+  }
   for (const Result& r : results) {
     const Stat s = stat(r.tps);
-    const double total = r.profile.attention + r.profile.ffn + r.profile.lm_head;
     nlohmann::json t;
     t["test"] = r.test;
     t["n_tokens"] = r.n;
@@ -236,10 +276,23 @@ void run_bench(const BenchArgs& a) {
     t["tokens_per_s"] = r.tps;
     t["avg_tokens_per_s"] = s.mean;
     t["stddev_tokens_per_s"] = s.stddev;
-    t["time_split"] = {{"attention", r.profile.attention / std::max(total, 1e-12)},
-                       {"ffn", r.profile.ffn / std::max(total, 1e-12)},
-                       {"moe_wait", r.profile.moe_wait / std::max(total, 1e-12)},
-                       {"lm_head", r.profile.lm_head / std::max(total, 1e-12)}};
+    t["time_split"] = time_split(r.profile);
+    if (vs) {
+      // Repetition i of both ran back to back: ratio_per_pair[i] = B / A.
+      std::vector<double> ratio;
+      for (size_t i = 0; i < r.tps.size(); ++i) ratio.push_back(r.tps_b[i] / r.tps[i]);
+      std::vector<double> sorted = ratio;
+      std::sort(sorted.begin(), sorted.end());
+      const size_t m = sorted.size();
+      const Stat sb = stat(r.tps_b);
+      t["vs"] = {{"tokens_per_s", r.tps_b},
+                 {"avg_tokens_per_s", sb.mean},
+                 {"stddev_tokens_per_s", sb.stddev},
+                 {"time_split", time_split(r.profile_b)},
+                 {"ratio_per_pair", ratio},
+                 {"ratio_median",
+                  m % 2 == 1 ? sorted[m / 2] : 0.5 * (sorted[m / 2 - 1] + sorted[m / 2])}};
+    }
     if (r.test.rfind("tg", 0) == 0 && bound_tps > 0) {
       // Each repetition against the DRAM figure measured right after it, when there is one.
       std::vector<double> fraction;
@@ -269,13 +322,25 @@ void run_bench(const BenchArgs& a) {
   fmt::print("| {:>8} | {:>18} | {:>9} | {:>6} | {:>8} | {:>7} |\n", "test", "t/s", "attention",
              "ffn", "moe_wait", "lm_head");
   fmt::print("| {:->8} | {:->18} | {:->9} | {:->6} | {:->8} | {:->7} |\n", "", "", "", "", "", "");
-  for (const auto& t : j["tests"]) {
+  auto row = [](const std::string& name, const nlohmann::json& t) {
     const auto& sp = t["time_split"];
     fmt::print("| {:>8} | {:>9.2f} ± {:<6.2f} | {:>8.0f}% | {:>5.0f}% | {:>7.0f}% | {:>6.0f}% |\n",
-               t["test"].get<std::string>(), t["avg_tokens_per_s"].get<double>(),
-               t["stddev_tokens_per_s"].get<double>(), 100 * sp["attention"].get<double>(),
-               100 * sp["ffn"].get<double>(), 100 * sp["moe_wait"].get<double>(),
-               100 * sp["lm_head"].get<double>());
+               name, t["avg_tokens_per_s"].get<double>(), t["stddev_tokens_per_s"].get<double>(),
+               100 * sp["attention"].get<double>(), 100 * sp["ffn"].get<double>(),
+               100 * sp["moe_wait"].get<double>(), 100 * sp["lm_head"].get<double>());
+  };
+  for (const auto& t : j["tests"]) {
+    row(t["test"].get<std::string>(), t);
+    if (t.contains("vs")) row(t["test"].get<std::string>() + " vs", t["vs"]);
+  }
+  if (vs) {
+    fmt::print("vs: {} ({})\n", a.vs, moe_b->summary());
+    for (const auto& t : j["tests"]) {
+      const auto ratio = t["vs"]["ratio_per_pair"].get<std::vector<double>>();
+      fmt::print("{} vs / first: median {:.3f} of {} back-to-back pairs ({:.3f})\n",
+                 t["test"].get<std::string>(), t["vs"]["ratio_median"].get<double>(),
+                 ratio.size(), fmt::join(ratio, " / "));
+    }
   }
   fmt::print("decode bound: {:.2f} GB per token at {:.1f} GB/s DRAM read = {:.1f} tokens/s\n",
              step_bytes / 1e9, dram_gbs, bound_tps);
@@ -313,6 +378,9 @@ void add_bench(CLI::App& app) {
   app.add_option("--roofline", args->roofline,
                  "`tandem roofline --json` output to take DRAM bandwidth from (default: measure)");
   add_backend_options(app, &args->backend);
+  app.add_option("--vs", args->vs,
+                 "backend flags of a second configuration (e.g. \"--cpu-experts repack\"), run "
+                 "alternately with the first on the same loaded model: per-pair tokens/s ratios");
   app.callback([args] { run_bench(*args); });
 }
 

@@ -6,6 +6,7 @@
 // Bad values fail.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -84,6 +85,48 @@ TEST(CliBench, BadValuesFailWithMessage) {
   const test::CommandResult m = test::run_tandem("bench -m /nonexistent/model.gguf");
   EXPECT_NE(m.exit_code, 0);
   EXPECT_NE(m.err.find("/nonexistent/model.gguf"), std::string::npos) << m.err;
+}
+
+// --vs: a second backend configuration on the same loaded model, every repetition run on both.
+// The report has both configurations' rates, the ratio of each back-to-back pair equals their
+// quotient and the median is the middle one; the second backend is the one the flags describe.
+// Bad --vs flags fail naming --vs.
+TEST(CliBench, VsRunsASecondBackendPairByPair) {
+  const std::string model = test::data_path("golden/deepseek2-q4_k_m.gguf").string();
+  const test::CommandResult r = test::run_tandem(
+      "bench -m " + model +
+      " -p 16 -n 4 -r 3 --threads 2 --json --vs \"--cpu-experts int8 --expert-group 32 "
+      "--no-expert-cache\"");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  EXPECT_NE(j["vs"]["backend"].get<std::string>().find("int8 group 32"), std::string::npos)
+      << j["vs"];
+  EXPECT_EQ(j["backend"].get<std::string>().find("int8"), std::string::npos) << j["backend"];
+  ASSERT_EQ(j["tests"].size(), 2u);
+  for (const auto& t : j["tests"]) {
+    const auto a = t["tokens_per_s"].get<std::vector<double>>();
+    const auto b = t["vs"]["tokens_per_s"].get<std::vector<double>>();
+    const auto ratio = t["vs"]["ratio_per_pair"].get<std::vector<double>>();
+    ASSERT_EQ(a.size(), 3u);
+    ASSERT_EQ(b.size(), 3u);
+    ASSERT_EQ(ratio.size(), 3u);
+    for (size_t i = 0; i < 3; ++i) {
+      EXPECT_GT(b[i], 0.0);
+      EXPECT_NEAR(ratio[i], b[i] / a[i], 1e-12 * ratio[i]);
+    }
+    std::vector<double> sorted = ratio;
+    std::sort(sorted.begin(), sorted.end());
+    EXPECT_EQ(t["vs"]["ratio_median"].get<double>(), sorted[1]);
+    const auto& s = t["vs"]["time_split"];
+    EXPECT_NEAR(s["attention"].get<double>() + s["ffn"].get<double>() + s["lm_head"].get<double>(),
+                1.0, 1e-9);
+  }
+  for (const char* bad : {"--bogus 3", "--cpu-experts int9"}) {
+    const test::CommandResult e = test::run_tandem("bench -m " + model + " -p 0 -n 2 -r 1 --vs \"" +
+                                                   std::string(bad) + "\"");
+    EXPECT_NE(e.exit_code, 0) << bad;
+    EXPECT_NE(e.err.find("--vs"), std::string::npos) << e.err;
+  }
 }
 
 }  // namespace
