@@ -460,8 +460,31 @@ CpuExperts prepare_cpu_experts(const LoadedModel& model, const CpuExpertOptions&
     int64_t tiled = 0;
     mats = repack_experts(src, pool, &tiled);
     fill_result(&out, model, src, std::move(mats));
-    log_info("{} of {} expert matrices in Q4_K x16 tiles, the rest as stored ({:.2f} GiB)", tiled,
-             src.size(), out.bytes / 1073741824.0);
+    // The MoE layers' shared experts too (the fused operator runs them with the routed ones).
+    std::vector<Source> shared;
+    for (size_t l = 0; l < model.layers.size(); ++l) {
+      const LayerWeights& lw = model.layers[l];
+      if (!lw.moe || lw.sh_gate.empty()) continue;
+      const auto L = static_cast<uint32_t>(l);
+      shared.push_back({L, 0, 0, &lw.sh_gate});
+      shared.push_back({L, 0, 1, &lw.sh_up});
+      shared.push_back({L, 0, 2, &lw.sh_down});
+    }
+    int64_t tiled_shared = 0;
+    std::vector<KMatrix> sm = repack_experts(shared, pool, &tiled_shared);
+    out.shared_gate.assign(model.layers.size(), {});
+    out.shared_up.assign(model.layers.size(), {});
+    out.shared_down.assign(model.layers.size(), {});
+    for (size_t i = 0; i < shared.size(); ++i) {
+      auto& dst = shared[i].which == 0   ? out.shared_gate
+                  : shared[i].which == 1 ? out.shared_up
+                                         : out.shared_down;
+      out.bytes += sm[i].bytes();
+      dst[shared[i].layer] = std::move(sm[i]);
+    }
+    log_info("{} of {} routed and {} of {} shared expert matrices in Q4_K x16 tiles, the rest as "
+             "stored ({:.2f} GiB)",
+             tiled, src.size(), tiled_shared, shared.size(), out.bytes / 1073741824.0);
     return out;
   }
   const WFormat f = parse_format(options.format);

@@ -155,9 +155,19 @@ void FusedMoeBackend::submit(const MoeRequest& r) {
     x.w_up = &lw->sh_up;
     x.w_down = &lw->sh_down;
     x.ff = lw->sh_gate.rows();
-    x.fast = kern::view_weight(lw->sh_gate, &x.gate) && kern::view_weight(lw->sh_up, &x.up) &&
-             kern::view_weight(lw->sh_down, &x.down) && x.gate.format == x.up.format &&
-             x.gate.group == x.up.group;
+    const size_t L = static_cast<size_t>(r.layer);
+    if (prepared_ != nullptr && L < prepared_->shared_gate.size() &&
+        prepared_->shared_gate[L].valid() && prepared_->shared_up[L].valid() &&
+        prepared_->shared_down[L].valid()) {  // repack: rearranged like the routed experts
+      x.gate = prepared_->shared_gate[L];
+      x.up = prepared_->shared_up[L];
+      x.down = prepared_->shared_down[L];
+      x.fast = true;
+    } else {
+      x.fast = kern::view_weight(lw->sh_gate, &x.gate) && kern::view_weight(lw->sh_up, &x.up) &&
+               kern::view_weight(lw->sh_down, &x.down);
+    }
+    x.fast = x.fast && x.gate.format == x.up.format && x.gate.group == x.up.group;
     shared_gate_.clear();
     if (!lw->sh_gate_inp.empty()) {
       for (int64_t t = 0; t < T; ++t) {

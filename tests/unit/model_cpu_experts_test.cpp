@@ -10,6 +10,7 @@
 #include <cstring>
 #include <fstream>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "core/error.h"
@@ -231,7 +232,7 @@ TEST(CpuExperts, PackedExpertsMatchNative) {
 TEST(CpuExperts, RepackRearrangesQ4KAndKeepsTheProducts) {
   test::TempDir dir("repack");
   SynthOptions so;
-  so.config = config_preset("tiny-qwen3moe");
+  so.config = config_preset("tiny-deepseek2");  // routed and shared experts, a dense layer 0
   so.type = SynthType::kQ4_K;
   so.seed = 5;
   so.progress = false;
@@ -248,38 +249,52 @@ TEST(CpuExperts, RepackRearrangesQ4KAndKeepsTheProducts) {
   for (const auto& entry : fs::directory_iterator(dir.path())) files += entry.is_regular_file();
   EXPECT_EQ(files, 1u);  // the model alone: no cache file
   const bool x16 = best_isa() >= Isa::kAvx512Bf16;
-  int64_t tiled = 0, checked = 0;
+  int64_t tiled = 0, checked = 0, shared = 0;
   std::mt19937 rng(3);
   std::normal_distribution<float> nd(0.0f, 1.0f);
-  for (size_t l = 0; l < lm.layers.size(); ++l) {
-    const ExpertWeights& w = lm.layers[l].experts;
-    for (size_t xi = 0; xi < e.gate[l].size(); ++xi) {
-      const ops::Weight* stored[3] = {&w.gate[xi], &w.up[xi], &w.down[xi]};
-      const kern::KMatrix* got[3] = {&e.gate[l][xi], &e.up[l][xi], &e.down[l][xi]};
-      for (int m = 0; m < 3; ++m) {
-        kern::KMatrix v;
-        ASSERT_TRUE(kern::view_weight(*stored[m], &v));
-        const kern::KMatrix& r = *got[m];
-        ASSERT_TRUE(r.valid());
-        EXPECT_NE(r.data, v.data);  // a copy
-        const bool want_x16 = x16 && v.format == kern::WFormat::kQ4_K;
-        ASSERT_EQ(r.format, want_x16 ? kern::WFormat::kQ4_KX16 : v.format);
-        tiled += want_x16 ? 1 : 0;
-        for (const int64_t tokens : {int64_t{1}, int64_t{5}}) {
-          std::vector<float> x(static_cast<size_t>(tokens * v.cols));
-          for (float& f : x) f = nd(rng);
-          kern::Activations a;
-          kern::quantize_activations(kern::act_format(v.format), 0, x.data(), tokens, v.cols,
-                                     v.cols, &a);
-          std::vector<float> want(static_cast<size_t>(tokens * v.rows)), have(want.size());
-          kern::gemm(v, a, 0, v.rows, want.data(), v.rows);
-          kern::gemm(r, a, 0, r.rows, have.data(), r.rows);
-          ASSERT_EQ(have, want) << "layer " << l << " expert " << xi << " matrix " << m;
-          ++checked;
-        }
-      }
+  // A copy in the stored format or (Q4_K on AVX-512 VNNI) in x16 tiles, with the same products.
+  auto check = [&](const ops::Weight& stored, const kern::KMatrix& r, const std::string& what) {
+    kern::KMatrix v;
+    ASSERT_TRUE(kern::view_weight(stored, &v)) << what;
+    ASSERT_TRUE(r.valid()) << what;
+    EXPECT_NE(r.data, v.data) << what;  // a copy
+    const bool want_x16 = x16 && v.format == kern::WFormat::kQ4_K;
+    ASSERT_EQ(r.format, want_x16 ? kern::WFormat::kQ4_KX16 : v.format) << what;
+    tiled += want_x16 ? 1 : 0;
+    for (const int64_t tokens : {int64_t{1}, int64_t{5}}) {
+      std::vector<float> x(static_cast<size_t>(tokens * v.cols));
+      for (float& f : x) f = nd(rng);
+      kern::Activations a;
+      kern::quantize_activations(kern::act_format(v.format), 0, x.data(), tokens, v.cols, v.cols,
+                                 &a);
+      std::vector<float> want(static_cast<size_t>(tokens * v.rows)), have(want.size());
+      kern::gemm(v, a, 0, v.rows, want.data(), v.rows);
+      kern::gemm(r, a, 0, r.rows, have.data(), r.rows);
+      ASSERT_EQ(have, want) << what;
+      ++checked;
     }
+  };
+  ASSERT_EQ(e.shared_gate.size(), lm.layers.size());
+  for (size_t l = 0; l < lm.layers.size(); ++l) {
+    const LayerWeights& lw = lm.layers[l];
+    const ExpertWeights& w = lw.experts;
+    for (size_t xi = 0; xi < e.gate[l].size(); ++xi) {
+      const std::string what = "layer " + std::to_string(l) + " expert " + std::to_string(xi);
+      check(w.gate[xi], e.gate[l][xi], what + " gate");
+      check(w.up[xi], e.up[l][xi], what + " up");
+      check(w.down[xi], e.down[l][xi], what + " down");
+    }
+    if (!lw.moe || lw.sh_gate.empty()) {
+      EXPECT_FALSE(e.shared_gate[l].valid()) << "layer " << l;
+      continue;
+    }
+    const std::string what = "layer " + std::to_string(l) + " shared";
+    check(lw.sh_gate, e.shared_gate[l], what + " gate");
+    check(lw.sh_up, e.shared_up[l], what + " up");
+    check(lw.sh_down, e.shared_down[l], what + " down");
+    ++shared;
   }
+  EXPECT_GT(shared, 0);
   EXPECT_GT(checked, 0);
   if (x16) EXPECT_GT(tiled, 0);
   EXPECT_THROW(cpu_expert_cache_path(lm, o), Error);  // nothing to cache or convert
