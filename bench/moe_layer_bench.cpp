@@ -63,18 +63,22 @@ AlignedBuffer weight_buffer(size_t bytes) {
   return AlignedBuffer(bytes, opt);
 }
 
+// A [rows, cols] matrix of N(0, 0.02) values quantized to dt, row by row.
+std::vector<uint8_t> random_quantized(DType dt, int64_t rows, int64_t cols, std::mt19937& rng) {
+  std::normal_distribution<float> nd(0.0f, 0.02f);
+  std::vector<float> f(static_cast<size_t>(rows * cols));
+  for (float& v : f) v = nd(rng);
+  const int64_t rb = static_cast<int64_t>(dtype_bytes(dt, cols));
+  std::vector<uint8_t> q(static_cast<size_t>(rb * rows));
+  for (int64_t r = 0; r < rows; ++r) quantize_row(dt, f.data() + r * cols, q.data() + r * rb, cols);
+  return q;
+}
+
 // Four distinct random experts, their bytes replicated into every expert's own memory.
 Layer make_layer(const Shape& s) {
   std::mt19937 rng(5);
-  std::normal_distribution<float> nd(0.0f, 0.02f);
   auto quantize = [&](DType dt, int64_t rows, int64_t cols) {
-    std::vector<float> f(static_cast<size_t>(rows * cols));
-    for (float& v : f) v = nd(rng);
-    const int64_t rb = static_cast<int64_t>(dtype_bytes(dt, cols));
-    std::vector<uint8_t> q(static_cast<size_t>(rb * rows));
-    for (int64_t r = 0; r < rows; ++r)
-      quantize_row(dt, f.data() + r * cols, q.data() + r * rb, cols);
-    return q;
+    return random_quantized(dt, rows, cols, rng);
   };
   std::vector<std::vector<uint8_t>> proto;
   for (int i = 0; i < 4; ++i) {
@@ -293,15 +297,8 @@ void BM_MoeLayerShared(benchmark::State& state, Shape s, int64_t tokens) {
   static uint64_t shared_bytes = 0;
   if (lws->empty()) {
     std::mt19937 rng(9);
-    std::normal_distribution<float> nd(0.0f, 0.02f);
     auto quantized = [&](DType dt, int64_t rows, int64_t cols) {
-      std::vector<float> f(static_cast<size_t>(rows * cols));
-      for (float& v : f) v = nd(rng);
-      const int64_t rb = static_cast<int64_t>(dtype_bytes(dt, cols));
-      bytes->emplace_back(static_cast<size_t>(rb * rows));
-      for (int64_t r = 0; r < rows; ++r) {
-        quantize_row(dt, f.data() + r * cols, bytes->back().data() + r * rb, cols);
-      }
+      bytes->push_back(random_quantized(dt, rows, cols, rng));
       return Tensor::dense(dt, {rows, cols}, bytes->back().data());
     };
     bytes->reserve(3 * kCopies);
