@@ -482,9 +482,39 @@ CpuExperts prepare_cpu_experts(const LoadedModel& model, const CpuExpertOptions&
       out.bytes += sm[i].bytes();
       dst[shared[i].layer] = std::move(sm[i]);
     }
-    log_info("{} of {} routed and {} of {} shared expert matrices in Q4_K x16 tiles, the rest as "
-             "stored ({:.2f} GiB)",
-             tiled, src.size(), tiled_shared, shared.size(), out.bytes / 1073741824.0);
+    // The other matrices kern::matmul reads (Model): the shared experts' copies above, and
+    // the rest copied now.
+    std::vector<Source> rest;
+    auto add = [&](size_t l, const ops::Weight& w) {
+      if (!w.empty()) rest.push_back({static_cast<uint32_t>(l), 0, 0, &w});
+    };
+    for (size_t l = 0; l < model.layers.size(); ++l) {
+      const LayerWeights& lw = model.layers[l];
+      for (const ops::Weight* w : {&lw.wq, &lw.wk, &lw.wv, &lw.wo, &lw.wq_a, &lw.wq_b, &lw.wkv_a,
+                                   &lw.ffn_gate, &lw.ffn_up, &lw.ffn_down, &lw.router}) {
+        add(l, *w);
+      }
+      for (const ops::Weight& w : lw.k_up) add(l, w);
+      for (const ops::Weight& w : lw.v_up) add(l, w);
+    }
+    add(model.layers.size(), model.lm_head);
+    int64_t tiled_rest = 0;
+    std::vector<KMatrix> rm = repack_experts(rest, pool, &tiled_rest);
+    for (size_t i = 0; i < rest.size(); ++i) {
+      if (!rm[i].valid()) continue;  // no kernel for its dtype: read where it is
+      out.bytes += rm[i].bytes();
+      out.other[rest[i].w] = std::move(rm[i]);
+    }
+    for (const Source& s : shared) {
+      const auto& m = s.which == 0   ? out.shared_gate[s.layer]
+                      : s.which == 1 ? out.shared_up[s.layer]
+                                     : out.shared_down[s.layer];
+      if (m.valid()) out.other[s.w] = m;
+    }
+    log_info("{} of {} routed, {} of {} shared expert and {} of {} other matrices in Q4_K x16 "
+             "tiles, the rest as stored ({:.2f} GiB)",
+             tiled, src.size(), tiled_shared, shared.size(), tiled_rest, rest.size(),
+             out.bytes / 1073741824.0);
     return out;
   }
   const WFormat f = parse_format(options.format);

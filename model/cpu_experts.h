@@ -1,8 +1,9 @@
 // The routed experts as the CPU kernels read them (issue 4, KTransformers §3.2 online
 // quantization): views on the stored weights ("native"); the stored values rearranged at load
 // into one huge-page arena ("repack": Q4_K in x16 tiles, ops/cpu/q4k_x16.h, on CPUs with AVX-512
-// VNNI, the other types copied as stored; the MoE layers' shared experts too; bit-identical
-// results, no cache: it runs at memory speed); or requantized at load into tandem's INT8 / INT4 / BF16 layouts (ops/cpu/packed.h).
+// VNNI, the other types copied as stored; the MoE layers' shared experts and every non-expert
+// matrix the forward multiplies by too; bit-identical results, no cache: it runs at memory
+// speed); or requantized at load into tandem's INT8 / INT4 / BF16 layouts (ops/cpu/packed.h).
 // Requantizing a large model takes minutes, so those packed experts are written once to a cache
 // file and later loads mmap it (zero copies):
 //
@@ -56,6 +57,10 @@ struct CpuExperts {
   // without data where the layer has none); empty for the other formats (views on the stored
   // weights then).
   std::vector<kern::KMatrix> shared_gate, shared_up, shared_down;
+  // repack: every other matrix the forward reads through kern::matmul (attention, dense FFN,
+  // router, shared experts, lm_head), copied into the arena too (Q4_K in x16 tiles): with these
+  // (ModelOptions::views) decode reads no weight from the model file's 4 KiB page-cache pages.
+  kern::WeightViews other;
   // NUMA split (split_cpu_experts): part p runs on pool node part_node[p]. parts[layer][expert]
   // is empty where the expert is not split (no fast kernel, or too small to split).
   std::vector<int> part_node;

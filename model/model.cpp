@@ -35,6 +35,7 @@ Model::Model(const LoadedModel& weights, const ModelOptions& options)
     : w_(weights),
       ctx_(options.ctx),
       pool_(options.pool),
+      views_(options.views),
       mla_(options.mla),
       on_routing_(options.on_routing) {
   const ModelConfig& c = w_.config;
@@ -129,7 +130,7 @@ void Model::forward(std::span<const int32_t> tokens, float* logits, bool all_row
     ops::rms_norm(x + t * hd, w_.out_norm.data(), hd, c.rms_norm_eps, h + (t - first) * hd);
   }
   const auto t2 = Clock::now();
-  kern::matmul(w_.lm_head, h, rows, logits, pool_);
+  kern::matmul(w_.lm_head, h, rows, logits, pool_, views_);
   profile_.lm_head += seconds(t2);
 }
 
@@ -143,7 +144,7 @@ void Model::attention_mha(int64_t l, int64_t n, const float* x, float* out) {
   {
     const ops::Weight* ws[3] = {&lw.wq, &lw.wk, &lw.wv};
     float* ys[3] = {q, k, v};
-    kern::matmul_shared_input(ws, x, n, ys, pool_);
+    kern::matmul_shared_input(ws, x, n, ys, pool_, views_);
   }
   for_tokens(n, [&](int64_t t) {
     const int64_t pos = pos_ + t;
@@ -185,7 +186,7 @@ void Model::attention_mha(int64_t l, int64_t n, const float* x, float* out) {
   args.scale = attn_scale_;
   args.out = grow(att_, n * nq * d);
   kern::attention(args, pool_);
-  kern::matmul(lw.wo, args.out, n, out, pool_);
+  kern::matmul(lw.wo, args.out, n, out, pool_, views_);
 }
 
 // The rotary angles of one position (computed once for all of a token's heads), per thread.
@@ -242,16 +243,16 @@ void Model::attention_mla(int64_t l, int64_t n, const float* x, float* out) {
     float* qa = grow(t0_, n * c.q_lora_rank);
     const ops::Weight* ws[2] = {&lw.wq_a, &lw.wkv_a};
     float* ys[2] = {qa, kv};
-    kern::matmul_shared_input(ws, x, n, ys, pool_);
+    kern::matmul_shared_input(ws, x, n, ys, pool_, views_);
     for (int64_t t = 0; t < n; ++t) {
       float* r = qa + t * c.q_lora_rank;
       ops::rms_norm(r, lw.q_a_norm.data(), c.q_lora_rank, c.rms_norm_eps, r);
     }
-    kern::matmul(lw.wq_b, qa, n, q, pool_);
+    kern::matmul(lw.wq_b, qa, n, q, pool_, views_);
   } else {
     const ops::Weight* ws[2] = {&lw.wq, &lw.wkv_a};
     float* ys[2] = {q, kv};
-    kern::matmul_shared_input(ws, x, n, ys, pool_);
+    kern::matmul_shared_input(ws, x, n, ys, pool_, views_);
   }
   for_tokens(n, [&](int64_t t) {
     float* r = kv + t * kr;
@@ -285,7 +286,7 @@ void Model::attention_mla(int64_t l, int64_t n, const float* x, float* out) {
       }
       // (kern: quantized activations where llama.cpp's absorbed MLA quantizes them too.)
       if (lw.k_up_transposed) {
-        kern::matmul(lw.k_up[i], lat_l.data(), n, tmp_l.data(), nullptr);
+        kern::matmul(lw.k_up[i], lat_l.data(), n, tmp_l.data(), nullptr, views_);
       } else {
         ops::matmul_transposed(lw.k_up[i], lat_l.data(), n, tmp_l.data());
       }
@@ -319,13 +320,13 @@ void Model::attention_mla(int64_t l, int64_t n, const float* x, float* out) {
         const float* src = att + (t * nh + i) * kvl;
         std::copy(src, src + kvl, lat_l.data() + t * kvl);
       }
-      kern::matmul(lw.v_up[i], lat_l.data(), n, tmp_l.data(), nullptr);
+      kern::matmul(lw.v_up[i], lat_l.data(), n, tmp_l.data(), nullptr, views_);
       for (int64_t t = 0; t < n; ++t) {
         std::copy(tmp_l.data() + t * vd, tmp_l.data() + (t + 1) * vd, o + (t * nh + i) * vd);
       }
     };
     for_heads(nh, n, v_head);
-    kern::matmul(lw.wo, o, n, out, pool_);
+    kern::matmul(lw.wo, o, n, out, pool_, views_);
     return;
   }
   // Naive: decompress per-head K (nope part + the shared rope key) and V into the cache.
@@ -359,7 +360,7 @@ void Model::attention_mla(int64_t l, int64_t n, const float* x, float* out) {
   args.v_stride = nh * vd;
   args.out = grow(att_, n * nh * vd);
   kern::attention(args, pool_);
-  kern::matmul(lw.wo, args.out, n, out, pool_);
+  kern::matmul(lw.wo, args.out, n, out, pool_, views_);
 }
 
 void Model::dense_ffn(const ops::Weight& g, const ops::Weight& u, const ops::Weight& d, int64_t n,
@@ -369,9 +370,9 @@ void Model::dense_ffn(const ops::Weight& g, const ops::Weight& u, const ops::Wei
   float* ub = grow(t2_, n * ff);
   const ops::Weight* ws[2] = {&g, &u};
   float* ys[2] = {gb, ub};
-  kern::matmul_shared_input(ws, x, n, ys, pool_);
+  kern::matmul_shared_input(ws, x, n, ys, pool_, views_);
   ops::swiglu(gb, ub, n * ff, gb);
-  kern::matmul(d, gb, n, out, pool_);
+  kern::matmul(d, gb, n, out, pool_, views_);
 }
 
 void Model::ffn(int64_t l, int64_t n, const float* x, float* out) {
@@ -384,7 +385,7 @@ void Model::ffn(int64_t l, int64_t n, const float* x, float* out) {
   }
   const int64_t ne = c.n_experts, k = c.n_experts_per_tok;
   float* logits = grow(t0_, n * ne);
-  kern::matmul(lw.router, x, n, logits, pool_);
+  kern::matmul(lw.router, x, n, logits, pool_, views_);
   int32_t* ids = grow(ids_, n * k);
   float* wts = grow(topw_, n * k);
   const float* bias = lw.router_bias.empty() ? nullptr : lw.router_bias.data();

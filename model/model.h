@@ -13,6 +13,7 @@
 
 #include "model/moe_backend.h"
 #include "model/weights.h"
+#include "ops/cpu/kernels.h"
 #include "ops/cpu/ref_ops.h"
 
 namespace tandem {
@@ -41,6 +42,9 @@ struct ModelOptions {
   ThreadPool* pool = nullptr;  // nullptr: single-threaded
   MlaMode mla = MlaMode::kAbsorbed;
   MoeBackend* moe = nullptr;  // nullptr: an internal CpuMoeBackend
+  // Prepared copies of non-expert weights (`--cpu-experts repack`: MoeRuntime::weight_views()),
+  // read instead of the stored bytes where they hold a weight; nullptr: the stored bytes.
+  const kern::WeightViews* views = nullptr;
   RoutingObserver on_routing;  // optional
 };
 
@@ -88,6 +92,7 @@ class Model {
   const LoadedModel& w_;
   int64_t ctx_;
   ThreadPool* pool_;
+  const kern::WeightViews* views_;
   MlaMode mla_;
   RoutingObserver on_routing_;
   std::unique_ptr<CpuMoeBackend> own_moe_;

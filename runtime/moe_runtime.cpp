@@ -212,4 +212,9 @@ MoeRuntime::MoeRuntime(const LoadedModel& model, const BackendOptions& o,
 
 MoeRuntime::~MoeRuntime() = default;
 
+const kern::WeightViews* MoeRuntime::weight_views() const {
+  const CpuExperts* e = impl_->experts.get();
+  return e != nullptr && !e->other.empty() ? &e->other : nullptr;
+}
+
 }  // namespace tandem

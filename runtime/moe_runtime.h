@@ -13,6 +13,7 @@
 
 #include "model/moe_backend.h"
 #include "model/weights.h"
+#include "ops/cpu/kernels.h"
 
 namespace tandem {
 
@@ -59,6 +60,9 @@ class MoeRuntime {
   MoeBackend* backend() { return backend_; }
   // One line for the load summary: CPU expert format, accelerator, policy.
   const std::string& summary() const { return summary_; }
+  // What ModelOptions::views should point at: the non-expert matrices `--cpu-experts repack`
+  // copied (CpuExperts::other); nullptr for the other formats.
+  const kern::WeightViews* weight_views() const;
 
  private:
   struct Impl;

@@ -174,11 +174,13 @@ void run_bench(const BenchArgs& a) {
   mo.ctx = std::max(1, a.n_prompt + a.n_gen + 8);
   mo.pool = &threading.pool();
   mo.moe = moe.backend();
+  mo.views = moe.weight_views();
   Model model(lm, mo);
   std::unique_ptr<Model> model_b;
   if (vs) {
     ModelOptions mo_b = mo;
     mo_b.moe = moe_b->backend();
+    mo_b.views = moe_b->weight_views();
     model_b = std::make_unique<Model>(lm, mo_b);
   }
   std::mt19937 rng(1234);

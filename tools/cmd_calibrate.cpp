@@ -47,6 +47,7 @@ void run_calibrate(const CalibrateArgs& a) {
   mo.pool = &threading.pool();
   MoeRuntime moe(lm, a.backend, threading);
   mo.moe = moe.backend();
+  mo.views = moe.weight_views();
   mo.on_routing = [&cal](const RoutingEvent& e) { cal.on_routing(e); };
   Model model(lm, mo);
   std::vector<float> logits(static_cast<size_t>(lm.config.vocab_size));

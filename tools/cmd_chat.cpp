@@ -47,11 +47,12 @@ double seconds_since(std::chrono::steady_clock::time_point t) {
 
 class ChatSession {
  public:
-  ChatSession(const ChatArgs& a, const LoadedModel& lm, ThreadPool& pool, MoeBackend* moe)
+  ChatSession(const ChatArgs& a, const LoadedModel& lm, ThreadPool& pool, MoeBackend* moe,
+              const kern::WeightViews* views)
       : args_(a),
         tok_(lm.gguf ? Tokenizer::from_gguf(*lm.gguf) : Tokenizer::load(a.model)),
         tmpl_(chat_template_for(lm)),
-        model_(lm, make_options(a, pool, moe)),
+        model_(lm, make_options(a, pool, moe, views)),
         sampler_(a.sampling),
         logits_(static_cast<size_t>(lm.config.vocab_size)) {
     reset();
@@ -123,9 +124,11 @@ class ChatSession {
   }
 
  private:
-  static ModelOptions make_options(const ChatArgs& a, ThreadPool& pool, MoeBackend* moe) {
+  static ModelOptions make_options(const ChatArgs& a, ThreadPool& pool, MoeBackend* moe,
+                                   const kern::WeightViews* views) {
     ModelOptions mo;
     mo.moe = moe;
+    mo.views = views;
     mo.ctx = a.ctx;
     mo.pool = &pool;
     return mo;
@@ -181,7 +184,7 @@ void run_chat(const ChatArgs& a) {
   page_in_model(lm);
   ThreadingContext threading(ThreadingOptions{a.threads, true, 50});
   MoeRuntime moe(lm, a.backend, threading);
-  ChatSession session(a, lm, threading.pool(), moe.backend());
+  ChatSession session(a, lm, threading.pool(), moe.backend(), moe.weight_views());
   std::fprintf(stderr, "%s\n%s\n%s", model_summary(lm).c_str(), moe.summary().c_str(),
                "chat: /reset starts over, /quit leaves, Ctrl-C stops an answer\n");
 

@@ -57,6 +57,7 @@ void run_perplexity(const PerplexityArgs& a) {
   mo.pool = &threading.pool();
   MoeRuntime moe(lm, a.backend, threading);
   mo.moe = moe.backend();
+  mo.views = moe.weight_views();
   Model model(lm, mo);
   std::fprintf(stderr, "%s\n%s\n%zu tokens, %ld chunks of %ld\n", model_summary(lm).c_str(),
                moe.summary().c_str(), tokens.size(), static_cast<long>(n_chunks), static_cast<long>(n_ctx));

@@ -135,6 +135,7 @@ void run_model(const RunArgs& a) {
   mo.mla = a.mla == "naive" ? MlaMode::kNaive : MlaMode::kAbsorbed;
   MoeRuntime moe(lm, a.backend, threading);
   mo.moe = moe.backend();
+  mo.views = moe.weight_views();
   Model model(lm, mo);
   std::fprintf(stderr, "%s\n%s\n", model_summary(lm).c_str(), moe.summary().c_str());
   std::fprintf(stderr, "loaded in %.2f s; KV cache %.1f MiB for %ld positions; %d threads\n",

@@ -103,6 +103,7 @@ void record_from_model(const TraceArgs& a, rt::Trace* out) {
   mo.pool = &threading.pool();
   MoeRuntime moe(lm, a.backend, threading);
   mo.moe = moe.backend();
+  mo.views = moe.weight_views();
   mo.on_routing = [&rec](const RoutingEvent& e) { rec.on_routing(e); };
   Model model(lm, mo);
   const int64_t nv = lm.config.vocab_size;

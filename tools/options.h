@@ -31,9 +31,9 @@ inline LoadMode load_mode(const BackendOptions& o) {
 // Where and how experts run: every command that runs a model takes these.
 inline void add_backend_options(CLI::App& app, BackendOptions* o) {
   app.add_option("--cpu-experts", o->cpu_experts,
-                 "CPU expert weights: native (as stored) | repack (Q4_K rearranged at load into "
-                 "16-row tiles, same values) | int8 | int4 | bf16 (requantized at load, cached on "
-                 "disk)")
+                 "CPU expert weights: native (as stored) | repack (every matrix copied at load "
+                 "into huge-page memory, Q4_K rearranged into 16-row tiles, same values) | int8 | "
+                 "int4 | bf16 (requantized at load, cached on disk)")
       ->capture_default_str();
   app.add_option("--expert-group", o->expert_group, "int8/int4 quantization group: 32, 64, 128")
       ->capture_default_str();

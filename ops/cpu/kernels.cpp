@@ -486,9 +486,26 @@ void matmul_shared_input(std::span<const KMatrix* const> ws, const float* x, int
   }
 }
 
-void matmul(const ops::Weight& w, const float* x, int64_t tokens, float* y, ThreadPool* pool) {
+namespace {
+
+// w's prepared copy from views, else a view on its stored bytes.
+bool view_of(const ops::Weight& w, const WeightViews* views, KMatrix* out) {
+  if (views != nullptr) {
+    const auto it = views->find(&w);
+    if (it != views->end()) {
+      *out = it->second;
+      return true;
+    }
+  }
+  return view_weight(w, out);
+}
+
+}  // namespace
+
+void matmul(const ops::Weight& w, const float* x, int64_t tokens, float* y, ThreadPool* pool,
+            const WeightViews* views) {
   KMatrix m;
-  if (!view_weight(w, &m) || m.cols % block_of(act_format(m.format)) != 0) {
+  if (!view_of(w, views, &m) || m.cols % block_of(act_format(m.format)) != 0) {
     ops::matmul(w, x, tokens, y, pool);
     return;
   }
@@ -497,19 +514,19 @@ void matmul(const ops::Weight& w, const float* x, int64_t tokens, float* y, Thre
 }
 
 void matmul_shared_input(std::span<const ops::Weight* const> ws, const float* x, int64_t tokens,
-                         std::span<float* const> ys, ThreadPool* pool) {
+                         std::span<float* const> ys, ThreadPool* pool, const WeightViews* views) {
   TD_CHECK(ws.size() == ys.size() && ws.size() <= kMaxSharedInput,
            "matmul_shared_input: {} matrices, {} outputs (at most {})", ws.size(), ys.size(),
            kMaxSharedInput);
   std::array<KMatrix, kMaxSharedInput> m;
   bool shared = true;
   for (size_t i = 0; i < ws.size(); ++i) {
-    shared = shared && view_weight(*ws[i], &m[i]) &&
+    shared = shared && view_of(*ws[i], views, &m[i]) &&
              m[i].cols % block_of(act_format(m[i].format)) == 0 && m[i].cols == m[0].cols &&
              act_format(m[i].format) == act_format(m[0].format) && m[i].group == m[0].group;
   }
   if (!shared) {  // different encodings or no kernel: one call each
-    for (size_t i = 0; i < ws.size(); ++i) kern::matmul(*ws[i], x, tokens, ys[i], pool);
+    for (size_t i = 0; i < ws.size(); ++i) kern::matmul(*ws[i], x, tokens, ys[i], pool, views);
     return;
   }
   std::array<const KMatrix*, kMaxSharedInput> p{};

@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <unordered_map>
 #include <vector>
 
 #include "core/cpu_features.h"
@@ -119,7 +120,12 @@ void gemm_reference(const KMatrix& w, const Activations& a, int64_t n0, int64_t 
 // Dense convenience (attention projections, dense FFN, shared experts, lm_head, router):
 // converts x once and splits rows into tasks on pool (nullptr: the calling thread); falls back to
 // ops::matmul when the weight's dtype has no kernel. x [tokens, K], y [tokens, N].
-void matmul(const ops::Weight& w, const float* x, int64_t tokens, float* y, ThreadPool* pool);
+// views: prepared copies of some weights (`--cpu-experts repack`: the non-expert matrices
+// rearranged into one huge-page arena, CpuExperts::other), used instead of w's stored bytes when
+// they hold w (the same products).
+using WeightViews = std::unordered_map<const ops::Weight*, KMatrix>;
+void matmul(const ops::Weight& w, const float* x, int64_t tokens, float* y, ThreadPool* pool,
+            const WeightViews* views = nullptr);
 // The same with a prepared matrix and reusable activation storage.
 void matmul(const KMatrix& w, const float* x, int64_t tokens, float* y, ThreadPool* pool,
             Activations* scratch);
@@ -132,7 +138,8 @@ inline constexpr size_t kMaxSharedInput = 4;
 void matmul_shared_input(std::span<const KMatrix* const> ws, const float* x, int64_t tokens,
                          std::span<float* const> ys, ThreadPool* pool, Activations* scratch);
 void matmul_shared_input(std::span<const ops::Weight* const> ws, const float* x, int64_t tokens,
-                         std::span<float* const> ys, ThreadPool* pool);
+                         std::span<float* const> ys, ThreadPool* pool,
+                         const WeightViews* views = nullptr);
 
 // ops::attention's contract, one task per (token, KV head) on `pool`: the scores of every query
 // head sharing that KV head against all its cached keys, softmax, then the weighted sum of the

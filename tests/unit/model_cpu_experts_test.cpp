@@ -17,6 +17,7 @@
 #include "core/thread_pool.h"
 #include "formats/synth.h"
 #include "model/cpu_experts.h"
+#include "model/model.h"
 #include "model/weights.h"
 #include "ops/cpu/packed.h"
 #include "ops/cpu/q4k_x16.h"
@@ -295,6 +296,24 @@ TEST(CpuExperts, RepackRearrangesQ4KAndKeepsTheProducts) {
     ++shared;
   }
   EXPECT_GT(shared, 0);
+  // Every other matrix the forward reads through kern::matmul, copied alike (ModelOptions::views).
+  EXPECT_EQ(e.other.count(&lm.lm_head), 1u);
+  EXPECT_EQ(e.other.count(&lm.layers[0].ffn_gate), 1u);  // the dense layer
+  EXPECT_EQ(e.other.count(&lm.layers[1].wkv_a), 1u);
+  EXPECT_EQ(e.other.count(&lm.layers[1].sh_gate), 1u);
+  for (const auto& [w, m] : e.other) check(*w, m, "other matrix");
+  // A forward reading them gives the stored weights' logits, bit for bit.
+  std::vector<float> want(static_cast<size_t>(lm.config.vocab_size)), got(want.size());
+  const std::vector<int32_t> ids = {1, 5, 9, 2};
+  for (const kern::WeightViews* views : {static_cast<const kern::WeightViews*>(nullptr), &e.other}) {
+    ModelOptions mo;
+    mo.ctx = 16;
+    mo.pool = &pool();
+    mo.views = views;
+    Model model(lm, mo);
+    model.forward(ids, (views == nullptr ? want : got).data(), false);
+  }
+  EXPECT_EQ(got, want);
   EXPECT_GT(checked, 0);
   if (x16) EXPECT_GT(tiled, 0);
   EXPECT_THROW(cpu_expert_cache_path(lm, o), Error);  // nothing to cache or convert
