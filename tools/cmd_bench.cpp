@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -25,7 +26,9 @@
 
 #include "core/cpu_features.h"
 #include "core/error.h"
+#include "core/log.h"
 #include "core/thread_pool.h"
+#include "core/topology.h"
 #include "model/model.h"
 #include "model/weights.h"
 #include "ops/cpu/roofline.h"
@@ -129,11 +132,32 @@ void run_bench(const BenchArgs& a) {
       fail(ErrorKind::kInvalidArgument, "--vs '{}': {}", a.vs, e.what());
     }
   }
-  // One load for both: into huge-page memory when either side would read it there.
-  const LoadMode mode = load_mode(a.backend) == LoadMode::kCopy ||
-                                (vs && load_mode(backend_b) == LoadMode::kCopy)
-                            ? LoadMode::kCopy
-                            : LoadMode::kMap;
+  // One load for both: into huge-page memory when either side would read it there, unless the
+  // other side also copies its experts into memory of its own (repack / int8 / ...) and the two
+  // would not fit: about twice the model's bytes. Then mapped, said in a warning.
+  LoadMode mode = load_mode(a.backend) == LoadMode::kCopy ||
+                          (vs && load_mode(backend_b) == LoadMode::kCopy)
+                      ? LoadMode::kCopy
+                      : LoadMode::kMap;
+  if (vs && mode == LoadMode::kCopy && load_mode(a.backend) != load_mode(backend_b)) {
+    std::error_code ec;
+    uint64_t bytes = 0;
+    if (std::filesystem::is_directory(a.model, ec)) {
+      for (const auto& e : std::filesystem::directory_iterator(a.model, ec)) {
+        if (e.path().extension() == ".safetensors") bytes += e.file_size(ec);
+      }
+    } else {
+      bytes = std::filesystem::file_size(a.model, ec);
+    }
+    const uint64_t available = meminfo_bytes("MemAvailable");
+    if (available > 0 && 2 * bytes > available / 10 * 9) {
+      log_warn("--vs: the model ({:.1f} GiB) copied and its experts prepared again would not fit "
+               "in the {:.1f} GiB available: mapping the model instead (the side reading it in "
+               "place then reads 4 KiB page-cache pages)",
+               bytes / 1073741824.0, available / 1073741824.0);
+      mode = LoadMode::kMap;
+    }
+  }
   const LoadedModel lm = load_model(a.model, mode);
   page_in_model(lm);
   ThreadingContext threading(ThreadingOptions{a.threads, true, 50});
