@@ -361,13 +361,14 @@ void split_cpu_experts(CpuExperts* ce, const std::vector<int>& nodes,
 
 namespace {
 
-// --cpu-experts repack: every routed expert copied into one huge-page arena (4 KiB-aligned
-// matrices: no 2 MiB rounding per matrix), the Q4_K ones rearranged into x16 tiles
+// --cpu-experts repack: the given matrices (routed experts, shared experts, the others the model
+// multiplies by) copied into one huge-page arena (4 KiB-aligned matrices: no 2 MiB rounding per
+// matrix), the Q4_K ones rearranged into x16 tiles
 // (ops/cpu/q4k_x16.h) where the CPU has AVX-512 VNNI (the tiles' kernels; below it they would
 // only be unpacked again), the rest as stored. Experts without a kernel stay invalid views (the
 // reference path reads the stored weight). Same values, same bits: nothing is requantized.
 std::vector<KMatrix> repack_experts(const std::vector<Source>& src, ThreadPool* pool,
-                                    int64_t* tiled) {
+                                    std::vector<int64_t>* tiled) {
   enum class Kind { kNone, kCopy, kX16 };
   const bool x16 = best_isa() >= Isa::kAvx512Bf16;
   std::vector<KMatrix> view(src.size());
@@ -393,7 +394,7 @@ std::vector<KMatrix> repack_experts(const std::vector<Source>& src, ThreadPool* 
   AllocOptions a;
   a.huge_pages = true;
   auto arena = std::make_shared<AlignedBuffer>(std::max<uint64_t>(offset.back(), 1), a);
-  Progress progress("repacking experts", offset.back());
+  Progress progress("repacking", offset.back());
   std::vector<KMatrix> mats(src.size());
   auto one = [&](size_t i) {
     KMatrix m = view[i];
@@ -417,7 +418,8 @@ std::vector<KMatrix> repack_experts(const std::vector<Source>& src, ThreadPool* 
     for (size_t i = 0; i < src.size(); ++i) one(i);
   }
   progress.finish();
-  *tiled = std::count(kind.begin(), kind.end(), Kind::kX16);
+  tiled->assign(src.size(), 0);  // per source: 1 where it went into x16 tiles
+  for (size_t i = 0; i < src.size(); ++i) (*tiled)[i] = kind[i] == Kind::kX16 ? 1 : 0;
   return mats;
 }
 
@@ -457,21 +459,52 @@ CpuExperts prepare_cpu_experts(const LoadedModel& model, const CpuExpertOptions&
     return out;
   }
   if (options.format == "repack") {
-    int64_t tiled = 0;
-    mats = repack_experts(src, pool, &tiled);
-    fill_result(&out, model, src, std::move(mats));
-    // The MoE layers' shared experts too (the fused operator runs them with the routed ones).
-    std::vector<Source> shared;
+    // One arena for the routed experts, then the MoE layers' shared experts (the fused operator
+    // runs them with the routed ones), then every other matrix the model reads through
+    // kern::matmul (ModelOptions::views).
+    std::vector<Source> all = src, shared, rest;
     for (size_t l = 0; l < model.layers.size(); ++l) {
       const LayerWeights& lw = model.layers[l];
-      if (!lw.moe || lw.sh_gate.empty()) continue;
       const auto L = static_cast<uint32_t>(l);
-      shared.push_back({L, 0, 0, &lw.sh_gate});
-      shared.push_back({L, 0, 1, &lw.sh_up});
-      shared.push_back({L, 0, 2, &lw.sh_down});
+      if (lw.moe && !lw.sh_gate.empty()) {
+        shared.push_back({L, 0, 0, &lw.sh_gate});
+        shared.push_back({L, 0, 1, &lw.sh_up});
+        shared.push_back({L, 0, 2, &lw.sh_down});
+      }
+      auto add = [&](const ops::Weight& w) {
+        if (!w.empty()) rest.push_back({L, 0, 0, &w});
+      };
+      for (const ops::Weight* w : {&lw.wq, &lw.wk, &lw.wv, &lw.wo, &lw.wq_a, &lw.wq_b, &lw.wkv_a,
+                                   &lw.ffn_gate, &lw.ffn_up, &lw.ffn_down, &lw.router}) {
+        add(*w);
+      }
+      // (A transposed k_up is read by ops::matmul_transposed, not through kern::matmul.)
+      if (!lw.k_up_transposed) {
+        for (const ops::Weight& w : lw.k_up) add(w);
+      }
+      for (const ops::Weight& w : lw.v_up) add(w);
     }
-    int64_t tiled_shared = 0;
-    std::vector<KMatrix> sm = repack_experts(shared, pool, &tiled_shared);
+    if (!model.lm_head.empty()) {
+      rest.push_back({static_cast<uint32_t>(model.layers.size()), 0, 0, &model.lm_head});
+    }
+    all.insert(all.end(), shared.begin(), shared.end());
+    all.insert(all.end(), rest.begin(), rest.end());
+    std::vector<int64_t> tiled;
+    mats = repack_experts(all, pool, &tiled);
+    auto count = [&](size_t b, size_t e) {
+      return std::accumulate(tiled.begin() + static_cast<std::ptrdiff_t>(b),
+                             tiled.begin() + static_cast<std::ptrdiff_t>(e), int64_t{0});
+    };
+    const size_t n_routed = src.size(), n_shared = shared.size();
+    const int64_t tiled_routed = count(0, n_routed);
+    const int64_t tiled_shared = count(n_routed, n_routed + n_shared);
+    const int64_t tiled_rest = count(n_routed + n_shared, all.size());
+    std::vector<KMatrix> sm(std::make_move_iterator(mats.begin() + src.size()),
+                            std::make_move_iterator(mats.begin() + src.size() + shared.size()));
+    std::vector<KMatrix> rm(std::make_move_iterator(mats.begin() + src.size() + shared.size()),
+                            std::make_move_iterator(mats.end()));
+    mats.resize(src.size());
+    fill_result(&out, model, src, std::move(mats));
     out.shared_gate.assign(model.layers.size(), {});
     out.shared_up.assign(model.layers.size(), {});
     out.shared_down.assign(model.layers.size(), {});
@@ -480,40 +513,17 @@ CpuExperts prepare_cpu_experts(const LoadedModel& model, const CpuExpertOptions&
                   : shared[i].which == 1 ? out.shared_up
                                          : out.shared_down;
       out.bytes += sm[i].bytes();
+      if (sm[i].valid()) out.other[shared[i].w] = sm[i];  // the model's path (hybrid runs)
       dst[shared[i].layer] = std::move(sm[i]);
     }
-    // The other matrices kern::matmul reads (Model): the shared experts' copies above, and
-    // the rest copied now.
-    std::vector<Source> rest;
-    auto add = [&](size_t l, const ops::Weight& w) {
-      if (!w.empty()) rest.push_back({static_cast<uint32_t>(l), 0, 0, &w});
-    };
-    for (size_t l = 0; l < model.layers.size(); ++l) {
-      const LayerWeights& lw = model.layers[l];
-      for (const ops::Weight* w : {&lw.wq, &lw.wk, &lw.wv, &lw.wo, &lw.wq_a, &lw.wq_b, &lw.wkv_a,
-                                   &lw.ffn_gate, &lw.ffn_up, &lw.ffn_down, &lw.router}) {
-        add(l, *w);
-      }
-      for (const ops::Weight& w : lw.k_up) add(l, w);
-      for (const ops::Weight& w : lw.v_up) add(l, w);
-    }
-    add(model.layers.size(), model.lm_head);
-    int64_t tiled_rest = 0;
-    std::vector<KMatrix> rm = repack_experts(rest, pool, &tiled_rest);
     for (size_t i = 0; i < rest.size(); ++i) {
       if (!rm[i].valid()) continue;  // no kernel for its dtype: read where it is
       out.bytes += rm[i].bytes();
       out.other[rest[i].w] = std::move(rm[i]);
     }
-    for (const Source& s : shared) {
-      const auto& m = s.which == 0   ? out.shared_gate[s.layer]
-                      : s.which == 1 ? out.shared_up[s.layer]
-                                     : out.shared_down[s.layer];
-      if (m.valid()) out.other[s.w] = m;
-    }
     log_info("{} of {} routed, {} of {} shared expert and {} of {} other matrices in Q4_K x16 "
              "tiles, the rest as stored ({:.2f} GiB)",
-             tiled, src.size(), tiled_shared, shared.size(), tiled_rest, rest.size(),
+             tiled_routed, src.size(), tiled_shared, shared.size(), tiled_rest, rest.size(),
              out.bytes / 1073741824.0);
     return out;
   }
