@@ -27,6 +27,8 @@
 #include "core/topology.h"
 #include "formats/quant.h"
 #include "ops/cpu/kernels.h"
+#include "core/error.h"
+#include "ops/cpu/q0_x4.h"
 #include "ops/cpu/q4k_x16.h"
 #include "ops/cpu/ref_ops.h"
 #include "ops/cpu/roofline_kernels.h"
@@ -201,6 +203,56 @@ void BM_GemvQ4KX16(benchmark::State& state, Isa isa) {
   state.counters["vs_rows"] = ab_rounds(rows_call, call);
 }
 BENCHMARK_CAPTURE(BM_GemvQ4KX16, avx512_vnni, Isa::kAvx512Bf16)->UseRealTime()->MinTime(0.3);
+
+// Q5_0 / Q8_0 rows in the x4 layout (ops/cpu/q0_x4.h, what `--cpu-experts repack` holds them in
+// on VBMI CPUs) on BM_Gemv's weights: the same bytes and tasks, bytes_per_second comparable with
+// BM_Gemv/q5_0_* / q8_0_*; vs_rows: against the stored rows, A/B in the same minute (ab_rounds).
+// TANDEM_BENCH_GEMV_KIB / _HUGE / _TOKENS as BM_Gemv.
+void BM_GemvQ0X4(benchmark::State& state, DType dtype) {
+  if (!kern::q0_x4_native()) {
+    state.SkipWithError("no AVX-512 VBMI / BITALG here");
+    return;
+  }
+  const char* kib = std::getenv("TANDEM_BENCH_GEMV_KIB");
+  const int64_t bytes = kib != nullptr ? std::atoll(kib) << 10 : 96ll << 20;
+  const int64_t cols = 2048, nb = cols / kQK;
+  const int64_t rows = bytes / static_cast<int64_t>(dtype_bytes(dtype, cols));
+  const char* tok = std::getenv("TANDEM_BENCH_TOKENS");
+  const int64_t tokens = tok != nullptr ? std::max(1, std::atoi(tok)) : 1;
+  const Weights w = make_weights(dtype, rows, cols);
+  const char* huge = std::getenv("TANDEM_BENCH_HUGE");
+  AllocOptions opt;
+  opt.huge_pages = huge != nullptr && std::atoi(huge) != 0;
+  AlignedBuffer packed(static_cast<size_t>(w.m.bytes()), opt);
+  kern::KMatrix x4 = w.m;
+  TD_CHECK(kern::q0_x4_format(w.m.format, &x4.format), "x4 of {}", kern::wformat_name(w.m.format));
+  for (int64_t r = 0; r < rows; ++r) {
+    kern::q0_x4_repack_row(w.m.format, w.m.data + r * w.m.row_bytes, nb,
+                           packed.as<uint8_t>() + r * w.m.row_bytes);
+  }
+  x4.data = packed.as<uint8_t>();
+  std::vector<float> x(static_cast<size_t>(tokens * cols)), y(static_cast<size_t>(tokens * rows));
+  std::mt19937 rng(2);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (float& v : x) v = normal(rng);
+  kern::Activations a;
+  kern::quantize_activations(kern::AFormat::kQ8_0, 0, x.data(), tokens, cols, cols, &a);
+  const int64_t per_task = std::max<int64_t>(16, (256 << 10) / w.m.row_bytes / 16 * 16);
+  const size_t n_tasks = static_cast<size_t>((rows + per_task - 1) / per_task);
+  auto call_on = [&](const kern::KMatrix& m) {
+    pool().run(n_tasks, [&](size_t i) {
+      const int64_t r0 = static_cast<int64_t>(i) * per_task;
+      kern::gemm(m, a, r0, std::min(rows, r0 + per_task), y.data(), rows);
+    });
+    benchmark::DoNotOptimize(y.data());
+  };
+  auto call = [&] { call_on(x4); };
+  for (auto _ : state) call();
+  gemv_counters(state, static_cast<int64_t>(w.m.bytes()), call);
+  state.counters["vs_rows"] = ab_rounds([&] { call_on(w.m); }, call);
+}
+BENCHMARK_CAPTURE(BM_GemvQ0X4, q5_0, DType::kQ5_0)->UseRealTime()->MinTime(0.3);
+BENCHMARK_CAPTURE(BM_GemvQ0X4, q8_0, DType::kQ8_0)->UseRealTime()->MinTime(0.3);
 
 // No arithmetic: BM_Gemv/q4_k's buffer (same size, same huge-page setting) read in the same
 // ~256 KiB tasks by one of `tandem roofline`'s read kernels. What a GEMV would reach if its

@@ -38,6 +38,7 @@
 #include "ops/cpu/kernels.h"
 #include "ops/cpu/packed.h"
 #include "ops/cpu/ref_ops.h"
+#include "ops/cpu/q0_x4.h"
 #include "ops/cpu/q4k_x16.h"
 
 namespace tandem {
@@ -180,8 +181,10 @@ PackedLayer* make_packed_layer(const Shape& s, kern::WFormat f) {
   return pl;
 }
 
+// vs_native: the vs_native counter; x4_off (non-null): x4_vs_rows, this layer against these experts
+// (the same but the downs as stored rows), A/B in the same minute.
 void run_layer(benchmark::State& state, const Shape& s, const Layer* layer, const CpuExperts* ce,
-               int64_t tokens, bool vs_native = false);
+               int64_t tokens, bool vs_native = false, const CpuExperts* x4_off = nullptr);
 
 void BM_MoeLayerPacked(benchmark::State& state, Shape s, kern::WFormat f, int64_t tokens) {
   static std::vector<std::pair<kern::WFormat, PackedLayer*>> cache;
@@ -198,10 +201,15 @@ void BM_MoeLayerPacked(benchmark::State& state, Shape s, kern::WFormat f, int64_
   run_layer(state, s, &pl->layer, &pl->ce, tokens);
 }
 
+bool same_shape(const Shape& a, const Shape& b) {
+  return a.hidden == b.hidden && a.ff == b.ff && a.n_experts == b.n_experts &&
+         a.gate_up == b.gate_up && a.down == b.down;
+}
+
 const Layer* gguf_layer(const Shape& s) {
   static std::vector<std::pair<Shape, Layer>>* cache = new std::vector<std::pair<Shape, Layer>>;
   for (auto& [shape, l] : *cache) {
-    if (shape.hidden == s.hidden && shape.ff == s.ff && shape.n_experts == s.n_experts) return &l;
+    if (same_shape(shape, s)) return &l;
   }
   cache->emplace_back(s, make_layer(s));
   return &cache->back().second;
@@ -212,17 +220,22 @@ void BM_MoeLayer(benchmark::State& state, Shape s, int64_t tokens) {
 }
 
 // BM_MoeLayer's experts as `--cpu-experts repack` holds them: the Q4_K matrices rearranged into
-// x16 tiles (ops/cpu/q4k_x16.h) in one huge-page buffer, the others (V2-Lite's Q5_0 down) read
-// where they are. vs_native: this layer's rate / the stored rows' (BM_MoeLayer's), A/B in the same
-// minute (bench/dram_probe.h, ab_rounds).
+// x16 tiles (ops/cpu/q4k_x16.h), the Q5_0 / Q8_0 downs into x4 rows (ops/cpu/q0_x4.h) where the
+// CPU has VBMI, in one huge-page buffer. vs_native: this layer's rate / the stored rows'
+// (BM_MoeLayer's), A/B in the same minute (bench/dram_probe.h, ab_rounds); x4_vs_rows: the same
+// against these experts with the downs as stored rows (the x4 layout's own share).
 void BM_MoeLayerRepack(benchmark::State& state, Shape s, int64_t tokens) {
   static std::vector<std::pair<Shape, std::pair<AlignedBuffer, CpuExperts>>>* cache =
       new std::vector<std::pair<Shape, std::pair<AlignedBuffer, CpuExperts>>>;
+  // Per shape: the same experts with the downs as stored rows (x4_vs_rows).
+  static std::vector<CpuExperts>* rows_down = new std::vector<CpuExperts>;
   const Layer* layer = gguf_layer(s);
   CpuExperts* ce = nullptr;
-  for (auto& [shape, x] : *cache) {
-    if (shape.hidden == s.hidden && shape.ff == s.ff && shape.n_experts == s.n_experts) {
-      ce = &x.second;
+  const CpuExperts* x4_off = nullptr;
+  for (size_t i = 0; i < cache->size(); ++i) {
+    if (same_shape((*cache)[i].first, s)) {
+      ce = &(*cache)[i].second.second;
+      x4_off = &(*rows_down)[i];
     }
   }
   if (ce == nullptr) {
@@ -241,17 +254,31 @@ void BM_MoeLayerRepack(benchmark::State& state, Shape s, int64_t tokens) {
         const auto& w = (m == 0 ? layer->w.gate : m == 1 ? layer->w.up : layer->w.down)[e];
         kern::KMatrix km;
         kern::view_weight(w, &km);
+        kern::WFormat x4;
         if (km.format == kern::WFormat::kQ4_K) {
           kern::q4k_x16_repack(km.data, km.row_bytes, km.rows, km.cols, at);
           km.format = kern::WFormat::kQ4_KX16;
+          km.data = at;
+          at += km.bytes();
+        } else if (kern::q0_x4_native() && kern::q0_x4_format(km.format, &x4)) {
+          for (int64_t r = 0; r < km.rows; ++r) {
+            kern::q0_x4_repack_row(km.format, km.data + r * km.row_bytes, km.cols / kQK,
+                                   at + r * km.row_bytes);
+          }
+          km.format = x4;
           km.data = at;
           at += km.bytes();
         }
         (m == 0 ? ce->gate : m == 1 ? ce->up : ce->down)[0].push_back(km);
       }
     }
+    CpuExperts off = *ce;
+    for (int64_t e = 0; e < s.n_experts; ++e) kern::view_weight(layer->w.down[e], &off.down[0][e]);
+    rows_down->push_back(std::move(off));
+    x4_off = &rows_down->back();
   }
-  run_layer(state, s, layer, ce, tokens, /*vs_native=*/true);
+  const bool x4 = ce->down[0][0].format != x4_off->down[0][0].format;
+  run_layer(state, s, layer, ce, tokens, /*vs_native=*/true, x4 ? x4_off : nullptr);
 }
 
 // A layer call's inputs: tokens x hidden random activations, 16 routings to cycle (each token's k
@@ -383,7 +410,7 @@ void BM_MoeLayerShared(benchmark::State& state, Shape s, int64_t tokens) {
 }
 
 void run_layer(benchmark::State& state, const Shape& s, const Layer* layer, const CpuExperts* ce,
-               int64_t tokens, bool vs_native) {
+               int64_t tokens, bool vs_native, const CpuExperts* x4_off) {
   const Inputs in = make_inputs(s, tokens);
   const std::vector<float>& x = in.x;
   const std::vector<std::vector<int32_t>>& routings = in.routings;
@@ -449,20 +476,30 @@ void run_layer(benchmark::State& state, const Shape& s, const Layer* layer, cons
       state.counters["vs_native"] = ab_rounds([&] { step_on(native); }, [&] { step_on(be); });
     }
   }
+  if (x4_off != nullptr) {  // (prefill too: its tiles read the x4 rows unpacked)
+    FusedMoeBackend rows(&pool(), opt, x4_off);
+    state.counters["x4_vs_rows"] = ab_rounds([&] { step_on(rows); }, [&] { step_on(be); });
+  }
   state.counters["threads"] = pool().size() + 1;
 }
 
 const Shape kV2Lite{2048, 1408, 64, 6, DType::kQ4_K, DType::kQ5_0};
 const Shape kQwen3{2048, 768, 128, 8, DType::kQ4_K, DType::kQ4_K};
+// V2-Lite's "more bits" layers (12 of its 26 MoE layers in the Q4_K_M file): Q8_0 downs.
+const Shape kV2LiteQ8{2048, 1408, 64, 6, DType::kQ4_K, DType::kQ8_0};
 
 BENCHMARK_CAPTURE(BM_MoeLayer, v2lite_decode, kV2Lite, 1)->UseRealTime()->MinTime(0.5);
 BENCHMARK_CAPTURE(BM_MoeLayer, v2lite_prefill512, kV2Lite, 512)->UseRealTime()->MinTime(0.5);
 BENCHMARK_CAPTURE(BM_MoeLayer, qwen3_30b_a3b_decode, kQwen3, 1)->UseRealTime()->MinTime(0.5);
+BENCHMARK_CAPTURE(BM_MoeLayer, v2lite_q8down_decode, kV2LiteQ8, 1)->UseRealTime()->MinTime(0.5);
 BENCHMARK_CAPTURE(BM_MoeLayer, qwen3_30b_a3b_prefill512, kQwen3, 512)->UseRealTime()->MinTime(0.5);
 
 BENCHMARK_CAPTURE(BM_MoeLayerRepack, v2lite_decode, kV2Lite, 1)->UseRealTime()->MinTime(0.5);
 BENCHMARK_CAPTURE(BM_MoeLayerRepack, v2lite_prefill512, kV2Lite, 512)->UseRealTime()->MinTime(0.5);
 BENCHMARK_CAPTURE(BM_MoeLayerRepack, qwen3_30b_a3b_decode, kQwen3, 1)->UseRealTime()->MinTime(0.5);
+BENCHMARK_CAPTURE(BM_MoeLayerRepack, v2lite_q8down_decode, kV2LiteQ8, 1)
+    ->UseRealTime()
+    ->MinTime(0.5);
 BENCHMARK_CAPTURE(BM_MoeLayerRepack, qwen3_30b_a3b_prefill512, kQwen3, 512)
     ->UseRealTime()
     ->MinTime(0.5);

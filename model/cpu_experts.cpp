@@ -17,6 +17,7 @@
 #include "core/progress.h"
 #include "core/thread_pool.h"
 #include "ops/cpu/packed.h"
+#include "ops/cpu/q0_x4.h"
 #include "ops/cpu/q4k_x16.h"
 
 namespace tandem {
@@ -363,14 +364,14 @@ namespace {
 
 // --cpu-experts repack: the given matrices (routed experts, shared experts, the others the model
 // multiplies by) copied into one huge-page arena (4 KiB-aligned matrices: no 2 MiB rounding per
-// matrix), the Q4_K ones rearranged into x16 tiles
-// (ops/cpu/q4k_x16.h) where the CPU has AVX-512 VNNI (the tiles' kernels; below it they would
-// only be unpacked again), the rest as stored. Experts without a kernel stay invalid views (the
+// matrix), the Q4_K ones rearranged into x16 tiles (ops/cpu/q4k_x16.h) where the CPU has AVX-512
+// VNNI, the Q5_0 / Q8_0 ones into x4 rows (ops/cpu/q0_x4.h) where it has VBMI and BITALG too (their
+// kernels; elsewhere they would only be unpacked again), the rest as stored. Experts without a kernel stay invalid views (the
 // reference path reads the stored weight). Same values, same bits: nothing is requantized.
 std::vector<KMatrix> repack_experts(const std::vector<Source>& src, ThreadPool* pool,
                                     std::vector<int64_t>* tiled) {
-  enum class Kind { kNone, kCopy, kX16 };
-  const bool x16 = best_isa() >= Isa::kAvx512Bf16;
+  enum class Kind { kNone, kCopy, kX16, kX4 };
+  const bool x16 = best_isa() >= Isa::kAvx512Bf16, x4 = kern::q0_x4_native();
   std::vector<KMatrix> view(src.size());
   std::vector<Kind> kind(src.size(), Kind::kNone);
   std::vector<uint64_t> offset(src.size() + 1, 0);
@@ -378,7 +379,10 @@ std::vector<KMatrix> repack_experts(const std::vector<Source>& src, ThreadPool* 
     KMatrix& m = view[i];
     uint64_t bytes = 0;
     if (kern::view_weight(*src[i].w, &m)) {
-      kind[i] = x16 && m.format == WFormat::kQ4_K && m.cols % kQK_K == 0 ? Kind::kX16 : Kind::kCopy;
+      WFormat x4_format;
+      kind[i] = x16 && m.format == WFormat::kQ4_K && m.cols % kQK_K == 0 ? Kind::kX16
+                : x4 && kern::q0_x4_format(m.format, &x4_format)     ? Kind::kX4
+                                                                     : Kind::kCopy;
       bytes = kind[i] == Kind::kX16
                   ? static_cast<uint64_t>((m.rows + kern::kQ4KX16Rows - 1) / kern::kQ4KX16Rows *
                                           kern::q4k_x16_tile_bytes(m.cols))
@@ -402,6 +406,12 @@ std::vector<KMatrix> repack_experts(const std::vector<Source>& src, ThreadPool* 
     if (kind[i] == Kind::kX16) {
       kern::q4k_x16_repack(m.data, m.row_bytes, m.rows, m.cols, dst);
       m.format = WFormat::kQ4_KX16;
+    } else if (kind[i] == Kind::kX4) {
+      for (int64_t r = 0; r < m.rows; ++r) {
+        kern::q0_x4_repack_row(m.format, m.data + r * m.row_bytes, m.cols / kQK,
+                               dst + r * m.row_bytes);
+      }
+      kern::q0_x4_format(m.format, &m.format);
     } else if (kind[i] == Kind::kCopy) {
       std::memcpy(dst, m.data, static_cast<size_t>(m.rows * m.row_bytes));
     }
@@ -418,8 +428,10 @@ std::vector<KMatrix> repack_experts(const std::vector<Source>& src, ThreadPool* 
     for (size_t i = 0; i < src.size(); ++i) one(i);
   }
   progress.finish();
-  tiled->assign(src.size(), 0);  // per source: 1 where it went into x16 tiles
-  for (size_t i = 0; i < src.size(); ++i) (*tiled)[i] = kind[i] == Kind::kX16 ? 1 : 0;
+  tiled->assign(src.size(), 0);  // per source: 1 where it went into x16 tiles, 2 into x4 rows
+  for (size_t i = 0; i < src.size(); ++i) {
+    (*tiled)[i] = kind[i] == Kind::kX16 ? 1 : kind[i] == Kind::kX4 ? 2 : 0;
+  }
   return mats;
 }
 
@@ -491,14 +503,13 @@ CpuExperts prepare_cpu_experts(const LoadedModel& model, const CpuExpertOptions&
     all.insert(all.end(), rest.begin(), rest.end());
     std::vector<int64_t> tiled;
     mats = repack_experts(all, pool, &tiled);
-    auto count = [&](size_t b, size_t e) {
-      return std::accumulate(tiled.begin() + static_cast<std::ptrdiff_t>(b),
-                             tiled.begin() + static_cast<std::ptrdiff_t>(e), int64_t{0});
+    auto count = [&](size_t b, size_t e, int64_t kind) {
+      return std::count(tiled.begin() + static_cast<std::ptrdiff_t>(b),
+                        tiled.begin() + static_cast<std::ptrdiff_t>(e), kind);
     };
     const size_t n_routed = src.size(), n_shared = shared.size();
-    const int64_t tiled_routed = count(0, n_routed);
-    const int64_t tiled_shared = count(n_routed, n_routed + n_shared);
-    const int64_t tiled_rest = count(n_routed + n_shared, all.size());
+    const size_t routed[2] = {0, n_routed}, shared_r[2] = {n_routed, n_routed + n_shared},
+                 rest_r[2] = {n_routed + n_shared, all.size()};
     std::vector<KMatrix> sm(std::make_move_iterator(mats.begin() + src.size()),
                             std::make_move_iterator(mats.begin() + src.size() + shared.size()));
     std::vector<KMatrix> rm(std::make_move_iterator(mats.begin() + src.size() + shared.size()),
@@ -522,9 +533,11 @@ CpuExperts prepare_cpu_experts(const LoadedModel& model, const CpuExpertOptions&
       out.other[rest[i].w] = std::move(rm[i]);
     }
     log_info("{} of {} routed, {} of {} shared expert and {} of {} other matrices in Q4_K x16 "
-             "tiles, the rest as stored ({:.2f} GiB)",
-             tiled_routed, src.size(), tiled_shared, shared.size(), tiled_rest, rest.size(),
-             out.bytes / 1073741824.0);
+             "tiles; {} / {} / {} in Q5_0 / Q8_0 x4 rows; the rest as stored ({:.2f} GiB)",
+             count(routed[0], routed[1], 1), src.size(), count(shared_r[0], shared_r[1], 1),
+             shared.size(), count(rest_r[0], rest_r[1], 1), rest.size(),
+             count(routed[0], routed[1], 2), count(shared_r[0], shared_r[1], 2),
+             count(rest_r[0], rest_r[1], 2), out.bytes / 1073741824.0);
     return out;
   }
   const WFormat f = parse_format(options.format);

@@ -1,7 +1,8 @@
 // The routed experts as the CPU kernels read them (issue 4, KTransformers §3.2 online
 // quantization): views on the stored weights ("native"); the stored values rearranged at load
 // into one huge-page arena ("repack": Q4_K in x16 tiles, ops/cpu/q4k_x16.h, on CPUs with AVX-512
-// VNNI, the other types copied as stored; the MoE layers' shared experts and every non-expert
+// VNNI, Q5_0 / Q8_0 in x4 rows, ops/cpu/q0_x4.h, where they have VBMI too, the other types copied
+// as stored; the MoE layers' shared experts and every non-expert
 // matrix the forward multiplies by too; bit-identical results, no cache: it runs at memory
 // speed); or requantized at load into tandem's INT8 / INT4 / BF16 layouts (ops/cpu/packed.h).
 // Requantizing a large model takes minutes, so those packed experts are written once to a cache
@@ -58,7 +59,7 @@ struct CpuExperts {
   // weights then).
   std::vector<kern::KMatrix> shared_gate, shared_up, shared_down;
   // repack: every other matrix the forward reads through kern::matmul (attention, dense FFN,
-  // router, shared experts, lm_head), copied into the arena too (Q4_K in x16 tiles): with these
+  // router, shared experts, lm_head), copied into the arena too (rearranged alike): with these
   // (ModelOptions::views) decode reads no weight from the model file's 4 KiB page-cache pages.
   kern::WeightViews other;
   // NUMA split (split_cpu_experts): part p runs on pool node part_node[p]. parts[layer][expert]

@@ -73,6 +73,10 @@ struct GgufKernels {
   // 16 of them), g.n0 a multiple of 16. Only the AVX-512 VNNI table has it; kern::gemm runs the
   // lower levels and the reference through each tile's rows unpacked (the same bits).
   GemmFn q4_kx16 = nullptr;
+  // Q5_0 / Q8_0 rows in the x4 layout (q0_x4.h) x Q8_0: only the AVX-512 VNNI table has them, where
+  // the CPU has VBMI and BITALG; kern::gemm runs the others through the rows unpacked.
+  GemmFn q5_0x4 = nullptr;
+  GemmFn q8_0x4 = nullptr;
 };
 
 const GgufKernels& gguf_kernels_scalar();
@@ -97,6 +101,13 @@ void q4_0_rows_vbmi(const GemmArgs& g);
 void q4_1_rows_vbmi(const GemmArgs& g);
 void q5_1_rows_vbmi(const GemmArgs& g);
 void q8_0_rows_vbmi(const GemmArgs& g);
+void q5_0x4_rows_vbmi(const GemmArgs& g);  // the same on rows in the x4 layout (q0_x4.h)
+void q8_0x4_rows_vbmi(const GemmArgs& g);
+
+// Rows [g.n0, g.n1) of an x4 matrix of stored format `stored` (kQ5_0 / kQ8_0; q0_x4.cpp): a few
+// rows at a time unpacked into GGUF blocks in a thread-local buffer, then `rows` (that format's
+// kernel) on them: the same bits as the x4 kernels.
+void q0_x4_through_rows(const GemmArgs& g, int stored_format, GemmFn rows);
 
 // kern::attention's task (query token t, KV head group g) on AVX-512 (attention_avx512.cpp):
 // scores needs group * n_ctx floats, dummy dv (written, never read).

@@ -12,6 +12,7 @@
 // (after kern_gguf_impl.h: the traits use its block types)
 #include "ops/cpu/kern_gguf_avx512.h"
 #include "ops/cpu/kern_q4k_gemv16.h"
+#include "ops/cpu/kernels.h"
 #include "ops/cpu/q4k_x16.h"
 
 namespace {
@@ -946,6 +947,18 @@ void q0_vbmi(const GemmArgs& g) {
   }
 }
 
+// Q5_0 / Q8_0 in the x4 layout (q0_x4.h): below 16 tokens the VBMI rows on it, from 16 the tiled
+// GEMM on the rows unpacked (its per-call expansion rearranges them anyway).
+template <tandem::kern::detail::GemmFn kX4Rows, tandem::kern::detail::GemmFn kTiled,
+          tandem::kern::WFormat kStored>
+void q0_x4(const GemmArgs& g) {
+  if (g.tokens < kQ0TileMinTokens) {
+    kX4Rows(g);
+  } else {
+    tandem::kern::detail::q0_x4_through_rows(g, static_cast<int>(kStored), kTiled);
+  }
+}
+
 void q4k(const GemmArgs& g) {
   // (The rearrangement gathers the 16 rows' scales with 32-bit row offsets.)
   if (g.tokens >= kQ4KTileMinTokens && g.row_bytes < (int64_t{1} << 27)) {
@@ -1005,7 +1018,9 @@ const GgufKernels& gguf_kernels_avx512_vnni() {
                              q0_vbmi<q5_1_rows_vbmi, q51>,
                              q2k,
                              q3k,
-                             q4kx16};
+                             q4kx16,
+                             q0_x4<q5_0x4_rows_vbmi, q50, tandem::kern::WFormat::kQ5_0>,
+                             q0_x4<q8_0x4_rows_vbmi, q80, tandem::kern::WFormat::kQ8_0>};
   static const bool vbmi = cpu_features().avx512_vbmi && cpu_features().avx512_bitalg;
   return vbmi ? k : gguf_kernels_avx512_vnni_base();
 }

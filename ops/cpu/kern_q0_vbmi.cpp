@@ -175,6 +175,46 @@ inline void load_quad(const uint8_t* x, int blocks, int k, const Consts& c, __m5
   }
 }
 
+// The same for a full quad of the x4 layout (q0_x4.h): the fp16 d of the four blocks first (one
+// masked load into bytes 8k..8k+7 of h), then (Q5_0) the two fifth-bit masks as stored and the
+// 64 nibble bytes, or (Q8_0) the 128 bytes of u already.
+template <class Block>
+inline void load_quad_x4(const uint8_t* x, int k, const Consts& c, __m512i* u_lo, __m512i* u_hi,
+                         Halves* h) {
+  static_assert(std::is_same_v<Block, BlockQ5_0> || kIs8<Block>, "x4: Q5_0 and Q8_0");
+  constexpr int kBytes = static_cast<int>(sizeof(Block));
+  prefetch_ahead(x, 4 * kBytes);
+  const __mmask64 lane = __mmask64{0xFF} << (8 * k);
+  // (Bytes 8k..8k+7 of the load are x[0..7]; the masked-off ones are never read.)
+  h->d16 = _mm512_mask_loadu_epi8(h->d16, lane, x - 8 * k);
+  if constexpr (kIs8<Block>) {
+    *u_lo = _mm512_loadu_si512(x + 8);
+    *u_hi = _mm512_loadu_si512(x + 72);
+    return;
+  }
+  const __m512i q = _mm512_loadu_si512(x + 24);
+  const __m512i lo = _mm512_and_si512(q, c.nib);
+  const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(q, 4), c.nib);
+  __mmask64 m_lo, m_hi;
+  std::memcpy(&m_lo, x + 8, 8);
+  std::memcpy(&m_hi, x + 16, 8);
+  *u_lo = _mm512_mask_add_epi8(lo, m_lo, lo, c.sixteen);
+  *u_hi = _mm512_mask_add_epi8(hi, m_hi, hi, c.sixteen);
+}
+
+// A quad of either layout: full quads of an x4 row through load_quad_x4, the rest as stored.
+template <class Block, bool kX4>
+inline void any_quad(const uint8_t* x, int blocks, int k, const Consts& c, __m512i* u_lo,
+                     __m512i* u_hi, Halves* h) {
+  if constexpr (kX4) {
+    if (blocks == 4) {
+      load_quad_x4<Block>(x, k, c, u_lo, u_hi, h);
+      return;
+    }
+  }
+  load_quad<Block>(x, blocks, k, c, u_lo, u_hi, h);
+}
+
 // isum of 16 blocks from the exact sums of u: + c * sum(a) removed via the bias array.
 template <class Block>
 inline __m512i with_bias(__m512i sums, __m512i negc) {
@@ -191,7 +231,7 @@ inline __m512i block_sums(const __m512i* v, const Consts& c) {
                                   tree4_epi32(tree2_epi32(v[0], v[1]), tree2_epi32(v[2], v[3])));
 }
 
-template <class Block, int NT>
+template <class Block, bool kX4, int NT>
 void row(const uint8_t* w, int64_t nb, const Act* act, float* out) {
   constexpr int kBytes = static_cast<int>(sizeof(Block));
   const Consts c = consts<Block>();
@@ -208,7 +248,7 @@ void row(const uint8_t* w, int64_t nb, const Act* act, float* out) {
         continue;
       }
       __m512i u_lo, u_hi;
-      load_quad<Block>(w + (g0 + 4 * k) * kBytes, blocks, k, c, &u_lo, &u_hi, &hv);
+      any_quad<Block, kX4>(w + (g0 + 4 * k) * kBytes, blocks, k, c, &u_lo, &u_hi, &hv);
       for (int t = 0; t < NT; ++t) {
         const __m512i* aq = act[t].quads + 2 * ((g0 >> 2) + k);
         v[t][k] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), u_lo, aq[0]),
@@ -240,7 +280,7 @@ void row(const uint8_t* w, int64_t nb, const Act* act, float* out) {
 // Results go straight to y[t * ldy + r] (rows r < R contiguous per token): one permute and one
 // store per token (through a stack array and a memcpy, MLA's k_b measured 2x slower:
 // the wide reload of narrow stores cannot be forwarded).
-template <class Block, int Q, int NT>
+template <class Block, bool kX4, int Q, int NT>
 void short_rows(const uint8_t* w, int64_t row_bytes, int64_t nb, const Act* act, float* y,
                 int64_t ldy) {
   constexpr int R = 4 / Q;
@@ -257,7 +297,8 @@ void short_rows(const uint8_t* w, int64_t row_bytes, int64_t nb, const Act* act,
         continue;
       }
       __m512i u_lo, u_hi;
-      load_quad<Block>(w + r * row_bytes + 4 * qd * kBytes, blocks, k, c, &u_lo, &u_hi, &hv);
+      any_quad<Block, kX4>(w + r * row_bytes + 4 * qd * kBytes, blocks, k, c, &u_lo, &u_hi,
+                           &hv);
       for (int t = 0; t < NT; ++t) {
         const __m512i* aq = act[t].quads + 2 * qd;
         v[t][k] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), u_lo, aq[0]),
@@ -307,11 +348,11 @@ void short_rows(const uint8_t* w, int64_t row_bytes, int64_t nb, const Act* act,
 }
 
 // short_rows for nb <= 8 and nt <= kMaxTokens tokens.
-template <class Block>
+template <class Block, bool kX4>
 inline void short_rows_any(const uint8_t* w, int64_t row_bytes, int64_t nb, const Act* a,
                            int64_t nt, float* y, int64_t ldy) {
   auto run = [&](auto q, auto t) {
-    short_rows<Block, decltype(q)::value, decltype(t)::value>(w, row_bytes, nb, a, y, ldy);
+    short_rows<Block, kX4, decltype(q)::value, decltype(t)::value>(w, row_bytes, nb, a, y, ldy);
   };
   using One = std::integral_constant<int, 1>;
   using Two = std::integral_constant<int, 2>;
@@ -330,7 +371,8 @@ inline void short_rows_any(const uint8_t* w, int64_t row_bytes, int64_t nb, cons
   }
 }
 
-template <class Block>
+// kX4: the rows are in the x4 layout (q0_x4.h).
+template <class Block, bool kX4 = false>
 void rows_vbmi(const GemmArgs& g) {
   using tandem::kern::detail::q8_0_act_aux_offset;
   using tandem::kern::detail::q8_0_act_padded_blocks;
@@ -364,7 +406,7 @@ void rows_vbmi(const GemmArgs& g) {
     for (int64_t t0 = 0; t0 < g.tokens; t0 += kMaxTokens) {
       const int64_t nt = std::min<int64_t>(kMaxTokens, g.tokens - t0);
       for (int64_t rr = g.n0; rr < r_end; rr += per) {
-        short_rows_any<Block>(g.w + rr * g.row_bytes, g.row_bytes, nb, acts.data() + t0, nt,
+        short_rows_any<Block, kX4>(g.w + rr * g.row_bytes, g.row_bytes, nb, acts.data() + t0, nt,
                               g.y + t0 * g.ldy + rr, g.ldy);
       }
     }
@@ -376,10 +418,10 @@ void rows_vbmi(const GemmArgs& g) {
       const int64_t nt = std::min<int64_t>(kMaxTokens, g.tokens - t0);
       float out[kMaxTokens];
       const Act* a = acts.data() + t0;
-      if (nt == 4) row<Block, 4>(w, nb, a, out);
-      if (nt == 3) row<Block, 3>(w, nb, a, out);
-      if (nt == 2) row<Block, 2>(w, nb, a, out);
-      if (nt == 1) row<Block, 1>(w, nb, a, out);
+      if (nt == 4) row<Block, kX4, 4>(w, nb, a, out);
+      if (nt == 3) row<Block, kX4, 3>(w, nb, a, out);
+      if (nt == 2) row<Block, kX4, 2>(w, nb, a, out);
+      if (nt == 1) row<Block, kX4, 1>(w, nb, a, out);
       for (int64_t t = 0; t < nt; ++t) g.y[(t0 + t) * g.ldy + r] = out[t];
     }
   }
@@ -403,6 +445,12 @@ void q5_1_rows_vbmi(const GemmArgs& g) {
 }
 void q8_0_rows_vbmi(const GemmArgs& g) {
   rows_vbmi<BlockQ8_0>(g);
+}
+void q5_0x4_rows_vbmi(const GemmArgs& g) {
+  rows_vbmi<BlockQ5_0, true>(g);
+}
+void q8_0x4_rows_vbmi(const GemmArgs& g) {
+  rows_vbmi<BlockQ8_0, true>(g);
 }
 
 }  // namespace tandem::kern::detail

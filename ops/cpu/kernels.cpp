@@ -11,6 +11,7 @@
 #include "formats/quant.h"
 #include "ops/cpu/kern_gguf.h"
 #include "ops/cpu/packed.h"
+#include "ops/cpu/q0_x4.h"
 #include "ops/cpu/q4k_x16.h"
 #include "ops/cpu/token_blocks.h"
 
@@ -40,6 +41,8 @@ const char* wformat_name(WFormat f) {
     case WFormat::kQ3_K: return "q3_k";
     case WFormat::kBF16Tile: return "bf16-tile";
     case WFormat::kQ4_KX16: return "q4_k-x16";
+    case WFormat::kQ5_0X4: return "q5_0-x4";
+    case WFormat::kQ8_0X4: return "q8_0-x4";
   }
   return "?";
 }
@@ -60,7 +63,9 @@ AFormat act_format(WFormat f) {
     case WFormat::kQ5_K:
     case WFormat::kQ6_K: return AFormat::kQ8_K;
     case WFormat::kQ8_0:
+    case WFormat::kQ8_0X4:
     case WFormat::kQ5_0:
+    case WFormat::kQ5_0X4:
     case WFormat::kQ4_0:
     case WFormat::kQ4_1:
     case WFormat::kQ5_1: return AFormat::kQ8_0;
@@ -131,8 +136,10 @@ RowBlocks row_blocks(WFormat f) {
     case WFormat::kQ4_KX16: return {kQK_K, sizeof(BlockQ4_K)};  // x16: per row within its tile
     case WFormat::kQ5_K: return {kQK_K, sizeof(BlockQ5_K)};
     case WFormat::kQ6_K: return {kQK_K, sizeof(BlockQ6_K)};
-    case WFormat::kQ8_0: return {kQK, sizeof(BlockQ8_0)};
-    case WFormat::kQ5_0: return {kQK, sizeof(BlockQ5_0)};
+    case WFormat::kQ8_0:
+    case WFormat::kQ8_0X4: return {kQK, sizeof(BlockQ8_0)};  // x4: quads of them (col_align)
+    case WFormat::kQ5_0:
+    case WFormat::kQ5_0X4: return {kQK, sizeof(BlockQ5_0)};
     case WFormat::kQ4_0: return {kQK, sizeof(BlockQ4_0)};
     case WFormat::kQ4_1: return {kQK, sizeof(BlockQ4_1)};
     case WFormat::kQ5_1: return {kQK, sizeof(BlockQ5_1)};
@@ -151,6 +158,7 @@ int64_t col_align(const KMatrix& w) {
   if (w.format == WFormat::kInt8 || w.format == WFormat::kInt4) return w.group;
   if (w.format == WFormat::kBF16Tile) return 2;  // one k pair
   if (w.format == WFormat::kFP8Block) return w.block_cols;
+  if (w.format == WFormat::kQ5_0X4 || w.format == WFormat::kQ8_0X4) return 4 * kQK;  // quads
   return row_blocks(w.format).values;
 }
 
@@ -249,6 +257,8 @@ GemmFn GgufKernels::*entry_of(WFormat f) {
     case WFormat::kQ2_K: return &GgufKernels::q2_k;
     case WFormat::kQ3_K: return &GgufKernels::q3_k;
     case WFormat::kQ4_KX16: return &GgufKernels::q4_kx16;
+    case WFormat::kQ5_0X4: return &GgufKernels::q5_0x4;
+    case WFormat::kQ8_0X4: return &GgufKernels::q8_0x4;
     default: break;
   }
   fail(ErrorKind::kUnsupported, "no CPU kernel for weight format {}", wformat_name(f));
@@ -389,6 +399,17 @@ void gemm(const KMatrix& w, const Activations& a, int64_t n0, int64_t n1, float*
     }
     return;
   }
+  WFormat stored;
+  if (q0_x4_stored_format(w.format, &stored)) {
+    const GemmArgs g = make_args(w, a, n0, n1, y, ldy);
+    const GemmFn x4 = detail::gguf_kernels_avx512_vnni().*entry_of(w.format);
+    if (std::min(isa, best_isa()) >= Isa::kAvx512Bf16 && x4 != nullptr) {
+      x4(g);
+    } else {
+      detail::q0_x4_through_rows(g, static_cast<int>(stored), pick(isa, entry_of(stored)));
+    }
+    return;
+  }
   pick(isa, entry_of(w.format))(make_args(w, a, n0, n1, y, ldy));
 }
 
@@ -402,6 +423,12 @@ void gemm_reference(const KMatrix& w, const Activations& a, int64_t n0, int64_t 
   if (w.format == WFormat::kQ4_KX16) {
     check_x16_rows(w, n0);
     q4k_x16_through_rows(make_args(w, a, n0, n1, y, ldy), detail::gguf_kernels_scalar().q4_k);
+    return;
+  }
+  WFormat stored;
+  if (q0_x4_stored_format(w.format, &stored)) {
+    detail::q0_x4_through_rows(make_args(w, a, n0, n1, y, ldy), static_cast<int>(stored),
+                               detail::gguf_kernels_scalar().*entry_of(stored));
     return;
   }
   (detail::gguf_kernels_scalar().*entry_of(w.format))(make_args(w, a, n0, n1, y, ldy));

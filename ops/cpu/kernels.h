@@ -31,7 +31,8 @@ enum class WFormat : uint8_t {
   kBF16Tile,  // BF16 in 16-row tiles of k pairs (packed.h): `--cpu-experts bf16`, BF16 activations
   kQ4_0, kQ4_1, kQ5_1,  // ggml's legacy 32-blocks (Q5_1: llama-quantize's Q5_K fallback)
   kQ2_K, kQ3_K,         // the low-bit K-quants of Q2_K / Q3_K_* files
-  kQ4_KX16  // Q4_K rows interleaved 16 at a time (q4k_x16.h): `--cpu-experts repack`
+  kQ4_KX16,  // Q4_K rows interleaved 16 at a time (q4k_x16.h): `--cpu-experts repack`
+  kQ5_0X4, kQ8_0X4  // Q5_0 / Q8_0 rows, blocks rearranged 4 at a time (q0_x4.h): `repack`
 };
 const char* wformat_name(WFormat f);
 

@@ -20,6 +20,7 @@
 #include "model/model.h"
 #include "model/weights.h"
 #include "ops/cpu/packed.h"
+#include "ops/cpu/q0_x4.h"
 #include "ops/cpu/q4k_x16.h"
 #include "ops/cpu/ref_ops.h"
 #include "tests/test_util.h"
@@ -227,8 +228,9 @@ TEST(CpuExperts, PackedExpertsMatchNative) {
 }
 
 // `repack`: every routed expert copied out of the model into memory of its own, the Q4_K ones in
-// x16 tiles where the CPU has AVX-512 VNNI (else as stored), the others (here the Q5_0 / Q8_0
-// downs of 64-value rows) as stored; every matrix's product on random activations, 1 and 5
+// x16 tiles where the CPU has AVX-512 VNNI (else as stored), the Q5_0 / Q8_0 ones (here downs of
+// 64-value rows: no full quad) in x4 rows where it has VBMI too (ops/cpu/q0_x4.h), the others as
+// stored; every matrix's product on random activations, 1 and 5
 // tokens, bit for bit the stored rows'. No cache file, and `convert` has nothing to write.
 TEST(CpuExperts, RepackRearrangesQ4KAndKeepsTheProducts) {
   test::TempDir dir("repack");
@@ -260,7 +262,9 @@ TEST(CpuExperts, RepackRearrangesQ4KAndKeepsTheProducts) {
     ASSERT_TRUE(r.valid()) << what;
     EXPECT_NE(r.data, v.data) << what;  // a copy
     const bool want_x16 = x16 && v.format == kern::WFormat::kQ4_K;
-    ASSERT_EQ(r.format, want_x16 ? kern::WFormat::kQ4_KX16 : v.format) << what;
+    kern::WFormat want = want_x16 ? kern::WFormat::kQ4_KX16 : v.format;
+    if (kern::q0_x4_native()) kern::q0_x4_format(v.format, &want);  // Q5_0 / Q8_0 in x4 rows
+    ASSERT_EQ(r.format, want) << what;
     tiled += want_x16 ? 1 : 0;
     for (const int64_t tokens : {int64_t{1}, int64_t{5}}) {
       std::vector<float> x(static_cast<size_t>(tokens * v.cols));

@@ -19,6 +19,7 @@
 #include "formats/quant.h"
 #include "ops/cpu/kern_gguf.h"
 #include "ops/cpu/kernels.h"
+#include "ops/cpu/q0_x4.h"
 #include "ops/cpu/q4k_x16.h"
 #include "ops/cpu/ref_ops.h"
 
@@ -407,6 +408,82 @@ TEST(KernelsQ4KX16, MatrixThroughGemmEqualsReferenceOnRows) {
   kern::gemm(sub, a, 0, 37, got.data(), 37);
   EXPECT_EQ(got, want);
   EXPECT_THROW(kern::copy_submatrix(x16, 8, 32, 0, cols, AllocOptions{}), Error);
+}
+
+// Q5_0 / Q8_0 rows in the x4 layout (ops/cpu/q0_x4.h, what `--cpu-experts repack` holds on VBMI
+// CPUs): a row repacked and unpacked gives its bytes back (and a row with a full quad is really
+// rearranged); kern::gemm on the x4 rows for 1-20 tokens (the VBMI rows, the short-row path of
+// <= 8 blocks, the tiles through unpacked rows), whole and partial row ranges, is bit for bit
+// kern::gemm on the stored rows on every ISA, gemm_reference the reference's; a submatrix
+// on quads equals the stored rows' one, and one off the quad grid is refused.
+TEST(KernelsQ0X4, GemmEqualsReferenceOnStoredRows) {
+  for (const DType dtype : {DType::kQ5_0, DType::kQ8_0}) {
+    for (const int64_t nb : {int64_t{1}, int64_t{3}, int64_t{4}, int64_t{5}, int64_t{8},
+                             int64_t{12}, int64_t{44}, int64_t{67}}) {
+      const int64_t rows = 21, cols = nb * 32;
+      const Matrix m = make_matrix(dtype, rows, cols, 400 + static_cast<uint32_t>(nb));
+      kern::KMatrix w;
+      ASSERT_TRUE(kern::view_weight(ops::Weight(m.t), &w));
+      kern::KMatrix x4 = w;
+      ASSERT_TRUE(kern::q0_x4_format(w.format, &x4.format));
+      std::vector<uint8_t> packed(m.bytes.size()), back(m.bytes.size());
+      for (int64_t r = 0; r < rows; ++r) {
+        kern::q0_x4_repack_row(w.format, w.data + r * w.row_bytes, nb,
+                               packed.data() + r * w.row_bytes);
+        kern::q0_x4_unpack_row(w.format, packed.data() + r * w.row_bytes, nb,
+                               back.data() + r * w.row_bytes);
+      }
+      ASSERT_EQ(back, m.bytes) << "nb " << nb;
+      if (nb >= 4) ASSERT_NE(packed, m.bytes) << "nb " << nb;
+      x4.data = packed.data();
+      const std::string what = std::string(kern::wformat_name(x4.format)) + " nb " +
+                               std::to_string(nb);
+      ASSERT_EQ(kern::act_format(x4.format), kern::AFormat::kQ8_0);
+      for (const int64_t tokens : {int64_t{1}, int64_t{2}, int64_t{3}, int64_t{4}, int64_t{5},
+                                   int64_t{16}, int64_t{20}}) {
+        const std::vector<float> x = random_values(tokens * cols, 500 + static_cast<uint32_t>(tokens));
+        kern::Activations a;
+        kern::quantize_activations(kern::AFormat::kQ8_0, 0, x.data(), tokens, cols, cols, &a);
+        std::vector<float> ref(static_cast<size_t>(tokens * rows));
+        kern::gemm_reference(w, a, 0, rows, ref.data(), rows);
+        std::vector<float> on_x4(ref.size(), -1.0f);
+        kern::gemm_reference(x4, a, 0, rows, on_x4.data(), rows);
+        ASSERT_EQ(on_x4, ref) << "reference on x4, " << what << " tokens " << tokens;
+        for (Isa isa : supported_isas()) {
+          // (The legacy formats' SIMD levels sum the blocks in their own F32 order: the stored
+          // rows' kernel of the same level is the expectation.)
+          std::vector<float> want(ref.size());
+          kern::gemm(w, a, 0, rows, want.data(), rows, isa);
+          for (auto [n0, n1] : {std::pair<int64_t, int64_t>{0, rows}, {3, 10}, {20, 21}}) {
+            std::vector<float> y(ref.size(), -1.0f);
+            kern::gemm(x4, a, n0, n1, y.data(), rows, isa);
+            for (int64_t t = 0; t < tokens; ++t) {
+              for (int64_t r = 0; r < rows; ++r) {
+                const size_t i = static_cast<size_t>(t * rows + r);
+                ASSERT_EQ(y[i], r < n0 || r >= n1 ? -1.0f : want[i])
+                    << isa_name(isa) << " " << what << " tokens " << tokens << " rows " << n0
+                    << ".." << n1 << " t " << t << " r " << r;
+              }
+            }
+          }
+        }
+      }
+      if (nb < 8) continue;
+      // Rows [2, 19) x columns [128, cols) (from the second quad): the same products.
+      const kern::KMatrix sub = kern::copy_submatrix(x4, 2, 19, 128, cols, AllocOptions{});
+      const kern::KMatrix sub_rows = kern::copy_submatrix(w, 2, 19, 128, cols, AllocOptions{});
+      ASSERT_EQ(sub.format, x4.format);
+      const std::vector<float> x = random_values(3 * (cols - 128), 93);
+      kern::Activations a;
+      kern::quantize_activations(kern::AFormat::kQ8_0, 0, x.data(), 3, cols - 128, cols - 128,
+                                 &a);
+      std::vector<float> want(3 * 17), got(want.size());
+      kern::gemm(sub_rows, a, 0, 17, want.data(), 17);
+      kern::gemm(sub, a, 0, 17, got.data(), 17);
+      EXPECT_EQ(got, want) << what;
+      EXPECT_THROW(kern::copy_submatrix(x4, 0, rows, 32, cols, AllocOptions{}), Error) << what;
+    }
+  }
 }
 
 // The threaded dense entry equals the single-call kernel, and falls back for dtypes without one.
