@@ -3,6 +3,7 @@
 // the CPU has them.
 #include <algorithm>
 #include <cstddef>
+#include <cstring>
 #include <type_traits>
 #include <vector>
 
@@ -12,7 +13,6 @@
 // (after kern_gguf_impl.h: the traits use its block types)
 #include "ops/cpu/kern_gguf_avx512.h"
 #include "ops/cpu/kern_q4k_gemv16.h"
-#include "ops/cpu/kernels.h"
 #include "ops/cpu/q4k_x16.h"
 
 namespace {
@@ -796,18 +796,60 @@ void q0_rows_all(const GemmArgs& g) {
 template <class Block>
 constexpr int64_t kQ0TileBlockBytes = 8 * 64 + 16 * 4 * (Q0Fmt<Block>::kMin ? 2 : 1);
 
-template <class Block, class Expand>
+// Block b of a row as q0_expand reads it: expand(the stored block); in an x4 row (q0_x4.h, kX4)
+// the blocks of its full quads from their rearranged bytes (the same quants and d).
+template <class Block, bool kX4, class Expand>
+inline __m256i block_quants(const uint8_t* row, int64_t b, int64_t nb, Expand expand) {
+  if constexpr (kX4) {
+    if (b < nb / 4 * 4) {
+      const uint8_t* quad = row + b / 4 * 4 * static_cast<int64_t>(sizeof(Block));
+      const int i = static_cast<int>(b % 4);
+      if constexpr (std::is_same_v<Block, BlockQ8_0>) {  // stored as q + 128
+        const __m256i u = _mm256_set_m128i(
+            _mm_loadu_si128(reinterpret_cast<const __m128i*>(quad + 72 + 16 * i)),
+            _mm_loadu_si128(reinterpret_cast<const __m128i*>(quad + 8 + 16 * i)));
+        return _mm256_xor_si256(u, _mm256_set1_epi8(static_cast<char>(0x80)));
+      } else {
+        static_assert(std::is_same_v<Block, BlockQ5_0>, "x4: Q5_0 and Q8_0");
+        uint64_t lo, hi;
+        std::memcpy(&lo, quad + 8, 8);
+        std::memcpy(&hi, quad + 16, 8);
+        const uint32_t qh = static_cast<uint32_t>((lo >> (16 * i)) & 0xFFFF) |
+                            static_cast<uint32_t>((hi >> (16 * i)) & 0xFFFF) << 16;
+        uint8_t qh_bytes[4];
+        std::memcpy(qh_bytes, &qh, 4);
+        const __m256i f0 = _mm256_set1_epi8(static_cast<char>(0xF0));
+        return _mm256_or_si256(nibbles_32(quad + 24 + 16 * i),
+                               _mm256_andnot_si256(fifth_bits_32(qh_bytes), f0));
+      }
+    }
+  }
+  return expand(reinterpret_cast<const Block*>(row)[b]);
+}
+template <class Block, bool kX4>
+inline float block_d(const uint8_t* row, int64_t b, int64_t nb) {
+  if (kX4 && b < nb / 4 * 4) {
+    uint16_t d;
+    std::memcpy(&d, row + b / 4 * 4 * static_cast<int64_t>(sizeof(Block)) + 2 * (b % 4), 2);
+    return half_to_float(d);
+  }
+  return half_to_float(reinterpret_cast<const Block*>(row)[b].d);
+}
+
+template <class Block, bool kX4, class Expand>
 void q0_expand(const GemmArgs& g, int64_t row0, int64_t rows, int64_t nb, Expand expand,
                uint8_t* tile) {
+  static_assert(!kX4 || !Q0Fmt<Block>::kMin, "x4: no min term");
   const __m512i u128 = _mm512_set1_epi8(static_cast<char>(0x80));
   for (int64_t b = 0; b < nb; b += 2) {
     __m512i r[16], out[16];
     for (int i = 0; i < 16; ++i) {
       r[i] = _mm512_setzero_si512();
       if (i < rows) {
-        const auto* blk = reinterpret_cast<const Block*>(g.w + (row0 + i) * g.row_bytes) + b;
-        const __m256i lo = expand(blk[0]);
-        const __m256i hi = b + 1 < nb ? expand(blk[1]) : _mm256_setzero_si256();
+        const uint8_t* row = g.w + (row0 + i) * g.row_bytes;
+        const __m256i lo = block_quants<Block, kX4>(row, b, nb, expand);
+        const __m256i hi =
+            b + 1 < nb ? block_quants<Block, kX4>(row, b + 1, nb, expand) : _mm256_setzero_si256();
         r[i] = _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1);
       }
     }
@@ -819,9 +861,11 @@ void q0_expand(const GemmArgs& g, int64_t row0, int64_t rows, int64_t nb, Expand
       }
       float* dw = reinterpret_cast<float*>(dst + 8 * 64);
       for (int i = 0; i < 16; ++i) {
-        const Block* x = reinterpret_cast<const Block*>(g.w + (row0 + i) * g.row_bytes) + bb;
-        dw[i] = i < rows ? half_to_float(x->d) : 0.0f;
-        if constexpr (Q0Fmt<Block>::kMin) dw[16 + i] = i < rows ? half_to_float(x->m) : 0.0f;
+        const uint8_t* row = g.w + (row0 + i) * g.row_bytes;
+        dw[i] = i < rows ? block_d<Block, kX4>(row, bb, nb) : 0.0f;
+        if constexpr (Q0Fmt<Block>::kMin) {
+          dw[16 + i] = i < rows ? half_to_float(reinterpret_cast<const Block*>(row)[bb].m) : 0.0f;
+        }
       }
     }
   }
@@ -871,7 +915,7 @@ void q0_tile(const uint8_t* tile, const GemmArgs& g, int64_t t0, float (*out)[16
   }
 }
 
-template <class Block, class Expand>
+template <class Block, class Expand, bool kX4 = false>
 void q0_tiled(const GemmArgs& g, Expand expand) {
   const int64_t nb = g.cols / tandem::kQK;
   thread_local std::vector<uint8_t> tile;
@@ -880,7 +924,7 @@ void q0_tiled(const GemmArgs& g, Expand expand) {
   prefetch_rows<_MM_HINT_T0>(g, g.n0, std::min(g.n1, g.n0 + 16));  // as q4k_tiled
   for (int64_t n = g.n0; n < g.n1; n += 16) {
     const int64_t n_end = std::min(g.n1, n + 16);
-    q0_expand<Block>(g, n, n_end - n, nb, expand, tile.data());
+    q0_expand<Block, kX4>(g, n, n_end - n, nb, expand, tile.data());
     prefetch_rows<_MM_HINT_T1>(g, n_end, std::min(g.n1, n_end + 16));
     for (int64_t t0 = 0; t0 < g.tokens;) {
       const int64_t rest = g.tokens - t0;
@@ -947,16 +991,21 @@ void q0_vbmi(const GemmArgs& g) {
   }
 }
 
-// Q5_0 / Q8_0 in the x4 layout (q0_x4.h): below 16 tokens the VBMI rows on it, from 16 the tiled
-// GEMM on the rows unpacked (its per-call expansion rearranges them anyway).
-template <tandem::kern::detail::GemmFn kX4Rows, tandem::kern::detail::GemmFn kTiled,
-          tandem::kern::WFormat kStored>
-void q0_x4(const GemmArgs& g) {
+// Q5_0 / Q8_0 in the x4 layout (q0_x4.h): below 16 tokens the VBMI rows on it, from 16 the tiles
+// (their per-call expansion reads the x4 quads in place).
+template <tandem::kern::detail::GemmFn kX4Rows, class Block, class Expand>
+void q0_x4(const GemmArgs& g, Expand expand) {
   if (g.tokens < kQ0TileMinTokens) {
     kX4Rows(g);
   } else {
-    tandem::kern::detail::q0_x4_through_rows(g, static_cast<int>(kStored), kTiled);
+    q0_tiled<Block, Expand, true>(g, expand);
   }
+}
+void q50x4(const GemmArgs& g) {
+  q0_x4<tandem::kern::detail::q5_0x4_rows_vbmi, BlockQ5_0>(g, expand_q5_0);
+}
+void q80x4(const GemmArgs& g) {
+  q0_x4<tandem::kern::detail::q8_0x4_rows_vbmi, BlockQ8_0>(g, expand_q8_0);
 }
 
 void q4k(const GemmArgs& g) {
@@ -1019,8 +1068,8 @@ const GgufKernels& gguf_kernels_avx512_vnni() {
                              q2k,
                              q3k,
                              q4kx16,
-                             q0_x4<q5_0x4_rows_vbmi, q50, tandem::kern::WFormat::kQ5_0>,
-                             q0_x4<q8_0x4_rows_vbmi, q80, tandem::kern::WFormat::kQ8_0>};
+                             q50x4,
+                             q80x4};
   static const bool vbmi = cpu_features().avx512_vbmi && cpu_features().avx512_bitalg;
   return vbmi ? k : gguf_kernels_avx512_vnni_base();
 }
