@@ -32,7 +32,8 @@ inline LoadMode load_mode(const BackendOptions& o) {
 inline void add_backend_options(CLI::App& app, BackendOptions* o) {
   app.add_option("--cpu-experts", o->cpu_experts,
                  "CPU expert weights: native (as stored) | repack (every matrix copied at load "
-                 "into huge-page memory, Q4_K rearranged into 16-row tiles, same values) | int8 | "
+                 "into huge-page memory, Q4_K rearranged into 16-row tiles, Q5_0 / Q8_0 into "
+                 "4-block groups, same values) | int8 | "
                  "int4 | bf16 (requantized at load, cached on disk)")
       ->capture_default_str();
   app.add_option("--expert-group", o->expert_group, "int8/int4 quantization group: 32, 64, 128")
