@@ -14,6 +14,8 @@
 // to match (the 16 low-nibble / first partners of each block, then the 16 high / last). (The
 // VNNI rows expand two blocks per vector with a 64-bit permute, a masked shift and a mask built in
 // general registers, and gather the scales: about twice the instructions per block.)
+// Rows in the x4 layout (q0_x4.h, `--cpu-experts repack`) hold each quad's scales, fifth-bit masks
+// and quants where plain loads find them: no permute, no bit shuffle (load_quad_x4).
 #include <immintrin.h>
 
 #include <algorithm>

@@ -441,7 +441,8 @@ TEST(KernelsQ0X4, GemmEqualsReferenceOnStoredRows) {
       ASSERT_EQ(kern::act_format(x4.format), kern::AFormat::kQ8_0);
       for (const int64_t tokens : {int64_t{1}, int64_t{2}, int64_t{3}, int64_t{4}, int64_t{5},
                                    int64_t{16}, int64_t{20}}) {
-        const std::vector<float> x = random_values(tokens * cols, 500 + static_cast<uint32_t>(tokens));
+        const std::vector<float> x =
+            random_values(tokens * cols, 500 + static_cast<uint32_t>(tokens));
         kern::Activations a;
         kern::quantize_activations(kern::AFormat::kQ8_0, 0, x.data(), tokens, cols, cols, &a);
         std::vector<float> ref(static_cast<size_t>(tokens * rows));
