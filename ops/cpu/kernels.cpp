@@ -391,8 +391,10 @@ void gemm(const KMatrix& w, const Activations& a, int64_t n0, int64_t n1, float*
   if (w.format == WFormat::kQ4_KX16) {
     check_x16_rows(w, n0);
     const GemmArgs g = make_args(w, a, n0, n1, y, ldy);
-    const GemmFn tile = detail::gguf_kernels_avx512_vnni().q4_kx16;
-    if (std::min(isa, best_isa()) >= Isa::kAvx512Bf16 && tile != nullptr) {
+    const GemmFn tile = std::min(isa, best_isa()) >= Isa::kAvx512Bf16
+                            ? detail::gguf_kernels_avx512_vnni().q4_kx16
+                            : nullptr;
+    if (tile != nullptr) {
       tile(g);
     } else {
       q4k_x16_through_rows(g, pick(isa, &GgufKernels::q4_k));
@@ -402,8 +404,11 @@ void gemm(const KMatrix& w, const Activations& a, int64_t n0, int64_t n1, float*
   WFormat stored;
   if (q0_x4_stored_format(w.format, &stored)) {
     const GemmArgs g = make_args(w, a, n0, n1, y, ldy);
-    const GemmFn x4 = detail::gguf_kernels_avx512_vnni().*entry_of(w.format);
-    if (std::min(isa, best_isa()) >= Isa::kAvx512Bf16 && x4 != nullptr) {
+    // (The VNNI table's code is compiled for AVX-512: looked at only where the CPU has it.)
+    const GemmFn x4 = std::min(isa, best_isa()) >= Isa::kAvx512Bf16
+                          ? detail::gguf_kernels_avx512_vnni().*entry_of(w.format)
+                          : nullptr;
+    if (x4 != nullptr) {
       x4(g);
     } else {
       detail::q0_x4_through_rows(g, static_cast<int>(stored), pick(isa, entry_of(stored)));
