@@ -134,6 +134,13 @@ MappedFile MappedFile::open(const std::filesystem::path& path, LoadMode mode) {
   return file;
 }
 
+void MappedFile::release_pages() const {
+  if (data_ == nullptr || !copy_.empty()) return;
+  if (::madvise(const_cast<uint8_t*>(data_), size_, MADV_DONTNEED) != 0) {
+    log_debug("{}: madvise(MADV_DONTNEED): {}", path_, std::strerror(errno));
+  }
+}
+
 MappedFile::~MappedFile() {
   if (data_ != nullptr && copy_.empty()) ::munmap(const_cast<uint8_t*>(data_), size_);
 }

@@ -37,6 +37,11 @@ class MappedFile {
   size_t size() const { return size_; }
   const std::string& path() const { return path_; }
   bool copied() const { return !copy_.empty(); }  // in anonymous memory, not mapped
+  // Mapped: drops the pages this process has touched from its page tables (madvise
+  // MADV_DONTNEED on the read-only file mapping), so they leave its resident set; the page cache
+  // keeps them (reclaimable) and a later read faults them back in, with the same bytes. For a
+  // mapping read once (experts repacked into memory of their own). Copied or empty: nothing.
+  void release_pages() const;
 
  private:
   const uint8_t* data_ = nullptr;

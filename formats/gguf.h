@@ -140,6 +140,7 @@ class GgufFile {
   const uint8_t* data() const { return data_; }  // the whole mapping
   uint64_t size() const { return size_; }
   bool in_memory() const { return map_.copied(); }  // read into memory (LoadMode::kCopy)
+  void release_pages() const { map_.release_pages(); }  // MappedFile::release_pages
 
  private:
   friend class GgufParser;

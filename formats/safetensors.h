@@ -74,6 +74,9 @@ class SafetensorsModel {
     return !maps_.empty();
   }
   const std::string& path() const { return path_; }  // what open() was given
+  void release_pages() const {  // MappedFile::release_pages, every shard
+    for (const auto& m : maps_) m->release_pages();
+  }
   size_t num_shards() const { return maps_.size(); }
 
  private:

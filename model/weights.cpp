@@ -295,6 +295,24 @@ void load_layer(Source& s, const ModelConfig& c, int64_t l, const LayerNames& n,
 
 }  // namespace
 
+uint64_t model_file_bytes(const std::filesystem::path& path) {
+  std::error_code ec;
+  uint64_t bytes = 0;
+  if (std::filesystem::is_directory(path, ec)) {
+    for (const auto& e : std::filesystem::directory_iterator(path, ec)) {
+      if (e.path().extension() == ".safetensors") bytes += e.file_size(ec);
+    }
+    return ec ? 0 : bytes;
+  }
+  bytes = std::filesystem::file_size(path, ec);
+  return ec ? 0 : bytes;
+}
+
+void release_model_pages(const LoadedModel& model) {
+  if (model.gguf) model.gguf->release_pages();
+  if (model.safetensors) model.safetensors->release_pages();
+}
+
 LoadedModel load_model(const std::filesystem::path& path, LoadMode mode) {
   LoadedModel m;
   m.path = path;

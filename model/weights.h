@@ -76,11 +76,20 @@ struct LoadedModel {
 // mode: map the files (page cache) or copy them into huge-page memory when they fit (LoadMode).
 LoadedModel load_model(const std::filesystem::path& path, LoadMode mode = LoadMode::kMap);
 
+// Bytes of a model's files: a .gguf file's size, or the sum of an HF directory's *.safetensors
+// (0 when they cannot be read: load_model then names the problem).
+uint64_t model_file_bytes(const std::filesystem::path& path);
+
 // Reads the model's tensor data into the page cache before the first token (with a progress bar
 // on a terminal), so prefill does not stall on disk reads page by page. Skipped, with a log line,
 // when the tensors do not fit in the memory available now: pages then load on demand; and when
 // the files were copied into memory at load (nothing to page in). Returns the bytes paged in.
 uint64_t page_in_model(const LoadedModel& model);
+
+// Drops the mapped model files' pages from this process's resident set (MappedFile::
+// release_pages): after `--cpu-experts repack` copied what decode reads, so the resident set is
+// the copy, not the copy plus the file. Copied files: nothing.
+void release_model_pages(const LoadedModel& model);
 
 // One line: architecture, source, layers, parameters, bytes by dtype (mmap'ed, not copied).
 std::string model_summary(const LoadedModel& model);

@@ -7,6 +7,8 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "core/memory.h"
+#include "core/topology.h"
 #include "core/thread_pool.h"
 #include "model/cpu_experts.h"
 #include "model/fused_moe.h"
@@ -40,11 +42,6 @@ std::unique_ptr<MoeBackend> make_cpu_backend(const LoadedModel& model, const Bac
                                              std::shared_ptr<const CpuExperts>* experts) {
   FusedMoeOptions fo;
   fo.shared_experts = shared_experts;
-  if (o.cpu_experts != "native" && o.cpu_experts != "repack" && o.cpu_experts != "int8" &&
-      o.cpu_experts != "int4" && o.cpu_experts != "bf16") {
-    fail(ErrorKind::kInvalidArgument,
-         "--cpu-experts '{}' is not one of: native | repack | int8 | int4 | bf16", o.cpu_experts);
-  }
   // NUMA parts: one per pool node that has workers (0), or as asked, wrapping around them.
   std::vector<int> nodes;
   for (int n = 0; n < threading.pool().node_count(); ++n) {
@@ -61,8 +58,10 @@ std::unique_ptr<MoeBackend> make_cpu_backend(const LoadedModel& model, const Bac
                                ? topo[static_cast<size_t>(n)].os_index
                                : -1);
   }
+  const std::string auto_why =
+      o.cpu_experts_why.empty() ? std::string() : "auto: " + o.cpu_experts_why + "; ";
   if (o.cpu_experts == "native" && parts == 1) {
-    *summary = "CPU experts: native (fused MoE backend)";
+    *summary = fmt::format("CPU experts: native ({}fused MoE backend)", auto_why);
     return std::make_unique<FusedMoeBackend>(&threading.pool(), fo);
   }
   // Prepared once (repacked or mapped from the on-disk cache; native: views) and shared by every
@@ -75,17 +74,19 @@ std::unique_ptr<MoeBackend> make_cpu_backend(const LoadedModel& model, const Bac
     co.use_cache = o.expert_cache;
     co.cache_load = o.mmap ? LoadMode::kMap : LoadMode::kCopy;
     CpuExperts ce = prepare_cpu_experts(model, co, &threading.pool());
+    // repack copied every matrix decode reads: the file's pages need not stay resident.
+    if (ce.format == "repack") release_model_pages(model);
     if (parts > 1) split_cpu_experts(&ce, part_node, part_os_node, &threading.pool());
     *experts = std::make_shared<const CpuExperts>(std::move(ce));
   }
   const CpuExperts& ce = **experts;
   const std::string numa = parts > 1 ? fmt::format(", {} NUMA parts", parts) : std::string();
   if (ce.format == "native") {
-    *summary = fmt::format("CPU experts: native (fused MoE backend{})", numa);
+    *summary = fmt::format("CPU experts: native ({}fused MoE backend{})", auto_why, numa);
   } else if (ce.format == "repack") {
-    *summary = fmt::format("CPU experts: repack (Q4_K in x16 tiles, Q5_0 / Q8_0 in x4 rows, the "
+    *summary = fmt::format("CPU experts: repack ({}Q4_K in x16 tiles, Q5_0 / Q8_0 in x4 rows, the "
                            "rest as stored; {:.2f} GiB in memory; fused MoE backend{})",
-                           ce.bytes / 1073741824.0, numa);
+                           auto_why, ce.bytes / 1073741824.0, numa);
   } else {
     *summary = fmt::format("CPU experts: {}{} ({:.2f} GiB, {}; fused MoE backend{})", ce.format,
                            ce.format == "bf16" ? "" : fmt::format(" group {}", o.expert_group),
@@ -114,6 +115,8 @@ void check_choice(const char* flag, const std::string& value, const char* const 
 
 // Flag values that need no model: checked before anything expensive is built.
 void check_backend_options(const BackendOptions& o) {
+  static const char* const kCpuExperts[] = {"native", "repack", "int8", "int4", "bf16"};
+  check_choice("--cpu-experts", o.cpu_experts, kCpuExperts);
   static const char* const kAccel[] = {"auto", "none", "host", "cuda"};
   static const char* const kPolicy[] = {"static", "fiddler", "hybrimoe", "dali", "optimal"};
   static const char* const kCache[] = {"lru", "lfu", "mrs", "dali", "none"};
@@ -157,9 +160,54 @@ std::string resolve_accel(const std::string& accel) {
 
 }  // namespace
 
-MoeRuntime::MoeRuntime(const LoadedModel& model, const BackendOptions& o,
+std::string resolve_cpu_experts(const BackendOptions& o, const CpuExpertsFacts& f,
+                                std::string* why) {
+  if (o.cpu_experts != "auto") return o.cpu_experts;
+  auto pick = [&](const char* format, std::string reason) {
+    if (why != nullptr) *why = std::move(reason);
+    return std::string(format);
+  };
+  if (!f.gguf) return pick("native", "not a GGUF file, nothing to rearrange");
+  if (f.isa < Isa::kAvx512Bf16) {
+    return pick("native", fmt::format("{} CPU, no AVX-512 VNNI for the repacked kernels",
+                                      isa_name(f.isa)));
+  }
+  if (o.mmap) return pick("native", "--mmap keeps the weights in the page cache");
+  if (f.thp_never) return pick("native", "transparent huge pages are off");
+  const double gib = 1073741824.0;
+  if (f.available_bytes > 0 && f.model_bytes > f.available_bytes / 10 * 9) {
+    return pick("native", fmt::format("the {:.1f} GiB model does not fit in the {:.1f} GiB "
+                                      "available", f.model_bytes / gib, f.available_bytes / gib));
+  }
+  return pick("repack", fmt::format("GGUF on an AVX-512 VNNI CPU, {:.1f} GiB of {:.1f} GiB "
+                                    "available", f.model_bytes / gib, f.available_bytes / gib));
+}
+
+CpuExpertsFacts cpu_experts_facts(const std::filesystem::path& model) {
+  CpuExpertsFacts f;
+  std::error_code ec;
+  f.gguf = !std::filesystem::is_directory(model, ec) && model.extension() == ".gguf";
+  f.model_bytes = model_file_bytes(model);
+  f.available_bytes = meminfo_bytes("MemAvailable");
+  f.isa = best_isa();
+  f.thp_never = thp_mode() == ThpMode::kNever;
+  return f;
+}
+
+BackendOptions resolve_backend_options(const BackendOptions& o,
+                                       const std::filesystem::path& model) {
+  BackendOptions r = o;
+  if (o.cpu_experts != "auto") return r;
+  r.cpu_experts = resolve_cpu_experts(o, cpu_experts_facts(model), &r.cpu_experts_why);
+  log_info("--cpu-experts auto: {} ({})", r.cpu_experts, r.cpu_experts_why);
+  return r;
+}
+
+MoeRuntime::MoeRuntime(const LoadedModel& model, const BackendOptions& options,
                        ThreadingContext& threading)
     : impl_(std::make_unique<Impl>()) {
+  // Callers that did not resolve auto before loading (tests, library users): decided here.
+  const BackendOptions o = resolve_backend_options(options, model.path);
   check_backend_options(o);
   const std::string accel = resolve_accel(o.accel);
   std::vector<rt::PlacementRule> rules;

@@ -131,24 +131,18 @@ void run_bench(const BenchArgs& a) {
     } catch (const CLI::ParseError& e) {
       fail(ErrorKind::kInvalidArgument, "--vs '{}': {}", a.vs, e.what());
     }
+    backend_b = resolve_backend_options(backend_b, a.model);
   }
+  const BackendOptions backend = resolve_backend_options(a.backend, a.model);
   // One load for both: into huge-page memory when either side would read it there, unless the
   // other side also copies its experts into memory of its own (repack / int8 / ...) and the two
   // would not fit: about twice the model's bytes. Then mapped, said in a warning.
-  LoadMode mode = load_mode(a.backend) == LoadMode::kCopy ||
+  LoadMode mode = load_mode(backend) == LoadMode::kCopy ||
                           (vs && load_mode(backend_b) == LoadMode::kCopy)
                       ? LoadMode::kCopy
                       : LoadMode::kMap;
-  if (vs && mode == LoadMode::kCopy && load_mode(a.backend) != load_mode(backend_b)) {
-    std::error_code ec;
-    uint64_t bytes = 0;
-    if (std::filesystem::is_directory(a.model, ec)) {
-      for (const auto& e : std::filesystem::directory_iterator(a.model, ec)) {
-        if (e.path().extension() == ".safetensors") bytes += e.file_size(ec);
-      }
-    } else {
-      bytes = std::filesystem::file_size(a.model, ec);
-    }
+  if (vs && mode == LoadMode::kCopy && load_mode(backend) != load_mode(backend_b)) {
+    const uint64_t bytes = model_file_bytes(a.model);
     const uint64_t available = meminfo_bytes("MemAvailable");
     if (available > 0 && 2 * bytes > available / 10 * 9) {
       log_warn("--vs: the model ({:.1f} GiB) copied and its experts prepared again would not fit "
@@ -161,7 +155,7 @@ void run_bench(const BenchArgs& a) {
   const LoadedModel lm = load_model(a.model, mode);
   page_in_model(lm);
   ThreadingContext threading(ThreadingOptions{a.threads, true, 50});
-  MoeRuntime moe(lm, a.backend, threading);
+  MoeRuntime moe(lm, backend, threading);
   std::unique_ptr<MoeRuntime> moe_b;
   if (vs) {
     try {

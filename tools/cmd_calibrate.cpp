@@ -36,7 +36,8 @@ void run_calibrate(const CalibrateArgs& a) {
   if (!in) fail(ErrorKind::kIo, "-f: cannot read '{}'", a.file);
   std::stringstream text;
   text << in.rdbuf();
-  const LoadedModel lm = load_model(a.model, load_mode(a.backend));
+  const BackendOptions backend = resolve_backend_options(a.backend, a.model);
+  const LoadedModel lm = load_model(a.model, load_mode(backend));
   const Tokenizer tok = lm.gguf ? Tokenizer::from_gguf(*lm.gguf) : Tokenizer::load(a.model);
   const std::vector<TokenId> tokens = tok.encode(text.str(), /*add_special=*/true);
   if (tokens.empty()) fail(ErrorKind::kInvalidArgument, "{}: no tokens", a.file);
@@ -45,7 +46,7 @@ void run_calibrate(const CalibrateArgs& a) {
   ModelOptions mo;
   mo.ctx = a.ctx;
   mo.pool = &threading.pool();
-  MoeRuntime moe(lm, a.backend, threading);
+  MoeRuntime moe(lm, backend, threading);
   mo.moe = moe.backend();
   mo.views = moe.weight_views();
   mo.on_routing = [&cal](const RoutingEvent& e) { cal.on_routing(e); };

@@ -180,10 +180,11 @@ class ChatSession {
 
 void run_chat(const ChatArgs& a) {
   if (a.ctx < 16) fail(ErrorKind::kInvalidArgument, "--ctx must be at least 16, got {}", a.ctx);
-  const LoadedModel lm = load_model(a.model, load_mode(a.backend));
+  const BackendOptions backend = resolve_backend_options(a.backend, a.model);
+  const LoadedModel lm = load_model(a.model, load_mode(backend));
   page_in_model(lm);
   ThreadingContext threading(ThreadingOptions{a.threads, true, 50});
-  MoeRuntime moe(lm, a.backend, threading);
+  MoeRuntime moe(lm, backend, threading);
   ChatSession session(a, lm, threading.pool(), moe.backend(), moe.weight_views());
   std::fprintf(stderr, "%s\n%s\n%s", model_summary(lm).c_str(), moe.summary().c_str(),
                "chat: /reset starts over, /quit leaves, Ctrl-C stops an answer\n");

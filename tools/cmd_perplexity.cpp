@@ -39,7 +39,8 @@ void run_perplexity(const PerplexityArgs& a) {
   if (!in) fail(ErrorKind::kIo, "-f: cannot read '{}'", a.file);
   std::stringstream text;
   text << in.rdbuf();
-  const LoadedModel lm = load_model(a.model, load_mode(a.backend));
+  const BackendOptions backend = resolve_backend_options(a.backend, a.model);
+  const LoadedModel lm = load_model(a.model, load_mode(backend));
   page_in_model(lm);
   const Tokenizer tok = lm.gguf ? Tokenizer::from_gguf(*lm.gguf) : Tokenizer::load(a.model);
   const std::vector<TokenId> tokens = tok.encode(text.str(), /*add_special=*/true);
@@ -55,7 +56,7 @@ void run_perplexity(const PerplexityArgs& a) {
   ModelOptions mo;
   mo.ctx = n_ctx;
   mo.pool = &threading.pool();
-  MoeRuntime moe(lm, a.backend, threading);
+  MoeRuntime moe(lm, backend, threading);
   mo.moe = moe.backend();
   mo.views = moe.weight_views();
   Model model(lm, mo);

@@ -23,10 +23,11 @@ struct ProfileArgs {
 };
 
 void run_profile(const ProfileArgs& a) {
-  const LoadedModel lm = load_model(a.model, load_mode(a.o.backend));
+  rt::ProfileOptions o = a.o;
+  o.backend = resolve_backend_options(a.o.backend, a.model);
+  const LoadedModel lm = load_model(a.model, load_mode(o.backend));
   page_in_model(lm);
   ThreadingContext threading(ThreadingOptions{a.threads, true, 50});
-  rt::ProfileOptions o = a.o;
   o.accel = a.o.backend.accel == "auto" ? "none" : a.o.backend.accel;
   o.link = a.o.backend.link;
   const rt::ProfileResult r = rt::profile_experts(lm, o, threading);

@@ -82,7 +82,8 @@ void run_model(const RunArgs& a) {
   }
   Sampler sampler(a.sampling);
   const auto t_load = std::chrono::steady_clock::now();
-  const LoadedModel lm = load_model(a.model, load_mode(a.backend));
+  const BackendOptions backend = resolve_backend_options(a.backend, a.model);
+  const LoadedModel lm = load_model(a.model, load_mode(backend));
   page_in_model(lm);
   const ModelConfig& c = lm.config;
   if (a.has_tokens == a.has_prompt) {
@@ -133,7 +134,7 @@ void run_model(const RunArgs& a) {
   mo.ctx = ctx;
   mo.pool = &threading.pool();
   mo.mla = a.mla == "naive" ? MlaMode::kNaive : MlaMode::kAbsorbed;
-  MoeRuntime moe(lm, a.backend, threading);
+  MoeRuntime moe(lm, backend, threading);
   mo.moe = moe.backend();
   mo.views = moe.weight_views();
   Model model(lm, mo);

@@ -83,7 +83,8 @@ void record_from_model(const TraceArgs& a, rt::Trace* out) {
   if (!in) fail(ErrorKind::kIo, "-f: cannot read '{}'", a.file);
   std::stringstream text;
   text << in.rdbuf();
-  const LoadedModel lm = load_model(a.model, load_mode(a.backend));
+  const BackendOptions backend = resolve_backend_options(a.backend, a.model);
+  const LoadedModel lm = load_model(a.model, load_mode(backend));
   const Tokenizer tok = lm.gguf ? Tokenizer::from_gguf(*lm.gguf) : Tokenizer::load(a.model);
   const std::vector<TokenId> tokens = tok.encode(text.str(), /*add_special=*/true);
   const int64_t len = a.ctx - a.decode;
@@ -101,7 +102,7 @@ void record_from_model(const TraceArgs& a, rt::Trace* out) {
   ModelOptions mo;
   mo.ctx = a.ctx;
   mo.pool = &threading.pool();
-  MoeRuntime moe(lm, a.backend, threading);
+  MoeRuntime moe(lm, backend, threading);
   mo.moe = moe.backend();
   mo.views = moe.weight_views();
   mo.on_routing = [&rec](const RoutingEvent& e) { rec.on_routing(e); };

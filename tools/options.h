@@ -23,7 +23,7 @@ inline void add_sampling_options(CLI::App& app, SamplingParams* p) {
 // repacked (repack / int8 / int4 / bf16): then the stored experts are read once to pack (or never,
 // with a cache) and copying the whole file would hold it in memory for nothing; the packed experts
 // (their huge-page arena, or the packed cache) are the copy then (BackendOptions::mmap,
-// CpuExpertOptions::cache_load).
+// CpuExpertOptions::cache_load). o: resolved (resolve_backend_options: no "auto" left).
 inline LoadMode load_mode(const BackendOptions& o) {
   return o.mmap || o.cpu_experts != "native" ? LoadMode::kMap : LoadMode::kCopy;
 }
@@ -31,10 +31,11 @@ inline LoadMode load_mode(const BackendOptions& o) {
 // Where and how experts run: every command that runs a model takes these.
 inline void add_backend_options(CLI::App& app, BackendOptions* o) {
   app.add_option("--cpu-experts", o->cpu_experts,
-                 "CPU expert weights: native (as stored) | repack (every matrix copied at load "
-                 "into huge-page memory, Q4_K rearranged into 16-row tiles, Q5_0 / Q8_0 into "
-                 "4-block groups, same values) | int8 | "
-                 "int4 | bf16 (requantized at load, cached on disk)")
+                 "CPU expert weights: auto (repack for a GGUF model on an AVX-512 VNNI CPU "
+                 "when it fits in memory, else native) | native (as stored) | repack (every "
+                 "matrix copied at load into huge-page memory, Q4_K rearranged into 16-row "
+                 "tiles, Q5_0 / Q8_0 into 4-block groups, same values) | int8 | int4 | bf16 "
+                 "(requantized at load, cached on disk)")
       ->capture_default_str();
   app.add_option("--expert-group", o->expert_group, "int8/int4 quantization group: 32, 64, 128")
       ->capture_default_str();

@@ -55,6 +55,17 @@ TEST(CliRun, GreedyAndLogitsMatchGolden) {
   ASSERT_EQ(m.exit_code, 0) << m.err;
   EXPECT_EQ(m.out, r.out);
   EXPECT_EQ(read_f32(dir / "m.f32"), got);
+  // The default, --cpu-experts auto, says what it chose (repack on an AVX-512 VNNI CPU, native
+  // elsewhere and with --mmap); whatever it chose, the logits are native's bit for bit.
+  EXPECT_NE(r.err.find("(auto: "), std::string::npos) << r.err;
+  EXPECT_NE(m.err.find("CPU experts: native (auto: --mmap"), std::string::npos) << m.err;
+  const test::CommandResult n = test::run_tandem(
+      "run -m " + model + " --tokens " + join(tokens, ",") + " -n 16 --ignore-eos --threads 2" +
+      " --cpu-experts native --logits-out " + (dir / "n.f32").string());
+  ASSERT_EQ(n.exit_code, 0) << n.err;
+  EXPECT_NE(n.err.find("CPU experts: native (fused"), std::string::npos) << n.err;
+  EXPECT_EQ(n.out, r.out);
+  EXPECT_EQ(read_f32(dir / "n.f32"), got);
 }
 
 TEST(CliRun, SamplingIsSeeded) {

@@ -62,6 +62,36 @@ TEST(LoadMode, CopyHoldsTheFilesBytes) {
   EXPECT_THROW(MappedFile::open(gguf.string() + ".missing", LoadMode::kCopy), Error);
 }
 
+// Resident pages of this process (/proc/self/statm, second field).
+uint64_t resident_pages() {
+  std::ifstream in("/proc/self/statm");
+  uint64_t size = 0, resident = 0;
+  in >> size >> resident;
+  return resident;
+}
+
+TEST(LoadMode, ReleasedPagesLeaveTheResidentSetAndKeepTheBytes) {
+  const std::filesystem::path gguf = test::data_path("golden/deepseek3-q4_k_m.gguf");
+  const std::vector<char> want = file_bytes(gguf);
+  const MappedFile mapped = MappedFile::open(gguf);
+  const uint64_t pages = want.size() / 4096;
+  ASSERT_GT(pages, 256u);
+  const uint64_t before = resident_pages();
+  ASSERT_EQ(0, std::memcmp(mapped.data(), want.data(), want.size()));  // touches every page
+  const uint64_t touched = resident_pages();
+  EXPECT_GE(touched, before + pages * 9 / 10);
+  mapped.release_pages();
+  EXPECT_LE(resident_pages(), touched - pages * 9 / 10);
+  EXPECT_EQ(0, std::memcmp(mapped.data(), want.data(), want.size()));  // faulted back in
+  // A copy is the only place its bytes are: released, they stay.
+  const MappedFile copied = MappedFile::open(gguf, LoadMode::kCopy);
+  copied.release_pages();
+  EXPECT_EQ(0, std::memcmp(copied.data(), want.data(), want.size()));
+  const LoadedModel lm = load_model(gguf, LoadMode::kCopy);
+  release_model_pages(lm);
+  EXPECT_EQ(0, std::memcmp(lm.gguf->data(), want.data(), want.size()));
+}
+
 TEST(LoadMode, CopiedModelsNeedNoPagingIn) {
   if (thp_mode() == ThpMode::kNever) {
     // Nothing is copied then: the models are mapped and paged in as without kCopy.
