@@ -115,7 +115,7 @@ void check_choice(const char* flag, const std::string& value, const char* const 
 
 // Flag values that need no model: checked before anything expensive is built.
 void check_backend_options(const BackendOptions& o) {
-  static const char* const kCpuExperts[] = {"native", "repack", "int8", "int4", "bf16"};
+  static const char* const kCpuExperts[] = {"auto", "native", "repack", "int8", "int4", "bf16"};
   check_choice("--cpu-experts", o.cpu_experts, kCpuExperts);
   static const char* const kAccel[] = {"auto", "none", "host", "cuda"};
   static const char* const kPolicy[] = {"static", "fiddler", "hybrimoe", "dali", "optimal"};
@@ -197,9 +197,13 @@ CpuExpertsFacts cpu_experts_facts(const std::filesystem::path& model) {
 BackendOptions resolve_backend_options(const BackendOptions& o,
                                        const std::filesystem::path& model) {
   BackendOptions r = o;
-  if (o.cpu_experts != "auto") return r;
+  if (o.cpu_experts != "auto") {
+    check_backend_options(o);  // bad flags fail here, before the model loads
+    return r;
+  }
   r.cpu_experts = resolve_cpu_experts(o, cpu_experts_facts(model), &r.cpu_experts_why);
   log_info("--cpu-experts auto: {} ({})", r.cpu_experts, r.cpu_experts_why);
+  check_backend_options(r);
   return r;
 }
 

@@ -69,7 +69,8 @@ std::string resolve_cpu_experts(const BackendOptions& options, const CpuExpertsF
                                 std::string* why = nullptr);
 // The facts of this machine and the model at `model` (a .gguf file or an HF directory).
 CpuExpertsFacts cpu_experts_facts(const std::filesystem::path& model);
-// options with cpu_experts resolved (auto replaced, the reason in cpu_experts_why), logged.
+// options with cpu_experts resolved (auto replaced, the reason in cpu_experts_why, logged) and
+// every flag value that needs no model checked: Error(kInvalidArgument) naming the flag.
 BackendOptions resolve_backend_options(const BackendOptions& options,
                                        const std::filesystem::path& model);
 

@@ -131,7 +131,11 @@ void run_bench(const BenchArgs& a) {
     } catch (const CLI::ParseError& e) {
       fail(ErrorKind::kInvalidArgument, "--vs '{}': {}", a.vs, e.what());
     }
-    backend_b = resolve_backend_options(backend_b, a.model);
+    try {
+      backend_b = resolve_backend_options(backend_b, a.model);
+    } catch (const Error& e) {
+      fail(e.kind(), "--vs '{}': {}", a.vs, e.what());
+    }
   }
   const BackendOptions backend = resolve_backend_options(a.backend, a.model);
   // One load for both: into huge-page memory when either side would read it there, unless the

@@ -4,6 +4,7 @@
 
 #include <string>
 
+#include "core/error.h"
 #include "runtime/moe_runtime.h"
 #include "tests/test_util.h"
 
@@ -74,8 +75,25 @@ TEST(CpuExpertsAuto, AnExplicitFormatIsKept) {
     EXPECT_EQ(resolve_cpu_experts(o, small, &why), f);
     EXPECT_EQ(resolve_cpu_experts(o, none, &why), f);
     EXPECT_EQ(why, "unchanged");
-    EXPECT_EQ(resolve_backend_options(o, "/nonexistent.gguf").cpu_experts, f);
+    if (std::string(f) != "int9") {
+      EXPECT_EQ(resolve_backend_options(o, "/nonexistent.gguf").cpu_experts, f);
+    }
   }
+  // resolve_backend_options checks the values before anything loads, naming the flag.
+  auto error_of = [](const BackendOptions& o) {
+    try {
+      resolve_backend_options(o, "/nonexistent.gguf");
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  BackendOptions bad;
+  bad.cpu_experts = "int9";
+  EXPECT_NE(error_of(bad).find("--cpu-experts 'int9'"), std::string::npos) << error_of(bad);
+  bad = BackendOptions{};
+  bad.policy = "fastest";
+  EXPECT_NE(error_of(bad).find("--policy 'fastest'"), std::string::npos) << error_of(bad);
 }
 
 TEST(CpuExpertsAuto, FactsOfARealFile) {
