@@ -197,22 +197,20 @@ CpuExpertsFacts cpu_experts_facts(const std::filesystem::path& model) {
 BackendOptions resolve_backend_options(const BackendOptions& o,
                                        const std::filesystem::path& model) {
   BackendOptions r = o;
-  if (o.cpu_experts != "auto") {
-    check_backend_options(o);  // bad flags fail here, before the model loads
-    return r;
+  if (o.cpu_experts == "auto") {
+    r.cpu_experts = resolve_cpu_experts(o, cpu_experts_facts(model), &r.cpu_experts_why);
+    log_info("--cpu-experts auto: {} ({})", r.cpu_experts, r.cpu_experts_why);
   }
-  r.cpu_experts = resolve_cpu_experts(o, cpu_experts_facts(model), &r.cpu_experts_why);
-  log_info("--cpu-experts auto: {} ({})", r.cpu_experts, r.cpu_experts_why);
-  check_backend_options(r);
+  check_backend_options(r);  // bad flags fail here, before the model loads
   return r;
 }
 
 MoeRuntime::MoeRuntime(const LoadedModel& model, const BackendOptions& options,
                        ThreadingContext& threading)
     : impl_(std::make_unique<Impl>()) {
-  // Callers that did not resolve auto before loading (tests, library users): decided here.
+  // Callers that did not resolve auto before loading (tests, library users): decided here; the
+  // flags are checked either way.
   const BackendOptions o = resolve_backend_options(options, model.path);
-  check_backend_options(o);
   const std::string accel = resolve_accel(o.accel);
   std::vector<rt::PlacementRule> rules;
   if (!o.rules.empty()) rules = rt::load_placement_rules(o.rules);

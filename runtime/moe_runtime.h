@@ -53,8 +53,9 @@ struct BackendOptions {
 };
 
 // --cpu-experts auto, decided once before the model loads (the load mode depends on it):
-// "repack" for a GGUF model on a CPU with AVX-512 VNNI (the x16 / x4 kernels: decode 4-10%
-// faster than the stored rows on the V2-Lite Q4_K_M, the same logits), unless --mmap was given,
+// "repack" for a GGUF model on a CPU with AVX-512 VNNI (the x16 / x4 kernels: the V2-Lite and
+// Qwen3 MoE layers 1.11x the stored rows where DRAM is fast, equal elsewhere; end to end 0-10%;
+// the same logits; docs/cpu-backend.md "Session 18"), unless --mmap was given,
 // transparent huge pages are off or the file does not fit in 90% of the memory available (the
 // rule by which `native` copies it into memory: repack holds the same bytes); "native" otherwise.
 // Any other value is returned as given. why (optional): the reason, one phrase.
