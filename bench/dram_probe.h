@@ -7,9 +7,7 @@
 // The probe streams a huge-page buffer far larger than L3 with roofline's read kernels
 // (ops/cpu/roofline_kernels.h, the best of them per round, as `tandem roofline` keeps the best),
 // on the benchmark's own threads: the pool's workers and the caller, pulling 4 MiB chunks as the
-// fused MoE's tasks are pulled. (cpu::DramReadProbe, ops/cpu/roofline.h, runs on the workers
-// alone while the caller waits: with TANDEM_BENCH_WORKERS=1 that would be one thread against the
-// layer's two.)
+// fused MoE's tasks are pulled.
 #pragma once
 
 #include <benchmark/benchmark.h>
@@ -26,6 +24,17 @@
 #include "ops/cpu/roofline_kernels.h"
 
 namespace tandem {
+
+// The benchmarks' thread pool, as the model's (ThreadingOptions::n_threads): one thread per
+// physical core, the calling thread (which helps) one of them, so cores - 1 workers.
+// TANDEM_BENCH_WORKERS=N: N workers instead (N + 1 threads).
+inline ThreadPool& bench_pool() {
+  static ThreadingContext ctx([] {
+    const char* env = std::getenv("TANDEM_BENCH_WORKERS");
+    return ThreadingOptions{env != nullptr ? std::atoi(env) + 1 : 0, true, 50};
+  }());
+  return ctx.pool();
+}
 
 class DramProbe {
  public:

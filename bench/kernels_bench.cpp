@@ -75,11 +75,7 @@ Weights make_weights(DType dtype, int64_t rows, int64_t cols) {
 }
 
 ThreadPool& pool() {
-  // TANDEM_BENCH_WORKERS=N: N pool workers (default one per physical core; the calling thread
-  // helps too, so 2 cores run 3 threads by default, 2 with N=1).
-  const char* n = std::getenv("TANDEM_BENCH_WORKERS");
-  static ThreadPool p(place_workers(detect_topology(), n != nullptr ? std::atoi(n) : 0));
-  return p;
+  return bench_pool();
 }
 
 // Decode GEMVs: bytes_per_second, threads and report_gemv's GBps / of_dram (bench/dram_probe.h).

@@ -106,10 +106,7 @@ Layer make_layer(const Shape& s) {
 }
 
 ThreadPool& pool() {
-  // TANDEM_BENCH_WORKERS: pool workers (default: one per physical core; the caller helps too).
-  const char* env = std::getenv("TANDEM_BENCH_WORKERS");
-  static ThreadPool p(place_workers(detect_topology(), env != nullptr ? std::atoi(env) : 0));
-  return p;
+  return bench_pool();
 }
 
 // Packed experts: 4 distinct random experts packed (or FP8-quantized), their bytes copied into

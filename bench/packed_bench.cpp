@@ -84,10 +84,7 @@ Packed make_packed(WFormat f, int64_t rows, int64_t cols, int group) {
 }
 
 ThreadPool& pool() {
-  // TANDEM_BENCH_WORKERS: pool workers (default: one per physical core; the caller helps too).
-  static ThreadPool p(place_workers(
-      detect_topology(), std::getenv("TANDEM_BENCH_WORKERS") ? std::atoi(std::getenv("TANDEM_BENCH_WORKERS")) : 0));
-  return p;
+  return bench_pool();
 }
 
 void run(benchmark::State& state, WFormat f, int64_t rows, int64_t cols, int64_t tokens, Isa isa) {

@@ -320,10 +320,6 @@ std::vector<WorkerPlacement> place_workers(const Topology& topology, int n_threa
   }
   if (n_threads <= 0) n_threads = std::max<int>(1, static_cast<int>(cores.size()));
   if (cores.empty()) cores.push_back(WorkerPlacement{0, {}});
-  if (static_cast<size_t>(n_threads) > cores.size()) {
-    log_info("{} threads on {} physical cores: some cores get two workers", n_threads,
-             cores.size());
-  }
   std::vector<WorkerPlacement> out;
   out.reserve(static_cast<size_t>(n_threads));
   for (int i = 0; i < n_threads; ++i) out.push_back(cores[static_cast<size_t>(i) % cores.size()]);
@@ -342,7 +338,14 @@ ThreadingContext::ThreadingContext(Topology topology, const ThreadingOptions& op
   pool_options.pin = options.pin;
   pool_options.spin_us = options.spin_us;
   pool_options.node_count = topology_.numa_nodes();
-  pool_ = std::make_unique<ThreadPool>(place_workers(topology_, options.n_threads), pool_options);
+  // The caller is one of the n threads: n - 1 workers take the first cores place_workers picks
+  // and the caller (not pinned: it may be a server's thread) runs on what is left.
+  const int cores = static_cast<int>(place_workers(topology_, 0).size());
+  const int n = options.n_threads > 0 ? options.n_threads : cores;
+  if (n > cores) log_info("{} threads on {} physical cores: some cores run two", n, cores);
+  std::vector<WorkerPlacement> workers;
+  if (n > 1) workers = place_workers(topology_, n - 1);
+  pool_ = std::make_unique<ThreadPool>(std::move(workers), pool_options);
 }
 
 }  // namespace tandem

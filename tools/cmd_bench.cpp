@@ -397,7 +397,7 @@ void add_bench(CLI::App& app) {
   app.add_option("-n,--n-gen", args->n_gen, "tokens decoded one at a time (0: skip)")
       ->capture_default_str();
   app.add_option("-r,--repetitions", args->reps, "repetitions of each test")->capture_default_str();
-  app.add_option("--threads", args->threads, "worker threads (default: one per physical core)");
+  add_threads_option(app, &args->threads);
   app.add_flag("--json", args->json, "print JSON instead of the table");
   app.add_option("--roofline", args->roofline,
                  "`tandem roofline --json` output to take DRAM bandwidth from (default: measure)");

@@ -83,7 +83,7 @@ void add_calibrate(CLI::App& app) {
   app.add_option("--ctx", a->ctx, "tokens per chunk")->capture_default_str();
   app.add_option("--chunks", a->chunks, "at most this many chunks (0: the whole text)")
       ->capture_default_str();
-  app.add_option("--threads", a->threads, "worker threads (default: one per physical core)");
+  add_threads_option(app, &a->threads);
   add_backend_options(app, &a->backend);
   app.callback([a] { run_calibrate(*a); });
 }

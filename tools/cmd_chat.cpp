@@ -225,7 +225,7 @@ void add_chat(CLI::App& app) {
   app.add_option("-s,--system", args->system, "system prompt");
   app.add_option("-n,--n-predict", args->n_predict, "most tokens per answer (default: no limit)");
   app.add_option("--ctx", args->ctx, "context size in tokens (default 4096)");
-  app.add_option("--threads", args->threads, "worker threads (default: one per physical core)");
+  add_threads_option(app, &args->threads);
   add_sampling_options(app, &args->sampling);
   add_backend_options(app, &args->backend);
   app.callback([args] { run_chat(*args); });

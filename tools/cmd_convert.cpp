@@ -14,6 +14,7 @@
 #include "model/cpu_experts.h"
 #include "model/weights.h"
 #include "tools/command.h"
+#include "tools/options.h"
 
 namespace tandem::tools {
 namespace {
@@ -75,7 +76,7 @@ void add_convert(CLI::App& app) {
                  "--cpu-experts loads look, next to the model)");
   app.add_option("--expert-cache-dir", args->cache_dir,
                  "directory of repacked expert caches (as for run / chat)");
-  app.add_option("--threads", args->threads, "worker threads (default: one per physical core)");
+  add_threads_option(app, &args->threads);
   app.callback([args] { convert(*args); });
 }
 

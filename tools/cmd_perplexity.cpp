@@ -102,7 +102,7 @@ void add_perplexity(CLI::App& app) {
   app.add_option("-m,--model", args->model, "a .gguf file or an HF directory with its tokenizer")->required();
   app.add_option("-f,--file", args->file, "the text file")->required();
   app.add_option("--ctx", args->ctx, "tokens per chunk (default 512)");
-  app.add_option("--threads", args->threads, "worker threads (default: one per physical core)");
+  add_threads_option(app, &args->threads);
   add_backend_options(app, &args->backend);
   app.callback([args] { run_perplexity(*args); });
 }

@@ -51,7 +51,7 @@ void add_profile(CLI::App& app) {
   app.add_option("--tokens", a->o.tokens, "token counts to measure")->delimiter(',');
   app.add_option("--trace", a->o.trace,
                  "routing trace (`tandem trace`): per-layer expert popularity for --gpu-experts");
-  app.add_option("--threads", a->threads, "worker threads (default: one per physical core)");
+  add_threads_option(app, &a->threads);
   add_backend_options(app, &a->o.backend);
   app.callback([a] { run_profile(*a); });
 }

@@ -9,6 +9,7 @@
 #include "core/thread_pool.h"
 #include "ops/cpu/roofline.h"
 #include "tools/command.h"
+#include "tools/options.h"
 
 namespace tandem::tools {
 namespace {
@@ -103,7 +104,7 @@ void run_roofline(const RooflineArgs& args) {
 void add_roofline(CLI::App& app) {
   auto args = std::make_shared<RooflineArgs>();
   app.add_flag("--json", args->json, "print JSON instead of a table");
-  app.add_option("--threads", args->threads, "worker threads (default: one per physical core)");
+  add_threads_option(app, &args->threads);
   app.add_option("--size-mb", args->size_mb, "DRAM buffer in MiB, all NUMA nodes together")
       ->capture_default_str();
   app.add_option("--seconds", args->seconds, "minimum duration of one timed repetition")

@@ -215,7 +215,7 @@ void add_run(CLI::App& app) {
   app.add_option("-n,--n-predict", args->n_predict, "tokens to generate (default 16)");
   add_sampling_options(app, &args->sampling);
   app.add_option("--ctx", args->ctx, "KV cache positions (default: prompt + n)");
-  app.add_option("--threads", args->threads, "worker threads (default: one per physical core)");
+  add_threads_option(app, &args->threads);
   app.add_option("--logits-out", args->logits_out, "write F32 logits of every prompt position");
   app.add_option("--mla", args->mla, "DeepSeek attention: absorbed (default) or naive");
   add_backend_options(app, &args->backend);

@@ -155,7 +155,7 @@ void add_trace(CLI::App& app) {
   app.add_flag("--scores", a->scores,
                "record full router scores and gate-predicted next-layer scores");
   app.add_flag("--f16", a->f16, "store weights and scores as f16");
-  app.add_option("--threads", a->threads, "worker threads (default: one per physical core)");
+  add_threads_option(app, &a->threads);
   app.add_option("--import", a->import,
                  "convert a demo trace (NAME.json + NAME.bin) or re-write / summarize a trace");
   auto& s = a->synth;

@@ -9,6 +9,14 @@
 
 namespace tandem::tools {
 
+// --threads: ThreadingOptions::n_threads, the threads that compute with the caller counted, as
+// llama.cpp's -t (the pool gets one worker fewer).
+inline CLI::Option* add_threads_option(CLI::App& app, int* threads) {
+  return app.add_option("--threads", *threads,
+                        "threads that compute, the calling one included (default: one per "
+                        "physical core)");
+}
+
 inline void add_sampling_options(CLI::App& app, SamplingParams* p) {
   app.add_option("--temp", p->temperature, "temperature; 0 = greedy")->capture_default_str();
   app.add_option("--top-k", p->top_k, "keep the k most likely tokens (0 = off)")

@@ -37,19 +37,21 @@ int64_t now_ns() {
       .count();
 }
 
-// How n threads spread over the pool's nodes: round-robin over nodes that have workers.
+// How n threads spread over the pool's nodes: round-robin over nodes that have room. The calling
+// thread is a thread too (ThreadingOptions::n_threads counts it): node 0 has room for its workers
+// and the caller, who takes node 0's last participant when node 0 gets more than its workers.
 std::vector<int> threads_per_node(const ThreadPool& pool, int n) {
   std::vector<int> per(static_cast<size_t>(pool.node_count()), 0);
   for (int placed = 0; placed < n;) {
     bool any = false;
     for (int node = 0; node < pool.node_count() && placed < n; ++node) {
-      if (per[node] < pool.workers_on_node(node)) {
+      if (per[node] < pool.workers_on_node(node) + (node == 0 ? 1 : 0)) {
         ++per[node];
         ++placed;
         any = true;
       }
     }
-    TD_CHECK(any, "{} threads do not fit the pool's {} workers", n, pool.size());
+    TD_CHECK(any, "{} threads do not fit the pool's {} workers and the caller", n, pool.size());
   }
   return per;
 }
@@ -71,8 +73,8 @@ void atomic_max(std::atomic<int64_t>& a, int64_t v) {
   }
 }
 
-// Runs body(node, index within node, participant index) on sum(per_node) workers at once,
-// each on its own node, all released together by a spin barrier.
+// Runs body(node, index within node, participant index) on sum(per_node) threads at once (the
+// workers, each on its own node, and the caller), all released together by a spin barrier.
 template <typename Body>
 Timing timed_parallel(ThreadPool& pool, const std::vector<int>& per_node, const Body& body) {
   int total = 0;
@@ -93,14 +95,18 @@ Timing timed_parallel(ThreadPool& pool, const std::vector<int>& per_node, const 
     atomic_max(cpu, thread_cpu_ns() - cpu0);
     atomic_max(end, now_ns());
   };
+  // The caller's participant (node 0's last, see threads_per_node) runs here, after the workers'
+  // jobs are out; the workers' jobs do not let the caller help (it must run one task only).
+  const int caller = !per_node.empty() && per_node[0] > pool.workers_on_node(0) ? 1 : 0;
   std::vector<TaskHandle> handles;
   handles.reserve(per_node.size());
   int first = 0;
   for (size_t k = 0; k < per_node.size(); first += per_node[k], ++k) {
-    if (per_node[k] == 0) continue;
+    const int workers = per_node[k] - (k == 0 ? caller : 0);
+    if (workers == 0) continue;
     const int node = static_cast<int>(k), base = first;
     try {
-      handles.push_back(pool.submit(RunOptions{node, false}, static_cast<size_t>(per_node[k]),
+      handles.push_back(pool.submit(RunOptions{node, false}, static_cast<size_t>(workers),
                                     [&task, node, base](size_t i) {
                                       task(node, static_cast<int>(i), base + static_cast<int>(i));
                                     }));
@@ -109,6 +115,7 @@ Timing timed_parallel(ThreadPool& pool, const std::vector<int>& per_node, const 
       throw;
     }
   }
+  if (caller == 1) task(0, per_node[0] - 1, per_node[0] - 1);
   for (TaskHandle& h : handles) h.wait();
   return Timing{static_cast<double>(end.load() - start.load()) * 1e-9,
                 static_cast<double>(cpu.load()) * 1e-9};
@@ -178,11 +185,10 @@ size_t round_down(size_t x, size_t to) {
 }
 
 void validate(const ThreadPool& pool, const RooflineOptions& opt) {
-  if (pool.size() == 0)
-    fail(ErrorKind::kInvalidArgument, "roofline: the thread pool has no workers");
-  if (opt.threads < 0 || opt.threads > pool.size()) {
-    fail(ErrorKind::kInvalidArgument, "roofline: --threads {} is not in 1..{} (the pool's workers)",
-         opt.threads, pool.size());
+  if (opt.threads < 0 || opt.threads > pool.size() + 1) {
+    fail(ErrorKind::kInvalidArgument,
+         "roofline: --threads {} is not in 1..{} (the pool's workers and the caller)", opt.threads,
+         pool.size() + 1);
   }
   if (!(opt.seconds > 0) || !std::isfinite(opt.seconds) || opt.seconds > 60) {
     fail(ErrorKind::kInvalidArgument, "roofline: --seconds {} is not in (0, 60]", opt.seconds);
@@ -209,7 +215,7 @@ DramReadProbe::DramReadProbe(ThreadingContext& ctx, const RooflineOptions& opt)
     : pool_(&ctx.pool()), opt_(opt), kernels_(read_kernels()) {
   validate(*pool_, opt_);
   const Topology& topo = ctx.topology();
-  threads_ = opt_.threads > 0 ? opt_.threads : pool_->size();
+  threads_ = opt_.threads > 0 ? opt_.threads : pool_->size() + 1;
   per_node_ = threads_per_node(*pool_, threads_);
   for (int t : per_node_) numa_nodes_ += t > 0 ? 1 : 0;
   // One buffer per node that has threads, bound to it, huge pages, prefaulted.
@@ -273,7 +279,7 @@ RooflineResult measure_roofline(ThreadingContext& ctx, const RooflineOptions& op
   const Topology& topo = ctx.topology();
   validate(pool, opt);
   RooflineResult r;
-  r.threads = opt.threads > 0 ? opt.threads : pool.size();
+  r.threads = opt.threads > 0 ? opt.threads : pool.size() + 1;
   r.isa = isa_name(best_isa());
   const std::vector<int> counts =
       opt.thread_sweep ? sweep_thread_counts(r.threads) : std::vector<int>{r.threads};

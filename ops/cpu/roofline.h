@@ -57,8 +57,9 @@ struct RooflineResult {
   std::vector<RooflinePoint> dram_sweep, fp32_sweep, bf16_sweep, int8_sweep;  // by threads
 };
 
-// Measures with the workers of ctx.pool() (the caller only waits). Throws Error(kInvalidArgument)
-// for a bad option (threads beyond the pool, a zero buffer) and Error(kResource) when the
+// Measures with ctx's threads: the pool's workers and the calling thread, as the model runs
+// (ctx.n_threads() by default). Throws Error(kInvalidArgument) for a bad option (threads beyond
+// the workers and the caller, a zero buffer) and Error(kResource) when the
 // buffer cannot be allocated.
 RooflineResult measure_roofline(ThreadingContext& ctx, const RooflineOptions& options);
 

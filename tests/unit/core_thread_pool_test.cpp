@@ -5,6 +5,7 @@
 #include <set>
 #include <stdexcept>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "core/error.h"
@@ -198,8 +199,9 @@ TEST(ThreadPool, FailedJobSkipsTasksNotYetStarted) {
 }
 
 TEST(ThreadPool, RunOnNodeUsesOnlyThatNodesWorkers) {
-  // Two synthetic nodes of two cores; workers 0 and 2 are on node 0, 1 and 3 on node 1.
-  ThreadingContext ctx(synthetic_topology(2, 2), ThreadingOptions{4, false, 20});
+  // Two synthetic nodes of two cores; 5 threads = 4 workers and the caller: workers 0 and 2 are on
+  // node 0, 1 and 3 on node 1.
+  ThreadingContext ctx(synthetic_topology(2, 2), ThreadingOptions{5, false, 20});
   ThreadPool& pool = ctx.pool();
   ASSERT_EQ(pool.node_count(), 2);
   EXPECT_EQ(pool.workers_on_node(0), 2);
@@ -218,7 +220,8 @@ TEST(ThreadPool, RunOnNodeUsesOnlyThatNodesWorkers) {
 }
 
 TEST(ThreadPool, JobForANodeWithoutWorkersRunsOnTheCaller) {
-  ThreadingContext ctx(synthetic_topology(2, 2), ThreadingOptions{1, false, 20});
+  ThreadingContext ctx(synthetic_topology(2, 2), ThreadingOptions{2, false, 20});  // one worker
+  ASSERT_EQ(ctx.pool().workers_on_node(0), 1);
   ASSERT_EQ(ctx.pool().workers_on_node(1), 0);
   expect_each_task_once(ctx.pool(), 40, RunOptions{1, false});
 }
@@ -262,9 +265,10 @@ TEST(ThreadPool, PlacementInterleavesNodesAndWraps) {
 }
 
 TEST(ThreadPool, WorkersArePinnedWhereTheyReport) {
-  ThreadingContext ctx;  // the real topology
+  ThreadingContext ctx;  // the real topology: one thread per physical core, the caller one of them
   ThreadPool& pool = ctx.pool();
-  ASSERT_EQ(pool.size(), ctx.topology().physical_cores());
+  ASSERT_EQ(ctx.n_threads(), ctx.topology().physical_cores());
+  ASSERT_EQ(pool.size(), ctx.n_threads() - 1);
   std::vector<std::vector<int>> seen(pool.size());
   std::vector<std::atomic<int>> recorded(pool.size());
   // Enough tasks that every worker takes some; each records its own affinity mask once.
@@ -290,6 +294,21 @@ TEST(ThreadPool, WorkersArePinnedWhereTheyReport) {
     distinct.insert(pool.placement(w).cpus);
   }
   EXPECT_EQ(static_cast<int>(distinct.size()), pool.size());  // one worker per physical core
+}
+
+TEST(ThreadingContext, TheCallerIsOneOfTheThreads) {
+  // n threads = n - 1 pinned workers and the calling thread, which helps while it waits.
+  for (auto [threads, workers] : {std::pair{0, 3}, {1, 0}, {2, 1}, {4, 3}, {6, 5}}) {
+    ThreadingContext ctx(synthetic_topology(1, 4), ThreadingOptions{threads, true, 20});
+    EXPECT_EQ(ctx.pool().size(), workers) << threads << " threads";
+    EXPECT_EQ(ctx.n_threads(), workers + 1) << threads << " threads";
+    // The workers take the cores in order; with fewer threads than cores the last stays free.
+    const auto& cores = ctx.topology().nodes[0].cores;
+    for (int w = 0; w < workers && w < 4; ++w) {
+      EXPECT_EQ(ctx.pool().placement(w).cpus, cores[static_cast<size_t>(w)].cpus) << threads;
+    }
+    expect_each_task_once(ctx.pool(), 100);
+  }
 }
 
 TEST(ThreadingContext, NegativeThreadCountIsRejected) {

@@ -141,6 +141,26 @@ TEST(Roofline, DramReadProbeMeasuresAgainOnItsBuffer) {
   EXPECT_THROW(DramReadProbe(ctx, opt), Error);
 }
 
+TEST(Roofline, TheCallingThreadMeasuresToo) {
+  // The caller is one of ctx's threads (ThreadingOptions::n_threads): a workerless pool measures
+  // on the caller alone, and n threads = n - 1 workers + the caller, all of them reading.
+  for (int threads : {1, 2}) {
+    ThreadingContext ctx(synthetic_topology(1, 2), ThreadingOptions{threads, false, 20});
+    ASSERT_EQ(ctx.pool().size(), threads - 1);
+    RooflineOptions opt;
+    opt.dram_bytes = size_t{4} << 20;
+    opt.seconds = 0.001;
+    opt.repetitions = 1;
+    DramReadProbe probe(ctx, opt);
+    EXPECT_EQ(probe.threads(), threads);  // the default: all of ctx's threads
+    const double gbs = probe.measure();
+    EXPECT_TRUE(std::isfinite(gbs) && gbs > 0) << threads;
+    EXPECT_GT(probe.measure_at(threads), 0);
+    opt.threads = threads + 1;
+    EXPECT_THROW(DramReadProbe(ctx, opt), Error);
+  }
+}
+
 TEST(Roofline, OptionsAreValidated) {
   ThreadingContext ctx(synthetic_topology(1, 1), ThreadingOptions{1, false, 20});
   RooflineOptions opt;
