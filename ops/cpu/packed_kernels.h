@@ -38,6 +38,10 @@ constexpr int64_t kFp8TileMinTokens = 5;
 // columns).
 bool fp8_rows_vbmi_fits(const KMatrix& w, int64_t tokens);
 void fp8_rows_vbmi(const PackedArgs& p);
+// 16 FP8 rows (src[i] == nullptr: a zero padding row) x 2 * pairs columns into BF16 tile chunks,
+// dst[c * 32 + 2 i + j] = bf16(row i, column 2c + j): the B-tile lines of vdpbf16ps and AMX-BF16.
+// AVX-512 (packed_vnni.cpp; call only on CPUs with AVX-512 VNNI + BF16).
+void fp8_expand_vnni(const uint8_t* const* src, int64_t pairs, uint16_t* dst);
 
 // Byte offsets inside one packed group block (see packed.h).
 struct PackedGeometry {

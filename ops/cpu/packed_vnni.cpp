@@ -129,6 +129,10 @@ void fp8_kernel(const PackedArgs& p) {
 
 }  // namespace
 
+void fp8_expand_vnni(const uint8_t* const* src, int64_t pairs, uint16_t* dst) {
+  Vnni::fp8_expand(src, pairs, dst);
+}
+
 const PackedKernels& packed_kernels_vnni_base() {
   static const PackedKernels k{&packed_impl::int_kernel<Vnni, false>,
                                &packed_impl::int_kernel<Vnni, true>, &fp8_kernel_base,

@@ -265,7 +265,8 @@ TEST(PackedGemm, Fp8Conformance) {
 // fl(scale * e4m3(w[n][k])), one product and one rounding whatever a kernel's summation order. The
 // VNNI kernels (shifts and a subnormal table: rows for 1-4 tokens, BF16 tiles for 5 and 17) and,
 // on CPUs with VBMI, the VBMI GEMV (byte tables, activations permuted to the unpacks' order; more
-// tokens take the VNNI tiles), scale blocks 16 x 128.
+// tokens take the VNNI tiles), and on CPUs with AMX its tdpbf16ps tiles (17 and 33 tokens: one and
+// three 16-token A tiles), scale blocks 16 x 128.
 TEST(PackedGemm, Fp8KernelsExpandEveryValueExactly) {
   const CpuFeatures& f = cpu_features();
   if (!f.avx512_bf16) GTEST_SKIP() << "no AVX-512 BF16 here";
@@ -288,8 +289,9 @@ TEST(PackedGemm, Fp8KernelsExpandEveryValueExactly) {
   std::vector<std::pair<const char*, detail::PackedFn>> kernels = {
       {"avx512_vnni", detail::packed_kernels_vnni_base().fp8}};
   if (f.avx512_vbmi) kernels.emplace_back("avx512_vbmi", detail::packed_kernels_vnni().fp8);
+  if (f.amx_tile && f.amx_bf16) kernels.emplace_back("amx", detail::packed_kernels_amx().fp8);
   for (const auto& [name, fn] : kernels) {
-    for (int64_t tokens : {1, 2, 3, 4, 5, 17}) {
+    for (int64_t tokens : {1, 2, 3, 4, 5, 17, 33}) {
       for (int64_t k0 = 0; k0 < cols; k0 += tokens) {
         std::vector<float> x(tokens * cols, 0.0f);
         for (int64_t t = 0; t < tokens; ++t) x[t * cols + (k0 + t) % cols] = 1.0f;
