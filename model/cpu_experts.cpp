@@ -491,10 +491,10 @@ CpuExperts prepare_cpu_experts(const LoadedModel& model, const CpuExpertOptions&
                                    &lw.ffn_gate, &lw.ffn_up, &lw.ffn_down, &lw.router}) {
         add(*w);
       }
-      // k_up goes through kern::matmul either way: stored [qk_nope, kv_lora] in naive MLA, and
-      // GGUF's transposed [kv_lora, qk_nope] k_b in absorbed MLA (the default; naive MLA reads
-      // that one with ops::matmul_transposed from the file instead). Left out, the absorbed k_b
-      // (27 x 16 heads of 40 KiB Q5_0 in V2-Lite) was read from 4 KiB file pages every token.
+      // Every k_up too: GGUF's transposed k_b [kv_lora, qk_nope] is read through kern::matmul
+      // in absorbed MLA (the default; naive MLA reads it from the file with
+      // ops::matmul_transposed). Left out, the absorbed k_b (27 x 16 heads of 40 KiB Q5_0 in
+      // V2-Lite) was read from the released file mapping every token.
       for (const ops::Weight& w : lw.k_up) add(w);
       for (const ops::Weight& w : lw.v_up) add(w);
     }

@@ -188,7 +188,8 @@ void fp8_kernel(const PackedArgs& p) {
           const __m512 s = _mm512_loadu_ps(scales.data() + b * 16);
           for (int t = 0; t < nt; ++t) {
             float* at = acc.data() + (t0 + t) * 16;
-            _mm512_storeu_ps(at, _mm512_fmadd_ps(s, _mm512_load_ps(c_out[t]), _mm512_loadu_ps(at)));
+            const __m512 sum = _mm512_load_ps(c_out[t]);
+            _mm512_storeu_ps(at, _mm512_fmadd_ps(s, sum, _mm512_loadu_ps(at)));
           }
         }
       }
