@@ -349,6 +349,73 @@ void short_rows(const uint8_t* w, int64_t row_bytes, int64_t nb, const Act* act,
   }
 }
 
+// One token's per-block activation terms for short_rows16 in its block-major order (dword
+// 4i + k: block i of row k): the bias, d and Q8_1 sum of block i, once per call.
+struct ShortAct {
+  __m512i bias;
+  __m512 ad, as;
+};
+inline ShortAct short_act(const Act& a) {
+  const __m512i spread = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
+  return {_mm512_permutexvar_epi32(
+              spread, _mm512_castsi128_si512(
+                          _mm_loadu_si128(reinterpret_cast<const __m128i*>(a.negc)))),
+          _mm512_permutexvar_ps(spread, _mm512_castps128_ps512(_mm_loadu_ps(a.d))),
+          _mm512_permutexvar_ps(spread, _mm512_castps128_ps512(_mm_loadu_ps(a.s)))};
+}
+
+// Rows of nb <= 4 blocks (one quad) sixteen at a time: what short_rows<Q = 1> computes for four
+// groups of four, step for step, with the lane trees of the sixteen rows done together. Group g's
+// products stay block-major (dword 4i + k: row 4g + k, block i: the scales are transposed to
+// them instead of the sums to the rows), so a row's tree (p0 + p2) + (p1 + p3) runs across the
+// 128-bit lanes: two levels of 128-bit shuffles and adds for all four groups, rows 0..15 in
+// order in the result. (short_rows' "+ 0" levels are dropped: p is never -0, so p + 0 == p.)
+template <class Block, bool kX4, int NT>
+void short_rows16(const uint8_t* w, int64_t row_bytes, int64_t nb, const Act* act,
+                  const ShortAct* sa, float* y, int64_t ldy) {
+  const Consts c = consts<Block>();
+  const __m512 zero = _mm512_setzero_ps();
+  const int blocks = static_cast<int>(nb);
+  __m512 p[NT][4];
+  for (int g = 0; g < 4; ++g) {
+    Halves hv;
+    __m512i v[NT][4];
+    for (int k = 0; k < 4; ++k) {
+      __m512i u_lo, u_hi;
+      any_quad<Block, kX4>(w + (4 * g + k) * row_bytes, blocks, k, c, &u_lo, &u_hi, &hv);
+      for (int t = 0; t < NT; ++t) {
+        const __m512i* aq = act[t].quads;
+        v[t][k] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), u_lo, aq[0]),
+                                      u_hi, aq[1]);
+      }
+    }
+    // (c.order is a transpose of 4 x 4 dwords per vector: row-major scales -> block-major.)
+    const __m512 dw =
+        _mm512_permutexvar_ps(c.order, _mm512_cvtph_ps(_mm512_castsi512_si256(hv.d16)));
+    for (int t = 0; t < NT; ++t) {
+      const __m512i sums =
+          tree4_epi32(tree2_epi32(v[t][0], v[t][1]), tree2_epi32(v[t][2], v[t][3]));
+      const __m512i isum = with_bias<Block>(sums, sa[t].bias);
+      p[t][g] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(dw, sa[t].ad), zero);
+    }
+    if constexpr (Fmt<Block>::kM >= 0) {
+      const __m512 mw =
+          _mm512_permutexvar_ps(c.order, _mm512_cvtph_ps(_mm512_castsi512_si256(hv.m16)));
+      for (int t = 0; t < NT; ++t) p[t][g] = _mm512_fmadd_ps(mw, sa[t].as, p[t][g]);
+    }
+  }
+  for (int t = 0; t < NT; ++t) {
+    // Groups a, b: [a0 + a2, a1 + a3, b0 + b2, b1 + b3] (128-bit lanes = blocks); then the pairs.
+    const __m512 ab = _mm512_add_ps(_mm512_shuffle_f32x4(p[t][0], p[t][1], 0x44),
+                                    _mm512_shuffle_f32x4(p[t][0], p[t][1], 0xEE));
+    const __m512 cd = _mm512_add_ps(_mm512_shuffle_f32x4(p[t][2], p[t][3], 0x44),
+                                    _mm512_shuffle_f32x4(p[t][2], p[t][3], 0xEE));
+    const __m512 rows = _mm512_add_ps(_mm512_shuffle_f32x4(ab, cd, 0x88),
+                                      _mm512_shuffle_f32x4(ab, cd, 0xDD));
+    _mm512_storeu_ps(y + t * ldy, rows);
+  }
+}
+
 // short_rows for nb <= 8 and nt <= kMaxTokens tokens.
 template <class Block, bool kX4>
 inline void short_rows_any(const uint8_t* w, int64_t row_bytes, int64_t nb, const Act* a,
@@ -402,12 +469,31 @@ void rows_vbmi(const GemmArgs& g) {
         q8_0_act_sums(rowp, nb)};
   }
   int64_t r = g.n0;
-  if (nb <= 8) {  // short rows (e.g. MLA's per-head K up-projections): 4 or 2 per vector
-    const int per = nb <= 4 ? 4 : 2;
-    const int64_t r_end = g.n0 + (g.n1 - g.n0) / per * per;
+  if (nb <= 4 && g.n1 - r >= 16) {  // one-quad rows (MLA's K up-projections) 16 at a time
+    const int64_t r_end = r + (g.n1 - r) / 16 * 16;
     for (int64_t t0 = 0; t0 < g.tokens; t0 += kMaxTokens) {
       const int64_t nt = std::min<int64_t>(kMaxTokens, g.tokens - t0);
-      for (int64_t rr = g.n0; rr < r_end; rr += per) {
+      ShortAct sa[kMaxTokens];
+      for (int64_t t = 0; t < nt; ++t) sa[t] = short_act(acts[static_cast<size_t>(t0 + t)]);
+      const Act* a = acts.data() + t0;
+      for (int64_t rr = r; rr < r_end; rr += 16) {
+        const uint8_t* w = g.w + rr * g.row_bytes;
+        float* y = g.y + t0 * g.ldy + rr;
+        if (nt == 1) short_rows16<Block, kX4, 1>(w, g.row_bytes, nb, a, sa, y, g.ldy);
+        if (nt == 2) short_rows16<Block, kX4, 2>(w, g.row_bytes, nb, a, sa, y, g.ldy);
+        if (nt == 3) short_rows16<Block, kX4, 3>(w, g.row_bytes, nb, a, sa, y, g.ldy);
+        if (nt == 4) short_rows16<Block, kX4, 4>(w, g.row_bytes, nb, a, sa, y, g.ldy);
+      }
+    }
+    r = r_end;
+  }
+  if (nb <= 8) {  // short rows (e.g. MLA's per-head K up-projections): 4 or 2 per vector
+    const int per = nb <= 4 ? 4 : 2;
+    const int64_t r_begin = r;
+    const int64_t r_end = r_begin + (g.n1 - r_begin) / per * per;
+    for (int64_t t0 = 0; t0 < g.tokens; t0 += kMaxTokens) {
+      const int64_t nt = std::min<int64_t>(kMaxTokens, g.tokens - t0);
+      for (int64_t rr = r_begin; rr < r_end; rr += per) {
         short_rows_any<Block, kX4>(g.w + rr * g.row_bytes, g.row_bytes, nb, acts.data() + t0, nt,
                               g.y + t0 * g.ldy + rr, g.ldy);
       }

@@ -206,10 +206,11 @@ TEST(KernelsLegacy, VbmiRowsEqualVnniRows) {
     const kern::detail::GemmFn with = kern::detail::gguf_kernels_avx512_vnni().*entry;
     const kern::detail::GemmFn without = kern::detail::gguf_kernels_avx512_vnni_base().*entry;
     ASSERT_NE(with, without) << "the VBMI kernel is not selected on this CPU";
-    // 1 .. 8 blocks: the short-row kernels (4 or 2 rows per vector, 21 - 2 rows: a remainder).
+    // 1 .. 8 blocks: the short-row kernels (16 rows at a time for <= 4 blocks, then 4 or 2 rows
+    // per vector; 39 - 2 rows = 2 x 16 + 4 + a remainder).
     for (const int64_t cols : {int64_t{32}, int64_t{96}, int64_t{128}, int64_t{160},
                                int64_t{256}, int64_t{544}, int64_t{1408}}) {
-      const int64_t rows = 21;
+      const int64_t rows = 39;
       const Matrix m = make_matrix(dtype, rows, cols, 5);
       for (const int64_t tokens : {int64_t{1}, int64_t{2}, int64_t{3}, int64_t{6}, int64_t{15}}) {
         const std::vector<float> x = random_values(tokens * cols, 6);
