@@ -177,6 +177,25 @@ inline void load_quad(const uint8_t* x, int blocks, int k, const Consts& c, __m5
   }
 }
 
+// The quants of a full x4 quad at x (q0_x4.h) as u = q + c: (Q5_0) the 64 nibble bytes and the two
+// fifth-bit masks as stored, or (Q8_0) the 128 bytes of u already.
+template <class Block>
+inline void x4_quants(const uint8_t* x, const Consts& c, __m512i* u_lo, __m512i* u_hi) {
+  if constexpr (kIs8<Block>) {
+    *u_lo = _mm512_loadu_si512(x + 8);
+    *u_hi = _mm512_loadu_si512(x + 72);
+  } else {
+    const __m512i q = _mm512_loadu_si512(x + 24);
+    const __m512i lo = _mm512_and_si512(q, c.nib);
+    const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(q, 4), c.nib);
+    __mmask64 m_lo, m_hi;
+    std::memcpy(&m_lo, x + 8, 8);
+    std::memcpy(&m_hi, x + 16, 8);
+    *u_lo = _mm512_mask_add_epi8(lo, m_lo, lo, c.sixteen);
+    *u_hi = _mm512_mask_add_epi8(hi, m_hi, hi, c.sixteen);
+  }
+}
+
 // The same for a full quad of the x4 layout (q0_x4.h): the fp16 d of the four blocks first (one
 // masked load into bytes 8k..8k+7 of h), then (Q5_0) the two fifth-bit masks as stored and the
 // 64 nibble bytes, or (Q8_0) the 128 bytes of u already.
@@ -189,19 +208,7 @@ inline void load_quad_x4(const uint8_t* x, int k, const Consts& c, __m512i* u_lo
   const __mmask64 lane = __mmask64{0xFF} << (8 * k);
   // (Bytes 8k..8k+7 of the load are x[0..7]; the masked-off ones are never read.)
   h->d16 = _mm512_mask_loadu_epi8(h->d16, lane, x - 8 * k);
-  if constexpr (kIs8<Block>) {
-    *u_lo = _mm512_loadu_si512(x + 8);
-    *u_hi = _mm512_loadu_si512(x + 72);
-    return;
-  }
-  const __m512i q = _mm512_loadu_si512(x + 24);
-  const __m512i lo = _mm512_and_si512(q, c.nib);
-  const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(q, 4), c.nib);
-  __mmask64 m_lo, m_hi;
-  std::memcpy(&m_lo, x + 8, 8);
-  std::memcpy(&m_hi, x + 16, 8);
-  *u_lo = _mm512_mask_add_epi8(lo, m_lo, lo, c.sixteen);
-  *u_hi = _mm512_mask_add_epi8(hi, m_hi, hi, c.sixteen);
+  x4_quants<Block>(x, c, u_lo, u_hi);
 }
 
 // A quad of either layout: full quads of an x4 row through load_quad_x4, the rest as stored.
@@ -235,7 +242,8 @@ inline __m512i block_sums(const __m512i* v, const Consts& c) {
 
 // The full 16-block groups of an x4 row: row()'s steps as straight-line code (four whole quads
 // at fixed offsets, no per-quad branches; the scales gathered by four 8-byte loads instead of
-// four merging masked loads, one prefetch per 64 bytes). Returns the first block not done.
+// four merging masked loads; one prefetch per 64 bytes of the group). Returns the first block
+// not done.
 template <class Block, int NT>
 int64_t x4_groups(const uint8_t* w, int64_t nb, const Act* act, __m512* acc) {
   constexpr int kBytes = static_cast<int>(sizeof(Block));
@@ -253,19 +261,7 @@ int64_t x4_groups(const uint8_t* w, int64_t nb, const Act* act, __m512* acc) {
       const uint8_t* xq = x + k * kQuad;
       dq[k] = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(xq));
       __m512i u_lo, u_hi;
-      if constexpr (kIs8<Block>) {
-        u_lo = _mm512_loadu_si512(xq + 8);
-        u_hi = _mm512_loadu_si512(xq + 72);
-      } else {
-        const __m512i q = _mm512_loadu_si512(xq + 24);
-        const __m512i lo = _mm512_and_si512(q, c.nib);
-        const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(q, 4), c.nib);
-        __mmask64 m_lo, m_hi;
-        std::memcpy(&m_lo, xq + 8, 8);
-        std::memcpy(&m_hi, xq + 16, 8);
-        u_lo = _mm512_mask_add_epi8(lo, m_lo, lo, c.sixteen);
-        u_hi = _mm512_mask_add_epi8(hi, m_hi, hi, c.sixteen);
-      }
+      x4_quants<Block>(xq, c, &u_lo, &u_hi);
       for (int t = 0; t < NT; ++t) {
         const __m512i* aq = act[t].quads + 2 * ((g0 >> 2) + k);
         v[t][k] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), u_lo, aq[0]),
