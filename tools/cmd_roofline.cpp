@@ -62,6 +62,8 @@ void print_table(const cpu::RooflineResult& r) {
   compute("fp32 FMA", "GFLOP/s", r.fp32_gflops, r.fp32_kernel, r.fp32_sweep);
   compute("bf16 dot", "GFLOP/s", r.bf16_gflops, r.bf16_kernel, r.bf16_sweep);
   compute("int8 dot", "GOP/s", r.int8_gops, r.int8_kernel, r.int8_sweep);
+  compute("AMX int8", "GOP/s", r.amx_int8_gops, r.amx_int8_kernel, r.amx_int8_sweep);
+  compute("AMX bf16", "GFLOP/s", r.amx_bf16_gflops, r.amx_bf16_kernel, r.amx_bf16_sweep);
   std::string variants;
   for (const cpu::RooflinePoint& p : r.dram_variants) {
     variants += fmt::format("{}{} {:.1f}", variants.empty() ? "" : ", ", p.kernel, p.value);

@@ -1,9 +1,10 @@
 // AMX tile kernels of the packed formats (Sapphire Rapids+; used only when best_isa() == kAmx):
 // INT8 / INT4 with tdpbssd, FP8Block with tdpbf16ps. A 16-row packed chunk (16 rows x 4 bytes per
 // 64-byte line, packed.h) is exactly one line of an AMX B tile, so a group block of INT8 is loaded
-// as B tiles in place; INT4 is first unpacked to that INT8 layout (nibble - 8), once per tile. The
-// int32 C tile of 16 tokens x 16 rows is post-scaled per group with the same fma as the reference,
-// so the result is bit-identical to packed_gemm_reference. FP8 rows are expanded to BF16 pairs
+// as B tiles in place; INT4 is first unpacked to that INT8 layout (nibble - 8), once per tile.
+// INT8 / INT4 / BF16 run two token tiles x two row tiles per step (four C tiles, Blocking2x2). The
+// int32 C tiles of 16 tokens x 16 rows are post-scaled per group with the same fma as the
+// reference, so the result is bit-identical to packed_gemm_reference. FP8 rows are expanded to BF16 pairs
 // (the B layout of tdpbf16ps: 2 consecutive k of 16 rows per line) once per 16 rows and chunk,
 // post-scaled per scale block.
 // BF16 tiles are that layout already: loaded as B tiles in place.
@@ -20,6 +21,7 @@
 
 #include "core/cpu_features.h"
 #include "core/fp_convert.h"
+#include "ops/cpu/amx_tiles.h"
 #include "ops/cpu/packed_kernels.h"
 
 #pragma GCC push_options
@@ -28,16 +30,10 @@
 namespace tandem::kern::detail {
 namespace {
 
-// ldtilecfg's 64-byte palette-1 configuration.
-struct alignas(64) TileConfig {
-  uint8_t palette = 1;
-  uint8_t start_row = 0;
-  uint8_t reserved[14] = {};
-  uint16_t colsb[16] = {};
-  uint8_t rows[16] = {};
-};
+using TileConfig = AmxTileConfig;
 
-// tmm0: C [tokens, 16] (int32 or f32), tmm1: A [tokens, k_bytes], tmm2: B [k_bytes / 4, 64].
+// The FP8 kernel's tiles: tmm0: C [tokens, 16] (f32), tmm1: A [tokens, k_bytes],
+// tmm2: B [k_bytes / 4, 64].
 void configure(int tokens, int a_bytes, int b_rows) {
   TileConfig c;
   c.rows[0] = static_cast<uint8_t>(tokens);
@@ -62,9 +58,109 @@ struct TileConfigCache {
   }
 };
 
-// INT8 / INT4 blocks of one 16-row tile, every 16-token A tile over them. INT4 tiles are unpacked
-// to INT8 once per tile (not per token tile); the post-scale is 16 lanes per token:
-// acc = fma(sa * s, float(dot), acc), the reference's operations lane by lane.
+// The 2 x 2 blocking of the INT8 / INT4 / BF16 kernels (KTransformers' AMX kernel does the same):
+// two A tiles of 16 tokens (tmm4, tmm5) and two B tiles of 16 rows (tmm6, tmm7) give four C tiles,
+// C[2i + j] = A[i] x B[j] (tmm0..3), so each tile load feeds two tdp* instead of one. A missing
+// second token tile or row tile (fewer than 17 tokens, an odd tile at the end of the range) is
+// configured empty and skipped.
+struct Blocking2x2 {
+  int nt[2] = {0, 0};  // tokens of A tile 0 and 1 (nt[1] == 0: one token tile)
+  bool two_rows = false;
+  int a_bytes = -1, b_rows = -1;
+  bool loaded = false;
+  // Loads the configuration when it changes; returns whether it did (which zeroes the tiles).
+  bool set(int nt0, int nt1, bool rows2, int a, int b) {
+    if (loaded && nt0 == nt[0] && nt1 == nt[1] && rows2 == two_rows && a == a_bytes &&
+        b == b_rows) {
+      return false;
+    }
+    TileConfig c;
+    const int tokens[2] = {nt0, nt1};
+    for (int i = 0; i < 2; ++i) {
+      const bool used_a = tokens[i] > 0, used_b = i == 0 || rows2;
+      for (int j = 0; j < 2; ++j) {
+        const bool used = used_a && (j == 0 || rows2);
+        c.rows[2 * i + j] = static_cast<uint8_t>(used ? tokens[i] : 0);
+        c.colsb[2 * i + j] = static_cast<uint16_t>(used ? 64 : 0);
+      }
+      c.rows[4 + i] = static_cast<uint8_t>(tokens[i]);
+      c.colsb[4 + i] = static_cast<uint16_t>(used_a ? a : 0);
+      c.rows[6 + i] = static_cast<uint8_t>(used_b ? b : 0);
+      c.colsb[6 + i] = static_cast<uint16_t>(used_b ? 64 : 0);
+    }
+    _tile_loadconfig(&c);
+    nt[0] = nt0;
+    nt[1] = nt1;
+    two_rows = rows2;
+    a_bytes = a;
+    b_rows = b;
+    loaded = true;
+    return true;
+  }
+  // The used C tiles to memory: out[2i + j] is C[2i + j] (16 x 64 bytes each).
+  void store(void* out) const {
+    char* o = static_cast<char*>(out);
+    _tile_stored(0, o, 64);
+    if (two_rows) _tile_stored(1, o + 1024, 64);
+    if (nt[1] > 0) {
+      _tile_stored(2, o + 2048, 64);
+      if (two_rows) _tile_stored(3, o + 3072, 64);
+    }
+  }
+  void load(const void* in) const {
+    const char* i = static_cast<const char*>(in);
+    _tile_loadd(0, i, 64);
+    if (two_rows) _tile_loadd(1, i + 1024, 64);
+    if (nt[1] > 0) {
+      _tile_loadd(2, i + 2048, 64);
+      if (two_rows) _tile_loadd(3, i + 3072, 64);
+    }
+  }
+  void zero() const {
+    _tile_zero(0);
+    if (two_rows) _tile_zero(1);
+    if (nt[1] > 0) {
+      _tile_zero(2);
+      if (two_rows) _tile_zero(3);
+    }
+  }
+  // A tiles from a (token rows of a_stride bytes, the second 16 rows further), B tiles from b0 / b1
+  // (64-byte lines), then the four products.
+  template <bool kBf16>
+  void step(const void* a, int64_t a_stride, const void* b0, const void* b1) const {
+    _tile_loadd(4, a, a_stride);
+    _tile_loadd(6, b0, 64);
+    if (nt[1] > 0) _tile_loadd(5, static_cast<const char*>(a) + 16 * a_stride, a_stride);
+    if (two_rows) _tile_loadd(7, b1, 64);
+    if constexpr (kBf16) {
+      _tile_dpbf16ps(0, 4, 6);
+      if (two_rows) _tile_dpbf16ps(1, 4, 7);
+      if (nt[1] > 0) {
+        _tile_dpbf16ps(2, 5, 6);
+        if (two_rows) _tile_dpbf16ps(3, 5, 7);
+      }
+    } else {
+      _tile_dpbssd(0, 4, 6);
+      if (two_rows) _tile_dpbssd(1, 4, 7);
+      if (nt[1] > 0) {
+        _tile_dpbssd(2, 5, 6);
+        if (two_rows) _tile_dpbssd(3, 5, 7);
+      }
+    }
+  }
+};
+
+// y rows [max(n0, tile0 * 16), min(n1, tile0 * 16 + 32)) of tokens t0.. from acc[token][32 rows].
+void write_rows(const PackedArgs& p, int64_t tile0, int64_t t0, int tokens, const float* acc) {
+  const int64_t r0 = std::max(tile0 * 16, p.n0), r1 = std::min(tile0 * 16 + 32, p.n1);
+  for (int t = 0; t < tokens; ++t) {
+    for (int64_t r = r0; r < r1; ++r) p.y[(t0 + t) * p.ldy + r] = acc[t * 32 + r - tile0 * 16];
+  }
+}
+
+// INT8 / INT4 blocks of two 16-row tiles, every pair of 16-token A tiles over them. INT4 tiles are
+// unpacked to INT8 once per tile (not per token tile). The post-scale is 16 lanes per token and
+// tile: acc = fma(sa * s, float(dot), acc), the reference's operations lane by lane.
 template <bool kInt4>
 void int_kernel(const PackedArgs& p) {
   const KMatrix& w = *p.w;
@@ -72,58 +168,75 @@ void int_kernel(const PackedArgs& p) {
   const PackedGeometry geo = packed_geometry(w.format, w.cols, w.group);
   const int64_t so = act_scales_offset(w.cols);
   const int kstep = w.group < 64 ? w.group : 64;  // bytes of K per A tile line
+  const int64_t tile_values = geo.groups * w.group * 16;
   thread_local std::vector<int8_t> unpacked;
-  if constexpr (kInt4) unpacked.resize(static_cast<size_t>(geo.groups * w.group * 16));
-  alignas(64) int32_t c_out[16][16];
-  alignas(64) float facc[16][16];
-  TileConfigCache config;
-  for (int64_t tile = p.n0 / 16; tile < (p.n1 + 15) / 16; ++tile) {
-    const uint8_t* tp = w.data + tile * geo.tile_bytes;
+  if constexpr (kInt4) unpacked.resize(static_cast<size_t>(2 * tile_values));
+  alignas(64) int32_t c_out[4][16][16];
+  alignas(64) float facc[32][32];  // [token][row of the two tiles]
+  Blocking2x2 tiles;
+  const int64_t tile_end = (p.n1 + 15) / 16;
+  for (int64_t tile = p.n0 / 16; tile < tile_end; tile += 2) {
+    const bool two_rows = tile + 1 < tile_end;
+    const uint8_t* tp[2] = {w.data + tile * geo.tile_bytes,
+                            w.data + (tile + (two_rows ? 1 : 0)) * geo.tile_bytes};
     if constexpr (kInt4) {
       const int half = w.group / 8;  // 64-byte chunks of low nibbles, then as many of high
       const __m512i low = _mm512_set1_epi8(0x0F), eight = _mm512_set1_epi8(8);
-      for (int64_t g = 0; g < geo.groups; ++g) {
-        const uint8_t* block = tp + g * geo.block_bytes;
-        int8_t* dst = unpacked.data() + g * w.group * 16;
-        for (int c = 0; c < half; ++c) {
-          const __m512i v = _mm512_loadu_si512(block + c * 64);
-          const __m512i lo = _mm512_sub_epi8(_mm512_and_si512(v, low), eight);
-          const __m512i hi =
-              _mm512_sub_epi8(_mm512_and_si512(_mm512_srli_epi16(v, 4), low), eight);
-          _mm512_storeu_si512(dst + c * 64, lo);
-          _mm512_storeu_si512(dst + (c + half) * 64, hi);
+      for (int j = 0; j < (two_rows ? 2 : 1); ++j) {
+        for (int64_t g = 0; g < geo.groups; ++g) {
+          const uint8_t* block = tp[j] + g * geo.block_bytes;
+          int8_t* dst = unpacked.data() + j * tile_values + g * w.group * 16;
+          for (int c = 0; c < half; ++c) {
+            const __m512i v = _mm512_loadu_si512(block + c * 64);
+            const __m512i lo = _mm512_sub_epi8(_mm512_and_si512(v, low), eight);
+            const __m512i hi =
+                _mm512_sub_epi8(_mm512_and_si512(_mm512_srli_epi16(v, 4), low), eight);
+            _mm512_storeu_si512(dst + c * 64, lo);
+            _mm512_storeu_si512(dst + (c + half) * 64, hi);
+          }
         }
       }
     }
-    for (int64_t t0 = 0; t0 < a.tokens; t0 += 16) {
-      const int nt = static_cast<int>(a.tokens - t0 < 16 ? a.tokens - t0 : 16);
-      config.set(nt, kstep, kstep / 4);
-      for (int t = 0; t < nt; ++t) _mm512_store_ps(facc[t], _mm512_setzero_ps());
+    for (int64_t t0 = 0; t0 < a.tokens; t0 += 32) {
+      const int64_t left = a.tokens - t0;
+      const int nt0 = static_cast<int>(std::min<int64_t>(left, 16));
+      const int nt1 = static_cast<int>(std::clamp<int64_t>(left - 16, 0, 16));
+      tiles.set(nt0, nt1, two_rows, kstep, kstep / 4);
+      for (int t = 0; t < nt0 + nt1; ++t) {
+        _mm512_store_ps(facc[t], _mm512_setzero_ps());
+        _mm512_store_ps(facc[t] + 16, _mm512_setzero_ps());
+      }
       for (int64_t g = 0; g < geo.groups; ++g) {
-        const uint8_t* block = tp + g * geo.block_bytes;
-        const int8_t* values = kInt4 ? unpacked.data() + g * w.group * 16
-                                     : reinterpret_cast<const int8_t*>(block);
-        _tile_zero(0);
+        const int8_t* values[2];
+        __m512 sw[2];
+        for (int j = 0; j < 2; ++j) {
+          const uint8_t* block = tp[j] + g * geo.block_bytes;
+          values[j] = kInt4 ? unpacked.data() + (two_rows ? j : 0) * tile_values + g * w.group * 16
+                            : reinterpret_cast<const int8_t*>(block);
+          sw[j] = _mm512_loadu_ps(block + geo.values_bytes);
+        }
+        tiles.zero();
         for (int s = 0; s < w.group / kstep; ++s) {
-          _tile_loadd(1, a.row(t0) + g * w.group + s * kstep, a.row_bytes);
-          _tile_loadd(2, values + s * (kstep / 4) * 64, 64);
-          _tile_dpbssd(0, 1, 2);
+          const int64_t b_off = s * (kstep / 4) * 64;
+          tiles.step<false>(a.row(t0) + g * w.group + s * kstep, a.row_bytes,
+                            values[0] + b_off, values[1] + b_off);
         }
-        _tile_stored(0, c_out, 64);
-        const __m512 sw = _mm512_loadu_ps(block + geo.values_bytes);
-        for (int t = 0; t < nt; ++t) {
-          float sa;
-          std::memcpy(&sa, a.row(t0 + t) + so + g * 4, 4);
-          const __m512 dot = _mm512_cvtepi32_ps(_mm512_load_si512(c_out[t]));
-          _mm512_store_ps(facc[t], _mm512_fmadd_ps(_mm512_mul_ps(_mm512_set1_ps(sa), sw), dot,
-                                                   _mm512_load_ps(facc[t])));
+        tiles.store(c_out);
+        for (int i = 0; i < 2; ++i) {
+          for (int t = 0; t < (i == 0 ? nt0 : nt1); ++t) {
+            float sa;
+            std::memcpy(&sa, a.row(t0 + 16 * i + t) + so + g * 4, 4);
+            const __m512 vsa = _mm512_set1_ps(sa);
+            float* acc = facc[16 * i + t];
+            for (int j = 0; j < (two_rows ? 2 : 1); ++j) {
+              const __m512 dot = _mm512_cvtepi32_ps(_mm512_load_si512(c_out[2 * i + j][t]));
+              _mm512_store_ps(acc + 16 * j, _mm512_fmadd_ps(_mm512_mul_ps(vsa, sw[j]), dot,
+                                                            _mm512_load_ps(acc + 16 * j)));
+            }
+          }
         }
       }
-      const int64_t r0 = tile * 16 > p.n0 ? tile * 16 : p.n0;
-      const int64_t r1 = tile * 16 + 16 < p.n1 ? tile * 16 + 16 : p.n1;
-      for (int t = 0; t < nt; ++t) {
-        for (int64_t r = r0; r < r1; ++r) p.y[(t0 + t) * p.ldy + r] = facc[t][r - tile * 16];
-      }
+      write_rows(p, tile, t0, nt0 + nt1, &facc[0][0]);
     }
   }
   _tile_release();
@@ -201,39 +314,46 @@ void fp8_kernel(const PackedArgs& p) {
   _tile_release();
 }
 
-// BF16 tiles: 32 columns of a 16-row tile (16 chunks of 64 bytes) are one B tile in place.
+// BF16 tiles: 32 columns of a 16-row tile (16 chunks of 64 bytes) are one B tile in place; two
+// row tiles and two token tiles per step (Blocking2x2), the sums kept in the C tiles over all K.
 void bf16_kernel(const PackedArgs& p) {
   const KMatrix& w = *p.w;
   const Activations& a = *p.a;
   const int64_t tile_bytes = packed_geometry(w.format, w.cols, w.group).tile_bytes;
-  alignas(64) float c_out[16][16];
-  for (int64_t tile = p.n0 / 16; tile < (p.n1 + 15) / 16; ++tile) {
-    const uint8_t* tp = w.data + tile * tile_bytes;
-    for (int64_t t0 = 0; t0 < a.tokens; t0 += 16) {
-      const int nt = static_cast<int>(a.tokens - t0 < 16 ? a.tokens - t0 : 16);
-      configure(nt, 64, 16);  // (ldtilecfg clears the tiles: once per C tile)
-      _tile_zero(0);
+  alignas(64) float c_out[4][16][16];
+  alignas(64) float acc[32][32];
+  Blocking2x2 tiles;
+  const int64_t tile_end = (p.n1 + 15) / 16;
+  for (int64_t tile = p.n0 / 16; tile < tile_end; tile += 2) {
+    const bool two_rows = tile + 1 < tile_end;
+    const uint8_t* tp0 = w.data + tile * tile_bytes;
+    const uint8_t* tp1 = tp0 + (two_rows ? tile_bytes : 0);
+    for (int64_t t0 = 0; t0 < a.tokens; t0 += 32) {
+      const int64_t left = a.tokens - t0;
+      const int nt0 = static_cast<int>(std::min<int64_t>(left, 16));
+      const int nt1 = static_cast<int>(std::clamp<int64_t>(left - 16, 0, 16));
+      tiles.set(nt0, nt1, two_rows, 64, 16);
+      tiles.zero();
       int64_t k = 0;
       for (; k + 32 <= w.cols; k += 32) {
-        _tile_loadd(1, a.row(t0) + k * 2, a.row_bytes);
-        _tile_loadd(2, tp + (k / 2) * 64, 64);
-        _tile_dpbf16ps(0, 1, 2);
+        tiles.step<true>(a.row(t0) + k * 2, a.row_bytes, tp0 + (k / 2) * 64, tp1 + (k / 2) * 64);
       }
-      if (k < w.cols) {  // the last cols % 32 columns: a narrower A tile, fewer B lines
+      if (k < w.cols) {  // the last cols % 32 columns: narrower A tiles, fewer B lines
         const int rest = static_cast<int>(w.cols - k);
-        _tile_stored(0, c_out, 64);
-        configure(nt, rest * 2, rest / 2);
-        _tile_loadd(0, c_out, 64);
-        _tile_loadd(1, a.row(t0) + k * 2, a.row_bytes);
-        _tile_loadd(2, tp + (k / 2) * 64, 64);
-        _tile_dpbf16ps(0, 1, 2);
+        tiles.store(c_out);
+        tiles.set(nt0, nt1, two_rows, rest * 2, rest / 2);
+        tiles.load(c_out);
+        tiles.step<true>(a.row(t0) + k * 2, a.row_bytes, tp0 + (k / 2) * 64, tp1 + (k / 2) * 64);
       }
-      _tile_stored(0, c_out, 64);
-      const int64_t r0 = tile * 16 > p.n0 ? tile * 16 : p.n0;
-      const int64_t r1 = tile * 16 + 16 < p.n1 ? tile * 16 + 16 : p.n1;
-      for (int t = 0; t < nt; ++t) {
-        for (int64_t r = r0; r < r1; ++r) p.y[(t0 + t) * p.ldy + r] = c_out[t][r - tile * 16];
+      tiles.store(c_out);
+      for (int i = 0; i < 2; ++i) {
+        for (int t = 0; t < (i == 0 ? nt0 : nt1); ++t) {
+          for (int j = 0; j < (two_rows ? 2 : 1); ++j) {
+            _mm512_store_ps(acc[16 * i + t] + 16 * j, _mm512_load_ps(c_out[2 * i + j][t]));
+          }
+        }
       }
+      write_rows(p, tile, t0, nt0 + nt1, &acc[0][0]);
     }
   }
   _tile_release();

@@ -350,7 +350,10 @@ RooflineResult measure_roofline(ThreadingContext& ctx, const RooflineOptions& op
     for (const Target& target :
          {Target{ComputeKind::kFp32Fma, &r.fp32_gflops, &r.fp32_kernel, &r.fp32_sweep},
           Target{ComputeKind::kBf16Dot, &r.bf16_gflops, &r.bf16_kernel, &r.bf16_sweep},
-          Target{ComputeKind::kInt8Dot, &r.int8_gops, &r.int8_kernel, &r.int8_sweep}}) {
+          Target{ComputeKind::kInt8Dot, &r.int8_gops, &r.int8_kernel, &r.int8_sweep},
+          Target{ComputeKind::kAmxInt8, &r.amx_int8_gops, &r.amx_int8_kernel, &r.amx_int8_sweep},
+          Target{ComputeKind::kAmxBf16, &r.amx_bf16_gflops, &r.amx_bf16_kernel,
+                 &r.amx_bf16_sweep}}) {
       const ComputeKernel* k = best_compute_kernel(target.kind);
       if (k == nullptr) continue;
       *target.kernel = k->name;
@@ -417,6 +420,10 @@ std::string roofline_to_json(const RooflineResult& r, int indent) {
       {"bf16_kernel", r.bf16_kernel},
       {"int8_gops", r.int8_gops},
       {"int8_kernel", r.int8_kernel},
+      {"amx_int8_gops", r.amx_int8_gops},
+      {"amx_int8_kernel", r.amx_int8_kernel},
+      {"amx_bf16_gflops", r.amx_bf16_gflops},
+      {"amx_bf16_kernel", r.amx_bf16_kernel},
       {"dram_buffer_bytes", r.dram_buffer_bytes},
       {"l3_bytes_per_thread", r.l3_bytes_per_thread},
       {"l2_bytes_per_thread", r.l2_bytes_per_thread},
@@ -427,6 +434,8 @@ std::string roofline_to_json(const RooflineResult& r, int indent) {
       {"fp32_sweep", points_json(r.fp32_sweep)},
       {"bf16_sweep", points_json(r.bf16_sweep)},
       {"int8_sweep", points_json(r.int8_sweep)},
+      {"amx_int8_sweep", points_json(r.amx_int8_sweep)},
+      {"amx_bf16_sweep", points_json(r.amx_bf16_sweep)},
   };
   return j.dump(indent);
 }
@@ -455,6 +464,13 @@ RooflineResult roofline_from_json(const std::string& text) {
   r.bf16_kernel = get<std::string>(j, "bf16_kernel");
   r.int8_gops = get<double>(j, "int8_gops");
   r.int8_kernel = get<std::string>(j, "int8_kernel");
+  // The AMX peaks came later: files written before them read as "no AMX".
+  if (j.contains("amx_int8_gops")) {
+    r.amx_int8_gops = get<double>(j, "amx_int8_gops");
+    r.amx_int8_kernel = get<std::string>(j, "amx_int8_kernel");
+    r.amx_bf16_gflops = get<double>(j, "amx_bf16_gflops");
+    r.amx_bf16_kernel = get<std::string>(j, "amx_bf16_kernel");
+  }
   r.dram_buffer_bytes = get<size_t>(j, "dram_buffer_bytes");
   r.l3_bytes_per_thread = get<size_t>(j, "l3_bytes_per_thread");
   r.l2_bytes_per_thread = get<size_t>(j, "l2_bytes_per_thread");
@@ -465,6 +481,8 @@ RooflineResult roofline_from_json(const std::string& text) {
   r.fp32_sweep = points_from_json(j, "fp32_sweep");
   r.bf16_sweep = points_from_json(j, "bf16_sweep");
   r.int8_sweep = points_from_json(j, "int8_sweep");
+  r.amx_int8_sweep = points_from_json(j, "amx_int8_sweep");
+  r.amx_bf16_sweep = points_from_json(j, "amx_bf16_sweep");
   return r;
 }
 

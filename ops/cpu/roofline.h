@@ -27,7 +27,7 @@ struct RooflineOptions {
   bool huge_pages = true;
   bool thread_sweep = true;  // also measure 1, 2, 4, ... threads (else only `threads`)
   bool cache_levels = true;  // L2 and L3 bandwidth
-  bool compute = true;       // fp32 / bf16 / int8 peaks
+  bool compute = true;       // fp32 / bf16 / int8 peaks (and AMX's where the CPU has it)
 };
 
 // One measured value (GB/s, GFLOP/s or GOP/s) at a thread count, with the kernel that gave it.
@@ -47,6 +47,9 @@ struct RooflineResult {
   // Peak throughput: fp32 and bf16 in GFLOP/s, int8 in GOP/s (a multiply-add is 2); 0 = none.
   double fp32_gflops = 0, bf16_gflops = 0, int8_gops = 0;
   std::string fp32_kernel, bf16_kernel, int8_kernel;
+  // The AMX tile units' peaks (GOP/s, GFLOP/s), 0 without AMX: what the AMX kernels compare with.
+  double amx_int8_gops = 0, amx_bf16_gflops = 0;
+  std::string amx_int8_kernel, amx_bf16_kernel;
 
   size_t dram_buffer_bytes = 0;
   size_t l3_bytes_per_thread = 0, l2_bytes_per_thread = 0;
@@ -55,6 +58,7 @@ struct RooflineResult {
 
   std::vector<RooflinePoint> dram_variants;  // each read kernel at `threads`
   std::vector<RooflinePoint> dram_sweep, fp32_sweep, bf16_sweep, int8_sweep;  // by threads
+  std::vector<RooflinePoint> amx_int8_sweep, amx_bf16_sweep;
 };
 
 // Measures with ctx's threads: the pool's workers and the calling thread, as the model runs

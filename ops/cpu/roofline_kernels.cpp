@@ -3,6 +3,9 @@
 #include <immintrin.h>
 
 #include <cmath>
+#include <cstring>
+
+#include "ops/cpu/amx_tiles.h"
 
 namespace tandem::cpu {
 namespace {
@@ -11,6 +14,7 @@ namespace {
 #define TD_AVX512_BF16 \
   __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx512vnni")))
 #define TD_AVX_VNNI __attribute__((target("avxvnni")))
+#define TD_AMX __attribute__((target("amx-tile,amx-int8,amx-bf16")))
 
 // Far enough ahead to cover DRAM latency at a few GB/s per thread, near enough to stay in L1/L2.
 constexpr size_t kPrefetchBytes = 2048;
@@ -250,6 +254,89 @@ double dot_int8_scalar(uint64_t iterations) {
   return sum;
 }
 
+// AMX: six C tiles (tmm0-5) of 16 x 16 int32 / f32 accumulate A (tmm6) x B (tmm7), both 16 rows
+// of 64 bytes of ones loaded once: six independent tdp* per round (more than the latency over
+// the throughput of one), no loads in the loop. Per C lane and round: int8, 64 products of 1 * 1;
+// bf16, 32 products of 1.0 * 1.0.
+constexpr int kAmxC = 6;
+
+TD_AMX void amx_configure() {
+  kern::AmxTileConfig c;
+  for (int t = 0; t < 8; ++t) {
+    c.rows[t] = 16;
+    c.colsb[t] = 64;
+  }
+  _tile_loadconfig(&c);
+}
+
+// The sum of every lane of the six C tiles (stored to memory, then released).
+template <typename T>
+TD_AMX double amx_c_sum() {
+  alignas(64) T c[kAmxC][16][16];
+  _tile_stored(0, c[0], 64);
+  _tile_stored(1, c[1], 64);
+  _tile_stored(2, c[2], 64);
+  _tile_stored(3, c[3], 64);
+  _tile_stored(4, c[4], 64);
+  _tile_stored(5, c[5], 64);
+  _tile_release();
+  double sum = 0;
+  for (const auto& tile : c) {
+    for (const auto& row : tile) {
+      for (T v : row) sum += v;
+    }
+  }
+  return sum;
+}
+
+#define TD_AMX_ZERO_C() \
+  _tile_zero(0);        \
+  _tile_zero(1);        \
+  _tile_zero(2);        \
+  _tile_zero(3);        \
+  _tile_zero(4);        \
+  _tile_zero(5)
+
+TD_AMX double dot_int8_amx(uint64_t iterations) {
+  alignas(64) int8_t ones[16][64];
+  std::memset(ones, g_s8_one, sizeof(ones));
+  amx_configure();
+  _tile_loadd(6, ones, 64);
+  _tile_loadd(7, ones, 64);
+  TD_AMX_ZERO_C();
+  for (uint64_t i = 0; i < iterations; ++i) {
+    _tile_dpbssd(0, 6, 7);
+    _tile_dpbssd(1, 6, 7);
+    _tile_dpbssd(2, 6, 7);
+    _tile_dpbssd(3, 6, 7);
+    _tile_dpbssd(4, 6, 7);
+    _tile_dpbssd(5, 6, 7);
+  }
+  return amx_c_sum<int32_t>();
+}
+
+TD_AMX double dot_bf16_amx(uint64_t iterations) {
+  alignas(64) uint16_t ones[16][32];
+  for (auto& row : ones) {
+    for (uint16_t& v : row) v = g_bf16_one;
+  }
+  amx_configure();
+  _tile_loadd(6, ones, 64);
+  _tile_loadd(7, ones, 64);
+  TD_AMX_ZERO_C();
+  for (uint64_t i = 0; i < iterations; ++i) {
+    _tile_dpbf16ps(0, 6, 7);
+    _tile_dpbf16ps(1, 6, 7);
+    _tile_dpbf16ps(2, 6, 7);
+    _tile_dpbf16ps(3, 6, 7);
+    _tile_dpbf16ps(4, 6, 7);
+    _tile_dpbf16ps(5, 6, 7);
+  }
+  return amx_c_sum<float>();
+}
+
+#undef TD_AMX_ZERO_C
+
 }  // namespace
 
 uint64_t read_sum_scalar(const void* data, size_t bytes) {
@@ -291,6 +378,10 @@ const char* compute_kind_name(ComputeKind kind) {
       return "bf16";
     case ComputeKind::kInt8Dot:
       return "int8";
+    case ComputeKind::kAmxInt8:
+      return "amx_int8";
+    case ComputeKind::kAmxBf16:
+      return "amx_bf16";
   }
   return "?";
 }
@@ -323,6 +414,13 @@ std::vector<ComputeKernel> compute_kernels() {
     out.push_back({"avx2_maddubs", K::kInt8Dot, Isa::kAvx2, 32, 0.0, 4.0, 256, &dot_int8_avx2});
   }
   out.push_back({"scalar_int8", K::kInt8Dot, Isa::kScalar, 8, 0.0, 4.0, 64, &dot_int8_scalar});
+  // AMX: 6 C tiles x 256 lanes; int8 64 products per lane and round, bf16 32.
+  if (isa >= Isa::kAmx && f.amx_tile && f.amx_int8) {
+    out.push_back({"amx_int8", K::kAmxInt8, Isa::kAmx, 1536, 0.0, 64.0, 196608, &dot_int8_amx});
+  }
+  if (isa >= Isa::kAmx && f.amx_tile && f.amx_bf16) {
+    out.push_back({"amx_bf16", K::kAmxBf16, Isa::kAmx, 1536, 0.0, 32.0, 98304, &dot_bf16_amx});
+  }
   return out;
 }
 

@@ -29,14 +29,17 @@ struct ReadKernel {
 std::vector<ReadKernel> read_kernels();
 uint64_t read_sum_scalar(const void* data, size_t bytes);
 
-enum class ComputeKind { kFp32Fma, kBf16Dot, kInt8Dot };
-const char* compute_kind_name(ComputeKind kind);  // "fp32", "bf16", "int8"
+// kAmxInt8 / kAmxBf16: the AMX tile units (tdpbssd / tdpbf16ps), apart from the vector peaks.
+enum class ComputeKind { kFp32Fma, kBf16Dot, kInt8Dot, kAmxInt8, kAmxBf16 };
+const char* compute_kind_name(ComputeKind kind);  // "fp32", "bf16", "int8", "amx_int8", ...
 
 // Runs `iterations` rounds of independent multiply-add chains and returns the sum over every
 // accumulator lane. Every lane starts at kComputeStart and gains kComputeStep per round:
 //   fp32: acc = acc * 1.0f + 0.5f        (one FMA: 2 flop per lane)
 //   bf16: acc += 1.0 * 1.0 + 1.0 * 1.0   (vdpbf16ps: 2 bf16 pairs, 4 flop per lane)
 //   int8: acc += 4 products of 1 * 1     (vpdpbusd or equivalent: 8 op per lane)
+//   amx_int8: acc += 64 products of 1 * 1 (tdpbssd: 128 op per C tile lane)
+//   amx_bf16: acc += 32 products of 1.0 * 1.0 (tdpbf16ps: 64 flop per C tile lane)
 // so result = lanes * (start + step * iterations), exactly while the lane values stay below
 // 2^24 (float) or 2^31 (int32).
 using ComputeFn = double (*)(uint64_t iterations);

@@ -156,7 +156,8 @@ TEST(PackedGemm, IntConformance) {
       KMatrix m = pack_weight(f32_weight(w, rows, cols), f, group, nullptr);
       std::vector<float> wq(rows * cols);
       for (int64_t i = 0; i < rows * cols; ++i) wq[i] = packed_value(m, i / cols, i % cols);
-      for (int64_t tokens : {1, 2, 4, 5, 33, 128}) {
+      // 20 and 33 tokens: AMX's second 16-token tile partly used, and one alone.
+      for (int64_t tokens : {1, 2, 4, 5, 20, 33, 128}) {
         Activations a;
         packed_quantize_activations(AFormat::kI8, group, x_all.data(), tokens, cols, cols, &a);
         std::vector<float> ref(tokens * rows, 0.0f);
@@ -184,9 +185,10 @@ TEST(PackedGemm, IntConformance) {
           packed_gemm(m, a, 0, rows, y.data(), rows, isa);
           ASSERT_EQ(y, ref) << wformat_name(f) << " g" << group << " tokens " << tokens << " "
                             << isa_name(isa);
-          // Row ranges (one tile; five tiles = a 4-tile step and a 1-tile step): only those rows
-          // are written, the rest keeps its sentinel.
-          for (const auto& [n0, n1] : {std::pair<int64_t, int64_t>{16, 32}, {16, 96}}) {
+          // Row ranges (one tile; five tiles = a 4-tile step and a 1-tile step; one that starts
+          // and ends inside tiles): only those rows are written, the rest keeps its sentinel.
+          for (const auto& [n0, n1] :
+               {std::pair<int64_t, int64_t>{16, 32}, {16, 96}, {8, 72}}) {
             std::vector<float> part(tokens * rows, -7.0f);
             packed_gemm(m, a, n0, n1, part.data(), rows, isa);
             for (int64_t i = 0; i < tokens * rows; ++i) {
@@ -338,7 +340,7 @@ TEST(PackedGemm, Bf16TileConformance) {
       }
     }
     const std::vector<float> x_all = random_values(128 * cols, 42);
-    for (int64_t tokens : {1, 2, 4, 5, 33, 128}) {
+    for (int64_t tokens : {1, 2, 4, 5, 20, 33, 128}) {
       Activations a;
       packed_quantize_activations(AFormat::kBF16, 0, x_all.data(), tokens, cols, cols, &a);
       std::vector<float> ref(tokens * rows);
@@ -359,7 +361,8 @@ TEST(PackedGemm, Bf16TileConformance) {
       }
       for (Isa isa : supported_isas()) {
         const bool exact_isa = isa < Isa::kAvx512Bf16;
-        for (const auto& [n0, n1] : {std::pair<int64_t, int64_t>{0, rows}, {16, 32}, {16, 96}}) {
+        for (const auto& [n0, n1] :
+             {std::pair<int64_t, int64_t>{0, rows}, {16, 32}, {16, 96}, {8, 72}}) {
           std::vector<float> y(tokens * rows, -7.0f);
           packed_gemm(m, a, n0, n1, y.data(), rows, isa);
           for (int64_t i = 0; i < tokens * rows; ++i) {

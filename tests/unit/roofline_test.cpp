@@ -52,9 +52,11 @@ TEST(RooflineKernels, ComputeChainsEndWhereTheFormulaSays) {
       EXPECT_EQ(k.fn(n), expected) << k.name << " after " << n << " iterations";
     }
     // Operations per iteration: lanes x 2 per multiply-add x the products per lane.
-    const double products = k.kind == ComputeKind::kFp32Fma   ? 1
-                            : k.kind == ComputeKind::kBf16Dot ? 2
-                                                              : 4;
+    const double products = k.kind == ComputeKind::kFp32Fma    ? 1
+                            : k.kind == ComputeKind::kBf16Dot  ? 2
+                            : k.kind == ComputeKind::kInt8Dot  ? 4
+                            : k.kind == ComputeKind::kAmxInt8 ? 64
+                                                               : 32;  // kAmxBf16
     EXPECT_EQ(k.ops_per_iteration, k.lanes * 2 * products) << k.name;
   }
   EXPECT_TRUE(kinds.count(ComputeKind::kFp32Fma));
@@ -74,6 +76,11 @@ TEST(RooflineKernels, ComputeChainsEndWhereTheFormulaSays) {
   } else if (best_isa() >= Isa::kAvx2 && f.avx_vnni) {
     EXPECT_STREQ(int8->name, "avx_vnni");
   }
+  // The AMX peaks exactly where AMX is usable (run, and checked above, only there).
+  EXPECT_EQ(best_compute_kernel(ComputeKind::kAmxInt8) != nullptr,
+            best_isa() >= Isa::kAmx && f.amx_tile && f.amx_int8);
+  EXPECT_EQ(best_compute_kernel(ComputeKind::kAmxBf16) != nullptr,
+            best_isa() >= Isa::kAmx && f.amx_tile && f.amx_bf16);
 }
 
 TEST(Roofline, SmallMeasurementIsPositiveFiniteAndOrdered) {
@@ -198,6 +205,9 @@ TEST(Roofline, JsonRoundTripAndErrors) {
   r.l2_kernel = "avx512";
   r.int8_gops = 1800.25;
   r.int8_kernel = "avx512_vnni";
+  r.amx_int8_gops = 30000.5;
+  r.amx_int8_kernel = "amx_int8";
+  r.amx_bf16_sweep = {{16, 15000.25, "amx_bf16"}};
   r.huge_pages = true;
   r.dram_buffer_bytes = size_t{1} << 30;
   r.dram_sweep = {{1, 20.0, "avx512"}, {2, 34.5, "avx512"}};
@@ -213,6 +223,23 @@ TEST(Roofline, JsonRoundTripAndErrors) {
   ASSERT_EQ(back.dram_sweep.size(), 2u);
   EXPECT_EQ(back.dram_sweep[1].value, 34.5);
   EXPECT_EQ(back.dram_sweep[0].threads, 1);
+  EXPECT_EQ(back.amx_int8_gops, 30000.5);
+  EXPECT_EQ(back.amx_int8_kernel, "amx_int8");
+  EXPECT_EQ(back.amx_bf16_gflops, 0);
+  ASSERT_EQ(back.amx_bf16_sweep.size(), 1u);
+  EXPECT_EQ(back.amx_bf16_sweep[0].value, 15000.25);
+  // A file from before the AMX lines reads as a CPU without AMX.
+  std::string old = roofline_to_json(r, -1);
+  for (const char* key : {"\"amx_int8_gops\":30000.5,", "\"amx_int8_kernel\":\"amx_int8\",",
+                          "\"amx_bf16_gflops\":0.0,", "\"amx_bf16_kernel\":\"\","}) {
+    const size_t at = old.find(key);
+    ASSERT_NE(at, std::string::npos) << key << " in " << old;
+    old.erase(at, std::string(key).size());
+  }
+  const RooflineResult before_amx = roofline_from_json(old);
+  EXPECT_EQ(before_amx.amx_int8_gops, 0);
+  EXPECT_TRUE(before_amx.amx_int8_kernel.empty());
+  EXPECT_EQ(before_amx.int8_gops, 1800.25);
 
   try {
     roofline_from_json("{\"threads\": 2}");
