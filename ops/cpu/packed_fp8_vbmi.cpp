@@ -34,9 +34,11 @@ namespace tandem::kern::detail {
 namespace {
 
 constexpr int kMaxTokens = 4;
-// The row stream is prefetched this far ahead, as the other packed GEMV kernels do (8 and 16 KiB,
-// prefetcht1 / t2 and none measured slower here).
-constexpr int kPrefetchBytes = 4096;
+// The row stream is prefetched this far ahead, as the other packed GEMV kernels do. The MoE
+// layer's decode (bench_moe_layer_bench 'Packed.*fp8_decode', alternated) in fast minutes (75-80
+// GB/s): 2 KiB 0.73, 4 KiB 0.80-0.83, 6 KiB 0.85-0.87, 8 KiB 0.86-0.90 of DRAM; in slow minutes
+// (~50 GB/s) 8 KiB 0.95-0.98 against 4 KiB's 0.96-0.98.
+constexpr int kPrefetchBytes = 8192;
 
 struct Fp8Tables {
   __m512i hi0, hi1, lo0, lo1;  // bytes of the BF16 of magnitudes 0-63 and 64-127
