@@ -85,11 +85,15 @@ inline int32_t k4_min_sum(const uint8_t* m, const int16_t* bsums) {
 // of DRAM bandwidth.
 // (A/B on this machine: 4 KiB beat 1 and 2 KiB and none. 12 KiB, session 13: 1.05-1.18x on the
 // 96 MiB GEMV benchmark in fast minutes, but end to end decode 5% slower in 6 of 6 alternating
-// pairs, so 4 KiB stays; docs/cpu-kernels.md "Session 13".)
-constexpr int kPrefetchBytes = 4096;
+// pairs; docs/cpu-kernels.md "Session 13". 8 KiB, session 21: the native MoE layer's decode
+// 0.71-0.72 -> 0.76 (V2-Lite) and 0.74-0.76 -> 0.82-0.84 (Qwen3) of DRAM in fast minutes, equal in
+// slow ones, end to end `--cpu-experts native` decode no slower; the x4 rows keep 4 KiB,
+// kern_q0_vbmi.cpp.)
+constexpr int kPrefetchBytes = 8192;
+template <int kDistance = kPrefetchBytes>
 inline void prefetch_ahead(const void* p, int bytes) {
   for (int o = 0; o < bytes; o += 64) {
-    _mm_prefetch(static_cast<const char*>(p) + kPrefetchBytes + o, _MM_HINT_T0);
+    _mm_prefetch(static_cast<const char*>(p) + kDistance + o, _MM_HINT_T0);
   }
 }
 

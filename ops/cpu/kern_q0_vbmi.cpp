@@ -115,6 +115,10 @@ struct Act {
   const float* s;  // the Q8_1 sums (Q4_1 / Q5_1)
 };
 
+// The x4 rows' prefetch distance: 4 KiB (8 KiB, as the stored rows take, read the MoE layer's
+// Q8_0-down case slower: docs/cpu-kernels.md "Session 20" and "Session 21").
+constexpr int kX4PrefetchBytes = 4096;
+
 // The constants of the quad expansion.
 struct Consts {
   __m512i qs_idx, qh_idx, d_idx, m_idx, bits_lo, bits_hi, nib, sixteen;
@@ -204,7 +208,7 @@ inline void load_quad_x4(const uint8_t* x, int k, const Consts& c, __m512i* u_lo
                          Halves* h) {
   static_assert(std::is_same_v<Block, BlockQ5_0> || kIs8<Block>, "x4: Q5_0 and Q8_0");
   constexpr int kBytes = static_cast<int>(sizeof(Block));
-  prefetch_ahead(x, 4 * kBytes);
+  prefetch_ahead<kX4PrefetchBytes>(x, 4 * kBytes);
   const __mmask64 lane = __mmask64{0xFF} << (8 * k);
   // (Bytes 8k..8k+7 of the load are x[0..7]; the masked-off ones are never read.)
   h->d16 = _mm512_mask_loadu_epi8(h->d16, lane, x - 8 * k);
@@ -253,7 +257,7 @@ int64_t x4_groups(const uint8_t* w, int64_t nb, const Act* act, __m512* acc) {
   for (; g0 + 16 <= nb; g0 += 16) {
     const uint8_t* x = w + g0 * kBytes;
     for (int o = 0; o < 4 * kQuad; o += 64) {
-      _mm_prefetch(reinterpret_cast<const char*>(x) + kPrefetchBytes + o, _MM_HINT_T0);
+      _mm_prefetch(reinterpret_cast<const char*>(x) + kX4PrefetchBytes + o, _MM_HINT_T0);
     }
     __m512i v[NT][4];
     __m128i dq[4];
