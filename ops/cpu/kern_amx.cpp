@@ -4,9 +4,9 @@
 // as B tiles in place; INT4 is first unpacked to that INT8 layout (nibble - 8), once per tile.
 // INT8 / INT4 / BF16 run two token tiles x two row tiles per step (four C tiles, Blocking2x2). The
 // int32 C tiles of 16 tokens x 16 rows are post-scaled per group with the same fma as the
-// reference, so the result is bit-identical to packed_gemm_reference. FP8 rows are expanded to BF16 pairs
-// (the B layout of tdpbf16ps: 2 consecutive k of 16 rows per line) once per 16 rows and chunk,
-// post-scaled per scale block.
+// reference, so the result is bit-identical to packed_gemm_reference. FP8 rows are expanded to
+// BF16 pairs (the B layout of tdpbf16ps: 2 consecutive k of 16 rows per line) once per 16 rows
+// and chunk, post-scaled per scale block.
 // BF16 tiles are that layout already: loaded as B tiles in place.
 // GCC 12 warns falsely inside its own AVX-512 intrinsic headers (undefined-vector idiom).
 #pragma GCC diagnostic ignored "-Wuninitialized"
