@@ -297,42 +297,39 @@ TD_AMX double amx_c_sum() {
   _tile_zero(4);        \
   _tile_zero(5)
 
-TD_AMX double dot_int8_amx(uint64_t iterations) {
-  alignas(64) int8_t ones[16][64];
-  std::memset(ones, g_s8_one, sizeof(ones));
-  amx_configure();
-  _tile_loadd(6, ones, 64);
-  _tile_loadd(7, ones, 64);
-  TD_AMX_ZERO_C();
-  for (uint64_t i = 0; i < iterations; ++i) {
-    _tile_dpbssd(0, 6, 7);
-    _tile_dpbssd(1, 6, 7);
-    _tile_dpbssd(2, 6, 7);
-    _tile_dpbssd(3, 6, 7);
-    _tile_dpbssd(4, 6, 7);
-    _tile_dpbssd(5, 6, 7);
-  }
-  return amx_c_sum<int32_t>();
-}
-
-TD_AMX double dot_bf16_amx(uint64_t iterations) {
-  alignas(64) uint16_t ones[16][32];
+// kBf16: tdpbf16ps over ones of bfloat16 (f32 C tiles), else tdpbssd over int8 ones.
+template <bool kBf16>
+TD_AMX double dot_amx(uint64_t iterations) {
+  alignas(64) uint8_t ones[16][64];
   for (auto& row : ones) {
-    for (uint16_t& v : row) v = g_bf16_one;
+    for (int i = 0; i < 64; i += 2) {
+      const uint16_t pair =
+          kBf16 ? g_bf16_one : static_cast<uint16_t>(static_cast<uint8_t>(g_s8_one) * 0x0101);
+      std::memcpy(&row[i], &pair, 2);
+    }
   }
   amx_configure();
   _tile_loadd(6, ones, 64);
   _tile_loadd(7, ones, 64);
   TD_AMX_ZERO_C();
   for (uint64_t i = 0; i < iterations; ++i) {
-    _tile_dpbf16ps(0, 6, 7);
-    _tile_dpbf16ps(1, 6, 7);
-    _tile_dpbf16ps(2, 6, 7);
-    _tile_dpbf16ps(3, 6, 7);
-    _tile_dpbf16ps(4, 6, 7);
-    _tile_dpbf16ps(5, 6, 7);
+    if constexpr (kBf16) {
+      _tile_dpbf16ps(0, 6, 7);
+      _tile_dpbf16ps(1, 6, 7);
+      _tile_dpbf16ps(2, 6, 7);
+      _tile_dpbf16ps(3, 6, 7);
+      _tile_dpbf16ps(4, 6, 7);
+      _tile_dpbf16ps(5, 6, 7);
+    } else {
+      _tile_dpbssd(0, 6, 7);
+      _tile_dpbssd(1, 6, 7);
+      _tile_dpbssd(2, 6, 7);
+      _tile_dpbssd(3, 6, 7);
+      _tile_dpbssd(4, 6, 7);
+      _tile_dpbssd(5, 6, 7);
+    }
   }
-  return amx_c_sum<float>();
+  return kBf16 ? amx_c_sum<float>() : amx_c_sum<int32_t>();
 }
 
 #undef TD_AMX_ZERO_C
@@ -416,10 +413,10 @@ std::vector<ComputeKernel> compute_kernels() {
   out.push_back({"scalar_int8", K::kInt8Dot, Isa::kScalar, 8, 0.0, 4.0, 64, &dot_int8_scalar});
   // AMX: 6 C tiles x 256 lanes; int8 64 products per lane and round, bf16 32.
   if (isa >= Isa::kAmx && f.amx_tile && f.amx_int8) {
-    out.push_back({"amx_int8", K::kAmxInt8, Isa::kAmx, 1536, 0.0, 64.0, 196608, &dot_int8_amx});
+    out.push_back({"amx_int8", K::kAmxInt8, Isa::kAmx, 1536, 0.0, 64.0, 196608, &dot_amx<false>});
   }
   if (isa >= Isa::kAmx && f.amx_tile && f.amx_bf16) {
-    out.push_back({"amx_bf16", K::kAmxBf16, Isa::kAmx, 1536, 0.0, 32.0, 98304, &dot_bf16_amx});
+    out.push_back({"amx_bf16", K::kAmxBf16, Isa::kAmx, 1536, 0.0, 32.0, 98304, &dot_amx<true>});
   }
   return out;
 }
