@@ -68,11 +68,11 @@ struct Blocking2x2 {
   bool two_rows = false;
   int a_bytes = -1, b_rows = -1;
   bool loaded = false;
-  // Loads the configuration when it changes; returns whether it did (which zeroes the tiles).
-  bool set(int nt0, int nt1, bool rows2, int a, int b) {
+  // Loads the configuration when it changes (which zeroes the tiles).
+  void set(int nt0, int nt1, bool rows2, int a, int b) {
     if (loaded && nt0 == nt[0] && nt1 == nt[1] && rows2 == two_rows && a == a_bytes &&
         b == b_rows) {
-      return false;
+      return;
     }
     TileConfig c;
     const int tokens[2] = {nt0, nt1};
@@ -95,7 +95,6 @@ struct Blocking2x2 {
     a_bytes = a;
     b_rows = b;
     loaded = true;
-    return true;
   }
   // The used C tiles to memory: out[2i + j] is C[2i + j] (16 x 64 bytes each).
   void store(void* out) const {
