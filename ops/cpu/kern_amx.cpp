@@ -32,33 +32,8 @@ namespace {
 
 using TileConfig = AmxTileConfig;
 
-// The FP8 kernel's tiles: tmm0: C [tokens, 16] (f32), tmm1: A [tokens, k_bytes],
-// tmm2: B [k_bytes / 4, 64].
-void configure(int tokens, int a_bytes, int b_rows) {
-  TileConfig c;
-  c.rows[0] = static_cast<uint8_t>(tokens);
-  c.colsb[0] = 64;
-  c.rows[1] = static_cast<uint8_t>(tokens);
-  c.colsb[1] = static_cast<uint16_t>(a_bytes);
-  c.rows[2] = static_cast<uint8_t>(b_rows);
-  c.colsb[2] = 64;
-  _tile_loadconfig(&c);
-}
-
-// Loads the tile configuration only when the token count changes (ldtilecfg costs tens of
-// cycles and zeroes the tiles).
-struct TileConfigCache {
-  int tokens = -1, a_bytes = -1, b_rows = -1;
-  void set(int t, int a, int b) {
-    if (t == tokens && a == a_bytes && b == b_rows) return;
-    configure(t, a, b);
-    tokens = t;
-    a_bytes = a;
-    b_rows = b;
-  }
-};
-
-// The 2 x 2 blocking of the INT8 / INT4 / BF16 kernels (KTransformers' AMX kernel does the same):
+// The 2 x 2 blocking of the AMX kernels (KTransformers' AMX kernel does the same; FP8 uses one row
+// tile of it):
 // two A tiles of 16 tokens (tmm4, tmm5) and two B tiles of 16 rows (tmm6, tmm7) give four C tiles,
 // C[2i + j] = A[i] x B[j] (tmm0..3), so each tile load feeds two tdp* instead of one. A missing
 // second token tile or row tile (fewer than 17 tokens, an odd tile at the end of the range) is
@@ -242,8 +217,9 @@ void int_kernel(const PackedArgs& p) {
 }
 
 // FP8Block: per 16 rows, a chunk of whole scale blocks (~1024 columns) is expanded to BF16 B-tile
-// lines once (fp8_expand_vnni, AVX-512), then every 16-token A tile runs tdpbf16ps over it, one C
-// tile per scale block post-scaled as the reference: acc = fma(scale, block sum, acc). (Expanding
+// lines once (fp8_expand_vnni, AVX-512), then every pair of 16-token A tiles runs tdpbf16ps over it
+// (Blocking2x2 with one row tile: a B tile load feeds two tdp*), a C tile per token tile and scale
+// block post-scaled as the reference: acc = fma(scale, block sum, acc). (Expanding
 // per token tile, element by element, made the 512-token GEMM 12x slower than AVX-512 on a
 // Sapphire Rapids.) GEMVs take the VBMI or VNNI row kernels: one token would use one tile row.
 void fp8_kernel(const PackedArgs& p) {
@@ -266,8 +242,8 @@ void fp8_kernel(const PackedArgs& p) {
   buf.resize(static_cast<size_t>(16 * chunk_cols));
   scales.resize(static_cast<size_t>(16 * max_blocks));
   acc.resize(static_cast<size_t>(a.tokens * 16));
-  alignas(64) float c_out[16][16];
-  TileConfigCache config;
+  alignas(64) float c_out[4][16][16];
+  Blocking2x2 tiles;
   for (int64_t n0 = p.n0; n0 < p.n1; n0 += 16) {
     const int nn = static_cast<int>(p.n1 - n0 < 16 ? p.n1 - n0 : 16);
     std::fill(acc.begin(), acc.end(), 0.0f);
@@ -284,24 +260,27 @@ void fp8_kernel(const PackedArgs& p) {
         }
       }
       fp8_expand_vnni(src, (k1 - k0) / 2, buf.data());
-      for (int64_t t0 = 0; t0 < a.tokens; t0 += 16) {
-        const int nt = static_cast<int>(a.tokens - t0 < 16 ? a.tokens - t0 : 16);
-        config.set(nt, 64, 16);
+      for (int64_t t0 = 0; t0 < a.tokens; t0 += 32) {  // two token tiles over the one B tile
+        const int64_t left = a.tokens - t0;
+        const int nt[2] = {static_cast<int>(std::min<int64_t>(left, 16)),
+                           static_cast<int>(std::clamp<int64_t>(left - 16, 0, 16))};
+        tiles.set(nt[0], nt[1], false, 64, 16);
         for (int64_t b = 0; b < blocks; ++b) {
           const int64_t kb0 = k0 + b * w.block_cols;
           const int64_t kb1 = kb0 + w.block_cols < k1 ? kb0 + w.block_cols : k1;
-          _tile_zero(0);
+          tiles.zero();
           for (int64_t k = kb0; k < kb1; k += 32) {
-            _tile_loadd(1, a.row(t0) + k * 2, a.row_bytes);
-            _tile_loadd(2, buf.data() + (k - k0) / 2 * 32, 64);
-            _tile_dpbf16ps(0, 1, 2);
+            tiles.step<true>(a.row(t0) + k * 2, a.row_bytes, buf.data() + (k - k0) / 2 * 32,
+                             nullptr);
           }
-          _tile_stored(0, c_out, 64);
+          tiles.store(c_out);
           const __m512 s = _mm512_loadu_ps(scales.data() + b * 16);
-          for (int t = 0; t < nt; ++t) {
-            float* at = acc.data() + (t0 + t) * 16;
-            const __m512 sum = _mm512_load_ps(c_out[t]);
-            _mm512_storeu_ps(at, _mm512_fmadd_ps(s, sum, _mm512_loadu_ps(at)));
+          for (int i = 0; i < 2; ++i) {
+            for (int t = 0; t < nt[i]; ++t) {
+              float* at = acc.data() + (t0 + 16 * i + t) * 16;
+              const __m512 sum = _mm512_load_ps(c_out[2 * i][t]);
+              _mm512_storeu_ps(at, _mm512_fmadd_ps(s, sum, _mm512_loadu_ps(at)));
+            }
           }
         }
       }
