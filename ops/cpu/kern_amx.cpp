@@ -43,6 +43,11 @@ struct Blocking2x2 {
   bool two_rows = false;
   int a_bytes = -1, b_rows = -1;
   bool loaded = false;
+  // The token tiles of tokens t0.. of a call's `tokens`: (16 or fewer, then 0..16).
+  static void token_tiles(int64_t tokens, int64_t t0, int* nt0, int* nt1) {
+    *nt0 = static_cast<int>(std::min<int64_t>(tokens - t0, 16));
+    *nt1 = static_cast<int>(std::clamp<int64_t>(tokens - t0 - 16, 0, 16));
+  }
   // Loads the configuration when it changes (which zeroes the tiles).
   void set(int nt0, int nt1, bool rows2, int a, int b) {
     if (loaded && nt0 == nt[0] && nt1 == nt[1] && rows2 == two_rows && a == a_bytes &&
@@ -172,9 +177,8 @@ void int_kernel(const PackedArgs& p) {
       }
     }
     for (int64_t t0 = 0; t0 < a.tokens; t0 += 32) {
-      const int64_t left = a.tokens - t0;
-      const int nt0 = static_cast<int>(std::min<int64_t>(left, 16));
-      const int nt1 = static_cast<int>(std::clamp<int64_t>(left - 16, 0, 16));
+      int nt0, nt1;
+      Blocking2x2::token_tiles(a.tokens, t0, &nt0, &nt1);
       tiles.set(nt0, nt1, two_rows, kstep, kstep / 4);
       for (int t = 0; t < nt0 + nt1; ++t) {
         _mm512_store_ps(facc[t], _mm512_setzero_ps());
@@ -261,9 +265,8 @@ void fp8_kernel(const PackedArgs& p) {
       }
       fp8_expand_vnni(src, (k1 - k0) / 2, buf.data());
       for (int64_t t0 = 0; t0 < a.tokens; t0 += 32) {  // two token tiles over the one B tile
-        const int64_t left = a.tokens - t0;
-        const int nt[2] = {static_cast<int>(std::min<int64_t>(left, 16)),
-                           static_cast<int>(std::clamp<int64_t>(left - 16, 0, 16))};
+        int nt[2];
+        Blocking2x2::token_tiles(a.tokens, t0, &nt[0], &nt[1]);
         tiles.set(nt[0], nt[1], false, 64, 16);
         for (int64_t b = 0; b < blocks; ++b) {
           const int64_t kb0 = k0 + b * w.block_cols;
@@ -307,9 +310,8 @@ void bf16_kernel(const PackedArgs& p) {
     const uint8_t* tp0 = w.data + tile * tile_bytes;
     const uint8_t* tp1 = tp0 + (two_rows ? tile_bytes : 0);
     for (int64_t t0 = 0; t0 < a.tokens; t0 += 32) {
-      const int64_t left = a.tokens - t0;
-      const int nt0 = static_cast<int>(std::min<int64_t>(left, 16));
-      const int nt1 = static_cast<int>(std::clamp<int64_t>(left - 16, 0, 16));
+      int nt0, nt1;
+      Blocking2x2::token_tiles(a.tokens, t0, &nt0, &nt1);
       tiles.set(nt0, nt1, two_rows, 64, 16);
       tiles.zero();
       int64_t k = 0;
