@@ -3,7 +3,7 @@
 //    threads; bytes_per_second = weight bytes read (incl. scales), vs `tandem roofline` DRAM;
 //    GBps the same in 1e9 units, of_dram the fraction of a DRAM probe run in alternating rounds.
 //  - GEMM: 512 tokens x a 2048 x 2048 matrix; items_per_second = 2 x multiply-adds (OP/s), vs
-//    the int8 VNNI / bf16 peaks of `tandem roofline`.
+//    the int8 VNNI / bf16 peaks of `tandem roofline`. Gemm48Dram: 48 tokens x 96 MiB (DRAM-fed).
 // bf16 is the packed BF16 tile format (`--cpu-experts bf16`: BF16 activations, vdpbf16ps);
 // bf16_rows the plain row-major BF16 of native BF16 models (F32 activations, FMA), for comparison.
 // Run: build-kp/bench/bench_packed_bench [--benchmark_filter=Gemv] [--benchmark_min_time=1]
@@ -87,7 +87,8 @@ ThreadPool& pool() {
   return bench_pool();
 }
 
-void run(benchmark::State& state, WFormat f, int64_t rows, int64_t cols, int64_t tokens, Isa isa) {
+void run(benchmark::State& state, WFormat f, int64_t rows, int64_t cols, int64_t tokens, Isa isa,
+         int64_t per_task = 0) {
   if (isa > best_isa()) {
     state.SkipWithError("ISA not supported here");
     return;
@@ -103,7 +104,7 @@ void run(benchmark::State& state, WFormat f, int64_t rows, int64_t cols, int64_t
   kern::quantize_activations(kern::act_format(f), group, x.data(), tokens, cols, cols, &a);
   // Tasks as the fused MoE cuts them: 64 rows for a GEMM, up to 1024 rows (one long stream) for a
   // GEMV.
-  const int64_t per_task = tokens > 4 ? 64 : 1024;
+  if (per_task == 0) per_task = tokens > 4 ? 64 : 1024;
   const size_t n_tasks = static_cast<size_t>((rows + per_task - 1) / per_task);
   auto call = [&] {
     pool().run(n_tasks, [&](size_t i) {
@@ -143,6 +144,13 @@ void BM_Gemm512(benchmark::State& state, WFormat f, Isa isa) {
   run(state, f, 2048, 2048, 512, isa);
 }
 
+// A MoE prefill's expert GEMM: 48 tokens (a V2-Lite layer's 512 tokens x 6 of 64 experts) against
+// 96 MiB of weights (from DRAM, as each expert's weights are at their first token block) in tasks
+// of 512 rows (the fused MoE's gate / up chunks of a 512-token V2-Lite layer).
+void BM_Gemm48Dram(benchmark::State& state, WFormat f, Isa isa) {
+  run(state, f, gemv_rows(f, 2048), 2048, 48, isa, 512);
+}
+
 #define TD_PACKED_BENCH(fn, f, name)                                                            \
   BENCHMARK_CAPTURE(fn, name##_avx2, f, Isa::kAvx2)->UseRealTime()->MinTime(0.3);               \
   BENCHMARK_CAPTURE(fn, name##_avx512, f, Isa::kAvx512)->UseRealTime()->MinTime(0.3);           \
@@ -159,6 +167,9 @@ TD_PACKED_BENCH(BM_Gemm512, WFormat::kInt8, int8);
 TD_PACKED_BENCH(BM_Gemm512, WFormat::kBF16Tile, bf16);
 TD_PACKED_BENCH(BM_Gemm512, WFormat::kBF16, bf16_rows);
 TD_PACKED_BENCH(BM_Gemm512, WFormat::kFP8Block, fp8);
+TD_PACKED_BENCH(BM_Gemm48Dram, WFormat::kInt4, int4);
+TD_PACKED_BENCH(BM_Gemm48Dram, WFormat::kInt8, int8);
+TD_PACKED_BENCH(BM_Gemm48Dram, WFormat::kBF16Tile, bf16);
 
 }  // namespace
 }  // namespace tandem

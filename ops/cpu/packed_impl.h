@@ -19,8 +19,10 @@
 // converted and accumulated as acc = fma(sa * s, float(dot), acc): bit-identical to the reference.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 #include <vector>
 
 #include "ops/cpu/packed_kernels.h"
@@ -39,12 +41,25 @@ inline void gemv_prefetch(const uint8_t* p) {
   if constexpr (NR == 1 && NT <= 2) __builtin_prefetch(p + kDistance, 0, 3);
 }
 
+// The GEMM's next panel (the next step's tiles), prefetched into L2 while this step's token blocks
+// run: each block takes a slice, a few lines per 64-byte chunk of its own weights. Without it the
+// first token block of every step waits for DRAM (an expert's 48 tokens of a 512-token prefill
+// are 12 blocks of 4, and their first one read the panel at one core's DRAM rate).
+struct PanelPrefetch {
+  const uint8_t* p = nullptr;
+  const uint8_t* end = nullptr;
+  int per_chunk = 0;
+  void step() {
+    for (int i = 0; i < per_chunk && p < end; ++i, p += 64) __builtin_prefetch(p, 0, 2);
+  }
+};
+
 // NR tiles (16 * NR rows) x NT tokens: each activation broadcast feeds NR tiles' dot products and
 // each weight vector NT tokens' (the loads per dot product drop from (1 + NT) / NT to (NR + NT) /
 // (NR * NT): one 512-bit vpdpbusd per load is the port limit otherwise).
 template <class T, bool kInt4, int NT, int NR>
 inline void int_tile(const uint8_t* const* tiles, const KMatrix& wm, const PackedGeometry& geo,
-                     const uint8_t* const* arow, float (*out)[16 * NR]) {
+                     const uint8_t* const* arow, float (*out)[16 * NR], PanelPrefetch pf) {
   const int group = wm.group;
   const int64_t scales_offset = act_scales_offset(wm.cols);
   using VI = typename T::VI;
@@ -76,6 +91,7 @@ inline void int_tile(const uint8_t* const* tiles, const KMatrix& wm, const Packe
         for (int j = 0; j < IC; ++j) {
           const int c = c0 + j;
           gemv_prefetch<NR, NT>(block[0] + c * 64);
+          pf.step();
           VI w[W];
           for (int r = 0; r < NR; ++r) {
             for (int v = 0; v < V; ++v) w[r * V + v] = T::load(block[r] + c * 64 + v * (64 / V));
@@ -104,6 +120,7 @@ inline void int_tile(const uint8_t* const* tiles, const KMatrix& wm, const Packe
       const int half = group / 8;
       for (int c = 0; c < half; ++c) {
         gemv_prefetch<NR, NT, kPackedPrefetchFar>(block[0] + c * 64);
+        pf.step();
         VI lo[W], hi[W];
         for (int r = 0; r < NR; ++r) {
           for (int v = 0; v < V; ++v) {
@@ -158,7 +175,7 @@ inline void int_tile(const uint8_t* const* tiles, const KMatrix& wm, const Packe
 // per 64-byte chunk (16 rows x one k pair) one BF16 dot per token against the broadcast pair.
 template <class T, int NT, int NR>
 inline void bf16_tile(const uint8_t* const* tiles, const KMatrix& wm, const PackedGeometry& geo,
-                      const uint8_t* const* arow, float (*out)[16 * NR]) {
+                      const uint8_t* const* arow, float (*out)[16 * NR], PanelPrefetch pf) {
   using VF = typename T::VF;
   constexpr int V = T::kVecs;
   constexpr int W = V * NR;
@@ -169,6 +186,7 @@ inline void bf16_tile(const uint8_t* const* tiles, const KMatrix& wm, const Pack
   (void)wm;
   for (int64_t c = 0; c < geo.groups; ++c) {
     gemv_prefetch<NR, NT, kPackedPrefetchFar>(tiles[0] + c * 64);
+    pf.step();
     typename T::WB w[W];
     for (int r = 0; r < NR; ++r) {
       for (int v = 0; v < V; ++v)
@@ -191,37 +209,51 @@ template <bool kInt4>
 struct IntOp {
   template <class T, int NT, int NR>
   static void run(const uint8_t* const* tiles, const KMatrix& w, const PackedGeometry& geo,
-                  const uint8_t* const* arow, float (*out)[16 * NR]) {
-    int_tile<T, kInt4, NT, NR>(tiles, w, geo, arow, out);
+                  const uint8_t* const* arow, float (*out)[16 * NR], PanelPrefetch pf) {
+    int_tile<T, kInt4, NT, NR>(tiles, w, geo, arow, out, pf);
   }
 };
 struct Bf16Op {
   template <class T, int NT, int NR>
   static void run(const uint8_t* const* tiles, const KMatrix& w, const PackedGeometry& geo,
-                  const uint8_t* const* arow, float (*out)[16 * NR]) {
-    bf16_tile<T, NT, NR>(tiles, w, geo, arow, out);
+                  const uint8_t* const* arow, float (*out)[16 * NR], PanelPrefetch pf) {
+    bf16_tile<T, NT, NR>(tiles, w, geo, arow, out, pf);
   }
 };
 
-// NR tiles starting at `tile` for every token of a, in blocks of up to T::kMaxTokens.
+// NR tiles starting at `tile` for every token of a, in blocks of up to T::kMaxTokens; the tiles
+// [next, next_end) are prefetched meanwhile (PanelPrefetch; none for a GEMV step).
 template <class T, class Op, int NR>
 void tiles_step(const KMatrix& w, const Activations& a, const PackedGeometry& geo, int64_t tile,
-                int64_t n0, int64_t n1, float* y, int64_t ldy) {
+                int64_t n0, int64_t n1, float* y, int64_t ldy, int64_t next, int64_t next_end) {
   alignas(64) float out[T::kMaxTokens][16 * NR];
   const uint8_t* arow[T::kMaxTokens];
   const uint8_t* tp[NR];
   for (int r = 0; r < NR; ++r) tp[r] = w.data + (tile + r) * geo.tile_bytes;
   const int64_t r0 = tile * 16 > n0 ? tile * 16 : n0;
   const int64_t r1 = tile * 16 + 16 * NR < n1 ? tile * 16 + 16 * NR : n1;
-  for (int64_t t0 = 0; t0 < a.tokens; t0 += T::kMaxTokens) {
+  const int64_t blocks = (a.tokens + T::kMaxTokens - 1) / T::kMaxTokens;
+  const bool gemv = NR == 1 && a.tokens <= 2;
+  const int64_t lines = gemv || next >= next_end ? 0 : (next_end - next) * geo.tile_bytes / 64;
+  const int64_t block_lines = (lines + blocks - 1) / blocks;
+  // The 64-byte chunks of one tile a call steps through (INT8: 4 columns, INT4: 8, BF16: 2).
+  const int64_t chunks = geo.groups * geo.values_bytes / 64;
+  PanelPrefetch pf;
+  pf.per_chunk = static_cast<int>((block_lines + chunks - 1) / chunks);
+  const uint8_t* pf_base = w.data + next * geo.tile_bytes;
+  for (int64_t t0 = 0, b = 0; t0 < a.tokens; t0 += T::kMaxTokens, ++b) {
     const int nt = static_cast<int>(a.tokens - t0 < T::kMaxTokens ? a.tokens - t0 : T::kMaxTokens);
     for (int t = 0; t < nt; ++t) arow[t] = a.row(t0 + t);
+    if (lines > 0) {
+      pf.p = pf_base + b * block_lines * 64;
+      pf.end = pf_base + std::min(lines, (b + 1) * block_lines) * 64;
+    }
     switch (nt) {
-#define TD_PACKED_CASE(N)                                \
-  case N:                                                \
-    if constexpr (N <= T::kMaxTokens) {                  \
-      Op::template run<T, N, NR>(tp, w, geo, arow, out); \
-    }                                                    \
+#define TD_PACKED_CASE(N)                                    \
+  case N:                                                    \
+    if constexpr (N <= T::kMaxTokens) {                      \
+      Op::template run<T, N, NR>(tp, w, geo, arow, out, pf); \
+    }                                                        \
     break;
       TD_PACKED_CASE(1)
       TD_PACKED_CASE(2)
@@ -250,17 +282,20 @@ void tiled_kernel(const PackedArgs& p) {
   const PackedGeometry geo = packed_geometry(w.format, w.cols, w.group);
   const int64_t tile0 = p.n0 / 16, tile1 = (p.n1 + 15) / 16;
   int64_t tile = tile0;
+  // Each step prefetches up to as many tiles as it computes, following it (within the call).
+  auto step = [&](auto nr) {
+    constexpr int NR = decltype(nr)::value;
+    const int64_t next = tile + NR, next_end = std::min(tile1, next + NR);
+    tiles_step<T, Op, NR>(w, *p.a, geo, tile, p.n0, p.n1, p.y, p.ldy, next, next_end);
+    tile += NR;
+  };
   if (T::kTiles > 1 && p.a->tokens > T::kMaxTokens / 2) {
-    for (; tile + T::kTiles <= tile1; tile += T::kTiles) {
-      tiles_step<T, Op, T::kTiles>(w, *p.a, geo, tile, p.n0, p.n1, p.y, p.ldy);
-    }
+    while (tile + T::kTiles <= tile1) step(std::integral_constant<int, T::kTiles>());
     if constexpr (T::kTiles > 2) {
-      for (; tile + 2 <= tile1; tile += 2) {
-        tiles_step<T, Op, 2>(w, *p.a, geo, tile, p.n0, p.n1, p.y, p.ldy);
-      }
+      while (tile + 2 <= tile1) step(std::integral_constant<int, 2>());
     }
   }
-  for (; tile < tile1; ++tile) tiles_step<T, Op, 1>(w, *p.a, geo, tile, p.n0, p.n1, p.y, p.ldy);
+  while (tile < tile1) step(std::integral_constant<int, 1>());
 }
 
 // FP8Block GEMM (many tokens; OSDI'26 §3.4 "expand FP8 to BF16, BF16 dot, post-scale once per
