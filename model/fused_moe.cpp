@@ -314,7 +314,7 @@ void FusedMoeBackend::run_task(const Task& t) {
     const ops::Weight* ws[2] = {x.w_gate, x.w_up};
     float* ys[2] = {g.data(), u.data()};
     kern::matmul_shared_input(ws, req_.hidden, n, ys, nullptr);
-    ops::swiglu(g.data(), u.data(), n * x.ff, g.data());
+    kern::swiglu(g.data(), u.data(), n * x.ff, g.data());
     kern::matmul(*x.w_down, g.data(), n, x.y.data(), nullptr);
     x.ready.store(true, std::memory_order_release);
     return;
@@ -324,9 +324,8 @@ void FusedMoeBackend::run_task(const Task& t) {
     kern::gemm(x.gate, in, t.r0, t.r1, x.g.data(), x.ff);
     kern::gemm(x.up, in, t.r0, t.r1, x.u.data(), x.ff);
     for (int64_t j = 0; j < n; ++j) {
-      float* g = x.g.data() + j * x.ff;
-      const float* u = x.u.data() + j * x.ff;
-      for (int64_t i = t.r0; i < t.r1; ++i) g[i] = ops::silu(g[i]) * u[i];
+      float* g = x.g.data() + j * x.ff + t.r0;
+      kern::swiglu(g, x.u.data() + j * x.ff + t.r0, t.r1 - t.r0, g);
     }
     if (x.gate_left.fetch_sub(1, std::memory_order_acq_rel) == 1) {
       kern::quantize_activations(kern::act_format(x.down.format), x.down.group, x.g.data(), n,

@@ -371,7 +371,7 @@ void Model::dense_ffn(const ops::Weight& g, const ops::Weight& u, const ops::Wei
   const ops::Weight* ws[2] = {&g, &u};
   float* ys[2] = {gb, ub};
   kern::matmul_shared_input(ws, x, n, ys, pool_, views_);
-  ops::swiglu(gb, ub, n * ff, gb);
+  kern::swiglu(gb, ub, n * ff, gb);
   kern::matmul(d, gb, n, out, pool_, views_);
 }
 

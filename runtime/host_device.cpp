@@ -421,7 +421,7 @@ class HostDevice final : public Device {
       kern::quantize_activations(kern::act_format(kg.format), 0, x, n, H, H, &ax);
       gemm_rows(kg, ax, g.data());
       gemm_rows(ku, ax, u.data());
-      for (size_t i = 0; i < g.size(); ++i) g[i] = ops::silu(g[i]) * u[i];
+      kern::swiglu(g.data(), u.data(), static_cast<int64_t>(g.size()), g.data());
       kern::quantize_activations(kern::act_format(kd.format), 0, g.data(), n, ff, ff, &ah);
       gemm_rows(kd, ah, d.data());
     } else {

@@ -11,6 +11,7 @@
 #include "formats/quant.h"
 #include "ops/cpu/kern_gguf.h"
 #include "ops/cpu/packed.h"
+#include "ops/cpu/packed_kernels.h"
 #include "ops/cpu/q0_x4.h"
 #include "ops/cpu/q4k_x16.h"
 #include "ops/cpu/token_blocks.h"
@@ -380,6 +381,17 @@ void check_x16_rows(const KMatrix& w, int64_t n0) {
 }
 
 }  // namespace
+
+void swiglu(const float* gate, const float* up, int64_t n, float* out, Isa isa) {
+  isa = std::min(isa, best_isa());
+  if (isa >= Isa::kAvx512) {
+    detail::swiglu_avx512(gate, up, n, out);
+  } else if (isa >= Isa::kAvx2) {
+    detail::swiglu_avx2(gate, up, n, out);
+  } else {
+    ops::swiglu(gate, up, n, out);
+  }
+}
 
 void gemm(const KMatrix& w, const Activations& a, int64_t n0, int64_t n1, float* y, int64_t ldy,
           Isa isa) {

@@ -142,6 +142,10 @@ void matmul_shared_input(std::span<const ops::Weight* const> ws, const float* x,
                          std::span<float* const> ys, ThreadPool* pool,
                          const WeightViews* views = nullptr);
 
+// out[i] = ops::silu(gate[i]) * up[i] for i < n, bit for bit, in AVX-512 or AVX2 (out may alias
+// gate or up). isa: the highest level to use.
+void swiglu(const float* gate, const float* up, int64_t n, float* out, Isa isa = best_isa());
+
 // ops::attention's contract, one task per (token, KV head) on `pool`: the scores of every query
 // head sharing that KV head against all its cached keys, softmax, then the weighted sum of the
 // values. AVX-512: register-blocked scores and value sums (attention_avx512.cpp); below it the

@@ -69,5 +69,8 @@ void quantize_i8_act_avx512(const float* x, uint8_t* dst, int64_t cols, int64_t 
 void f32_to_bf16_avx512(const float* x, uint16_t* y, int64_t n);
 void quantize_i8_act_avx2(const float* x, uint8_t* dst, int64_t cols, int64_t group);  // 8 | group
 void f32_to_bf16_avx2(const float* x, uint16_t* y, int64_t n);
+// out[i] = ops::silu(gate[i]) * up[i], the same bits (silu_impl.h; out may alias gate or up).
+void swiglu_avx512(const float* gate, const float* up, int64_t n, float* out);
+void swiglu_avx2(const float* gate, const float* up, int64_t n, float* out);
 
 }  // namespace tandem::kern::detail

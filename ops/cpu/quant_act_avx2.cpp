@@ -1,8 +1,9 @@
-// Activation quantization on AVX2 (the baseline x86-64-v3; -ffp-contract=off like the other
-// kernel units): the algorithms of quant_act_impl.h over 8-lane traits.
+// Activation quantization and SwiGLU on AVX2 (the baseline x86-64-v3; -ffp-contract=off like the
+// other kernel units): the algorithms of quant_act_impl.h and silu_impl.h over 8-lane traits.
 #include <immintrin.h>
 
 #include "ops/cpu/quant_act_impl.h"
+#include "ops/cpu/silu_impl.h"
 
 namespace tandem::kern::detail {
 namespace {
@@ -84,6 +85,24 @@ struct Avx2 {
     const I q = _mm256_or_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(0x0040));
     return _mm256_blendv_epi8(r, q, nan);
   }
+  // SwiGLU (silu_impl.h).
+  static F fadd(F a, F b) { return _mm256_add_ps(a, b); }
+  static F fdiv(F a, F b) { return _mm256_div_ps(a, b); }
+  static F fma(F a, F b, F c) { return _mm256_fmadd_ps(a, b, c); }
+  static F fnmadd(F a, F b, F c) { return _mm256_fnmadd_ps(a, b, c); }
+  static F fmin(F a, F b) { return _mm256_min_ps(a, b); }
+  static F neg(F v) { return _mm256_xor_ps(v, _mm256_set1_ps(-0.0f)); }
+  static F round_even(F v) {
+    return _mm256_round_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  }
+  static F pow2(F n) {
+    return _mm256_castsi256_ps(
+        _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23));
+  }
+  static F inf_if_gt(F x, F t, F v) {
+    return _mm256_blendv_ps(v, _mm256_set1_ps(__builtin_inff()), _mm256_cmp_ps(x, t, _CMP_GT_OQ));
+  }
+  static void store(float* p, F v) { _mm256_storeu_ps(p, v); }
 };
 
 }  // namespace
@@ -99,6 +118,9 @@ void quantize_i8_act_avx2(const float* x, uint8_t* dst, int64_t cols, int64_t gr
 }
 void f32_to_bf16_avx2(const float* x, uint16_t* y, int64_t n) {
   f32_to_bf16_impl<Avx2>(x, y, n);
+}
+void swiglu_avx2(const float* gate, const float* up, int64_t n, float* out) {
+  swiglu_impl<Avx2>(gate, up, n, out);
 }
 
 }  // namespace tandem::kern::detail

@@ -1,8 +1,10 @@
-// Activation quantization on AVX-512 F/BW/VL/DQ (compiled with those flags and -ffp-contract=off;
-// see ops/cpu/CMakeLists.txt): the algorithms of quant_act_impl.h over 16-lane traits.
+// Activation quantization and SwiGLU on AVX-512 F/BW/VL/DQ (compiled with those flags and
+// -ffp-contract=off; see ops/cpu/CMakeLists.txt): the algorithms of quant_act_impl.h and
+// silu_impl.h over 16-lane traits.
 #include <immintrin.h>
 
 #include "ops/cpu/quant_act_impl.h"
+#include "ops/cpu/silu_impl.h"
 
 namespace tandem::kern::detail {
 namespace {
@@ -68,6 +70,25 @@ struct Avx512 {
         _mm512_and_si512(u, _mm512_set1_epi32(0x7FFFFFFF)), _mm512_set1_epi32(0x7F800000));
     return _mm512_mask_or_epi32(r, nan, _mm512_srli_epi32(u, 16), _mm512_set1_epi32(0x0040));
   }
+  // SwiGLU (silu_impl.h).
+  static F fadd(F a, F b) { return _mm512_add_ps(a, b); }
+  static F fdiv(F a, F b) { return _mm512_div_ps(a, b); }
+  static F fma(F a, F b, F c) { return _mm512_fmadd_ps(a, b, c); }
+  static F fnmadd(F a, F b, F c) { return _mm512_fnmadd_ps(a, b, c); }
+  static F fmin(F a, F b) { return _mm512_min_ps(a, b); }
+  static F neg(F v) { return _mm512_xor_ps(v, _mm512_set1_ps(-0.0f)); }
+  static F round_even(F v) {
+    return _mm512_roundscale_ps(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  }
+  static F pow2(F n) {
+    return _mm512_castsi512_ps(
+        _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23));
+  }
+  static F inf_if_gt(F x, F t, F v) {
+    return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(x, t, _CMP_GT_OQ), v,
+                                _mm512_set1_ps(__builtin_inff()));
+  }
+  static void store(float* p, F v) { _mm512_storeu_ps(p, v); }
 };
 
 }  // namespace
@@ -83,6 +104,9 @@ void quantize_i8_act_avx512(const float* x, uint8_t* dst, int64_t cols, int64_t 
 }
 void f32_to_bf16_avx512(const float* x, uint16_t* y, int64_t n) {
   f32_to_bf16_impl<Avx512>(x, y, n);
+}
+void swiglu_avx512(const float* gate, const float* up, int64_t n, float* out) {
+  swiglu_impl<Avx512>(gate, up, n, out);
 }
 
 }  // namespace tandem::kern::detail

@@ -109,8 +109,40 @@ struct AttentionArgs {
 };
 void attention(const AttentionArgs& a, ThreadPool* pool);
 
+// e^x as SiLU needs it, by the SIMD kernels' algorithm so that they give the same bits
+// (kern::swiglu): Cephes expf, x = n ln2 + r with n = nearbyint(x log2 e) and r by two fused
+// steps (ln 2 = kLn2Hi + kLn2Lo), e^r by a degree-6 polynomial, times 2^n built from n's bits;
+// each step one IEEE float operation (the fused ones by std::fma, as vfmadd rounds). Within 2 ulp
+// of e^x on [kLow, kHigh]. Below kLow it returns e^kLow (< 2^-125: 1 + e^x is 1 either way, all
+// SiLU uses), above kHigh +inf (e^x < FLT_MAX up to 88.72: SiLU of x < -88.3 gives -0 instead of
+// a value below 4e-37 in magnitude).
+namespace silu_exp {
+inline constexpr float kLow = -87.0f, kHigh = 88.3f;  // nearbyint(x log2 e) in [-126, 127]
+inline constexpr float kLog2e = 1.44269504088896341f;
+inline constexpr float kLn2Hi = 0.693359375f, kLn2Lo = -2.12194440e-4f;
+inline constexpr float kP[6] = {1.9875691500e-4f, 1.3981999507e-3f, 8.3334519073e-3f,
+                                4.1665795894e-2f, 1.6666665459e-1f, 5.0000001201e-1f};
+}  // namespace silu_exp
+
+inline float exp_for_silu(float x) {
+  namespace c = silu_exp;
+  const float lo = x > c::kLow ? x : c::kLow;  // vmaxps(x, kLow), then vminps(lo, kHigh)
+  const float a = lo < c::kHigh ? lo : c::kHigh;
+  const float n = __builtin_nearbyintf(a * c::kLog2e);
+  float r = __builtin_fmaf(-n, c::kLn2Hi, a);
+  r = __builtin_fmaf(-n, c::kLn2Lo, r);
+  float p = c::kP[0];
+  for (int i = 1; i < 6; ++i) p = __builtin_fmaf(p, r, c::kP[i]);
+  p = __builtin_fmaf(p, r * r, r + 1.0f);
+  const uint32_t bits = static_cast<uint32_t>(static_cast<int32_t>(n) + 127) << 23;
+  float scale;
+  __builtin_memcpy(&scale, &bits, 4);
+  return x > c::kHigh ? __builtin_inff() : p * scale;
+}
+
+// silu(x) = x * sigmoid(x) = x / (1 + e^-x).
 inline float silu(float x) {
-  return x / (1.0f + __builtin_expf(-x));
+  return x / (1.0f + exp_for_silu(-x));
 }
 
 }  // namespace tandem::ops
