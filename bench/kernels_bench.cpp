@@ -15,6 +15,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <random>
@@ -551,6 +552,44 @@ BENCHMARK_CAPTURE(BM_QuantizeActivations, bf16_avx2, kern::AFormat::kBF16, Isa::
     ->MinTime(0.3);
 BENCHMARK_CAPTURE(BM_QuantizeActivations, bf16_avx512, kern::AFormat::kBF16, Isa::kAvx512)
     ->MinTime(0.3);
+
+// SwiGLU of an expert's 48 tokens x 1408 (V2-Lite's intermediate size) on this thread, in place:
+// items_per_second = values. scalar is ops::swiglu, the reference (one e^x each); the glibc
+// expf line is the SiLU tandem had before kern::swiglu (x / (1 + expf(-x))), for comparison.
+void BM_Swiglu(benchmark::State& state, Isa isa) {
+  if (isa > best_isa()) {
+    state.SkipWithError("ISA not supported here");
+    return;
+  }
+  const int64_t n = 48 * 1408;
+  std::mt19937 rng(6);
+  std::normal_distribution<float> normal(0.0f, 2.0f);
+  std::vector<float> g(static_cast<size_t>(n)), u(g.size()), out(g.size());
+  for (float& v : g) v = normal(rng);
+  for (float& v : u) v = normal(rng);
+  for (auto _ : state) {
+    kern::swiglu(g.data(), u.data(), n, out.data(), isa);
+    benchmark::DoNotOptimize(out.data());
+  }
+  state.SetItemsProcessed(state.iterations() * n);
+}
+void BM_SwigluGlibcExpf(benchmark::State& state) {
+  const int64_t n = 48 * 1408;
+  std::mt19937 rng(6);
+  std::normal_distribution<float> normal(0.0f, 2.0f);
+  std::vector<float> g(static_cast<size_t>(n)), u(g.size()), out(g.size());
+  for (float& v : g) v = normal(rng);
+  for (float& v : u) v = normal(rng);
+  for (auto _ : state) {
+    for (int64_t i = 0; i < n; ++i) out[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
+    benchmark::DoNotOptimize(out.data());
+  }
+  state.SetItemsProcessed(state.iterations() * n);
+}
+BENCHMARK_CAPTURE(BM_Swiglu, scalar, Isa::kScalar)->MinTime(0.3);
+BENCHMARK_CAPTURE(BM_Swiglu, avx2, Isa::kAvx2)->MinTime(0.3);
+BENCHMARK_CAPTURE(BM_Swiglu, avx512, Isa::kAvx512)->MinTime(0.3);
+BENCHMARK(BM_SwigluGlibcExpf)->MinTime(0.3);
 
 }  // namespace
 }  // namespace tandem
