@@ -872,72 +872,129 @@ void q0_expand(const GemmArgs& g, int64_t row0, int64_t rows, int64_t nb, Expand
 }
 
 
-// NT tokens (t0..) against one tile: out[t][row].
-template <class Block, int NT>
-void q0_tile(const uint8_t* tile, const GemmArgs& g, int64_t t0, float (*out)[16]) {
+// NT tokens (t0..) against NR tiles (16 * NR rows): out[t][16 * r + row]. Each activation
+// broadcast feeds NR tiles' dot products (the broadcasts are the port limit with one tile). A
+// row's sums run as with one tile (lane L: blocks L, L + 16, .., then the lanes in a tree).
+template <class Block, int NR, int NT>
+void q0_tile(const uint8_t* const* tiles, const GemmArgs& g, int64_t t0, float (*out)[16 * NR]) {
   const int64_t nb = g.cols / tandem::kQK;
   Q0Act a[NT];
   for (int t = 0; t < NT; ++t) a[t] = q0_act(g, t0 + t);
-  alignas(64) float lanes[NT][16][16];
+  alignas(64) float lanes[NT][NR][16][16];
   for (int L = 0; L < 16; ++L) {
-    __m512 acc[NT];
-    for (int t = 0; t < NT; ++t) acc[t] = _mm512_setzero_ps();
+    __m512 acc[NR][NT];
+    for (int r = 0; r < NR; ++r) {
+      for (int t = 0; t < NT; ++t) acc[r][t] = _mm512_setzero_ps();
+    }
     for (int64_t b = L; b < nb; b += 16) {
-      const uint8_t* c = tile + b * kQ0TileBlockBytes<Block>;
-      __m512i isum[NT];
-      for (int t = 0; t < NT; ++t) isum[t] = _mm512_set1_epi32(a[t].negc[b]);
-      for (int l = 0; l < 8; ++l) {
-        const __m512i wv = _mm512_loadu_si512(c + l * 64);
-        for (int t = 0; t < NT; ++t) isum[t] = dpbusd_bcast(isum[t], wv, a[t].blk[b].qs + 4 * l);
-      }
-      const __m512 dw = _mm512_loadu_ps(reinterpret_cast<const float*>(c + 8 * 64));
+      const uint8_t* c[NR];
+      for (int r = 0; r < NR; ++r) c[r] = tiles[r] + b * kQ0TileBlockBytes<Block>;
+      __m512i isum[NR][NT];
       for (int t = 0; t < NT; ++t) {
-        const __m512 s = _mm512_mul_ps(dw, _mm512_set1_ps(a[t].d[b]));
-        acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[t]), s, acc[t]);
+        const __m512i init = _mm512_set1_epi32(a[t].negc[b]);
+        for (int r = 0; r < NR; ++r) isum[r][t] = init;
       }
-      if constexpr (Q0Fmt<Block>::kMin) {
-        const __m512 mw = _mm512_loadu_ps(reinterpret_cast<const float*>(c + 8 * 64) + 16);
+      for (int l = 0; l < 8; ++l) {
+        __m512i wv[NR];
+        for (int r = 0; r < NR; ++r) wv[r] = _mm512_loadu_si512(c[r] + l * 64);
         for (int t = 0; t < NT; ++t) {
-          acc[t] = _mm512_fmadd_ps(mw, _mm512_set1_ps(a[t].s[b]), acc[t]);
+          if constexpr (NR == 1) {
+            isum[0][t] = dpbusd_bcast(isum[0][t], wv[0], a[t].blk[b].qs + 4 * l);
+          } else {
+            int32_t bits;
+            std::memcpy(&bits, a[t].blk[b].qs + 4 * l, 4);
+            const __m512i av = _mm512_set1_epi32(bits);
+            for (int r = 0; r < NR; ++r) isum[r][t] = _mm512_dpbusd_epi32(isum[r][t], wv[r], av);
+          }
+        }
+      }
+      for (int r = 0; r < NR; ++r) {
+        const __m512 dw = _mm512_loadu_ps(reinterpret_cast<const float*>(c[r] + 8 * 64));
+        for (int t = 0; t < NT; ++t) {
+          const __m512 s = _mm512_mul_ps(dw, _mm512_set1_ps(a[t].d[b]));
+          acc[r][t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[r][t]), s, acc[r][t]);
+        }
+        if constexpr (Q0Fmt<Block>::kMin) {
+          const __m512 mw = _mm512_loadu_ps(reinterpret_cast<const float*>(c[r] + 8 * 64) + 16);
+          for (int t = 0; t < NT; ++t) {
+            acc[r][t] = _mm512_fmadd_ps(mw, _mm512_set1_ps(a[t].s[b]), acc[r][t]);
+          }
         }
       }
     }
-    for (int t = 0; t < NT; ++t) _mm512_store_ps(lanes[t][L], acc[t]);
+    for (int r = 0; r < NR; ++r) {
+      for (int t = 0; t < NT; ++t) _mm512_store_ps(lanes[t][r][L], acc[r][t]);
+    }
   }
   for (int t = 0; t < NT; ++t) {
-    __m512 h8[8], h4[4];
-    for (int i = 0; i < 8; ++i) {
-      h8[i] = _mm512_add_ps(_mm512_load_ps(lanes[t][i]), _mm512_load_ps(lanes[t][i + 8]));
+    for (int r = 0; r < NR; ++r) {
+      __m512 h8[8], h4[4];
+      for (int i = 0; i < 8; ++i) {
+        h8[i] = _mm512_add_ps(_mm512_load_ps(lanes[t][r][i]), _mm512_load_ps(lanes[t][r][i + 8]));
+      }
+      for (int i = 0; i < 4; ++i) h4[i] = _mm512_add_ps(h8[i], h8[i + 4]);
+      const __m512 h2_0 = _mm512_add_ps(h4[0], h4[2]), h2_1 = _mm512_add_ps(h4[1], h4[3]);
+      _mm512_storeu_ps(out[t] + 16 * r, _mm512_add_ps(h2_0, h2_1));
     }
-    for (int i = 0; i < 4; ++i) h4[i] = _mm512_add_ps(h8[i], h8[i + 4]);
-    const __m512 h2_0 = _mm512_add_ps(h4[0], h4[2]), h2_1 = _mm512_add_ps(h4[1], h4[3]);
-    _mm512_storeu_ps(out[t], _mm512_add_ps(h2_0, h2_1));
   }
 }
 
+// NR tiles of rows [n, n_end) for every token, in token blocks of kQ0Tokens<NR> (then 4, 2, 1):
+// two tiles x 6 tokens keep 12 integer and 12 F32 accumulators in registers (x 4: 1.12-1.16x
+// slower, x 7: within noise of 6; 6 divides a V2-Lite expert's 48 tokens).
+template <int NR>
+inline constexpr int kQ0Tokens = NR == 1 ? 8 : 6;
+template <class Block, int NR>
+void q0_tiles_all_tokens(const GemmArgs& g, const uint8_t* const* tiles, int64_t n,
+                         int64_t n_end) {
+  alignas(64) float out[8][16 * NR];
+  for (int64_t t0 = 0; t0 < g.tokens;) {
+    const int64_t rest = g.tokens - t0;
+    const int nt = rest >= kQ0Tokens<NR> ? kQ0Tokens<NR> : rest >= 4 ? 4 : rest >= 2 ? 2 : 1;
+    if (nt == kQ0Tokens<NR>) {
+      q0_tile<Block, NR, kQ0Tokens<NR>>(tiles, g, t0, out);
+    } else if (nt == 4) {
+      q0_tile<Block, NR, 4>(tiles, g, t0, out);
+    } else if (nt == 2) {
+      q0_tile<Block, NR, 2>(tiles, g, t0, out);
+    } else {
+      q0_tile<Block, NR, 1>(tiles, g, t0, out);
+    }
+    for (int t = 0; t < nt; ++t) {
+      for (int64_t r = n; r < n_end; ++r) g.y[(t0 + t) * g.ldy + r] = out[t][r - n];
+    }
+    t0 += nt;
+  }
+}
+
+// kQ0Tiles tiles (16 rows each, expanded per call into a thread-local buffer) per step, the last
+// rows one tile at a time; the next step's rows prefetched into L2 meanwhile. (Four tiles x four
+// tokens: 0.90-1.0x of two x four, the accumulators spill.)
+constexpr int kQ0Tiles = 2;
 template <class Block, class Expand, bool kX4 = false>
 void q0_tiled(const GemmArgs& g, Expand expand) {
   const int64_t nb = g.cols / tandem::kQK;
-  thread_local std::vector<uint8_t> tile;
-  tile.resize(static_cast<size_t>(nb * kQ0TileBlockBytes<Block>));
-  alignas(64) float out[8][16];
-  prefetch_rows<_MM_HINT_T0>(g, g.n0, std::min(g.n1, g.n0 + 16));  // as q4k_tiled
-  for (int64_t n = g.n0; n < g.n1; n += 16) {
-    const int64_t n_end = std::min(g.n1, n + 16);
-    q0_expand<Block, kX4>(g, n, n_end - n, nb, expand, tile.data());
-    prefetch_rows<_MM_HINT_T1>(g, n_end, std::min(g.n1, n_end + 16));
-    for (int64_t t0 = 0; t0 < g.tokens;) {
-      const int64_t rest = g.tokens - t0;
-      const int nt = rest >= 8 ? 8 : rest >= 4 ? 4 : rest >= 2 ? 2 : 1;
-      if (nt == 8) q0_tile<Block, 8>(tile.data(), g, t0, out);
-      if (nt == 4) q0_tile<Block, 4>(tile.data(), g, t0, out);
-      if (nt == 2) q0_tile<Block, 2>(tile.data(), g, t0, out);
-      if (nt == 1) q0_tile<Block, 1>(tile.data(), g, t0, out);
-      for (int t = 0; t < nt; ++t) {
-        for (int64_t r = n; r < n_end; ++r) g.y[(t0 + t) * g.ldy + r] = out[t][r - n];
-      }
-      t0 += nt;
+  const int64_t tile_bytes = nb * kQ0TileBlockBytes<Block>;
+  thread_local std::vector<uint8_t> buf;
+  buf.resize(static_cast<size_t>(kQ0Tiles * tile_bytes));
+  const uint8_t* tiles[kQ0Tiles];
+  for (int r = 0; r < kQ0Tiles; ++r) tiles[r] = buf.data() + r * tile_bytes;
+  prefetch_rows<_MM_HINT_T0>(g, g.n0, std::min(g.n1, g.n0 + 16 * kQ0Tiles));  // as q4k_tiled
+  for (int64_t n = g.n0; n < g.n1;) {
+    const int nr = g.n1 - n > 16 ? kQ0Tiles : 1;
+    const int64_t n_end = std::min(g.n1, n + 16 * nr);
+    for (int r = 0; r < nr; ++r) {
+      const int64_t r0 = n + 16 * r;
+      q0_expand<Block, kX4>(g, r0, std::min<int64_t>(16, n_end - r0), nb, expand,
+                            buf.data() + r * tile_bytes);
     }
+    prefetch_rows<_MM_HINT_T1>(g, n_end, std::min(g.n1, n_end + 16 * kQ0Tiles));
+    if (nr == kQ0Tiles) {
+      q0_tiles_all_tokens<Block, kQ0Tiles>(g, tiles, n, n_end);
+    } else {
+      q0_tiles_all_tokens<Block, 1>(g, tiles, n, n_end);
+    }
+    n = n_end;
   }
 }
 
