@@ -286,11 +286,11 @@ int64_t x4_groups(const uint8_t* w, int64_t nb, const Act* act, __m512* acc) {
   return g0;
 }
 
+// One row's 16 F32 lane sums per token (acc), before the lane tree.
 template <class Block, bool kX4, int NT>
-void row(const uint8_t* w, int64_t nb, const Act* act, float* out) {
+void row_lanes(const uint8_t* w, int64_t nb, const Act* act, __m512* acc) {
   constexpr int kBytes = static_cast<int>(sizeof(Block));
   const Consts c = consts<Block>();
-  __m512 acc[NT];
   for (int t = 0; t < NT; ++t) acc[t] = _mm512_setzero_ps();
   int64_t first = 0;
   if constexpr (kX4 && (std::is_same_v<Block, BlockQ5_0> || kIs8<Block>)) {
@@ -329,7 +329,50 @@ void row(const uint8_t* w, int64_t nb, const Act* act, float* out) {
       }
     }
   }
+}
+
+template <class Block, bool kX4, int NT>
+void row(const uint8_t* w, int64_t nb, const Act* act, float* out) {
+  __m512 acc[NT];
+  row_lanes<Block, kX4, NT>(w, nb, act, acc);
   for (int t = 0; t < NT; ++t) out[t] = lane_tree_ps(acc[t]);
+}
+
+// lane_tree_ps of sixteen rows' lane sums at once, rows in order: the same pairs added at each
+// level (h8[i] = a[i] + a[i + 8], h4, h2, h2[0] + h2[1]), two rows per vector after the first,
+// four after the second; the last level leaves row 4e + q at element 4q + e (one permute).
+inline __m512 lane_trees16(const __m512* a) {
+  __m512 x[8], y[4], z[2];
+  for (int k = 0; k < 8; ++k) {
+    x[k] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * k], a[2 * k + 1], 0x44),
+                         _mm512_shuffle_f32x4(a[2 * k], a[2 * k + 1], 0xEE));
+  }
+  for (int j = 0; j < 4; ++j) {
+    y[j] = _mm512_add_ps(_mm512_shuffle_f32x4(x[2 * j], x[2 * j + 1], 0x88),
+                         _mm512_shuffle_f32x4(x[2 * j], x[2 * j + 1], 0xDD));
+  }
+  for (int m = 0; m < 2; ++m) {
+    z[m] = _mm512_add_ps(_mm512_shuffle_ps(y[2 * m], y[2 * m + 1], 0x44),
+                         _mm512_shuffle_ps(y[2 * m], y[2 * m + 1], 0xEE));
+  }
+  const __m512 f = _mm512_add_ps(_mm512_shuffle_ps(z[0], z[1], 0x88),
+                                 _mm512_shuffle_ps(z[0], z[1], 0xDD));
+  return _mm512_permutexvar_ps(
+      _mm512_set_epi32(15, 11, 7, 3, 14, 10, 6, 2, 13, 9, 5, 1, 12, 8, 4, 0), f);
+}
+
+// Sixteen long rows from r: row_lanes each, then their lane trees together (one store per
+// token instead of sixteen scalar trees).
+template <class Block, bool kX4, int NT>
+void rows16(const uint8_t* w, int64_t row_bytes, int64_t nb, const Act* act, float* y,
+            int64_t ldy) {
+  __m512 lanes[NT][16];
+  for (int i = 0; i < 16; ++i) {
+    __m512 acc[NT];
+    row_lanes<Block, kX4, NT>(w + i * row_bytes, nb, act, acc);
+    for (int t = 0; t < NT; ++t) lanes[t][i] = acc[t];
+  }
+  for (int t = 0; t < NT; ++t) _mm512_storeu_ps(y + t * ldy, lane_trees16(lanes[t]));
 }
 
 // Short rows (nb <= 4 * Q, Q = 1 or 2 quads) R = 4 / Q at a time: row r's blocks in lanes
@@ -556,6 +599,18 @@ void rows_vbmi(const GemmArgs& g) {
       }
     }
     r = r_end;  // the rest row by row
+  }
+  for (; r + 16 <= g.n1; r += 16) {
+    const uint8_t* w = g.w + r * g.row_bytes;
+    for (int64_t t0 = 0; t0 < g.tokens; t0 += kMaxTokens) {
+      const int64_t nt = std::min<int64_t>(kMaxTokens, g.tokens - t0);
+      const Act* a = acts.data() + t0;
+      float* y = g.y + t0 * g.ldy + r;
+      if (nt == 4) rows16<Block, kX4, 4>(w, g.row_bytes, nb, a, y, g.ldy);
+      if (nt == 3) rows16<Block, kX4, 3>(w, g.row_bytes, nb, a, y, g.ldy);
+      if (nt == 2) rows16<Block, kX4, 2>(w, g.row_bytes, nb, a, y, g.ldy);
+      if (nt == 1) rows16<Block, kX4, 1>(w, g.row_bytes, nb, a, y, g.ldy);
+    }
   }
   for (; r < g.n1; ++r) {
     const uint8_t* w = g.w + r * g.row_bytes;
