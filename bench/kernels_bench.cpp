@@ -556,17 +556,22 @@ BENCHMARK_CAPTURE(BM_QuantizeActivations, bf16_avx512, kern::AFormat::kBF16, Isa
 // SwiGLU of an expert's 48 tokens x 1408 (V2-Lite's intermediate size) on this thread, in place:
 // items_per_second = values. scalar is ops::swiglu, the reference (one e^x each); the glibc
 // expf line is the SiLU tandem had before kern::swiglu (x / (1 + expf(-x))), for comparison.
+constexpr int64_t kSwigluValues = 48 * 1408;
+std::vector<float> swiglu_input(uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 2.0f);
+  std::vector<float> v(static_cast<size_t>(kSwigluValues));
+  for (float& x : v) x = normal(rng);
+  return v;
+}
 void BM_Swiglu(benchmark::State& state, Isa isa) {
   if (isa > best_isa()) {
     state.SkipWithError("ISA not supported here");
     return;
   }
-  const int64_t n = 48 * 1408;
-  std::mt19937 rng(6);
-  std::normal_distribution<float> normal(0.0f, 2.0f);
-  std::vector<float> g(static_cast<size_t>(n)), u(g.size()), out(g.size());
-  for (float& v : g) v = normal(rng);
-  for (float& v : u) v = normal(rng);
+  const int64_t n = kSwigluValues;
+  const std::vector<float> g = swiglu_input(6), u = swiglu_input(7);
+  std::vector<float> out(g.size());
   for (auto _ : state) {
     kern::swiglu(g.data(), u.data(), n, out.data(), isa);
     benchmark::DoNotOptimize(out.data());
@@ -574,12 +579,9 @@ void BM_Swiglu(benchmark::State& state, Isa isa) {
   state.SetItemsProcessed(state.iterations() * n);
 }
 void BM_SwigluGlibcExpf(benchmark::State& state) {
-  const int64_t n = 48 * 1408;
-  std::mt19937 rng(6);
-  std::normal_distribution<float> normal(0.0f, 2.0f);
-  std::vector<float> g(static_cast<size_t>(n)), u(g.size()), out(g.size());
-  for (float& v : g) v = normal(rng);
-  for (float& v : u) v = normal(rng);
+  const int64_t n = kSwigluValues;
+  const std::vector<float> g = swiglu_input(6), u = swiglu_input(7);
+  std::vector<float> out(g.size());
   for (auto _ : state) {
     for (int64_t i = 0; i < n; ++i) out[i] = g[i] / (1.0f + std::exp(-g[i])) * u[i];
     benchmark::DoNotOptimize(out.data());
