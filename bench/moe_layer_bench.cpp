@@ -446,6 +446,14 @@ void run_layer(benchmark::State& state, const Shape& s, const Layer* layer, cons
   state.counters["GBps"] = benchmark::Counter(static_cast<double>(bytes) * 1e-9,
                                               benchmark::Counter::kIsRate);
   state.SetItemsProcessed(state.iterations() * 2 * tokens * s.k * 3 * s.hidden * s.ff);
+  // TANDEM_BENCH_MOE_ROWS_B=N: b_vs_a, the layer with max_rows_per_task (and the decode cap) N
+  // against the one above, A/B in the same minute (ab_rounds; the routings cycle through both).
+  if (const char* rows_b = std::getenv("TANDEM_BENCH_MOE_ROWS_B")) {
+    FusedMoeOptions opt_b = opt;
+    opt_b.max_rows_per_task = opt_b.max_rows_per_task_decode = std::atoll(rows_b);
+    FusedMoeBackend be_b(&pool(), opt_b, ce);
+    state.counters["b_vs_a"] = ab_rounds([&] { step_on(be); }, [&] { step_on(be_b); });
+  }
   if (tokens == 1) {
     // of_dram: the median over 8 paired rounds (~20 ms of the layer, then one DRAM probe pass,
     // bench/dram_probe.h) of layer GB/s / probe GB/s; dram_GBps: the probe's median.
@@ -453,14 +461,6 @@ void run_layer(benchmark::State& state, const Shape& s, const Layer* layer, cons
     const OfDram r = paired_rounds(probe, step);
     state.counters["dram_GBps"] = r.dram_gbs;
     state.counters["of_dram"] = r.of_dram;
-    // TANDEM_BENCH_MOE_ROWS_B=N: b_vs_a, the layer with max_rows_per_task N against the one
-    // above, A/B in the same minute (ab_rounds; the routings cycle through both alike).
-    if (const char* rows_b = std::getenv("TANDEM_BENCH_MOE_ROWS_B")) {
-      FusedMoeOptions opt_b = opt;
-      opt_b.max_rows_per_task = opt_b.max_rows_per_task_decode = std::atoll(rows_b);
-      FusedMoeBackend be_b(&pool(), opt_b, ce);
-      state.counters["b_vs_a"] = ab_rounds([&] { step_on(be); }, [&] { step_on(be_b); });
-    }
     // TANDEM_BENCH_MOE_TAIL_B=N: b_vs_a with FusedMoeOptions::tail_pieces N against the default.
     if (const char* tail_b = std::getenv("TANDEM_BENCH_MOE_TAIL_B")) {
       FusedMoeOptions opt_b = opt;
