@@ -453,8 +453,9 @@ BENCHMARK_CAPTURE(BM_MatmulChain, q4_k_576, DType::kQ4_K, 576)->UseRealTime()->M
 BENCHMARK_CAPTURE(BM_MatmulChain, q4_k_24576, DType::kQ4_K, 24576)->UseRealTime()->MinTime(0.3);
 
 // Prefill attention of 512 tokens on an empty cache, DeepSeek-V2-Lite's absorbed MLA shape (16
-// heads on one shared latent KV head: dk 576, dv 512) and a GQA shape (32 heads, 8 KV heads,
-// 128 / 128): items_per_second = the scores' and the value sums' multiply-adds x 2 (FLOP/s, to
+// heads on one shared latent KV head: dk 576, dv 512), its expanded (naive) MLA shape (16 heads,
+// a KV head each: dk 192, dv 128) and a GQA shape (32 heads, 8 KV heads, 128 / 128):
+// items_per_second = the scores' and the value sums' multiply-adds x 2 (FLOP/s, to
 // compare with the fp32 peak). avx2: the F32-GEMM scores and scalar value loop.
 // n query tokens after pos0 cached ones: prefill (512 on an empty cache) or decode (1 token after
 // 4095: the absorbed-MLA decode step at a 4K context, whose one KV group is split over threads).
@@ -502,6 +503,9 @@ BENCHMARK_CAPTURE(BM_Attention, mla_avx512, 16, 1, 576, 512, Isa::kAvx512)
     ->UseRealTime()
     ->MinTime(0.3);
 BENCHMARK_CAPTURE(BM_Attention, mla_decode_4k_avx512, 16, 1, 576, 512, Isa::kAvx512, 1, 4095)
+    ->UseRealTime()
+    ->MinTime(0.3);
+BENCHMARK_CAPTURE(BM_Attention, mla_expanded_avx512, 16, 16, 192, 128, Isa::kAvx512)
     ->UseRealTime()
     ->MinTime(0.3);
 BENCHMARK_CAPTURE(BM_Attention, gqa_avx2, 32, 8, 128, 128, Isa::kAvx2)->UseRealTime()->MinTime(0.3);

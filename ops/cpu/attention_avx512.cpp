@@ -151,54 +151,64 @@ void softmax_scaled_avx512(float* x, int64_t n, float scale) {
 namespace {
 
 constexpr int64_t kChunk = 64;  // keys per pass of the value blocks (64 x dv floats in L2)
+constexpr int64_t kMaxRows = 256;  // query rows per rows_task call (every model's heads fit)
+
+// The query rows of one task: they share the keys k0 and values v0 (rows a.k_stride / a.v_stride
+// apart); row r attends to the first n_ctx[r] of them (ascending in r) and writes out[r].
+struct Rows {
+  const float* q[kMaxRows];
+  int64_t n_ctx[kMaxRows];
+  float* out[kMaxRows];
+  int64_t n = 0;
+};
 
 template <int NH>
-void task(const ops::AttentionArgs& a, int64_t t, int64_t g, int64_t hb, int64_t he, float* scores,
-          float* dummy) {
+void rows_task(const ops::AttentionArgs& a, const Rows& rows, const float* k0, const float* v0,
+               float* scores, float* dummy) {
   constexpr int NS = 16 / NH, NJ = 16 / NH;
-  // Heads hb..he-1 of KV group g (scores[(h - hb) * n_ctx ..]); each head's arithmetic does not
-  // depend on which heads share the task.
-  const int64_t n_ctx = a.pos0 + t + 1, base = g * (a.n_heads / a.n_kv_heads);
-  const float* q0 = a.q + t * a.q_stride + base * a.dk;
-  const float* k0 = a.k + g * a.dk;
-  // Scores: head blocks of NH (a short last block repeats its last head), key blocks of NS (a
+  // scores[r * n_max ..] for row r; each row's arithmetic does not depend on which rows share
+  // the task: its dot products are the same blocks' (one accumulator and lane tree per output),
+  // its softmax runs over its own n_ctx scores, and its probabilities past n_ctx are 0, so the
+  // value blocks' longer key range adds fma(0, v, acc) = acc.
+  const int64_t n_max = rows.n_ctx[rows.n - 1];
+  // Scores: row blocks of NH (a short last block repeats its last row), key blocks of NS (a
   // short last block repeats the last key); repeated outputs are dropped.
-  // Key chunks outer (as the values below): a chunk's keys stay in L2 while every head block
-  // passes over them, instead of every head block streaming all the keys from L3 / DRAM.
+  // Key chunks outer (as the values below): a chunk's keys stay in L2 while every row block
+  // passes over them, instead of every row block streaming all the keys from L3 / DRAM.
   alignas(64) float blk[16];
-  for (int64_t c0 = 0; c0 < n_ctx; c0 += kChunk) {
-    const int64_t c1 = std::min(n_ctx, c0 + kChunk);
-    for (int64_t h0 = hb; h0 < he; h0 += NH) {
+  for (int64_t c0 = 0; c0 < n_max; c0 += kChunk) {
+    const int64_t c1 = std::min(n_max, c0 + kChunk);
+    for (int64_t h0 = 0; h0 < rows.n; h0 += NH) {
       const float* q[NH];
-      for (int h = 0; h < NH; ++h) q[h] = q0 + std::min(h0 + h, he - 1) * a.dk;
+      for (int h = 0; h < NH; ++h) q[h] = rows.q[std::min<int64_t>(h0 + h, rows.n - 1)];
       for (int64_t s0 = c0; s0 < c1; s0 += NS) {
         const float* k[NS];
-        for (int s = 0; s < NS; ++s) k[s] = k0 + std::min(s0 + s, n_ctx - 1) * a.k_stride;
+        for (int s = 0; s < NS; ++s) k[s] = k0 + std::min(s0 + s, n_max - 1) * a.k_stride;
         qk_block<NH, NS>(q, k, a.dk, blk);
-        for (int h = 0; h < NH && h0 + h < he; ++h) {
+        for (int h = 0; h < NH && h0 + h < rows.n; ++h) {
           for (int s = 0; s < NS && s0 + s < c1; ++s) {
-            scores[(h0 + h - hb) * n_ctx + s0 + s] = blk[h * NS + s];
+            scores[(h0 + h) * n_max + s0 + s] = blk[h * NS + s];
           }
         }
       }
     }
   }
-  for (int64_t h = hb; h < he; ++h) {
-    softmax_scaled_avx512(scores + (h - hb) * n_ctx, n_ctx, a.scale);
-    float* out = a.out + (t * a.n_heads + base + h) * a.dv;
-    std::fill(out, out + a.dv, 0.0f);
+  for (int64_t r = 0; r < rows.n; ++r) {
+    float* sc = scores + r * n_max;
+    softmax_scaled_avx512(sc, rows.n_ctx[r], a.scale);
+    std::fill(sc + rows.n_ctx[r], sc + n_max, 0.0f);
+    std::fill(rows.out[r], rows.out[r] + a.dv, 0.0f);
   }
-  // Values: key chunks outer, so a chunk's rows stay in cache for every (head, dim) block.
-  const float* v0 = a.v + g * a.dv;
-  for (int64_t c0 = 0; c0 < n_ctx; c0 += kChunk) {
-    const int64_t c1 = std::min(n_ctx, c0 + kChunk);
-    for (int64_t h0 = hb; h0 < he; h0 += NH) {
+  // Values: key chunks outer, so a chunk's rows stay in cache for every (row, dim) block.
+  for (int64_t c0 = 0; c0 < n_max; c0 += kChunk) {
+    const int64_t c1 = std::min(n_max, c0 + kChunk);
+    for (int64_t h0 = 0; h0 < rows.n; h0 += NH) {
       const float* p[NH];
       float* out[NH];
       for (int h = 0; h < NH; ++h) {
-        const int64_t hh = std::min(h0 + h, he - 1);
-        p[h] = scores + (hh - hb) * n_ctx;
-        out[h] = h0 + h < he ? a.out + (t * a.n_heads + base + hh) * a.dv : dummy;
+        const int64_t hh = std::min<int64_t>(h0 + h, rows.n - 1);
+        p[h] = scores + hh * n_max;
+        out[h] = h0 + h < rows.n ? rows.out[hh] : dummy;
       }
       for (int64_t j0 = 0; j0 < a.dv; j0 += 16 * NJ) {
         __mmask16 m[NJ];
@@ -214,19 +224,49 @@ void task(const ops::AttentionArgs& a, int64_t t, int64_t g, int64_t hb, int64_t
   }
 }
 
+void rows_any(const ops::AttentionArgs& a, int nh, const Rows& rows, const float* k0,
+              const float* v0, float* scores, float* dummy) {
+  if (nh == 4) {
+    rows_task<4>(a, rows, k0, v0, scores, dummy);
+  } else if (nh == 2) {
+    rows_task<2>(a, rows, k0, v0, scores, dummy);
+  } else {
+    rows_task<1>(a, rows, k0, v0, scores, dummy);
+  }
+}
+
 }  // namespace
 
 void attention_task_avx512(const ops::AttentionArgs& a, int64_t t, int64_t g, int64_t hb,
                            int64_t he, float* scores, float* dummy) {
   // The head block follows the group's size (not the task's share of it), so splitting a group's
   // heads over tasks leaves every head's arithmetic as it was.
-  const int64_t group = a.n_heads / a.n_kv_heads;
-  if (group >= 4) {
-    task<4>(a, t, g, hb, he, scores, dummy);
-  } else if (group >= 2) {
-    task<2>(a, t, g, hb, he, scores, dummy);
-  } else {
-    task<1>(a, t, g, hb, he, scores, dummy);
+  const int64_t group = a.n_heads / a.n_kv_heads, base = g * group;
+  const int nh = group >= 4 ? 4 : group >= 2 ? 2 : 1;
+  const float* q0 = a.q + t * a.q_stride + base * a.dk;
+  for (int64_t h0 = hb; h0 < he; h0 += kMaxRows) {
+    Rows rows;
+    rows.n = std::min<int64_t>(kMaxRows, he - h0);
+    for (int64_t r = 0; r < rows.n; ++r) {
+      rows.q[r] = q0 + (h0 + r) * a.dk;
+      rows.n_ctx[r] = a.pos0 + t + 1;
+      rows.out[r] = a.out + (t * a.n_heads + base + h0 + r) * a.dv;
+    }
+    rows_any(a, nh, rows, a.k + g * a.dk, a.v + g * a.dv, scores, dummy);
+  }
+}
+
+void attention_tokens_avx512(const ops::AttentionArgs& a, int64_t t0, int64_t t1, int64_t g,
+                             float* scores, float* dummy) {
+  for (int64_t b = t0; b < t1; b += kMaxRows) {
+    Rows rows;
+    rows.n = std::min<int64_t>(kMaxRows, t1 - b);
+    for (int64_t r = 0; r < rows.n; ++r) {
+      rows.q[r] = a.q + (b + r) * a.q_stride + g * a.dk;
+      rows.n_ctx[r] = a.pos0 + b + r + 1;
+      rows.out[r] = a.out + ((b + r) * a.n_heads + g) * a.dv;
+    }
+    rows_any(a, 4, rows, a.k + g * a.dk, a.v + g * a.dv, scores, dummy);
   }
 }
 

@@ -116,5 +116,10 @@ void softmax_scaled_avx512(float* x, int64_t n, float scale);
 // Heads [hb, he) of the group only (0 <= hb < he <= group): scores then needs (he - hb) * n_ctx.
 void attention_task_avx512(const ops::AttentionArgs& a, int64_t t, int64_t g, int64_t hb,
                            int64_t he, float* scores, float* dummy);
+// Query tokens [t0, t1) of KV head g where every head has its own keys (group 1): the tokens
+// share each key block as a group's heads do (each token's outputs are the bits the one-token
+// task gives). scores needs (t1 - t0) * (pos0 + t1) floats.
+void attention_tokens_avx512(const ops::AttentionArgs& a, int64_t t0, int64_t t1, int64_t g,
+                             float* scores, float* dummy);
 
 }  // namespace tandem::kern::detail

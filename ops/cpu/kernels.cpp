@@ -594,6 +594,29 @@ void attention(const ops::AttentionArgs& a, ThreadPool* pool, Isa isa) {
     }
   }
   const int64_t heads_per = group / splits;  // a multiple of 4 (group >= 8 when splits > 1)
+  // One head per KV group (MHA, naive MLA) and a batch of tokens: tasks of kTokenBlock
+  // consecutive tokens of one head, which share each block of keys and values (a task per token
+  // streamed them from L2 / L3 once per token; every output keeps its bits). Head-major order:
+  // one head's keys stay in L2 over its blocks.
+  constexpr int64_t kTokenBlock = 16;
+  if (group == 1 && isa >= Isa::kAvx512 && a.n_tokens > 1) {
+    const int64_t blocks = (a.n_tokens + kTokenBlock - 1) / kTokenBlock;
+    auto block_task = [&](size_t id) {
+      thread_local std::vector<float> scores;
+      const int64_t g = static_cast<int64_t>(id) / blocks, b = static_cast<int64_t>(id) % blocks;
+      const int64_t t0 = b * kTokenBlock, t1 = std::min(a.n_tokens, t0 + kTokenBlock);
+      scores.resize(static_cast<size_t>((t1 - t0) * (a.pos0 + t1) + a.dv));
+      detail::attention_tokens_avx512(a, t0, t1, g, scores.data(),
+                                      scores.data() + (t1 - t0) * (a.pos0 + t1));
+    };
+    const size_t n = static_cast<size_t>(blocks * a.n_kv_heads);
+    if (pool == nullptr || n == 1) {
+      for (size_t i = 0; i < n; ++i) block_task(i);
+    } else {
+      pool->run(n, block_task);
+    }
+    return;
+  }
   auto task = [&](size_t id) {
     thread_local Activations q;
     thread_local std::vector<float> scores;

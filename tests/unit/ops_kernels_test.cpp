@@ -742,9 +742,11 @@ TEST(OpsRef, SiluWithinThreeUlpOfExact) {
 namespace tandem {
 namespace {
 
-// The fast attention equals the reference attention (the same formula, F32) for GQA groups and
-// the one-KV-head shape of absorbed MLA, with a cached prefix (pos0 > 0), 5 and 40 query tokens
-// (blocks of 16); token by token (decode) gives the same bits as the batch.
+// The fast attention equals the reference attention (the same formula, F32) for GQA groups, the
+// one-KV-head shape of absorbed MLA and MHA (a KV head per head: naive MLA's 192 / 128 too, whose
+// batches run in blocks of 16 query tokens sharing the keys, each token with its own causal
+// length), with a cached prefix (pos0 > 0), 5 and 40 query tokens; token by token (decode) gives
+// the same bits as the batch.
 // The vectorized softmax of the AVX-512 attention against ops::softmax (std::exp): every
 // probability within a few ulp (e^x within 2 ulp, then one sum and one product), tails of every
 // length, a range wide enough to underflow.
@@ -775,7 +777,8 @@ TEST(KernelsAttention, EqualsReference) {
        {std::tuple<int64_t, int64_t, int64_t, int64_t>{8, 2, 64, 64},
         {16, 1, 96, 80},
         {6, 2, 40, 24},
-        {4, 4, 16, 200}}) {
+        {4, 4, 16, 200},
+        {3, 3, 192, 128}}) {
     for (const int64_t n : {int64_t{5}, int64_t{40}}) {  // 40: blocks of 16 query tokens
       const int64_t pos0 = 7, ctx = pos0 + n;
       const std::vector<float> q = random_values(n * heads * dk, 1);
