@@ -498,6 +498,31 @@ void BM_Attention(benchmark::State& state, int64_t heads, int64_t kv_heads, int6
   const int64_t pairs = n * pos0 + n * (n + 1) / 2;  // (query, key) pairs under the causal mask
   state.SetItemsProcessed(state.iterations() * 2 * pairs * heads * (dk + dv));
 }
+// Expanded MLA's K up-projection for one head (kern::gemm_f32_kn): 512 cached latents (rows of
+// 576 floats: latent then rope key) times GGUF k_b in F32 as stored [512, 128], single-threaded:
+// items_per_second = multiply-adds x 2 (FLOP/s; the fp32 peak of `tandem roofline` is for all
+// threads). scalar: the reference loop.
+void BM_GemmF32Kn(benchmark::State& state, Isa isa) {
+  if (isa > best_isa()) {
+    state.SkipWithError("ISA not supported here");
+    return;
+  }
+  const int64_t m = 512, k = 512, n = 128, lda = 576;
+  std::mt19937 rng(4);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> a(static_cast<size_t>(m * lda)), b(static_cast<size_t>(k * n));
+  for (float& x : a) x = normal(rng);
+  for (float& x : b) x = normal(rng);
+  std::vector<float> c(static_cast<size_t>(m * n));
+  for (auto _ : state) {
+    kern::gemm_f32_kn(a.data(), lda, m, b.data(), k, n, c.data(), n, isa);
+    benchmark::DoNotOptimize(c.data());
+  }
+  state.SetItemsProcessed(state.iterations() * 2 * m * k * n);
+}
+BENCHMARK_CAPTURE(BM_GemmF32Kn, scalar, Isa::kScalar)->UseRealTime()->MinTime(0.3);
+BENCHMARK_CAPTURE(BM_GemmF32Kn, avx512, Isa::kAvx512)->UseRealTime()->MinTime(0.3);
+
 BENCHMARK_CAPTURE(BM_Attention, mla_avx2, 16, 1, 576, 512, Isa::kAvx2)->UseRealTime()->MinTime(0.3);
 BENCHMARK_CAPTURE(BM_Attention, mla_avx512, 16, 1, 576, 512, Isa::kAvx512)
     ->UseRealTime()

@@ -7,6 +7,7 @@
 #include "core/error.h"
 #include "core/thread_pool.h"
 #include "model/router.h"
+#include "formats/quant.h"
 #include "ops/cpu/kernels.h"
 
 namespace tandem {
@@ -31,12 +32,20 @@ void add_into(float* dst, const float* src, int64_t n) {
 
 }  // namespace
 
+MlaMode parse_mla_mode(const std::string& name) {
+  if (name == "auto") return MlaMode::kAuto;
+  if (name == "absorbed") return MlaMode::kAbsorbed;
+  if (name == "naive") return MlaMode::kNaive;
+  fail(ErrorKind::kInvalidArgument, "--mla must be 'auto', 'absorbed' or 'naive', got '{}'", name);
+}
+
 Model::Model(const LoadedModel& weights, const ModelOptions& options)
     : w_(weights),
       ctx_(options.ctx),
       pool_(options.pool),
       views_(options.views),
       mla_(options.mla),
+      mla_expand_tokens_(options.mla_expand_tokens),
       on_routing_(options.on_routing) {
   const ModelConfig& c = w_.config;
   if (ctx_ <= 0) fail(ErrorKind::kInvalidArgument, "context size must be positive, got {}", ctx_);
@@ -59,7 +68,7 @@ Model::Model(const LoadedModel& weights, const ModelOptions& options)
 
   int64_t k_row = 0, v_row = 0;  // floats per cached position
   if (c.is_mla()) {
-    if (mla_ == MlaMode::kAbsorbed) {
+    if (mla_ != MlaMode::kNaive) {
       k_row = c.kv_lora_rank + c.qk_rope_head_dim;
     } else {
       k_row = c.num_heads * c.head_dim;
@@ -270,8 +279,12 @@ void Model::attention_mla(int64_t l, int64_t n, const float* x, float* out) {
   args.n_heads = nh;
   args.pos0 = pos_;
   args.scale = attn_scale_;
-  if (mla_ == MlaMode::kAbsorbed) {
+  if (mla_ != MlaMode::kNaive) {
     std::copy(kv, kv + n * kr, k_cache_[l].data() + pos_ * kr);
+    if (mla_expands(l, n)) {
+      attention_mla_expanded(l, n, q, out);
+      return;
+    }
     // q_cat per head: W_UK^T q_nope (kvl values) then q_pe, scored against [latent, k_pe].
     float* qc = grow(t1_, n * nh * kr);
     // Heads are independent: one task each (per-thread scratch), threaded for prefill.
@@ -358,6 +371,123 @@ void Model::attention_mla(int64_t l, int64_t n, const float* x, float* out) {
   args.v = vc;
   args.k_stride = nh * qk;
   args.v_stride = nh * vd;
+  args.out = grow(att_, n * nh * vd);
+  kern::attention(args, pool_);
+  kern::matmul(lw.wo, args.out, n, out, pool_, views_);
+}
+
+namespace {
+
+// w's prepared copy from views, else a view on its stored bytes (false: no kernel for its dtype).
+bool kernel_view(const ops::Weight& w, const kern::WeightViews* views, kern::KMatrix* out) {
+  if (views != nullptr) {
+    const auto it = views->find(&w);
+    if (it != views->end()) {
+      *out = it->second;
+      return true;
+    }
+  }
+  return kern::view_weight(w, out) &&
+         out->cols % kern::block_of(kern::act_format(out->format)) == 0;
+}
+
+}  // namespace
+
+bool Model::mla_expands(int64_t l, int64_t n) const {
+  if (mla_ != MlaMode::kAuto || n < std::max<int64_t>(1, mla_expand_tokens_)) return false;
+  const ModelConfig& c = w_.config;
+  const uint64_t positions = static_cast<uint64_t>(pos_ + n);
+  const uint64_t per_position =
+      static_cast<uint64_t>(c.num_heads * (c.qk_nope_head_dim + c.qk_rope_head_dim + c.v_head_dim));
+  if (positions * per_position * 4 > kMlaExpandBytes) return false;
+  // The up-projections need kernels (a GGUF k_b is expanded to F32 per call, any GGUF dtype;
+  // its F32 product and the blocked attention are AVX-512 code).
+  if (best_isa() < Isa::kAvx512) return false;
+  const LayerWeights& lw = w_.layers[l];
+  if (lw.k_up_transposed && lw.k_up[0].scale_inv != nullptr) return false;
+  kern::KMatrix m;
+  return kernel_view(lw.v_up[0], views_, &m) &&
+         (lw.k_up_transposed || kernel_view(lw.k_up[0], views_, &m));
+}
+
+// MLA attention of a batch in the naive form over the latent cache: every cached position's
+// per-head K (W_UK latent, then the shared rope key) and V (W_UV latent) computed for this call,
+// then multi-head attention (kern::attention runs a KV head per head in blocks of query tokens)
+// and wo. q: [n, heads, qk_nope + rope], rotated; the cache holds positions [0, pos_ + n).
+void Model::attention_mla_expanded(int64_t l, int64_t n, const float* q, float* out) {
+  const ModelConfig& c = w_.config;
+  const LayerWeights& lw = w_.layers[l];
+  const int64_t nope = c.qk_nope_head_dim, rd = c.qk_rope_head_dim, kvl = c.kv_lora_rank;
+  const int64_t vd = c.v_head_dim, nh = c.num_heads, qk = nope + rd, kr = kvl + rd;
+  const int64_t np = pos_ + n;
+  const float* cache = k_cache_[l].data();  // [np, kr]: latent, then rope key
+  float* K = grow(ek_, np * nh * qk);
+  float* V = grow(ev_, np * nh * vd);
+  // The latents in each activation encoding the up-projections read, converted once for all
+  // heads (a transposed GGUF k_b reads the cache's F32 rows in place).
+  // (A deque: the references taken stay valid as it grows; an entry per encoding, kept across
+  // layers and calls, converted once per layer.)
+  for (kern::Activations& a : lat_acts_) a.tokens = -1;
+  auto acts_for = [&](const kern::KMatrix& m) -> const kern::Activations& {
+    const kern::AFormat f = kern::act_format(m.format);
+    kern::Activations* slot = nullptr;
+    for (kern::Activations& a : lat_acts_) {
+      if (a.format == f && a.group == m.group) slot = &a;
+    }
+    if (slot == nullptr) slot = &lat_acts_.emplace_back();
+    if (slot->tokens != np) {
+      kern::quantize_activations(f, m.group, cache, np, kvl, kr, slot, pool_);
+    }
+    return *slot;
+  };
+  std::vector<kern::KMatrix> km(static_cast<size_t>(nh)), vm(static_cast<size_t>(nh));
+  std::vector<const kern::Activations*> ka(static_cast<size_t>(nh)), va(ka.size());
+  for (int64_t i = 0; i < nh; ++i) {
+    const size_t h = static_cast<size_t>(i);
+    TD_CHECK(kernel_view(lw.v_up[h], views_, &vm[h]), "expanded MLA: no kernel for v_b");
+    va[h] = &acts_for(vm[h]);
+    if (!lw.k_up_transposed) {
+      TD_CHECK(kernel_view(lw.k_up[h], views_, &km[h]), "expanded MLA: no kernel for k_b");
+      ka[h] = &acts_for(km[h]);
+    }
+  }
+  auto head = [&](size_t h) {
+    const int64_t i = static_cast<int64_t>(h);
+    if (lw.k_up_transposed) {
+      // GGUF k_b [kv_lora, qk_nope]: its rows run along the reduction; in F32 as stored.
+      thread_local std::vector<float> wk;
+      const ops::Weight& w = lw.k_up[h];
+      wk.resize(static_cast<size_t>(kvl * nope));
+      dequantize_row(w.t.dtype, w.t.row<const void>(0), wk.data(), kvl * nope);
+      kern::gemm_f32_kn(cache, kr, np, wk.data(), kvl, nope, K + i * qk, nh * qk);
+    } else {
+      kern::gemm(km[h], *ka[h], 0, nope, K + i * qk, nh * qk);
+    }
+    kern::gemm(vm[h], *va[h], 0, vd, V + i * vd, nh * vd);
+    for (int64_t s = 0; s < np; ++s) {
+      const float* pe = cache + s * kr + kvl;
+      std::copy(pe, pe + rd, K + (s * nh + i) * qk + nope);
+    }
+  };
+  if (pool_ != nullptr) {
+    pool_->run(static_cast<size_t>(nh), head);
+  } else {
+    for (int64_t i = 0; i < nh; ++i) head(static_cast<size_t>(i));
+  }
+  ops::AttentionArgs args;
+  args.q = q;
+  args.q_stride = nh * qk;
+  args.n_tokens = n;
+  args.n_heads = nh;
+  args.n_kv_heads = nh;
+  args.dk = qk;
+  args.dv = vd;
+  args.k = K;
+  args.v = V;
+  args.k_stride = nh * qk;
+  args.v_stride = nh * vd;
+  args.pos0 = pos_;
+  args.scale = attn_scale_;
   args.out = grow(att_, n * nh * vd);
   kern::attention(args, pool_);
   kern::matmul(lw.wo, args.out, n, out, pool_, views_);

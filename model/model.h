@@ -2,13 +2,16 @@
 // cache: prefill a batch of tokens, then decode one at a time. Architecture differences are
 // data (ModelConfig flags) plus two attention kinds: MHA/GQA (Qwen2/3-MoE, Mixtral; Qwen2 biases,
 // Qwen3 q/k norm) and DeepSeek MLA (naive: decompress K/V per head; absorbed: cache only the
-// kv_lora latent + rope key and fold W_UK / W_UV into the query and output).
+// kv_lora latent + rope key and fold W_UK / W_UV into the query and output; auto: that cache,
+// with batches expanded to per-head K / V on the fly).
 #pragma once
 
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <span>
+#include <string>
 #include <vector>
 
 #include "model/moe_backend.h"
@@ -20,7 +23,18 @@ namespace tandem {
 
 class ThreadPool;
 
-enum class MlaMode { kAbsorbed, kNaive };
+// Expanded MLA's K / V buffers at most (bytes): past that (long contexts, many heads) a batch
+// attends absorbed.
+inline constexpr uint64_t kMlaExpandBytes = uint64_t{512} << 20;
+
+// DeepSeek MLA. kAuto: the latent cache of kAbsorbed; decode and small batches attend absorbed,
+// a batch of at least ModelOptions::mla_expand_tokens tokens decompresses every cached position's
+// per-head K / V (W_UK, W_UV applied to the latents) for the call and attends in the naive form:
+// 192 / 128 values per head and position instead of 576 / 512, a third of the attention's
+// arithmetic for a 512-token prefill (what vLLM and SGLang do for prefill too).
+enum class MlaMode { kAuto, kAbsorbed, kNaive };
+// "auto" | "absorbed" | "naive"; anything else: Error(kInvalidArgument) naming the choices.
+MlaMode parse_mla_mode(const std::string& name);
 
 // What the router decided for one MoE layer and one forward() batch: traces, expert statistics,
 // DALI's residual calibration and the scheduling policies read it. Pointers are valid only during
@@ -40,7 +54,10 @@ using RoutingObserver = std::function<void(const RoutingEvent& event)>;
 struct ModelOptions {
   int64_t ctx = 4096;          // KV cache positions
   ThreadPool* pool = nullptr;  // nullptr: single-threaded
-  MlaMode mla = MlaMode::kAbsorbed;
+  MlaMode mla = MlaMode::kAuto;
+  // kAuto: the batch size from which MLA attention expands K / V (see MlaMode); the expansion
+  // also needs its buffers (positions x heads x (qk + v) floats) within kMlaExpandBytes.
+  int64_t mla_expand_tokens = 32;
   MoeBackend* moe = nullptr;  // nullptr: an internal CpuMoeBackend
   // Prepared copies of non-expert weights (`--cpu-experts repack`: MoeRuntime::weight_views()),
   // read instead of the stored bytes where they hold a weight; nullptr: the stored bytes.
@@ -77,6 +94,8 @@ class Model {
  private:
   void attention_mha(int64_t layer, int64_t n, const float* x, float* out);
   void attention_mla(int64_t layer, int64_t n, const float* x, float* out);
+  bool mla_expands(int64_t layer, int64_t n) const;
+  void attention_mla_expanded(int64_t layer, int64_t n, const float* q, float* out);
   template <typename F>
   void for_heads(int64_t n_heads, int64_t n_tokens, F&& fn);
   template <typename F>
@@ -94,6 +113,7 @@ class Model {
   ThreadPool* pool_;
   const kern::WeightViews* views_;
   MlaMode mla_;
+  int64_t mla_expand_tokens_;
   RoutingObserver on_routing_;
   std::unique_ptr<CpuMoeBackend> own_moe_;
   MoeBackend* moe_;
@@ -108,6 +128,8 @@ class Model {
   std::vector<std::vector<float>> k_cache_, v_cache_;
   // Activation scratch, grown on demand and reused.
   std::vector<float> x_, h_, a_, b_, q_, k_, v_, t0_, t1_, t2_, att_, logits_r_;
+  std::vector<float> ek_, ev_;             // expanded MLA: per-head K / V of every position
+  std::deque<kern::Activations> lat_acts_;  // expanded MLA: the latents per encoding
   std::vector<int32_t> ids_;
   std::vector<float> topw_, route_scratch_;
 };

@@ -48,6 +48,7 @@ struct BenchArgs {
   std::string roofline;
   BackendOptions backend;
   std::string vs;  // backend flags of a second configuration, alternated with the first
+  std::string mla = "auto";
 };
 
 struct Stat {
@@ -123,15 +124,19 @@ void run_bench(const BenchArgs& a) {
   // B A, ...): the paired ratios compare the two in the same minutes.
   const bool vs = !a.vs.empty();
   BackendOptions backend_b = a.backend;
+  const MlaMode mla = parse_mla_mode(a.mla);
+  std::string mla_b = a.mla;
   if (vs) {
     CLI::App flags("--vs");
     add_backend_options(flags, &backend_b);
+    add_mla_option(flags, &mla_b);
     try {
       flags.parse(a.vs, false);
     } catch (const CLI::ParseError& e) {
       fail(ErrorKind::kInvalidArgument, "--vs '{}': {}", a.vs, e.what());
     }
     try {
+      parse_mla_mode(mla_b);
       backend_b = resolve_backend_options(backend_b, a.model);
     } catch (const Error& e) {
       fail(e.kind(), "--vs '{}': {}", a.vs, e.what());
@@ -197,10 +202,12 @@ void run_bench(const BenchArgs& a) {
   mo.pool = &threading.pool();
   mo.moe = moe.backend();
   mo.views = moe.weight_views();
+  mo.mla = mla;
   Model model(lm, mo);
   std::unique_ptr<Model> model_b;
   if (vs) {
     ModelOptions mo_b = mo;
+    mo_b.mla = parse_mla_mode(mla_b);
     mo_b.moe = moe_b->backend();
     mo_b.views = moe_b->weight_views();
     model_b = std::make_unique<Model>(lm, mo_b);
@@ -402,9 +409,11 @@ void add_bench(CLI::App& app) {
   app.add_option("--roofline", args->roofline,
                  "`tandem roofline --json` output to take DRAM bandwidth from (default: measure)");
   add_backend_options(app, &args->backend);
+  add_mla_option(app, &args->mla);
   app.add_option("--vs", args->vs,
-                 "backend flags of a second configuration (e.g. \"--cpu-experts repack\"), run "
-                 "alternately with the first on the same loaded model: per-pair tokens/s ratios");
+                 "backend flags (and --mla) of a second configuration (e.g. \"--cpu-experts "
+                 "repack\"), run alternately with the first on the same loaded model: per-pair "
+                 "tokens/s ratios");
   app.callback([args] { run_bench(*args); });
 }
 

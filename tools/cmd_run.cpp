@@ -36,7 +36,7 @@ struct RunArgs {
   int64_t ctx = 0;
   int threads = 0;
   std::string logits_out;
-  std::string mla = "absorbed";
+  std::string mla = "auto";
   bool ignore_eos = false;
   bool chat = false;  // -p is one user message rendered with the model's chat template
   BackendOptions backend;
@@ -77,9 +77,7 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 
 void run_model(const RunArgs& a) {
   if (a.n_predict < 0) fail(ErrorKind::kInvalidArgument, "-n must be >= 0, got {}", a.n_predict);
-  if (a.mla != "absorbed" && a.mla != "naive") {
-    fail(ErrorKind::kInvalidArgument, "--mla must be 'absorbed' or 'naive', got '{}'", a.mla);
-  }
+  const MlaMode mla = parse_mla_mode(a.mla);
   Sampler sampler(a.sampling);
   const auto t_load = std::chrono::steady_clock::now();
   const BackendOptions backend = resolve_backend_options(a.backend, a.model);
@@ -133,7 +131,7 @@ void run_model(const RunArgs& a) {
   ModelOptions mo;
   mo.ctx = ctx;
   mo.pool = &threading.pool();
-  mo.mla = a.mla == "naive" ? MlaMode::kNaive : MlaMode::kAbsorbed;
+  mo.mla = mla;
   MoeRuntime moe(lm, backend, threading);
   mo.moe = moe.backend();
   mo.views = moe.weight_views();
@@ -217,7 +215,7 @@ void add_run(CLI::App& app) {
   app.add_option("--ctx", args->ctx, "KV cache positions (default: prompt + n)");
   add_threads_option(app, &args->threads);
   app.add_option("--logits-out", args->logits_out, "write F32 logits of every prompt position");
-  app.add_option("--mla", args->mla, "DeepSeek attention: absorbed (default) or naive");
+  add_mla_option(app, &args->mla);
   add_backend_options(app, &args->backend);
   app.add_flag("--ignore-eos", args->ignore_eos, "keep generating after the EOS token");
   app.add_flag("--chat", args->chat,

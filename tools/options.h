@@ -5,6 +5,7 @@
 
 #include "core/mapped_file.h"
 #include "engine/sampling.h"
+#include "model/model.h"
 #include "runtime/moe_runtime.h"
 
 namespace tandem::tools {
@@ -15,6 +16,15 @@ inline CLI::Option* add_threads_option(CLI::App& app, int* threads) {
   return app.add_option("--threads", *threads,
                         "threads that compute, the calling one included (default: one per "
                         "physical core)");
+}
+
+// --mla: how DeepSeek (MLA) models attend (MlaMode); parse with parse_mla_mode.
+inline CLI::Option* add_mla_option(CLI::App& app, std::string* mla) {
+  return app.add_option("--mla", *mla,
+                        "DeepSeek attention: auto (a latent KV cache; decode absorbed, batches of "
+                        "32+ tokens expanded to per-head K / V) | absorbed (always) | naive (a "
+                        "per-head K / V cache)")
+      ->capture_default_str();
 }
 
 inline void add_sampling_options(CLI::App& app, SamplingParams* p) {

@@ -271,3 +271,52 @@ void attention_tokens_avx512(const ops::AttentionArgs& a, int64_t t0, int64_t t1
 }
 
 }  // namespace tandem::kern::detail
+
+namespace tandem::kern::detail {
+namespace {
+
+// NR rows of c, columns [j0, j0 + 64): acc[r][z] = fma(a[r][p], b[p][j], acc) over p in order.
+template <int NR>
+inline void f32_kn_block(const float* a, int64_t lda, const float* b, int64_t k, int64_t n,
+                         int64_t j0, float* c, int64_t ldc) {
+  __m512 acc[NR][4];
+  for (int r = 0; r < NR; ++r) {
+    for (int z = 0; z < 4; ++z) acc[r][z] = _mm512_setzero_ps();
+  }
+  for (int64_t p = 0; p < k; ++p) {
+    const float* bp = b + p * n + j0;
+    __m512 bv[4];
+    for (int z = 0; z < 4; ++z) bv[z] = _mm512_loadu_ps(bp + 16 * z);
+    for (int r = 0; r < NR; ++r) {
+      const __m512 av = _mm512_set1_ps(a[r * lda + p]);
+      for (int z = 0; z < 4; ++z) acc[r][z] = _mm512_fmadd_ps(av, bv[z], acc[r][z]);
+    }
+  }
+  for (int r = 0; r < NR; ++r) {
+    for (int z = 0; z < 4; ++z) _mm512_storeu_ps(c + r * ldc + j0 + 16 * z, acc[r][z]);
+  }
+}
+
+}  // namespace
+
+void gemm_f32_kn_avx512(const float* a, int64_t lda, int64_t m, const float* b, int64_t k,
+                        int64_t n, float* c, int64_t ldc) {
+  constexpr int kRows = 6;
+  for (int64_t i = 0; i < m; i += kRows) {
+    const int64_t rows = std::min<int64_t>(kRows, m - i);
+    for (int64_t j0 = 0; j0 < n; j0 += 64) {
+      const float* ai = a + i * lda;
+      float* ci = c + i * ldc;
+      switch (rows) {
+        case 6: f32_kn_block<6>(ai, lda, b, k, n, j0, ci, ldc); break;
+        case 5: f32_kn_block<5>(ai, lda, b, k, n, j0, ci, ldc); break;
+        case 4: f32_kn_block<4>(ai, lda, b, k, n, j0, ci, ldc); break;
+        case 3: f32_kn_block<3>(ai, lda, b, k, n, j0, ci, ldc); break;
+        case 2: f32_kn_block<2>(ai, lda, b, k, n, j0, ci, ldc); break;
+        default: f32_kn_block<1>(ai, lda, b, k, n, j0, ci, ldc); break;
+      }
+    }
+  }
+}
+
+}  // namespace tandem::kern::detail

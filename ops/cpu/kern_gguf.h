@@ -119,6 +119,9 @@ void attention_task_avx512(const ops::AttentionArgs& a, int64_t t, int64_t g, in
 // Query tokens [t0, t1) of KV head g where every head has its own keys (group 1): the tokens
 // share each key block as a group's heads do (each token's outputs are the bits the one-token
 // task gives). scores needs (t1 - t0) * (pos0 + t1) floats.
+// kern::gemm_f32_kn on AVX-512 (attention_avx512.cpp): n a multiple of 64.
+void gemm_f32_kn_avx512(const float* a, int64_t lda, int64_t m, const float* b, int64_t k,
+                        int64_t n, float* c, int64_t ldc);
 void attention_tokens_avx512(const ops::AttentionArgs& a, int64_t t0, int64_t t1, int64_t g,
                              float* scores, float* dummy);
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cmath>
 #include <cstring>
 #include <vector>
 
@@ -205,8 +206,6 @@ KMatrix copy_submatrix(const KMatrix& w, int64_t r0, int64_t r1, int64_t c0, int
   return m;
 }
 
-namespace {
-
 int64_t block_of(AFormat f) {
   switch (f) {
     case AFormat::kQ8_K: return kQK_K;
@@ -214,6 +213,8 @@ int64_t block_of(AFormat f) {
     default: return 1;
   }
 }
+
+namespace {
 
 int64_t act_row_bytes(AFormat f, int64_t cols) {
   switch (f) {
@@ -578,6 +579,21 @@ void matmul_shared_input(std::span<const ops::Weight* const> ws, const float* x,
   thread_local Activations scratch;
   matmul_shared_input(std::span<const KMatrix* const>(p.data(), ws.size()), x, tokens, ys, pool,
                       &scratch);
+}
+
+void gemm_f32_kn(const float* a, int64_t lda, int64_t m, const float* b, int64_t k, int64_t n,
+                 float* c, int64_t ldc, Isa isa) {
+  if (std::min(isa, best_isa()) >= Isa::kAvx512 && n % 64 == 0) {
+    detail::gemm_f32_kn_avx512(a, lda, m, b, k, n, c, ldc);
+    return;
+  }
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t j = 0; j < n; ++j) {
+      float s = 0.0f;
+      for (int64_t p = 0; p < k; ++p) s = std::fma(a[i * lda + p], b[p * n + j], s);
+      c[i * ldc + j] = s;
+    }
+  }
 }
 
 void attention(const ops::AttentionArgs& a, ThreadPool* pool, Isa isa) {

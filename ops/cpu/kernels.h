@@ -42,6 +42,9 @@ const char* wformat_name(WFormat f);
 // BF16 tiles), kI8 (packed INT8/INT4).
 enum class AFormat : uint8_t { kF32, kBF16, kQ8_K, kQ8_0, kI8 };
 AFormat act_format(WFormat f);
+// Values per activation block of f (256 for Q8_K, 32 for Q8_0, else 1): a matrix's cols must be a
+// multiple of its activations' block.
+int64_t block_of(AFormat f);
 
 // A weight matrix [rows N, cols K] as a kernel reads it: a zero-copy view on stored data (GGUF
 // blocks, BF16/F16/F32 rows, FP8 + block scales) or a packed layout (owned memory or a mapped
@@ -145,6 +148,14 @@ void matmul_shared_input(std::span<const ops::Weight* const> ws, const float* x,
 // out[i] = ops::silu(gate[i]) * up[i] for i < n, bit for bit, in AVX-512 or AVX2 (out may alias
 // gate or up). isa: the highest level to use.
 void swiglu(const float* gate, const float* up, int64_t n, float* out, Isa isa = best_isa());
+
+// c[i][j] = sum_p a[i][p] * b[p][j] for i < m, j < n: F32, b in its stored [k, n] orientation
+// (a weight whose rows run along the reduction: GGUF's transposed k_b for expanded MLA), a
+// [m, lda], c [m, ldc]. Each output one fused multiply-add chain over p in order from 0, the
+// scalar reference's (isa kScalar) bits on every level. AVX-512 register blocks of 6 rows x 64
+// columns (n a multiple of 64 there; other n run the reference). Single-threaded.
+void gemm_f32_kn(const float* a, int64_t lda, int64_t m, const float* b, int64_t k, int64_t n,
+                 float* c, int64_t ldc, Isa isa = best_isa());
 
 // ops::attention's contract, one task per (token, KV head) on `pool`: the scores of every query
 // head sharing that KV head against all its cached keys, softmax, then the weighted sum of the

@@ -826,3 +826,45 @@ TEST(KernelsAttention, EqualsReference) {
 
 }  // namespace
 }  // namespace tandem
+
+namespace tandem {
+namespace {
+
+// kern::gemm_f32_kn (expanded MLA's F32 product with a [k, n] weight): every ISA gives the
+// scalar reference's bits (one fma chain per output, p in order), which are within float rounding
+// of the exact sum (double), for row counts around the 6-row blocks, k from 1, n multiples of 64
+// and one that is not (the reference path), lda and ldc wider than the data.
+TEST(KernelsGemmF32Kn, EveryIsaEqualsReference) {
+  for (const int64_t m : {int64_t{1}, int64_t{5}, int64_t{6}, int64_t{7}, int64_t{13}}) {
+    for (const int64_t k : {int64_t{1}, int64_t{17}, int64_t{512}}) {
+      for (const int64_t n : {int64_t{64}, int64_t{128}, int64_t{40}}) {
+        const int64_t lda = k + 3, ldc = n + 5;
+        const std::vector<float> a = random_values(m * lda, 11), b = random_values(k * n, 12);
+        std::vector<float> want(static_cast<size_t>(m * ldc), -1.0f);
+        kern::gemm_f32_kn(a.data(), lda, m, b.data(), k, n, want.data(), ldc, Isa::kScalar);
+        for (int64_t i = 0; i < m; ++i) {
+          for (int64_t j = 0; j < n; ++j) {
+            double exact = 0, mag = 0;
+            for (int64_t p = 0; p < k; ++p) {
+              exact += double(a[i * lda + p]) * b[p * n + j];
+              mag += std::fabs(double(a[i * lda + p]) * b[p * n + j]);
+            }
+            ASSERT_NEAR(want[i * ldc + j], exact, 1e-6 * mag + 1e-30) << m << " " << k << " " << n;
+          }
+        }
+        for (const Isa isa : {Isa::kAvx2, Isa::kAvx512, Isa::kAvx512Bf16}) {
+          if (isa > best_isa()) continue;
+          std::vector<float> got(want.size(), -1.0f);
+          kern::gemm_f32_kn(a.data(), lda, m, b.data(), k, n, got.data(), ldc, isa);
+          for (size_t i = 0; i < got.size(); ++i) {
+            ASSERT_EQ(got[i], want[i]) << isa_name(isa) << " m " << m << " k " << k << " n " << n
+                                       << " i " << i;
+          }
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace tandem
