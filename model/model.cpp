@@ -46,6 +46,7 @@ Model::Model(const LoadedModel& weights, const ModelOptions& options)
       views_(options.views),
       mla_(options.mla),
       mla_expand_tokens_(options.mla_expand_tokens),
+      mla_expand_by_cost_(options.mla_expand_by_cost),
       on_routing_(options.on_routing) {
   const ModelConfig& c = w_.config;
   if (ctx_ <= 0) fail(ErrorKind::kInvalidArgument, "context size must be positive, got {}", ctx_);
@@ -393,9 +394,18 @@ bool kernel_view(const ops::Weight& w, const kern::WeightViews* views, kern::KMa
 
 }  // namespace
 
+bool mla_expansion_pays(const ModelConfig& c, int64_t n, int64_t positions) {
+  const double kvl = static_cast<double>(c.kv_lora_rank);
+  const double up = kvl * static_cast<double>(c.qk_nope_head_dim + c.v_head_dim);
+  const double narrower = 2 * kvl - static_cast<double>(c.qk_nope_head_dim + c.v_head_dim);
+  const double p = static_cast<double>(positions), t = static_cast<double>(n);
+  return t * (narrower * p + up) > p * up;
+}
+
 bool Model::mla_expands(int64_t l, int64_t n) const {
   if (mla_ != MlaMode::kAuto || n < std::max<int64_t>(1, mla_expand_tokens_)) return false;
   const ModelConfig& c = w_.config;
+  if (mla_expand_by_cost_ && !mla_expansion_pays(c, n, pos_ + n)) return false;
   const uint64_t positions = static_cast<uint64_t>(pos_ + n);
   const uint64_t per_position =
       static_cast<uint64_t>(c.num_heads * (c.qk_nope_head_dim + c.qk_rope_head_dim + c.v_head_dim));

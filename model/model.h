@@ -35,6 +35,13 @@ inline constexpr uint64_t kMlaExpandBytes = uint64_t{512} << 20;
 enum class MlaMode { kAuto, kAbsorbed, kNaive };
 // "auto" | "absorbed" | "naive"; anything else: Error(kInvalidArgument) naming the choices.
 MlaMode parse_mla_mode(const std::string& name);
+// Whether expanding K / V of `positions` cached positions for a batch of n tokens costs fewer
+// multiply-adds than attending absorbed: the expansion costs positions x kv_lora x (qk_nope + v)
+// per head; it saves, per query and head, the absorbed form's wider scores and value sums
+// ((kv_lora + rope + kv_lora) - (qk_nope + rope + v) per position) and its W_UK / W_UV products
+// (kv_lora x (qk_nope + v)). A fresh prefill always pays; a short batch after a long cached
+// prefix does not (V2-Lite: 32 tokens after 4096 would cost 5x what they save).
+bool mla_expansion_pays(const ModelConfig& c, int64_t n, int64_t positions);
 
 // What the router decided for one MoE layer and one forward() batch: traces, expert statistics,
 // DALI's residual calibration and the scheduling policies read it. Pointers are valid only during
@@ -56,8 +63,10 @@ struct ModelOptions {
   ThreadPool* pool = nullptr;  // nullptr: single-threaded
   MlaMode mla = MlaMode::kAuto;
   // kAuto: the batch size from which MLA attention expands K / V (see MlaMode); the expansion
-  // also needs its buffers (positions x heads x (qk + v) floats) within kMlaExpandBytes.
+  // also needs its buffers (positions x heads x (qk + v) floats) within kMlaExpandBytes and, with
+  // mla_expand_by_cost, mla_expansion_pays (false: every batch of that size expands; tests).
   int64_t mla_expand_tokens = 32;
+  bool mla_expand_by_cost = true;
   MoeBackend* moe = nullptr;  // nullptr: an internal CpuMoeBackend
   // Prepared copies of non-expert weights (`--cpu-experts repack`: MoeRuntime::weight_views()),
   // read instead of the stored bytes where they hold a weight; nullptr: the stored bytes.
@@ -114,6 +123,7 @@ class Model {
   const kern::WeightViews* views_;
   MlaMode mla_;
   int64_t mla_expand_tokens_;
+  bool mla_expand_by_cost_;
   RoutingObserver on_routing_;
   std::unique_ptr<CpuMoeBackend> own_moe_;
   MoeBackend* moe_;

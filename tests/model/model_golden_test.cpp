@@ -56,6 +56,7 @@ PromptRun run_prompt(const LoadedModel& lm, const std::vector<int32_t>& tokens, 
   mo.pool = &pool();
   mo.mla = mla;
   mo.mla_expand_tokens = expand_tokens;
+  mo.mla_expand_by_cost = false;  // expand every batch of expand_tokens or more
   Model model(lm, mo);
   const int64_t nv = lm.config.vocab_size;
   PromptRun r;
@@ -222,6 +223,33 @@ TEST_P(GoldenMla, ExpandedEqualsNaive) {
     if (!quantized) EXPECT_EQ(whole.greedy, naive.greedy) << suffix;
     const Stats c = compare(chunks.logits, whole.logits, lm.config.vocab_size);
     EXPECT_LE(*std::max_element(c.rel.begin(), c.rel.end()), quantized ? 0.05 : 1e-5) << suffix;
+  }
+}
+
+// The cost rule of MlaMode::kAuto against the multiply-add counts it stands for, on V2-Lite's
+// shape (kv_lora 512, qk_nope 128, rope 64, v 128): a fresh prefill always expands, 32 tokens
+// after 4064 cached ones do not, 512 after 3584 do; the boundary where the counts cross.
+TEST(MlaExpansion, PaysWhenItSavesArithmetic) {
+  ModelConfig c;
+  c.kv_lora_rank = 512;
+  c.qk_nope_head_dim = 128;
+  c.qk_rope_head_dim = 64;
+  c.v_head_dim = 128;
+  auto absorbed = [&](double n, double p) {  // per head: scores + value sums + W_UK / W_UV
+    return n * p * (512 + 64 + 512) + n * 512.0 * (128 + 128);
+  };
+  auto expanded = [&](double n, double p) {  // per head: K / V of every position + attention
+    return p * 512.0 * (128 + 128) + n * p * (128 + 64 + 128);
+  };
+  for (const int64_t n : {int64_t{2}, int64_t{32}, int64_t{512}}) {
+    EXPECT_TRUE(mla_expansion_pays(c, n, n)) << n;
+  }
+  EXPECT_FALSE(mla_expansion_pays(c, 32, 4096));
+  EXPECT_TRUE(mla_expansion_pays(c, 512, 4096));
+  for (const int64_t p : {int64_t{64}, int64_t{1000}, int64_t{8000}}) {
+    for (int64_t n = 1; n <= p; n += 7) {
+      EXPECT_EQ(mla_expansion_pays(c, n, p), expanded(n, p) < absorbed(n, p)) << n << " " << p;
+    }
   }
 }
 
