@@ -363,18 +363,33 @@ void Model::attention_mla(int64_t l, int64_t n, const float* x, float* out) {
       std::copy(tmp + t * vd, tmp + (t + 1) * vd, vc + ((pos_ + t) * nh + i) * vd);
     }
   }
+  attend_per_head(l, n, q, kc, vc, out);
+}
+
+// Multi-head attention of n tokens over per-head K [position, heads, qk] and V [position, heads,
+// v] (naive and expanded MLA), then wo.
+void Model::attend_per_head(int64_t l, int64_t n, const float* q, const float* k, const float* v,
+                            float* out) {
+  const ModelConfig& c = w_.config;
+  const int64_t nh = c.num_heads, qk = c.qk_nope_head_dim + c.qk_rope_head_dim;
+  const int64_t vd = c.v_head_dim;
+  ops::AttentionArgs args;
   args.q = q;
   args.q_stride = nh * qk;
+  args.n_tokens = n;
+  args.n_heads = nh;
   args.n_kv_heads = nh;
   args.dk = qk;
   args.dv = vd;
-  args.k = kc;
-  args.v = vc;
+  args.k = k;
+  args.v = v;
   args.k_stride = nh * qk;
   args.v_stride = nh * vd;
+  args.pos0 = pos_;
+  args.scale = attn_scale_;
   args.out = grow(att_, n * nh * vd);
   kern::attention(args, pool_);
-  kern::matmul(lw.wo, args.out, n, out, pool_, views_);
+  kern::matmul(w_.layers[l].wo, args.out, n, out, pool_, views_);
 }
 
 namespace {
@@ -484,23 +499,7 @@ void Model::attention_mla_expanded(int64_t l, int64_t n, const float* q, float* 
   } else {
     for (int64_t i = 0; i < nh; ++i) head(static_cast<size_t>(i));
   }
-  ops::AttentionArgs args;
-  args.q = q;
-  args.q_stride = nh * qk;
-  args.n_tokens = n;
-  args.n_heads = nh;
-  args.n_kv_heads = nh;
-  args.dk = qk;
-  args.dv = vd;
-  args.k = K;
-  args.v = V;
-  args.k_stride = nh * qk;
-  args.v_stride = nh * vd;
-  args.pos0 = pos_;
-  args.scale = attn_scale_;
-  args.out = grow(att_, n * nh * vd);
-  kern::attention(args, pool_);
-  kern::matmul(lw.wo, args.out, n, out, pool_, views_);
+  attend_per_head(l, n, q, K, V, out);
 }
 
 void Model::dense_ffn(const ops::Weight& g, const ops::Weight& u, const ops::Weight& d, int64_t n,

@@ -105,6 +105,8 @@ class Model {
   void attention_mla(int64_t layer, int64_t n, const float* x, float* out);
   bool mla_expands(int64_t layer, int64_t n) const;
   void attention_mla_expanded(int64_t layer, int64_t n, const float* q, float* out);
+  void attend_per_head(int64_t layer, int64_t n, const float* q, const float* k, const float* v,
+                       float* out);
   template <typename F>
   void for_heads(int64_t n_heads, int64_t n_tokens, F&& fn);
   template <typename F>
