@@ -85,6 +85,9 @@ TEST(CliBench, BadValuesFailWithMessage) {
   const test::CommandResult m = test::run_tandem("bench -m /nonexistent/model.gguf");
   EXPECT_NE(m.exit_code, 0);
   EXPECT_NE(m.err.find("/nonexistent/model.gguf"), std::string::npos) << m.err;
+  const test::CommandResult a = test::run_tandem("bench -m " + model + " --mla fast");
+  EXPECT_NE(a.exit_code, 0);
+  EXPECT_NE(a.err.find("'auto', 'absorbed' or 'naive', got 'fast'"), std::string::npos) << a.err;
 }
 
 // --vs: a second backend configuration on the same loaded model, every repetition run on both.
@@ -121,7 +124,7 @@ TEST(CliBench, VsRunsASecondBackendPairByPair) {
     EXPECT_NEAR(s["attention"].get<double>() + s["ffn"].get<double>() + s["lm_head"].get<double>(),
                 1.0, 1e-9);
   }
-  for (const char* bad : {"--bogus 3", "--cpu-experts int9"}) {
+  for (const char* bad : {"--bogus 3", "--cpu-experts int9", "--mla fast"}) {
     const test::CommandResult e = test::run_tandem("bench -m " + model + " -p 0 -n 2 -r 1 --vs \"" +
                                                    std::string(bad) + "\"");
     EXPECT_NE(e.exit_code, 0) << bad;
