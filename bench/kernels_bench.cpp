@@ -448,6 +448,120 @@ void BM_MlaHeads(benchmark::State& state, int64_t rows, int64_t cols) {
 BENCHMARK_CAPTURE(BM_MlaHeads, k_b_512x128, 512, 128)->UseRealTime()->MinTime(0.3);
 BENCHMARK_CAPTURE(BM_MlaHeads, v_b_128x512, 128, 512)->UseRealTime()->MinTime(0.3);
 
+// The absorbed-MLA decode step between the projections, V2-Lite's shape as `--cpu-experts repack`
+// holds it (Model::attention_mla, one token): per head W_UK (512 x 128, Q5_0 in x4 rows) of the
+// query's 128 nope values, then the 16 heads' attention over a latent cache of `ctx` positions
+// (576 / 512 values), then per head W_UV (128 x 512, Q4_K in x16 tiles). The weights of ~96
+// layers (128 MiB) are cycled, so they come from DRAM as each layer's own do. The timed form is the
+// model's: one job, each thread a contiguous range of heads through all three steps;
+// one_vs_three: that against three jobs (the head ranges' W_UK, kern::attention on the pool, the
+// ranges' W_UV: the form before session 24), A/B in the same minute (ab_rounds).
+void BM_MlaDecodeHeads(benchmark::State& state, int64_t ctx) {
+  if (!kern::q0_x4_native() || best_isa() < Isa::kAvx512Bf16) {
+    state.SkipWithError("no AVX-512 VNNI / VBMI here (the repacked layouts)");
+    return;
+  }
+  constexpr int64_t kHeads = 16, kLat = 512, kNope = 128, kRope = 64, kV = 128;
+  constexpr int64_t kKr = kLat + kRope;
+  const int64_t kb_bytes = kHeads * kLat * static_cast<int64_t>(dtype_bytes(DType::kQ5_0, kNope));
+  const int64_t vb_bytes = kHeads * kV * static_cast<int64_t>(dtype_bytes(DType::kQ4_K, kLat));
+  const int64_t layers = (128ll << 20) / (kb_bytes + vb_bytes);
+  const Weights kb = make_weights(DType::kQ5_0, layers * kHeads * kLat, kNope);
+  const Weights vb = make_weights(DType::kQ4_K, layers * kHeads * kV, kLat);
+  AllocOptions opt;
+  opt.huge_pages = true;
+  AlignedBuffer kb4(static_cast<size_t>(kb.m.bytes()), opt);
+  for (int64_t r = 0; r < kb.m.rows; ++r) {
+    kern::q0_x4_repack_row(kb.m.format, kb.m.data + r * kb.m.row_bytes, kNope / kQK,
+                           kb4.as<uint8_t>() + r * kb.m.row_bytes);
+  }
+  const kern::KMatrix vb16 = kern::q4k_x16_matrix(vb.m, opt);
+  std::vector<kern::KMatrix> k_up, v_up;
+  for (int64_t i = 0; i < layers * kHeads; ++i) {
+    kern::KMatrix k = kb.m;
+    TD_CHECK(kern::q0_x4_format(kb.m.format, &k.format), "x4 of Q5_0");
+    k.rows = kLat;
+    k.data = kb4.as<uint8_t>() + i * kLat * kb.m.row_bytes;
+    k_up.push_back(k);
+    kern::KMatrix v = vb16;
+    v.rows = kV;
+    v.data = vb16.data + i * (kV / kern::kQ4KX16Rows) * kern::q4k_x16_tile_bytes(kLat);
+    v_up.push_back(v);
+  }
+  std::mt19937 rng(4);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> q(static_cast<size_t>(kHeads * (kNope + kRope))), cache(ctx * kKr);
+  for (float& v : q) v = normal(rng);
+  for (float& v : cache) v = normal(rng);
+  std::vector<float> qc(static_cast<size_t>(kHeads * kKr)), att(kHeads * kLat), o(kHeads * kV);
+  ops::AttentionArgs args;
+  args.q = qc.data();
+  args.q_stride = kHeads * kKr;
+  args.n_tokens = 1;
+  args.n_heads = kHeads;
+  args.n_kv_heads = 1;
+  args.dk = kKr;
+  args.dv = kLat;
+  args.k = args.v = cache.data();
+  args.k_stride = args.v_stride = kKr;
+  args.pos0 = ctx - 1;
+  args.scale = 0.07f;
+  args.out = att.data();
+  int64_t l = 0;
+  auto w_uk = [&](size_t h) {
+    thread_local kern::Activations a;
+    const float* qh = q.data() + h * (kNope + kRope);
+    kern::matmul(k_up[static_cast<size_t>(l * kHeads) + h], qh, 1, qc.data() + h * kKr, nullptr,
+                 &a);
+    std::copy(qh + kNope, qh + kNope + kRope, qc.data() + h * kKr + kLat);
+  };
+  auto w_uv = [&](size_t h) {
+    thread_local kern::Activations a;
+    kern::matmul(v_up[static_cast<size_t>(l * kHeads) + h], att.data() + h * kLat, 1,
+                 o.data() + h * kV, nullptr, &a);
+  };
+  const size_t threads = pool().size() + 1;
+  auto ranges = [&](auto&& fn) {
+    pool().run(threads, [&](size_t p) {
+      for (size_t h = p * kHeads / threads; h < (p + 1) * kHeads / threads; ++h) fn(h);
+    });
+  };
+  auto one = [&] {
+    pool().run(threads, [&](size_t p) {
+      const size_t h0 = p * kHeads / threads, h1 = (p + 1) * kHeads / threads;
+      for (size_t h = h0; h < h1; ++h) w_uk(h);
+      ops::AttentionArgs range = args;
+      range.q = qc.data() + h0 * kKr;
+      range.n_heads = static_cast<int64_t>(h1 - h0);
+      range.out = att.data() + h0 * kLat;
+      kern::attention(range, nullptr);
+      for (size_t h = h0; h < h1; ++h) w_uv(h);
+    });
+    l = (l + 1) % layers;
+    benchmark::DoNotOptimize(o.data());
+  };
+  auto three = [&] {
+    ranges(w_uk);
+    kern::attention(args, &pool());
+    ranges(w_uv);
+    l = (l + 1) % layers;
+    benchmark::DoNotOptimize(o.data());
+  };
+  three();
+  const std::vector<float> want = o;
+  l = 0;
+  one();
+  if (o != want) state.SkipWithError("one job and three differ");
+  for (auto _ : state) one();
+  state.SetBytesProcessed(state.iterations() * (kb_bytes + vb_bytes));
+  state.counters["us_per_layer"] = benchmark::Counter(
+      static_cast<double>(state.iterations()) * 1e-6,
+      benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
+  state.counters["one_vs_three"] = ab_rounds(three, one);
+}
+BENCHMARK_CAPTURE(BM_MlaDecodeHeads, ctx64, 64)->UseRealTime()->MinTime(0.3);
+BENCHMARK_CAPTURE(BM_MlaDecodeHeads, ctx1024, 1024)->UseRealTime()->MinTime(0.3);
+
 BENCHMARK_CAPTURE(BM_MatmulChain, q4_k_3072, DType::kQ4_K, 3072)->UseRealTime()->MinTime(0.3);
 BENCHMARK_CAPTURE(BM_MatmulChain, q4_k_576, DType::kQ4_K, 576)->UseRealTime()->MinTime(0.3);
 BENCHMARK_CAPTURE(BM_MatmulChain, q4_k_24576, DType::kQ4_K, 24576)->UseRealTime()->MinTime(0.3);

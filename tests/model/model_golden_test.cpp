@@ -50,10 +50,10 @@ struct PromptRun {
 // chunk > 0: the prompt prefilled in batches of that many tokens (each attending to the cached
 // ones before it); expand_tokens: ModelOptions::mla_expand_tokens (MlaMode::kAuto).
 PromptRun run_prompt(const LoadedModel& lm, const std::vector<int32_t>& tokens, MlaMode mla,
-                     int64_t expand_tokens = 32, size_t chunk = 0) {
+                     int64_t expand_tokens = 32, size_t chunk = 0, ThreadPool* threads = &pool()) {
   ModelOptions mo;
   mo.ctx = 128;
-  mo.pool = &pool();
+  mo.pool = threads;
   mo.mla = mla;
   mo.mla_expand_tokens = expand_tokens;
   mo.mla_expand_by_cost = false;  // expand every batch of expand_tokens or more
@@ -223,6 +223,21 @@ TEST_P(GoldenMla, ExpandedEqualsNaive) {
     if (!quantized) EXPECT_EQ(whole.greedy, naive.greedy) << suffix;
     const Stats c = compare(chunks.logits, whole.logits, lm.config.vocab_size);
     EXPECT_LE(*std::max_element(c.rel.begin(), c.rel.end()), quantized ? 0.05 : 1e-5) << suffix;
+  }
+}
+
+// Absorbed MLA decode (one token per forward) runs W_UK, the attention and W_UV of a range of
+// heads in one task per thread; without a pool the three steps run head after head. The same
+// bits either way (every head's arithmetic is the same), for the prompt fed token by token and
+// the greedy continuation.
+TEST_P(GoldenMla, AbsorbedDecodeSameBitsOnThePool) {
+  for (const std::string suffix : {".gguf", "-hf", "-q4_k_m.gguf"}) {
+    const LoadedModel lm = load_model(test::data_path("golden/" + GetParam() + suffix));
+    const std::vector<int32_t> tokens = {497, 11, 300, 42, 7, 250, 100, 3, 480, 66};
+    const PromptRun pooled = run_prompt(lm, tokens, MlaMode::kAbsorbed, 32, 1);
+    const PromptRun serial = run_prompt(lm, tokens, MlaMode::kAbsorbed, 32, 1, nullptr);
+    EXPECT_EQ(pooled.logits, serial.logits) << suffix;
+    EXPECT_EQ(pooled.greedy, serial.greedy) << suffix;
   }
 }
 
