@@ -453,9 +453,10 @@ BENCHMARK_CAPTURE(BM_MlaHeads, v_b_128x512, 128, 512)->UseRealTime()->MinTime(0.
 // query's 128 nope values, then the 16 heads' attention over a latent cache of `ctx` positions
 // (576 / 512 values), then per head W_UV (128 x 512, Q4_K in x16 tiles). The weights of ~96
 // layers (128 MiB) are cycled, so they come from DRAM as each layer's own do. The timed form is the
-// model's: one job, each thread a contiguous range of heads through all three steps;
-// one_vs_three: that against three jobs (the head ranges' W_UK, kern::attention on the pool, the
-// ranges' W_UV: the form before session 24), A/B in the same minute (ab_rounds).
+// model's: below kern::kLongDecodeContext cached positions one job, each thread a contiguous
+// range of heads through all three steps, else three jobs (the head ranges' W_UK, kern::attention
+// on the pool, which then splits the cache over the threads, the ranges' W_UV). one_vs_three: the
+// one job against the three, A/B in the same minute (ab_rounds).
 void BM_MlaDecodeHeads(benchmark::State& state, int64_t ctx) {
   if (!kern::q0_x4_native() || best_isa() < Isa::kAvx512Bf16) {
     state.SkipWithError("no AVX-512 VNNI / VBMI here (the repacked layouts)");
@@ -490,9 +491,17 @@ void BM_MlaDecodeHeads(benchmark::State& state, int64_t ctx) {
   }
   std::mt19937 rng(4);
   std::normal_distribution<float> normal(0.0f, 1.0f);
-  std::vector<float> q(static_cast<size_t>(kHeads * (kNope + kRope))), cache(ctx * kKr);
+  // Latent caches cycled with the layers too (>= 64 MiB of them: not L3-resident, as 27 layers'
+  // caches in the model are not).
+  const int64_t cache_floats = ctx * kKr;
+  const int64_t caches = std::max<int64_t>(1, ((64ll << 20) / 4 + cache_floats - 1) / cache_floats);
+  std::vector<float> q(static_cast<size_t>(kHeads * (kNope + kRope))),
+      cache(static_cast<size_t>(caches * cache_floats));
   for (float& v : q) v = normal(rng);
-  for (float& v : cache) v = normal(rng);
+  for (int64_t i = 0; i < cache_floats; ++i) cache[static_cast<size_t>(i)] = normal(rng);
+  for (int64_t c = 1; c < caches; ++c) {
+    std::copy_n(cache.begin(), cache_floats, cache.begin() + c * cache_floats);
+  }
   std::vector<float> qc(static_cast<size_t>(kHeads * kKr)), att(kHeads * kLat), o(kHeads * kV);
   ops::AttentionArgs args;
   args.q = qc.data();
@@ -508,6 +517,9 @@ void BM_MlaDecodeHeads(benchmark::State& state, int64_t ctx) {
   args.scale = 0.07f;
   args.out = att.data();
   int64_t l = 0;
+  auto cache_of = [&](ops::AttentionArgs& x) {
+    x.k = x.v = cache.data() + (l % caches) * cache_floats;
+  };
   auto w_uk = [&](size_t h) {
     thread_local kern::Activations a;
     const float* qh = q.data() + h * (kNope + kRope);
@@ -531,6 +543,7 @@ void BM_MlaDecodeHeads(benchmark::State& state, int64_t ctx) {
       const size_t h0 = p * kHeads / threads, h1 = (p + 1) * kHeads / threads;
       for (size_t h = h0; h < h1; ++h) w_uk(h);
       ops::AttentionArgs range = args;
+      cache_of(range);
       range.q = qc.data() + h0 * kKr;
       range.n_heads = static_cast<int64_t>(h1 - h0);
       range.out = att.data() + h0 * kLat;
@@ -542,6 +555,7 @@ void BM_MlaDecodeHeads(benchmark::State& state, int64_t ctx) {
   };
   auto three = [&] {
     ranges(w_uk);
+    cache_of(args);
     kern::attention(args, &pool());
     ranges(w_uv);
     l = (l + 1) % layers;
@@ -552,7 +566,8 @@ void BM_MlaDecodeHeads(benchmark::State& state, int64_t ctx) {
   l = 0;
   one();
   if (o != want) state.SkipWithError("one job and three differ");
-  for (auto _ : state) one();
+  const bool model_one = ctx < kern::kLongDecodeContext;
+  for (auto _ : state) model_one ? one() : three();
   state.SetBytesProcessed(state.iterations() * (kb_bytes + vb_bytes));
   state.counters["us_per_layer"] = benchmark::Counter(
       static_cast<double>(state.iterations()) * 1e-6,
@@ -560,6 +575,8 @@ void BM_MlaDecodeHeads(benchmark::State& state, int64_t ctx) {
   state.counters["one_vs_three"] = ab_rounds(three, one);
 }
 BENCHMARK_CAPTURE(BM_MlaDecodeHeads, ctx64, 64)->UseRealTime()->MinTime(0.3);
+BENCHMARK_CAPTURE(BM_MlaDecodeHeads, ctx160, 160)->UseRealTime()->MinTime(0.3);
+BENCHMARK_CAPTURE(BM_MlaDecodeHeads, ctx256, 256)->UseRealTime()->MinTime(0.3);
 BENCHMARK_CAPTURE(BM_MlaDecodeHeads, ctx1024, 1024)->UseRealTime()->MinTime(0.3);
 
 BENCHMARK_CAPTURE(BM_MatmulChain, q4_k_3072, DType::kQ4_K, 3072)->UseRealTime()->MinTime(0.3);

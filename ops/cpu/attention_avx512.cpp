@@ -44,7 +44,7 @@ inline __m512 sum16(const __m512* v) {
 
 // out[h * NS + s] = dot(q[h], k[s]) over dk values.
 template <int NH, int NS>
-inline void qk_block(const float* const* q, const float* const* k, int64_t dk, float* out) {
+__attribute__((always_inline)) inline void qk_block(const float* const* q, const float* const* k, int64_t dk, float* out) {
   static_assert(NH * NS == 16);
   __m512 acc[16];
   for (__m512& x : acc) x = _mm512_setzero_ps();
@@ -72,7 +72,7 @@ inline void qk_block(const float* const* q, const float* const* k, int64_t dk, f
 // out[h][j0 + ...] continues acc = fma(p[h][s], v[s][j], acc) over s in [s0, s1), for the NJ * 16
 // dimensions from j0 (mask m[z] for vector z).
 template <int NH, int NJ>
-inline void pv_block(const float* const* p, const float* v, int64_t v_stride, int64_t s0,
+__attribute__((always_inline)) inline void pv_block(const float* const* p, const float* v, int64_t v_stride, int64_t s0,
                      int64_t s1, int64_t j0, const __mmask16* m, float* const* out) {
   static_assert(NH * NJ == 16);
   __m512 acc[NH][NJ];
@@ -174,33 +174,31 @@ inline void prefetch_rows(const float* base, int64_t stride, int64_t r0, int64_t
   }
 }
 
+// The scores of rows (all with at least s_end keys) against keys [s_begin, s_end):
+// scores[r * n_max + s]. Row blocks of NH (a short last block repeats its last row), key blocks of
+// NS (a short last block repeats the last key); repeated outputs are dropped. Every output is its
+// own accumulator and lane tree, whichever rows and keys share its block.
 template <int NH>
-void rows_task(const ops::AttentionArgs& a, const Rows& rows, const float* k0, const float* v0,
-               float* scores, float* dummy) {
-  constexpr int NS = 16 / NH, NJ = 16 / NH;
-  // scores[r * n_max ..] for row r; each row's arithmetic does not depend on which rows share
-  // the task: its dot products are the same blocks' (one accumulator and lane tree per output),
-  // its softmax runs over its own n_ctx scores, and its probabilities past n_ctx are 0, so the
-  // value blocks' longer key range adds fma(0, v, acc) = acc.
-  const int64_t n_max = rows.n_ctx[rows.n - 1];
-  // Scores: row blocks of NH (a short last block repeats its last row), key blocks of NS (a
-  // short last block repeats the last key); repeated outputs are dropped.
-  // Key chunks outer (as the values below): a chunk's keys stay in L2 while every row block
-  // passes over them, instead of every row block streaming all the keys from L3 / DRAM.
+void score_keys(const ops::AttentionArgs& a, const Rows& rows, const float* k0, int64_t n_max,
+                int64_t s_begin, int64_t s_end, float* scores, bool prefetch) {
+  constexpr int NS = 16 / NH;
   alignas(64) float blk[16];
-  for (int64_t c0 = 0; c0 < n_max; c0 += kChunk) {
-    const int64_t c1 = std::min(n_max, c0 + kChunk);
+  // Key chunks outer: a chunk's keys stay in L2 while every row block passes over them, instead
+  // of every row block streaming all the keys from L3 / DRAM.
+  for (int64_t c0 = s_begin; c0 < s_end; c0 += kChunk) {
+    const int64_t c1 = std::min(s_end, c0 + kChunk);
     for (int64_t h0 = 0; h0 < rows.n; h0 += NH) {
       const float* q[NH];
       for (int h = 0; h < NH; ++h) q[h] = rows.q[std::min<int64_t>(h0 + h, rows.n - 1)];
       for (int64_t s0 = c0; s0 < c1; s0 += NS) {
-        // The first row block brings the chunk in from L3 / DRAM: it prefetches the next chunk's
-        // keys as it goes (without, a long decode context read at ~1/3 of a core's bandwidth).
-        if (h0 == 0 && c1 < n_max) {
-          prefetch_rows(k0, a.k_stride, s0 + kChunk, std::min(n_max, s0 + kChunk + NS), a.dk);
+        // The first row block brings the chunk in from L3 / DRAM: in decode it prefetches the next
+        // chunk's keys as it goes (without, a long context read latency-bound; a prefill's keys
+        // come from L2 / L3 for most of its tasks, where the prefetches only cost 5-10%).
+        if (prefetch && h0 == 0 && c1 < s_end) {
+          prefetch_rows(k0, a.k_stride, s0 + kChunk, std::min(s_end, s0 + kChunk + NS), a.dk);
         }
         const float* k[NS];
-        for (int s = 0; s < NS; ++s) k[s] = k0 + std::min(s0 + s, n_max - 1) * a.k_stride;
+        for (int s = 0; s < NS; ++s) k[s] = k0 + std::min(s0 + s, s_end - 1) * a.k_stride;
         qk_block<NH, NS>(q, k, a.dk, blk);
         for (int h = 0; h < NH && h0 + h < rows.n; ++h) {
           for (int s = 0; s < NS && s0 + s < c1; ++s) {
@@ -210,13 +208,19 @@ void rows_task(const ops::AttentionArgs& a, const Rows& rows, const float* k0, c
       }
     }
   }
-  for (int64_t r = 0; r < rows.n; ++r) {
-    float* sc = scores + r * n_max;
-    softmax_scaled_avx512(sc, rows.n_ctx[r], a.scale);
-    std::fill(sc + rows.n_ctx[r], sc + n_max, 0.0f);
-    std::fill(rows.out[r], rows.out[r] + a.dv, 0.0f);
-  }
-  // Values: key chunks outer, so a chunk's rows stay in cache for every (row, dim) block.
+}
+
+// Output dimensions [j_begin, j_end) of every row (j_begin a multiple of 16 * NJ, j_end one or
+// dv): zeroed, then the probability-weighted sum of the values over n_max keys (probabilities
+// scores[r * n_max + s]; 0 past a row's own n_ctx adds fma(0, v, acc) = acc). Each output is one
+// FMA chain over the keys in order, whichever dimensions and rows share its block.
+template <int NH>
+void value_dims(const ops::AttentionArgs& a, const Rows& rows, const float* v0, int64_t n_max,
+                const float* scores, int64_t j_begin, int64_t j_end, float* dummy,
+                bool prefetch) {
+  constexpr int NJ = 16 / NH;
+  for (int64_t r = 0; r < rows.n; ++r) std::fill(rows.out[r] + j_begin, rows.out[r] + j_end, 0.0f);
+  // Key chunks outer, so a chunk's rows stay in cache for every (row, dim) block.
   for (int64_t c0 = 0; c0 < n_max; c0 += kChunk) {
     const int64_t c1 = std::min(n_max, c0 + kChunk);
     for (int64_t h0 = 0; h0 < rows.n; h0 += NH) {
@@ -227,17 +231,17 @@ void rows_task(const ops::AttentionArgs& a, const Rows& rows, const float* k0, c
         p[h] = scores + hh * n_max;
         out[h] = h0 + h < rows.n ? rows.out[hh] : dummy;
       }
-      for (int64_t j0 = 0; j0 < a.dv; j0 += 16 * NJ) {
+      for (int64_t j0 = j_begin; j0 < j_end; j0 += 16 * NJ) {
         __mmask16 m[NJ];
         for (int z = 0; z < NJ; ++z) {
-          const int64_t left = a.dv - j0 - 16 * z;
+          const int64_t left = j_end - j0 - 16 * z;
           m[z] = left >= 16  ? static_cast<__mmask16>(0xFFFF)
                  : left <= 0 ? static_cast<__mmask16>(0)
                              : static_cast<__mmask16>((1u << left) - 1);
         }
-        if (h0 == 0 && c1 < n_max) {  // the next chunk's values of these dimensions
+        if (prefetch && h0 == 0 && c1 < n_max) {  // the next chunk's values of these dimensions
           prefetch_rows(v0 + j0, a.v_stride, c1, std::min(n_max, c1 + kChunk),
-                        std::min<int64_t>(16 * NJ, a.dv - j0));
+                        std::min<int64_t>(16 * NJ, j_end - j0));
         }
         pv_block<NH, NJ>(p, v0, a.v_stride, c0, c1, j0, m, out);
       }
@@ -245,14 +249,31 @@ void rows_task(const ops::AttentionArgs& a, const Rows& rows, const float* k0, c
   }
 }
 
+template <int NH>
+void rows_task(const ops::AttentionArgs& a, const Rows& rows, const float* k0, const float* v0,
+               float* scores, float* dummy, bool prefetch) {
+  // scores[r * n_max ..] for row r; each row's arithmetic does not depend on which rows share
+  // the task: its dot products are the same blocks' (one accumulator and lane tree per output),
+  // its softmax runs over its own n_ctx scores, and its probabilities past n_ctx are 0, so the
+  // value blocks' longer key range adds fma(0, v, acc) = acc.
+  const int64_t n_max = rows.n_ctx[rows.n - 1];
+  score_keys<NH>(a, rows, k0, n_max, 0, n_max, scores, prefetch);
+  for (int64_t r = 0; r < rows.n; ++r) {
+    float* sc = scores + r * n_max;
+    softmax_scaled_avx512(sc, rows.n_ctx[r], a.scale);
+    std::fill(sc + rows.n_ctx[r], sc + n_max, 0.0f);
+  }
+  value_dims<NH>(a, rows, v0, n_max, scores, 0, a.dv, dummy, prefetch);
+}
+
 void rows_any(const ops::AttentionArgs& a, int nh, const Rows& rows, const float* k0,
-              const float* v0, float* scores, float* dummy) {
+              const float* v0, float* scores, float* dummy, bool prefetch) {
   if (nh == 4) {
-    rows_task<4>(a, rows, k0, v0, scores, dummy);
+    rows_task<4>(a, rows, k0, v0, scores, dummy, prefetch);
   } else if (nh == 2) {
-    rows_task<2>(a, rows, k0, v0, scores, dummy);
+    rows_task<2>(a, rows, k0, v0, scores, dummy, prefetch);
   } else {
-    rows_task<1>(a, rows, k0, v0, scores, dummy);
+    rows_task<1>(a, rows, k0, v0, scores, dummy, prefetch);
   }
 }
 
@@ -273,7 +294,7 @@ void attention_task_avx512(const ops::AttentionArgs& a, int64_t t, int64_t g, in
       rows.n_ctx[r] = a.pos0 + t + 1;
       rows.out[r] = a.out + (t * a.n_heads + base + h0 + r) * a.dv;
     }
-    rows_any(a, nh, rows, a.k + g * a.dk, a.v + g * a.dv, scores, dummy);
+    rows_any(a, nh, rows, a.k + g * a.dk, a.v + g * a.dv, scores, dummy, a.n_tokens == 1);
   }
 }
 
@@ -287,7 +308,53 @@ void attention_tokens_avx512(const ops::AttentionArgs& a, int64_t t0, int64_t t1
       rows.n_ctx[r] = a.pos0 + b + r + 1;
       rows.out[r] = a.out + ((b + r) * a.n_heads + g) * a.dv;
     }
-    rows_any(a, 4, rows, a.k + g * a.dk, a.v + g * a.dv, scores, dummy);
+    rows_any(a, 4, rows, a.k + g * a.dk, a.v + g * a.dv, scores, dummy, false);
+  }
+}
+
+namespace {
+
+// Token 0's rows of KV group 0 (all a.n_heads of them: one group) with n_ctx = pos0 + 1 keys.
+Rows decode_rows(const ops::AttentionArgs& a) {
+  Rows rows;
+  rows.n = a.n_heads;
+  for (int64_t r = 0; r < rows.n; ++r) {
+    rows.q[r] = a.q + r * a.dk;
+    rows.n_ctx[r] = a.pos0 + 1;
+    rows.out[r] = a.out + r * a.dv;
+  }
+  return rows;
+}
+
+int decode_nh(const ops::AttentionArgs& a) {
+  return a.n_heads >= 4 ? 4 : a.n_heads >= 2 ? 2 : 1;
+}
+
+}  // namespace
+
+void decode_scores_avx512(const ops::AttentionArgs& a, int64_t s_begin, int64_t s_end,
+                          float* scores) {
+  const Rows rows = decode_rows(a);
+  const int64_t n_ctx = a.pos0 + 1;
+  switch (decode_nh(a)) {
+    case 4: score_keys<4>(a, rows, a.k, n_ctx, s_begin, s_end, scores, true); break;
+    case 2: score_keys<2>(a, rows, a.k, n_ctx, s_begin, s_end, scores, true); break;
+    default: score_keys<1>(a, rows, a.k, n_ctx, s_begin, s_end, scores, true); break;
+  }
+}
+
+int64_t decode_value_step(const ops::AttentionArgs& a) {
+  return 16 * (16 / decode_nh(a));
+}
+
+void decode_values_avx512(const ops::AttentionArgs& a, const float* scores, int64_t j_begin,
+                          int64_t j_end, float* dummy) {
+  const Rows rows = decode_rows(a);
+  const int64_t n_ctx = a.pos0 + 1;
+  switch (decode_nh(a)) {
+    case 4: value_dims<4>(a, rows, a.v, n_ctx, scores, j_begin, j_end, dummy, true); break;
+    case 2: value_dims<2>(a, rows, a.v, n_ctx, scores, j_begin, j_end, dummy, true); break;
+    default: value_dims<1>(a, rows, a.v, n_ctx, scores, j_begin, j_end, dummy, true); break;
   }
 }
 

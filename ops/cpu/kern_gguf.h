@@ -119,10 +119,19 @@ void attention_task_avx512(const ops::AttentionArgs& a, int64_t t, int64_t g, in
 // Query tokens [t0, t1) of KV head g where every head has its own keys (group 1): the tokens
 // share each key block as a group's heads do (each token's outputs are the bits the one-token
 // task gives). scores needs (t1 - t0) * (pos0 + t1) floats.
+void attention_tokens_avx512(const ops::AttentionArgs& a, int64_t t0, int64_t t1, int64_t g,
+                             float* scores, float* dummy);
+// One query token and one KV group (a.n_tokens == a.n_kv_heads == 1; n_ctx = pos0 + 1) in phases,
+// each splittable over threads, with the task's bits: the scores of every head against keys
+// [s_begin, s_end) into scores[h * n_ctx + s]; then (softmax_scaled_avx512 per head) the outputs'
+// dimensions [j_begin, j_end) (multiples of decode_value_step(a), or j_end = dv).
+void decode_scores_avx512(const ops::AttentionArgs& a, int64_t s_begin, int64_t s_end,
+                          float* scores);
+int64_t decode_value_step(const ops::AttentionArgs& a);
+void decode_values_avx512(const ops::AttentionArgs& a, const float* scores, int64_t j_begin,
+                          int64_t j_end, float* dummy);
 // kern::gemm_f32_kn on AVX-512 (attention_avx512.cpp): n a multiple of 64.
 void gemm_f32_kn_avx512(const float* a, int64_t lda, int64_t m, const float* b, int64_t k,
                         int64_t n, float* c, int64_t ldc);
-void attention_tokens_avx512(const ops::AttentionArgs& a, int64_t t0, int64_t t1, int64_t g,
-                             float* scores, float* dummy);
 
 }  // namespace tandem::kern::detail

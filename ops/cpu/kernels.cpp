@@ -610,6 +610,40 @@ void attention(const ops::AttentionArgs& a, ThreadPool* pool, Isa isa) {
     }
   }
   const int64_t heads_per = group / splits;  // a multiple of 4 (group >= 8 when splits > 1)
+  // One token and one KV group of many heads over a long context (absorbed MLA decode): split by
+  // heads, every task read the whole cache twice (keys, then values). Instead three jobs: the
+  // scores with the keys split over the threads, the softmax with the heads split, the value sums
+  // with the output dimensions split: each thread reads its share of the cache once per pass.
+  // Every output's arithmetic is the one task's (the same bits).
+  if (splits > 1 && a.n_tokens == 1 && a.n_kv_heads == 1 && a.pos0 + 1 >= kLongDecodeContext &&
+      a.n_heads <= 256) {
+    const int64_t n_ctx = a.pos0 + 1;
+    const int64_t threads = pool->size() + 1;
+    thread_local std::vector<float> shared_scores;  // the caller's: every task writes into it
+    shared_scores.resize(static_cast<size_t>(a.n_heads * n_ctx));
+    float* sc = shared_scores.data();
+    pool->run(static_cast<size_t>(threads), [&](size_t p) {
+      const int64_t i = static_cast<int64_t>(p);
+      detail::decode_scores_avx512(a, n_ctx * i / threads, n_ctx * (i + 1) / threads, sc);
+    });
+    pool->run(static_cast<size_t>(std::min(threads, a.n_heads)), [&](size_t p) {
+      const int64_t i = static_cast<int64_t>(p), parts = std::min(threads, a.n_heads);
+      for (int64_t h = a.n_heads * i / parts; h < a.n_heads * (i + 1) / parts; ++h) {
+        detail::softmax_scaled_avx512(sc + h * n_ctx, n_ctx, a.scale);
+      }
+    });
+    const int64_t step = detail::decode_value_step(a), units = (a.dv + step - 1) / step;
+    const int64_t parts = std::min(threads, units);
+    pool->run(static_cast<size_t>(parts), [&](size_t p) {
+      thread_local std::vector<float> dummy;
+      dummy.resize(static_cast<size_t>(a.dv));
+      const int64_t i = static_cast<int64_t>(p);
+      const int64_t j0 = units * i / parts * step;
+      const int64_t j1 = std::min(a.dv, units * (i + 1) / parts * step);
+      detail::decode_values_avx512(a, sc, j0, j1, dummy.data());
+    });
+    return;
+  }
   // One head per KV group (MHA, naive MLA) and a batch of tokens: tasks of kTokenBlock
   // consecutive tokens of one head, which share each block of keys and values (a task per token
   // streamed them from L2 / L3 once per token; every output keeps its bits). Head-major order:

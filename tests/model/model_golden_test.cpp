@@ -14,6 +14,7 @@
 #include "core/thread_pool.h"
 #include "model/model.h"
 #include "model/weights.h"
+#include "ops/cpu/kernels.h"
 #include "tests/test_util.h"
 
 namespace tandem {
@@ -50,9 +51,10 @@ struct PromptRun {
 // chunk > 0: the prompt prefilled in batches of that many tokens (each attending to the cached
 // ones before it); expand_tokens: ModelOptions::mla_expand_tokens (MlaMode::kAuto).
 PromptRun run_prompt(const LoadedModel& lm, const std::vector<int32_t>& tokens, MlaMode mla,
-                     int64_t expand_tokens = 32, size_t chunk = 0, ThreadPool* threads = &pool()) {
+                     int64_t expand_tokens = 32, size_t chunk = 0, ThreadPool* threads = &pool(),
+                     int64_t ctx = 128) {
   ModelOptions mo;
-  mo.ctx = 128;
+  mo.ctx = ctx;
   mo.pool = threads;
   mo.mla = mla;
   mo.mla_expand_tokens = expand_tokens;
@@ -226,16 +228,21 @@ TEST_P(GoldenMla, ExpandedEqualsNaive) {
   }
 }
 
-// Absorbed MLA decode (one token per forward) runs W_UK, the attention and W_UV of a range of
-// heads in one task per thread; without a pool the three steps run head after head. The same
-// bits either way (every head's arithmetic is the same), for the prompt fed token by token and
-// the greedy continuation.
+// Absorbed MLA decode (one token per forward) on the pool: below kern::kLongDecodeContext cached
+// positions W_UK, the attention and W_UV of a range of heads in one task per thread, from there
+// on three steps with the attention's cache split over the threads; without a pool the steps
+// run head after head. The same bits either way (every head's arithmetic is the same), for a
+// prompt past kLongDecodeContext fed token by token and the greedy continuation.
 TEST_P(GoldenMla, AbsorbedDecodeSameBitsOnThePool) {
   for (const std::string suffix : {".gguf", "-hf", "-q4_k_m.gguf"}) {
     const LoadedModel lm = load_model(test::data_path("golden/" + GetParam() + suffix));
-    const std::vector<int32_t> tokens = {497, 11, 300, 42, 7, 250, 100, 3, 480, 66};
-    const PromptRun pooled = run_prompt(lm, tokens, MlaMode::kAbsorbed, 32, 1);
-    const PromptRun serial = run_prompt(lm, tokens, MlaMode::kAbsorbed, 32, 1, nullptr);
+    std::vector<int32_t> tokens;
+    for (int64_t i = 0; i < kern::kLongDecodeContext + 20; ++i) {
+      tokens.push_back(static_cast<int32_t>((i * 37 + 11) % 500));
+    }
+    const int64_t ctx = kern::kLongDecodeContext + 64;
+    const PromptRun pooled = run_prompt(lm, tokens, MlaMode::kAbsorbed, 32, 1, &pool(), ctx);
+    const PromptRun serial = run_prompt(lm, tokens, MlaMode::kAbsorbed, 32, 1, nullptr, ctx);
     EXPECT_EQ(pooled.logits, serial.logits) << suffix;
     EXPECT_EQ(pooled.greedy, serial.greedy) << suffix;
   }

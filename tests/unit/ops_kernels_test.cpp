@@ -780,8 +780,9 @@ TEST(KernelsAttention, EqualsReference) {
         {4, 4, 16, 200},
         {3, 3, 192, 128}}) {
     // 40: blocks of 16 query tokens; 150: contexts of three key chunks (64 keys each), the
-    // next chunk prefetched while one is read
-    for (const int64_t n : {int64_t{5}, int64_t{40}, int64_t{150}}) {
+    // next chunk prefetched while one is read; 300: one-token calls past kLongDecodeContext,
+    // where one KV group of 16 heads (16 / 1) runs in phases split over the pool's threads
+    for (const int64_t n : {int64_t{5}, int64_t{40}, int64_t{150}, int64_t{300}}) {
       const int64_t pos0 = 7, ctx = pos0 + n;
       const std::vector<float> q = random_values(n * heads * dk, 1);
       const std::vector<float> k = random_values(ctx * kv_heads * dk, 2);
