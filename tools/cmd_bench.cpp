@@ -1,6 +1,8 @@
 // `tandem bench`: prefill and decode throughput like llama.cpp's llama-bench. pp: P random
 // (seeded, valid) tokens prefilled as one batch into an empty context; tg: N tokens decoded one at
-// a time from an empty context. Each test runs -r times (after one untimed warm-up of a few
+// a time from an empty context. -d D: both after D tokens already in the context (prefilled once,
+// untimed; each repetition rewinds to them), named "pp512 @ d4096" as llama-bench does. Each test
+// runs -r times (after one untimed warm-up of a few
 // tokens); mean +- sample stddev of tokens/s. Also prints where the time went (attention, MoE,
 // lm_head) and the decode bound from DRAM bandwidth: bytes a decode step must read (every
 // non-expert weight the step uses + top-k routed experts per MoE layer) / DRAM read GB/s, measured
@@ -42,6 +44,7 @@ struct BenchArgs {
   std::string model;
   int n_prompt = 512;
   int n_gen = 128;
+  int depth = 0;
   int reps = 2;
   int threads = 0;
   bool json = false;
@@ -83,7 +86,8 @@ uint64_t weight_bytes(const ops::Weight& w) {
 // lm_head (the embedding row is negligible). The router belongs to the FFN section.
 struct StepBytes {
   uint64_t attention = 0, ffn = 0, lm_head = 0;
-  uint64_t total() const { return attention + ffn + lm_head; }
+  uint64_t kv_cache = 0;  // read by the attention, not a weight (set by run_bench)
+  uint64_t total() const { return attention + ffn + lm_head + kv_cache; }
 };
 
 StepBytes decode_bytes(const LoadedModel& m) {
@@ -115,9 +119,10 @@ StepBytes decode_bytes(const LoadedModel& m) {
 }
 
 void run_bench(const BenchArgs& a) {
-  if (a.n_prompt < 0 || a.n_gen < 0 || a.reps < 1) {
-    fail(ErrorKind::kInvalidArgument, "-p and -n must be >= 0 and -r >= 1 (got {}, {}, {})",
-         a.n_prompt, a.n_gen, a.reps);
+  if (a.n_prompt < 0 || a.n_gen < 0 || a.reps < 1 || a.depth < 0) {
+    fail(ErrorKind::kInvalidArgument,
+         "-p, -n and -d must be >= 0 and -r >= 1 (got {}, {}, {}, {})", a.n_prompt, a.n_gen,
+         a.depth, a.reps);
   }
   // --vs FLAGS: a second backend configuration (these flags over the first's), its own MoeRuntime
   // and Model on the same loaded weights, each repetition run on both in alternating order (A B,
@@ -193,17 +198,25 @@ void run_bench(const BenchArgs& a) {
     probe = std::make_unique<cpu::DramReadProbe>(threading, ro);
     dram_gbs = probe->measure();
   }
-  const StepBytes split = decode_bytes(lm);
-  const uint64_t step_bytes = split.total();
-  const double bound_tps = dram_gbs > 0 ? dram_gbs * 1e9 / static_cast<double>(step_bytes) : 0;
+  StepBytes split = decode_bytes(lm);
 
   ModelOptions mo;
-  mo.ctx = std::max(1, a.n_prompt + a.n_gen + 8);
+  mo.ctx = std::max(1, a.depth + a.n_prompt + a.n_gen + 8);
   mo.pool = &threading.pool();
   mo.moe = moe.backend();
   mo.views = moe.weight_views();
   mo.mla = mla;
   Model model(lm, mo);
+  // A decode step also reads the KV cache of every position it attends to: mean over the test's
+  // steps, (depth + (n + 1) / 2) positions of the cache's bytes per position.
+  if (a.n_gen > 0) {
+    const double per_position =
+        static_cast<double>(model.kv_cache_bytes()) / static_cast<double>(mo.ctx);
+    split.kv_cache =
+        static_cast<uint64_t>(per_position * (a.depth + (a.n_gen + 1) / 2.0));
+  }
+  const uint64_t step_bytes = split.total();
+  const double bound_tps = dram_gbs > 0 ? dram_gbs * 1e9 / static_cast<double>(step_bytes) : 0;
   std::unique_ptr<Model> model_b;
   if (vs) {
     ModelOptions mo_b = mo;
@@ -231,6 +244,19 @@ void run_bench(const BenchArgs& a) {
     m->forward(std::span<const int32_t>(warm, 1), logits.data(), false);
     m->reset();
   }
+  // -d: the context every test starts from, prefilled once (in batches of up to 512 tokens, as
+  // a chat would); the tests only write the positions after it, so rewinding to it restores it.
+  if (a.depth > 0) {
+    std::vector<int32_t> ctx_tokens(static_cast<size_t>(a.depth));
+    for (int32_t& t : ctx_tokens) t = tok(rng);
+    for (Model* m : {&model, model_b.get()}) {
+      if (m == nullptr) continue;
+      for (size_t b = 0; b < ctx_tokens.size(); b += 512) {
+        const size_t e = std::min(ctx_tokens.size(), b + 512);
+        m->forward(std::span<const int32_t>(ctx_tokens.data() + b, e - b), logits.data(), false);
+      }
+    }
+  }
 
   struct Result {
     std::string test;
@@ -248,7 +274,7 @@ void run_bench(const BenchArgs& a) {
   };
   // One repetition of a test on m: tokens/s, its profile added to *profile.
   auto rep = [&](Model& m, bool decode, int n, Model::Profile* profile) {
-    m.reset();
+    m.truncate(a.depth);
     const Model::Profile p0 = m.profile();
     const double t0 = now_s();
     if (!decode) {
@@ -274,8 +300,9 @@ void run_bench(const BenchArgs& a) {
     }
     results.push_back(r);
   };
-  if (a.n_prompt > 0) run_test(fmt::format("pp{}", a.n_prompt), false, a.n_prompt);
-  if (a.n_gen > 0) run_test(fmt::format("tg{}", a.n_gen), true, a.n_gen);
+  const std::string at = a.depth > 0 ? fmt::format(" @ d{}", a.depth) : std::string();
+  if (a.n_prompt > 0) run_test(fmt::format("pp{}{}", a.n_prompt, at), false, a.n_prompt);
+  if (a.n_gen > 0) run_test(fmt::format("tg{}{}", a.n_gen, at), true, a.n_gen);
 
   nlohmann::json j;
   j["model"] = a.model;
@@ -286,8 +313,11 @@ void run_bench(const BenchArgs& a) {
   j["dram_read_gbs"] = dram_gbs;
   j["decode_bytes_per_token"] = step_bytes;
   j["decode_bound_tokens_per_s"] = bound_tps;
-  j["decode_bytes_split"] = {
-      {"attention", split.attention}, {"ffn", split.ffn}, {"lm_head", split.lm_head}};
+  j["decode_bytes_split"] = {{"attention", split.attention},
+                             {"ffn", split.ffn},
+                             {"lm_head", split.lm_head},
+                             {"kv_cache", split.kv_cache}};
+  j["depth"] = a.depth;
   auto time_split = [](const Model::Profile& p) {
     const double total = std::max(p.attention + p.ffn + p.lm_head, 1e-12);
     return nlohmann::json{{"attention", p.attention / total},
@@ -350,13 +380,19 @@ void run_bench(const BenchArgs& a) {
   }
   fmt::print("model: {}\nbackend: {}\nthreads: {}, kernel ISA {}\n", model_summary(lm), moe.summary(),
              threading.n_threads(), isa_name(best_isa()));
-  fmt::print("| {:>8} | {:>18} | {:>9} | {:>6} | {:>8} | {:>7} |\n", "test", "t/s", "attention",
-             "ffn", "moe_wait", "lm_head");
-  fmt::print("| {:->8} | {:->18} | {:->9} | {:->6} | {:->8} | {:->7} |\n", "", "", "", "", "", "");
-  auto row = [](const std::string& name, const nlohmann::json& t) {
+  // The test column fits its longest name ("tg128 @ d4096 vs").
+  size_t w = 8;
+  for (const auto& t : j["tests"]) {
+    w = std::max(w, t["test"].get<std::string>().size() + (vs ? 3 : 0));
+  }
+  fmt::print("| {:>{}} | {:>18} | {:>9} | {:>6} | {:>8} | {:>7} |\n", "test", w, "t/s",
+             "attention", "ffn", "moe_wait", "lm_head");
+  fmt::print("| {:->{}} | {:->18} | {:->9} | {:->6} | {:->8} | {:->7} |\n", "", w, "", "", "", "",
+             "");
+  auto row = [w](const std::string& name, const nlohmann::json& t) {
     const auto& sp = t["time_split"];
-    fmt::print("| {:>8} | {:>9.2f} ± {:<6.2f} | {:>8.0f}% | {:>5.0f}% | {:>7.0f}% | {:>6.0f}% |\n",
-               name, t["avg_tokens_per_s"].get<double>(), t["stddev_tokens_per_s"].get<double>(),
+    fmt::print("| {:>{}} | {:>9.2f} ± {:<6.2f} | {:>8.0f}% | {:>5.0f}% | {:>7.0f}% | {:>6.0f}% |\n",
+               name, w, t["avg_tokens_per_s"].get<double>(), t["stddev_tokens_per_s"].get<double>(),
                100 * sp["attention"].get<double>(), 100 * sp["ffn"].get<double>(),
                100 * sp["moe_wait"].get<double>(), 100 * sp["lm_head"].get<double>());
   };
@@ -373,8 +409,10 @@ void run_bench(const BenchArgs& a) {
                  ratio.size(), fmt::join(ratio, " / "));
     }
   }
-  fmt::print("decode bound: {:.2f} GB per token at {:.1f} GB/s DRAM read = {:.1f} tokens/s\n",
-             step_bytes / 1e9, dram_gbs, bound_tps);
+  const std::string kv =
+      a.depth > 0 ? fmt::format(" ({:.2f} GB of it the KV cache)", split.kv_cache / 1e9) : "";
+  fmt::print("decode bound: {:.2f} GB per token{} at {:.1f} GB/s DRAM read = {:.1f} tokens/s\n",
+             step_bytes / 1e9, kv, dram_gbs, bound_tps);
   for (const auto& t : j["tests"]) {
     if (t.contains("fraction_of_bound")) {
       fmt::print("{}: {:.0f}% of the decode bound", t["test"].get<std::string>(),
@@ -402,6 +440,9 @@ void add_bench(CLI::App& app) {
   app.add_option("-p,--n-prompt", args->n_prompt, "prompt tokens prefilled as one batch (0: skip)")
       ->capture_default_str();
   app.add_option("-n,--n-gen", args->n_gen, "tokens decoded one at a time (0: skip)")
+      ->capture_default_str();
+  app.add_option("-d,--n-depth", args->depth,
+                 "tokens already in the context when each test starts (prefilled once, untimed)")
       ->capture_default_str();
   app.add_option("-r,--repetitions", args->reps, "repetitions of each test")->capture_default_str();
   add_threads_option(app, &args->threads);

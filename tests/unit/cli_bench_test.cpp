@@ -61,7 +61,7 @@ TEST(CliBench, JsonReportIsConsistent) {
   const double head = split["lm_head"].get<double>();
   EXPECT_GT(att, 0.0);
   EXPECT_GT(ffn, 0.0);
-  EXPECT_EQ(att + ffn + head, bytes);
+  EXPECT_EQ(att + ffn + head + split["kv_cache"].get<double>(), bytes);
   const GgufFile f = GgufFile::open(model);
   const Tensor out = f.tensor("output.weight");
   EXPECT_EQ(head, static_cast<double>(out.rows()) * static_cast<double>(out.row_bytes()));
@@ -75,6 +75,32 @@ TEST(CliBench, JsonReportIsConsistent) {
     const double b = split[sec].get<double>();
     EXPECT_NEAR(rate[sec].get<double>() * share[sec].get<double>() / b, k, 1e-6 * k) << sec;
   }
+}
+
+// -d: every test after that many tokens already in the context (llama-bench's depth). The tests
+// are named "pp8 @ d24" / "tg4 @ d24", and a decode step's bytes include the latent KV cache of
+// the positions it attends to: layers x (kv_lora_rank + rope dims) x 4 bytes per position, over
+// depth + (n + 1) / 2 positions on average.
+TEST(CliBench, DepthStartsEveryTestAfterAContext) {
+  const std::string model = test::data_path("golden/deepseek2-q4_k_m.gguf").string();
+  const test::CommandResult r =
+      test::run_tandem("bench -m " + model + " -d 24 -p 8 -n 4 -r 2 --threads 2 --json");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["depth"], 24);
+  ASSERT_EQ(j["tests"].size(), 2u);
+  EXPECT_EQ(j["tests"][0]["test"], "pp8 @ d24");
+  EXPECT_EQ(j["tests"][1]["test"], "tg4 @ d24");
+  for (const auto& t : j["tests"]) EXPECT_GT(t["avg_tokens_per_s"].get<double>(), 0.0);
+  const GgufFile f = GgufFile::open(model);
+  const double per_position = 4.0 * static_cast<double>(f.get_int("deepseek2.block_count", 0)) *
+                              static_cast<double>(f.get_int("deepseek2.attention.kv_lora_rank", 0) +
+                                                  f.get_int("deepseek2.rope.dimension_count", 0));
+  EXPECT_GT(per_position, 0.0);
+  EXPECT_NEAR(j["decode_bytes_split"]["kv_cache"].get<double>(), per_position * (24 + 2.5), 1.0);
+  const test::CommandResult bad = test::run_tandem("bench -m " + model + " -d -5");
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_NE(bad.err.find("-d"), std::string::npos) << bad.err;
 }
 
 TEST(CliBench, BadValuesFailWithMessage) {
