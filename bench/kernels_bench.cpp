@@ -578,6 +578,7 @@ BENCHMARK_CAPTURE(BM_MlaDecodeHeads, ctx64, 64)->UseRealTime()->MinTime(0.3);
 BENCHMARK_CAPTURE(BM_MlaDecodeHeads, ctx160, 160)->UseRealTime()->MinTime(0.3);
 BENCHMARK_CAPTURE(BM_MlaDecodeHeads, ctx256, 256)->UseRealTime()->MinTime(0.3);
 BENCHMARK_CAPTURE(BM_MlaDecodeHeads, ctx1024, 1024)->UseRealTime()->MinTime(0.3);
+BENCHMARK_CAPTURE(BM_MlaDecodeHeads, ctx4096, 4096)->UseRealTime()->MinTime(0.3);
 
 BENCHMARK_CAPTURE(BM_MatmulChain, q4_k_3072, DType::kQ4_K, 3072)->UseRealTime()->MinTime(0.3);
 BENCHMARK_CAPTURE(BM_MatmulChain, q4_k_576, DType::kQ4_K, 576)->UseRealTime()->MinTime(0.3);
