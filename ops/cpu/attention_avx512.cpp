@@ -174,6 +174,19 @@ inline void prefetch_rows(const float* base, int64_t stride, int64_t r0, int64_t
   }
 }
 
+// Share `part` of `parts` of the 64-byte lines of those rows' first `floats` values (each row's
+// lines split into `parts` ranges): the row blocks of a chunk prefetch the next chunk's keys
+// between them, evenly over the chunk's time.
+inline void prefetch_rows_share(const float* base, int64_t stride, int64_t r0, int64_t r1,
+                                int64_t floats, int64_t part, int64_t parts) {
+  const int64_t lines = (floats * 4 + 63) / 64;
+  const int64_t l0 = lines * part / parts, l1 = lines * (part + 1) / parts;
+  for (int64_t r = r0; r < r1; ++r) {
+    const char* p = reinterpret_cast<const char*>(base + r * stride);
+    for (int64_t l = l0; l < l1; ++l) _mm_prefetch(p + 64 * l, _MM_HINT_T0);
+  }
+}
+
 // The scores of rows (all with at least s_end keys) against keys [s_begin, s_end):
 // scores[r * n_max + s]. Row blocks of NH (a short last block repeats its last row), key blocks of
 // NS (a short last block repeats the last key); repeated outputs are dropped. Every output is its
@@ -194,8 +207,9 @@ void score_keys(const ops::AttentionArgs& a, const Rows& rows, const float* k0, 
         // The first row block brings the chunk in from L3 / DRAM: in decode it prefetches the next
         // chunk's keys as it goes (without, a long context read latency-bound; a prefill's keys
         // come from L2 / L3 for most of its tasks, where the prefetches only cost 5-10%).
-        if (prefetch && h0 == 0 && c1 < s_end) {
-          prefetch_rows(k0, a.k_stride, s0 + kChunk, std::min(s_end, s0 + kChunk + NS), a.dk);
+        if (prefetch && c1 < s_end) {
+          prefetch_rows_share(k0, a.k_stride, s0 + kChunk, std::min(s_end, s0 + kChunk + NS),
+                              a.dk, h0 / NH, (rows.n + NH - 1) / NH);
         }
         const float* k[NS];
         for (int s = 0; s < NS; ++s) k[s] = k0 + std::min(s0 + s, s_end - 1) * a.k_stride;
@@ -239,9 +253,11 @@ void value_dims(const ops::AttentionArgs& a, const Rows& rows, const float* v0, 
                  : left <= 0 ? static_cast<__mmask16>(0)
                              : static_cast<__mmask16>((1u << left) - 1);
         }
-        if (prefetch && h0 == 0 && c1 < n_max) {  // the next chunk's values of these dimensions
-          prefetch_rows(v0 + j0, a.v_stride, c1, std::min(n_max, c1 + kChunk),
-                        std::min<int64_t>(16 * NJ, j_end - j0));
+        if (prefetch && c1 < n_max) {  // the next chunk's values of these dimensions, a share
+          const int64_t blocks = (rows.n + NH - 1) / NH, b = h0 / NH;
+          const int64_t n_next = std::min(n_max, c1 + kChunk) - c1;
+          prefetch_rows(v0 + j0, a.v_stride, c1 + n_next * b / blocks,
+                        c1 + n_next * (b + 1) / blocks, std::min<int64_t>(16 * NJ, j_end - j0));
         }
         pv_block<NH, NJ>(p, v0, a.v_stride, c0, c1, j0, m, out);
       }
