@@ -453,8 +453,9 @@ BENCHMARK_CAPTURE(BM_MlaHeads, v_b_128x512, 128, 512)->UseRealTime()->MinTime(0.
 // query's 128 nope values, then the 16 heads' attention over a latent cache of `ctx` positions
 // (576 / 512 values), then per head W_UV (128 x 512, Q4_K in x16 tiles). The weights of ~96
 // layers (128 MiB) are cycled, so they come from DRAM as each layer's own do. The timed form is the
-// model's: below kern::kLongDecodeContext cached positions one job, each thread a contiguous
-// range of heads through all three steps, else three jobs (the head ranges' W_UK, kern::attention
+// model's: one job, each thread a contiguous range of heads through all three steps, unless
+// kern::attention would split the cache over the threads (kern::attention_splits_cache: from
+// kLongDecodeContext cached positions on), then three jobs (the head ranges' W_UK, kern::attention
 // on the pool, which then splits the cache over the threads, the ranges' W_UV). one_vs_three: the
 // one job against the three, A/B in the same minute (ab_rounds).
 void BM_MlaDecodeHeads(benchmark::State& state, int64_t ctx) {
@@ -566,7 +567,7 @@ void BM_MlaDecodeHeads(benchmark::State& state, int64_t ctx) {
   l = 0;
   one();
   if (o != want) state.SkipWithError("one job and three differ");
-  const bool model_one = ctx < kern::kLongDecodeContext;
+  const bool model_one = !kern::attention_splits_cache(args, &pool());
   for (auto _ : state) model_one ? one() : three();
   state.SetBytesProcessed(state.iterations() * (kb_bytes + vb_bytes));
   state.counters["us_per_layer"] = benchmark::Counter(

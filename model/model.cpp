@@ -337,12 +337,12 @@ void Model::attention_mla(int64_t l, int64_t n, const float* x, float* out) {
         std::copy(tmp_l.data() + t * vd, tmp_l.data() + (t + 1) * vd, o + (t * nh + i) * vd);
       }
     };
-    if (n == 1 && pool_ != nullptr && pos_ + 1 < kern::kLongDecodeContext) {
+    if (n == 1 && pool_ != nullptr && !kern::attention_splits_cache(args, pool_)) {
       // Decode: one job instead of three, each thread a contiguous range of heads through W_UK,
       // those heads' attention over the latent cache, then their W_UV (the heads share no
       // data: two dispatches and their waits fewer per layer, every head's arithmetic as below).
-      // From kLongDecodeContext cached positions on, kern::attention on the pool splits the
-      // cache over the threads instead (each would read all of it here): the three steps.
+      // Where kern::attention on the pool would split the cache over the threads (a long
+      // context; each thread would read all of it here): the three steps.
       const size_t heads = static_cast<size_t>(nh);
       const size_t parts = std::min(heads, static_cast<size_t>(pool_->size()) + 1);
       pool_->run(parts, [&](size_t p) {

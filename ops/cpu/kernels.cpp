@@ -596,6 +596,12 @@ void gemm_f32_kn(const float* a, int64_t lda, int64_t m, const float* b, int64_t
   }
 }
 
+bool attention_splits_cache(const ops::AttentionArgs& a, const ThreadPool* pool, Isa isa) {
+  return std::min(isa, best_isa()) >= Isa::kAvx512 && pool != nullptr && pool->size() > 0 &&
+         a.n_tokens == 1 && a.n_kv_heads == 1 && a.n_heads >= 8 && a.n_heads <= 256 &&
+         a.pos0 + 1 >= kLongDecodeContext;
+}
+
 void attention(const ops::AttentionArgs& a, ThreadPool* pool, Isa isa) {
   const int64_t group = a.n_heads / a.n_kv_heads;
   isa = std::min(isa, best_isa());
@@ -615,8 +621,7 @@ void attention(const ops::AttentionArgs& a, ThreadPool* pool, Isa isa) {
   // scores with the keys split over the threads, the softmax with the heads split, the value sums
   // with the output dimensions split: each thread reads its share of the cache once per pass.
   // Every output's arithmetic is the one task's (the same bits).
-  if (splits > 1 && a.n_tokens == 1 && a.n_kv_heads == 1 && a.pos0 + 1 >= kLongDecodeContext &&
-      a.n_heads <= 256) {
+  if (attention_splits_cache(a, pool, isa)) {
     const int64_t n_ctx = a.pos0 + 1;
     const int64_t threads = pool->size() + 1;
     thread_local std::vector<float> shared_scores;  // the caller's: every task writes into it

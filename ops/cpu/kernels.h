@@ -162,11 +162,15 @@ void gemm_f32_kn(const float* a, int64_t lda, int64_t m, const float* b, int64_t
 // values. AVX-512: register-blocked scores and value sums (attention_avx512.cpp); below it the
 // scores as one small GEMM of the F32 kernel and a scalar value loop. A token's output does not
 // depend on the other tokens of the call. isa: the highest level to use.
-// A one-token call with one KV group of >= 8 heads (absorbed MLA decode) and at least this many
-// cached positions runs on the pool in three phases (keys split for the scores, heads for the
-// softmax, output dimensions for the value sums: each thread reads a share of the cache) instead
-// of a task per block of heads (each reading all of it). Same bits.
-inline constexpr int64_t kLongDecodeContext = 256;
 void attention(const ops::AttentionArgs& args, ThreadPool* pool, Isa isa = best_isa());
+
+// On AVX-512 with a pool, a one-token call with one KV group of >= 8 heads (absorbed MLA decode)
+// and at least kLongDecodeContext cached positions runs in three phases (keys split over the
+// threads for the scores, heads for the softmax, output dimensions for the value sums: each thread
+// reads a share of the cache) instead of a task per block of heads (each reading all of it); same
+// bits. attention_splits_cache says whether a call takes that path.
+inline constexpr int64_t kLongDecodeContext = 256;
+bool attention_splits_cache(const ops::AttentionArgs& args, const ThreadPool* pool,
+                            Isa isa = best_isa());
 
 }  // namespace tandem::kern
