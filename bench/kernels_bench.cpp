@@ -456,7 +456,7 @@ BENCHMARK_CAPTURE(BM_MlaHeads, v_b_128x512, 128, 512)->UseRealTime()->MinTime(0.
 // model's: one job, each thread a contiguous range of heads through all three steps, unless
 // kern::attention would split the cache over the threads (kern::attention_splits_cache: from
 // kLongDecodeContext cached positions on), then three jobs (the head ranges' W_UK, kern::attention
-// on the pool, which then splits the cache over the threads, the ranges' W_UV). one_vs_three: the
+// on the pool, the ranges' W_UV). one_vs_three: the
 // one job against the three, A/B in the same minute (ab_rounds).
 void BM_MlaDecodeHeads(benchmark::State& state, int64_t ctx) {
   if (!kern::q0_x4_native() || best_isa() < Isa::kAvx512Bf16) {
