@@ -287,6 +287,12 @@ void rows_task(const ops::AttentionArgs& a, const Rows& rows, const float* k0, c
   value_dims<NH>(a, rows, v0, n_max, scores, 0, a.dv, dummy, prefetch);
 }
 
+// The row block of a KV group's heads: it follows the group's size (not a task's share of it),
+// so splitting a group over tasks or phases leaves every head's arithmetic as it was.
+int group_nh(int64_t group) {
+  return group >= 4 ? 4 : group >= 2 ? 2 : 1;
+}
+
 void rows_any(const ops::AttentionArgs& a, int nh, const Rows& rows, const float* k0,
               const float* v0, float* scores, float* dummy, bool prefetch) {
   if (nh == 4) {
@@ -302,10 +308,8 @@ void rows_any(const ops::AttentionArgs& a, int nh, const Rows& rows, const float
 
 void attention_task_avx512(const ops::AttentionArgs& a, int64_t t, int64_t g, int64_t hb,
                            int64_t he, float* scores, float* dummy) {
-  // The head block follows the group's size (not the task's share of it), so splitting a group's
-  // heads over tasks leaves every head's arithmetic as it was.
   const int64_t group = a.n_heads / a.n_kv_heads, base = g * group;
-  const int nh = group >= 4 ? 4 : group >= 2 ? 2 : 1;
+  const int nh = group_nh(group);
   const float* q0 = a.q + t * a.q_stride + base * a.dk;
   for (int64_t h0 = hb; h0 < he; h0 += kMaxRows) {
     Rows rows;
@@ -347,17 +351,13 @@ Rows decode_rows(const ops::AttentionArgs& a) {
   return rows;
 }
 
-int decode_nh(const ops::AttentionArgs& a) {
-  return a.n_heads >= 4 ? 4 : a.n_heads >= 2 ? 2 : 1;
-}
-
 }  // namespace
 
 void decode_scores_avx512(const ops::AttentionArgs& a, int64_t s_begin, int64_t s_end,
                           float* scores) {
   const Rows rows = decode_rows(a);
   const int64_t n_ctx = a.pos0 + 1;
-  switch (decode_nh(a)) {
+  switch (group_nh(a.n_heads)) {
     case 4: score_keys<4>(a, rows, a.k, n_ctx, s_begin, s_end, scores, true); break;
     case 2: score_keys<2>(a, rows, a.k, n_ctx, s_begin, s_end, scores, true); break;
     default: score_keys<1>(a, rows, a.k, n_ctx, s_begin, s_end, scores, true); break;
@@ -365,14 +365,14 @@ void decode_scores_avx512(const ops::AttentionArgs& a, int64_t s_begin, int64_t 
 }
 
 int64_t decode_value_step(const ops::AttentionArgs& a) {
-  return 16 * (16 / decode_nh(a));
+  return 16 * (16 / group_nh(a.n_heads));
 }
 
 void decode_values_avx512(const ops::AttentionArgs& a, const float* scores, int64_t j_begin,
                           int64_t j_end, float* dummy) {
   const Rows rows = decode_rows(a);
   const int64_t n_ctx = a.pos0 + 1;
-  switch (decode_nh(a)) {
+  switch (group_nh(a.n_heads)) {
     case 4: value_dims<4>(a, rows, a.v, n_ctx, scores, j_begin, j_end, dummy, true); break;
     case 2: value_dims<2>(a, rows, a.v, n_ctx, scores, j_begin, j_end, dummy, true); break;
     default: value_dims<1>(a, rows, a.v, n_ctx, scores, j_begin, j_end, dummy, true); break;
