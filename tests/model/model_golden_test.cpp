@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "core/thread_pool.h"
+#include "formats/synth.h"
 #include "model/model.h"
 #include "model/weights.h"
 #include "ops/cpu/kernels.h"
@@ -246,6 +247,40 @@ TEST_P(GoldenMla, AbsorbedDecodeSameBitsOnThePool) {
     EXPECT_EQ(pooled.logits, serial.logits) << suffix;
     EXPECT_EQ(pooled.greedy, serial.greedy) << suffix;
   }
+}
+
+// The same with 16 heads (a synthesized tiny DeepSeek-V2, F32): from kLongDecodeContext cached
+// positions on, decode takes the three steps with kern::attention splitting the latent cache over
+// the threads (keys, heads, output dimensions); the same bits as without a pool.
+TEST(GoldenMla16Heads, DecodeSplitsTheCacheWithTheSameBits) {
+  test::TempDir dir("mla16");
+  SynthOptions o;
+  o.config = config_preset("tiny-deepseek2");
+  o.config.num_heads = 16;
+  o.config.num_kv_heads = 16;
+  o.seed = 24;
+  o.progress = false;
+  o.threads = 1;
+  o.output = dir / "mla16.gguf";
+  synth_model(o);
+  const LoadedModel lm = load_model(o.output);
+  ASSERT_EQ(lm.config.num_heads, 16);
+  std::vector<int32_t> tokens;
+  for (int64_t i = 0; i < kern::kLongDecodeContext + 20; ++i) {
+    tokens.push_back(static_cast<int32_t>((i * 37 + 11) % lm.config.vocab_size));
+  }
+  ops::AttentionArgs late;  // what the attention of the prompt's last decode step looks like
+  late.n_tokens = 1;
+  late.n_heads = 16;
+  late.n_kv_heads = 1;
+  late.pos0 = static_cast<int64_t>(tokens.size()) - 1;
+  ASSERT_TRUE(kern::attention_splits_cache(late, &pool(), Isa::kAvx512) ||
+              best_isa() < Isa::kAvx512);
+  const int64_t ctx = kern::kLongDecodeContext + 64;
+  const PromptRun pooled = run_prompt(lm, tokens, MlaMode::kAbsorbed, 32, 1, &pool(), ctx);
+  const PromptRun serial = run_prompt(lm, tokens, MlaMode::kAbsorbed, 32, 1, nullptr, ctx);
+  EXPECT_EQ(pooled.logits, serial.logits);
+  EXPECT_EQ(pooled.greedy, serial.greedy);
 }
 
 // The cost rule of MlaMode::kAuto against the multiply-add counts it stands for, on V2-Lite's
