@@ -6,6 +6,7 @@
 
 #include "core/error.h"
 #include "core/thread_pool.h"
+#include "core/topology.h"
 #include "model/router.h"
 #include "formats/quant.h"
 #include "ops/cpu/kernels.h"
@@ -80,8 +81,15 @@ Model::Model(const LoadedModel& weights, const ModelOptions& options)
     v_row = c.num_kv_heads * c.head_dim;
   }
   const uint64_t bytes = static_cast<uint64_t>(ctx_) * (k_row + v_row) * c.num_layers * 4;
-  if (bytes > (uint64_t{1} << 40)) {
-    fail(ErrorKind::kResource, "KV cache for --ctx {} would need {} bytes", ctx_, bytes);
+  const uint64_t available = meminfo_bytes("MemAvailable");  // 0: unknown
+  if (bytes > (uint64_t{1} << 40) || (available > 0 && bytes > available)) {
+    fail(ErrorKind::kResource,
+         "a KV cache of {} positions needs {:.1f} GiB, more than the {:.1f} GiB of memory "
+         "available",
+         ctx_, static_cast<double>(bytes) / 1073741824.0,
+         static_cast<double>(available > 0 ? std::min(available, uint64_t{1} << 40)
+                                           : uint64_t{1} << 40) /
+             1073741824.0);
   }
   k_cache_.resize(c.num_layers);
   v_cache_.resize(c.num_layers);

@@ -201,7 +201,7 @@ void run_bench(const BenchArgs& a) {
   StepBytes split = decode_bytes(lm);
 
   ModelOptions mo;
-  mo.ctx = std::max(1, a.depth + a.n_prompt + a.n_gen + 8);
+  mo.ctx = std::max<int64_t>(1, int64_t{a.depth} + a.n_prompt + a.n_gen + 8);
   mo.pool = &threading.pool();
   mo.moe = moe.backend();
   mo.views = moe.weight_views();

@@ -234,18 +234,22 @@ TEST_P(GoldenMla, ExpandedEqualsNaive) {
 // on three steps with the attention's cache split over the threads; without a pool the steps
 // run head after head. The same bits either way (every head's arithmetic is the same), for a
 // prompt past kLongDecodeContext fed token by token and the greedy continuation.
+void expect_decode_same_bits_on_the_pool(const LoadedModel& lm, const std::string& what) {
+  std::vector<int32_t> tokens;
+  for (int64_t i = 0; i < kern::kLongDecodeContext + 20; ++i) {
+    tokens.push_back(static_cast<int32_t>((i * 37 + 11) % lm.config.vocab_size));
+  }
+  const int64_t ctx = kern::kLongDecodeContext + 64;
+  const PromptRun pooled = run_prompt(lm, tokens, MlaMode::kAbsorbed, 32, 1, &pool(), ctx);
+  const PromptRun serial = run_prompt(lm, tokens, MlaMode::kAbsorbed, 32, 1, nullptr, ctx);
+  EXPECT_EQ(pooled.logits, serial.logits) << what;
+  EXPECT_EQ(pooled.greedy, serial.greedy) << what;
+}
+
 TEST_P(GoldenMla, AbsorbedDecodeSameBitsOnThePool) {
   for (const std::string suffix : {".gguf", "-hf", "-q4_k_m.gguf"}) {
     const LoadedModel lm = load_model(test::data_path("golden/" + GetParam() + suffix));
-    std::vector<int32_t> tokens;
-    for (int64_t i = 0; i < kern::kLongDecodeContext + 20; ++i) {
-      tokens.push_back(static_cast<int32_t>((i * 37 + 11) % 500));
-    }
-    const int64_t ctx = kern::kLongDecodeContext + 64;
-    const PromptRun pooled = run_prompt(lm, tokens, MlaMode::kAbsorbed, 32, 1, &pool(), ctx);
-    const PromptRun serial = run_prompt(lm, tokens, MlaMode::kAbsorbed, 32, 1, nullptr, ctx);
-    EXPECT_EQ(pooled.logits, serial.logits) << suffix;
-    EXPECT_EQ(pooled.greedy, serial.greedy) << suffix;
+    expect_decode_same_bits_on_the_pool(lm, suffix);
   }
 }
 
@@ -265,22 +269,14 @@ TEST(GoldenMla16Heads, DecodeSplitsTheCacheWithTheSameBits) {
   synth_model(o);
   const LoadedModel lm = load_model(o.output);
   ASSERT_EQ(lm.config.num_heads, 16);
-  std::vector<int32_t> tokens;
-  for (int64_t i = 0; i < kern::kLongDecodeContext + 20; ++i) {
-    tokens.push_back(static_cast<int32_t>((i * 37 + 11) % lm.config.vocab_size));
-  }
-  ops::AttentionArgs late;  // what the attention of the prompt's last decode step looks like
+  ops::AttentionArgs late;  // the attention of the prompt's last decode step
   late.n_tokens = 1;
   late.n_heads = 16;
   late.n_kv_heads = 1;
-  late.pos0 = static_cast<int64_t>(tokens.size()) - 1;
+  late.pos0 = kern::kLongDecodeContext + 19;
   ASSERT_TRUE(kern::attention_splits_cache(late, &pool(), Isa::kAvx512) ||
               best_isa() < Isa::kAvx512);
-  const int64_t ctx = kern::kLongDecodeContext + 64;
-  const PromptRun pooled = run_prompt(lm, tokens, MlaMode::kAbsorbed, 32, 1, &pool(), ctx);
-  const PromptRun serial = run_prompt(lm, tokens, MlaMode::kAbsorbed, 32, 1, nullptr, ctx);
-  EXPECT_EQ(pooled.logits, serial.logits);
-  EXPECT_EQ(pooled.greedy, serial.greedy);
+  expect_decode_same_bits_on_the_pool(lm, "16 heads");
 }
 
 // The cost rule of MlaMode::kAuto against the multiply-add counts it stands for, on V2-Lite's

@@ -101,6 +101,11 @@ TEST(CliBench, DepthStartsEveryTestAfterAContext) {
   const test::CommandResult bad = test::run_tandem("bench -m " + model + " -d -5");
   EXPECT_NE(bad.exit_code, 0);
   EXPECT_NE(bad.err.find("-d"), std::string::npos) << bad.err;
+  // A depth whose KV cache cannot fit (here > 1 TiB): a clear error, no allocation attempted.
+  const test::CommandResult huge = test::run_tandem("bench -m " + model + " -d 1000000000");
+  EXPECT_NE(huge.exit_code, 0);
+  EXPECT_NE(huge.err.find("a KV cache of 1000000648 positions needs"), std::string::npos)
+      << huge.err;
 }
 
 TEST(CliBench, BadValuesFailWithMessage) {
