@@ -27,6 +27,7 @@
 #include "core/thread_pool.h"
 #include "core/topology.h"
 #include "formats/quant.h"
+#include "ops/cpu/kern_gguf.h"
 #include "ops/cpu/kernels.h"
 #include "core/error.h"
 #include "ops/cpu/q0_x4.h"
@@ -631,6 +632,59 @@ void BM_Attention(benchmark::State& state, int64_t heads, int64_t kv_heads, int6
   const int64_t pairs = n * pos0 + n * (n + 1) / 2;  // (query, key) pairs under the causal mask
   state.SetItemsProcessed(state.iterations() * 2 * pairs * heads * (dk + dv));
 }
+// The two arithmetic phases of a long-context absorbed-MLA decode step (kern::attention's
+// split-cache path), one thread, on V2-Lite's shape (16 heads over one latent cache of rows of
+// 576 floats: the keys are whole rows, the values their first 512): the scores of keys [0, ctx)
+// (detail::decode_scores_avx512) and the value sums of all 512 dimensions
+// (detail::decode_values_avx512) on softmaxed scores. ctx 256: the cache (590 KiB) in L2; 4096:
+// 9.4 MiB, in L3. items_per_second = FLOP/s (2 x multiply-adds), against one core's fp32 peak
+// (`tandem roofline`, "1t").
+void BM_MlaDecodePhase(benchmark::State& state, bool values, int64_t ctx) {
+  if (best_isa() < Isa::kAvx512) {
+    state.SkipWithError("needs AVX-512");
+    return;
+  }
+  constexpr int64_t kHeads = 16, kDk = 576, kDv = 512;
+  std::mt19937 rng(5);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> q(static_cast<size_t>(kHeads * kDk)), cache(static_cast<size_t>(ctx * kDk));
+  for (float& x : q) x = normal(rng);
+  for (float& x : cache) x = normal(rng);
+  std::vector<float> scores(static_cast<size_t>(kHeads * ctx)), out(kHeads * kDv), dummy(kDv);
+  ops::AttentionArgs a;
+  a.q = q.data();
+  a.q_stride = kHeads * kDk;
+  a.n_tokens = 1;
+  a.n_heads = kHeads;
+  a.n_kv_heads = 1;
+  a.dk = kDk;
+  a.dv = kDv;
+  a.k = cache.data();
+  a.v = cache.data();
+  a.k_stride = kDk;
+  a.v_stride = kDk;
+  a.scale = 0.05f;
+  a.pos0 = ctx - 1;
+  a.out = out.data();
+  kern::detail::decode_scores_avx512(a, 0, ctx, scores.data());
+  for (int64_t h = 0; h < kHeads; ++h) {
+    kern::detail::softmax_scaled_avx512(scores.data() + h * ctx, ctx, a.scale);
+  }
+  for (auto _ : state) {
+    if (values) {
+      kern::detail::decode_values_avx512(a, scores.data(), 0, kDv, dummy.data());
+    } else {
+      kern::detail::decode_scores_avx512(a, 0, ctx, scores.data());
+    }
+    benchmark::DoNotOptimize(values ? out.data() : scores.data());
+  }
+  state.SetItemsProcessed(state.iterations() * 2 * kHeads * ctx * (values ? kDv : kDk));
+}
+BENCHMARK_CAPTURE(BM_MlaDecodePhase, scores_ctx256, false, 256)->UseRealTime()->MinTime(0.3);
+BENCHMARK_CAPTURE(BM_MlaDecodePhase, scores_ctx4096, false, 4096)->UseRealTime()->MinTime(0.3);
+BENCHMARK_CAPTURE(BM_MlaDecodePhase, values_ctx256, true, 256)->UseRealTime()->MinTime(0.3);
+BENCHMARK_CAPTURE(BM_MlaDecodePhase, values_ctx4096, true, 4096)->UseRealTime()->MinTime(0.3);
+
 // Expanded MLA's K up-projection for one head (kern::gemm_f32_kn): 512 cached latents (rows of
 // 576 floats: latent then rope key) times GGUF k_b in F32 as stored [512, 128], single-threaded:
 // items_per_second = multiply-adds x 2 (FLOP/s; the fp32 peak of `tandem roofline` is for all

@@ -15,6 +15,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <vector>
 
 #include "ops/cpu/kern_gguf.h"
 #include "ops/cpu/ref_ops.h"  // AttentionArgs
@@ -42,22 +43,24 @@ inline __m512 sum16(const __m512* v) {
   return _mm512_add_ps(_mm512_shuffle_f32x4(c0, c1, 0x88), _mm512_shuffle_f32x4(c0, c1, 0xDD));
 }
 
-// out[h * NS + s] = dot(q[h], k[s]) over dk values. (qk_block and pv_block are forced inline:
-// called from score_keys / value_dims, GCC kept them out of line and the decode step ran 1.5x
-// slower.)
+// out[h * NS + s] = dot(q[h], k[s]) over dk values, the NH query rows packed step-major
+// (qp[step * NH + h]: row h's values 16 * step .. 16 * step + 15, zero past dk): one pointer for
+// every row, so the loop keeps its addresses in registers (with a pointer per row the scores ran
+// ~20% slower: BM_MlaDecodePhase). A zero-padded tail gives what masked loads of q gave. (qk_block
+// and pv_block are forced inline: called from score_keys / value_dims, GCC kept them out of line
+// and the decode step ran 1.5x slower.)
 template <int NH, int NS>
-__attribute__((always_inline)) inline void qk_block(const float* const* q, const float* const* k,
+__attribute__((always_inline)) inline void qk_block(const __m512* qp, const float* const* k,
                                                     int64_t dk, float* out) {
   static_assert(NH * NS == 16);
   __m512 acc[16];
   for (__m512& x : acc) x = _mm512_setzero_ps();
   int64_t d = 0;
-  for (; d + 16 <= dk; d += 16) {
+  for (; d + 16 <= dk; d += 16, qp += NH) {
     __m512 kv[NS];
     for (int s = 0; s < NS; ++s) kv[s] = _mm512_loadu_ps(k[s] + d);
     for (int h = 0; h < NH; ++h) {
-      const __m512 qv = _mm512_loadu_ps(q[h] + d);
-      for (int s = 0; s < NS; ++s) acc[h * NS + s] = _mm512_fmadd_ps(qv, kv[s], acc[h * NS + s]);
+      for (int s = 0; s < NS; ++s) acc[h * NS + s] = _mm512_fmadd_ps(qp[h], kv[s], acc[h * NS + s]);
     }
   }
   if (d < dk) {
@@ -65,8 +68,7 @@ __attribute__((always_inline)) inline void qk_block(const float* const* q, const
     __m512 kv[NS];
     for (int s = 0; s < NS; ++s) kv[s] = _mm512_maskz_loadu_ps(m, k[s] + d);
     for (int h = 0; h < NH; ++h) {
-      const __m512 qv = _mm512_maskz_loadu_ps(m, q[h] + d);
-      for (int s = 0; s < NS; ++s) acc[h * NS + s] = _mm512_fmadd_ps(qv, kv[s], acc[h * NS + s]);
+      for (int s = 0; s < NS; ++s) acc[h * NS + s] = _mm512_fmadd_ps(qp[h], kv[s], acc[h * NS + s]);
     }
   }
   _mm512_storeu_ps(out, sum16(acc));
@@ -179,13 +181,10 @@ inline void prefetch_rows(const float* base, int64_t stride, int64_t r0, int64_t
   }
 }
 
-// Share `part` of `parts` of the 64-byte lines of those rows' first `floats` values (each row's
-// lines split into `parts` ranges): the row blocks of a chunk prefetch the next chunk's keys
-// between them, evenly over the chunk's time.
-inline void prefetch_rows_share(const float* base, int64_t stride, int64_t r0, int64_t r1,
-                                int64_t floats, int64_t part, int64_t parts) {
-  const int64_t lines = (floats * 4 + 63) / 64;
-  const int64_t l0 = lines * part / parts, l1 = lines * (part + 1) / parts;
+// Lines [l0, l1) (64 bytes each) of rows [r0, r1) of a cache (rows `stride` floats apart): the
+// row blocks of a chunk prefetch the next chunk's keys between them, evenly over the chunk's time.
+inline void prefetch_lines(const float* base, int64_t stride, int64_t r0, int64_t r1, int64_t l0,
+                           int64_t l1) {
   for (int64_t r = r0; r < r1; ++r) {
     const char* p = reinterpret_cast<const char*>(base + r * stride);
     for (int64_t l = l0; l < l1; ++l) _mm_prefetch(p + 64 * l, _MM_HINT_T0);
@@ -201,24 +200,46 @@ void score_keys(const ops::AttentionArgs& a, const Rows& rows, const float* k0, 
                 int64_t s_begin, int64_t s_end, float* scores, bool prefetch) {
   constexpr int NS = 16 / NH;
   alignas(64) float blk[16];
+  // The rows packed per block of NH (qk_block), a short last block repeating its last row.
+  const int64_t steps = (a.dk + 15) / 16, blocks = (rows.n + NH - 1) / NH;
+  thread_local std::vector<__m512> packed;
+  packed.resize(static_cast<size_t>(blocks * steps * NH));
+  for (int64_t b = 0; b < blocks; ++b) {
+    for (int h = 0; h < NH; ++h) {
+      const float* q = rows.q[std::min<int64_t>(b * NH + h, rows.n - 1)];
+      for (int64_t st = 0; st < steps; ++st) {
+        const int64_t left = a.dk - 16 * st;
+        const __mmask16 m = left >= 16 ? static_cast<__mmask16>(0xFFFF)
+                                       : static_cast<__mmask16>((1u << left) - 1);
+        packed[static_cast<size_t>((b * steps + st) * NH + h)] =
+            _mm512_maskz_loadu_ps(m, q + 16 * st);
+      }
+    }
+  }
+  // Each row block's share of a key's 64-byte lines to prefetch: lines share[b] .. share[b + 1]
+  // (computed once per call, not with two divisions per block).
+  const int64_t lines = (a.dk * 4 + 63) / 64;
+  thread_local std::vector<int64_t> share;
+  share.resize(static_cast<size_t>(blocks + 1));
+  for (int64_t b = 0; b <= blocks; ++b) share[static_cast<size_t>(b)] = lines * b / blocks;
   // Key chunks outer: a chunk's keys stay in L2 while every row block passes over them, instead
   // of every row block streaming all the keys from L3 / DRAM.
   for (int64_t c0 = s_begin; c0 < s_end; c0 += kChunk) {
     const int64_t c1 = std::min(s_end, c0 + kChunk);
     for (int64_t h0 = 0; h0 < rows.n; h0 += NH) {
-      const float* q[NH];
-      for (int h = 0; h < NH; ++h) q[h] = rows.q[std::min<int64_t>(h0 + h, rows.n - 1)];
+      const __m512* qp = packed.data() + (h0 / NH) * steps * NH;
       for (int64_t s0 = c0; s0 < c1; s0 += NS) {
         // The first row block brings the chunk in from L3 / DRAM: in decode it prefetches the next
         // chunk's keys as it goes (without, a long context read latency-bound; a prefill's keys
         // come from L2 / L3 for most of its tasks, where the prefetches only cost 5-10%).
-        if (prefetch && c1 < s_end) {
-          prefetch_rows_share(k0, a.k_stride, s0 + kChunk, std::min(s_end, s0 + kChunk + NS),
-                              a.dk, h0 / NH, (rows.n + NH - 1) / NH);
+        if (prefetch && s0 + kChunk < s_end) {
+          const int64_t b = h0 / NH;
+          prefetch_lines(k0, a.k_stride, s0 + kChunk, std::min(s_end, s0 + kChunk + NS),
+                         share[b], share[b + 1]);
         }
         const float* k[NS];
         for (int s = 0; s < NS; ++s) k[s] = k0 + std::min(s0 + s, s_end - 1) * a.k_stride;
-        qk_block<NH, NS>(q, k, a.dk, blk);
+        qk_block<NH, NS>(qp, k, a.dk, blk);
         for (int h = 0; h < NH && h0 + h < rows.n; ++h) {
           for (int s = 0; s < NS && s0 + s < c1; ++s) {
             scores[(h0 + h) * n_max + s0 + s] = blk[h * NS + s];
