@@ -80,6 +80,26 @@ ThreadPool& pool() {
   return bench_pool();
 }
 
+// One token of absorbed-MLA decode over a latent cache of ctx rows of dk floats (one KV head: the
+// keys are whole rows, the values their first dv floats), the query rows [heads, dk].
+ops::AttentionArgs mla_decode_args(const float* q, int64_t heads, int64_t dk, int64_t dv,
+                                   const float* cache, int64_t ctx, float scale, float* out) {
+  ops::AttentionArgs a;
+  a.q = q;
+  a.q_stride = heads * dk;
+  a.n_tokens = 1;
+  a.n_heads = heads;
+  a.n_kv_heads = 1;
+  a.dk = dk;
+  a.dv = dv;
+  a.k = a.v = cache;
+  a.k_stride = a.v_stride = dk;
+  a.pos0 = ctx - 1;
+  a.scale = scale;
+  a.out = out;
+  return a;
+}
+
 // Decode GEMVs: bytes_per_second, threads and report_gemv's GBps / of_dram (bench/dram_probe.h).
 template <class Step>
 void gemv_counters(benchmark::State& state, int64_t bytes_per_call, Step&& step) {
@@ -505,19 +525,8 @@ void BM_MlaDecodeHeads(benchmark::State& state, int64_t ctx) {
     std::copy_n(cache.begin(), cache_floats, cache.begin() + c * cache_floats);
   }
   std::vector<float> qc(static_cast<size_t>(kHeads * kKr)), att(kHeads * kLat), o(kHeads * kV);
-  ops::AttentionArgs args;
-  args.q = qc.data();
-  args.q_stride = kHeads * kKr;
-  args.n_tokens = 1;
-  args.n_heads = kHeads;
-  args.n_kv_heads = 1;
-  args.dk = kKr;
-  args.dv = kLat;
-  args.k = args.v = cache.data();
-  args.k_stride = args.v_stride = kKr;
-  args.pos0 = ctx - 1;
-  args.scale = 0.07f;
-  args.out = att.data();
+  ops::AttentionArgs args =
+      mla_decode_args(qc.data(), kHeads, kKr, kLat, cache.data(), ctx, 0.07f, att.data());
   int64_t l = 0;
   auto cache_of = [&](ops::AttentionArgs& x) {
     x.k = x.v = cache.data() + (l % caches) * cache_floats;
@@ -651,21 +660,8 @@ void BM_MlaDecodePhase(benchmark::State& state, bool values, int64_t ctx) {
   for (float& x : q) x = normal(rng);
   for (float& x : cache) x = normal(rng);
   std::vector<float> scores(static_cast<size_t>(kHeads * ctx)), out(kHeads * kDv), dummy(kDv);
-  ops::AttentionArgs a;
-  a.q = q.data();
-  a.q_stride = kHeads * kDk;
-  a.n_tokens = 1;
-  a.n_heads = kHeads;
-  a.n_kv_heads = 1;
-  a.dk = kDk;
-  a.dv = kDv;
-  a.k = cache.data();
-  a.v = cache.data();
-  a.k_stride = kDk;
-  a.v_stride = kDk;
-  a.scale = 0.05f;
-  a.pos0 = ctx - 1;
-  a.out = out.data();
+  const ops::AttentionArgs a =
+      mla_decode_args(q.data(), kHeads, kDk, kDv, cache.data(), ctx, 0.05f, out.data());
   kern::detail::decode_scores_avx512(a, 0, ctx, scores.data());
   for (int64_t h = 0; h < kHeads; ++h) {
     kern::detail::softmax_scaled_avx512(scores.data() + h * ctx, ctx, a.scale);
