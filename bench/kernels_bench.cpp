@@ -588,6 +588,7 @@ void BM_MlaDecodeHeads(benchmark::State& state, int64_t ctx) {
 BENCHMARK_CAPTURE(BM_MlaDecodeHeads, ctx64, 64)->UseRealTime()->MinTime(0.3);
 BENCHMARK_CAPTURE(BM_MlaDecodeHeads, ctx160, 160)->UseRealTime()->MinTime(0.3);
 BENCHMARK_CAPTURE(BM_MlaDecodeHeads, ctx256, 256)->UseRealTime()->MinTime(0.3);
+BENCHMARK_CAPTURE(BM_MlaDecodeHeads, ctx512, 512)->UseRealTime()->MinTime(0.3);
 BENCHMARK_CAPTURE(BM_MlaDecodeHeads, ctx1024, 1024)->UseRealTime()->MinTime(0.3);
 BENCHMARK_CAPTURE(BM_MlaDecodeHeads, ctx4096, 4096)->UseRealTime()->MinTime(0.3);
 
@@ -641,14 +642,13 @@ void BM_Attention(benchmark::State& state, int64_t heads, int64_t kv_heads, int6
   const int64_t pairs = n * pos0 + n * (n + 1) / 2;  // (query, key) pairs under the causal mask
   state.SetItemsProcessed(state.iterations() * 2 * pairs * heads * (dk + dv));
 }
-// The two arithmetic phases of a long-context absorbed-MLA decode step (kern::attention's
-// split-cache path), one thread, on V2-Lite's shape (16 heads over one latent cache of rows of
-// 576 floats: the keys are whole rows, the values their first 512): the scores of keys [0, ctx)
-// (detail::decode_scores_avx512) and the value sums of all 512 dimensions
-// (detail::decode_values_avx512) on softmaxed scores. ctx 256: the cache (590 KiB) in L2; 4096:
-// 9.4 MiB, in L3. items_per_second = FLOP/s (2 x multiply-adds), against one core's fp32 peak
-// (`tandem roofline`, "1t").
-void BM_MlaDecodePhase(benchmark::State& state, bool values, int64_t ctx) {
+// A long-context absorbed-MLA decode step's attention (kern::attention's split-cache path) on one
+// thread, V2-Lite's shape (16 heads over one latent cache of rows of 576 floats: the keys are
+// whole rows, the values their first 512): every segment's scores, numerators and value sums
+// (detail::decode_segments_avx512), then the heads' folds (detail::decode_fold_avx512). ctx 256:
+// the cache (590 KiB) in L2; 4096: 9.4 MiB, in L3. items_per_second = FLOP/s (2 x multiply-adds
+// of the scores and value sums), against one core's fp32 peak (`tandem roofline`, "1t").
+void BM_MlaDecodeSegments(benchmark::State& state, int64_t ctx) {
   if (best_isa() < Isa::kAvx512) {
     state.SkipWithError("needs AVX-512");
     return;
@@ -659,27 +659,20 @@ void BM_MlaDecodePhase(benchmark::State& state, bool values, int64_t ctx) {
   std::vector<float> q(static_cast<size_t>(kHeads * kDk)), cache(static_cast<size_t>(ctx * kDk));
   for (float& x : q) x = normal(rng);
   for (float& x : cache) x = normal(rng);
-  std::vector<float> scores(static_cast<size_t>(kHeads * ctx)), out(kHeads * kDv), dummy(kDv);
+  const int64_t segs = (ctx + kern::detail::kSegment - 1) / kern::detail::kSegment;
+  std::vector<float> partial(static_cast<size_t>(segs * kHeads * kDv)),
+      stats(static_cast<size_t>(segs * kHeads * 2)), out(kHeads * kDv);
   const ops::AttentionArgs a =
       mla_decode_args(q.data(), kHeads, kDk, kDv, cache.data(), ctx, 0.05f, out.data());
-  kern::detail::decode_scores_avx512(a, 0, ctx, scores.data());
-  for (int64_t h = 0; h < kHeads; ++h) {
-    kern::detail::softmax_scaled_avx512(scores.data() + h * ctx, ctx, a.scale);
-  }
   for (auto _ : state) {
-    if (values) {
-      kern::detail::decode_values_avx512(a, scores.data(), 0, kDv, dummy.data());
-    } else {
-      kern::detail::decode_scores_avx512(a, 0, ctx, scores.data());
-    }
-    benchmark::DoNotOptimize(values ? out.data() : scores.data());
+    kern::detail::decode_segments_avx512(a, 0, segs, partial.data(), stats.data());
+    kern::detail::decode_fold_avx512(a, partial.data(), stats.data(), 0, kHeads);
+    benchmark::DoNotOptimize(out.data());
   }
-  state.SetItemsProcessed(state.iterations() * 2 * kHeads * ctx * (values ? kDv : kDk));
+  state.SetItemsProcessed(state.iterations() * 2 * kHeads * ctx * (kDk + kDv));
 }
-BENCHMARK_CAPTURE(BM_MlaDecodePhase, scores_ctx256, false, 256)->UseRealTime()->MinTime(0.3);
-BENCHMARK_CAPTURE(BM_MlaDecodePhase, scores_ctx4096, false, 4096)->UseRealTime()->MinTime(0.3);
-BENCHMARK_CAPTURE(BM_MlaDecodePhase, values_ctx256, true, 256)->UseRealTime()->MinTime(0.3);
-BENCHMARK_CAPTURE(BM_MlaDecodePhase, values_ctx4096, true, 4096)->UseRealTime()->MinTime(0.3);
+BENCHMARK_CAPTURE(BM_MlaDecodeSegments, ctx256, 256)->UseRealTime()->MinTime(0.3);
+BENCHMARK_CAPTURE(BM_MlaDecodeSegments, ctx4096, 4096)->UseRealTime()->MinTime(0.3);
 
 // Expanded MLA's K up-projection for one head (kern::gemm_f32_kn): 512 cached latents (rows of
 // 576 floats: latent then rope key) times GGUF k_b in F32 as stored [512, 128], single-threaded:

@@ -109,27 +109,31 @@ void q8_0x4_rows_vbmi(const GemmArgs& g);
 // kernel) on them: the same bits as the x4 kernels.
 void q0_x4_through_rows(const GemmArgs& g, int stored_format, GemmFn rows);
 
-// kern::attention's task (query token t, KV head group g) on AVX-512 (attention_avx512.cpp):
-// scores needs group * n_ctx floats, dummy dv (written, never read).
-// x = softmax(scale * x) with a vectorized e^x (within 2 ulp of std::exp; attention_avx512.cpp).
-void softmax_scaled_avx512(float* x, int64_t n, float scale);
-// Heads [hb, he) of the group only (0 <= hb < he <= group): scores then needs (he - hb) * n_ctx.
+// kern::attention on AVX-512 (attention_avx512.cpp): the keys in segments of kSegment positions
+// aligned to position 0, each segment's softmax numerators and value sums folded into the output
+// in segment order.
+inline constexpr int64_t kSegment = 256;
+// x[i] = e^(scale * x[i] - m), m = max scale * x; *m_out = m, *l_out = the sum of the e (a
+// segment's softmax numerators; e^x within 2 ulp of std::exp).
+void segment_exp_avx512(float* x, int64_t n, float scale, float* m_out, float* l_out);
+// The task (query token t, KV head group g): scores needs group * kSegment floats, dummy dv
+// (written, never read). Heads [hb, he) of the group only (0 <= hb < he <= group).
 void attention_task_avx512(const ops::AttentionArgs& a, int64_t t, int64_t g, int64_t hb,
                            int64_t he, float* scores, float* dummy);
 // Query tokens [t0, t1) of KV head g where every head has its own keys (group 1): the tokens
 // share each key block as a group's heads do (each token's outputs are the bits the one-token
-// task gives). scores needs (t1 - t0) * (pos0 + t1) floats.
+// task gives). scores needs (t1 - t0) * kSegment floats.
 void attention_tokens_avx512(const ops::AttentionArgs& a, int64_t t0, int64_t t1, int64_t g,
                              float* scores, float* dummy);
-// One query token and one KV group (a.n_tokens == a.n_kv_heads == 1; n_ctx = pos0 + 1) in phases,
-// each splittable over threads, with the task's bits: the scores of every head against keys
-// [s_begin, s_end) into scores[h * n_ctx + s]; then (softmax_scaled_avx512 per head) the outputs'
-// dimensions [j_begin, j_end) (multiples of decode_value_step(a), or j_end = dv).
-void decode_scores_avx512(const ops::AttentionArgs& a, int64_t s_begin, int64_t s_end,
-                          float* scores);
-int64_t decode_value_step(const ops::AttentionArgs& a);
-void decode_values_avx512(const ops::AttentionArgs& a, const float* scores, int64_t j_begin,
-                          int64_t j_end, float* dummy);
+// One query token and one KV group (a.n_tokens == a.n_kv_heads == 1; n_ctx = pos0 + 1, segs =
+// ceil(n_ctx / kSegment)) in two steps, each splittable over threads, with the task's bits:
+// segments [seg_begin, seg_end) of every head, their value sums unscaled into
+// partial[(seg * n_heads + h) * dv ..] and (m_s, l_s) into stats[(seg * n_heads + h) * 2 ..];
+// then every segment folded in order into the outputs of heads [h_begin, h_end).
+void decode_segments_avx512(const ops::AttentionArgs& a, int64_t seg_begin, int64_t seg_end,
+                            float* partial, float* stats);
+void decode_fold_avx512(const ops::AttentionArgs& a, const float* partial, const float* stats,
+                        int64_t h_begin, int64_t h_end);
 // kern::gemm_f32_kn on AVX-512 (attention_avx512.cpp): n a multiple of 64.
 void gemm_f32_kn_avx512(const float* a, int64_t lda, int64_t m, const float* b, int64_t k,
                         int64_t n, float* c, int64_t ldc);

@@ -617,35 +617,32 @@ void attention(const ops::AttentionArgs& a, ThreadPool* pool, Isa isa) {
   }
   const int64_t heads_per = group / splits;  // a multiple of 4 (group >= 8 when splits > 1)
   // One token and one KV group of many heads over a long context (absorbed MLA decode): split by
-  // heads, every task read the whole cache twice (keys, then values). Instead three jobs: the
-  // scores with the keys split over the threads, the softmax with the heads split, the value sums
-  // with the output dimensions split: each thread reads its share of the cache once per pass.
-  // Every output's arithmetic is the one task's (the same bits).
+  // heads, every task would read the whole cache. Instead the key segments are spread over the
+  // threads (each computes every head's scores, numerators and value sums of its segments, the
+  // cache read once), then the heads' folds over all segments (the one task's arithmetic: the
+  // same bits).
   if (attention_splits_cache(a, pool, isa)) {
     const int64_t n_ctx = a.pos0 + 1;
     const int64_t threads = pool->size() + 1;
-    thread_local std::vector<float> shared_scores;  // the caller's: every task writes into it
-    shared_scores.resize(static_cast<size_t>(a.n_heads * n_ctx));
-    float* sc = shared_scores.data();
+    const int64_t segs = (n_ctx + detail::kSegment - 1) / detail::kSegment;
+    thread_local std::vector<float> partial, stats;  // the caller's: every task writes into them
+    partial.resize(static_cast<size_t>(segs * a.n_heads * a.dv));
+    stats.resize(static_cast<size_t>(segs * a.n_heads * 2));
+    float* part = partial.data();  // (a thread_local named in a task would be the task's own)
+    float* st = stats.data();
+    // Thread i's segments end where its share of the keys, rounded to a segment, ends.
+    auto seg_end = [&](int64_t i) {
+      return std::min(segs, (n_ctx * i / threads + detail::kSegment / 2) / detail::kSegment);
+    };
     pool->run(static_cast<size_t>(threads), [&](size_t p) {
       const int64_t i = static_cast<int64_t>(p);
-      detail::decode_scores_avx512(a, n_ctx * i / threads, n_ctx * (i + 1) / threads, sc);
+      const int64_t s1 = i + 1 == threads ? segs : seg_end(i + 1);
+      detail::decode_segments_avx512(a, seg_end(i), s1, part, st);
     });
-    pool->run(static_cast<size_t>(std::min(threads, a.n_heads)), [&](size_t p) {
-      const int64_t i = static_cast<int64_t>(p), parts = std::min(threads, a.n_heads);
-      for (int64_t h = a.n_heads * i / parts; h < a.n_heads * (i + 1) / parts; ++h) {
-        detail::softmax_scaled_avx512(sc + h * n_ctx, n_ctx, a.scale);
-      }
-    });
-    const int64_t step = detail::decode_value_step(a), units = (a.dv + step - 1) / step;
-    const int64_t parts = std::min(threads, units);
+    const int64_t parts = std::min(threads, a.n_heads);
     pool->run(static_cast<size_t>(parts), [&](size_t p) {
-      thread_local std::vector<float> dummy;
-      dummy.resize(static_cast<size_t>(a.dv));
       const int64_t i = static_cast<int64_t>(p);
-      const int64_t j0 = units * i / parts * step;
-      const int64_t j1 = std::min(a.dv, units * (i + 1) / parts * step);
-      detail::decode_values_avx512(a, sc, j0, j1, dummy.data());
+      detail::decode_fold_avx512(a, part, st, a.n_heads * i / parts, a.n_heads * (i + 1) / parts);
     });
     return;
   }
@@ -660,9 +657,9 @@ void attention(const ops::AttentionArgs& a, ThreadPool* pool, Isa isa) {
       thread_local std::vector<float> scores;
       const int64_t g = static_cast<int64_t>(id) / blocks, b = static_cast<int64_t>(id) % blocks;
       const int64_t t0 = b * kTokenBlock, t1 = std::min(a.n_tokens, t0 + kTokenBlock);
-      scores.resize(static_cast<size_t>((t1 - t0) * (a.pos0 + t1) + a.dv));
+      scores.resize(static_cast<size_t>((t1 - t0) * detail::kSegment + a.dv));
       detail::attention_tokens_avx512(a, t0, t1, g, scores.data(),
-                                      scores.data() + (t1 - t0) * (a.pos0 + t1));
+                                      scores.data() + (t1 - t0) * detail::kSegment);
     };
     const size_t n = static_cast<size_t>(blocks * a.n_kv_heads);
     if (pool == nullptr || n == 1) {
@@ -681,9 +678,9 @@ void attention(const ops::AttentionArgs& a, ThreadPool* pool, Isa isa) {
     const int64_t n_ctx = a.pos0 + t + 1;
     if (isa >= Isa::kAvx512) {
       const int64_t hb = part * heads_per, he = part + 1 == splits ? group : hb + heads_per;
-      scores.resize(static_cast<size_t>((he - hb) * n_ctx + a.dv));
+      scores.resize(static_cast<size_t>((he - hb) * detail::kSegment + a.dv));
       detail::attention_task_avx512(a, t, g, hb, he, scores.data(),
-                                    scores.data() + (he - hb) * n_ctx);
+                                    scores.data() + (he - hb) * detail::kSegment);
       return;
     }
     KMatrix k;

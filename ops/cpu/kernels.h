@@ -159,17 +159,18 @@ void gemm_f32_kn(const float* a, int64_t lda, int64_t m, const float* b, int64_t
 
 // ops::attention's contract, one task per (token, KV head) on `pool`: the scores of every query
 // head sharing that KV head against all its cached keys, softmax, then the weighted sum of the
-// values. AVX-512: register-blocked scores and value sums (attention_avx512.cpp); below it the
-// scores as one small GEMM of the F32 kernel and a scalar value loop. A token's output does not
-// depend on the other tokens of the call. isa: the highest level to use.
+// values. AVX-512: register-blocked scores and value sums over segments of 256 keys, each
+// segment's softmax folded into the output in order (attention_avx512.cpp: the cache read once);
+// below it the scores as one small GEMM of the F32 kernel and a scalar value loop. A token's
+// output does not depend on the other tokens of the call. isa: the highest level to use.
 void attention(const ops::AttentionArgs& args, ThreadPool* pool, Isa isa = best_isa());
 
 // On AVX-512 with a pool, a one-token call with one KV group of >= 8 heads (absorbed MLA decode)
-// and at least kLongDecodeContext cached positions runs in three phases (keys split over the
-// threads for the scores, heads for the softmax, output dimensions for the value sums: each thread
-// reads a share of the cache) instead of a task per block of heads (each reading all of it); same
-// bits. attention_splits_cache says whether a call takes that path.
-inline constexpr int64_t kLongDecodeContext = 256;
+// and at least kLongDecodeContext cached positions spreads its key segments over the threads
+// (each thread every head over its share of the cache), then folds each head's segments (the
+// heads split over the threads) instead of a task per block of heads (each reading all of the
+// cache); same bits. attention_splits_cache says whether a call takes that path.
+inline constexpr int64_t kLongDecodeContext = 512;
 bool attention_splits_cache(const ops::AttentionArgs& args, const ThreadPool* pool,
                             Isa isa = best_isa());
 
