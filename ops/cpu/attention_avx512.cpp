@@ -187,8 +187,8 @@ constexpr int64_t kMaxRows = 256;  // query rows per rows_task call (every model
 // so far, m is their maximum and l the sum of their exponentials relative to it. add gives the
 // coefficients of the output's fold, o = fma(o_s, b, o * a) (the first segment: a 0, b 1).
 struct SegmentFold {
-  float m = 0.0f, l = 0.0f;
-  bool started = false;
+  float m, l;
+  bool started;
   void add(float m_s, float l_s, float* a, float* b) {
     if (!started) {
       started = true;
@@ -366,6 +366,7 @@ void rows_task(const ops::AttentionArgs& a, const Rows& rows, const float* k0, c
   float fa[kMaxRows], fb[kMaxRows];
   float* sums[kMaxRows];
   bool first[kMaxRows];
+  for (int64_t r = 0; r < rows.n; ++r) fold[r].started = false;  // (a POD: only rows.n set)
   for (int64_t c0 = 0; c0 < n_max; c0 += kSegment) {
     const int64_t c1 = std::min(n_max, c0 + kSegment);
     score_keys<NH>(a, rows, packed, k0, v0, c0, c1, Prefetch{prefetch, n_max}, scores);
@@ -506,7 +507,7 @@ void decode_fold_avx512(const ops::AttentionArgs& a, const float* partial, const
   thread_local std::vector<float> coef;
   coef.resize(static_cast<size_t>(2 * segs));
   for (int64_t h = h_begin; h < h_end; ++h) {
-    SegmentFold fold;
+    SegmentFold fold{0.0f, 0.0f, false};
     for (int64_t s = 0; s < segs; ++s) {
       const float* st = stats + (s * a.n_heads + h) * 2;
       fold.add(st[0], st[1], &coef[static_cast<size_t>(2 * s)],
