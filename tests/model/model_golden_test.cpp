@@ -254,8 +254,9 @@ TEST_P(GoldenMla, AbsorbedDecodeSameBitsOnThePool) {
 }
 
 // The same with 16 heads (a synthesized tiny DeepSeek-V2, F32): from kLongDecodeContext cached
-// positions on, decode takes the three steps with kern::attention splitting the latent cache over
-// the threads (keys, heads, output dimensions); the same bits as without a pool.
+// positions on, decode takes the three steps with kern::attention spreading the latent cache's
+// key segments over the threads, then folding each head's segments; the same bits as without a
+// pool.
 TEST(GoldenMla16Heads, DecodeSplitsTheCacheWithTheSameBits) {
   test::TempDir dir("mla16");
   SynthOptions o;
