@@ -309,8 +309,9 @@ void score_keys(const ops::AttentionArgs& a, const Rows& rows, const __m512* pac
 // The value sums of every row over keys [s_begin, s_end) with probabilities
 // p[r * kSegment + s - s_begin] (0 past a row's own n_ctx: fma(0, v, acc) = acc), unscaled into
 // sums[r] (dv floats; rows whose sums[r] is nullptr are computed into `dummy` and dropped). Key
-// chunks outer, then the dimension blocks, then the row blocks: a chunk's values of a block's
-// dimensions stay in L1 while every row block passes over them.
+// chunks outer, then the row blocks, then the dimension blocks: a chunk's values stay in L1 / L2
+// while every block passes over them (the dimension blocks outside the row blocks measured
+// 2-5% slower in prefill).
 template <int NH>
 void value_sums(const ops::AttentionArgs& a, const Rows& rows, const float* v0, int64_t s_begin,
                 int64_t s_end, const float* p_all, float* const* sums, float* dummy) {
