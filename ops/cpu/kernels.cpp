@@ -605,6 +605,18 @@ bool attention_splits_cache(const ops::AttentionArgs& a, const ThreadPool* pool,
 void attention(const ops::AttentionArgs& a, ThreadPool* pool, Isa isa) {
   const int64_t group = a.n_heads / a.n_kv_heads;
   isa = std::min(isa, best_isa());
+  // A BF16 cache without the BF16 instructions: the F32 kernels on its rows widened (and the
+  // queries rounded to BF16), the contract's numbers on any CPU, at the F32 cache's speed or
+  // below (the copy).
+  if (a.kb != nullptr && isa < Isa::kAvx512Bf16) {
+    thread_local std::vector<float> wq, wk, wv;
+    attention(ops::widen_bf16_cache(a, &wq, &wk, &wv), pool, isa);
+    return;
+  }
+  const bool bf16 = a.kb != nullptr;
+  const auto task_fn = bf16 ? detail::attention_task_bf16 : detail::attention_task_avx512;
+  const auto tokens_fn = bf16 ? detail::attention_tokens_bf16 : detail::attention_tokens_avx512;
+  const auto segments_fn = bf16 ? detail::decode_segments_bf16 : detail::decode_segments_avx512;
   // Fewer (token, KV group) tasks than threads (decode; absorbed MLA has one KV group): the
   // group's heads are split over tasks in blocks of 4 (each task reads the whole KV cache, which
   // the split keeps in L3 for moderate contexts). Every head's arithmetic is the same either way.
@@ -637,7 +649,7 @@ void attention(const ops::AttentionArgs& a, ThreadPool* pool, Isa isa) {
     pool->run(static_cast<size_t>(threads), [&](size_t p) {
       const int64_t i = static_cast<int64_t>(p);
       const int64_t s1 = i + 1 == threads ? segs : seg_end(i + 1);
-      detail::decode_segments_avx512(a, seg_end(i), s1, part, st);
+      segments_fn(a, seg_end(i), s1, part, st);
     });
     const int64_t parts = std::min(threads, a.n_heads);
     pool->run(static_cast<size_t>(parts), [&](size_t p) {
@@ -658,8 +670,7 @@ void attention(const ops::AttentionArgs& a, ThreadPool* pool, Isa isa) {
       const int64_t g = static_cast<int64_t>(id) / blocks, b = static_cast<int64_t>(id) % blocks;
       const int64_t t0 = b * kTokenBlock, t1 = std::min(a.n_tokens, t0 + kTokenBlock);
       scores.resize(static_cast<size_t>((t1 - t0) * detail::kSegment + a.dv));
-      detail::attention_tokens_avx512(a, t0, t1, g, scores.data(),
-                                      scores.data() + (t1 - t0) * detail::kSegment);
+      tokens_fn(a, t0, t1, g, scores.data(), scores.data() + (t1 - t0) * detail::kSegment);
     };
     const size_t n = static_cast<size_t>(blocks * a.n_kv_heads);
     if (pool == nullptr || n == 1) {
@@ -679,8 +690,7 @@ void attention(const ops::AttentionArgs& a, ThreadPool* pool, Isa isa) {
     if (isa >= Isa::kAvx512) {
       const int64_t hb = part * heads_per, he = part + 1 == splits ? group : hb + heads_per;
       scores.resize(static_cast<size_t>((he - hb) * detail::kSegment + a.dv));
-      detail::attention_task_avx512(a, t, g, hb, he, scores.data(),
-                                    scores.data() + (he - hb) * detail::kSegment);
+      task_fn(a, t, g, hb, he, scores.data(), scores.data() + (he - hb) * detail::kSegment);
       return;
     }
     KMatrix k;

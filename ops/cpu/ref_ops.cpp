@@ -5,6 +5,7 @@
 #include <numbers>
 
 #include "core/error.h"
+#include "core/fp_convert.h"
 #include "core/thread_pool.h"
 #include "formats/quant.h"
 
@@ -198,7 +199,32 @@ void Rope::apply(float* x, int64_t pos, RopeForm form) const {
   rotate(x, cs.data(), cs.data() + dim_ / 2, form);
 }
 
-void attention(const AttentionArgs& a, ThreadPool* pool) {
+AttentionArgs widen_bf16_cache(const AttentionArgs& a, std::vector<float>* q,
+                               std::vector<float>* k, std::vector<float>* v) {
+  if (a.kb == nullptr) return a;
+  const int64_t n_ctx = a.pos0 + a.n_tokens;
+  auto widen = [&](const uint16_t* src, int64_t stride, std::vector<float>* dst) {
+    dst->resize(static_cast<size_t>(n_ctx * stride));
+    for (int64_t i = 0; i < n_ctx * stride; ++i) (*dst)[i] = bf16_to_f32(src[i]);
+    return dst->data();
+  };
+  AttentionArgs w = a;
+  w.kb = w.vb = nullptr;
+  w.k = widen(a.kb, a.k_stride, k);
+  w.v = a.vb == a.kb && a.v_stride == a.k_stride ? w.k : widen(a.vb, a.v_stride, v);
+  q->resize(static_cast<size_t>(a.n_tokens * a.q_stride));
+  for (int64_t t = 0; t < a.n_tokens; ++t) {
+    for (int64_t i = 0; i < a.n_heads * a.dk; ++i) {
+      (*q)[t * a.q_stride + i] = bf16_to_f32(f32_to_bf16(a.q[t * a.q_stride + i]));
+    }
+  }
+  w.q = q->data();
+  return w;
+}
+
+void attention(const AttentionArgs& bf16_or_f32, ThreadPool* pool) {
+  std::vector<float> wq, wk, wv;
+  const AttentionArgs a = widen_bf16_cache(bf16_or_f32, &wq, &wk, &wv);
   const int64_t group = a.n_heads / a.n_kv_heads;
   auto task = [&](size_t id) {
     thread_local std::vector<float> scores;

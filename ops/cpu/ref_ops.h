@@ -96,18 +96,29 @@ float yarn_mscale(float scale, float m);
 // positions 0..pos0+t. Query head h uses KV head h / (n_heads / n_kv_heads). K of cached token s
 // and kv head g is k + s*k_stride + g*dk; V likewise with v_stride and dv. out is
 // [n_tokens, n_heads, dv]; q is [n_tokens, n_heads, dk] with q_stride floats between tokens.
+// A BF16 cache (kb / vb set instead of k / v, strides in elements): the scores are the dot
+// products of the query rounded to BF16 (to nearest even) with the keys, the value sums those of
+// the values widened to F32 (what vdpbf16ps and widened loads compute, up to the order of the
+// additions).
 struct AttentionArgs {
   const float* q = nullptr;
   int64_t q_stride = 0;
   int64_t n_tokens = 0, n_heads = 0, n_kv_heads = 0, dk = 0, dv = 0;
   const float* k = nullptr;
   const float* v = nullptr;
+  const uint16_t* kb = nullptr;  // BF16 bits
+  const uint16_t* vb = nullptr;
   int64_t k_stride = 0, v_stride = 0;
   int64_t pos0 = 0;
   float scale = 1.0f;
   float* out = nullptr;
 };
 void attention(const AttentionArgs& a, ThreadPool* pool);
+// The F32 arguments equal to a BF16 cache's: the cached rows (positions [0, pos0 + n_tokens))
+// widened into *k and *v (one copy where kb and vb are the same rows), the queries rounded to
+// BF16 into *q. An F32 cache's arguments come back as they are.
+AttentionArgs widen_bf16_cache(const AttentionArgs& a, std::vector<float>* q,
+                               std::vector<float>* k, std::vector<float>* v);
 
 // e^x as SiLU needs it, by the SIMD kernels' algorithm so that they give the same bits
 // (kern::swiglu): Cephes expf, x = n ln2 + r with n = nearbyint(x log2 e) and r by two fused

@@ -14,6 +14,7 @@
 
 #include "core/cpu_features.h"
 #include "core/error.h"
+#include "core/fp_convert.h"
 #include "core/tensor.h"
 #include "core/thread_pool.h"
 #include "formats/quant.h"
@@ -829,6 +830,96 @@ TEST(KernelsAttention, EqualsReference) {
           for (int64_t i = 0; i < heads * dv; ++i) {
             ASSERT_EQ(y[i], got[t * heads * dv + i]) << t << (p != nullptr ? " pool" : "");
           }
+        }
+      }
+    }
+  }
+}
+
+// A BF16 KV cache (ModelOptions::kv_type): the reference's contract is F32 attention on the
+// queries rounded to BF16 and the cache widened (checked against rounding by hand here); every
+// ISA computes it within F32 rounding (AVX-512 BF16: vdpbf16ps scores; below: the F32 kernels
+// on widened copies), and a token decoded alone or on the pool gives the batch's bits. Shapes:
+// 32-value dot steps with and without a tail (40, 16: a tail only), the segments and the split
+// decode path as for F32, and absorbed MLA's layout (values the first dv of the key rows).
+TEST(KernelsAttention, Bf16CacheEqualsReference) {
+  ThreadPool pool(place_workers(detect_topology(), 2));
+  struct Shape {
+    int64_t heads, kv_heads, dk, dv;
+    bool values_in_keys;
+  };
+  for (const Shape sh : {Shape{8, 2, 64, 64, false}, Shape{16, 1, 96, 80, false},
+                         Shape{6, 2, 40, 24, false}, Shape{4, 4, 16, 200, false},
+                         Shape{3, 3, 192, 128, false}, Shape{16, 1, 72, 64, true}}) {
+    for (const int64_t n : {int64_t{5}, int64_t{40}, int64_t{300}, int64_t{600}}) {
+      if (n == 600 && sh.kv_heads != 1) continue;
+      const int64_t pos0 = 7, ctx = pos0 + n;
+      const std::vector<float> q = random_values(n * sh.heads * sh.dk, 4);
+      const std::vector<float> kf = random_values(ctx * sh.kv_heads * sh.dk, 5);
+      const std::vector<float> vf = random_values(ctx * sh.kv_heads * sh.dv, 6);
+      std::vector<uint16_t> kb(kf.size()), vb(vf.size());
+      std::vector<float> q_r(q.size()), k_r(kf.size()), v_r(vf.size());
+      for (size_t i = 0; i < kf.size(); ++i) kb[i] = f32_to_bf16(kf[i]);
+      for (size_t i = 0; i < vf.size(); ++i) vb[i] = f32_to_bf16(vf[i]);
+      for (size_t i = 0; i < q.size(); ++i) q_r[i] = bf16_to_f32(f32_to_bf16(q[i]));
+      for (size_t i = 0; i < kf.size(); ++i) k_r[i] = bf16_to_f32(kb[i]);
+      for (size_t i = 0; i < vf.size(); ++i) v_r[i] = bf16_to_f32(vb[i]);
+      ops::AttentionArgs a;
+      a.q = q_r.data();
+      a.q_stride = sh.heads * sh.dk;
+      a.n_tokens = n;
+      a.n_heads = sh.heads;
+      a.n_kv_heads = sh.kv_heads;
+      a.dk = sh.dk;
+      a.dv = sh.dv;
+      a.k = k_r.data();
+      a.v = sh.values_in_keys ? k_r.data() : v_r.data();
+      a.k_stride = sh.kv_heads * sh.dk;
+      a.v_stride = sh.values_in_keys ? a.k_stride : sh.kv_heads * sh.dv;
+      a.pos0 = pos0;
+      a.scale = 0.125f;
+      std::vector<float> want(static_cast<size_t>(n * sh.heads * sh.dv)), got(want.size());
+      a.out = want.data();
+      ops::attention(a, nullptr);  // F32 on the rounded values
+      ops::AttentionArgs b = a;
+      b.q = q.data();
+      b.k = b.v = nullptr;
+      b.kb = kb.data();
+      b.vb = sh.values_in_keys ? kb.data() : vb.data();
+      b.out = got.data();
+      ops::attention(b, nullptr);
+      for (size_t i = 0; i < want.size(); ++i) ASSERT_EQ(got[i], want[i]) << "reference " << i;
+      for (const Isa isa : {Isa::kAvx2, Isa::kAvx512, Isa::kAvx512Bf16}) {
+        if (isa > best_isa()) continue;
+        kern::attention(b, &pool, isa);
+        for (size_t i = 0; i < want.size(); ++i) {
+          ASSERT_NEAR(got[i], want[i], 2e-5f) << isa_name(isa) << " " << n << " " << i;
+        }
+        for (int64_t t = 0; t < n; t += (n > 50 ? 37 : 1)) {
+          ops::AttentionArgs one = b;
+          one.q = q.data() + t * sh.heads * sh.dk;
+          one.n_tokens = 1;
+          one.pos0 = pos0 + t;
+          for (ThreadPool* p : {static_cast<ThreadPool*>(nullptr), &pool}) {
+            std::vector<float> y(static_cast<size_t>(sh.heads * sh.dv));
+            one.out = y.data();
+            kern::attention(one, p, isa);
+            for (int64_t i = 0; i < sh.heads * sh.dv; ++i) {
+              ASSERT_EQ(y[i], got[t * sh.heads * sh.dv + i])
+                  << isa_name(isa) << " token " << t << (p != nullptr ? " pool" : "");
+            }
+          }
+        }
+        // The last token, whose decode takes the split path at 600.
+        ops::AttentionArgs last = b;
+        last.q = q.data() + (n - 1) * sh.heads * sh.dk;
+        last.n_tokens = 1;
+        last.pos0 = pos0 + n - 1;
+        std::vector<float> y(static_cast<size_t>(sh.heads * sh.dv));
+        last.out = y.data();
+        kern::attention(last, &pool, isa);
+        for (int64_t i = 0; i < sh.heads * sh.dv; ++i) {
+          ASSERT_EQ(y[i], got[(n - 1) * sh.heads * sh.dv + i]) << isa_name(isa) << " last";
         }
       }
     }

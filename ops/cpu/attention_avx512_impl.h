@@ -1,0 +1,454 @@
+// The AVX-512 attention algorithm (kern::attention; attention_avx512.cpp describes it) as
+// templates over how the KV cache is stored: a `Kv` traits struct says the element type, how many
+// key dimensions one dot step takes and how keys, the packed query and values are loaded.
+// attention_avx512.cpp instantiates it for an F32 cache (AVX-512 F), attention_bf16.cpp for a
+// BF16 cache (AVX-512 BF16: vdpbf16ps scores on the query rounded to BF16, values widened to F32).
+// Nothing here is exported.
+//
+// Kv provides:
+//   using T;                                    the cache element (float, uint16_t BF16 bits)
+//   static constexpr int64_t kDims;             key dimensions per dot step (one vector of T)
+//   static const T* keys(a), values(a);         the cache rows of the arguments
+//   static __m512 load_q(const float* q, int64_t left);  a query step, zero past `left` values
+//   static __m512 load_k(const T* k);           a full key step
+//   static __m512 load_k(const T* k, int64_t left);      a tail step (left < kDims), zero past it
+//   static __m512 dot(__m512 acc, __m512 q, __m512 k);   acc + the step's products (16 F32 lanes)
+//   static __m512 load_v(const T* v, __mmask16 m);        16 values widened to F32, 0 where !m
+#pragma once
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include "ops/cpu/kern_gguf.h"
+#include "ops/cpu/ref_ops.h"  // AttentionArgs
+
+// (An anonymous namespace: each translation unit its own copy, compiled with its own flags.)
+namespace tandem::kern::detail::attn {
+namespace {
+
+// out[i] = the sum of v[i]'s 16 lanes, i = 0..15 (unpack / shuffle tree, 4 levels).
+inline __m512 sum16(const __m512* v) {
+  __m512 a[8], b[4];
+  for (int i = 0; i < 8; ++i) {
+    a[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]),
+                         _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
+  }
+  // b[i], 128-bit lane k: the sums of lane k's four floats of v[4i..4i+3].
+  for (int i = 0; i < 4; ++i) {
+    const __m512d x = _mm512_castps_pd(a[2 * i]), y = _mm512_castps_pd(a[2 * i + 1]);
+    b[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)),
+                         _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)));
+  }
+  const __m512 c0 =
+      _mm512_add_ps(_mm512_shuffle_f32x4(b[0], b[1], 0x88), _mm512_shuffle_f32x4(b[0], b[1], 0xDD));
+  const __m512 c1 =
+      _mm512_add_ps(_mm512_shuffle_f32x4(b[2], b[3], 0x88), _mm512_shuffle_f32x4(b[2], b[3], 0xDD));
+  return _mm512_add_ps(_mm512_shuffle_f32x4(c0, c1, 0x88), _mm512_shuffle_f32x4(c0, c1, 0xDD));
+}
+
+// out[h * NS + s] = dot(q[h], k[s]) over dk values, the NH query rows packed step-major
+// (qp[step * NH + h]: row h's values kDims * step .. on, zero past dk): one pointer for every
+// row, so the loop keeps its addresses in registers (with a pointer per row the scores ran ~20%
+// slower). A zero-padded tail gives what masked loads of q gave. (qk_block and pv_chunk are
+// forced inline: called from score_keys / value_sums, GCC kept them out of line and the decode
+// step ran 1.5x slower.)
+template <class Kv, int NH, int NS>
+__attribute__((always_inline)) inline void qk_block(const __m512* qp,
+                                                    const typename Kv::T* const* k, int64_t dk,
+                                                    float* out) {
+  static_assert(NH * NS == 16);
+  __m512 acc[16];
+  for (__m512& x : acc) x = _mm512_setzero_ps();
+  int64_t d = 0;
+  for (; d + Kv::kDims <= dk; d += Kv::kDims, qp += NH) {
+    __m512 kv[NS];
+    for (int s = 0; s < NS; ++s) kv[s] = Kv::load_k(k[s] + d);
+    for (int h = 0; h < NH; ++h) {
+      for (int s = 0; s < NS; ++s) acc[h * NS + s] = Kv::dot(acc[h * NS + s], qp[h], kv[s]);
+    }
+  }
+  if (d < dk) {
+    __m512 kv[NS];
+    for (int s = 0; s < NS; ++s) kv[s] = Kv::load_k(k[s] + d, dk - d);
+    for (int h = 0; h < NH; ++h) {
+      for (int s = 0; s < NS; ++s) acc[h * NS + s] = Kv::dot(acc[h * NS + s], qp[h], kv[s]);
+    }
+  }
+  _mm512_storeu_ps(out, sum16(acc));
+}
+
+// out[h][j0 + ...] = the value sums over n keys (values v, rows v_stride apart) for the NJ * 16
+// output dimensions from j0 (mask m[z] for vector z) of NH rows: acc = fma(p[h][s], v[s][j], acc)
+// over s in order, from 0 (first) or continuing out's sums.
+template <class Kv, int NH, int NJ>
+__attribute__((always_inline)) inline void pv_chunk(const float* const* p,
+                                                    const typename Kv::T* v, int64_t v_stride,
+                                                    int64_t n, int64_t j0, const __mmask16* m,
+                                                    bool first, float* const* out) {
+  static_assert(NH * NJ == 16);
+  __m512 acc[NH][NJ];
+  for (int h = 0; h < NH; ++h) {
+    for (int z = 0; z < NJ; ++z) {
+      acc[h][z] = first ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(m[z], out[h] + j0 + 16 * z);
+    }
+  }
+  for (int64_t s = 0; s < n; ++s) {
+    const typename Kv::T* vr = v + s * v_stride + j0;
+    __m512 vv[NJ];
+    for (int z = 0; z < NJ; ++z) vv[z] = Kv::load_v(vr + 16 * z, m[z]);
+    for (int h = 0; h < NH; ++h) {
+      const __m512 ph = _mm512_set1_ps(p[h][s]);
+      for (int z = 0; z < NJ; ++z) acc[h][z] = _mm512_fmadd_ps(ph, vv[z], acc[h][z]);
+    }
+  }
+  for (int h = 0; h < NH; ++h) {
+    for (int z = 0; z < NJ; ++z) _mm512_mask_storeu_ps(out[h] + j0 + 16 * z, m[z], acc[h][z]);
+  }
+}
+
+// The mask of the 16 values from j of n.
+inline __mmask16 tail_mask(int64_t j, int64_t n) {
+  const int64_t left = n - j;
+  return left >= 16  ? static_cast<__mmask16>(0xFFFF)
+         : left <= 0 ? static_cast<__mmask16>(0)
+                     : static_cast<__mmask16>((1u << left) - 1);
+}
+
+// A segment's value sums folded into a row's output: out = fma(o_s, b, out * a).
+inline __m512 fold_step(__m512 out, __m512 o_s, float a, float b) {
+  return _mm512_fmadd_ps(o_s, _mm512_set1_ps(b), _mm512_mul_ps(out, _mm512_set1_ps(a)));
+}
+
+constexpr int64_t kChunk = 64;  // keys per prefetch step of the scores (the next chunk's lines)
+static_assert(kSegment % kChunk == 0);
+constexpr int64_t kMaxRows = 256;  // query rows per rows_task call (every model's heads fit)
+
+// One row's softmax over its segments, folded in segment order: after the segments' (m_s, l_s)
+// so far, m is their maximum and l the sum of their exponentials relative to it. add gives the
+// coefficients of the output's fold, o = fma(o_s, b, o * a) (the first segment: a 0, b 1).
+struct SegmentFold {
+  float m, l;
+  bool started;
+  void add(float m_s, float l_s, float* a, float* b) {
+    if (!started) {
+      started = true;
+      m = m_s;
+      l = l_s;
+      *a = 0.0f;
+      *b = 1.0f;
+      return;
+    }
+    const float mn = std::max(m, m_s);
+    *a = std::exp(m - mn);
+    *b = std::exp(m_s - mn);
+    l = std::fma(l_s, *b, l * *a);
+    m = mn;
+  }
+};
+
+// The query rows of one task: they share the keys k0 and values v0 (rows a.k_stride / a.v_stride
+// apart); row r attends to the first n_ctx[r] of them (ascending in r) and writes out[r].
+struct Rows {
+  const float* q[kMaxRows];
+  int64_t n_ctx[kMaxRows];
+  float* out[kMaxRows];
+  int64_t n = 0;
+};
+
+// Lines [l0, l1) (64 bytes each) of rows [r0, r1) of a cache (rows `stride` elements apart): the
+// row blocks of a chunk prefetch the next chunk's keys between them, evenly over the chunk's time.
+template <class T>
+inline void prefetch_lines(const T* base, int64_t stride, int64_t r0, int64_t r1, int64_t l0,
+                           int64_t l1) {
+  for (int64_t r = r0; r < r1; ++r) {
+    const char* p = reinterpret_cast<const char*>(base + r * stride);
+    for (int64_t l = l0; l < l1; ++l) _mm_prefetch(p + 64 * l, _MM_HINT_T0);
+  }
+}
+
+// The rows' queries packed per block of NH for qk_block (qp[(b * steps + step) * NH + h]), a
+// short last block repeating its last row.
+template <class Kv, int NH>
+const __m512* pack_rows(const ops::AttentionArgs& a, const Rows& rows) {
+  const int64_t steps = (a.dk + Kv::kDims - 1) / Kv::kDims, blocks = (rows.n + NH - 1) / NH;
+  thread_local std::vector<__m512> packed;
+  packed.resize(static_cast<size_t>(blocks * steps * NH));
+  for (int64_t b = 0; b < blocks; ++b) {
+    for (int h = 0; h < NH; ++h) {
+      const float* q = rows.q[std::min<int64_t>(b * NH + h, rows.n - 1)];
+      for (int64_t st = 0; st < steps; ++st) {
+        packed[static_cast<size_t>((b * steps + st) * NH + h)] =
+            Kv::load_q(q + Kv::kDims * st, a.dk - Kv::kDims * st);
+      }
+    }
+  }
+  return packed.data();
+}
+
+// What a task prefetches: with `on`, the keys a chunk ahead up to position `end` (across its
+// segments), and the values too where they are other rows than the keys (prefill: off, its keys
+// come from L2 / L3 for most tasks, where the prefetches cost 5-10%).
+struct Prefetch {
+  bool on = false;
+  int64_t end = 0;
+};
+
+// The scores of every row against keys [s_begin, s_end) (at most kSegment of them):
+// scores[r * kSegment + s - s_begin]. Row blocks of NH (a short last block repeats its last row),
+// key blocks of NS (a short last block repeats the last key); repeated outputs are dropped. Every
+// output is its own accumulator and lane tree, whichever rows and keys share its block.
+template <class Kv, int NH>
+void score_keys(const ops::AttentionArgs& a, const Rows& rows, const __m512* packed,
+                const typename Kv::T* k0, const typename Kv::T* v0, int64_t s_begin,
+                int64_t s_end, Prefetch pf, float* scores) {
+  using T = typename Kv::T;
+  constexpr int NS = 16 / NH;
+  alignas(64) float blk[16];
+  const int64_t steps = (a.dk + Kv::kDims - 1) / Kv::kDims, blocks = (rows.n + NH - 1) / NH;
+  // Each row block's share of a key's (and a value's) 64-byte lines to prefetch: lines
+  // share[b] .. share[b + 1] (computed once per call, not with two divisions per block).
+  const bool pf_values = pf.on && v0 != k0;
+  const int64_t elem = static_cast<int64_t>(sizeof(T));
+  const int64_t lines = (a.dk * elem + 63) / 64, vlines = (a.dv * elem + 63) / 64;
+  thread_local std::vector<int64_t> share, vshare;
+  share.resize(static_cast<size_t>(blocks + 1));
+  vshare.resize(static_cast<size_t>(blocks + 1));
+  for (int64_t b = 0; b <= blocks; ++b) {
+    share[static_cast<size_t>(b)] = lines * b / blocks;
+    vshare[static_cast<size_t>(b)] = vlines * b / blocks;
+  }
+  // Key chunks outer: a chunk's keys stay in L1 / L2 while every row block passes over them.
+  for (int64_t c0 = s_begin; c0 < s_end; c0 += kChunk) {
+    const int64_t c1 = std::min(s_end, c0 + kChunk);
+    for (int64_t h0 = 0; h0 < rows.n; h0 += NH) {
+      const int64_t b = h0 / NH;
+      const __m512* qp = packed + b * steps * NH;
+      for (int64_t s0 = c0; s0 < c1; s0 += NS) {
+        // The row blocks prefetch the next chunk's keys between them as they go (without, a
+        // long context read latency-bound).
+        if (pf.on && s0 + kChunk < pf.end) {
+          const int64_t r1 = std::min(pf.end, s0 + kChunk + NS);
+          prefetch_lines(k0, a.k_stride, s0 + kChunk, r1, share[b], share[b + 1]);
+          if (pf_values) {
+            prefetch_lines(v0, a.v_stride, s0 + kChunk, r1, vshare[b], vshare[b + 1]);
+          }
+        }
+        const T* k[NS];
+        for (int s = 0; s < NS; ++s) k[s] = k0 + std::min(s0 + s, s_end - 1) * a.k_stride;
+        qk_block<Kv, NH, NS>(qp, k, a.dk, blk);
+        for (int h = 0; h < NH && h0 + h < rows.n; ++h) {
+          for (int s = 0; s < NS && s0 + s < c1; ++s) {
+            scores[(h0 + h) * kSegment + s0 + s - s_begin] = blk[h * NS + s];
+          }
+        }
+      }
+    }
+  }
+}
+
+// The value sums of every row over keys [s_begin, s_end) with probabilities
+// p[r * kSegment + s - s_begin] (0 past a row's own n_ctx: fma(0, v, acc) = acc), unscaled into
+// sums[r] (dv floats; rows whose sums[r] is nullptr are computed into `dummy` and dropped). Key
+// chunks outer, then the row blocks, then the dimension blocks: a chunk's values stay in L1 / L2
+// while every block passes over them (the dimension blocks outside the row blocks measured
+// 2-5% slower in prefill).
+template <class Kv, int NH>
+void value_sums(const ops::AttentionArgs& a, const Rows& rows, const typename Kv::T* v0,
+                int64_t s_begin, int64_t s_end, const float* p_all, float* const* sums,
+                float* dummy) {
+  constexpr int NJ = 16 / NH;
+  for (int64_t c0 = s_begin; c0 < s_end; c0 += kChunk) {
+    const int64_t c1 = std::min(s_end, c0 + kChunk);
+    for (int64_t h0 = 0; h0 < rows.n; h0 += NH) {
+      const float* p[NH];
+      float* out[NH];
+      for (int h = 0; h < NH; ++h) {
+        const int64_t hh = std::min<int64_t>(h0 + h, rows.n - 1);
+        p[h] = p_all + hh * kSegment + (c0 - s_begin);
+        out[h] = h0 + h < rows.n && sums[hh] != nullptr ? sums[hh] : dummy;
+      }
+      for (int64_t j0 = 0; j0 < a.dv; j0 += 16 * NJ) {
+        __mmask16 m[NJ];
+        for (int z = 0; z < NJ; ++z) m[z] = tail_mask(j0 + 16 * z, a.dv);
+        pv_chunk<Kv, NH, NJ>(p, v0 + c0 * a.v_stride, a.v_stride, c1 - c0, j0, m, c0 == s_begin,
+                             out);
+      }
+    }
+  }
+}
+
+// Each row's segment [s_begin, s_end) after its scores: p in place over its own keys (zeros past
+// them), the segment's (m_s, l_s) into m_out / l_out. Returns whether the row has keys there.
+inline bool segment_probabilities(const ops::AttentionArgs& a, const Rows& rows, int64_t r,
+                                  int64_t s_begin, int64_t s_end, float* scores, float* m_out,
+                                  float* l_out) {
+  float* sc = scores + r * kSegment;
+  const int64_t n = std::min(rows.n_ctx[r], s_end) - s_begin;
+  if (n <= 0) {
+    std::fill(sc, sc + (s_end - s_begin), 0.0f);
+    return false;
+  }
+  segment_exp_avx512(sc, n, a.scale, m_out, l_out);
+  std::fill(sc + n, sc + (s_end - s_begin), 0.0f);
+  return true;
+}
+
+template <class Kv, int NH>
+void rows_task(const ops::AttentionArgs& a, const Rows& rows, const typename Kv::T* k0,
+               const typename Kv::T* v0, float* scores, float* dummy, bool prefetch) {
+  // Each row's arithmetic does not depend on which rows share the task: its dot products are the
+  // same blocks' (one accumulator and lane tree per output), its segments end at its own n_ctx,
+  // its probabilities past n_ctx are 0 (the value blocks' longer key range adds
+  // fma(0, v, acc) = acc), and a segment past its n_ctx leaves it as it was.
+  const int64_t n_max = rows.n_ctx[rows.n - 1];
+  const __m512* packed = pack_rows<Kv, NH>(a, rows);
+  thread_local std::vector<float> seg_sums;  // each row's value sums of the segment
+  seg_sums.resize(static_cast<size_t>(rows.n * a.dv));
+  SegmentFold fold[kMaxRows];
+  float fa[kMaxRows], fb[kMaxRows];
+  float* sums[kMaxRows];
+  bool first[kMaxRows];
+  for (int64_t r = 0; r < rows.n; ++r) fold[r].started = false;  // (a POD: only rows.n set)
+  for (int64_t c0 = 0; c0 < n_max; c0 += kSegment) {
+    const int64_t c1 = std::min(n_max, c0 + kSegment);
+    score_keys<Kv, NH>(a, rows, packed, k0, v0, c0, c1, Prefetch{prefetch, n_max}, scores);
+    for (int64_t r = 0; r < rows.n; ++r) {
+      float m_s, l_s;
+      sums[r] = nullptr;
+      if (segment_probabilities(a, rows, r, c0, c1, scores, &m_s, &l_s)) {
+        // A row's first segment: its sums are the output as they are (the fold with a = 0,
+        // b = 1 gives fma(o_s, 1, +0) = o_s: sums from +0 are never -0).
+        first[r] = !fold[r].started;
+        fold[r].add(m_s, l_s, &fa[r], &fb[r]);
+        sums[r] = first[r] ? rows.out[r] : seg_sums.data() + r * a.dv;
+      }
+    }
+    value_sums<Kv, NH>(a, rows, v0, c0, c1, scores, sums, dummy);
+    for (int64_t r = 0; r < rows.n; ++r) {
+      if (sums[r] == nullptr || first[r]) continue;
+      for (int64_t j = 0; j < a.dv; j += 16) {
+        const __mmask16 m = tail_mask(j, a.dv);
+        float* o = rows.out[r] + j;
+        _mm512_mask_storeu_ps(o, m,
+                              fold_step(_mm512_maskz_loadu_ps(m, o),
+                                        _mm512_maskz_loadu_ps(m, sums[r] + j), fa[r], fb[r]));
+      }
+    }
+  }
+  for (int64_t r = 0; r < rows.n; ++r) {
+    const __m512 inv = _mm512_set1_ps(1.0f / fold[r].l);
+    for (int64_t j = 0; j < a.dv; j += 16) {
+      const __mmask16 m = tail_mask(j, a.dv);
+      _mm512_mask_storeu_ps(rows.out[r] + j, m,
+                            _mm512_mul_ps(_mm512_maskz_loadu_ps(m, rows.out[r] + j), inv));
+    }
+  }
+}
+
+// The row block of a KV group's heads: it follows the group's size (not a task's share of it),
+// so splitting a group over tasks or phases leaves every head's arithmetic as it was.
+inline int group_nh(int64_t group) {
+  return group >= 4 ? 4 : group >= 2 ? 2 : 1;
+}
+
+template <class Kv>
+void rows_any(const ops::AttentionArgs& a, int nh, const Rows& rows, const typename Kv::T* k0,
+              const typename Kv::T* v0, float* scores, float* dummy, bool prefetch) {
+  if (nh == 4) {
+    rows_task<Kv, 4>(a, rows, k0, v0, scores, dummy, prefetch);
+  } else if (nh == 2) {
+    rows_task<Kv, 2>(a, rows, k0, v0, scores, dummy, prefetch);
+  } else {
+    rows_task<Kv, 1>(a, rows, k0, v0, scores, dummy, prefetch);
+  }
+}
+
+// attention_task_avx512's contract (kern_gguf.h) for a cache read by Kv.
+template <class Kv>
+void task(const ops::AttentionArgs& a, int64_t t, int64_t g, int64_t hb, int64_t he,
+          float* scores, float* dummy) {
+  const int64_t group = a.n_heads / a.n_kv_heads, base = g * group;
+  const int nh = group_nh(group);
+  const float* q0 = a.q + t * a.q_stride + base * a.dk;
+  for (int64_t h0 = hb; h0 < he; h0 += kMaxRows) {
+    Rows rows;
+    rows.n = std::min<int64_t>(kMaxRows, he - h0);
+    for (int64_t r = 0; r < rows.n; ++r) {
+      rows.q[r] = q0 + (h0 + r) * a.dk;
+      rows.n_ctx[r] = a.pos0 + t + 1;
+      rows.out[r] = a.out + (t * a.n_heads + base + h0 + r) * a.dv;
+    }
+    rows_any<Kv>(a, nh, rows, Kv::keys(a) + g * a.dk, Kv::values(a) + g * a.dv, scores, dummy,
+                 a.n_tokens == 1);
+  }
+}
+
+// attention_tokens_avx512's contract for a cache read by Kv.
+template <class Kv>
+void tokens(const ops::AttentionArgs& a, int64_t t0, int64_t t1, int64_t g, float* scores,
+            float* dummy) {
+  for (int64_t b = t0; b < t1; b += kMaxRows) {
+    Rows rows;
+    rows.n = std::min<int64_t>(kMaxRows, t1 - b);
+    for (int64_t r = 0; r < rows.n; ++r) {
+      rows.q[r] = a.q + (b + r) * a.q_stride + g * a.dk;
+      rows.n_ctx[r] = a.pos0 + b + r + 1;
+      rows.out[r] = a.out + ((b + r) * a.n_heads + g) * a.dv;
+    }
+    rows_any<Kv>(a, 4, rows, Kv::keys(a) + g * a.dk, Kv::values(a) + g * a.dv, scores, dummy,
+                 false);
+  }
+}
+
+// Token 0's rows of KV group 0 (all a.n_heads of them: one group) with n_ctx = pos0 + 1 keys.
+inline Rows decode_rows(const ops::AttentionArgs& a) {
+  Rows rows;
+  rows.n = a.n_heads;
+  for (int64_t r = 0; r < rows.n; ++r) {
+    rows.q[r] = a.q + r * a.dk;
+    rows.n_ctx[r] = a.pos0 + 1;
+    rows.out[r] = a.out + r * a.dv;
+  }
+  return rows;
+}
+
+template <class Kv, int NH>
+void decode_segments_nh(const ops::AttentionArgs& a, int64_t seg_begin, int64_t seg_end,
+                        float* partial, float* stats) {
+  const Rows rows = decode_rows(a);
+  const int64_t n_ctx = a.pos0 + 1;
+  const __m512* packed = pack_rows<Kv, NH>(a, rows);
+  thread_local std::vector<float> scores, dummy;
+  scores.resize(static_cast<size_t>(rows.n * kSegment));
+  dummy.resize(static_cast<size_t>(a.dv));
+  const Prefetch pf{true, std::min(n_ctx, seg_end * kSegment)};
+  float* sums[kMaxRows];
+  for (int64_t seg = seg_begin; seg < seg_end; ++seg) {
+    const int64_t c0 = seg * kSegment, c1 = std::min(n_ctx, c0 + kSegment);
+    score_keys<Kv, NH>(a, rows, packed, Kv::keys(a), Kv::values(a), c0, c1, pf, scores.data());
+    for (int64_t r = 0; r < rows.n; ++r) {
+      float* st = stats + (seg * rows.n + r) * 2;
+      segment_probabilities(a, rows, r, c0, c1, scores.data(), st, st + 1);
+      sums[r] = partial + (seg * rows.n + r) * a.dv;
+    }
+    value_sums<Kv, NH>(a, rows, Kv::values(a), c0, c1, scores.data(), sums, dummy.data());
+  }
+}
+
+// decode_segments_avx512's contract for a cache read by Kv.
+template <class Kv>
+void decode_segments(const ops::AttentionArgs& a, int64_t seg_begin, int64_t seg_end,
+                     float* partial, float* stats) {
+  switch (group_nh(a.n_heads)) {
+    case 4: decode_segments_nh<Kv, 4>(a, seg_begin, seg_end, partial, stats); break;
+    case 2: decode_segments_nh<Kv, 2>(a, seg_begin, seg_end, partial, stats); break;
+    default: decode_segments_nh<Kv, 1>(a, seg_begin, seg_end, partial, stats); break;
+  }
+}
+
+}  // namespace
+}  // namespace tandem::kern::detail::attn
