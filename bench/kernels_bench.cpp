@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "core/cpu_features.h"
+#include "core/fp_convert.h"
 #include "core/memory.h"
 #include "core/thread_pool.h"
 #include "core/topology.h"
@@ -478,8 +479,9 @@ BENCHMARK_CAPTURE(BM_MlaHeads, v_b_128x512, 128, 512)->UseRealTime()->MinTime(0.
 // kern::attention would split the cache over the threads (kern::attention_splits_cache: from
 // kLongDecodeContext cached positions on), then three jobs (the head ranges' W_UK, kern::attention
 // on the pool, the ranges' W_UV). one_vs_three: the
-// one job against the three, A/B in the same minute (ab_rounds).
-void BM_MlaDecodeHeads(benchmark::State& state, int64_t ctx) {
+// one job against the three, A/B in the same minute (ab_rounds). bf16: the latent cache in BF16
+// (ModelOptions::kv_type), half the bytes.
+void BM_MlaDecodeHeads(benchmark::State& state, int64_t ctx, bool bf16) {
   if (!kern::q0_x4_native() || best_isa() < Isa::kAvx512Bf16) {
     state.SkipWithError("no AVX-512 VNNI / VBMI here (the repacked layouts)");
     return;
@@ -515,21 +517,34 @@ void BM_MlaDecodeHeads(benchmark::State& state, int64_t ctx) {
   std::normal_distribution<float> normal(0.0f, 1.0f);
   // Latent caches cycled with the layers too (>= 64 MiB of them: not L3-resident, as 27 layers'
   // caches in the model are not).
-  const int64_t cache_floats = ctx * kKr;
-  const int64_t caches = std::max<int64_t>(1, ((64ll << 20) / 4 + cache_floats - 1) / cache_floats);
+  const int64_t cache_floats = ctx * kKr, elem = bf16 ? 2 : 4;
+  const int64_t caches =
+      std::max<int64_t>(1, ((64ll << 20) / elem + cache_floats - 1) / cache_floats);
   std::vector<float> q(static_cast<size_t>(kHeads * (kNope + kRope))),
-      cache(static_cast<size_t>(caches * cache_floats));
+      cache(static_cast<size_t>((bf16 ? 1 : caches) * cache_floats));
+  std::vector<uint16_t> cache16(static_cast<size_t>((bf16 ? caches : 0) * cache_floats));
   for (float& v : q) v = normal(rng);
   for (int64_t i = 0; i < cache_floats; ++i) cache[static_cast<size_t>(i)] = normal(rng);
-  for (int64_t c = 1; c < caches; ++c) {
-    std::copy_n(cache.begin(), cache_floats, cache.begin() + c * cache_floats);
+  for (int64_t c = bf16 ? 0 : 1; c < caches; ++c) {
+    if (bf16) {
+      for (int64_t i = 0; i < cache_floats; ++i) {
+        cache16[static_cast<size_t>(c * cache_floats + i)] = f32_to_bf16(cache[i]);
+      }
+    } else {
+      std::copy_n(cache.begin(), cache_floats, cache.begin() + c * cache_floats);
+    }
   }
   std::vector<float> qc(static_cast<size_t>(kHeads * kKr)), att(kHeads * kLat), o(kHeads * kV);
   ops::AttentionArgs args =
       mla_decode_args(qc.data(), kHeads, kKr, kLat, cache.data(), ctx, 0.07f, att.data());
   int64_t l = 0;
   auto cache_of = [&](ops::AttentionArgs& x) {
-    x.k = x.v = cache.data() + (l % caches) * cache_floats;
+    if (bf16) {
+      x.k = x.v = nullptr;
+      x.kb = x.vb = cache16.data() + (l % caches) * cache_floats;
+    } else {
+      x.k = x.v = cache.data() + (l % caches) * cache_floats;
+    }
   };
   auto w_uk = [&](size_t h) {
     thread_local kern::Activations a;
@@ -585,12 +600,14 @@ void BM_MlaDecodeHeads(benchmark::State& state, int64_t ctx) {
       benchmark::Counter::kIsRate | benchmark::Counter::kInvert);
   state.counters["one_vs_three"] = ab_rounds(three, one);
 }
-BENCHMARK_CAPTURE(BM_MlaDecodeHeads, ctx64, 64)->UseRealTime()->MinTime(0.3);
-BENCHMARK_CAPTURE(BM_MlaDecodeHeads, ctx160, 160)->UseRealTime()->MinTime(0.3);
-BENCHMARK_CAPTURE(BM_MlaDecodeHeads, ctx256, 256)->UseRealTime()->MinTime(0.3);
-BENCHMARK_CAPTURE(BM_MlaDecodeHeads, ctx512, 512)->UseRealTime()->MinTime(0.3);
-BENCHMARK_CAPTURE(BM_MlaDecodeHeads, ctx1024, 1024)->UseRealTime()->MinTime(0.3);
-BENCHMARK_CAPTURE(BM_MlaDecodeHeads, ctx4096, 4096)->UseRealTime()->MinTime(0.3);
+BENCHMARK_CAPTURE(BM_MlaDecodeHeads, ctx64, 64, false)->UseRealTime()->MinTime(0.3);
+BENCHMARK_CAPTURE(BM_MlaDecodeHeads, ctx160, 160, false)->UseRealTime()->MinTime(0.3);
+BENCHMARK_CAPTURE(BM_MlaDecodeHeads, ctx256, 256, false)->UseRealTime()->MinTime(0.3);
+BENCHMARK_CAPTURE(BM_MlaDecodeHeads, ctx512, 512, false)->UseRealTime()->MinTime(0.3);
+BENCHMARK_CAPTURE(BM_MlaDecodeHeads, ctx1024, 1024, false)->UseRealTime()->MinTime(0.3);
+BENCHMARK_CAPTURE(BM_MlaDecodeHeads, ctx4096, 4096, false)->UseRealTime()->MinTime(0.3);
+BENCHMARK_CAPTURE(BM_MlaDecodeHeads, ctx1024_bf16, 1024, true)->UseRealTime()->MinTime(0.3);
+BENCHMARK_CAPTURE(BM_MlaDecodeHeads, ctx4096_bf16, 4096, true)->UseRealTime()->MinTime(0.3);
 
 BENCHMARK_CAPTURE(BM_MatmulChain, q4_k_3072, DType::kQ4_K, 3072)->UseRealTime()->MinTime(0.3);
 BENCHMARK_CAPTURE(BM_MatmulChain, q4_k_576, DType::kQ4_K, 576)->UseRealTime()->MinTime(0.3);
@@ -604,7 +621,7 @@ BENCHMARK_CAPTURE(BM_MatmulChain, q4_k_24576, DType::kQ4_K, 24576)->UseRealTime(
 // n query tokens after pos0 cached ones: prefill (512 on an empty cache) or decode (1 token after
 // 4095: the absorbed-MLA decode step at a 4K context, whose one KV group is split over threads).
 void BM_Attention(benchmark::State& state, int64_t heads, int64_t kv_heads, int64_t dk, int64_t dv,
-                  Isa isa, int64_t n = 512, int64_t pos0 = 0) {
+                  Isa isa, int64_t n = 512, int64_t pos0 = 0, bool bf16 = false) {
   if (isa > best_isa()) {
     state.SkipWithError("ISA not supported here");
     return;
@@ -635,6 +652,14 @@ void BM_Attention(benchmark::State& state, int64_t heads, int64_t kv_heads, int6
   a.scale = 0.1f;
   a.pos0 = pos0;
   a.out = out.data();
+  std::vector<uint16_t> kb(bf16 ? k.size() : 0), vb(bf16 ? v.size() : 0);
+  if (bf16) {  // a BF16 cache (ModelOptions::kv_type)
+    for (size_t i = 0; i < kb.size(); ++i) kb[i] = f32_to_bf16(k[i]);
+    for (size_t i = 0; i < vb.size(); ++i) vb[i] = f32_to_bf16(v[i]);
+    a.k = a.v = nullptr;
+    a.kb = kb.data();
+    a.vb = vb.data();
+  }
   for (auto _ : state) {
     kern::attention(a, &pool(), isa);
     benchmark::DoNotOptimize(out.data());
@@ -647,10 +672,11 @@ void BM_Attention(benchmark::State& state, int64_t heads, int64_t kv_heads, int6
 // whole rows, the values their first 512): every segment's scores, numerators and value sums
 // (detail::decode_segments_avx512), then the heads' folds (detail::decode_fold_avx512). ctx 256:
 // the cache (590 KiB) in L2; 4096: 9.4 MiB, in L3. items_per_second = FLOP/s (2 x multiply-adds
-// of the scores and value sums), against one core's fp32 peak (`tandem roofline`, "1t").
-void BM_MlaDecodeSegments(benchmark::State& state, int64_t ctx) {
-  if (best_isa() < Isa::kAvx512) {
-    state.SkipWithError("needs AVX-512");
+// of the scores and value sums), against one core's fp32 peak (`tandem roofline`, "1t"). bf16:
+// the cache in BF16 (detail::decode_segments_bf16: vdpbf16ps scores).
+void BM_MlaDecodeSegments(benchmark::State& state, int64_t ctx, bool bf16) {
+  if (best_isa() < (bf16 ? Isa::kAvx512Bf16 : Isa::kAvx512)) {
+    state.SkipWithError("ISA not supported here");
     return;
   }
   constexpr int64_t kHeads = 16, kDk = 576, kDv = 512;
@@ -662,17 +688,27 @@ void BM_MlaDecodeSegments(benchmark::State& state, int64_t ctx) {
   const int64_t segs = (ctx + kern::detail::kSegment - 1) / kern::detail::kSegment;
   std::vector<float> partial(static_cast<size_t>(segs * kHeads * kDv)),
       stats(static_cast<size_t>(segs * kHeads * 2)), out(kHeads * kDv);
-  const ops::AttentionArgs a =
+  ops::AttentionArgs a =
       mla_decode_args(q.data(), kHeads, kDk, kDv, cache.data(), ctx, 0.05f, out.data());
+  std::vector<uint16_t> cache16(cache.size());
+  for (size_t i = 0; i < cache.size(); ++i) cache16[i] = f32_to_bf16(cache[i]);
+  if (bf16) {
+    a.k = a.v = nullptr;
+    a.kb = a.vb = cache16.data();
+  }
+  const auto segments =
+      bf16 ? kern::detail::decode_segments_bf16 : kern::detail::decode_segments_avx512;
   for (auto _ : state) {
-    kern::detail::decode_segments_avx512(a, 0, segs, partial.data(), stats.data());
+    segments(a, 0, segs, partial.data(), stats.data());
     kern::detail::decode_fold_avx512(a, partial.data(), stats.data(), 0, kHeads);
     benchmark::DoNotOptimize(out.data());
   }
   state.SetItemsProcessed(state.iterations() * 2 * kHeads * ctx * (kDk + kDv));
 }
-BENCHMARK_CAPTURE(BM_MlaDecodeSegments, ctx256, 256)->UseRealTime()->MinTime(0.3);
-BENCHMARK_CAPTURE(BM_MlaDecodeSegments, ctx4096, 4096)->UseRealTime()->MinTime(0.3);
+BENCHMARK_CAPTURE(BM_MlaDecodeSegments, ctx256, 256, false)->UseRealTime()->MinTime(0.3);
+BENCHMARK_CAPTURE(BM_MlaDecodeSegments, ctx4096, 4096, false)->UseRealTime()->MinTime(0.3);
+BENCHMARK_CAPTURE(BM_MlaDecodeSegments, ctx256_bf16, 256, true)->UseRealTime()->MinTime(0.3);
+BENCHMARK_CAPTURE(BM_MlaDecodeSegments, ctx4096_bf16, 4096, true)->UseRealTime()->MinTime(0.3);
 
 // Expanded MLA's K up-projection for one head (kern::gemm_f32_kn): 512 cached latents (rows of
 // 576 floats: latent then rope key) times GGUF k_b in F32 as stored [512, 128], single-threaded:
@@ -706,11 +742,21 @@ BENCHMARK_CAPTURE(BM_Attention, mla_avx512, 16, 1, 576, 512, Isa::kAvx512)
 BENCHMARK_CAPTURE(BM_Attention, mla_decode_4k_avx512, 16, 1, 576, 512, Isa::kAvx512, 1, 4095)
     ->UseRealTime()
     ->MinTime(0.3);
+BENCHMARK_CAPTURE(BM_Attention, mla_bf16, 16, 1, 576, 512, Isa::kAvx512Bf16, 512, 0, true)
+    ->UseRealTime()
+    ->MinTime(0.3);
+BENCHMARK_CAPTURE(BM_Attention, mla_decode_4k_bf16, 16, 1, 576, 512, Isa::kAvx512Bf16, 1, 4095,
+                  true)
+    ->UseRealTime()
+    ->MinTime(0.3);
 BENCHMARK_CAPTURE(BM_Attention, mla_expanded_avx512, 16, 16, 192, 128, Isa::kAvx512)
     ->UseRealTime()
     ->MinTime(0.3);
 BENCHMARK_CAPTURE(BM_Attention, gqa_avx2, 32, 8, 128, 128, Isa::kAvx2)->UseRealTime()->MinTime(0.3);
 BENCHMARK_CAPTURE(BM_Attention, gqa_avx512, 32, 8, 128, 128, Isa::kAvx512)
+    ->UseRealTime()
+    ->MinTime(0.3);
+BENCHMARK_CAPTURE(BM_Attention, gqa_bf16, 32, 8, 128, 128, Isa::kAvx512Bf16, 512, 0, true)
     ->UseRealTime()
     ->MinTime(0.3);
 

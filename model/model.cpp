@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "core/error.h"
+#include "core/fp_convert.h"
 #include "core/thread_pool.h"
 #include "core/topology.h"
 #include "model/router.h"
@@ -33,6 +34,12 @@ void add_into(float* dst, const float* src, int64_t n) {
 
 }  // namespace
 
+KvType parse_kv_type(const std::string& name) {
+  if (name == "f32") return KvType::kF32;
+  if (name == "bf16") return KvType::kBf16;
+  fail(ErrorKind::kInvalidArgument, "--cache-type must be 'f32' or 'bf16', got '{}'", name);
+}
+
 MlaMode parse_mla_mode(const std::string& name) {
   if (name == "auto") return MlaMode::kAuto;
   if (name == "absorbed") return MlaMode::kAbsorbed;
@@ -46,6 +53,7 @@ Model::Model(const LoadedModel& weights, const ModelOptions& options)
       pool_(options.pool),
       views_(options.views),
       mla_(options.mla),
+      kv_type_(options.kv_type),
       mla_expand_tokens_(options.mla_expand_tokens),
       mla_expand_by_cost_(options.mla_expand_by_cost),
       on_routing_(options.on_routing) {
@@ -80,7 +88,8 @@ Model::Model(const LoadedModel& weights, const ModelOptions& options)
     k_row = c.num_kv_heads * c.head_dim;
     v_row = c.num_kv_heads * c.head_dim;
   }
-  const uint64_t bytes = static_cast<uint64_t>(ctx_) * (k_row + v_row) * c.num_layers * 4;
+  const uint64_t elem = kv_type_ == KvType::kBf16 ? 2 : 4;
+  const uint64_t bytes = static_cast<uint64_t>(ctx_) * (k_row + v_row) * c.num_layers * elem;
   const uint64_t available = meminfo_bytes("MemAvailable");  // 0: unknown
   if (bytes > (uint64_t{1} << 40) || (available > 0 && bytes > available)) {
     fail(ErrorKind::kResource,
@@ -94,15 +103,41 @@ Model::Model(const LoadedModel& weights, const ModelOptions& options)
   k_cache_.resize(c.num_layers);
   v_cache_.resize(c.num_layers);
   for (int64_t l = 0; l < c.num_layers; ++l) {
-    k_cache_[l].assign(static_cast<size_t>(ctx_ * k_row), 0.0f);
-    v_cache_[l].assign(static_cast<size_t>(ctx_ * v_row), 0.0f);
+    if (kv_type_ == KvType::kBf16) {
+      k_cache_[l].b.assign(static_cast<size_t>(ctx_ * k_row), 0);
+      v_cache_[l].b.assign(static_cast<size_t>(ctx_ * v_row), 0);
+    } else {
+      k_cache_[l].f.assign(static_cast<size_t>(ctx_ * k_row), 0.0f);
+      v_cache_[l].f.assign(static_cast<size_t>(ctx_ * v_row), 0.0f);
+    }
   }
 }
 
 uint64_t Model::kv_cache_bytes() const {
   uint64_t b = 0;
-  for (size_t l = 0; l < k_cache_.size(); ++l) b += (k_cache_[l].size() + v_cache_[l].size()) * 4;
+  for (const std::vector<KvRows>* cache : {&k_cache_, &v_cache_}) {
+    for (const KvRows& r : *cache) b += r.f.size() * 4 + r.b.size() * 2;
+  }
   return b;
+}
+
+void Model::cache_write(KvRows& rows, int64_t offset, const float* src, int64_t n) const {
+  if (kv_type_ == KvType::kBf16) {
+    uint16_t* dst = rows.b.data() + offset;
+    for (int64_t i = 0; i < n; ++i) dst[i] = f32_to_bf16(src[i]);
+  } else {
+    std::copy(src, src + n, rows.f.data() + offset);
+  }
+}
+
+void Model::cache_args(const KvRows& k, const KvRows& v, ops::AttentionArgs* a) const {
+  if (kv_type_ == KvType::kBf16) {
+    a->kb = k.b.data();
+    a->vb = v.b.data();
+  } else {
+    a->k = k.f.data();
+    a->v = v.f.data();
+  }
 }
 
 void Model::forward(std::span<const int32_t> tokens, float* logits, bool all_rows) {
@@ -185,8 +220,8 @@ void Model::attention_mha(int64_t l, int64_t n, const float* x, float* out) {
         ops::rms_norm(kt + i * d, lw.k_norm.data(), d, c.rms_norm_eps, kt + i * d);
       rope_.rotate(kt + i * d, ang.c.data(), ang.s.data(), rope_form_);
     }
-    std::copy(kt, kt + nkv * d, k_cache_[l].data() + pos * nkv * d);
-    std::copy(vt, vt + nkv * d, v_cache_[l].data() + pos * nkv * d);
+    cache_write(k_cache_[l], pos * nkv * d, kt, nkv * d);
+    cache_write(v_cache_[l], pos * nkv * d, vt, nkv * d);
   });
   ops::AttentionArgs args;
   args.q = q;
@@ -196,8 +231,7 @@ void Model::attention_mha(int64_t l, int64_t n, const float* x, float* out) {
   args.n_kv_heads = nkv;
   args.dk = d;
   args.dv = d;
-  args.k = k_cache_[l].data();
-  args.v = v_cache_[l].data();
+  cache_args(k_cache_[l], v_cache_[l], &args);
   args.k_stride = nkv * d;
   args.v_stride = nkv * d;
   args.pos0 = pos_;
@@ -289,7 +323,7 @@ void Model::attention_mla(int64_t l, int64_t n, const float* x, float* out) {
   args.pos0 = pos_;
   args.scale = attn_scale_;
   if (mla_ != MlaMode::kNaive) {
-    std::copy(kv, kv + n * kr, k_cache_[l].data() + pos_ * kr);
+    cache_write(k_cache_[l], pos_ * kr, kv, n * kr);
     if (mla_expands(l, n)) {
       attention_mla_expanded(l, n, q, out);
       return;
@@ -324,8 +358,7 @@ void Model::attention_mla(int64_t l, int64_t n, const float* x, float* out) {
     args.n_kv_heads = 1;
     args.dk = kr;
     args.dv = kvl;
-    args.k = k_cache_[l].data();
-    args.v = k_cache_[l].data();
+    cache_args(k_cache_[l], k_cache_[l], &args);  // the values: each row's first kvl
     args.k_stride = kr;
     args.v_stride = kr;
     float* att = grow(att_, n * nh * kvl);
@@ -373,8 +406,6 @@ void Model::attention_mla(int64_t l, int64_t n, const float* x, float* out) {
   }
   // Naive: decompress per-head K (nope part + the shared rope key) and V into the cache.
   for (int64_t t = 0; t < n; ++t) std::copy(kv + t * kr, kv + t * kr + kvl, lat + t * kvl);
-  float* kc = k_cache_[l].data();
-  float* vc = v_cache_[l].data();
   for (int64_t i = 0; i < nh; ++i) {
     if (lw.k_up_transposed) {
       ops::matmul_transposed(lw.k_up[i], lat, n, tmp);
@@ -382,26 +413,27 @@ void Model::attention_mla(int64_t l, int64_t n, const float* x, float* out) {
       ops::matmul(lw.k_up[i], lat, n, tmp, nullptr);
     }
     for (int64_t t = 0; t < n; ++t) {
-      float* dst = kc + ((pos_ + t) * nh + i) * qk;
-      std::copy(tmp + t * nope, tmp + (t + 1) * nope, dst);
-      std::copy(kv + t * kr + kvl, kv + (t + 1) * kr, dst + nope);
+      const int64_t at = ((pos_ + t) * nh + i) * qk;
+      cache_write(k_cache_[l], at, tmp + t * nope, nope);
+      cache_write(k_cache_[l], at + nope, kv + t * kr + kvl, rd);
     }
     ops::matmul(lw.v_up[i], lat, n, tmp, nullptr);
     for (int64_t t = 0; t < n; ++t) {
-      std::copy(tmp + t * vd, tmp + (t + 1) * vd, vc + ((pos_ + t) * nh + i) * vd);
+      cache_write(v_cache_[l], ((pos_ + t) * nh + i) * vd, tmp + t * vd, vd);
     }
   }
-  attend_per_head(l, n, q, kc, vc, out);
+  ops::AttentionArgs kv_args;
+  cache_args(k_cache_[l], v_cache_[l], &kv_args);
+  attend_per_head(l, n, q, kv_args, out);
 }
 
 // Multi-head attention of n tokens over per-head K [position, heads, qk] and V [position, heads,
 // v] (naive and expanded MLA), then wo.
-void Model::attend_per_head(int64_t l, int64_t n, const float* q, const float* k, const float* v,
+void Model::attend_per_head(int64_t l, int64_t n, const float* q, ops::AttentionArgs args,
                             float* out) {
   const ModelConfig& c = w_.config;
   const int64_t nh = c.num_heads, qk = c.qk_nope_head_dim + c.qk_rope_head_dim;
   const int64_t vd = c.v_head_dim;
-  ops::AttentionArgs args;
   args.q = q;
   args.q_stride = nh * qk;
   args.n_tokens = n;
@@ -409,8 +441,6 @@ void Model::attend_per_head(int64_t l, int64_t n, const float* q, const float* k
   args.n_kv_heads = nh;
   args.dk = qk;
   args.dv = vd;
-  args.k = k;
-  args.v = v;
   args.k_stride = nh * qk;
   args.v_stride = nh * vd;
   args.pos0 = pos_;
@@ -473,7 +503,14 @@ void Model::attention_mla_expanded(int64_t l, int64_t n, const float* q, float* 
   const int64_t nope = c.qk_nope_head_dim, rd = c.qk_rope_head_dim, kvl = c.kv_lora_rank;
   const int64_t vd = c.v_head_dim, nh = c.num_heads, qk = nope + rd, kr = kvl + rd;
   const int64_t np = pos_ + n;
-  const float* cache = k_cache_[l].data();  // [np, kr]: latent, then rope key
+  // [np, kr]: latent, then rope key (a BF16 cache widened once per call)
+  const float* cache = k_cache_[l].f.data();
+  if (kv_type_ == KvType::kBf16) {
+    float* w = grow(lat_f32_, np * kr);
+    const uint16_t* b = k_cache_[l].b.data();
+    for (int64_t i = 0; i < np * kr; ++i) w[i] = bf16_to_f32(b[i]);
+    cache = w;
+  }
   float* K = grow(ek_, np * nh * qk);
   float* V = grow(ev_, np * nh * vd);
   // The latents in each activation encoding the up-projections read, converted once for all
@@ -527,7 +564,10 @@ void Model::attention_mla_expanded(int64_t l, int64_t n, const float* q, float* 
   } else {
     for (int64_t i = 0; i < nh; ++i) head(static_cast<size_t>(i));
   }
-  attend_per_head(l, n, q, K, V, out);
+  ops::AttentionArgs kv_args;
+  kv_args.k = K;
+  kv_args.v = V;
+  attend_per_head(l, n, q, kv_args, out);
 }
 
 void Model::dense_ffn(const ops::Weight& g, const ops::Weight& u, const ops::Weight& d, int64_t n,

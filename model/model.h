@@ -1,5 +1,5 @@
-// The forward pass of every supported architecture over LoadedModel weights, with an F32 KV
-// cache: prefill a batch of tokens, then decode one at a time. Architecture differences are
+// The forward pass of every supported architecture over LoadedModel weights, with an F32 (or
+// BF16) KV cache: prefill a batch of tokens, then decode one at a time. Architecture differences are
 // data (ModelConfig flags) plus two attention kinds: MHA/GQA (Qwen2/3-MoE, Mixtral; Qwen2 biases,
 // Qwen3 q/k norm) and DeepSeek MLA (naive: decompress K/V per head; absorbed: cache only the
 // kv_lora latent + rope key and fold W_UK / W_UV into the query and output; auto: that cache,
@@ -43,6 +43,14 @@ MlaMode parse_mla_mode(const std::string& name);
 // prefix does not (V2-Lite: 32 tokens after 4096 would cost 5x what they save).
 bool mla_expansion_pays(const ModelConfig& c, int64_t n, int64_t positions);
 
+// The KV cache's element (`--cache-type`). kF32: as computed, the reference's numbers. kBf16:
+// half the memory and, on AVX-512 BF16, attention's scores by vdpbf16ps on the queries rounded to
+// BF16 (values widened to F32): faster long-context attention, logits within BF16 rounding of
+// F32's (llama.cpp's `-ctk` / `-ctv`, whose default is F16).
+enum class KvType { kF32, kBf16 };
+// "f32" | "bf16"; anything else: Error(kInvalidArgument) naming the choices.
+KvType parse_kv_type(const std::string& name);
+
 // What the router decided for one MoE layer and one forward() batch: traces, expert statistics,
 // DALI's residual calibration and the scheduling policies read it. Pointers are valid only during
 // the call.
@@ -62,6 +70,7 @@ struct ModelOptions {
   int64_t ctx = 4096;          // KV cache positions
   ThreadPool* pool = nullptr;  // nullptr: single-threaded
   MlaMode mla = MlaMode::kAuto;
+  KvType kv_type = KvType::kF32;
   // kAuto: the batch size from which MLA attention expands K / V (see MlaMode); the expansion
   // also needs its buffers (positions x heads x (qk + v) floats) within kMlaExpandBytes and, with
   // mla_expand_by_cost, mla_expansion_pays (false: every batch of that size expands; tests).
@@ -88,6 +97,7 @@ class Model {
     if (pos >= 0 && pos < pos_) pos_ = pos;
   }
   uint64_t kv_cache_bytes() const;
+  KvType kv_type() const { return kv_type_; }
 
   // Wall time spent per part of the forward since construction (seconds): where time goes,
   // for `tandem bench` and profiling. moe_wait is the part of ffn spent waiting for the backend.
@@ -105,7 +115,18 @@ class Model {
   void attention_mla(int64_t layer, int64_t n, const float* x, float* out);
   bool mla_expands(int64_t layer, int64_t n) const;
   void attention_mla_expanded(int64_t layer, int64_t n, const float* q, float* out);
-  void attend_per_head(int64_t layer, int64_t n, const float* q, const float* k, const float* v,
+  // One layer's cached rows: F32, or BF16 bits (kv_type_).
+  struct KvRows {
+    std::vector<float> f;
+    std::vector<uint16_t> b;
+  };
+  // Writes n values at element `offset` of a cache (converted to its element).
+  void cache_write(KvRows& rows, int64_t offset, const float* src, int64_t n) const;
+  // Points a.k / a.v (or a.kb / a.vb) at the caches.
+  void cache_args(const KvRows& k, const KvRows& v, ops::AttentionArgs* a) const;
+  // Multi-head attention over per-head K / V in `kv` (its q, out and position fields are set
+  // here), then wo.
+  void attend_per_head(int64_t layer, int64_t n, const float* q, ops::AttentionArgs kv,
                        float* out);
   template <typename F>
   void for_heads(int64_t n_heads, int64_t n_tokens, F&& fn);
@@ -124,6 +145,7 @@ class Model {
   ThreadPool* pool_;
   const kern::WeightViews* views_;
   MlaMode mla_;
+  KvType kv_type_;
   int64_t mla_expand_tokens_;
   bool mla_expand_by_cost_;
   RoutingObserver on_routing_;
@@ -137,10 +159,11 @@ class Model {
   std::vector<int64_t> moe_index_;  // per layer: index among MoE layers, -1 for dense
   int64_t n_moe_layers_ = 0;
   // Per layer: K and V (MHA, naive MLA) or the latent + rope key (absorbed MLA, in k only).
-  std::vector<std::vector<float>> k_cache_, v_cache_;
+  std::vector<KvRows> k_cache_, v_cache_;
   // Activation scratch, grown on demand and reused.
   std::vector<float> x_, h_, a_, b_, q_, k_, v_, t0_, t1_, t2_, att_, logits_r_;
   std::vector<float> ek_, ev_;             // expanded MLA: per-head K / V of every position
+  std::vector<float> lat_f32_;             // expanded MLA on a BF16 cache: the latents widened
   std::deque<kern::Activations> lat_acts_;  // expanded MLA: the latents per encoding
   std::vector<int32_t> ids_;
   std::vector<float> topw_, route_scratch_;

@@ -52,6 +52,7 @@ struct BenchArgs {
   BackendOptions backend;
   std::string vs;  // backend flags of a second configuration, alternated with the first
   std::string mla = "auto";
+  std::string cache_type = "f32";
 };
 
 struct Stat {
@@ -130,11 +131,13 @@ void run_bench(const BenchArgs& a) {
   const bool vs = !a.vs.empty();
   BackendOptions backend_b = a.backend;
   const MlaMode mla = parse_mla_mode(a.mla);
-  std::string mla_b = a.mla;
+  const KvType kv_type = parse_kv_type(a.cache_type);
+  std::string mla_b = a.mla, cache_type_b = a.cache_type;
   if (vs) {
     CLI::App flags("--vs");
     add_backend_options(flags, &backend_b);
     add_mla_option(flags, &mla_b);
+    add_cache_type_option(flags, &cache_type_b);
     try {
       flags.parse(a.vs, false);
     } catch (const CLI::ParseError& e) {
@@ -142,6 +145,7 @@ void run_bench(const BenchArgs& a) {
     }
     try {
       parse_mla_mode(mla_b);
+      parse_kv_type(cache_type_b);
       backend_b = resolve_backend_options(backend_b, a.model);
     } catch (const Error& e) {
       fail(e.kind(), "--vs '{}': {}", a.vs, e.what());
@@ -206,6 +210,7 @@ void run_bench(const BenchArgs& a) {
   mo.moe = moe.backend();
   mo.views = moe.weight_views();
   mo.mla = mla;
+  mo.kv_type = kv_type;
   Model model(lm, mo);
   // A decode step also reads the KV cache of every position it attends to: mean over the test's
   // steps, (depth + (n + 1) / 2) positions of the cache's bytes per position.
@@ -221,6 +226,7 @@ void run_bench(const BenchArgs& a) {
   if (vs) {
     ModelOptions mo_b = mo;
     mo_b.mla = parse_mla_mode(mla_b);
+    mo_b.kv_type = parse_kv_type(cache_type_b);
     mo_b.moe = moe_b->backend();
     mo_b.views = moe_b->weight_views();
     model_b = std::make_unique<Model>(lm, mo_b);
@@ -318,6 +324,7 @@ void run_bench(const BenchArgs& a) {
                              {"lm_head", split.lm_head},
                              {"kv_cache", split.kv_cache}};
   j["depth"] = a.depth;
+  j["cache_type"] = a.cache_type;
   auto time_split = [](const Model::Profile& p) {
     const double total = std::max(p.attention + p.ffn + p.lm_head, 1e-12);
     return nlohmann::json{{"attention", p.attention / total},
@@ -451,8 +458,9 @@ void add_bench(CLI::App& app) {
                  "`tandem roofline --json` output to take DRAM bandwidth from (default: measure)");
   add_backend_options(app, &args->backend);
   add_mla_option(app, &args->mla);
+  add_cache_type_option(app, &args->cache_type);
   app.add_option("--vs", args->vs,
-                 "backend flags (and --mla) of a second configuration (e.g. \"--cpu-experts "
+                 "backend flags (and --mla, --cache-type) of a second configuration (e.g. \"--cpu-experts "
                  "repack\"), run alternately with the first on the same loaded model: per-pair "
                  "tokens/s ratios");
   app.callback([args] { run_bench(*args); });

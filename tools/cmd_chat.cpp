@@ -39,6 +39,7 @@ struct ChatArgs {
   int threads = 0;
   SamplingParams sampling{0.8f, 40, 0.95f, 0.05f, 0};
   BackendOptions backend;
+  std::string cache_type = "f32";
 };
 
 double seconds_since(std::chrono::steady_clock::time_point t) {
@@ -131,6 +132,7 @@ class ChatSession {
     mo.views = views;
     mo.ctx = a.ctx;
     mo.pool = &pool;
+    mo.kv_type = parse_kv_type(a.cache_type);
     return mo;
   }
 
@@ -180,6 +182,7 @@ class ChatSession {
 
 void run_chat(const ChatArgs& a) {
   if (a.ctx < 16) fail(ErrorKind::kInvalidArgument, "--ctx must be at least 16, got {}", a.ctx);
+  parse_kv_type(a.cache_type);  // before the load: a bad value fails at once
   const BackendOptions backend = resolve_backend_options(a.backend, a.model);
   const LoadedModel lm = load_model(a.model, load_mode(backend));
   page_in_model(lm);
@@ -228,6 +231,7 @@ void add_chat(CLI::App& app) {
   add_threads_option(app, &args->threads);
   add_sampling_options(app, &args->sampling);
   add_backend_options(app, &args->backend);
+  add_cache_type_option(app, &args->cache_type);
   app.callback([args] { run_chat(*args); });
 }
 

@@ -31,10 +31,12 @@ struct PerplexityArgs {
   int64_t ctx = 512;
   int threads = 0;
   BackendOptions backend;
+  std::string cache_type = "f32";
 };
 
 void run_perplexity(const PerplexityArgs& a) {
   if (a.ctx < 4) fail(ErrorKind::kInvalidArgument, "--ctx must be at least 4, got {}", a.ctx);
+  const KvType kv_type = parse_kv_type(a.cache_type);
   std::ifstream in(a.file, std::ios::binary);
   if (!in) fail(ErrorKind::kIo, "-f: cannot read '{}'", a.file);
   std::stringstream text;
@@ -56,6 +58,7 @@ void run_perplexity(const PerplexityArgs& a) {
   ModelOptions mo;
   mo.ctx = n_ctx;
   mo.pool = &threading.pool();
+  mo.kv_type = kv_type;
   MoeRuntime moe(lm, backend, threading);
   mo.moe = moe.backend();
   mo.views = moe.weight_views();
@@ -104,6 +107,7 @@ void add_perplexity(CLI::App& app) {
   app.add_option("--ctx", args->ctx, "tokens per chunk (default 512)");
   add_threads_option(app, &args->threads);
   add_backend_options(app, &args->backend);
+  add_cache_type_option(app, &args->cache_type);
   app.callback([args] { run_perplexity(*args); });
 }
 

@@ -37,6 +37,7 @@ struct RunArgs {
   int threads = 0;
   std::string logits_out;
   std::string mla = "auto";
+  std::string cache_type = "f32";
   bool ignore_eos = false;
   bool chat = false;  // -p is one user message rendered with the model's chat template
   BackendOptions backend;
@@ -78,6 +79,7 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 void run_model(const RunArgs& a) {
   if (a.n_predict < 0) fail(ErrorKind::kInvalidArgument, "-n must be >= 0, got {}", a.n_predict);
   const MlaMode mla = parse_mla_mode(a.mla);
+  const KvType kv_type = parse_kv_type(a.cache_type);
   Sampler sampler(a.sampling);
   const auto t_load = std::chrono::steady_clock::now();
   const BackendOptions backend = resolve_backend_options(a.backend, a.model);
@@ -132,6 +134,7 @@ void run_model(const RunArgs& a) {
   mo.ctx = ctx;
   mo.pool = &threading.pool();
   mo.mla = mla;
+  mo.kv_type = kv_type;
   MoeRuntime moe(lm, backend, threading);
   mo.moe = moe.backend();
   mo.views = moe.weight_views();
@@ -216,6 +219,7 @@ void add_run(CLI::App& app) {
   add_threads_option(app, &args->threads);
   app.add_option("--logits-out", args->logits_out, "write F32 logits of every prompt position");
   add_mla_option(app, &args->mla);
+  add_cache_type_option(app, &args->cache_type);
   add_backend_options(app, &args->backend);
   app.add_flag("--ignore-eos", args->ignore_eos, "keep generating after the EOS token");
   app.add_flag("--chat", args->chat,

@@ -27,6 +27,14 @@ inline CLI::Option* add_mla_option(CLI::App& app, std::string* mla) {
       ->capture_default_str();
 }
 
+// --cache-type: the KV cache's element (KvType); parse with parse_kv_type.
+inline CLI::Option* add_cache_type_option(CLI::App& app, std::string* type) {
+  return app.add_option("--cache-type", *type,
+                        "KV cache element: f32 (as computed) | bf16 (half the memory; "
+                        "attention scores in BF16 on AVX-512 BF16 CPUs, faster long contexts)")
+      ->capture_default_str();
+}
+
 inline void add_sampling_options(CLI::App& app, SamplingParams* p) {
   app.add_option("--temp", p->temperature, "temperature; 0 = greedy")->capture_default_str();
   app.add_option("--top-k", p->top_k, "keep the k most likely tokens (0 = off)")
