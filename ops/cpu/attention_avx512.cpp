@@ -101,6 +101,13 @@ struct KvF32 {
   }
   static __m512 dot(__m512 acc, __m512 q, __m512 k) { return _mm512_fmadd_ps(q, k, acc); }
   static __m512 load_v(const T* v, __mmask16 m) { return _mm512_maskz_loadu_ps(m, v); }
+  using P = float;
+  template <int NH, int NJ>
+  __attribute__((always_inline)) static void pv(const float* const* p, const T* v,
+                                                int64_t v_stride, int64_t n, int64_t j0,
+                                                const __mmask16* m, bool first, float* const* out) {
+    attn::pv_chunk<KvF32, NH, NJ>(p, v, v_stride, n, j0, m, first, out);
+  }
 };
 
 }  // namespace

@@ -2,7 +2,8 @@
 // templates over how the KV cache is stored: a `Kv` traits struct says the element type, how many
 // key dimensions one dot step takes and how keys, the packed query and values are loaded.
 // attention_avx512.cpp instantiates it for an F32 cache (AVX-512 F), attention_bf16.cpp for a
-// BF16 cache (AVX-512 BF16: vdpbf16ps scores on the query rounded to BF16, values widened to F32).
+// BF16 cache (AVX-512 BF16: vdpbf16ps scores on the query rounded to BF16, vdpbf16ps value sums
+// on the probabilities rounded to BF16).
 // Nothing here is exported.
 //
 // Kv provides:
@@ -13,7 +14,12 @@
 //   static __m512 load_k(const T* k);           a full key step
 //   static __m512 load_k(const T* k, int64_t left);      a tail step (left < kDims), zero past it
 //   static __m512 dot(__m512 acc, __m512 q, __m512 k);   acc + the step's products (16 F32 lanes)
-//   static __m512 load_v(const T* v, __mmask16 m);        16 values widened to F32, 0 where !m
+//   using P;                                    the probabilities value sums read (float,
+//                                               uint16_t: rounded to BF16 by round_p)
+//   static void round_p(const float* p, int64_t n, P* out);  (P = uint16_t only)
+//   template <int NH, int NJ> static void pv(...);  pv_chunk's contract on P probabilities
+//   static __m512 load_v(const T* v, __mmask16 m);  where pv is pv_chunk (KvF32): 16 values
+//                                               as F32, 0 where !m
 #pragma once
 
 #include <immintrin.h>
@@ -21,6 +27,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
 #include "ops/cpu/kern_gguf.h"
@@ -258,24 +265,39 @@ void score_keys(const ops::AttentionArgs& a, const Rows& rows, const __m512* pac
 // 2-5% slower in prefill).
 template <class Kv, int NH>
 void value_sums(const ops::AttentionArgs& a, const Rows& rows, const typename Kv::T* v0,
-                int64_t s_begin, int64_t s_end, const float* p_all, float* const* sums,
+                int64_t s_begin, int64_t s_end, const float* p_f32, float* const* sums,
                 float* dummy) {
+  using P = typename Kv::P;
   constexpr int NJ = 16 / NH;
+  // The probabilities as the value sums read them: BF16 rows (kSegment + 2 entries each, a zero
+  // after the segment's last key: a pair's missing partner), or the F32 scores' rows.
+  constexpr int64_t kStride = std::is_same_v<P, float> ? kSegment : kSegment + 2;
+  const P* p_all;
+  if constexpr (std::is_same_v<P, float>) {
+    p_all = p_f32;
+  } else {
+    thread_local std::vector<P> rounded;
+    rounded.resize(static_cast<size_t>(rows.n * kStride));
+    for (int64_t r = 0; r < rows.n; ++r) {
+      Kv::round_p(p_f32 + r * kSegment, s_end - s_begin, rounded.data() + r * kStride);
+    }
+    p_all = rounded.data();
+  }
   for (int64_t c0 = s_begin; c0 < s_end; c0 += kChunk) {
     const int64_t c1 = std::min(s_end, c0 + kChunk);
     for (int64_t h0 = 0; h0 < rows.n; h0 += NH) {
-      const float* p[NH];
+      const P* p[NH];
       float* out[NH];
       for (int h = 0; h < NH; ++h) {
         const int64_t hh = std::min<int64_t>(h0 + h, rows.n - 1);
-        p[h] = p_all + hh * kSegment + (c0 - s_begin);
+        p[h] = p_all + hh * kStride + (c0 - s_begin);
         out[h] = h0 + h < rows.n && sums[hh] != nullptr ? sums[hh] : dummy;
       }
       for (int64_t j0 = 0; j0 < a.dv; j0 += 16 * NJ) {
         __mmask16 m[NJ];
         for (int z = 0; z < NJ; ++z) m[z] = tail_mask(j0 + 16 * z, a.dv);
-        pv_chunk<Kv, NH, NJ>(p, v0 + c0 * a.v_stride, a.v_stride, c1 - c0, j0, m, c0 == s_begin,
-                             out);
+        Kv::template pv<NH, NJ>(p, v0 + c0 * a.v_stride, a.v_stride, c1 - c0, j0, m,
+                                c0 == s_begin, out);
       }
     }
   }

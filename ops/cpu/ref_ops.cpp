@@ -222,6 +222,49 @@ AttentionArgs widen_bf16_cache(const AttentionArgs& a, std::vector<float>* q,
   return w;
 }
 
+void attention_bf16_segments(const AttentionArgs& a, int64_t segment) {
+  TD_CHECK(a.kb != nullptr && a.vb != nullptr && segment > 0, "attention_bf16_segments: BF16");
+  const int64_t group = a.n_heads / a.n_kv_heads;
+  auto bf = [](float x) { return static_cast<double>(bf16_to_f32(f32_to_bf16(x))); };
+  std::vector<double> x, o, o_seg;
+  for (int64_t t = 0; t < a.n_tokens; ++t) {
+    const int64_t n_ctx = a.pos0 + t + 1;
+    for (int64_t h = 0; h < a.n_heads; ++h) {
+      const int64_t g = h / group;
+      const float* q = a.q + t * a.q_stride + h * a.dk;
+      x.assign(static_cast<size_t>(n_ctx), 0.0);
+      for (int64_t s = 0; s < n_ctx; ++s) {
+        const uint16_t* k = a.kb + s * a.k_stride + g * a.dk;
+        double d = 0;
+        for (int64_t i = 0; i < a.dk; ++i) d += bf(q[i]) * bf16_to_f32(k[i]);
+        x[s] = static_cast<double>(a.scale) * d;
+      }
+      // Segments folded in order, as the kernel's SegmentFold.
+      double m = 0, l = 0;
+      o.assign(static_cast<size_t>(a.dv), 0.0);
+      for (int64_t c0 = 0; c0 < n_ctx; c0 += segment) {
+        const int64_t c1 = std::min(n_ctx, c0 + segment);
+        const double m_s = *std::max_element(x.begin() + c0, x.begin() + c1);
+        double l_s = 0;
+        o_seg.assign(static_cast<size_t>(a.dv), 0.0);
+        for (int64_t s = c0; s < c1; ++s) {
+          const float p = static_cast<float>(std::exp(x[s] - m_s));
+          l_s += p;
+          const uint16_t* v = a.vb + s * a.v_stride + g * a.dv;
+          for (int64_t j = 0; j < a.dv; ++j) o_seg[j] += bf(p) * bf16_to_f32(v[j]);
+        }
+        const double mn = c0 == 0 ? m_s : std::max(m, m_s);
+        const double fa = c0 == 0 ? 0.0 : std::exp(m - mn), fb = std::exp(m_s - mn);
+        for (int64_t j = 0; j < a.dv; ++j) o[j] = o[j] * fa + o_seg[j] * fb;
+        l = l * fa + l_s * fb;
+        m = mn;
+      }
+      float* out = a.out + (t * a.n_heads + h) * a.dv;
+      for (int64_t j = 0; j < a.dv; ++j) out[j] = static_cast<float>(o[j] / l);
+    }
+  }
+}
+
 void attention(const AttentionArgs& bf16_or_f32, ThreadPool* pool) {
   std::vector<float> wq, wk, wv;
   const AttentionArgs a = widen_bf16_cache(bf16_or_f32, &wq, &wk, &wv);

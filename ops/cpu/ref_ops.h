@@ -98,8 +98,8 @@ float yarn_mscale(float scale, float m);
 // [n_tokens, n_heads, dv]; q is [n_tokens, n_heads, dk] with q_stride floats between tokens.
 // A BF16 cache (kb / vb set instead of k / v, strides in elements): the scores are the dot
 // products of the query rounded to BF16 (to nearest even) with the keys, the value sums those of
-// the values widened to F32 (what vdpbf16ps and widened loads compute, up to the order of the
-// additions).
+// the values widened to F32 (kern::attention below AVX-512 BF16; with those instructions the
+// probabilities are rounded to BF16 for the value sums too: attention_bf16_segments).
 struct AttentionArgs {
   const float* q = nullptr;
   int64_t q_stride = 0;
@@ -119,6 +119,13 @@ void attention(const AttentionArgs& a, ThreadPool* pool);
 // BF16 into *q. An F32 cache's arguments come back as they are.
 AttentionArgs widen_bf16_cache(const AttentionArgs& a, std::vector<float>* q,
                                std::vector<float>* k, std::vector<float>* v);
+// The arithmetic of kern::attention over a BF16 cache with the AVX-512 BF16 instructions, in
+// double: scores of the queries rounded to BF16 with the keys; per segment of `segment` keys
+// from position 0, p = e^(scale x - m_s) against the segment's maximum, l_s = sum p, value sums
+// with p rounded to BF16 (vdpbf16ps: the value side in BF16 too); segments folded by
+// e^(m_s - M). (The kernel's F32 rounding and its e^x aside, equal; a probability at a BF16
+// rounding tie may round the other way, a 2^-8 relative difference in one term.)
+void attention_bf16_segments(const AttentionArgs& a, int64_t segment);
 
 // e^x as SiLU needs it, by the SIMD kernels' algorithm so that they give the same bits
 // (kern::swiglu): Cephes expf, x = n ln2 + r with n = nearbyint(x log2 e) and r by two fused

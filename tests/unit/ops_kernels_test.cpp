@@ -836,12 +836,16 @@ TEST(KernelsAttention, EqualsReference) {
   }
 }
 
-// A BF16 KV cache (ModelOptions::kv_type): the reference's contract is F32 attention on the
-// queries rounded to BF16 and the cache widened (checked against rounding by hand here); every
-// ISA computes it within F32 rounding (AVX-512 BF16: vdpbf16ps scores; below: the F32 kernels
-// on widened copies), and a token decoded alone or on the pool gives the batch's bits. Shapes:
-// 32-value dot steps with and without a tail (40, 16: a tail only), the segments and the split
-// decode path as for F32, and absorbed MLA's layout (values the first dv of the key rows).
+// A BF16 KV cache (ModelOptions::kv_type). ops::attention's contract: F32 attention on the
+// queries rounded to BF16 and the cache widened (checked against rounding by hand here), which
+// the F32 kernels on widened copies compute below AVX-512 BF16 within F32 rounding. With the
+// BF16 instructions (vdpbf16ps scores, value sums on the probabilities rounded to BF16) the
+// kernel is checked against ops::attention_bf16_segments (its arithmetic in double), and the F32
+// contract's numbers are within the probabilities' BF16 rounding (2^-9 of each term). A token
+// decoded alone or on the pool gives the batch's bits. Shapes: 32-value dot steps with and
+// without a tail (40; 16: a tail only), value dimensions in 32s with tails (80, 24, 200), the
+// segments and the split decode path as for F32, and absorbed MLA's layout (values the first dv
+// of the key rows), odd and even context lengths.
 TEST(KernelsAttention, Bf16CacheEqualsReference) {
   ThreadPool pool(place_workers(detect_topology(), 2));
   struct Shape {
@@ -889,12 +893,26 @@ TEST(KernelsAttention, Bf16CacheEqualsReference) {
       b.out = got.data();
       ops::attention(b, nullptr);
       for (size_t i = 0; i < want.size(); ++i) ASSERT_EQ(got[i], want[i]) << "reference " << i;
+      std::vector<float> want_bf16(want.size());
+      b.out = want_bf16.data();
+      ops::attention_bf16_segments(b, kern::detail::kSegment);
+      b.out = got.data();
       for (const Isa isa : {Isa::kAvx2, Isa::kAvx512, Isa::kAvx512Bf16}) {
         if (isa > best_isa()) continue;
         kern::attention(b, &pool, isa);
+        const bool dp = isa >= Isa::kAvx512Bf16;
+        // With the BF16 instructions: a probability within the kernel's F32 error of a BF16
+        // rounding tie rounds the other way now and then, moving its row by up to 2^-8 of that
+        // term (measured: 0.1-0.25% of the outputs beyond 2e-5, at most 4.8e-4, rows of a
+        // token and head); the others agree to F32 rounding.
+        int64_t close = 0;
         for (size_t i = 0; i < want.size(); ++i) {
-          ASSERT_NEAR(got[i], want[i], 2e-5f) << isa_name(isa) << " " << n << " " << i;
+          const float e = std::fabs(got[i] - (dp ? want_bf16[i] : want[i]));
+          close += e <= 2e-5f;
+          ASSERT_LE(e, dp ? 1e-3f : 2e-5f) << isa_name(isa) << " " << n << " " << i;
+          if (dp) ASSERT_NEAR(got[i], want[i], 4e-3f) << isa_name(isa) << " " << n << " " << i;
         }
+        EXPECT_GE(close * 1000, static_cast<int64_t>(want.size()) * 995) << isa_name(isa) << n;
         for (int64_t t = 0; t < n; t += (n > 50 ? 37 : 1)) {
           ops::AttentionArgs one = b;
           one.q = q.data() + t * sh.heads * sh.dk;
