@@ -110,6 +110,41 @@ struct KvF32 {
   }
 };
 
+// A BF16 cache on AVX-512 without the BF16 instructions: the F32 kernel's arithmetic on the
+// queries rounded to BF16 and the rows widened as they are loaded (ops::attention's BF16
+// contract).
+struct KvBf16Widened {
+  using T = uint16_t;
+  static constexpr int64_t kDims = 16;
+  static const T* keys(const ops::AttentionArgs& a) { return a.kb; }
+  static const T* values(const ops::AttentionArgs& a) { return a.vb; }
+  static __m512 widen(__m256i x) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(x), 16));
+  }
+  static __m512 load_q(const float* q, int64_t left) {
+    // To BF16 (nearest even, as f32_to_bf16 for finite values) and back.
+    const __m512i u = _mm512_castps_si512(_mm512_maskz_loadu_ps(attn::tail_mask(0, left), q));
+    const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1));
+    const __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7FFF)));
+    return _mm512_castsi512_ps(_mm512_and_si512(r, _mm512_set1_epi32(~0xFFFF)));
+  }
+  static __m512 load_k(const T* k) {
+    return widen(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(k)));
+  }
+  static __m512 load_k(const T* k, int64_t left) {
+    return widen(_mm256_maskz_loadu_epi16(attn::tail_mask(0, left), k));
+  }
+  static __m512 dot(__m512 acc, __m512 q, __m512 k) { return _mm512_fmadd_ps(q, k, acc); }
+  static __m512 load_v(const T* v, __mmask16 m) { return widen(_mm256_maskz_loadu_epi16(m, v)); }
+  using P = float;
+  template <int NH, int NJ>
+  __attribute__((always_inline)) static void pv(const float* const* p, const T* v,
+                                                int64_t v_stride, int64_t n, int64_t j0,
+                                                const __mmask16* m, bool first, float* const* out) {
+    attn::pv_chunk<KvBf16Widened, NH, NJ>(p, v, v_stride, n, j0, m, first, out);
+  }
+};
+
 }  // namespace
 
 void attention_task_avx512(const ops::AttentionArgs& a, int64_t t, int64_t g, int64_t hb,
@@ -125,6 +160,21 @@ void attention_tokens_avx512(const ops::AttentionArgs& a, int64_t t0, int64_t t1
 void decode_segments_avx512(const ops::AttentionArgs& a, int64_t seg_begin, int64_t seg_end,
                             float* partial, float* stats) {
   attn::decode_segments<KvF32>(a, seg_begin, seg_end, partial, stats);
+}
+
+void attention_task_bf16_widened(const ops::AttentionArgs& a, int64_t t, int64_t g, int64_t hb,
+                                 int64_t he, float* scores, float* dummy) {
+  attn::task<KvBf16Widened>(a, t, g, hb, he, scores, dummy);
+}
+
+void attention_tokens_bf16_widened(const ops::AttentionArgs& a, int64_t t0, int64_t t1,
+                                   int64_t g, float* scores, float* dummy) {
+  attn::tokens<KvBf16Widened>(a, t0, t1, g, scores, dummy);
+}
+
+void decode_segments_bf16_widened(const ops::AttentionArgs& a, int64_t seg_begin,
+                                  int64_t seg_end, float* partial, float* stats) {
+  attn::decode_segments<KvBf16Widened>(a, seg_begin, seg_end, partial, stats);
 }
 
 void decode_fold_avx512(const ops::AttentionArgs& a, const float* partial, const float* stats,

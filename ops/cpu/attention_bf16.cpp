@@ -70,7 +70,8 @@ struct KvBf16 {
                                                 bool first, float* const* out) {
     static_assert(NJ % 2 == 0);
     constexpr int NU = NJ / 2;  // units of 32 dimensions: accumulators 2u (lo), 2u + 1 (hi)
-    const __m512i to_out0 = _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
+    const __m512i to_out0 =
+        _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
     const __m512i to_out1 =
         _mm512_setr_epi32(8, 9, 10, 11, 24, 25, 26, 27, 12, 13, 14, 15, 28, 29, 30, 31);
     const __m512i to_lo =

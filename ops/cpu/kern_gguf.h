@@ -143,6 +143,14 @@ void attention_tokens_bf16(const ops::AttentionArgs& a, int64_t t0, int64_t t1, 
                            float* scores, float* dummy);
 void decode_segments_bf16(const ops::AttentionArgs& a, int64_t seg_begin, int64_t seg_end,
                           float* partial, float* stats);
+// The same over a BF16 cache on AVX-512 without BF16 (attention_avx512.cpp): the F32 kernel on
+// the queries rounded to BF16, the rows widened as loaded (ops::attention's BF16 contract).
+void attention_task_bf16_widened(const ops::AttentionArgs& a, int64_t t, int64_t g, int64_t hb,
+                                 int64_t he, float* scores, float* dummy);
+void attention_tokens_bf16_widened(const ops::AttentionArgs& a, int64_t t0, int64_t t1,
+                                   int64_t g, float* scores, float* dummy);
+void decode_segments_bf16_widened(const ops::AttentionArgs& a, int64_t seg_begin,
+                                  int64_t seg_end, float* partial, float* stats);
 // kern::gemm_f32_kn on AVX-512 (attention_avx512.cpp): n a multiple of 64.
 void gemm_f32_kn_avx512(const float* a, int64_t lda, int64_t m, const float* b, int64_t k,
                         int64_t n, float* c, int64_t ldc);

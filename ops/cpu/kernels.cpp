@@ -605,18 +605,23 @@ bool attention_splits_cache(const ops::AttentionArgs& a, const ThreadPool* pool,
 void attention(const ops::AttentionArgs& a, ThreadPool* pool, Isa isa) {
   const int64_t group = a.n_heads / a.n_kv_heads;
   isa = std::min(isa, best_isa());
-  // A BF16 cache without the BF16 instructions: the F32 kernels on its rows widened (and the
-  // queries rounded to BF16), the contract's numbers on any CPU, at the F32 cache's speed or
-  // below (the copy).
-  if (a.kb != nullptr && isa < Isa::kAvx512Bf16) {
+  // A BF16 cache below AVX-512: the F32 kernels on its rows widened into copies (and the
+  // queries rounded to BF16), the contract's numbers on any CPU.
+  if (a.kb != nullptr && isa < Isa::kAvx512) {
     thread_local std::vector<float> wq, wk, wv;
     attention(ops::widen_bf16_cache(a, &wq, &wk, &wv), pool, isa);
     return;
   }
-  const bool bf16 = a.kb != nullptr;
-  const auto task_fn = bf16 ? detail::attention_task_bf16 : detail::attention_task_avx512;
-  const auto tokens_fn = bf16 ? detail::attention_tokens_bf16 : detail::attention_tokens_avx512;
-  const auto segments_fn = bf16 ? detail::decode_segments_bf16 : detail::decode_segments_avx512;
+  // The AVX-512 kernels for the cache's element: F32; BF16 by the BF16 instructions; BF16 rows
+  // widened as loaded (AVX-512 without BF16).
+  const int kind = a.kb == nullptr ? 0 : isa >= Isa::kAvx512Bf16 ? 1 : 2;
+  const auto task_fn = std::array{detail::attention_task_avx512, detail::attention_task_bf16,
+                                  detail::attention_task_bf16_widened}[kind];
+  const auto tokens_fn = std::array{detail::attention_tokens_avx512, detail::attention_tokens_bf16,
+                                    detail::attention_tokens_bf16_widened}[kind];
+  const auto segments_fn =
+      std::array{detail::decode_segments_avx512, detail::decode_segments_bf16,
+                 detail::decode_segments_bf16_widened}[kind];
   // Fewer (token, KV group) tasks than threads (decode; absorbed MLA has one KV group): the
   // group's heads are split over tasks in blocks of 4 (each task reads the whole KV cache, which
   // the split keeps in L3 for moderate contexts). Every head's arithmetic is the same either way.
