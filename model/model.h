@@ -1,9 +1,9 @@
 // The forward pass of every supported architecture over LoadedModel weights, with an F32 (or
 // BF16) KV cache: prefill a batch of tokens, then decode one at a time. Architecture differences
 // are data (ModelConfig flags) plus two attention kinds: MHA/GQA (Qwen2/3-MoE, Mixtral; Qwen2
-// biases, Qwen3 q/k norm) and DeepSeek MLA (naive: decompress K/V per head; absorbed: cache only the
-// kv_lora latent + rope key and fold W_UK / W_UV into the query and output; auto: that cache,
-// with batches expanded to per-head K / V on the fly).
+// biases, Qwen3 q/k norm) and DeepSeek MLA (naive: decompress K/V per head; absorbed: cache only
+// the kv_lora latent + rope key and fold W_UK / W_UV into the query and output; auto: that
+// cache, with batches expanded to per-head K / V on the fly).
 #pragma once
 
 #include <cstdint>

@@ -461,8 +461,8 @@ void add_bench(CLI::App& app) {
   add_cache_type_option(app, &args->cache_type);
   app.add_option("--vs", args->vs,
                  "backend flags (and --mla, --cache-type) of a second configuration (e.g. "
-                 "\"--cpu-experts repack\"), run alternately with the first on the same loaded model: per-pair "
-                 "tokens/s ratios");
+                 "\"--cpu-experts repack\"), run alternately with the first on the same loaded "
+                 "model: per-pair tokens/s ratios");
   app.callback([args] { run_bench(*args); });
 }
 
