@@ -140,8 +140,8 @@ void run_model(const RunArgs& a) {
   mo.views = moe.weight_views();
   Model model(lm, mo);
   std::fprintf(stderr, "%s\n%s\n", model_summary(lm).c_str(), moe.summary().c_str());
-  std::fprintf(stderr, "loaded in %.2f s; KV cache %.1f MiB for %ld positions; %d threads\n",
-               seconds_since(t_load), model.kv_cache_bytes() / 1048576.0,
+  std::fprintf(stderr, "loaded in %.2f s; KV cache %.1f MiB (%s) for %ld positions; %d threads\n",
+               seconds_since(t_load), model.kv_cache_bytes() / 1048576.0, a.cache_type.c_str(),
                static_cast<long>(ctx), threading.n_threads());
 
   const int64_t nv = c.vocab_size;

@@ -155,7 +155,7 @@ TEST(CliBench, VsRunsASecondBackendPairByPair) {
     EXPECT_NEAR(s["attention"].get<double>() + s["ffn"].get<double>() + s["lm_head"].get<double>(),
                 1.0, 1e-9);
   }
-  for (const char* bad : {"--bogus 3", "--cpu-experts int9", "--mla fast"}) {
+  for (const char* bad : {"--bogus 3", "--cpu-experts int9", "--mla fast", "--cache-type q8"}) {
     const test::CommandResult e = test::run_tandem("bench -m " + model + " -p 0 -n 2 -r 1 --vs \"" +
                                                    std::string(bad) + "\"");
     EXPECT_NE(e.exit_code, 0) << bad;

@@ -2,6 +2,7 @@
 // llama.cpp golden files, and clear errors for bad prompts.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -139,6 +140,48 @@ TEST(CliRun, BadPromptsAreClearErrors) {
   EXPECT_NE(r.err.find("--numa-parts must be 0 (one per NUMA node) to 16, got 17"),
             std::string::npos)
       << r.err;
+}
+
+// --cache-type bf16: half the KV cache's bytes, and a golden prompt's greedy tokens and logits
+// within BF16 rounding of the golden's (per position <= 0.01 of max |ref|: model_golden_test's
+// Bf16KvCache bound before any flipped expert choice; deepseek3 flips none on this prompt). A bad
+// type names the choices.
+TEST(CliRun, Bf16KvCache) {
+  std::ifstream in(test::data_path("golden/deepseek3.json"));
+  const nlohmann::json meta = nlohmann::json::parse(in);
+  const auto& p = meta["prompts"][0];
+  const std::vector<int> tokens = p["tokens"].get<std::vector<int>>();
+  test::TempDir dir("run_bf16");
+  const std::string base = "run -m " + test::data_path("golden/deepseek3.gguf").string() +
+                           " --tokens " + join(tokens, ",") + " -n 16 --ignore-eos --threads 2";
+  const test::CommandResult f = test::run_tandem(base);
+  const test::CommandResult r =
+      test::run_tandem(base + " --cache-type bf16 --logits-out " + (dir / "l.f32").string());
+  ASSERT_EQ(f.exit_code, 0) << f.err;
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out, join(p["greedy"].get<std::vector<int>>(), " ") + "\n");
+  auto cache_mib = [](const std::string& err) {
+    const size_t at = err.find("KV cache ");
+    return at == std::string::npos ? -1.0 : std::stod(err.substr(at + 9));
+  };
+  EXPECT_NE(r.err.find("MiB (bf16)"), std::string::npos) << r.err;
+  EXPECT_NEAR(cache_mib(r.err), cache_mib(f.err) / 2, 0.1) << r.err << f.err;
+  const std::vector<float> got = read_f32(dir / "l.f32");
+  const std::vector<float> ref =
+      read_f32(test::data_path("golden/" + p["logits_file"].get<std::string>()));
+  ASSERT_EQ(got.size(), ref.size());
+  const size_t nv = ref.size() / tokens.size();
+  for (size_t t = 0; t < tokens.size(); ++t) {
+    float mr = 0;
+    for (size_t j = 0; j < nv; ++j) mr = std::max(mr, std::fabs(ref[t * nv + j]));
+    for (size_t j = 0; j < nv; ++j) {
+      ASSERT_NEAR(got[t * nv + j], ref[t * nv + j], 0.01f * mr) << t << " " << j;
+    }
+  }
+  const test::CommandResult bad = test::run_tandem(base + " --cache-type f16");
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_NE(bad.err.find("--cache-type must be 'f32' or 'bf16', got 'f16'"), std::string::npos)
+      << bad.err;
 }
 
 // Experts split in two NUMA parts (forced on one node) give the same greedy tokens as unsplit on a
