@@ -87,7 +87,7 @@ void segment_exp_avx512(float* x, int64_t n, float scale, float* m_out, float* l
 namespace {
 
 // The cache as computed.
-struct KvF32 {
+struct KvF32 : attn::ValuesByFma<KvF32> {
   using T = float;
   static constexpr int64_t kDims = 16;
   static const T* keys(const ops::AttentionArgs& a) { return a.k; }
@@ -101,19 +101,12 @@ struct KvF32 {
   }
   static __m512 dot(__m512 acc, __m512 q, __m512 k) { return _mm512_fmadd_ps(q, k, acc); }
   static __m512 load_v(const T* v, __mmask16 m) { return _mm512_maskz_loadu_ps(m, v); }
-  using P = float;
-  template <int NH, int NJ>
-  __attribute__((always_inline)) static void pv(const float* const* p, const T* v,
-                                                int64_t v_stride, int64_t n, int64_t j0,
-                                                const __mmask16* m, bool first, float* const* out) {
-    attn::pv_chunk<KvF32, NH, NJ>(p, v, v_stride, n, j0, m, first, out);
-  }
 };
 
 // A BF16 cache on AVX-512 without the BF16 instructions: the F32 kernel's arithmetic on the
 // queries rounded to BF16 and the rows widened as they are loaded (ops::attention's BF16
 // contract).
-struct KvBf16Widened {
+struct KvBf16Widened : attn::ValuesByFma<KvBf16Widened> {
   using T = uint16_t;
   static constexpr int64_t kDims = 16;
   static const T* keys(const ops::AttentionArgs& a) { return a.kb; }
@@ -136,13 +129,6 @@ struct KvBf16Widened {
   }
   static __m512 dot(__m512 acc, __m512 q, __m512 k) { return _mm512_fmadd_ps(q, k, acc); }
   static __m512 load_v(const T* v, __mmask16 m) { return widen(_mm256_maskz_loadu_epi16(m, v)); }
-  using P = float;
-  template <int NH, int NJ>
-  __attribute__((always_inline)) static void pv(const float* const* p, const T* v,
-                                                int64_t v_stride, int64_t n, int64_t j0,
-                                                const __mmask16* m, bool first, float* const* out) {
-    attn::pv_chunk<KvBf16Widened, NH, NJ>(p, v, v_stride, n, j0, m, first, out);
-  }
 };
 
 }  // namespace

@@ -18,8 +18,8 @@
 //                                               uint16_t: rounded to BF16 by round_p)
 //   static void round_p(const float* p, int64_t n, P* out);  (P = uint16_t only)
 //   template <int NH, int NJ> static void pv(...);  pv_chunk's contract on P probabilities
-//   static __m512 load_v(const T* v, __mmask16 m);  where pv is pv_chunk (KvF32): 16 values
-//                                               as F32, 0 where !m
+//   static __m512 load_v(const T* v, __mmask16 m);  where pv is pv_chunk (ValuesByFma): 16
+//                                               values as F32, 0 where !m
 #pragma once
 
 #include <immintrin.h>
@@ -116,6 +116,20 @@ __attribute__((always_inline)) inline void pv_chunk(const float* const* p,
     for (int z = 0; z < NJ; ++z) _mm512_mask_storeu_ps(out[h] + j0 + 16 * z, m[z], acc[h][z]);
   }
 }
+
+// What a Kv whose value sums are pv_chunk's (F32 probabilities, values by Kv::load_v) derives
+// from: `struct KvF32 : ValuesByFma<KvF32>`.
+template <class Kv>
+struct ValuesByFma {
+  using P = float;
+  template <int NH, int NJ, class T>  // (T: Kv::T, deduced; Kv is incomplete here)
+  __attribute__((always_inline)) static void pv(const float* const* p, const T* v,
+                                                int64_t v_stride, int64_t n, int64_t j0,
+                                                const __mmask16* m, bool first,
+                                                float* const* out) {
+    pv_chunk<Kv, NH, NJ>(p, v, v_stride, n, j0, m, first, out);
+  }
+};
 
 // The mask of the 16 values from j of n.
 inline __mmask16 tail_mask(int64_t j, int64_t n) {
