@@ -541,7 +541,7 @@ void BM_MlaDecodeHeads(benchmark::State& state, int64_t ctx, bool bf16) {
   auto cache_of = [&](ops::AttentionArgs& x) {
     if (bf16) {
       x.k = x.v = nullptr;
-      x.kb = x.vb = cache16.data() + (l % caches) * cache_floats;
+      x.k16 = x.v16 = cache16.data() + (l % caches) * cache_floats;
     } else {
       x.k = x.v = cache.data() + (l % caches) * cache_floats;
     }
@@ -620,8 +620,10 @@ BENCHMARK_CAPTURE(BM_MatmulChain, q4_k_24576, DType::kQ4_K, 24576)->UseRealTime(
 // compare with the fp32 peak). avx2: the F32-GEMM scores and scalar value loop.
 // n query tokens after pos0 cached ones: prefill (512 on an empty cache) or decode (1 token after
 // 4095: the absorbed-MLA decode step at a 4K context, whose one KV group is split over threads).
+enum class Cache { kF32, kBf16, kF16 };  // ModelOptions::kv_type
+
 void BM_Attention(benchmark::State& state, int64_t heads, int64_t kv_heads, int64_t dk, int64_t dv,
-                  Isa isa, int64_t n = 512, int64_t pos0 = 0, bool bf16 = false) {
+                  Isa isa, int64_t n = 512, int64_t pos0 = 0, Cache cache = Cache::kF32) {
   if (isa > best_isa()) {
     state.SkipWithError("ISA not supported here");
     return;
@@ -652,13 +654,15 @@ void BM_Attention(benchmark::State& state, int64_t heads, int64_t kv_heads, int6
   a.scale = 0.1f;
   a.pos0 = pos0;
   a.out = out.data();
-  std::vector<uint16_t> kb(bf16 ? k.size() : 0), vb(bf16 ? v.size() : 0);
-  if (bf16) {  // a BF16 cache (ModelOptions::kv_type)
-    for (size_t i = 0; i < kb.size(); ++i) kb[i] = f32_to_bf16(k[i]);
-    for (size_t i = 0; i < vb.size(); ++i) vb[i] = f32_to_bf16(v[i]);
+  const bool half = cache != Cache::kF32, f16 = cache == Cache::kF16;
+  std::vector<uint16_t> kb(half ? k.size() : 0), vb(half ? v.size() : 0);
+  if (half) {  // a 16-bit cache
+    for (size_t i = 0; i < kb.size(); ++i) kb[i] = f16 ? f32_to_f16(k[i]) : f32_to_bf16(k[i]);
+    for (size_t i = 0; i < vb.size(); ++i) vb[i] = f16 ? f32_to_f16(v[i]) : f32_to_bf16(v[i]);
     a.k = a.v = nullptr;
-    a.kb = kb.data();
-    a.vb = vb.data();
+    a.k16 = kb.data();
+    a.v16 = vb.data();
+    a.f16 = f16;
   }
   for (auto _ : state) {
     kern::attention(a, &pool(), isa);
@@ -694,7 +698,7 @@ void BM_MlaDecodeSegments(benchmark::State& state, int64_t ctx, bool bf16) {
   for (size_t i = 0; i < cache.size(); ++i) cache16[i] = f32_to_bf16(cache[i]);
   if (bf16) {
     a.k = a.v = nullptr;
-    a.kb = a.vb = cache16.data();
+    a.k16 = a.v16 = cache16.data();
   }
   const auto segments =
       bf16 ? kern::detail::decode_segments_bf16 : kern::detail::decode_segments_avx512;
@@ -742,11 +746,15 @@ BENCHMARK_CAPTURE(BM_Attention, mla_avx512, 16, 1, 576, 512, Isa::kAvx512)
 BENCHMARK_CAPTURE(BM_Attention, mla_decode_4k_avx512, 16, 1, 576, 512, Isa::kAvx512, 1, 4095)
     ->UseRealTime()
     ->MinTime(0.3);
-BENCHMARK_CAPTURE(BM_Attention, mla_bf16, 16, 1, 576, 512, Isa::kAvx512Bf16, 512, 0, true)
+BENCHMARK_CAPTURE(BM_Attention, mla_bf16, 16, 1, 576, 512, Isa::kAvx512Bf16, 512, 0, Cache::kBf16)
     ->UseRealTime()
     ->MinTime(0.3);
 BENCHMARK_CAPTURE(BM_Attention, mla_decode_4k_bf16, 16, 1, 576, 512, Isa::kAvx512Bf16, 1, 4095,
-                  true)
+                  Cache::kBf16)
+    ->UseRealTime()
+    ->MinTime(0.3);
+BENCHMARK_CAPTURE(BM_Attention, mla_decode_4k_f16, 16, 1, 576, 512, Isa::kAvx512, 1, 4095,
+                  Cache::kF16)
     ->UseRealTime()
     ->MinTime(0.3);
 BENCHMARK_CAPTURE(BM_Attention, mla_expanded_avx512, 16, 16, 192, 128, Isa::kAvx512)
@@ -756,7 +764,7 @@ BENCHMARK_CAPTURE(BM_Attention, gqa_avx2, 32, 8, 128, 128, Isa::kAvx2)->UseRealT
 BENCHMARK_CAPTURE(BM_Attention, gqa_avx512, 32, 8, 128, 128, Isa::kAvx512)
     ->UseRealTime()
     ->MinTime(0.3);
-BENCHMARK_CAPTURE(BM_Attention, gqa_bf16, 32, 8, 128, 128, Isa::kAvx512Bf16, 512, 0, true)
+BENCHMARK_CAPTURE(BM_Attention, gqa_bf16, 32, 8, 128, 128, Isa::kAvx512Bf16, 512, 0, Cache::kBf16)
     ->UseRealTime()
     ->MinTime(0.3);
 

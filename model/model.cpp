@@ -37,7 +37,9 @@ void add_into(float* dst, const float* src, int64_t n) {
 KvType parse_kv_type(const std::string& name) {
   if (name == "f32") return KvType::kF32;
   if (name == "bf16") return KvType::kBf16;
-  fail(ErrorKind::kInvalidArgument, "--cache-type must be 'f32' or 'bf16', got '{}'", name);
+  if (name == "f16") return KvType::kF16;
+  fail(ErrorKind::kInvalidArgument, "--cache-type must be 'f32', 'bf16' or 'f16', got '{}'",
+       name);
 }
 
 MlaMode parse_mla_mode(const std::string& name) {
@@ -88,7 +90,7 @@ Model::Model(const LoadedModel& weights, const ModelOptions& options)
     k_row = c.num_kv_heads * c.head_dim;
     v_row = c.num_kv_heads * c.head_dim;
   }
-  const uint64_t elem = kv_type_ == KvType::kBf16 ? 2 : 4;
+  const uint64_t elem = kv_type_ == KvType::kF32 ? 4 : 2;
   const uint64_t bytes = static_cast<uint64_t>(ctx_) * (k_row + v_row) * c.num_layers * elem;
   const uint64_t available = meminfo_bytes("MemAvailable");  // 0: unknown
   if (bytes > (uint64_t{1} << 40) || (available > 0 && bytes > available)) {
@@ -103,9 +105,9 @@ Model::Model(const LoadedModel& weights, const ModelOptions& options)
   k_cache_.resize(c.num_layers);
   v_cache_.resize(c.num_layers);
   for (int64_t l = 0; l < c.num_layers; ++l) {
-    if (kv_type_ == KvType::kBf16) {
-      k_cache_[l].b.assign(static_cast<size_t>(ctx_ * k_row), 0);
-      v_cache_[l].b.assign(static_cast<size_t>(ctx_ * v_row), 0);
+    if (kv_type_ != KvType::kF32) {
+      k_cache_[l].h16.assign(static_cast<size_t>(ctx_ * k_row), 0);
+      v_cache_[l].h16.assign(static_cast<size_t>(ctx_ * v_row), 0);
     } else {
       k_cache_[l].f.assign(static_cast<size_t>(ctx_ * k_row), 0.0f);
       v_cache_[l].f.assign(static_cast<size_t>(ctx_ * v_row), 0.0f);
@@ -116,24 +118,26 @@ Model::Model(const LoadedModel& weights, const ModelOptions& options)
 uint64_t Model::kv_cache_bytes() const {
   uint64_t b = 0;
   for (const std::vector<KvRows>* cache : {&k_cache_, &v_cache_}) {
-    for (const KvRows& r : *cache) b += r.f.size() * 4 + r.b.size() * 2;
+    for (const KvRows& r : *cache) b += r.f.size() * 4 + r.h16.size() * 2;
   }
   return b;
 }
 
 void Model::cache_write(KvRows& rows, int64_t offset, const float* src, int64_t n) const {
-  if (kv_type_ == KvType::kBf16) {
-    uint16_t* dst = rows.b.data() + offset;
-    for (int64_t i = 0; i < n; ++i) dst[i] = f32_to_bf16(src[i]);
+  if (kv_type_ != KvType::kF32) {
+    uint16_t* dst = rows.h16.data() + offset;
+    const bool f16 = kv_type_ == KvType::kF16;
+    for (int64_t i = 0; i < n; ++i) dst[i] = f16 ? f32_to_f16(src[i]) : f32_to_bf16(src[i]);
   } else {
     std::copy(src, src + n, rows.f.data() + offset);
   }
 }
 
 void Model::cache_args(const KvRows& k, const KvRows& v, ops::AttentionArgs* a) const {
-  if (kv_type_ == KvType::kBf16) {
-    a->kb = k.b.data();
-    a->vb = v.b.data();
+  if (kv_type_ != KvType::kF32) {
+    a->k16 = k.h16.data();
+    a->v16 = v.h16.data();
+    a->f16 = kv_type_ == KvType::kF16;
   } else {
     a->k = k.f.data();
     a->v = v.f.data();
@@ -503,12 +507,13 @@ void Model::attention_mla_expanded(int64_t l, int64_t n, const float* q, float* 
   const int64_t nope = c.qk_nope_head_dim, rd = c.qk_rope_head_dim, kvl = c.kv_lora_rank;
   const int64_t vd = c.v_head_dim, nh = c.num_heads, qk = nope + rd, kr = kvl + rd;
   const int64_t np = pos_ + n;
-  // [np, kr]: latent, then rope key (a BF16 cache widened once per call)
+  // [np, kr]: latent, then rope key (a 16-bit cache widened once per call)
   const float* cache = k_cache_[l].f.data();
-  if (kv_type_ == KvType::kBf16) {
+  if (kv_type_ != KvType::kF32) {
     float* w = grow(lat_f32_, np * kr);
-    const uint16_t* b = k_cache_[l].b.data();
-    for (int64_t i = 0; i < np * kr; ++i) w[i] = bf16_to_f32(b[i]);
+    const uint16_t* h = k_cache_[l].h16.data();
+    const bool f16 = kv_type_ == KvType::kF16;
+    for (int64_t i = 0; i < np * kr; ++i) w[i] = f16 ? f16_to_f32(h[i]) : bf16_to_f32(h[i]);
     cache = w;
   }
   float* K = grow(ek_, np * nh * qk);

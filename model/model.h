@@ -43,12 +43,13 @@ MlaMode parse_mla_mode(const std::string& name);
 // prefix does not (V2-Lite: 32 tokens after 4096 would cost 5x what they save).
 bool mla_expansion_pays(const ModelConfig& c, int64_t n, int64_t positions);
 
-// The KV cache's element (`--cache-type`). kF32: as computed, the reference's numbers. kBf16:
-// half the memory and, on AVX-512 BF16, attention's scores by vdpbf16ps on the queries rounded to
-// BF16 (values widened to F32): faster long-context attention, logits within BF16 rounding of
-// F32's (llama.cpp's `-ctk` / `-ctv`, whose default is F16).
-enum class KvType { kF32, kBf16 };
-// "f32" | "bf16"; anything else: Error(kInvalidArgument) naming the choices.
+// The KV cache's element (`--cache-type`; llama.cpp's `-ctk` / `-ctv`, whose default is F16).
+// kF32: as computed, the reference's numbers. kBf16: half the memory and, on AVX-512 BF16,
+// attention by vdpbf16ps (queries and probabilities rounded to BF16): faster long-context
+// attention, logits within BF16 rounding of F32's. kF16: half the memory, 11 significant bits,
+// F32 arithmetic on the rows widened (the F32 cache's speed or a little better).
+enum class KvType { kF32, kBf16, kF16 };
+// "f32" | "bf16" | "f16"; anything else: Error(kInvalidArgument) naming the choices.
 KvType parse_kv_type(const std::string& name);
 
 // What the router decided for one MoE layer and one forward() batch: traces, expert statistics,
@@ -115,14 +116,14 @@ class Model {
   void attention_mla(int64_t layer, int64_t n, const float* x, float* out);
   bool mla_expands(int64_t layer, int64_t n) const;
   void attention_mla_expanded(int64_t layer, int64_t n, const float* q, float* out);
-  // One layer's cached rows: F32, or BF16 bits (kv_type_).
+  // One layer's cached rows: F32, or 16-bit (BF16 / F16 bits, kv_type_).
   struct KvRows {
     std::vector<float> f;
-    std::vector<uint16_t> b;
+    std::vector<uint16_t> h16;
   };
   // Writes n values at element `offset` of a cache (converted to its element).
   void cache_write(KvRows& rows, int64_t offset, const float* src, int64_t n) const;
-  // Points a.k / a.v (or a.kb / a.vb) at the caches.
+  // Points a.k / a.v (or a.k16 / a.v16) at the caches.
   void cache_args(const KvRows& k, const KvRows& v, ops::AttentionArgs* a) const;
   // Multi-head attention over per-head K / V in `kv` (its q, out and position fields are set
   // here), then wo.

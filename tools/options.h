@@ -31,7 +31,8 @@ inline CLI::Option* add_mla_option(CLI::App& app, std::string* mla) {
 inline CLI::Option* add_cache_type_option(CLI::App& app, std::string* type) {
   return app.add_option("--cache-type", *type,
                         "KV cache element: f32 (as computed) | bf16 (half the memory; "
-                        "attention scores in BF16 on AVX-512 BF16 CPUs, faster long contexts)")
+                        "attention in BF16 on AVX-512 BF16 CPUs, faster long contexts) | f16 "
+                        "(half the memory, 11 significant bits, F32 arithmetic)")
       ->capture_default_str();
 }
 

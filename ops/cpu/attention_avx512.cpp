@@ -109,8 +109,8 @@ struct KvF32 : attn::ValuesByFma<KvF32> {
 struct KvBf16Widened : attn::ValuesByFma<KvBf16Widened> {
   using T = uint16_t;
   static constexpr int64_t kDims = 16;
-  static const T* keys(const ops::AttentionArgs& a) { return a.kb; }
-  static const T* values(const ops::AttentionArgs& a) { return a.vb; }
+  static const T* keys(const ops::AttentionArgs& a) { return a.k16; }
+  static const T* values(const ops::AttentionArgs& a) { return a.v16; }
   static __m512 widen(__m256i x) {
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(x), 16));
   }
@@ -129,6 +129,27 @@ struct KvBf16Widened : attn::ValuesByFma<KvBf16Widened> {
   }
   static __m512 dot(__m512 acc, __m512 q, __m512 k) { return _mm512_fmadd_ps(q, k, acc); }
   static __m512 load_v(const T* v, __mmask16 m) { return widen(_mm256_maskz_loadu_epi16(m, v)); }
+};
+
+// An F16 cache: the F32 kernel on the rows widened as loaded (vcvtph2ps), the query as it is.
+struct KvF16Widened : attn::ValuesByFma<KvF16Widened> {
+  using T = uint16_t;
+  static constexpr int64_t kDims = 16;
+  static const T* keys(const ops::AttentionArgs& a) { return a.k16; }
+  static const T* values(const ops::AttentionArgs& a) { return a.v16; }
+  static __m512 load_q(const float* q, int64_t left) {
+    return _mm512_maskz_loadu_ps(attn::tail_mask(0, left), q);
+  }
+  static __m512 load_k(const T* k) {
+    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(k)));
+  }
+  static __m512 load_k(const T* k, int64_t left) {
+    return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(attn::tail_mask(0, left), k));
+  }
+  static __m512 dot(__m512 acc, __m512 q, __m512 k) { return _mm512_fmadd_ps(q, k, acc); }
+  static __m512 load_v(const T* v, __mmask16 m) {
+    return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, v));
+  }
 };
 
 }  // namespace
@@ -161,6 +182,21 @@ void attention_tokens_bf16_widened(const ops::AttentionArgs& a, int64_t t0, int6
 void decode_segments_bf16_widened(const ops::AttentionArgs& a, int64_t seg_begin,
                                   int64_t seg_end, float* partial, float* stats) {
   attn::decode_segments<KvBf16Widened>(a, seg_begin, seg_end, partial, stats);
+}
+
+void attention_task_f16(const ops::AttentionArgs& a, int64_t t, int64_t g, int64_t hb, int64_t he,
+                        float* scores, float* dummy) {
+  attn::task<KvF16Widened>(a, t, g, hb, he, scores, dummy);
+}
+
+void attention_tokens_f16(const ops::AttentionArgs& a, int64_t t0, int64_t t1, int64_t g,
+                          float* scores, float* dummy) {
+  attn::tokens<KvF16Widened>(a, t0, t1, g, scores, dummy);
+}
+
+void decode_segments_f16(const ops::AttentionArgs& a, int64_t seg_begin, int64_t seg_end,
+                         float* partial, float* stats) {
+  attn::decode_segments<KvF16Widened>(a, seg_begin, seg_end, partial, stats);
 }
 
 void decode_fold_avx512(const ops::AttentionArgs& a, const float* partial, const float* stats,

@@ -25,8 +25,8 @@ namespace {
 struct KvBf16 {
   using T = uint16_t;  // BF16 bits
   static constexpr int64_t kDims = 32;
-  static const T* keys(const ops::AttentionArgs& a) { return a.kb; }
-  static const T* values(const ops::AttentionArgs& a) { return a.vb; }
+  static const T* keys(const ops::AttentionArgs& a) { return a.k16; }
+  static const T* values(const ops::AttentionArgs& a) { return a.v16; }
   static __m512 load_q(const float* q, int64_t left) {
     const __m512 lo = _mm512_maskz_loadu_ps(attn::tail_mask(0, left), q);
     const __m512 hi = _mm512_maskz_loadu_ps(attn::tail_mask(16, left), q + 16);

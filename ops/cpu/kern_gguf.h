@@ -134,7 +134,7 @@ void decode_segments_avx512(const ops::AttentionArgs& a, int64_t seg_begin, int6
                             float* partial, float* stats);
 void decode_fold_avx512(const ops::AttentionArgs& a, const float* partial, const float* stats,
                         int64_t h_begin, int64_t h_end);
-// The three above over a BF16 cache (a.kb, a.vb; attention_bf16.cpp, AVX-512 BF16): scores by
+// The three above over a BF16 cache (a.k16, a.v16; attention_bf16.cpp, AVX-512 BF16): scores by
 // vdpbf16ps on the queries rounded to BF16, value sums on the values widened to F32; partial
 // and stats as above, folded by decode_fold_avx512.
 void attention_task_bf16(const ops::AttentionArgs& a, int64_t t, int64_t g, int64_t hb,
@@ -151,6 +151,14 @@ void attention_tokens_bf16_widened(const ops::AttentionArgs& a, int64_t t0, int6
                                    int64_t g, float* scores, float* dummy);
 void decode_segments_bf16_widened(const ops::AttentionArgs& a, int64_t seg_begin,
                                   int64_t seg_end, float* partial, float* stats);
+// The same over an F16 cache (a.f16; attention_avx512.cpp): the F32 kernel on the rows widened as
+// loaded, the queries as they are.
+void attention_task_f16(const ops::AttentionArgs& a, int64_t t, int64_t g, int64_t hb, int64_t he,
+                        float* scores, float* dummy);
+void attention_tokens_f16(const ops::AttentionArgs& a, int64_t t0, int64_t t1, int64_t g,
+                          float* scores, float* dummy);
+void decode_segments_f16(const ops::AttentionArgs& a, int64_t seg_begin, int64_t seg_end,
+                         float* partial, float* stats);
 // kern::gemm_f32_kn on AVX-512 (attention_avx512.cpp): n a multiple of 64.
 void gemm_f32_kn_avx512(const float* a, int64_t lda, int64_t m, const float* b, int64_t k,
                         int64_t n, float* c, int64_t ldc);

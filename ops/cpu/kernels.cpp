@@ -605,23 +605,25 @@ bool attention_splits_cache(const ops::AttentionArgs& a, const ThreadPool* pool,
 void attention(const ops::AttentionArgs& a, ThreadPool* pool, Isa isa) {
   const int64_t group = a.n_heads / a.n_kv_heads;
   isa = std::min(isa, best_isa());
-  // A BF16 cache below AVX-512: the F32 kernels on its rows widened into copies (and the
+  // A 16-bit cache below AVX-512: the F32 kernels on its rows widened into copies (and BF16's
   // queries rounded to BF16), the contract's numbers on any CPU.
-  if (a.kb != nullptr && isa < Isa::kAvx512) {
+  if (a.k16 != nullptr && isa < Isa::kAvx512) {
     thread_local std::vector<float> wq, wk, wv;
-    attention(ops::widen_bf16_cache(a, &wq, &wk, &wv), pool, isa);
+    attention(ops::widen_cache(a, &wq, &wk, &wv), pool, isa);
     return;
   }
   // The AVX-512 kernels for the cache's element: F32; BF16 by the BF16 instructions; BF16 rows
-  // widened as loaded (AVX-512 without BF16).
-  const int kind = a.kb == nullptr ? 0 : isa >= Isa::kAvx512Bf16 ? 1 : 2;
-  const auto task_fn = std::array{detail::attention_task_avx512, detail::attention_task_bf16,
-                                  detail::attention_task_bf16_widened}[kind];
-  const auto tokens_fn = std::array{detail::attention_tokens_avx512, detail::attention_tokens_bf16,
-                                    detail::attention_tokens_bf16_widened}[kind];
+  // widened as loaded (AVX-512 without BF16); F16 rows widened as loaded.
+  const int kind = a.k16 == nullptr ? 0 : a.f16 ? 3 : isa >= Isa::kAvx512Bf16 ? 1 : 2;
+  const auto task_fn =
+      std::array{detail::attention_task_avx512, detail::attention_task_bf16,
+                 detail::attention_task_bf16_widened, detail::attention_task_f16}[kind];
+  const auto tokens_fn =
+      std::array{detail::attention_tokens_avx512, detail::attention_tokens_bf16,
+                 detail::attention_tokens_bf16_widened, detail::attention_tokens_f16}[kind];
   const auto segments_fn =
       std::array{detail::decode_segments_avx512, detail::decode_segments_bf16,
-                 detail::decode_segments_bf16_widened}[kind];
+                 detail::decode_segments_bf16_widened, detail::decode_segments_f16}[kind];
   // Fewer (token, KV group) tasks than threads (decode; absorbed MLA has one KV group): the
   // group's heads are split over tasks in blocks of 4 (each task reads the whole KV cache, which
   // the split keeps in L3 for moderate contexts). Every head's arithmetic is the same either way.

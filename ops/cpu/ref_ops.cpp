@@ -199,19 +199,23 @@ void Rope::apply(float* x, int64_t pos, RopeForm form) const {
   rotate(x, cs.data(), cs.data() + dim_ / 2, form);
 }
 
-AttentionArgs widen_bf16_cache(const AttentionArgs& a, std::vector<float>* q,
-                               std::vector<float>* k, std::vector<float>* v) {
-  if (a.kb == nullptr) return a;
+AttentionArgs widen_cache(const AttentionArgs& a, std::vector<float>* q, std::vector<float>* k,
+                          std::vector<float>* v) {
+  if (a.k16 == nullptr) return a;
   const int64_t n_ctx = a.pos0 + a.n_tokens;
   auto widen = [&](const uint16_t* src, int64_t stride, std::vector<float>* dst) {
     dst->resize(static_cast<size_t>(n_ctx * stride));
-    for (int64_t i = 0; i < n_ctx * stride; ++i) (*dst)[i] = bf16_to_f32(src[i]);
+    for (int64_t i = 0; i < n_ctx * stride; ++i) {
+      (*dst)[i] = a.f16 ? f16_to_f32(src[i]) : bf16_to_f32(src[i]);
+    }
     return dst->data();
   };
   AttentionArgs w = a;
-  w.kb = w.vb = nullptr;
-  w.k = widen(a.kb, a.k_stride, k);
-  w.v = a.vb == a.kb && a.v_stride == a.k_stride ? w.k : widen(a.vb, a.v_stride, v);
+  w.k16 = w.v16 = nullptr;
+  w.f16 = false;
+  w.k = widen(a.k16, a.k_stride, k);
+  w.v = a.v16 == a.k16 && a.v_stride == a.k_stride ? w.k : widen(a.v16, a.v_stride, v);
+  if (a.f16) return w;
   q->resize(static_cast<size_t>(a.n_tokens * a.q_stride));
   for (int64_t t = 0; t < a.n_tokens; ++t) {
     for (int64_t i = 0; i < a.n_heads * a.dk; ++i) {
@@ -223,7 +227,8 @@ AttentionArgs widen_bf16_cache(const AttentionArgs& a, std::vector<float>* q,
 }
 
 void attention_bf16_segments(const AttentionArgs& a, int64_t segment) {
-  TD_CHECK(a.kb != nullptr && a.vb != nullptr && segment > 0, "attention_bf16_segments: BF16");
+  TD_CHECK(a.k16 != nullptr && a.v16 != nullptr && !a.f16 && segment > 0,
+           "attention_bf16_segments: a BF16 cache");
   const int64_t group = a.n_heads / a.n_kv_heads;
   auto bf = [](float x) { return static_cast<double>(bf16_to_f32(f32_to_bf16(x))); };
   std::vector<double> x, o, o_seg;
@@ -234,7 +239,7 @@ void attention_bf16_segments(const AttentionArgs& a, int64_t segment) {
       const float* q = a.q + t * a.q_stride + h * a.dk;
       x.assign(static_cast<size_t>(n_ctx), 0.0);
       for (int64_t s = 0; s < n_ctx; ++s) {
-        const uint16_t* k = a.kb + s * a.k_stride + g * a.dk;
+        const uint16_t* k = a.k16 + s * a.k_stride + g * a.dk;
         double d = 0;
         for (int64_t i = 0; i < a.dk; ++i) d += bf(q[i]) * bf16_to_f32(k[i]);
         x[s] = static_cast<double>(a.scale) * d;
@@ -250,7 +255,7 @@ void attention_bf16_segments(const AttentionArgs& a, int64_t segment) {
         for (int64_t s = c0; s < c1; ++s) {
           const float p = static_cast<float>(std::exp(x[s] - m_s));
           l_s += p;
-          const uint16_t* v = a.vb + s * a.v_stride + g * a.dv;
+          const uint16_t* v = a.v16 + s * a.v_stride + g * a.dv;
           for (int64_t j = 0; j < a.dv; ++j) o_seg[j] += bf(p) * bf16_to_f32(v[j]);
         }
         const double mn = c0 == 0 ? m_s : std::max(m, m_s);
@@ -265,9 +270,9 @@ void attention_bf16_segments(const AttentionArgs& a, int64_t segment) {
   }
 }
 
-void attention(const AttentionArgs& bf16_or_f32, ThreadPool* pool) {
+void attention(const AttentionArgs& any_cache, ThreadPool* pool) {
   std::vector<float> wq, wk, wv;
-  const AttentionArgs a = widen_bf16_cache(bf16_or_f32, &wq, &wk, &wv);
+  const AttentionArgs a = widen_cache(any_cache, &wq, &wk, &wv);
   const int64_t group = a.n_heads / a.n_kv_heads;
   auto task = [&](size_t id) {
     thread_local std::vector<float> scores;

@@ -96,29 +96,32 @@ float yarn_mscale(float scale, float m);
 // positions 0..pos0+t. Query head h uses KV head h / (n_heads / n_kv_heads). K of cached token s
 // and kv head g is k + s*k_stride + g*dk; V likewise with v_stride and dv. out is
 // [n_tokens, n_heads, dv]; q is [n_tokens, n_heads, dk] with q_stride floats between tokens.
-// A BF16 cache (kb / vb set instead of k / v, strides in elements): the scores are the dot
-// products of the query rounded to BF16 (to nearest even) with the keys, the value sums those of
-// the values widened to F32 (kern::attention below AVX-512 BF16; with those instructions the
-// probabilities are rounded to BF16 for the value sums too: attention_bf16_segments).
+// A 16-bit cache (k16 / v16 set instead of k / v, strides in elements; ModelOptions::kv_type):
+// - BF16: the scores are the dot products of the query rounded to BF16 (to nearest even) with the
+//   keys, the value sums those of the values widened to F32 (kern::attention below AVX-512 BF16;
+//   with those instructions the probabilities are rounded to BF16 for the value sums too:
+//   attention_bf16_segments);
+// - F16 (f16): F32 attention on the cache widened, the query as it is.
 struct AttentionArgs {
   const float* q = nullptr;
   int64_t q_stride = 0;
   int64_t n_tokens = 0, n_heads = 0, n_kv_heads = 0, dk = 0, dv = 0;
   const float* k = nullptr;
   const float* v = nullptr;
-  const uint16_t* kb = nullptr;  // BF16 bits
-  const uint16_t* vb = nullptr;
+  const uint16_t* k16 = nullptr;  // BF16 bits, or F16 with f16
+  const uint16_t* v16 = nullptr;
+  bool f16 = false;
   int64_t k_stride = 0, v_stride = 0;
   int64_t pos0 = 0;
   float scale = 1.0f;
   float* out = nullptr;
 };
 void attention(const AttentionArgs& a, ThreadPool* pool);
-// The F32 arguments equal to a BF16 cache's: the cached rows (positions [0, pos0 + n_tokens))
-// widened into *k and *v (one copy where kb and vb are the same rows), the queries rounded to
-// BF16 into *q. An F32 cache's arguments come back as they are.
-AttentionArgs widen_bf16_cache(const AttentionArgs& a, std::vector<float>* q,
-                               std::vector<float>* k, std::vector<float>* v);
+// The F32 arguments equal to a 16-bit cache's: the cached rows (positions [0, pos0 + n_tokens))
+// widened into *k and *v (one copy where k16 and v16 are the same rows), for BF16 the queries
+// rounded to BF16 into *q. An F32 cache's arguments come back as they are.
+AttentionArgs widen_cache(const AttentionArgs& a, std::vector<float>* q, std::vector<float>* k,
+                          std::vector<float>* v);
 // The arithmetic of kern::attention over a BF16 cache with the AVX-512 BF16 instructions, in
 // double: scores of the queries rounded to BF16 with the keys; per segment of `segment` keys
 // from position 0, p = e^(scale x - m_s) against the segment's maximum, l_s = sum p, value sums

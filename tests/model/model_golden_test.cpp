@@ -116,20 +116,23 @@ Stats compare(const std::vector<float>& got, const std::vector<float>& ref, int6
 class Golden : public ::testing::TestWithParam<std::string> {};
 
 void check_f32(const std::string& name, const std::string& model_rel, MlaMode mla,
-               int64_t expand_tokens = 32) {
+               int64_t expand_tokens = 32, KvType kv_type = KvType::kF32) {
   const nlohmann::json meta = read_json("golden/" + name + ".json");
   const LoadedModel lm = load_model(test::data_path(model_rel));
   for (const auto& p : meta["prompts"]) {
     const std::vector<int32_t> tokens = p["tokens"].get<std::vector<int32_t>>();
-    const PromptRun r = run_prompt(lm, tokens, mla, expand_tokens);
+    const PromptRun r = run_prompt(lm, tokens, mla, expand_tokens, 0, &pool(), 128, kv_type);
     const std::vector<float> ref = read_f32("golden/" + p["logits_file"].get<std::string>());
     ASSERT_EQ(r.logits.size(), ref.size());
     const Stats s = compare(r.logits, ref, lm.config.vocab_size);
-    std::printf("%s %s prompt %zu: max error %.5f of the F32 tolerance\n", model_rel.c_str(),
+    std::printf("%s %s%s prompt %zu: max error %.5f of the F32 tolerance\n", model_rel.c_str(),
                 mla == MlaMode::kNaive ? "naive" : mla == MlaMode::kAuto ? "expanded" : "",
-                tokens.size(), s.worst_f32_ratio);
+                kv_type == KvType::kF16 ? " f16 cache" : "", tokens.size(), s.worst_f32_ratio);
     EXPECT_LE(s.worst_f32_ratio, 1.0) << model_rel << " prompt of " << tokens.size();
     EXPECT_EQ(r.greedy, p["greedy"].get<std::vector<int32_t>>()) << model_rel;
+    if (kv_type != KvType::kF32) {  // the cache type reaches the attention
+      EXPECT_NE(r.logits, run_prompt(lm, tokens, mla, expand_tokens).logits) << model_rel;
+    }
   }
 }
 
@@ -218,6 +221,17 @@ void check_bf16_cache(const std::string& name, MlaMode mla, int64_t expand_token
 }
 
 TEST_P(Golden, Bf16KvCache) { check_bf16_cache(GetParam(), MlaMode::kAbsorbed); }
+
+// An F16 KV cache (11 significant bits): within the F32 tolerance itself, greedy as the golden's
+// (the README measured llama.cpp's F16 cache at ~0.5x of the budget), every MLA form.
+TEST_P(Golden, F16KvCache) {
+  check_f32(GetParam(), "golden/" + GetParam() + ".gguf", MlaMode::kAbsorbed, 32, KvType::kF16);
+}
+
+TEST_P(GoldenMla, F16KvCache) {
+  check_f32(GetParam(), "golden/" + GetParam() + ".gguf", MlaMode::kNaive, 32, KvType::kF16);
+  check_f32(GetParam(), "golden/" + GetParam() + ".gguf", MlaMode::kAuto, 2, KvType::kF16);
+}
 
 TEST_P(GoldenMla, Bf16KvCache) {
   check_bf16_cache(GetParam(), MlaMode::kNaive);

@@ -178,9 +178,10 @@ TEST(CliRun, Bf16KvCache) {
       ASSERT_NEAR(got[t * nv + j], ref[t * nv + j], 0.01f * mr) << t << " " << j;
     }
   }
-  const test::CommandResult bad = test::run_tandem(base + " --cache-type f16");
+  const test::CommandResult bad = test::run_tandem(base + " --cache-type q4_0");
   EXPECT_NE(bad.exit_code, 0);
-  EXPECT_NE(bad.err.find("--cache-type must be 'f32' or 'bf16', got 'f16'"), std::string::npos)
+  EXPECT_NE(bad.err.find("--cache-type must be 'f32', 'bf16' or 'f16', got 'q4_0'"),
+            std::string::npos)
       << bad.err;
 }
 

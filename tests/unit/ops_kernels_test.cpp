@@ -836,18 +836,20 @@ TEST(KernelsAttention, EqualsReference) {
   }
 }
 
-// A BF16 KV cache (ModelOptions::kv_type). ops::attention's contract: F32 attention on the
-// queries rounded to BF16 and the cache widened (checked against rounding by hand here), which
-// the F32 kernels on widened copies compute below AVX-512 BF16 within F32 rounding. With the
-// BF16 instructions (vdpbf16ps scores, value sums on the probabilities rounded to BF16) the
-// kernel is checked against ops::attention_bf16_segments (its arithmetic in double), and the F32
-// contract's numbers are within the probabilities' BF16 rounding (2^-9 of each term). A token
-// decoded alone or on the pool gives the batch's bits. Shapes: 32-value dot steps with and
-// without a tail (40; 16: a tail only), value dimensions in 32s with tails (80, 24, 200), the
-// segments and the split decode path as for F32, and absorbed MLA's layout (values the first dv
-// of the key rows), odd and even context lengths.
-TEST(KernelsAttention, Bf16CacheEqualsReference) {
+// A 16-bit KV cache (ModelOptions::kv_type). ops::attention's contract: F32 attention on the
+// cache widened and, for BF16, the queries rounded to BF16 (checked against rounding by hand
+// here), which the F32 kernels compute on widened rows (AVX-512: as loaded; below: copies) within
+// F32 rounding. With the BF16 instructions (vdpbf16ps scores, value sums on the probabilities
+// rounded to BF16) a BF16 cache's kernel is checked against ops::attention_bf16_segments (its
+// arithmetic in double), and the F32 contract's numbers are within the probabilities' BF16
+// rounding (2^-9 of each term). A token decoded alone or on the pool gives the batch's bits.
+// Shapes: 32-value dot steps with and without a tail (40; 16: a tail only), value dimensions in
+// 32s with tails (80, 24, 200), the segments and the split decode path as for F32, and absorbed
+// MLA's layout (values the first dv of the key rows), odd and even context lengths.
+void check_16bit_cache(bool f16) {
   ThreadPool pool(place_workers(detect_topology(), 2));
+  auto round = [f16](float x) { return f16 ? f32_to_f16(x) : f32_to_bf16(x); };
+  auto widen = [f16](uint16_t h) { return f16 ? f16_to_f32(h) : bf16_to_f32(h); };
   struct Shape {
     int64_t heads, kv_heads, dk, dv;
     bool values_in_keys;
@@ -863,11 +865,11 @@ TEST(KernelsAttention, Bf16CacheEqualsReference) {
       const std::vector<float> vf = random_values(ctx * sh.kv_heads * sh.dv, 6);
       std::vector<uint16_t> kb(kf.size()), vb(vf.size());
       std::vector<float> q_r(q.size()), k_r(kf.size()), v_r(vf.size());
-      for (size_t i = 0; i < kf.size(); ++i) kb[i] = f32_to_bf16(kf[i]);
-      for (size_t i = 0; i < vf.size(); ++i) vb[i] = f32_to_bf16(vf[i]);
-      for (size_t i = 0; i < q.size(); ++i) q_r[i] = bf16_to_f32(f32_to_bf16(q[i]));
-      for (size_t i = 0; i < kf.size(); ++i) k_r[i] = bf16_to_f32(kb[i]);
-      for (size_t i = 0; i < vf.size(); ++i) v_r[i] = bf16_to_f32(vb[i]);
+      for (size_t i = 0; i < kf.size(); ++i) kb[i] = round(kf[i]);
+      for (size_t i = 0; i < vf.size(); ++i) vb[i] = round(vf[i]);
+      for (size_t i = 0; i < q.size(); ++i) q_r[i] = f16 ? q[i] : bf16_to_f32(f32_to_bf16(q[i]));
+      for (size_t i = 0; i < kf.size(); ++i) k_r[i] = widen(kb[i]);
+      for (size_t i = 0; i < vf.size(); ++i) v_r[i] = widen(vb[i]);
       ops::AttentionArgs a;
       a.q = q_r.data();
       a.q_stride = sh.heads * sh.dk;
@@ -888,19 +890,22 @@ TEST(KernelsAttention, Bf16CacheEqualsReference) {
       ops::AttentionArgs b = a;
       b.q = q.data();
       b.k = b.v = nullptr;
-      b.kb = kb.data();
-      b.vb = sh.values_in_keys ? kb.data() : vb.data();
+      b.k16 = kb.data();
+      b.v16 = sh.values_in_keys ? kb.data() : vb.data();
+      b.f16 = f16;
       b.out = got.data();
       ops::attention(b, nullptr);
       for (size_t i = 0; i < want.size(); ++i) ASSERT_EQ(got[i], want[i]) << "reference " << i;
       std::vector<float> want_bf16(want.size());
-      b.out = want_bf16.data();
-      ops::attention_bf16_segments(b, kern::detail::kSegment);
-      b.out = got.data();
+      if (!f16) {
+        b.out = want_bf16.data();
+        ops::attention_bf16_segments(b, kern::detail::kSegment);
+        b.out = got.data();
+      }
       for (const Isa isa : {Isa::kAvx2, Isa::kAvx512, Isa::kAvx512Bf16}) {
         if (isa > best_isa()) continue;
         kern::attention(b, &pool, isa);
-        const bool dp = isa >= Isa::kAvx512Bf16;
+        const bool dp = !f16 && isa >= Isa::kAvx512Bf16;
         // With the BF16 instructions: a probability within the kernel's F32 error of a BF16
         // rounding tie rounds the other way now and then, moving its row by up to 2^-8 of that
         // term (measured: 0.1-0.25% of the outputs beyond 2e-5, at most 4.8e-4, rows of a
@@ -943,6 +948,9 @@ TEST(KernelsAttention, Bf16CacheEqualsReference) {
     }
   }
 }
+
+TEST(KernelsAttention, Bf16CacheEqualsReference) { check_16bit_cache(false); }
+TEST(KernelsAttention, F16CacheEqualsReference) { check_16bit_cache(true); }
 
 }  // namespace
 }  // namespace tandem
