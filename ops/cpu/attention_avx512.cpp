@@ -152,51 +152,35 @@ struct KvF16Widened : attn::ValuesByFma<KvF16Widened> {
   }
 };
 
+// Calls fn with the Kv of a's cache: F32, or 16-bit rows widened as loaded.
+template <class Fn>
+void with_kv(const ops::AttentionArgs& a, Fn&& fn) {
+  if (a.k16 == nullptr) {
+    fn(KvF32{});
+  } else if (a.f16) {
+    fn(KvF16Widened{});
+  } else {
+    fn(KvBf16Widened{});
+  }
+}
+
 }  // namespace
 
 void attention_task_avx512(const ops::AttentionArgs& a, int64_t t, int64_t g, int64_t hb,
                            int64_t he, float* scores, float* dummy) {
-  attn::task<KvF32>(a, t, g, hb, he, scores, dummy);
+  with_kv(a, [&](auto kv) { attn::task<decltype(kv)>(a, t, g, hb, he, scores, dummy); });
 }
 
 void attention_tokens_avx512(const ops::AttentionArgs& a, int64_t t0, int64_t t1, int64_t g,
                              float* scores, float* dummy) {
-  attn::tokens<KvF32>(a, t0, t1, g, scores, dummy);
+  with_kv(a, [&](auto kv) { attn::tokens<decltype(kv)>(a, t0, t1, g, scores, dummy); });
 }
 
 void decode_segments_avx512(const ops::AttentionArgs& a, int64_t seg_begin, int64_t seg_end,
                             float* partial, float* stats) {
-  attn::decode_segments<KvF32>(a, seg_begin, seg_end, partial, stats);
-}
-
-void attention_task_bf16_widened(const ops::AttentionArgs& a, int64_t t, int64_t g, int64_t hb,
-                                 int64_t he, float* scores, float* dummy) {
-  attn::task<KvBf16Widened>(a, t, g, hb, he, scores, dummy);
-}
-
-void attention_tokens_bf16_widened(const ops::AttentionArgs& a, int64_t t0, int64_t t1,
-                                   int64_t g, float* scores, float* dummy) {
-  attn::tokens<KvBf16Widened>(a, t0, t1, g, scores, dummy);
-}
-
-void decode_segments_bf16_widened(const ops::AttentionArgs& a, int64_t seg_begin,
-                                  int64_t seg_end, float* partial, float* stats) {
-  attn::decode_segments<KvBf16Widened>(a, seg_begin, seg_end, partial, stats);
-}
-
-void attention_task_f16(const ops::AttentionArgs& a, int64_t t, int64_t g, int64_t hb, int64_t he,
-                        float* scores, float* dummy) {
-  attn::task<KvF16Widened>(a, t, g, hb, he, scores, dummy);
-}
-
-void attention_tokens_f16(const ops::AttentionArgs& a, int64_t t0, int64_t t1, int64_t g,
-                          float* scores, float* dummy) {
-  attn::tokens<KvF16Widened>(a, t0, t1, g, scores, dummy);
-}
-
-void decode_segments_f16(const ops::AttentionArgs& a, int64_t seg_begin, int64_t seg_end,
-                         float* partial, float* stats) {
-  attn::decode_segments<KvF16Widened>(a, seg_begin, seg_end, partial, stats);
+  with_kv(a, [&](auto kv) {
+    attn::decode_segments<decltype(kv)>(a, seg_begin, seg_end, partial, stats);
+  });
 }
 
 void decode_fold_avx512(const ops::AttentionArgs& a, const float* partial, const float* stats,

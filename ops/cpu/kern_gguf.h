@@ -116,6 +116,8 @@ inline constexpr int64_t kSegment = 256;
 // x[i] = e^(scale * x[i] - m), m = max scale * x; *m_out = m, *l_out = the sum of the e (a
 // segment's softmax numerators; e^x within 2 ulp of std::exp).
 void segment_exp_avx512(float* x, int64_t n, float scale, float* m_out, float* l_out);
+// The three below read an F32 cache, or a 16-bit one (a.k16) with its rows widened as loaded
+// (F16; BF16 on AVX-512 without BF16: ops::attention's contract within F32 rounding).
 // The task (query token t, KV head group g): scores needs group * kSegment floats, dummy dv
 // (written, never read). Heads [hb, he) of the group only (0 <= hb < he <= group).
 void attention_task_avx512(const ops::AttentionArgs& a, int64_t t, int64_t g, int64_t hb,
@@ -143,22 +145,6 @@ void attention_tokens_bf16(const ops::AttentionArgs& a, int64_t t0, int64_t t1, 
                            float* scores, float* dummy);
 void decode_segments_bf16(const ops::AttentionArgs& a, int64_t seg_begin, int64_t seg_end,
                           float* partial, float* stats);
-// The same over a BF16 cache on AVX-512 without BF16 (attention_avx512.cpp): the F32 kernel on
-// the queries rounded to BF16, the rows widened as loaded (ops::attention's BF16 contract).
-void attention_task_bf16_widened(const ops::AttentionArgs& a, int64_t t, int64_t g, int64_t hb,
-                                 int64_t he, float* scores, float* dummy);
-void attention_tokens_bf16_widened(const ops::AttentionArgs& a, int64_t t0, int64_t t1,
-                                   int64_t g, float* scores, float* dummy);
-void decode_segments_bf16_widened(const ops::AttentionArgs& a, int64_t seg_begin,
-                                  int64_t seg_end, float* partial, float* stats);
-// The same over an F16 cache (a.f16; attention_avx512.cpp): the F32 kernel on the rows widened as
-// loaded, the queries as they are.
-void attention_task_f16(const ops::AttentionArgs& a, int64_t t, int64_t g, int64_t hb, int64_t he,
-                        float* scores, float* dummy);
-void attention_tokens_f16(const ops::AttentionArgs& a, int64_t t0, int64_t t1, int64_t g,
-                          float* scores, float* dummy);
-void decode_segments_f16(const ops::AttentionArgs& a, int64_t seg_begin, int64_t seg_end,
-                         float* partial, float* stats);
 // kern::gemm_f32_kn on AVX-512 (attention_avx512.cpp): n a multiple of 64.
 void gemm_f32_kn_avx512(const float* a, int64_t lda, int64_t m, const float* b, int64_t k,
                         int64_t n, float* c, int64_t ldc);

@@ -612,18 +612,12 @@ void attention(const ops::AttentionArgs& a, ThreadPool* pool, Isa isa) {
     attention(ops::widen_cache(a, &wq, &wk, &wv), pool, isa);
     return;
   }
-  // The AVX-512 kernels for the cache's element: F32; BF16 by the BF16 instructions; BF16 rows
-  // widened as loaded (AVX-512 without BF16); F16 rows widened as loaded.
-  const int kind = a.k16 == nullptr ? 0 : a.f16 ? 3 : isa >= Isa::kAvx512Bf16 ? 1 : 2;
-  const auto task_fn =
-      std::array{detail::attention_task_avx512, detail::attention_task_bf16,
-                 detail::attention_task_bf16_widened, detail::attention_task_f16}[kind];
-  const auto tokens_fn =
-      std::array{detail::attention_tokens_avx512, detail::attention_tokens_bf16,
-                 detail::attention_tokens_bf16_widened, detail::attention_tokens_f16}[kind];
-  const auto segments_fn =
-      std::array{detail::decode_segments_avx512, detail::decode_segments_bf16,
-                 detail::decode_segments_bf16_widened, detail::decode_segments_f16}[kind];
+  // The AVX-512 kernels: a BF16 cache by the BF16 instructions where the CPU has them, else the
+  // F32 ones (an F32 cache, or 16-bit rows widened as loaded).
+  const bool dp = a.k16 != nullptr && !a.f16 && isa >= Isa::kAvx512Bf16;
+  const auto task_fn = dp ? detail::attention_task_bf16 : detail::attention_task_avx512;
+  const auto tokens_fn = dp ? detail::attention_tokens_bf16 : detail::attention_tokens_avx512;
+  const auto segments_fn = dp ? detail::decode_segments_bf16 : detail::decode_segments_avx512;
   // Fewer (token, KV group) tasks than threads (decode; absorbed MLA has one KV group): the
   // group's heads are split over tasks in blocks of 4 (each task reads the whole KV cache, which
   // the split keeps in L3 for moderate contexts). Every head's arithmetic is the same either way.
