@@ -107,7 +107,7 @@ struct KvBf16 {
       }
       for (int h = 0; h < NH; ++h) {
         uint32_t pair;
-        __builtin_memcpy(&pair, p[h] + s, 4);
+        std::memcpy(&pair, p[h] + s, 4);  // (p[h][s], p[h][s + 1])
         const __m512bh pp = reinterpret_cast<__m512bh>(_mm512_set1_epi32(static_cast<int>(pair)));
         for (int u = 0; u < NU; ++u) {
           acc[h][2 * u] =
