@@ -95,12 +95,14 @@ struct KvF32 : attn::ValuesByFma<KvF32> {
   static __m512 load_q(const float* q, int64_t left) {
     return _mm512_maskz_loadu_ps(attn::tail_mask(0, left), q);
   }
-  static __m512 load_k(const T* k) { return _mm512_loadu_ps(k); }
-  static __m512 load_k(const T* k, int64_t left) {
-    return _mm512_maskz_loadu_ps(attn::tail_mask(0, left), k);
+  static __m512 load_k(const T* k, int64_t d) { return _mm512_loadu_ps(k + d); }
+  static __m512 load_k(const T* k, int64_t d, int64_t left) {
+    return _mm512_maskz_loadu_ps(attn::tail_mask(0, left), k + d);
   }
   static __m512 dot(__m512 acc, __m512 q, __m512 k) { return _mm512_fmadd_ps(q, k, acc); }
-  static __m512 load_v(const T* v, __mmask16 m) { return _mm512_maskz_loadu_ps(m, v); }
+  static __m512 load_v(const T* v, int64_t j, __mmask16 m) {
+    return _mm512_maskz_loadu_ps(m, v + j);
+  }
 };
 
 // A BF16 cache on AVX-512 without the BF16 instructions: the F32 kernel's arithmetic on the
@@ -121,14 +123,16 @@ struct KvBf16Widened : attn::ValuesByFma<KvBf16Widened> {
     const __m512i r = _mm512_add_epi32(u, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7FFF)));
     return _mm512_castsi512_ps(_mm512_and_si512(r, _mm512_set1_epi32(~0xFFFF)));
   }
-  static __m512 load_k(const T* k) {
-    return widen(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(k)));
+  static __m512 load_k(const T* k, int64_t d) {
+    return widen(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(k + d)));
   }
-  static __m512 load_k(const T* k, int64_t left) {
-    return widen(_mm256_maskz_loadu_epi16(attn::tail_mask(0, left), k));
+  static __m512 load_k(const T* k, int64_t d, int64_t left) {
+    return widen(_mm256_maskz_loadu_epi16(attn::tail_mask(0, left), k + d));
   }
   static __m512 dot(__m512 acc, __m512 q, __m512 k) { return _mm512_fmadd_ps(q, k, acc); }
-  static __m512 load_v(const T* v, __mmask16 m) { return widen(_mm256_maskz_loadu_epi16(m, v)); }
+  static __m512 load_v(const T* v, int64_t j, __mmask16 m) {
+    return widen(_mm256_maskz_loadu_epi16(m, v + j));
+  }
 };
 
 // An F16 cache: the F32 kernel on the rows widened as loaded (vcvtph2ps), the query as it is.
@@ -140,22 +144,54 @@ struct KvF16Widened : attn::ValuesByFma<KvF16Widened> {
   static __m512 load_q(const float* q, int64_t left) {
     return _mm512_maskz_loadu_ps(attn::tail_mask(0, left), q);
   }
-  static __m512 load_k(const T* k) {
-    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(k)));
+  static __m512 load_k(const T* k, int64_t d) {
+    return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(k + d)));
   }
-  static __m512 load_k(const T* k, int64_t left) {
-    return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(attn::tail_mask(0, left), k));
+  static __m512 load_k(const T* k, int64_t d, int64_t left) {
+    return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(attn::tail_mask(0, left), k + d));
   }
   static __m512 dot(__m512 acc, __m512 q, __m512 k) { return _mm512_fmadd_ps(q, k, acc); }
-  static __m512 load_v(const T* v, __mmask16 m) {
-    return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, v));
+  static __m512 load_v(const T* v, int64_t j, __mmask16 m) {
+    return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, v + j));
   }
 };
 
-// Calls fn with the Kv of a's cache: F32, or 16-bit rows widened as loaded.
+// A Q8_0 cache (ops::q8_row_bytes' rows): the F32 kernel on the values dequantized as loaded,
+// int8 -> int32 -> F32 times the block's scale (one multiply, as ops::q8_value), the query as it
+// is. A 16-value step lies inside one 32-value block; its scale is the float 4 (b + 1) bytes
+// before the row's values.
+struct KvQ8 : attn::ValuesByFma<KvQ8> {
+  using T = int8_t;
+  static constexpr int64_t kDims = 16;
+  static const T* keys(const ops::AttentionArgs& a) { return a.k8; }
+  static const T* values(const ops::AttentionArgs& a) { return a.v8; }
+  static int64_t head(int64_t d) { return ops::q8_row_bytes(d); }
+  static int64_t lead(int64_t d) { return ops::q8_lead_bytes(d); }
+  static __m512 dequantize(const T* row, int64_t d, __m128i q) {
+    const float scale = reinterpret_cast<const float*>(row)[-1 - d / ops::kQ8Block];
+    return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q)), _mm512_set1_ps(scale));
+  }
+  static __m512 load_q(const float* q, int64_t left) {
+    return _mm512_maskz_loadu_ps(attn::tail_mask(0, left), q);
+  }
+  static __m512 load_k(const T* k, int64_t d) {
+    return dequantize(k, d, _mm_loadu_si128(reinterpret_cast<const __m128i*>(k + d)));
+  }
+  static __m512 load_k(const T* k, int64_t d, int64_t left) {
+    return dequantize(k, d, _mm_maskz_loadu_epi8(attn::tail_mask(0, left), k + d));
+  }
+  static __m512 dot(__m512 acc, __m512 q, __m512 k) { return _mm512_fmadd_ps(q, k, acc); }
+  static __m512 load_v(const T* v, int64_t j, __mmask16 m) {
+    return dequantize(v, j, _mm_maskz_loadu_epi8(m, v + j));
+  }
+};
+
+// Calls fn with the Kv of a's cache: F32, or 16-bit / Q8_0 rows widened as loaded.
 template <class Fn>
 void with_kv(const ops::AttentionArgs& a, Fn&& fn) {
-  if (a.k16 == nullptr) {
+  if (a.k8 != nullptr) {
+    fn(KvQ8{});
+  } else if (a.k16 == nullptr) {
     fn(KvF32{});
   } else if (a.f16) {
     fn(KvF16Widened{});

@@ -1,25 +1,31 @@
 // The AVX-512 attention algorithm (kern::attention; attention_avx512.cpp describes it) as
 // templates over how the KV cache is stored: a `Kv` traits struct says the element type, how many
 // key dimensions one dot step takes and how keys, the packed query and values are loaded.
-// attention_avx512.cpp instantiates it for an F32 cache (AVX-512 F), attention_bf16.cpp for a
-// BF16 cache (AVX-512 BF16: vdpbf16ps scores on the query rounded to BF16, vdpbf16ps value sums
-// on the probabilities rounded to BF16).
+// attention_avx512.cpp instantiates it for an F32 cache (AVX-512 F; also F16, BF16 and Q8_0
+// caches dequantized as loaded), attention_bf16.cpp for a BF16 cache (AVX-512 BF16: vdpbf16ps
+// scores on the query rounded to BF16, vdpbf16ps value sums on the probabilities rounded to BF16).
 // Nothing here is exported.
 //
 // Kv provides:
 //   using T;                                    the cache element (float, uint16_t BF16 bits)
 //   static constexpr int64_t kDims;             key dimensions per dot step (one vector of T)
-//   static const T* keys(a), values(a);         the cache rows of the arguments
+//   static const T* keys(a), values(a);         the cache rows of the arguments (KV head 0)
+//   static int64_t head(int64_t d);             optional: T between a position's KV heads of d
+//                                               values (default d)
+//   static int64_t lead(int64_t d);             optional: bytes before a row's values that are
+//                                               read with them (Q8_0's scales; default 0)
 //   static __m512 load_q(const float* q, int64_t left);  a query step, zero past `left` values
-//   static __m512 load_k(const T* k);           a full key step
-//   static __m512 load_k(const T* k, int64_t left);      a tail step (left < kDims), zero past it
+//   static __m512 load_k(const T* row, int64_t d);       a full key step from value d of a row
+//   static __m512 load_k(const T* row, int64_t d, int64_t left);  a tail step (left < kDims),
+//                                               zero past it
 //   static __m512 dot(__m512 acc, __m512 q, __m512 k);   acc + the step's products (16 F32 lanes)
 //   using P;                                    the probabilities value sums read (float,
 //                                               uint16_t: rounded to BF16 by round_p)
 //   static void round_p(const float* p, int64_t n, P* out);  (P = uint16_t only)
 //   template <int NH, int NJ> static void pv(...);  pv_chunk's contract on P probabilities
-//   static __m512 load_v(const T* v, __mmask16 m);  where pv is pv_chunk (ValuesByFma): 16
-//                                               values as F32, 0 where !m
+//   static __m512 load_v(const T* row, int64_t j, __mmask16 m);  where pv is pv_chunk
+//                                               (ValuesByFma): values j.. of a row as F32, 0
+//                                               where !m
 #pragma once
 
 #include <immintrin.h>
@@ -73,14 +79,14 @@ __attribute__((always_inline)) inline void qk_block(const __m512* qp,
   int64_t d = 0;
   for (; d + Kv::kDims <= dk; d += Kv::kDims, qp += NH) {
     __m512 kv[NS];
-    for (int s = 0; s < NS; ++s) kv[s] = Kv::load_k(k[s] + d);
+    for (int s = 0; s < NS; ++s) kv[s] = Kv::load_k(k[s], d);
     for (int h = 0; h < NH; ++h) {
       for (int s = 0; s < NS; ++s) acc[h * NS + s] = Kv::dot(acc[h * NS + s], qp[h], kv[s]);
     }
   }
   if (d < dk) {
     __m512 kv[NS];
-    for (int s = 0; s < NS; ++s) kv[s] = Kv::load_k(k[s] + d, dk - d);
+    for (int s = 0; s < NS; ++s) kv[s] = Kv::load_k(k[s], d, dk - d);
     for (int h = 0; h < NH; ++h) {
       for (int s = 0; s < NS; ++s) acc[h * NS + s] = Kv::dot(acc[h * NS + s], qp[h], kv[s]);
     }
@@ -104,9 +110,9 @@ __attribute__((always_inline)) inline void pv_chunk(const float* const* p,
     }
   }
   for (int64_t s = 0; s < n; ++s) {
-    const typename Kv::T* vr = v + s * v_stride + j0;
+    const typename Kv::T* vr = v + s * v_stride;
     __m512 vv[NJ];
-    for (int z = 0; z < NJ; ++z) vv[z] = Kv::load_v(vr + 16 * z, m[z]);
+    for (int z = 0; z < NJ; ++z) vv[z] = Kv::load_v(vr, j0 + 16 * z, m[z]);
     for (int h = 0; h < NH; ++h) {
       const __m512 ph = _mm512_set1_ps(p[h][s]);
       for (int z = 0; z < NJ; ++z) acc[h][z] = _mm512_fmadd_ps(ph, vv[z], acc[h][z]);
@@ -130,6 +136,34 @@ struct ValuesByFma {
     pv_chunk<Kv, NH, NJ>(p, v, v_stride, n, j0, m, first, out);
   }
 };
+
+// Kv::head / Kv::lead where Kv has them (attention_avx512_impl.h's list).
+template <class Kv>
+int64_t head_elems(int64_t d) {
+  if constexpr (requires { Kv::head(d); }) {
+    return Kv::head(d);
+  } else {
+    return d;
+  }
+}
+template <class Kv>
+int64_t lead_bytes(int64_t d) {
+  if constexpr (requires { Kv::lead(d); }) {
+    return Kv::lead(d);
+  } else {
+    return 0;
+  }
+}
+
+// KV head g's rows of the keys and of the values (position 0).
+template <class Kv>
+const typename Kv::T* key_rows(const ops::AttentionArgs& a, int64_t g) {
+  return Kv::keys(a) + g * head_elems<Kv>(a.dk);
+}
+template <class Kv>
+const typename Kv::T* value_rows(const ops::AttentionArgs& a, int64_t g) {
+  return Kv::values(a) + g * head_elems<Kv>(a.dv);
+}
 
 // The mask of the 16 values from j of n.
 inline __mmask16 tail_mask(int64_t j, int64_t n) {
@@ -180,13 +214,14 @@ struct Rows {
   int64_t n = 0;
 };
 
-// Lines [l0, l1) (64 bytes each) of rows [r0, r1) of a cache (rows `stride` elements apart): the
-// row blocks of a chunk prefetch the next chunk's keys between them, evenly over the chunk's time.
+// Lines [l0, l1) (64 bytes each, from `lead` bytes before each row's values) of rows [r0, r1) of
+// a cache (rows `stride` elements apart): the row blocks of a chunk prefetch the next chunk's
+// keys between them, evenly over the chunk's time.
 template <class T>
-inline void prefetch_lines(const T* base, int64_t stride, int64_t r0, int64_t r1, int64_t l0,
-                           int64_t l1) {
+inline void prefetch_lines(const T* base, int64_t stride, int64_t lead, int64_t r0, int64_t r1,
+                           int64_t l0, int64_t l1) {
   for (int64_t r = r0; r < r1; ++r) {
-    const char* p = reinterpret_cast<const char*>(base + r * stride);
+    const char* p = reinterpret_cast<const char*>(base + r * stride) - lead;
     for (int64_t l = l0; l < l1; ++l) _mm_prefetch(p + 64 * l, _MM_HINT_T0);
   }
 }
@@ -234,7 +269,8 @@ void score_keys(const ops::AttentionArgs& a, const Rows& rows, const __m512* pac
   // share[b] .. share[b + 1] (computed once per call, not with two divisions per block).
   const bool pf_values = pf.on && v0 != k0;
   const int64_t elem = static_cast<int64_t>(sizeof(T));
-  const int64_t lines = (a.dk * elem + 63) / 64, vlines = (a.dv * elem + 63) / 64;
+  const int64_t klead = lead_bytes<Kv>(a.dk), vlead = lead_bytes<Kv>(a.dv);
+  const int64_t lines = (klead + a.dk * elem + 63) / 64, vlines = (vlead + a.dv * elem + 63) / 64;
   thread_local std::vector<int64_t> share, vshare;
   share.resize(static_cast<size_t>(blocks + 1));
   vshare.resize(static_cast<size_t>(blocks + 1));
@@ -253,9 +289,9 @@ void score_keys(const ops::AttentionArgs& a, const Rows& rows, const __m512* pac
         // long context read latency-bound).
         if (pf.on && s0 + kChunk < pf.end) {
           const int64_t r1 = std::min(pf.end, s0 + kChunk + NS);
-          prefetch_lines(k0, a.k_stride, s0 + kChunk, r1, share[b], share[b + 1]);
+          prefetch_lines(k0, a.k_stride, klead, s0 + kChunk, r1, share[b], share[b + 1]);
           if (pf_values) {
-            prefetch_lines(v0, a.v_stride, s0 + kChunk, r1, vshare[b], vshare[b + 1]);
+            prefetch_lines(v0, a.v_stride, vlead, s0 + kChunk, r1, vshare[b], vshare[b + 1]);
           }
         }
         const T* k[NS];
@@ -418,7 +454,7 @@ void task(const ops::AttentionArgs& a, int64_t t, int64_t g, int64_t hb, int64_t
       rows.n_ctx[r] = a.pos0 + t + 1;
       rows.out[r] = a.out + (t * a.n_heads + base + h0 + r) * a.dv;
     }
-    rows_any<Kv>(a, nh, rows, Kv::keys(a) + g * a.dk, Kv::values(a) + g * a.dv, scores, dummy,
+    rows_any<Kv>(a, nh, rows, key_rows<Kv>(a, g), value_rows<Kv>(a, g), scores, dummy,
                  a.n_tokens == 1);
   }
 }
@@ -435,8 +471,7 @@ void tokens(const ops::AttentionArgs& a, int64_t t0, int64_t t1, int64_t g, floa
       rows.n_ctx[r] = a.pos0 + b + r + 1;
       rows.out[r] = a.out + ((b + r) * a.n_heads + g) * a.dv;
     }
-    rows_any<Kv>(a, 4, rows, Kv::keys(a) + g * a.dk, Kv::values(a) + g * a.dv, scores, dummy,
-                 false);
+    rows_any<Kv>(a, 4, rows, key_rows<Kv>(a, g), value_rows<Kv>(a, g), scores, dummy, false);
   }
 }
 
@@ -465,13 +500,15 @@ void decode_segments_nh(const ops::AttentionArgs& a, int64_t seg_begin, int64_t 
   float* sums[kMaxRows];
   for (int64_t seg = seg_begin; seg < seg_end; ++seg) {
     const int64_t c0 = seg * kSegment, c1 = std::min(n_ctx, c0 + kSegment);
-    score_keys<Kv, NH>(a, rows, packed, Kv::keys(a), Kv::values(a), c0, c1, pf, scores.data());
+    score_keys<Kv, NH>(a, rows, packed, key_rows<Kv>(a, 0), value_rows<Kv>(a, 0), c0, c1, pf,
+                       scores.data());
     for (int64_t r = 0; r < rows.n; ++r) {
       float* st = stats + (seg * rows.n + r) * 2;
       segment_probabilities(a, rows, r, c0, c1, scores.data(), st, st + 1);
       sums[r] = partial + (seg * rows.n + r) * a.dv;
     }
-    value_sums<Kv, NH>(a, rows, Kv::values(a), c0, c1, scores.data(), sums, dummy.data());
+    value_sums<Kv, NH>(a, rows, value_rows<Kv>(a, 0), c0, c1, scores.data(), sums,
+                       dummy.data());
   }
 }
 

@@ -32,10 +32,12 @@ struct KvBf16 {
     const __m512 hi = _mm512_maskz_loadu_ps(attn::tail_mask(16, left), q + 16);
     return reinterpret_cast<__m512>(_mm512_cvtne2ps_pbh(hi, lo));
   }
-  static __m512 load_k(const T* k) { return _mm512_castsi512_ps(_mm512_loadu_si512(k)); }
-  static __m512 load_k(const T* k, int64_t left) {
+  static __m512 load_k(const T* k, int64_t d) {
+    return _mm512_castsi512_ps(_mm512_loadu_si512(k + d));
+  }
+  static __m512 load_k(const T* k, int64_t d, int64_t left) {
     const __mmask32 m = static_cast<__mmask32>((uint64_t{1} << left) - 1);
-    return _mm512_castsi512_ps(_mm512_maskz_loadu_epi16(m, k));
+    return _mm512_castsi512_ps(_mm512_maskz_loadu_epi16(m, k + d));
   }
   static __m512 dot(__m512 acc, __m512 q, __m512 k) {
     return _mm512_dpbf16_ps(acc, reinterpret_cast<__m512bh>(q), reinterpret_cast<__m512bh>(k));

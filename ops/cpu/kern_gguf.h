@@ -116,8 +116,9 @@ inline constexpr int64_t kSegment = 256;
 // x[i] = e^(scale * x[i] - m), m = max scale * x; *m_out = m, *l_out = the sum of the e (a
 // segment's softmax numerators; e^x within 2 ulp of std::exp).
 void segment_exp_avx512(float* x, int64_t n, float scale, float* m_out, float* l_out);
-// The three below read an F32 cache, or a 16-bit one (a.k16) with its rows widened as loaded
-// (F16; BF16 on AVX-512 without BF16: ops::attention's contract within F32 rounding).
+// The three below read an F32 cache, or a 16-bit (a.k16) or Q8_0 (a.k8) one with its rows
+// widened / dequantized as loaded (F16, Q8_0; BF16 on AVX-512 without BF16: ops::attention's
+// contract within F32 rounding).
 // The task (query token t, KV head group g): scores needs group * kSegment floats, dummy dv
 // (written, never read). Heads [hb, he) of the group only (0 <= hb < he <= group).
 void attention_task_avx512(const ops::AttentionArgs& a, int64_t t, int64_t g, int64_t hb,
@@ -137,8 +138,8 @@ void decode_segments_avx512(const ops::AttentionArgs& a, int64_t seg_begin, int6
 void decode_fold_avx512(const ops::AttentionArgs& a, const float* partial, const float* stats,
                         int64_t h_begin, int64_t h_end);
 // The three above over a BF16 cache (a.k16, a.v16; attention_bf16.cpp, AVX-512 BF16): scores by
-// vdpbf16ps on the queries rounded to BF16, value sums on the values widened to F32; partial
-// and stats as above, folded by decode_fold_avx512.
+// vdpbf16ps on the queries rounded to BF16, value sums by vdpbf16ps on the probabilities
+// rounded to BF16; partial and stats as above, folded by decode_fold_avx512.
 void attention_task_bf16(const ops::AttentionArgs& a, int64_t t, int64_t g, int64_t hb,
                          int64_t he, float* scores, float* dummy);
 void attention_tokens_bf16(const ops::AttentionArgs& a, int64_t t0, int64_t t1, int64_t g,

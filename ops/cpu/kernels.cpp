@@ -605,15 +605,15 @@ bool attention_splits_cache(const ops::AttentionArgs& a, const ThreadPool* pool,
 void attention(const ops::AttentionArgs& a, ThreadPool* pool, Isa isa) {
   const int64_t group = a.n_heads / a.n_kv_heads;
   isa = std::min(isa, best_isa());
-  // A 16-bit cache below AVX-512: the F32 kernels on its rows widened into copies (and BF16's
-  // queries rounded to BF16), the contract's numbers on any CPU.
-  if (a.k16 != nullptr && isa < Isa::kAvx512) {
+  // A 16-bit or Q8_0 cache below AVX-512: the F32 kernels on its rows widened into copies (and
+  // BF16's queries rounded to BF16), the contract's numbers on any CPU.
+  if ((a.k16 != nullptr || a.k8 != nullptr) && isa < Isa::kAvx512) {
     thread_local std::vector<float> wq, wk, wv;
     attention(ops::widen_cache(a, &wq, &wk, &wv), pool, isa);
     return;
   }
   // The AVX-512 kernels: a BF16 cache by the BF16 instructions where the CPU has them, else the
-  // F32 ones (an F32 cache, or 16-bit rows widened as loaded).
+  // F32 ones (an F32 cache, or 16-bit / Q8_0 rows widened as loaded).
   const bool dp = a.k16 != nullptr && !a.f16 && isa >= Isa::kAvx512Bf16;
   const auto task_fn = dp ? detail::attention_task_bf16 : detail::attention_task_avx512;
   const auto tokens_fn = dp ? detail::attention_tokens_bf16 : detail::attention_tokens_avx512;

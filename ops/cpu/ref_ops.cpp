@@ -199,10 +199,53 @@ void Rope::apply(float* x, int64_t pos, RopeForm form) const {
   rotate(x, cs.data(), cs.data() + dim_ / 2, form);
 }
 
+void q8_quantize(const float* x, int64_t d, int8_t* values) {
+  float* scales = reinterpret_cast<float*>(values);
+  for (int64_t b0 = 0; b0 < d; b0 += kQ8Block) {
+    const int64_t n = std::min(kQ8Block, d - b0);
+    float amax = 0.0f;
+    for (int64_t i = 0; i < n; ++i) amax = std::max(amax, std::fabs(x[b0 + i]));
+    const float scale = amax / 127.0f, inv = scale != 0.0f ? 1.0f / scale : 0.0f;
+    scales[-1 - b0 / kQ8Block] = scale;
+    for (int64_t i = 0; i < n; ++i) {
+      const float r = std::round(x[b0 + i] * inv);  // |r| <= 127 up to rounding: clamped
+      values[b0 + i] = static_cast<int8_t>(std::clamp(r, -127.0f, 127.0f));
+    }
+  }
+  for (int64_t i = d; i < (d + 3) / 4 * 4; ++i) values[i] = 0;
+}
+
 AttentionArgs widen_cache(const AttentionArgs& a, std::vector<float>* q, std::vector<float>* k,
                           std::vector<float>* v) {
-  if (a.k16 == nullptr) return a;
   const int64_t n_ctx = a.pos0 + a.n_tokens;
+  if (a.k8 != nullptr) {
+    // Dequantized into F32 rows of n_kv_heads heads.
+    auto dequantize = [&](const int8_t* src, int64_t stride, int64_t d, std::vector<float>* dst) {
+      const int64_t row = a.n_kv_heads * d;
+      dst->resize(static_cast<size_t>(n_ctx * row));
+      for (int64_t s = 0; s < n_ctx; ++s) {
+        for (int64_t g = 0; g < a.n_kv_heads; ++g) {
+          const int8_t* values = src + s * stride + g * q8_row_bytes(d);
+          for (int64_t i = 0; i < d; ++i) (*dst)[s * row + g * d + i] = q8_value(values, i);
+        }
+      }
+      return dst->data();
+    };
+    AttentionArgs w = a;
+    w.k8 = w.v8 = nullptr;
+    w.k = dequantize(a.k8, a.k_stride, a.dk, k);
+    w.k_stride = a.n_kv_heads * a.dk;
+    if (a.v8 == a.k8 && a.v_stride == a.k_stride) {  // values the first dv of the key rows
+      TD_CHECK(a.n_kv_heads == 1 && a.dv <= a.dk, "widen_cache: values in the keys' rows");
+      w.v = w.k;
+      w.v_stride = w.k_stride;
+    } else {
+      w.v = dequantize(a.v8, a.v_stride, a.dv, v);
+      w.v_stride = a.n_kv_heads * a.dv;
+    }
+    return w;
+  }
+  if (a.k16 == nullptr) return a;
   auto widen = [&](const uint16_t* src, int64_t stride, std::vector<float>* dst) {
     dst->resize(static_cast<size_t>(n_ctx * stride));
     for (int64_t i = 0; i < n_ctx * stride; ++i) {

@@ -102,6 +102,11 @@ float yarn_mscale(float scale, float m);
 //   with those instructions the probabilities are rounded to BF16 for the value sums too:
 //   attention_bf16_segments);
 // - F16 (f16): F32 attention on the cache widened, the query as it is.
+// A Q8_0 cache (k8 / v8 set instead; strides in bytes): every KV head's row of d values is
+// q8_row_bytes(d) bytes, its blocks' scales then its values (q8_quantize: llama.cpp's Q8_0
+// blocks of 32 with F32 scales); k8 / v8 point at position 0's first head's values, head g's at
+// g * q8_row_bytes(dk) (dv) bytes from there. F32 attention on the cache dequantized
+// (q8_value), the query as it is.
 struct AttentionArgs {
   const float* q = nullptr;
   int64_t q_stride = 0;
@@ -111,15 +116,34 @@ struct AttentionArgs {
   const uint16_t* k16 = nullptr;  // BF16 bits, or F16 with f16
   const uint16_t* v16 = nullptr;
   bool f16 = false;
+  const int8_t* k8 = nullptr;  // Q8_0 rows (the values of each head's row; scales before them)
+  const int8_t* v8 = nullptr;
   int64_t k_stride = 0, v_stride = 0;
   int64_t pos0 = 0;
   float scale = 1.0f;
   float* out = nullptr;
 };
 void attention(const AttentionArgs& a, ThreadPool* pool);
-// The F32 arguments equal to a 16-bit cache's: the cached rows (positions [0, pos0 + n_tokens))
-// widened into *k and *v (one copy where k16 and v16 are the same rows), for BF16 the queries
-// rounded to BF16 into *q. An F32 cache's arguments come back as they are.
+
+// Q8_0 cache rows. A row of d values is q8_lead_bytes(d) bytes of F32 block scales, the scale of
+// block b (values 32 b ..) 4 (b + 1) bytes before the values (reverse order: a kernel finds it
+// from the values' address alone), then the d int8 values, padded to a multiple of 4 bytes.
+constexpr int64_t kQ8Block = 32;
+inline int64_t q8_lead_bytes(int64_t d) { return 4 * ((d + kQ8Block - 1) / kQ8Block); }
+inline int64_t q8_row_bytes(int64_t d) { return q8_lead_bytes(d) + (d + 3) / 4 * 4; }
+// Writes x[0..d) as one row whose values start at `values`: per block (the last one may be
+// shorter) scale = max|x| / 127, value = round(x / scale) (halves away from zero; 0 for an
+// all-zero block), as ggml's quantize_row_q8_0 with the scale kept in F32.
+void q8_quantize(const float* x, int64_t d, int8_t* values);
+// Value i of the row whose values start at `values`: scale * int8, one F32 multiply.
+inline float q8_value(const int8_t* values, int64_t i) {
+  return reinterpret_cast<const float*>(values)[-1 - i / kQ8Block] * static_cast<float>(values[i]);
+}
+
+// The F32 arguments equal to a 16-bit or Q8_0 cache's: the cached rows (positions
+// [0, pos0 + n_tokens)) widened or dequantized into *k and *v, F32 rows of n_kv_heads * dk / dv
+// (one copy where the keys and values are the same rows), for BF16 the queries rounded to BF16
+// into *q. An F32 cache's arguments come back as they are.
 AttentionArgs widen_cache(const AttentionArgs& a, std::vector<float>* q, std::vector<float>* k,
                           std::vector<float>* v);
 // The arithmetic of kern::attention over a BF16 cache with the AVX-512 BF16 instructions, in

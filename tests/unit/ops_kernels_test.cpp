@@ -846,8 +846,14 @@ TEST(KernelsAttention, EqualsReference) {
 // Shapes: 32-value dot steps with and without a tail (40; 16: a tail only), value dimensions in
 // 32s with tails (80, 24, 200), the segments and the split decode path as for F32, and absorbed
 // MLA's layout (values the first dv of the key rows), odd and even context lengths.
-void check_16bit_cache(bool f16) {
+// A Q8_0 cache (ops::q8_quantize's rows: blocks of 32 with their scales before the values) the
+// same way, its rows dequantized by hand (scale of the block times the int8); on AVX-512 its
+// kernel (values dequantized as loaded) gives the F32 kernel's bits on the dequantized rows.
+enum class TestCache { kBf16, kF16, kQ8 };
+
+void check_narrow_cache(TestCache cache) {
   ThreadPool pool(place_workers(detect_topology(), 2));
+  const bool f16 = cache == TestCache::kF16, q8 = cache == TestCache::kQ8;
   auto round = [f16](float x) { return f16 ? f32_to_f16(x) : f32_to_bf16(x); };
   auto widen = [f16](uint16_t h) { return f16 ? f16_to_f32(h) : bf16_to_f32(h); };
   struct Shape {
@@ -867,9 +873,34 @@ void check_16bit_cache(bool f16) {
       std::vector<float> q_r(q.size()), k_r(kf.size()), v_r(vf.size());
       for (size_t i = 0; i < kf.size(); ++i) kb[i] = round(kf[i]);
       for (size_t i = 0; i < vf.size(); ++i) vb[i] = round(vf[i]);
-      for (size_t i = 0; i < q.size(); ++i) q_r[i] = f16 ? q[i] : bf16_to_f32(f32_to_bf16(q[i]));
+      for (size_t i = 0; i < q.size(); ++i) {
+        q_r[i] = f16 || q8 ? q[i] : bf16_to_f32(f32_to_bf16(q[i]));
+      }
       for (size_t i = 0; i < kf.size(); ++i) k_r[i] = widen(kb[i]);
       for (size_t i = 0; i < vf.size(); ++i) v_r[i] = widen(vb[i]);
+      // Q8_0: every (position, KV head) row quantized; k_r / v_r its values dequantized by hand.
+      const int64_t krow = ops::q8_row_bytes(sh.dk), vrow = ops::q8_row_bytes(sh.dv);
+      std::vector<int32_t> k8_mem, v8_mem;  // (4-byte aligned rows)
+      const int8_t* k8 = nullptr;
+      const int8_t* v8 = nullptr;
+      if (q8) {
+        auto quantize = [&](const std::vector<float>& x, int64_t d, int64_t row,
+                            std::vector<int32_t>* mem, std::vector<float>* deq) {
+          mem->assign(static_cast<size_t>(ctx * sh.kv_heads * row / 4), 0);
+          int8_t* base = reinterpret_cast<int8_t*>(mem->data()) + ops::q8_lead_bytes(d);
+          for (int64_t r = 0; r < ctx * sh.kv_heads; ++r) {
+            int8_t* values = base + r * row;
+            ops::q8_quantize(x.data() + r * d, d, values);
+            for (int64_t i = 0; i < d; ++i) {
+              const float scale = reinterpret_cast<const float*>(values)[-1 - i / 32];
+              (*deq)[r * d + i] = scale * static_cast<float>(values[i]);
+            }
+          }
+          return base;
+        };
+        k8 = quantize(kf, sh.dk, krow, &k8_mem, &k_r);
+        v8 = sh.values_in_keys ? k8 : quantize(vf, sh.dv, vrow, &v8_mem, &v_r);
+      }
       ops::AttentionArgs a;
       a.q = q_r.data();
       a.q_stride = sh.heads * sh.dk;
@@ -890,14 +921,21 @@ void check_16bit_cache(bool f16) {
       ops::AttentionArgs b = a;
       b.q = q.data();
       b.k = b.v = nullptr;
-      b.k16 = kb.data();
-      b.v16 = sh.values_in_keys ? kb.data() : vb.data();
-      b.f16 = f16;
+      if (q8) {
+        b.k8 = k8;
+        b.v8 = v8;
+        b.k_stride = sh.kv_heads * krow;
+        b.v_stride = sh.values_in_keys ? b.k_stride : sh.kv_heads * vrow;
+      } else {
+        b.k16 = kb.data();
+        b.v16 = sh.values_in_keys ? kb.data() : vb.data();
+        b.f16 = f16;
+      }
       b.out = got.data();
       ops::attention(b, nullptr);
       for (size_t i = 0; i < want.size(); ++i) ASSERT_EQ(got[i], want[i]) << "reference " << i;
       std::vector<float> want_bf16(want.size());
-      if (!f16) {
+      if (cache == TestCache::kBf16) {
         b.out = want_bf16.data();
         ops::attention_bf16_segments(b, kern::detail::kSegment);
         b.out = got.data();
@@ -905,7 +943,16 @@ void check_16bit_cache(bool f16) {
       for (const Isa isa : {Isa::kAvx2, Isa::kAvx512, Isa::kAvx512Bf16}) {
         if (isa > best_isa()) continue;
         kern::attention(b, &pool, isa);
-        const bool dp = !f16 && isa >= Isa::kAvx512Bf16;
+        if (q8) {  // the F32 kernel's arithmetic on the dequantized rows, as loaded or copied
+          std::vector<float> f32(want.size());
+          ops::AttentionArgs c = a;
+          c.out = f32.data();
+          kern::attention(c, &pool, isa);
+          for (size_t i = 0; i < f32.size(); ++i) {
+            ASSERT_EQ(got[i], f32[i]) << isa_name(isa) << " q8 as f32 " << n << " " << i;
+          }
+        }
+        const bool dp = cache == TestCache::kBf16 && isa >= Isa::kAvx512Bf16;
         // With the BF16 instructions: a probability within the kernel's F32 error of a BF16
         // rounding tie rounds the other way now and then, moving its row by up to 2^-8 of that
         // term (measured: 0.1-0.25% of the outputs beyond 2e-5, at most 4.8e-4, rows of a
@@ -949,8 +996,50 @@ void check_16bit_cache(bool f16) {
   }
 }
 
-TEST(KernelsAttention, Bf16CacheEqualsReference) { check_16bit_cache(false); }
-TEST(KernelsAttention, F16CacheEqualsReference) { check_16bit_cache(true); }
+TEST(KernelsAttention, Bf16CacheEqualsReference) { check_narrow_cache(TestCache::kBf16); }
+TEST(KernelsAttention, F16CacheEqualsReference) { check_narrow_cache(TestCache::kF16); }
+TEST(KernelsAttention, Q8CacheEqualsReference) { check_narrow_cache(TestCache::kQ8); }
+
+// ops::q8_quantize against its definition: per block of 32 (the last one shorter) the scale is
+// max|x| / 127 stored 4 (b + 1) bytes before the values, every value round(x / scale) (halves
+// away from zero), so within half a scale of x and the block's largest at +-127; an all-zero
+// block has scale 0 and zeros. Worked by hand: 1.27 / 127 = 0.01, -0.635 -> -63.5 -> -64.
+TEST(KernelsAttention, Q8RowsQuantizeAsDefined) {
+  std::vector<float> x(32 * 3 + 5, 0.0f);
+  x[0] = 1.27f;
+  x[1] = -0.635f;
+  x[2] = 0.2f;
+  const std::vector<float> r = random_values(32 + 5, 9);
+  std::copy(r.begin(), r.end(), x.begin() + 64);  // blocks 2 and 3 (5 values); block 1 zeros
+  const int64_t d = static_cast<int64_t>(x.size());
+  ASSERT_EQ(ops::q8_lead_bytes(d), 16);
+  ASSERT_EQ(ops::q8_row_bytes(d), 16 + 104);
+  std::vector<int32_t> mem(static_cast<size_t>(ops::q8_row_bytes(d) / 4), -1);
+  int8_t* values = reinterpret_cast<int8_t*>(mem.data()) + ops::q8_lead_bytes(d);
+  ops::q8_quantize(x.data(), d, values);
+  const float* scales = reinterpret_cast<const float*>(values);
+  EXPECT_EQ(scales[-1], 1.27f / 127.0f);
+  EXPECT_EQ(values[0], 127);
+  EXPECT_EQ(values[1], -64);
+  EXPECT_EQ(values[2], 20);
+  EXPECT_EQ(values[3], 0);
+  EXPECT_EQ(scales[-2], 0.0f);
+  for (int64_t i = 32; i < 64; ++i) EXPECT_EQ(values[i], 0) << i;
+  for (int64_t b = 2; b < 4; ++b) {
+    const int64_t b0 = 32 * b, n = std::min<int64_t>(32, d - b0);
+    float amax = 0.0f;
+    int top = 0;
+    for (int64_t i = b0; i < b0 + n; ++i) amax = std::max(amax, std::fabs(x[i]));
+    EXPECT_EQ(scales[-1 - b], amax / 127.0f) << b;
+    for (int64_t i = b0; i < b0 + n; ++i) {
+      top = std::max(top, std::abs(static_cast<int>(values[i])));
+      EXPECT_LE(std::fabs(ops::q8_value(values, i) - x[i]), scales[-1 - b] * 0.5f * 1.0001f) << i;
+      EXPECT_EQ(ops::q8_value(values, i), scales[-1 - b] * static_cast<float>(values[i]));
+    }
+    EXPECT_EQ(top, 127) << b;
+  }
+  for (int64_t i = d; i < 104; ++i) EXPECT_EQ(values[i], 0) << "padding " << i;
+}
 
 }  // namespace
 }  // namespace tandem
