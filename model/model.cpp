@@ -38,8 +38,9 @@ KvType parse_kv_type(const std::string& name) {
   if (name == "f32") return KvType::kF32;
   if (name == "bf16") return KvType::kBf16;
   if (name == "f16") return KvType::kF16;
-  fail(ErrorKind::kInvalidArgument, "--cache-type must be 'f32', 'bf16' or 'f16', got '{}'",
-       name);
+  if (name == "q8_0") return KvType::kQ8_0;
+  fail(ErrorKind::kInvalidArgument,
+       "--cache-type must be 'f32', 'bf16', 'f16' or 'q8_0', got '{}'", name);
 }
 
 MlaMode parse_mla_mode(const std::string& name) {
@@ -78,20 +79,30 @@ Model::Model(const LoadedModel& weights, const ModelOptions& options)
   rope_form_ = interleaved ? ops::RopeForm::kInterleaved : ops::RopeForm::kNeox;
   attn_scale_ = 1.0f / std::sqrt(static_cast<float>(c.head_dim)) * rope_.softmax_scale_factor();
 
-  int64_t k_row = 0, v_row = 0;  // floats per cached position
+  KvRows k_rows, v_rows;  // a layer's: heads per position and values per head
   if (c.is_mla()) {
     if (mla_ != MlaMode::kNaive) {
-      k_row = c.kv_lora_rank + c.qk_rope_head_dim;
+      k_rows.heads = 1;
+      k_rows.d = c.kv_lora_rank + c.qk_rope_head_dim;
     } else {
-      k_row = c.num_heads * c.head_dim;
-      v_row = c.num_heads * c.v_head_dim;
+      k_rows.heads = v_rows.heads = c.num_heads;
+      k_rows.d = c.head_dim;
+      v_rows.d = c.v_head_dim;
     }
   } else {
-    k_row = c.num_kv_heads * c.head_dim;
-    v_row = c.num_kv_heads * c.head_dim;
+    k_rows.heads = v_rows.heads = c.num_kv_heads;
+    k_rows.d = v_rows.d = c.head_dim;
   }
-  const uint64_t elem = kv_type_ == KvType::kF32 ? 4 : 2;
-  const uint64_t bytes = static_cast<uint64_t>(ctx_) * (k_row + v_row) * c.num_layers * elem;
+  // Bytes per position.
+  auto row_bytes = [&](const KvRows& r) -> uint64_t {
+    if (r.heads == 0) return 0;
+    const int64_t per_head = kv_type_ == KvType::kQ8_0  ? ops::q8_row_bytes(r.d)
+                             : kv_type_ == KvType::kF32 ? 4 * r.d
+                                                        : 2 * r.d;
+    return static_cast<uint64_t>(r.heads * per_head);
+  };
+  const uint64_t bytes =
+      static_cast<uint64_t>(ctx_) * (row_bytes(k_rows) + row_bytes(v_rows)) * c.num_layers;
   const uint64_t available = meminfo_bytes("MemAvailable");  // 0: unknown
   if (bytes > (uint64_t{1} << 40) || (available > 0 && bytes > available)) {
     fail(ErrorKind::kResource,
@@ -105,12 +116,17 @@ Model::Model(const LoadedModel& weights, const ModelOptions& options)
   k_cache_.resize(c.num_layers);
   v_cache_.resize(c.num_layers);
   for (int64_t l = 0; l < c.num_layers; ++l) {
-    if (kv_type_ != KvType::kF32) {
-      k_cache_[l].h16.assign(static_cast<size_t>(ctx_ * k_row), 0);
-      v_cache_[l].h16.assign(static_cast<size_t>(ctx_ * v_row), 0);
-    } else {
-      k_cache_[l].f.assign(static_cast<size_t>(ctx_ * k_row), 0.0f);
-      v_cache_[l].f.assign(static_cast<size_t>(ctx_ * v_row), 0.0f);
+    for (auto [rows, shape] : {std::pair{&k_cache_[l], &k_rows}, {&v_cache_[l], &v_rows}}) {
+      rows->heads = shape->heads;
+      rows->d = shape->d;
+      const size_t n = static_cast<size_t>(ctx_ * shape->heads * shape->d);
+      if (kv_type_ == KvType::kQ8_0) {
+        rows->q8.assign(static_cast<size_t>(ctx_) * row_bytes(*shape) / 4, 0);
+      } else if (kv_type_ != KvType::kF32) {
+        rows->h16.assign(n, 0);
+      } else {
+        rows->f.assign(n, 0.0f);
+      }
     }
   }
 }
@@ -118,13 +134,20 @@ Model::Model(const LoadedModel& weights, const ModelOptions& options)
 uint64_t Model::kv_cache_bytes() const {
   uint64_t b = 0;
   for (const std::vector<KvRows>* cache : {&k_cache_, &v_cache_}) {
-    for (const KvRows& r : *cache) b += r.f.size() * 4 + r.h16.size() * 2;
+    for (const KvRows& r : *cache) b += r.f.size() * 4 + r.h16.size() * 2 + r.q8.size() * 4;
   }
   return b;
 }
 
 void Model::cache_write(KvRows& rows, int64_t offset, const float* src, int64_t n) const {
-  if (kv_type_ != KvType::kF32) {
+  if (kv_type_ == KvType::kQ8_0) {
+    TD_CHECK(offset % rows.d == 0 && n % rows.d == 0, "cache_write: whole Q8_0 rows");
+    const int64_t row = ops::q8_row_bytes(rows.d), lead = ops::q8_lead_bytes(rows.d);
+    int8_t* base = reinterpret_cast<int8_t*>(rows.q8.data()) + lead;
+    for (int64_t r = 0; r < n / rows.d; ++r) {
+      ops::q8_quantize(src + r * rows.d, rows.d, base + (offset / rows.d + r) * row);
+    }
+  } else if (kv_type_ != KvType::kF32) {
     uint16_t* dst = rows.h16.data() + offset;
     const bool f16 = kv_type_ == KvType::kF16;
     for (int64_t i = 0; i < n; ++i) dst[i] = f16 ? f32_to_f16(src[i]) : f32_to_bf16(src[i]);
@@ -134,6 +157,13 @@ void Model::cache_write(KvRows& rows, int64_t offset, const float* src, int64_t 
 }
 
 void Model::cache_args(const KvRows& k, const KvRows& v, ops::AttentionArgs* a) const {
+  if (kv_type_ == KvType::kQ8_0) {
+    a->k8 = reinterpret_cast<const int8_t*>(k.q8.data()) + ops::q8_lead_bytes(k.d);
+    a->v8 = reinterpret_cast<const int8_t*>(v.q8.data()) + ops::q8_lead_bytes(v.d);
+    a->k_stride = k.heads * ops::q8_row_bytes(k.d);
+    a->v_stride = v.heads * ops::q8_row_bytes(v.d);
+    return;
+  }
   if (kv_type_ != KvType::kF32) {
     a->k16 = k.h16.data();
     a->v16 = v.h16.data();
@@ -141,6 +171,29 @@ void Model::cache_args(const KvRows& k, const KvRows& v, ops::AttentionArgs* a) 
   } else {
     a->k = k.f.data();
     a->v = v.f.data();
+  }
+  a->k_stride = k.heads * k.d;
+  a->v_stride = v.heads * v.d;
+}
+
+void Model::cache_read(const KvRows& rows, int64_t r, float* dst) const {
+  switch (kv_type_) {
+    case KvType::kF32:
+      std::copy_n(rows.f.data() + r * rows.d, rows.d, dst);
+      break;
+    case KvType::kBf16:
+    case KvType::kF16: {
+      const uint16_t* h = rows.h16.data() + r * rows.d;
+      const bool f16 = kv_type_ == KvType::kF16;
+      for (int64_t i = 0; i < rows.d; ++i) dst[i] = f16 ? f16_to_f32(h[i]) : bf16_to_f32(h[i]);
+      break;
+    }
+    case KvType::kQ8_0: {
+      const int8_t* values = reinterpret_cast<const int8_t*>(rows.q8.data()) +
+                             ops::q8_lead_bytes(rows.d) + r * ops::q8_row_bytes(rows.d);
+      for (int64_t i = 0; i < rows.d; ++i) dst[i] = ops::q8_value(values, i);
+      break;
+    }
   }
 }
 
@@ -236,8 +289,6 @@ void Model::attention_mha(int64_t l, int64_t n, const float* x, float* out) {
   args.dk = d;
   args.dv = d;
   cache_args(k_cache_[l], v_cache_[l], &args);
-  args.k_stride = nkv * d;
-  args.v_stride = nkv * d;
   args.pos0 = pos_;
   args.scale = attn_scale_;
   args.out = grow(att_, n * nq * d);
@@ -363,8 +414,6 @@ void Model::attention_mla(int64_t l, int64_t n, const float* x, float* out) {
     args.dk = kr;
     args.dv = kvl;
     cache_args(k_cache_[l], k_cache_[l], &args);  // the values: each row's first kvl
-    args.k_stride = kr;
-    args.v_stride = kr;
     float* att = grow(att_, n * nh * kvl);
     args.out = att;
     float* o = grow(v_, n * nh * vd);
@@ -416,10 +465,12 @@ void Model::attention_mla(int64_t l, int64_t n, const float* x, float* out) {
     } else {
       ops::matmul(lw.k_up[i], lat, n, tmp, nullptr);
     }
+    thread_local std::vector<float> row;  // a head's K: nope part, then the rope key
+    row.resize(static_cast<size_t>(qk));
     for (int64_t t = 0; t < n; ++t) {
-      const int64_t at = ((pos_ + t) * nh + i) * qk;
-      cache_write(k_cache_[l], at, tmp + t * nope, nope);
-      cache_write(k_cache_[l], at + nope, kv + t * kr + kvl, rd);
+      std::copy(tmp + t * nope, tmp + (t + 1) * nope, row.data());
+      std::copy(kv + t * kr + kvl, kv + (t + 1) * kr, row.data() + nope);
+      cache_write(k_cache_[l], ((pos_ + t) * nh + i) * qk, row.data(), qk);
     }
     ops::matmul(lw.v_up[i], lat, n, tmp, nullptr);
     for (int64_t t = 0; t < n; ++t) {
@@ -445,8 +496,6 @@ void Model::attend_per_head(int64_t l, int64_t n, const float* q, ops::Attention
   args.n_kv_heads = nh;
   args.dk = qk;
   args.dv = vd;
-  args.k_stride = nh * qk;
-  args.v_stride = nh * vd;
   args.pos0 = pos_;
   args.scale = attn_scale_;
   args.out = grow(att_, n * nh * vd);
@@ -507,13 +556,11 @@ void Model::attention_mla_expanded(int64_t l, int64_t n, const float* q, float* 
   const int64_t nope = c.qk_nope_head_dim, rd = c.qk_rope_head_dim, kvl = c.kv_lora_rank;
   const int64_t vd = c.v_head_dim, nh = c.num_heads, qk = nope + rd, kr = kvl + rd;
   const int64_t np = pos_ + n;
-  // [np, kr]: latent, then rope key (a 16-bit cache widened once per call)
+  // [np, kr]: latent, then rope key (a 16-bit or Q8_0 cache widened once per call)
   const float* cache = k_cache_[l].f.data();
   if (kv_type_ != KvType::kF32) {
     float* w = grow(lat_f32_, np * kr);
-    const uint16_t* h = k_cache_[l].h16.data();
-    const bool f16 = kv_type_ == KvType::kF16;
-    for (int64_t i = 0; i < np * kr; ++i) w[i] = f16 ? f16_to_f32(h[i]) : bf16_to_f32(h[i]);
+    for (int64_t s = 0; s < np; ++s) cache_read(k_cache_[l], s, w + s * kr);
     cache = w;
   }
   float* K = grow(ek_, np * nh * qk);
@@ -572,6 +619,8 @@ void Model::attention_mla_expanded(int64_t l, int64_t n, const float* q, float* 
   ops::AttentionArgs kv_args;
   kv_args.k = K;
   kv_args.v = V;
+  kv_args.k_stride = nh * qk;
+  kv_args.v_stride = nh * vd;
   attend_per_head(l, n, q, kv_args, out);
 }
 

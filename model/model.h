@@ -48,7 +48,7 @@ bool mla_expansion_pays(const ModelConfig& c, int64_t n, int64_t positions);
 // attention by vdpbf16ps (queries and probabilities rounded to BF16): faster long-context
 // attention, logits within BF16 rounding of F32's. kF16: half the memory, 11 significant bits,
 // F32 arithmetic on the rows widened (the F32 cache's speed or a little better).
-enum class KvType { kF32, kBf16, kF16 };
+enum class KvType { kF32, kBf16, kF16, kQ8_0 };
 // "f32" | "bf16" | "f16"; anything else: Error(kInvalidArgument) naming the choices.
 KvType parse_kv_type(const std::string& name);
 
@@ -116,17 +116,23 @@ class Model {
   void attention_mla(int64_t layer, int64_t n, const float* x, float* out);
   bool mla_expands(int64_t layer, int64_t n) const;
   void attention_mla_expanded(int64_t layer, int64_t n, const float* q, float* out);
-  // One layer's cached rows: F32, or 16-bit (BF16 / F16 bits, kv_type_).
+  // One layer's cached rows: per position `heads` rows of d values, F32, 16-bit (BF16 / F16
+  // bits) or Q8_0 (ops::q8_row_bytes each, in 4-byte words) as kv_type_ says.
   struct KvRows {
+    int64_t heads = 0, d = 0;
     std::vector<float> f;
     std::vector<uint16_t> h16;
+    std::vector<int32_t> q8;
   };
-  // Writes n values at element `offset` of a cache (converted to its element).
+  // Writes n values (whole rows of rows.d) from value `offset` of the cache, as if it were F32
+  // (offset / d is the first row), converted to its element.
   void cache_write(KvRows& rows, int64_t offset, const float* src, int64_t n) const;
-  // Points a.k / a.v (or a.k16 / a.v16) at the caches.
+  // Points a.k / a.v (or a.k16 / a.v16, a.k8 / a.v8) at the caches, with their strides.
   void cache_args(const KvRows& k, const KvRows& v, ops::AttentionArgs* a) const;
-  // Multi-head attention over per-head K / V in `kv` (its q, out and position fields are set
-  // here), then wo.
+  // Row r of a cache (a position's head) as F32 into dst.
+  void cache_read(const KvRows& rows, int64_t r, float* dst) const;
+  // Multi-head attention over per-head K / V in `kv` (the caller sets the rows and strides; q,
+  // out and the positions are set here), then wo.
   void attend_per_head(int64_t layer, int64_t n, const float* q, ops::AttentionArgs kv,
                        float* out);
   template <typename F>
@@ -164,7 +170,8 @@ class Model {
   // Activation scratch, grown on demand and reused.
   std::vector<float> x_, h_, a_, b_, q_, k_, v_, t0_, t1_, t2_, att_, logits_r_;
   std::vector<float> ek_, ev_;             // expanded MLA: per-head K / V of every position
-  std::vector<float> lat_f32_;             // expanded MLA on a BF16 cache: the latents widened
+  std::vector<float> lat_f32_;             // expanded MLA on a 16-bit / Q8_0 cache: the latents
+                                           // widened
   std::deque<kern::Activations> lat_acts_;  // expanded MLA: the latents per encoding
   std::vector<int32_t> ids_;
   std::vector<float> topw_, route_scratch_;

@@ -32,7 +32,8 @@ inline CLI::Option* add_cache_type_option(CLI::App& app, std::string* type) {
   return app.add_option("--cache-type", *type,
                         "KV cache element: f32 (as computed) | bf16 (half the memory; "
                         "attention in BF16 on AVX-512 BF16 CPUs, faster long contexts) | f16 "
-                        "(half the memory, 11 significant bits, F32 arithmetic)")
+                        "(half the memory, 11 significant bits, F32 arithmetic) | q8_0 (int8 in "
+                        "blocks of 32 with an F32 scale: 28% of the memory, F32 arithmetic)")
       ->capture_default_str();
 }
 

@@ -142,45 +142,56 @@ TEST(CliRun, BadPromptsAreClearErrors) {
       << r.err;
 }
 
-// --cache-type bf16: half the KV cache's bytes, and a golden prompt's greedy tokens and logits
-// within BF16 rounding of the golden's (per position <= 0.01 of max |ref|: model_golden_test's
-// Bf16KvCache bound before any flipped expert choice; deepseek3 flips none on this prompt). A bad
-// type names the choices.
-TEST(CliRun, Bf16KvCache) {
+// --cache-type bf16 / q8_0: the KV cache's bytes (at 4096 positions: deepseek3's latent rows
+// are 160 values, 640 bytes in F32, 320 in BF16, 180 in Q8_0: 160 int8 and 5 F32 scales), and a
+// golden prompt's greedy tokens and logits within the type's rounding of the golden's (per
+// position <= 0.01 / 0.02 of max |ref|: model_golden_test's Bf16KvCache / Q8KvCache bounds
+// before any flipped expert choice; deepseek3 flips none on this prompt). A bad type names the
+// choices.
+TEST(CliRun, NarrowKvCache) {
   std::ifstream in(test::data_path("golden/deepseek3.json"));
   const nlohmann::json meta = nlohmann::json::parse(in);
   const auto& p = meta["prompts"][0];
   const std::vector<int> tokens = p["tokens"].get<std::vector<int>>();
-  test::TempDir dir("run_bf16");
+  test::TempDir dir("run_narrow_cache");
   const std::string base = "run -m " + test::data_path("golden/deepseek3.gguf").string() +
-                           " --tokens " + join(tokens, ",") + " -n 16 --ignore-eos --threads 2";
+                           " --tokens " + join(tokens, ",") +
+                           " -n 16 --ignore-eos --threads 2 --ctx 4096";
   const test::CommandResult f = test::run_tandem(base);
-  const test::CommandResult r =
-      test::run_tandem(base + " --cache-type bf16 --logits-out " + (dir / "l.f32").string());
   ASSERT_EQ(f.exit_code, 0) << f.err;
-  ASSERT_EQ(r.exit_code, 0) << r.err;
-  EXPECT_EQ(r.out, join(p["greedy"].get<std::vector<int>>(), " ") + "\n");
   auto cache_mib = [](const std::string& err) {
     const size_t at = err.find("KV cache ");
     return at == std::string::npos ? -1.0 : std::stod(err.substr(at + 9));
   };
-  EXPECT_NE(r.err.find("MiB (bf16)"), std::string::npos) << r.err;
-  EXPECT_NEAR(cache_mib(r.err), cache_mib(f.err) / 2, 0.1) << r.err << f.err;
-  const std::vector<float> got = read_f32(dir / "l.f32");
+  EXPECT_NEAR(cache_mib(f.err), 4096 * 3 * 640 / 1048576.0, 0.05) << f.err;
   const std::vector<float> ref =
       read_f32(test::data_path("golden/" + p["logits_file"].get<std::string>()));
-  ASSERT_EQ(got.size(), ref.size());
-  const size_t nv = ref.size() / tokens.size();
-  for (size_t t = 0; t < tokens.size(); ++t) {
-    float mr = 0;
-    for (size_t j = 0; j < nv; ++j) mr = std::max(mr, std::fabs(ref[t * nv + j]));
-    for (size_t j = 0; j < nv; ++j) {
-      ASSERT_NEAR(got[t * nv + j], ref[t * nv + j], 0.01f * mr) << t << " " << j;
+  struct Case {
+    const char* type;
+    double bytes_per_value, tolerance;
+  };
+  for (const Case c : {Case{"bf16", 2.0, 0.01}, Case{"q8_0", 180.0 / 160.0, 0.02}}) {
+    const test::CommandResult r = test::run_tandem(base + " --cache-type " + c.type +
+                                                   " --logits-out " + (dir / "l.f32").string());
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_EQ(r.out, join(p["greedy"].get<std::vector<int>>(), " ") + "\n") << c.type;
+    EXPECT_NE(r.err.find(std::string("MiB (") + c.type + ")"), std::string::npos) << r.err;
+    EXPECT_NEAR(cache_mib(r.err), cache_mib(f.err) * c.bytes_per_value / 4, 0.05) << r.err;
+    const std::vector<float> got = read_f32(dir / "l.f32");
+    ASSERT_EQ(got.size(), ref.size());
+    const size_t nv = ref.size() / tokens.size();
+    for (size_t t = 0; t < tokens.size(); ++t) {
+      float mr = 0;
+      for (size_t j = 0; j < nv; ++j) mr = std::max(mr, std::fabs(ref[t * nv + j]));
+      for (size_t j = 0; j < nv; ++j) {
+        ASSERT_NEAR(got[t * nv + j], ref[t * nv + j], c.tolerance * mr)
+            << c.type << " " << t << " " << j;
+      }
     }
   }
   const test::CommandResult bad = test::run_tandem(base + " --cache-type q4_0");
   EXPECT_NE(bad.exit_code, 0);
-  EXPECT_NE(bad.err.find("--cache-type must be 'f32', 'bf16' or 'f16', got 'q4_0'"),
+  EXPECT_NE(bad.err.find("--cache-type must be 'f32', 'bf16', 'f16' or 'q8_0', got 'q4_0'"),
             std::string::npos)
       << bad.err;
 }
