@@ -620,7 +620,20 @@ BENCHMARK_CAPTURE(BM_MatmulChain, q4_k_24576, DType::kQ4_K, 24576)->UseRealTime(
 // compare with the fp32 peak). avx2: the F32-GEMM scores and scalar value loop.
 // n query tokens after pos0 cached ones: prefill (512 on an empty cache) or decode (1 token after
 // 4095: the absorbed-MLA decode step at a 4K context, whose one KV group is split over threads).
-enum class Cache { kF32, kBf16, kF16 };  // ModelOptions::kv_type
+enum class Cache { kF32, kBf16, kF16, kQ8 };  // ModelOptions::kv_type
+
+// rows x d values as Q8_0 cache rows (ops::q8_quantize), 4-byte words; the first row's values
+// at q8_lead_bytes(d) bytes in.
+std::vector<int32_t> q8_rows(const float* x, int64_t rows, int64_t d) {
+  const int64_t row = ops::q8_row_bytes(d);
+  std::vector<int32_t> mem(static_cast<size_t>(rows * row / 4));
+  int8_t* base = reinterpret_cast<int8_t*>(mem.data()) + ops::q8_lead_bytes(d);
+  for (int64_t r = 0; r < rows; ++r) ops::q8_quantize(x + r * d, d, base + r * row);
+  return mem;
+}
+const int8_t* q8_values(const std::vector<int32_t>& mem, int64_t d) {
+  return reinterpret_cast<const int8_t*>(mem.data()) + ops::q8_lead_bytes(d);
+}
 
 void BM_Attention(benchmark::State& state, int64_t heads, int64_t kv_heads, int64_t dk, int64_t dv,
                   Isa isa, int64_t n = 512, int64_t pos0 = 0, Cache cache = Cache::kF32) {
@@ -654,8 +667,18 @@ void BM_Attention(benchmark::State& state, int64_t heads, int64_t kv_heads, int6
   a.scale = 0.1f;
   a.pos0 = pos0;
   a.out = out.data();
-  const bool half = cache != Cache::kF32, f16 = cache == Cache::kF16;
+  const bool half = cache == Cache::kBf16 || cache == Cache::kF16, f16 = cache == Cache::kF16;
   std::vector<uint16_t> kb(half ? k.size() : 0), vb(half ? v.size() : 0);
+  std::vector<int32_t> k8, v8;
+  if (cache == Cache::kQ8) {  // every (position, KV head) row in Q8_0
+    k8 = q8_rows(k.data(), ctx * kv_heads, dk);
+    v8 = q8_rows(v.data(), ctx * kv_heads, dv);
+    a.k = a.v = nullptr;
+    a.k8 = q8_values(k8, dk);
+    a.v8 = q8_values(v8, dv);
+    a.k_stride = kv_heads * ops::q8_row_bytes(dk);
+    a.v_stride = kv_heads * ops::q8_row_bytes(dv);
+  }
   if (half) {  // a 16-bit cache
     for (size_t i = 0; i < kb.size(); ++i) kb[i] = f16 ? f32_to_f16(k[i]) : f32_to_bf16(k[i]);
     for (size_t i = 0; i < vb.size(); ++i) vb[i] = f16 ? f32_to_f16(v[i]) : f32_to_bf16(v[i]);
@@ -677,8 +700,10 @@ void BM_Attention(benchmark::State& state, int64_t heads, int64_t kv_heads, int6
 // (detail::decode_segments_avx512), then the heads' folds (detail::decode_fold_avx512). ctx 256:
 // the cache (590 KiB) in L2; 4096: 9.4 MiB, in L3. items_per_second = FLOP/s (2 x multiply-adds
 // of the scores and value sums), against one core's fp32 peak (`tandem roofline`, "1t"). bf16:
-// the cache in BF16 (detail::decode_segments_bf16: vdpbf16ps scores).
-void BM_MlaDecodeSegments(benchmark::State& state, int64_t ctx, bool bf16) {
+// the cache in BF16 (detail::decode_segments_bf16: vdpbf16ps scores); q8: in Q8_0 (the F32
+// kernel on rows dequantized as loaded).
+void BM_MlaDecodeSegments(benchmark::State& state, int64_t ctx, Cache type) {
+  const bool bf16 = type == Cache::kBf16;
   if (best_isa() < (bf16 ? Isa::kAvx512Bf16 : Isa::kAvx512)) {
     state.SkipWithError("ISA not supported here");
     return;
@@ -700,6 +725,13 @@ void BM_MlaDecodeSegments(benchmark::State& state, int64_t ctx, bool bf16) {
     a.k = a.v = nullptr;
     a.k16 = a.v16 = cache16.data();
   }
+  const std::vector<int32_t> cache8 =
+      type == Cache::kQ8 ? q8_rows(cache.data(), ctx, kDk) : std::vector<int32_t>{};
+  if (type == Cache::kQ8) {  // the values: the key rows' first kDv
+    a.k = a.v = nullptr;
+    a.k8 = a.v8 = q8_values(cache8, kDk);
+    a.k_stride = a.v_stride = ops::q8_row_bytes(kDk);
+  }
   const auto segments =
       bf16 ? kern::detail::decode_segments_bf16 : kern::detail::decode_segments_avx512;
   for (auto _ : state) {
@@ -709,10 +741,18 @@ void BM_MlaDecodeSegments(benchmark::State& state, int64_t ctx, bool bf16) {
   }
   state.SetItemsProcessed(state.iterations() * 2 * kHeads * ctx * (kDk + kDv));
 }
-BENCHMARK_CAPTURE(BM_MlaDecodeSegments, ctx256, 256, false)->UseRealTime()->MinTime(0.3);
-BENCHMARK_CAPTURE(BM_MlaDecodeSegments, ctx4096, 4096, false)->UseRealTime()->MinTime(0.3);
-BENCHMARK_CAPTURE(BM_MlaDecodeSegments, ctx256_bf16, 256, true)->UseRealTime()->MinTime(0.3);
-BENCHMARK_CAPTURE(BM_MlaDecodeSegments, ctx4096_bf16, 4096, true)->UseRealTime()->MinTime(0.3);
+BENCHMARK_CAPTURE(BM_MlaDecodeSegments, ctx256, 256, Cache::kF32)->UseRealTime()->MinTime(0.3);
+BENCHMARK_CAPTURE(BM_MlaDecodeSegments, ctx4096, 4096, Cache::kF32)->UseRealTime()->MinTime(0.3);
+BENCHMARK_CAPTURE(BM_MlaDecodeSegments, ctx256_bf16, 256, Cache::kBf16)
+    ->UseRealTime()
+    ->MinTime(0.3);
+BENCHMARK_CAPTURE(BM_MlaDecodeSegments, ctx4096_bf16, 4096, Cache::kBf16)
+    ->UseRealTime()
+    ->MinTime(0.3);
+BENCHMARK_CAPTURE(BM_MlaDecodeSegments, ctx256_q8, 256, Cache::kQ8)->UseRealTime()->MinTime(0.3);
+BENCHMARK_CAPTURE(BM_MlaDecodeSegments, ctx4096_q8, 4096, Cache::kQ8)
+    ->UseRealTime()
+    ->MinTime(0.3);
 
 // Expanded MLA's K up-projection for one head (kern::gemm_f32_kn): 512 cached latents (rows of
 // 576 floats: latent then rope key) times GGUF k_b in F32 as stored [512, 128], single-threaded:
@@ -757,6 +797,13 @@ BENCHMARK_CAPTURE(BM_Attention, mla_decode_4k_f16, 16, 1, 576, 512, Isa::kAvx512
                   Cache::kF16)
     ->UseRealTime()
     ->MinTime(0.3);
+BENCHMARK_CAPTURE(BM_Attention, mla_q8, 16, 1, 576, 512, Isa::kAvx512, 512, 0, Cache::kQ8)
+    ->UseRealTime()
+    ->MinTime(0.3);
+BENCHMARK_CAPTURE(BM_Attention, mla_decode_4k_q8, 16, 1, 576, 512, Isa::kAvx512, 1, 4095,
+                  Cache::kQ8)
+    ->UseRealTime()
+    ->MinTime(0.3);
 BENCHMARK_CAPTURE(BM_Attention, mla_expanded_avx512, 16, 16, 192, 128, Isa::kAvx512)
     ->UseRealTime()
     ->MinTime(0.3);
@@ -765,6 +812,9 @@ BENCHMARK_CAPTURE(BM_Attention, gqa_avx512, 32, 8, 128, 128, Isa::kAvx512)
     ->UseRealTime()
     ->MinTime(0.3);
 BENCHMARK_CAPTURE(BM_Attention, gqa_bf16, 32, 8, 128, 128, Isa::kAvx512Bf16, 512, 0, Cache::kBf16)
+    ->UseRealTime()
+    ->MinTime(0.3);
+BENCHMARK_CAPTURE(BM_Attention, gqa_q8, 32, 8, 128, 128, Isa::kAvx512, 512, 0, Cache::kQ8)
     ->UseRealTime()
     ->MinTime(0.3);
 
