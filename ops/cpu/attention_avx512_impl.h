@@ -231,7 +231,10 @@ inline void prefetch_lines(const T* base, int64_t stride, int64_t lead, int64_t 
 template <class Kv, int NH>
 const __m512* pack_rows(const ops::AttentionArgs& a, const Rows& rows) {
   const int64_t steps = (a.dk + Kv::kDims - 1) / Kv::kDims, blocks = (rows.n + NH - 1) / NH;
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wignored-attributes"  // (a vector of SIMD values: fine)
   thread_local std::vector<__m512> packed;
+#pragma GCC diagnostic pop
   packed.resize(static_cast<size_t>(blocks * steps * NH));
   for (int64_t b = 0; b < blocks; ++b) {
     for (int h = 0; h < NH; ++h) {

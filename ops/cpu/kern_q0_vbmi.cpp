@@ -549,7 +549,10 @@ void rows_vbmi(const GemmArgs& g) {
   using tandem::kQK;
   const int64_t nb = g.cols / kQK;
   const int64_t quads = (nb + 3) / 4;
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wignored-attributes"  // (a vector of SIMD values: fine)
   thread_local std::vector<__m512i> arranged;
+#pragma GCC diagnostic pop
   arranged.assign(static_cast<size_t>(2 * quads * g.tokens), _mm512_setzero_si512());
   thread_local std::vector<Act> acts;
   acts.resize(static_cast<size_t>(g.tokens));

@@ -337,7 +337,10 @@ void k_rows(const GemmArgs& g) {
     const int64_t nb = g.cols / tandem::kQK_K;
     const auto* a = reinterpret_cast<const tandem::BlockQ8_K*>(g.act);
     thread_local std::vector<Gemv16Act<Block>> act;
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wignored-attributes"  // (a vector of SIMD values: fine)
     thread_local std::vector<__m512i> part;
+#pragma GCC diagnostic pop
     if (r + 16 <= g.n1) {
       act.resize(static_cast<size_t>(nb));
       part.resize(static_cast<size_t>(16 * nb));

@@ -289,7 +289,9 @@ TEST_P(GoldenMla, AbsorbedEqualsNaive) {
     const Stats s = compare(a.logits, b.logits, lm.config.vocab_size);
     const bool quantized = std::string(suffix).find("q4_k_m") != std::string::npos;
     EXPECT_LE(*std::max_element(s.rel.begin(), s.rel.end()), quantized ? 0.05 : 1e-5) << suffix;
-    if (!quantized) EXPECT_EQ(a.greedy, b.greedy) << suffix;
+    if (!quantized) {
+      EXPECT_EQ(a.greedy, b.greedy) << suffix;
+    }
   }
 }
 
@@ -308,7 +310,9 @@ TEST_P(GoldenMla, ExpandedEqualsNaive) {
     const bool quantized = std::string(suffix).find("q4_k_m") != std::string::npos;
     const Stats s = compare(whole.logits, naive.logits, lm.config.vocab_size);
     EXPECT_LE(*std::max_element(s.rel.begin(), s.rel.end()), quantized ? 0.05 : 1e-5) << suffix;
-    if (!quantized) EXPECT_EQ(whole.greedy, naive.greedy) << suffix;
+    if (!quantized) {
+      EXPECT_EQ(whole.greedy, naive.greedy) << suffix;
+    }
     const Stats c = compare(chunks.logits, whole.logits, lm.config.vocab_size);
     EXPECT_LE(*std::max_element(c.rel.begin(), c.rel.end()), quantized ? 0.05 : 1e-5) << suffix;
   }

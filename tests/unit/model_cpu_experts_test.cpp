@@ -319,7 +319,9 @@ TEST(CpuExperts, RepackRearrangesQ4KAndKeepsTheProducts) {
   }
   EXPECT_EQ(got, want);
   EXPECT_GT(checked, 0);
-  if (x16) EXPECT_GT(tiled, 0);
+  if (x16) {
+    EXPECT_GT(tiled, 0);
+  }
   EXPECT_THROW(cpu_expert_cache_path(lm, o), Error);  // nothing to cache or convert
 }
 

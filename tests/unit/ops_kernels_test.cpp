@@ -436,7 +436,9 @@ TEST(KernelsQ0X4, GemmEqualsReferenceOnStoredRows) {
                                back.data() + r * w.row_bytes);
       }
       ASSERT_EQ(back, m.bytes) << "nb " << nb;
-      if (nb >= 4) ASSERT_NE(packed, m.bytes) << "nb " << nb;
+      if (nb >= 4) {
+        ASSERT_NE(packed, m.bytes) << "nb " << nb;
+      }
       x4.data = packed.data();
       const std::string what = std::string(kern::wformat_name(x4.format)) + " nb " +
                                std::to_string(nb);
@@ -691,7 +693,9 @@ TEST(KernelsActivations, SwigluEqualsSiluBitForBit) {
     std::vector<float> io = g;
     kern::swiglu(io.data(), u.data(), static_cast<int64_t>(io.size()), io.data(), isa);
     for (size_t j = 0; j < g.size(); ++j) {
-      if (!std::isnan(want[j])) ASSERT_EQ(io[j], want[j]) << isa_name(isa) << " in place";
+      if (!std::isnan(want[j])) {
+        ASSERT_EQ(io[j], want[j]) << isa_name(isa) << " in place";
+      }
     }
   }
 }
@@ -962,7 +966,9 @@ void check_narrow_cache(TestCache cache) {
           const float e = std::fabs(got[i] - (dp ? want_bf16[i] : want[i]));
           close += e <= 2e-5f;
           ASSERT_LE(e, dp ? 1e-3f : 2e-5f) << isa_name(isa) << " " << n << " " << i;
-          if (dp) ASSERT_NEAR(got[i], want[i], 4e-3f) << isa_name(isa) << " " << n << " " << i;
+          if (dp) {
+            ASSERT_NEAR(got[i], want[i], 4e-3f) << isa_name(isa) << " " << n << " " << i;
+          }
         }
         EXPECT_GE(close * 1000, static_cast<int64_t>(want.size()) * 995) << isa_name(isa) << n;
         for (int64_t t = 0; t < n; t += (n > 50 ? 37 : 1)) {
