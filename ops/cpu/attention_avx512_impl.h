@@ -155,14 +155,15 @@ int64_t lead_bytes(int64_t d) {
   }
 }
 
-// KV head g's rows of the keys and of the values (position 0).
+// KV head g's rows of the keys and of the values (position 0): a.k_head / a.v_head apart, or
+// side by side in a position's row.
 template <class Kv>
 const typename Kv::T* key_rows(const ops::AttentionArgs& a, int64_t g) {
-  return Kv::keys(a) + g * head_elems<Kv>(a.dk);
+  return Kv::keys(a) + g * (a.k_head != 0 ? a.k_head : head_elems<Kv>(a.dk));
 }
 template <class Kv>
 const typename Kv::T* value_rows(const ops::AttentionArgs& a, int64_t g) {
-  return Kv::values(a) + g * head_elems<Kv>(a.dv);
+  return Kv::values(a) + g * (a.v_head != 0 ? a.v_head : head_elems<Kv>(a.dv));
 }
 
 // The mask of the 16 values from j of n.

@@ -698,7 +698,7 @@ void attention(const ops::AttentionArgs& a, ThreadPool* pool, Isa isa) {
     k.format = WFormat::kF32;
     k.rows = n_ctx;
     k.cols = a.dk;
-    k.data = reinterpret_cast<const uint8_t*>(a.k + g * a.dk);
+    k.data = reinterpret_cast<const uint8_t*>(a.k + g * ops::k_head_stride(a));
     k.row_bytes = a.k_stride * 4;
     const float* qg = a.q + t * a.q_stride + g * group * a.dk;
     quantize_activations(AFormat::kF32, 0, qg, group, a.dk, a.dk, &q);
@@ -711,7 +711,7 @@ void attention(const ops::AttentionArgs& a, ThreadPool* pool, Isa isa) {
       float* out = a.out + (t * a.n_heads + g * group + h) * a.dv;
       std::fill(out, out + a.dv, 0.0f);
       for (int64_t s = 0; s < n_ctx; ++s) {
-        const float* v = a.v + s * a.v_stride + g * a.dv;
+        const float* v = a.v + s * a.v_stride + g * ops::v_head_stride(a);
         const float p = sc[s];
         for (int64_t j = 0; j < a.dv; ++j) out[j] += p * v[j];
       }

@@ -217,48 +217,51 @@ void q8_quantize(const float* x, int64_t d, int8_t* values) {
 
 AttentionArgs widen_cache(const AttentionArgs& a, std::vector<float>* q, std::vector<float>* k,
                           std::vector<float>* v) {
+  if (a.k8 == nullptr && a.k16 == nullptr) return a;
   const int64_t n_ctx = a.pos0 + a.n_tokens;
-  if (a.k8 != nullptr) {
-    // Dequantized into F32 rows of n_kv_heads heads.
-    auto dequantize = [&](const int8_t* src, int64_t stride, int64_t d, std::vector<float>* dst) {
-      const int64_t row = a.n_kv_heads * d;
-      dst->resize(static_cast<size_t>(n_ctx * row));
-      for (int64_t s = 0; s < n_ctx; ++s) {
-        for (int64_t g = 0; g < a.n_kv_heads; ++g) {
-          const int8_t* values = src + s * stride + g * q8_row_bytes(d);
-          for (int64_t i = 0; i < d; ++i) (*dst)[s * row + g * d + i] = q8_value(values, i);
-        }
+  // Position s, KV head g of a cache (rows `stride` apart, heads `head` apart) into F32 rows of
+  // n_kv_heads * d per position.
+  auto widen = [&](int64_t stride, int64_t head, int64_t d, std::vector<float>* dst,
+                   auto&& value) {
+    const int64_t row = a.n_kv_heads * d;
+    dst->resize(static_cast<size_t>(n_ctx * row));
+    for (int64_t s = 0; s < n_ctx; ++s) {
+      for (int64_t g = 0; g < a.n_kv_heads; ++g) {
+        for (int64_t i = 0; i < d; ++i) (*dst)[s * row + g * d + i] = value(s * stride + g * head, i);
       }
-      return dst->data();
-    };
-    AttentionArgs w = a;
-    w.k8 = w.v8 = nullptr;
-    w.k = dequantize(a.k8, a.k_stride, a.dk, k);
-    w.k_stride = a.n_kv_heads * a.dk;
-    if (a.v8 == a.k8 && a.v_stride == a.k_stride) {  // values the first dv of the key rows
-      TD_CHECK(a.n_kv_heads == 1 && a.dv <= a.dk, "widen_cache: values in the keys' rows");
-      w.v = w.k;
-      w.v_stride = w.k_stride;
-    } else {
-      w.v = dequantize(a.v8, a.v_stride, a.dv, v);
-      w.v_stride = a.n_kv_heads * a.dv;
-    }
-    return w;
-  }
-  if (a.k16 == nullptr) return a;
-  auto widen = [&](const uint16_t* src, int64_t stride, std::vector<float>* dst) {
-    dst->resize(static_cast<size_t>(n_ctx * stride));
-    for (int64_t i = 0; i < n_ctx * stride; ++i) {
-      (*dst)[i] = a.f16 ? f16_to_f32(src[i]) : bf16_to_f32(src[i]);
     }
     return dst->data();
   };
+  auto q8 = [](const int8_t* base) {
+    return [base](int64_t at, int64_t i) { return q8_value(base + at, i); };
+  };
+  auto half = [f16 = a.f16](const uint16_t* base) {
+    return [base, f16](int64_t at, int64_t i) {
+      return f16 ? f16_to_f32(base[at + i]) : bf16_to_f32(base[at + i]);
+    };
+  };
   AttentionArgs w = a;
+  w.k8 = w.v8 = nullptr;
   w.k16 = w.v16 = nullptr;
   w.f16 = false;
-  w.k = widen(a.k16, a.k_stride, k);
-  w.v = a.v16 == a.k16 && a.v_stride == a.k_stride ? w.k : widen(a.v16, a.v_stride, v);
-  if (a.f16) return w;
+  w.k_head = w.v_head = 0;
+  const bool same = a.k8 != nullptr ? a.v8 == a.k8 : a.v16 == a.k16;
+  if (a.k8 != nullptr) {
+    w.k = widen(a.k_stride, k_head_stride(a), a.dk, k, q8(a.k8));
+  } else {
+    w.k = widen(a.k_stride, k_head_stride(a), a.dk, k, half(a.k16));
+  }
+  w.k_stride = a.n_kv_heads * a.dk;
+  if (same && a.v_stride == a.k_stride) {  // values the first dv of the key rows
+    TD_CHECK(a.n_kv_heads == 1 && a.dv <= a.dk, "widen_cache: values in the keys' rows");
+    w.v = w.k;
+    w.v_stride = w.k_stride;
+  } else {
+    w.v = a.k8 != nullptr ? widen(a.v_stride, v_head_stride(a), a.dv, v, q8(a.v8))
+                          : widen(a.v_stride, v_head_stride(a), a.dv, v, half(a.v16));
+    w.v_stride = a.n_kv_heads * a.dv;
+  }
+  if (a.k8 != nullptr || a.f16) return w;
   q->resize(static_cast<size_t>(a.n_tokens * a.q_stride));
   for (int64_t t = 0; t < a.n_tokens; ++t) {
     for (int64_t i = 0; i < a.n_heads * a.dk; ++i) {
@@ -282,7 +285,7 @@ void attention_bf16_segments(const AttentionArgs& a, int64_t segment) {
       const float* q = a.q + t * a.q_stride + h * a.dk;
       x.assign(static_cast<size_t>(n_ctx), 0.0);
       for (int64_t s = 0; s < n_ctx; ++s) {
-        const uint16_t* k = a.k16 + s * a.k_stride + g * a.dk;
+        const uint16_t* k = a.k16 + s * a.k_stride + g * k_head_stride(a);
         double d = 0;
         for (int64_t i = 0; i < a.dk; ++i) d += bf(q[i]) * bf16_to_f32(k[i]);
         x[s] = static_cast<double>(a.scale) * d;
@@ -298,7 +301,7 @@ void attention_bf16_segments(const AttentionArgs& a, int64_t segment) {
         for (int64_t s = c0; s < c1; ++s) {
           const float p = static_cast<float>(std::exp(x[s] - m_s));
           l_s += p;
-          const uint16_t* v = a.v16 + s * a.v_stride + g * a.dv;
+          const uint16_t* v = a.v16 + s * a.v_stride + g * v_head_stride(a);
           for (int64_t j = 0; j < a.dv; ++j) o_seg[j] += bf(p) * bf16_to_f32(v[j]);
         }
         const double mn = c0 == 0 ? m_s : std::max(m, m_s);
@@ -326,13 +329,13 @@ void attention(const AttentionArgs& any_cache, ThreadPool* pool) {
     scores.resize(static_cast<size_t>(n_ctx));
     const float* q = a.q + t * a.q_stride + h * a.dk;
     for (int64_t s = 0; s < n_ctx; ++s) {
-      scores[s] = dot(q, a.k + s * a.k_stride + g * a.dk, a.dk) * a.scale;
+      scores[s] = dot(q, a.k + s * a.k_stride + g * k_head_stride(a), a.dk) * a.scale;
     }
     softmax(scores.data(), n_ctx);
     float* out = a.out + (t * a.n_heads + h) * a.dv;
     std::fill(out, out + a.dv, 0.0f);
     for (int64_t s = 0; s < n_ctx; ++s) {
-      const float* v = a.v + s * a.v_stride + g * a.dv;
+      const float* v = a.v + s * a.v_stride + g * v_head_stride(a);
       const float p = scores[s];
       for (int64_t j = 0; j < a.dv; ++j) out[j] += p * v[j];
     }

@@ -94,7 +94,9 @@ float yarn_mscale(float scale, float m);
 
 // Causal attention over a KV cache. Query token t sits at position pos0 + t and attends to cached
 // positions 0..pos0+t. Query head h uses KV head h / (n_heads / n_kv_heads). K of cached token s
-// and kv head g is k + s*k_stride + g*dk; V likewise with v_stride and dv. out is
+// and kv head g is k + s*k_stride + g*k_head (k_head 0: dk, the heads side by side in a
+// position's row; a head-major cache, each KV head's positions together, sets it); V likewise
+// with v_stride, v_head and dv. out is
 // [n_tokens, n_heads, dv]; q is [n_tokens, n_heads, dk] with q_stride floats between tokens.
 // A 16-bit cache (k16 / v16 set instead of k / v, strides in elements; ModelOptions::kv_type):
 // - BF16: the scores are the dot products of the query rounded to BF16 (to nearest even) with the
@@ -119,6 +121,7 @@ struct AttentionArgs {
   const int8_t* k8 = nullptr;  // Q8_0 rows (the values of each head's row; scales before them)
   const int8_t* v8 = nullptr;
   int64_t k_stride = 0, v_stride = 0;
+  int64_t k_head = 0, v_head = 0;  // between KV heads (0: dk / dv; Q8_0: q8_row_bytes)
   int64_t pos0 = 0;
   float scale = 1.0f;
   float* out = nullptr;
@@ -140,9 +143,18 @@ inline float q8_value(const int8_t* values, int64_t i) {
   return reinterpret_cast<const float*>(values)[-1 - i / kQ8Block] * static_cast<float>(values[i]);
 }
 
+// Elements (bytes for Q8_0) between a position's KV heads: k_head / v_head, or the rows side by
+// side.
+inline int64_t k_head_stride(const AttentionArgs& a) {
+  return a.k_head != 0 ? a.k_head : a.k8 != nullptr ? q8_row_bytes(a.dk) : a.dk;
+}
+inline int64_t v_head_stride(const AttentionArgs& a) {
+  return a.v_head != 0 ? a.v_head : a.v8 != nullptr ? q8_row_bytes(a.dv) : a.dv;
+}
+
 // The F32 arguments equal to a 16-bit or Q8_0 cache's: the cached rows (positions
 // [0, pos0 + n_tokens)) widened or dequantized into *k and *v, F32 rows of n_kv_heads * dk / dv
-// (one copy where the keys and values are the same rows), for BF16 the queries rounded to BF16
+// per position (one copy where the keys and values are the same rows), for BF16 the queries rounded to BF16
 // into *q. An F32 cache's arguments come back as they are.
 AttentionArgs widen_cache(const AttentionArgs& a, std::vector<float>* q, std::vector<float>* k,
                           std::vector<float>* v);

@@ -782,6 +782,19 @@ TEST(KernelsSoftmax, Avx512SegmentMatchesReference) {
   }
 }
 
+// A cache's rows [positions][heads][row] rearranged head-major, [heads][positions][row] (row
+// elements of T): what AttentionArgs::k_head / v_head describe.
+template <class T>
+std::vector<T> head_major(const T* src, int64_t positions, int64_t heads, int64_t row) {
+  std::vector<T> out(static_cast<size_t>(positions * heads * row));
+  for (int64_t p = 0; p < positions; ++p) {
+    for (int64_t h = 0; h < heads; ++h) {
+      std::copy_n(src + (p * heads + h) * row, row, out.data() + (h * positions + p) * row);
+    }
+  }
+  return out;
+}
+
 TEST(KernelsAttention, EqualsReference) {
   ThreadPool pool(place_workers(detect_topology(), 2));
   for (auto [heads, kv_heads, dk, dv] :
@@ -820,6 +833,23 @@ TEST(KernelsAttention, EqualsReference) {
       a.out = got.data();
       kern::attention(a, &pool);
       for (size_t i = 0; i < want.size(); ++i) ASSERT_NEAR(got[i], want[i], 1e-5f) << i;
+      if (kv_heads > 1) {  // a head-major cache: the same bits, reference and kernel
+        const std::vector<float> kh = head_major(k.data(), ctx, kv_heads, dk);
+        const std::vector<float> vh = head_major(v.data(), ctx, kv_heads, dv);
+        ops::AttentionArgs h = a;
+        h.k = kh.data();
+        h.v = vh.data();
+        h.k_stride = dk;
+        h.v_stride = dv;
+        h.k_head = ctx * dk;
+        h.v_head = ctx * dv;
+        std::vector<float> y(want.size());
+        h.out = y.data();
+        ops::attention(h, nullptr);
+        ASSERT_EQ(y, want) << "head-major reference";
+        kern::attention(h, &pool);
+        ASSERT_EQ(y, got) << "head-major";
+      }
       // Token by token as decode computes it (one query, the prefix cached): the same bits.
       for (int64_t t = 0; t < n; ++t) {
         ops::AttentionArgs one = a;
@@ -947,6 +977,36 @@ void check_narrow_cache(TestCache cache) {
       for (const Isa isa : {Isa::kAvx2, Isa::kAvx512, Isa::kAvx512Bf16}) {
         if (isa > best_isa()) continue;
         kern::attention(b, &pool, isa);
+        if (sh.kv_heads > 1) {  // a head-major cache: the same bits
+          const std::vector<uint16_t> kh = head_major(kb.data(), ctx, sh.kv_heads, sh.dk);
+          const std::vector<uint16_t> vh = head_major(vb.data(), ctx, sh.kv_heads, sh.dv);
+          const std::vector<int32_t> k8h =
+              q8 ? head_major(k8_mem.data(), ctx, sh.kv_heads, krow / 4) : std::vector<int32_t>{};
+          const std::vector<int32_t> v8h =
+              q8 ? head_major(v8_mem.data(), ctx, sh.kv_heads, vrow / 4) : std::vector<int32_t>{};
+          ops::AttentionArgs h = b;
+          if (q8) {
+            h.k8 = reinterpret_cast<const int8_t*>(k8h.data()) + ops::q8_lead_bytes(sh.dk);
+            h.v8 = reinterpret_cast<const int8_t*>(v8h.data()) + ops::q8_lead_bytes(sh.dv);
+            h.k_stride = krow;
+            h.v_stride = vrow;
+          } else {
+            h.k16 = kh.data();
+            h.v16 = vh.data();
+            h.k_stride = sh.dk;
+            h.v_stride = sh.dv;
+          }
+          h.k_head = ctx * h.k_stride;
+          h.v_head = ctx * h.v_stride;
+          std::vector<float> y(want.size());
+          h.out = y.data();
+          kern::attention(h, &pool, isa);
+          ASSERT_EQ(y, got) << isa_name(isa) << " head-major " << n;
+          if (isa == Isa::kAvx2) {
+            ops::attention(h, nullptr);
+            ASSERT_EQ(y, want) << "head-major reference " << n;
+          }
+        }
         if (q8) {  // the F32 kernel's arithmetic on the dequantized rows, as loaded or copied
           std::vector<float> f32(want.size());
           ops::AttentionArgs c = a;
