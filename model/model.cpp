@@ -139,20 +139,27 @@ uint64_t Model::kv_cache_bytes() const {
   return b;
 }
 
-void Model::cache_write(KvRows& rows, int64_t offset, const float* src, int64_t n) const {
-  if (kv_type_ == KvType::kQ8_0) {
-    TD_CHECK(offset % rows.d == 0 && n % rows.d == 0, "cache_write: whole Q8_0 rows");
-    const int64_t row = ops::q8_row_bytes(rows.d), lead = ops::q8_lead_bytes(rows.d);
-    int8_t* base = reinterpret_cast<int8_t*>(rows.q8.data()) + lead;
-    for (int64_t r = 0; r < n / rows.d; ++r) {
-      ops::q8_quantize(src + r * rows.d, rows.d, base + (offset / rows.d + r) * row);
+int64_t Model::cache_row(const KvRows& rows) const {
+  return kv_type_ == KvType::kQ8_0 ? ops::q8_row_bytes(rows.d) : rows.d;
+}
+
+void Model::cache_write(KvRows& rows, int64_t pos, int64_t head, const float* src) const {
+  const int64_t at = (head * ctx_ + pos) * cache_row(rows);  // head-major
+  switch (kv_type_) {
+    case KvType::kF32:
+      std::copy_n(src, rows.d, rows.f.data() + at);
+      break;
+    case KvType::kBf16:
+    case KvType::kF16: {
+      uint16_t* dst = rows.h16.data() + at;
+      const bool f16 = kv_type_ == KvType::kF16;
+      for (int64_t i = 0; i < rows.d; ++i) dst[i] = f16 ? f32_to_f16(src[i]) : f32_to_bf16(src[i]);
+      break;
     }
-  } else if (kv_type_ != KvType::kF32) {
-    uint16_t* dst = rows.h16.data() + offset;
-    const bool f16 = kv_type_ == KvType::kF16;
-    for (int64_t i = 0; i < n; ++i) dst[i] = f16 ? f32_to_f16(src[i]) : f32_to_bf16(src[i]);
-  } else {
-    std::copy(src, src + n, rows.f.data() + offset);
+    case KvType::kQ8_0:
+      ops::q8_quantize(src, rows.d,
+                       reinterpret_cast<int8_t*>(rows.q8.data()) + ops::q8_lead_bytes(rows.d) + at);
+      break;
   }
 }
 
@@ -160,11 +167,7 @@ void Model::cache_args(const KvRows& k, const KvRows& v, ops::AttentionArgs* a) 
   if (kv_type_ == KvType::kQ8_0) {
     a->k8 = reinterpret_cast<const int8_t*>(k.q8.data()) + ops::q8_lead_bytes(k.d);
     a->v8 = reinterpret_cast<const int8_t*>(v.q8.data()) + ops::q8_lead_bytes(v.d);
-    a->k_stride = k.heads * ops::q8_row_bytes(k.d);
-    a->v_stride = v.heads * ops::q8_row_bytes(v.d);
-    return;
-  }
-  if (kv_type_ != KvType::kF32) {
+  } else if (kv_type_ != KvType::kF32) {
     a->k16 = k.h16.data();
     a->v16 = v.h16.data();
     a->f16 = kv_type_ == KvType::kF16;
@@ -172,25 +175,29 @@ void Model::cache_args(const KvRows& k, const KvRows& v, ops::AttentionArgs* a) 
     a->k = k.f.data();
     a->v = v.f.data();
   }
-  a->k_stride = k.heads * k.d;
-  a->v_stride = v.heads * v.d;
+  // Head-major: a KV head's positions are consecutive rows.
+  a->k_stride = cache_row(k);
+  a->v_stride = cache_row(v);
+  a->k_head = k.heads > 1 ? ctx_ * a->k_stride : 0;
+  a->v_head = v.heads > 1 ? ctx_ * a->v_stride : 0;
 }
 
-void Model::cache_read(const KvRows& rows, int64_t r, float* dst) const {
+void Model::cache_read(const KvRows& rows, int64_t pos, int64_t head, float* dst) const {
+  const int64_t at = (head * ctx_ + pos) * cache_row(rows);
   switch (kv_type_) {
     case KvType::kF32:
-      std::copy_n(rows.f.data() + r * rows.d, rows.d, dst);
+      std::copy_n(rows.f.data() + at, rows.d, dst);
       break;
     case KvType::kBf16:
     case KvType::kF16: {
-      const uint16_t* h = rows.h16.data() + r * rows.d;
+      const uint16_t* h = rows.h16.data() + at;
       const bool f16 = kv_type_ == KvType::kF16;
       for (int64_t i = 0; i < rows.d; ++i) dst[i] = f16 ? f16_to_f32(h[i]) : bf16_to_f32(h[i]);
       break;
     }
     case KvType::kQ8_0: {
-      const int8_t* values = reinterpret_cast<const int8_t*>(rows.q8.data()) +
-                             ops::q8_lead_bytes(rows.d) + r * ops::q8_row_bytes(rows.d);
+      const int8_t* values =
+          reinterpret_cast<const int8_t*>(rows.q8.data()) + ops::q8_lead_bytes(rows.d) + at;
       for (int64_t i = 0; i < rows.d; ++i) dst[i] = ops::q8_value(values, i);
       break;
     }
@@ -277,8 +284,10 @@ void Model::attention_mha(int64_t l, int64_t n, const float* x, float* out) {
         ops::rms_norm(kt + i * d, lw.k_norm.data(), d, c.rms_norm_eps, kt + i * d);
       rope_.rotate(kt + i * d, ang.c.data(), ang.s.data(), rope_form_);
     }
-    cache_write(k_cache_[l], pos * nkv * d, kt, nkv * d);
-    cache_write(v_cache_[l], pos * nkv * d, vt, nkv * d);
+    for (int64_t i = 0; i < nkv; ++i) {
+      cache_write(k_cache_[l], pos, i, kt + i * d);
+      cache_write(v_cache_[l], pos, i, vt + i * d);
+    }
   });
   ops::AttentionArgs args;
   args.q = q;
@@ -378,7 +387,7 @@ void Model::attention_mla(int64_t l, int64_t n, const float* x, float* out) {
   args.pos0 = pos_;
   args.scale = attn_scale_;
   if (mla_ != MlaMode::kNaive) {
-    cache_write(k_cache_[l], pos_ * kr, kv, n * kr);
+    for (int64_t t = 0; t < n; ++t) cache_write(k_cache_[l], pos_ + t, 0, kv + t * kr);
     if (mla_expands(l, n)) {
       attention_mla_expanded(l, n, q, out);
       return;
@@ -470,11 +479,11 @@ void Model::attention_mla(int64_t l, int64_t n, const float* x, float* out) {
     for (int64_t t = 0; t < n; ++t) {
       std::copy(tmp + t * nope, tmp + (t + 1) * nope, row.data());
       std::copy(kv + t * kr + kvl, kv + (t + 1) * kr, row.data() + nope);
-      cache_write(k_cache_[l], ((pos_ + t) * nh + i) * qk, row.data(), qk);
+      cache_write(k_cache_[l], pos_ + t, i, row.data());
     }
     ops::matmul(lw.v_up[i], lat, n, tmp, nullptr);
     for (int64_t t = 0; t < n; ++t) {
-      cache_write(v_cache_[l], ((pos_ + t) * nh + i) * vd, tmp + t * vd, vd);
+      cache_write(v_cache_[l], pos_ + t, i, tmp + t * vd);
     }
   }
   ops::AttentionArgs kv_args;
@@ -560,7 +569,7 @@ void Model::attention_mla_expanded(int64_t l, int64_t n, const float* q, float* 
   const float* cache = k_cache_[l].f.data();
   if (kv_type_ != KvType::kF32) {
     float* w = grow(lat_f32_, np * kr);
-    for (int64_t s = 0; s < np; ++s) cache_read(k_cache_[l], s, w + s * kr);
+    for (int64_t s = 0; s < np; ++s) cache_read(k_cache_[l], s, 0, w + s * kr);
     cache = w;
   }
   float* K = grow(ek_, np * nh * qk);

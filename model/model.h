@@ -116,21 +116,23 @@ class Model {
   void attention_mla(int64_t layer, int64_t n, const float* x, float* out);
   bool mla_expands(int64_t layer, int64_t n) const;
   void attention_mla_expanded(int64_t layer, int64_t n, const float* q, float* out);
-  // One layer's cached rows: per position `heads` rows of d values, F32, 16-bit (BF16 / F16
-  // bits) or Q8_0 (ops::q8_row_bytes each, in 4-byte words) as kv_type_ says.
+  // One layer's cached rows: `heads` rows of d values per position, head-major (a KV head's
+  // positions consecutive: a decode task streams its head's keys and values), F32, 16-bit
+  // (BF16 / F16 bits) or Q8_0 (ops::q8_row_bytes each, in 4-byte words) as kv_type_ says.
   struct KvRows {
     int64_t heads = 0, d = 0;
     std::vector<float> f;
     std::vector<uint16_t> h16;
     std::vector<int32_t> q8;
   };
-  // Writes n values (whole rows of rows.d) from value `offset` of the cache, as if it were F32
-  // (offset / d is the first row), converted to its element.
-  void cache_write(KvRows& rows, int64_t offset, const float* src, int64_t n) const;
+  // Elements (bytes for Q8_0) of one row.
+  int64_t cache_row(const KvRows& rows) const;
+  // Writes the d values of position pos, KV head `head` (converted to the cache's element).
+  void cache_write(KvRows& rows, int64_t pos, int64_t head, const float* src) const;
   // Points a.k / a.v (or a.k16 / a.v16, a.k8 / a.v8) at the caches, with their strides.
   void cache_args(const KvRows& k, const KvRows& v, ops::AttentionArgs* a) const;
-  // Row r of a cache (a position's head) as F32 into dst.
-  void cache_read(const KvRows& rows, int64_t r, float* dst) const;
+  // Position pos, KV head `head` of a cache as F32 into dst.
+  void cache_read(const KvRows& rows, int64_t pos, int64_t head, float* dst) const;
   // Multi-head attention over per-head K / V in `kv` (the caller sets the rows and strides; q,
   // out and the positions are set here), then wo.
   void attend_per_head(int64_t layer, int64_t n, const float* q, ops::AttentionArgs kv,
