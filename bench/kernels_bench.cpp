@@ -17,6 +17,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <cstdlib>
 #include <random>
 #include <string_view>
@@ -817,6 +818,115 @@ BENCHMARK_CAPTURE(BM_Attention, gqa_bf16, 32, 8, 128, 128, Isa::kAvx512Bf16, 512
 BENCHMARK_CAPTURE(BM_Attention, gqa_q8, 32, 8, 128, 128, Isa::kAvx512, 512, 0, Cache::kQ8)
     ->UseRealTime()
     ->MinTime(0.3);
+
+// A decode step of Qwen3-30B-A3B's attention at 4K positions (32 heads on 4 KV heads of 128),
+// the cache position-major (one layer's: 2 x 8 MiB in F32, L3-resident here).
+BENCHMARK_CAPTURE(BM_Attention, gqa_decode_4k_avx512, 32, 4, 128, 128, Isa::kAvx512, 1, 4095)
+    ->UseRealTime()
+    ->MinTime(0.3);
+BENCHMARK_CAPTURE(BM_Attention, gqa_decode_4k_bf16, 32, 4, 128, 128, Isa::kAvx512Bf16, 1, 4095,
+                  Cache::kBf16)
+    ->UseRealTime()
+    ->MinTime(0.3);
+BENCHMARK_CAPTURE(BM_Attention, gqa_decode_4k_q8, 32, 4, 128, 128, Isa::kAvx512, 1, 4095,
+                  Cache::kQ8)
+    ->UseRealTime()
+    ->MinTime(0.3);
+
+// A decode step's attention over a long GQA cache from DRAM, Qwen3-30B-A3B's shape (32 heads on 4
+// KV heads of 128) at 4096 positions, on the pool: layers' caches cycled (>= 128 MiB of them: not
+// L3-resident, as a model's 48 layers' are not), head-major as the model keeps them (a KV head's
+// positions consecutive). GBps: the cache bytes a step reads (K and V of every position),
+// of_dram: against a DRAM probe in alternating rounds (bench/dram_probe.h); vs_position_major:
+// head-major's rate over the same caches position-major (a position's KV heads side by side),
+// A/B in the same minute.
+void BM_GqaDecodeCache(benchmark::State& state, Cache cache) {
+  const Isa isa = cache == Cache::kBf16 ? Isa::kAvx512Bf16 : Isa::kAvx512;
+  if (isa > best_isa()) {
+    state.SkipWithError("ISA not supported here");
+    return;
+  }
+  constexpr int64_t kHeads = 32, kKv = 4, kD = 128, kCtx = 4096;
+  std::mt19937 rng(6);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> q(kHeads * kD), kv(static_cast<size_t>(kCtx * kKv * kD)),
+      out(kHeads * kD);
+  for (float& x : q) x = normal(rng);
+  for (float& x : kv) x = normal(rng);
+  // One K or V block as the cache type stores it, in 4-byte words, position-major; every
+  // layer's K and V hold the same values (the bytes matter here, not the arithmetic).
+  const int64_t row = cache == Cache::kQ8   ? ops::q8_row_bytes(kD)
+                      : cache == Cache::kF32 ? 4 * kD
+                                             : 2 * kD;
+  std::vector<int32_t> block(static_cast<size_t>(kCtx * kKv * row / 4));
+  if (cache == Cache::kF32) {
+    std::memcpy(block.data(), kv.data(), block.size() * 4);
+  } else if (cache == Cache::kBf16) {
+    auto* h = reinterpret_cast<uint16_t*>(block.data());
+    for (size_t i = 0; i < kv.size(); ++i) h[i] = f32_to_bf16(kv[i]);
+  } else {
+    block = q8_rows(kv.data(), kCtx * kKv, kD);
+  }
+  std::vector<int32_t> by_head(block.size());  // the same rows head-major
+  const int64_t words = row / 4;
+  for (int64_t p = 0; p < kCtx; ++p) {
+    for (int64_t g = 0; g < kKv; ++g) {
+      std::copy_n(block.data() + (p * kKv + g) * words, words,
+                  by_head.data() + (g * kCtx + p) * words);
+    }
+  }
+  const int64_t layer_bytes = 2 * kCtx * kKv * row;  // K and V
+  const int64_t layers = std::max<int64_t>(2, (128ll << 20) / layer_bytes);
+  std::vector<int32_t> heads_mem, positions_mem;
+  for (int64_t c = 0; c < 2 * layers; ++c) {
+    heads_mem.insert(heads_mem.end(), by_head.begin(), by_head.end());
+    positions_mem.insert(positions_mem.end(), block.begin(), block.end());
+  }
+  ops::AttentionArgs a;
+  a.q = q.data();
+  a.q_stride = kHeads * kD;
+  a.n_tokens = 1;
+  a.n_heads = kHeads;
+  a.n_kv_heads = kKv;
+  a.dk = a.dv = kD;
+  a.pos0 = kCtx - 1;
+  a.scale = 0.08f;
+  a.out = out.data();
+  const int64_t elem = cache == Cache::kQ8 ? 1 : cache == Cache::kF32 ? 4 : 2;
+  int64_t l = 0;
+  auto step_on = [&](bool head_major) {
+    const std::vector<int32_t>& mem = head_major ? heads_mem : positions_mem;
+    const char* k = reinterpret_cast<const char*>(mem.data() + 2 * (l % layers) * block.size());
+    const char* v = k + block.size() * 4;
+    if (cache == Cache::kQ8) {  // (the values of each row after its scales)
+      k += ops::q8_lead_bytes(kD);
+      v += ops::q8_lead_bytes(kD);
+    }
+    if (cache == Cache::kF32) {
+      a.k = reinterpret_cast<const float*>(k);
+      a.v = reinterpret_cast<const float*>(v);
+    } else if (cache == Cache::kBf16) {
+      a.k16 = reinterpret_cast<const uint16_t*>(k);
+      a.v16 = reinterpret_cast<const uint16_t*>(v);
+    } else {
+      a.k8 = reinterpret_cast<const int8_t*>(k);
+      a.v8 = reinterpret_cast<const int8_t*>(v);
+    }
+    const int64_t row_elems = row / elem;
+    a.k_stride = a.v_stride = head_major ? row_elems : kKv * row_elems;
+    a.k_head = a.v_head = head_major ? kCtx * row_elems : 0;
+    kern::attention(a, &pool(), isa);
+    benchmark::DoNotOptimize(out.data());
+    ++l;
+  };
+  auto step = [&] { step_on(true); };
+  for (auto _ : state) step();
+  gemv_counters(state, layer_bytes, step);
+  state.counters["vs_position_major"] = ab_rounds([&] { step_on(false); }, step);
+}
+BENCHMARK_CAPTURE(BM_GqaDecodeCache, f32, Cache::kF32)->UseRealTime()->MinTime(0.3);
+BENCHMARK_CAPTURE(BM_GqaDecodeCache, bf16, Cache::kBf16)->UseRealTime()->MinTime(0.3);
+BENCHMARK_CAPTURE(BM_GqaDecodeCache, q8, Cache::kQ8)->UseRealTime()->MinTime(0.3);
 
 // Activation quantization of 64 tokens x 2048 values on this thread (a prefill's share per task;
 // int8: group 128): bytes_per_second = F32 bytes read.
