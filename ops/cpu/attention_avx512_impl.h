@@ -63,16 +63,16 @@ inline __m512 sum16(const __m512* v) {
   return _mm512_add_ps(_mm512_shuffle_f32x4(c0, c1, 0x88), _mm512_shuffle_f32x4(c0, c1, 0xDD));
 }
 
-// out[h * NS + s] = dot(q[h], k[s]) over dk values, the NH query rows packed step-major
+// Lane h * NS + s: dot(q[h], k[s]) over dk values, the NH query rows packed step-major
 // (qp[step * NH + h]: row h's values kDims * step .. on, zero past dk): one pointer for every
 // row, so the loop keeps its addresses in registers (with a pointer per row the scores ran ~20%
 // slower). A zero-padded tail gives what masked loads of q gave. (qk_block and pv_chunk are
 // forced inline: called from score_keys / value_sums, GCC kept them out of line and the decode
 // step ran 1.5x slower.)
 template <class Kv, int NH, int NS>
-__attribute__((always_inline)) inline void qk_block(const __m512* qp,
-                                                    const typename Kv::T* const* k, int64_t dk,
-                                                    float* out) {
+__attribute__((always_inline)) inline __m512 qk_block(const __m512* qp,
+                                                      const typename Kv::T* const* k,
+                                                      int64_t dk) {
   static_assert(NH * NS == 16);
   __m512 acc[16];
   for (__m512& x : acc) x = _mm512_setzero_ps();
@@ -91,7 +91,7 @@ __attribute__((always_inline)) inline void qk_block(const __m512* qp,
       for (int s = 0; s < NS; ++s) acc[h * NS + s] = Kv::dot(acc[h * NS + s], qp[h], kv[s]);
     }
   }
-  _mm512_storeu_ps(out, sum16(acc));
+  return sum16(acc);
 }
 
 // out[h][j0 + ...] = the value sums over n keys (values v, rows v_stride apart) for the NJ * 16
@@ -267,7 +267,6 @@ void score_keys(const ops::AttentionArgs& a, const Rows& rows, const __m512* pac
                 int64_t s_end, Prefetch pf, float* scores) {
   using T = typename Kv::T;
   constexpr int NS = 16 / NH;
-  alignas(64) float blk[16];
   const int64_t steps = (a.dk + Kv::kDims - 1) / Kv::kDims, blocks = (rows.n + NH - 1) / NH;
   // Each row block's share of a key's (and a value's) 64-byte lines to prefetch: lines
   // share[b] .. share[b + 1] (computed once per call, not with two divisions per block).
@@ -300,11 +299,13 @@ void score_keys(const ops::AttentionArgs& a, const Rows& rows, const __m512* pac
         }
         const T* k[NS];
         for (int s = 0; s < NS; ++s) k[s] = k0 + std::min(s0 + s, s_end - 1) * a.k_stride;
-        qk_block<Kv, NH, NS>(qp, k, a.dk, blk);
+        const __m512 dots = qk_block<Kv, NH, NS>(qp, k, a.dk);
+        // Row h's NS dot products (lanes h * NS ..) stored in place by a masked store of the
+        // whole vector shifted back h * NS floats (masked-off lanes are not written).
+        const unsigned keys = static_cast<unsigned>((1u << std::min<int64_t>(NS, c1 - s0)) - 1);
         for (int h = 0; h < NH && h0 + h < rows.n; ++h) {
-          for (int s = 0; s < NS && s0 + s < c1; ++s) {
-            scores[(h0 + h) * kSegment + s0 + s - s_begin] = blk[h * NS + s];
-          }
+          _mm512_mask_storeu_ps(scores + (h0 + h) * kSegment + s0 - s_begin - h * NS,
+                                static_cast<__mmask16>(keys << (h * NS)), dots);
         }
       }
     }
