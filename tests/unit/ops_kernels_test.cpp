@@ -802,7 +802,9 @@ TEST(KernelsAttention, EqualsReference) {
         {16, 1, 96, 80},
         {6, 2, 40, 24},
         {4, 4, 16, 200},
-        {3, 3, 192, 128}}) {
+        {3, 3, 192, 128},
+        {16, 2, 64, 48},  // groups of 8: one block of 8 heads (a decode or prefill task)
+        {8, 1, 72, 64}}) {  // one group of 8: blocks of 8, or of 4 where decode splits it
     // 40: blocks of 16 query tokens; 150: contexts of three key chunks (64 keys each), the
     // next chunk prefetched while one is read; 300: two softmax segments (256 keys each); 600:
     // three, and one-token calls past kLongDecodeContext (512), where one KV group of 16 heads
@@ -896,7 +898,8 @@ void check_narrow_cache(TestCache cache) {
   };
   for (const Shape sh : {Shape{8, 2, 64, 64, false}, Shape{16, 1, 96, 80, false},
                          Shape{6, 2, 40, 24, false}, Shape{4, 4, 16, 200, false},
-                         Shape{3, 3, 192, 128, false}, Shape{16, 1, 72, 64, true}}) {
+                         Shape{3, 3, 192, 128, false}, Shape{16, 1, 72, 64, true},
+                         Shape{16, 2, 40, 48, false}}) {
     for (const int64_t n : {int64_t{5}, int64_t{40}, int64_t{300}, int64_t{600}}) {
       if (n == 600 && !sh.values_in_keys) continue;  // the split decode: MLA's layout
       const int64_t pos0 = 7, ctx = pos0 + n;
