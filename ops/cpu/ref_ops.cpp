@@ -227,7 +227,8 @@ AttentionArgs widen_cache(const AttentionArgs& a, std::vector<float>* q, std::ve
     dst->resize(static_cast<size_t>(n_ctx * row));
     for (int64_t s = 0; s < n_ctx; ++s) {
       for (int64_t g = 0; g < a.n_kv_heads; ++g) {
-        for (int64_t i = 0; i < d; ++i) (*dst)[s * row + g * d + i] = value(s * stride + g * head, i);
+        const int64_t at = s * stride + g * head;
+        for (int64_t i = 0; i < d; ++i) (*dst)[s * row + g * d + i] = value(at, i);
       }
     }
     return dst->data();

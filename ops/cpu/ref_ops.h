@@ -154,8 +154,8 @@ inline int64_t v_head_stride(const AttentionArgs& a) {
 
 // The F32 arguments equal to a 16-bit or Q8_0 cache's: the cached rows (positions
 // [0, pos0 + n_tokens)) widened or dequantized into *k and *v, F32 rows of n_kv_heads * dk / dv
-// per position (one copy where the keys and values are the same rows), for BF16 the queries rounded to BF16
-// into *q. An F32 cache's arguments come back as they are.
+// per position (one copy where the keys and values are the same rows), for BF16 the queries
+// rounded to BF16 into *q. An F32 cache's arguments come back as they are.
 AttentionArgs widen_cache(const AttentionArgs& a, std::vector<float>* q, std::vector<float>* k,
                           std::vector<float>* v);
 // The arithmetic of kern::attention over a BF16 cache with the AVX-512 BF16 instructions, in
