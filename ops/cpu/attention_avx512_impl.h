@@ -427,12 +427,13 @@ void rows_task(const ops::AttentionArgs& a, const Rows& rows, const typename Kv:
 }
 
 // The row block of a KV group's heads. (Every output's arithmetic is the same in any block, so
-// this is speed only.) A task of all 8 heads of a group of 8 (GQA, e.g. Qwen3-30B-A3B's 32 / 4)
-// takes them in one block of 8 x 2 keys: each key line read once per chunk instead of twice
-// (a long decode from DRAM 1.01-1.28x, same-minute A/B; absorbed MLA's 16 heads on 576-wide rows
-// ran 0.84-0.96x that way and keep blocks of 4).
-inline int group_nh(int64_t group, int64_t task_heads) {
-  if (group == 8 && task_heads == 8) return 8;
+// this is speed only.) A decode task of all 8 heads of a group of 8 (GQA, e.g. Qwen3-30B-A3B's
+// 32 / 4; decode_heads = the task's heads, 0 elsewhere) takes them in one block of 8 x 2 keys:
+// each key line read once per chunk instead of twice (a long decode from DRAM 1.01-1.28x,
+// same-minute A/B). A 512-token prefill ran 1.2x slower that way (its keys come from L2 / L3), and
+// absorbed MLA's 16 heads on 576-wide rows 0.84-0.96x: they keep blocks of 4.
+inline int group_nh(int64_t group, int64_t decode_heads) {
+  if (group == 8 && decode_heads == 8) return 8;
   return group >= 4 ? 4 : group >= 2 ? 2 : 1;
 }
 
@@ -455,7 +456,7 @@ template <class Kv>
 void task(const ops::AttentionArgs& a, int64_t t, int64_t g, int64_t hb, int64_t he,
           float* scores, float* dummy) {
   const int64_t group = a.n_heads / a.n_kv_heads, base = g * group;
-  const int nh = group_nh(group, he - hb);
+  const int nh = group_nh(group, a.n_tokens == 1 ? he - hb : 0);
   const float* q0 = a.q + t * a.q_stride + base * a.dk;
   for (int64_t h0 = hb; h0 < he; h0 += kMaxRows) {
     Rows rows;
