@@ -803,8 +803,8 @@ TEST(KernelsAttention, EqualsReference) {
         {6, 2, 40, 24},
         {4, 4, 16, 200},
         {3, 3, 192, 128},
-        {16, 2, 64, 48},  // groups of 8: one block of 8 heads (a decode or prefill task)
-        {8, 1, 72, 64}}) {  // one group of 8: blocks of 8, or of 4 where decode splits it
+        {16, 2, 64, 48},  // groups of 8: a decoded token's in one block of 8, a batch's in 4s
+        {8, 1, 72, 64}}) {  // one group of 8: the same, and blocks of 4 where decode splits it
     // 40: blocks of 16 query tokens; 150: contexts of three key chunks (64 keys each), the
     // next chunk prefetched while one is read; 300: two softmax segments (256 keys each); 600:
     // three, and one-token calls past kLongDecodeContext (512), where one KV group of 16 heads
