@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <numbers>
 
 #include "core/error.h"
@@ -204,12 +205,19 @@ void q8_quantize(const float* x, int64_t d, int8_t* values) {
   for (int64_t b0 = 0; b0 < d; b0 += kQ8Block) {
     const int64_t n = std::min(kQ8Block, d - b0);
     float amax = 0.0f;
-    for (int64_t i = 0; i < n; ++i) amax = std::max(amax, std::fabs(x[b0 + i]));
-    const float scale = amax / 127.0f, inv = scale != 0.0f ? 1.0f / scale : 0.0f;
+    bool finite = true;
+    for (int64_t i = 0; i < n; ++i) {
+      amax = std::max(amax, std::fabs(x[b0 + i]));
+      finite = finite && std::isfinite(x[b0 + i]);
+    }
+    // A NaN or infinity stays NaN when read back (as an F32 cache would pass it on), not int8
+    // garbage: the block's scale NaN, its values 0.
+    const float scale = finite ? amax / 127.0f : std::numeric_limits<float>::quiet_NaN();
+    const float inv = finite && scale != 0.0f ? 1.0f / scale : 0.0f;
     scales[-1 - b0 / kQ8Block] = scale;
     for (int64_t i = 0; i < n; ++i) {
       const float r = std::round(x[b0 + i] * inv);  // |r| <= 127 up to rounding: clamped
-      values[b0 + i] = static_cast<int8_t>(std::clamp(r, -127.0f, 127.0f));
+      values[b0 + i] = finite ? static_cast<int8_t>(std::clamp(r, -127.0f, 127.0f)) : 0;
     }
   }
   for (int64_t i = d; i < (d + 3) / 4 * 4; ++i) values[i] = 0;

@@ -136,7 +136,8 @@ inline int64_t q8_lead_bytes(int64_t d) { return 4 * ((d + kQ8Block - 1) / kQ8Bl
 inline int64_t q8_row_bytes(int64_t d) { return q8_lead_bytes(d) + (d + 3) / 4 * 4; }
 // Writes x[0..d) as one row whose values start at `values`: per block (the last one may be
 // shorter) scale = max|x| / 127, value = round(x / scale) (halves away from zero; 0 for an
-// all-zero block), as ggml's quantize_row_q8_0 with the scale kept in F32.
+// all-zero block), as ggml's quantize_row_q8_0 with the scale kept in F32. A block holding a
+// NaN or an infinity gets a NaN scale (its values read back as NaN, as an F32 cache's would).
 void q8_quantize(const float* x, int64_t d, int8_t* values);
 // Value i of the row whose values start at `values`: scale * int8, one F32 multiply.
 inline float q8_value(const int8_t* values, int64_t i) {

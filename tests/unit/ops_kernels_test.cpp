@@ -1108,6 +1108,14 @@ TEST(KernelsAttention, Q8RowsQuantizeAsDefined) {
     EXPECT_EQ(top, 127) << b;
   }
   for (int64_t i = d; i < 104; ++i) EXPECT_EQ(values[i], 0) << "padding " << i;
+  // A non-finite value makes its block read back NaN (no int8 of a NaN), the others as before.
+  x[40] = std::numeric_limits<float>::infinity();
+  x[70] = std::numeric_limits<float>::quiet_NaN();
+  ops::q8_quantize(x.data(), d, values);
+  for (int64_t i = 32; i < 96; ++i) EXPECT_TRUE(std::isnan(ops::q8_value(values, i))) << i;
+  EXPECT_EQ(ops::q8_value(values, 0), 1.27f);
+  EXPECT_EQ(values[1], -64);
+  EXPECT_FALSE(std::isnan(ops::q8_value(values, 96)));
 }
 
 }  // namespace
