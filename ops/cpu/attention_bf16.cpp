@@ -67,7 +67,7 @@ struct KvBf16 {
   // (p[s], p[s + 1]); the accumulators hold the dimensions in the unpacks' order (per 128-bit
   // lane: lo 4 of every 8, hi the next 4) and are permuted from / to out's order once per call.
   template <int NH, int NJ>
-  __attribute__((always_inline)) static void pv(const P* const* p, const T* v, int64_t v_stride,
+  __attribute__((always_inline)) static void pv(const P* p, const T* v, int64_t v_stride,
                                                 int64_t n, int64_t j0, const __mmask16* m,
                                                 bool first, float* const* out) {
     static_assert(NJ % 2 == 0);
@@ -109,7 +109,7 @@ struct KvBf16 {
       }
       for (int h = 0; h < NH; ++h) {
         uint32_t pair;
-        std::memcpy(&pair, p[h] + s, 4);  // (p[h][s], p[h][s + 1])
+        std::memcpy(&pair, p + h * attn::kPRow<P> + s, 4);  // (p[h][s], p[h][s + 1])
         const __m512bh pp = reinterpret_cast<__m512bh>(_mm512_set1_epi32(static_cast<int>(pair)));
         for (int u = 0; u < NU; ++u) {
           acc[h][2 * u] =
