@@ -357,9 +357,10 @@ void value_sums(const ops::AttentionArgs& a, const Rows& rows, const typename Kv
   if (h_short < rows.n) {
     thread_local std::vector<P> pad;
     pad.resize(static_cast<size_t>(NH * kStride));
+    const int64_t used = std::min(kStride, s_end - s_begin + 1);  // (BF16: an odd key's partner)
     for (int64_t h = 0; h < NH; ++h) {
       const P* src = p_all + std::min(h_short + h, rows.n - 1) * kStride;
-      std::copy(src, src + kStride, pad.data() + h * kStride);
+      std::copy(src, src + used, pad.data() + h * kStride);
     }
     p_short = pad.data();
   }
