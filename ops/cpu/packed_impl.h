@@ -88,6 +88,7 @@ inline void int_tile(const uint8_t* const* tiles, const KMatrix& wm, const Packe
       // VNNI reads q_a + 128 from the activation row's biased copy.
       const int64_t bias_off = T::kBiasedS8 ? act_biased_offset(geo.groups * group, geo.groups) : 0;
       for (int c0 = 0; c0 < group / 4; c0 += IC) {  // group / 4 is even
+#pragma GCC unroll 2
         for (int j = 0; j < IC; ++j) {
           const int c = c0 + j;
           gemv_prefetch<NR, NT>(block[0] + c * 64);
