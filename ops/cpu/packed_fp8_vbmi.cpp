@@ -111,8 +111,9 @@ inline void fp8_row_vbmi(const KMatrix& w, const uint8_t* wr, const float* srow,
   for (int t = 0; t < NT; ++t) out[t] = _mm512_reduce_add_ps(acc[t]);
 }
 
-// Rows [p.n0, p.n1): the scale row found by a running count (a division per row measured ~1.4
-// cycles per 64 weights of the row's ~4.8), the row loop inside one token count's instance.
+// Rows [p.n0, p.n1): the scale row found by a running count, the row loop inside one token
+// count's instance (a division and the token-count dispatch per row: one thread on 256 KiB in
+// L2, 4.72 -> 4.28 cycles per 64 weights; the straight-line blocks and vpermt2b -> 4.10).
 template <int NT>
 void rows_vbmi(const PackedArgs& p, const uint16_t* const* ar, const Fp8Tables& tab) {
   const KMatrix& w = *p.w;
