@@ -235,7 +235,11 @@ void BM_GemvQ0X4(benchmark::State& state, DType dtype) {
   }
   const char* kib = std::getenv("TANDEM_BENCH_GEMV_KIB");
   const int64_t bytes = kib != nullptr ? std::atoll(kib) << 10 : 96ll << 20;
-  const int64_t cols = 2048, nb = cols / kQK;
+  // TANDEM_BENCH_COLS=N: rows of N columns (a multiple of 32) instead of 2048, e.g. 1408:
+  // DeepSeek-V2-Lite's expert downs, 44 blocks (two groups of 16 and three quads).
+  const char* cols_env = std::getenv("TANDEM_BENCH_COLS");
+  const int64_t cols = cols_env != nullptr ? std::atoll(cols_env) : 2048, nb = cols / kQK;
+  TD_CHECK(cols > 0 && cols % kQK == 0, "TANDEM_BENCH_COLS={}: a positive multiple of 32", cols);
   const int64_t rows = bytes / static_cast<int64_t>(dtype_bytes(dtype, cols));
   const char* tok = std::getenv("TANDEM_BENCH_TOKENS");
   const int64_t tokens = tok != nullptr ? std::max(1, std::atoi(tok)) : 1;

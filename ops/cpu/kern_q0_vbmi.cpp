@@ -244,46 +244,64 @@ inline __m512i block_sums(const __m512i* v, const Consts& c) {
                                   tree4_epi32(tree2_epi32(v[0], v[1]), tree2_epi32(v[2], v[3])));
 }
 
-// The full 16-block groups of an x4 row: row()'s steps as straight-line code (four whole quads
-// at fixed offsets, no per-quad branches; the scales gathered by four 8-byte loads instead of
-// four merging masked loads; one prefetch per 64 bytes of the group). Returns the first block
-// not done.
-template <class Block, int NT>
-int64_t x4_groups(const uint8_t* w, int64_t nb, const Act* act, __m512* acc) {
-  constexpr int kBytes = static_cast<int>(sizeof(Block));
-  constexpr int kQuad = 4 * kBytes;
-  const Consts c = consts<Block>();
-  int64_t g0 = 0;
-  for (; g0 + 16 <= nb; g0 += 16) {
-    const uint8_t* x = w + g0 * kBytes;
-    for (int o = 0; o < 4 * kQuad; o += 64) {
-      _mm_prefetch(reinterpret_cast<const char*>(x) + kX4PrefetchBytes + o, _MM_HINT_T0);
+// Q (1..4) whole quads of an x4 row from block g0 as row()'s step for one group of 16 blocks,
+// straight-line: the quads at fixed offsets, no per-quad branches, the scales gathered by Q 8-byte
+// loads instead of merging masked loads, one prefetch per 64 bytes; quads past Q add what row()'s
+// empty quads add (zero sums, zero scales).
+template <class Block, int NT, int Q>
+inline void x4_group(const uint8_t* x, int64_t g0, const Act* act, const Consts& c, __m512* acc) {
+  constexpr int kQuad = 4 * static_cast<int>(sizeof(Block));
+  for (int o = 0; o < Q * kQuad; o += 64) {
+    _mm_prefetch(reinterpret_cast<const char*>(x) + kX4PrefetchBytes + o, _MM_HINT_T0);
+  }
+  __m512i v[NT][4];
+  __m128i dq[4];
+  for (int k = 0; k < 4; ++k) {
+    if (k >= Q) {
+      dq[k] = _mm_setzero_si128();
+      for (int t = 0; t < NT; ++t) v[t][k] = _mm512_setzero_si512();
+      continue;
     }
-    __m512i v[NT][4];
-    __m128i dq[4];
-    for (int k = 0; k < 4; ++k) {
-      const uint8_t* xq = x + k * kQuad;
-      dq[k] = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(xq));
-      __m512i u_lo, u_hi;
-      x4_quants<Block>(xq, c, &u_lo, &u_hi);
-      for (int t = 0; t < NT; ++t) {
-        const __m512i* aq = act[t].quads + 2 * ((g0 >> 2) + k);
-        v[t][k] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), u_lo, aq[0]),
-                                      u_hi, aq[1]);
-      }
-    }
-    const __m256i d16 = _mm256_inserti128_si256(
-        _mm256_castsi128_si256(_mm_unpacklo_epi64(dq[0], dq[1])), _mm_unpacklo_epi64(dq[2], dq[3]),
-        1);
-    const __m512 dw = _mm512_cvtph_ps(d16);
+    const uint8_t* xq = x + k * kQuad;
+    dq[k] = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(xq));
+    __m512i u_lo, u_hi;
+    x4_quants<Block>(xq, c, &u_lo, &u_hi);
     for (int t = 0; t < NT; ++t) {
-      const __m512i isum =
-          with_bias<Block>(block_sums(v[t], c), _mm512_loadu_si512(act[t].negc + g0));
-      const __m512 s = _mm512_mul_ps(dw, _mm512_loadu_ps(act[t].d + g0));
-      acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), s, acc[t]);
+      const __m512i* aq = act[t].quads + 2 * ((g0 >> 2) + k);
+      v[t][k] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), u_lo, aq[0]),
+                                    u_hi, aq[1]);
     }
   }
-  return g0;
+  const __m256i d16 = _mm256_inserti128_si256(
+      _mm256_castsi128_si256(_mm_unpacklo_epi64(dq[0], dq[1])), _mm_unpacklo_epi64(dq[2], dq[3]),
+      1);
+  const __m512 dw = _mm512_cvtph_ps(d16);
+  for (int t = 0; t < NT; ++t) {
+    const __m512i isum =
+        with_bias<Block>(block_sums(v[t], c), _mm512_loadu_si512(act[t].negc + g0));
+    const __m512 s = _mm512_mul_ps(dw, _mm512_loadu_ps(act[t].d + g0));
+    acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), s, acc[t]);
+  }
+}
+
+// The whole quads of an x4 row through x4_group: the full 16-block groups, then, when the row
+// ends in a whole quad, the 1-3 quads after them (V2-Lite's 44-block downs: two groups and three
+// quads). Returns the first block not done: a group's start (row()'s lanes are per group).
+template <class Block, int NT>
+__attribute__((always_inline)) inline int64_t x4_groups(const uint8_t* w, int64_t nb,
+                                                        const Act* act, const Consts& c,
+                                                        __m512* acc) {
+  constexpr int kBytes = static_cast<int>(sizeof(Block));
+  __m512 a[NT];  // (local: stores through acc would be kept in step with every group)
+  for (int t = 0; t < NT; ++t) a[t] = acc[t];
+  int64_t g0 = 0;
+  for (; g0 + 16 <= nb; g0 += 16) x4_group<Block, NT, 4>(w + g0 * kBytes, g0, act, c, a);
+  const int64_t quads = nb % 4 == 0 ? (nb - g0) / 4 : 0;
+  if (quads == 3) x4_group<Block, NT, 3>(w + g0 * kBytes, g0, act, c, a);
+  if (quads == 2) x4_group<Block, NT, 2>(w + g0 * kBytes, g0, act, c, a);
+  if (quads == 1) x4_group<Block, NT, 1>(w + g0 * kBytes, g0, act, c, a);
+  for (int t = 0; t < NT; ++t) acc[t] = a[t];
+  return g0 + 4 * quads;
 }
 
 // One row's 16 F32 lane sums per token (acc), before the lane tree.
@@ -294,7 +312,7 @@ void row_lanes(const uint8_t* w, int64_t nb, const Act* act, __m512* acc) {
   for (int t = 0; t < NT; ++t) acc[t] = _mm512_setzero_ps();
   int64_t first = 0;
   if constexpr (kX4 && (std::is_same_v<Block, BlockQ5_0> || kIs8<Block>)) {
-    first = x4_groups<Block, NT>(w, nb, act, acc);
+    first = x4_groups<Block, NT>(w, nb, act, c, acc);
   }
   for (int64_t g0 = first; g0 < nb; g0 += 16) {
     const int m = static_cast<int>(std::min<int64_t>(16, nb - g0));
@@ -367,6 +385,19 @@ template <class Block, bool kX4, int NT>
 void rows16(const uint8_t* w, int64_t row_bytes, int64_t nb, const Act* act, float* y,
             int64_t ldy) {
   __m512 lanes[NT][16];
+  if constexpr (kX4 && (std::is_same_v<Block, BlockQ5_0> || kIs8<Block>)) {
+    if (nb % 4 == 0) {  // whole quads: x4_groups alone, in line, its constants loaded once
+      const Consts c = consts<Block>();
+      for (int i = 0; i < 16; ++i) {
+        __m512 acc[NT];
+        for (int t = 0; t < NT; ++t) acc[t] = _mm512_setzero_ps();
+        x4_groups<Block, NT>(w + i * row_bytes, nb, act, c, acc);
+        for (int t = 0; t < NT; ++t) lanes[t][i] = acc[t];
+      }
+      for (int t = 0; t < NT; ++t) _mm512_storeu_ps(y + t * ldy, lane_trees16(lanes[t]));
+      return;
+    }
+  }
   for (int i = 0; i < 16; ++i) {
     __m512 acc[NT];
     row_lanes<Block, kX4, NT>(w + i * row_bytes, nb, act, acc);

@@ -420,8 +420,9 @@ TEST(KernelsQ4KX16, MatrixThroughGemmEqualsReferenceOnRows) {
 // on quads equals the stored rows' one, and one off the quad grid is refused.
 TEST(KernelsQ0X4, GemmEqualsReferenceOnStoredRows) {
   for (const DType dtype : {DType::kQ5_0, DType::kQ8_0}) {
+    // (x4 rows: groups of 16 blocks, then 1-3 whole quads (20, 24, 12, 44) or a partial one.)
     for (const int64_t nb : {int64_t{1}, int64_t{3}, int64_t{4}, int64_t{5}, int64_t{8},
-                             int64_t{12}, int64_t{44}, int64_t{67}}) {
+                             int64_t{12}, int64_t{20}, int64_t{24}, int64_t{44}, int64_t{67}}) {
       const int64_t rows = 21, cols = nb * 32;
       const Matrix m = make_matrix(dtype, rows, cols, 400 + static_cast<uint32_t>(nb));
       kern::KMatrix w;
