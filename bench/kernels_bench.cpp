@@ -222,7 +222,7 @@ void BM_GemvQ4KX16(benchmark::State& state, Isa isa) {
   };
   state.counters["vs_rows"] = ab_rounds(rows_call, call);
 }
-BENCHMARK_CAPTURE(BM_GemvQ4KX16, avx512_vnni, Isa::kAvx512Bf16)->UseRealTime()->MinTime(0.3);
+BENCHMARK_CAPTURE(BM_GemvQ4KX16, avx512_vnni, Isa::kAvx512Vnni)->UseRealTime()->MinTime(0.3);
 
 // Q5_0 / Q8_0 rows in the x4 layout (ops/cpu/q0_x4.h, what `--cpu-experts repack` holds them in
 // on VBMI CPUs) on BM_Gemv's weights: the same bytes and tasks, bytes_per_second comparable with
@@ -323,7 +323,7 @@ void BM_Gemm512(benchmark::State& state, DType dtype, Isa isa) {
   BENCHMARK_CAPTURE(fn, name##_scalar, dt, Isa::kScalar)->UseRealTime()->MinTime(0.3); \
   BENCHMARK_CAPTURE(fn, name##_avx2, dt, Isa::kAvx2)->UseRealTime()->MinTime(0.3);     \
   BENCHMARK_CAPTURE(fn, name##_avx512, dt, Isa::kAvx512)->UseRealTime()->MinTime(0.3); \
-  BENCHMARK_CAPTURE(fn, name##_avx512_vnni, dt, Isa::kAvx512Bf16)->UseRealTime()->MinTime(0.3)
+  BENCHMARK_CAPTURE(fn, name##_avx512_vnni, dt, Isa::kAvx512Vnni)->UseRealTime()->MinTime(0.3)
 
 TD_FORMAT_BENCH(BM_Gemv, DType::kQ2_K, q2_k);
 TD_FORMAT_BENCH(BM_Gemv, DType::kQ3_K, q3_k);
@@ -487,7 +487,7 @@ BENCHMARK_CAPTURE(BM_MlaHeads, v_b_128x512, 128, 512)->UseRealTime()->MinTime(0.
 // one job against the three, A/B in the same minute (ab_rounds). bf16: the latent cache in BF16
 // (ModelOptions::kv_type), half the bytes.
 void BM_MlaDecodeHeads(benchmark::State& state, int64_t ctx, bool bf16) {
-  if (!kern::q0_x4_native() || best_isa() < Isa::kAvx512Bf16) {
+  if (!kern::q0_x4_native() || best_isa() < Isa::kAvx512Vnni) {
     state.SkipWithError("no AVX-512 VNNI / VBMI here (the repacked layouts)");
     return;
   }

@@ -151,10 +151,13 @@ void BM_Gemm48Dram(benchmark::State& state, WFormat f, Isa isa) {
   run(state, f, gemv_rows(f, 2048), 2048, 48, isa, 512);
 }
 
+// One benchmark per ISA level (on a level without a kernel for the format, the one below runs:
+// INT4 / INT8 have none at avx512_bf16, BF16 / FP8 none at avx512_vnni).
 #define TD_PACKED_BENCH(fn, f, name)                                                            \
   BENCHMARK_CAPTURE(fn, name##_avx2, f, Isa::kAvx2)->UseRealTime()->MinTime(0.3);               \
   BENCHMARK_CAPTURE(fn, name##_avx512, f, Isa::kAvx512)->UseRealTime()->MinTime(0.3);           \
-  BENCHMARK_CAPTURE(fn, name##_avx512_vnni, f, Isa::kAvx512Bf16)->UseRealTime()->MinTime(0.3); \
+  BENCHMARK_CAPTURE(fn, name##_avx512_vnni, f, Isa::kAvx512Vnni)->UseRealTime()->MinTime(0.3); \
+  BENCHMARK_CAPTURE(fn, name##_avx512_bf16, f, Isa::kAvx512Bf16)->UseRealTime()->MinTime(0.3); \
   BENCHMARK_CAPTURE(fn, name##_amx, f, Isa::kAmx)->UseRealTime()->MinTime(0.3)
 
 TD_PACKED_BENCH(BM_Gemv, WFormat::kInt4, int4);

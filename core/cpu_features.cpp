@@ -94,16 +94,27 @@ CpuFeatures detect() {
   return f;
 }
 
-Isa detect_best(const CpuFeatures& f) {
+}  // namespace
+
+Isa isa_level(const CpuFeatures& f) {
   Isa isa = Isa::kScalar;
   if (f.avx2 && f.fma && f.f16c) isa = Isa::kAvx2;
   if (isa == Isa::kAvx2 && f.avx512f && f.avx512bw && f.avx512vl && f.avx512dq) isa = Isa::kAvx512;
-  if (isa == Isa::kAvx512 && f.avx512_bf16 && f.avx512_vnni) isa = Isa::kAvx512Bf16;
+  if (isa == Isa::kAvx512 && f.avx512_vnni) isa = Isa::kAvx512Vnni;
+  if (isa == Isa::kAvx512Vnni && f.avx512_bf16) isa = Isa::kAvx512Bf16;
   if (isa == Isa::kAvx512Bf16 && f.amx_tile && f.amx_int8 && f.amx_bf16) isa = Isa::kAmx;
+  return isa;
+}
+
+namespace {
+
+Isa detect_best(const CpuFeatures& f) {
+  Isa isa = isa_level(f);
   if (const char* cap = std::getenv("TANDEM_ISA")) {
     Isa limit;
     if (!parse_isa(cap, &limit)) {
-      log_warn("TANDEM_ISA={} is not one of scalar, avx2, avx512, avx512_bf16, amx; ignored", cap);
+      log_warn("TANDEM_ISA={} is not one of scalar, avx2, avx512, avx512_vnni, avx512_bf16, amx; "
+               "ignored", cap);
     } else if (limit < isa) {
       isa = limit;
     }
@@ -118,6 +129,7 @@ const char* isa_name(Isa isa) {
     case Isa::kScalar: return "scalar";
     case Isa::kAvx2: return "avx2";
     case Isa::kAvx512: return "avx512";
+    case Isa::kAvx512Vnni: return "avx512_vnni";
     case Isa::kAvx512Bf16: return "avx512_bf16";
     case Isa::kAmx: return "amx";
   }
@@ -125,7 +137,8 @@ const char* isa_name(Isa isa) {
 }
 
 bool parse_isa(const std::string& name, Isa* isa) {
-  for (Isa i : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512, Isa::kAvx512Bf16, Isa::kAmx}) {
+  for (Isa i : {Isa::kScalar, Isa::kAvx2, Isa::kAvx512, Isa::kAvx512Vnni, Isa::kAvx512Bf16,
+                 Isa::kAmx}) {
     if (name == isa_name(i)) {
       *isa = i;
       return true;

@@ -1,6 +1,7 @@
 // What the CPU can execute, detected once (a true process fact, so a singleton), and the ISA
-// ladder kernels are dispatched on. The environment variable TANDEM_ISA=avx2|avx512|avx512_bf16|amx
-// caps the choice (to test or benchmark a lower ISA on a bigger CPU).
+// ladder kernels are dispatched on. The environment variable
+// TANDEM_ISA=avx2|avx512|avx512_vnni|avx512_bf16|amx caps the choice (to test or benchmark a lower
+// ISA on a bigger CPU).
 #pragma once
 
 #include <string>
@@ -23,15 +24,18 @@ struct CpuFeatures {
 enum class Isa {
   kScalar = 0,      // portable C++: the reference
   kAvx2 = 1,        // AVX2 + FMA + F16C (the baseline)
-  kAvx512 = 2,      // AVX-512 F/BW/VL/DQ
-  kAvx512Bf16 = 3,  // + AVX-512 BF16 and VNNI (Zen 4+, Cooper Lake+)
-  kAmx = 4,         // + AMX tiles INT8/BF16 (Sapphire Rapids+)
+  kAvx512 = 2,      // AVX-512 F/BW/VL/DQ (Skylake-SP)
+  kAvx512Vnni = 3,  // + AVX-512 VNNI (Cascade Lake, Ice Lake): the integer dot products
+  kAvx512Bf16 = 4,  // + AVX-512 BF16 (Cooper Lake, Zen 4+)
+  kAmx = 5,         // + AMX tiles INT8/BF16 (Sapphire Rapids+)
 };
 
 const char* isa_name(Isa isa);
 bool parse_isa(const std::string& name, Isa* isa);
 
 const CpuFeatures& cpu_features();
+// The highest level whose features `f` has all of (without the TANDEM_ISA cap).
+Isa isa_level(const CpuFeatures& f);
 // The best ISA this CPU supports (capped by TANDEM_ISA when set).
 Isa best_isa();
 // Every ISA level this CPU supports, scalar first (what conformance tests iterate over).

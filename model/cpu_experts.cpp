@@ -372,7 +372,7 @@ namespace {
 std::vector<KMatrix> repack_experts(const std::vector<Source>& src, ThreadPool* pool,
                                     std::vector<int64_t>* tiled) {
   enum class Kind { kNone, kCopy, kX16, kX4 };
-  const bool x16 = best_isa() >= Isa::kAvx512Bf16, x4 = kern::q0_x4_native();
+  const bool x16 = best_isa() >= Isa::kAvx512Vnni, x4 = kern::q0_x4_native();
   std::vector<KMatrix> view(src.size());
   std::vector<Kind> kind(src.size(), Kind::kNone);
   std::vector<uint64_t> offset(src.size() + 1, 0);

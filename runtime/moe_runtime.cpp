@@ -168,11 +168,11 @@ std::string resolve_cpu_experts(const BackendOptions& o, const CpuExpertsFacts& 
     return std::string(format);
   };
   if (!f.gguf) return pick("native", "not a GGUF file, nothing to rearrange");
-  if (f.isa < Isa::kAvx512Bf16) {
+  if (o.mmap) return pick("native", "--mmap keeps the weights in the page cache");
+  if (f.isa < Isa::kAvx512Vnni) {
     return pick("native", fmt::format("{} CPU, no AVX-512 VNNI for the repacked kernels",
                                       isa_name(f.isa)));
   }
-  if (o.mmap) return pick("native", "--mmap keeps the weights in the page cache");
   if (f.thp_never) return pick("native", "transparent huge pages are off");
   const double gib = 1073741824.0;
   if (f.available_bytes > 0 && f.model_bytes > f.available_bytes / 10 * 9) {

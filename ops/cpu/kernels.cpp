@@ -231,7 +231,7 @@ int64_t act_row_bytes(AFormat f, int64_t cols) {
 GemmFn pick(Isa isa, GemmFn GgufKernels::*entry) {
   const Isa best = best_isa();
   if (isa > best) isa = best;
-  if (isa >= Isa::kAvx512Bf16 && detail::gguf_kernels_avx512_vnni().*entry) {
+  if (isa >= Isa::kAvx512Vnni && detail::gguf_kernels_avx512_vnni().*entry) {
     return detail::gguf_kernels_avx512_vnni().*entry;
   }
   if (isa >= Isa::kAvx512 && detail::gguf_kernels_avx512().*entry) {
@@ -404,7 +404,7 @@ void gemm(const KMatrix& w, const Activations& a, int64_t n0, int64_t n1, float*
   if (w.format == WFormat::kQ4_KX16) {
     check_x16_rows(w, n0);
     const GemmArgs g = make_args(w, a, n0, n1, y, ldy);
-    const GemmFn tile = std::min(isa, best_isa()) >= Isa::kAvx512Bf16
+    const GemmFn tile = std::min(isa, best_isa()) >= Isa::kAvx512Vnni
                             ? detail::gguf_kernels_avx512_vnni().q4_kx16
                             : nullptr;
     if (tile != nullptr) {
@@ -418,7 +418,7 @@ void gemm(const KMatrix& w, const Activations& a, int64_t n0, int64_t n1, float*
   if (q0_x4_stored_format(w.format, &stored)) {
     const GemmArgs g = make_args(w, a, n0, n1, y, ldy);
     // (The VNNI table's code is compiled for AVX-512: looked at only where the CPU has it.)
-    const GemmFn x4 = std::min(isa, best_isa()) >= Isa::kAvx512Bf16
+    const GemmFn x4 = std::min(isa, best_isa()) >= Isa::kAvx512Vnni
                           ? detail::gguf_kernels_avx512_vnni().*entry_of(w.format)
                           : nullptr;
     if (x4 != nullptr) {

@@ -240,6 +240,7 @@ const detail::PackedKernels* pick(WFormat f, Isa isa, detail::PackedFn* fn) {
   const detail::PackedKernels* tables[] = {
       isa >= Isa::kAmx ? &detail::packed_kernels_amx() : nullptr,
       isa >= Isa::kAvx512Bf16 ? &detail::packed_kernels_vnni() : nullptr,
+      isa >= Isa::kAvx512Vnni ? &detail::packed_kernels_vnni_int() : nullptr,
       isa >= Isa::kAvx512 ? &detail::packed_kernels_avx512() : nullptr,
       isa >= Isa::kAvx2 ? &detail::packed_kernels_avx2() : nullptr};
   for (const detail::PackedKernels* t : tables) {

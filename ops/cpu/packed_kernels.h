@@ -25,6 +25,7 @@ const PackedKernels& packed_kernels_avx2();
 const PackedKernels& packed_kernels_avx512();
 const PackedKernels& packed_kernels_vnni();  // AVX-512 VNNI + BF16 (+ VBMI where the CPU has it)
 const PackedKernels& packed_kernels_vnni_base();  // the same without the VBMI FP8 GEMV
+const PackedKernels& packed_kernels_vnni_int();  // its INT8 / INT4 kernels only (VNNI, no BF16)
 const PackedKernels& packed_kernels_amx();   // AMX-INT8 / AMX-BF16 tiles (Sapphire Rapids+)
 
 // E4M3 byte -> its BF16 bits (exact: E4M3's 3 mantissa bits and exponent range fit BF16).

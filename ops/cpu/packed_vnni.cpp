@@ -140,6 +140,14 @@ const PackedKernels& packed_kernels_vnni_base() {
   return k;
 }
 
+// The integer kernels use no BF16 instruction: CPUs with VNNI but without BF16 (Cascade Lake, Ice
+// Lake) run them (objdump: vdpbf16ps / vcvtne*2bf16 appear only in the fp8 and bf16 functions).
+const PackedKernels& packed_kernels_vnni_int() {
+  static const PackedKernels k{&packed_impl::int_kernel<Vnni, false>,
+                               &packed_impl::int_kernel<Vnni, true>, nullptr, nullptr};
+  return k;
+}
+
 const PackedKernels& packed_kernels_vnni() {
   static const PackedKernels k{&packed_impl::int_kernel<Vnni, false>,
                                &packed_impl::int_kernel<Vnni, true>, &fp8_kernel,

@@ -115,7 +115,7 @@ void q0_x4_unpack_row(WFormat stored, const uint8_t* x4, int64_t nb, uint8_t* ro
 
 bool q0_x4_native() {
   const CpuFeatures& f = cpu_features();
-  return best_isa() >= Isa::kAvx512Bf16 && f.avx512_vbmi && f.avx512_bitalg;
+  return best_isa() >= Isa::kAvx512Vnni && f.avx512_vbmi && f.avx512_bitalg;
 }
 
 }  // namespace tandem::kern

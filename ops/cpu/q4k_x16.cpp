@@ -62,7 +62,7 @@ void q4k_x16_unpack(const uint8_t* tile, int64_t cols, uint8_t* rows) {
 void q4k_x16_gemv(const uint8_t* tiles, int64_t n_tiles, int64_t cols, const BlockQ8_K* act,
                   float* y, Isa isa) {
   const int64_t nb = blocks(cols);
-  if (isa >= Isa::kAvx512Bf16 && best_isa() >= Isa::kAvx512Bf16) {
+  if (isa >= Isa::kAvx512Vnni && best_isa() >= Isa::kAvx512Vnni) {
     q4k_x16_gemv_vnni(tiles, n_tiles, nb, act, y);
     return;
   }

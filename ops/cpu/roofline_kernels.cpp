@@ -11,6 +11,7 @@ namespace tandem::cpu {
 namespace {
 
 #define TD_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq")))
+#define TD_AVX512_VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")))
 #define TD_AVX512_BF16 \
   __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx512vnni")))
 #define TD_AVX_VNNI __attribute__((target("avxvnni")))
@@ -174,7 +175,7 @@ TD_AVX512_BF16 double dot_bf16_avx512(uint64_t iterations) {
   return sum;
 }
 
-TD_AVX512_BF16 double dot_int8_avx512_vnni(uint64_t iterations) {
+TD_AVX512_VNNI double dot_int8_avx512_vnni(uint64_t iterations) {
   const __m512i a = _mm512_set1_epi8(static_cast<char>(g_u8_one));
   const __m512i b = _mm512_set1_epi8(g_s8_one);
   __m512i acc[kAcc512];
@@ -400,9 +401,9 @@ std::vector<ComputeKernel> compute_kernels() {
     out.push_back(
         {"avx512_bf16", K::kBf16Dot, Isa::kAvx512Bf16, 256, 0.0, 2.0, 1024, &dot_bf16_avx512});
   }
-  if (isa >= Isa::kAvx512 && f.avx512_vnni && f.avx512bw) {
-    out.push_back(
-        {"avx512_vnni", K::kInt8Dot, Isa::kAvx512, 256, 0.0, 4.0, 2048, &dot_int8_avx512_vnni});
+  if (isa >= Isa::kAvx512Vnni) {
+    out.push_back({"avx512_vnni", K::kInt8Dot, Isa::kAvx512Vnni, 256, 0.0, 4.0, 2048,
+                   &dot_int8_avx512_vnni});
   }
   if (isa >= Isa::kAvx2 && f.avx_vnni) {
     out.push_back({"avx_vnni", K::kInt8Dot, Isa::kAvx2, 96, 0.0, 4.0, 768, &dot_int8_avx_vnni});

@@ -251,7 +251,7 @@ TEST(CpuExperts, RepackRearrangesQ4KAndKeepsTheProducts) {
   size_t files = 0;
   for (const auto& entry : fs::directory_iterator(dir.path())) files += entry.is_regular_file();
   EXPECT_EQ(files, 1u);  // the model alone: no cache file
-  const bool x16 = best_isa() >= Isa::kAvx512Bf16;
+  const bool x16 = best_isa() >= Isa::kAvx512Vnni;
   int64_t tiled = 0, checked = 0, shared = 0;
   std::mt19937 rng(3);
   std::normal_distribution<float> nd(0.0f, 1.0f);

@@ -190,12 +190,12 @@ INSTANTIATE_TEST_SUITE_P(Formats, Kernels,
                          });
 
 // On AVX-512 VNNI CPUs with VBMI and BITALG, the GEMV of the legacy 4/5-bit formats takes
-// kern_q0_vbmi.cpp (four blocks per step); the same level without them (Cooper Lake) keeps the
+// kern_q0_vbmi.cpp (four blocks per step); the same level without them (Cascade Lake) keeps the
 // VNNI rows. Both must give the same bits (the shared F32 order), for block counts that end in
 // every partial group of four (1..8 blocks: the short-row kernels), several token counts and row
 // ranges; and stay within the summation-order tolerance of the scalar reference.
 TEST(KernelsLegacy, VbmiRowsEqualVnniRows) {
-  if (best_isa() < Isa::kAvx512Bf16) GTEST_SKIP() << "no AVX-512 VNNI here";
+  if (best_isa() < Isa::kAvx512Vnni) GTEST_SKIP() << "no AVX-512 VNNI here";
   const CpuFeatures& f = cpu_features();
   if (!f.avx512_vbmi || !f.avx512_bitalg) GTEST_SKIP() << "no AVX-512 VBMI / BITALG here";
   using kern::detail::GgufKernels;

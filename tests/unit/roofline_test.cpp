@@ -71,7 +71,8 @@ TEST(RooflineKernels, ComputeChainsEndWhereTheFormulaSays) {
   EXPECT_EQ(bf16 != nullptr, best_isa() >= Isa::kAvx512Bf16 && f.avx512_bf16);
   const ComputeKernel* int8 = best_compute_kernel(ComputeKind::kInt8Dot);
   ASSERT_NE(int8, nullptr);
-  if (best_isa() >= Isa::kAvx512 && f.avx512_vnni) {
+  if (best_isa() >= Isa::kAvx512Vnni) {
+    EXPECT_TRUE(f.avx512_vnni);
     EXPECT_STREQ(int8->name, "avx512_vnni");
   } else if (best_isa() >= Isa::kAvx2 && f.avx_vnni) {
     EXPECT_STREQ(int8->name, "avx_vnni");

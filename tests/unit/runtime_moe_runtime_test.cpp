@@ -31,6 +31,8 @@ TEST(CpuExpertsAuto, RepacksAFittingGgufOnAnAvx512VnniCpu) {
   CpuExpertsFacts f = fitting_gguf_on_zen5();
   f.isa = Isa::kAmx;  // a higher level has the kernels too
   EXPECT_EQ(resolve_cpu_experts(o, f), "repack");
+  f.isa = Isa::kAvx512Vnni;  // and VNNI without BF16 (Cascade Lake, Ice Lake) has them all
+  EXPECT_EQ(resolve_cpu_experts(o, f), "repack");
   f.available_bytes = 0;  // MemAvailable unknown: assumed to fit, as LoadMode::kCopy does
   EXPECT_EQ(resolve_cpu_experts(o, f), "repack");
   // Exactly 90% of the memory available still fits; one byte more does not.
@@ -62,6 +64,11 @@ TEST(CpuExpertsAuto, KeepsTheStoredWeightsElsewhere) {
   BackendOptions mapped;
   mapped.mmap = true;
   EXPECT_EQ(resolve_cpu_experts(mapped, fitting_gguf_on_zen5(), &why), "native");
+  EXPECT_NE(why.find("--mmap"), std::string::npos) << why;
+  // --mmap is the reason named on any CPU (the user's choice comes first).
+  f = fitting_gguf_on_zen5();
+  f.isa = Isa::kAvx2;
+  EXPECT_EQ(resolve_cpu_experts(mapped, f, &why), "native");
   EXPECT_NE(why.find("--mmap"), std::string::npos) << why;
 }
 
