@@ -20,18 +20,16 @@
 namespace tandem::kern::detail {
 namespace {
 
-// 16 E4M3 bytes to F32 (see packed_avx2.cpp: magnitude bits in F32 position times 2^120).
-inline __m512 fp8x16_to_f32(const uint8_t* p) {
-  const __m512i x = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-  const __m512i mag = _mm512_slli_epi32(_mm512_and_si512(x, _mm512_set1_epi32(0x7F)), 20);
-  const __m512 v = _mm512_mul_ps(_mm512_castsi512_ps(mag), _mm512_set1_ps(0x1p120f));
-  const __m512i sign = _mm512_slli_epi32(_mm512_and_si512(x, _mm512_set1_epi32(0x80)), 24);
-  return _mm512_castsi512_ps(_mm512_or_si512(_mm512_castps_si512(v), sign));
-}
+// 32 E4M3 bytes to 2^-8 times their F32 values (see packed_avx2.cpp: FP16 bits, vcvtph2ps).
+struct F32x32 {
+  __m512 lo, hi;
+};
 
-inline __m512 bf16x16_to_f32(const uint16_t* p) {
-  const __m512i x = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
-  return _mm512_castsi512_ps(_mm512_slli_epi32(x, 16));
+inline F32x32 fp8x32_to_f32(const uint8_t* p) {
+  const __m512i x = _mm512_cvtepi8_epi16(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  const __m512i h = _mm512_and_si512(_mm512_slli_epi16(x, 7), _mm512_set1_epi16(kFp8F16Bits));
+  return {_mm512_cvtph_ps(_mm512_castsi512_si256(h)),
+          _mm512_cvtph_ps(_mm512_extracti64x4_epi64(h, 1))};
 }
 
 struct Avx512 {
@@ -78,13 +76,20 @@ struct Avx512 {
   static void fp8_expand(const uint8_t* const* src, int64_t pairs, uint16_t* dst) {
     packed_impl::fp8_expand_lut(src, pairs, dst);
   }
-  // FP8 rows (few tokens): 16 E4M3 widened to F32, FMA with the widened BF16 activations.
-  static constexpr int kFp8Step = 16;
-  using F8 = VF;
-  static F8 fp8_load(const uint8_t* w) { return fp8x16_to_f32(w); }
-  static VF fp8_dot(VF part, F8 w, const uint16_t* a) {
-    return _mm512_fmadd_ps(w, bf16x16_to_f32(a), part);
+  // FP8 rows (few tokens): 32 E4M3 widened to F32 (times 2^-8), two FMAs with the BF16
+  // activations widened once per call, two partial sums per token and block.
+  static constexpr int kFp8Step = 32;
+  static constexpr float kFp8Scale = 256.0f;
+  using F8 = F32x32;
+  using FA = float;
+  using FP = F32x32;
+  static F8 fp8_load(const uint8_t* w) { return fp8x32_to_f32(w); }
+  static FP fp8_zero() { return {_mm512_setzero_ps(), _mm512_setzero_ps()}; }
+  static FP fp8_dot(const FP& part, const F8& w, const float* a) {
+    return {_mm512_fmadd_ps(w.lo, _mm512_loadu_ps(a), part.lo),
+            _mm512_fmadd_ps(w.hi, _mm512_loadu_ps(a + 16), part.hi)};
   }
+  static VF fp8_part(const FP& p) { return _mm512_add_ps(p.lo, p.hi); }
   static float hsum_f(VF v) { return _mm512_reduce_add_ps(v); }
   static VI add_i(VI a, VI b) { return _mm512_add_epi32(a, b); }
   static VI sub(VI a, VI b) { return _mm512_sub_epi32(a, b); }

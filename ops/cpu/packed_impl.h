@@ -10,8 +10,11 @@
 //   dot_s8(acc, w, a4)  acc + per lane sum of 4 products w * a (signed * signed)
 //   dot_u4(acc, u, a4)  acc + per lane sum of 4 products u * a (u in 0..15 unsigned)
 //   fp8_expand(src, pairs, dst)  16 FP8 rows into BF16 tile chunks (fp8_expand_lut's contract)
-//   kFp8Step, F8, fp8_load(w), fp8_dot(part, f8, a), hsum_f(v): the FP8 row kernel's step
-//                       (fp8_row_kernel)
+//   kFp8Step, F8, FA, FP, kFp8Scale, fp8_load(w), fp8_zero(), fp8_dot(part, f8, a),
+//                       fp8_part(part), hsum_f(v): the FP8 row kernel's step (fp8_row_kernel; FA:
+//                       the activations it reads, uint16_t = the BF16 row, float = that row
+//                       widened once per call; FP: a block's partial sums, fp8_part them as one
+//                       vector; the weights come as kFp8Scale^-1 times their value)
 //   WB / AB, bf16_w(chunk) / bf16_a(pair bits), bf16_dot(acc, wb, ab): a BF16 weight chunk and a
 //                       broadcast activation pair as the ISA's BF16 dot wants them; acc + per lane
 //                       w[2i] * a[0] + w[2i+1] * a[1] (exact products, F32 adds)
@@ -450,37 +453,60 @@ void fp8_rows(const PackedArgs& p, int64_t n) {
 // end; the row stream is prefetched kPackedPrefetchBytes ahead.
 template <class T, int NT>
 inline void fp8_row(const KMatrix& w, const uint8_t* wr, const float* srow,
-                    const uint16_t* const* ar, float* out) {
+                    const typename T::FA* const* ar, float* out) {
   using VF = typename T::VF;
   VF acc[NT];
   for (int t = 0; t < NT; ++t) acc[t] = T::zero_f();
   int64_t bi = 0;  // the scale block's index (a division per block measured ~20% of the loop)
   for (int64_t b0 = 0; b0 < w.cols; b0 += w.block_cols, ++bi) {
     const int64_t b1 = b0 + w.block_cols < w.cols ? b0 + w.block_cols : w.cols;
-    VF part[NT];
-    for (int t = 0; t < NT; ++t) part[t] = T::zero_f();
+    typename T::FP part[NT];
+    for (int t = 0; t < NT; ++t) part[t] = T::fp8_zero();
     for (int64_t k = b0; k < b1; k += T::kFp8Step) {
       if (k % 64 == 0) __builtin_prefetch(wr + k + kPackedPrefetchBytes, 0, 3);
       const typename T::F8 wv = T::fp8_load(wr + k);
       for (int t = 0; t < NT; ++t) part[t] = T::fp8_dot(part[t], wv, ar[t] + k);
     }
-    const VF sv = T::set1_f(srow[bi]);
-    for (int t = 0; t < NT; ++t) acc[t] = T::fmadd_f(sv, part[t], acc[t]);
+    // (kFp8Scale is a power of two: the scale times it is exact, and so is the product.)
+    const VF sv = T::set1_f(srow[bi] * T::kFp8Scale);
+    for (int t = 0; t < NT; ++t) acc[t] = T::fmadd_f(sv, T::fp8_part(part[t]), acc[t]);
   }
   for (int t = 0; t < NT; ++t) out[t] = T::hsum_f(acc[t]);
 }
 
 template <class T>
 void fp8_row_kernel(const PackedArgs& p) {
+  using FA = typename T::FA;
   const KMatrix& w = *p.w;
   const Activations& a = *p.a;
+  // Without a BF16 dot product the activations are widened to F32 (exact) once per call, not
+  // once per row: the step is then the E4M3 widening and one FMA reading memory.
+  thread_local std::vector<float> wide;
+  if constexpr (std::is_same_v<FA, float>) {
+    wide.resize(static_cast<size_t>(a.tokens * a.cols));
+    for (int64_t t = 0; t < a.tokens; ++t) {
+      const auto* src = reinterpret_cast<const uint16_t*>(a.row(t));
+      float* dst = wide.data() + t * a.cols;
+      for (int64_t k = 0; k < a.cols; ++k) {
+        const uint32_t bits = static_cast<uint32_t>(src[k]) << 16;
+        std::memcpy(dst + k, &bits, 4);
+      }
+    }
+  }
+  auto act = [&](int64_t t) {
+    if constexpr (std::is_same_v<FA, float>) {
+      return static_cast<const FA*>(wide.data() + t * a.cols);
+    } else {
+      return reinterpret_cast<const FA*>(a.row(t));
+    }
+  };
   for (int64_t n = p.n0; n < p.n1; ++n) {
     const uint8_t* wr = w.data + n * w.row_bytes;
     const float* srow = w.scales + ((w.row0 + n) / w.block_rows) * w.scale_stride;
     for (int64_t t0 = 0; t0 < a.tokens; t0 += 4) {
       const int nt = static_cast<int>(a.tokens - t0 < 4 ? a.tokens - t0 : 4);
-      const uint16_t* ar[4];
-      for (int t = 0; t < nt; ++t) ar[t] = reinterpret_cast<const uint16_t*>(a.row(t0 + t));
+      const FA* ar[4];
+      for (int t = 0; t < nt; ++t) ar[t] = act(t0 + t);
       float out[4];
       // Token counts as template arguments: the accumulators stay in registers.
       if (nt == 1) fp8_row<T, 1>(w, wr, srow, ar, out);

@@ -28,6 +28,11 @@ const PackedKernels& packed_kernels_vnni_base();  // the same without the VBMI F
 const PackedKernels& packed_kernels_vnni_int();  // its INT8 / INT4 kernels only (VNNI, no BF16)
 const PackedKernels& packed_kernels_amx();   // AMX-INT8 / AMX-BF16 tiles (Sapphire Rapids+)
 
+// An E4M3 byte sign-extended to 16 bits and shifted left by 7, ANDed with this: the FP16 of 2^-8
+// times its value (sign in bit 15, exponent and mantissa in bits 7-13; subnormals included). The
+// FP8 GEMV without BF16 instructions widens that with vcvtph2ps (packed_avx2.cpp,
+// packed_avx512.cpp).
+constexpr int16_t kFp8F16Bits = static_cast<int16_t>(0xBF80);
 // E4M3 byte -> its BF16 bits (exact: E4M3's 3 mantissa bits and exponent range fit BF16).
 const uint16_t* fp8_bf16_table();
 // FP8Block GEMMs with more tokens than this expand the FP8 rows into BF16 tiles (packed_impl.h

@@ -81,6 +81,11 @@ struct Vnni {
   // FP8 rows (few tokens): 32 E4M3 expanded to BF16, vdpbf16ps with the BF16 activations.
   static constexpr int kFp8Step = 32;
   using F8 = VI;
+  using FA = uint16_t;
+  using FP = VF;
+  static constexpr float kFp8Scale = 1.0f;
+  static FP fp8_zero() { return _mm512_setzero_ps(); }
+  static VF fp8_part(FP p) { return p; }
   static F8 fp8_load(const uint8_t* w) { return fp8x32_to_bf16(w); }
   static VF fp8_dot(VF part, F8 w, const uint16_t* a) {
     return _mm512_dpbf16_ps(part, (__m512bh)w, (__m512bh)_mm512_loadu_si512(a));

@@ -265,13 +265,13 @@ TEST(PackedGemm, Fp8Conformance) {
 // Every E4M3 value through the FP8 GEMV kernels exactly: row n holds the byte values (k + 3n) mod
 // 256 (the two NaNs replaced by zero); a token that is one-hot at column k gives y[n] =
 // fl(scale * e4m3(w[n][k])), one product and one rounding whatever a kernel's summation order. The
-// VNNI kernels (shifts and a subnormal table: rows for 1-4 tokens, BF16 tiles for 5 and 17) and,
+// AVX2 and AVX-512 kernels (E4M3 sign-extended and shifted into F32, times 2^120: rows for 1-4
+// tokens, the BF16 tile table for more), the VNNI kernels (shifts and a subnormal table: rows for 1-4 tokens, BF16 tiles for 5 and 17) and,
 // on CPUs with VBMI, the VBMI GEMV (byte tables, activations permuted to the unpacks' order; more
 // tokens take the VNNI tiles), and on CPUs with AMX its tdpbf16ps tiles (17 and 33 tokens: one and
 // three 16-token A tiles), scale blocks 16 x 128.
 TEST(PackedGemm, Fp8KernelsExpandEveryValueExactly) {
   const CpuFeatures& f = cpu_features();
-  if (!f.avx512_bf16) GTEST_SKIP() << "no AVX-512 BF16 here";
   const int64_t rows = 20, cols = 256;
   std::vector<uint8_t> fp8(rows * cols);
   for (int64_t n = 0; n < rows; ++n) {
@@ -288,10 +288,17 @@ TEST(PackedGemm, Fp8KernelsExpandEveryValueExactly) {
   wt.block_cols = 128;
   KMatrix m;
   ASSERT_TRUE(fp8_view(wt, &m));
-  std::vector<std::pair<const char*, detail::PackedFn>> kernels = {
-      {"avx512_vnni", detail::packed_kernels_vnni_base().fp8}};
-  if (f.avx512_vbmi) kernels.emplace_back("avx512_vbmi", detail::packed_kernels_vnni().fp8);
+  std::vector<std::pair<const char*, detail::PackedFn>> kernels;
+  if (best_isa() >= Isa::kAvx2) kernels.emplace_back("avx2", detail::packed_kernels_avx2().fp8);
+  if (best_isa() >= Isa::kAvx512) {
+    kernels.emplace_back("avx512", detail::packed_kernels_avx512().fp8);
+  }
+  if (best_isa() >= Isa::kAvx512Bf16) {
+    kernels.emplace_back("avx512_bf16", detail::packed_kernels_vnni_base().fp8);
+    if (f.avx512_vbmi) kernels.emplace_back("avx512_vbmi", detail::packed_kernels_vnni().fp8);
+  }
   if (f.amx_tile && f.amx_bf16) kernels.emplace_back("amx", detail::packed_kernels_amx().fp8);
+  ASSERT_FALSE(kernels.empty()) << "no FP8 kernel for this CPU";
   for (const auto& [name, fn] : kernels) {
     for (int64_t tokens : {1, 2, 3, 4, 5, 17, 33}) {
       for (int64_t k0 = 0; k0 < cols; k0 += tokens) {
