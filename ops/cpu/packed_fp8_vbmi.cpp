@@ -30,6 +30,8 @@
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx512bf16,avx512vbmi")
 
+#include "ops/cpu/fp8_vbmi_impl.h"
+
 namespace tandem::kern::detail {
 namespace {
 
@@ -39,29 +41,6 @@ constexpr int kMaxTokens = 4;
 // GB/s): 2 KiB 0.73, 4 KiB 0.80-0.83, 6 KiB 0.85-0.87, 8 KiB 0.86-0.90 of DRAM; in slow minutes
 // (~50 GB/s) 8 KiB 0.95-0.98 against 4 KiB's 0.96-0.98.
 constexpr int kPrefetchBytes = 8192;
-
-struct Fp8Tables {
-  __m512i hi0, hi1, lo0, lo1;  // bytes of the BF16 of magnitudes 0-63 and 64-127
-};
-
-Fp8Tables make_tables() {
-  alignas(64) uint8_t hi[128], lo[128];
-  const uint16_t* bf16 = fp8_bf16_table();
-  for (int v = 0; v < 128; ++v) {
-    hi[v] = static_cast<uint8_t>(bf16[v] >> 8);
-    lo[v] = static_cast<uint8_t>(bf16[v] & 0xFF);
-  }
-  return {_mm512_load_si512(hi), _mm512_load_si512(hi + 64), _mm512_load_si512(lo),
-          _mm512_load_si512(lo + 64)};
-}
-
-// Byte i of the result: byte b[i] & 127 of the 128-byte table (t0, t1). vpermt2b overwrites the
-// table's first half (a register copy, free at rename); GCC's choice, vpermi2b, overwrites the
-// index and reloads the weights for each use.
-inline __m512i permute128(__m512i t0, __m512i b, __m512i t1) {
-  asm("vpermt2b %2, %1, %0" : "+v"(t0) : "v"(b), "v"(t1));
-  return t0;
-}
 
 // 64 BF16 activations permuted as the unpacks order the weights (8-element runs: 0, 2, 4, 6 into
 // the first half, 1, 3, 5, 7 into the second).
@@ -76,14 +55,11 @@ inline void permute64(const uint16_t* a, uint16_t* out) {
 template <int NT>
 inline void fp8_row_vbmi(const KMatrix& w, const uint8_t* wr, const float* srow,
                          const uint16_t* const* ar, const Fp8Tables& tab, float* out) {
-  const __m512i sign = _mm512_set1_epi8(static_cast<char>(0x80));
   // The 64 weights at k as two BF16 vectors (unpack order), their dots into pa / pb.
   auto chunk = [&](int64_t k, __m512* pa, __m512* pb) __attribute__((always_inline)) {
     __builtin_prefetch(wr + k + kPrefetchBytes, 0, 3);
-    const __m512i b = _mm512_loadu_si512(wr + k);
-    const __m512i hi = _mm512_ternarylogic_epi32(permute128(tab.hi0, b, tab.hi1), b, sign,
-                                                 0xF8);  // A | (B & C)
-    const __m512i lo = permute128(tab.lo0, b, tab.lo1);
+    __m512i hi, lo;
+    fp8x64_bf16_bytes(_mm512_loadu_si512(wr + k), tab, &hi, &lo);
     const __m512bh w0 = (__m512bh)_mm512_unpacklo_epi8(lo, hi);
     const __m512bh w1 = (__m512bh)_mm512_unpackhi_epi8(lo, hi);
     for (int t = 0; t < NT; ++t) {
@@ -111,24 +87,11 @@ inline void fp8_row_vbmi(const KMatrix& w, const uint8_t* wr, const float* srow,
   for (int t = 0; t < NT; ++t) out[t] = _mm512_reduce_add_ps(acc[t]);
 }
 
-// Rows [p.n0, p.n1): the scale row found by a running count, the row loop inside one token
-// count's instance (a division and the token-count dispatch per row: one thread on 256 KiB in
-// L2, 4.72 -> 4.28 cycles per 64 weights; the straight-line blocks and vpermt2b -> 4.10).
 template <int NT>
 void rows_vbmi(const PackedArgs& p, const uint16_t* const* ar, const Fp8Tables& tab) {
-  const KMatrix& w = *p.w;
-  int64_t rb = (w.row0 + p.n0) / w.block_rows;
-  int64_t left = (rb + 1) * w.block_rows - (w.row0 + p.n0);  // rows before the next scale row
-  for (int64_t n = p.n0; n < p.n1; ++n) {
-    if (left == 0) {
-      ++rb;
-      left = w.block_rows;
-    }
-    --left;
-    float out[NT];
-    fp8_row_vbmi<NT>(w, w.data + n * w.row_bytes, w.scales + rb * w.scale_stride, ar, tab, out);
-    for (int t = 0; t < NT; ++t) p.y[t * p.ldy + n] = out[t];
-  }
+  fp8_scale_rows<NT>(p, [&](const uint8_t* wr, const float* srow, float* out) {
+    fp8_row_vbmi<NT>(*p.w, wr, srow, ar, tab, out);
+  });
 }
 
 }  // namespace
@@ -138,7 +101,7 @@ bool fp8_rows_vbmi_fits(const KMatrix& w, int64_t tokens) {
 }
 
 void fp8_rows_vbmi(const PackedArgs& p) {
-  static const Fp8Tables tab = make_tables();
+  static const Fp8Tables tab = make_fp8_tables();
   const KMatrix& w = *p.w;
   const Activations& a = *p.a;
   const int nt = static_cast<int>(a.tokens);

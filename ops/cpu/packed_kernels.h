@@ -25,7 +25,9 @@ const PackedKernels& packed_kernels_avx2();
 const PackedKernels& packed_kernels_avx512();
 const PackedKernels& packed_kernels_vnni();  // AVX-512 VNNI + BF16 (+ VBMI where the CPU has it)
 const PackedKernels& packed_kernels_vnni_base();  // the same without the VBMI FP8 GEMV
-const PackedKernels& packed_kernels_vnni_int();  // its INT8 / INT4 kernels only (VNNI, no BF16)
+// Its INT8 / INT4 kernels and an FP8 kernel without BF16 (VBMI GEMV where the CPU has VBMI, else
+// the AVX-512 one) and no BF16 tiles: the avx512_vnni level (Cascade Lake, Ice Lake).
+const PackedKernels& packed_kernels_vnni_int();
 const PackedKernels& packed_kernels_amx();   // AMX-INT8 / AMX-BF16 tiles (Sapphire Rapids+)
 
 // An E4M3 byte sign-extended to 16 bits and shifted left by 7, ANDed with this: the FP16 of 2^-8
@@ -44,6 +46,9 @@ constexpr int64_t kFp8TileMinTokens = 5;
 // columns).
 bool fp8_rows_vbmi_fits(const KMatrix& w, int64_t tokens);
 void fp8_rows_vbmi(const PackedArgs& p);
+// The same GEMV on CPUs with VBMI but without BF16 (packed_fp8_vbmi_f32.cpp: the weights expanded
+// to F32, FMA), for the matrices and token counts fp8_rows_vbmi_fits accepts.
+void fp8_rows_vbmi_f32(const PackedArgs& p);
 // 16 FP8 rows (src[i] == nullptr: a zero padding row) x 2 * pairs columns into BF16 tile chunks,
 // dst[c * 32 + 2 i + j] = bf16(row i, column 2c + j): the B-tile lines of vdpbf16ps and AMX-BF16.
 // AVX-512 (packed_vnni.cpp; call only on CPUs with AVX-512 VNNI + BF16).

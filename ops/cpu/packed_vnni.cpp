@@ -147,9 +147,24 @@ const PackedKernels& packed_kernels_vnni_base() {
 
 // The integer kernels use no BF16 instruction: CPUs with VNNI but without BF16 (Cascade Lake, Ice
 // Lake) run them (objdump: vdpbf16ps / vcvtne*2bf16 appear only in the fp8 and bf16 functions).
+// Their FP8 GEMV is packed_fp8_vbmi_f32.cpp's where the CPU has VBMI, the AVX-512 table's else.
+namespace {
+
+void fp8_kernel_no_bf16(const PackedArgs& p) {
+  static const bool vbmi = cpu_features().avx512_vbmi;
+  if (vbmi && fp8_rows_vbmi_fits(*p.w, p.a->tokens)) {
+    fp8_rows_vbmi_f32(p);
+  } else {
+    packed_kernels_avx512().fp8(p);
+  }
+}
+
+}  // namespace
+
 const PackedKernels& packed_kernels_vnni_int() {
   static const PackedKernels k{&packed_impl::int_kernel<Vnni, false>,
-                               &packed_impl::int_kernel<Vnni, true>, nullptr, nullptr};
+                               &packed_impl::int_kernel<Vnni, true>, &fp8_kernel_no_bf16,
+                               nullptr};
   return k;
 }
 

@@ -265,8 +265,8 @@ TEST(PackedGemm, Fp8Conformance) {
 // Every E4M3 value through the FP8 GEMV kernels exactly: row n holds the byte values (k + 3n) mod
 // 256 (the two NaNs replaced by zero); a token that is one-hot at column k gives y[n] =
 // fl(scale * e4m3(w[n][k])), one product and one rounding whatever a kernel's summation order. The
-// AVX2 and AVX-512 kernels (E4M3 sign-extended and shifted into F32, times 2^120: rows for 1-4
-// tokens, the BF16 tile table for more), the VNNI kernels (shifts and a subnormal table: rows for 1-4 tokens, BF16 tiles for 5 and 17) and,
+// AVX2 and AVX-512 kernels (E4M3 through FP16 bits and vcvtph2ps: rows for 1-4 tokens, the BF16
+// tile table for more), with VBMI and without BF16 the byte tables into F32, the VNNI kernels (shifts and a subnormal table: rows for 1-4 tokens, BF16 tiles for 5 and 17) and,
 // on CPUs with VBMI, the VBMI GEMV (byte tables, activations permuted to the unpacks' order; more
 // tokens take the VNNI tiles), and on CPUs with AMX its tdpbf16ps tiles (17 and 33 tokens: one and
 // three 16-token A tiles), scale blocks 16 x 128.
@@ -292,6 +292,9 @@ TEST(PackedGemm, Fp8KernelsExpandEveryValueExactly) {
   if (best_isa() >= Isa::kAvx2) kernels.emplace_back("avx2", detail::packed_kernels_avx2().fp8);
   if (best_isa() >= Isa::kAvx512) {
     kernels.emplace_back("avx512", detail::packed_kernels_avx512().fp8);
+  }
+  if (best_isa() >= Isa::kAvx512Vnni) {  // VBMI without BF16: packed_fp8_vbmi_f32.cpp
+    kernels.emplace_back("avx512_vnni", detail::packed_kernels_vnni_int().fp8);
   }
   if (best_isa() >= Isa::kAvx512Bf16) {
     kernels.emplace_back("avx512_bf16", detail::packed_kernels_vnni_base().fp8);
