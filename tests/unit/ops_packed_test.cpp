@@ -266,8 +266,9 @@ TEST(PackedGemm, Fp8Conformance) {
 // 256 (the two NaNs replaced by zero); a token that is one-hot at column k gives y[n] =
 // fl(scale * e4m3(w[n][k])), one product and one rounding whatever a kernel's summation order. The
 // AVX2 and AVX-512 kernels (E4M3 through FP16 bits and vcvtph2ps: rows for 1-4 tokens, the BF16
-// tile table for more), with VBMI and without BF16 the byte tables into F32, the VNNI kernels (shifts and a subnormal table: rows for 1-4 tokens, BF16 tiles for 5 and 17) and,
-// on CPUs with VBMI, the VBMI GEMV (byte tables, activations permuted to the unpacks' order; more
+// tile table for more), with VBMI and without BF16 the byte tables into F32, the VNNI kernels
+// (shifts and a subnormal table: rows for 1-4 tokens, BF16 tiles for 5 and 17) and, on CPUs with
+// VBMI, the VBMI GEMV (byte tables, activations permuted to the unpacks' order; more
 // tokens take the VNNI tiles), and on CPUs with AMX its tdpbf16ps tiles (17 and 33 tokens: one and
 // three 16-token A tiles), scale blocks 16 x 128.
 TEST(PackedGemm, Fp8KernelsExpandEveryValueExactly) {
