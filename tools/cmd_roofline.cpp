@@ -52,15 +52,17 @@ void print_table(const cpu::RooflineResult& r) {
         format_binary_bytes(r.l2_bytes_per_thread) + " per thread");
   }
   auto compute = [](const char* what, const char* unit, double value, const std::string& kernel,
-                    const std::vector<cpu::RooflinePoint>& sweep) {
+                    const std::vector<cpu::RooflinePoint>& sweep, const char* without = nullptr) {
     if (kernel.empty()) {
-      fmt::print("{:<10} {:>16}  (no kernel on this CPU)\n", what, "-");
+      fmt::print("{:<10} {:>16}  ({})\n", what, "-",
+                 without != nullptr ? without : "no kernel on this CPU");
     } else {
       row(what, value, unit, kernel, point_list(sweep));
     }
   };
   compute("fp32 FMA", "GFLOP/s", r.fp32_gflops, r.fp32_kernel, r.fp32_sweep);
-  compute("bf16 dot", "GFLOP/s", r.bf16_gflops, r.bf16_kernel, r.bf16_sweep);
+  compute("bf16 dot", "GFLOP/s", r.bf16_gflops, r.bf16_kernel, r.bf16_sweep,
+          "no AVX-512 BF16: BF16 and FP8 weights are widened to F32, the fp32 FMA peak applies");
   compute("int8 dot", "GOP/s", r.int8_gops, r.int8_kernel, r.int8_sweep);
   compute("AMX int8", "GOP/s", r.amx_int8_gops, r.amx_int8_kernel, r.amx_int8_sweep);
   compute("AMX bf16", "GFLOP/s", r.amx_bf16_gflops, r.amx_bf16_kernel, r.amx_bf16_sweep);

@@ -97,6 +97,15 @@ TEST(CliRoofline, SmallJsonRunAndBadArguments) {
   EXPECT_GT(j["int8_gops"].get<double>(), 0);
   EXPECT_EQ(j["isa"], isa_name(best_isa()));
 
+  // The table: the bf16 dot row has a peak on AVX-512 BF16 CPUs and says what applies instead on
+  // the others.
+  const test::CommandResult t = test::run_tandem(
+      "roofline --threads 1 --size-mb 48 --seconds 0.002 --repetitions 1 --no-sweep");
+  ASSERT_EQ(t.exit_code, 0) << t.err;
+  const bool bf16 = best_isa() >= Isa::kAvx512Bf16;
+  EXPECT_EQ(t.out.find("the fp32 FMA peak applies") == std::string::npos, bf16) << t.out;
+  EXPECT_EQ(j["bf16_gflops"].get<double>() > 0, bf16) << r.out;
+
   const test::CommandResult bad = test::run_tandem("roofline --seconds -1");
   EXPECT_EQ(bad.exit_code, 1);
   EXPECT_NE(bad.err.find("--seconds -1"), std::string::npos) << bad.err;
