@@ -1,4 +1,5 @@
-// DRAM read bandwidth measured inside a benchmark, next to what it compares with. This machine's
+// DRAM read bandwidth (and the compute peaks: PeakProbe below) measured inside a benchmark, next
+// to what it compares with. This machine's
 // DRAM speed swings by up to 2x within minutes (other guests on the host), so a fraction of a
 // `tandem roofline` figure taken minutes earlier says little; a benchmark that alternates short
 // rounds of its own work with rounds of this probe, and reports the median of the per-round
@@ -85,26 +86,103 @@ inline double median(std::vector<double> v) {
   return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
-// Paired rounds: 8 times, ~20 ms of `step` (a callable returning the bytes it read) then one
-// probe pass. Returns {median of step GB/s / probe GB/s, median probe GB/s}.
-struct OfDram {
-  double of_dram = 0, dram_gbs = 0;
+// The compute peak the same way: `tandem roofline`'s multiply-add chains of one kind
+// (ops/cpu/roofline_kernels.h, the best variant this CPU runs) on every thread of the pool at once,
+// for ~10 ms per measure(). The same VM's compute rate swings too (session 33: one core's INT8
+// GEMM task took 600 or 900 thousand cycles by the minute, as if another guest shared the core).
+class PeakProbe {
+ public:
+  // A CPU without a kernel of `kind` (bf16 without AVX-512 BF16) gets none: ok() is false.
+  PeakProbe(ThreadPool* pool, cpu::ComputeKind kind)
+      : pool_(pool), kernel_(cpu::best_compute_kernel(kind)) {
+    if (kernel_ == nullptr) return;
+    iterations_ = 1 << 12;
+    while (iterations_ < (uint64_t{1} << 40) && pass() < 0.01) iterations_ *= 2;
+  }
+  bool ok() const { return kernel_ != nullptr; }
+  const char* kernel_name() const { return kernel_ != nullptr ? kernel_->name : ""; }
+
+  // One pass: G op/s (2 per multiply-add) of all threads together.
+  double measure() {
+    const double s = pass();
+    return kernel_->ops_per_iteration * static_cast<double>(iterations_) * threads() / s * 1e-9;
+  }
+
+ private:
+  int threads() const { return pool_->size() + 1; }
+  // Seconds for every thread to run iterations_ rounds, from the moment the last one started
+  // (waking a sleeping worker took up to tens of ms on this VM) to the last one's end; each task
+  // waits until all have started, so no thread runs two (the caller helps as one of them).
+  double pass() {
+    using Clock = std::chrono::steady_clock;
+    const int n = threads();
+    std::atomic<int> arrived{0};
+    std::atomic<int64_t> start{0}, end{0};
+    auto now = [] { return Clock::now().time_since_epoch().count(); };
+    pool_->run(static_cast<size_t>(n), [&](size_t) {
+      if (arrived.fetch_add(1) + 1 == n) {
+        start.store(now(), std::memory_order_release);
+      } else {
+        while (arrived.load(std::memory_order_acquire) < n) {
+        }
+      }
+      sink_.fetch_add(static_cast<uint64_t>(kernel_->fn(iterations_)), std::memory_order_relaxed);
+      const int64_t t = now();
+      int64_t e = end.load();
+      while (t > e && !end.compare_exchange_weak(e, t)) {
+      }
+    });
+    return std::chrono::duration<double>(Clock::duration(end.load() - start.load())).count();
+  }
+
+  ThreadPool* pool_;
+  const cpu::ComputeKernel* kernel_;
+  uint64_t iterations_ = 0;
+  std::atomic<uint64_t> sink_{0};  // keeps the sums alive
 };
-template <class Step>
-OfDram paired_rounds(DramProbe& probe, Step&& step) {
-  std::vector<double> ratio, dram;
+
+// Paired rounds: 8 times, ~20 ms of `step` (a callable returning the amount of work it did: the
+// bytes it read for a DramProbe, the operations for a PeakProbe) then one probe pass. Returns
+// {median of step rate / probe rate, median probe rate (GB/s or G op/s)}.
+struct Paired {
+  double ratio = 0, probe_rate = 0;
+};
+template <class Probe, class Step>
+Paired paired_rounds(Probe& probe, Step&& step) {
+  std::vector<double> ratio, rate;
   for (int round = 0; round < 8; ++round) {
-    uint64_t bytes = 0;
+    uint64_t amount = 0;
     double sec = 0;
     const auto t0 = std::chrono::steady_clock::now();
     do {
-      bytes += step();
+      amount += step();
       sec = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     } while (sec < 0.02);
-    dram.push_back(probe.measure());
-    ratio.push_back(static_cast<double>(bytes) * 1e-9 / sec / dram.back());
+    rate.push_back(probe.measure());
+    ratio.push_back(static_cast<double>(amount) * 1e-9 / sec / rate.back());
   }
-  return {median(ratio), median(dram)};
+  return {median(ratio), median(rate)};
+}
+
+// A many-token benchmark's of_peak / peak_Gops: paired_rounds of `step` (one call doing
+// ops_per_call operations, 2 per multiply-add) against the compute peak of `kind` (int8 for the
+// integer kernels; bf16 for BF16 / FP8 weights, or fp32 on a CPU without a BF16 dot, where those
+// are widened to F32). One probe per kind and benchmark binary.
+template <class Step>
+void report_peak(benchmark::State& state, ThreadPool* pool, cpu::ComputeKind kind,
+                 uint64_t ops_per_call, Step&& step) {
+  static PeakProbe int8(pool, cpu::ComputeKind::kInt8Dot);
+  static PeakProbe bf16(pool, cpu::ComputeKind::kBf16Dot);
+  static PeakProbe fp32(pool, cpu::ComputeKind::kFp32Fma);
+  PeakProbe* probe = kind == cpu::ComputeKind::kInt8Dot ? &int8 : bf16.ok() ? &bf16 : &fp32;
+  if (!probe->ok()) return;
+  const Paired r = paired_rounds(*probe, [&] {
+    step();
+    return ops_per_call;
+  });
+  state.counters["of_peak"] = r.ratio;
+  state.counters["peak_Gops"] = r.probe_rate;
+  state.SetLabel(probe->kernel_name());
 }
 
 // An A/B in the same minute: 16 rounds of ~20 ms of `a` then ~20 ms of `b` (callables doing one
@@ -140,12 +218,12 @@ void report_gemv(benchmark::State& state, ThreadPool* pool, int64_t bytes_per_ca
       benchmark::Counter::kIsRate);
   if (std::getenv("TANDEM_BENCH_GEMV_KIB") != nullptr) return;
   static DramProbe probe(pool);
-  const OfDram r = paired_rounds(probe, [&] {
+  const Paired r = paired_rounds(probe, [&] {
     step();
     return static_cast<uint64_t>(bytes_per_call);
   });
-  state.counters["of_dram"] = r.of_dram;
-  state.counters["dram_GBps"] = r.dram_gbs;
+  state.counters["of_dram"] = r.ratio;
+  state.counters["dram_GBps"] = r.probe_rate;
 }
 
 }  // namespace tandem

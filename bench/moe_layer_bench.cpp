@@ -5,7 +5,9 @@
 // Decode (1 token): GBps = bytes of the selected experts' weights read per second (1e9-based;
 // bytes_per_second is the same in GiB/s), of_dram = that as a fraction of DRAM read bandwidth
 // measured in rounds alternating with the layer's (bench/dram_probe.h). Prefill (512 tokens,
-// random routing): items_per_second = 2 x multiply-adds per second (compare with the int8 peak).
+// random routing): items_per_second = 2 x multiply-adds per second, of_peak = that as a fraction
+// of the compute peak (int8; bf16 for BF16 / FP8 weights, fp32 without a BF16 dot) measured in
+// rounds alternating with the layer's (peak_Gops; the label names the peak's kernel).
 // The layer's weights (~200-400 MB) are far larger than L3, and each iteration routes to other
 // experts, so decode reads from DRAM as in a real model. They sit in one buffer of transparent huge
 // pages, as a model file copied at load does (core/mapped_file.h, LoadMode::kCopy);
@@ -179,9 +181,11 @@ PackedLayer* make_packed_layer(const Shape& s, kern::WFormat f) {
 }
 
 // vs_native: the vs_native counter; x4_off (non-null): x4_vs_rows, this layer against these experts
-// (the same but the downs as stored rows), A/B in the same minute.
+// (the same but the downs as stored rows), A/B in the same minute. peak: the compute peak a
+// prefill's of_peak compares with (bench/dram_probe.h report_peak).
 void run_layer(benchmark::State& state, const Shape& s, const Layer* layer, const CpuExperts* ce,
-               int64_t tokens, bool vs_native = false, const CpuExperts* x4_off = nullptr);
+               int64_t tokens, bool vs_native = false, const CpuExperts* x4_off = nullptr,
+               cpu::ComputeKind peak = cpu::ComputeKind::kInt8Dot);
 
 void BM_MoeLayerPacked(benchmark::State& state, Shape s, kern::WFormat f, int64_t tokens) {
   static std::vector<std::pair<kern::WFormat, PackedLayer*>> cache;
@@ -195,7 +199,9 @@ void BM_MoeLayerPacked(benchmark::State& state, Shape s, kern::WFormat f, int64_
     pl = make_packed_layer(s, f);
     cache.emplace_back(f, pl);
   }
-  run_layer(state, s, &pl->layer, &pl->ce, tokens);
+  const bool integer = f == kern::WFormat::kInt4 || f == kern::WFormat::kInt8;
+  run_layer(state, s, &pl->layer, &pl->ce, tokens, false, nullptr,
+            integer ? cpu::ComputeKind::kInt8Dot : cpu::ComputeKind::kBf16Dot);
 }
 
 bool same_shape(const Shape& a, const Shape& b) {
@@ -395,19 +401,24 @@ void BM_MoeLayerShared(benchmark::State& state, Shape s, int64_t tokens) {
   state.counters["GBps"] =
       benchmark::Counter(static_cast<double>(total) * 1e-9, benchmark::Counter::kIsRate);
   // Prefill: 2 x multiply-adds of the routed and the shared experts per second.
-  state.SetItemsProcessed(state.iterations() * 2 * tokens * 3 * s.hidden * (s.k * s.ff + sff));
+  const int64_t ops_per_call = 2 * tokens * 3 * s.hidden * (s.k * s.ff + sff);
+  state.SetItemsProcessed(state.iterations() * ops_per_call);
+  if (tokens > 1) {
+    report_peak(state, &pool(), cpu::ComputeKind::kInt8Dot, static_cast<uint64_t>(ops_per_call),
+                step);
+  }
   if (tokens == 1) {
     static DramProbe probe(&pool());
-    const OfDram o = paired_rounds(probe, step);
-    state.counters["dram_GBps"] = o.dram_gbs;
-    state.counters["of_dram"] = o.of_dram;
+    const Paired o = paired_rounds(probe, step);
+    state.counters["dram_GBps"] = o.probe_rate;
+    state.counters["of_dram"] = o.ratio;
   }
   state.counters["vs_model"] = ab_rounds(step_model, step_fused);
   state.counters["threads"] = pool().size() + 1;
 }
 
 void run_layer(benchmark::State& state, const Shape& s, const Layer* layer, const CpuExperts* ce,
-               int64_t tokens, bool vs_native, const CpuExperts* x4_off) {
+               int64_t tokens, bool vs_native, const CpuExperts* x4_off, cpu::ComputeKind peak) {
   const Inputs in = make_inputs(s, tokens);
   const std::vector<float>& x = in.x;
   const std::vector<std::vector<int32_t>>& routings = in.routings;
@@ -445,7 +456,11 @@ void run_layer(benchmark::State& state, const Shape& s, const Layer* layer, cons
   state.SetBytesProcessed(static_cast<int64_t>(bytes));
   state.counters["GBps"] = benchmark::Counter(static_cast<double>(bytes) * 1e-9,
                                               benchmark::Counter::kIsRate);
-  state.SetItemsProcessed(state.iterations() * 2 * tokens * s.k * 3 * s.hidden * s.ff);
+  const int64_t ops_per_call = 2 * tokens * s.k * 3 * s.hidden * s.ff;
+  state.SetItemsProcessed(state.iterations() * ops_per_call);
+  // of_peak: the median over 8 paired rounds (the layer, then one pass of the compute peak's
+  // kernel) of layer G op/s / peak G op/s; peak_Gops: the peak's median; the label names it.
+  if (tokens > 1) report_peak(state, &pool(), peak, static_cast<uint64_t>(ops_per_call), step);
   // TANDEM_BENCH_MOE_ROWS_B=N: b_vs_a, the layer with max_rows_per_task (and the decode cap) N
   // against the one above, A/B in the same minute (ab_rounds; the routings cycle through both).
   if (const char* rows_b = std::getenv("TANDEM_BENCH_MOE_ROWS_B")) {
@@ -458,9 +473,9 @@ void run_layer(benchmark::State& state, const Shape& s, const Layer* layer, cons
     // of_dram: the median over 8 paired rounds (~20 ms of the layer, then one DRAM probe pass,
     // bench/dram_probe.h) of layer GB/s / probe GB/s; dram_GBps: the probe's median.
     static DramProbe probe(&pool());
-    const OfDram r = paired_rounds(probe, step);
-    state.counters["dram_GBps"] = r.dram_gbs;
-    state.counters["of_dram"] = r.of_dram;
+    const Paired r = paired_rounds(probe, step);
+    state.counters["dram_GBps"] = r.probe_rate;
+    state.counters["of_dram"] = r.ratio;
     // TANDEM_BENCH_MOE_TAIL_B=N: b_vs_a with FusedMoeOptions::tail_pieces N against the default.
     if (const char* tail_b = std::getenv("TANDEM_BENCH_MOE_TAIL_B")) {
       FusedMoeOptions opt_b = opt;

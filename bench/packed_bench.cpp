@@ -87,6 +87,8 @@ ThreadPool& pool() {
   return bench_pool();
 }
 
+// per_task < 0: one task of all rows on the calling thread (no pool): the kernel's own
+// speed, to compare with the one-thread peaks of `tandem roofline`.
 void run(benchmark::State& state, WFormat f, int64_t rows, int64_t cols, int64_t tokens, Isa isa,
          int64_t per_task = 0) {
   if (isa > best_isa()) {
@@ -104,9 +106,15 @@ void run(benchmark::State& state, WFormat f, int64_t rows, int64_t cols, int64_t
   kern::quantize_activations(kern::act_format(f), group, x.data(), tokens, cols, cols, &a);
   // Tasks as the fused MoE cuts them: 64 rows for a GEMM, up to 1024 rows (one long stream) for a
   // GEMV.
-  if (per_task == 0) per_task = tokens > 4 ? 64 : 1024;
+  const bool one_thread = per_task < 0;
+  if (per_task <= 0) per_task = tokens > 4 ? 64 : 1024;
   const size_t n_tasks = static_cast<size_t>((rows + per_task - 1) / per_task);
   auto call = [&] {
+    if (one_thread) {
+      kern::gemm(w.m, a, 0, rows, y.data(), rows, isa);
+      benchmark::DoNotOptimize(y.data());
+      return;
+    }
     pool().run(n_tasks, [&](size_t i) {
       const int64_t r0 = static_cast<int64_t>(i) * per_task;
       const int64_t r1 = std::min(rows, r0 + per_task);
@@ -120,9 +128,16 @@ void run(benchmark::State& state, WFormat f, int64_t rows, int64_t cols, int64_t
                             : static_cast<int64_t>(kern::packed_bytes(f, rows, cols, group));
   state.SetBytesProcessed(state.iterations() * bytes);
   state.SetItemsProcessed(state.iterations() * 2 * rows * cols * tokens);
-  state.counters["threads"] = pool().size() + 1;
-  // GEMV: GBps and, from DRAM, of_dram / dram_GBps (bench/dram_probe.h).
+  state.counters["threads"] = one_thread ? 1 : pool().size() + 1;
+  // GEMV: GBps and, from DRAM, of_dram / dram_GBps (bench/dram_probe.h). GEMM on the pool:
+  // of_peak / peak_Gops against the int8 peak (INT4 / INT8) or the bf16 one (fp32 without a BF16
+  // dot), measured in rounds alternating with the GEMM's.
   if (tokens == 1) report_gemv(state, &pool(), bytes, call);
+  if (tokens > 1 && !one_thread) {
+    const bool integer = f == WFormat::kInt4 || f == WFormat::kInt8;
+    report_peak(state, &pool(), integer ? cpu::ComputeKind::kInt8Dot : cpu::ComputeKind::kBf16Dot,
+                static_cast<uint64_t>(2 * rows * cols * tokens), call);
+  }
 }
 
 int64_t gemv_rows(WFormat f, int64_t cols) {
@@ -142,6 +157,12 @@ void BM_Gemv(benchmark::State& state, WFormat f, Isa isa) {
 
 void BM_Gemm512(benchmark::State& state, WFormat f, Isa isa) {
   run(state, f, 2048, 2048, 512, isa);
+}
+
+// One task of that GEMM (the fused MoE's 64 rows x 512 tokens) on one thread: its weights stay
+// in L2, so this is the tile kernel's own speed (vs the one-thread int8 / fp32 peaks).
+void BM_Gemm512Task(benchmark::State& state, WFormat f, Isa isa) {
+  run(state, f, 64, 2048, 512, isa, -64);
 }
 
 // A MoE prefill's expert GEMM: 48 tokens (a V2-Lite layer's 512 tokens x 6 of 64 experts) against
@@ -165,6 +186,9 @@ TD_PACKED_BENCH(BM_Gemv, WFormat::kInt8, int8);
 TD_PACKED_BENCH(BM_Gemv, WFormat::kBF16Tile, bf16);
 TD_PACKED_BENCH(BM_Gemv, WFormat::kBF16, bf16_rows);
 TD_PACKED_BENCH(BM_Gemv, WFormat::kFP8Block, fp8);
+TD_PACKED_BENCH(BM_Gemm512Task, WFormat::kInt4, int4);
+TD_PACKED_BENCH(BM_Gemm512Task, WFormat::kInt8, int8);
+TD_PACKED_BENCH(BM_Gemm512Task, WFormat::kBF16Tile, bf16);
 TD_PACKED_BENCH(BM_Gemm512, WFormat::kInt4, int4);
 TD_PACKED_BENCH(BM_Gemm512, WFormat::kInt8, int8);
 TD_PACKED_BENCH(BM_Gemm512, WFormat::kBF16Tile, bf16);

@@ -45,15 +45,19 @@ inline void gemv_prefetch(const uint8_t* p) {
 }
 
 // The GEMM's next panel (the next step's tiles), prefetched into L2 while this step's token blocks
-// run: each block takes a slice, a few lines per 64-byte chunk of its own weights. Without it the
-// first token block of every step waits for DRAM (an expert's 48 tokens of a 512-token prefill
-// are 12 blocks of 4, and their first one read the panel at one core's DRAM rate).
+// run: each block takes a slice, spread evenly over its 64-byte chunks (`lines` per `chunks`).
+// Without it the first token block of every step waits for DRAM (an expert's 48 tokens of a
+// 512-token prefill are 12 blocks of 4, and their first one read the panel at one core's DRAM
+// rate). Evenly, not a line per chunk from the block's start: those bursts (a third of a 48-token
+// block's chunks) left the rest of the block without requests in flight.
 struct PanelPrefetch {
   const uint8_t* p = nullptr;
   const uint8_t* end = nullptr;
-  int per_chunk = 0;
-  void step() {
-    for (int i = 0; i < per_chunk && p < end; ++i, p += 64) __builtin_prefetch(p, 0, 2);
+  int64_t lines = 0, chunks = 1;
+  int64_t credit = 0;  // lines * chunks stepped, less chunks per line issued
+  void step(int n = 1) {
+    credit += n * lines;
+    for (; credit >= chunks && p < end; credit -= chunks, p += 64) __builtin_prefetch(p, 0, 2);
   }
 };
 
@@ -93,12 +97,12 @@ inline void int_tile(const uint8_t* const* tiles, const KMatrix& wm, const Packe
     if constexpr (!kInt4) {
       // VNNI reads q_a + 128 from the activation row's biased copy.
       const int64_t bias_off = T::kBiasedS8 ? act_biased_offset(geo.groups * group, geo.groups) : 0;
-      for (int c0 = 0; c0 < group / 4; c0 += IC) {  // group / 4 is a multiple of 4
+      for (int c0 = 0; c0 < group / 4; c0 += 4) {  // group / 4 is a multiple of 4
+        pf.step(4);
 #pragma GCC unroll 4
-        for (int j = 0; j < IC; ++j) {
+        for (int j = 0; j < 4; ++j) {
           const int c = c0 + j;
           gemv_prefetch<NR, NT>(block[0] + c * 64);
-          pf.step();
           VI w[W];
           for (int r = 0; r < NR; ++r) {
             for (int v = 0; v < V; ++v) w[r * V + v] = T::load(block[r] + c * 64 + v * (64 / V));
@@ -107,7 +111,7 @@ inline void int_tile(const uint8_t* const* tiles, const KMatrix& wm, const Packe
             int32_t bits;
             std::memcpy(&bits, arow[t] + bias_off + k0 + 4 * c, 4);
             const VI a = T::bcast(bits);
-            for (int v = 0; v < W; ++v) iacc[j][t][v] = T::dot_s8(iacc[j][t][v], w[v], a);
+            for (int v = 0; v < W; ++v) iacc[j % IC][t][v] = T::dot_s8(iacc[j % IC][t][v], w[v], a);
           }
         }
       }
@@ -256,7 +260,8 @@ void tiles_step(const KMatrix& w, const Activations& a, const PackedGeometry& ge
   // The 64-byte chunks of one tile a call steps through (INT8: 4 columns, INT4: 8, BF16: 2).
   const int64_t chunks = geo.groups * geo.values_bytes / 64;
   PanelPrefetch pf;
-  pf.per_chunk = static_cast<int>((block_lines + chunks - 1) / chunks);
+  pf.lines = block_lines;
+  pf.chunks = std::max<int64_t>(chunks, 1);
   const uint8_t* pf_base = w.data + next * geo.tile_bytes;
   for (int64_t t0 = 0, b = 0; t0 < a.tokens; t0 += T::kMaxTokens, ++b) {
     const int nt = static_cast<int>(a.tokens - t0 < T::kMaxTokens ? a.tokens - t0 : T::kMaxTokens);
