@@ -133,7 +133,6 @@ inline void int_tile(const uint8_t* const* tiles, const KMatrix& wm, const Packe
       auto chunk = [&](int c, VI (&acc_lo)[NT][W], VI (&acc_hi)[NT][W])
                        __attribute__((always_inline)) {
         gemv_prefetch<NR, NT, kPackedPrefetchFar>(block[0] + c * 64);
-        pf.step();
         VI lo[W], hi[W];
         for (int r = 0; r < NR; ++r) {
           for (int v = 0; v < V; ++v) {
@@ -153,13 +152,18 @@ inline void int_tile(const uint8_t* const* tiles, const KMatrix& wm, const Packe
           }
         }
       };
-      if constexpr (IC == 4) {
-        for (int c = 0; c < half; c += 2) {  // half = group / 8 is even
-          chunk(c, iacc[0], iacc[1]);
-          chunk(c + 1, iacc[2], iacc[3]);
+      // Four chunks per panel prefetch step, straight-line (as INT8's loop above).
+      for (int c0 = 0; c0 < half; c0 += 4) {  // half = group / 8 is a multiple of 4
+        pf.step(4);
+        if constexpr (IC == 4) {
+          chunk(c0, iacc[0], iacc[1]);
+          chunk(c0 + 1, iacc[2], iacc[3]);
+          chunk(c0 + 2, iacc[0], iacc[1]);
+          chunk(c0 + 3, iacc[2], iacc[3]);
+        } else {
+#pragma GCC unroll 4
+          for (int j = 0; j < 4; ++j) chunk(c0 + j, iacc[0], iacc[IC - 1]);
         }
-      } else {
-        for (int c = 0; c < half; ++c) chunk(c, iacc[0], iacc[IC - 1]);
       }
       // Nibbles are q + 8: subtract 8 * sum(q_a) of the token's group.
       for (int t = 0; t < NT; ++t) {
