@@ -3,7 +3,9 @@
 //    threads; bytes_per_second = weight bytes read (incl. scales), vs `tandem roofline` DRAM;
 //    GBps the same in 1e9 units, of_dram the fraction of a DRAM probe run in alternating rounds.
 //  - GEMM: 512 tokens x a 2048 x 2048 matrix; items_per_second = 2 x multiply-adds (OP/s), vs
-//    the int8 VNNI / bf16 peaks of `tandem roofline`. Gemm48Dram: 48 tokens x 96 MiB (DRAM-fed).
+//    the int8 VNNI / bf16 peaks of `tandem roofline`; of_peak that fraction of the peak measured
+//    in rounds alternating with the GEMM's (bench/dram_probe.h). Gemm48Dram: 48 tokens x 96 MiB
+//    (DRAM-fed); Gemm512Task: one 64-row task of Gemm512 on one thread (the kernel alone).
 // bf16 is the packed BF16 tile format (`--cpu-experts bf16`: BF16 activations, vdpbf16ps);
 // bf16_rows the plain row-major BF16 of native BF16 models (F32 activations, FMA), for comparison.
 // Run: build-kp/bench/bench_packed_bench [--benchmark_filter=Gemv] [--benchmark_min_time=1]
