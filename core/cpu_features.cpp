@@ -79,6 +79,7 @@ CpuFeatures detect() {
     f.avx512vl = os_avx512 && ((ebx >> 31) & 1);
     f.avx512_vbmi = os_avx512 && ((ecx >> 1) & 1);
     f.avx512_bitalg = os_avx512 && ((ecx >> 12) & 1);
+    f.gfni = os_avx512 && ((ecx >> 8) & 1);
     f.avx512_vnni = os_avx512 && ((ecx >> 11) & 1);
     const bool amx_bf16 = (edx >> 22) & 1, amx_tile = (edx >> 24) & 1, amx_int8 = (edx >> 25) & 1;
     unsigned s1[4] = {0, 0, 0, 0};
@@ -180,6 +181,7 @@ std::string cpu_feature_string(const CpuFeatures& f) {
   add(f.avx512dq, "avx512dq");
   add(f.avx512_vbmi, "avx512_vbmi");
   add(f.avx512_bitalg, "avx512_bitalg");
+  add(f.gfni, "gfni");
   add(f.avx512_vnni, "avx512_vnni");
   add(f.avx512_bf16, "avx512_bf16");
   add(f.amx_tile, "amx_tile");

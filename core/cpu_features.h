@@ -17,6 +17,7 @@ struct CpuFeatures {
   bool avx512f = false, avx512bw = false, avx512vl = false, avx512dq = false;
   bool avx512_vnni = false, avx512_bf16 = false, avx512_vbmi = false;
   bool avx512_bitalg = false;  // VPSHUFBITQMB (Ice Lake+, Zen 4+)
+  bool gfni = false;           // GF2P8AFFINEQB (Ice Lake+, Zen 4+): usable at 512 bits here
   bool amx_tile = false, amx_int8 = false, amx_bf16 = false;  // and the OS granted tile state
 };
 

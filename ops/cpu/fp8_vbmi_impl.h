@@ -1,7 +1,7 @@
-// Internal to the FP8 GEMVs with AVX-512 VBMI (packed_fp8_vbmi.cpp: BF16 dot;
-// packed_fp8_vbmi_f32.cpp: F32 FMA): the E4M3 -> BF16 byte tables and the row loop. Include after
-// the file's `#pragma GCC target` (AVX-512 + VBMI). Internal linkage (an anonymous namespace): each
-// file keeps its own instances, compiled for its own ISA.
+// Internal to the FP8 GEMVs with AVX-512 VBMI (packed_fp8_vbmi.cpp: BF16 dot, the E4M3 -> BF16
+// byte tables; packed_fp8_vbmi_f32.cpp: F32 FMA, GFNI instead of the tables): the row loop.
+// Include after the file's `#pragma GCC target` (AVX-512 + VBMI). Internal linkage (an anonymous
+// namespace): each file keeps its own instances, compiled for its own ISA.
 #pragma once
 
 #include <immintrin.h>

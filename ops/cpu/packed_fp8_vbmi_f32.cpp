@@ -1,14 +1,22 @@
-// FP8Block GEMV (1-4 tokens) with AVX-512 VBMI on CPUs without AVX-512 BF16 (Ice Lake): compiled
-// for AVX-512 + VBMI only; packed_vnni.cpp's avx512_vnni table calls it where the CPU has VBMI.
+// FP8Block GEMV (1-4 tokens) with AVX-512 VBMI + GFNI on CPUs without AVX-512 BF16 (Ice Lake):
+// compiled for AVX-512 + VBMI + GFNI only; packed_vnni.cpp's avx512_vnni table calls it where the
+// CPU has both.
 //
-// The weights' expansion is packed_fp8_vbmi.cpp's: 64 E4M3 bytes through two 128-entry byte tables
-// (vpermt2b) into each value's BF16 high and low byte (exact, subnormals included), the sign put
-// back by one vpternlogd, two byte unpacks into 2 x 32 BF16. Without vdpbf16ps, four word unpacks
-// against zero make those 4 x 16 F32 (a BF16 is the high half of its F32), multiplied into F32 by
-// FMA with the token's activations widened to F32 once per call, permuted as the unpacks order the
-// weights. Nine shuffles per 64 weights on one port, against the ~20 of the FP16 route
-// (packed_avx512.cpp), which left the GEMV compute-bound on Ice Lake. Per row and scale block: four
-// F32 partial sums per token (one per unpacked vector: the FMA chains), added and post-scaled once
+// Each E4M3 byte's BF16 (= the high half of its F32) as two bytes computed in place by
+// GF2P8AFFINEQB, a bit-linear map of each byte: for a normal value (exponent e = 1..15) the BF16
+// exponent e + 120 has the bits e3, ~e3, ~e3, ~e3, ~e3, e2, e1, e0, so the high byte is sign, e3,
+// four copies of ~e3 (an affine constant), e2, e1 and the low byte e0 and the three mantissa bits
+// (kHighRows / kLowRows below). The subnormals and zeros (e = 0: their BF16 is normalized, not
+// affine) are overwritten by a masked vpermb from 8-entry tables (the bytes of fp8_bf16_table)
+// and their sign put back by one vpternlogd, in a branch taken only by the 64 bytes that hold one
+// (~1% of a block-quantized checkpoint's). Two byte unpacks make 2 x 32 BF16, and each dword of
+// those (two BF16) two F32: the low BF16 shifted up, the high one masked. Thirteen vector uops per
+// 64 weights, four FMA among them, against ~20 with vpermt2b's 128-entry byte tables (three uops
+// each on Ice Lake; session 34, docs/cpu-kernels.md) and ~30 with the FP16 route
+// (packed_avx512.cpp). Like that route, E4M3's NaN bytes (0x7F, 0xFF) read as 480 (no checkpoint
+// holds them). Multiplied into F32 by FMA with the token's activations widened to F32 once per call
+// and permuted as the expansion orders the weights. Per row and scale block: four
+// F32 partial sums per token (one per expanded vector: the FMA chains), added and post-scaled once
 // (acc = fma(scale, part, acc)), one reduction per row. (Same products as the other FP8 kernels;
 // their F32 summation order differs, within the bound the conformance test asserts.)
 #pragma GCC diagnostic ignored "-Wuninitialized"
@@ -22,7 +30,7 @@
 #include "ops/cpu/packed_kernels.h"
 
 #pragma GCC push_options
-#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512vbmi")
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq,avx512vbmi,gfni")
 
 #include "ops/cpu/fp8_vbmi_impl.h"
 
@@ -32,15 +40,48 @@ namespace {
 constexpr int kMaxTokens = 4;
 constexpr int kPrefetchBytes = 8192;  // as packed_fp8_vbmi.cpp
 
-// One token's BF16 row widened to F32 and permuted, per 64 columns, as the unpacks order the
-// weights: vector v (0-3) holds, in 128-bit lane l, the columns 16 l + 4 v + (0..3), i.e. the
-// 4 x 4 transpose of the 128-bit lanes of the four widened 16-column vectors.
+// GF2P8AFFINEQB's matrix: output bit i of each byte is the parity of (byte & rows[i]); the
+// instruction reads row i from byte 7 - i of the qword.
+constexpr uint64_t gf_matrix(const uint8_t (&rows)[8]) {
+  uint64_t m = 0;
+  for (int i = 0; i < 8; ++i) m |= static_cast<uint64_t>(rows[i]) << (8 * (7 - i));
+  return m;
+}
+// Input bits: 7 sign, 6-3 exponent e3-e0, 2-0 mantissa. High byte (with kHighConstant: bits 5-2
+// are ~e3): bit 7 sign, 6 e3, 5-2 e3 (inverted), 1 e2, 0 e1. Low byte: bit 7 e0, 6-4 the mantissa.
+constexpr uint8_t kHighRows[8] = {0x10, 0x20, 0x40, 0x40, 0x40, 0x40, 0x40, 0x80};
+constexpr uint8_t kLowRows[8] = {0, 0, 0, 0, 0x01, 0x02, 0x04, 0x08};
+constexpr uint64_t kHighMatrix = gf_matrix(kHighRows), kLowMatrix = gf_matrix(kLowRows);
+constexpr int kHighConstant = 0x3C;
+
+// The BF16 high and low bytes of the subnormal magnitudes m = 0..7 (byte m; vpermb reads the
+// index's low six bits, which for e = 0 are m).
+struct SubnormalTables {
+  __m512i hi, lo;
+};
+
+SubnormalTables make_subnormal_tables() {
+  alignas(64) uint8_t hi[64] = {}, lo[64] = {};
+  const uint16_t* bf16 = fp8_bf16_table();
+  for (int m = 0; m < 8; ++m) {
+    hi[m] = static_cast<uint8_t>(bf16[m] >> 8);
+    lo[m] = static_cast<uint8_t>(bf16[m] & 0xFF);
+  }
+  return {_mm512_load_si512(hi), _mm512_load_si512(lo)};
+}
+
+// One token's BF16 row widened to F32 and permuted, per 64 columns, as the expansion orders the
+// weights: vector v (0-3) holds, in 128-bit lane l, the columns 16 l + 8 (v / 2) + (v % 2) + 2 i
+// (i = 0..3): each widened 16-column vector's elements regrouped by vpermps (lane v: what vector
+// v takes from it), then the 4 x 4 transpose of the 128-bit lanes.
 void widen_permuted(const uint16_t* a, int64_t cols, float* out) {
+  const __m512i regroup = _mm512_set_epi32(15, 13, 11, 9, 14, 12, 10, 8, 7, 5, 3, 1, 6, 4, 2, 0);
   for (int64_t k0 = 0; k0 < cols; k0 += 64) {
     __m512 x[4];
     for (int m = 0; m < 4; ++m) {
       const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a + k0 + 16 * m));
-      x[m] = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+      x[m] = _mm512_permutexvar_ps(
+          regroup, _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)));
     }
     const __m512 t0 = _mm512_shuffle_f32x4(x[0], x[1], 0x44);
     const __m512 t1 = _mm512_shuffle_f32x4(x[0], x[1], 0xEE);
@@ -55,18 +96,30 @@ void widen_permuted(const uint16_t* a, int64_t cols, float* out) {
 
 template <int NT>
 inline void fp8_row_f32(const KMatrix& w, const uint8_t* wr, const float* srow,
-                        const float* const* ar, const Fp8Tables& tab, float* out) {
-  const __m512i zero = _mm512_setzero_si512();
-  // The 64 weights at k as four F32 vectors (unpack order), their products into part[t][0..3].
+                        const float* const* ar, const SubnormalTables& tab, float* out) {
+  const __m512i high = _mm512_set1_epi32(static_cast<int>(0xFFFF0000u));
+  const __m512i exponent = _mm512_set1_epi8(0x78), sign = _mm512_set1_epi8(static_cast<char>(0x80));
+  const __m512i high_matrix = _mm512_set1_epi64(static_cast<int64_t>(kHighMatrix));
+  const __m512i low_matrix = _mm512_set1_epi64(static_cast<int64_t>(kLowMatrix));
+  // The 64 weights at k as four F32 vectors (the order above), their products into
+  // part[t][0..3]. Each dword of the unpacked BF16 pairs gives two F32: its low BF16 shifted up,
+  // its high one masked (a shift and an AND, off the shuffle port: 4 shuffles per 64 weights).
   auto chunk = [&](int64_t k, __m512 (*part)[4]) __attribute__((always_inline)) {
     __builtin_prefetch(wr + k + kPrefetchBytes, 0, 3);
-    __m512i hi, lo;
-    fp8x64_bf16_bytes(_mm512_loadu_si512(wr + k), tab, &hi, &lo);
+    const __m512i b = _mm512_loadu_si512(wr + k);
+    const __mmask64 sub = _mm512_testn_epi8_mask(b, exponent);  // e = 0
+    __m512i hi = _mm512_gf2p8affine_epi64_epi8(b, high_matrix, kHighConstant);
+    __m512i lo = _mm512_gf2p8affine_epi64_epi8(b, low_matrix, 0);
+    if (__builtin_expect(sub != 0, 0)) {
+      hi = _mm512_mask_permutexvar_epi8(hi, sub, b, tab.hi);
+      lo = _mm512_mask_permutexvar_epi8(lo, sub, b, tab.lo);
+      hi = _mm512_ternarylogic_epi32(hi, b, sign, 0xF8);  // hi | (b & sign)
+    }
     const __m512i h0 = _mm512_unpacklo_epi8(lo, hi), h1 = _mm512_unpackhi_epi8(lo, hi);
-    const __m512 f[4] = {_mm512_castsi512_ps(_mm512_unpacklo_epi16(zero, h0)),
-                         _mm512_castsi512_ps(_mm512_unpackhi_epi16(zero, h0)),
-                         _mm512_castsi512_ps(_mm512_unpacklo_epi16(zero, h1)),
-                         _mm512_castsi512_ps(_mm512_unpackhi_epi16(zero, h1))};
+    const __m512 f[4] = {_mm512_castsi512_ps(_mm512_slli_epi32(h0, 16)),
+                         _mm512_castsi512_ps(_mm512_and_si512(h0, high)),
+                         _mm512_castsi512_ps(_mm512_slli_epi32(h1, 16)),
+                         _mm512_castsi512_ps(_mm512_and_si512(h1, high))};
     for (int t = 0; t < NT; ++t) {
       for (int v = 0; v < 4; ++v) {
         part[t][v] = _mm512_fmadd_ps(f[v], _mm512_loadu_ps(ar[t] + k + 16 * v), part[t][v]);
@@ -99,7 +152,7 @@ inline void fp8_row_f32(const KMatrix& w, const uint8_t* wr, const float* srow,
 }
 
 template <int NT>
-void rows_f32(const PackedArgs& p, const float* const* ar, const Fp8Tables& tab) {
+void rows_f32(const PackedArgs& p, const float* const* ar, const SubnormalTables& tab) {
   fp8_scale_rows<NT>(p, [&](const uint8_t* wr, const float* srow, float* out) {
     fp8_row_f32<NT>(*p.w, wr, srow, ar, tab, out);
   });
@@ -108,7 +161,7 @@ void rows_f32(const PackedArgs& p, const float* const* ar, const Fp8Tables& tab)
 }  // namespace
 
 void fp8_rows_vbmi_f32(const PackedArgs& p) {
-  static const Fp8Tables tab = make_fp8_tables();
+  static const SubnormalTables tab = make_subnormal_tables();
   const KMatrix& w = *p.w;
   const Activations& a = *p.a;
   const int nt = static_cast<int>(a.tokens);

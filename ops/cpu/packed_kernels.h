@@ -46,8 +46,9 @@ constexpr int64_t kFp8TileMinTokens = 5;
 // columns).
 bool fp8_rows_vbmi_fits(const KMatrix& w, int64_t tokens);
 void fp8_rows_vbmi(const PackedArgs& p);
-// The same GEMV on CPUs with VBMI but without BF16 (packed_fp8_vbmi_f32.cpp: the weights expanded
-// to F32, FMA), for the matrices and token counts fp8_rows_vbmi_fits accepts.
+// The same GEMV on CPUs with VBMI and GFNI but without BF16 (packed_fp8_vbmi_f32.cpp: the weights
+// expanded to F32 by GF2P8AFFINEQB, FMA), for the matrices and token counts fp8_rows_vbmi_fits
+// accepts.
 void fp8_rows_vbmi_f32(const PackedArgs& p);
 // 16 FP8 rows (src[i] == nullptr: a zero padding row) x 2 * pairs columns into BF16 tile chunks,
 // dst[c * 32 + 2 i + j] = bf16(row i, column 2c + j): the B-tile lines of vdpbf16ps and AMX-BF16.

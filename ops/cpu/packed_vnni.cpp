@@ -147,11 +147,12 @@ const PackedKernels& packed_kernels_vnni_base() {
 
 // The integer kernels use no BF16 instruction: CPUs with VNNI but without BF16 (Cascade Lake, Ice
 // Lake) run them (objdump: vdpbf16ps / vcvtne*2bf16 appear only in the fp8 and bf16 functions).
-// Their FP8 GEMV is packed_fp8_vbmi_f32.cpp's where the CPU has VBMI, the AVX-512 table's else.
+// Their FP8 GEMV is packed_fp8_vbmi_f32.cpp's where the CPU has VBMI and GFNI (Ice Lake), the
+// AVX-512 table's else.
 namespace {
 
 void fp8_kernel_no_bf16(const PackedArgs& p) {
-  static const bool vbmi = cpu_features().avx512_vbmi;
+  static const bool vbmi = cpu_features().avx512_vbmi && cpu_features().gfni;
   if (vbmi && fp8_rows_vbmi_fits(*p.w, p.a->tokens)) {
     fp8_rows_vbmi_f32(p);
   } else {

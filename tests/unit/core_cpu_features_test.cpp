@@ -104,6 +104,7 @@ TEST(CpuFeatures, DetectionMatchesProcCpuinfo) {
   EXPECT_EQ(f.avx512_bf16, flags.count("avx512_bf16") == 1);
   EXPECT_EQ(f.avx512_vbmi, flags.count("avx512vbmi") == 1);
   EXPECT_EQ(f.avx512_bitalg, flags.count("avx512_bitalg") == 1);
+  EXPECT_EQ(f.gfni, f.avx512f && flags.count("gfni") == 1);
   Isa cap = Isa::kAmx;
   if (const char* env = std::getenv("TANDEM_ISA")) {
     ASSERT_TRUE(parse_isa(env, &cap)) << env;

@@ -294,7 +294,7 @@ TEST(PackedGemm, Fp8KernelsExpandEveryValueExactly) {
   if (best_isa() >= Isa::kAvx512) {
     kernels.emplace_back("avx512", detail::packed_kernels_avx512().fp8);
   }
-  if (best_isa() >= Isa::kAvx512Vnni) {  // VBMI without BF16: packed_fp8_vbmi_f32.cpp
+  if (best_isa() >= Isa::kAvx512Vnni) {  // VBMI + GFNI without BF16: packed_fp8_vbmi_f32.cpp
     kernels.emplace_back("avx512_vnni", detail::packed_kernels_vnni_int().fp8);
   }
   if (best_isa() >= Isa::kAvx512Bf16) {
