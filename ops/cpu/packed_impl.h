@@ -64,9 +64,12 @@ struct PanelPrefetch {
 // NR tiles (16 * NR rows) x NT tokens: each activation broadcast feeds NR tiles' dot products and
 // each weight vector NT tokens' (the loads per dot product drop from (1 + NT) / NT to (NR + NT) /
 // (NR * NT): one 512-bit vpdpbusd per load is the port limit otherwise).
+// Groups [g0, g1) only, the accumulators read from `out` first where `load` (a K-blocked step:
+// tiles_step); the accumulation order is the same either way.
 template <class T, bool kInt4, int NT, int NR>
 inline void int_tile(const uint8_t* const* tiles, const KMatrix& wm, const PackedGeometry& geo,
-                     const uint8_t* const* arow, float (*out)[16 * NR], PanelPrefetch pf) {
+                     const uint8_t* const* arow, float (*out)[16 * NR], PanelPrefetch& pf,
+                     int64_t g0, int64_t g1, bool load) {
   const int group = wm.group;
   const int64_t scales_offset = act_scales_offset(wm.cols);
   using VI = typename T::VI;
@@ -75,7 +78,7 @@ inline void int_tile(const uint8_t* const* tiles, const KMatrix& wm, const Packe
   constexpr int W = V * NR;  // vectors of one chunk across the NR tiles
   VF facc[NT][W];
   for (int t = 0; t < NT; ++t) {
-    for (int v = 0; v < W; ++v) facc[t][v] = T::zero_f();
+    for (int v = 0; v < W; ++v) facc[t][v] = load ? T::load_f(out[t] + v * T::kLanes) : T::zero_f();
   }
   // A GEMV step (one tile, <= 2 tokens) has one integer accumulator per token and group: its dot
   // products form one dependency chain, a vpdpbusd's latency per step. Four accumulators there
@@ -84,7 +87,7 @@ inline void int_tile(const uint8_t* const* tiles, const KMatrix& wm, const Packe
   // once GCC kept the chains in registers (the unroll pragma below); INT4 four chains instead of
   // two 154-161 -> 165-168.)
   constexpr int IC = NR == 1 && NT <= 2 ? 4 : 1;
-  for (int64_t g = 0; g < geo.groups; ++g) {
+  for (int64_t g = g0; g < g1; ++g) {
     const uint8_t* block[NR];
     for (int r = 0; r < NR; ++r) block[r] = tiles[r] + g * geo.block_bytes;
     VI iacc[IC][NT][W];
@@ -198,18 +201,21 @@ inline void int_tile(const uint8_t* const* tiles, const KMatrix& wm, const Packe
 
 // kBF16Tile: NR tiles x NT tokens, F32 accumulators over the whole row (no groups, no scales):
 // per 64-byte chunk (16 rows x one k pair) one BF16 dot per token against the broadcast pair.
+// Chunks [c0, c1) only, the accumulators read from `out` first where `load` (as int_tile).
 template <class T, int NT, int NR>
 inline void bf16_tile(const uint8_t* const* tiles, const KMatrix& wm, const PackedGeometry& geo,
-                      const uint8_t* const* arow, float (*out)[16 * NR], PanelPrefetch pf) {
+                      const uint8_t* const* arow, float (*out)[16 * NR], PanelPrefetch& pf,
+                      int64_t c0, int64_t c1, bool load) {
   using VF = typename T::VF;
   constexpr int V = T::kVecs;
   constexpr int W = V * NR;
   VF acc[NT][W];
   for (int t = 0; t < NT; ++t) {
-    for (int v = 0; v < W; ++v) acc[t][v] = T::zero_f();
+    for (int v = 0; v < W; ++v) acc[t][v] = load ? T::load_f(out[t] + v * T::kLanes) : T::zero_f();
   }
   (void)wm;
-  for (int64_t c = 0; c < geo.groups; ++c) {
+  (void)geo;
+  for (int64_t c = c0; c < c1; ++c) {
     gemv_prefetch<NR, NT, kPackedPrefetchFar>(tiles[0] + c * 64);
     pf.step();
     typename T::WB w[W];
@@ -229,29 +235,50 @@ inline void bf16_tile(const uint8_t* const* tiles, const KMatrix& wm, const Pack
   }
 }
 
-// The tile computations as types (Op::run<T, NT, NR>) for the driver below.
+// The tile computations as types (Op::run<T, NT, NR>) for the driver below, over units [u0, u1)
+// of the row (INT8 / INT4: groups; BF16: k pairs). kblock(): the units of one K-block of the
+// GEMM (tiles_step), 32 KiB of a 4-tile panel's values: INT8 512 columns, INT4 1024; BF16 the
+// whole row (no K-blocks: 16 and 32 KiB ones measured no faster). V2-Lite layer prefill, of_peak
+// medians of 6 rounds against the whole-row loop's (bench_moe_layer_bench, session 34): INT8
+// 0.436 -> 0.475 (16 KiB: 0.467), INT4 0.45 -> 0.455 (16 KiB: 0.415), BF16 0.485 -> 0.47.
+constexpr int64_t kKBlockBytes = 32768;
 template <bool kInt4>
 struct IntOp {
   template <class T, int NT, int NR>
   static void run(const uint8_t* const* tiles, const KMatrix& w, const PackedGeometry& geo,
-                  const uint8_t* const* arow, float (*out)[16 * NR], PanelPrefetch pf) {
-    int_tile<T, kInt4, NT, NR>(tiles, w, geo, arow, out, pf);
+                  const uint8_t* const* arow, float (*out)[16 * NR], PanelPrefetch& pf,
+                  int64_t u0, int64_t u1, bool load) {
+    int_tile<T, kInt4, NT, NR>(tiles, w, geo, arow, out, pf, u0, u1, load);
+  }
+  static int64_t kblock(const KMatrix& w) {
+    const int64_t cols = kKBlockBytes / 64 * (kInt4 ? 2 : 1);
+    return std::max<int64_t>(1, cols / w.group);
   }
 };
 struct Bf16Op {
   template <class T, int NT, int NR>
   static void run(const uint8_t* const* tiles, const KMatrix& w, const PackedGeometry& geo,
-                  const uint8_t* const* arow, float (*out)[16 * NR], PanelPrefetch pf) {
-    bf16_tile<T, NT, NR>(tiles, w, geo, arow, out, pf);
+                  const uint8_t* const* arow, float (*out)[16 * NR], PanelPrefetch& pf,
+                  int64_t u0, int64_t u1, bool load) {
+    bf16_tile<T, NT, NR>(tiles, w, geo, arow, out, pf, u0, u1, load);
   }
+  static int64_t kblock(const KMatrix& w) { return w.cols / 2; }  // k pairs: the whole row
 };
 
 // NR tiles starting at `tile` for every token of a, in blocks of up to T::kMaxTokens; the tiles
 // [next, next_end) are prefetched meanwhile (PanelPrefetch; none for a GEMV step).
+// K-blocked (more than one token block): for each K-block of the panel (Op::kblock: 32 KiB of the
+// NR = 4 tiles' values), every token block of up to kSuperBlocks, the accumulators kept in `acc`
+// between K-blocks: the token blocks reuse the K-block from L1 / near L2, where a whole-row pass
+// per token block read the panel (136 KiB of INT8 at 2048 columns) from L2 once per block, which
+// a neighbour sharing the core's L2 slowed by up to 1.6x on session 34's VM (one 48-token INT8
+// task 90-99 -> 73 thousand cycles then; uncontended 56-60 -> 55-61). Same accumulation order,
+// so the same bits.
 template <class T, class Op, int NR>
 void tiles_step(const KMatrix& w, const Activations& a, const PackedGeometry& geo, int64_t tile,
                 int64_t n0, int64_t n1, float* y, int64_t ldy, int64_t next, int64_t next_end) {
-  alignas(64) float out[T::kMaxTokens][16 * NR];
+  constexpr int kSuperBlocks = 16;
+  alignas(64) float acc[kSuperBlocks][T::kMaxTokens][16 * NR];
   const uint8_t* arow[T::kMaxTokens];
   const uint8_t* tp[NR];
   for (int r = 0; r < NR; ++r) tp[r] = w.data + (tile + r) * geo.tile_bytes;
@@ -260,26 +287,18 @@ void tiles_step(const KMatrix& w, const Activations& a, const PackedGeometry& ge
   const int64_t blocks = (a.tokens + T::kMaxTokens - 1) / T::kMaxTokens;
   const bool gemv = NR == 1 && a.tokens <= 2;
   const int64_t lines = gemv || next >= next_end ? 0 : (next_end - next) * geo.tile_bytes / 64;
-  const int64_t block_lines = (lines + blocks - 1) / blocks;
   // The 64-byte chunks of one tile a call steps through (INT8: 4 columns, INT4: 8, BF16: 2).
-  const int64_t chunks = geo.groups * geo.values_bytes / 64;
-  PanelPrefetch pf;
-  pf.lines = block_lines;
-  pf.chunks = std::max<int64_t>(chunks, 1);
+  const int64_t chunks = std::max<int64_t>(geo.groups * geo.values_bytes / 64, 1);
   const uint8_t* pf_base = w.data + next * geo.tile_bytes;
-  for (int64_t t0 = 0, b = 0; t0 < a.tokens; t0 += T::kMaxTokens, ++b) {
-    const int nt = static_cast<int>(a.tokens - t0 < T::kMaxTokens ? a.tokens - t0 : T::kMaxTokens);
-    for (int t = 0; t < nt; ++t) arow[t] = a.row(t0 + t);
-    if (lines > 0) {
-      pf.p = pf_base + b * block_lines * 64;
-      pf.end = pf_base + std::min(lines, (b + 1) * block_lines) * 64;
-    }
+  const int64_t units = geo.groups;
+  auto run = [&](int nt, float (*out)[16 * NR], PanelPrefetch& pf, int64_t u0, int64_t u1,
+                 bool load) {
     switch (nt) {
-#define TD_PACKED_CASE(N)                                    \
-  case N:                                                    \
-    if constexpr (N <= T::kMaxTokens) {                      \
-      Op::template run<T, N, NR>(tp, w, geo, arow, out, pf); \
-    }                                                        \
+#define TD_PACKED_CASE(N)                                                     \
+  case N:                                                                     \
+    if constexpr (N <= T::kMaxTokens) {                                       \
+      Op::template run<T, N, NR>(tp, w, geo, arow, out, pf, u0, u1, load); \
+    }                                                                         \
     break;
       TD_PACKED_CASE(1)
       TD_PACKED_CASE(2)
@@ -293,10 +312,49 @@ void tiles_step(const KMatrix& w, const Activations& a, const PackedGeometry& ge
       default:
         break;
     }
+  };
+  auto block_tokens = [&](int64_t b) {
+    const int64_t t0 = b * T::kMaxTokens;
+    const int nt = static_cast<int>(a.tokens - t0 < T::kMaxTokens ? a.tokens - t0 : T::kMaxTokens);
+    for (int t = 0; t < nt; ++t) arow[t] = a.row(t0 + t);
+    return nt;
+  };
+  auto store = [&](int64_t b, int nt, float (*out)[16 * NR]) {
     for (int t = 0; t < nt; ++t) {
-      float* yt = y + (t0 + t) * ldy;
+      float* yt = y + (b * T::kMaxTokens + t) * ldy;
       for (int64_t r = r0; r < r1; ++r) yt[r] = out[t][r - tile * 16];
     }
+  };
+  if (!gemv && blocks > 1) {
+    // One prefetch stream over the whole step: `lines` spread over blocks * chunks.
+    PanelPrefetch pf;
+    pf.lines = lines;
+    pf.chunks = blocks * chunks;
+    pf.p = pf_base;
+    pf.end = pf_base + lines * 64;
+    const int64_t kb = Op::kblock(w);
+    for (int64_t sb = 0; sb < blocks; sb += kSuperBlocks) {
+      const int64_t sb_end = std::min(blocks, sb + kSuperBlocks);
+      for (int64_t u0 = 0; u0 < units; u0 += kb) {
+        const int64_t u1 = std::min(units, u0 + kb);
+        for (int64_t b = sb; b < sb_end; ++b) run(block_tokens(b), acc[b - sb], pf, u0, u1, u0 > 0);
+      }
+      for (int64_t b = sb; b < sb_end; ++b) store(b, block_tokens(b), acc[b - sb]);
+    }
+    return;
+  }
+  const int64_t block_lines = (lines + blocks - 1) / blocks;
+  for (int64_t b = 0; b < blocks; ++b) {
+    const int nt = block_tokens(b);
+    PanelPrefetch pf;
+    pf.lines = block_lines;
+    pf.chunks = chunks;
+    if (lines > 0) {
+      pf.p = pf_base + b * block_lines * 64;
+      pf.end = pf_base + std::min(lines, (b + 1) * block_lines) * 64;
+    }
+    run(nt, acc[0], pf, 0, units, false);
+    store(b, nt, acc[0]);
   }
 }
 

@@ -147,8 +147,10 @@ TEST(PackedGemm, HandComputedInt4) {
 // requested rows written, and the reference within the activation-quantization bound of the F32
 // product of the dequantized weights: |y - sum_k x_k wq_k| <= sum_g (sa_g / 2) sum_k |wq_k|.
 TEST(PackedGemm, IntConformance) {
-  // 104 rows = 7 tiles (the last one padded): the GEMM's 4-, 2- and 1-tile steps all run.
-  const int64_t rows = 104, cols = 256;
+  // 104 rows = 7 tiles (the last one padded): the GEMM's 4-, 2- and 1-tile steps all run. 1280
+  // columns: the GEMM's K-blocks (512 INT8 / 1024 INT4 columns) with a partial last one; 128
+  // tokens: two super-blocks of 16 token blocks.
+  const int64_t rows = 104, cols = 1280;
   std::vector<float> w = random_values(rows * cols, 21);
   const std::vector<float> x_all = random_values(128 * cols, 22, 2.0f);
   for (WFormat f : {WFormat::kInt8, WFormat::kInt4}) {
