@@ -420,7 +420,8 @@ void packed_quantize_activations(AFormat f, int group, const float* x, int64_t t
   out->cols = cols;
   out->group = group;
   const int64_t bo = detail::act_biased_offset(cols, groups);
-  out->row_bytes = f == AFormat::kBF16 ? (cols * 2 + 63) / 64 * 64 : (bo + cols + 63) / 64 * 64;
+  out->row_bytes = f == AFormat::kBF16 ? detail::act_f32_offset(cols) + (cols * 4 + 63) / 64 * 64
+                                       : (bo + cols + 63) / 64 * 64;
   const size_t need = static_cast<size_t>(out->row_bytes * tokens);
   if (out->data.size() < need) out->data.resize(need);
   const Isa level = std::min(isa, best_isa());
@@ -437,6 +438,8 @@ void packed_quantize_activations(AFormat f, int group, const float* x, int64_t t
       } else {
         for (int64_t k = 0; k < cols; ++k) d[k] = f32_to_bf16(src[k]);
       }
+      auto* wide = reinterpret_cast<float*>(dst + detail::act_f32_offset(cols));
+      for (int64_t k = 0; k < cols; ++k) wide[k] = std::bit_cast<float>(uint32_t{d[k]} << 16);
       return;
     }
     if (avx512 && group % 16 == 0) {

@@ -62,7 +62,11 @@ struct Avx2 {
     return {_mm256_castsi256_ps(_mm256_slli_epi32(chunk, 16)),
             _mm256_castsi256_ps(_mm256_and_si256(chunk, _mm256_set1_epi32(-65536)))};
   }
-  static AB bf16_a(int32_t pair) { return bf16_w(_mm256_set1_epi32(pair)); }
+  // The k pair c of an activation row, from its F32 copy (act_f32_offset): two broadcasts.
+  static AB bf16_a_at(const uint8_t* row, int64_t c, int64_t cols) {
+    const auto* f = reinterpret_cast<const float*>(row + act_f32_offset(cols)) + 2 * c;
+    return {_mm256_set1_ps(f[0]), _mm256_set1_ps(f[1])};
+  }
   static VF bf16_dot(VF acc, const WB& w, const AB& a) {
     return _mm256_fmadd_ps(w.odd, a.odd, _mm256_fmadd_ps(w.even, a.even, acc));
   }

@@ -66,9 +66,10 @@ struct Avx512 {
     return {_mm512_castsi512_ps(_mm512_slli_epi32(chunk, 16)),
             _mm512_castsi512_ps(_mm512_and_si512(chunk, _mm512_set1_epi32(-65536)))};
   }
-  static AB bf16_a(int32_t pair) {
-    const VI p = _mm512_set1_epi32(pair);
-    return bf16_w(p);
+  // The k pair c of an activation row, from its F32 copy (act_f32_offset): two broadcasts.
+  static AB bf16_a_at(const uint8_t* row, int64_t c, int64_t cols) {
+    const auto* f = reinterpret_cast<const float*>(row + act_f32_offset(cols)) + 2 * c;
+    return {_mm512_set1_ps(f[0]), _mm512_set1_ps(f[1])};
   }
   static VF bf16_dot(VF acc, const WB& w, const AB& a) {
     return _mm512_fmadd_ps(w.odd, a.odd, _mm512_fmadd_ps(w.even, a.even, acc));

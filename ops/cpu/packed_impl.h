@@ -15,8 +15,9 @@
 //                       the activations it reads, uint16_t = the BF16 row, float = that row
 //                       widened once per call; FP: a block's partial sums, fp8_part them as one
 //                       vector; the weights come as kFp8Scale^-1 times their value)
-//   WB / AB, bf16_w(chunk) / bf16_a(pair bits), bf16_dot(acc, wb, ab): a BF16 weight chunk and a
-//                       broadcast activation pair as the ISA's BF16 dot wants them; acc + per lane
+//   WB / AB, bf16_w(chunk) / bf16_a_at(row, c, cols), bf16_dot(acc, wb, ab): a BF16 weight chunk
+//                       and the broadcast activation pair c of a kBF16 row (its BF16 bits, or
+//                       its F32 copy without a BF16 dot) as the ISA's dot wants them; acc + per lane
 //                       w[2i] * a[0] + w[2i+1] * a[1] (exact products, F32 adds)
 // Per 16-row tile and token: for each group, an exact int32 dot product per row, corrected,
 // converted and accumulated as acc = fma(sa * s, float(dot), acc): bit-identical to the reference.
@@ -224,9 +225,7 @@ inline void bf16_tile(const uint8_t* const* tiles, const KMatrix& wm, const Pack
         w[r * V + v] = T::bf16_w(T::load(tiles[r] + c * 64 + v * (64 / V)));
     }
     for (int t = 0; t < NT; ++t) {
-      int32_t bits;
-      std::memcpy(&bits, arow[t] + 4 * c, 4);
-      const typename T::AB a = T::bf16_a(bits);
+      const typename T::AB a = T::bf16_a_at(arow[t], c, wm.cols);
       for (int v = 0; v < W; ++v) acc[t][v] = T::bf16_dot(acc[t][v], w[v], a);
     }
   }
@@ -388,10 +387,11 @@ void tiled_kernel(const PackedArgs& p) {
 // like BF16 tiles; each scale block's partial sums are post-scaled once per row lane,
 // acc = fma(scale, part, acc), as the reference does per block. The expansion is paid once per
 // tile and chunk for all tokens. acc_io: NT rows of 16 * NR F32 accumulators, updated in place.
+// arow: the tokens' activation rows (cols values); the chunk is their k pairs [c0, c0 + pairs).
 template <class T, int NT, int NR>
 inline void fp8_tile_chunk(const uint16_t* buf, int64_t pairs, const float* scales, int64_t blocks,
-                           int64_t block_pairs, const uint8_t* const* arow, float* acc_io,
-                           int64_t acc_stride) {
+                           int64_t block_pairs, const uint8_t* const* arow, int64_t c0,
+                           int64_t cols, float* acc_io, int64_t acc_stride) {
   using VF = typename T::VF;
   constexpr int V = T::kVecs;
   constexpr int W = V * NR;
@@ -408,9 +408,7 @@ inline void fp8_tile_chunk(const uint16_t* buf, int64_t pairs, const float* scal
         for (int v = 0; v < V; ++v) w[r * V + v] = T::bf16_w(T::load(chunk + v * (64 / V)));
       }
       for (int t = 0; t < NT; ++t) {
-        int32_t bits;
-        std::memcpy(&bits, arow[t] + 4 * c, 4);
-        const typename T::AB a = T::bf16_a(bits);
+        const typename T::AB a = T::bf16_a_at(arow[t], c0 + c, cols);
         for (int v = 0; v < W; ++v) part[t][v] = T::bf16_dot(part[t][v], w[v], a);
       }
     }
@@ -485,14 +483,14 @@ void fp8_rows(const PackedArgs& p, int64_t n) {
     for (int64_t t0 = 0; t0 < a.tokens; t0 += T::kMaxTokens) {
       const int nt =
           static_cast<int>(a.tokens - t0 < T::kMaxTokens ? a.tokens - t0 : T::kMaxTokens);
-      for (int t = 0; t < nt; ++t) arow[t] = a.row(t0 + t) + k0 * 2;
+      for (int t = 0; t < nt; ++t) arow[t] = a.row(t0 + t);
       float* acc_t = acc.data() + t0 * acc_stride;
       switch (nt) {
 #define TD_FP8_CASE(N)                                                                           \
   case N:                                                                                        \
     if constexpr (N <= T::kMaxTokens) {                                                          \
       fp8_tile_chunk<T, N, NR>(buf.data(), pairs, scales.data(), blocks, w.block_cols / 2, arow, \
-                               acc_t, acc_stride);                                               \
+                               k0 / 2, w.cols, acc_t, acc_stride);                              \
     }                                                                                            \
     break;
         TD_FP8_CASE(1)

@@ -74,6 +74,13 @@ inline int64_t act_biased_offset(int64_t cols, int64_t groups) {
   return (act_scales_offset(cols) + groups * 8 + 63) / 64 * 64;
 }
 
+// kBF16 activation row: BF16 [cols], then at act_f32_offset the same values as F32 (exact): the
+// activation pairs the BF16 tile / FP8 kernels without a BF16 dot broadcast (T::bf16_a_at), read
+// as they are instead of widened from BF16 per chunk and token (two vector ops each).
+inline int64_t act_f32_offset(int64_t cols) {
+  return (cols * 2 + 63) / 64 * 64;
+}
+
 // One kI8 activation row (group a multiple of 16; AVX2: of 8) and one BF16 row on AVX-512
 // (quant_act_avx512.cpp; AVX2: quant_act_avx2.cpp): the same bytes as
 // packed_quantize_activations' scalar code for finite values (f32_to_bf16: for every input).

@@ -95,7 +95,12 @@ struct Vnni {
   using WB = VI;
   using AB = VI;
   static WB bf16_w(VI chunk) { return chunk; }
-  static AB bf16_a(int32_t pair) { return _mm512_set1_epi32(pair); }
+  // The k pair c of an activation row (its BF16 values; vdpbf16ps takes them as they are).
+  static AB bf16_a_at(const uint8_t* row, int64_t c, int64_t) {
+    int32_t pair;
+    std::memcpy(&pair, row + 4 * c, 4);
+    return _mm512_set1_epi32(pair);
+  }
   static VF bf16_dot(VF acc, WB w, AB a) {
     asm("vdpbf16ps %2, %1, %0" : "+v"(acc) : "v"(w), "v"(a));  // in place, as dpbusd
     return acc;

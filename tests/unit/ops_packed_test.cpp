@@ -209,19 +209,20 @@ TEST(PackedGemm, IntConformance) {
 // |error| <= 2 * cols * 2^-24 * sum |terms|), and the reference vs the F32 product of the
 // dequantized FP8 and the BF16-rounded activations in double within the same bound.
 // 104 rows in 24-row scale blocks: the many-token path's 4-, 2- and 1-tile steps, with tiles that
-// straddle scale rows; row ranges that start inside a tile.
+// straddle scale rows; row ranges that start inside a tile. 640 columns: the many-token path's
+// two column chunks (512 + 128).
 TEST(PackedGemm, Fp8Conformance) {
-  const int64_t rows = 104, cols = 384, block_rows = 24;
+  const int64_t rows = 104, cols = 640, block_rows = 24, col_blocks = 5;
   std::vector<float> src = random_values(rows * cols, 31, 0.05f);
   for (int64_t i = 0; i < rows * cols; ++i) src[i] *= 1.0f + static_cast<float>(i / cols / 24);
   std::vector<uint8_t> fp8(rows * cols);
-  std::vector<float> scale_inv(5 * 3);
+  std::vector<float> scale_inv(5 * col_blocks);
   quantize_fp8_blocks(src.data(), rows, cols, block_rows, 128, fp8.data(), scale_inv.data());
   // Make a few values subnormal E4M3 (exponent 0) to cover the expansion's table.
   for (int i = 0; i < 8; ++i) fp8[i * 37] = static_cast<uint8_t>(i | (i % 2 ? 0x80 : 0));
   ops::Weight wt(Tensor::dense(DType::kF8E4M3, {rows, cols}, fp8.data()));
   wt.scale_inv = scale_inv.data();
-  wt.scale_cols = 3;
+  wt.scale_cols = col_blocks;
   wt.block_rows = block_rows;
   wt.block_cols = 128;
   KMatrix m;
@@ -238,7 +239,7 @@ TEST(PackedGemm, Fp8Conformance) {
         double exact = 0, sum_abs = 0;
         for (int64_t k = 0; k < cols; ++k) {
           const double term = static_cast<double>(fp8_e4m3_to_f32(fp8[n * cols + k])) *
-                              scale_inv[n / block_rows * 3 + k / 128] *
+                              scale_inv[n / block_rows * col_blocks + k / 128] *
                               bf16_to_f32(f32_to_bf16(x_all[t * cols + k]));
           exact += term;
           sum_abs += std::fabs(term);
