@@ -17,8 +17,8 @@
 //                       vector; the weights come as kFp8Scale^-1 times their value)
 //   WB / AB, bf16_w(chunk) / bf16_a_at(row, c, cols), bf16_dot(acc, wb, ab): a BF16 weight chunk
 //                       and the broadcast activation pair c of a kBF16 row (its BF16 bits, or
-//                       its F32 copy without a BF16 dot) as the ISA's dot wants them; acc + per lane
-//                       w[2i] * a[0] + w[2i+1] * a[1] (exact products, F32 adds)
+//                       its F32 copy without a BF16 dot) as the ISA's dot wants them; acc +
+//                       per lane w[2i] * a[0] + w[2i+1] * a[1] (exact products, F32 adds)
 // Per 16-row tile and token: for each group, an exact int32 dot product per row, corrected,
 // converted and accumulated as acc = fma(sa * s, float(dot), acc): bit-identical to the reference.
 #pragma once
