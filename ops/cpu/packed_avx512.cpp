@@ -78,7 +78,7 @@ struct Avx512 {
     packed_impl::fp8_expand_lut(src, pairs, dst);
   }
   // FP8 rows (few tokens): 32 E4M3 widened to F32 (times 2^-8), two FMAs with the BF16
-  // activations widened once per call, two partial sums per token and block.
+  // activations' F32 copy (act_f32_offset), two partial sums per token and block.
   static constexpr int kFp8Step = 32;
   static constexpr float kFp8Scale = 256.0f;
   using F8 = F32x32;

@@ -12,9 +12,9 @@
 //   fp8_expand(src, pairs, dst)  16 FP8 rows into BF16 tile chunks (fp8_expand_lut's contract)
 //   kFp8Step, F8, FA, FP, kFp8Scale, fp8_load(w), fp8_zero(), fp8_dot(part, f8, a),
 //                       fp8_part(part), hsum_f(v): the FP8 row kernel's step (fp8_row_kernel; FA:
-//                       the activations it reads, uint16_t = the BF16 row, float = that row
-//                       widened once per call; FP: a block's partial sums, fp8_part them as one
-//                       vector; the weights come as kFp8Scale^-1 times their value)
+//                       the activations it reads, uint16_t = the BF16 row, float = the row's
+//                       F32 copy at act_f32_offset; FP: a block's partial sums, fp8_part them
+//                       as one vector; the weights come as kFp8Scale^-1 times their value)
 //   WB / AB, bf16_w(chunk) / bf16_a_at(row, c, cols), bf16_dot(acc, wb, ab): a BF16 weight chunk
 //                       and the broadcast activation pair c of a kBF16 row (its BF16 bits, or
 //                       its F32 copy without a BF16 dot) as the ISA's dot wants them; acc +
@@ -544,23 +544,11 @@ void fp8_row_kernel(const PackedArgs& p) {
   using FA = typename T::FA;
   const KMatrix& w = *p.w;
   const Activations& a = *p.a;
-  // Without a BF16 dot product the activations are widened to F32 (exact) once per call, not
-  // once per row: the step is then the E4M3 widening and one FMA reading memory.
-  thread_local std::vector<float> wide;
-  if constexpr (std::is_same_v<FA, float>) {
-    wide.resize(static_cast<size_t>(a.tokens * a.cols));
-    for (int64_t t = 0; t < a.tokens; ++t) {
-      const auto* src = reinterpret_cast<const uint16_t*>(a.row(t));
-      float* dst = wide.data() + t * a.cols;
-      for (int64_t k = 0; k < a.cols; ++k) {
-        const uint32_t bits = static_cast<uint32_t>(src[k]) << 16;
-        std::memcpy(dst + k, &bits, 4);
-      }
-    }
-  }
+  // Without a BF16 dot product the activations are read as F32 (exact), from the copy every kBF16
+  // row carries (act_f32_offset): the step is then the E4M3 widening and one FMA reading memory.
   auto act = [&](int64_t t) {
     if constexpr (std::is_same_v<FA, float>) {
-      return static_cast<const FA*>(wide.data() + t * a.cols);
+      return reinterpret_cast<const FA*>(a.row(t) + act_f32_offset(a.cols));
     } else {
       return reinterpret_cast<const FA*>(a.row(t));
     }
