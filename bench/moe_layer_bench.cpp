@@ -469,6 +469,15 @@ void run_layer(benchmark::State& state, const Shape& s, const Layer* layer, cons
     FusedMoeBackend be_b(&pool(), opt_b, ce);
     state.counters["b_vs_a"] = ab_rounds([&] { step_on(be); }, [&] { step_on(be_b); });
   }
+  // whole_vs_chunked: the layer as run (a prefill's experts as whole-expert tasks,
+  // FusedMoeOptions::whole_experts_per_thread) against every expert in row chunks, A/B in the same
+  // minute.
+  if (tokens > 4) {
+    FusedMoeOptions chunked = opt;
+    chunked.whole_experts_per_thread = 0;
+    FusedMoeBackend be_c(&pool(), chunked, ce);
+    state.counters["whole_vs_chunked"] = ab_rounds([&] { step_on(be_c); }, [&] { step_on(be); });
+  }
   if (tokens == 1) {
     // of_dram: the median over 8 paired rounds (~20 ms of the layer, then one DRAM probe pass,
     // bench/dram_probe.h) of layer GB/s / probe GB/s; dram_GBps: the probe's median.

@@ -19,6 +19,7 @@ struct FusedMoeBackend::Expert {
   int parts = 1;      // on an expert's first sub-expert: how many follow it (itself included)
   int32_t first = 0;  // index of the expert's first sub-expert (owner of the gathered x)
   bool fast = false;  // all three matrices have kernels
+  bool whole = false;  // one phase-4 task (it gathers its own rows there)
   kern::KMatrix gate, up, down;
   const ops::Weight* w_gate = nullptr;
   const ops::Weight* w_up = nullptr;
@@ -48,6 +49,10 @@ kern::Activations* acts_for(std::vector<kern::Activations>& v, kern::AFormat f) 
   const size_t i = static_cast<size_t>(f);
   if (v.size() <= i) v.resize(i + 1);
   return &v[i];
+}
+
+void grow_to(std::vector<float>& v, int64_t n) {
+  if (v.size() < static_cast<size_t>(n)) v.resize(static_cast<size_t>(n));
 }
 
 void pause() {
@@ -176,6 +181,36 @@ void FusedMoeBackend::submit(const MoeRequest& r) {
     }
   }
 
+  // A prefill's many experts (FusedMoeOptions::whole_experts_per_thread): each routed one whole in
+  // one task (phase 4) on one thread, largest first; the smallest `threads` stay in row chunks
+  // (with the shared experts) so that the threads still finish together. The task gathers its
+  // expert's rows itself, so its activations, gate / up outputs, their down-projection encoding
+  // and its output stay in that core's cache, where row chunks spread each expert over the cores
+  // (chunks reading rows another core gathered, the last one converting gate / up rows that
+  // every core wrote).
+  whole_.clear();
+  for (int64_t a = 0; a < n_active_; ++a) experts_[a]->whole = false;
+  const int64_t per_thread = options_.whole_experts_per_thread;
+  if (per_thread > 0 && pool_ != nullptr && T > 4 && !split) {
+    const int64_t threads = pool_->size() + 1;
+    for (int64_t a = 0; a < n_active_; ++a) {
+      if (a != shared_ && experts_[a]->fast && experts_[a]->ff > 0) {
+        whole_.push_back(static_cast<int32_t>(a));
+      }
+    }
+    if (static_cast<int64_t>(whole_.size()) >= per_thread * threads) {
+      auto work = [&](int32_t a) {
+        return static_cast<int64_t>(experts_[a]->tokens.size()) * experts_[a]->ff;
+      };
+      std::stable_sort(whole_.begin(), whole_.end(),
+                       [&](int32_t p, int32_t q) { return work(p) > work(q); });
+      whole_.resize(whole_.size() - static_cast<size_t>(threads));
+      for (int32_t a : whole_) experts_[a]->whole = true;
+    } else {
+      whole_.clear();
+    }
+  }
+
   // Activations: the hidden states once per encoding (on the pool), then each expert's rows
   // gathered into its first sub-expert (the other parts read them there), the experts in
   // parallel for a prefill (a 512-token V2-Lite layer copies ~13 MB: ~10% of the layer on the
@@ -195,27 +230,15 @@ void FusedMoeBackend::submit(const MoeRequest& r) {
     const Expert& owner = *experts_[x.first];
     if (x.first != a) x.tokens = owner.tokens;
     const int64_t n = static_cast<int64_t>(x.tokens.size());
-    x.y.resize(static_cast<size_t>(n * H));
+    // Grow only: a resize down and up again would zero the regrown part on every request (a
+    // slot's expert and row count change per layer), ~1 MB per V2-Lite expert of a prefill.
+    grow_to(x.y, n * H);
     x.ready.store(false, std::memory_order_relaxed);
     if (!x.fast) return;
-    x.g.resize(static_cast<size_t>(n * x.ff));
-    x.u.resize(static_cast<size_t>(n * x.ff));
+    grow_to(x.g, n * x.ff);
+    grow_to(x.u, n * x.ff);
     // The first sub-expert gathers even when its own part is empty: the other parts read it.
-    if (x.first != a) return;
-    const size_t enc = static_cast<size_t>(kern::act_format(x.gate.format));
-    const kern::Activations& all = hidden_acts_[enc];  // quantized above
-    x.x.format = all.format;
-    x.x.tokens = n;
-    x.x.cols = H;
-    x.x.group = all.group;
-    x.x.row_bytes = all.row_bytes;
-    if (x.x.data.size() < static_cast<size_t>(n * all.row_bytes)) {
-      x.x.data.resize(static_cast<size_t>(n * all.row_bytes));
-    }
-    for (int64_t j = 0; j < n; ++j) {
-      std::memcpy(x.x.data.data() + j * all.row_bytes, all.row(x.tokens[j]),
-                  static_cast<size_t>(all.row_bytes));
-    }
+    if (x.first == a && !x.whole) gather(x);
   };
   // (A sub-expert copies its owner's token list, which no task writes.)
   if (pool_ != nullptr && T > 8) {
@@ -250,6 +273,25 @@ void FusedMoeBackend::submit(const MoeRequest& r) {
   }
 }
 
+// x's token rows of the request's hidden states in its gate / up encoding (quantized by submit).
+void FusedMoeBackend::gather(Expert& x) const {
+  const int64_t n = static_cast<int64_t>(x.tokens.size());
+  const size_t enc = static_cast<size_t>(kern::act_format(x.gate.format));
+  const kern::Activations& all = hidden_acts_[enc];
+  x.x.format = all.format;
+  x.x.tokens = n;
+  x.x.cols = req_.hidden_size;
+  x.x.group = all.group;
+  x.x.row_bytes = all.row_bytes;
+  if (x.x.data.size() < static_cast<size_t>(n * all.row_bytes)) {
+    x.x.data.resize(static_cast<size_t>(n * all.row_bytes));
+  }
+  for (int64_t j = 0; j < n; ++j) {
+    std::memcpy(x.x.data.data() + j * all.row_bytes, all.row(x.tokens[j]),
+                static_cast<size_t>(all.row_bytes));
+  }
+}
+
 // Part `part`'s tasks: its sub-experts' gate/up chunks, then their down chunks.
 void FusedMoeBackend::add_tasks(int part, int64_t threads) {
   const int64_t H = req_.hidden_size;
@@ -270,6 +312,7 @@ void FusedMoeBackend::add_tasks(int part, int64_t threads) {
       tasks_.push_back({static_cast<int32_t>(a), a == shared_ ? 3 : 2, 0, 0});
       continue;
     }
+    if (x.whole) continue;
     // gate+up chunks count double, so they get half the rows.
     const int64_t gu = std::max<int64_t>(16, chunk / 2 / 16 * 16);
     int64_t n_gate = 0;
@@ -278,12 +321,17 @@ void FusedMoeBackend::add_tasks(int part, int64_t threads) {
     }
     x.gate_left.store(n_gate, std::memory_order_relaxed);
   }
+  // The whole experts (part 0: they are never split) between the chunked ones' gate/up and down
+  // chunks, which are then long done.
+  if (part == 0) {
+    for (int32_t a : whole_) tasks_.push_back({a, 4, 0, 0});
+  }
   // Down chunks after every gate/up chunk: a worker reaching one finds its expert's gate/up chunks
   // already claimed (they precede it in the queue), so waiting for them cannot deadlock.
   const size_t first_down = tasks_.size();
   for (int64_t a = 0; a < n_active_; ++a) {
     Expert& x = *experts_[a];
-    if (x.part != part || !x.fast || x.ff == 0) continue;
+    if (x.part != part || !x.fast || x.ff == 0 || x.whole) continue;
     for (int64_t r0 = 0; r0 < H; r0 += chunk) {
       tasks_.push_back({static_cast<int32_t>(a), 1, r0, std::min(H, r0 + chunk)});
     }
@@ -331,6 +379,17 @@ void FusedMoeBackend::run_task(const Task& t) {
     kern::matmul_shared_input(ws, req_.hidden, n, ys, nullptr);
     kern::swiglu(g.data(), u.data(), n * x.ff, g.data());
     kern::matmul(*x.w_down, g.data(), n, x.y.data(), nullptr);
+    x.ready.store(true, std::memory_order_release);
+    return;
+  }
+  if (t.phase == 4) {
+    gather(x);
+    kern::gemm(x.gate, x.x, 0, x.ff, x.g.data(), x.ff);
+    kern::gemm(x.up, x.x, 0, x.ff, x.u.data(), x.ff);
+    kern::swiglu(x.g.data(), x.u.data(), n * x.ff, x.g.data());
+    kern::quantize_activations(kern::act_format(x.down.format), x.down.group, x.g.data(), n, x.ff,
+                               x.ff, &x.h);
+    kern::gemm(x.down, x.h, 0, H, x.y.data(), H);
     x.ready.store(true, std::memory_order_release);
     return;
   }

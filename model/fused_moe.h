@@ -52,6 +52,9 @@ struct FusedMoeOptions {
   // routed sum (after it: the bits of Model::ffn's shared + routed). Off for a backend inside a
   // hybrid one (the accelerator runs the shared experts) and for Expert Deferral's deferred one.
   bool shared_experts = false;
+  // A prefill's (> 4 tokens) routed experts as whole-expert tasks when there are at least this
+  // many per thread (see submit()); 0: every expert in row chunks.
+  int whole_experts_per_thread = 4;
 };
 
 class FusedMoeBackend : public MoeBackend {
@@ -69,17 +72,21 @@ class FusedMoeBackend : public MoeBackend {
   int64_t last_task_count() const { return static_cast<int64_t>(tasks_.size()); }
   // Jobs (NUMA parts) of the last submitted layer.
   int last_part_count() const { return static_cast<int>(handles_.size()); }
+  // Experts of the last submitted layer run as one whole-expert task each.
+  int64_t last_whole_count() const { return static_cast<int64_t>(whole_.size()); }
 
  private:
   struct Expert;
   struct Task {
     int32_t expert;  // index into experts_
     // 0: gate+up rows, 1: down rows, 2: whole expert (reference path), 3: whole shared expert as
-    // Model::dense_ffn computes it (no fast path for its matrices)
+    // Model::dense_ffn computes it (no fast path for its matrices), 4: whole expert on the fast
+    // path (gather, gate+up, SiLU * up, down: a prefill's experts when there are many)
     int32_t phase;
     int64_t r0, r1;
   };
   void run_task(const Task& task);
+  void gather(Expert& x) const;
   void add_tasks(int part, int64_t threads);
 
   ThreadPool* pool_;
@@ -93,6 +100,7 @@ class FusedMoeBackend : public MoeBackend {
   std::vector<Task> tail_;                  // add_tasks' scratch: the chunks cut into pieces
   std::vector<size_t> part_begin_;          // [parts + 1]: each part's range in tasks_
   std::vector<int32_t> index_of_;  // [n_experts]: index into experts_, -1 when inactive
+  std::vector<int32_t> whole_;     // experts_ indices run as one phase-4 task each, largest first
   std::vector<int32_t> slot_row_;  // [T * k]: row of that selection in its expert's output, -1
   std::vector<int32_t> slot_expert_;  // [T * k]: index into experts_, -1 when masked out
   int64_t shared_ = -1;               // index of the shared expert in experts_, -1: none

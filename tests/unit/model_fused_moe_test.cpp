@@ -135,17 +135,31 @@ MoeRequest request(const Experts& ex, const Routing& r, int64_t t, float* out) {
 
 class FusedMoe : public ::testing::TestWithParam<std::pair<DType, DType>> {};
 
+// Row chunks (small: many tasks per expert) and, for a prefill on the pool, whole-expert tasks
+// (whole_experts_per_thread 1: all but the `threads` smallest of the 7 experts with kernels run
+// whole).
 TEST_P(FusedMoe, EqualsDirectComputationAndMasksSplitWork) {
   const Experts ex = make_experts(GetParam().first, GetParam().second);
   for (int64_t t : {1, 3, 40}) {
     const Routing r = make_routing(t, 100 + static_cast<uint32_t>(t));
     const std::vector<float> want = direct(ex, r, t, nullptr);
+    for (const int per_thread : {0, 1}) {
     for (ThreadPool* p : {static_cast<ThreadPool*>(nullptr), &pool()}) {
-      FusedMoeBackend be(p, FusedMoeOptions{16, 16});  // small chunks: many tasks per expert
+      SCOPED_TRACE(::testing::Message() << "tokens " << t << " whole_experts_per_thread "
+                                        << per_thread << (p ? " pool" : " no pool"));
+      FusedMoeOptions o{16, 16};
+      o.whole_experts_per_thread = per_thread;
+      FusedMoeBackend be(p, o);
       std::vector<float> got(want.size(), -7.0f);
       be.submit(request(ex, r, t, got.data()));
       be.wait();
-      EXPECT_GT(be.last_task_count(), kExperts) << "the experts are split into row chunks";
+      if (per_thread > 0 && p != nullptr && t > 4) {
+        EXPECT_EQ(be.last_whole_count(), kExperts - 1 - (p->size() + 1))
+            << "all but the `threads` smallest with kernels (not expert 5) run whole";
+      } else {
+        EXPECT_EQ(be.last_whole_count(), 0);
+        EXPECT_GT(be.last_task_count(), kExperts) << "the experts are split into row chunks";
+      }
       for (size_t i = 0; i < want.size(); ++i)
         ASSERT_EQ(got[i], want[i]) << "t " << t << " i " << i;
 
@@ -162,6 +176,7 @@ TEST_P(FusedMoe, EqualsDirectComputationAndMasksSplitWork) {
       be.submit(q);
       be.wait();
       EXPECT_EQ(b, direct(ex, r, t, mask_b));
+    }
     }
   }
 }
@@ -250,12 +265,20 @@ TEST(FusedMoeShared, EqualsModelSharedPlusRouted) {
         for (ThreadPool* p : {static_cast<ThreadPool*>(nullptr), &pool()}) {
           FusedMoeBackend be(p, with);
           ASSERT_TRUE(be.computes_shared());
+          FusedMoeOptions whole = with;  // 20 tokens on the pool: routed experts run whole
+          whole.whole_experts_per_thread = 1;
+          FusedMoeBackend bw(p, whole);
           std::vector<float> got(want.size(), -7.0f);
           MoeRequest q = request(ex, r, t, got.data());
           q.layer_weights = lw;
           be.submit(q);
           be.wait();
           ASSERT_EQ(got, want);
+          std::fill(got.begin(), got.end(), -7.0f);
+          bw.submit(q);
+          bw.wait();
+          ASSERT_EQ(got, want) << "with whole-expert tasks";
+          EXPECT_EQ(bw.last_whole_count() > 0, p != nullptr && t > 4);
           FusedMoeBackend routed_only(p);
           ASSERT_FALSE(routed_only.computes_shared());
           routed_only.submit(q);
@@ -314,6 +337,14 @@ TEST(FusedMoePacked, Int8AndInt4Experts) {
     FusedMoeBackend be(&pool(), FusedMoeOptions{16, 16}, &ce);
     be.submit(request(ex, r, t, got.data()));
     be.wait();
+    FusedMoeOptions whole_opt{16, 16};
+    whole_opt.whole_experts_per_thread = 1;  // the 7 fast experts: some run whole
+    FusedMoeBackend whole(&pool(), whole_opt, &ce);
+    std::vector<float> got_whole(got.size(), -7.0f);
+    whole.submit(request(ex, r, t, got_whole.data()));
+    whole.wait();
+    EXPECT_GT(whole.last_whole_count(), 0);
+    EXPECT_EQ(got_whole, got) << kern::wformat_name(fmt) << " whole-expert tasks";
     // Direct: per selection, the packed kernels on that token alone.
     for (int64_t i = 0; i < t; ++i) {
       for (int64_t j = 0; j < kTopK; ++j) {
