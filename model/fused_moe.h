@@ -11,6 +11,9 @@
 //     counter (dynamic scheduling). Dependencies are per expert: the last gate/up chunk of an
 //     expert converts its intermediate rows for the down projection and marks it ready; a down
 //     chunk waits only for its own expert (no barrier between the phases of different experts).
+//     A prefill with many experts runs most of them whole instead, one task each (its gather,
+//     gate/up, SiLU * up, down) on one core, largest first; the rest stay in row chunks
+//     (FusedMoeOptions::whole_experts_per_thread).
 //  3. wait(): joins the job and combines the experts' outputs per token in top-k slot order
 //     (deterministic: the same sums whichever thread ran what).
 // NUMA tensor parallelism (KTransformers §3.3): when the experts were split (split_cpu_experts),
