@@ -144,39 +144,39 @@ TEST_P(FusedMoe, EqualsDirectComputationAndMasksSplitWork) {
     const Routing r = make_routing(t, 100 + static_cast<uint32_t>(t));
     const std::vector<float> want = direct(ex, r, t, nullptr);
     for (const int per_thread : {0, 1}) {
-    for (ThreadPool* p : {static_cast<ThreadPool*>(nullptr), &pool()}) {
-      SCOPED_TRACE(::testing::Message() << "tokens " << t << " whole_experts_per_thread "
-                                        << per_thread << (p ? " pool" : " no pool"));
-      FusedMoeOptions o{16, 16};
-      o.whole_experts_per_thread = per_thread;
-      FusedMoeBackend be(p, o);
-      std::vector<float> got(want.size(), -7.0f);
-      be.submit(request(ex, r, t, got.data()));
-      be.wait();
-      if (per_thread > 0 && p != nullptr && t > 4) {
-        EXPECT_EQ(be.last_whole_count(), kExperts - 1 - (p->size() + 1))
-            << "all but the `threads` smallest with kernels (not expert 5) run whole";
-      } else {
-        EXPECT_EQ(be.last_whole_count(), 0);
-        EXPECT_GT(be.last_task_count(), kExperts) << "the experts are split into row chunks";
-      }
-      for (size_t i = 0; i < want.size(); ++i)
-        ASSERT_EQ(got[i], want[i]) << "t " << t << " i " << i;
+      for (ThreadPool* p : {static_cast<ThreadPool*>(nullptr), &pool()}) {
+        SCOPED_TRACE(::testing::Message() << "tokens " << t << " whole_experts_per_thread "
+                                          << per_thread << (p ? " pool" : " no pool"));
+        FusedMoeOptions o{16, 16};
+        o.whole_experts_per_thread = per_thread;
+        FusedMoeBackend be(p, o);
+        std::vector<float> got(want.size(), -7.0f);
+        be.submit(request(ex, r, t, got.data()));
+        be.wait();
+        if (per_thread > 0 && p != nullptr && t > 4) {
+          EXPECT_EQ(be.last_whole_count(), kExperts - 1 - (p->size() + 1))
+              << "all but the `threads` smallest with kernels (not expert 5) run whole";
+        } else {
+          EXPECT_EQ(be.last_whole_count(), 0);
+          EXPECT_GT(be.last_task_count(), kExperts) << "the experts are split into row chunks";
+        }
+        for (size_t i = 0; i < want.size(); ++i)
+          ASSERT_EQ(got[i], want[i]) << "t " << t << " i " << i;
 
-      const uint8_t mask_a[kExperts] = {1, 0, 1, 0, 1, 0, 1, 0};
-      const uint8_t mask_b[kExperts] = {0, 1, 0, 1, 0, 1, 0, 1};
-      std::vector<float> a(want.size()), b(want.size());
-      MoeRequest q = request(ex, r, t, a.data());
-      q.expert_mask = mask_a;
-      be.submit(q);
-      be.wait();
-      EXPECT_EQ(a, direct(ex, r, t, mask_a));
-      q.expert_mask = mask_b;
-      q.out = b.data();
-      be.submit(q);
-      be.wait();
-      EXPECT_EQ(b, direct(ex, r, t, mask_b));
-    }
+        const uint8_t mask_a[kExperts] = {1, 0, 1, 0, 1, 0, 1, 0};
+        const uint8_t mask_b[kExperts] = {0, 1, 0, 1, 0, 1, 0, 1};
+        std::vector<float> a(want.size()), b(want.size());
+        MoeRequest q = request(ex, r, t, a.data());
+        q.expert_mask = mask_a;
+        be.submit(q);
+        be.wait();
+        EXPECT_EQ(a, direct(ex, r, t, mask_a));
+        q.expert_mask = mask_b;
+        q.out = b.data();
+        be.submit(q);
+        be.wait();
+        EXPECT_EQ(b, direct(ex, r, t, mask_b));
+      }
     }
   }
 }
