@@ -15,6 +15,7 @@
 #pragma GCC push_options
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512dq")
 
+#include "ops/cpu/fp8_expand_avx512.h"
 #include "ops/cpu/packed_impl.h"
 
 namespace tandem::kern::detail {
@@ -75,7 +76,7 @@ struct Avx512 {
     return _mm512_fmadd_ps(w.odd, a.odd, _mm512_fmadd_ps(w.even, a.even, acc));
   }
   static void fp8_expand(const uint8_t* const* src, int64_t pairs, uint16_t* dst) {
-    packed_impl::fp8_expand_lut(src, pairs, dst);
+    fp8_expand_avx512(src, pairs, dst);
   }
   // FP8 rows (few tokens): 32 E4M3 widened to F32 (times 2^-8), two FMAs with the BF16
   // activations' F32 copy (act_f32_offset), two partial sums per token and block.
