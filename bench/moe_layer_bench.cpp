@@ -414,6 +414,37 @@ void BM_MoeLayerShared(benchmark::State& state, Shape s, int64_t tokens) {
     state.counters["of_dram"] = o.ratio;
   }
   state.counters["vs_model"] = ab_rounds(step_model, step_fused);
+  if (tokens == 1) {
+    // early_vs_late: the step as Model::ffn runs it -- the F32 router (64 x hidden, one per
+    // copy) on the pool, then submit -- with the operator's shared expert begun before the router
+    // (MoeBackend::begin) against after it, A/B in the same minute (the routing is the
+    // precomputed one either way: the router's result only costs time here).
+    static std::vector<std::vector<float>>* routers = new std::vector<std::vector<float>>;
+    if (routers->empty()) {
+      std::mt19937 rng(11);
+      std::normal_distribution<float> nd(0.0f, 0.02f);
+      for (int c = 0; c < kCopies; ++c) {
+        routers->emplace_back(static_cast<size_t>(s.n_experts * s.hidden));
+        for (float& v : routers->back()) v = nd(rng);
+      }
+    }
+    std::vector<float> logits(static_cast<size_t>(s.n_experts));
+    auto step_router = [&](bool early) {
+      next();
+      r.out = out.data();
+      MoeRequest b = r;
+      b.ids = nullptr;
+      b.weights = nullptr;
+      if (early) fused.begin(b);
+      float* rw = (*routers)[(i - 1) % kCopies].data();
+      kern::matmul(ops::Weight(Tensor::dense(DType::kF32, {s.n_experts, s.hidden}, rw)), x.data(),
+                   1, logits.data(), &pool());
+      fused.submit(r);
+      fused.wait();
+    };
+    state.counters["early_vs_late"] =
+        ab_rounds([&] { step_router(false); }, [&] { step_router(true); });
+  }
   state.counters["threads"] = pool().size() + 1;
 }
 

@@ -41,6 +41,7 @@ FusedMoeBackend::~FusedMoeBackend() {
   for (TaskHandle& h : handles_) {
     if (h.valid()) h.wait();
   }
+  if (early_.valid()) early_.wait();
 }
 
 namespace {
@@ -61,9 +62,117 @@ void pause() {
 
 }  // namespace
 
+void FusedMoeBackend::drop_early() {
+  early_started_ = false;
+  if (early_.valid()) early_.wait();
+}
+
+FusedMoeBackend::Expert& FusedMoeBackend::next_expert() {
+  if (static_cast<int64_t>(experts_.size()) <= n_active_) {
+    experts_.push_back(std::make_unique<Expert>());
+  }
+  return *experts_[n_active_++];
+}
+
+void FusedMoeBackend::add_shared(const MoeRequest& r) {
+  const int64_t T = r.n_tokens, H = r.hidden_size;
+  // The shared experts: one more expert over all T tokens (part 0), computed like a routed one
+  // when all three matrices have kernels and gate / up take the same activations (what
+  // Model::dense_ffn's kern::matmul_shared_input then does too), else by phase 3.
+  shared_ = -1;
+  shared_gate_.clear();
+  const LayerWeights* lw = r.layer_weights;
+  if (options_.shared_experts && lw != nullptr && !lw->sh_gate.empty()) {
+    shared_ = n_active_;
+    Expert& x = next_expert();
+    x.id = -1;
+    x.part = 0;
+    x.parts = 1;
+    x.first = static_cast<int32_t>(shared_);
+    x.tokens.resize(static_cast<size_t>(T));
+    for (int64_t t = 0; t < T; ++t) x.tokens[static_cast<size_t>(t)] = static_cast<int32_t>(t);
+    x.w_gate = &lw->sh_gate;
+    x.w_up = &lw->sh_up;
+    x.w_down = &lw->sh_down;
+    x.ff = lw->sh_gate.rows();
+    const size_t L = static_cast<size_t>(r.layer);
+    if (prepared_ != nullptr && L < prepared_->shared_gate.size() &&
+        prepared_->shared_gate[L].valid() && prepared_->shared_up[L].valid() &&
+        prepared_->shared_down[L].valid()) {  // repack: rearranged like the routed experts
+      x.gate = prepared_->shared_gate[L];
+      x.up = prepared_->shared_up[L];
+      x.down = prepared_->shared_down[L];
+      x.fast = true;
+    } else {
+      x.fast = kern::view_weight(lw->sh_gate, &x.gate) && kern::view_weight(lw->sh_up, &x.up) &&
+               kern::view_weight(lw->sh_down, &x.down);
+    }
+    x.fast = x.fast && x.gate.format == x.up.format && x.gate.group == x.up.group;
+    if (!lw->sh_gate_inp.empty()) {
+      for (int64_t t = 0; t < T; ++t) {
+        shared_gate_.push_back(shared_expert_gate(r.hidden + t * H, lw->sh_gate_inp.data(), H));
+      }
+    }
+  }
+}
+
+void FusedMoeBackend::begin(const MoeRequest& r) {
+  TD_CHECK(!pending_, "FusedMoeBackend::begin while a request is pending");
+  drop_early();  // (one begun for a request that never came: a forward() that threw midway)
+  early_tasks_count_ = 0;
+  const LayerWeights* lw = r.layer_weights;
+  if (!options_.shared_experts || pool_ == nullptr || r.n_tokens > 4 || lw == nullptr ||
+      lw->sh_gate.empty()) {
+    return;
+  }
+  const size_t L = static_cast<size_t>(r.layer);
+  if (prepared_ != nullptr && L < prepared_->parts.size() && !prepared_->parts[L].empty()) {
+    return;  // NUMA parts: the shared expert stays in part 0's job
+  }
+  // Every entry submit() can use exists now: experts_ must not reallocate under the job.
+  const size_t most = r.experts->gate.size() + 1;
+  while (experts_.size() < most) experts_.push_back(std::make_unique<Expert>());
+  n_active_ = 0;
+  add_shared(r);
+  Expert& x = *experts_[0];
+  if (!x.fast || x.ff == 0) {
+    n_active_ = 0;
+    shared_ = -1;
+    return;  // the reference path: in the layer's queue as before
+  }
+  req_ = r;
+  const int64_t T = r.n_tokens, H = r.hidden_size;
+  kern::Activations* all = acts_for(hidden_acts_, kern::act_format(x.gate.format));
+  kern::quantize_activations(kern::act_format(x.gate.format), x.gate.group, r.hidden, T, H, H,
+                             all, nullptr);
+  grow_to(x.y, T * H);
+  grow_to(x.g, T * x.ff);
+  grow_to(x.u, T * x.ff);
+  x.ready.store(false, std::memory_order_relaxed);
+  gather(x);  // (all stays valid: submit() finds the same hidden states in it)
+  // Long streams, as a decode layer's (max_rows_per_task_decode): gate/up in ceil(ff / (cap / 2))
+  // equal chunks, down in ceil(H / cap); gate/up chunks first (a down chunk waits for them).
+  const int64_t cap = std::max<int64_t>(32, options_.max_rows_per_task_decode);
+  auto even = [](int64_t rows, int64_t per) {
+    const int64_t n = (rows + per - 1) / per;
+    return std::max<int64_t>(16, ((rows + n - 1) / n + 15) / 16 * 16);
+  };
+  early_tasks_.clear();
+  const int64_t gu = even(x.ff, cap / 2), dn = even(H, cap);
+  int64_t n_gate = 0;
+  for (int64_t r0 = 0; r0 < x.ff; r0 += gu, ++n_gate) {
+    early_tasks_.push_back({0, 0, r0, std::min(x.ff, r0 + gu)});
+  }
+  x.gate_left.store(n_gate, std::memory_order_relaxed);
+  for (int64_t r0 = 0; r0 < H; r0 += dn) early_tasks_.push_back({0, 1, r0, std::min(H, r0 + dn)});
+  early_tasks_count_ = static_cast<int64_t>(early_tasks_.size());
+  early_started_ = true;
+  early_ = pool_->submit(early_tasks_.size(),
+                         [this](size_t i) { run_task(early_tasks_[i]); });
+}
+
 void FusedMoeBackend::submit(const MoeRequest& r) {
   TD_CHECK(!pending_, "FusedMoeBackend::submit while a request is pending");
-  req_ = r;
   const int64_t T = r.n_tokens, K = r.k, H = r.hidden_size;
   const int64_t n_experts = static_cast<int64_t>(r.experts->gate.size());
   const bool prepared = prepared_ != nullptr &&
@@ -72,19 +181,18 @@ void FusedMoeBackend::submit(const MoeRequest& r) {
   const bool split = prepared && static_cast<size_t>(r.layer) < prepared_->parts.size() &&
                      !prepared_->parts[r.layer].empty();
   const int n_parts = split ? static_cast<int>(prepared_->part_node.size()) : 1;
-  auto next_expert = [&]() -> Expert& {
-    if (static_cast<int64_t>(experts_.size()) <= n_active_) {
-      experts_.push_back(std::make_unique<Expert>());
-    }
-    return *experts_[n_active_++];
-  };
+  if (early_started_ && (r.layer != req_.layer || r.hidden != req_.hidden ||
+                         r.n_tokens != req_.n_tokens || r.experts != req_.experts)) {
+    drop_early();  // begun for another request: this one computes its shared expert itself
+  }
+  if (!early_started_) early_tasks_count_ = 0;
   // Which experts are active and which rows they get (counting pass, then fill in slot order).
   // A split expert takes n_parts consecutive entries (its sub-experts), the first owning the rows.
   std::vector<int32_t>& index_of = index_of_;  // reused: no allocation per layer
   index_of.assign(static_cast<size_t>(n_experts), -1);
   slot_row_.assign(static_cast<size_t>(T * K), -1);
   slot_expert_.assign(static_cast<size_t>(T * K), -1);
-  n_active_ = 0;
+  n_active_ = early_started_ ? 1 : 0;  // (begin()'s shared expert is experts_[0])
   for (int64_t i = 0; i < T * K; ++i) {
     const int32_t e = r.ids[i];
     TD_CHECK(e >= 0 && e < n_experts, "expert id {} out of range", e);
@@ -142,44 +250,8 @@ void FusedMoeBackend::submit(const MoeRequest& r) {
     x.tokens.push_back(static_cast<int32_t>(i / K));
   }
 
-  // The shared experts: one more expert over all T tokens (part 0), computed like a routed one
-  // when all three matrices have kernels and gate / up take the same activations (what
-  // Model::dense_ffn's kern::matmul_shared_input then does too), else by phase 3.
-  shared_ = -1;
-  const LayerWeights* lw = r.layer_weights;
-  if (options_.shared_experts && lw != nullptr && !lw->sh_gate.empty()) {
-    shared_ = n_active_;
-    Expert& x = next_expert();
-    x.id = -1;
-    x.part = 0;
-    x.parts = 1;
-    x.first = static_cast<int32_t>(shared_);
-    x.tokens.resize(static_cast<size_t>(T));
-    for (int64_t t = 0; t < T; ++t) x.tokens[static_cast<size_t>(t)] = static_cast<int32_t>(t);
-    x.w_gate = &lw->sh_gate;
-    x.w_up = &lw->sh_up;
-    x.w_down = &lw->sh_down;
-    x.ff = lw->sh_gate.rows();
-    const size_t L = static_cast<size_t>(r.layer);
-    if (prepared_ != nullptr && L < prepared_->shared_gate.size() &&
-        prepared_->shared_gate[L].valid() && prepared_->shared_up[L].valid() &&
-        prepared_->shared_down[L].valid()) {  // repack: rearranged like the routed experts
-      x.gate = prepared_->shared_gate[L];
-      x.up = prepared_->shared_up[L];
-      x.down = prepared_->shared_down[L];
-      x.fast = true;
-    } else {
-      x.fast = kern::view_weight(lw->sh_gate, &x.gate) && kern::view_weight(lw->sh_up, &x.up) &&
-               kern::view_weight(lw->sh_down, &x.down);
-    }
-    x.fast = x.fast && x.gate.format == x.up.format && x.gate.group == x.up.group;
-    shared_gate_.clear();
-    if (!lw->sh_gate_inp.empty()) {
-      for (int64_t t = 0; t < T; ++t) {
-        shared_gate_.push_back(shared_expert_gate(r.hidden + t * H, lw->sh_gate_inp.data(), H));
-      }
-    }
-  }
+  if (!early_started_) add_shared(r);
+  req_ = r;
 
   // A prefill's many experts (FusedMoeOptions::whole_experts_per_thread): each routed one whole in
   // one task (phase 4) on one thread, largest first; the smallest `threads` stay in row chunks
@@ -215,7 +287,8 @@ void FusedMoeBackend::submit(const MoeRequest& r) {
   // gathered into its first sub-expert (the other parts read them there), the experts in
   // parallel for a prefill (a 512-token V2-Lite layer copies ~13 MB: ~10% of the layer on the
   // caller alone).
-  for (int64_t a = 0; a < n_active_; ++a) {
+  const int64_t a0 = early_started_ ? 1 : 0;  // (begin() prepared its shared expert)
+  for (int64_t a = a0; a < n_active_; ++a) {
     const Expert& x = *experts_[a];
     if (x.first != a || !x.fast) continue;
     const kern::AFormat af = kern::act_format(x.gate.format);
@@ -226,6 +299,7 @@ void FusedMoeBackend::submit(const MoeRequest& r) {
   }
   auto prepare = [&](size_t i) {
     const int64_t a = static_cast<int64_t>(i);
+    if (a < a0) return;  // begin()'s, running
     Expert& x = *experts_[i];
     const Expert& owner = *experts_[x.first];
     if (x.first != a) x.tokens = owner.tokens;
@@ -244,7 +318,7 @@ void FusedMoeBackend::submit(const MoeRequest& r) {
   if (pool_ != nullptr && T > 8) {
     pool_->run(static_cast<size_t>(n_active_), prepare);
   } else {
-    for (int64_t a = 0; a < n_active_; ++a) prepare(static_cast<size_t>(a));
+    for (int64_t a = a0; a < n_active_; ++a) prepare(static_cast<size_t>(a));
   }
   // Invalidate the per-encoding caches for the next request.
   for (kern::Activations& a : hidden_acts_) a.tokens = -1;
@@ -297,7 +371,8 @@ void FusedMoeBackend::add_tasks(int part, int64_t threads) {
   const int64_t H = req_.hidden_size;
   // Chunks: >= ~4 tasks per thread over the part's work, multiples of 16 rows, capped.
   int64_t total_rows = 0;
-  for (int64_t a = 0; a < n_active_; ++a) {
+  const int64_t a0 = early_started_ ? 1 : 0;  // (begin()'s shared expert has its own job)
+  for (int64_t a = a0; a < n_active_; ++a) {
     const Expert& x = *experts_[a];
     if (x.part == part && x.fast && x.ff > 0) total_rows += 2 * x.ff + H;
   }
@@ -305,7 +380,7 @@ void FusedMoeBackend::add_tasks(int part, int64_t threads) {
   const int64_t cap =
       req_.n_tokens <= 4 ? options_.max_rows_per_task_decode : options_.max_rows_per_task;
   chunk = std::clamp<int64_t>(chunk / 16 * 16, 16, std::max<int64_t>(16, cap));
-  for (int64_t a = 0; a < n_active_; ++a) {
+  for (int64_t a = a0; a < n_active_; ++a) {
     Expert& x = *experts_[a];
     if (x.part != part || x.ff == 0) continue;
     if (!x.fast) {
@@ -329,7 +404,7 @@ void FusedMoeBackend::add_tasks(int part, int64_t threads) {
   // Down chunks after every gate/up chunk: a worker reaching one finds its expert's gate/up chunks
   // already claimed (they precede it in the queue), so waiting for them cannot deadlock.
   const size_t first_down = tasks_.size();
-  for (int64_t a = 0; a < n_active_; ++a) {
+  for (int64_t a = a0; a < n_active_; ++a) {
     Expert& x = *experts_[a];
     if (x.part != part || !x.fast || x.ff == 0 || x.whole) continue;
     for (int64_t r0 = 0; r0 < H; r0 += chunk) {
@@ -422,9 +497,12 @@ void FusedMoeBackend::run_task(const Task& t) {
 void FusedMoeBackend::wait() {
   TD_CHECK(pending_, "FusedMoeBackend::wait without submit");
   pending_ = false;
+  // The routed job first: the caller helps it, and begin()'s job (lower slot, which the worker
+  // took first) is long done or nearly.
   for (TaskHandle& h : handles_) {
     if (h.valid()) h.wait();
   }
+  drop_early();
   // Combine per token in slot order: deterministic whichever worker computed what.
   const MoeRequest& r = req_;
   const int64_t H = r.hidden_size, K = r.k;

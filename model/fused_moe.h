@@ -14,6 +14,9 @@
 //     A prefill with many experts runs most of them whole instead, one task each (its gather,
 //     gate/up, SiLU * up, down) on one core, largest first; the rest stay in row chunks
 //     (FusedMoeOptions::whole_experts_per_thread).
+//     A decode's shared experts start earlier, in begin(): their gate/up and down chunks form a
+//     job of their own that one core streams while the caller computes the router, the routing
+//     and the routed experts' set-up (serial work that otherwise left both cores idle).
 //  3. wait(): joins the job and combines the experts' outputs per token in top-k slot order
 //     (deterministic: the same sums whichever thread ran what).
 // NUMA tensor parallelism (KTransformers §3.3): when the experts were split (split_cpu_experts),
@@ -67,9 +70,14 @@ class FusedMoeBackend : public MoeBackend {
   explicit FusedMoeBackend(ThreadPool* pool, FusedMoeOptions options = {},
                            const CpuExperts* experts = nullptr);
   ~FusedMoeBackend() override;
+  // A decode's (<= 4 tokens) shared experts, when computes_shared() and they have kernels: their
+  // tasks start now, as a job of their own (unsplit experts only: no NUMA parts).
+  void begin(const MoeRequest& request) override;
   void submit(const MoeRequest& request) override;
   void wait() override;
   bool computes_shared() const override { return options_.shared_experts; }
+  // Whether the last request's shared experts ran as begin()'s early job.
+  bool last_shared_early() const { return early_tasks_count_ > 0; }
 
   // Tasks of the last submitted layer (tests and benchmarks look at the decomposition).
   int64_t last_task_count() const { return static_cast<int64_t>(tasks_.size()); }
@@ -91,6 +99,9 @@ class FusedMoeBackend : public MoeBackend {
   void run_task(const Task& task);
   void gather(Expert& x) const;
   void add_tasks(int part, int64_t threads);
+  void add_shared(const MoeRequest& r);   // the shared expert as experts_[n_active_] (shared_)
+  Expert& next_expert();
+  void drop_early();  // waits for begin()'s job, if any, and forgets it
 
   ThreadPool* pool_;
   FusedMoeOptions options_;
@@ -110,6 +121,13 @@ class FusedMoeBackend : public MoeBackend {
   std::vector<float> shared_gate_;    // [T]: Qwen2-MoE's sigmoid gate per token (when present)
   std::vector<kern::Activations> hidden_acts_;  // hidden in each encoding needed (by AFormat)
   std::vector<TaskHandle> handles_;  // one job per part
+  // begin()'s job: the shared expert (experts_[0]) of the pending request, its gate/up chunks
+  // then its down chunks. While it runs, experts_ does not grow (begin() allocated every entry
+  // submit() can use).
+  std::vector<Task> early_tasks_;
+  TaskHandle early_;
+  bool early_started_ = false;
+  int64_t early_tasks_count_ = 0;
 };
 
 }  // namespace tandem

@@ -654,6 +654,22 @@ void Model::ffn(int64_t l, int64_t n, const float* x, float* out) {
     return;
   }
   const int64_t ne = c.n_experts, k = c.n_experts_per_tok;
+  float* routed = grow(b_, n * hd);
+  MoeRequest req;
+  req.layer = l;
+  req.moe_index = moe_index_[l];
+  req.n_moe_layers = n_moe_layers_;
+  req.decode = n == 1;
+  req.layer_weights = &lw;
+  req.experts = &lw.experts;
+  req.hidden = x;
+  req.n_tokens = n;
+  req.hidden_size = hd;
+  req.k = k;
+  req.out = routed;
+  // What does not depend on the routing (the backend's shared experts) starts first: it streams
+  // while the router and the routing run.
+  moe_->begin(req);
   float* logits = grow(t0_, n * ne);
   kern::matmul(lw.router, x, n, logits, pool_, views_);
   int32_t* ids = grow(ids_, n * k);
@@ -677,21 +693,8 @@ void Model::ffn(int64_t l, int64_t n, const float* x, float* out) {
     ev.hidden = x;
     on_routing_(ev);
   }
-  float* routed = grow(b_, n * hd);
-  MoeRequest req;
-  req.layer = l;
-  req.moe_index = moe_index_[l];
-  req.n_moe_layers = n_moe_layers_;
-  req.decode = n == 1;
-  req.layer_weights = &lw;
-  req.experts = &lw.experts;
-  req.hidden = x;
-  req.n_tokens = n;
-  req.hidden_size = hd;
   req.ids = ids;
   req.weights = wts;
-  req.k = k;
-  req.out = routed;
   moe_->submit(req);
   if (moe_->computes_shared()) {
     std::fill(out, out + n * hd, 0.0f);

@@ -42,6 +42,11 @@ float shared_expert_gate(const float* x, const float* g, int64_t h);
 class MoeBackend {
  public:
   virtual ~MoeBackend() = default;
+  // Optional, before submit(): the layer's hidden states are final but its routing is not known
+  // yet (request.ids / weights are not read). A backend may start what does not depend on the
+  // routing -- the shared experts -- so that it overlaps the router and the routing. submit()
+  // must follow with the same layer and hidden states.
+  virtual void begin(const MoeRequest& request) {}
   virtual void submit(const MoeRequest& request) = 0;
   virtual void wait() = 0;
   // true: out also holds the shared experts' output (incl. Qwen2's sigmoid gate), the model does

@@ -41,6 +41,8 @@ class DeferringMoeBackend : public MoeBackend {
                       bool async_submit = true);
   ~DeferringMoeBackend() override;
 
+  // (The shared experts belong to the immediate part.)
+  void begin(const MoeRequest& request) override { immediate_->begin(request); }
   void submit(const MoeRequest& request) override;
   void wait() override;
   bool computes_shared() const override { return immediate_->computes_shared(); }
