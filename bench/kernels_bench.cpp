@@ -375,6 +375,53 @@ void BM_MatmulChain(benchmark::State& state, DType dtype, int64_t rows) {
   gemv_counters(state, n * rows * rb, call);
   state.counters["calls"] = static_cast<double>(n);
 }
+// The dense decode matmuls of a V2-Lite layer as `repack` holds them (Q4_K in x16 tiles): per
+// "layer" q (3072 x 2048) with kv_a (576 x 2048) in one kern::matmul_shared_input, then wo (2048 x
+// 2048) by kern::matmul, one job each on the pool, ~128 MiB of layers cycled (DRAM-bound as in
+// decode). of_dram against the probe: what the attention's projections lose to their per-call
+// costs (each task's stream start, the job's tail).
+void BM_DenseDecodeX16(benchmark::State& state) {
+  if (best_isa() < Isa::kAvx512Vnni) {
+    state.SkipWithError("no AVX-512 VNNI here (the x16 tile GEMV)");
+    return;
+  }
+  constexpr int64_t kCols = 2048, kQ = 3072, kKv = 576, kO = 2048;
+  const int64_t rb = static_cast<int64_t>(dtype_bytes(DType::kQ4_K, kCols));
+  const int64_t per_layer = (kQ + kKv + kO) * rb;
+  const int64_t layers = (128ll << 20) / per_layer;
+  const Weights w = make_weights(DType::kQ4_K, (kQ + kKv + kO) * layers, kCols);
+  AllocOptions opt;
+  opt.huge_pages = true;
+  const kern::KMatrix all = kern::q4k_x16_matrix(w.m, opt);
+  const int64_t tile = kern::q4k_x16_tile_bytes(kCols);
+  std::vector<kern::KMatrix> q, kv, o;
+  for (int64_t l = 0; l < layers; ++l) {
+    int64_t row = l * (kQ + kKv + kO);
+    for (auto [v, rows] : {std::pair{&q, kQ}, {&kv, kKv}, {&o, kO}}) {
+      kern::KMatrix m = all;
+      m.rows = rows;
+      m.data = all.data + row / kern::kQ4KX16Rows * tile;
+      v->push_back(m);
+      row += rows;
+    }
+  }
+  std::vector<float> x(static_cast<size_t>(kCols), 0.5f), yq(kQ), ykv(kKv), yo(kO);
+  kern::Activations scratch;
+  auto call = [&] {
+    for (int64_t l = 0; l < layers; ++l) {
+      const kern::KMatrix* ws[2] = {&q[l], &kv[l]};
+      float* ys[2] = {yq.data(), ykv.data()};
+      kern::matmul_shared_input(ws, x.data(), 1, ys, &pool(), &scratch);
+      kern::matmul(o[l], x.data(), 1, yo.data(), &pool(), &scratch);
+    }
+    benchmark::DoNotOptimize(yo.data());
+  };
+  for (auto _ : state) call();
+  gemv_counters(state, layers * per_layer, call);
+  state.counters["calls"] = static_cast<double>(2 * layers);
+}
+BENCHMARK(BM_DenseDecodeX16)->UseRealTime()->MinTime(0.3);
+
 // MLA's projections of one token's hidden state, q (3072 x 2048) and kv_a (576 x 2048) in Q4_K,
 // over ~128 MiB of distinct pairs (DRAM-bound as in decode): both in one
 // kern::matmul_shared_input (one conversion, one dispatch; the timed loop), against one
