@@ -7,7 +7,8 @@
 //    BM_GemvReadOnly: the same bytes read in the same tasks without arithmetic. From DRAM each
 //    also reports GBps (1e9 bytes/s) and of_dram: the median ratio to a DRAM probe run in
 //    rounds alternating with it (bench/dram_probe.h), i.e. the fraction of DRAM in the same
-//    minute. BM_MatmulChain: kern::matmul over a chain of small matrices (per-call costs).
+//    minute. BM_MatmulChain: kern::matmul over a chain of small matrices (per-call costs);
+//    BM_DenseDecodeX16: a V2-Lite layer's q + kv_a and wo in x16 tiles, as decode runs them.
 //  - GEMM: 512 tokens against a 2048 x 2048 matrix (L2/L3-resident): items_per_second = multiply-
 //    adds x 2 (OP/s), to compare with the int8 / bf16 / fp32 peaks.
 // Run: build/bench/bench_kernels_bench [--benchmark_filter=Gemv] [--benchmark_format=json]
