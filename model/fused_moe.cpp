@@ -318,7 +318,7 @@ void FusedMoeBackend::submit(const MoeRequest& r) {
   if (pool_ != nullptr && T > 8) {
     pool_->run(static_cast<size_t>(n_active_), prepare);
   } else {
-    for (int64_t a = a0; a < n_active_; ++a) prepare(static_cast<size_t>(a));
+    for (int64_t a = 0; a < n_active_; ++a) prepare(static_cast<size_t>(a));
   }
   // Invalidate the per-encoding caches for the next request.
   for (kern::Activations& a : hidden_acts_) a.tokens = -1;
