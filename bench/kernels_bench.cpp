@@ -8,7 +8,8 @@
 //    also reports GBps (1e9 bytes/s) and of_dram: the median ratio to a DRAM probe run in
 //    rounds alternating with it (bench/dram_probe.h), i.e. the fraction of DRAM in the same
 //    minute. BM_MatmulChain: kern::matmul over a chain of small matrices (per-call costs);
-//    BM_DenseDecodeX16: a V2-Lite layer's q + kv_a and wo in x16 tiles, as decode runs them.
+//    BM_DenseDecodeX16: a V2-Lite layer's q + kv_a and wo in x16 tiles, as decode runs them;
+//    BM_LmHeadQ6K: V2-Lite's Q6_K lm_head.
 //  - GEMM: 512 tokens against a 2048 x 2048 matrix (L2/L3-resident): items_per_second = multiply-
 //    adds x 2 (OP/s), to compare with the int8 / bf16 / fp32 peaks.
 // Run: build/bench/bench_kernels_bench [--benchmark_filter=Gemv] [--benchmark_format=json]
@@ -21,7 +22,9 @@
 #include <cstring>
 #include <cstdlib>
 #include <random>
+#include <span>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "core/cpu_features.h"
@@ -376,6 +379,32 @@ void BM_MatmulChain(benchmark::State& state, DType dtype, int64_t rows) {
   gemv_counters(state, n * rows * rb, call);
   state.counters["calls"] = static_cast<double>(n);
 }
+// One token's GEMV of the matrices ws as kern::matmul_shared_input ran it until session 38 (one
+// pool job of fixed tasks: per thread about two of at most 4 MiB, whole 16-row tiles), for the
+// A/B against its RangeShares (shares_vs_tasks).
+void gemv_in_fixed_tasks(std::span<const kern::KMatrix* const> ws, const float* x,
+                         std::span<float* const> ys, kern::Activations* a) {
+  kern::quantize_activations(kern::act_format(ws[0]->format), ws[0]->group, x, 1, ws[0]->cols,
+                             ws[0]->cols, a);
+  const int64_t threads = pool().size() + 1;
+  int64_t call_bytes = 0;
+  for (const kern::KMatrix* w : ws) call_bytes += w->rows * w->row_bytes;
+  const int64_t per_thread = (call_bytes + threads - 1) / threads;
+  const int64_t n = std::max<int64_t>(2, (per_thread + (int64_t{4} << 20) - 1) >> 22);
+  const int64_t bytes = std::max<int64_t>(int64_t{64} << 10, (per_thread + n - 1) / n);
+  std::vector<std::pair<size_t, int64_t>> tasks;  // (matrix, first row)
+  std::vector<int64_t> per(ws.size());
+  for (size_t m = 0; m < ws.size(); ++m) {
+    per[m] = std::max<int64_t>(16, ((bytes + ws[m]->row_bytes - 1) / ws[m]->row_bytes + 15) / 16 *
+                                       16);
+    for (int64_t r = 0; r < ws[m]->rows; r += per[m]) tasks.emplace_back(m, r);
+  }
+  pool().run(tasks.size(), [&](size_t i) {
+    const auto [m, r0] = tasks[i];
+    kern::gemm(*ws[m], *a, r0, std::min(ws[m]->rows, r0 + per[m]), ys[m], ws[m]->rows);
+  });
+}
+
 // The dense decode matmuls of a V2-Lite layer as `repack` holds them (Q4_K in x16 tiles): per
 // "layer" q (3072 x 2048) with kv_a (576 x 2048) in one kern::matmul_shared_input, then wo (2048 x
 // 2048) by kern::matmul, one job each on the pool, ~128 MiB of layers cycled (DRAM-bound as in
@@ -420,8 +449,51 @@ void BM_DenseDecodeX16(benchmark::State& state) {
   for (auto _ : state) call();
   gemv_counters(state, layers * per_layer, call);
   state.counters["calls"] = static_cast<double>(2 * layers);
+  // shares_vs_tasks: against the same matmuls as a job of fixed tasks each (kern::matmul's
+  // GEMV until session 38), A/B in the same minute (ab_rounds).
+  auto tasks_call = [&] {
+    for (int64_t l = 0; l < layers; ++l) {
+      const kern::KMatrix* ws[2] = {&q[l], &kv[l]};
+      float* ys[2] = {yq.data(), ykv.data()};
+      gemv_in_fixed_tasks(ws, x.data(), ys, &scratch);
+      const kern::KMatrix* wo[1] = {&o[l]};
+      float* yos[1] = {yo.data()};
+      gemv_in_fixed_tasks(wo, x.data(), yos, &scratch);
+    }
+    benchmark::DoNotOptimize(yo.data());
+  };
+  state.counters["shares_vs_tasks"] = ab_rounds(tasks_call, call);
 }
 BENCHMARK(BM_DenseDecodeX16)->UseRealTime()->MinTime(0.3);
+
+// DeepSeek-V2-Lite's lm_head as decode runs it: one token against 102400 x 2048 Q6_K (the Q4_K_M
+// file's output.weight, 172 MB; no repacked layout for Q6_K) by kern::matmul on the pool.
+// shares_vs_tasks: against the same rows as a job of fixed tasks (until session 38), A/B in the
+// same minute.
+void BM_LmHeadQ6K(benchmark::State& state) {
+  constexpr int64_t kRows = 102400, kCols = 2048;
+  const Weights w = make_weights(DType::kQ6_K, kRows, kCols);
+  std::vector<float> x(static_cast<size_t>(kCols)), y(static_cast<size_t>(kRows));
+  std::mt19937 rng(2);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (float& v : x) v = normal(rng);
+  kern::Activations scratch;
+  auto call = [&] {
+    kern::matmul(w.m, x.data(), 1, y.data(), &pool(), &scratch);
+    benchmark::DoNotOptimize(y.data());
+  };
+  for (auto _ : state) call();
+  gemv_counters(state, static_cast<int64_t>(w.m.bytes()), call);
+  const kern::KMatrix* ws[1] = {&w.m};
+  float* ys[1] = {y.data()};
+  state.counters["shares_vs_tasks"] = ab_rounds(
+      [&] {
+        gemv_in_fixed_tasks(ws, x.data(), ys, &scratch);
+        benchmark::DoNotOptimize(y.data());
+      },
+      call);
+}
+BENCHMARK(BM_LmHeadQ6K)->UseRealTime()->MinTime(0.3);
 
 // MLA's projections of one token's hidden state, q (3072 x 2048) and kv_a (576 x 2048) in Q4_K,
 // over ~128 MiB of distinct pairs (DRAM-bound as in decode): both in one

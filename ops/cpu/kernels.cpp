@@ -8,6 +8,7 @@
 
 #include "core/error.h"
 #include "core/fp_convert.h"
+#include "core/range_shares.h"
 #include "core/thread_pool.h"
 #include "formats/quant.h"
 #include "ops/cpu/kern_gguf.h"
@@ -454,28 +455,73 @@ void gemm_reference(const KMatrix& w, const Activations& a, int64_t n0, int64_t 
 
 namespace {
 
-// Rows per task of a matrix with row_bytes bytes per row in a call that streams `call_bytes` of
-// weights for `tokens` tokens on `threads` threads. Tasks of whole row tiles; enough of them for
-// the pool to balance (dynamic queue), few enough that each task's weight slice is worth a
-// dispatch. A GEMV (<= 4 tokens) streams each task's slice once: its first prefetch distance
-// arrives as demand misses and its last is prefetched in vain, so tasks are long there: about two
-// per thread, 64 KiB-4 MiB (64 KiB tasks measured 20-30% below 256 KiB ones, bench_kernels_bench
-// BM_MatmulChain; 4 MiB tasks 1-12% above 256 KiB ones on 96 MiB, same-minute A/B in
-// BM_Gemv's tasks_4m_vs_256k, the most when DRAM is fastest). A GEMM's tasks are worth hundreds
-// of tokens each: 64 KiB and 16-256 rows, for balance.
-int64_t rows_per_task(int64_t row_bytes, int64_t call_bytes, int64_t tokens, int64_t threads) {
+// Rows per task of a matrix with row_bytes bytes per row in a call for `tokens` tokens that does
+// not run in RangeShares (gemv_in_shares): a GEMV on one thread streams each matrix whole; a
+// GEMM's tasks are worth hundreds of tokens each: 64 KiB and 16-256 rows, for balance.
+int64_t rows_per_task(int64_t rows, int64_t row_bytes, int64_t tokens) {
   row_bytes = std::max<int64_t>(1, row_bytes);
-  if (tokens <= 4) {
-    // Tasks per thread: at least two, more only to stay <= 4 MiB; a whole number of them per
-    // thread (7 tasks on 2 threads leave one thread a task alone at the end), rows rounded up so
-    // that rounding adds no task.
-    const int64_t per_thread = (call_bytes + threads - 1) / threads;
-    const int64_t n = std::max<int64_t>(2, (per_thread + (int64_t{4} << 20) - 1) >> 22);
-    const int64_t bytes = std::max<int64_t>(int64_t{64} << 10, (per_thread + n - 1) / n);
-    return std::max<int64_t>(16, ((bytes + row_bytes - 1) / row_bytes + 15) / 16 * 16);
+  if (tokens <= 4) return std::max<int64_t>(1, rows);
+  const int64_t n = std::min<int64_t>(256, (int64_t{64} << 10) / row_bytes);
+  return std::max<int64_t>(16, n / 16 * 16);
+}
+
+// A GEMV (<= 4 tokens) of the matrices ws on the pool in RangeShares: items are groups of 16 rows,
+// matrix after matrix; each thread's share (equal bytes) is one contiguous stream from its front
+// in 64 KiB chunks, and a thread done with it steals the back half of the fullest other share.
+// Until session 38 a GEMV ran as a job of fixed tasks, about two per thread of at most 4 MiB:
+// long, because each task started a new stream (its first prefetch distance demand misses, its
+// last prefetched in vain; 64 KiB tasks measured 20-30% below 256 KiB ones, BM_MatmulChain), so
+// a thread that started or ran slower left the other idle for up to a task at the end. Here the
+// streams are as long and the tail is about one chunk (bench_kernels_bench BM_DenseDecodeX16
+// shares_vs_tasks, docs/cpu-backend.md "Session 38").
+void gemv_in_shares(std::span<const KMatrix* const> ws, const Activations& a,
+                    std::span<float* const> ys, ThreadPool* pool, Isa isa) {
+  constexpr int64_t kRows = 16;
+  constexpr int64_t kChunkBytes = int64_t{64} << 10;
+  std::array<int64_t, kMaxSharedInput + 1> first{};  // matrix m's items [first[m], first[m + 1])
+  int64_t total_bytes = 0, max_row_bytes = 1;
+  for (size_t m = 0; m < ws.size(); ++m) {
+    first[m + 1] = first[m] + (ws[m]->rows + kRows - 1) / kRows;
+    total_bytes += ws[m]->rows * ws[m]->row_bytes;
+    max_row_bytes = std::max(max_row_bytes, ws[m]->row_bytes);
   }
-  const int64_t rows = std::min<int64_t>(256, (int64_t{64} << 10) / row_bytes);
-  return std::max<int64_t>(16, rows / 16 * 16);
+  const int64_t n_items = first[ws.size()];
+  if (n_items == 0) return;
+  const int shares = static_cast<int>(
+      std::min<int64_t>({pool->size() + 1, RangeShares::kMaxShares, n_items}));
+  // Share bounds at equal bytes (items of different matrices may differ in bytes).
+  std::array<int64_t, RangeShares::kMaxShares + 1> bounds{};
+  {
+    int s = 1;
+    int64_t bytes = 0;
+    for (size_t m = 0; m < ws.size() && s < shares; ++m) {
+      for (int64_t i = first[m]; i < first[m + 1] && s < shares; ++i) {
+        bytes += kRows * ws[m]->row_bytes;
+        while (s < shares && bytes * shares >= total_bytes * s) bounds[s++] = i + 1;
+      }
+    }
+    for (; s <= shares; ++s) bounds[s] = n_items;
+  }
+  thread_local RangeShares split;
+  split.reset(bounds.data(), shares);
+  RangeShares* sp = &split;
+  const int64_t chunk = std::max<int64_t>(1, kChunkBytes / (kRows * max_row_bytes));
+  auto rows = [&](int64_t i0, int64_t i1) {
+    for (size_t m = 0; m < ws.size(); ++m) {
+      const int64_t b = std::max(i0, first[m]), e = std::min(i1, first[m + 1]);
+      if (b >= e) continue;
+      const KMatrix& w = *ws[m];
+      gemm(w, a, (b - first[m]) * kRows, std::min(w.rows, (e - first[m]) * kRows), ys[m], w.rows,
+           isa);
+    }
+  };
+  pool->run(static_cast<size_t>(shares), [&](size_t s) {
+    const int share = static_cast<int>(s);
+    int64_t i0 = 0, i1 = 0;
+    do {
+      while (sp->take(share, chunk, &i0, &i1)) rows(i0, i1);
+    } while (sp->steal_into(share));
+  });
 }
 
 }  // namespace
@@ -502,8 +548,11 @@ void matmul_shared_input(std::span<const KMatrix* const> ws, const float* x, int
                        pool);
   const Activations& a = *scratch;
   const int64_t threads = pool != nullptr ? pool->size() + 1 : 1;
-  int64_t call_bytes = 0;
-  for (const KMatrix* w : ws) call_bytes += w->rows * w->row_bytes;
+  const Isa isa = best_isa();
+  if (pool != nullptr && threads > 1 && tokens <= 4) {
+    gemv_in_shares(ws, a, ys, pool, isa);
+    return;
+  }
   // Tasks of every matrix in one list (matrix after matrix): one dispatch for all of them.
   struct Span {
     size_t first_task = 0;
@@ -512,11 +561,10 @@ void matmul_shared_input(std::span<const KMatrix* const> ws, const float* x, int
   std::array<Span, kMaxSharedInput> spans;  // no allocation per call: this is every matmul's path
   size_t n_tasks = 0;
   for (size_t i = 0; i < ws.size(); ++i) {
-    const int64_t per = rows_per_task(ws[i]->row_bytes, call_bytes, tokens, threads);
+    const int64_t per = rows_per_task(ws[i]->rows, ws[i]->row_bytes, tokens);
     spans[i] = {n_tasks, per};
     n_tasks += static_cast<size_t>((ws[i]->rows + per - 1) / per);
   }
-  const Isa isa = best_isa();
   auto task = [&](size_t i) {
     size_t m = ws.size() - 1;
     while (spans[m].first_task > i) --m;
