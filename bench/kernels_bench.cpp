@@ -9,7 +9,7 @@
 //    rounds alternating with it (bench/dram_probe.h), i.e. the fraction of DRAM in the same
 //    minute. BM_MatmulChain: kern::matmul over a chain of small matrices (per-call costs);
 //    BM_DenseDecodeX16: a V2-Lite layer's q + kv_a and wo in x16 tiles, as decode runs them;
-//    BM_LmHeadQ6K: V2-Lite's Q6_K lm_head.
+//    BM_LmHeadQ6K(X16): V2-Lite's Q6_K lm_head as stored (in Q6_K x16 tiles).
 //  - GEMM: 512 tokens against a 2048 x 2048 matrix (L2/L3-resident): items_per_second = multiply-
 //    adds x 2 (OP/s), to compare with the int8 / bf16 / fp32 peaks.
 // Run: build/bench/bench_kernels_bench [--benchmark_filter=Gemv] [--benchmark_format=json]
@@ -38,6 +38,7 @@
 #include "core/error.h"
 #include "ops/cpu/q0_x4.h"
 #include "ops/cpu/q4k_x16.h"
+#include "ops/cpu/q6k_x16.h"
 #include "ops/cpu/ref_ops.h"
 #include "ops/cpu/roofline_kernels.h"
 #include "bench/dram_probe.h"
@@ -494,6 +495,48 @@ void BM_LmHeadQ6K(benchmark::State& state) {
       call);
 }
 BENCHMARK(BM_LmHeadQ6K)->UseRealTime()->MinTime(0.3);
+
+// The same lm_head in Q6_K x16 tiles (ops/cpu/q6k_x16.h, what `--cpu-experts repack` holds it in
+// on AVX-512 VNNI CPUs) by kern::matmul. vs_rows: against BM_LmHeadQ6K's stored rows, A/B in the
+// same minute. TANDEM_BENCH_GEMV_KIB=N: N KiB of rows instead (e.g. 512: cache-resident, the
+// kernels' own speed; then no of_dram).
+void BM_LmHeadQ6KX16(benchmark::State& state) {
+  if (best_isa() < Isa::kAvx512Vnni) {
+    state.SkipWithError("no AVX-512 VNNI here (the x16 tile GEMV)");
+    return;
+  }
+  constexpr int64_t kCols = 2048;
+  const int64_t row_bytes = static_cast<int64_t>(dtype_bytes(DType::kQ6_K, kCols));
+  const char* kib = std::getenv("TANDEM_BENCH_GEMV_KIB");
+  const int64_t rows =
+      kib != nullptr ? std::max<int64_t>(16, (std::atoll(kib) << 10) / row_bytes / 16 * 16)
+                     : 102400;
+  const Weights w = make_weights(DType::kQ6_K, rows, kCols);
+  AllocOptions opt;
+  opt.huge_pages = true;
+  const kern::KMatrix x16 = kern::q6k_x16_matrix(w.m, opt);
+  std::vector<float> x(static_cast<size_t>(kCols)), y(static_cast<size_t>(rows));
+  std::mt19937 rng(2);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (float& v : x) v = normal(rng);
+  kern::Activations scratch;
+  auto on = [&](const kern::KMatrix& m) {
+    kern::matmul(m, x.data(), 1, y.data(), &pool(), &scratch);
+    benchmark::DoNotOptimize(y.data());
+  };
+  for (auto _ : state) on(x16);
+  gemv_counters(state, static_cast<int64_t>(x16.bytes()), [&] { on(x16); });
+  state.counters["vs_rows"] = ab_rounds([&] { on(w.m); }, [&] { on(x16); });
+  const kern::KMatrix* ws[1] = {&x16};
+  float* ys[1] = {y.data()};
+  state.counters["shares_vs_tasks"] = ab_rounds(
+      [&] {
+        gemv_in_fixed_tasks(ws, x.data(), ys, &scratch);
+        benchmark::DoNotOptimize(y.data());
+      },
+      [&] { on(x16); });
+}
+BENCHMARK(BM_LmHeadQ6KX16)->UseRealTime()->MinTime(0.3);
 
 // MLA's projections of one token's hidden state, q (3072 x 2048) and kv_a (576 x 2048) in Q4_K,
 // over ~128 MiB of distinct pairs (DRAM-bound as in decode): both in one

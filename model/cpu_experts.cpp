@@ -19,6 +19,7 @@
 #include "ops/cpu/packed.h"
 #include "ops/cpu/q0_x4.h"
 #include "ops/cpu/q4k_x16.h"
+#include "ops/cpu/q6k_x16.h"
 
 namespace tandem {
 
@@ -364,8 +365,8 @@ namespace {
 
 // --cpu-experts repack: the given matrices (routed experts, shared experts, the others the model
 // multiplies by) copied into one huge-page arena (4 KiB-aligned matrices: no 2 MiB rounding per
-// matrix), the Q4_K ones rearranged into x16 tiles (ops/cpu/q4k_x16.h) where the CPU has AVX-512
-// VNNI, the Q5_0 / Q8_0 ones into x4 rows (ops/cpu/q0_x4.h) where it has VBMI and BITALG too (their
+// matrix), the Q4_K and Q6_K ones rearranged into x16 tiles (ops/cpu/q4k_x16.h, q6k_x16.h) where
+// the CPU has AVX-512 VNNI, the Q5_0 / Q8_0 ones into x4 rows (ops/cpu/q0_x4.h) where it has VBMI and BITALG too (their
 // kernels; elsewhere they would only be unpacked again), the rest as stored. Experts without a
 // kernel stay invalid views (the reference path reads the stored weight). Same values, same bits:
 // nothing is requantized.
@@ -381,12 +382,14 @@ std::vector<KMatrix> repack_experts(const std::vector<Source>& src, ThreadPool* 
     uint64_t bytes = 0;
     if (kern::view_weight(*src[i].w, &m)) {
       WFormat x4_format;
-      kind[i] = x16 && m.format == WFormat::kQ4_K && m.cols % kQK_K == 0 ? Kind::kX16
-                : x4 && kern::q0_x4_format(m.format, &x4_format)     ? Kind::kX4
-                                                                     : Kind::kCopy;
+      const bool k_x16 = m.format == WFormat::kQ4_K || m.format == WFormat::kQ6_K;
+      kind[i] = x16 && k_x16 && m.cols % kQK_K == 0                  ? Kind::kX16
+                : x4 && kern::q0_x4_format(m.format, &x4_format) ? Kind::kX4
+                                                                 : Kind::kCopy;
+      // (x16: whole tiles of 16 rows, a tile the bytes of its 16 GGUF rows)
       bytes = kind[i] == Kind::kX16
                   ? static_cast<uint64_t>((m.rows + kern::kQ4KX16Rows - 1) / kern::kQ4KX16Rows *
-                                          kern::q4k_x16_tile_bytes(m.cols))
+                                          kern::kQ4KX16Rows * m.row_bytes)
                   : static_cast<uint64_t>(m.rows * m.row_bytes);
     } else {
       m = KMatrix{};
@@ -404,7 +407,10 @@ std::vector<KMatrix> repack_experts(const std::vector<Source>& src, ThreadPool* 
   auto one = [&](size_t i) {
     KMatrix m = view[i];
     uint8_t* dst = arena->as<uint8_t>() + offset[i];
-    if (kind[i] == Kind::kX16) {
+    if (kind[i] == Kind::kX16 && m.format == WFormat::kQ6_K) {
+      kern::q6k_x16_repack(m.data, m.row_bytes, m.rows, m.cols, dst);
+      m.format = WFormat::kQ6_KX16;
+    } else if (kind[i] == Kind::kX16) {
       kern::q4k_x16_repack(m.data, m.row_bytes, m.rows, m.cols, dst);
       m.format = WFormat::kQ4_KX16;
     } else if (kind[i] == Kind::kX4) {
@@ -534,8 +540,8 @@ CpuExperts prepare_cpu_experts(const LoadedModel& model, const CpuExpertOptions&
       out.bytes += rm[i].bytes();
       out.other[rest[i].w] = std::move(rm[i]);
     }
-    log_info("{} of {} routed, {} of {} shared expert and {} of {} other matrices in Q4_K x16 "
-             "tiles; {} / {} / {} in Q5_0 / Q8_0 x4 rows; the rest as stored ({:.2f} GiB)",
+    log_info("{} of {} routed, {} of {} shared expert and {} of {} other matrices in Q4_K / "
+             "Q6_K x16 tiles; {} / {} / {} in Q5_0 / Q8_0 x4 rows; the rest as stored ({:.2f} GiB)",
              count(routed[0], routed[1], 1), src.size(), count(shared_r[0], shared_r[1], 1),
              shared.size(), count(rest_r[0], rest_r[1], 1), rest.size(),
              count(routed[0], routed[1], 2), count(shared_r[0], shared_r[1], 2),

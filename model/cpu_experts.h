@@ -1,9 +1,9 @@
 // The routed experts as the CPU kernels read them (issue 4, KTransformers §3.2 online
 // quantization): views on the stored weights ("native"); the stored values rearranged at load
-// into one huge-page arena ("repack": Q4_K in x16 tiles, ops/cpu/q4k_x16.h, on CPUs with AVX-512
-// VNNI, Q5_0 / Q8_0 in x4 rows, ops/cpu/q0_x4.h, where they have VBMI too, the other types copied
-// as stored; the MoE layers' shared experts and every non-expert
-// matrix the forward multiplies by too; bit-identical results, no cache: it runs at memory
+// into one huge-page arena ("repack": Q4_K / Q6_K in x16 tiles, ops/cpu/q4k_x16.h, q6k_x16.h, on
+// CPUs with AVX-512 VNNI, Q5_0 / Q8_0 in x4 rows, ops/cpu/q0_x4.h, where they have VBMI too, the
+// other types copied as stored; the MoE layers' shared experts and every non-expert matrix the
+// forward multiplies by too; bit-identical results, no cache: it runs at memory
 // speed); or requantized at load into tandem's INT8 / INT4 / BF16 layouts (ops/cpu/packed.h).
 // Requantizing a large model takes minutes, so those packed experts are written once to a cache
 // file and later loads mmap it (zero copies):

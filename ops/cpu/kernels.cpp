@@ -16,6 +16,7 @@
 #include "ops/cpu/packed_kernels.h"
 #include "ops/cpu/q0_x4.h"
 #include "ops/cpu/q4k_x16.h"
+#include "ops/cpu/q6k_x16.h"
 #include "ops/cpu/token_blocks.h"
 
 namespace tandem::kern {
@@ -23,6 +24,12 @@ namespace tandem::kern {
 using detail::GemmArgs;
 using detail::GemmFn;
 using detail::GgufKernels;
+
+namespace {
+bool is_x16(WFormat f) {
+  return f == WFormat::kQ4_KX16 || f == WFormat::kQ6_KX16;
+}
+}  // namespace
 
 const char* wformat_name(WFormat f) {
   switch (f) {
@@ -46,6 +53,7 @@ const char* wformat_name(WFormat f) {
     case WFormat::kQ4_KX16: return "q4_k-x16";
     case WFormat::kQ5_0X4: return "q5_0-x4";
     case WFormat::kQ8_0X4: return "q8_0-x4";
+    case WFormat::kQ6_KX16: return "q6_k-x16";
   }
   return "?";
 }
@@ -64,7 +72,8 @@ AFormat act_format(WFormat f) {
     case WFormat::kQ4_K:
     case WFormat::kQ4_KX16:
     case WFormat::kQ5_K:
-    case WFormat::kQ6_K: return AFormat::kQ8_K;
+    case WFormat::kQ6_K:
+    case WFormat::kQ6_KX16: return AFormat::kQ8_K;
     case WFormat::kQ8_0:
     case WFormat::kQ8_0X4:
     case WFormat::kQ5_0:
@@ -77,8 +86,9 @@ AFormat act_format(WFormat f) {
 }
 
 uint64_t KMatrix::bytes() const {
-  // Q4_K x16: whole tiles (a last tile's missing rows are zero blocks, read like the others).
-  const int64_t r = format == WFormat::kQ4_KX16 ? (rows + 15) / 16 * 16 : rows;
+  // Q4_K / Q6_K x16: whole tiles (a last tile's missing rows are zero blocks, read like the
+  // others).
+  const int64_t r = is_x16(format) ? (rows + 15) / 16 * 16 : rows;
   return static_cast<uint64_t>(r) * static_cast<uint64_t>(row_bytes);
 }
 
@@ -119,7 +129,7 @@ bool is_packed(WFormat f) {
 }  // namespace
 
 int64_t row_align(const KMatrix& w) {
-  if (w.format == WFormat::kQ4_KX16) return kQ4KX16Rows;
+  if (is_x16(w.format)) return kQ4KX16Rows;
   return packed_tiled(w.format) ? packed_row_align(w) : 1;
 }
 
@@ -138,7 +148,8 @@ RowBlocks row_blocks(WFormat f) {
     case WFormat::kQ4_K:
     case WFormat::kQ4_KX16: return {kQK_K, sizeof(BlockQ4_K)};  // x16: per row within its tile
     case WFormat::kQ5_K: return {kQK_K, sizeof(BlockQ5_K)};
-    case WFormat::kQ6_K: return {kQK_K, sizeof(BlockQ6_K)};
+    case WFormat::kQ6_K:
+    case WFormat::kQ6_KX16: return {kQK_K, sizeof(BlockQ6_K)};
     case WFormat::kQ8_0:
     case WFormat::kQ8_0X4: return {kQK, sizeof(BlockQ8_0)};  // x4: quads of them (col_align)
     case WFormat::kQ5_0:
@@ -180,6 +191,7 @@ KMatrix copy_submatrix(const KMatrix& w, int64_t r0, int64_t r1, int64_t c0, int
     return packed_copy_submatrix(w, r0, r1, c0, c1, alloc);
   }
   if (w.format == WFormat::kQ4_KX16) return q4k_x16_copy_submatrix(w, r0, r1, c0, c1, alloc);
+  if (w.format == WFormat::kQ6_KX16) return q6k_x16_copy_submatrix(w, r0, r1, c0, c1, alloc);
   const RowBlocks rb = row_blocks(w.format);
   const int64_t off = c0 / rb.values * rb.bytes;
   const int64_t len = (c1 - c0 + rb.values - 1) / rb.values * rb.bytes;
@@ -358,16 +370,18 @@ void quantize_activations(AFormat format, int group, const float* x, int64_t tok
 
 namespace {
 
-// Q4_K x16 without its AVX-512 VNNI kernel (lower levels, the reference): each tile's rows back
-// in GGUF order in a thread-local buffer, then the Q4_K row kernel `rows` on the call's rows of
-// that tile (the same arithmetic as the tile kernel: the same bits).
-void q4k_x16_through_rows(const GemmArgs& g, GemmFn rows) {
+// Q4_K / Q6_K x16 without their AVX-512 VNNI kernel (lower levels, the reference; Q6_K x16 for
+// more than one token too): each tile's rows back in GGUF order in a thread-local buffer
+// (`unpack`: q4k_x16_unpack or q6k_x16_unpack), then the format's row kernel `rows` on the
+// call's rows of that tile (the same arithmetic as the tile kernel: the same bits).
+void x16_through_rows(const GemmArgs& g, void (*unpack)(const uint8_t*, int64_t, uint8_t*),
+                      GemmFn rows) {
   const int64_t tile_bytes = kQ4KX16Rows * g.row_bytes;
   thread_local std::vector<uint8_t> buf;
   buf.resize(static_cast<size_t>(tile_bytes));
   for (int64_t t = g.n0 / kQ4KX16Rows; t * kQ4KX16Rows < g.n1; ++t) {
     const int64_t first = t * kQ4KX16Rows;
-    q4k_x16_unpack(g.w + t * tile_bytes, g.cols, buf.data());
+    unpack(g.w + t * tile_bytes, g.cols, buf.data());
     GemmArgs r = g;
     r.w = buf.data();
     r.n0 = std::max(g.n0, first) - first;
@@ -378,8 +392,23 @@ void q4k_x16_through_rows(const GemmArgs& g, GemmFn rows) {
 }
 
 void check_x16_rows(const KMatrix& w, int64_t n0) {
-  TD_CHECK(w.format != WFormat::kQ4_KX16 || n0 % kQ4KX16Rows == 0,
-           "kern::gemm: Q4_K x16 rows start on a tile ({} is not a multiple of 16)", n0);
+  TD_CHECK(!is_x16(w.format) || n0 % kQ4KX16Rows == 0,
+           "kern::gemm: {} rows start on a tile ({} is not a multiple of 16)",
+           wformat_name(w.format), n0);
+}
+
+// One token on Q6_K x16 tiles: the tile kernel on rows [n0, n1) (n0 on a tile; a last partial
+// tile computed whole into a scratch row).
+void q6k_x16_gemv_rows(const GemmArgs& g) {
+  const int64_t nb = g.cols / kQK_K, tile_bytes = kQ6KX16Rows * g.row_bytes;
+  const auto* act = reinterpret_cast<const BlockQ8_K*>(g.act);
+  const int64_t t0 = g.n0 / kQ6KX16Rows, full = g.n1 / kQ6KX16Rows;
+  if (full > t0) q6k_x16_gemv_vnni(g.w + t0 * tile_bytes, full - t0, nb, act, g.y + 16 * t0);
+  if (full * kQ6KX16Rows < g.n1) {
+    alignas(64) float part[kQ6KX16Rows];
+    q6k_x16_gemv_vnni(g.w + full * tile_bytes, 1, nb, act, part);
+    for (int64_t r = full * kQ6KX16Rows; r < g.n1; ++r) g.y[r] = part[r - full * kQ6KX16Rows];
+  }
 }
 
 }  // namespace
@@ -411,7 +440,17 @@ void gemm(const KMatrix& w, const Activations& a, int64_t n0, int64_t n1, float*
     if (tile != nullptr) {
       tile(g);
     } else {
-      q4k_x16_through_rows(g, pick(isa, &GgufKernels::q4_k));
+      x16_through_rows(g, q4k_x16_unpack, pick(isa, &GgufKernels::q4_k));
+    }
+    return;
+  }
+  if (w.format == WFormat::kQ6_KX16) {
+    check_x16_rows(w, n0);
+    const GemmArgs g = make_args(w, a, n0, n1, y, ldy);
+    if (a.tokens == 1 && std::min(isa, best_isa()) >= Isa::kAvx512Vnni) {
+      q6k_x16_gemv_rows(g);
+    } else {
+      x16_through_rows(g, q6k_x16_unpack, pick(isa, &GgufKernels::q6_k));
     }
     return;
   }
@@ -441,7 +480,14 @@ void gemm_reference(const KMatrix& w, const Activations& a, int64_t n0, int64_t 
   }
   if (w.format == WFormat::kQ4_KX16) {
     check_x16_rows(w, n0);
-    q4k_x16_through_rows(make_args(w, a, n0, n1, y, ldy), detail::gguf_kernels_scalar().q4_k);
+    x16_through_rows(make_args(w, a, n0, n1, y, ldy), q4k_x16_unpack,
+                     detail::gguf_kernels_scalar().q4_k);
+    return;
+  }
+  if (w.format == WFormat::kQ6_KX16) {
+    check_x16_rows(w, n0);
+    x16_through_rows(make_args(w, a, n0, n1, y, ldy), q6k_x16_unpack,
+                     detail::gguf_kernels_scalar().q6_k);
     return;
   }
   WFormat stored;
@@ -467,7 +513,7 @@ int64_t rows_per_task(int64_t rows, int64_t row_bytes, int64_t tokens) {
 
 // A GEMV (<= 4 tokens) of the matrices ws on the pool in RangeShares: items are groups of 16 rows,
 // matrix after matrix; each thread's share (equal bytes) is one contiguous stream from its front
-// in 64 KiB chunks, and a thread done with it steals the back half of the fullest other share.
+// in chunks, and a thread done with it steals the back half of the fullest other share.
 // Until session 38 a GEMV ran as a job of fixed tasks, about two per thread of at most 4 MiB:
 // long, because each task started a new stream (its first prefetch distance demand misses, its
 // last prefetched in vain; 64 KiB tasks measured 20-30% below 256 KiB ones, BM_MatmulChain), so
@@ -477,7 +523,7 @@ int64_t rows_per_task(int64_t rows, int64_t row_bytes, int64_t tokens) {
 void gemv_in_shares(std::span<const KMatrix* const> ws, const Activations& a,
                     std::span<float* const> ys, ThreadPool* pool, Isa isa) {
   constexpr int64_t kRows = 16;
-  constexpr int64_t kChunkBytes = int64_t{64} << 10;
+
   std::array<int64_t, kMaxSharedInput + 1> first{};  // matrix m's items [first[m], first[m + 1])
   int64_t total_bytes = 0, max_row_bytes = 1;
   for (size_t m = 0; m < ws.size(); ++m) {
@@ -505,7 +551,13 @@ void gemv_in_shares(std::span<const KMatrix* const> ws, const Activations& a,
   thread_local RangeShares split;
   split.reset(bounds.data(), shares);
   RangeShares* sp = &split;
-  const int64_t chunk = std::max<int64_t>(1, kChunkBytes / (kRows * max_row_bytes));
+  // Chunks of ~1/64 of a share, 64 KiB - 512 KiB: a decode layer's attention matrices (~1-2 MiB
+  // per thread) in 64 KiB chunks, a tail of microseconds; an lm_head (~86 MiB per thread for
+  // V2-Lite) in 512 KiB ones, fewer kernel calls (BM_LmHeadQ6K: 1 MiB chunks 0.99-1.02x the rate
+  // of 64 KiB ones, within this VM's noise).
+  const int64_t chunk_bytes =
+      std::clamp<int64_t>(total_bytes / shares / 64, int64_t{64} << 10, int64_t{512} << 10);
+  const int64_t chunk = std::max<int64_t>(1, chunk_bytes / (kRows * max_row_bytes));
   auto rows = [&](int64_t i0, int64_t i1) {
     for (size_t m = 0; m < ws.size(); ++m) {
       const int64_t b = std::max(i0, first[m]), e = std::min(i1, first[m + 1]);

@@ -32,11 +32,12 @@ enum class WFormat : uint8_t {
   kQ4_0, kQ4_1, kQ5_1,  // ggml's legacy 32-blocks (Q5_1: llama-quantize's Q5_K fallback)
   kQ2_K, kQ3_K,         // the low-bit K-quants of Q2_K / Q3_K_* files
   kQ4_KX16,  // Q4_K rows interleaved 16 at a time (q4k_x16.h): `--cpu-experts repack`
-  kQ5_0X4, kQ8_0X4  // Q5_0 / Q8_0 rows, blocks rearranged 4 at a time (q0_x4.h): `repack`
+  kQ5_0X4, kQ8_0X4,  // Q5_0 / Q8_0 rows, blocks rearranged 4 at a time (q0_x4.h): `repack`
+  kQ6_KX16           // Q6_K rows interleaved 16 at a time (q6k_x16.h): `--cpu-experts repack`
 };
 const char* wformat_name(WFormat f);
 
-// Activation encodings: kQ8_K = ggml block_q8_K rows (Q2_K .. Q6_K, Q4_K x16), kQ8_0 = ggml
+// Activation encodings: kQ8_K = ggml block_q8_K rows (Q2_K .. Q6_K, Q4_K / Q6_K x16), kQ8_0 = ggml
 // block_q8_0 rows with the Q8_1 sums (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1: the last two llama.cpp's
 // fallbacks for expert rows not a multiple of 256), kF32 (F32, F16, BF16), kBF16 (block-scaled FP8, packed
 // BF16 tiles), kI8 (packed INT8/INT4).

@@ -227,16 +227,17 @@ TEST(CpuExperts, PackedExpertsMatchNative) {
   }
 }
 
-// `repack`: every routed expert copied out of the model into memory of its own, the Q4_K ones in
-// x16 tiles where the CPU has AVX-512 VNNI (else as stored), the Q5_0 / Q8_0 ones (here downs of
+// `repack` on a Q4_K_M file: every routed expert copied out of the model into memory of its own,
+// the Q4_K and Q6_K ones (lm_head, the last layer's downs) in x16 tiles where the CPU has AVX-512
+// VNNI (else as stored), the Q5_0 / Q8_0 ones (here downs of
 // 64-value rows: no full quad) in x4 rows where it has VBMI too (ops/cpu/q0_x4.h), the others as
 // stored; every matrix's product on random activations, 1 and 5
 // tokens, bit for bit the stored rows'. No cache file, and `convert` has nothing to write.
-TEST(CpuExperts, RepackRearrangesQ4KAndKeepsTheProducts) {
+TEST(CpuExperts, RepackRearrangesQ4KQ6KAndKeepsTheProducts) {
   test::TempDir dir("repack");
   SynthOptions so;
   so.config = config_preset("tiny-deepseek2");  // routed and shared experts, a dense layer 0
-  so.type = SynthType::kQ4_K;
+  so.type = SynthType::kQ4_K_M;
   so.seed = 5;
   so.progress = false;
   so.threads = 1;
@@ -252,20 +253,25 @@ TEST(CpuExperts, RepackRearrangesQ4KAndKeepsTheProducts) {
   for (const auto& entry : fs::directory_iterator(dir.path())) files += entry.is_regular_file();
   EXPECT_EQ(files, 1u);  // the model alone: no cache file
   const bool x16 = best_isa() >= Isa::kAvx512Vnni;
-  int64_t tiled = 0, checked = 0, shared = 0;
+  int64_t tiled = 0, tiled_q6 = 0, checked = 0, shared = 0;
   std::mt19937 rng(3);
   std::normal_distribution<float> nd(0.0f, 1.0f);
-  // A copy in the stored format or (Q4_K on AVX-512 VNNI) in x16 tiles, with the same products.
+  // A copy in the stored format or (Q4_K / Q6_K on AVX-512 VNNI) in x16 tiles, with the same
+  // products.
   auto check = [&](const ops::Weight& stored, const kern::KMatrix& r, const std::string& what) {
     kern::KMatrix v;
     ASSERT_TRUE(kern::view_weight(stored, &v)) << what;
     ASSERT_TRUE(r.valid()) << what;
     EXPECT_NE(r.data, v.data) << what;  // a copy
-    const bool want_x16 = x16 && v.format == kern::WFormat::kQ4_K;
-    kern::WFormat want = want_x16 ? kern::WFormat::kQ4_KX16 : v.format;
+    const bool q6 = v.format == kern::WFormat::kQ6_K;
+    const bool want_x16 = x16 && (v.format == kern::WFormat::kQ4_K || q6);
+    kern::WFormat want = !want_x16 ? v.format
+                         : q6      ? kern::WFormat::kQ6_KX16
+                                   : kern::WFormat::kQ4_KX16;
     if (kern::q0_x4_native()) kern::q0_x4_format(v.format, &want);  // Q5_0 / Q8_0 in x4 rows
     ASSERT_EQ(r.format, want) << what;
     tiled += want_x16 ? 1 : 0;
+    tiled_q6 += want_x16 && q6 ? 1 : 0;
     for (const int64_t tokens : {int64_t{1}, int64_t{5}}) {
       std::vector<float> x(static_cast<size_t>(tokens * v.cols));
       for (float& f : x) f = nd(rng);
@@ -321,6 +327,7 @@ TEST(CpuExperts, RepackRearrangesQ4KAndKeepsTheProducts) {
   EXPECT_GT(checked, 0);
   if (x16) {
     EXPECT_GT(tiled, 0);
+    EXPECT_GT(tiled_q6, 0);
   }
   EXPECT_THROW(cpu_expert_cache_path(lm, o), Error);  // nothing to cache or convert
 }

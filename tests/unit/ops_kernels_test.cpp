@@ -22,6 +22,7 @@
 #include "ops/cpu/kernels.h"
 #include "ops/cpu/q0_x4.h"
 #include "ops/cpu/q4k_x16.h"
+#include "ops/cpu/q6k_x16.h"
 #include "ops/cpu/ref_ops.h"
 
 namespace tandem {
@@ -410,6 +411,116 @@ TEST(KernelsQ4KX16, MatrixThroughGemmEqualsReferenceOnRows) {
   kern::gemm(sub, a, 0, 37, got.data(), 37);
   EXPECT_EQ(got, want);
   EXPECT_THROW(kern::copy_submatrix(x16, 8, 32, 0, cols, AllocOptions{}), Error);
+}
+
+// Rows x cols of raw random Q6_K blocks (every bit pattern of the quants and the signed scales;
+// d a finite F16 of either sign) and a kernel view of them.
+struct RawQ6K {
+  std::vector<BlockQ6_K> blocks;
+  kern::KMatrix w;
+};
+RawQ6K raw_q6k(int64_t rows, int64_t cols, uint32_t seed) {
+  std::mt19937 rng(seed);
+  RawQ6K r;
+  r.blocks.resize(static_cast<size_t>(rows * cols / 256));
+  for (BlockQ6_K& b : r.blocks) {
+    auto* bytes = reinterpret_cast<uint8_t*>(&b);
+    for (size_t i = 0; i < sizeof(BlockQ6_K); ++i) bytes[i] = static_cast<uint8_t>(rng());
+    b.d = static_cast<uint16_t>((rng() & 0x83FF) | ((1 + rng() % 16) << 10));
+  }
+  Tensor t;
+  t.dtype = DType::kQ6_K;
+  t.ndim = 2;
+  t.shape[0] = rows;
+  t.shape[1] = cols;
+  t.data = r.blocks.data();
+  EXPECT_TRUE(kern::view_weight(ops::Weight(t), &r.w));
+  return r;
+}
+
+// Q6_K x16 (ops/cpu/q6k_x16.h): repacking 16 rows into a tile and back gives the same bytes (a
+// last tile's missing rows zero); a repacked matrix through kern::gemm for 1-20 tokens (the
+// one-token tile kernel, more tokens through the rows), whole and partial row ranges on tiles,
+// on every ISA, is bit for bit the scalar reference on the GGUF rows, gemm_reference on the tiles
+// too; a submatrix (tile rows x super-block columns) equals the same submatrix of the rows.
+TEST(KernelsQ6KX16, RepackedMatrixEqualsReferenceOnRawBlocks) {
+  for (const int64_t nb : {int64_t{1}, int64_t{3}, int64_t{8}, int64_t{11}}) {
+    const int64_t rows = 53, cols = nb * 256;  // 4 tiles, the last one with 5 rows
+    const RawQ6K raw = raw_q6k(rows, cols, 500 + static_cast<uint32_t>(nb));
+    const kern::KMatrix& w = raw.w;
+    const int64_t row_bytes = w.row_bytes;
+    ASSERT_EQ(kern::q6k_x16_tile_bytes(cols), 16 * row_bytes);
+    const kern::KMatrix x16 = kern::q6k_x16_matrix(w, AllocOptions{});
+    ASSERT_EQ(x16.format, kern::WFormat::kQ6_KX16);
+    ASSERT_EQ(x16.bytes(), static_cast<uint64_t>(64 * row_bytes));
+    ASSERT_EQ(kern::row_align(x16), 16);
+    ASSERT_EQ(kern::act_format(x16.format), kern::AFormat::kQ8_K);
+    std::vector<uint8_t> back(static_cast<size_t>(16 * row_bytes));
+    for (int64_t t = 0; t < 4; ++t) {
+      kern::q6k_x16_unpack(x16.data + t * 16 * row_bytes, cols, back.data());
+      for (int64_t n = 0; n < 16; ++n) {
+        const int64_t r = 16 * t + n;
+        const uint8_t* got = back.data() + n * row_bytes;
+        if (r < rows) {
+          ASSERT_EQ(std::memcmp(got, w.data + r * row_bytes, static_cast<size_t>(row_bytes)), 0)
+              << "nb " << nb << " row " << r;
+        } else {
+          ASSERT_TRUE(std::all_of(got, got + row_bytes, [](uint8_t v) { return v == 0; }));
+        }
+      }
+    }
+    for (const int64_t tokens : {int64_t{1}, int64_t{2}, int64_t{5}, int64_t{20}}) {
+      const std::vector<float> x =
+          random_values(tokens * cols, 600 + static_cast<uint32_t>(nb * 32 + tokens));
+      kern::Activations a;
+      kern::quantize_activations(kern::AFormat::kQ8_K, 0, x.data(), tokens, cols, cols, &a);
+      std::vector<float> ref(static_cast<size_t>(tokens * rows));
+      kern::gemm_reference(w, a, 0, rows, ref.data(), rows);
+      std::vector<float> on_tiles(ref.size(), -1.0f);
+      kern::gemm_reference(x16, a, 0, rows, on_tiles.data(), rows);
+      ASSERT_EQ(on_tiles, ref) << "reference on tiles, nb " << nb << " tokens " << tokens;
+      for (Isa isa : supported_isas()) {
+        for (auto [n0, n1] :
+             {std::pair<int64_t, int64_t>{0, rows}, {16, 48}, {32, 40}, {48, 53}}) {
+          std::vector<float> y(ref.size(), -1.0f);
+          kern::gemm(x16, a, n0, n1, y.data(), rows, isa);
+          for (int64_t t = 0; t < tokens; ++t) {
+            for (int64_t r = 0; r < rows; ++r) {
+              const size_t i = static_cast<size_t>(t * rows + r);
+              ASSERT_EQ(y[i], r < n0 || r >= n1 ? -1.0f : ref[i])
+                  << isa_name(isa) << " nb " << nb << " tokens " << tokens << " rows " << n0
+                  << ".." << n1 << " t " << t << " r " << r;
+            }
+          }
+        }
+      }
+    }
+    if (nb < 3) continue;
+    // Rows [16, 53) x columns [256, 768) of the tiles and of the GGUF rows: the same products.
+    const kern::KMatrix sub = kern::copy_submatrix(x16, 16, 53, 256, 768, AllocOptions{});
+    const kern::KMatrix sub_rows = kern::copy_submatrix(w, 16, 53, 256, 768, AllocOptions{});
+    ASSERT_EQ(sub.format, kern::WFormat::kQ6_KX16);
+    ASSERT_EQ(sub.rows, 37);
+    ASSERT_EQ(sub.cols, 512);
+    const std::vector<float> x = random_values(512, 91);
+    kern::Activations a;
+    kern::quantize_activations(kern::AFormat::kQ8_K, 0, x.data(), 1, 512, 512, &a);
+    std::vector<float> want(37), got(want.size());
+    kern::gemm_reference(sub_rows, a, 0, 37, want.data(), 37);
+    kern::gemm(sub, a, 0, 37, got.data(), 37);
+    EXPECT_EQ(got, want) << "nb " << nb;
+    EXPECT_THROW(kern::copy_submatrix(x16, 8, 32, 0, cols, AllocOptions{}), Error);
+    const std::vector<float> xw = random_values(cols, 92);
+    kern::Activations aw;
+    kern::quantize_activations(kern::AFormat::kQ8_K, 0, xw.data(), 1, cols, cols, &aw);
+    std::vector<float> y(static_cast<size_t>(rows));
+    EXPECT_THROW(kern::gemm(x16, aw, 8, 16, y.data(), rows), Error);  // rows start on a tile
+    EXPECT_NO_THROW(kern::gemm(x16, aw, 16, 24, y.data(), rows));
+  }
+  kern::KMatrix q4;  // only Q6_K rows repack into Q6_K x16
+  const std::vector<BlockQ4_K> q4_blocks = raw_q4k_blocks(16, 7);
+  ASSERT_TRUE(q4k_view(q4_blocks, 16, 256, &q4));
+  EXPECT_THROW(kern::q6k_x16_matrix(q4, AllocOptions{}), Error);
 }
 
 // Q5_0 / Q8_0 rows in the x4 layout (ops/cpu/q0_x4.h, what `--cpu-experts repack` holds on VBMI
