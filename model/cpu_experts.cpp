@@ -366,10 +366,10 @@ namespace {
 // --cpu-experts repack: the given matrices (routed experts, shared experts, the others the model
 // multiplies by) copied into one huge-page arena (4 KiB-aligned matrices: no 2 MiB rounding per
 // matrix), the Q4_K and Q6_K ones rearranged into x16 tiles (ops/cpu/q4k_x16.h, q6k_x16.h) where
-// the CPU has AVX-512 VNNI, the Q5_0 / Q8_0 ones into x4 rows (ops/cpu/q0_x4.h) where it has VBMI and BITALG too (their
-// kernels; elsewhere they would only be unpacked again), the rest as stored. Experts without a
-// kernel stay invalid views (the reference path reads the stored weight). Same values, same bits:
-// nothing is requantized.
+// the CPU has AVX-512 VNNI, the Q5_0 / Q8_0 ones into x4 rows (ops/cpu/q0_x4.h) where it has VBMI
+// and BITALG too (their kernels; elsewhere they would only be unpacked again), the rest as
+// stored. Experts without a kernel stay invalid views (the reference path reads the stored
+// weight). Same values, same bits: nothing is requantized.
 std::vector<KMatrix> repack_experts(const std::vector<Source>& src, ThreadPool* pool,
                                     std::vector<int64_t>* tiled) {
   enum class Kind { kNone, kCopy, kX16, kX4 };

@@ -84,8 +84,8 @@ std::unique_ptr<MoeBackend> make_cpu_backend(const LoadedModel& model, const Bac
   if (ce.format == "native") {
     *summary = fmt::format("CPU experts: native ({}fused MoE backend{})", auto_why, numa);
   } else if (ce.format == "repack") {
-    *summary = fmt::format("CPU experts: repack ({}Q4_K / Q6_K in x16 tiles, Q5_0 / Q8_0 in x4 rows, the "
-                           "rest as stored; {:.2f} GiB in memory; fused MoE backend{})",
+    *summary = fmt::format("CPU experts: repack ({}Q4_K / Q6_K in x16 tiles, Q5_0 / Q8_0 in x4 "
+                           "rows, the rest as stored; {:.2f} GiB in memory; fused MoE backend{})",
                            auto_why, ce.bytes / 1073741824.0, numa);
   } else {
     *summary = fmt::format("CPU experts: {}{} ({:.2f} GiB, {}; fused MoE backend{})", ce.format,

@@ -83,24 +83,21 @@ void q4k_x16_gemv(const uint8_t* tiles, int64_t n_tiles, int64_t cols, const Blo
   gemm(m, a, 0, m.rows, y, m.rows, isa);
 }
 
-namespace {
-
-KMatrix x16_matrix(int64_t rows, int64_t cols, const AllocOptions& alloc, uint8_t** data) {
+KMatrix x16_alloc(WFormat format, int64_t rows, int64_t cols, int64_t row_bytes,
+                  const AllocOptions& alloc, uint8_t** data) {
   const int64_t tiles = (rows + kQ4KX16Rows - 1) / kQ4KX16Rows;
-  auto owner = std::make_shared<AlignedBuffer>(
-      static_cast<size_t>(tiles * q4k_x16_tile_bytes(cols)), alloc);
+  auto owner =
+      std::make_shared<AlignedBuffer>(static_cast<size_t>(tiles * kQ4KX16Rows * row_bytes), alloc);
   *data = owner->as<uint8_t>();
   KMatrix m;
-  m.format = WFormat::kQ4_KX16;
+  m.format = format;
   m.rows = rows;
   m.cols = cols;
-  m.row_bytes = blocks(cols) * static_cast<int64_t>(sizeof(BlockQ4_K));
+  m.row_bytes = row_bytes;
   m.data = *data;
   m.owner = std::move(owner);
   return m;
 }
-
-}  // namespace
 
 KMatrix q4k_x16_matrix(const KMatrix& q4k, const AllocOptions& alloc) {
   if (q4k.format != WFormat::kQ4_K || q4k.cols % kQK_K != 0 || q4k.rows <= 0) {
@@ -108,7 +105,7 @@ KMatrix q4k_x16_matrix(const KMatrix& q4k, const AllocOptions& alloc) {
          q4k.rows, q4k.cols, wformat_name(q4k.format));
   }
   uint8_t* out = nullptr;
-  KMatrix m = x16_matrix(q4k.rows, q4k.cols, alloc, &out);
+  KMatrix m = x16_alloc(WFormat::kQ4_KX16, q4k.rows, q4k.cols, q4k.row_bytes, alloc, &out);
   q4k_x16_repack(q4k.data, q4k.row_bytes, q4k.rows, q4k.cols, out);
   return m;
 }
@@ -120,7 +117,8 @@ KMatrix q4k_x16_copy_submatrix(const KMatrix& w, int64_t r0, int64_t r1, int64_t
            "Q4_K x16 submatrix rows [{}, {}) x cols [{}, {}) of {} x {}", r0, r1, c0, c1, w.rows,
            w.cols);
   uint8_t* out = nullptr;
-  KMatrix m = x16_matrix(r1 - r0, c1 - c0, alloc, &out);
+  KMatrix m = x16_alloc(WFormat::kQ4_KX16, r1 - r0, c1 - c0,
+                        blocks(c1 - c0) * static_cast<int64_t>(sizeof(BlockQ4_K)), alloc, &out);
   const int64_t slice_bytes = kSlice, nb = blocks(w.cols), b0 = c0 / kQK_K;
   const int64_t n = (c1 - c0) / kQK_K;
   for (int64_t t = r0 / kQ4KX16Rows, i = 0; t * kQ4KX16Rows < r1; ++t, ++i) {

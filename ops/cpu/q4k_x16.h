@@ -26,6 +26,7 @@
 namespace tandem::kern {
 
 struct KMatrix;
+enum class WFormat : uint8_t;
 
 constexpr int64_t kQ4KX16Rows = 16;
 
@@ -55,6 +56,12 @@ void q4k_x16_gemv_vnni(const uint8_t* tiles, int64_t n_tiles, int64_t nb, const 
 // `alloc`: format kQ4_KX16, the same rows / cols / row_bytes (a GGUF row's bytes), data the tiles
 // (owned). Error(kInvalidArgument) for another format or cols not a multiple of 256.
 KMatrix q4k_x16_matrix(const KMatrix& q4k, const AllocOptions& alloc);
+
+// (Internal, for the x16 formats (Q4_K x16 and Q6_K x16, q6k_x16.h): a `format` matrix of rows x
+// cols, row_bytes a GGUF row's bytes, owning memory from `alloc` for ceil(rows / 16) tiles of 16
+// rows; *data is where they go.)
+KMatrix x16_alloc(WFormat format, int64_t rows, int64_t cols, int64_t row_bytes,
+                  const AllocOptions& alloc, uint8_t** data);
 
 // kern::copy_submatrix for kQ4_KX16: rows [r0, r1) on tiles (r1 a multiple of 16 or rows), columns
 // [c0, c1) on super-blocks (multiples of 256 or cols); each tile's slices are one copy.

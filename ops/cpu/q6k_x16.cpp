@@ -5,6 +5,7 @@
 
 #include "core/error.h"
 #include "ops/cpu/kernels.h"
+#include "ops/cpu/q4k_x16.h"
 
 namespace tandem::kern {
 
@@ -84,32 +85,13 @@ void q6k_x16_unpack(const uint8_t* tile, int64_t cols, uint8_t* rows) {
   }
 }
 
-namespace {
-
-KMatrix x16_matrix(int64_t rows, int64_t cols, const AllocOptions& alloc, uint8_t** data) {
-  const int64_t tiles = (rows + kQ6KX16Rows - 1) / kQ6KX16Rows;
-  auto owner = std::make_shared<AlignedBuffer>(
-      static_cast<size_t>(tiles * q6k_x16_tile_bytes(cols)), alloc);
-  *data = owner->as<uint8_t>();
-  KMatrix m;
-  m.format = WFormat::kQ6_KX16;
-  m.rows = rows;
-  m.cols = cols;
-  m.row_bytes = blocks(cols) * kBlock;
-  m.data = *data;
-  m.owner = std::move(owner);
-  return m;
-}
-
-}  // namespace
-
 KMatrix q6k_x16_matrix(const KMatrix& q6k, const AllocOptions& alloc) {
   if (q6k.format != WFormat::kQ6_K || q6k.cols % kQK_K != 0 || q6k.rows <= 0) {
     fail(ErrorKind::kInvalidArgument, "Q6_K x16: a {} x {} {} matrix cannot be repacked",
          q6k.rows, q6k.cols, wformat_name(q6k.format));
   }
   uint8_t* out = nullptr;
-  KMatrix m = x16_matrix(q6k.rows, q6k.cols, alloc, &out);
+  KMatrix m = x16_alloc(WFormat::kQ6_KX16, q6k.rows, q6k.cols, q6k.row_bytes, alloc, &out);
   q6k_x16_repack(q6k.data, q6k.row_bytes, q6k.rows, q6k.cols, out);
   return m;
 }
@@ -121,7 +103,8 @@ KMatrix q6k_x16_copy_submatrix(const KMatrix& w, int64_t r0, int64_t r1, int64_t
            "Q6_K x16 submatrix rows [{}, {}) x cols [{}, {}) of {} x {}", r0, r1, c0, c1, w.rows,
            w.cols);
   uint8_t* out = nullptr;
-  KMatrix m = x16_matrix(r1 - r0, c1 - c0, alloc, &out);
+  KMatrix m =
+      x16_alloc(WFormat::kQ6_KX16, r1 - r0, c1 - c0, blocks(c1 - c0) * kBlock, alloc, &out);
   const int64_t nb = blocks(w.cols), b0 = c0 / kQK_K, n = (c1 - c0) / kQK_K;
   const int64_t from_bytes = q6k_x16_tile_bytes(w.cols), to_bytes = q6k_x16_tile_bytes(m.cols);
   for (int64_t t = r0 / kQ6KX16Rows, i = 0; t * kQ6KX16Rows < r1; ++t, ++i) {

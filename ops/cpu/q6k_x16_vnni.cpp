@@ -49,8 +49,8 @@ void gemv_tile(const uint8_t* tile, int64_t nb, const BlockQ8_K* act, float* y) 
       const __m512i qh = _mm512_loadu_si512(c + 128);
       // Values 0..63: a nibble, and its two high bits from qh moved to bits 4-5 (16-bit shifts:
       // what crosses into the neighbouring byte is masked off).
-      const __m512i v1 =
-          _mm512_or_si512(_mm512_and_si512(a, m0f), _mm512_slli_epi16(_mm512_and_si512(qh, m03), 4));
+      const __m512i v1 = _mm512_or_si512(_mm512_and_si512(a, m0f),
+                                         _mm512_slli_epi16(_mm512_and_si512(qh, m03), 4));
       const __m512i v2 = _mm512_or_si512(_mm512_and_si512(bb, m0f),
                                          _mm512_slli_epi16(_mm512_and_si512(qh, m0c), 2));
       const __m512i v3 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(a, 4), m0f),

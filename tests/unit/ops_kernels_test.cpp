@@ -303,6 +303,23 @@ TEST(KernelsQ4K, OneTokenEqualsReferenceOnRawBlocks) {
   }
 }
 
+// y (tokens rows of `rows` outputs) holds want's values in rows [n0, n1) and -1 elsewhere (a
+// kern::gemm on a row range of a buffer filled with -1).
+::testing::AssertionResult rows_match(const std::vector<float>& y, const std::vector<float>& want,
+                                      int64_t tokens, int64_t rows, int64_t n0, int64_t n1) {
+  for (int64_t t = 0; t < tokens; ++t) {
+    for (int64_t r = 0; r < rows; ++r) {
+      const size_t i = static_cast<size_t>(t * rows + r);
+      const float expect = r < n0 || r >= n1 ? -1.0f : want[i];
+      if (!(y[i] == expect)) {
+        return ::testing::AssertionFailure() << "rows " << n0 << ".." << n1 << " t " << t
+                                             << " r " << r << ": " << y[i] << " != " << expect;
+      }
+    }
+  }
+  return ::testing::AssertionSuccess();
+}
+
 // Q4_K x16 (ops/cpu/q4k_x16.h): repacking 16 rows into a tile and back gives the same bytes; the
 // tile GEMV on raw random blocks (every scale / min bit pattern, d / dmin of either sign) is bit
 // for bit the scalar reference on the GGUF rows, on every ISA; a last tile's missing rows give 0.
@@ -378,14 +395,8 @@ TEST(KernelsQ4KX16, MatrixThroughGemmEqualsReferenceOnRows) {
       for (auto [n0, n1] : {std::pair<int64_t, int64_t>{0, rows}, {16, 48}, {32, 40}, {48, 53}}) {
         std::vector<float> y(ref.size(), -1.0f);
         kern::gemm(x16, a, n0, n1, y.data(), rows, isa);
-        for (int64_t t = 0; t < tokens; ++t) {
-          for (int64_t r = 0; r < rows; ++r) {
-            const size_t i = static_cast<size_t>(t * rows + r);
-            ASSERT_EQ(y[i], r < n0 || r >= n1 ? -1.0f : ref[i])
-                << isa_name(isa) << " tokens " << tokens << " rows " << n0 << ".." << n1
-                << " t " << t << " r " << r;
-          }
-        }
+        ASSERT_TRUE(rows_match(y, ref, tokens, rows, n0, n1))
+            << isa_name(isa) << " tokens " << tokens;
       }
     }
   }
@@ -484,14 +495,8 @@ TEST(KernelsQ6KX16, RepackedMatrixEqualsReferenceOnRawBlocks) {
              {std::pair<int64_t, int64_t>{0, rows}, {16, 48}, {32, 40}, {48, 53}}) {
           std::vector<float> y(ref.size(), -1.0f);
           kern::gemm(x16, a, n0, n1, y.data(), rows, isa);
-          for (int64_t t = 0; t < tokens; ++t) {
-            for (int64_t r = 0; r < rows; ++r) {
-              const size_t i = static_cast<size_t>(t * rows + r);
-              ASSERT_EQ(y[i], r < n0 || r >= n1 ? -1.0f : ref[i])
-                  << isa_name(isa) << " nb " << nb << " tokens " << tokens << " rows " << n0
-                  << ".." << n1 << " t " << t << " r " << r;
-            }
-          }
+          ASSERT_TRUE(rows_match(y, ref, tokens, rows, n0, n1))
+              << isa_name(isa) << " nb " << nb << " tokens " << tokens;
         }
       }
     }
@@ -574,14 +579,8 @@ TEST(KernelsQ0X4, GemmEqualsReferenceOnStoredRows) {
           for (auto [n0, n1] : {std::pair<int64_t, int64_t>{0, rows}, {3, 10}, {20, 21}}) {
             std::vector<float> y(ref.size(), -1.0f);
             kern::gemm(x4, a, n0, n1, y.data(), rows, isa);
-            for (int64_t t = 0; t < tokens; ++t) {
-              for (int64_t r = 0; r < rows; ++r) {
-                const size_t i = static_cast<size_t>(t * rows + r);
-                ASSERT_EQ(y[i], r < n0 || r >= n1 ? -1.0f : want[i])
-                    << isa_name(isa) << " " << what << " tokens " << tokens << " rows " << n0
-                    << ".." << n1 << " t " << t << " r " << r;
-              }
-            }
+            ASSERT_TRUE(rows_match(y, want, tokens, rows, n0, n1))
+                << isa_name(isa) << " " << what << " tokens " << tokens;
           }
         }
       }
