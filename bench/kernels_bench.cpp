@@ -468,7 +468,8 @@ void BM_DenseDecodeX16(benchmark::State& state) {
 BENCHMARK(BM_DenseDecodeX16)->UseRealTime()->MinTime(0.3);
 
 // DeepSeek-V2-Lite's lm_head as decode runs it: one token against 102400 x 2048 Q6_K (the Q4_K_M
-// file's output.weight, 172 MB; no repacked layout for Q6_K) by kern::matmul on the pool.
+// file's output.weight, 172 MB) in its stored rows by kern::matmul on the pool (BM_LmHeadQ6KX16:
+// in x16 tiles, as `repack` holds it).
 // shares_vs_tasks: against the same rows as a job of fixed tasks (until session 38), A/B in the
 // same minute.
 void BM_LmHeadQ6K(benchmark::State& state) {

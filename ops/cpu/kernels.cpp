@@ -371,7 +371,7 @@ void quantize_activations(AFormat format, int group, const float* x, int64_t tok
 namespace {
 
 // Q4_K / Q6_K x16 without their AVX-512 VNNI kernel (lower levels, the reference; Q6_K x16 for
-// more than one token too): each tile's rows back in GGUF order in a thread-local buffer
+// 16 tokens and more too): each tile's rows back in GGUF order in a thread-local buffer
 // (`unpack`: q4k_x16_unpack or q6k_x16_unpack), then the format's row kernel `rows` on the
 // call's rows of that tile (the same arithmetic as the tile kernel: the same bits).
 void x16_through_rows(const GemmArgs& g, void (*unpack)(const uint8_t*, int64_t, uint8_t*),
@@ -397,17 +397,30 @@ void check_x16_rows(const KMatrix& w, int64_t n0) {
            wformat_name(w.format), n0);
 }
 
-// One token on Q6_K x16 tiles: the tile kernel on rows [n0, n1) (n0 on a tile; a last partial
-// tile computed whole into a scratch row).
+// Q6_K x16 tiles for fewer tokens than this run the tile kernel token after token (the tiles
+// stay in cache); more go through the rows unpacked into the tiled Q6_K GEMM, whose per-call
+// rearrangement and the unpacking then cost less than the tile kernel's per-token passes.
+constexpr int64_t kQ6KX16RowsMinTokens = 16;
+
+// Few tokens on Q6_K x16 tiles: the tile kernel on rows [n0, n1) (n0 on a tile; a last partial
+// tile computed whole into a scratch row per token).
 void q6k_x16_gemv_rows(const GemmArgs& g) {
   const int64_t nb = g.cols / kQK_K, tile_bytes = kQ6KX16Rows * g.row_bytes;
   const auto* act = reinterpret_cast<const BlockQ8_K*>(g.act);
   const int64_t t0 = g.n0 / kQ6KX16Rows, full = g.n1 / kQ6KX16Rows;
-  if (full > t0) q6k_x16_gemv_vnni(g.w + t0 * tile_bytes, full - t0, nb, act, g.y + 16 * t0);
+  if (full > t0) {
+    q6k_x16_gemv_vnni(g.w + t0 * tile_bytes, full - t0, nb, act, g.y + 16 * t0, g.tokens,
+                      g.act_row_bytes, g.ldy);
+  }
   if (full * kQ6KX16Rows < g.n1) {
-    alignas(64) float part[kQ6KX16Rows];
-    q6k_x16_gemv_vnni(g.w + full * tile_bytes, 1, nb, act, part);
-    for (int64_t r = full * kQ6KX16Rows; r < g.n1; ++r) g.y[r] = part[r - full * kQ6KX16Rows];
+    alignas(64) float part[kQ6KX16RowsMinTokens][kQ6KX16Rows];
+    q6k_x16_gemv_vnni(g.w + full * tile_bytes, 1, nb, act, part[0], g.tokens, g.act_row_bytes,
+                      kQ6KX16Rows);
+    for (int64_t k = 0; k < g.tokens; ++k) {
+      for (int64_t r = full * kQ6KX16Rows; r < g.n1; ++r) {
+        g.y[k * g.ldy + r] = part[k][r - full * kQ6KX16Rows];
+      }
+    }
   }
 }
 
@@ -447,7 +460,7 @@ void gemm(const KMatrix& w, const Activations& a, int64_t n0, int64_t n1, float*
   if (w.format == WFormat::kQ6_KX16) {
     check_x16_rows(w, n0);
     const GemmArgs g = make_args(w, a, n0, n1, y, ldy);
-    if (a.tokens == 1 && std::min(isa, best_isa()) >= Isa::kAvx512Vnni) {
+    if (a.tokens < kQ6KX16RowsMinTokens && std::min(isa, best_isa()) >= Isa::kAvx512Vnni) {
       q6k_x16_gemv_rows(g);
     } else {
       x16_through_rows(g, q6k_x16_unpack, pick(isa, &GgufKernels::q6_k));

@@ -16,7 +16,7 @@
 //             128h + 4i .. (sub-block 8h + i / 4), B's low nibbles with bits 2-3 values 128h + 32
 //             + 4i .. (+2), A's high nibbles with bits 4-5 values 128h + 64 + 4i .. (+4), B's high
 //             nibbles with bits 6-7 values 128h + 96 + 4i .. (+6).
-// One token: per sub-block j an exact int32 dot of the unsigned 6-bit values (vpdpbusd, a row per
+// Per token and sub-block j an exact int32 dot of the unsigned 6-bit values (vpdpbusd, a row per
 // lane), isum = sum_j sc_j * (dot_j - 32 * bsum_j) = the reference's sum of sc * (q - 32) * a, then
 // acc + (da * d) * isum per super-block: bit-identical to kern::gemm on the rows.
 #pragma once
@@ -44,11 +44,12 @@ void q6k_x16_repack(const uint8_t* w, int64_t row_bytes, int64_t rows, int64_t c
 // 210).
 void q6k_x16_unpack(const uint8_t* tile, int64_t cols, uint8_t* rows);
 
-// One token: y[16 t + n] = row n of tile t . act for t < n_tiles; act is the token's Q8_K row
-// (nb = cols / 256 blocks). AVX-512 VNNI (q6k_x16_vnni.cpp): call only where the CPU has it;
-// kern::gemm runs the other cases through each tile's rows unpacked.
+// y[k * ldy + 16 t + n] = row n of tile t . token k's activations for t < n_tiles, k < tokens;
+// token k's Q8_K row (nb = cols / 256 blocks) at act + k * act_row_bytes bytes. Token after token
+// per tile (a few tokens: kern::gemm runs 1-15 so, more through each tile's rows unpacked into the
+// tiled Q6_K GEMM). AVX-512 VNNI (q6k_x16_vnni.cpp): call only where the CPU has it.
 void q6k_x16_gemv_vnni(const uint8_t* tiles, int64_t n_tiles, int64_t nb, const BlockQ8_K* act,
-                       float* y);
+                       float* y, int64_t tokens = 1, int64_t act_row_bytes = 0, int64_t ldy = 0);
 
 // A Q6_K matrix (kern::KMatrix of format kQ6_K) repacked into x16 tiles in memory allocated with
 // `alloc`: format kQ6_KX16, the same rows / cols / row_bytes (a GGUF row's bytes), data the tiles

@@ -84,9 +84,16 @@ void gemv_tile(const uint8_t* tile, int64_t nb, const BlockQ8_K* act, float* y) 
 }  // namespace
 
 void q6k_x16_gemv_vnni(const uint8_t* tiles, int64_t n_tiles, int64_t nb, const BlockQ8_K* act,
-                       float* y) {
+                       float* y, int64_t tokens, int64_t act_row_bytes, int64_t ldy) {
   const int64_t tile_bytes = nb * (kHeader + kQuants);
-  for (int64_t t = 0; t < n_tiles; ++t) gemv_tile(tiles + t * tile_bytes, nb, act, y + 16 * t);
+  for (int64_t t = 0; t < n_tiles; ++t) {
+    // Token after token on the same tile: from the second on, its bytes come from L1 / L2.
+    for (int64_t k = 0; k < tokens; ++k) {
+      const auto* a = reinterpret_cast<const BlockQ8_K*>(reinterpret_cast<const uint8_t*>(act) +
+                                                         k * act_row_bytes);
+      gemv_tile(tiles + t * tile_bytes, nb, a, y + k * ldy + 16 * t);
+    }
+  }
 }
 
 }  // namespace tandem::kern
