@@ -536,7 +536,6 @@ int64_t rows_per_task(int64_t rows, int64_t row_bytes, int64_t tokens) {
 void gemv_in_shares(std::span<const KMatrix* const> ws, const Activations& a,
                     std::span<float* const> ys, ThreadPool* pool, Isa isa) {
   constexpr int64_t kRows = 16;
-
   std::array<int64_t, kMaxSharedInput + 1> first{};  // matrix m's items [first[m], first[m + 1])
   int64_t total_bytes = 0, max_row_bytes = 1;
   for (size_t m = 0; m < ws.size(); ++m) {
