@@ -131,7 +131,8 @@ void run(benchmark::State& state, DType dtype, int64_t rows, int64_t cols, int64
   kern::quantize_activations(kern::act_format(w.m.format), 0, x.data(), tokens, cols, cols, &a);
   // Tasks of 64 rows for a GEMM, ~256 KiB of weights for a GEMV (each task one long stream; until
   // session 6 this bench used 64-row GEMV tasks, 20-30% slower). kern::matmul cuts a GEMV this
-  // large into 4 MiB tasks since session 12: tasks_4m_vs_256k below measures the difference.
+  // large into 4 MiB tasks from session 12 to 37 (since session 38 into RangeShares: BM_LmHeadQ6K
+  // shares_vs_tasks): tasks_4m_vs_256k below measures the difference.
   auto rows_of = [&](int64_t task_bytes) {
     return std::max<int64_t>(16, task_bytes / w.m.row_bytes / 16 * 16);
   };

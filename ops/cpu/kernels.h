@@ -123,7 +123,8 @@ void gemm_reference(const KMatrix& w, const Activations& a, int64_t n0, int64_t 
                     int64_t ldy);
 
 // Dense convenience (attention projections, dense FFN, shared experts, lm_head, router):
-// converts x once and splits rows into tasks on pool (nullptr: the calling thread); falls back to
+// converts x once and splits rows into tasks on pool (nullptr: the calling thread; a GEMV of <= 4
+// tokens: each thread one contiguous share of the rows, core/range_shares.h); falls back to
 // ops::matmul when the weight's dtype has no kernel. x [tokens, K], y [tokens, N].
 // views: prepared copies of some weights (`--cpu-experts repack`: the non-expert matrices
 // rearranged into one huge-page arena, CpuExperts::other), used instead of w's stored bytes when
