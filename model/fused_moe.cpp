@@ -56,6 +56,12 @@ void grow_to(std::vector<float>& v, int64_t n) {
   if (v.size() < static_cast<size_t>(n)) v.resize(static_cast<size_t>(n));
 }
 
+// A phase-4 task's buffers (FusedMoeBackend::run_task), one set per thread.
+struct WholeScratch {
+  kern::Activations x, h;
+  std::vector<float> g, u;
+};
+
 void pause() {
   _mm_pause();
 }
@@ -149,7 +155,7 @@ void FusedMoeBackend::begin(const MoeRequest& r) {
   grow_to(x.g, T * x.ff);
   grow_to(x.u, T * x.ff);
   x.ready.store(false, std::memory_order_relaxed);
-  gather(x);  // (all stays valid: submit() finds the same hidden states in it)
+  gather(x, &x.x);  // (all stays valid: submit() finds the same hidden states in it)
   // Long streams, as a decode layer's (max_rows_per_task_decode): gate/up in ceil(ff / (cap / 2))
   // equal chunks, down in ceil(H / cap); gate/up chunks first (a down chunk waits for them).
   const int64_t cap = std::max<int64_t>(32, options_.max_rows_per_task_decode);
@@ -308,11 +314,11 @@ void FusedMoeBackend::submit(const MoeRequest& r) {
     // slot's expert and row count change per layer), ~1 MB per V2-Lite expert of a prefill.
     grow_to(x.y, n * H);
     x.ready.store(false, std::memory_order_relaxed);
-    if (!x.fast) return;
+    if (!x.fast || x.whole) return;  // (a whole expert's task has its own buffers)
     grow_to(x.g, n * x.ff);
     grow_to(x.u, n * x.ff);
     // The first sub-expert gathers even when its own part is empty: the other parts read it.
-    if (x.first == a && !x.whole) gather(x);
+    if (x.first == a) gather(x, &x.x);
   };
   // (A sub-expert copies its owner's token list, which no task writes.)
   if (pool_ != nullptr && T > 8) {
@@ -348,20 +354,20 @@ void FusedMoeBackend::submit(const MoeRequest& r) {
 }
 
 // x's token rows of the request's hidden states in its gate / up encoding (quantized by submit).
-void FusedMoeBackend::gather(Expert& x) const {
+void FusedMoeBackend::gather(const Expert& x, kern::Activations* out) const {
   const int64_t n = static_cast<int64_t>(x.tokens.size());
   const size_t enc = static_cast<size_t>(kern::act_format(x.gate.format));
   const kern::Activations& all = hidden_acts_[enc];
-  x.x.format = all.format;
-  x.x.tokens = n;
-  x.x.cols = req_.hidden_size;
-  x.x.group = all.group;
-  x.x.row_bytes = all.row_bytes;
-  if (x.x.data.size() < static_cast<size_t>(n * all.row_bytes)) {
-    x.x.data.resize(static_cast<size_t>(n * all.row_bytes));
+  out->format = all.format;
+  out->tokens = n;
+  out->cols = req_.hidden_size;
+  out->group = all.group;
+  out->row_bytes = all.row_bytes;
+  if (out->data.size() < static_cast<size_t>(n * all.row_bytes)) {
+    out->data.resize(static_cast<size_t>(n * all.row_bytes));
   }
   for (int64_t j = 0; j < n; ++j) {
-    std::memcpy(x.x.data.data() + j * all.row_bytes, all.row(x.tokens[j]),
+    std::memcpy(out->data.data() + j * all.row_bytes, all.row(x.tokens[j]),
                 static_cast<size_t>(all.row_bytes));
   }
 }
@@ -458,13 +464,19 @@ void FusedMoeBackend::run_task(const Task& t) {
     return;
   }
   if (t.phase == 4) {
-    gather(x);
-    kern::gemm(x.gate, x.x, 0, x.ff, x.g.data(), x.ff);
-    kern::gemm(x.up, x.x, 0, x.ff, x.u.data(), x.ff);
-    kern::swiglu(x.g.data(), x.u.data(), n * x.ff, x.g.data());
-    kern::quantize_activations(kern::act_format(x.down.format), x.down.group, x.g.data(), n, x.ff,
-                               x.ff, &x.h);
-    kern::gemm(x.down, x.h, 0, H, x.y.data(), H);
+    // The whole expert on this thread: its gathered rows, gate / up outputs and their down
+    // encoding in this thread's scratch, which the previous whole expert left in the core's cache
+    // (per-expert buffers came from memory last written a layer ago: a store miss per line).
+    thread_local WholeScratch s;
+    gather(x, &s.x);
+    grow_to(s.g, n * x.ff);
+    grow_to(s.u, n * x.ff);
+    kern::gemm(x.gate, s.x, 0, x.ff, s.g.data(), x.ff);
+    kern::gemm(x.up, s.x, 0, x.ff, s.u.data(), x.ff);
+    kern::swiglu(s.g.data(), s.u.data(), n * x.ff, s.g.data());
+    kern::quantize_activations(kern::act_format(x.down.format), x.down.group, s.g.data(), n, x.ff,
+                               x.ff, &s.h);
+    kern::gemm(x.down, s.h, 0, H, x.y.data(), H);
     x.ready.store(true, std::memory_order_release);
     return;
   }

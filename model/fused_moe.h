@@ -97,7 +97,7 @@ class FusedMoeBackend : public MoeBackend {
     int64_t r0, r1;
   };
   void run_task(const Task& task);
-  void gather(Expert& x) const;
+  void gather(const Expert& x, kern::Activations* out) const;
   void add_tasks(int part, int64_t threads);
   void add_shared(const MoeRequest& r);   // the shared expert as experts_[n_active_] (shared_)
   Expert& next_expert();
