@@ -10,6 +10,7 @@
 #include <array>
 #include <cstring>
 #include <limits>
+#include <regex>
 
 #include "core/error.h"
 
@@ -384,11 +385,99 @@ class GgufParser {
   std::string where_;
 };
 
+namespace {
+
+// llama.cpp's shard names, <prefix>-%05d-of-%05d.gguf (gguf-split, llama_split_path).
+std::string shard_name(const std::string& prefix, int64_t no, int64_t count) {
+  return fmt::format("{}-{:05d}-of-{:05d}.gguf", prefix, no, count);
+}
+
+// The prefix of a shard's file name, "" when the name is not <prefix>-NNNNN-of-NNNNN.gguf.
+std::string shard_prefix(const std::string& name, int64_t* no, int64_t* count) {
+  static const std::regex re(R"(^(.+)-([0-9]{5})-of-([0-9]{5})\.gguf$)");
+  std::smatch m;
+  if (!std::regex_match(name, m, re)) return "";
+  *no = std::stoll(m[2].str());
+  *count = std::stoll(m[3].str());
+  return m[1].str();
+}
+
+}  // namespace
+
 GgufFile GgufFile::open(const std::filesystem::path& path, LoadMode mode) {
-  MappedFile map = MappedFile::open(path, mode);
-  GgufFile file = parse(path.string(), map.data(), map.size());
-  file.map_ = std::move(map);  // the mapping's address does not change when moved
+  auto open_one = [mode](const std::filesystem::path& p) {
+    MappedFile map = MappedFile::open(p, mode);
+    GgufFile file = parse(p.string(), map.data(), map.size());
+    file.map_ = std::move(map);  // the mapping's address does not change when moved
+    return file;
+  };
+  GgufFile file = open_one(path);
+  const int64_t count = file.get_int("split.count", 1);
+  if (count <= 1) return file;
+  const int64_t no = file.get_int("split.no", 0);
+  int64_t name_no = 0, name_count = 0;
+  const std::string prefix = shard_prefix(path.filename().string(), &name_no, &name_count);
+  if (prefix.empty() || name_count != count || name_no != no + 1) {
+    fail(ErrorKind::kFormat,
+         "{}: shard {} of a GGUF split in {} files, but its name is not <prefix>-{:05d}-of-{:05d}"
+         ".gguf, so the other shards cannot be found (llama.cpp's naming; llama-gguf-split "
+         "--merge joins them into one file)",
+         file.path_, no + 1, count, no + 1, count);
+  }
+  if (no != 0) {
+    fail(ErrorKind::kInvalidArgument, "{}: shard {} of {} of a split GGUF: pass the first, {}",
+         file.path_, no + 1, count, (path.parent_path() / shard_name(prefix, 1, count)).string());
+  }
+  for (int64_t i = 1; i < count; ++i) {
+    const std::filesystem::path sp = path.parent_path() / shard_name(prefix, i + 1, count);
+    std::error_code ec;
+    if (!std::filesystem::exists(sp, ec)) {
+      fail(ErrorKind::kIo, "{}: shard {} of {} of this split GGUF is missing: {}",
+           file.path_, i + 1, count, sp.string());
+    }
+    GgufFile shard = open_one(sp);
+    const int64_t s_no = shard.get_int("split.no", -1), s_count = shard.get_int("split.count", 0);
+    if (s_no != i || s_count != count) {
+      fail(ErrorKind::kFormat, "{}: expected shard {} of {} (split.no {}), found split.no {} of {}",
+           shard.path_, i + 1, count, i, s_no, s_count);
+    }
+    const auto k = static_cast<uint32_t>(file.shards_.size() + 1);
+    for (GgufTensorInfo t : shard.tensors_) {
+      t.shard = k;
+      if (!file.tensor_index_.emplace(t.name, file.tensors_.size()).second) {
+        fail(ErrorKind::kFormat, "{}: tensor '{}' is in two shards (also in {})", shard.path_,
+             t.name, file.path_of(t.name));
+      }
+      file.tensors_.push_back(std::move(t));
+    }
+    file.shards_.push_back(std::move(shard));
+  }
+  const int64_t want = file.get_int("split.tensors.count", -1);
+  if (want >= 0 && want != static_cast<int64_t>(file.tensors_.size())) {
+    fail(ErrorKind::kFormat, "{}: split.tensors.count is {} but the {} shards hold {} tensors",
+         file.path_, want, count, file.tensors_.size());
+  }
   return file;
+}
+
+std::string GgufFile::path_of(std::string_view tensor_name) const {
+  const GgufTensorInfo* t = find_tensor(tensor_name);
+  return t == nullptr || t->shard == 0 ? path_ : shards_[t->shard - 1].path_;
+}
+
+const uint8_t* GgufFile::tensor_data(const GgufTensorInfo& t) const {
+  return (t.shard == 0 ? data_ : shards_[t.shard - 1].data_) + t.offset;
+}
+
+void GgufFile::release_pages() const {
+  map_.release_pages();
+  for (const GgufFile& s : shards_) s.release_pages();
+}
+
+std::vector<std::filesystem::path> GgufFile::shard_paths() const {
+  std::vector<std::filesystem::path> v{path_};
+  for (const GgufFile& s : shards_) v.emplace_back(s.path_);
+  return v;
 }
 
 GgufFile GgufFile::parse(std::string name, const uint8_t* data, size_t size) {
@@ -467,7 +556,7 @@ Tensor GgufFile::tensor(std::string_view name) const {
     stride *= info->shape[d];
   }
   // Views are non-const by design; the mapping is read-only, so writing through one faults.
-  t.data = const_cast<uint8_t*>(data_ + info->offset);
+  t.data = const_cast<uint8_t*>(tensor_data(*info));
   return t;
 }
 

@@ -104,13 +104,19 @@ struct GgufTensorInfo {
   DType dtype = DType::kF32;
   int ndim = 0;
   std::array<int64_t, 4> shape{};  // row-major (GGUF ne reversed)
-  uint64_t offset = 0;             // from the start of the file
+  uint64_t offset = 0;             // from the start of its file (shard)
   uint64_t nbytes = 0;
+  uint32_t shard = 0;  // split GGUF: the file holding the data (0: the first; GgufFile::shards)
 };
 
 class GgufFile {
  public:
   // mmap (or copy, see LoadMode) + parse + validate; throws Error naming the file.
+  // A split GGUF (llama.cpp's gguf-split: `split.count` > 1, shards named
+  // <prefix>-00001-of-0000N.gguf): `path` is the first shard; the others are opened from the same
+  // directory, each validated, and their tensors join this file's (GgufTensorInfo::shard). The
+  // metadata is the first shard's. A later shard, a missing or mismatched one, or a tensor in two
+  // shards throws Error naming the files.
   static GgufFile open(const std::filesystem::path& path, LoadMode mode = LoadMode::kMap);
   // Parses a GGUF image in memory (fuzzing, tests). `name` is used in error messages. The buffer
   // is not copied and must outlive the returned object and every Tensor taken from it.
@@ -133,14 +139,19 @@ class GgufFile {
   std::string get_string(std::string_view key, const std::string& fallback) const;
   bool get_bool(std::string_view key, bool fallback) const;
 
-  const std::vector<GgufTensorInfo>& tensors() const { return tensors_; }  // file order
+  // File order (a split GGUF: the first shard's, then the next shard's, ...).
+  const std::vector<GgufTensorInfo>& tensors() const { return tensors_; }
   const GgufTensorInfo* find_tensor(std::string_view name) const;
   Tensor tensor(std::string_view name) const;  // view into the mapping; throws naming tensor+file
+  const uint8_t* tensor_data(const GgufTensorInfo& t) const;  // its bytes in its shard's mapping
 
-  const uint8_t* data() const { return data_; }  // the whole mapping
+  const uint8_t* data() const { return data_; }  // the whole mapping (a split GGUF: the first's)
   uint64_t size() const { return size_; }
   bool in_memory() const { return map_.copied(); }  // read into memory (LoadMode::kCopy)
-  void release_pages() const { map_.release_pages(); }  // MappedFile::release_pages
+  void release_pages() const;  // MappedFile::release_pages, every shard's
+  // Every file of the model: this one, then a split GGUF's other shards in order.
+  std::vector<std::filesystem::path> shard_paths() const;
+  std::string path_of(std::string_view tensor_name) const;  // the file holding it
 
  private:
   friend class GgufParser;
@@ -157,6 +168,7 @@ class GgufFile {
   std::vector<GgufTensorInfo> tensors_;
   std::unordered_map<std::string, size_t> key_index_;
   std::unordered_map<std::string, size_t> tensor_index_;
+  std::vector<GgufFile> shards_;  // a split GGUF's second, third, ... files
 };
 
 // Writes GGUF v3. Streams tensors: peak memory is the largest tensor, not the model.

@@ -16,6 +16,7 @@
 #include "core/mapped_file.h"
 #include "core/progress.h"
 #include "core/thread_pool.h"
+#include "formats/gguf.h"
 #include "ops/cpu/packed.h"
 #include "ops/cpu/q0_x4.h"
 #include "ops/cpu/q4k_x16.h"
@@ -111,6 +112,8 @@ std::vector<fs::path> source_files(const LoadedModel& model) {
       if (p.extension() == ".safetensors" || p.filename() == "config.json") files.push_back(p);
     }
     std::sort(files.begin(), files.end());
+  } else if (model.gguf) {
+    files = model.gguf->shard_paths();  // (a split GGUF: every shard)
   } else {
     files.push_back(model.path);
   }

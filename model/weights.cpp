@@ -387,7 +387,7 @@ uint64_t page_in_model(const LoadedModel& model) {
   std::vector<std::pair<const uint8_t*, uint64_t>> ranges;
   if (model.gguf) {
     for (const GgufTensorInfo& t : model.gguf->tensors()) {
-      ranges.emplace_back(model.gguf->data() + t.offset, t.nbytes);
+      ranges.emplace_back(model.gguf->tensor_data(t), t.nbytes);
     }
   } else if (model.safetensors) {
     for (const SafetensorsTensorInfo& t : model.safetensors->tensors()) {

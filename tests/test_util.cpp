@@ -10,6 +10,10 @@
 #include <sstream>
 #include <stdexcept>
 
+#include <fmt/format.h>
+
+#include "formats/gguf.h"
+
 namespace tandem::test {
 namespace fs = std::filesystem;
 
@@ -62,6 +66,32 @@ CommandResult run_tandem(const std::string& args, const std::string& stdin_text)
   r.out = slurp(out);
   r.err = slurp(err);
   return r;
+}
+
+std::filesystem::path write_split_gguf(const GgufFile& src, const std::filesystem::path& dir,
+                                       const std::string& prefix, int shards) {
+  const auto n = static_cast<int64_t>(src.tensors().size());
+  std::filesystem::path first;
+  for (int i = 0; i < shards; ++i) {
+    const std::filesystem::path p =
+        dir / fmt::format("{}-{:05d}-of-{:05d}.gguf", prefix, i + 1, shards);
+    if (i == 0) first = p;
+    GgufWriter w(p, src.alignment());
+    if (i == 0) {
+      for (const auto& [key, value] : src.metadata()) w.set(key, value);
+    }
+    w.set("split.no", GgufValue::u16(static_cast<uint16_t>(i)));
+    w.set("split.count", GgufValue::u16(static_cast<uint16_t>(shards)));
+    w.set("split.tensors.count", GgufValue::i32(static_cast<int32_t>(n)));
+    for (int64_t j = n * i / shards; j < n * (i + 1) / shards; ++j) {
+      const GgufTensorInfo& t = src.tensors()[static_cast<size_t>(j)];
+      w.add_tensor_data(t.name, t.dtype,
+                        std::vector<int64_t>(t.shape.begin(), t.shape.begin() + t.ndim),
+                        src.tensor_data(t));
+    }
+    w.write();
+  }
+  return first;
 }
 
 }  // namespace tandem::test

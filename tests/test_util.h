@@ -6,6 +6,10 @@
 #include <filesystem>
 #include <string>
 
+namespace tandem {
+class GgufFile;
+}
+
 namespace tandem::test {
 
 // tests/data/<relative>; fails the current test (ADD_FAILURE + throws) when it does not exist.
@@ -34,5 +38,12 @@ struct CommandResult {
 // Runs `tandem <args>` (the binary from TANDEM_BIN) and captures both streams; standard input
 // is `stdin_text` (empty: /dev/null).
 CommandResult run_tandem(const std::string& args, const std::string& stdin_text = "");
+
+// Writes `src` as a split GGUF in `dir`, as llama.cpp's gguf-split does: `shards` files named
+// <prefix>-0000i-of-0000N.gguf, the first with all of src's metadata, each with split.no (u16,
+// from 0), split.count (u16) and split.tensors.count (i32), src's tensors in order spread evenly
+// over them. Returns the first shard's path.
+std::filesystem::path write_split_gguf(const GgufFile& src, const std::filesystem::path& dir,
+                                       const std::string& prefix, int shards);
 
 }  // namespace tandem::test

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "core/thread_pool.h"
+#include "formats/gguf.h"
 #include "formats/synth.h"
 #include "model/model.h"
 #include "model/weights.h"
@@ -273,6 +274,24 @@ TEST_P(Golden, Quantized) {
       EXPECT_GE(s.argmax_agree * 5, n * 4) << name << " " << q;
     }
   }
+}
+
+// A split GGUF (llama.cpp's gguf-split: three shards of the golden DeepSeek-V3 Q4_K_M) loads
+// as the one file does: the same logits, bit for bit, and the same greedy continuation.
+TEST(GoldenSplit, SplitGgufGivesTheUnsplitLogits) {
+  const nlohmann::json meta = read_json("golden/deepseek3.json");
+  const std::string rel = "golden/" + meta["quantized"]["q4_k_m"]["gguf"].get<std::string>();
+  const LoadedModel whole = load_model(test::data_path(rel));
+  test::TempDir dir("split");
+  const std::filesystem::path first = test::write_split_gguf(*whole.gguf, dir.path(), "ds3", 3);
+  const LoadedModel split = load_model(first);
+  ASSERT_EQ(split.gguf->shard_paths().size(), 3u);
+  const std::vector<int32_t> tokens =
+      meta["quantized"]["q4_k_m"]["prompts"][0]["tokens"].get<std::vector<int32_t>>();
+  const PromptRun a = run_prompt(whole, tokens, MlaMode::kAbsorbed);
+  const PromptRun b = run_prompt(split, tokens, MlaMode::kAbsorbed);
+  EXPECT_TRUE(a.logits == b.logits);
+  EXPECT_EQ(a.greedy, b.greedy);
 }
 
 // Absorbed MLA (latent cache, W_UK / W_UV folded into q and output) is the same function as

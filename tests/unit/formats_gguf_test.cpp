@@ -637,5 +637,116 @@ TEST(GgufGolden, RewriteIsByteIdentical) {
   }
 }
 
+// --- split GGUF (llama.cpp's gguf-split) ---
+
+// Expects GgufFile::open(path) to throw Error of `kind` whose message contains every needle.
+void expect_open_error(const fs::path& path, ErrorKind kind,
+                       std::initializer_list<std::string> needles) {
+  try {
+    GgufFile::open(path);
+    ADD_FAILURE() << "open succeeded, expected an error containing " << *needles.begin();
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), kind) << e.what();
+    const std::string msg = e.what();
+    for (const std::string& n : needles) EXPECT_NE(msg.find(n), std::string::npos) << msg;
+  }
+}
+
+// A real llama.cpp file written as three shards reads as the original: every tensor's bytes, shape
+// and type, every metadata value, views into the shard that holds each tensor.
+TEST(GgufSplit, ShardsReadAsTheWholeFile) {
+  test::TempDir dir("split");
+  const GgufFile src = GgufFile::open(test::data_path("golden/deepseek3-q4_k_m.gguf"));
+  const fs::path first = test::write_split_gguf(src, dir.path(), "ds3", 3);
+  EXPECT_EQ(first.filename(), "ds3-00001-of-00003.gguf");
+  const GgufFile f = GgufFile::open(first);
+  ASSERT_EQ(f.tensors().size(), src.tensors().size());
+  std::set<uint32_t> shards;
+  for (size_t i = 0; i < src.tensors().size(); ++i) {
+    const GgufTensorInfo& want = src.tensors()[i];
+    SCOPED_TRACE(want.name);
+    EXPECT_EQ(f.tensors()[i].name, want.name) << "file order, shard after shard";
+    const GgufTensorInfo* got = f.find_tensor(want.name);
+    ASSERT_NE(got, nullptr);
+    EXPECT_EQ(got->dtype, want.dtype);
+    EXPECT_EQ(got->ndim, want.ndim);
+    EXPECT_EQ(got->shape, want.shape);
+    ASSERT_EQ(got->nbytes, want.nbytes);
+    EXPECT_EQ(0, std::memcmp(f.tensor_data(*got), src.tensor_data(want), want.nbytes));
+    EXPECT_EQ(f.tensor(want.name).data, f.tensor_data(*got));
+    // (write_split_gguf's shard k holds tensors [n * k / 3, n * (k + 1) / 3))
+    const size_t n = src.tensors().size();
+    const uint32_t shard = i < n / 3 ? 0 : i < n * 2 / 3 ? 1 : 2;
+    EXPECT_EQ(got->shard, shard);
+    shards.insert(got->shard);
+  }
+  EXPECT_EQ(shards.size(), 3u);
+  for (const auto& [key, value] : src.metadata()) {
+    const GgufValue* v = f.find(key);
+    ASSERT_NE(v, nullptr) << key;
+    EXPECT_TRUE(*v == value) << key;
+  }
+  const std::vector<fs::path> paths = f.shard_paths();
+  ASSERT_EQ(paths.size(), 3u);
+  EXPECT_EQ(paths[2], dir / "ds3-00003-of-00003.gguf");
+  EXPECT_EQ(f.path_of(src.tensors().back().name), (dir / "ds3-00003-of-00003.gguf").string());
+}
+
+// A later shard, a missing one, a renamed first shard, shards swapped, a tensor in two shards and
+// a tensor count that does not add up: each an error naming the files.
+TEST(GgufSplit, BadSplitsAreErrorsNamingTheShards) {
+  const GgufFile src = GgufFile::open(test::data_path("golden/deepseek3-q4_k_m.gguf"));
+  {
+    test::TempDir dir("split");
+    test::write_split_gguf(src, dir.path(), "m", 3);
+    expect_open_error(dir / "m-00002-of-00003.gguf", ErrorKind::kInvalidArgument,
+                      {"shard 2 of 3", "pass the first", "m-00001-of-00003.gguf"});
+    fs::copy_file(dir / "m-00001-of-00003.gguf", dir / "renamed.gguf");
+    expect_open_error(dir / "renamed.gguf", ErrorKind::kFormat,
+                      {"renamed.gguf", "cannot be found"});
+    fs::rename(dir / "m-00002-of-00003.gguf", dir / "tmp.gguf");
+    fs::rename(dir / "m-00003-of-00003.gguf", dir / "m-00002-of-00003.gguf");
+    expect_open_error(dir / "m-00001-of-00003.gguf", ErrorKind::kFormat,
+                      {"m-00002-of-00003.gguf", "expected shard 2 of 3", "found split.no 2"});
+    fs::remove(dir / "m-00002-of-00003.gguf");
+    expect_open_error(dir / "m-00001-of-00003.gguf", ErrorKind::kIo,
+                      {"missing", "m-00002-of-00003.gguf"});
+  }
+  // Rewrites shard `no` (0-based) of a 2-file split with `extra` of the first shard's tensors
+  // added (duplicates) or with its tensors dropped.
+  auto rewrite = [&](const fs::path& p, int no, const GgufFile& donor, size_t extra, bool drop) {
+    const std::vector<uint8_t> bytes = read_bytes(p.parent_path() / "orig.gguf");
+    const GgufFile old = GgufFile::parse("orig.gguf", bytes.data(), bytes.size());
+    GgufWriter w(p, old.alignment());
+    for (const auto& [key, value] : old.metadata()) w.set(key, value);
+    EXPECT_EQ(old.get_int("split.no", -1), no);
+    std::vector<std::vector<uint8_t>> keep;
+    auto add = [&](const GgufFile& f, const GgufTensorInfo& t) {
+      keep.emplace_back(f.tensor_data(t), f.tensor_data(t) + t.nbytes);
+      w.add_tensor_data(t.name, t.dtype,
+                        std::vector<int64_t>(t.shape.begin(), t.shape.begin() + t.ndim),
+                        keep.back().data());
+    };
+    keep.reserve(old.tensors().size() + extra);
+    if (!drop) {
+      for (const GgufTensorInfo& t : old.tensors()) add(old, t);
+    }
+    for (size_t i = 0; i < extra; ++i) add(donor, donor.tensors()[i]);
+    w.write();
+  };
+  {
+    test::TempDir dir("split");
+    const fs::path first = test::write_split_gguf(src, dir.path(), "x", 2);
+    const fs::path second = dir / "x-00002-of-00002.gguf";
+    fs::copy_file(second, dir / "orig.gguf");
+    rewrite(second, 1, src, 1, false);
+    expect_open_error(first, ErrorKind::kFormat,
+                      {"x-00002-of-00002.gguf", src.tensors()[0].name, "in two shards"});
+    rewrite(second, 1, src, 0, true);
+    expect_open_error(first, ErrorKind::kFormat,
+                      {"x-00001-of-00002.gguf", "split.tensors.count is"});
+  }
+}
+
 }  // namespace
 }  // namespace tandem
