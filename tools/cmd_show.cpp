@@ -130,12 +130,18 @@ void show_gguf(const fs::path& path) {
     d.elements += numel(t.ndim, t.shape);
     d.bytes += t.nbytes;
   }
-  fmt::print("model         {} (GGUF v{}, {} metadata keys)\n", path.string(), f.version(),
-             f.metadata().size());
+  // A split GGUF: every shard's bytes (its first shard's metadata).
+  const std::vector<std::filesystem::path> shards = f.shard_paths();
+  uint64_t file_bytes = 0;
+  for (const std::filesystem::path& p : shards) file_bytes += std::filesystem::file_size(p);
+  const std::string split =
+      shards.size() > 1 ? fmt::format(", split in {} files", shards.size()) : "";
+  fmt::print("model         {} (GGUF v{}, {} metadata keys{})\n", path.string(), f.version(),
+             f.metadata().size(), split);
   const std::string name = f.get_string("general.name", "");
   if (!name.empty()) fmt::print("name          {}\n", name);
   fmt::print("file type     {}\n", f.get_int("general.file_type", -1));
-  print_summary(c, by_dtype, f.size());
+  print_summary(c, by_dtype, file_bytes);
 }
 
 void show_hf(const fs::path& dir) {

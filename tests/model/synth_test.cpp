@@ -538,6 +538,34 @@ TEST(SynthCli, WritesAndShowsModels) {
   const ParamCount p = count_params(config_preset("tiny-deepseek2"));
   EXPECT_NE(r.out.find(fmt::format("total {:.2f} M", p.total / 1e6)), std::string::npos) << r.out;
 
+  // The same model split in three (llama.cpp's gguf-split layout): `show` counts every shard's
+  // bytes, `run` from the first shard writes the one file's tokens, a later shard is refused with
+  // the first one's name.
+  const std::string shown = r.out;
+  const std::filesystem::path first =
+      test::write_split_gguf(GgufFile::open(gguf), dir.path(), "s", 3);
+  r = test::run_tandem("show -m " + first.string());
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("split in 3 files"), std::string::npos) << r.out;
+  uint64_t split_bytes = 0;
+  for (int i = 1; i <= 3; ++i) {
+    split_bytes += std::filesystem::file_size(dir / fmt::format("s-{:05d}-of-00003.gguf", i));
+  }
+  EXPECT_NE(r.out.find(fmt::format("({} bytes)", split_bytes)), std::string::npos) << r.out;
+  EXPECT_NE(shown.find(fmt::format("({} bytes)", std::filesystem::file_size(gguf))),
+            std::string::npos)
+      << shown;
+  const std::string args = " -p \"hello world\" -n 6 --temp 0";
+  const auto one = test::run_tandem("run -m " + gguf + args);
+  const auto three = test::run_tandem("run -m " + first.string() + args);
+  ASSERT_EQ(one.exit_code, 0) << one.err;
+  ASSERT_EQ(three.exit_code, 0) << three.err;
+  EXPECT_FALSE(one.out.empty());
+  EXPECT_EQ(one.out, three.out);
+  r = test::run_tandem("run -m " + (dir / "s-00002-of-00003.gguf").string() + args);
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("pass the first, " + first.string()), std::string::npos) << r.err;
+
   const std::string hf = (dir / "hf").string();
   r = test::run_tandem("synth --arch qwen3moe --format hf --type fp8 -o " + hf);
   ASSERT_EQ(r.exit_code, 0) << r.err;
