@@ -25,6 +25,7 @@ struct FusedMoeBackend::Expert {
   const ops::Weight* w_up = nullptr;
   const ops::Weight* w_down = nullptr;
   std::vector<int32_t> tokens;  // token of each row, in slot order
+  // x, g, u, h: row-chunked experts only (a whole expert's task uses its thread's WholeScratch).
   kern::Activations x;          // gathered gate/up activations (first sub-expert only)
   std::vector<float> g, u;      // [n, ff]: gate, up; g becomes SiLU(gate) * up
   kern::Activations h;          // g converted for the down projection
