@@ -174,6 +174,13 @@ void BM_Gemm48Dram(benchmark::State& state, WFormat f, Isa isa) {
   run(state, f, gemv_rows(f, 2048), 2048, 48, isa, 512);
 }
 
+// A few tokens (a decode step's 1-4, a prefill expert's handful) against 96 MiB from DRAM, in
+// the fused MoE's tasks (1024 rows up to 4 tokens, 64 above): where the AMX tiles start to pay
+// over the AVX-512 kernels. The argument is the token count.
+void BM_GemmFew(benchmark::State& state, WFormat f, Isa isa) {
+  run(state, f, gemv_rows(f, 2048), 2048, state.range(0), isa);
+}
+
 // One benchmark per ISA level (on a level without a kernel for the format, the one below runs:
 // INT4 / INT8 have none at avx512_bf16, BF16 / FP8 none at avx512_vnni).
 #define TD_PACKED_BENCH(fn, f, name)                                                            \
@@ -199,6 +206,18 @@ TD_PACKED_BENCH(BM_Gemm512, WFormat::kFP8Block, fp8);
 TD_PACKED_BENCH(BM_Gemm48Dram, WFormat::kInt4, int4);
 TD_PACKED_BENCH(BM_Gemm48Dram, WFormat::kInt8, int8);
 TD_PACKED_BENCH(BM_Gemm48Dram, WFormat::kBF16Tile, bf16);
+#define TD_FEW_BENCH(f, name, isa_name, isa)                     \
+  BENCHMARK_CAPTURE(BM_GemmFew, name##_##isa_name, f, isa)       \
+      ->UseRealTime()                                            \
+      ->MinTime(0.3)                                             \
+      ->RangeMultiplier(2)                                       \
+      ->Range(1, 128)
+TD_FEW_BENCH(WFormat::kInt4, int4, avx512_vnni, Isa::kAvx512Vnni);
+TD_FEW_BENCH(WFormat::kInt4, int4, amx, Isa::kAmx);
+TD_FEW_BENCH(WFormat::kInt8, int8, avx512_vnni, Isa::kAvx512Vnni);
+TD_FEW_BENCH(WFormat::kInt8, int8, amx, Isa::kAmx);
+TD_FEW_BENCH(WFormat::kBF16Tile, bf16, avx512_bf16, Isa::kAvx512Bf16);
+TD_FEW_BENCH(WFormat::kBF16Tile, bf16, amx, Isa::kAmx);
 
 }  // namespace
 }  // namespace tandem

@@ -1,7 +1,8 @@
 // AMX tile kernels of the packed formats (Sapphire Rapids+; used only when best_isa() == kAmx):
 // INT8 / INT4 with tdpbssd, FP8Block with tdpbf16ps. A 16-row packed chunk (16 rows x 4 bytes per
 // 64-byte line, packed.h) is exactly one line of an AMX B tile, so a group block of INT8 is loaded
-// as B tiles in place; INT4 is first unpacked to that INT8 layout (nibble - 8), once per tile.
+// as B tiles in place; INT4 is first unpacked to that INT8 layout (nibble - 8), per group block
+// (5-128 tokens) or per tile (more); fewer than 5 INT4 tokens take the AVX-512 VNNI kernel.
 // INT8 / INT4 / BF16 run two token tiles x two row tiles per step (four C tiles, Blocking2x2). The
 // int32 C tiles of 16 tokens x 16 rows are post-scaled per group with the same fma as the
 // reference, so the result is bit-identical to packed_gemm_reference. FP8 rows are expanded to
@@ -137,8 +138,34 @@ void write_rows(const PackedArgs& p, int64_t tile0, int64_t t0, int tokens, cons
   }
 }
 
-// INT8 / INT4 blocks of two 16-row tiles, every pair of 16-token A tiles over them. INT4 tiles are
-// unpacked to INT8 once per tile (not per token tile). The post-scale is 16 lanes per token and
+// One INT4 group block's values (group / 8 64-byte chunks of low nibbles' chunks, then as many of
+// high) to the INT8 B-tile lines of the same block (nibble - 8): 16 x group bytes at dst.
+inline void unpack_int4_block(const uint8_t* block, int group, int8_t* dst) {
+  const int half = group / 8;
+  const __m512i low = _mm512_set1_epi8(0x0F), eight = _mm512_set1_epi8(8);
+  for (int c = 0; c < half; ++c) {
+    const __m512i v = _mm512_loadu_si512(block + c * 64);
+    const __m512i lo = _mm512_sub_epi8(_mm512_and_si512(v, low), eight);
+    const __m512i hi = _mm512_sub_epi8(_mm512_and_si512(_mm512_srli_epi16(v, 4), low), eight);
+    _mm512_storeu_si512(dst + c * 64, lo);
+    _mm512_storeu_si512(dst + (c + half) * 64, hi);
+  }
+}
+
+// INT4 below this many tokens runs the AVX-512 VNNI kernel: AMX would use one row of each 16-row A
+// tile and pay the unpacking for it (measured on a 16-core Sapphire Rapids-class Xeon, 96 MiB from
+// DRAM: 1 token 0.48-0.56 ms VNNI vs 0.63-0.74 AMX, 4 tokens about equal, 8 tokens 0.87-0.91 AMX
+// vs 1.05-1.24; docs/cpu-kernels.md "Session 40").
+constexpr int64_t kAmxInt4MinTokens = 5;
+// INT4 up to this many tokens unpacks a group block at a time, just before its tiles (4 KiB, in
+// L1); more tokens unpack a pair of tiles whole (64 KiB at 2048 columns) once for every 32-token
+// block. Whole-tile unpacking at few tokens ran 2.5-3x slower: the tile loads then read the
+// unpacked lines back from L2.
+constexpr int64_t kAmxInt4GroupMaxTokens = 128;
+constexpr int kMaxGroup = 128;  // the largest packed group (packed.h)
+
+// INT8 / INT4 blocks of two 16-row tiles, every pair of 16-token A tiles over them. INT4 is
+// unpacked to INT8 per group block or per tile (above). The post-scale is 16 lanes per token and
 // tile: acc = fma(sa * s, float(dot), acc), the reference's operations lane by lane.
 template <bool kInt4>
 void int_kernel(const PackedArgs& p) {
@@ -148,8 +175,17 @@ void int_kernel(const PackedArgs& p) {
   const int64_t so = act_scales_offset(w.cols);
   const int kstep = w.group < 64 ? w.group : 64;  // bytes of K per A tile line
   const int64_t tile_values = geo.groups * w.group * 16;
+  if (kInt4 && a.tokens < kAmxInt4MinTokens) {
+    packed_kernels_vnni_int().int4(p);
+    return;
+  }
+  // INT4: up to kAmxInt4GroupMaxTokens tokens, each group block is unpacked just before its
+  // tiles, into an L1-resident buffer; more tokens unpack each tile whole once for all token
+  // blocks.
+  const bool per_group = kInt4 && a.tokens <= kAmxInt4GroupMaxTokens;
   thread_local std::vector<int8_t> unpacked;
-  if constexpr (kInt4) unpacked.resize(static_cast<size_t>(2 * tile_values));
+  alignas(64) int8_t group_buf[2][kMaxGroup * 16];
+  if (kInt4 && !per_group) unpacked.resize(static_cast<size_t>(2 * tile_values));
   alignas(64) int32_t c_out[4][16][16];
   alignas(64) float facc[32][32];  // [token][row of the two tiles]
   Blocking2x2 tiles;
@@ -158,21 +194,11 @@ void int_kernel(const PackedArgs& p) {
     const bool two_rows = tile + 1 < tile_end;
     const uint8_t* tp[2] = {w.data + tile * geo.tile_bytes,
                             w.data + (tile + (two_rows ? 1 : 0)) * geo.tile_bytes};
-    if constexpr (kInt4) {
-      const int half = w.group / 8;  // 64-byte chunks of low nibbles, then as many of high
-      const __m512i low = _mm512_set1_epi8(0x0F), eight = _mm512_set1_epi8(8);
+    if (kInt4 && !per_group) {
       for (int j = 0; j < (two_rows ? 2 : 1); ++j) {
         for (int64_t g = 0; g < geo.groups; ++g) {
-          const uint8_t* block = tp[j] + g * geo.block_bytes;
-          int8_t* dst = unpacked.data() + j * tile_values + g * w.group * 16;
-          for (int c = 0; c < half; ++c) {
-            const __m512i v = _mm512_loadu_si512(block + c * 64);
-            const __m512i lo = _mm512_sub_epi8(_mm512_and_si512(v, low), eight);
-            const __m512i hi =
-                _mm512_sub_epi8(_mm512_and_si512(_mm512_srli_epi16(v, 4), low), eight);
-            _mm512_storeu_si512(dst + c * 64, lo);
-            _mm512_storeu_si512(dst + (c + half) * 64, hi);
-          }
+          unpack_int4_block(tp[j] + g * geo.block_bytes, w.group,
+                            unpacked.data() + j * tile_values + g * w.group * 16);
         }
       }
     }
@@ -189,8 +215,14 @@ void int_kernel(const PackedArgs& p) {
         __m512 sw[2];
         for (int j = 0; j < 2; ++j) {
           const uint8_t* block = tp[j] + g * geo.block_bytes;
-          values[j] = kInt4 ? unpacked.data() + (two_rows ? j : 0) * tile_values + g * w.group * 16
-                            : reinterpret_cast<const int8_t*>(block);
+          if (kInt4 && per_group) {
+            if (j == 0 || two_rows) unpack_int4_block(block, w.group, group_buf[j]);
+            values[j] = group_buf[two_rows ? j : 0];
+          } else {
+            values[j] = kInt4 ? unpacked.data() + (two_rows ? j : 0) * tile_values +
+                                    g * w.group * 16
+                              : reinterpret_cast<const int8_t*>(block);
+          }
           sw[j] = _mm512_loadu_ps(block + geo.values_bytes);
         }
         tiles.zero();

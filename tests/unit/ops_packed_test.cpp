@@ -152,14 +152,15 @@ TEST(PackedGemm, IntConformance) {
   // tokens: two super-blocks of 16 token blocks.
   const int64_t rows = 104, cols = 1280;
   std::vector<float> w = random_values(rows * cols, 21);
-  const std::vector<float> x_all = random_values(128 * cols, 22, 2.0f);
+  const std::vector<float> x_all = random_values(160 * cols, 22, 2.0f);
   for (WFormat f : {WFormat::kInt8, WFormat::kInt4}) {
     for (int group : {32, 64, 128}) {
       KMatrix m = pack_weight(f32_weight(w, rows, cols), f, group, nullptr);
       std::vector<float> wq(rows * cols);
       for (int64_t i = 0; i < rows * cols; ++i) wq[i] = packed_value(m, i / cols, i % cols);
-      // 20 and 33 tokens: AMX's second 16-token tile partly used, and one alone.
-      for (int64_t tokens : {1, 2, 4, 5, 20, 33, 128}) {
+      // 20 and 33 tokens: AMX's second 16-token tile partly used, and one alone. AMX INT4: 1-4
+      // tokens take the VNNI kernel, 5-128 unpack per group block, 160 per tile.
+      for (int64_t tokens : {1, 2, 4, 5, 20, 33, 128, 160}) {
         Activations a;
         packed_quantize_activations(AFormat::kI8, group, x_all.data(), tokens, cols, cols, &a);
         std::vector<float> ref(tokens * rows, 0.0f);
