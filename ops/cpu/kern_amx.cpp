@@ -2,7 +2,8 @@
 // INT8 / INT4 with tdpbssd, FP8Block with tdpbf16ps. A 16-row packed chunk (16 rows x 4 bytes per
 // 64-byte line, packed.h) is exactly one line of an AMX B tile, so a group block of INT8 is loaded
 // as B tiles in place; INT4 is first unpacked to that INT8 layout (nibble - 8), per group block
-// (5-128 tokens) or per tile (more); fewer than 5 INT4 tokens take the AVX-512 VNNI kernel.
+// (5-128 tokens) or per tile (more); fewer than 5 INT8 / INT4 tokens take the AVX-512 VNNI
+// kernels.
 // INT8 / INT4 / BF16 run two token tiles x two row tiles per step (four C tiles, Blocking2x2). The
 // int32 C tiles of 16 tokens x 16 rows are post-scaled per group with the same fma as the
 // reference, so the result is bit-identical to packed_gemm_reference. FP8 rows are expanded to
@@ -152,11 +153,13 @@ inline void unpack_int4_block(const uint8_t* block, int group, int8_t* dst) {
   }
 }
 
-// INT4 below this many tokens runs the AVX-512 VNNI kernel: AMX would use one row of each 16-row A
-// tile and pay the unpacking for it (measured on a 16-core Sapphire Rapids-class Xeon, 96 MiB from
-// DRAM: 1 token 0.48-0.56 ms VNNI vs 0.63-0.74 AMX, 4 tokens about equal, 8 tokens 0.87-0.91 AMX
-// vs 1.05-1.24; docs/cpu-kernels.md "Session 40").
-constexpr int64_t kAmxInt4MinTokens = 5;
+// INT8 / INT4 below this many tokens run the AVX-512 VNNI kernels: AMX would use one row of each
+// 16-row A tile (and for INT4 pay the unpacking for it). Measured on a 16-core Sapphire
+// Rapids-class Xeon (docs/cpu-kernels.md, "Session 40"): INT4 from DRAM 1 token 0.48-0.56 ms
+// VNNI vs 0.63-0.74 AMX, 4 tokens about equal, 8 tokens 0.87-0.91 AMX vs 1.05-1.24; INT8 equal
+// from DRAM, and a V2-Lite decode layer 1.14-1.33x faster on VNNI. BF16 tiles stay on AMX: from
+// DRAM it was faster at every token count.
+constexpr int64_t kAmxIntMinTokens = 5;
 // INT4 up to this many tokens unpacks a group block at a time, just before its tiles (4 KiB, in
 // L1); more tokens unpack a pair of tiles whole (64 KiB at 2048 columns) once for every 32-token
 // block. Whole-tile unpacking at few tokens ran 2.5-3x slower: the tile loads then read the
@@ -175,8 +178,8 @@ void int_kernel(const PackedArgs& p) {
   const int64_t so = act_scales_offset(w.cols);
   const int kstep = w.group < 64 ? w.group : 64;  // bytes of K per A tile line
   const int64_t tile_values = geo.groups * w.group * 16;
-  if (kInt4 && a.tokens < kAmxInt4MinTokens) {
-    packed_kernels_vnni_int().int4(p);
+  if (a.tokens < kAmxIntMinTokens) {
+    (kInt4 ? packed_kernels_vnni_int().int4 : packed_kernels_vnni_int().int8)(p);
     return;
   }
   // INT4: up to kAmxInt4GroupMaxTokens tokens, each group block is unpacked just before its
