@@ -174,9 +174,10 @@ void BM_Gemm48Dram(benchmark::State& state, WFormat f, Isa isa) {
   run(state, f, gemv_rows(f, 2048), 2048, 48, isa, 512);
 }
 
-// A few tokens (a decode step's 1-4, a prefill expert's handful) against 96 MiB from DRAM, in
-// the fused MoE's tasks (1024 rows up to 4 tokens, 64 above): where the AMX tiles start to pay
-// over the AVX-512 kernels. The argument is the token count.
+// A few tokens (a decode step's 1-4, a prefill expert's handful) against 96 MiB of weights (from
+// DRAM here; a CPU with a larger L3 holds them), in the fused MoE's tasks (1024 rows up to 4
+// tokens, 64 above): where the AMX tiles start to pay over the AVX-512 kernels. The argument is
+// the token count.
 void BM_GemmFew(benchmark::State& state, WFormat f, Isa isa) {
   run(state, f, gemv_rows(f, 2048), 2048, state.range(0), isa);
 }

@@ -2,8 +2,8 @@
 // INT8 / INT4 with tdpbssd, FP8Block with tdpbf16ps. A 16-row packed chunk (16 rows x 4 bytes per
 // 64-byte line, packed.h) is exactly one line of an AMX B tile, so a group block of INT8 is loaded
 // as B tiles in place; INT4 is first unpacked to that INT8 layout (nibble - 8), per group block
-// (5-128 tokens) or per tile (more); fewer than 5 INT8 / INT4 tokens take the AVX-512 VNNI
-// kernels.
+// (12-128 tokens) or per tile (more); GEMVs of few tokens (INT4 < 12, INT8 < 5, BF16 < 3) take
+// the AVX-512 kernels.
 // INT8 / INT4 / BF16 run two token tiles x two row tiles per step (four C tiles, Blocking2x2). The
 // int32 C tiles of 16 tokens x 16 rows are post-scaled per group with the same fma as the
 // reference, so the result is bit-identical to packed_gemm_reference. FP8 rows are expanded to
@@ -153,13 +153,16 @@ inline void unpack_int4_block(const uint8_t* block, int group, int8_t* dst) {
   }
 }
 
-// INT8 / INT4 below this many tokens run the AVX-512 VNNI kernels: AMX would use one row of each
-// 16-row A tile (and for INT4 pay the unpacking for it). Measured on a 16-core Sapphire
-// Rapids-class Xeon (docs/cpu-kernels.md, "Session 40"): INT4 from DRAM 1 token 0.48-0.56 ms
-// VNNI vs 0.63-0.74 AMX, 4 tokens about equal, 8 tokens 0.87-0.91 AMX vs 1.05-1.24; INT8 equal
-// from DRAM, and a V2-Lite decode layer 1.14-1.33x faster on VNNI. BF16 tiles stay on AMX: from
-// DRAM it was faster at every token count.
-constexpr int64_t kAmxIntMinTokens = 5;
+// Below these token counts the AVX-512 kernels run instead of AMX, which would use a few rows of
+// each 16-row A tile (and for INT4 pay the unpacking for them). Measured on a 16-core Sapphire
+// Rapids-class Xeon, 16 threads (docs/cpu-kernels.md, "Session 40"), weights from DRAM (1 GiB) and
+// from its L3 (96 MiB): INT4 VNNI faster from DRAM up to 8 tokens (13.6 vs 16.0 ms at 8), AMX
+// from 16 (17.8 vs 22.1), from L3 AMX already at 8; INT8 equal up to 4 tokens from either, and a
+// V2-Lite decode layer 1.14-1.33x faster on VNNI; BF16 `vdpbf16ps` faster from DRAM at 1-2 tokens
+// (1.03-1.27x), AMX at 4 and more.
+constexpr int64_t kAmxInt4MinTokens = 12;
+constexpr int64_t kAmxInt8MinTokens = 5;
+constexpr int64_t kAmxBf16MinTokens = 3;
 // INT4 up to this many tokens unpacks a group block at a time, just before its tiles (4 KiB, in
 // L1); more tokens unpack a pair of tiles whole (64 KiB at 2048 columns) once for every 32-token
 // block. Whole-tile unpacking at few tokens ran 2.5-3x slower: the tile loads then read the
@@ -178,7 +181,7 @@ void int_kernel(const PackedArgs& p) {
   const int64_t so = act_scales_offset(w.cols);
   const int kstep = w.group < 64 ? w.group : 64;  // bytes of K per A tile line
   const int64_t tile_values = geo.groups * w.group * 16;
-  if (a.tokens < kAmxIntMinTokens) {
+  if (a.tokens < (kInt4 ? kAmxInt4MinTokens : kAmxInt8MinTokens)) {
     (kInt4 ? packed_kernels_vnni_int().int4 : packed_kernels_vnni_int().int8)(p);
     return;
   }
@@ -333,6 +336,10 @@ void fp8_kernel(const PackedArgs& p) {
 // BF16 tiles: 32 columns of a 16-row tile (16 chunks of 64 bytes) are one B tile in place; two
 // row tiles and two token tiles per step (Blocking2x2), the sums kept in the C tiles over all K.
 void bf16_kernel(const PackedArgs& p) {
+  if (p.a->tokens < kAmxBf16MinTokens) {
+    packed_kernels_vnni().bf16(p);
+    return;
+  }
   const KMatrix& w = *p.w;
   const Activations& a = *p.a;
   const int64_t tile_bytes = packed_geometry(w.format, w.cols, w.group).tile_bytes;

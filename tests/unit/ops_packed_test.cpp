@@ -158,8 +158,9 @@ TEST(PackedGemm, IntConformance) {
       KMatrix m = pack_weight(f32_weight(w, rows, cols), f, group, nullptr);
       std::vector<float> wq(rows * cols);
       for (int64_t i = 0; i < rows * cols; ++i) wq[i] = packed_value(m, i / cols, i % cols);
-      // 20 and 33 tokens: AMX's second 16-token tile partly used, and one alone. On AMX: 1-4
-      // tokens take the VNNI kernels, INT4 with 5-128 unpacks per group block, 160 per tile.
+      // 20 and 33 tokens: AMX's second 16-token tile partly used, and one alone. On AMX: INT8
+      // 1-4 and INT4 1-5 tokens take the VNNI kernels, INT4 20-128 unpacks per group block, 160
+      // per tile.
       for (int64_t tokens : {1, 2, 4, 5, 20, 33, 128, 160}) {
         Activations a;
         packed_quantize_activations(AFormat::kI8, group, x_all.data(), tokens, cols, cols, &a);
