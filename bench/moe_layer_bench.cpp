@@ -15,7 +15,10 @@
 // BM_MoeLayerPacked: the V2-Lite shape with the experts repacked as `--cpu-experts int4|int8|bf16`
 // does (group 128; bf16 = BF16 tiles) and as block-scaled FP8 (128 x 128 scales, a native FP8
 // checkpoint's experts); prefill compares with the int8 peak (INT8/INT4) or the bf16 peak (BF16,
-// FP8).
+// FP8). Its layer is held in as many copies as make 3x the L3 of the CPUs in use (one on a
+// 48 MiB L3; an INT4 layer is ~280 MB, which a 300 MiB L3 would otherwise hold), cycled call by
+// call as a model's layers are, so decode reads from DRAM on any CPU (layer_copies;
+// TANDEM_BENCH_LAYER_COPIES=N sets it).
 // BM_MoeLayerShared: the V2-Lite decode layer with its shared experts, as the model runs it.
 // BM_MoeLayerRepack: the GGUF layers with their Q4_K experts in x16 tiles (`--cpu-experts
 // repack`), vs_native against the stored rows in the same minute.
@@ -114,12 +117,28 @@ ThreadPool& pool() {
 // Packed experts: 4 distinct random experts packed (or FP8-quantized), their bytes copied into
 // every expert's own memory; the stored weights are F32 headers over the prototypes (shapes only).
 struct PackedLayer {
+  int64_t copies = 1;                          // copies of the layer (CpuExperts layers)
   std::vector<std::vector<float>> proto;       // F32 gate, up, down of 4 experts
   std::vector<std::vector<float>> fp8_scales;  // block scales of the 12 FP8 prototypes
   std::vector<ops::Weight> fp8_weights;
   Layer layer;
   CpuExperts ce;
 };
+
+// Copies of a layer of `bytes` that make 3x the L3 in use (at least one; TANDEM_BENCH_LAYER_COPIES
+// overrides), no more than a quarter of the available memory holds.
+int64_t layer_copies(uint64_t bytes) {
+  if (const char* env = std::getenv("TANDEM_BENCH_LAYER_COPIES")) {
+    return std::max<int64_t>(1, std::atoll(env));
+  }
+  static const Topology t = detect_topology();
+  const uint64_t l3 = t.l3_bytes * static_cast<uint64_t>(std::max(1, t.l3_instances));
+  int64_t n = static_cast<int64_t>((3 * l3 + bytes - 1) / bytes);
+  if (t.available_memory_bytes > 0) {
+    n = std::min<int64_t>(n, static_cast<int64_t>(t.available_memory_bytes / 4 / bytes));
+  }
+  return std::max<int64_t>(1, n);
+}
 
 PackedLayer* make_packed_layer(const Shape& s, kern::WFormat f) {
   auto* pl = new PackedLayer;
@@ -135,22 +154,27 @@ PackedLayer* make_packed_layer(const Shape& s, kern::WFormat f) {
     return fp8 ? static_cast<uint64_t>(rows * cols) : kern::packed_bytes(f, rows, cols, 128);
   };
   for (int m = 0; m < 3; ++m) pl->layer.expert_bytes += matrix_bytes(m);
-  pl->layer.bytes = weight_buffer(static_cast<size_t>(pl->layer.expert_bytes * s.n_experts));
-  pl->ce.gate.resize(1);
-  pl->ce.up.resize(1);
-  pl->ce.down.resize(1);
+  pl->copies = layer_copies(pl->layer.expert_bytes * static_cast<uint64_t>(s.n_experts));
+  pl->layer.bytes = weight_buffer(
+      static_cast<size_t>(pl->layer.expert_bytes * s.n_experts * pl->copies));
+  pl->ce.gate.resize(static_cast<size_t>(pl->copies));
+  pl->ce.up.resize(static_cast<size_t>(pl->copies));
+  pl->ce.down.resize(static_cast<size_t>(pl->copies));
   pl->fp8_scales.resize(12);
   pl->fp8_weights.reserve(static_cast<size_t>(3 * s.n_experts));
   uint8_t* at = pl->layer.bytes.as<uint8_t>();
   uint8_t* first[12] = {};  // each prototype's bytes in experts 0-3, copied to the rest
-  for (int64_t e = 0; e < s.n_experts; ++e) {
+  for (int64_t ex = 0; ex < s.n_experts * pl->copies; ++ex) {
+    const int64_t e = ex % s.n_experts, c = ex / s.n_experts;
     for (int m = 0; m < 3; ++m) {
       const bool down = m == 2;
       const int64_t rows = down ? s.hidden : s.ff, cols = down ? s.ff : s.hidden;
       const size_t i = static_cast<size_t>((e % 4) * 3 + m);
       std::vector<float>& src = pl->proto[i];
       const Tensor t = Tensor::dense(DType::kF32, {rows, cols}, src.data());
-      (m == 0 ? pl->layer.w.gate : m == 1 ? pl->layer.w.up : pl->layer.w.down).push_back(t);
+      if (c == 0) {
+        (m == 0 ? pl->layer.w.gate : m == 1 ? pl->layer.w.up : pl->layer.w.down).push_back(t);
+      }
       const uint64_t bytes = matrix_bytes(m);
       if (first[i] != nullptr) {
         std::copy_n(first[i], bytes, at);
@@ -173,7 +197,8 @@ PackedLayer* make_packed_layer(const Shape& s, kern::WFormat f) {
       } else {
         km = kern::packed_view(f, rows, cols, 128, at, nullptr);
       }
-      (m == 0 ? pl->ce.gate : m == 1 ? pl->ce.up : pl->ce.down)[0].push_back(km);
+      (m == 0 ? pl->ce.gate : m == 1 ? pl->ce.up : pl->ce.down)[static_cast<size_t>(c)]
+          .push_back(km);
       at += bytes;
     }
   }
@@ -183,9 +208,10 @@ PackedLayer* make_packed_layer(const Shape& s, kern::WFormat f) {
 // vs_native: the vs_native counter; x4_off (non-null): x4_vs_rows, this layer against these experts
 // (the same but the downs as stored rows), A/B in the same minute. peak: the compute peak a
 // prefill's of_peak compares with (bench/dram_probe.h report_peak).
+// copies: ce holds the layer that many times (CpuExperts layers 0 ..), cycled call by call.
 void run_layer(benchmark::State& state, const Shape& s, const Layer* layer, const CpuExperts* ce,
                int64_t tokens, bool vs_native = false, const CpuExperts* x4_off = nullptr,
-               cpu::ComputeKind peak = cpu::ComputeKind::kInt8Dot);
+               cpu::ComputeKind peak = cpu::ComputeKind::kInt8Dot, int64_t copies = 1);
 
 void BM_MoeLayerPacked(benchmark::State& state, Shape s, kern::WFormat f, int64_t tokens) {
   static std::vector<std::pair<kern::WFormat, PackedLayer*>> cache;
@@ -201,7 +227,7 @@ void BM_MoeLayerPacked(benchmark::State& state, Shape s, kern::WFormat f, int64_
   }
   const bool integer = f == kern::WFormat::kInt4 || f == kern::WFormat::kInt8;
   run_layer(state, s, &pl->layer, &pl->ce, tokens, false, nullptr,
-            integer ? cpu::ComputeKind::kInt8Dot : cpu::ComputeKind::kBf16Dot);
+            integer ? cpu::ComputeKind::kInt8Dot : cpu::ComputeKind::kBf16Dot, pl->copies);
 }
 
 bool same_shape(const Shape& a, const Shape& b) {
@@ -449,7 +475,8 @@ void BM_MoeLayerShared(benchmark::State& state, Shape s, int64_t tokens) {
 }
 
 void run_layer(benchmark::State& state, const Shape& s, const Layer* layer, const CpuExperts* ce,
-               int64_t tokens, bool vs_native, const CpuExperts* x4_off, cpu::ComputeKind peak) {
+               int64_t tokens, bool vs_native, const CpuExperts* x4_off, cpu::ComputeKind peak,
+               int64_t copies) {
   const Inputs in = make_inputs(s, tokens);
   const std::vector<float>& x = in.x;
   const std::vector<std::vector<int32_t>>& routings = in.routings;
@@ -471,6 +498,7 @@ void run_layer(benchmark::State& state, const Shape& s, const Layer* layer, cons
   size_t i = 0;
   // One call on backend b; returns the bytes of the distinct experts it read.
   auto step_on = [&](FusedMoeBackend& b) {
+    r.layer = static_cast<int64_t>(i % static_cast<size_t>(copies));
     const std::vector<int32_t>& ids = routings[i++ % routings.size()];
     r.ids = ids.data();
     b.submit(r);
@@ -533,6 +561,7 @@ void run_layer(benchmark::State& state, const Shape& s, const Layer* layer, cons
     state.counters["x4_vs_rows"] = ab_rounds([&] { step_on(rows); }, [&] { step_on(be); });
   }
   state.counters["threads"] = pool().size() + 1;
+  state.counters["layer_copies"] = static_cast<double>(copies);
 }
 
 const Shape kV2Lite{2048, 1408, 64, 6, DType::kQ4_K, DType::kQ5_0};
