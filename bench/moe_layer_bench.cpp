@@ -161,7 +161,7 @@ PackedLayer* make_packed_layer(const Shape& s, kern::WFormat f) {
   pl->ce.up.resize(static_cast<size_t>(pl->copies));
   pl->ce.down.resize(static_cast<size_t>(pl->copies));
   pl->fp8_scales.resize(12);
-  pl->fp8_weights.reserve(static_cast<size_t>(3 * s.n_experts));
+  pl->fp8_weights.reserve(static_cast<size_t>(3 * s.n_experts * pl->copies));
   uint8_t* at = pl->layer.bytes.as<uint8_t>();
   uint8_t* first[12] = {};  // each prototype's bytes in experts 0-3, copied to the rest
   for (int64_t ex = 0; ex < s.n_experts * pl->copies; ++ex) {
