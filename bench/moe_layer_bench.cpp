@@ -8,17 +8,17 @@
 // random routing): items_per_second = 2 x multiply-adds per second, of_peak = that as a fraction
 // of the compute peak (int8; bf16 for BF16 / FP8 weights, fp32 without a BF16 dot) measured in
 // rounds alternating with the layer's (peak_Gops; the label names the peak's kernel).
-// The layer's weights (~200-400 MB) are far larger than L3, and each iteration routes to other
-// experts, so decode reads from DRAM as in a real model. They sit in one buffer of transparent huge
+// The layer's weights (~200-400 MB) are far larger than this VM's L3, and each iteration routes to
+// other experts, so decode reads from DRAM as in a real model. On a CPU with a large L3 (a 300 MiB
+// one would hold a whole INT4 layer) the layer is held in as many copies as make 3x the L3 in use,
+// cycled call by call as a model's layers are (layer_copies; TANDEM_BENCH_LAYER_COPIES=N sets
+// it; BM_MoeLayerShared keeps one). They sit in one buffer of transparent huge
 // pages, as a model file copied at load does (core/mapped_file.h, LoadMode::kCopy);
 // TANDEM_BENCH_HUGE=0 puts them in plain 4 KiB pages (a model mapped with --mmap).
 // BM_MoeLayerPacked: the V2-Lite shape with the experts repacked as `--cpu-experts int4|int8|bf16`
 // does (group 128; bf16 = BF16 tiles) and as block-scaled FP8 (128 x 128 scales, a native FP8
 // checkpoint's experts); prefill compares with the int8 peak (INT8/INT4) or the bf16 peak (BF16,
-// FP8). Its layer is held in as many copies as make 3x the L3 of the CPUs in use (one on a
-// 48 MiB L3; an INT4 layer is ~280 MB, which a 300 MiB L3 would otherwise hold), cycled call by
-// call as a model's layers are, so decode reads from DRAM on any CPU (layer_copies;
-// TANDEM_BENCH_LAYER_COPIES=N sets it).
+// FP8).
 // BM_MoeLayerShared: the V2-Lite decode layer with its shared experts, as the model runs it.
 // BM_MoeLayerRepack: the GGUF layers with their Q4_K experts in x16 tiles (`--cpu-experts
 // repack`), vs_native against the stored rows in the same minute.
@@ -55,10 +55,29 @@ struct Shape {
 };
 
 struct Layer {
-  AlignedBuffer bytes;  // every expert's matrices, one after the other
+  AlignedBuffer bytes;  // every expert's matrices, one after the other (all copies)
   ExpertWeights w;
   uint64_t expert_bytes = 0;
+  // Copies of the layer, cycled call by call (layer_copies): a packed layer's are its CpuExperts
+  // layers, a GGUF layer's its w_copies (w_copies[0] is w).
+  int64_t copies = 1;
+  std::vector<ExpertWeights> w_copies;
 };
+
+// Copies of a layer of `bytes` that make 3x the L3 in use (at least one; TANDEM_BENCH_LAYER_COPIES
+// overrides), no more than a quarter of the available memory holds.
+int64_t layer_copies(uint64_t bytes) {
+  if (const char* env = std::getenv("TANDEM_BENCH_LAYER_COPIES")) {
+    return std::max<int64_t>(1, std::atoll(env));
+  }
+  static const Topology t = detect_topology();
+  const uint64_t l3 = t.l3_bytes * static_cast<uint64_t>(std::max(1, t.l3_instances));
+  int64_t n = static_cast<int64_t>((3 * l3 + bytes - 1) / bytes);
+  if (t.available_memory_bytes > 0) {
+    n = std::min<int64_t>(n, static_cast<int64_t>(t.available_memory_bytes / 4 / bytes));
+  }
+  return std::max<int64_t>(1, n);
+}
 
 // The weights' memory: huge pages unless TANDEM_BENCH_HUGE=0.
 AlignedBuffer weight_buffer(size_t bytes) {
@@ -94,19 +113,25 @@ Layer make_layer(const Shape& s) {
   }
   Layer l;
   l.expert_bytes = proto[0].size() + proto[1].size() + proto[2].size();
-  l.bytes = weight_buffer(static_cast<size_t>(l.expert_bytes * s.n_experts));
+  l.copies = layer_copies(l.expert_bytes * static_cast<uint64_t>(s.n_experts));
+  l.bytes = weight_buffer(static_cast<size_t>(l.expert_bytes * s.n_experts * l.copies));
+  l.w_copies.resize(static_cast<size_t>(l.copies));
   uint8_t* at = l.bytes.as<uint8_t>();
-  for (int64_t e = 0; e < s.n_experts; ++e) {
-    for (int m = 0; m < 3; ++m) {
-      const std::vector<uint8_t>& src = proto[static_cast<size_t>((e % 4) * 3 + m)];
-      std::copy(src.begin(), src.end(), at);
-      const bool down = m == 2;
-      const Tensor t = Tensor::dense(
-          down ? s.down : s.gate_up, {down ? s.hidden : s.ff, down ? s.ff : s.hidden}, at);
-      (m == 0 ? l.w.gate : m == 1 ? l.w.up : l.w.down).push_back(t);
-      at += src.size();
+  for (int64_t c = 0; c < l.copies; ++c) {
+    ExpertWeights& w = l.w_copies[static_cast<size_t>(c)];
+    for (int64_t e = 0; e < s.n_experts; ++e) {
+      for (int m = 0; m < 3; ++m) {
+        const std::vector<uint8_t>& src = proto[static_cast<size_t>((e % 4) * 3 + m)];
+        std::copy(src.begin(), src.end(), at);
+        const bool down = m == 2;
+        const Tensor t = Tensor::dense(
+            down ? s.down : s.gate_up, {down ? s.hidden : s.ff, down ? s.ff : s.hidden}, at);
+        (m == 0 ? w.gate : m == 1 ? w.up : w.down).push_back(t);
+        at += src.size();
+      }
     }
   }
+  l.w = l.w_copies[0];
   return l;
 }
 
@@ -117,28 +142,12 @@ ThreadPool& pool() {
 // Packed experts: 4 distinct random experts packed (or FP8-quantized), their bytes copied into
 // every expert's own memory; the stored weights are F32 headers over the prototypes (shapes only).
 struct PackedLayer {
-  int64_t copies = 1;                          // copies of the layer (CpuExperts layers)
   std::vector<std::vector<float>> proto;       // F32 gate, up, down of 4 experts
   std::vector<std::vector<float>> fp8_scales;  // block scales of the 12 FP8 prototypes
   std::vector<ops::Weight> fp8_weights;
   Layer layer;
   CpuExperts ce;
 };
-
-// Copies of a layer of `bytes` that make 3x the L3 in use (at least one; TANDEM_BENCH_LAYER_COPIES
-// overrides), no more than a quarter of the available memory holds.
-int64_t layer_copies(uint64_t bytes) {
-  if (const char* env = std::getenv("TANDEM_BENCH_LAYER_COPIES")) {
-    return std::max<int64_t>(1, std::atoll(env));
-  }
-  static const Topology t = detect_topology();
-  const uint64_t l3 = t.l3_bytes * static_cast<uint64_t>(std::max(1, t.l3_instances));
-  int64_t n = static_cast<int64_t>((3 * l3 + bytes - 1) / bytes);
-  if (t.available_memory_bytes > 0) {
-    n = std::min<int64_t>(n, static_cast<int64_t>(t.available_memory_bytes / 4 / bytes));
-  }
-  return std::max<int64_t>(1, n);
-}
 
 PackedLayer* make_packed_layer(const Shape& s, kern::WFormat f) {
   auto* pl = new PackedLayer;
@@ -154,17 +163,19 @@ PackedLayer* make_packed_layer(const Shape& s, kern::WFormat f) {
     return fp8 ? static_cast<uint64_t>(rows * cols) : kern::packed_bytes(f, rows, cols, 128);
   };
   for (int m = 0; m < 3; ++m) pl->layer.expert_bytes += matrix_bytes(m);
-  pl->copies = layer_copies(pl->layer.expert_bytes * static_cast<uint64_t>(s.n_experts));
-  pl->layer.bytes = weight_buffer(
-      static_cast<size_t>(pl->layer.expert_bytes * s.n_experts * pl->copies));
-  pl->ce.gate.resize(static_cast<size_t>(pl->copies));
-  pl->ce.up.resize(static_cast<size_t>(pl->copies));
-  pl->ce.down.resize(static_cast<size_t>(pl->copies));
+  const int64_t copies =
+      layer_copies(pl->layer.expert_bytes * static_cast<uint64_t>(s.n_experts));
+  pl->layer.copies = copies;
+  pl->layer.bytes =
+      weight_buffer(static_cast<size_t>(pl->layer.expert_bytes * s.n_experts * copies));
+  pl->ce.gate.resize(static_cast<size_t>(copies));
+  pl->ce.up.resize(static_cast<size_t>(copies));
+  pl->ce.down.resize(static_cast<size_t>(copies));
   pl->fp8_scales.resize(12);
-  pl->fp8_weights.reserve(static_cast<size_t>(3 * s.n_experts * pl->copies));
+  pl->fp8_weights.reserve(static_cast<size_t>(3 * s.n_experts * copies));
   uint8_t* at = pl->layer.bytes.as<uint8_t>();
   uint8_t* first[12] = {};  // each prototype's bytes in experts 0-3, copied to the rest
-  for (int64_t ex = 0; ex < s.n_experts * pl->copies; ++ex) {
+  for (int64_t ex = 0; ex < s.n_experts * copies; ++ex) {
     const int64_t e = ex % s.n_experts, c = ex / s.n_experts;
     for (int m = 0; m < 3; ++m) {
       const bool down = m == 2;
@@ -208,10 +219,11 @@ PackedLayer* make_packed_layer(const Shape& s, kern::WFormat f) {
 // vs_native: the vs_native counter; x4_off (non-null): x4_vs_rows, this layer against these experts
 // (the same but the downs as stored rows), A/B in the same minute. peak: the compute peak a
 // prefill's of_peak compares with (bench/dram_probe.h report_peak).
-// copies: ce holds the layer that many times (CpuExperts layers 0 ..), cycled call by call.
+// The layer's copies (layer->copies) are cycled call by call: ce's layers 0 .. (a packed or
+// repacked layer's), or layer->w_copies as the request's experts (the stored GGUF rows).
 void run_layer(benchmark::State& state, const Shape& s, const Layer* layer, const CpuExperts* ce,
                int64_t tokens, bool vs_native = false, const CpuExperts* x4_off = nullptr,
-               cpu::ComputeKind peak = cpu::ComputeKind::kInt8Dot, int64_t copies = 1);
+               cpu::ComputeKind peak = cpu::ComputeKind::kInt8Dot);
 
 void BM_MoeLayerPacked(benchmark::State& state, Shape s, kern::WFormat f, int64_t tokens) {
   static std::vector<std::pair<kern::WFormat, PackedLayer*>> cache;
@@ -227,7 +239,7 @@ void BM_MoeLayerPacked(benchmark::State& state, Shape s, kern::WFormat f, int64_
   }
   const bool integer = f == kern::WFormat::kInt4 || f == kern::WFormat::kInt8;
   run_layer(state, s, &pl->layer, &pl->ce, tokens, false, nullptr,
-            integer ? cpu::ComputeKind::kInt8Dot : cpu::ComputeKind::kBf16Dot, pl->copies);
+            integer ? cpu::ComputeKind::kInt8Dot : cpu::ComputeKind::kBf16Dot);
 }
 
 bool same_shape(const Shape& a, const Shape& b) {
@@ -268,41 +280,49 @@ void BM_MoeLayerRepack(benchmark::State& state, Shape s, int64_t tokens) {
     }
   }
   if (ce == nullptr) {
+    const size_t copies = static_cast<size_t>(layer->copies);
     cache->emplace_back(s, std::pair<AlignedBuffer, CpuExperts>{
                                weight_buffer(static_cast<size_t>(layer->expert_bytes *
-                                                                 s.n_experts)),
+                                                                 s.n_experts * layer->copies)),
                                CpuExperts{}});
     AlignedBuffer& buf = cache->back().second.first;
     ce = &cache->back().second.second;
-    ce->gate.resize(1);
-    ce->up.resize(1);
-    ce->down.resize(1);
+    ce->gate.resize(copies);
+    ce->up.resize(copies);
+    ce->down.resize(copies);
     uint8_t* at = buf.as<uint8_t>();
-    for (int64_t e = 0; e < s.n_experts; ++e) {
-      for (int m = 0; m < 3; ++m) {
-        const auto& w = (m == 0 ? layer->w.gate : m == 1 ? layer->w.up : layer->w.down)[e];
-        kern::KMatrix km;
-        kern::view_weight(w, &km);
-        kern::WFormat x4;
-        if (km.format == kern::WFormat::kQ4_K) {
-          kern::q4k_x16_repack(km.data, km.row_bytes, km.rows, km.cols, at);
-          km.format = kern::WFormat::kQ4_KX16;
-          km.data = at;
-          at += km.bytes();
-        } else if (kern::q0_x4_native() && kern::q0_x4_format(km.format, &x4)) {
-          for (int64_t r = 0; r < km.rows; ++r) {
-            kern::q0_x4_repack_row(km.format, km.data + r * km.row_bytes, km.cols / kQK,
-                                   at + r * km.row_bytes);
+    for (size_t c = 0; c < copies; ++c) {
+      const ExpertWeights& lw = layer->w_copies[c];
+      for (int64_t e = 0; e < s.n_experts; ++e) {
+        for (int m = 0; m < 3; ++m) {
+          const auto& w = (m == 0 ? lw.gate : m == 1 ? lw.up : lw.down)[e];
+          kern::KMatrix km;
+          kern::view_weight(w, &km);
+          kern::WFormat x4;
+          if (km.format == kern::WFormat::kQ4_K) {
+            kern::q4k_x16_repack(km.data, km.row_bytes, km.rows, km.cols, at);
+            km.format = kern::WFormat::kQ4_KX16;
+            km.data = at;
+            at += km.bytes();
+          } else if (kern::q0_x4_native() && kern::q0_x4_format(km.format, &x4)) {
+            for (int64_t r = 0; r < km.rows; ++r) {
+              kern::q0_x4_repack_row(km.format, km.data + r * km.row_bytes, km.cols / kQK,
+                                     at + r * km.row_bytes);
+            }
+            km.format = x4;
+            km.data = at;
+            at += km.bytes();
           }
-          km.format = x4;
-          km.data = at;
-          at += km.bytes();
+          (m == 0 ? ce->gate : m == 1 ? ce->up : ce->down)[c].push_back(km);
         }
-        (m == 0 ? ce->gate : m == 1 ? ce->up : ce->down)[0].push_back(km);
       }
     }
     CpuExperts off = *ce;
-    for (int64_t e = 0; e < s.n_experts; ++e) kern::view_weight(layer->w.down[e], &off.down[0][e]);
+    for (size_t c = 0; c < copies; ++c) {
+      for (int64_t e = 0; e < s.n_experts; ++e) {
+        kern::view_weight(layer->w_copies[c].down[e], &off.down[c][e]);
+      }
+    }
     rows_down->push_back(std::move(off));
     x4_off = &rows_down->back();
   }
@@ -475,8 +495,8 @@ void BM_MoeLayerShared(benchmark::State& state, Shape s, int64_t tokens) {
 }
 
 void run_layer(benchmark::State& state, const Shape& s, const Layer* layer, const CpuExperts* ce,
-               int64_t tokens, bool vs_native, const CpuExperts* x4_off, cpu::ComputeKind peak,
-               int64_t copies) {
+               int64_t tokens, bool vs_native, const CpuExperts* x4_off, cpu::ComputeKind peak) {
+  const int64_t copies = layer->copies;
   const Inputs in = make_inputs(s, tokens);
   const std::vector<float>& x = in.x;
   const std::vector<std::vector<int32_t>>& routings = in.routings;
@@ -499,6 +519,7 @@ void run_layer(benchmark::State& state, const Shape& s, const Layer* layer, cons
   // One call on backend b; returns the bytes of the distinct experts it read.
   auto step_on = [&](FusedMoeBackend& b) {
     r.layer = static_cast<int64_t>(i % static_cast<size_t>(copies));
+    if (!layer->w_copies.empty()) r.experts = &layer->w_copies[static_cast<size_t>(r.layer)];
     const std::vector<int32_t>& ids = routings[i++ % routings.size()];
     r.ids = ids.data();
     b.submit(r);
