@@ -97,6 +97,19 @@ inline void int_tile(const uint8_t* const* tiles, const KMatrix& wm, const Packe
         for (int v = 0; v < W; ++v) iacc[j][t][v] = T::zero_i();
       }
     }
+    if constexpr (!kInt4 && T::kBiasedS8) {
+      // The biased dot adds 128 * sum(w) per row: start the last chain at minus that, one negation
+      // per row vector and group where a subtraction per token came after the chunks (an integer
+      // sum: the same result).
+      for (int r = 0; r < NR; ++r) {
+        const int32_t* wsum = reinterpret_cast<const int32_t*>(block[r] + geo.values_bytes + 64);
+        for (int v = 0; v < V; ++v) {
+          const VI sum = T::load(reinterpret_cast<const uint8_t*>(wsum + v * T::kLanes));
+          const VI neg = T::sub(T::zero_i(), T::shl7(sum));
+          for (int t = 0; t < NT; ++t) iacc[IC - 1][t][r * V + v] = neg;
+        }
+      }
+    }
     const int64_t k0 = g * group;
     if constexpr (!kInt4) {
       // VNNI reads q_a + 128 from the activation row's biased copy.
@@ -116,18 +129,6 @@ inline void int_tile(const uint8_t* const* tiles, const KMatrix& wm, const Packe
             std::memcpy(&bits, arow[t] + bias_off + k0 + 4 * c, 4);
             const VI a = T::bcast(bits);
             for (int v = 0; v < W; ++v) iacc[j % IC][t][v] = T::dot_s8(iacc[j % IC][t][v], w[v], a);
-          }
-        }
-      }
-      if constexpr (T::kBiasedS8) {
-        for (int r = 0; r < NR; ++r) {
-          const int32_t* wsum = reinterpret_cast<const int32_t*>(block[r] + geo.values_bytes + 64);
-          for (int v = 0; v < V; ++v) {
-            const VI corr =
-                T::shl7(T::load(reinterpret_cast<const uint8_t*>(wsum + v * T::kLanes)));
-            for (int t = 0; t < NT; ++t) {
-              iacc[IC - 1][t][r * V + v] = T::sub(iacc[IC - 1][t][r * V + v], corr);
-            }
           }
         }
       }
