@@ -269,6 +269,8 @@ void run_bench(const BenchArgs& a) {
     int n = 0;
     std::vector<double> tps, tps_b;  // per repetition: the first configuration, the --vs one
     Model::Profile profile, profile_b;
+    std::vector<double> rounds;  // decode's paired rounds: each one's fraction of the bound
+    int round_tokens = 0;
   };
   std::vector<Result> results;
   std::vector<double> rep_dram_gbs;  // measured right after each decode repetition
@@ -278,30 +280,53 @@ void run_bench(const BenchArgs& a) {
     to->moe_wait += e.moe_wait - b.moe_wait;
     to->lm_head += e.lm_head - b.lm_head;
   };
-  // One repetition of a test on m: tokens/s, its profile added to *profile.
-  auto rep = [&](Model& m, bool decode, int n, Model::Profile* profile) {
+  // Paired rounds: a decode repetition of the first configuration runs in rounds of
+  // `round_tokens` tokens, each followed by one short DRAM pass (the fastest read kernel, ~40 ms,
+  // not timed with the decode); a round's fraction of the bound is its bytes per second over that
+  // pass's. Their median compares decode with the bandwidth of the same minute, as the layer
+  // benchmarks' of_dram do (the figure after each repetition is the best of ten longer passes: the
+  // bandwidth's peaks, where a repetition averages over its swings).
+  auto round_tokens = [](int n) { return std::clamp(n / 16, 1, 8); };
+  // One repetition of a test on m: tokens/s, its profile added to *profile; with `rounds`, a
+  // decode's paired rounds appended there.
+  auto rep = [&](Model& m, bool decode, int n, Model::Profile* profile,
+                 std::vector<double>* rounds) {
     m.truncate(a.depth);
     const Model::Profile p0 = m.profile();
-    const double t0 = now_s();
+    double seconds = 0;
     if (!decode) {
+      const double t0 = now_s();
       m.forward(prompt, logits.data(), false);
+      seconds = now_s() - t0;
     } else {
-      for (int j = 0; j < n; ++j) {
-        const int32_t t = prompt.empty() ? j % static_cast<int32_t>(c.vocab_size)
-                                         : prompt[j % prompt.size()];
-        m.forward(std::span<const int32_t>(&t, 1), logits.data(), false);
+      const int per = rounds != nullptr ? round_tokens(n) : n;
+      for (int j0 = 0; j0 < n; j0 += per) {
+        const int j1 = std::min(n, j0 + per);
+        const double t0 = now_s();
+        for (int j = j0; j < j1; ++j) {
+          const int32_t t = prompt.empty() ? j % static_cast<int32_t>(c.vocab_size)
+                                           : prompt[j % prompt.size()];
+          m.forward(std::span<const int32_t>(&t, 1), logits.data(), false);
+        }
+        const double s = now_s() - t0;
+        seconds += s;
+        if (rounds != nullptr) {
+          const double gbs = probe->measure_once(0.04);
+          rounds->push_back((j1 - j0) * static_cast<double>(step_bytes) / s / (gbs * 1e9));
+        }
       }
     }
-    const double tps = n / (now_s() - t0);
     add(profile, p0, m.profile());
-    return tps;
+    return n / seconds;
   };
   auto run_test = [&](const std::string& name, bool decode, int n) {
-    Result r{name, n, {}, {}, {}, {}};
+    Result r{name, n, {}, {}, {}, {}, {}, 0};
+    std::vector<double>* rounds = decode && probe ? &r.rounds : nullptr;
+    if (rounds != nullptr) r.round_tokens = round_tokens(n);
     for (int i = 0; i < a.reps; ++i) {
-      if (vs && i % 2 == 1) r.tps_b.push_back(rep(*model_b, decode, n, &r.profile_b));
-      r.tps.push_back(rep(model, decode, n, &r.profile));
-      if (vs && i % 2 == 0) r.tps_b.push_back(rep(*model_b, decode, n, &r.profile_b));
+      if (vs && i % 2 == 1) r.tps_b.push_back(rep(*model_b, decode, n, &r.profile_b, nullptr));
+      r.tps.push_back(rep(model, decode, n, &r.profile, rounds));
+      if (vs && i % 2 == 0) r.tps_b.push_back(rep(*model_b, decode, n, &r.profile_b, nullptr));
       if (decode && probe) rep_dram_gbs.push_back(probe->measure());
     }
     results.push_back(r);
@@ -378,6 +403,15 @@ void run_bench(const BenchArgs& a) {
                                {"ffn", rate(split.ffn, r.profile.ffn)},
                                {"lm_head", rate(split.lm_head, r.profile.lm_head)}};
       if (!rep_dram_gbs.empty()) t["dram_read_gbs_after_each"] = rep_dram_gbs;
+      if (!r.rounds.empty()) {
+        std::vector<double> sorted = r.rounds;
+        std::sort(sorted.begin(), sorted.end());
+        const size_t m = sorted.size();
+        t["paired_rounds"] = {
+            {"tokens_per_round", r.round_tokens},
+            {"fraction_of_bound", r.rounds},
+            {"median", m % 2 == 1 ? sorted[m / 2] : 0.5 * (sorted[m / 2 - 1] + sorted[m / 2])}};
+      }
     }
     j["tests"].push_back(t);
   }
@@ -429,6 +463,14 @@ void run_bench(const BenchArgs& a) {
                    fmt::join(t["dram_read_gbs_after_each"].get<std::vector<double>>(), " / "));
       }
       fmt::print("\n");
+    }
+    if (t.contains("paired_rounds")) {
+      const auto& pr = t["paired_rounds"];
+      const int per = pr["tokens_per_round"].get<int>();
+      fmt::print("{}: {:.0f}% of the decode bound, the median of {} paired rounds ({} token{}, then "
+                 "one DRAM pass: each round against the bandwidth read right after it)\n",
+                 t["test"].get<std::string>(), 100 * pr["median"].get<double>(),
+                 pr["fraction_of_bound"].size(), per, per == 1 ? "" : "s");
     }
     if (t.contains("section_read_gbs")) {
       const auto& g = t["section_read_gbs"];

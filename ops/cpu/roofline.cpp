@@ -274,6 +274,14 @@ double DramReadProbe::measure_at(int threads) {
                       dram_chunks(buffers_, per_node_bytes_, per_node), opt_);
 }
 
+double DramReadProbe::measure_once(double seconds) {
+  RooflineOptions o = opt_;
+  o.seconds = seconds;
+  o.repetitions = 1;
+  return measure_read(*pool_, per_node_, kernels_[best_].fn,
+                      dram_chunks(buffers_, per_node_bytes_, per_node_), o);
+}
+
 RooflineResult measure_roofline(ThreadingContext& ctx, const RooflineOptions& opt) {
   ThreadPool& pool = ctx.pool();
   const Topology& topo = ctx.topology();

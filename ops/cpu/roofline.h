@@ -80,6 +80,9 @@ class DramReadProbe {
   double measure(std::vector<RooflinePoint>* variants = nullptr);
   // The kernel that won the last measure() (the first one before any), on `threads` threads.
   double measure_at(int threads);
+  // One timed repetition of at least `seconds` (one pass of the buffer at least) with that kernel
+  // on every thread: the short probe of paired rounds (`tandem bench`'s decode).
+  double measure_once(double seconds);
   const char* best_kernel() const { return kernels_[best_].name; }
   int threads() const { return threads_; }
   int numa_nodes() const { return numa_nodes_; }

@@ -1,8 +1,9 @@
 // `tandem bench` through the real binary on a golden model: the JSON report has both tests with
 // positive rates, the time split adds up to the whole forward, and the decode bound equals the
 // formula (bytes per decode step / DRAM bandwidth) for the figures it reports, and so does each
-// decode repetition's fraction of it. The bytes split by section adds up to the step's bytes, its
-// lm_head part is the file's output.weight, and the per-section read rates are bytes / time.
+// decode repetition's fraction of it; the paired rounds' count follows the round size and their
+// median is the list's. The bytes split by section adds up to the step's bytes, its lm_head part
+// is the file's output.weight, and the per-section read rates are bytes / time.
 // Bad values fail.
 #include <gtest/gtest.h>
 
@@ -54,6 +55,15 @@ TEST(CliBench, JsonReportIsConsistent) {
     fraction += tps[i] * bytes / (after[i] * 1e9) / static_cast<double>(tps.size());
   }
   EXPECT_NEAR(tg["fraction_of_bound"].get<double>(), fraction, 1e-9 * fraction);
+  // Paired rounds: tg8 in rounds of clamp(8 / 16, 1, 8) = 1 token, each followed by a DRAM pass,
+  // so 8 rounds per repetition; the reported median is the list's.
+  const auto& pr = tg["paired_rounds"];
+  EXPECT_EQ(pr["tokens_per_round"].get<int>(), 1);
+  std::vector<double> rounds = pr["fraction_of_bound"].get<std::vector<double>>();
+  ASSERT_EQ(rounds.size(), 16u);
+  for (double f : rounds) EXPECT_GT(f, 0.0);
+  std::sort(rounds.begin(), rounds.end());
+  EXPECT_DOUBLE_EQ(pr["median"].get<double>(), 0.5 * (rounds[7] + rounds[8]));
 
   // Bytes by section: they add up to the step; lm_head's is output.weight's size in the file.
   const auto& split = j["decode_bytes_split"];
