@@ -467,8 +467,8 @@ void run_bench(const BenchArgs& a) {
     if (t.contains("paired_rounds")) {
       const auto& pr = t["paired_rounds"];
       const int per = pr["tokens_per_round"].get<int>();
-      fmt::print("{}: {:.0f}% of the decode bound, the median of {} paired rounds ({} token{}, then "
-                 "one DRAM pass: each round against the bandwidth read right after it)\n",
+      fmt::print("{}: {:.0f}% of the decode bound, the median of {} paired rounds ({} token{}, "
+                 "then one DRAM pass: each round against the bandwidth read right after it)\n",
                  t["test"].get<std::string>(), 100 * pr["median"].get<double>(),
                  pr["fraction_of_bound"].size(), per, per == 1 ? "" : "s");
     }
