@@ -71,6 +71,13 @@ Stat stat(const std::vector<double>& v) {
   return s;
 }
 
+// The median of v (non-empty).
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  const size_t m = v.size();
+  return m % 2 == 1 ? v[m / 2] : 0.5 * (v[m / 2 - 1] + v[m / 2]);
+}
+
 double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
@@ -323,10 +330,14 @@ void run_bench(const BenchArgs& a) {
     Result r{name, n, {}, {}, {}, {}, {}, 0};
     std::vector<double>* rounds = decode && probe ? &r.rounds : nullptr;
     if (rounds != nullptr) r.round_tokens = round_tokens(n);
+    // The --vs configuration's decode runs in the same rounds (their passes between its tokens
+    // too, so both sides of a pair see the same interruptions); its fractions are not reported.
+    std::vector<double> rounds_b;
+    std::vector<double>* rb = rounds != nullptr ? &rounds_b : nullptr;
     for (int i = 0; i < a.reps; ++i) {
-      if (vs && i % 2 == 1) r.tps_b.push_back(rep(*model_b, decode, n, &r.profile_b, nullptr));
+      if (vs && i % 2 == 1) r.tps_b.push_back(rep(*model_b, decode, n, &r.profile_b, rb));
       r.tps.push_back(rep(model, decode, n, &r.profile, rounds));
-      if (vs && i % 2 == 0) r.tps_b.push_back(rep(*model_b, decode, n, &r.profile_b, nullptr));
+      if (vs && i % 2 == 0) r.tps_b.push_back(rep(*model_b, decode, n, &r.profile_b, rb));
       if (decode && probe) rep_dram_gbs.push_back(probe->measure());
     }
     results.push_back(r);
@@ -374,17 +385,13 @@ void run_bench(const BenchArgs& a) {
       // Repetition i of both ran back to back: ratio_per_pair[i] = B / A.
       std::vector<double> ratio;
       for (size_t i = 0; i < r.tps.size(); ++i) ratio.push_back(r.tps_b[i] / r.tps[i]);
-      std::vector<double> sorted = ratio;
-      std::sort(sorted.begin(), sorted.end());
-      const size_t m = sorted.size();
       const Stat sb = stat(r.tps_b);
       t["vs"] = {{"tokens_per_s", r.tps_b},
                  {"avg_tokens_per_s", sb.mean},
                  {"stddev_tokens_per_s", sb.stddev},
                  {"time_split", time_split(r.profile_b)},
                  {"ratio_per_pair", ratio},
-                 {"ratio_median",
-                  m % 2 == 1 ? sorted[m / 2] : 0.5 * (sorted[m / 2 - 1] + sorted[m / 2])}};
+                 {"ratio_median", median(ratio)}};
     }
     if (r.test.rfind("tg", 0) == 0 && bound_tps > 0) {
       // Each repetition against the DRAM figure measured right after it, when there is one.
@@ -404,13 +411,9 @@ void run_bench(const BenchArgs& a) {
                                {"lm_head", rate(split.lm_head, r.profile.lm_head)}};
       if (!rep_dram_gbs.empty()) t["dram_read_gbs_after_each"] = rep_dram_gbs;
       if (!r.rounds.empty()) {
-        std::vector<double> sorted = r.rounds;
-        std::sort(sorted.begin(), sorted.end());
-        const size_t m = sorted.size();
-        t["paired_rounds"] = {
-            {"tokens_per_round", r.round_tokens},
-            {"fraction_of_bound", r.rounds},
-            {"median", m % 2 == 1 ? sorted[m / 2] : 0.5 * (sorted[m / 2 - 1] + sorted[m / 2])}};
+        t["paired_rounds"] = {{"tokens_per_round", r.round_tokens},
+                              {"fraction_of_bound", r.rounds},
+                              {"median", median(r.rounds)}};
       }
     }
     j["tests"].push_back(t);
