@@ -287,7 +287,7 @@ void run_bench(const BenchArgs& a) {
     to->moe_wait += e.moe_wait - b.moe_wait;
     to->lm_head += e.lm_head - b.lm_head;
   };
-  // Paired rounds: a decode repetition of the first configuration runs in rounds of
+  // Paired rounds: a decode repetition (of both configurations under --vs) runs in rounds of
   // `round_tokens` tokens, each followed by one short DRAM pass (the fastest read kernel, ~40 ms,
   // not timed with the decode); a round's fraction of the bound is its bytes per second over that
   // pass's. Their median compares decode with the bandwidth of the same minute, as the layer
