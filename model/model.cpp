@@ -34,15 +34,6 @@ void add_into(float* dst, const float* src, int64_t n) {
 
 }  // namespace
 
-KvType parse_kv_type(const std::string& name) {
-  if (name == "f32") return KvType::kF32;
-  if (name == "bf16") return KvType::kBf16;
-  if (name == "f16") return KvType::kF16;
-  if (name == "q8_0") return KvType::kQ8_0;
-  fail(ErrorKind::kInvalidArgument,
-       "--cache-type must be 'f32', 'bf16', 'f16' or 'q8_0', got '{}'", name);
-}
-
 MlaMode parse_mla_mode(const std::string& name) {
   if (name == "auto") return MlaMode::kAuto;
   if (name == "absorbed") return MlaMode::kAbsorbed;
@@ -52,16 +43,13 @@ MlaMode parse_mla_mode(const std::string& name) {
 
 Model::Model(const LoadedModel& weights, const ModelOptions& options)
     : w_(weights),
-      ctx_(options.ctx),
       pool_(options.pool),
       views_(options.views),
       mla_(options.mla),
-      kv_type_(options.kv_type),
       mla_expand_tokens_(options.mla_expand_tokens),
       mla_expand_by_cost_(options.mla_expand_by_cost),
       on_routing_(options.on_routing) {
   const ModelConfig& c = w_.config;
-  if (ctx_ <= 0) fail(ErrorKind::kInvalidArgument, "context size must be positive, got {}", ctx_);
   if (options.moe != nullptr) {
     moe_ = options.moe;
   } else {
@@ -78,143 +66,103 @@ Model::Model(const LoadedModel& weights, const ModelOptions& options)
   const bool interleaved = c.is_mla() || (c.arch == ModelArch::kMixtral && w_.from_gguf);
   rope_form_ = interleaved ? ops::RopeForm::kInterleaved : ops::RopeForm::kNeox;
   attn_scale_ = 1.0f / std::sqrt(static_cast<float>(c.head_dim)) * rope_.softmax_scale_factor();
+}
 
-  KvRows k_rows, v_rows;  // a layer's: heads per position and values per head
-  if (c.is_mla()) {
-    if (mla_ != MlaMode::kNaive) {
-      k_rows.heads = 1;
-      k_rows.d = c.kv_lora_rank + c.qk_rope_head_dim;
-    } else {
-      k_rows.heads = v_rows.heads = c.num_heads;
-      k_rows.d = c.head_dim;
-      v_rows.d = c.v_head_dim;
-    }
+KvLayout Model::kv_layout() const {
+  const ModelConfig& c = w_.config;
+  KvLayout l;
+  l.layers = c.num_layers;
+  if (c.is_mla() && mla_ != MlaMode::kNaive) {
+    // The latent then the rope key; the values are the latent (the key rows' first kv_lora).
+    l.k_heads = 1;
+    l.k_dim = c.kv_lora_rank + c.qk_rope_head_dim;
+    l.v_heads = 0;
+    l.v_dim = c.kv_lora_rank;
+  } else if (c.is_mla()) {
+    l.k_heads = l.v_heads = c.num_heads;
+    l.k_dim = c.head_dim;
+    l.v_dim = c.v_head_dim;
   } else {
-    k_rows.heads = v_rows.heads = c.num_kv_heads;
-    k_rows.d = v_rows.d = c.head_dim;
+    l.k_heads = l.v_heads = c.num_kv_heads;
+    l.k_dim = l.v_dim = c.head_dim;
   }
-  // Bytes per position.
-  auto row_bytes = [&](const KvRows& r) -> uint64_t {
-    if (r.heads == 0) return 0;
-    const int64_t per_head = kv_type_ == KvType::kQ8_0  ? ops::q8_row_bytes(r.d)
-                             : kv_type_ == KvType::kF32 ? 4 * r.d
-                                                        : 2 * r.d;
-    return static_cast<uint64_t>(r.heads * per_head);
-  };
-  const uint64_t bytes =
-      static_cast<uint64_t>(ctx_) * (row_bytes(k_rows) + row_bytes(v_rows)) * c.num_layers;
-  const uint64_t available = meminfo_bytes("MemAvailable");  // 0: unknown
-  if (bytes > (uint64_t{1} << 40) || (available > 0 && bytes > available)) {
-    fail(ErrorKind::kResource,
-         "a KV cache of {} positions needs {:.1f} GiB, more than the {:.1f} GiB of memory "
-         "available",
-         ctx_, static_cast<double>(bytes) / 1073741824.0,
-         static_cast<double>(available > 0 ? std::min(available, uint64_t{1} << 40)
-                                           : uint64_t{1} << 40) /
-             1073741824.0);
+  return l;
+}
+
+int64_t Model::forward(std::span<const SeqTokens> batch, KvCache& cache, float* logits) {
+  const ModelConfig& c = w_.config;
+  const int64_t hd = c.hidden_size;
+  if (batch.empty()) fail(ErrorKind::kInvalidArgument, "forward: an empty batch");
+  if (!(cache.layout() == kv_layout())) {
+    fail(ErrorKind::kInvalidArgument,
+         "forward: the KV cache was made for another layout (another model or --mla form)");
   }
-  k_cache_.resize(c.num_layers);
-  v_cache_.resize(c.num_layers);
-  for (int64_t l = 0; l < c.num_layers; ++l) {
-    for (auto [rows, shape] : {std::pair{&k_cache_[l], &k_rows}, {&v_cache_[l], &v_rows}}) {
-      rows->heads = shape->heads;
-      rows->d = shape->d;
-      const size_t n = static_cast<size_t>(ctx_ * shape->heads * shape->d);
-      if (kv_type_ == KvType::kQ8_0) {
-        rows->q8.assign(static_cast<size_t>(ctx_) * row_bytes(*shape) / 4, 0);
-      } else if (kv_type_ != KvType::kF32) {
-        rows->h16.assign(n, 0);
-      } else {
-        rows->f.assign(n, 0.0f);
+  parts_.clear();
+  std::vector<KvCache::Write> writes;
+  writes.reserve(batch.size());
+  int64_t n = 0;
+  for (const SeqTokens& e : batch) {
+    const int64_t m = static_cast<int64_t>(e.tokens.size());
+    if (m == 0) fail(ErrorKind::kInvalidArgument, "forward: no tokens for sequence {}", e.seq);
+    for (int32_t id : e.tokens) {
+      if (id < 0 || id >= c.vocab_size) {
+        fail(ErrorKind::kOutOfRange, "token id {} is outside the vocabulary [0, {})", id,
+             c.vocab_size);
       }
     }
+    const int64_t pos0 = e.pos0 < 0 ? cache.length(e.seq) : e.pos0;
+    parts_.push_back(Part{e.seq, n, m, pos0});
+    writes.push_back(KvCache::Write{e.seq, pos0, e.tokens});
+    n += m;
   }
-}
-
-uint64_t Model::kv_cache_bytes() const {
-  uint64_t b = 0;
-  for (const std::vector<KvRows>* cache : {&k_cache_, &v_cache_}) {
-    for (const KvRows& r : *cache) b += r.f.size() * 4 + r.h16.size() * 2 + r.q8.size() * 4;
-  }
-  return b;
-}
-
-int64_t Model::cache_row(const KvRows& rows) const {
-  return kv_type_ == KvType::kQ8_0 ? ops::q8_row_bytes(rows.d) : rows.d;
-}
-
-void Model::cache_write(KvRows& rows, int64_t pos, int64_t head, const float* src) const {
-  const int64_t at = (head * ctx_ + pos) * cache_row(rows);  // head-major
-  switch (kv_type_) {
-    case KvType::kF32:
-      std::copy_n(src, rows.d, rows.f.data() + at);
-      break;
-    case KvType::kBf16:
-    case KvType::kF16: {
-      uint16_t* dst = rows.h16.data() + at;
-      const bool f16 = kv_type_ == KvType::kF16;
-      for (int64_t i = 0; i < rows.d; ++i) dst[i] = f16 ? f32_to_f16(src[i]) : f32_to_bf16(src[i]);
-      break;
+  cache.make_writable(writes);  // (checks every entry before it changes anything)
+  try {
+    tok_.resize(static_cast<size_t>(n));
+    part_of_.resize(static_cast<size_t>(n));
+    pos_.resize(static_cast<size_t>(n));
+    for (size_t i = 0; i < parts_.size(); ++i) {
+      const Part& p = parts_[i];
+      for (int64_t j = 0; j < p.n; ++j) {
+        tok_[static_cast<size_t>(p.t0 + j)] = batch[i].tokens[static_cast<size_t>(j)];
+        part_of_[static_cast<size_t>(p.t0 + j)] = static_cast<int32_t>(i);
+        pos_[static_cast<size_t>(p.t0 + j)] = p.pos0 + j;
+      }
     }
-    case KvType::kQ8_0:
-      ops::q8_quantize(src, rows.d,
-                       reinterpret_cast<int8_t*>(rows.q8.data()) + ops::q8_lead_bytes(rows.d) + at);
-      break;
-  }
-}
-
-void Model::cache_args(const KvRows& k, const KvRows& v, ops::AttentionArgs* a) const {
-  if (kv_type_ == KvType::kQ8_0) {
-    a->k8 = reinterpret_cast<const int8_t*>(k.q8.data()) + ops::q8_lead_bytes(k.d);
-    a->v8 = reinterpret_cast<const int8_t*>(v.q8.data()) + ops::q8_lead_bytes(v.d);
-  } else if (kv_type_ != KvType::kF32) {
-    a->k16 = k.h16.data();
-    a->v16 = v.h16.data();
-    a->f16 = kv_type_ == KvType::kF16;
-  } else {
-    a->k = k.f.data();
-    a->v = v.f.data();
-  }
-  // Head-major: a KV head's positions are consecutive rows.
-  a->k_stride = cache_row(k);
-  a->v_stride = cache_row(v);
-  a->k_head = k.heads > 1 ? ctx_ * a->k_stride : 0;
-  a->v_head = v.heads > 1 ? ctx_ * a->v_stride : 0;
-}
-
-void Model::cache_read(const KvRows& rows, int64_t pos, int64_t head, float* dst) const {
-  const int64_t at = (head * ctx_ + pos) * cache_row(rows);
-  switch (kv_type_) {
-    case KvType::kF32:
-      std::copy_n(rows.f.data() + at, rows.d, dst);
-      break;
-    case KvType::kBf16:
-    case KvType::kF16: {
-      const uint16_t* h = rows.h16.data() + at;
-      const bool f16 = kv_type_ == KvType::kF16;
-      for (int64_t i = 0; i < rows.d; ++i) dst[i] = f16 ? f16_to_f32(h[i]) : bf16_to_f32(h[i]);
-      break;
+    float* x = grow(x_, n * hd);
+    ops::embedding(w_.embed, tok_.data(), n, x);
+    run_layers(cache, n);
+    rows_.clear();
+    for (size_t i = 0; i < parts_.size(); ++i) {
+      const Part& p = parts_[i];
+      if (batch[i].logits == LogitRows::kAll) {
+        for (int64_t j = 0; j < p.n; ++j) rows_.push_back(p.t0 + j);
+      } else if (batch[i].logits == LogitRows::kLast) {
+        rows_.push_back(p.t0 + p.n - 1);
+      }
     }
-    case KvType::kQ8_0: {
-      const int8_t* values =
-          reinterpret_cast<const int8_t*>(rows.q8.data()) + ops::q8_lead_bytes(rows.d) + at;
-      for (int64_t i = 0; i < rows.d; ++i) dst[i] = ops::q8_value(values, i);
-      break;
+    const int64_t rows = static_cast<int64_t>(rows_.size());
+    if (rows == 0) return 0;
+    float* h = grow(h_, n * hd);
+    for (int64_t j = 0; j < rows; ++j) {
+      ops::rms_norm(x + rows_[j] * hd, w_.out_norm.data(), hd, c.rms_norm_eps, h + j * hd);
     }
+    const auto t2 = Clock::now();
+    kern::matmul(w_.lm_head, h, rows, logits, pool_, views_);
+    profile_.lm_head += seconds(t2);
+    return rows;
+  } catch (...) {
+    // The entries' positions were taken but not (all) written: give them back.
+    for (const Part& p : parts_) {
+      if (cache.contains(p.seq)) cache.truncate(p.seq, p.pos0);
+    }
+    throw;
   }
 }
 
-void Model::forward(std::span<const int32_t> tokens, float* logits, bool all_rows) {
+void Model::run_layers(KvCache& cache, int64_t n) {
   const ModelConfig& c = w_.config;
-  const int64_t n = static_cast<int64_t>(tokens.size());
   const int64_t hd = c.hidden_size;
-  if (n == 0) fail(ErrorKind::kInvalidArgument, "forward: no tokens");
-  if (pos_ + n > ctx_) {
-    fail(ErrorKind::kOutOfRange, "{} tokens at position {} exceed the context size {}", n, pos_,
-         ctx_);
-  }
-  float* x = grow(x_, n * hd);
-  ops::embedding(w_.embed, tokens.data(), n, x);
+  float* x = x_.data();
   float* h = grow(h_, n * hd);
   float* a = grow(a_, n * hd);
   for (int64_t l = 0; l < c.num_layers; ++l) {
@@ -222,15 +170,13 @@ void Model::forward(std::span<const int32_t> tokens, float* logits, bool all_row
     for (int64_t t = 0; t < n; ++t) {
       ops::rms_norm(x + t * hd, lw.attn_norm.data(), hd, c.rms_norm_eps, h + t * hd);
     }
+    const auto t0 = Clock::now();
     if (c.is_mla()) {
-      const auto t0 = Clock::now();
-      attention_mla(l, n, h, a);
-      profile_.attention += seconds(t0);
+      attention_mla(cache, l, n, h, a);
     } else {
-      const auto t0 = Clock::now();
-      attention_mha(l, n, h, a);
-      profile_.attention += seconds(t0);
+      attention_mha(cache, l, n, h, a);
     }
+    profile_.attention += seconds(t0);
     add_into(x, a, n * hd);
     for (int64_t t = 0; t < n; ++t) {
       ops::rms_norm(x + t * hd, lw.ffn_norm.data(), hd, c.rms_norm_eps, h + t * hd);
@@ -240,18 +186,20 @@ void Model::forward(std::span<const int32_t> tokens, float* logits, bool all_row
     profile_.ffn += seconds(t1);
     add_into(x, a, n * hd);
   }
-  pos_ += n;
-  const int64_t first = all_rows ? 0 : n - 1;
-  const int64_t rows = n - first;
-  for (int64_t t = first; t < n; ++t) {
-    ops::rms_norm(x + t * hd, w_.out_norm.data(), hd, c.rms_norm_eps, h + (t - first) * hd);
-  }
-  const auto t2 = Clock::now();
-  kern::matmul(w_.lm_head, h, rows, logits, pool_, views_);
-  profile_.lm_head += seconds(t2);
 }
 
-void Model::attention_mha(int64_t l, int64_t n, const float* x, float* out) {
+template <typename F>
+void Model::for_parts(F&& fn) {
+  bool decode = parts_.size() > 1 && pool_ != nullptr;
+  for (const Part& p : parts_) decode = decode && p.n == 1;
+  if (decode) {
+    pool_->run(parts_.size(), [&](size_t i) { fn(parts_[i], nullptr); });
+  } else {
+    for (const Part& p : parts_) fn(p, pool_);
+  }
+}
+
+void Model::attention_mha(KvCache& cache, int64_t l, int64_t n, const float* x, float* out) {
   const ModelConfig& c = w_.config;
   const LayerWeights& lw = w_.layers[l];
   const int64_t d = c.head_dim, nq = c.num_heads, nkv = c.num_kv_heads;
@@ -264,7 +212,8 @@ void Model::attention_mha(int64_t l, int64_t n, const float* x, float* out) {
     kern::matmul_shared_input(ws, x, n, ys, pool_, views_);
   }
   for_tokens(n, [&](int64_t t) {
-    const int64_t pos = pos_ + t;
+    const int64_t pos = pos_[static_cast<size_t>(t)];
+    const SeqId seq = parts_[static_cast<size_t>(part_of_[static_cast<size_t>(t)])].seq;
     float* qt = q + t * nq * d;
     float* kt = k + t * nkv * d;
     float* vt = v + t * nkv * d;
@@ -285,24 +234,27 @@ void Model::attention_mha(int64_t l, int64_t n, const float* x, float* out) {
       rope_.rotate(kt + i * d, ang.c.data(), ang.s.data(), rope_form_);
     }
     for (int64_t i = 0; i < nkv; ++i) {
-      cache_write(k_cache_[l], pos, i, kt + i * d);
-      cache_write(v_cache_[l], pos, i, vt + i * d);
+      cache.write_row(l, false, seq, pos, i, kt + i * d);
+      cache.write_row(l, true, seq, pos, i, vt + i * d);
     }
   });
-  ops::AttentionArgs args;
-  args.q = q;
-  args.q_stride = nq * d;
-  args.n_tokens = n;
-  args.n_heads = nq;
-  args.n_kv_heads = nkv;
-  args.dk = d;
-  args.dv = d;
-  cache_args(k_cache_[l], v_cache_[l], &args);
-  args.pos0 = pos_;
-  args.scale = attn_scale_;
-  args.out = grow(att_, n * nq * d);
-  kern::attention(args, pool_);
-  kern::matmul(lw.wo, args.out, n, out, pool_, views_);
+  float* att = grow(att_, n * nq * d);
+  for_parts([&](const Part& p, ThreadPool* pool) {
+    ops::AttentionArgs args;
+    args.q = q + p.t0 * nq * d;
+    args.q_stride = nq * d;
+    args.n_tokens = p.n;
+    args.n_heads = nq;
+    args.n_kv_heads = nkv;
+    args.dk = d;
+    args.dv = d;
+    cache.attention_args(l, p.seq, &args);
+    args.pos0 = p.pos0;
+    args.scale = attn_scale_;
+    args.out = att + p.t0 * nq * d;
+    kern::attention(args, pool);
+  });
+  kern::matmul(lw.wo, att, n, out, pool_, views_);
 }
 
 // The rotary angles of one position (computed once for all of a token's heads), per thread.
@@ -347,7 +299,7 @@ void Model::for_heads(int64_t n_heads, int64_t n_tokens, F&& fn) {
   }
 }
 
-void Model::attention_mla(int64_t l, int64_t n, const float* x, float* out) {
+void Model::attention_mla(KvCache& cache, int64_t l, int64_t n, const float* x, float* out) {
   const ModelConfig& c = w_.config;
   const LayerWeights& lw = w_.layers[l];
   const int64_t nope = c.qk_nope_head_dim, rd = c.qk_rope_head_dim, kvl = c.kv_lora_rank;
@@ -370,146 +322,173 @@ void Model::attention_mla(int64_t l, int64_t n, const float* x, float* out) {
     float* ys[2] = {q, kv};
     kern::matmul_shared_input(ws, x, n, ys, pool_, views_);
   }
+  const bool latent = mla_ != MlaMode::kNaive;
   for_tokens(n, [&](int64_t t) {
+    const int64_t pos = pos_[static_cast<size_t>(t)];
     float* r = kv + t * kr;
     ops::rms_norm(r, lw.kv_a_norm.data(), kvl, c.rms_norm_eps, r);
-    RopeAngles& ang = rope_angles(pos_ + t);
+    RopeAngles& ang = rope_angles(pos);
     rope_.rotate(r + kvl, ang.c.data(), ang.s.data(), rope_form_);
     for (int64_t i = 0; i < nh; ++i) {
       rope_.rotate(q + (t * nh + i) * qk + nope, ang.c.data(), ang.s.data(), rope_form_);
     }
-  });
-  float* lat = grow(t0_, n * std::max(kvl, nope));
-  float* tmp = grow(t2_, n * std::max({kvl, nope, vd}));
-  ops::AttentionArgs args;
-  args.n_tokens = n;
-  args.n_heads = nh;
-  args.pos0 = pos_;
-  args.scale = attn_scale_;
-  if (mla_ != MlaMode::kNaive) {
-    for (int64_t t = 0; t < n; ++t) cache_write(k_cache_[l], pos_ + t, 0, kv + t * kr);
-    if (mla_expands(l, n)) {
-      attention_mla_expanded(l, n, q, out);
-      return;
+    if (latent) {
+      const SeqId seq = parts_[static_cast<size_t>(part_of_[static_cast<size_t>(t)])].seq;
+      cache.write_row(l, false, seq, pos, 0, r);
     }
-    // q_cat per head: W_UK^T q_nope (kvl values) then q_pe, scored against [latent, k_pe].
-    float* qc = grow(t1_, n * nh * kr);
-    // Heads are independent: one task each (per-thread scratch), threaded for prefill.
-    auto q_head = [&](size_t head) {
-      const int64_t i = static_cast<int64_t>(head);
-      thread_local std::vector<float> lat_l, tmp_l;
-      lat_l.resize(static_cast<size_t>(n * nope));
-      tmp_l.resize(static_cast<size_t>(n * kvl));
-      for (int64_t t = 0; t < n; ++t) {
-        const float* src = q + (t * nh + i) * qk;
-        std::copy(src, src + nope, lat_l.data() + t * nope);
-      }
-      // (kern: quantized activations where llama.cpp's absorbed MLA quantizes them too.)
+  });
+  float* o = grow(v_, n * nh * vd);  // the heads' outputs, before wo
+  if (!latent) {
+    // Naive: decompress per-head K (nope part + the shared rope key) and V into the cache.
+    float* lat = grow(t0_, n * kvl);
+    float* tmp = grow(t2_, n * std::max(nope, vd));
+    for (int64_t t = 0; t < n; ++t) std::copy(kv + t * kr, kv + t * kr + kvl, lat + t * kvl);
+    std::vector<float> row(static_cast<size_t>(qk));  // a head's K: nope part, then the rope key
+    for (int64_t i = 0; i < nh; ++i) {
       if (lw.k_up_transposed) {
-        kern::matmul(lw.k_up[i], lat_l.data(), n, tmp_l.data(), nullptr, views_);
+        ops::matmul_transposed(lw.k_up[i], lat, n, tmp);
       } else {
-        ops::matmul_transposed(lw.k_up[i], lat_l.data(), n, tmp_l.data());
+        ops::matmul(lw.k_up[i], lat, n, tmp, nullptr);
       }
       for (int64_t t = 0; t < n; ++t) {
-        float* dst = qc + (t * nh + i) * kr;
-        std::copy(tmp_l.data() + t * kvl, tmp_l.data() + (t + 1) * kvl, dst);
-        const float* pe = q + (t * nh + i) * qk + nope;
-        std::copy(pe, pe + rd, dst + kvl);
+        std::copy(tmp + t * nope, tmp + (t + 1) * nope, row.data());
+        std::copy(kv + t * kr + kvl, kv + (t + 1) * kr, row.data() + nope);
+        const Part& p = parts_[static_cast<size_t>(part_of_[static_cast<size_t>(t)])];
+        cache.write_row(l, false, p.seq, pos_[static_cast<size_t>(t)], i, row.data());
       }
-    };
-    args.q = qc;
-    args.q_stride = nh * kr;
-    args.n_kv_heads = 1;
-    args.dk = kr;
-    args.dv = kvl;
-    cache_args(k_cache_[l], k_cache_[l], &args);  // the values: each row's first kvl
-    float* att = grow(att_, n * nh * kvl);
-    args.out = att;
-    float* o = grow(v_, n * nh * vd);
-    auto v_head = [&](size_t head) {
-      const int64_t i = static_cast<int64_t>(head);
-      thread_local std::vector<float> lat_l, tmp_l;
-      lat_l.resize(static_cast<size_t>(n * kvl));
-      tmp_l.resize(static_cast<size_t>(n * vd));
+      ops::matmul(lw.v_up[i], lat, n, tmp, nullptr);
       for (int64_t t = 0; t < n; ++t) {
-        const float* src = att + (t * nh + i) * kvl;
-        std::copy(src, src + kvl, lat_l.data() + t * kvl);
+        const Part& p = parts_[static_cast<size_t>(part_of_[static_cast<size_t>(t)])];
+        cache.write_row(l, true, p.seq, pos_[static_cast<size_t>(t)], i, tmp + t * vd);
       }
-      kern::matmul(lw.v_up[i], lat_l.data(), n, tmp_l.data(), nullptr, views_);
-      for (int64_t t = 0; t < n; ++t) {
-        std::copy(tmp_l.data() + t * vd, tmp_l.data() + (t + 1) * vd, o + (t * nh + i) * vd);
-      }
-    };
-    if (n == 1 && pool_ != nullptr && !kern::attention_splits_cache(args, pool_)) {
-      // Decode: one job instead of three, each thread a contiguous range of heads through W_UK,
-      // those heads' attention over the latent cache, then their W_UV (the heads share no
-      // data: two dispatches and their waits fewer per layer, every head's arithmetic as below).
-      // Where kern::attention on the pool would split the cache over the threads (a long
-      // context; each thread would read all of it here): the three steps.
-      const size_t heads = static_cast<size_t>(nh);
-      const size_t parts = std::min(heads, static_cast<size_t>(pool_->size()) + 1);
-      pool_->run(parts, [&](size_t p) {
-        const size_t h0 = p * heads / parts, h1 = (p + 1) * heads / parts;
-        for (size_t h = h0; h < h1; ++h) q_head(h);
-        ops::AttentionArgs range = args;
-        range.q = qc + static_cast<int64_t>(h0) * kr;
-        range.n_heads = static_cast<int64_t>(h1 - h0);
-        range.out = att + static_cast<int64_t>(h0) * kvl;
-        kern::attention(range, nullptr);
-        for (size_t h = h0; h < h1; ++h) v_head(h);
-      });
-    } else {
-      for_heads(nh, n, q_head);
-      kern::attention(args, pool_);
-      for_heads(nh, n, v_head);
+    }
+    for (const Part& p : parts_) {
+      ops::AttentionArgs kv_args;
+      cache.attention_args(l, p.seq, &kv_args);
+      attend_per_head(p, q, kv_args, o);
     }
     kern::matmul(lw.wo, o, n, out, pool_, views_);
     return;
   }
-  // Naive: decompress per-head K (nope part + the shared rope key) and V into the cache.
-  for (int64_t t = 0; t < n; ++t) std::copy(kv + t * kr, kv + t * kr + kvl, lat + t * kvl);
-  for (int64_t i = 0; i < nh; ++i) {
-    if (lw.k_up_transposed) {
-      ops::matmul_transposed(lw.k_up[i], lat, n, tmp);
-    } else {
-      ops::matmul(lw.k_up[i], lat, n, tmp, nullptr);
+  // Each sequence's chunk attends expanded (a large prefill chunk) or absorbed; the absorbed
+  // tokens' rows go through W_UK / W_UV together.
+  rows_.clear();
+  bool decode = pool_ != nullptr;  // every absorbed part one token, none split over the threads
+  std::vector<ops::AttentionArgs> args;
+  args.reserve(parts_.size());
+  float* qc = grow(t1_, n * nh * kr);
+  float* att = grow(att_, n * nh * kvl);
+  for (const Part& p : parts_) {
+    if (mla_expands(l, p.n, p.pos0 + p.n)) {
+      attention_mla_expanded(cache, l, p, q, o);
+      decode = false;
+      continue;
     }
-    thread_local std::vector<float> row;  // a head's K: nope part, then the rope key
-    row.resize(static_cast<size_t>(qk));
-    for (int64_t t = 0; t < n; ++t) {
-      std::copy(tmp + t * nope, tmp + (t + 1) * nope, row.data());
-      std::copy(kv + t * kr + kvl, kv + (t + 1) * kr, row.data() + nope);
-      cache_write(k_cache_[l], pos_ + t, i, row.data());
-    }
-    ops::matmul(lw.v_up[i], lat, n, tmp, nullptr);
-    for (int64_t t = 0; t < n; ++t) {
-      cache_write(v_cache_[l], pos_ + t, i, tmp + t * vd);
-    }
+    for (int64_t j = 0; j < p.n; ++j) rows_.push_back(p.t0 + j);
+    // q_cat per head: W_UK^T q_nope (kvl values) then q_pe, scored against [latent, k_pe].
+    ops::AttentionArgs& a = args.emplace_back();
+    a.q = qc + p.t0 * nh * kr;
+    a.q_stride = nh * kr;
+    a.n_tokens = p.n;
+    a.n_heads = nh;
+    a.n_kv_heads = 1;
+    a.dk = kr;
+    a.dv = kvl;
+    cache.attention_args(l, p.seq, &a);  // the values: each row's first kvl
+    a.pos0 = p.pos0;
+    a.scale = attn_scale_;
+    a.out = att + p.t0 * nh * kvl;
+    decode = decode && p.n == 1 && !kern::attention_splits_cache(a, pool_);
   }
-  ops::AttentionArgs kv_args;
-  cache_args(k_cache_[l], v_cache_[l], &kv_args);
-  attend_per_head(l, n, q, kv_args, out);
+  if (rows_.empty()) {
+    kern::matmul(lw.wo, o, n, out, pool_, views_);
+    return;
+  }
+  const int64_t na = static_cast<int64_t>(rows_.size());
+  // Heads are independent: one task each (per-thread scratch), threaded for prefill.
+  auto q_head = [&](size_t head) {
+    const int64_t i = static_cast<int64_t>(head);
+    thread_local std::vector<float> lat_l, tmp_l;
+    lat_l.resize(static_cast<size_t>(na * nope));
+    tmp_l.resize(static_cast<size_t>(na * kvl));
+    for (int64_t j = 0; j < na; ++j) {
+      const float* src = q + (rows_[j] * nh + i) * qk;
+      std::copy(src, src + nope, lat_l.data() + j * nope);
+    }
+    // (kern: quantized activations where llama.cpp's absorbed MLA quantizes them too.)
+    if (lw.k_up_transposed) {
+      kern::matmul(lw.k_up[i], lat_l.data(), na, tmp_l.data(), nullptr, views_);
+    } else {
+      ops::matmul_transposed(lw.k_up[i], lat_l.data(), na, tmp_l.data());
+    }
+    for (int64_t j = 0; j < na; ++j) {
+      const int64_t t = rows_[j];
+      float* dst = qc + (t * nh + i) * kr;
+      std::copy(tmp_l.data() + j * kvl, tmp_l.data() + (j + 1) * kvl, dst);
+      const float* pe = q + (t * nh + i) * qk + nope;
+      std::copy(pe, pe + rd, dst + kvl);
+    }
+  };
+  auto v_head = [&](size_t head) {
+    const int64_t i = static_cast<int64_t>(head);
+    thread_local std::vector<float> lat_l, tmp_l;
+    lat_l.resize(static_cast<size_t>(na * kvl));
+    tmp_l.resize(static_cast<size_t>(na * vd));
+    for (int64_t j = 0; j < na; ++j) {
+      const float* src = att + (rows_[j] * nh + i) * kvl;
+      std::copy(src, src + kvl, lat_l.data() + j * kvl);
+    }
+    kern::matmul(lw.v_up[i], lat_l.data(), na, tmp_l.data(), nullptr, views_);
+    for (int64_t j = 0; j < na; ++j) {
+      std::copy(tmp_l.data() + j * vd, tmp_l.data() + (j + 1) * vd, o + (rows_[j] * nh + i) * vd);
+    }
+  };
+  if (decode) {
+    // Decode (one token per sequence): one job instead of three, each thread a contiguous range
+    // of heads through W_UK (for every sequence's token at once: the weights read once), those
+    // heads' attention over each sequence's latent cache, then their W_UV (the heads share no
+    // data: two dispatches and their waits fewer per layer, every head's arithmetic as below).
+    // Where kern::attention on the pool would split a cache over the threads (a long context;
+    // each thread would read all of it here): the three steps.
+    const size_t heads = static_cast<size_t>(nh);
+    const size_t ranges = std::min(heads, static_cast<size_t>(pool_->size()) + 1);
+    pool_->run(ranges, [&](size_t r) {
+      const size_t h0 = r * heads / ranges, h1 = (r + 1) * heads / ranges;
+      for (size_t h = h0; h < h1; ++h) q_head(h);
+      for (const ops::AttentionArgs& a : args) {
+        ops::AttentionArgs range = a;
+        range.q = a.q + static_cast<int64_t>(h0) * kr;
+        range.n_heads = static_cast<int64_t>(h1 - h0);
+        range.out = a.out + static_cast<int64_t>(h0) * kvl;
+        kern::attention(range, nullptr);
+      }
+      for (size_t h = h0; h < h1; ++h) v_head(h);
+    });
+  } else {
+    for_heads(nh, na, q_head);
+    for (const ops::AttentionArgs& a : args) kern::attention(a, pool_);
+    for_heads(nh, na, v_head);
+  }
+  kern::matmul(lw.wo, o, n, out, pool_, views_);
 }
 
-// Multi-head attention of n tokens over per-head K [position, heads, qk] and V [position, heads,
-// v] (naive and expanded MLA), then wo.
-void Model::attend_per_head(int64_t l, int64_t n, const float* q, ops::AttentionArgs args,
-                            float* out) {
+// Multi-head attention of part p over per-head K [position, heads, qk] and V [position, heads,
+// v] (naive and expanded MLA) into o's rows of the part.
+void Model::attend_per_head(const Part& p, const float* q, ops::AttentionArgs args, float* o) {
   const ModelConfig& c = w_.config;
   const int64_t nh = c.num_heads, qk = c.qk_nope_head_dim + c.qk_rope_head_dim;
   const int64_t vd = c.v_head_dim;
-  args.q = q;
+  args.q = q + p.t0 * nh * qk;
   args.q_stride = nh * qk;
-  args.n_tokens = n;
+  args.n_tokens = p.n;
   args.n_heads = nh;
   args.n_kv_heads = nh;
   args.dk = qk;
   args.dv = vd;
-  args.pos0 = pos_;
+  args.pos0 = p.pos0;
   args.scale = attn_scale_;
-  args.out = grow(att_, n * nh * vd);
+  args.out = o + p.t0 * nh * vd;
   kern::attention(args, pool_);
-  kern::matmul(w_.layers[l].wo, args.out, n, out, pool_, views_);
 }
 
 namespace {
@@ -537,11 +516,11 @@ bool mla_expansion_pays(const ModelConfig& c, int64_t n, int64_t positions) {
   return t * (narrower * p + up) > p * up;
 }
 
-bool Model::mla_expands(int64_t l, int64_t n) const {
+bool Model::mla_expands(int64_t l, int64_t n, int64_t positions_in) const {
   if (mla_ != MlaMode::kAuto || n < std::max<int64_t>(1, mla_expand_tokens_)) return false;
   const ModelConfig& c = w_.config;
-  if (mla_expand_by_cost_ && !mla_expansion_pays(c, n, pos_ + n)) return false;
-  const uint64_t positions = static_cast<uint64_t>(pos_ + n);
+  if (mla_expand_by_cost_ && !mla_expansion_pays(c, n, positions_in)) return false;
+  const uint64_t positions = static_cast<uint64_t>(positions_in);
   const uint64_t per_position =
       static_cast<uint64_t>(c.num_heads * (c.qk_nope_head_dim + c.qk_rope_head_dim + c.v_head_dim));
   if (positions * per_position * 4 > kMlaExpandBytes) return false;
@@ -555,23 +534,22 @@ bool Model::mla_expands(int64_t l, int64_t n) const {
          (lw.k_up_transposed || kernel_view(lw.k_up[0], views_, &m));
 }
 
-// MLA attention of a batch in the naive form over the latent cache: every cached position's
+// MLA attention of part p in the naive form over its latent cache: every cached position's
 // per-head K (W_UK latent, then the shared rope key) and V (W_UV latent) computed for this call,
 // then multi-head attention (kern::attention runs a KV head per head in blocks of query tokens)
-// and wo. q: [n, heads, qk_nope + rope], rotated; the cache holds positions [0, pos_ + n).
-void Model::attention_mla_expanded(int64_t l, int64_t n, const float* q, float* out) {
+// into o's rows of the part. q: [n, heads, qk_nope + rope], rotated; the sequence holds
+// positions [0, pos0 + n).
+void Model::attention_mla_expanded(const KvCache& kv_cache, int64_t l, const Part& p,
+                                   const float* q, float* o) {
   const ModelConfig& c = w_.config;
   const LayerWeights& lw = w_.layers[l];
   const int64_t nope = c.qk_nope_head_dim, rd = c.qk_rope_head_dim, kvl = c.kv_lora_rank;
   const int64_t vd = c.v_head_dim, nh = c.num_heads, qk = nope + rd, kr = kvl + rd;
-  const int64_t np = pos_ + n;
-  // [np, kr]: latent, then rope key (a 16-bit or Q8_0 cache widened once per call)
-  const float* cache = k_cache_[l].f.data();
-  if (kv_type_ != KvType::kF32) {
-    float* w = grow(lat_f32_, np * kr);
-    for (int64_t s = 0; s < np; ++s) cache_read(k_cache_[l], s, 0, w + s * kr);
-    cache = w;
-  }
+  const int64_t np = p.pos0 + p.n;
+  // [np, kr]: latent, then rope key, gathered from the sequence's blocks (and widened) once per
+  // call.
+  float* cache = grow(lat_f32_, np * kr);
+  for (int64_t s = 0; s < np; ++s) kv_cache.read_row(l, false, p.seq, s, 0, cache + s * kr);
   float* K = grow(ek_, np * nh * qk);
   float* V = grow(ev_, np * nh * vd);
   // The latents in each activation encoding the up-projections read, converted once for all
@@ -630,7 +608,7 @@ void Model::attention_mla_expanded(int64_t l, int64_t n, const float* q, float* 
   kv_args.v = V;
   kv_args.k_stride = nh * qk;
   kv_args.v_stride = nh * vd;
-  attend_per_head(l, n, q, kv_args, out);
+  attend_per_head(p, q, kv_args, o);
 }
 
 void Model::dense_ffn(const ops::Weight& g, const ops::Weight& u, const ops::Weight& d, int64_t n,
@@ -643,6 +621,26 @@ void Model::dense_ffn(const ops::Weight& g, const ops::Weight& u, const ops::Wei
   kern::matmul_shared_input(ws, x, n, ys, pool_, views_);
   kern::swiglu(gb, ub, n * ff, gb);
   kern::matmul(d, gb, n, out, pool_, views_);
+}
+
+SingleSequence::SingleSequence(Model& model, int64_t ctx, KvType type)
+    : model_(model),
+      cache_(model.kv_layout(),
+             [&] {
+               if (ctx <= 0) {
+                 fail(ErrorKind::kInvalidArgument, "context size must be positive, got {}", ctx);
+               }
+               KvCacheOptions o;
+               o.type = type;
+               o.positions = ctx;
+               o.max_sequence_positions = ctx;
+               return o;
+             }()),
+      seq_(cache_.create()) {}
+
+void SingleSequence::forward(std::span<const int32_t> tokens, float* logits, bool all_rows) {
+  const SeqTokens entry{seq_, tokens, -1, all_rows ? LogitRows::kAll : LogitRows::kLast};
+  model_.forward(std::span<const SeqTokens>(&entry, 1), cache_, logits);
 }
 
 void Model::ffn(int64_t l, int64_t n, const float* x, float* out) {
@@ -686,7 +684,8 @@ void Model::ffn(int64_t l, int64_t n, const float* x, float* out) {
     ev.k = k;
     ev.n_experts = ne;
     ev.hidden_size = hd;
-    ev.pos0 = pos_;
+    ev.pos0 = pos_[0];
+    ev.positions = pos_.data();
     ev.ids = ids;
     ev.weights = wts;
     ev.logits = logits;

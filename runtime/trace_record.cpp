@@ -52,7 +52,8 @@ void TraceRecorder::on_routing(const RoutingEvent& ev) {
   if (l == 0) {
     first_record_ = t.size();
     for (int64_t i = 0; i < ev.n_tokens; ++i) {
-      t.add_record(static_cast<int32_t>(ev.pos0 + i), phase_, batch_);
+      const int64_t pos = ev.positions != nullptr ? ev.positions[i] : ev.pos0 + i;
+      t.add_record(static_cast<int32_t>(pos), phase_, batch_);
     }
   }
   TD_CHECK(first_record_ + ev.n_tokens == t.size(), "routing event without its first MoE layer");

@@ -212,31 +212,32 @@ void run_bench(const BenchArgs& a) {
   StepBytes split = decode_bytes(lm);
 
   ModelOptions mo;
-  mo.ctx = std::max<int64_t>(1, int64_t{a.depth} + a.n_prompt + a.n_gen + 8);
+  const int64_t ctx = std::max<int64_t>(1, int64_t{a.depth} + a.n_prompt + a.n_gen + 8);
   mo.pool = &threading.pool();
   mo.moe = moe.backend();
   mo.views = moe.weight_views();
   mo.mla = mla;
-  mo.kv_type = kv_type;
-  Model model(lm, mo);
+  Model net(lm, mo);
+  SingleSequence model(net, ctx, kv_type);
   // A decode step also reads the KV cache of every position it attends to: mean over the test's
   // steps, (depth + (n + 1) / 2) positions of the cache's bytes per position.
   if (a.n_gen > 0) {
     const double per_position =
-        static_cast<double>(model.kv_cache_bytes()) / static_cast<double>(mo.ctx);
+        static_cast<double>(model.cache().position_bytes() * net.config().num_layers);
     split.kv_cache =
         static_cast<uint64_t>(per_position * (a.depth + (a.n_gen + 1) / 2.0));
   }
   const uint64_t step_bytes = split.total();
   const double bound_tps = dram_gbs > 0 ? dram_gbs * 1e9 / static_cast<double>(step_bytes) : 0;
-  std::unique_ptr<Model> model_b;
+  std::unique_ptr<Model> net_b;
+  std::unique_ptr<SingleSequence> model_b;
   if (vs) {
     ModelOptions mo_b = mo;
     mo_b.mla = parse_mla_mode(mla_b);
-    mo_b.kv_type = parse_kv_type(cache_type_b);
     mo_b.moe = moe_b->backend();
     mo_b.views = moe_b->weight_views();
-    model_b = std::make_unique<Model>(lm, mo_b);
+    net_b = std::make_unique<Model>(lm, mo_b);
+    model_b = std::make_unique<SingleSequence>(*net_b, ctx, parse_kv_type(cache_type_b));
   }
   std::mt19937 rng(1234);
   std::uniform_int_distribution<int32_t> tok(0, static_cast<int32_t>(c.vocab_size - 1));
@@ -247,7 +248,7 @@ void run_bench(const BenchArgs& a) {
   // Warm-up, as llama-bench does: one prefill of the test's size (the scratch buffers grow to it:
   // first-touch page faults were ~9% of a cold pp512) and one decode step, outside the timing.
   const int32_t warm[4] = {1, 2, 3, 4};
-  for (Model* m : {&model, model_b.get()}) {
+  for (SingleSequence* m : {&model, model_b.get()}) {
     if (m == nullptr) continue;
     if (a.n_prompt > 0) {
       m->forward(prompt, logits.data(), false);
@@ -262,7 +263,7 @@ void run_bench(const BenchArgs& a) {
   if (a.depth > 0) {
     std::vector<int32_t> ctx_tokens(static_cast<size_t>(a.depth));
     for (int32_t& t : ctx_tokens) t = tok(rng);
-    for (Model* m : {&model, model_b.get()}) {
+    for (SingleSequence* m : {&model, model_b.get()}) {
       if (m == nullptr) continue;
       for (size_t b = 0; b < ctx_tokens.size(); b += 512) {
         const size_t e = std::min(ctx_tokens.size(), b + 512);
@@ -296,10 +297,10 @@ void run_bench(const BenchArgs& a) {
   auto round_tokens = [](int n) { return std::clamp(n / 16, 1, 8); };
   // One repetition of a test on m: tokens/s, its profile added to *profile; with `rounds`, a
   // decode's paired rounds appended there.
-  auto rep = [&](Model& m, bool decode, int n, Model::Profile* profile,
+  auto rep = [&](SingleSequence& m, bool decode, int n, Model::Profile* profile,
                  std::vector<double>* rounds) {
     m.truncate(a.depth);
-    const Model::Profile p0 = m.profile();
+    const Model::Profile p0 = m.model().profile();
     double seconds = 0;
     if (!decode) {
       const double t0 = now_s();
@@ -323,7 +324,7 @@ void run_bench(const BenchArgs& a) {
         }
       }
     }
-    add(profile, p0, m.profile());
+    add(profile, p0, m.model().profile());
     return n / seconds;
   };
   auto run_test = [&](const std::string& name, bool decode, int n) {

@@ -44,13 +44,13 @@ void run_calibrate(const CalibrateArgs& a) {
   rt::ResidualCalibrator cal(lm);
   ThreadingContext threading(ThreadingOptions{a.threads, true, 50});
   ModelOptions mo;
-  mo.ctx = a.ctx;
   mo.pool = &threading.pool();
   MoeRuntime moe(lm, backend, threading);
   mo.moe = moe.backend();
   mo.views = moe.weight_views();
   mo.on_routing = [&cal](const RoutingEvent& e) { cal.on_routing(e); };
-  Model model(lm, mo);
+  Model model_net(lm, mo);
+  SingleSequence model(model_net, a.ctx);
   std::vector<float> logits(static_cast<size_t>(lm.config.vocab_size));
   int64_t done = 0;
   for (size_t b = 0; b < tokens.size(); b += size_t(a.ctx)) {

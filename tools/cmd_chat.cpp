@@ -53,7 +53,8 @@ class ChatSession {
       : args_(a),
         tok_(lm.gguf ? Tokenizer::from_gguf(*lm.gguf) : Tokenizer::load(a.model)),
         tmpl_(chat_template_for(lm)),
-        model_(lm, make_options(a, pool, moe, views)),
+        net_(lm, make_options(a, pool, moe, views)),
+        model_(net_, a.ctx, parse_kv_type(a.cache_type)),
         sampler_(a.sampling),
         logits_(static_cast<size_t>(lm.config.vocab_size)) {
     reset();
@@ -130,9 +131,7 @@ class ChatSession {
     ModelOptions mo;
     mo.moe = moe;
     mo.views = views;
-    mo.ctx = a.ctx;
     mo.pool = &pool;
-    mo.kv_type = parse_kv_type(a.cache_type);
     return mo;
   }
 
@@ -173,7 +172,8 @@ class ChatSession {
   const ChatArgs& args_;
   Tokenizer tok_;
   ChatTemplate tmpl_;
-  Model model_;
+  Model net_;
+  SingleSequence model_;
   Sampler sampler_;
   std::vector<float> logits_;
   jinja::Json messages_;

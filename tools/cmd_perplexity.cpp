@@ -56,13 +56,12 @@ void run_perplexity(const PerplexityArgs& a) {
   const int64_t nv = lm.config.vocab_size;
   ThreadingContext threading(ThreadingOptions{a.threads, true, 50});
   ModelOptions mo;
-  mo.ctx = n_ctx;
   mo.pool = &threading.pool();
-  mo.kv_type = kv_type;
   MoeRuntime moe(lm, backend, threading);
   mo.moe = moe.backend();
   mo.views = moe.weight_views();
-  Model model(lm, mo);
+  Model net(lm, mo);
+  SingleSequence model(net, n_ctx, kv_type);
   std::fprintf(stderr, "%s\n%s\n%zu tokens, %ld chunks of %ld\n", model_summary(lm).c_str(),
                moe.summary().c_str(), tokens.size(), static_cast<long>(n_chunks), static_cast<long>(n_ctx));
   std::vector<float> logits(static_cast<size_t>(n_ctx * nv));

@@ -131,14 +131,13 @@ void run_model(const RunArgs& a) {
   }
   ThreadingContext threading(ThreadingOptions{a.threads, true, 50});
   ModelOptions mo;
-  mo.ctx = ctx;
   mo.pool = &threading.pool();
   mo.mla = mla;
-  mo.kv_type = kv_type;
   MoeRuntime moe(lm, backend, threading);
   mo.moe = moe.backend();
   mo.views = moe.weight_views();
-  Model model(lm, mo);
+  Model net(lm, mo);
+  SingleSequence model(net, ctx, kv_type);
   std::fprintf(stderr, "%s\n%s\n", model_summary(lm).c_str(), moe.summary().c_str());
   std::fprintf(stderr, "loaded in %.2f s; KV cache %.1f MiB (%s) for %ld positions; %d threads\n",
                seconds_since(t_load), model.kv_cache_bytes() / 1048576.0, a.cache_type.c_str(),

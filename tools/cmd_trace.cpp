@@ -100,13 +100,13 @@ void record_from_model(const TraceArgs& a, rt::Trace* out) {
   rt::TraceRecorder rec(lm, {a.scores, a.scores || res != nullptr, res.get()});
   ThreadingContext threading(ThreadingOptions{a.threads, true, 50});
   ModelOptions mo;
-  mo.ctx = a.ctx;
   mo.pool = &threading.pool();
   MoeRuntime moe(lm, backend, threading);
   mo.moe = moe.backend();
   mo.views = moe.weight_views();
   mo.on_routing = [&rec](const RoutingEvent& e) { rec.on_routing(e); };
-  Model model(lm, mo);
+  Model model_net(lm, mo);
+  SingleSequence model(model_net, a.ctx);
   const int64_t nv = lm.config.vocab_size;
   std::vector<float> logits(static_cast<size_t>(nv));
   for (int64_t c = 0; c < n_chunks; ++c) {

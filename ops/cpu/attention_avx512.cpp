@@ -182,6 +182,9 @@ struct KvQ8 : attn::ValuesByFma<KvQ8> {
   }
   static __m512 dot(__m512 acc, __m512 q, __m512 k) { return _mm512_fmadd_ps(q, k, acc); }
   static __m512 load_v(const T* v, int64_t j, __mmask16 m) {
+    // (A step past the row's end reads nothing: its scale would lie before the row's scales, or
+    // before the cache's first byte.)
+    if (m == 0) return _mm512_setzero_ps();
     return dequantize(v, j, _mm_maskz_loadu_epi8(m, v + j));
   }
 };

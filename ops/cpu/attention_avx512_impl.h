@@ -166,15 +166,39 @@ int64_t lead_bytes(int64_t d) {
   }
 }
 
-// KV head g's rows of the keys and of the values (position 0): a.k_head / a.v_head apart, or
-// side by side in a position's row.
+// One KV head's rows of the keys or of the values, contiguous or paged (ops::AttentionArgs):
+// position p's row is at base + blocks[p >> shift] * block + (p & mask) * stride. A contiguous
+// cache is one block of every position (a table of one 0, shift 62, mask all ones), so both
+// take the same code: one table load per row, next to its dk-long dot product.
+template <class T>
+struct Lane {
+  const T* base;
+  int64_t stride;
+  const int32_t* blocks;
+  int64_t shift, mask, block;
+  const T* row(int64_t p) const { return base + blocks[p >> shift] * block + (p & mask) * stride; }
+};
+
+inline constexpr int32_t kOneBlock[1] = {0};
+
+template <class T>
+Lane<T> make_lane(const ops::AttentionArgs& a, const T* base, int64_t stride, int64_t block) {
+  if (a.blocks == nullptr) return Lane<T>{base, stride, kOneBlock, 62, INT64_MAX, 0};
+  const int64_t shift = __builtin_ctzll(static_cast<uint64_t>(a.block_positions));
+  return Lane<T>{base, stride, a.blocks, shift, a.block_positions - 1, block};
+}
+
+// KV head g's rows of the keys and of the values: a.k_head / a.v_head apart, or side by side in
+// a position's row.
 template <class Kv>
-const typename Kv::T* key_rows(const ops::AttentionArgs& a, int64_t g) {
-  return Kv::keys(a) + g * (a.k_head != 0 ? a.k_head : head_elems<Kv>(a.dk));
+Lane<typename Kv::T> key_rows(const ops::AttentionArgs& a, int64_t g) {
+  return make_lane(a, Kv::keys(a) + g * (a.k_head != 0 ? a.k_head : head_elems<Kv>(a.dk)),
+                   a.k_stride, a.k_block);
 }
 template <class Kv>
-const typename Kv::T* value_rows(const ops::AttentionArgs& a, int64_t g) {
-  return Kv::values(a) + g * (a.v_head != 0 ? a.v_head : head_elems<Kv>(a.dv));
+Lane<typename Kv::T> value_rows(const ops::AttentionArgs& a, int64_t g) {
+  return make_lane(a, Kv::values(a) + g * (a.v_head != 0 ? a.v_head : head_elems<Kv>(a.dv)),
+                   a.v_stride, a.v_block);
 }
 
 // The mask of the 16 values from j of n.
@@ -191,7 +215,7 @@ inline __m512 fold_step(__m512 out, __m512 o_s, float a, float b) {
 }
 
 constexpr int64_t kChunk = 64;  // keys per prefetch step of the scores (the next chunk's lines)
-static_assert(kSegment % kChunk == 0);
+static_assert(kSegment % kChunk == 0 && ops::kKvBlockAlign % kChunk == 0);
 constexpr int64_t kMaxRows = 256;  // query rows per rows_task call (every model's heads fit)
 
 // One row's softmax over its segments, folded in segment order: after the segments' (m_s, l_s)
@@ -227,13 +251,13 @@ struct Rows {
 };
 
 // Lines [l0, l1) (64 bytes each, from `lead` bytes before each row's values) of rows [r0, r1) of
-// a cache (rows `stride` elements apart): the row blocks of a chunk prefetch the next chunk's
-// keys between them, evenly over the chunk's time.
+// a cache: the row blocks of a chunk prefetch the next chunk's keys between them, evenly over the
+// chunk's time.
 template <class T>
-inline void prefetch_lines(const T* base, int64_t stride, int64_t lead, int64_t r0, int64_t r1,
-                           int64_t l0, int64_t l1) {
+inline void prefetch_lines(const Lane<T>& rows, int64_t lead, int64_t r0, int64_t r1, int64_t l0,
+                           int64_t l1) {
   for (int64_t r = r0; r < r1; ++r) {
-    const char* p = reinterpret_cast<const char*>(base + r * stride) - lead;
+    const char* p = reinterpret_cast<const char*>(rows.row(r)) - lead;
     for (int64_t l = l0; l < l1; ++l) _mm_prefetch(p + 64 * l, _MM_HINT_T0);
   }
 }
@@ -274,14 +298,14 @@ struct Prefetch {
 // output is its own accumulator and lane tree, whichever rows and keys share its block.
 template <class Kv, int NH>
 void score_keys(const ops::AttentionArgs& a, const Rows& rows, const __m512* packed,
-                const typename Kv::T* k0, const typename Kv::T* v0, int64_t s_begin,
+                const Lane<typename Kv::T>& k0, const Lane<typename Kv::T>& v0, int64_t s_begin,
                 int64_t s_end, Prefetch pf, float* scores) {
   using T = typename Kv::T;
   constexpr int NS = 16 / NH;
   const int64_t steps = (a.dk + Kv::kDims - 1) / Kv::kDims, blocks = (rows.n + NH - 1) / NH;
   // Each row block's share of a key's (and a value's) 64-byte lines to prefetch: lines
   // share[b] .. share[b + 1] (computed once per call, not with two divisions per block).
-  const bool pf_values = pf.on && v0 != k0;
+  const bool pf_values = pf.on && v0.base != k0.base;
   const int64_t elem = static_cast<int64_t>(sizeof(T));
   const int64_t klead = lead_bytes<Kv>(a.dk), vlead = lead_bytes<Kv>(a.dv);
   const int64_t lines = (klead + a.dk * elem + 63) / 64, vlines = (vlead + a.dv * elem + 63) / 64;
@@ -303,13 +327,11 @@ void score_keys(const ops::AttentionArgs& a, const Rows& rows, const __m512* pac
         // long context read latency-bound).
         if (pf.on && s0 + kChunk < pf.end) {
           const int64_t r1 = std::min(pf.end, s0 + kChunk + NS);
-          prefetch_lines(k0, a.k_stride, klead, s0 + kChunk, r1, share[b], share[b + 1]);
-          if (pf_values) {
-            prefetch_lines(v0, a.v_stride, vlead, s0 + kChunk, r1, vshare[b], vshare[b + 1]);
-          }
+          prefetch_lines(k0, klead, s0 + kChunk, r1, share[b], share[b + 1]);
+          if (pf_values) prefetch_lines(v0, vlead, s0 + kChunk, r1, vshare[b], vshare[b + 1]);
         }
         const T* k[NS];
-        for (int s = 0; s < NS; ++s) k[s] = k0 + std::min(s0 + s, s_end - 1) * a.k_stride;
+        for (int s = 0; s < NS; ++s) k[s] = k0.row(std::min(s0 + s, s_end - 1));
         const __m512 dots = qk_block<Kv, NH, NS>(qp, k, a.dk);
         // Row h's NS dot products (lanes h * NS ..) stored in place by a masked store of the
         // whole vector shifted back h * NS floats (masked-off lanes are not written; storing 16
@@ -331,7 +353,7 @@ void score_keys(const ops::AttentionArgs& a, const Rows& rows, const __m512* pac
 // while every block passes over them (the dimension blocks outside the row blocks measured
 // 2-5% slower in prefill).
 template <class Kv, int NH>
-void value_sums(const ops::AttentionArgs& a, const Rows& rows, const typename Kv::T* v0,
+void value_sums(const ops::AttentionArgs& a, const Rows& rows, const Lane<typename Kv::T>& v0,
                 int64_t s_begin, int64_t s_end, const float* p_f32, float* const* sums,
                 float* dummy) {
   using P = typename Kv::P;
@@ -376,8 +398,9 @@ void value_sums(const ops::AttentionArgs& a, const Rows& rows, const typename Kv
       for (int64_t j0 = 0; j0 < a.dv; j0 += 16 * NJ) {
         __mmask16 m[NJ];
         for (int z = 0; z < NJ; ++z) m[z] = tail_mask(j0 + 16 * z, a.dv);
-        Kv::template pv<NH, NJ>(p, v0 + c0 * a.v_stride, a.v_stride, c1 - c0, j0, m,
-                                c0 == s_begin, out);
+        // (A chunk's rows are in one block: chunks start at multiples of kChunk, blocks hold
+        // multiples of ops::kKvBlockAlign positions.)
+        Kv::template pv<NH, NJ>(p, v0.row(c0), v0.stride, c1 - c0, j0, m, c0 == s_begin, out);
       }
     }
   }
@@ -400,8 +423,8 @@ inline bool segment_probabilities(const ops::AttentionArgs& a, const Rows& rows,
 }
 
 template <class Kv, int NH>
-void rows_task(const ops::AttentionArgs& a, const Rows& rows, const typename Kv::T* k0,
-               const typename Kv::T* v0, float* scores, float* dummy, bool prefetch) {
+void rows_task(const ops::AttentionArgs& a, const Rows& rows, const Lane<typename Kv::T>& k0,
+               const Lane<typename Kv::T>& v0, float* scores, float* dummy, bool prefetch) {
   // Each row's arithmetic does not depend on which rows share the task: its dot products are the
   // same blocks' (one accumulator and lane tree per output), its segments end at its own n_ctx,
   // its probabilities past n_ctx are 0 (the value blocks' longer key range adds
@@ -463,8 +486,9 @@ inline int group_nh(int64_t group, int64_t decode_heads) {
 }
 
 template <class Kv>
-void rows_any(const ops::AttentionArgs& a, int nh, const Rows& rows, const typename Kv::T* k0,
-              const typename Kv::T* v0, float* scores, float* dummy, bool prefetch) {
+void rows_any(const ops::AttentionArgs& a, int nh, const Rows& rows,
+              const Lane<typename Kv::T>& k0, const Lane<typename Kv::T>& v0, float* scores,
+              float* dummy, bool prefetch) {
   if (nh == 8) {
     rows_task<Kv, 8>(a, rows, k0, v0, scores, dummy, prefetch);
   } else if (nh == 4) {

@@ -717,9 +717,15 @@ bool attention_splits_cache(const ops::AttentionArgs& a, const ThreadPool* pool,
 void attention(const ops::AttentionArgs& a, ThreadPool* pool, Isa isa) {
   const int64_t group = a.n_heads / a.n_kv_heads;
   isa = std::min(isa, best_isa());
-  // A 16-bit or Q8_0 cache below AVX-512: the F32 kernels on its rows widened into copies (and
-  // BF16's queries rounded to BF16), the contract's numbers on any CPU.
-  if ((a.k16 != nullptr || a.k8 != nullptr) && isa < Isa::kAvx512) {
+  TD_CHECK(a.blocks == nullptr ||
+               (a.block_positions > 0 && (a.block_positions & (a.block_positions - 1)) == 0 &&
+                a.block_positions % ops::kKvBlockAlign == 0),
+           "kern::attention: a paged cache's block_positions must be a power of two and a "
+           "multiple of {}, got {}",
+           ops::kKvBlockAlign, a.block_positions);
+  // A paged, 16-bit or Q8_0 cache below AVX-512: the F32 kernels on its rows gathered / widened
+  // into copies (and BF16's queries rounded to BF16), the contract's numbers on any CPU.
+  if ((a.k16 != nullptr || a.k8 != nullptr || a.blocks != nullptr) && isa < Isa::kAvx512) {
     thread_local std::vector<float> wq, wk, wv;
     attention(ops::widen_cache(a, &wq, &wk, &wv), pool, isa);
     return;

@@ -225,17 +225,17 @@ void q8_quantize(const float* x, int64_t d, int8_t* values) {
 
 AttentionArgs widen_cache(const AttentionArgs& a, std::vector<float>* q, std::vector<float>* k,
                           std::vector<float>* v) {
-  if (a.k8 == nullptr && a.k16 == nullptr) return a;
+  if (a.k8 == nullptr && a.k16 == nullptr && a.blocks == nullptr) return a;
   const int64_t n_ctx = a.pos0 + a.n_tokens;
-  // Position s, KV head g of a cache (rows `stride` apart, heads `head` apart) into F32 rows of
+  // Position s, KV head g of a cache (head g's rows `head` apart from head 0's) into F32 rows of
   // n_kv_heads * d per position.
-  auto widen = [&](int64_t stride, int64_t head, int64_t d, std::vector<float>* dst,
-                   auto&& value) {
+  auto widen = [&](bool keys, int64_t head, int64_t d, std::vector<float>* dst, auto&& value) {
     const int64_t row = a.n_kv_heads * d;
     dst->resize(static_cast<size_t>(n_ctx * row));
     for (int64_t s = 0; s < n_ctx; ++s) {
+      const int64_t at0 = keys ? k_offset(a, s) : v_offset(a, s);
       for (int64_t g = 0; g < a.n_kv_heads; ++g) {
-        const int64_t at = s * stride + g * head;
+        const int64_t at = at0 + g * head;
         for (int64_t i = 0; i < d; ++i) (*dst)[s * row + g * d + i] = value(at, i);
       }
     }
@@ -249,28 +249,37 @@ AttentionArgs widen_cache(const AttentionArgs& a, std::vector<float>* q, std::ve
       return f16 ? f16_to_f32(base[at + i]) : bf16_to_f32(base[at + i]);
     };
   };
+  auto f32 = [](const float* base) {
+    return [base](int64_t at, int64_t i) { return base[at + i]; };
+  };
   AttentionArgs w = a;
   w.k8 = w.v8 = nullptr;
   w.k16 = w.v16 = nullptr;
   w.f16 = false;
   w.k_head = w.v_head = 0;
-  const bool same = a.k8 != nullptr ? a.v8 == a.k8 : a.v16 == a.k16;
-  if (a.k8 != nullptr) {
-    w.k = widen(a.k_stride, k_head_stride(a), a.dk, k, q8(a.k8));
-  } else {
-    w.k = widen(a.k_stride, k_head_stride(a), a.dk, k, half(a.k16));
-  }
+  w.blocks = nullptr;
+  w.block_positions = w.k_block = w.v_block = 0;
+  const bool same = a.k8 != nullptr   ? a.v8 == a.k8
+                    : a.k16 != nullptr ? a.v16 == a.k16
+                                       : a.v == a.k;
+  auto widen_rows = [&](bool keys, std::vector<float>* dst) {
+    const int64_t head = keys ? k_head_stride(a) : v_head_stride(a);
+    const int64_t d = keys ? a.dk : a.dv;
+    if (a.k8 != nullptr) return widen(keys, head, d, dst, q8(keys ? a.k8 : a.v8));
+    if (a.k16 != nullptr) return widen(keys, head, d, dst, half(keys ? a.k16 : a.v16));
+    return widen(keys, head, d, dst, f32(keys ? a.k : a.v));
+  };
+  w.k = widen_rows(true, k);
   w.k_stride = a.n_kv_heads * a.dk;
   if (same && a.v_stride == a.k_stride) {  // values the first dv of the key rows
     TD_CHECK(a.n_kv_heads == 1 && a.dv <= a.dk, "widen_cache: values in the keys' rows");
     w.v = w.k;
     w.v_stride = w.k_stride;
   } else {
-    w.v = a.k8 != nullptr ? widen(a.v_stride, v_head_stride(a), a.dv, v, q8(a.v8))
-                          : widen(a.v_stride, v_head_stride(a), a.dv, v, half(a.v16));
+    w.v = widen_rows(false, v);
     w.v_stride = a.n_kv_heads * a.dv;
   }
-  if (a.k8 != nullptr || a.f16) return w;
+  if (a.k16 == nullptr || a.f16) return w;
   q->resize(static_cast<size_t>(a.n_tokens * a.q_stride));
   for (int64_t t = 0; t < a.n_tokens; ++t) {
     for (int64_t i = 0; i < a.n_heads * a.dk; ++i) {
@@ -294,7 +303,7 @@ void attention_bf16_segments(const AttentionArgs& a, int64_t segment) {
       const float* q = a.q + t * a.q_stride + h * a.dk;
       x.assign(static_cast<size_t>(n_ctx), 0.0);
       for (int64_t s = 0; s < n_ctx; ++s) {
-        const uint16_t* k = a.k16 + s * a.k_stride + g * k_head_stride(a);
+        const uint16_t* k = a.k16 + k_offset(a, s) + g * k_head_stride(a);
         double d = 0;
         for (int64_t i = 0; i < a.dk; ++i) d += bf(q[i]) * bf16_to_f32(k[i]);
         x[s] = static_cast<double>(a.scale) * d;
@@ -310,7 +319,7 @@ void attention_bf16_segments(const AttentionArgs& a, int64_t segment) {
         for (int64_t s = c0; s < c1; ++s) {
           const float p = static_cast<float>(std::exp(x[s] - m_s));
           l_s += p;
-          const uint16_t* v = a.v16 + s * a.v_stride + g * v_head_stride(a);
+          const uint16_t* v = a.v16 + v_offset(a, s) + g * v_head_stride(a);
           for (int64_t j = 0; j < a.dv; ++j) o_seg[j] += bf(p) * bf16_to_f32(v[j]);
         }
         const double mn = c0 == 0 ? m_s : std::max(m, m_s);

@@ -10,29 +10,13 @@
 
 #include "core/tensor.h"
 #include "formats/model_config.h"
+#include "ops/types.h"
 
 namespace tandem {
 class ThreadPool;
 }
 
 namespace tandem::ops {
-
-// A weight matrix in its stored dtype, plus DeepSeek-V3 style FP8 block scales when it has them:
-// value[r][c] = fp8[r][c] * scale_inv[(row0 + r) / block_rows][c / block_cols].
-struct Weight {
-  Tensor t;
-  const float* scale_inv = nullptr;  // F32 [ceil(R / block_rows), scale_cols]; nullptr: none
-  int64_t scale_cols = 0, block_rows = 0, block_cols = 0;
-  int64_t row0 = 0;  // first row of t within the scaled matrix (row views of kv_b, experts)
-
-  Weight() = default;
-  Weight(const Tensor& tensor) : t(tensor) {}  // NOLINT: a plain tensor is an unscaled weight
-  int64_t rows() const { return t.rows(); }
-  int64_t cols() const { return t.row_elems(); }
-  bool empty() const { return t.data == nullptr; }
-  // Rows [r0, r0 + n) as a 2-D weight (scales follow).
-  Weight row_range(int64_t r0, int64_t n) const;
-};
 
 // Row r of w as F32 (into scratch unless w is unscaled F32).
 const float* weight_row(const Weight& w, int64_t r, std::vector<float>& scratch);
@@ -92,48 +76,9 @@ class Rope {
 // YaRN's mscale(s, m) = 0.1 m ln(s) + 1, 1 for s <= 1.
 float yarn_mscale(float scale, float m);
 
-// Causal attention over a KV cache. Query token t sits at position pos0 + t and attends to cached
-// positions 0..pos0+t. Query head h uses KV head h / (n_heads / n_kv_heads). K of cached token s
-// and kv head g is k + s*k_stride + g*k_head (k_head 0: dk, the heads side by side in a
-// position's row; a head-major cache, each KV head's positions together, sets it); V likewise
-// with v_stride, v_head and dv. out is
-// [n_tokens, n_heads, dv]; q is [n_tokens, n_heads, dk] with q_stride floats between tokens.
-// A 16-bit cache (k16 / v16 set instead of k / v, strides in elements; ModelOptions::kv_type):
-// - BF16: the scores are the dot products of the query rounded to BF16 (to nearest even) with the
-//   keys, the value sums those of the values widened to F32 (kern::attention below AVX-512 BF16;
-//   with those instructions the probabilities are rounded to BF16 for the value sums too:
-//   attention_bf16_segments);
-// - F16 (f16): F32 attention on the cache widened, the query as it is.
-// A Q8_0 cache (k8 / v8 set instead; strides in bytes): every KV head's row of d values is
-// q8_row_bytes(d) bytes, its blocks' scales then its values (q8_quantize: llama.cpp's Q8_0
-// blocks of 32 with F32 scales); k8 / v8 point at position 0's first head's values, head g's at
-// g * q8_row_bytes(dk) (dv) bytes from there. F32 attention on the cache dequantized
-// (q8_value), the query as it is.
-struct AttentionArgs {
-  const float* q = nullptr;
-  int64_t q_stride = 0;
-  int64_t n_tokens = 0, n_heads = 0, n_kv_heads = 0, dk = 0, dv = 0;
-  const float* k = nullptr;
-  const float* v = nullptr;
-  const uint16_t* k16 = nullptr;  // BF16 bits, or F16 with f16
-  const uint16_t* v16 = nullptr;
-  bool f16 = false;
-  const int8_t* k8 = nullptr;  // Q8_0 rows (the values of each head's row; scales before them)
-  const int8_t* v8 = nullptr;
-  int64_t k_stride = 0, v_stride = 0;
-  int64_t k_head = 0, v_head = 0;  // between KV heads (0: dk / dv; Q8_0: q8_row_bytes)
-  int64_t pos0 = 0;
-  float scale = 1.0f;
-  float* out = nullptr;
-};
+// Causal attention over a KV cache (AttentionArgs, ops/types.h), F32 arithmetic: the reference.
 void attention(const AttentionArgs& a, ThreadPool* pool);
 
-// Q8_0 cache rows. A row of d values is q8_lead_bytes(d) bytes of F32 block scales, the scale of
-// block b (values 32 b ..) 4 (b + 1) bytes before the values (reverse order: a kernel finds it
-// from the values' address alone), then the d int8 values, padded to a multiple of 4 bytes.
-constexpr int64_t kQ8Block = 32;
-inline int64_t q8_lead_bytes(int64_t d) { return 4 * ((d + kQ8Block - 1) / kQ8Block); }
-inline int64_t q8_row_bytes(int64_t d) { return q8_lead_bytes(d) + (d + 3) / 4 * 4; }
 // Writes x[0..d) as one row whose values start at `values`: per block (the last one may be
 // shorter) scale = max|x| / 127, value = round(x / scale) (halves away from zero; 0 for an
 // all-zero block), as ggml's quantize_row_q8_0 with the scale kept in F32. A block holding a
@@ -144,19 +89,11 @@ inline float q8_value(const int8_t* values, int64_t i) {
   return reinterpret_cast<const float*>(values)[-1 - i / kQ8Block] * static_cast<float>(values[i]);
 }
 
-// Elements (bytes for Q8_0) between a position's KV heads: k_head / v_head, or the rows side by
-// side.
-inline int64_t k_head_stride(const AttentionArgs& a) {
-  return a.k_head != 0 ? a.k_head : a.k8 != nullptr ? q8_row_bytes(a.dk) : a.dk;
-}
-inline int64_t v_head_stride(const AttentionArgs& a) {
-  return a.v_head != 0 ? a.v_head : a.v8 != nullptr ? q8_row_bytes(a.dv) : a.dv;
-}
-
-// The F32 arguments equal to a 16-bit or Q8_0 cache's: the cached rows (positions
-// [0, pos0 + n_tokens)) widened or dequantized into *k and *v, F32 rows of n_kv_heads * dk / dv
-// per position (one copy where the keys and values are the same rows), for BF16 the queries
-// rounded to BF16 into *q. An F32 cache's arguments come back as they are.
+// The contiguous F32 arguments equal to a's: the cached rows (positions [0, pos0 + n_tokens)) of
+// a paged, 16-bit or Q8_0 cache gathered, widened or dequantized into *k and *v, F32 rows of
+// n_kv_heads * dk / dv per position (one copy where the keys and values are the same rows), for
+// BF16 the queries rounded to BF16 into *q. A contiguous F32 cache's arguments come back as they
+// are.
 AttentionArgs widen_cache(const AttentionArgs& a, std::vector<float>* q, std::vector<float>* k,
                           std::vector<float>* v);
 // The arithmetic of kern::attention over a BF16 cache with the AVX-512 BF16 instructions, in

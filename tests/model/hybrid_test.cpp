@@ -38,10 +38,10 @@ const std::vector<int32_t> kPrompt = {1, 453, 386, 332, 341, 311, 426, 17};
 
 Decode decode(const LoadedModel& lm, MoeBackend* moe, int steps) {
   ModelOptions mo;
-  mo.ctx = 64;
   mo.pool = &threading().pool();
   mo.moe = moe;
-  Model model(lm, mo);
+  Model model_net(lm, mo);
+  SingleSequence model(model_net, 64);
   std::vector<float> last(lm.config.vocab_size);
   model.forward(kPrompt, last.data(), false);
   Decode d;
@@ -99,9 +99,9 @@ TEST_P(Hybrid, EveryPolicyCachePrefetchMatchesCpu) {
   {
     rt::ResidualCalibrator cal(lm);
     ModelOptions mo;
-    mo.ctx = 64;
     mo.on_routing = [&](const RoutingEvent& e) { cal.on_routing(e); };
-    Model m(lm, mo);
+    Model m_net(lm, mo);
+    SingleSequence m(m_net, 64);
     std::vector<float> logits(lm.config.vocab_size);
     m.forward(kPrompt, logits.data(), false);
     cal.result().save(residuals);

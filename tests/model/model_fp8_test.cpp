@@ -21,8 +21,8 @@ namespace {
 
 std::vector<float> prompt_logits(const LoadedModel& lm, const std::vector<int32_t>& tokens) {
   ModelOptions mo;
-  mo.ctx = 64;
-  Model model(lm, mo);
+  Model model_net(lm, mo);
+  SingleSequence model(model_net, 64);
   std::vector<float> logits(tokens.size() * lm.config.vocab_size);
   model.forward(tokens, logits.data(), true);
   return logits;

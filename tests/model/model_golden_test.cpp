@@ -58,8 +58,6 @@ PromptRun run_prompt(const LoadedModel& lm, const std::vector<int32_t>& tokens, 
                      int64_t expand_tokens = 32, size_t chunk = 0, ThreadPool* threads = &pool(),
                      int64_t ctx = 128, KvType kv_type = KvType::kF32) {
   ModelOptions mo;
-  mo.ctx = ctx;
-  mo.kv_type = kv_type;
   mo.pool = threads;
   mo.mla = mla;
   mo.mla_expand_tokens = expand_tokens;
@@ -72,7 +70,8 @@ PromptRun run_prompt(const LoadedModel& lm, const std::vector<int32_t>& tokens, 
       r.experts[t].insert(r.experts[t].end(), ev.ids + t * ev.k, ev.ids + (t + 1) * ev.k);
     }
   };
-  Model model(lm, mo);
+  Model model_net(lm, mo);
+  SingleSequence model(model_net, ctx, kv_type);
   const int64_t nv = lm.config.vocab_size;
   r.logits.resize(tokens.size() * nv);
   if (chunk == 0) chunk = tokens.size();
@@ -149,14 +148,14 @@ TEST_P(Golden, ExpertUsage) {
   const LoadedModel lm = load_model(test::data_path("golden/" + GetParam() + ".gguf"));
   std::map<std::string, std::map<std::string, int>> usage;
   ModelOptions o;
-  o.ctx = 128;
   o.pool = &pool();
   o.on_routing = [&](const RoutingEvent& ev) {
     for (int64_t i = 0; i < ev.n_tokens * ev.k; ++i) {
       ++usage["ffn_moe_topk-" + std::to_string(ev.layer)][std::to_string(ev.ids[i])];
     }
   };
-  Model model(lm, o);
+  Model model_net(lm, o);
+  SingleSequence model(model_net, 128);
   const auto tokens = meta["prompts"][1]["tokens"].get<std::vector<int32_t>>();
   std::vector<float> logits(lm.config.vocab_size);
   model.forward(tokens, logits.data(), false);

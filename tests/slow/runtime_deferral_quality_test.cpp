@@ -70,10 +70,10 @@ class SkippingBackend : public MoeBackend {
 
 double perplexity(const LoadedModel& lm, MoeBackend* moe, ThreadPool* pool) {
   ModelOptions mo;
-  mo.ctx = 512;
   mo.pool = pool;
   mo.moe = moe;
-  Model m(lm, mo);
+  Model m_net(lm, mo);
+  SingleSequence m(m_net, 512);
   std::vector<float> logits(lm.config.vocab_size);
   double nll = 0;
   for (size_t i = 0; i + 1 < kIds.size(); ++i) {

@@ -37,9 +37,9 @@ TEST(CliPerplexity, MatchesDefinition) {
   int count = 0;
   for (size_t c = 0; c + ctx <= tokens.size(); c += ctx) {
     ModelOptions mo;
-    mo.ctx = ctx;
     mo.mla = MlaMode::kNaive;
-    Model m(lm, mo);
+    Model m_net(lm, mo);
+    SingleSequence m(m_net, ctx);
     std::vector<int32_t> chunk(tokens.begin() + c, tokens.begin() + c + ctx);
     chunk[0] = tok.bos_id();
     std::vector<float> logits(ctx * nv);

@@ -59,14 +59,14 @@ TEST(CliTrace, RecordsWhatTheModelRoutes) {
   ThreadingContext threading(ThreadingOptions{0, true, 50});
   MoeRuntime moe(lm, BackendOptions{}, threading);
   ModelOptions mo;
-  mo.ctx = 16;
   mo.pool = &threading.pool();
   mo.moe = moe.backend();
   mo.on_routing = [&](const RoutingEvent& e) {
     inputs[e.moe_index].insert(inputs[e.moe_index].end(), e.hidden, e.hidden + e.n_tokens * H);
     for (int64_t i = 0; i < e.n_tokens * e.k; ++i) ids.push_back(e.ids[i]);
   };
-  Model m(lm, mo);
+  Model m_net(lm, mo);
+  SingleSequence m(m_net, 16);
   std::vector<float> logits(static_cast<size_t>(lm.config.vocab_size));
   int64_t n_records = 0;
   for (size_t b = 0; b < tokens.size(); b += 13) {
@@ -105,7 +105,8 @@ TEST(CliTrace, RecordsWhatTheModelRoutes) {
   mo.on_routing = [&](const RoutingEvent& e) {
     in2[e.moe_index].insert(in2[e.moe_index].end(), e.hidden, e.hidden + e.n_tokens * H);
   };
-  Model m2(lm, mo);
+  Model m2_net(lm, mo);
+  SingleSequence m2(m2_net, 16);
   for (size_t b = 0; b < tokens.size(); b += 16) {
     std::vector<int32_t> chunk(tokens.begin() + long(b),
                                tokens.begin() + long(std::min(tokens.size(), b + 16)));

@@ -179,10 +179,10 @@ struct Decode {
 
 Decode decode(const LoadedModel& lm, MoeBackend* moe, int steps) {
   ModelOptions mo;
-  mo.ctx = 64;
   mo.pool = &pool();
   mo.moe = moe;
-  Model model(lm, mo);
+  Model model_net(lm, mo);
+  SingleSequence model(model_net, 64);
   const int64_t nv = lm.config.vocab_size;
   std::vector<int32_t> prompt = {1, 453, 386, 332, 341};
   std::vector<float> last(nv);

@@ -1,0 +1,397 @@
+#include "model/kv_cache.h"
+
+#include <algorithm>
+#include <cstring>
+
+#include "core/error.h"
+#include "core/fp_convert.h"
+#include "core/topology.h"
+#include "ops/cpu/ref_ops.h"
+
+namespace tandem {
+
+KvType parse_kv_type(const std::string& name) {
+  if (name == "f32") return KvType::kF32;
+  if (name == "bf16") return KvType::kBf16;
+  if (name == "f16") return KvType::kF16;
+  if (name == "q8_0") return KvType::kQ8_0;
+  fail(ErrorKind::kInvalidArgument,
+       "--cache-type must be 'f32', 'bf16', 'f16' or 'q8_0', got '{}'", name);
+}
+
+const char* kv_type_name(KvType type) {
+  switch (type) {
+    case KvType::kF32: return "f32";
+    case KvType::kBf16: return "bf16";
+    case KvType::kF16: return "f16";
+    case KvType::kQ8_0: return "q8_0";
+  }
+  return "?";
+}
+
+namespace {
+
+// Elements of one cached row of d values (bytes for Q8_0, whose rows are q8_row_bytes).
+int64_t row_elems(KvType type, int64_t d) {
+  return type == KvType::kQ8_0 ? ops::q8_row_bytes(d) : d;
+}
+int64_t elem_bytes(KvType type) {
+  return type == KvType::kF32 ? 4 : type == KvType::kQ8_0 ? 1 : 2;
+}
+
+}  // namespace
+
+KvCache::KvCache(const KvLayout& layout, const KvCacheOptions& options)
+    : layout_(layout), options_(options) {
+  const KvLayout& l = layout_;
+  if (l.layers <= 0 || l.k_heads <= 0 || l.k_dim <= 0 || l.v_heads < 0 || l.v_dim <= 0 ||
+      (l.v_heads == 0 && (l.k_heads != 1 || l.v_dim > l.k_dim))) {
+    fail(ErrorKind::kInvalidArgument,
+         "KV cache: a bad layout ({} layers, {} x {} key values, {} x {} values per position)",
+         l.layers, l.k_heads, l.k_dim, l.v_heads, l.v_dim);
+  }
+  block_ = options.block_positions;
+  if (block_ <= 0 || (block_ & (block_ - 1)) != 0 || block_ % ops::kKvBlockAlign != 0 ||
+      block_ > (int64_t{1} << 20)) {
+    fail(ErrorKind::kInvalidArgument,
+         "KV cache: positions per block must be a power of two, a multiple of {} and at most "
+         "2^20, got {}",
+         ops::kKvBlockAlign, block_);
+  }
+  if (options.positions <= 0) {
+    fail(ErrorKind::kInvalidArgument, "KV cache: the pool needs a positive number of positions, "
+         "got {}", options.positions);
+  }
+  if (options.max_sequence_positions < 0) {
+    fail(ErrorKind::kInvalidArgument, "KV cache: a negative context size {}",
+         options.max_sequence_positions);
+  }
+  const KvType t = options.type;
+  k_row_ = row_elems(t, l.k_dim);
+  v_row_ = l.v_heads > 0 ? row_elems(t, l.v_dim) : 0;
+  k_row_bytes_ = k_row_ * elem_bytes(t);
+  v_row_bytes_ = v_row_ * elem_bytes(t);
+  k_block_bytes_ = static_cast<uint64_t>(l.k_heads * block_ * k_row_bytes_);
+  v_block_bytes_ = static_cast<uint64_t>(l.v_heads * block_ * v_row_bytes_);
+  block_bytes_ = static_cast<uint64_t>(l.layers) * (k_block_bytes_ + v_block_bytes_);
+  // The pool's size before any arithmetic that could overflow: at most 2^31 - 1 blocks and 1 TiB.
+  constexpr uint64_t kMaxBytes = uint64_t{1} << 40;
+  const uint64_t blocks = (static_cast<uint64_t>(options.positions) + block_ - 1) / block_;
+  const uint64_t available = meminfo_bytes("MemAvailable");  // 0: unknown
+  const uint64_t limit = available > 0 ? std::min(available, kMaxBytes) : kMaxBytes;
+  if (blocks > static_cast<uint64_t>(INT32_MAX) || blocks > limit / block_bytes_) {
+    fail(ErrorKind::kResource,
+         "a KV cache of {} positions needs {:.1f} GiB, more than the {:.1f} GiB of memory "
+         "available (lower the context size, --ctx)",
+         options.positions,
+         static_cast<double>(blocks) * static_cast<double>(block_bytes_) / 1073741824.0,
+         static_cast<double>(limit) / 1073741824.0);
+  }
+  n_blocks_ = static_cast<int64_t>(blocks);
+  max_seq_ = options.max_sequence_positions > 0 ? options.max_sequence_positions : capacity();
+  AllocOptions ao;
+  ao.huge_pages = true;  // mmap: zero pages, taken as the positions are written
+  pool_ = AlignedBuffer(static_cast<size_t>(bytes()), ao);
+  refs_.assign(static_cast<size_t>(n_blocks_), 0);
+  free_.resize(static_cast<size_t>(n_blocks_));
+  // A stack popped from the back: block 0 first, so a lone sequence's blocks are in order.
+  for (int64_t i = 0; i < n_blocks_; ++i) free_[static_cast<size_t>(i)] =
+      static_cast<int32_t>(n_blocks_ - 1 - i);
+}
+
+uint64_t KvCache::position_bytes() const {
+  return static_cast<uint64_t>(layout_.k_heads * k_row_bytes_ + layout_.v_heads * v_row_bytes_);
+}
+
+const KvCache::Seq& KvCache::seq_ref(SeqId seq) const {
+  if (seq < 0 || static_cast<size_t>(seq) >= seqs_.size() || !seqs_[seq].live) {
+    fail(ErrorKind::kInvalidArgument, "KV cache: no sequence {}", seq);
+  }
+  return seqs_[static_cast<size_t>(seq)];
+}
+
+KvCache::Seq& KvCache::seq_ref(SeqId seq) {
+  return const_cast<Seq&>(static_cast<const KvCache*>(this)->seq_ref(seq));
+}
+
+SeqId KvCache::create() {
+  for (size_t i = 0; i < seqs_.size(); ++i) {
+    if (!seqs_[i].live) {
+      seqs_[i] = Seq{};
+      seqs_[i].live = true;
+      return static_cast<SeqId>(i);
+    }
+  }
+  if (seqs_.size() >= static_cast<size_t>(INT32_MAX)) {
+    fail(ErrorKind::kResource, "KV cache: too many sequences");
+  }
+  seqs_.emplace_back().live = true;
+  return static_cast<SeqId>(seqs_.size() - 1);
+}
+
+SeqId KvCache::fork(SeqId src) {
+  seq_ref(src);  // (checks it before create() may move seqs_)
+  const SeqId id = create();
+  Seq& dst = seqs_[static_cast<size_t>(id)];
+  const Seq& s = seqs_[static_cast<size_t>(src)];
+  dst.length = s.length;
+  dst.blocks = s.blocks;
+  dst.tokens = s.tokens;
+  for (int32_t b : dst.blocks) ++refs_[static_cast<size_t>(b)];
+  return id;
+}
+
+void KvCache::drop_blocks(Seq& s, size_t keep) {
+  for (size_t i = keep; i < s.blocks.size(); ++i) {
+    const int32_t b = s.blocks[i];
+    if (--refs_[static_cast<size_t>(b)] == 0) free_.push_back(b);
+  }
+  if (keep < s.blocks.size()) s.blocks.resize(keep);
+}
+
+void KvCache::truncate(SeqId seq, int64_t length) {
+  Seq& s = seq_ref(seq);
+  if (length < 0) {
+    fail(ErrorKind::kInvalidArgument, "KV cache: truncating sequence {} to {} positions", seq,
+         length);
+  }
+  if (length >= s.length) return;
+  s.length = length;
+  s.tokens.resize(static_cast<size_t>(length));
+  drop_blocks(s, static_cast<size_t>((length + block_ - 1) / block_));
+}
+
+void KvCache::release(SeqId seq) {
+  Seq& s = seq_ref(seq);
+  drop_blocks(s, 0);
+  s = Seq{};
+}
+
+bool KvCache::contains(SeqId seq) const {
+  return seq >= 0 && static_cast<size_t>(seq) < seqs_.size() && seqs_[seq].live;
+}
+
+int64_t KvCache::length(SeqId seq) const { return seq_ref(seq).length; }
+
+int64_t KvCache::sequences() const {
+  return std::count_if(seqs_.begin(), seqs_.end(), [](const Seq& s) { return s.live; });
+}
+
+std::span<const int32_t> KvCache::tokens(SeqId seq) const { return seq_ref(seq).tokens; }
+
+KvCache::PrefixMatch KvCache::longest_prefix(std::span<const int32_t> tokens) const {
+  PrefixMatch best;
+  for (size_t i = 0; i < seqs_.size(); ++i) {
+    const Seq& s = seqs_[i];
+    if (!s.live) continue;
+    const size_t n = std::min(s.tokens.size(), tokens.size());
+    const size_t common =
+        static_cast<size_t>(std::mismatch(s.tokens.begin(), s.tokens.begin() + n, tokens.begin())
+                                .first -
+                            s.tokens.begin());
+    if (static_cast<int64_t>(common) > best.length) {
+      best.seq = static_cast<SeqId>(i);
+      best.length = static_cast<int64_t>(common);
+    }
+  }
+  return best;
+}
+
+int64_t KvCache::blocks_needed(std::span<const Write> writes) const {
+  int64_t needed = 0;
+  for (const Write& w : writes) {
+    const Seq& s = seq_ref(w.seq);
+    const int64_t n = static_cast<int64_t>(w.tokens.size());
+    if (n == 0) continue;
+    const int64_t first = w.pos0 / block_, last = (w.pos0 + n - 1) / block_;
+    // The sequence's blocks after the truncation to pos0: the ones holding [0, pos0).
+    const int64_t kept = std::min<int64_t>(static_cast<int64_t>(s.blocks.size()),
+                                           (w.pos0 + block_ - 1) / block_);
+    for (int64_t b = first; b <= last; ++b) {
+      // A new block past the kept ones, or a copy of a kept one another sequence holds too.
+      if (b >= kept || refs_[static_cast<size_t>(s.blocks[static_cast<size_t>(b)])] > 1) {
+        ++needed;
+      }
+    }
+  }
+  return needed;
+}
+
+void KvCache::make_writable(std::span<const Write> writes) {
+  for (size_t i = 0; i < writes.size(); ++i) {
+    const Write& w = writes[i];
+    const Seq& s = seq_ref(w.seq);
+    for (size_t j = 0; j < i; ++j) {
+      if (writes[j].seq == w.seq) {
+        fail(ErrorKind::kInvalidArgument, "KV cache: sequence {} written twice in one batch",
+             w.seq);
+      }
+    }
+    const int64_t n = static_cast<int64_t>(w.tokens.size());
+    if (w.pos0 < 0 || w.pos0 > s.length) {
+      fail(ErrorKind::kOutOfRange,
+           "KV cache: sequence {} has {} positions; tokens cannot go at position {}", w.seq,
+           s.length, w.pos0);
+    }
+    if (n > max_seq_ - w.pos0) {
+      fail(ErrorKind::kOutOfRange, "{} tokens at position {} exceed the context size {}", n,
+           w.pos0, max_seq_);
+    }
+  }
+  // Free blocks, and the ones the truncations to pos0 give back (held by that sequence alone).
+  int64_t available = blocks_free();
+  for (const Write& w : writes) {
+    const Seq& s = seq_ref(w.seq);
+    for (size_t b = static_cast<size_t>((w.pos0 + block_ - 1) / block_); b < s.blocks.size();
+         ++b) {
+      if (refs_[static_cast<size_t>(s.blocks[b])] == 1) ++available;
+    }
+  }
+  const int64_t needed = blocks_needed(writes);
+  if (needed > available) {
+    fail(ErrorKind::kResource,
+         "KV cache full: the batch needs {} more blocks of {} positions, {} of {} are free "
+         "(a larger pool, or fewer sequences at once)",
+         needed, block_, available, n_blocks_);
+  }
+  for (const Write& w : writes) {
+    const int64_t n = static_cast<int64_t>(w.tokens.size());
+    Seq& s = seq_ref(w.seq);
+    truncate(w.seq, w.pos0);
+    if (n == 0) continue;
+    const int64_t first = w.pos0 / block_, last = (w.pos0 + n - 1) / block_;
+    for (int64_t b = first; b <= last; ++b) {
+      if (b < static_cast<int64_t>(s.blocks.size())) {
+        int32_t& old = s.blocks[static_cast<size_t>(b)];
+        if (refs_[static_cast<size_t>(old)] == 1) continue;
+        // Copy-on-write: the rows written so far (a block is shared only up to some position:
+        // copying all of it keeps the code simple, a block is ~0.1-5 MB).
+        const int32_t copy = take_block();
+        uint8_t* base = pool_.as<uint8_t>();
+        for (int64_t l = 0; l < layout_.layers; ++l) {
+          const uint64_t layer = static_cast<uint64_t>(l) * n_blocks_ *
+                                 (k_block_bytes_ + v_block_bytes_);
+          const uint64_t vbase = layer + static_cast<uint64_t>(n_blocks_) * k_block_bytes_;
+          std::memcpy(base + layer + copy * k_block_bytes_, base + layer + old * k_block_bytes_,
+                      k_block_bytes_);
+          if (v_block_bytes_ > 0) {
+            std::memcpy(base + vbase + copy * v_block_bytes_, base + vbase + old * v_block_bytes_,
+                        v_block_bytes_);
+          }
+        }
+        --refs_[static_cast<size_t>(old)];
+        old = copy;
+      } else {
+        s.blocks.push_back(take_block());
+      }
+    }
+    s.length = w.pos0 + n;
+    s.tokens.insert(s.tokens.end(), w.tokens.begin(), w.tokens.end());
+  }
+}
+
+int32_t KvCache::take_block() {
+  TD_CHECK(!free_.empty(), "KvCache: no free block after the check");
+  const int32_t b = free_.back();
+  free_.pop_back();
+  refs_[static_cast<size_t>(b)] = 1;
+  return b;
+}
+
+uint8_t* KvCache::row_at(int64_t layer, bool value, int32_t block, int64_t r,
+                         int64_t head) const {
+  const uint64_t layer_base =
+      static_cast<uint64_t>(layer) * n_blocks_ * (k_block_bytes_ + v_block_bytes_);
+  uint8_t* base = const_cast<uint8_t*>(pool_.as<uint8_t>()) + layer_base;
+  if (!value) {
+    return base + block * k_block_bytes_ + static_cast<uint64_t>((head * block_ + r) * k_row_bytes_);
+  }
+  return base + static_cast<uint64_t>(n_blocks_) * k_block_bytes_ + block * v_block_bytes_ +
+         static_cast<uint64_t>((head * block_ + r) * v_row_bytes_);
+}
+
+void KvCache::write_row(int64_t layer, bool value, SeqId seq, int64_t pos, int64_t head,
+                        const float* src) {
+  const Seq& s = seqs_[static_cast<size_t>(seq)];
+  uint8_t* row = row_at(layer, value, s.blocks[static_cast<size_t>(pos / block_)], pos % block_,
+                        head);
+  const int64_t d = value ? layout_.v_dim : layout_.k_dim;
+  switch (options_.type) {
+    case KvType::kF32:
+      std::memcpy(row, src, static_cast<size_t>(d) * 4);
+      break;
+    case KvType::kBf16:
+    case KvType::kF16: {
+      uint16_t* dst = reinterpret_cast<uint16_t*>(row);
+      const bool f16 = options_.type == KvType::kF16;
+      for (int64_t i = 0; i < d; ++i) dst[i] = f16 ? f32_to_f16(src[i]) : f32_to_bf16(src[i]);
+      break;
+    }
+    case KvType::kQ8_0:
+      ops::q8_quantize(src, d, reinterpret_cast<int8_t*>(row) + ops::q8_lead_bytes(d));
+      break;
+  }
+}
+
+void KvCache::read_row(int64_t layer, bool value, SeqId seq, int64_t pos, int64_t head,
+                       float* dst) const {
+  const Seq& s = seqs_[static_cast<size_t>(seq)];
+  const uint8_t* row = row_at(layer, value, s.blocks[static_cast<size_t>(pos / block_)],
+                              pos % block_, head);
+  const int64_t d = value ? layout_.v_dim : layout_.k_dim;
+  switch (options_.type) {
+    case KvType::kF32:
+      std::memcpy(dst, row, static_cast<size_t>(d) * 4);
+      break;
+    case KvType::kBf16:
+    case KvType::kF16: {
+      const uint16_t* h = reinterpret_cast<const uint16_t*>(row);
+      const bool f16 = options_.type == KvType::kF16;
+      for (int64_t i = 0; i < d; ++i) dst[i] = f16 ? f16_to_f32(h[i]) : bf16_to_f32(h[i]);
+      break;
+    }
+    case KvType::kQ8_0: {
+      const int8_t* values = reinterpret_cast<const int8_t*>(row) + ops::q8_lead_bytes(d);
+      for (int64_t i = 0; i < d; ++i) dst[i] = ops::q8_value(values, i);
+      break;
+    }
+  }
+}
+
+void KvCache::attention_args(int64_t layer, SeqId seq, ops::AttentionArgs* a) const {
+  const Seq& s = seq_ref(seq);
+  const int64_t eb = elem_bytes(options_.type);
+  const uint8_t* k = row_at(layer, false, 0, 0, 0);
+  const bool values_in_keys = layout_.v_heads == 0;
+  const uint8_t* v = values_in_keys ? k : row_at(layer, true, 0, 0, 0);
+  switch (options_.type) {
+    case KvType::kF32:
+      a->k = reinterpret_cast<const float*>(k);
+      a->v = reinterpret_cast<const float*>(v);
+      break;
+    case KvType::kBf16:
+    case KvType::kF16:
+      a->k16 = reinterpret_cast<const uint16_t*>(k);
+      a->v16 = reinterpret_cast<const uint16_t*>(v);
+      a->f16 = options_.type == KvType::kF16;
+      break;
+    case KvType::kQ8_0:
+      a->k8 = reinterpret_cast<const int8_t*>(k) + ops::q8_lead_bytes(layout_.k_dim);
+      // (The values of a latent row are its first v_dim: the same row, the key's scales.)
+      a->v8 = values_in_keys
+                  ? a->k8
+                  : reinterpret_cast<const int8_t*>(v) + ops::q8_lead_bytes(layout_.v_dim);
+      break;
+  }
+  // Head-major within a block: a KV head's positions of the block are consecutive rows.
+  a->k_stride = k_row_;
+  a->v_stride = values_in_keys ? k_row_ : v_row_;
+  a->k_head = layout_.k_heads > 1 ? block_ * k_row_ : 0;
+  a->v_head = values_in_keys ? a->k_head : layout_.v_heads > 1 ? block_ * v_row_ : 0;
+  a->blocks = s.blocks.data();
+  a->block_positions = block_;
+  a->k_block = static_cast<int64_t>(k_block_bytes_) / eb;
+  a->v_block = static_cast<int64_t>(values_in_keys ? k_block_bytes_ : v_block_bytes_) / eb;
+}
+
+}  // namespace tandem
