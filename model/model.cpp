@@ -415,7 +415,8 @@ void Model::attention_mla(KvCache& cache, int64_t l, int64_t n, const float* x, 
       const float* src = q + (rows_[j] * nh + i) * qk;
       std::copy(src, src + nope, lat_l.data() + j * nope);
     }
-    // (kern: quantized activations where llama.cpp's absorbed MLA quantizes them too.)
+    // (kern: quantized activations where llama.cpp's absorbed MLA quantizes them too. Every
+    // sequence's tokens in one product: a row's numbers do not depend on the rows beside it.)
     if (lw.k_up_transposed) {
       kern::matmul(lw.k_up[i], lat_l.data(), na, tmp_l.data(), nullptr, views_);
     } else {
