@@ -88,8 +88,8 @@ inline double median(std::vector<double> v) {
 
 // The compute peak the same way: `tandem roofline`'s multiply-add chains of one kind
 // (ops/cpu/roofline_kernels.h, the best variant this CPU runs) on every thread of the pool at once,
-// for ~10 ms per measure(). The same VM's compute rate swings too (session 33: one core's INT8
-// GEMM task took 600 or 900 thousand cycles by the minute, as if another guest shared the core).
+// for ~10 ms per measure(). A shared VM's compute rate swings too (one core's INT8 GEMM task can
+// take 600 or 900 thousand cycles by the minute, as if another guest shared the core).
 class PeakProbe {
  public:
   // A CPU without a kernel of `kind` (bf16 without AVX-512 BF16) gets none: ok() is false.

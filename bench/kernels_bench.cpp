@@ -129,10 +129,9 @@ void run(benchmark::State& state, DType dtype, int64_t rows, int64_t cols, int64
   std::vector<float> y(static_cast<size_t>(tokens * rows));
   kern::Activations a;
   kern::quantize_activations(kern::act_format(w.m.format), 0, x.data(), tokens, cols, cols, &a);
-  // Tasks of 64 rows for a GEMM, ~256 KiB of weights for a GEMV (each task one long stream; until
-  // session 6 this bench used 64-row GEMV tasks, 20-30% slower). kern::matmul cuts a GEMV this
-  // large into 4 MiB tasks from session 12 to 37 (since session 38 into RangeShares: BM_LmHeadQ6K
-  // shares_vs_tasks): tasks_4m_vs_256k below measures the difference.
+  // Tasks of 64 rows for a GEMM, ~256 KiB of weights for a GEMV (each task one long stream: 64-row
+  // GEMV tasks read 20-30% slower). kern::matmul runs a GEMV this large in RangeShares instead
+  // (BM_LmHeadQ6K shares_vs_tasks); tasks_4m_vs_256k below measures what task length costs.
   auto rows_of = [&](int64_t task_bytes) {
     return std::max<int64_t>(16, task_bytes / w.m.row_bytes / 16 * 16);
   };
@@ -381,9 +380,9 @@ void BM_MatmulChain(benchmark::State& state, DType dtype, int64_t rows) {
   gemv_counters(state, n * rows * rb, call);
   state.counters["calls"] = static_cast<double>(n);
 }
-// One token's GEMV of the matrices ws as kern::matmul_shared_input ran it until session 38 (one
-// pool job of fixed tasks: per thread about two of at most 4 MiB, whole 16-row tiles), for the
-// A/B against its RangeShares (shares_vs_tasks).
+// One token's GEMV of the matrices ws as one pool job of fixed tasks (per thread about two of at
+// most 4 MiB, whole 16-row tiles): the alternative to kern::matmul_shared_input's RangeShares, for
+// the A/B against it (shares_vs_tasks).
 void gemv_in_fixed_tasks(std::span<const kern::KMatrix* const> ws, const float* x,
                          std::span<float* const> ys, kern::Activations* a) {
   kern::quantize_activations(kern::act_format(ws[0]->format), ws[0]->group, x, 1, ws[0]->cols,
@@ -451,8 +450,8 @@ void BM_DenseDecodeX16(benchmark::State& state) {
   for (auto _ : state) call();
   gemv_counters(state, layers * per_layer, call);
   state.counters["calls"] = static_cast<double>(2 * layers);
-  // shares_vs_tasks: against the same matmuls as a job of fixed tasks each (kern::matmul's
-  // GEMV until session 38), A/B in the same minute (ab_rounds).
+  // shares_vs_tasks: against the same matmuls as a job of fixed tasks each
+  // (gemv_in_fixed_tasks), A/B in the same minute (ab_rounds).
   auto tasks_call = [&] {
     for (int64_t l = 0; l < layers; ++l) {
       const kern::KMatrix* ws[2] = {&q[l], &kv[l]};
@@ -471,8 +470,8 @@ BENCHMARK(BM_DenseDecodeX16)->UseRealTime()->MinTime(0.3);
 // DeepSeek-V2-Lite's lm_head as decode runs it: one token against 102400 x 2048 Q6_K (the Q4_K_M
 // file's output.weight, 172 MB) in its stored rows by kern::matmul on the pool (BM_LmHeadQ6KX16:
 // in x16 tiles, as `repack` holds it).
-// shares_vs_tasks: against the same rows as a job of fixed tasks (until session 38), A/B in the
-// same minute.
+// shares_vs_tasks: against the same rows as a job of fixed tasks (gemv_in_fixed_tasks), A/B in
+// the same minute.
 void BM_LmHeadQ6K(benchmark::State& state) {
   constexpr int64_t kRows = 102400, kCols = 2048;
   const Weights w = make_weights(DType::kQ6_K, kRows, kCols);

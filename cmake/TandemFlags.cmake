@@ -2,8 +2,9 @@
 #
 # Baseline ISA: x86-64-v3 (AVX2, FMA, F16C, BMI2) -- the oldest CPU tandem supports. Wider ISAs
 # (AVX-512, AVX-512 BF16/VNNI, AMX) are only used by kernels that are selected at run time from
-# the CPU's features (core/cpu_features.h), through __attribute__((target)) functions or
-# translation units compiled with tandem_isa_sources(). core/cpu_check.c, compiled for plain
+# the CPU's features (core/cpu_features.h): code after a `#pragma GCC target`, or the few kernel
+# translation units ops/cpu/CMakeLists.txt compiles with ISA flags (docs/development.md, "CPU
+# instruction sets", says why and what keeps them safe). core/cpu_check.c, compiled for plain
 # x86-64, refuses older CPUs with a clear message before any other code runs.
 set(TANDEM_BASELINE_FLAGS -march=x86-64-v3 -mtune=generic)
 set(TANDEM_WARNING_FLAGS -Wall -Wextra -Wno-unused-parameter)

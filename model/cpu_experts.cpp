@@ -501,9 +501,9 @@ CpuExperts prepare_cpu_experts(const LoadedModel& model, const CpuExpertOptions&
         add(*w);
       }
       // Every k_up too: GGUF's transposed k_b [kv_lora, qk_nope] is read through kern::matmul
-      // in absorbed MLA (the default; naive MLA reads it from the file with
-      // ops::matmul_transposed). Left out, the absorbed k_b (27 x 16 heads of 40 KiB Q5_0 in
-      // V2-Lite) was read from the released file mapping every token.
+      // in absorbed MLA (naive MLA reads it from the file with ops::matmul_transposed). Left out,
+      // the absorbed k_b (27 x 16 heads of 40 KiB Q5_0 in V2-Lite) would be read from the
+      // released file mapping every token.
       for (const ops::Weight& w : lw.k_up) add(w);
       for (const ops::Weight& w : lw.v_up) add(w);
     }

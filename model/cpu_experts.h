@@ -1,5 +1,4 @@
-// The routed experts as the CPU kernels read them (issue 4, KTransformers §3.2 online
-// quantization): views on the stored weights ("native"); the stored values rearranged at load
+// The routed experts as the CPU kernels read them (KTransformers §3.2 online quantization): views on the stored weights ("native"); the stored values rearranged at load
 // into one huge-page arena ("repack": Q4_K / Q6_K in x16 tiles, ops/cpu/q4k_x16.h, q6k_x16.h, on
 // CPUs with AVX-512 VNNI, Q5_0 / Q8_0 in x4 rows, ops/cpu/q0_x4.h, where they have VBMI too, the
 // other types copied as stored; the MoE layers' shared experts and every non-expert matrix the
@@ -15,7 +14,7 @@
 //                  source: file sizes + mtimes + every expert's shape and dtype), a table of
 //                  per-matrix offsets, then each packed matrix 4 KiB-aligned.
 // A cache whose magic, version, fingerprint, size or table does not match is rebuilt (one log
-// line), never used. docs/cpu-backend.md, "Repacked experts".
+// line), never used. docs/cpu-backend.md, "CPU experts".
 #pragma once
 
 #include <cstdint>

@@ -1,4 +1,4 @@
-// The accelerator interface (issue 6): a CUDA-shaped Device that the hybrid runtime drives. A CUDA
+// The accelerator interface: a CUDA-shaped Device that the hybrid runtime drives. A CUDA
 // backend implements it with stream = cudaStream_t, event = cudaEvent_t, host_callback =
 // cudaLaunchHostFunc, alloc = cudaMallocAsync / a pool; the host device emulates one on CPU threads
 // with a bandwidth- and latency-capped link so policies can be studied without a GPU.

@@ -21,7 +21,7 @@ namespace tandem {
 class ThreadingContext;
 
 struct BackendOptions {
-  // CPU experts (issue 4).
+  // CPU experts (docs/cpu-backend.md, "CPU experts").
   // auto | native | repack | int8 | int4 | bf16 (auto: resolve_cpu_experts below)
   std::string cpu_experts = "auto";
   int expert_group = 128;              // int8/int4 quantization group: 32, 64, 128
@@ -34,7 +34,7 @@ struct BackendOptions {
   // (0: one per node the pool spans, so 1 on a one-node machine; 1: off). More parts than nodes
   // wrap around the nodes (tests and benchmarks force 2 parts on one node).
   int numa_parts = 0;
-  // Hybrid runtime (issue 6).
+  // Hybrid runtime (docs/hybrid.md).
   std::string accel = "auto";        // auto | none | host | cuda  (auto: cuda if present, else none)
   int gpu_experts = 0;               // experts resident on the accelerator per MoE layer
   std::string vram_budget;           // e.g. "8G"; empty: the device's capacity
@@ -53,9 +53,9 @@ struct BackendOptions {
 };
 
 // --cpu-experts auto, decided once before the model loads (the load mode depends on it):
-// "repack" for a GGUF model on a CPU with AVX-512 VNNI (the x16 / x4 kernels: the V2-Lite and
-// Qwen3 MoE layers 1.11x the stored rows where DRAM is fast, equal elsewhere; end to end 0-10%;
-// the same logits; docs/cpu-backend.md "Session 18"), unless --mmap was given,
+// "repack" for a GGUF model on a CPU with AVX-512 VNNI (the x16 / x4 kernels read DRAM faster
+// than the stored rows where DRAM is fast and no slower elsewhere, at the same logits;
+// docs/cpu-backend.md, "CPU experts"), unless --mmap was given,
 // transparent huge pages are off or the file does not fit in 90% of the memory available (the
 // rule by which `native` copies it into memory: repack holds the same bytes); "native" otherwise.
 // Any other value is returned as given. why (optional): the reason, one phrase.

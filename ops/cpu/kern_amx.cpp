@@ -155,7 +155,7 @@ inline void unpack_int4_block(const uint8_t* block, int group, int8_t* dst) {
 
 // Below these token counts the AVX-512 kernels run instead of AMX, which would use a few rows of
 // each 16-row A tile (and for INT4 pay the unpacking for them). Measured on a 16-core Sapphire
-// Rapids-class Xeon, 16 threads (docs/cpu-kernels.md, "Session 40"), weights from DRAM (1 GiB) and
+// Rapids-class Xeon, 16 threads (bench_packed_bench BM_GemmFew), weights from DRAM (1 GiB) and
 // from its L3 (96 MiB): INT4 VNNI faster from DRAM up to 8 tokens (13.6 vs 16.0 ms at 8), AMX
 // from 16 (17.8 vs 22.1), from L3 AMX already at 8; INT8 equal up to 4 tokens from either, and a
 // V2-Lite decode layer 1.14-1.33x faster on VNNI; BF16 `vdpbf16ps` faster from DRAM at 1-2 tokens
@@ -261,9 +261,10 @@ void int_kernel(const PackedArgs& p) {
 // FP8Block: per 16 rows, a chunk of whole scale blocks (~1024 columns) is expanded to BF16 B-tile
 // lines once (fp8_expand_vnni, AVX-512), then every pair of 16-token A tiles runs tdpbf16ps over it
 // (Blocking2x2 with one row tile: a B tile load feeds two tdp*), a C tile per token tile and scale
-// block post-scaled as the reference: acc = fma(scale, block sum, acc). (Expanding
-// per token tile, element by element, made the 512-token GEMM 12x slower than AVX-512 on a
-// Sapphire Rapids.) GEMVs take the VBMI or VNNI row kernels: one token would use one tile row.
+// block post-scaled as the reference: acc = fma(scale, block sum, acc). (Expanded per token tile,
+// element by element, the 512-token GEMM ran 12x slower than AVX-512 on a Sapphire Rapids: the
+// expansion, not the tiles, is the cost.) GEMVs take the VBMI or VNNI row kernels: one token would
+// use one tile row.
 void fp8_kernel(const PackedArgs& p) {
   static const bool vbmi = cpu_features().avx512_vbmi && cpu_features().avx512_bf16;
   if (vbmi && fp8_rows_vbmi_fits(*p.w, p.a->tokens)) {

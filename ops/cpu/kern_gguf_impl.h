@@ -82,13 +82,11 @@ inline int32_t k4_min_sum(const uint8_t* m, const int16_t* bsums) {
 
 // Software prefetch kPrefetchBytes ahead of the weight stream (rows are contiguous, so past a
 // row's end it fetches the next row): one core's hardware prefetchers alone leave the GEMV short
-// of DRAM bandwidth.
-// (A/B on this machine: 4 KiB beat 1 and 2 KiB and none. 12 KiB, session 13: 1.05-1.18x on the
-// 96 MiB GEMV benchmark in fast minutes, but end to end decode 5% slower in 6 of 6 alternating
-// pairs; docs/cpu-kernels.md "Session 13". 8 KiB, session 21: the native MoE layer's decode
-// 0.71-0.72 -> 0.76 (V2-Lite) and 0.74-0.76 -> 0.82-0.84 (Qwen3) of DRAM in fast minutes, equal in
-// slow ones, end to end `--cpu-experts native` decode no slower; the x4 rows keep 4 KiB,
-// kern_q0_vbmi.cpp.)
+// of DRAM bandwidth. 8 KiB: shorter distances (none, 1, 2, 4 KiB) read the GEMV benchmark or the
+// native MoE layer's decode slower in same-minute A/Bs, and 8 KiB left end-to-end decode no
+// slower; 12 KiB read the benchmark and the layer faster than 4 KiB but decoded slower end to end
+// (the forward keeps activations, KV cache and the pool's state in L1 / L2, where more lines in
+// flight per thread cost more). The x4 rows keep 4 KiB (kern_q0_vbmi.cpp).
 constexpr int kPrefetchBytes = 8192;
 template <int kDistance = kPrefetchBytes>
 inline void prefetch_ahead(const void* p, int bytes) {

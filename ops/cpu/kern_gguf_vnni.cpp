@@ -1,6 +1,6 @@
-// AVX-512 with VNNI and BF16 instances of the GGUF / dense kernel templates (compiled with the
-// matching -mavx512* flags and -ffp-contract=off; see ops/cpu/CMakeLists.txt). Selected only when
-// the CPU has them.
+// AVX-512 VNNI instances of the GGUF / dense kernel templates (compiled with -mavx512f/bw/vl/dq,
+// -mavx512vnni and -ffp-contract=off, without BF16, so Cascade Lake and Ice Lake run them; see
+// ops/cpu/CMakeLists.txt). Selected only when the CPU has them (Isa::kAvx512Vnni).
 #include <algorithm>
 #include <cstddef>
 #include <cstring>
@@ -634,9 +634,9 @@ void k16_tiled(const GemmArgs& g) {
 // and c * sum(a) is subtracted per block, exactly. Rows take 16 blocks at a time: one vpdpbusd
 // per pair of blocks (lanes 0-7 the even block, 8-15 the odd one), the 8 pair vectors reduced to
 // the 16 block sums by a transposing add tree, one FMA per 16 blocks. Tiles keep each acc[L] as a
-// vector over the 16 rows, lane L's blocks one after the other, 8 tokens at a time.
-// (Session 5: the previous layout, the row kernels' 8 / 16 lane accumulators per 4-element dword
-// reproduced in the tiles, cost 8 conversions and FMAs per block and token; docs/cpu-kernels.md.)
+// vector over the 16 rows, lane L's blocks one after the other (q0_tiles_all_tokens: two tiles x
+// six tokens). One order for rows and tiles costs the rows a 16-block tree; reproducing per-dword
+// lane accumulators in the tiles instead would cost a conversion and an FMA per vpdpbusd.
 constexpr int64_t kQ0TileMinTokens = 16;
 
 // Token t's activation row: blocks, and the bias / scale arrays (kern_gguf.h).

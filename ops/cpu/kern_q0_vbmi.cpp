@@ -115,8 +115,8 @@ struct Act {
   const float* s;  // the Q8_1 sums (Q4_1 / Q5_1)
 };
 
-// The x4 rows' prefetch distance: 4 KiB (8 KiB, as the stored rows take, read the MoE layer's
-// Q8_0-down case slower: docs/cpu-kernels.md "Session 20" and "Session 21").
+// The x4 rows' prefetch distance: 4 KiB (8 KiB, as the stored rows take, read the MoE layer with
+// Q8_0 downs slower in same-minute A/Bs; spreading a prefetch per line over the quads did too).
 constexpr int kX4PrefetchBytes = 4096;
 
 // The constants of the quad expansion.

@@ -527,12 +527,11 @@ int64_t rows_per_task(int64_t rows, int64_t row_bytes, int64_t tokens) {
 // A GEMV (<= 4 tokens) of the matrices ws on the pool in RangeShares: items are groups of 16 rows,
 // matrix after matrix; each thread's share (equal bytes) is one contiguous stream from its front
 // in chunks, and a thread done with it steals the back half of the fullest other share.
-// Until session 38 a GEMV ran as a job of fixed tasks, about two per thread of at most 4 MiB:
-// long, because each task started a new stream (its first prefetch distance demand misses, its
-// last prefetched in vain; 64 KiB tasks measured 20-30% below 256 KiB ones, BM_MatmulChain), so
-// a thread that started or ran slower left the other idle for up to a task at the end. Here the
-// streams are as long and the tail is about one chunk (bench_kernels_bench BM_DenseDecodeX16
-// shares_vs_tasks, docs/cpu-backend.md "Session 38").
+// Why not a job of fixed tasks: every task starts a new stream (its first prefetch distance
+// arrives as demand misses, its last is prefetched in vain), so tasks must be long, and then a
+// thread that started late or ran slower leaves the others idle for up to a task at the end. Here
+// each thread's stream is as long as its share and the tail is about one chunk
+// (bench_kernels_bench BM_DenseDecodeX16 shares_vs_tasks compares the two).
 void gemv_in_shares(std::span<const KMatrix* const> ws, const Activations& a,
                     std::span<float* const> ys, ThreadPool* pool, Isa isa) {
   constexpr int64_t kRows = 16;

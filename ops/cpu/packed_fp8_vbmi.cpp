@@ -13,10 +13,9 @@
 // per call. Per row and scale block: vdpbf16ps into two F32 accumulators per token, their sum
 // post-scaled once (acc = fma(scale, part, acc), as the row kernel), one reduction per row.
 // (Same products as the row kernel; their F32 summation order differs, within the bound the
-// conformance test asserts.) The same step for the many-token GEMM's expansion into BF16 tiles
-// (two 16 x 16 dword transposes per 64 columns, each chunk stored at its pair's place) measured
-// 12-14% slower per MoE layer prefill than the VNNI expansion, even without register spills: not
-// kept.
+// conformance test asserts.) The many-token GEMM keeps the VNNI expansion into BF16 tiles: this
+// step there (two 16 x 16 dword transposes per 64 columns, each chunk stored at its pair's place)
+// measured 12-14% slower per MoE layer prefill, even without register spills.
 #pragma GCC diagnostic ignored "-Wuninitialized"
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 

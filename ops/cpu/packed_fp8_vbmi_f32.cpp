@@ -12,8 +12,7 @@
 // (~1% of a block-quantized checkpoint's). Two byte unpacks make 2 x 32 BF16, and each dword of
 // those (two BF16) two F32: the low BF16 shifted up, the high one masked. Thirteen vector uops per
 // 64 weights, four FMA among them, against ~20 with vpermt2b's 128-entry byte tables (three uops
-// each on Ice Lake; session 34, docs/cpu-kernels.md) and ~30 with the FP16 route
-// (packed_avx512.cpp). Like that route, E4M3's NaN bytes (0x7F, 0xFF) read as 480 (no checkpoint
+// each on Ice Lake) and ~30 with the FP16 route (packed_avx512.cpp). Like that route, E4M3's NaN bytes (0x7F, 0xFF) read as 480 (no checkpoint
 // holds them). Multiplied into F32 by FMA with the token's activations widened to F32 once per call
 // and permuted as the expansion orders the weights. Per row and scale block: four
 // F32 partial sums per token (one per expanded vector: the FMA chains), added and post-scaled once

@@ -36,8 +36,8 @@ namespace tandem::kern::detail::packed_impl {
 // GEMV steps (one tile, <= 2 tokens) prefetch this far ahead of the weight stream (tiles are
 // contiguous): one core's hardware prefetchers alone leave a single stream short of bandwidth
 // (as in kern_gguf_impl.h). INT4 and BF16 tiles 8 KiB ahead, INT8 and the FP8 rows 4 KiB: the
-// MoE layer's decode at 75-80 GB/s measured INT4 0.86 -> 0.88, BF16 0.92 -> 0.94 of DRAM with
-// 8 KiB, INT8 0.93 -> 0.92 (2 KiB: all lower; 12 / 16 KiB: no better than 8).
+// distances at which the MoE layer's decode read DRAM fastest in same-minute A/Bs (2 KiB was
+// slower for all, 12 and 16 KiB no better than 8, and INT8 gained nothing from 8).
 constexpr int kPackedPrefetchBytes = 4096;
 constexpr int kPackedPrefetchFar = 8192;
 template <int NR, int NT, int kDistance = kPackedPrefetchBytes>
@@ -84,9 +84,8 @@ inline void int_tile(const uint8_t* const* tiles, const KMatrix& wm, const Packe
   // A GEMV step (one tile, <= 2 tokens) has one integer accumulator per token and group: its dot
   // products form one dependency chain, a vpdpbusd's latency per step. Four accumulators there
   // (INT8: chunks c % 4; INT4: low / high nibbles of even / odd chunks), added at the group's end:
-  // integer sums, so the same result. (Cache-resident, two threads: INT8 78-85 -> 196-203 GB/s
-  // once GCC kept the chains in registers (the unroll pragma below); INT4 four chains instead of
-  // two 154-161 -> 165-168.)
+  // integer sums, so the same result. The unroll pragma below keeps the chains in registers
+  // (without it GCC 12 kept them in memory, a store-to-load forward per dot product).
   constexpr int IC = NR == 1 && NT <= 2 ? 4 : 1;
   for (int64_t g = g0; g < g1; ++g) {
     const uint8_t* block[NR];
@@ -238,9 +237,9 @@ inline void bf16_tile(const uint8_t* const* tiles, const KMatrix& wm, const Pack
 // The tile computations as types (Op::run<T, NT, NR>) for the driver below, over units [u0, u1)
 // of the row (INT8 / INT4: groups; BF16: k pairs). kblock(): the units of one K-block of the
 // GEMM (tiles_step), 32 KiB of a 4-tile panel's values: INT8 512 columns, INT4 1024; BF16 the
-// whole row (no K-blocks: 16 and 32 KiB ones measured no faster). V2-Lite layer prefill, of_peak
-// medians of 6 rounds against the whole-row loop's (bench_moe_layer_bench, session 34): INT8
-// 0.436 -> 0.475 (16 KiB: 0.467), INT4 0.45 -> 0.455 (16 KiB: 0.415), BF16 0.485 -> 0.47.
+// whole row (K-blocks of 16 and 32 KiB measured no faster for it). 32 KiB: the size at which the
+// INT8 / INT4 MoE prefill layer ran fastest against whole-row passes and 16 KiB K-blocks
+// (bench_moe_layer_bench, of_peak in same-minute rounds).
 constexpr int64_t kKBlockBytes = 32768;
 template <bool kInt4>
 struct IntOp {
@@ -270,10 +269,9 @@ struct Bf16Op {
 // K-blocked (more than one token block): for each K-block of the panel (Op::kblock: 32 KiB of the
 // NR = 4 tiles' values), every token block of up to kSuperBlocks, the accumulators kept in `acc`
 // between K-blocks: the token blocks reuse the K-block from L1 / near L2, where a whole-row pass
-// per token block read the panel (136 KiB of INT8 at 2048 columns) from L2 once per block, which
-// a neighbour sharing the core's L2 slowed by up to 1.6x on session 34's VM (one 48-token INT8
-// task 90-99 -> 73 thousand cycles then; uncontended 56-60 -> 55-61). Same accumulation order,
-// so the same bits.
+// per token block would read the panel (136 KiB of INT8 at 2048 columns) from L2 once per block,
+// the part of the step a neighbour sharing the core's L2 slows most. Same accumulation order, so
+// the same bits.
 template <class T, class Op, int NR>
 void tiles_step(const KMatrix& w, const Activations& a, const PackedGeometry& geo, int64_t tile,
                 int64_t n0, int64_t n1, float* y, int64_t ldy, int64_t next, int64_t next_end) {

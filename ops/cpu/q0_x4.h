@@ -1,7 +1,8 @@
 // Q5_0 and Q8_0 rows with their blocks rearranged four at a time ("x4", kern::WFormat::kQ5_0X4 /
 // kQ8_0X4), the layout `--cpu-experts repack` holds those matrices in where the CPU has AVX-512
 // VBMI and BITALG: the GEMV reads a quad of blocks with plain loads instead of the byte permutes
-// and bit shuffles the stored 22- / 34-byte blocks need (docs/cpu-kernels.md, "Session 17").
+// and bit shuffles the stored 22- / 34-byte blocks need (docs/cpu-kernels.md, "Repacked GGUF
+// layouts").
 //
 // Row-local, the same bytes as the GGUF row it comes from (same row_bytes): a row of nb blocks is
 // nb / 4 quads, then the last nb % 4 blocks as stored. Quad k (blocks 4k .. 4k + 3) is

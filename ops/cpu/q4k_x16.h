@@ -1,7 +1,8 @@
 // Q4_K rows interleaved 16 at a time ("Q4_K x16", kern::WFormat::kQ4_KX16), the layout
-// `--cpu-experts repack` holds Q4_K experts in: its one-token GEMV streams DRAM faster than the
-// row kernel (docs/cpu-kernels.md, "Session 11" and "Session 15"), its GEMM reads the quants in
-// place (no per-call transposition).
+// `--cpu-experts repack` holds Q4_K experts in: its one-token GEMV computes a row per lane with no
+// per-row horizontal work, fast enough to keep the weight stream busy where the row kernel is not
+// (docs/cpu-kernels.md, "Repacked GGUF layouts"); its GEMM reads the quants in place (no per-call
+// transposition).
 //
 // Same bytes as the 16 GGUF rows it comes from, rearranged. A tile is nb = cols / 256 super-block
 // slices in column order; slice b is

@@ -184,13 +184,13 @@ TEST_P(GoldenMla, ExpandedMla) {
 // position where some layer's expert choice differs from the F32 cache's (a near-tie flipped,
 // as quantized weights flip them: the README's up to 0.24; here mixtral's layer 0 at position 28
 // of 40, 0.118 there and ~0.018 after; qwen3moe 0.110 after 34; qwen2moe 0.015 at one position;
-// AVX-512 BF16, session 27), every position within
+// measured on AVX-512 BF16), every position within
 // 0.25, the argmax as the golden's at >= 90% of positions (greedy continuations printed, not
 // required). Every MLA form (absorbed over the latent cache, naive per-head caches, batches
 // expanded from the latents).
 // A Q8_0 cache (--cache-type q8_0) the same way: K / V in int8 steps of a 32-value block's
 // max / 127 (error up to 1/254 of the block's largest value), <= 0.02 before a flip (measured
-// 0.0065-0.0107; flips in qwen2moe, qwen3moe and deepseek3, <= 0.098 after, session 28).
+// 0.0065-0.0107; flips in qwen2moe, qwen3moe and deepseek3, <= 0.098 after).
 void check_narrow_cache(const std::string& name, MlaMode mla, int64_t expand_tokens = 32,
                         KvType kv_type = KvType::kBf16) {
   const nlohmann::json meta = read_json("golden/" + name + ".json");
