@@ -145,7 +145,7 @@ void FusedMoeBackend::begin(const MoeRequest& r) {
   if (!x.fast || x.ff == 0) {
     n_active_ = 0;
     shared_ = -1;
-    return;  // the reference path: in the layer's queue as before
+    return;  // the reference path: the shared expert runs in the layer's queue (submit)
   }
   req_ = r;
   const int64_t T = r.n_tokens, H = r.hidden_size;
@@ -467,7 +467,8 @@ void FusedMoeBackend::run_task(const Task& t) {
   if (t.phase == 4) {
     // The whole expert on this thread: its gathered rows, gate / up outputs and their down
     // encoding in this thread's scratch, which the previous whole expert left in the core's cache
-    // (per-expert buffers came from memory last written a layer ago: a store miss per line).
+    // (per-expert buffers would come from memory last written a layer ago: a store miss per
+    // line).
     thread_local WholeScratch s;
     gather(x, &s.x);
     grow_to(s.g, n * x.ff);

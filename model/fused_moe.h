@@ -40,14 +40,13 @@ namespace tandem {
 
 struct FusedMoeOptions {
   // Target rows per task; the real chunk adapts so there are at least ~4 tasks per thread.
-  // (Decode streams each task's rows once: longer streams read faster, 256 -> 1024 measured
-  // +8-10% GB/s for the V2-Lite and Qwen3 decode layers, prefill unchanged; bench_moe_layer_bench
-  // with TANDEM_BENCH_MOE_ROWS.)
+  // (A task streams its rows once, and a stream reads faster the longer it runs;
+  // bench_moe_layer_bench with TANDEM_BENCH_MOE_ROWS / _ROWS_B compares caps.)
   int64_t max_rows_per_task = 1024;
   // The cap for decode (<= 4 tokens), where a layer's few experts make few tasks anyway: 4096
-  // lets a V2-Lite or Qwen3 expert's gate/up and down each be one stream; same-minute A/B
-  // against 1024 (TANDEM_BENCH_MOE_ROWS_B): V2-Lite GGUF 0.997-1.043, Qwen3 GGUF 1.012-1.057
-  // (the most when DRAM is fastest), INT8 0.989-1.007.
+  // lets a V2-Lite or Qwen3 expert's gate/up and down each be one stream; against 1024 it is
+  // no slower for any layer and faster for the GGUF ones where DRAM is fastest
+  // (docs/performance.md).
   int64_t max_rows_per_task_decode = 4096;
   // The last `threads` down chunks of a part (the queue's tail) are cut into this many pieces
   // (>= 16 rows each), so the threads finish together: the wait at the end is a piece's time, not
