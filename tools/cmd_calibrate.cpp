@@ -16,6 +16,7 @@
 #include "model/model.h"
 #include "model/weights.h"
 #include "runtime/calibrate.h"
+#include "engine/engine.h"
 #include "tools/command.h"
 #include "tools/options.h"
 
@@ -36,21 +37,19 @@ void run_calibrate(const CalibrateArgs& a) {
   if (!in) fail(ErrorKind::kIo, "-f: cannot read '{}'", a.file);
   std::stringstream text;
   text << in.rdbuf();
-  const BackendOptions backend = resolve_backend_options(a.backend, a.model);
-  const LoadedModel lm = load_model(a.model, load_mode(backend));
-  const Tokenizer tok = lm.gguf ? Tokenizer::from_gguf(*lm.gguf) : Tokenizer::load(a.model);
-  const std::vector<TokenId> tokens = tok.encode(text.str(), /*add_special=*/true);
+  std::unique_ptr<rt::ResidualCalibrator> cal;  // (made once the weights are loaded)
+  EngineOptions eo;
+  eo.model = a.model;
+  eo.threads = a.threads;
+  eo.backend = a.backend;
+  eo.page_in = false;
+  eo.on_routing = [&cal](const RoutingEvent& e) { cal->on_routing(e); };
+  Engine engine(eo);
+  const LoadedModel& lm = engine.weights();
+  const std::vector<TokenId> tokens = engine.tokenizer().encode(text.str(), true);
   if (tokens.empty()) fail(ErrorKind::kInvalidArgument, "{}: no tokens", a.file);
-  rt::ResidualCalibrator cal(lm);
-  ThreadingContext threading(ThreadingOptions{a.threads, true, 50});
-  ModelOptions mo;
-  mo.pool = &threading.pool();
-  MoeRuntime moe(lm, backend, threading);
-  mo.moe = moe.backend();
-  mo.views = moe.weight_views();
-  mo.on_routing = [&cal](const RoutingEvent& e) { cal.on_routing(e); };
-  Model model_net(lm, mo);
-  SingleSequence model(model_net, a.ctx);
+  cal = std::make_unique<rt::ResidualCalibrator>(lm);
+  SingleSequence model(engine.model(), a.ctx);
   std::vector<float> logits(static_cast<size_t>(lm.config.vocab_size));
   int64_t done = 0;
   for (size_t b = 0; b < tokens.size(); b += size_t(a.ctx)) {
@@ -61,7 +60,7 @@ void run_calibrate(const CalibrateArgs& a) {
     model.forward(chunk, logits.data(), false);
     ++done;
   }
-  const rt::ResidualVectors r = cal.result();
+  const rt::ResidualVectors r = cal->result();
   r.save(a.out);
   double norm = 0;
   for (const auto& v : r.vectors) {

@@ -1,6 +1,6 @@
 // `tandem chat`: an interactive conversation on the terminal with the model's own chat template.
-// Each turn re-renders the whole conversation; the KV cache keeps the tokens it shares with the
-// previous turn (Model::truncate), so only the new part is prefilled. When the conversation no
+// Each turn re-renders the whole conversation; the generator keeps the previous turn's sequence
+// and continues from the prefix it shares with the new prompt, so only the new part is prefilled. When the conversation no
 // longer fits in --ctx, the oldest turns are dropped (the system prompt stays) with a notice.
 // Ctrl-C stops the answer being written (what was written stays in the history); /reset starts
 // over; /quit or end of input leaves.
@@ -17,6 +17,8 @@
 #include "core/error.h"
 #include "core/thread_pool.h"
 #include "engine/chat.h"
+#include "engine/engine.h"
+#include "engine/generator.h"
 #include "engine/sampling.h"
 #include "engine/tokenizer.h"
 #include "model/model.h"
@@ -31,13 +33,23 @@ std::atomic<bool> g_interrupted{false};
 
 void on_sigint(int) { g_interrupted.store(true); }
 
+// llama.cpp's chat defaults.
+SamplingParams chat_sampling() {
+  SamplingParams p;
+  p.temperature = 0.8f;
+  p.top_k = 40;
+  p.top_p = 0.95f;
+  p.min_p = 0.05f;
+  return p;
+}
+
 struct ChatArgs {
   std::string model;
   std::string system;
   int n_predict = -1;
   int64_t ctx = 4096;
   int threads = 0;
-  SamplingParams sampling{0.8f, 40, 0.95f, 0.05f, 0};
+  SamplingParams sampling = chat_sampling();
   BackendOptions backend;
   std::string cache_type = "f32";
 };
@@ -48,26 +60,23 @@ double seconds_since(std::chrono::steady_clock::time_point t) {
 
 class ChatSession {
  public:
-  ChatSession(const ChatArgs& a, const LoadedModel& lm, ThreadPool& pool, MoeBackend* moe,
-              const kern::WeightViews* views)
+  ChatSession(const ChatArgs& a, Engine& engine)
       : args_(a),
-        tok_(lm.gguf ? Tokenizer::from_gguf(*lm.gguf) : Tokenizer::load(a.model)),
-        tmpl_(chat_template_for(lm)),
-        net_(lm, make_options(a, pool, moe, views)),
-        model_(net_, a.ctx, parse_kv_type(a.cache_type)),
-        sampler_(a.sampling),
-        logits_(static_cast<size_t>(lm.config.vocab_size)) {
+        engine_(engine),
+        tmpl_(chat_template_for(engine.weights())),
+        cache_(engine.make_cache(a.ctx, parse_kv_type(a.cache_type))),
+        gen_(engine.model(), cache_, &engine.tokenizer(), options()) {
     reset();
   }
 
   void reset() {
     messages_ = jinja::Json::array();
     if (!args_.system.empty()) messages_.push_back({{"role", "system"}, {"content", args_.system}});
-    cached_.clear();
-    model_.reset();
+    gen_.clear_retained();
   }
 
-  // One user turn: prompt, answer streamed to stdout, statistics to stderr.
+  // One user turn: prompt, answer streamed to stdout, statistics to stderr. The generator keeps
+  // the previous turn's sequence: only what the rendered conversation adds is prefilled.
   void turn(const std::string& user) {
     messages_.push_back({{"role", "user"}, {"content", user}});
     std::vector<TokenId> prompt = fit_prompt();
@@ -75,70 +84,60 @@ class ChatSession {
       messages_.erase(messages_.end() - 1);
       return;
     }
-    // Keep what the cache shares with this prompt; feed the rest (at least one token, for logits).
-    size_t keep = 0;
-    while (keep < cached_.size() && keep < prompt.size() && cached_[keep] == prompt[keep]) ++keep;
-    if (keep == prompt.size()) --keep;
-    model_.truncate(static_cast<int64_t>(keep));
-    cached_.assign(prompt.begin(), prompt.begin() + static_cast<std::ptrdiff_t>(keep));
-
-    const auto t_prefill = std::chrono::steady_clock::now();
-    feed(std::vector<TokenId>(prompt.begin() + static_cast<std::ptrdiff_t>(keep), prompt.end()));
-    const double prefill_s = seconds_since(t_prefill);
-    const size_t prefilled = prompt.size() - keep;
-
-    TokenStreamDecoder text(tok_);  // (a Ctrl-C during the prefill stops before the answer)
+    GenerateParams p;
+    p.sampling = args_.sampling;
+    p.sampling.seed = args_.sampling.seed + turns_++;
+    p.max_tokens = args_.n_predict;
+    p.continues_prompt = false;
+    const RequestId id = gen_.submit(prompt, p);
     std::string answer;
-    int generated = 0;
     const char* stop = "end of answer";
-    const auto t_decode = std::chrono::steady_clock::now();
-    while (true) {
-      if (g_interrupted.load()) {
-        stop = "interrupted";
-        break;
+    const auto t_prefill = std::chrono::steady_clock::now();
+    auto t_decode = t_prefill;
+    double prefill_s = 0;
+    int generated = 0, steps = 0;
+    int64_t prefilled = 0;
+    while (!gen_.idle()) {
+      if (g_interrupted.load()) gen_.cancel(id);
+      const std::vector<GenerateEvent> events = gen_.step();
+      if (steps++ == 0) {
+        prefill_s = seconds_since(t_prefill);
+        t_decode = std::chrono::steady_clock::now();
+        const Generator::Usage u = gen_.usage(id);
+        prefilled = u.prompt - u.cached;
       }
-      const TokenId next = sampler_.sample(logits_.data(), static_cast<int64_t>(logits_.size()));
-      if (tok_.is_end_of_generation(next)) break;
-      const std::string piece = text.push(next);
-      answer += piece;
-      std::fputs(piece.c_str(), stdout);
-      std::fflush(stdout);
-      ++generated;
-      if (args_.n_predict >= 0 && generated >= args_.n_predict) {
-        stop = "-n reached";
-        break;
+      for (const GenerateEvent& ev : events) {
+        answer += ev.text;
+        std::fputs(ev.text.c_str(), stdout);
+        std::fflush(stdout);
+        if (ev.token >= 0 && ev.finish != FinishReason::kStop) ++generated;
+        switch (ev.finish) {
+          case FinishReason::kLength: stop = "-n reached"; break;
+          case FinishReason::kContext: stop = "context full"; break;
+          case FinishReason::kCancelled: stop = "interrupted"; break;
+          case FinishReason::kError:
+            stop = "error";
+            std::fprintf(stderr, "\n%s", ev.error.c_str());
+            break;
+          default: break;
+        }
       }
-      if (model_.position() >= model_.ctx()) {
-        stop = "context full";
-        break;
-      }
-      feed({next});
     }
-    const std::string rest = text.flush();
-    answer += rest;
-    std::fputs((rest + "\n").c_str(), stdout);
+    std::fputs("\n", stdout);
     std::fflush(stdout);
     const double decode_s = seconds_since(t_decode);
-    std::fprintf(stderr, "[%s; prefill %zu tokens %.1f tok/s, answer %d tokens %.1f tok/s]\n", stop,
-                 prefilled, prefilled / std::max(prefill_s, 1e-9), generated,
-                 generated / std::max(decode_s, 1e-9));
+    std::fprintf(stderr, "[%s; prefill %ld tokens %.1f tok/s, answer %d tokens %.1f tok/s]\n",
+                 stop, static_cast<long>(prefilled), prefilled / std::max(prefill_s, 1e-9),
+                 generated, generated / std::max(decode_s, 1e-9));
     messages_.push_back({{"role", "assistant"}, {"content", answer}});
   }
 
  private:
-  static ModelOptions make_options(const ChatArgs& a, ThreadPool& pool, MoeBackend* moe,
-                                   const kern::WeightViews* views) {
-    ModelOptions mo;
-    mo.moe = moe;
-    mo.views = views;
-    mo.pool = &pool;
-    return mo;
-  }
-
-  void feed(const std::vector<TokenId>& ids) {
-    if (ids.empty()) return;
-    model_.forward(ids, logits_.data(), false);
-    cached_.insert(cached_.end(), ids.begin(), ids.end());
+  GeneratorOptions options() const {
+    GeneratorOptions o;
+    o.max_batch_tokens = args_.ctx;  // a turn's new part in one forward
+    o.retain = 1;
+    return o;
   }
 
   // The rendered conversation, with the oldest turns dropped until it leaves room for an answer
@@ -149,7 +148,7 @@ class ChatSession {
     const size_t first = messages_.size() > 1 && messages_[0]["role"] == "system" ? 1 : 0;
     int dropped = 0;
     while (true) {
-      std::vector<TokenId> ids = render_chat(tmpl_, tok_, messages_, true);
+      std::vector<TokenId> ids = render_chat(tmpl_, engine_.tokenizer(), messages_, true);
       if (static_cast<int64_t>(ids.size()) + reserve <= args_.ctx) {
         if (dropped) {
           std::fprintf(stderr, "[context full: dropped the %d oldest message%s]\n", dropped,
@@ -170,26 +169,25 @@ class ChatSession {
   }
 
   const ChatArgs& args_;
-  Tokenizer tok_;
+  Engine& engine_;
   ChatTemplate tmpl_;
-  Model net_;
-  SingleSequence model_;
-  Sampler sampler_;
-  std::vector<float> logits_;
+  KvCache cache_;
+  Generator gen_;
   jinja::Json messages_;
-  std::vector<TokenId> cached_;  // the tokens whose K/V are in the cache, in order
+  uint64_t turns_ = 0;
 };
 
 void run_chat(const ChatArgs& a) {
   if (a.ctx < 16) fail(ErrorKind::kInvalidArgument, "--ctx must be at least 16, got {}", a.ctx);
   parse_kv_type(a.cache_type);  // before the load: a bad value fails at once
-  const BackendOptions backend = resolve_backend_options(a.backend, a.model);
-  const LoadedModel lm = load_model(a.model, load_mode(backend));
-  page_in_model(lm);
-  ThreadingContext threading(ThreadingOptions{a.threads, true, 50});
-  MoeRuntime moe(lm, backend, threading);
-  ChatSession session(a, lm, threading.pool(), moe.backend(), moe.weight_views());
-  std::fprintf(stderr, "%s\n%s\n%s", model_summary(lm).c_str(), moe.summary().c_str(),
+  check_sampling_params(a.sampling);
+  EngineOptions eo;
+  eo.model = a.model;
+  eo.threads = a.threads;
+  eo.backend = a.backend;
+  Engine engine(eo);
+  ChatSession session(a, engine);
+  std::fprintf(stderr, "%s\n%s", engine.summary().c_str(),
                "chat: /reset starts over, /quit leaves, Ctrl-C stops an answer\n");
 
   struct sigaction sa = {};

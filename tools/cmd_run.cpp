@@ -14,6 +14,8 @@
 #include "core/error.h"
 #include "core/thread_pool.h"
 #include "engine/chat.h"
+#include "engine/engine.h"
+#include "engine/generator.h"
 #include "engine/sampling.h"
 #include "engine/tokenizer.h"
 #include "formats/gguf.h"
@@ -78,14 +80,9 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 
 void run_model(const RunArgs& a) {
   if (a.n_predict < 0) fail(ErrorKind::kInvalidArgument, "-n must be >= 0, got {}", a.n_predict);
-  const MlaMode mla = parse_mla_mode(a.mla);
+  if (a.ctx < 0) fail(ErrorKind::kInvalidArgument, "--ctx must be >= 0, got {}", a.ctx);
+  check_sampling_params(a.sampling);
   const KvType kv_type = parse_kv_type(a.cache_type);
-  Sampler sampler(a.sampling);
-  const auto t_load = std::chrono::steady_clock::now();
-  const BackendOptions backend = resolve_backend_options(a.backend, a.model);
-  const LoadedModel lm = load_model(a.model, load_mode(backend));
-  page_in_model(lm);
-  const ModelConfig& c = lm.config;
   if (a.has_tokens == a.has_prompt) {
     fail(ErrorKind::kInvalidArgument, "give the prompt as exactly one of -p TEXT or --tokens IDS");
   }
@@ -93,17 +90,21 @@ void run_model(const RunArgs& a) {
   if (output != "ids" && output != "text") {
     fail(ErrorKind::kInvalidArgument, "--output must be 'ids' or 'text', got '{}'", a.output);
   }
-  // The vocabulary: the GGUF metadata, or an HF directory's tokenizer.model / tokenizer.json.
-  std::unique_ptr<Tokenizer> tokenizer;
-  if (a.has_prompt || output == "text") {
-    tokenizer = std::make_unique<Tokenizer>(lm.gguf ? Tokenizer::from_gguf(*lm.gguf)
-                                                    : Tokenizer::load(a.model));
-  }
-  std::vector<int32_t> prompt;
   if (a.chat && !a.has_prompt) fail(ErrorKind::kInvalidArgument, "--chat needs -p TEXT");
+  EngineOptions eo;
+  eo.model = a.model;
+  eo.threads = a.threads;
+  eo.backend = a.backend;
+  eo.mla = parse_mla_mode(a.mla);
+  Engine engine(eo);
+  const ModelConfig& c = engine.config();
+  // The vocabulary: the GGUF metadata, or an HF directory's tokenizer.model / tokenizer.json.
+  const Tokenizer* tokenizer = nullptr;
+  if (a.has_prompt || output == "text") tokenizer = &engine.tokenizer();
+  std::vector<int32_t> prompt;
   if (a.has_prompt && a.chat) {
     const jinja::Json messages = jinja::Json::array({{{"role", "user"}, {"content", a.prompt}}});
-    prompt = render_chat(chat_template_for(lm), *tokenizer, messages, true);
+    prompt = render_chat(chat_template_for(engine.weights()), *tokenizer, messages, true);
   } else if (a.has_prompt) {
     prompt = tokenizer->encode(a.prompt, /*add_special=*/true);
     if (prompt.empty()) fail(ErrorKind::kInvalidArgument, "-p: the prompt is empty");
@@ -120,82 +121,86 @@ void run_model(const RunArgs& a) {
   for (int32_t id : prompt) prompt_ids += fmt::format("{}{}", prompt_ids.empty() ? "" : ",", id);
   std::fprintf(stderr, "prompt: %zu tokens: %s\n", prompt.size(), prompt_ids.c_str());
   int64_t ctx = a.ctx;
-  if (ctx == 0) {
+  const bool ctx_given = ctx > 0;
+  if (!ctx_given) {
     ctx = static_cast<int64_t>(prompt.size()) + a.n_predict;
     if (c.max_position_embeddings > 0) ctx = std::min<int64_t>(ctx, c.max_position_embeddings);
   }
-  if (ctx <= 0) fail(ErrorKind::kInvalidArgument, "--ctx must be positive, got {}", ctx);
   if (static_cast<int64_t>(prompt.size()) > ctx) {
-    fail(ErrorKind::kOutOfRange, "the prompt has {} tokens, more than the context size --ctx {}",
+    if (ctx_given) {
+      fail(ErrorKind::kOutOfRange,
+           "the prompt has {} tokens, more than the context size --ctx {}", prompt.size(), ctx);
+    }
+    fail(ErrorKind::kOutOfRange,
+         "the prompt has {} tokens, more than the {} positions the model was trained for",
          prompt.size(), ctx);
   }
-  ThreadingContext threading(ThreadingOptions{a.threads, true, 50});
-  ModelOptions mo;
-  mo.pool = &threading.pool();
-  mo.mla = mla;
-  MoeRuntime moe(lm, backend, threading);
-  mo.moe = moe.backend();
-  mo.views = moe.weight_views();
-  Model net(lm, mo);
-  SingleSequence model(net, ctx, kv_type);
-  std::fprintf(stderr, "%s\n%s\n", model_summary(lm).c_str(), moe.summary().c_str());
+  KvCache cache = engine.make_cache(ctx, kv_type);
+  std::fprintf(stderr, "%s\n", engine.summary().c_str());
   std::fprintf(stderr, "loaded in %.2f s; KV cache %.1f MiB (%s) for %ld positions; %d threads\n",
-               seconds_since(t_load), model.kv_cache_bytes() / 1048576.0, a.cache_type.c_str(),
-               static_cast<long>(ctx), threading.n_threads());
+               engine.load_seconds(), cache.bytes() / 1048576.0, a.cache_type.c_str(),
+               static_cast<long>(ctx), engine.threading().n_threads());
 
-  const int64_t nv = c.vocab_size;
-  const bool all_rows = !a.logits_out.empty();
-  std::vector<float> logits(all_rows ? prompt.size() * nv : nv);
+  // One request; the whole prompt in one forward (a batch of its size), as a prefill.
+  GeneratorOptions go;
+  go.max_batch_tokens = static_cast<int64_t>(prompt.size());
+  go.reuse_prefix = false;
+  Generator gen(engine.model(), cache, tokenizer, go);
+  GenerateParams gp;
+  gp.sampling = a.sampling;
+  gp.max_tokens = a.n_predict;
+  gp.ignore_eos = a.ignore_eos;
+  gp.continues_prompt = !a.chat;  // --chat: the answer alone
+  std::ofstream logits_out;
+  if (!a.logits_out.empty()) {
+    logits_out.open(a.logits_out, std::ios::binary);
+    if (!logits_out) fail(ErrorKind::kIo, "--logits-out: cannot write '{}'", a.logits_out);
+    const int64_t nv = c.vocab_size;
+    gp.on_prompt_logits = [&logits_out, nv](int64_t, const float* rows, int64_t n) {
+      logits_out.write(reinterpret_cast<const char*>(rows),
+                       static_cast<std::streamsize>(n * nv * sizeof(float)));
+    };
+  }
+  if (output == "text" && a.has_prompt && !a.chat) {
+    std::fputs(a.prompt.c_str(), stdout);  // like llama.cpp: the prompt, then the continuation
+  }
+  gen.submit(prompt, gp);
   const auto t_prefill = std::chrono::steady_clock::now();
-  model.forward(prompt, logits.data(), all_rows);
-  const double prefill_s = seconds_since(t_prefill);
-  if (all_rows) {
-    std::ofstream out(a.logits_out, std::ios::binary);
-    out.write(reinterpret_cast<const char*>(logits.data()),
-              static_cast<std::streamsize>(logits.size() * sizeof(float)));
-    if (!out) fail(ErrorKind::kIo, "--logits-out: cannot write '{}'", a.logits_out);
-  }
-  const float* last = logits.data() + logits.size() - nv;
-  std::vector<float> row(last, last + nv);
-
-  const auto t_decode = std::chrono::steady_clock::now();
-  int generated = 0, decoded = 0;
-  std::unique_ptr<TokenStreamDecoder> text;
-  if (output == "text") {
-    text = std::make_unique<TokenStreamDecoder>(*tokenizer);
-    if (a.has_prompt && !a.chat) {
-      // Like llama.cpp: the prompt, then the continuation. The prompt's tokens go through the
-      // decoder too, so that the first generated piece keeps its leading space.
-      std::fputs(a.prompt.c_str(), stdout);
-      for (int32_t id : prompt) text->push(id);
-      text->flush();
+  double prefill_s = 0;
+  auto t_decode = t_prefill;
+  int generated = 0, steps = 0;
+  FinishReason finish = FinishReason::kNone;
+  while (finish == FinishReason::kNone && !gen.idle()) {
+    const std::vector<GenerateEvent> events = gen.step();
+    if (steps++ == 0) {
+      prefill_s = seconds_since(t_prefill);
+      t_decode = std::chrono::steady_clock::now();
+    }
+    for (const GenerateEvent& ev : events) {
+      if (ev.finish == FinishReason::kError) fail(ErrorKind::kResource, "{}", ev.error);
+      if (output == "text") {
+        std::fputs(ev.text.c_str(), stdout);
+      } else if (ev.token >= 0) {
+        std::fprintf(stdout, generated == 0 ? "%d" : " %d", ev.token);
+      }
+      std::fflush(stdout);
+      generated += ev.token >= 0;
+      finish = ev.finish;
     }
   }
-  while (generated < a.n_predict) {
-    const int32_t next = sampler.sample(row.data(), nv);
-    if (text) {
-      std::fputs(text->push(next).c_str(), stdout);
-    } else {
-      std::fprintf(stdout, generated == 0 ? "%d" : " %d", next);
-    }
-    std::fflush(stdout);
-    ++generated;
-    const bool eos = tokenizer ? tokenizer->is_end_of_generation(next) : next == c.eos_token_id;
-    if (!a.ignore_eos && eos) break;
-    if (generated == a.n_predict) break;
-    if (model.position() >= ctx) {
-      std::fprintf(stderr, "\ncontext full (--ctx %ld): stopping\n", static_cast<long>(ctx));
-      break;
-    }
-    model.forward(std::span<const int32_t>(&next, 1), row.data(), false);
-    ++decoded;
-  }
-  if (text) std::fputs(text->flush().c_str(), stdout);
   std::fprintf(stdout, "\n");
   std::fflush(stdout);
+  if (logits_out.is_open()) {
+    logits_out.close();
+    if (!logits_out) fail(ErrorKind::kIo, "--logits-out: cannot write '{}'", a.logits_out);
+  }
+  if (finish == FinishReason::kContext) {
+    std::fprintf(stderr, "context full (--ctx %ld): stopping\n", static_cast<long>(ctx));
+  }
   const double decode_s = seconds_since(t_decode);
-  std::fprintf(stderr, "prefill: %zu tokens in %.3f s (%.1f tokens/s)\n", prompt.size(), prefill_s,
-               prompt.size() / std::max(prefill_s, 1e-9));
+  const int decoded = std::max(0, steps - 1);
+  std::fprintf(stderr, "prefill: %zu tokens in %.3f s (%.1f tokens/s)\n", prompt.size(),
+               prefill_s, prompt.size() / std::max(prefill_s, 1e-9));
   std::fprintf(stderr, "decode: %d tokens in %.3f s (%.1f tokens/s)\n", decoded, decode_s,
                decoded / std::max(decode_s, 1e-9));
 }
@@ -230,7 +235,7 @@ void add_run(CLI::App& app) {
   });
 }
 
-Registrar reg("run", "Generate tokens: prefill the prompt ids, then decode (CPU reference path)",
+Registrar reg("run", "Generate tokens: prefill the prompt, then decode",
               add_run);
 
 }  // namespace

@@ -13,6 +13,7 @@
 
 #include "core/error.h"
 #include "core/thread_pool.h"
+#include "engine/engine.h"
 #include "engine/tokenizer.h"
 #include "model/model.h"
 #include "model/weights.h"
@@ -83,9 +84,16 @@ void record_from_model(const TraceArgs& a, rt::Trace* out) {
   if (!in) fail(ErrorKind::kIo, "-f: cannot read '{}'", a.file);
   std::stringstream text;
   text << in.rdbuf();
-  const BackendOptions backend = resolve_backend_options(a.backend, a.model);
-  const LoadedModel lm = load_model(a.model, load_mode(backend));
-  const Tokenizer tok = lm.gguf ? Tokenizer::from_gguf(*lm.gguf) : Tokenizer::load(a.model);
+  std::unique_ptr<rt::TraceRecorder> rec;  // (made once the weights are loaded)
+  EngineOptions eo;
+  eo.model = a.model;
+  eo.threads = a.threads;
+  eo.backend = a.backend;
+  eo.page_in = false;
+  eo.on_routing = [&rec](const RoutingEvent& e) { rec->on_routing(e); };
+  Engine engine(eo);
+  const LoadedModel& lm = engine.weights();
+  const Tokenizer& tok = engine.tokenizer();
   const std::vector<TokenId> tokens = tok.encode(text.str(), /*add_special=*/true);
   const int64_t len = a.ctx - a.decode;
   int64_t n_chunks = std::max<int64_t>(1, (int64_t(tokens.size()) + len - 1) / len);
@@ -97,16 +105,9 @@ void record_from_model(const TraceArgs& a, rt::Trace* out) {
   if (!a.backend.residuals.empty()) {
     res = std::make_unique<rt::ResidualVectors>(rt::ResidualVectors::load(a.backend.residuals));
   }
-  rt::TraceRecorder rec(lm, {a.scores, a.scores || res != nullptr, res.get()});
-  ThreadingContext threading(ThreadingOptions{a.threads, true, 50});
-  ModelOptions mo;
-  mo.pool = &threading.pool();
-  MoeRuntime moe(lm, backend, threading);
-  mo.moe = moe.backend();
-  mo.views = moe.weight_views();
-  mo.on_routing = [&rec](const RoutingEvent& e) { rec.on_routing(e); };
-  Model model_net(lm, mo);
-  SingleSequence model(model_net, a.ctx);
+  rec = std::make_unique<rt::TraceRecorder>(
+      lm, rt::TraceRecordOptions{a.scores, a.scores || res != nullptr, res.get()});
+  SingleSequence model(engine.model(), a.ctx);
   const int64_t nv = lm.config.vocab_size;
   std::vector<float> logits(static_cast<size_t>(nv));
   for (int64_t c = 0; c < n_chunks; ++c) {
@@ -115,15 +116,15 @@ void record_from_model(const TraceArgs& a, rt::Trace* out) {
     if (b == e) break;
     std::vector<int32_t> chunk(b, e);
     model.reset();
-    rec.begin_batch(rt::TracePhase::kPrefill);
+    rec->begin_batch(rt::TracePhase::kPrefill);
     model.forward(chunk, logits.data(), false);
     for (int d = 0; d < a.decode; ++d) {
       const int32_t next = int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin());
-      rec.begin_batch(rt::TracePhase::kDecode);
+      rec->begin_batch(rt::TracePhase::kDecode);
       model.forward(std::span<const int32_t>(&next, 1), logits.data(), false);
     }
   }
-  *out = std::move(rec.trace());
+  *out = std::move(rec->trace());
 }
 
 void run_trace(const TraceArgs& a) {

@@ -3,7 +3,7 @@
 
 #include <CLI/CLI.hpp>
 
-#include "core/mapped_file.h"
+#include "engine/engine.h"
 #include "engine/sampling.h"
 #include "model/model.h"
 #include "runtime/moe_runtime.h"
@@ -45,15 +45,19 @@ inline void add_sampling_options(CLI::App& app, SamplingParams* p) {
   app.add_option("--min-p", p->min_p, "drop tokens below min-p * p_max (0 = off)")
       ->capture_default_str();
   app.add_option("--seed", p->seed, "sampler seed")->capture_default_str();
-}
-
-// The model files are copied into huge-page memory unless --mmap, or unless the CPU experts are
-// repacked (repack / int8 / int4 / bf16): then the stored experts are read once to pack (or never,
-// with a cache) and copying the whole file would hold it in memory for nothing; the packed experts
-// (their huge-page arena, or the packed cache) are the copy then (BackendOptions::mmap,
-// CpuExpertOptions::cache_load). o: resolved (resolve_backend_options: no "auto" left).
-inline LoadMode load_mode(const BackendOptions& o) {
-  return o.mmap || o.cpu_experts != "native" ? LoadMode::kMap : LoadMode::kCopy;
+  app.add_option("--repeat-penalty", p->repeat_penalty,
+                 "divide a repeated token's positive logit by this (multiply a negative one; "
+                 "1 = off)")
+      ->capture_default_str();
+  app.add_option("--presence-penalty", p->presence_penalty,
+                 "subtract this from a repeated token's logit (0 = off)")
+      ->capture_default_str();
+  app.add_option("--frequency-penalty", p->frequency_penalty,
+                 "subtract this per earlier occurrence from a token's logit (0 = off)")
+      ->capture_default_str();
+  app.add_option("--repeat-last-n", p->penalty_last_n,
+                 "the penalties look at the last N tokens (-1 = all, 0 = off)")
+      ->capture_default_str();
 }
 
 // Where and how experts run: every command that runs a model takes these.

@@ -11,6 +11,16 @@
 namespace tandem {
 namespace {
 
+SamplingParams params(float temp, int top_k, float top_p, float min_p, uint64_t seed) {
+  SamplingParams p;
+  p.temperature = temp;
+  p.top_k = top_k;
+  p.top_p = top_p;
+  p.min_p = min_p;
+  p.seed = seed;
+  return p;
+}
+
 TEST(Sampling, GreedyLowestIdOnTies) {
   Sampler s(SamplingParams{});
   const float logits[] = {0.5f, 2.0f, 2.0f, -1.0f};
@@ -21,7 +31,7 @@ TEST(Sampling, FrequenciesFollowTemperedSoftmax) {
   // p = softmax(logits / T): logits ln(1), ln(3) at T = 1 -> 0.25 / 0.75; at T = 0.5 -> 0.1 / 0.9.
   const float logits[] = {0.0f, std::log(3.0f), -30.0f};
   for (const auto& [temp, p1] : {std::pair{1.0f, 0.75}, std::pair{0.5f, 0.9}}) {
-    Sampler s(SamplingParams{temp, 0, 1.0f, 0.0f, 42});
+    Sampler s(params(temp, 0, 1.0f, 0.0f, 42));
     int ones = 0;
     const int n = 20000;
     for (int i = 0; i < n; ++i) ones += s.sample(logits, 3) == 1;
@@ -32,11 +42,11 @@ TEST(Sampling, FrequenciesFollowTemperedSoftmax) {
 TEST(Sampling, Truncations) {
   const float logits[] = {1.0f, 3.0f, 2.9f, 0.0f};
   // top-k 1 -> always the best.
-  Sampler k1(SamplingParams{2.0f, 1, 1.0f, 0.0f, 1});
+  Sampler k1(params(2.0f, 1, 1.0f, 0.0f, 1));
   // top-p small -> only the most likely token.
-  Sampler p(SamplingParams{2.0f, 0, 0.1f, 0.0f, 2});
+  Sampler p(params(2.0f, 0, 0.1f, 0.0f, 2));
   // min-p 0.9 -> tokens within 90% of the best probability: ids 1 and 2 (e^-0.05 = 0.95).
-  Sampler m(SamplingParams{1.0f, 0, 1.0f, 0.9f, 3});
+  Sampler m(params(1.0f, 0, 1.0f, 0.9f, 3));
   bool saw2 = false;
   for (int i = 0; i < 200; ++i) {
     EXPECT_EQ(k1.sample(logits, 4), 1);
@@ -51,10 +61,10 @@ TEST(Sampling, Truncations) {
 TEST(Sampling, SeededAndValidated) {
   std::vector<float> logits(64);
   for (int i = 0; i < 64; ++i) logits[i] = std::sin(i * 1.7f);
-  Sampler a(SamplingParams{1.0f, 0, 1.0f, 0.0f, 9}), b(SamplingParams{1.0f, 0, 1.0f, 0.0f, 9});
+  Sampler a(params(1.0f, 0, 1.0f, 0.0f, 9)), b(params(1.0f, 0, 1.0f, 0.0f, 9));
   for (int i = 0; i < 50; ++i) EXPECT_EQ(a.sample(logits.data(), 64), b.sample(logits.data(), 64));
-  EXPECT_THROW(Sampler(SamplingParams{1.0f, 0, 0.0f, 0.0f, 0}), Error);
-  EXPECT_THROW(Sampler(SamplingParams{1.0f, -1, 1.0f, 0.0f, 0}), Error);
+  EXPECT_THROW(Sampler(params(1.0f, 0, 0.0f, 0.0f, 0)), Error);
+  EXPECT_THROW(Sampler(params(1.0f, -1, 1.0f, 0.0f, 0)), Error);
 }
 
 }  // namespace
