@@ -177,7 +177,7 @@ bool Generator::is_end(const Request& r, int32_t token) const {
 // A waiting request's sequence: a fork of the longest prefix a sequence holds (at least one
 // prompt token left to feed: its logits), or a new one; taken only if its prompt fits in the
 // free blocks (after the kept sequences). false: not now.
-bool Generator::admit(Request& r) {
+bool Generator::admit(Request& r, int64_t reserve) {
   const int64_t target = static_cast<int64_t>(r.tokens.size());
   KvCache::PrefixMatch m;
   if (options_.reuse_prefix) {
@@ -189,7 +189,7 @@ bool Generator::admit(Request& r) {
   const std::span<const int32_t> rest(r.tokens.data() + keep, r.tokens.size() - keep);
   const KvCache::Write w{seq, keep, rest};
   const std::span<const KvCache::Write> ws(&w, 1);
-  while (cache_.blocks_needed(ws) > cache_.blocks_free() && !retained_.empty()) {
+  while (cache_.blocks_needed(ws) + reserve > cache_.blocks_free() && !retained_.empty()) {
     if (retained_.front() == m.seq) {  // (the prefix it forked stays shared: drop it first)
       retained_.pop_front();
       cache_.release(m.seq);
@@ -197,7 +197,7 @@ bool Generator::admit(Request& r) {
     }
     drop_retained();
   }
-  if (cache_.blocks_needed(ws) > cache_.blocks_free()) {
+  if (cache_.blocks_needed(ws) + reserve > cache_.blocks_free()) {
     cache_.release(seq);
     return false;
   }
@@ -329,12 +329,21 @@ std::vector<GenerateEvent> Generator::step() {
   for (const auto& r : requests_) {
     if (r->cancelled && r->state != State::kDone) finish(*r, FinishReason::kCancelled, &events);
   }
-  // Admissions, in arrival order, while the blocks and the request limit allow.
+  // Admissions, in arrival order, while the blocks and the request limit allow. The blocks the
+  // decoding requests' next tokens take are kept for them (else a request admitted now would be
+  // preempted again before it ran).
   int64_t n_running = running();
+  std::vector<KvCache::Write> decoding;
+  for (const auto& r : requests_) {
+    if (r->state == State::kDecode) {
+      decoding.push_back({r->seq, r->fed, std::span<const int32_t>(&r->tokens.back(), 1)});
+    }
+  }
+  int64_t reserve = cache_.blocks_needed(decoding);
   for (const auto& r : requests_) {
     if (r->state != State::kWaiting) continue;
     if (options_.max_sequences > 0 && n_running >= options_.max_sequences) break;
-    if (!admit(*r)) {
+    if (!admit(*r, reserve)) {
       if (n_running == 0) {
         finish(*r, FinishReason::kError, &events,
                fmt::format("KV cache full: the prompt of {} tokens does not fit in the {} "

@@ -122,7 +122,8 @@ class Generator {
  private:
   struct Request;
   Request* find(RequestId id) const;
-  bool admit(Request& r);
+  // reserve: free blocks that must stay free (the decoding requests' next tokens).
+  bool admit(Request& r, int64_t reserve);
   void finish(Request& r, FinishReason reason, std::vector<GenerateEvent>* events,
               std::string error = {});
   // r is done: its sequence kept for its prefix (keep_prefix) or released.

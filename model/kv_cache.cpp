@@ -177,6 +177,12 @@ int64_t KvCache::sequences() const {
   return std::count_if(seqs_.begin(), seqs_.end(), [](const Seq& s) { return s.live; });
 }
 
+int64_t KvCache::positions_used() const {
+  int64_t n = 0;
+  for (const Seq& s : seqs_) n += s.live ? s.length : 0;
+  return n;
+}
+
 std::span<const int32_t> KvCache::tokens(SeqId seq) const { return seq_ref(seq).tokens; }
 
 KvCache::PrefixMatch KvCache::longest_prefix(std::span<const int32_t> tokens) const {

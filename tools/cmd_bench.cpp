@@ -31,9 +31,12 @@
 #include "core/log.h"
 #include "core/thread_pool.h"
 #include "core/topology.h"
+#include "engine/engine.h"
 #include "model/model.h"
 #include "model/weights.h"
 #include "ops/cpu/roofline.h"
+#include "tools/bench_batch.h"
+#include "tools/bench_util.h"
 #include "tools/command.h"
 #include "tools/options.h"
 
@@ -53,78 +56,9 @@ struct BenchArgs {
   std::string vs;  // backend flags of a second configuration, alternated with the first
   std::string mla = "auto";
   std::string cache_type = "f32";
+  std::vector<int> batch;       // --batch: sequences decoding together (the batched test)
+  int64_t batch_tokens = 2048;  // -b: tokens per forward while the batched test's prompts fill
 };
-
-struct Stat {
-  double mean = 0, stddev = 0;
-};
-
-Stat stat(const std::vector<double>& v) {
-  Stat s;
-  for (double x : v) s.mean += x;
-  s.mean /= static_cast<double>(v.size());
-  if (v.size() > 1) {
-    double q = 0;
-    for (double x : v) q += (x - s.mean) * (x - s.mean);
-    s.stddev = std::sqrt(q / static_cast<double>(v.size() - 1));
-  }
-  return s;
-}
-
-// The median of v (non-empty).
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  const size_t m = v.size();
-  return m % 2 == 1 ? v[m / 2] : 0.5 * (v[m / 2 - 1] + v[m / 2]);
-}
-
-double now_s() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
-
-uint64_t tensor_bytes(const Tensor& t) {
-  return t.data == nullptr ? 0 : static_cast<uint64_t>(t.rows()) * t.row_bytes();
-}
-uint64_t weight_bytes(const ops::Weight& w) {
-  return tensor_bytes(w.t);
-}
-
-// Bytes one decode step reads, by the section of Model::Profile that reads them: all per-layer
-// weights except the routed experts, k average routed experts per MoE layer, the final norm and
-// lm_head (the embedding row is negligible). The router belongs to the FFN section.
-struct StepBytes {
-  uint64_t attention = 0, ffn = 0, lm_head = 0;
-  uint64_t kv_cache = 0;  // read by the attention, not a weight (set by run_bench)
-  uint64_t total() const { return attention + ffn + lm_head + kv_cache; }
-};
-
-StepBytes decode_bytes(const LoadedModel& m) {
-  StepBytes b;
-  b.lm_head = weight_bytes(m.lm_head);
-  const int64_t k = m.config.n_experts_per_tok;
-  for (const LayerWeights& l : m.layers) {
-    for (const ops::Weight* w : {&l.wq, &l.wk, &l.wv, &l.wo, &l.wq_a, &l.wq_b, &l.wkv_a}) {
-      b.attention += weight_bytes(*w);
-    }
-    for (const auto& v : {&l.k_up, &l.v_up}) {
-      for (const ops::Weight& w : *v) b.attention += weight_bytes(w);
-    }
-    for (const ops::Weight* w : {&l.ffn_gate, &l.ffn_up, &l.ffn_down, &l.router, &l.sh_gate,
-                                 &l.sh_up, &l.sh_down}) {
-      b.ffn += weight_bytes(*w);
-    }
-    if (l.moe && !l.experts.gate.empty()) {
-      uint64_t all = 0;
-      const size_t ne = l.experts.gate.size();
-      for (size_t e = 0; e < ne; ++e) {
-        all += weight_bytes(l.experts.gate[e]) + weight_bytes(l.experts.up[e]) +
-               weight_bytes(l.experts.down[e]);
-      }
-      b.ffn += all / ne * static_cast<uint64_t>(k);
-    }
-  }
-  return b;
-}
 
 void run_bench(const BenchArgs& a) {
   if (a.n_prompt < 0 || a.n_gen < 0 || a.reps < 1 || a.depth < 0) {
@@ -136,6 +70,9 @@ void run_bench(const BenchArgs& a) {
   // and Model on the same loaded weights, each repetition run on both in alternating order (A B,
   // B A, ...): the paired ratios compare the two in the same minutes.
   const bool vs = !a.vs.empty();
+  if (vs && !a.batch.empty()) {
+    fail(ErrorKind::kInvalidArgument, "--batch and --vs: one at a time");
+  }
   BackendOptions backend_b = a.backend;
   const MlaMode mla = parse_mla_mode(a.mla);
   const KvType kv_type = parse_kv_type(a.cache_type);
@@ -177,10 +114,23 @@ void run_bench(const BenchArgs& a) {
       mode = LoadMode::kMap;
     }
   }
-  const LoadedModel lm = load_model(a.model, mode);
-  page_in_model(lm);
-  ThreadingContext threading(ThreadingOptions{a.threads, true, 50});
-  MoeRuntime moe(lm, backend, threading);
+  ExpertUnionBytes* experts = nullptr;  // (the batched test's observer, made after the load)
+  std::unique_ptr<ExpertUnionBytes> experts_owned;
+  EngineOptions eo;
+  eo.model = a.model;
+  eo.threads = a.threads;
+  eo.backend = backend;
+  eo.mla = mla;
+  eo.load = mode;
+  if (!a.batch.empty()) {
+    eo.on_routing = [&experts](const RoutingEvent& ev) { experts->on_routing(ev); };
+  }
+  Engine engine(eo);
+  const LoadedModel& lm = engine.weights();
+  ThreadingContext& threading = engine.threading();
+  MoeRuntime& moe = engine.moe();
+  experts_owned = std::make_unique<ExpertUnionBytes>(lm);
+  experts = experts_owned.get();
   std::unique_ptr<MoeRuntime> moe_b;
   if (vs) {
     try {
@@ -210,20 +160,40 @@ void run_bench(const BenchArgs& a) {
     dram_gbs = probe->measure();
   }
   StepBytes split = decode_bytes(lm);
-
-  ModelOptions mo;
+  if (!a.batch.empty()) {
+    BatchBenchArgs ba;
+    ba.batches = a.batch;
+    ba.n_prompt = a.n_prompt;
+    ba.n_gen = a.n_gen;
+    ba.reps = a.reps;
+    ba.batch_tokens = a.batch_tokens;
+    ba.kv_type = kv_type;
+    const nlohmann::json results = run_batch_bench(engine, *experts, ba, probe.get(), dram_gbs);
+    if (a.json) {
+      nlohmann::json j;
+      j["model"] = a.model;
+      j["model_summary"] = model_summary(lm);
+      j["backend"] = moe.summary();
+      j["threads"] = threading.n_threads();
+      j["isa"] = isa_name(best_isa());
+      j["cache_type"] = a.cache_type;
+      j["batched"] = results;
+      fmt::print("{}\n", j.dump(2));
+    } else {
+      fmt::print("model: {}\nbackend: {}\nthreads: {}, kernel ISA {}\n", model_summary(lm),
+                 moe.summary(), threading.n_threads(), isa_name(best_isa()));
+      print_batch_table(results);
+    }
+    return;
+  }
   const int64_t ctx = std::max<int64_t>(1, int64_t{a.depth} + a.n_prompt + a.n_gen + 8);
-  mo.pool = &threading.pool();
-  mo.moe = moe.backend();
-  mo.views = moe.weight_views();
-  mo.mla = mla;
-  Model net(lm, mo);
+  Model& net = engine.model();
   SingleSequence model(net, ctx, kv_type);
   // A decode step also reads the KV cache of every position it attends to: mean over the test's
   // steps, (depth + (n + 1) / 2) positions of the cache's bytes per position.
   if (a.n_gen > 0) {
     const double per_position =
-        static_cast<double>(model.cache().position_bytes() * net.config().num_layers);
+        static_cast<double>(model.cache().position_bytes() * lm.config.num_layers);
     split.kv_cache =
         static_cast<uint64_t>(per_position * (a.depth + (a.n_gen + 1) / 2.0));
   }
@@ -232,7 +202,8 @@ void run_bench(const BenchArgs& a) {
   std::unique_ptr<Model> net_b;
   std::unique_ptr<SingleSequence> model_b;
   if (vs) {
-    ModelOptions mo_b = mo;
+    ModelOptions mo_b;
+    mo_b.pool = &threading.pool();
     mo_b.mla = parse_mla_mode(mla_b);
     mo_b.moe = moe_b->backend();
     mo_b.views = moe_b->weight_views();
@@ -357,7 +328,7 @@ void run_bench(const BenchArgs& a) {
   j["decode_bytes_per_token"] = step_bytes;
   j["decode_bound_tokens_per_s"] = bound_tps;
   j["decode_bytes_split"] = {{"attention", split.attention},
-                             {"ffn", split.ffn},
+                             {"ffn", split.ffn + split.experts},
                              {"lm_head", split.lm_head},
                              {"kv_cache", split.kv_cache}};
   j["depth"] = a.depth;
@@ -408,7 +379,7 @@ void run_bench(const BenchArgs& a) {
         return seconds > 0 ? static_cast<double>(bytes) * steps / seconds / 1e9 : 0.0;
       };
       t["section_read_gbs"] = {{"attention", rate(split.attention, r.profile.attention)},
-                               {"ffn", rate(split.ffn, r.profile.ffn)},
+                               {"ffn", rate(split.ffn + split.experts, r.profile.ffn)},
                                {"lm_head", rate(split.lm_head, r.profile.lm_head)}};
       if (!rep_dram_gbs.empty()) t["dram_read_gbs_after_each"] = rep_dram_gbs;
       if (!r.rounds.empty()) {
@@ -505,6 +476,14 @@ void add_bench(CLI::App& app) {
   add_backend_options(app, &args->backend);
   add_mla_option(app, &args->mla);
   add_cache_type_option(app, &args->cache_type);
+  app.add_option("--batch", args->batch,
+                 "llama-batched-bench's test: N sequences (a list: 1,2,4,8) of -p prompt tokens "
+                 "each, then -n decode steps of N tokens; aggregate and per-sequence tokens/s "
+                 "and the decode bound of the bytes the steps read")
+      ->delimiter(',');
+  app.add_option("-b,--batch-tokens", args->batch_tokens,
+                 "--batch: tokens per forward while the prompts are prefilled")
+      ->capture_default_str();
   app.add_option("--vs", args->vs,
                  "backend flags (and --mla, --cache-type) of a second configuration (e.g. "
                  "\"--cpu-experts repack\"), run alternately with the first on the same loaded "

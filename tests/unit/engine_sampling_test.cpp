@@ -65,6 +65,63 @@ TEST(Sampling, SeededAndValidated) {
   for (int i = 0; i < 50; ++i) EXPECT_EQ(a.sample(logits.data(), 64), b.sample(logits.data(), 64));
   EXPECT_THROW(Sampler(params(1.0f, 0, 0.0f, 0.0f, 0)), Error);
   EXPECT_THROW(Sampler(params(1.0f, -1, 1.0f, 0.0f, 0)), Error);
+  // NaN and out-of-range values name their flag.
+  for (const auto& [bad, flag] : std::vector<std::pair<SamplingParams, std::string>>{
+           {params(NAN, 0, 1.0f, 0.0f, 0), "--temp"},
+           {params(-1.0f, 0, 1.0f, 0.0f, 0), "--temp"},
+           {params(1.0f, 0, NAN, 0.0f, 0), "--top-p"},
+           {params(1.0f, 0, 1.0f, NAN, 0), "--min-p"}}) {
+    try {
+      Sampler x(bad);
+      ADD_FAILURE() << flag << " accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(flag), std::string::npos) << e.what();
+    }
+  }
+  SamplingParams pen;
+  pen.repeat_penalty = 0.0f;
+  EXPECT_THROW(Sampler{pen}, Error);
+  pen.repeat_penalty = 1.0f;
+  pen.presence_penalty = 3.0f;
+  EXPECT_THROW(Sampler{pen}, Error);
+  pen.presence_penalty = 0.0f;
+  pen.logit_bias = {{5, NAN}};
+  EXPECT_THROW(Sampler{pen}, Error);
+  pen.logit_bias = {{70, 1.0f}};
+  EXPECT_THROW(check_sampling_params(pen, 64), Error);  // outside the vocabulary
+}
+
+// Biases and penalties change the logits before the choice, by their formulas: a bias added; a
+// token of the last n context tokens divided (positive) or multiplied (negative) by the repeat
+// penalty, then lowered by presence + frequency x its count.
+TEST(Sampling, BiasesAndPenaltiesFollowTheirFormulas) {
+  const float logits[4] = {2.0f, 1.9f, -0.5f, 1.0f};
+  SamplingParams p;  // greedy: the choice shows the adjusted maximum
+  EXPECT_EQ(Sampler(p).sample(logits, 4), 0);
+  p.logit_bias = {{0, -INFINITY}};
+  EXPECT_EQ(Sampler(p).sample(logits, 4), 1);  // banned
+  p.logit_bias = {{3, 1.5f}};
+  EXPECT_EQ(Sampler(p).sample(logits, 4), 3);  // 2.5 > 2.0
+  p.logit_bias.clear();
+  // Token 0 seen twice, token 1 once: repeat 2 -> 1.0, 0.95; presence 0.1 and frequency 0.3
+  // -> 1.0 - 0.1 - 0.6 = 0.3 and 0.95 - 0.1 - 0.3 = 0.55: token 3 (1.0) wins.
+  p.repeat_penalty = 2.0f;
+  p.presence_penalty = 0.1f;
+  p.frequency_penalty = 0.3f;
+  p.penalty_last_n = -1;
+  const std::vector<int32_t> context = {0, 1, 0};
+  EXPECT_EQ(Sampler(p).sample(logits, 4, context), 3);
+  // The repeat penalty alone: 1.0, 0.95, -0.5, 1.0, a tie that the lowest id wins.
+  p.presence_penalty = p.frequency_penalty = 0.0f;
+  EXPECT_EQ(Sampler(p).sample(logits, 4, context), 0);
+  // A window of the last token only (token 0): token 1 keeps its 1.9.
+  p.penalty_last_n = 1;
+  EXPECT_EQ(Sampler(p).sample(logits, 4, context), 1);
+  // A negative logit is multiplied: token 2 in the context goes from -0.5 to -1.0 (not -0.25).
+  const float neg[2] = {-0.5f, -0.7f};
+  SamplingParams q;
+  q.repeat_penalty = 2.0f;
+  EXPECT_EQ(Sampler(q).sample(neg, 2, std::vector<int32_t>{0}), 1);
 }
 
 }  // namespace
