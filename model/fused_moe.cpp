@@ -445,22 +445,14 @@ void FusedMoeBackend::run_task(const Task& t) {
     for (int64_t j = 0; j < n; ++j) {
       std::memcpy(in.data() + j * H, req_.hidden + x.tokens[j] * H, static_cast<size_t>(H) * 4);
     }
-    g.resize(static_cast<size_t>(n * x.ff));
-    u.resize(g.size());
-    ops::matmul(*x.w_gate, in.data(), n, g.data(), nullptr);
-    ops::matmul(*x.w_up, in.data(), n, u.data(), nullptr);
-    ops::swiglu(g.data(), u.data(), n * x.ff, g.data());
-    ops::matmul(*x.w_down, g.data(), n, x.y.data(), nullptr);
+    ops::swiglu_ffn(*x.w_gate, *x.w_up, *x.w_down, in.data(), n, x.y.data(), nullptr, &g, &u);
     x.ready.store(true, std::memory_order_release);
     return;
   }
   if (t.phase == 3) {  // the shared experts without the fast path, as Model::dense_ffn
-    std::vector<float> g(static_cast<size_t>(n * x.ff)), u(g.size());
-    const ops::Weight* ws[2] = {x.w_gate, x.w_up};
-    float* ys[2] = {g.data(), u.data()};
-    kern::matmul_shared_input(ws, req_.hidden, n, ys, nullptr);
-    kern::swiglu(g.data(), u.data(), n * x.ff, g.data());
-    kern::matmul(*x.w_down, g.data(), n, x.y.data(), nullptr);
+    std::vector<float> g, u;
+    kern::swiglu_ffn(*x.w_gate, *x.w_up, *x.w_down, req_.hidden, n, x.y.data(), nullptr, nullptr,
+                     &g, &u);
     x.ready.store(true, std::memory_order_release);
     return;
   }

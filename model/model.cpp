@@ -614,14 +614,7 @@ void Model::attention_mla_expanded(const KvCache& kv_cache, int64_t l, const Par
 
 void Model::dense_ffn(const ops::Weight& g, const ops::Weight& u, const ops::Weight& d, int64_t n,
                       const float* x, float* out) {
-  const int64_t ff = g.rows();
-  float* gb = grow(t1_, n * ff);
-  float* ub = grow(t2_, n * ff);
-  const ops::Weight* ws[2] = {&g, &u};
-  float* ys[2] = {gb, ub};
-  kern::matmul_shared_input(ws, x, n, ys, pool_, views_);
-  kern::swiglu(gb, ub, n * ff, gb);
-  kern::matmul(d, gb, n, out, pool_, views_);
+  kern::swiglu_ffn(g, u, d, x, n, out, pool_, views_, &t1_, &t2_);
 }
 
 SingleSequence::SingleSequence(Model& model, int64_t ctx, KvType type)

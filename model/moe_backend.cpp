@@ -27,19 +27,14 @@ void CpuMoeBackend::submit(const MoeRequest& r) {
     }
     if (rows_.empty()) continue;
     const int64_t n = static_cast<int64_t>(rows_.size());
-    const int64_t ff = r.experts->gate[e].rows();
     x_.resize(n * h);
-    g_.resize(n * ff);
-    u_.resize(n * ff);
     d_.resize(n * h);
     for (int64_t j = 0; j < n; ++j) {
       const float* src = r.hidden + (rows_[j] / r.k) * h;
       std::copy(src, src + h, x_.data() + j * h);
     }
-    ops::matmul(r.experts->gate[e], x_.data(), n, g_.data(), pool_);
-    ops::matmul(r.experts->up[e], x_.data(), n, u_.data(), pool_);
-    ops::swiglu(g_.data(), u_.data(), n * ff, g_.data());
-    ops::matmul(r.experts->down[e], g_.data(), n, d_.data(), pool_);
+    ops::swiglu_ffn(r.experts->gate[e], r.experts->up[e], r.experts->down[e], x_.data(), n,
+                    d_.data(), pool_, &g_, &u_);
     for (int64_t j = 0; j < n; ++j) {
       const float w = r.weights[rows_[j]];
       float* dst = r.out + (rows_[j] / r.k) * h;

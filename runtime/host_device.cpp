@@ -425,10 +425,7 @@ class HostDevice final : public Device {
       kern::quantize_activations(kern::act_format(kd.format), 0, g.data(), n, ff, ff, &ah);
       gemm_rows(kd, ah, d.data());
     } else {
-      ops::matmul(w.gate, x, n, g.data(), pool_.get());
-      ops::matmul(w.up, x, n, u.data(), pool_.get());
-      ops::swiglu(g.data(), u.data(), n * ff, g.data());
-      ops::matmul(w.down, g.data(), n, d.data(), pool_.get());
+      ops::swiglu_ffn(w.gate, w.up, w.down, x, n, d.data(), pool_.get(), &g, &u);
     }
     for (int64_t t = 0; t < n; ++t) {
       const float s = scale != nullptr ? scale[t] : 1.0f;

@@ -322,12 +322,9 @@ void HybridMoeBackend::copy_expert(int layer, int expert, int slot, StreamId str
 
 void HybridMoeBackend::host_shared(const MoeRequest& r, float* out) {
   const LayerWeights& lw = *r.layer_weights;
-  const int64_t n = r.n_tokens, h = r.hidden_size, ff = lw.sh_gate.rows();
-  std::vector<float> g(n * ff), u(n * ff);
-  ops::matmul(lw.sh_gate, r.hidden, n, g.data(), nullptr);
-  ops::matmul(lw.sh_up, r.hidden, n, u.data(), nullptr);
-  ops::swiglu(g.data(), u.data(), n * ff, g.data());
-  ops::matmul(lw.sh_down, g.data(), n, out, nullptr);
+  const int64_t n = r.n_tokens, h = r.hidden_size;
+  std::vector<float> g, u;
+  ops::swiglu_ffn(lw.sh_gate, lw.sh_up, lw.sh_down, r.hidden, n, out, nullptr, &g, &u);
   if (!lw.sh_gate_inp.empty()) {
     for (int64_t t = 0; t < n; ++t) {
       const float gate = shared_expert_gate(r.hidden + t * h, lw.sh_gate_inp.data(), h);

@@ -692,6 +692,19 @@ void matmul_shared_input(std::span<const ops::Weight* const> ws, const float* x,
                       &scratch);
 }
 
+void swiglu_ffn(const ops::Weight& gate, const ops::Weight& up, const ops::Weight& down,
+                const float* x, int64_t n, float* y, ThreadPool* pool, const WeightViews* views,
+                std::vector<float>* g, std::vector<float>* u) {
+  const size_t size = static_cast<size_t>(n * gate.rows());
+  if (g->size() < size) g->resize(size);
+  if (u->size() < size) u->resize(size);
+  const ops::Weight* ws[2] = {&gate, &up};
+  float* ys[2] = {g->data(), u->data()};
+  matmul_shared_input(ws, x, n, ys, pool, views);
+  swiglu(g->data(), u->data(), static_cast<int64_t>(size), g->data());
+  matmul(down, g->data(), n, y, pool, views);
+}
+
 void gemm_f32_kn(const float* a, int64_t lda, int64_t m, const float* b, int64_t k, int64_t n,
                  float* c, int64_t ldc, Isa isa) {
   if (std::min(isa, best_isa()) >= Isa::kAvx512 && n % 64 == 0) {

@@ -151,6 +151,12 @@ void matmul_shared_input(std::span<const ops::Weight* const> ws, const float* x,
 // gate or up). isa: the highest level to use.
 void swiglu(const float* gate, const float* up, int64_t n, float* out, Isa isa = best_isa());
 
+// ops::swiglu_ffn on the kernels: gate and up in one matmul_shared_input (one conversion of x),
+// kern::swiglu, down; views as matmul's. (Dense FFNs, shared experts.)
+void swiglu_ffn(const ops::Weight& gate, const ops::Weight& up, const ops::Weight& down,
+                const float* x, int64_t n, float* y, ThreadPool* pool, const WeightViews* views,
+                std::vector<float>* g, std::vector<float>* u);
+
 // c[i][j] = sum_p a[i][p] * b[p][j] for i < m, j < n: F32, b in its stored [k, n] orientation
 // (a weight whose rows run along the reduction: GGUF's transposed k_b for expanded MLA), a
 // [m, lda], c [m, ldc]. Each output one fused multiply-add chain over p in order from 0, the

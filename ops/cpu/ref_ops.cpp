@@ -131,6 +131,18 @@ void swiglu(const float* gate, const float* up, int64_t n, float* out) {
   for (int64_t i = 0; i < n; ++i) out[i] = silu(gate[i]) * up[i];
 }
 
+void swiglu_ffn(const Weight& gate, const Weight& up, const Weight& down, const float* x,
+                int64_t n, float* y, ThreadPool* pool, std::vector<float>* g,
+                std::vector<float>* u) {
+  const size_t size = static_cast<size_t>(n * gate.rows());
+  if (g->size() < size) g->resize(size);
+  if (u->size() < size) u->resize(size);
+  matmul(gate, x, n, g->data(), pool);
+  matmul(up, x, n, u->data(), pool);
+  swiglu(g->data(), u->data(), static_cast<int64_t>(size), g->data());
+  matmul(down, g->data(), n, y, pool);
+}
+
 float yarn_mscale(float scale, float m) {
   if (scale <= 1.0f) return 1.0f;
   return 0.1f * m * std::log(scale) + 1.0f;

@@ -42,6 +42,12 @@ void rms_norm(const float* x, const float* w, int64_t n, float eps, float* out);
 void softmax(float* x, int64_t n);  // in place, max-subtracted
 // out[i] = silu(gate[i]) * up[i], silu(x) = x * sigmoid(x) (defined at the end)
 void swiglu(const float* gate, const float* up, int64_t n, float* out);
+// The SwiGLU FFN of n rows of x: y = down(swiglu(gate x, up x)), each product by matmul (the
+// reference: weights read in their stored dtype). *g and *u: scratch, grown to n x gate.rows().
+// (kern::swiglu_ffn is the same FFN on the fast kernels.)
+void swiglu_ffn(const Weight& gate, const Weight& up, const Weight& down, const float* x,
+                int64_t n, float* y, ThreadPool* pool, std::vector<float>* g,
+                std::vector<float>* u);
 
 // kNeox rotates pairs (x[i], x[i + d/2]) (HF rotate_half, llama.cpp NEOX); kInterleaved rotates
 // (x[2i], x[2i+1]) (llama.cpp NORM, DeepSeek's interleaved q_pe / k_pe).
