@@ -65,7 +65,9 @@ KvCache Engine::make_cache(int64_t ctx, KvType type, int64_t sequences) const {
   }
   KvCacheOptions o;
   o.type = type;
-  o.positions = ctx * sequences;
+  // Each sequence's ctx positions in whole blocks: `sequences` of them fit at once.
+  const int64_t per_sequence = (ctx + o.block_positions - 1) / o.block_positions * o.block_positions;
+  o.positions = per_sequence * sequences;
   o.max_sequence_positions = ctx;
   return KvCache(model_->kv_layout(), o);
 }

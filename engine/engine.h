@@ -58,7 +58,8 @@ class Engine {
   std::string summary() const;
   double load_seconds() const { return load_seconds_; }
 
-  // A KV cache for `sequences` sequences of up to ctx positions each (ctx 0: 4096, or the
+  // A KV cache for `sequences` sequences of up to ctx positions each, all at once (each
+  // sequence's positions rounded up to whole blocks) (ctx 0: 4096, or the
   // model's trained context when shorter). Error(kInvalidArgument) for ctx < 0 or sequences
   // < 1; a warning when ctx is past the trained context; Error(kResource) naming the sizes when
   // the pool does not fit in memory.

@@ -17,6 +17,8 @@
 
 namespace tandem::tools {
 
+inline constexpr int kMaxBatchSequences = 4096;
+
 struct BatchBenchArgs {
   std::vector<int> batches;  // N values, in order
   int n_prompt = 128, n_gen = 64, reps = 1;

@@ -73,6 +73,14 @@ void run_bench(const BenchArgs& a) {
   if (vs && !a.batch.empty()) {
     fail(ErrorKind::kInvalidArgument, "--batch and --vs: one at a time");
   }
+  for (const int n : a.batch) {
+    if (n < 1 || n > kMaxBatchSequences) {
+      fail(ErrorKind::kInvalidArgument, "--batch: {} sequences (1 to {})", n, kMaxBatchSequences);
+    }
+  }
+  if (a.batch_tokens < 1) {
+    fail(ErrorKind::kInvalidArgument, "-b must be at least 1, got {}", a.batch_tokens);
+  }
   BackendOptions backend_b = a.backend;
   const MlaMode mla = parse_mla_mode(a.mla);
   const KvType kv_type = parse_kv_type(a.cache_type);

@@ -41,6 +41,7 @@ struct RunArgs {
   std::string mla = "auto";
   std::string cache_type = "f32";
   bool ignore_eos = false;
+  std::vector<std::string> stop;  // --stop: text that ends the output
   bool chat = false;  // -p is one user message rendered with the model's chat template
   BackendOptions backend;
 };
@@ -100,7 +101,7 @@ void run_model(const RunArgs& a) {
   const ModelConfig& c = engine.config();
   // The vocabulary: the GGUF metadata, or an HF directory's tokenizer.model / tokenizer.json.
   const Tokenizer* tokenizer = nullptr;
-  if (a.has_prompt || output == "text") tokenizer = &engine.tokenizer();
+  if (a.has_prompt || output == "text" || !a.stop.empty()) tokenizer = &engine.tokenizer();
   std::vector<int32_t> prompt;
   if (a.has_prompt && a.chat) {
     const jinja::Json messages = jinja::Json::array({{{"role", "user"}, {"content", a.prompt}}});
@@ -150,6 +151,7 @@ void run_model(const RunArgs& a) {
   gp.sampling = a.sampling;
   gp.max_tokens = a.n_predict;
   gp.ignore_eos = a.ignore_eos;
+  gp.stop = a.stop;
   gp.continues_prompt = !a.chat;  // --chat: the answer alone
   std::ofstream logits_out;
   if (!a.logits_out.empty()) {
@@ -226,6 +228,7 @@ void add_run(CLI::App& app) {
   add_cache_type_option(app, &args->cache_type);
   add_backend_options(app, &args->backend);
   app.add_flag("--ignore-eos", args->ignore_eos, "keep generating after the EOS token");
+  app.add_option("--stop", args->stop, "stop before this text (repeatable; needs a vocabulary)");
   app.add_flag("--chat", args->chat,
                "-p is a user message: apply the model's chat template, print only the answer");
   app.callback([args, tokens, prompt] {

@@ -3,6 +3,13 @@
 
 #include <CLI/CLI.hpp>
 
+#include <cmath>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/error.h"
+
 #include "engine/engine.h"
 #include "engine/sampling.h"
 #include "model/model.h"
@@ -37,6 +44,29 @@ inline CLI::Option* add_cache_type_option(CLI::App& app, std::string* type) {
       ->capture_default_str();
 }
 
+// "ID+BIAS" / "ID-BIAS" (llama.cpp's --logit-bias; "-inf" bans the token). Error naming the flag
+// otherwise.
+inline std::pair<int32_t, float> parse_logit_bias(const std::string& item) {
+  const size_t at = item.find_first_of("+-", 1);
+  try {
+    if (at != std::string::npos && at > 0) {
+      size_t used = 0;
+      const long long id = std::stoll(item.substr(0, at), &used);
+      const std::string value = item.substr(at + 1);
+      if (used == at && id >= 0 && id <= INT32_MAX) {
+        const float sign = item[at] == '-' ? -1.0f : 1.0f;
+        if (value == "inf") return {static_cast<int32_t>(id), sign * INFINITY};
+        size_t vused = 0;
+        const float v = std::stof(value, &vused);
+        if (vused == value.size() && std::isfinite(v)) return {static_cast<int32_t>(id), sign * v};
+      }
+    }
+  } catch (const std::exception&) {
+  }
+  fail(ErrorKind::kInvalidArgument, "--logit-bias: '{}' is not TOKEN_ID+BIAS or TOKEN_ID-BIAS",
+       item);
+}
+
 inline void add_sampling_options(CLI::App& app, SamplingParams* p) {
   app.add_option("--temp", p->temperature, "temperature; 0 = greedy")->capture_default_str();
   app.add_option("--top-k", p->top_k, "keep the k most likely tokens (0 = off)")
@@ -58,6 +88,13 @@ inline void add_sampling_options(CLI::App& app, SamplingParams* p) {
   app.add_option("--repeat-last-n", p->penalty_last_n,
                  "the penalties look at the last N tokens (-1 = all, 0 = off)")
       ->capture_default_str();
+  app.add_option_function<std::vector<std::string>>(
+         "--logit-bias",
+         [p](const std::vector<std::string>& items) {
+           for (const std::string& item : items) p->logit_bias.push_back(parse_logit_bias(item));
+         },
+         "add BIAS to a token's logit, as llama.cpp: ID+BIAS or ID-BIAS (ID-inf: never)")
+      ->take_all();
 }
 
 // Where and how experts run: every command that runs a model takes these.

@@ -8,6 +8,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -171,6 +172,80 @@ TEST(CliBench, VsRunsASecondBackendPairByPair) {
     EXPECT_NE(e.exit_code, 0) << bad;
     EXPECT_NE(e.err.find("--vs"), std::string::npos) << e.err;
   }
+}
+
+}  // namespace
+}  // namespace tandem
+
+namespace tandem {
+namespace {
+
+// --batch N: llama-batched-bench's test. Per N the report has the aggregate decode rate (and per
+// sequence: aggregate / N), and the bytes a step read: the dense weights, per MoE layer the union
+// of the experts its N tokens chose (counted from the routing), the latent KV cache of the
+// positions attended. For N = 1 the union is the top-k: the step's bytes equal the single-sequence
+// report's formula (dense + k average experts) with the cache of P + (n + 1) / 2 positions; for
+// N = 4 the experts' part lies between k and min(4k, experts) experts per layer. The fraction of
+// the bound is the bytes read per second over the DRAM figure measured after the repetition.
+TEST(CliBench, BatchCountsTheExpertsTheStepsRead) {
+  const std::string model = test::data_path("golden/deepseek2-q4_k_m.gguf").string();
+  // A machine of 20 GB/s (--roofline: no bandwidth measured, the test stays short).
+  test::TempDir dir("bench_batch");
+  std::ofstream(dir / "roofline.json") << nlohmann::json{
+      {"threads", 2}, {"numa_nodes", 1}, {"isa", "avx2"}, {"dram_read_gbs", 20.0},
+      {"dram_kernel", "k"}, {"l3_read_gbs", 1.0}, {"l2_read_gbs", 1.0}, {"l3_kernel", "k"},
+      {"l2_kernel", "k"}, {"fp32_gflops", 1.0}, {"fp32_kernel", "k"}, {"bf16_gflops", 1.0},
+      {"bf16_kernel", "k"}, {"int8_gops", 1.0}, {"int8_kernel", "k"}, {"dram_buffer_bytes", 1},
+      {"l3_bytes_per_thread", 1}, {"l2_bytes_per_thread", 1}, {"huge_pages", false},
+      {"huge_page_backed_bytes", 0}}.dump();
+  const std::string roofline = " --roofline " + (dir / "roofline.json").string();
+  const test::CommandResult single =
+      test::run_tandem("bench -m " + model + " -p 0 -n 8 -r 1 --threads 2 --json" + roofline);
+  ASSERT_EQ(single.exit_code, 0) << single.err;
+  const nlohmann::json s = nlohmann::json::parse(single.out);
+  const double kv_per_position = s["decode_bytes_split"]["kv_cache"].get<double>() / 4.5;
+  const double no_kv = s["decode_bytes_per_token"].get<double>() -
+                       s["decode_bytes_split"]["kv_cache"].get<double>();
+  EXPECT_DOUBLE_EQ(kv_per_position, 3 * (128 + 32) * 4);  // 3 layers of F32 latents
+  const test::CommandResult r =
+      test::run_tandem("bench -m " + model + " --batch 1,4 -p 16 -n 8 -r 1 --threads 2 --json" +
+                       roofline);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  ASSERT_EQ(j["batched"].size(), 2u);
+  // One expert of each MoE layer (gate + up + down), from the file.
+  const GgufFile f = GgufFile::open(model);
+  double one_each = 0;
+  for (const GgufTensorInfo& t : f.tensors()) {
+    if (t.name.find("_exps.weight") != std::string::npos) one_each += t.nbytes / 8.0;
+  }
+  const double kv = (16 + (8 + 1) / 2.0) * kv_per_position;  // mean positions attended
+  const double dense = no_kv - 2 * one_each;                  // top-2
+  for (const auto& b : j["batched"]) {
+    const int n = b["n_sequences"].get<int>();
+    const double agg = b["avg_aggregate_decode_tokens_per_s"].get<double>();
+    EXPECT_GT(agg, 0.0);
+    EXPECT_DOUBLE_EQ(b["per_sequence_decode_tokens_per_s"].get<double>(), agg / n);
+    EXPECT_GT(b["avg_prefill_tokens_per_s"].get<double>(), 0.0);
+    const double bytes = b["decode_bytes_per_step"].get<double>();
+    const double experts = bytes - dense - n * kv;
+    if (n == 1) {
+      EXPECT_NEAR(experts, 2 * one_each, 1.0);
+    } else {
+      EXPECT_GE(experts, 2 * one_each - 1.0);
+      EXPECT_LE(experts, 8 * one_each + 1.0);
+    }
+    const double gbs = b["dram_read_gbs_after_each"][0].get<double>();
+    EXPECT_EQ(gbs, 20.0);
+    EXPECT_NEAR(b["avg_fraction_of_bound"].get<double>(), agg / n * bytes / (gbs * 1e9),
+                1e-6 * agg / n * bytes / (gbs * 1e9));
+  }
+  EXPECT_EQ(j["batched"][0]["n_sequences"], 1);
+  EXPECT_EQ(j["batched"][1]["n_sequences"], 4);
+  const test::CommandResult bad =
+      test::run_tandem("bench -m " + model + " --batch 0 -p 16 -n 8 --threads 2");
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_NE(bad.err.find("--batch"), std::string::npos) << bad.err;
 }
 
 }  // namespace

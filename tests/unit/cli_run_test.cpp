@@ -209,5 +209,34 @@ TEST(CliRun, NumaPartsKeepGreedyTokens) {
   EXPECT_EQ(a.out, b.out);
 }
 
+// --stop ends the text right before the first stop string; --logit-bias ID-inf bans a token (the
+// greedy output then never holds it and differs where it had it), ID+B favours one.
+TEST(CliRun, StopStringsAndLogitBiases) {
+  const std::string demo = test::data_path("demo/tandem-demo-moe-hf").string();
+  const std::string base = "run -m " + demo + " -p 'In the beginning' -n 24 --temp 0";
+  const test::CommandResult full = test::run_tandem(base);
+  ASSERT_EQ(full.exit_code, 0) << full.err;
+  const std::string text = full.out.substr(0, full.out.size() - 1);
+  const size_t cut = text.find(", in");
+  ASSERT_NE(cut, std::string::npos) << text;
+  const test::CommandResult stopped = test::run_tandem(base + " --stop ', in' --stop zzz");
+  ASSERT_EQ(stopped.exit_code, 0) << stopped.err;
+  EXPECT_EQ(stopped.out, text.substr(0, cut) + "\n");
+  const std::string ids = "run -m " + demo + " --tokens 1,512,77 -n 12 --temp 0 --output ids";
+  const test::CommandResult plain = test::run_tandem(ids);
+  ASSERT_EQ(plain.exit_code, 0) << plain.err;
+  const std::string first = plain.out.substr(0, plain.out.find(' '));
+  const test::CommandResult banned = test::run_tandem(ids + " --logit-bias " + first + "-inf");
+  ASSERT_EQ(banned.exit_code, 0) << banned.err;
+  EXPECT_NE(banned.out, plain.out);
+  EXPECT_EQ((" " + banned.out).find(" " + first + " "), std::string::npos) << banned.out;
+  const test::CommandResult favoured = test::run_tandem(ids + " --logit-bias 1234+100");
+  ASSERT_EQ(favoured.exit_code, 0) << favoured.err;
+  EXPECT_EQ(favoured.out.substr(0, 5), "1234 ");
+  const test::CommandResult bad = test::run_tandem(ids + " --logit-bias 5x");
+  EXPECT_EQ(bad.exit_code, 1);
+  EXPECT_NE(bad.err.find("--logit-bias: '5x'"), std::string::npos) << bad.err;
+}
+
 }  // namespace
 }  // namespace tandem
