@@ -432,7 +432,9 @@ std::string quant_failures(const QuantStats& q, const QuantBounds& b) {
   if (q.median > b.median) out += fmt::format(" median {:.4f} > {}", q.median, b.median);
   if (q.worst > b.worst) out += fmt::format(" worst {:.4f} > {}", q.worst, b.worst);
   if (q.close < b.close) out += fmt::format(" close {:.2f} < {}", q.close, b.close);
-  if (std::fabs(1 - q.beta) > b.beta) out += fmt::format(" beta {:.4f} off 1 by > {}", q.beta, b.beta);
+  if (std::fabs(1 - q.beta) > b.beta) {
+    out += fmt::format(" beta {:.4f} off 1 by > {}", q.beta, b.beta);
+  }
   const auto misses = static_cast<int64_t>(std::ceil(b.argmax_misses * q.positions));
   if (q.argmax_misses > misses) {
     out += fmt::format(" argmax misses {} > {}", q.argmax_misses, misses);
