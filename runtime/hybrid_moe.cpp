@@ -543,9 +543,22 @@ void HybridMoeBackend::wait() {
 }
 
 std::string HybridMoeBackend::summary() const {
-  return fmt::format("{} slots/layer of {:.2f} MiB ({} pinned), policy {}, cache {}, prefetch {}, "
-                     "cost model {}", slots_per_layer_, slot_bytes_ / 1048576.0,
-                     opt_.gpu_experts, opt_.policy, opt_.cache, opt_.prefetch, cost_source_);
+  // The pinned experts by name, read back from the cache: what --gpu-experts really placed.
+  std::string pinned;
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    std::string ids;
+    for (int e = 0; e < cache_->n_experts(); ++e) {
+      if (cache_->pinned(static_cast<int>(l), e)) ids += fmt::format(" {}", e);
+    }
+    if (!ids.empty()) {
+      pinned += fmt::format("{}layers.{}:{}", pinned.empty() ? ": " : ", ",
+                            layers_[l]->model_layer, ids);
+    }
+  }
+  return fmt::format("{} slots/layer of {:.2f} MiB ({} pinned{}), policy {}, cache {}, prefetch "
+                     "{}, cost model {}", slots_per_layer_, slot_bytes_ / 1048576.0,
+                     opt_.gpu_experts, pinned, opt_.policy, opt_.cache, opt_.prefetch,
+                     cost_source_);
 }
 
 }  // namespace tandem::rt

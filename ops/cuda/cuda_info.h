@@ -24,6 +24,28 @@ struct CudaDeviceInfo {
 // left out (the reason names them when the list ends up empty).
 std::vector<CudaDeviceInfo> cuda_devices(std::string* why_none);
 
+// Whether this process has CUDA devices, for callers that must tell a machine without a GPU from
+// a GPU that does not work (the gpu tests skip the first and fail the second).
+enum class CudaPresence {
+  kDevices,   // device_count > 0 and every device answered
+  kNoDevice,  // the runtime reports cudaErrorNoDevice (none, or CUDA_VISIBLE_DEVICES hides them),
+              // or no NVIDIA driver is installed at all (libcuda.so.1 cannot be loaded: the
+              // runtime then says cudaErrorInsufficientDriver, but there is no GPU to drive)
+  kError,     // anything else: a driver older than the runtime, a driver / kernel module
+              // mismatch, the stub libcuda, a device that fails to answer, ...
+};
+
+struct CudaStatus {
+  CudaPresence presence = CudaPresence::kNoDevice;
+  int device_count = 0;
+  // kNoDevice / kError: what the runtime said, with the error's name, e.g. "CUDA driver and
+  // kernel module do not match (cudaErrorSystemDriverMismatch)".
+  std::string detail;
+};
+
+// Asks the runtime once (never throws); leaves the current device as it was.
+CudaStatus cuda_status();
+
 // The version of the CUDA runtime this binary was built with, e.g. "13.0".
 std::string cuda_runtime_version();
 

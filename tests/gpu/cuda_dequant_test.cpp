@@ -4,7 +4,8 @@
 // FP8 scale blocks. Padding in the destination must stay untouched.
 //
 // Without a GPU the test still checks what it can on the host (the per-format decoders the
-// kernels are built from, and the launchers' argument checks), then exits 77 (skipped).
+// kernels are built from, and the launchers' argument checks), then exits 77 (skipped), or fails
+// when CUDA is broken rather than absent (gpu_gate.h).
 #include <gtest/gtest.h>
 
 #include <cstddef>
@@ -17,6 +18,7 @@
 #include "core/dtype.h"
 #include "core/fp_convert.h"
 #include "formats/quant.h"
+#include "tests/gpu/gpu_gate.h"
 
 #ifdef TANDEM_HAVE_CUDA
 #include "ops/cuda/cuda_info.h"
@@ -459,18 +461,15 @@ TEST_F(CudaDequantGpu, RunsOnAStream) {
 #endif
 
 int main(int argc, char** argv) {
+  const tandem::test::GpuGate gate = tandem::test::gpu_gate();
 #ifndef TANDEM_HAVE_CUDA
-  std::printf("gpu tests: built without CUDA, skipped\n");
-  return 77;
+  return tandem::test::gpu_gate_exit(gate);
 #else
   testing::InitGoogleTest(&argc, argv);
-  std::string why;
-  if (tandem::cuda_devices(&why).empty()) {
+  if (gate.verdict != tandem::test::GpuVerdict::kRun) {
     // The host-side checks still run: they need no device.
     GTEST_FLAG_SET(filter, "CudaDequantHost.*");
-    if (RUN_ALL_TESTS() != 0) return 1;
-    std::printf("gpu tests: %s, skipped\n", why.c_str());
-    return 77;
+    return tandem::test::gpu_gate_exit(gate, RUN_ALL_TESTS() != 0);
   }
   return RUN_ALL_TESTS();
 #endif

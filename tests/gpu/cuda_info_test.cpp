@@ -1,6 +1,6 @@
-// cuda_devices() on a GPU machine: the list is sane and agrees with the runtime. Without CUDA in
-// the build or without a device the test is skipped (exit 77), after checking that the empty
-// list comes with a reason, which is what the CLI prints on CPU-only machines.
+// cuda_devices() and cuda_status() on a GPU machine: the list is sane and agrees with the runtime,
+// and hidden devices are "no device" with a reason (what the CLI prints on CPU-only machines).
+// Without a device the test is skipped, with a broken CUDA it fails (gpu_gate.h).
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -12,7 +12,10 @@
 #include <sys/wait.h>
 
 #include "ops/cuda/cuda_info.h"
+#endif
+#include "tests/gpu/gpu_gate.h"
 
+#ifdef TANDEM_HAVE_CUDA
 namespace tandem {
 namespace {
 
@@ -43,6 +46,13 @@ TEST(CudaInfo, DevicesAreSane) {
   }
 }
 
+TEST(CudaInfo, StatusAgreesWithTheDeviceList) {
+  const CudaStatus s = cuda_status();
+  EXPECT_EQ(s.presence, CudaPresence::kDevices) << s.detail;
+  EXPECT_EQ(s.device_count, static_cast<int>(cuda_devices(nullptr).size()));
+  EXPECT_EQ(s.detail, "");
+}
+
 TEST(CudaInfo, KeepsTheCurrentDevice) {
   int count = 0;
   ASSERT_EQ(cudaGetDeviceCount(&count), cudaSuccess);
@@ -54,7 +64,8 @@ TEST(CudaInfo, KeepsTheCurrentDevice) {
   EXPECT_EQ(now, chosen);
 }
 
-// A process that sees no device (CUDA_VISIBLE_DEVICES empty) gets an empty list and a reason.
+// A process that sees no device (CUDA_VISIBLE_DEVICES empty) gets an empty list and a reason,
+// and cuda_status() calls it "no device" (cudaErrorNoDevice: the gpu tests would skip there).
 // It must be a fresh process: the runtime reads the variable once, at initialization.
 TEST(CudaInfo, HiddenDevicesGiveAReason) {
   // Resolved here: inside the shell that popen starts, /proc/self/exe would be the shell.
@@ -69,6 +80,9 @@ TEST(CudaInfo, HiddenDevicesGiveAReason) {
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << out;
   EXPECT_NE(out.find("devices: 0"), std::string::npos) << out;
   EXPECT_NE(out.find("no CUDA device"), std::string::npos) << out;
+  EXPECT_NE(out.find("status: no device, 0 devices, no CUDA device found (cudaErrorNoDevice)"),
+            std::string::npos)
+      << out;
 }
 
 }  // namespace
@@ -76,25 +90,21 @@ TEST(CudaInfo, HiddenDevicesGiveAReason) {
 #endif
 
 int main(int argc, char** argv) {
-#ifndef TANDEM_HAVE_CUDA
-  std::printf("gpu tests: built without CUDA, skipped\n");
-  return 77;
-#else
-  std::string why;
-  const std::vector<tandem::CudaDeviceInfo> devices = tandem::cuda_devices(&why);
+#ifdef TANDEM_HAVE_CUDA
   if (argc > 1 && std::string(argv[1]) == "--print-devices") {  // child of HiddenDevices...
-    std::printf("devices: %zu\nreason: %s\n", devices.size(), why.c_str());
+    std::string why;
+    const std::vector<tandem::CudaDeviceInfo> devices = tandem::cuda_devices(&why);
+    const tandem::CudaStatus s = tandem::cuda_status();
+    const char* presence = s.presence == tandem::CudaPresence::kDevices    ? "devices"
+                           : s.presence == tandem::CudaPresence::kNoDevice ? "no device"
+                                                                           : "error";
+    std::printf("devices: %zu\nreason: %s\nstatus: %s, %d devices, %s\n", devices.size(),
+                why.c_str(), presence, s.device_count, s.detail.c_str());
     return 0;
   }
-  if (devices.empty()) {
-    if (why.empty()) {
-      std::printf("FAILED: cuda_devices() returned no device and no reason\n");
-      return 1;
-    }
-    std::printf("gpu tests: %s, skipped\n", why.c_str());
-    return 77;
-  }
+#endif
+  const tandem::test::GpuGate gate = tandem::test::gpu_gate();
+  if (gate.verdict != tandem::test::GpuVerdict::kRun) return tandem::test::gpu_gate_exit(gate);
   testing::InitGoogleTest(&argc, argv);
   return RUN_ALL_TESTS();
-#endif
 }

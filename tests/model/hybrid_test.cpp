@@ -1,7 +1,8 @@
 // The hybrid pipeline end to end on golden tiny models: for every policy x cache x prefetch,
 // --accel host (HybridMoeBackend over the host device) gives the same greedy tokens as the CPU
 // backend alone, with experts really fetched, prefetched and run on the device; Expert Deferral on
-// top of it equals the formula; and the CLI accepts the flags and rejects bad values by name.
+// top of it equals the formula, through the CLI too; and the CLI accepts the flags and rejects bad
+// values by name.
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
@@ -36,14 +37,15 @@ struct Decode {
 
 const std::vector<int32_t> kPrompt = {1, 453, 386, 332, 341, 311, 426, 17};
 
-Decode decode(const LoadedModel& lm, MoeBackend* moe, int steps) {
+Decode decode(const LoadedModel& lm, MoeBackend* moe, int steps,
+              const std::vector<int32_t>& prompt = kPrompt) {
   ModelOptions mo;
   mo.pool = &threading().pool();
   mo.moe = moe;
   Model model_net(lm, mo);
   SingleSequence model(model_net, 64);
   std::vector<float> last(lm.config.vocab_size);
-  model.forward(kPrompt, last.data(), false);
+  model.forward(prompt, last.data(), false);
   Decode d;
   d.logits = last;
   for (int i = 0; i < steps; ++i) {
@@ -261,9 +263,36 @@ TEST(HybridCli, RunWithEveryHybridFlag) {
   EXPECT_EQ(r.out, cpu.out);
   EXPECT_NE(r.err.find("policy hybrimoe"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("layers.1.experts"), std::string::npos) << r.err;
+}
+
+// --defer 2 through the CLI generates what the library computes with Expert Deferral (the formula
+// backend above, 2 of qwen2moe's 4 experts per token deferred), which is not the plain greedy
+// continuation: the flag reaches the model, with the formula's arithmetic.
+TEST(HybridCli, DeferralEqualsTheLibrarys) {
+  const std::string path = test::data_path("golden/qwen2moe.gguf").string();
+  const LoadedModel lm = load_model(path);
+  const int steps = 16;
+  // A prompt whose greedy continuation deferral changes (from the 4th token on).
+  const std::vector<int32_t> tokens = {497, 11, 300, 42, 7, 250, 100, 3};
+  FormulaBackend formula(2);
+  const Decode want = decode(lm, &formula, steps, tokens);
+  CpuMoeBackend plain(&threading().pool());
+  const Decode greedy = decode(lm, &plain, steps, tokens);
+  ASSERT_NE(want.tokens, greedy.tokens);  // else this prompt could not tell
+  std::string prompt;
+  for (const int32_t t : tokens) prompt += (prompt.empty() ? "" : ",") + std::to_string(t);
+  std::string ids;
+  for (const int32_t t : want.tokens) ids += (ids.empty() ? "" : " ") + std::to_string(t);
+  const std::string base = "run --model " + path + " --tokens " + prompt + " -n " +
+                           std::to_string(steps) + " --temp 0 --ignore-eos ";
   const auto d = test::run_tandem(base + "--accel host --vram-budget 64M --defer 2 --link none");
   ASSERT_EQ(d.exit_code, 0) << d.err;
-  EXPECT_NE(d.err.find("Expert Deferral"), std::string::npos);
+  EXPECT_NE(d.err.find("Expert Deferral: 2 of 4 experts per token"), std::string::npos) << d.err;
+  EXPECT_EQ(d.out, ids + "\n");
+  // The same over the CPU backend alone.
+  const auto c = test::run_tandem(base + "--accel none --defer 2");
+  ASSERT_EQ(c.exit_code, 0) << c.err;
+  EXPECT_EQ(c.out, ids + "\n");
 }
 
 TEST(HybridCli, BadValuesNameTheFlag) {

@@ -3,9 +3,11 @@
 // in a direct run, the residual vectors must equal eq. 11 recomputed here from the MoE inputs.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <numeric>
 #include <string>
 #include <vector>
 
@@ -285,7 +287,9 @@ TEST(CliProfile, MeasuresTheHostDevice) {
 }
 
 // `tandem profile --trace`: the trace's per-layer expert counts go into the cost model, and
-// `--gpu-experts` then pins the most used experts without the "no expert counts" warning.
+// `--gpu-experts` then pins the most used experts of each layer (the run's summary names the
+// experts the cache holds pinned: those, not the 0..N-1 it pins without counts), without the
+// "no expert counts" warning.
 TEST(CliProfile, ExpertCountsFromATrace) {
   test::TempDir dir("profile_trace");
   const std::string model = test::data_path("golden/deepseek2.gguf").string();
@@ -304,6 +308,34 @@ TEST(CliProfile, ExpertCountsFromATrace) {
                        "--profile " + (dir / "p.json").string());
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_EQ(r.err.find("no expert counts"), std::string::npos) << r.err;
+  // The 2 most used experts of each MoE layer (ties: the lower id), named by model layer.
+  const std::vector<std::vector<int64_t>> counts =
+      rt::expert_counts(rt::read_trace(dir / "t.trace"));
+  const LoadedModel lm = load_model(model);
+  std::string want = "(2 pinned: ";
+  bool only_default = true;  // the counts must pick other experts than 0 and 1 somewhere
+  size_t moe = 0;
+  for (size_t l = 0; l < lm.layers.size(); ++l) {
+    if (!lm.layers[l].moe) continue;
+    ASSERT_LT(moe, counts.size());
+    std::vector<int> order(counts[moe].size());
+    std::iota(order.begin(), order.end(), 0);
+    std::stable_sort(order.begin(), order.end(),
+                     [&](int a, int b) { return counts[moe][a] > counts[moe][b]; });
+    const int lo = std::min(order[0], order[1]), hi = std::max(order[0], order[1]);
+    only_default = only_default && lo == 0 && hi == 1;
+    want += (moe ? ", layers." : "layers.") + std::to_string(l) + ": " + std::to_string(lo) +
+            " " + std::to_string(hi);
+    ++moe;
+  }
+  want += ")";
+  EXPECT_FALSE(only_default);
+  EXPECT_NE(r.err.find(want), std::string::npos) << want << "\n" << r.err;
+  // Without the counts: experts 0 and 1 of each layer, with the warning.
+  r = test::run_tandem("run -m " + model + " --tokens 1,2,3 -n 2 --accel host --gpu-experts 2");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.err.find("no expert counts"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("(2 pinned: layers.1: 0 1, layers.2: 0 1)"), std::string::npos) << r.err;
 }
 
 }  // namespace

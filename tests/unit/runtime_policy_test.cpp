@@ -3,7 +3,6 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <chrono>
 #include <numeric>
 #include <random>
 
@@ -207,9 +206,10 @@ TEST(RuntimePolicy, OptimalEqualsBruteForce) {
   }
 }
 
-TEST(RuntimePolicy, OptimalIsFastFor24ActiveExperts) {
+// 16-24 active experts of 64 (the branch and bound's large cases): still no worse than DALI's
+// greedy. How long it takes is measured by bench/policy_bench.cpp (BM_PolicyOptimal), not here.
+TEST(RuntimePolicy, OptimalBeatsDaliFor24ActiveExperts) {
   std::mt19937 rng(99);
-  double worst_ms = 0;
   for (int trial = 0; trial < 40; ++trial) {
     // Half the trials balanced (accelerator 3x faster, a copy ~ one CPU expert): the hard case.
     const CostModel cost =
@@ -224,16 +224,10 @@ TEST(RuntimePolicy, OptimalIsFastFor24ActiveExperts) {
     for (int e = 0; e < E; ++e)
       if (rng() % 2) resident.push_back(e);
     Case c(counts, resident);
-    const auto t0 = std::chrono::steady_clock::now();
     const Assignment a = AssignmentPolicy::make("optimal")->assign(c.r, *c.cache, cost);
-    const double ms =
-        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-    worst_ms = std::max(worst_ms, ms);
     const Assignment d = AssignmentPolicy::make("dali")->assign(c.r, *c.cache, cost);
     EXPECT_LE(a.est_seconds, d.est_seconds * (1 + 1e-12));
   }
-  RecordProperty("worst_ms", std::to_string(worst_ms));
-  EXPECT_LT(worst_ms, 100.0);
 }
 
 TEST(RuntimePolicy, UnknownPolicy) {
