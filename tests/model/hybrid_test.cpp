@@ -4,6 +4,8 @@
 // top of it equals the formula, through the CLI too; and the CLI accepts the flags and rejects bad
 // values by name.
 #include <fmt/format.h>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -279,10 +281,8 @@ TEST(HybridCli, DeferralEqualsTheLibrarys) {
   CpuMoeBackend plain(&threading().pool());
   const Decode greedy = decode(lm, &plain, steps, tokens);
   ASSERT_NE(want.tokens, greedy.tokens);  // else this prompt could not tell
-  std::string prompt;
-  for (const int32_t t : tokens) prompt += (prompt.empty() ? "" : ",") + std::to_string(t);
-  std::string ids;
-  for (const int32_t t : want.tokens) ids += (ids.empty() ? "" : " ") + std::to_string(t);
+  const std::string prompt = fmt::format("{}", fmt::join(tokens, ","));
+  const std::string ids = fmt::format("{}", fmt::join(want.tokens, " "));
   const std::string base = "run --model " + path + " --tokens " + prompt + " -n " +
                            std::to_string(steps) + " --temp 0 --ignore-eos ";
   const auto d = test::run_tandem(base + "--accel host --vram-budget 64M --defer 2 --link none");
