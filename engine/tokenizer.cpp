@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <charconv>
 
 #include "core/error.h"
 #include "core/log.h"
@@ -154,7 +155,7 @@ Tokenizer Tokenizer::from_gguf(const GgufFile& f) {
     t->model = TokenizerModel::kSentencePiece;
   } else {
     fail(ErrorKind::kUnsupported, "{}: tokenizer.ggml.model '{}' is not supported (gpt2, llama)",
-         f.path(), model);
+         f.path(), printable(model));
   }
 
   t->texts = f.get("tokenizer.ggml.tokens").as_string_array();
@@ -301,8 +302,10 @@ std::string Tokenizer::token_to_piece(TokenId id, bool special) const {
       return text;
     case TokenType::kByte:
       if (t.model == TokenizerModel::kSentencePiece && text.size() == 6 &&
-          text.starts_with("<0x")) {
-        return std::string(1, char(std::stoi(text.substr(3, 2), nullptr, 16)));
+          text.starts_with("<0x") && text.back() == '>') {
+        unsigned byte = 0;
+        const auto r = std::from_chars(text.data() + 3, text.data() + 5, byte, 16);
+        if (r.ec == std::errc() && r.ptr == text.data() + 5) return std::string(1, char(byte));
       }
       break;
     default:

@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/input_file.h"
 #include "core/log.h"
 #include "model/router.h"
 #include "ops/cpu/ref_ops.h"
@@ -178,10 +179,13 @@ HybridMoeBackend::HybridMoeBackend(const LoadedModel& model, MoeBackend* cpu, De
     }
     residuals_ = std::make_unique<ResidualVectors>(ResidualVectors::load(o.residuals));
     if (residuals_->hidden_size != c.hidden_size ||
-        residuals_->vectors.size() + 1 != layers_.size()) {
-      fail(ErrorKind::kFormat, "{}: residual vectors for hidden {} x {} layers do not fit this "
-           "model (hidden {}, {} MoE layers)", o.residuals.string(), residuals_->hidden_size,
-           residuals_->vectors.size() + 1, c.hidden_size, layers_.size());
+        residuals_->vectors.size() + 1 != layers_.size() ||
+        residuals_->layers != moe_layer_indices(model_)) {
+      fail(ErrorKind::kFormat,
+           "{}: residual vectors for hidden {} x MoE layers {} do not fit this model (hidden {}, "
+           "MoE layers {})",
+           o.residuals.string(), residuals_->hidden_size, fmt::join(residuals_->layers, ","),
+           c.hidden_size, fmt::join(moe_layer_indices(model_), ","));
     }
   }
   prefetcher_ = Prefetcher::make(o.prefetch);
@@ -250,10 +254,10 @@ CostModel HybridMoeBackend::estimate_cost() const {
 
 std::vector<std::vector<int64_t>> HybridMoeBackend::expert_counts() const {
   if (opt_.profile.empty()) return {};
-  std::ifstream in(opt_.profile);
+  const std::string text = read_input_file(opt_.profile, kMaxConfigFileBytes, "--profile");
   nlohmann::json j;
   try {
-    j = nlohmann::json::parse(in);
+    j = nlohmann::json::parse(text);
   } catch (const std::exception& e) {
     fail(ErrorKind::kFormat, "--profile {}: {}", opt_.profile.string(), e.what());
   }

@@ -4,13 +4,12 @@
 
 #include <cmath>
 #include <cstdio>
-#include <fstream>
 #include <memory>
-#include <sstream>
 #include <string>
 #include <vector>
 
 #include "core/error.h"
+#include "core/input_file.h"
 #include "core/thread_pool.h"
 #include "engine/tokenizer.h"
 #include "model/model.h"
@@ -32,14 +31,11 @@ struct CalibrateArgs {
 
 void run_calibrate(const CalibrateArgs& a) {
   if (a.ctx < 2) fail(ErrorKind::kInvalidArgument, "--ctx must be at least 2, got {}", a.ctx);
-  std::ifstream in(a.file, std::ios::binary);
-  if (!in) fail(ErrorKind::kIo, "-f: cannot read '{}'", a.file);
-  std::stringstream text;
-  text << in.rdbuf();
+  const std::string text = read_input_file(a.file, kMaxTextFileBytes, "-f");
   const BackendOptions backend = resolve_backend_options(a.backend, a.model);
   const LoadedModel lm = load_model(a.model, load_mode(backend));
   const Tokenizer tok = lm.gguf ? Tokenizer::from_gguf(*lm.gguf) : Tokenizer::load(a.model);
-  const std::vector<TokenId> tokens = tok.encode(text.str(), /*add_special=*/true);
+  const std::vector<TokenId> tokens = tok.encode(text, /*add_special=*/true);
   if (tokens.empty()) fail(ErrorKind::kInvalidArgument, "{}: no tokens", a.file);
   rt::ResidualCalibrator cal(lm);
   ThreadingContext threading(ThreadingOptions{a.threads, true, 50});

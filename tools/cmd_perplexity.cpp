@@ -7,13 +7,12 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <fstream>
 #include <memory>
-#include <sstream>
 #include <string>
 #include <vector>
 
 #include "core/error.h"
+#include "core/input_file.h"
 #include "core/thread_pool.h"
 #include "engine/tokenizer.h"
 #include "formats/gguf.h"
@@ -37,15 +36,12 @@ struct PerplexityArgs {
 void run_perplexity(const PerplexityArgs& a) {
   if (a.ctx < 4) fail(ErrorKind::kInvalidArgument, "--ctx must be at least 4, got {}", a.ctx);
   const KvType kv_type = parse_kv_type(a.cache_type);
-  std::ifstream in(a.file, std::ios::binary);
-  if (!in) fail(ErrorKind::kIo, "-f: cannot read '{}'", a.file);
-  std::stringstream text;
-  text << in.rdbuf();
+  const std::string text = read_input_file(a.file, kMaxTextFileBytes, "-f");
   const BackendOptions backend = resolve_backend_options(a.backend, a.model);
   const LoadedModel lm = load_model(a.model, load_mode(backend));
   page_in_model(lm);
   const Tokenizer tok = lm.gguf ? Tokenizer::from_gguf(*lm.gguf) : Tokenizer::load(a.model);
-  const std::vector<TokenId> tokens = tok.encode(text.str(), /*add_special=*/true);
+  const std::vector<TokenId> tokens = tok.encode(text, /*add_special=*/true);
   const int64_t n_ctx = a.ctx;
   if (static_cast<int64_t>(tokens.size()) < 2 * n_ctx) {
     fail(ErrorKind::kInvalidArgument,

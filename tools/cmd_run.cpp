@@ -6,7 +6,6 @@
 
 #include <chrono>
 #include <cstdio>
-#include <fstream>
 #include <memory>
 #include <string>
 #include <vector>
@@ -17,6 +16,7 @@
 #include "engine/sampling.h"
 #include "engine/tokenizer.h"
 #include "formats/gguf.h"
+#include "formats/output_file.h"
 #include "model/model.h"
 #include "model/weights.h"
 #include "tools/command.h"
@@ -151,10 +151,8 @@ void run_model(const RunArgs& a) {
   model.forward(prompt, logits.data(), all_rows);
   const double prefill_s = seconds_since(t_prefill);
   if (all_rows) {
-    std::ofstream out(a.logits_out, std::ios::binary);
-    out.write(reinterpret_cast<const char*>(logits.data()),
-              static_cast<std::streamsize>(logits.size() * sizeof(float)));
-    if (!out) fail(ErrorKind::kIo, "--logits-out: cannot write '{}'", a.logits_out);
+    write_output_file(a.logits_out, std::string_view(reinterpret_cast<const char*>(logits.data()),
+                                                     logits.size() * sizeof(float)));
   }
   const float* last = logits.data() + logits.size() - nv;
   std::vector<float> row(last, last + nv);

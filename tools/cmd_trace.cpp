@@ -5,13 +5,12 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <fstream>
 #include <memory>
-#include <sstream>
 #include <string>
 #include <vector>
 
 #include "core/error.h"
+#include "core/input_file.h"
 #include "core/thread_pool.h"
 #include "engine/tokenizer.h"
 #include "model/model.h"
@@ -79,14 +78,11 @@ void record_from_model(const TraceArgs& a, rt::Trace* out) {
     fail(ErrorKind::kInvalidArgument, "--ctx {} leaves no room for a prompt before {} decode steps",
          a.ctx, a.decode);
   }
-  std::ifstream in(a.file, std::ios::binary);
-  if (!in) fail(ErrorKind::kIo, "-f: cannot read '{}'", a.file);
-  std::stringstream text;
-  text << in.rdbuf();
+  const std::string text = read_input_file(a.file, kMaxTextFileBytes, "-f");
   const BackendOptions backend = resolve_backend_options(a.backend, a.model);
   const LoadedModel lm = load_model(a.model, load_mode(backend));
   const Tokenizer tok = lm.gguf ? Tokenizer::from_gguf(*lm.gguf) : Tokenizer::load(a.model);
-  const std::vector<TokenId> tokens = tok.encode(text.str(), /*add_special=*/true);
+  const std::vector<TokenId> tokens = tok.encode(text, /*add_special=*/true);
   const int64_t len = a.ctx - a.decode;
   int64_t n_chunks = std::max<int64_t>(1, (int64_t(tokens.size()) + len - 1) / len);
   if (a.chunks > 0) n_chunks = std::min<int64_t>(n_chunks, a.chunks);
@@ -118,7 +114,7 @@ void record_from_model(const TraceArgs& a, rt::Trace* out) {
     rec.begin_batch(rt::TracePhase::kPrefill);
     model.forward(chunk, logits.data(), false);
     for (int d = 0; d < a.decode; ++d) {
-      const int32_t next = int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin());
+      const int32_t next = argmax_token(logits.data(), int64_t(logits.size()));
       rec.begin_batch(rt::TracePhase::kDecode);
       model.forward(std::span<const int32_t>(&next, 1), logits.data(), false);
     }

@@ -1,9 +1,16 @@
 // Command-line options shared by several subcommands.
 #pragma once
 
-#include <CLI/CLI.hpp>
+#include <fmt/format.h>
 
+#include <CLI/CLI.hpp>
+#include <cmath>
+#include <limits>
+#include <string>
+
+#include "core/log.h"
 #include "core/mapped_file.h"
+#include "core/topology.h"
 #include "engine/sampling.h"
 #include "model/model.h"
 #include "runtime/moe_runtime.h"
@@ -11,11 +18,31 @@
 namespace tandem::tools {
 
 // --threads: ThreadingOptions::n_threads, the threads that compute with the caller counted, as
-// llama.cpp's -t (the pool gets one worker fewer).
+// llama.cpp's -t (the pool gets one worker fewer). More than the hardware threads this process
+// may use only makes threads preempt one another (and 10,000 of them exhaust memory): such a
+// count is clamped, with a warning.
 inline CLI::Option* add_threads_option(CLI::App& app, int* threads) {
-  return app.add_option("--threads", *threads,
-                        "threads that compute, the calling one included (default: one per "
-                        "physical core)");
+  return app
+      .add_option("--threads", *threads,
+                  "threads that compute, the calling one included (default: one per "
+                  "physical core)")
+      ->transform(CLI::Validator(
+          [](std::string& text) -> std::string {
+            int64_t n = 0;
+            if (!CLI::detail::lexical_cast(text, n) || n < 0) {
+              return fmt::format("{} is not a thread count (0: one per physical core)", text);
+            }
+            const int cpus = allowed_cpu_count();
+            if (n > cpus) {
+              log_warn(
+                  "--threads {}: more than the {} hardware threads this process may use; "
+                  "using {}",
+                  text, cpus, cpus);
+              text = std::to_string(cpus);
+            }
+            return {};
+          },
+          ""));
 }
 
 // --mla: how DeepSeek (MLA) models attend (MlaMode); parse with parse_mla_mode.
@@ -37,12 +64,34 @@ inline CLI::Option* add_cache_type_option(CLI::App& app, std::string* type) {
       ->capture_default_str();
 }
 
+// A number in [lo, hi] (CLI::Range's message prints DBL_MAX in full). main() refuses NaN,
+// infinities and out-of-range integers in every numeric option before this runs.
+inline CLI::Validator number_in(double lo, double hi = std::numeric_limits<double>::max()) {
+  return CLI::Validator(
+      [lo, hi](std::string& text) -> std::string {
+        double v = 0;
+        if (!CLI::detail::lexical_cast(text, v)) return {};  // CLI11's conversion error
+        if (!std::isfinite(v)) return fmt::format("{} is not a finite number", text);
+        if (v >= lo && v <= hi) return {};
+        if (hi == std::numeric_limits<double>::max())
+          return fmt::format("{} is below {}", text, lo);
+        return fmt::format("{} is not in [{}, {}]", text, lo, hi);
+      },
+      "");
+}
+
 inline void add_sampling_options(CLI::App& app, SamplingParams* p) {
-  app.add_option("--temp", p->temperature, "temperature; 0 = greedy")->capture_default_str();
-  app.add_option("--top-k", p->top_k, "keep the k most likely tokens (0 = off)")
+  app.add_option("--temp", p->temperature, "temperature; 0 = greedy")
+      ->check(number_in(0))
       ->capture_default_str();
-  app.add_option("--top-p", p->top_p, "nucleus sampling mass (1 = off)")->capture_default_str();
+  app.add_option("--top-k", p->top_k, "keep the k most likely tokens (0 = off)")
+      ->check(number_in(0))
+      ->capture_default_str();
+  app.add_option("--top-p", p->top_p, "nucleus sampling mass (1 = off)")
+      ->check(number_in(0, 1))
+      ->capture_default_str();
   app.add_option("--min-p", p->min_p, "drop tokens below min-p * p_max (0 = off)")
+      ->check(number_in(0, 1))
       ->capture_default_str();
   app.add_option("--seed", p->seed, "sampler seed")->capture_default_str();
 }

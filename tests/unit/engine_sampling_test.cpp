@@ -55,6 +55,35 @@ TEST(Sampling, SeededAndValidated) {
   for (int i = 0; i < 50; ++i) EXPECT_EQ(a.sample(logits.data(), 64), b.sample(logits.data(), 64));
   EXPECT_THROW(Sampler(SamplingParams{1.0f, 0, 0.0f, 0.0f, 0}), Error);
   EXPECT_THROW(Sampler(SamplingParams{1.0f, -1, 1.0f, 0.0f, 0}), Error);
+  // NaN passed every range check written as `x < lo || x > hi` (issue 56).
+  const float nan = std::nanf("");
+  EXPECT_THROW(Sampler(SamplingParams{nan, 0, 1.0f, 0.0f, 0}), Error);
+  EXPECT_THROW(Sampler(SamplingParams{-1.0f, 0, 1.0f, 0.0f, 0}), Error);
+  EXPECT_THROW(Sampler(SamplingParams{INFINITY, 0, 1.0f, 0.0f, 0}), Error);
+  EXPECT_THROW(Sampler(SamplingParams{1.0f, 0, nan, 0.0f, 0}), Error);
+  EXPECT_THROW(Sampler(SamplingParams{1.0f, 0, 1.0f, nan, 0}), Error);
+}
+
+// A NaN logit (corrupt weights) made argmax answer token 0 and the text "!!!", and broke the
+// sort of the sampling path; it is reported instead. -inf (a masked token) is a logit like any.
+TEST(Sampling, NonFiniteLogitsAreReported) {
+  std::vector<float> logits = {0.5f, 2.0f, -INFINITY, 1.0f};
+  EXPECT_EQ(argmax_token(logits.data(), 4), 1);
+  Sampler greedy(SamplingParams{});
+  Sampler drawn(SamplingParams{1.0f, 0, 1.0f, 0.0f, 3});
+  EXPECT_NE(drawn.sample(logits.data(), 4), 2);
+  for (const float bad : {std::nanf(""), INFINITY}) {
+    logits[3] = bad;
+    for (Sampler* s : {&greedy, &drawn}) {
+      try {
+        s->sample(logits.data(), 4);
+        ADD_FAILURE() << "no error for " << bad;
+      } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find("non-finite logit"), std::string::npos) << e.what();
+        EXPECT_NE(std::string(e.what()).find("token 3"), std::string::npos) << e.what();
+      }
+    }
+  }
 }
 
 }  // namespace
