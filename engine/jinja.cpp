@@ -305,7 +305,8 @@ class Interpreter {
                                                def->name, def->params.size()));
       }
       for (size_t k = 0; k < def->params.size(); ++k) {
-        const auto& [pname, pdef] = def->params[k];
+        const std::string& pname = def->params[k].first;  // (no structured binding: clang 14
+        const ExprPtr& pdef = def->params[k].second;       // lambdas may not capture one)
         if (k < args.size()) {
           frame[pname] = args[k];
           continue;

@@ -158,14 +158,14 @@ Tokenizer Tokenizer::from_gguf(const GgufFile& f) {
          f.path(), printable(model));
   }
 
-  t->texts = f.get("tokenizer.ggml.tokens").as_string_array();
+  t->texts = f.get_string_array("tokenizer.ggml.tokens");
   const size_t n = t->texts.size();
   if (n == 0 || n > size_t(INT32_MAX)) {
     fail(ErrorKind::kFormat, "{}: tokenizer.ggml.tokens has {} entries", f.path(), n);
   }
   t->types.assign(n, TokenType::kNormal);
-  if (const GgufValue* v = f.find("tokenizer.ggml.token_type")) {
-    std::vector<int64_t> types = v->as_int_array();
+  if (f.find("tokenizer.ggml.token_type")) {
+    std::vector<int64_t> types = f.get_int_array("tokenizer.ggml.token_type");
     if (types.size() != n) {
       fail(ErrorKind::kFormat, "{}: tokenizer.ggml.token_type has {} entries, tokens has {}",
            f.path(), types.size(), n);
@@ -175,8 +175,8 @@ Tokenizer Tokenizer::from_gguf(const GgufFile& f) {
     }
   }
   t->scores.assign(n, 0.0f);
-  if (const GgufValue* v = f.find("tokenizer.ggml.scores")) {
-    t->scores = v->as_float_array();
+  if (f.find("tokenizer.ggml.scores")) {
+    t->scores = f.get_float_array("tokenizer.ggml.scores");
     if (t->scores.size() != n) {
       fail(ErrorKind::kFormat, "{}: tokenizer.ggml.scores has {} entries, tokens has {}", f.path(),
            t->scores.size(), n);
@@ -196,7 +196,7 @@ Tokenizer Tokenizer::from_gguf(const GgufFile& f) {
     } catch (const Error& e) {
       fail(ErrorKind::kUnsupported, "{}: tokenizer.ggml.pre: {}", f.path(), e.what());
     }
-    std::vector<std::string> merges = f.get("tokenizer.ggml.merges").as_string_array();
+    std::vector<std::string> merges = f.get_string_array("tokenizer.ggml.merges");
     t->merge_rank.reserve(merges.size());
     for (size_t i = 0; i < merges.size(); ++i) {
       if (merges[i].find(' ') == std::string::npos) {

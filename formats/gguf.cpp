@@ -555,6 +555,22 @@ std::string GgufFile::get_string(std::string_view key, const std::string& fallba
   return v == nullptr ? fallback : with_key(path_, key, [&] { return v->as_string(); });
 }
 
+std::vector<std::string> GgufFile::get_string_array(std::string_view key) const {
+  return with_key(path_, key, [&] { return get(key).as_string_array(); });
+}
+
+std::vector<int64_t> GgufFile::get_int_array(std::string_view key) const {
+  return with_key(path_, key, [&] { return get(key).as_int_array(); });
+}
+
+std::vector<float> GgufFile::get_float_array(std::string_view key) const {
+  return with_key(path_, key, [&] { return get(key).as_float_array(); });
+}
+
+size_t GgufFile::get_array_size(std::string_view key) const {
+  return with_key(path_, key, [&] { return get(key).size(); });
+}
+
 bool GgufFile::get_bool(std::string_view key, bool fallback) const {
   const GgufValue* v = find(key);
   return v == nullptr ? fallback : with_key(path_, key, [&] { return v->as_bool(); });

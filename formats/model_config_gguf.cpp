@@ -240,8 +240,8 @@ ModelConfig config_from_gguf(const GgufFile& f) {
 
   if (const GgufValue* v = r.find("vocab_size")) {
     c.vocab_size = r.as_int(*v, r.key("vocab_size"));
-  } else if (const GgufValue* tokens = f.find("tokenizer.ggml.tokens")) {
-    c.vocab_size = static_cast<int64_t>(tokens->size());
+  } else if (f.find("tokenizer.ggml.tokens")) {
+    c.vocab_size = static_cast<int64_t>(f.get_array_size("tokenizer.ggml.tokens"));
   } else {
     fail(ErrorKind::kFormat, "{}: neither '{}' nor 'tokenizer.ggml.tokens' is present", f.path(),
          r.key("vocab_size"));

@@ -263,10 +263,24 @@ std::vector<std::vector<int64_t>> HybridMoeBackend::expert_counts() const {
   }
   if (!j.contains("expert_counts")) return {};
   std::vector<std::vector<int64_t>> counts;
-  try {
-    counts = j["expert_counts"].get<std::vector<std::vector<int64_t>>>();
-  } catch (const std::exception& e) {
-    fail(ErrorKind::kFormat, "--profile {}: expert_counts: {}", opt_.profile.string(), e.what());
+  const nlohmann::json& rows = j["expert_counts"];
+  if (!rows.is_array()) {
+    fail(ErrorKind::kFormat, "--profile {}: key 'expert_counts' is not a list of lists",
+         opt_.profile.string());
+  }
+  for (size_t l = 0; l < rows.size(); ++l) {
+    if (!rows[l].is_array()) {
+      fail(ErrorKind::kFormat, "--profile {}: key 'expert_counts[{}]' is not a list",
+           opt_.profile.string(), l);
+    }
+    counts.emplace_back();
+    for (size_t e = 0; e < rows[l].size(); ++e) {
+      if (!rows[l][e].is_number_integer()) {
+        fail(ErrorKind::kFormat, "--profile {}: key 'expert_counts[{}][{}]' is not an integer",
+             opt_.profile.string(), l, e);
+      }
+      counts.back().push_back(rows[l][e].get<int64_t>());
+    }
   }
   if (counts.size() != layers_.size()) {
     fail(ErrorKind::kFormat, "--profile {}: expert_counts has {} layers, the model {} MoE layers",

@@ -415,6 +415,25 @@ TEST(Hostile, MessagesAreOneSafeLine) {
   r = test::run_tandem("run -m " + (dir / "missing.gguf").string() + " -p hi");
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_NE(r.err.find("missing.gguf: no such file or directory"), std::string::npos) << r.err;
+
+  // A value of the wrong type names its key (was "expected an array, got string" alone, or
+  // nlohmann's "[json.exception.type_error.302] ...").
+  const fs::path tokens =
+      edited_model(dir, "tokens.gguf", set_key("tokenizer.ggml.tokens", GgufValue::string("x")));
+  r = test::run_tandem("tokenize -m " + tokens.string() + " -p hi");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("key 'tokenizer.ggml.tokens': expected an array, got string"),
+            std::string::npos)
+      << r.err;
+  nlohmann::json profile = {{"format", "tandem-cost-model"}, {"version", 1},
+                            {"cpu_expert", {{1, 0.001}}}, {"transfer_seconds", 0.001},
+                            {"expert_counts", {{1, 2}, "x"}}};
+  std::ofstream(dir / "p.json") << profile.dump();
+  r = test::run_tandem(run_tiny("--accel host --vram-budget 256M --gpu-experts 1 --profile " +
+                                (dir / "p.json").string()));
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(error_line(r.err).find("key 'expert_counts[1]' is not a list"), std::string::npos)
+      << r.err;
 }
 
 }  // namespace
