@@ -1074,7 +1074,10 @@ Value Interpreter::call_filter(const Expr& e, Frames& f) {
     return Value::string(std::move(r));
   }
   if (n == "dictsort") {
-    Array items = method(e, v, "items").fn->operator()(args, kw).arr ? *method(e, v, "items").fn->operator()(args, kw).arr : Array{};
+    if (v.is_undefined()) return Value::array();
+    if (!v.is_object()) error(e, "You can only sort by either \"key\" or \"value\" of a mapping.");
+    Array items = *method(e, v, "items").fn->operator()(args, kw).arr;
+    tick(e, items.size() * (1 + std::bit_width(items.size())));
     std::stable_sort(items.begin(), items.end(), [](const Value& a, const Value& b) {
       return lower((*a.arr)[0].s) < lower((*b.arr)[0].s);
     });
