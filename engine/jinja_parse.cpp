@@ -729,6 +729,7 @@ class Parser {
           }
           break;
         }
+        if (!slice && !parts[0]) error(cur(), "expected an index between [ and ]");  // x[]
         expect_op("]");
         auto a = make(slice ? Expr::Type::kSlice : Expr::Type::kItem, at);
         a->kids = {e, parts[0]};
