@@ -7,6 +7,7 @@
 
 #include <stdexcept>
 #include <string>
+#include <string_view>
 
 namespace tandem {
 
@@ -35,6 +36,10 @@ template <typename... Args>
 [[noreturn]] void fail(ErrorKind kind, fmt::format_string<Args...> format, Args&&... args) {
   throw Error(kind, fmt::format(format, std::forward<Args>(args)...));
 }
+
+// Text from a file made safe to print in a message: control characters (newlines, ANSI escape
+// sequences, NUL, C1 controls) as \n, \t, \xNN, and more than max_bytes cut with "...".
+std::string printable(std::string_view text, size_t max_bytes = 200);
 
 [[noreturn]] void check_failed(const char* condition, const char* file, int line,
                                const std::string& detail);

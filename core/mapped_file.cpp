@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/input_file.h"
 #include "core/log.h"
 #include "core/progress.h"
 #include "core/topology.h"
@@ -80,19 +81,9 @@ AlignedBuffer read_into_memory(int fd, size_t size, const std::string& path) {
 MappedFile MappedFile::open(const std::filesystem::path& path, LoadMode mode) {
   MappedFile file;
   file.path_ = path.string();
-  const int fd = ::open(file.path_.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) fail(ErrorKind::kIo, "{}: cannot open: {}", file.path_, std::strerror(errno));
-  struct stat st {};
-  if (::fstat(fd, &st) != 0) {
-    const int err = errno;
-    ::close(fd);
-    fail(ErrorKind::kIo, "{}: cannot stat: {}", file.path_, std::strerror(err));
-  }
-  if (!S_ISREG(st.st_mode)) {
-    ::close(fd);
-    fail(ErrorKind::kIo, "{}: not a regular file", file.path_);
-  }
-  file.size_ = static_cast<size_t>(st.st_size);
+  InputFile input = InputFile::open(path);
+  file.size_ = static_cast<size_t>(input.size());
+  const int fd = input.release();
   // Without transparent huge pages a copy would only double the memory held: map instead.
   if (mode == LoadMode::kCopy && thp_mode() == ThpMode::kNever) {
     log_debug("{}: transparent huge pages are off: mapped", file.path_);

@@ -78,24 +78,15 @@ ThreadPool::ThreadPool(std::vector<WorkerPlacement> placements, const ThreadPool
   std::atomic<int> started{0};
   threads_.reserve(placements_.size());
   for (int i = 0; i < size(); ++i) {
-    threads_.emplace_back([this, i, &started] {
-      tls_pool = this;
-      tls_worker = i;
-      const WorkerPlacement& p = placements_[static_cast<size_t>(i)];
-      if (options_.pin && !p.cpus.empty()) {
-        cpu_set_t set;
-        CPU_ZERO(&set);
-        for (int cpu : p.cpus) CPU_SET(cpu, &set);
-        pinned_[static_cast<size_t>(i)] =
-            pthread_setaffinity_np(pthread_self(), sizeof(set), &set) == 0;
-      }
-      char name[16];
-      std::snprintf(name, sizeof(name), "tandem-w%d", i);
-      pthread_setname_np(pthread_self(), name);
-      started.fetch_add(1);
-      started.notify_one();
-      worker_main(i);
-    });
+    try {
+      start_worker(i, started);
+    } catch (const std::exception& e) {  // no memory for a stack, a thread limit (system_error)
+      const int created = static_cast<int>(threads_.size());
+      for (int n = started.load(); n < created; n = started.load()) started.wait(n);
+      stop_workers();
+      fail(ErrorKind::kResource, "cannot start worker thread {} of {}: {} (fewer --threads?)",
+           i + 1, size(), e.what());
+    }
   }
   for (int n = started.load(); n < size(); n = started.load()) started.wait(n);
   for (int i = 0; i < size(); ++i) {
@@ -106,13 +97,39 @@ ThreadPool::ThreadPool(std::vector<WorkerPlacement> placements, const ThreadPool
   }
 }
 
-ThreadPool::~ThreadPool() {
-  const uint64_t in_flight = ~free_.load();
-  TD_CHECK(in_flight == 0, "thread pool destroyed with jobs in flight (mask {:#x})", in_flight);
+void ThreadPool::start_worker(int i, std::atomic<int>& started) {
+  threads_.emplace_back([this, i, &started] {
+    tls_pool = this;
+    tls_worker = i;
+    const WorkerPlacement& p = placements_[static_cast<size_t>(i)];
+    if (options_.pin && !p.cpus.empty()) {
+      cpu_set_t set;
+      CPU_ZERO(&set);
+      for (int cpu : p.cpus) CPU_SET(cpu, &set);
+      pinned_[static_cast<size_t>(i)] =
+          pthread_setaffinity_np(pthread_self(), sizeof(set), &set) == 0;
+    }
+    char name[16];
+    std::snprintf(name, sizeof(name), "tandem-w%d", i);
+    pthread_setname_np(pthread_self(), name);
+    started.fetch_add(1);
+    started.notify_one();
+    worker_main(i);
+  });
+}
+
+void ThreadPool::stop_workers() {
   stop_.store(true);
   epoch_.fetch_add(1);
   epoch_.notify_all();
   for (std::thread& t : threads_) t.join();
+  threads_.clear();
+}
+
+ThreadPool::~ThreadPool() {
+  const uint64_t in_flight = ~free_.load();
+  TD_CHECK(in_flight == 0, "thread pool destroyed with jobs in flight (mask {:#x})", in_flight);
+  stop_workers();
 }
 
 int ThreadPool::workers_on_node(int node) const {

@@ -178,6 +178,8 @@ class ThreadPool {
   // Claims and runs tasks of `slot` until none are left; false if the slot had no job.
   bool work_on(int slot, int thread, bool as_caller);
   void worker_main(int index);
+  void start_worker(int index, std::atomic<int>& started);  // throws std::system_error
+  void stop_workers();
   bool caller_may_help(int node) const;
   template <typename Pred>
   bool spin_until(Pred pred) const;

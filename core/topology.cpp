@@ -28,6 +28,14 @@ std::vector<int> affinity_cpus() {
   return cpus;
 }
 
+}  // namespace
+
+int allowed_cpu_count() {
+  return std::max(1, static_cast<int>(affinity_cpus().size()));
+}
+
+namespace {
+
 // Reads one number from a sysfs/cgroup file; false when missing or "max".
 bool read_u64_file(const char* path, uint64_t* value) {
   std::ifstream in(path);

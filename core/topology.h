@@ -55,6 +55,9 @@ struct Topology {
 // falls back to one node with the allowed CPUs as cores (source = "fallback", with a warning).
 Topology detect_topology();
 
+// Logical CPUs this process may run on (its affinity mask; at least 1). Cheap: no hwloc.
+int allowed_cpu_count();
+
 // A synthetic topology for tests: `nodes` nodes of `cores_per_node` cores, each core mapped to
 // the allowed CPUs round-robin (so it can be pinned to on any machine).
 Topology synthetic_topology(int nodes, int cores_per_node);

@@ -1,10 +1,9 @@
 #include "engine/chat_template.h"
 
 #include <filesystem>
-#include <fstream>
-#include <sstream>
 
 #include "core/error.h"
+#include "core/input_file.h"
 #include "formats/gguf.h"
 
 namespace tandem {
@@ -19,11 +18,7 @@ ChatTemplate ChatTemplate::from_gguf(const GgufFile& gguf) {
 }
 
 static std::string read_text(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) fail(ErrorKind::kIo, "{}: cannot open", path);
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
+  return read_input_file(path, kMaxConfigFileBytes);
 }
 
 ChatTemplate ChatTemplate::from_hf_dir(const std::string& dir) {
@@ -54,7 +49,8 @@ ChatTemplate ChatTemplate::from_hf_dir(const std::string& dir) {
 
 std::string ChatTemplate::render(const jinja::Json& messages, const jinja::Json& tools,
                                  bool add_generation_prompt, const std::string& bos_token,
-                                 const std::string& eos_token, const jinja::Json& extra) const {
+                                 const std::string& eos_token, const jinja::Json& extra,
+                                 const jinja::RenderLimits& limits) const {
   using jinja::Value;
   Value globals = Value::object();
   if (extra.is_object()) {
@@ -85,7 +81,7 @@ std::string ChatTemplate::render(const jinja::Json& messages, const jinja::Json&
     size_t n = fmt.empty() ? 0 : std::strftime(buf, sizeof(buf), fmt.c_str(), &tm);
     return Value::string(std::string(buf, n));
   }));
-  return template_.render(globals);
+  return template_.render(globals, limits);
 }
 
 }  // namespace tandem

@@ -27,11 +27,12 @@ class ChatTemplate {
   // Renders `messages` (a JSON array of {role, content, ...}) and `tools` (null: None, as
   // transformers passes it); the members of `extra` become further variables (e.g.
   // enable_thinking; the named arguments win over same-named extras). Throws Error
-  // with the template's message for raise_exception, or line:column for other failures.
+  // with the template's message for raise_exception, or line:column for other failures (a
+  // render budget of `limits` included).
   std::string render(const jinja::Json& messages, const jinja::Json& tools,
                      bool add_generation_prompt, const std::string& bos_token,
-                     const std::string& eos_token,
-                     const jinja::Json& extra = jinja::Json::object()) const;
+                     const std::string& eos_token, const jinja::Json& extra = jinja::Json::object(),
+                     const jinja::RenderLimits& limits = {}) const;
 
   // Fixes the time strftime_now() formats (tests); the default is the current local time.
   void set_now(std::tm now) { now_ = now; }

@@ -4,6 +4,7 @@
 #include "engine/jinja.h"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <optional>
 #include <unordered_map>
@@ -35,12 +36,78 @@ const Value* arg(std::vector<Value>& args, KwArgs& kwargs, size_t k, const char*
 
 class Interpreter {
  public:
-  Interpreter(const std::string& name) : name_(name) {}
+  Interpreter(const std::string& name, const RenderLimits& limits) : name_(name), lim_(limits) {}
+  // A namespace may hold itself ({% set ns.me = ns %}): emptied here, or the cycle of shared
+  // pointers would outlive the render.
+  ~Interpreter() {
+    for (const std::weak_ptr<Object>& w : namespaces_) {
+      if (std::shared_ptr<Object> o = w.lock()) Object().swap(*o);
+    }
+  }
+  void track_namespace(const Value& ns) { namespaces_.push_back(ns.obj); }
 
   [[noreturn]] void error(int line, int col, const std::string& msg) const {
     fail(ErrorKind::kInvalidArgument, "{}:{}:{}: {}", name_, line, col, msg);
   }
   [[noreturn]] void error(const Expr& e, const std::string& msg) const { error(e.line, e.col, msg); }
+
+  // The budgets of RenderLimits. Each failure names the template line.
+  // line 0: where no expression is at hand (a builtin's call); exec() names the statement.
+  [[noreturn]] void over_budget(int line, int col, const std::string& what) const {
+    if (line == 0) fail(ErrorKind::kResource, "{}", what);
+    fail(ErrorKind::kResource, "{}:{}:{}: {} (a template's render budget)", name_, line, col, what);
+  }
+  void tick(int line, int col, uint64_t n = 1) {
+    iterations_ += n;
+    if (iterations_ > lim_.iterations) [[unlikely]] {
+      over_budget(line, col,
+                  fmt::format("more than {} loop iterations, macro calls and items walked",
+                              lim_.iterations));
+    }
+  }
+  void tick(const Expr& e, uint64_t n = 1) { tick(e.line, e.col, n); }
+  void charge(int line, int col, uint64_t bytes) {
+    bytes_ += bytes;
+    if (bytes_ > lim_.bytes) [[unlikely]] {
+      over_budget(line, col, fmt::format("more than {} bytes of strings and lists made or copied",
+                                         lim_.bytes));
+    }
+  }
+  void check_string(int line, int col, uint64_t bytes) const {
+    if (bytes > lim_.string_bytes) [[unlikely]] {
+      over_budget(line, col, fmt::format("a string of {} bytes, more than {}", bytes,
+                                         lim_.string_bytes));
+    }
+  }
+  void check_list(int line, int col, uint64_t items) const {
+    if (items > lim_.list_items) [[unlikely]] {
+      over_budget(line, col, fmt::format("a list of {} items, more than {}", items,
+                                         lim_.list_items));
+    }
+  }
+  // A new list of `items` values: bounded and charged.
+  void made_list(int line, int col, uint64_t items) {
+    check_list(line, col, items);
+    charge(line, col, items * sizeof(Value));
+  }
+  void made_list(const Expr& e, uint64_t items) { made_list(e.line, e.col, items); }
+  // A new string made by an operator or filter: bounded (eval() charges it).
+  Value made_string(const Expr& e, std::string s) {
+    check_string(e.line, e.col, s.size());
+    return Value::string(std::move(s));
+  }
+  std::string str(const Value& v) const { return to_str(v, lim_.string_bytes); }
+  void emit(std::string& out, std::string_view text, int line, int col) const {
+    if (out.size() + text.size() > lim_.output_bytes) [[unlikely]] {
+      over_budget(line, col, fmt::format("output longer than {} bytes", lim_.output_bytes));
+    }
+    out += text;
+  }
+  // A string's code points (iterating it, reversing it): one list item each.
+  std::vector<std::string> chars_of(const Expr& e, const std::string& s) {
+    made_list(e, utf8_length(s));
+    return utf8_chars(s);
+  }
 
   Value lookup(const Frames& f, const std::string& n) const {
     for (auto it = f.rbegin(); it != f.rend(); ++it) {
@@ -59,10 +126,33 @@ class Interpreter {
   }
 
   Flow exec(const Stmt& s, Frames& f, std::string& out) {
+    try {
+      return exec_stmt(s, f, out);
+    } catch (const Error& e) {
+      // A bound hit inside a value function (str(), tojson, ==) knows no template line: name
+      // the statement's.
+      if (e.kind() != ErrorKind::kResource || std::string_view(e.what()).starts_with(name_ + ":")) {
+        throw;
+      }
+      over_budget(s.line, s.col, e.what());
+    }
+  }
+
+  Flow exec_stmt(const Stmt& s, Frames& f, std::string& out) {
     switch (s.type) {
       case Stmt::Type::kBody: return exec(s.body, f, out);
-      case Stmt::Type::kText: out += s.text; return Flow::kNormal;
-      case Stmt::Type::kOutput: out += to_str(eval(*s.expr, f)); return Flow::kNormal;
+      case Stmt::Type::kText: emit(out, s.text, s.line, s.col); return Flow::kNormal;
+      case Stmt::Type::kOutput: {
+        const Value v = eval(*s.expr, f);
+        if (v.is_string()) {
+          emit(out, v.s, s.line, s.col);
+        } else {
+          const std::string text = str(v);
+          charge(s.line, s.col, text.size());
+          emit(out, text, s.line, s.col);
+        }
+        return Flow::kNormal;
+      }
       case Stmt::Type::kIf:
         for (size_t k = 0; k < s.conds.size(); ++k) {
           if (!s.conds[k] || eval(*s.conds[k], f).truthy()) return exec(s.branches[k], f, out);
@@ -73,7 +163,8 @@ class Interpreter {
       case Stmt::Type::kSetBlock: {
         std::string captured;
         exec(s.body, f, captured);
-        assign(s, Value::string(captured), f);
+        charge(s.line, s.col, captured.size());
+        assign(s, Value::string(std::move(captured)), f);
         return Flow::kNormal;
       }
       case Stmt::Type::kMacro: define_macro(s, f); return Flow::kNormal;
@@ -104,16 +195,26 @@ class Interpreter {
     for (size_t k = 0; k < names.size(); ++k) frame[names[k]] = (*v.arr)[k];
   }
 
+  // The items of a list, the keys of a dict, the characters of a string: a copy, charged.
   Array iterate(const Value& v, int line, int col) {
     switch (v.kind) {
       case Value::Kind::kUndefined: return {};
-      case Value::Kind::kArray: return *v.arr;
+      case Value::Kind::kArray: {
+        uint64_t bytes = v.arr->size() * sizeof(Value);
+        for (const Value& x : *v.arr) bytes += x.s.size();
+        charge(line, col, bytes);
+        return *v.arr;
+      }
       case Value::Kind::kObject: {
+        charge(line, col, v.obj->size() * sizeof(Value));
         Array keys;
         for (const auto& kv : *v.obj) keys.push_back(Value::string(kv.first));
         return keys;
       }
       case Value::Kind::kString: {
+        const uint64_t n = utf8_length(v.s);
+        check_list(line, col, n);
+        charge(line, col, n * sizeof(Value) + v.s.size());
         Array chars;
         for (auto& c : utf8_chars(v.s)) chars.push_back(Value::string(c));
         return chars;
@@ -130,31 +231,45 @@ class Interpreter {
     if (!s.conds.empty()) {  // {% for x in xs if cond %}: filtered before loop.* is computed
       Array kept;
       for (const auto& item : items) {
+        tick(s.line, s.col);
         bind(s, item, frame);
         if (eval(*s.conds[0], inner).truthy()) kept.push_back(item);
       }
       items = std::move(kept);
     }
-    size_t n = items.size();
+    const size_t n = items.size();
+    // One `loop` object for the whole loop, updated in place as jinja2's LoopContext is (a fresh
+    // object per iteration cost most of an iteration's time).
+    auto index = std::make_shared<size_t>(0);
+    Value loop = Value::object({
+        {"index", Value::integer(0)},
+        {"index0", Value::integer(0)},
+        {"revindex", Value::integer(0)},
+        {"revindex0", Value::integer(0)},
+        {"first", Value::boolean(false)},
+        {"last", Value::boolean(false)},
+        {"length", Value::integer(static_cast<int64_t>(n))},
+        {"previtem", Value()},
+        {"nextitem", Value()},
+        {"cycle", Value::function([index](std::vector<Value>& args, KwArgs&) {
+           if (args.empty()) fail(ErrorKind::kInvalidArgument, "no items for cycling given");
+           return args[*index % args.size()];
+         })},
+    });
+    Object& fields = *loop.obj;
+    frame["loop"] = loop;
     for (size_t k = 0; k < n; ++k) {
+      tick(s.line, s.col);
       bind(s, items[k], frame);
-      Value loop = Value::object({
-          {"index", Value::integer(static_cast<int64_t>(k + 1))},
-          {"index0", Value::integer(static_cast<int64_t>(k))},
-          {"revindex", Value::integer(static_cast<int64_t>(n - k))},
-          {"revindex0", Value::integer(static_cast<int64_t>(n - k - 1))},
-          {"first", Value::boolean(k == 0)},
-          {"last", Value::boolean(k + 1 == n)},
-          {"length", Value::integer(static_cast<int64_t>(n))},
-          {"previtem", k > 0 ? items[k - 1] : Value::undefined("there is no previous item")},
-          {"nextitem", k + 1 < n ? items[k + 1] : Value::undefined("there is no next item")},
-      });
-      size_t idx = k;
-      loop.set("cycle", Value::function([idx](std::vector<Value>& args, KwArgs&) {
-                 if (args.empty()) fail(ErrorKind::kInvalidArgument, "no items for cycling given");
-                 return args[idx % args.size()];
-               }));
-      frame["loop"] = loop;
+      *index = k;
+      fields[0].second.i = static_cast<int64_t>(k + 1);
+      fields[1].second.i = static_cast<int64_t>(k);
+      fields[2].second.i = static_cast<int64_t>(n - k);
+      fields[3].second.i = static_cast<int64_t>(n - k - 1);
+      fields[4].second.b = k == 0;
+      fields[5].second.b = k + 1 == n;
+      fields[7].second = k > 0 ? items[k - 1] : Value::undefined("there is no previous item");
+      fields[8].second = k + 1 < n ? items[k + 1] : Value::undefined("there is no next item");
       Flow flow = exec(s.body, inner, out);
       if (flow == Flow::kBreak) break;
     }
@@ -190,7 +305,8 @@ class Interpreter {
                                                def->name, def->params.size()));
       }
       for (size_t k = 0; k < def->params.size(); ++k) {
-        const auto& [pname, pdef] = def->params[k];
+        const std::string& pname = def->params[k].first;  // (no structured binding: clang 14
+        const ExprPtr& pdef = def->params[k].second;       // lambdas may not capture one)
         if (k < args.size()) {
           frame[pname] = args[k];
           continue;
@@ -204,6 +320,7 @@ class Interpreter {
         error(def->line, def->col, fmt::format("macro '{}' nested deeper than {} calls", def->name,
                                                kMaxMacroDepth));
       }
+      tick(def->line, def->col);
       ++macro_depth_;
       std::string out;
       try {
@@ -213,11 +330,21 @@ class Interpreter {
         throw;
       }
       --macro_depth_;
-      return Value::string(out);
+      return Value::string(std::move(out));
     });
   }
 
-  Value eval(const Expr& e, Frames& f);
+  // Every expression's value passes here: a string result is bounded and its bytes (made or
+  // copied from a variable) charged.
+  Value eval(const Expr& e, Frames& f) {
+    Value v = eval_expr(e, f);
+    if (v.kind == Value::Kind::kString) {
+      check_string(e.line, e.col, v.s.size());
+      charge(e.line, e.col, v.s.size());
+    }
+    return v;
+  }
+  Value eval_expr(const Expr& e, Frames& f);
   Value binary(const Expr& e, Frames& f);
   Value get_attr(const Expr& e, const Value& obj, const std::string& name);
   Value get_item(const Expr& e, const Value& obj, const Value& key);
@@ -234,15 +361,19 @@ class Interpreter {
  private:
   static constexpr int kMaxMacroDepth = 200;
   std::string name_;
+  const RenderLimits& lim_;
+  uint64_t iterations_ = 0, bytes_ = 0;  // spent so far
   int macro_depth_ = 0;
+  std::vector<std::weak_ptr<Object>> namespaces_;
 };
 
-Value Interpreter::eval(const Expr& e, Frames& f) {
+Value Interpreter::eval_expr(const Expr& e, Frames& f) {
   switch (e.type) {
     case Expr::Type::kLiteral: return e.literal;
     case Expr::Type::kName: return lookup(f, e.name);
     case Expr::Type::kList:
     case Expr::Type::kTuple: {
+      made_list(e, e.kids.size());
       Array a;
       for (const auto& k : e.kids) a.push_back(eval(*k, f));
       Value v = Value::array(std::move(a));
@@ -250,6 +381,7 @@ Value Interpreter::eval(const Expr& e, Frames& f) {
       return v;
     }
     case Expr::Type::kDict: {
+      made_list(e, e.kids.size() / 2);
       Value d = Value::object();
       for (size_t k = 0; k + 1 < e.kids.size(); k += 2) {
         Value key = eval(*e.kids[k], f);
@@ -297,7 +429,12 @@ Value Interpreter::binary(const Expr& e, Frames& f) {
   if (op == "and") return a.truthy() ? eval(*e.kids[1], f) : a;
   if (op == "or") return a.truthy() ? a : eval(*e.kids[1], f);
   Value b = eval(*e.kids[1], f);
-  if (op == "~") return Value::string(to_str(a) + to_str(b));
+  if (op == "~") {
+    std::string x = str(a);
+    const std::string y = str(b);
+    check_string(e.line, e.col, x.size() + y.size());
+    return made_string(e, std::move(x) + y);
+  }
   if (op != "==" && op != "!=" && op != "in" && op != "not in") {
     for (const Value* u : {&a, &b}) {
       if (u->is_undefined()) error(e, u->s.empty() ? "undefined value in an operation" : u->s);
@@ -311,6 +448,7 @@ Value Interpreter::binary(const Expr& e, Frames& f) {
       if (!a.is_string()) error(e, "'in <string>' requires string as left operand");
       found = b.s.find(a.s) != std::string::npos;
     } else if (b.is_array()) {
+      tick(e, b.arr->size());
       for (const auto& x : *b.arr) found = found || equals(a, x);
     } else if (b.is_object()) {
       found = a.is_string() && b.find(a.s) != nullptr;
@@ -324,13 +462,21 @@ Value Interpreter::binary(const Expr& e, Frames& f) {
     try {
       c = compare(a, b);
     } catch (const Error& err) {
+      if (err.kind() == ErrorKind::kResource) over_budget(e.line, e.col, err.what());
       error(e, err.what());
     }
     return Value::boolean(op == "<" ? c < 0 : op == ">" ? c > 0 : op == "<=" ? c <= 0 : c >= 0);
   }
   if (op == "+") {
-    if (a.is_string() && b.is_string()) return Value::string(a.s + b.s);
+    if (a.is_string() && b.is_string()) {
+      check_string(e.line, e.col, a.s.size() + b.s.size());
+      return made_string(e, a.s + b.s);
+    }
     if (a.is_array() && b.is_array()) {
+      made_list(e, a.arr->size() + b.arr->size());
+      for (const Array* part : {a.arr.get(), b.arr.get()}) {
+        for (const Value& x : *part) charge(e.line, e.col, x.s.size());
+      }
       Array r = *a.arr;
       r.insert(r.end(), b.arr->begin(), b.arr->end());
       return Value::array(std::move(r));
@@ -341,9 +487,15 @@ Value Interpreter::binary(const Expr& e, Frames& f) {
                          a.type_name()));
   }
   if (op == "*" && a.is_string() && b.kind == Value::Kind::kInt) {
+    // Sized before it is built: "x" * 1000000000 is refused, not allocated.
+    if (b.i > 0 && !a.s.empty() && uint64_t(b.i) > lim_.string_bytes / a.s.size()) {
+      over_budget(e.line, e.col, fmt::format("a string of {} x {} bytes, more than {}", b.i,
+                                             a.s.size(), lim_.string_bytes));
+    }
     std::string r;
+    r.reserve(b.i > 0 ? a.s.size() * uint64_t(b.i) : 0);
     for (int64_t k = 0; k < b.i; ++k) r += a.s;
-    return Value::string(r);
+    return made_string(e, std::move(r));
   }
   bool an = a.is_number() || a.kind == Value::Kind::kBool;
   bool bn = b.is_number() || b.kind == Value::Kind::kBool;
@@ -407,14 +559,19 @@ Value Interpreter::get_item(const Expr& e, const Value& obj, const Value& key) {
     return Value::undefined(no_attr(obj, key.is_string() ? key.s : to_str(key)));
   }
   if ((obj.is_array() || obj.is_string()) && key.kind == Value::Kind::kInt) {
-    std::vector<std::string> chars;
-    if (obj.is_string()) chars = utf8_chars(obj.s);
-    int64_t n = obj.is_array() ? static_cast<int64_t>(obj.arr->size()) : static_cast<int64_t>(chars.size());
+    std::vector<uint32_t> starts;  // a string's code points: their byte offsets, and the end
+    if (obj.is_string()) {
+      charge(e.line, e.col, obj.s.size());
+      starts = utf8_starts(obj.s);
+    }
+    int64_t n = obj.is_array() ? static_cast<int64_t>(obj.arr->size())
+                               : static_cast<int64_t>(starts.size()) - 1;
     int64_t k = key.i < 0 ? key.i + n : key.i;
     if (k < 0 || k >= n) {
       return Value::undefined(fmt::format("{} object has no element {}", obj.type_name(), key.i));
     }
-    return obj.is_array() ? (*obj.arr)[static_cast<size_t>(k)] : Value::string(chars[static_cast<size_t>(k)]);
+    if (obj.is_array()) return (*obj.arr)[static_cast<size_t>(k)];
+    return Value::string(obj.s.substr(starts[k], starts[k + 1] - starts[k]));
   }
   if (key.is_string()) return get_attr(e, obj, key.s);
   return Value::undefined(no_attr(obj, to_str(key)));
@@ -431,10 +588,15 @@ Value Interpreter::slice(const Expr& e, const Value& obj, Frames& f) {
   std::optional<int64_t> start = bound(e.kids[1]), stop = bound(e.kids[2]), step_v = bound(e.kids[3]);
   int64_t step = step_v.value_or(1);
   if (step == 0) error(e, "slice step cannot be zero");
-  std::vector<std::string> chars;
-  if (obj.is_string()) chars = utf8_chars(obj.s);
-  else if (!obj.is_array()) error(e, fmt::format("'{}' object is not subscriptable", obj.type_name()));
-  int64_t n = obj.is_array() ? static_cast<int64_t>(obj.arr->size()) : static_cast<int64_t>(chars.size());
+  std::vector<uint32_t> starts;  // a string's code points: their byte offsets, and the end
+  if (obj.is_string()) {
+    charge(e.line, e.col, obj.s.size());
+    starts = utf8_starts(obj.s);
+  } else if (!obj.is_array()) {
+    error(e, fmt::format("'{}' object is not subscriptable", obj.type_name()));
+  }
+  int64_t n = obj.is_array() ? static_cast<int64_t>(obj.arr->size())
+                             : static_cast<int64_t>(starts.size()) - 1;
   auto norm = [&](std::optional<int64_t> v, int64_t def) {
     if (!v) return def;
     int64_t x = *v < 0 ? *v + n : *v;
@@ -442,13 +604,24 @@ Value Interpreter::slice(const Expr& e, const Value& obj, Frames& f) {
     return std::clamp<int64_t>(x, -1, n - 1);
   };
   int64_t b = norm(start, step > 0 ? 0 : n - 1), en = norm(stop, step > 0 ? n : -1);
+  if (obj.is_string() && step == 1) {  // the common [a:b]: one substring
+    return Value::string(b < en ? obj.s.substr(starts[b], starts[en] - starts[b]) : std::string());
+  }
   Array items;
   std::string s;
   for (int64_t k = b; step > 0 ? k < en : k > en; k += step) {
-    if (obj.is_array()) items.push_back((*obj.arr)[static_cast<size_t>(k)]);
-    else s += chars[static_cast<size_t>(k)];
+    if (obj.is_array()) {
+      items.push_back((*obj.arr)[static_cast<size_t>(k)]);
+      charge(e.line, e.col, sizeof(Value) + items.back().s.size());
+    } else {
+      s.append(obj.s, starts[k], starts[k + 1] - starts[k]);
+    }
   }
-  return obj.is_array() ? Value::array(std::move(items)) : Value::string(s);
+  if (obj.is_array()) {
+    check_list(e.line, e.col, items.size());
+    return Value::array(std::move(items));
+  }
+  return Value::string(std::move(s));
 }
 
 }  // namespace
@@ -479,10 +652,13 @@ Value Interpreter::method(const Expr& e, const Value& self, const std::string& n
     }
     if (name == "split" || name == "rsplit") {
       bool right = name == "rsplit";
-      return m([right](const Value& s, std::vector<Value>& args, KwArgs& kw) {
+      return m([this, right, ln = e.line, cl = e.col](const Value& s, std::vector<Value>& args,
+                                                       KwArgs& kw) {
         const Value* sep = arg(args, kw, 0, "sep");
         const Value* maxsplit = arg(args, kw, 1, "maxsplit");
-        return str_array(split(s.s, sep, maxsplit ? maxsplit->i : -1, right));
+        std::vector<std::string> parts = split(s.s, sep, maxsplit ? maxsplit->i : -1, right);
+        made_list(ln, cl, parts.size());
+        return str_array(parts);
       });
     }
     if (name == "strip" || name == "lstrip" || name == "rstrip") {
@@ -492,11 +668,12 @@ Value Interpreter::method(const Expr& e, const Value& self, const std::string& n
       });
     }
     if (name == "replace") {
-      return m([](const Value& s, std::vector<Value>& args, KwArgs&) {
+      return m([this](const Value& s, std::vector<Value>& args, KwArgs&) {
         if (args.size() < 2 || !args[0].is_string() || !args[1].is_string()) {
           fail(ErrorKind::kInvalidArgument, "replace() takes two strings");
         }
-        return Value::string(replace(s.s, args[0].s, args[1].s, args.size() > 2 ? args[2].i : -1));
+        return Value::string(replace(s.s, args[0].s, args[1].s, args.size() > 2 ? args[2].i : -1,
+                                     lim_.string_bytes));
       });
     }
     if (name == "upper") return m([](const Value& s, auto&, auto&) { return Value::string(upper(s.s)); });
@@ -520,16 +697,23 @@ Value Interpreter::method(const Expr& e, const Value& self, const std::string& n
           return Value::integer(n);
         }
         size_t p = which == "find" ? s.s.find(sub) : s.s.rfind(sub);
-        return Value::integer(p == std::string::npos ? -1 : static_cast<int64_t>(utf8_chars(s.s.substr(0, p)).size()));
+        if (p == std::string::npos) return Value::integer(-1);
+        const std::string_view before = std::string_view(s.s).substr(0, p);
+        return Value::integer(static_cast<int64_t>(utf8_length(before)));
       });
     }
     if (name == "join") {
-      return m([](const Value& s, std::vector<Value>& args, KwArgs&) {
+      return m([this, ln = e.line, cl = e.col](const Value& s, std::vector<Value>& args, KwArgs&) {
         std::string r;
         if (!args.empty() && args[0].is_array()) {
-          for (size_t k = 0; k < args[0].arr->size(); ++k) r += (k ? s.s : "") + to_str((*args[0].arr)[k]);
+          tick(ln, cl, args[0].arr->size());
+          for (size_t k = 0; k < args[0].arr->size(); ++k) {
+            if (k) r += s.s;
+            r += str((*args[0].arr)[k]);
+            check_string(ln, cl, r.size());
+          }
         }
-        return Value::string(r);
+        return Value::string(std::move(r));
       });
     }
     if (name == "isdigit" || name == "isspace" || name == "isalpha") {
@@ -554,7 +738,8 @@ Value Interpreter::method(const Expr& e, const Value& self, const std::string& n
     }
     if (name == "items" || name == "keys" || name == "values") {
       int which = name == "items" ? 0 : name == "keys" ? 1 : 2;
-      return m([which](const Value& d, auto&, auto&) {
+      return m([this, which, ln = e.line, cl = e.col](const Value& d, auto&, auto&) {
+        made_list(ln, cl, d.obj->size() * (which == 0 ? 3 : 1));
         Array r;
         for (const auto& [k, v] : *d.obj) {
           if (which == 0) {
@@ -573,7 +758,7 @@ Value Interpreter::method(const Expr& e, const Value& self, const std::string& n
 
 int64_t length_of(const Value& v) {
   switch (v.kind) {
-    case Value::Kind::kString: return static_cast<int64_t>(utf8_chars(v.s).size());
+    case Value::Kind::kString: return static_cast<int64_t>(utf8_length(v.s));
     case Value::Kind::kArray: return static_cast<int64_t>(v.arr->size());
     case Value::Kind::kObject: return static_cast<int64_t>(v.obj->size());
     case Value::Kind::kUndefined: return 0;
@@ -676,26 +861,28 @@ Value Interpreter::call_filter(const Expr& e, Frames& f) {
       key_sep = (*seps->arr)[1].s;
     }
     try {
-      return Value::string(to_json(v, ind, item_sep, key_sep, sort && sort->truthy()));
+      return Value::string(
+          to_json(v, ind, item_sep, key_sep, sort && sort->truthy(), lim_.string_bytes));
     } catch (const Error& err) {
+      if (err.kind() == ErrorKind::kResource) over_budget(e.line, e.col, err.what());
       error(e, err.what());
     }
   }
   if (n == "length" || n == "count") return Value::integer(length_of(v));
-  if (n == "string") return Value::string(to_str(v));
-  if (n == "trim") return Value::string(strip_chars(to_str(v), arg(args, kw, 0, "chars"), true, true));
-  if (n == "upper") return Value::string(upper(to_str(v)));
-  if (n == "lower") return Value::string(lower(to_str(v)));
-  if (n == "title") return Value::string(title(to_str(v)));
+  if (n == "string") return Value::string(str(v));
+  if (n == "trim") return Value::string(strip_chars(str(v), arg(args, kw, 0, "chars"), true, true));
+  if (n == "upper") return Value::string(upper(str(v)));
+  if (n == "lower") return Value::string(lower(str(v)));
+  if (n == "title") return Value::string(title(str(v)));
   if (n == "capitalize") {
-    std::string r = lower(to_str(v));
+    std::string r = lower(str(v));
     if (!r.empty()) r[0] = static_cast<char>(toupper(static_cast<unsigned char>(r[0])));
     return Value::string(r);
   }
   if (n == "replace") {
     if (args.size() < 2) error(e, "replace needs two arguments");
-    return Value::string(replace(to_str(v), to_str(args[0]), to_str(args[1]),
-                                 args.size() > 2 ? args[2].i : -1));
+    return Value::string(replace(str(v), str(args[0]), str(args[1]),
+                                 args.size() > 2 ? args[2].i : -1, lim_.string_bytes));
   }
   if (n == "default" || n == "d") {
     const Value* def = arg(args, kw, 0, "default_value");
@@ -722,11 +909,14 @@ Value Interpreter::call_filter(const Expr& e, Frames& f) {
     const Value* attribute = arg(args, kw, 1, "attribute");
     std::string r;
     Array items = iterate(v, e.line, e.col);
+    tick(e, items.size());
+    const std::string separator = sep ? str(*sep) : std::string();
     for (size_t k = 0; k < items.size(); ++k) {
-      if (k && sep) r += to_str(*sep);
-      r += to_str(attribute ? attr_path(items[k], to_str(*attribute)) : items[k]);
+      if (k) r += separator;
+      r += str(attribute ? attr_path(items[k], str(*attribute)) : items[k]);
+      check_string(e.line, e.col, r.size());
     }
-    return Value::string(r);
+    return Value::string(std::move(r));
   }
   if (n == "selectattr" || n == "rejectattr" || n == "select" || n == "reject") {
     bool by_attr = n == "selectattr" || n == "rejectattr";
@@ -735,6 +925,7 @@ Value Interpreter::call_filter(const Expr& e, Frames& f) {
     if (by_attr && args.empty()) error(e, fmt::format("{} needs an attribute name", n));
     Array out;
     for (const auto& item : iterate(v, e.line, e.col)) {
+      tick(e);
       Value x = by_attr ? attr_path(item, to_str(args[0])) : item;
       bool ok;
       if (args.size() <= t0) {
@@ -767,6 +958,7 @@ Value Interpreter::call_filter(const Expr& e, Frames& f) {
     const Value* def = arg(args, kw, 99, "default");
     Array out;
     for (const auto& item : iterate(v, e.line, e.col)) {
+      tick(e);
       if (attribute) {
         Value x = attr_path(item, to_str(*attribute));
         out.push_back(x.is_undefined() && def ? *def : x);
@@ -797,6 +989,7 @@ Value Interpreter::call_filter(const Expr& e, Frames& f) {
   if (n == "unique") {
     Array out;
     for (const auto& item : iterate(v, e.line, e.col)) {
+      tick(e, out.size() + 1);  // quadratic: every item against those kept
       bool seen = false;
       for (const auto& o : out) seen = seen || equals(o, item);
       if (!seen) out.push_back(item);
@@ -805,7 +998,7 @@ Value Interpreter::call_filter(const Expr& e, Frames& f) {
   }
   if (n == "reverse") {
     if (v.is_string()) {
-      auto chars = utf8_chars(v.s);
+      auto chars = chars_of(e, v.s);
       std::string r;
       for (auto it = chars.rbegin(); it != chars.rend(); ++it) r += *it;
       return Value::string(r);
@@ -820,6 +1013,7 @@ Value Interpreter::call_filter(const Expr& e, Frames& f) {
     const Value* rev = arg(args, kw, 0, "reverse");
     const Value* attribute = arg(args, kw, 2, "attribute");
     Array items = iterate(v, e.line, e.col);
+    tick(e, items.size() * (1 + std::bit_width(items.size())));  // n log n comparisons
     auto key = [&](const Value& x) { return attribute ? attr_path(x, to_str(*attribute)) : x; };
     std::stable_sort(items.begin(), items.end(),
                      [&](const Value& a, const Value& b) { return compare(key(a), key(b)) < 0; });
@@ -858,20 +1052,32 @@ Value Interpreter::call_filter(const Expr& e, Frames& f) {
     double scale = std::pow(10.0, prec ? static_cast<double>(prec->i) : 0.0);
     return Value::number(std::nearbyint(v.as_double() * scale) / scale);  // half to even
   }
-  if (n == "wordcount") return Value::integer(static_cast<int64_t>(split(to_str(v), nullptr, -1, false).size()));
+  if (n == "wordcount") {
+    const std::string s = str(v);
+    charge(e.line, e.col, s.size() * sizeof(Value));  // split() makes a string per word
+    return Value::integer(static_cast<int64_t>(split(s, nullptr, -1, false).size()));
+  }
   if (n == "indent") {
     const Value* width = arg(args, kw, 0, "width");
     const Value* first = arg(args, kw, 1, "first");
-    std::string pad(width ? static_cast<size_t>(width->i) : 4, ' ');
-    std::string s = to_str(v), r;
+    const int64_t w = width ? width->i : 4;  // " " * w: nothing when negative, as in Python
+    check_string(e.line, e.col, w > 0 ? uint64_t(w) : 0);
+    std::string pad(w > 0 ? static_cast<size_t>(w) : 0, ' ');
+    std::string s = str(v), r = first && first->truthy() ? pad : "";
     for (size_t k = 0; k < s.size(); ++k) {
       r += s[k];
-      if (s[k] == '\n' && k + 1 < s.size() && s[k + 1] != '\n') r += pad;
+      if (s[k] == '\n' && k + 1 < s.size() && s[k + 1] != '\n') {
+        r += pad;
+        check_string(e.line, e.col, r.size());
+      }
     }
-    return Value::string((first && first->truthy() ? pad : "") + r);
+    return Value::string(std::move(r));
   }
   if (n == "dictsort") {
-    Array items = method(e, v, "items").fn->operator()(args, kw).arr ? *method(e, v, "items").fn->operator()(args, kw).arr : Array{};
+    if (v.is_undefined()) return Value::array();
+    if (!v.is_object()) error(e, "You can only sort by either \"key\" or \"value\" of a mapping.");
+    Array items = *method(e, v, "items").fn->operator()(args, kw).arr;
+    tick(e, items.size() * (1 + std::bit_width(items.size())));
     std::stable_sort(items.begin(), items.end(), [](const Value& a, const Value& b) {
       return lower((*a.arr)[0].s) < lower((*b.arr)[0].s);
     });
@@ -880,10 +1086,11 @@ Value Interpreter::call_filter(const Expr& e, Frames& f) {
   error(e, fmt::format("No filter named '{}'.", n));
 }
 
-void add_builtins(Frame& g) {
-  g["namespace"] = Value::function([](std::vector<Value>& args, KwArgs& kw) {
+void add_builtins(Frame& g, Interpreter& in) {
+  g["namespace"] = Value::function([&in](std::vector<Value>& args, KwArgs& kw) {
     Value ns = Value::object();
     ns.is_namespace = true;
+    in.track_namespace(ns);
     if (!args.empty() && args[0].is_object()) {
       for (const auto& [k, v] : *args[0].obj) ns.set(k, v);
     }
@@ -895,14 +1102,22 @@ void add_builtins(Frame& g) {
     for (const auto& [k, v] : kw) d.set(k, v);
     return d;
   });
-  g["range"] = Value::function([](std::vector<Value>& args, KwArgs&) {
+  g["range"] = Value::function([&in](std::vector<Value>& args, KwArgs&) {
     if (args.empty() || args.size() > 3) fail(ErrorKind::kInvalidArgument, "range() takes 1 to 3 arguments");
     int64_t start = args.size() > 1 ? args[0].i : 0, stop = args.size() > 1 ? args[1].i : args[0].i;
     int64_t step = args.size() > 2 ? args[2].i : 1;
     if (step == 0) fail(ErrorKind::kInvalidArgument, "range() step must not be zero");
-    if ((stop - start) / step > 1000000) fail(ErrorKind::kResource, "range() too large");
+    // In 128 bits: stop - start overflows int64 for range(-2**63, 2**63 - 1).
+    const __int128 span = static_cast<__int128>(stop) - start;
+    const __int128 count = (span > 0) != (step > 0) || span == 0
+                               ? 0
+                               : (span + step + (step > 0 ? -1 : 1)) / step;
+    in.made_list(0, 0, static_cast<uint64_t>(std::min<__int128>(count, INT64_MAX)));
     Array a;
-    for (int64_t k = start; step > 0 ? k < stop : k > stop; k += step) a.push_back(Value::integer(k));
+    a.reserve(static_cast<size_t>(count));
+    for (__int128 k = 0; k < count; ++k) {
+      a.push_back(Value::integer(static_cast<int64_t>(start + k * step)));
+    }
     return Value::array(std::move(a));
   });
 }
@@ -918,12 +1133,12 @@ Template::~Template() = default;
 Template::Template(Template&&) noexcept = default;
 Template& Template::operator=(Template&&) noexcept = default;
 
-std::string Template::render(const Value& globals) const {
-  Interpreter interp(name_);
+std::string Template::render(const Value& globals, const RenderLimits& limits) const {
+  Interpreter interp(name_, limits);
   Frames frames;
   frames.push_back(std::make_shared<Frame>());
   Frame& g = *frames.back();
-  add_builtins(g);
+  add_builtins(g, interp);
   if (globals.is_object()) {
     for (const auto& [k, v] : *globals.obj) g[k] = v;
   }

@@ -2,8 +2,10 @@
 // interpreter (jinja.cpp).
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "engine/jinja_value.h"
@@ -47,6 +49,9 @@ struct Stmt {
 
 // Python string helpers (jinja_strings.cpp).
 std::vector<std::string> utf8_chars(const std::string& s);  // one entry per code point
+size_t utf8_length(std::string_view s);                     // utf8_chars(s).size(), no copies
+// The byte offset of each code point, then s.size(): n + 1 entries (strings < 4 GiB).
+std::vector<uint32_t> utf8_starts(const std::string& s);
 bool is_space(char c);
 // str.strip/lstrip/rstrip: `chars` (a string Value) or whitespace when null or not a string.
 std::string strip_chars(const std::string& s, const Value* chars, bool left, bool right);
@@ -57,7 +62,9 @@ Value str_array(const std::vector<std::string>& v);
 std::string upper(std::string s);
 std::string lower(std::string s);
 std::string title(std::string s);
-std::string replace(std::string s, const std::string& from, const std::string& to, int64_t count);
+// str.replace; Error(kResource) when the result would pass max_bytes.
+std::string replace(const std::string& s, const std::string& from, const std::string& to,
+                    int64_t count, uint64_t max_bytes);
 
 // Parses a template source into a kBody statement; `name` prefixes error positions.
 StmtPtr parse_template(const std::string& source, const std::string& name);

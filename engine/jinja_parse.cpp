@@ -4,6 +4,7 @@
 // comment tag alone on a line (after spaces/tabs) drops that indentation.
 #include <algorithm>
 #include <cctype>
+#include <charconv>
 #include <vector>
 
 #include "core/error.h"
@@ -202,8 +203,13 @@ class Lexer {
           if (src_[k] != '_') num += src_[k];
         }
         t.type = is_float ? TT::kFloat : TT::kInt;
-        if (is_float) t.f = std::stod(num);
-        else t.i = std::stoll(num);
+        // from_chars: a literal out of range is a template error, not std::stoll's bare "stoll".
+        const char* end = num.data() + num.size();
+        const auto r = is_float ? std::from_chars(num.data(), end, t.f)
+                                : std::from_chars(num.data(), end, t.i);
+        if (r.ec != std::errc() || r.ptr != end) {
+          error(fmt::format("number {} is out of range", printable(num)));
+        }
         advance_to(e);
       } else if (c == '\'' || c == '"') {
         t.type = TT::kString;
@@ -245,7 +251,13 @@ class Lexer {
           case 'u':
           case 'x': {
             size_t len = n == 'u' ? 4 : 2;
-            uint32_t cp = static_cast<uint32_t>(std::stoul(src_.substr(pos_, len), nullptr, 16));
+            uint32_t cp = 0;
+            const char* hex = src_.data() + pos_;
+            const char* hex_end = src_.data() + std::min(src_.size(), pos_ + len);
+            const auto r = std::from_chars(hex, hex_end, cp, 16);
+            if (r.ec != std::errc() || r.ptr != hex + len) {
+              error(fmt::format("\\{} needs {} hex digits", n, len));
+            }
             advance_to(pos_ + len);
             if (cp < 0x80) {
               out += static_cast<char>(cp);
@@ -717,6 +729,7 @@ class Parser {
           }
           break;
         }
+        if (!slice && !parts[0]) error(cur(), "expected an index between [ and ]");  // x[]
         expect_op("]");
         auto a = make(slice ? Expr::Type::kSlice : Expr::Type::kItem, at);
         a->kids = {e, parts[0]};

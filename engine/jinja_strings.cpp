@@ -7,14 +7,34 @@
 
 namespace tandem::jinja {
 
+// Bytes of the code point a byte starts (a stray continuation byte counts as a 2-byte lead).
+static size_t utf8_len(unsigned char c) {
+  return c < 0x80 ? 1 : c < 0xE0 ? 2 : c < 0xF0 ? 3 : 4;
+}
+
 std::vector<std::string> utf8_chars(const std::string& s) {
   std::vector<std::string> out;
   for (size_t k = 0; k < s.size();) {
-    unsigned char c = static_cast<unsigned char>(s[k]);
-    size_t len = c < 0x80 ? 1 : c < 0xE0 ? 2 : c < 0xF0 ? 3 : 4;
+    const size_t len = utf8_len(static_cast<unsigned char>(s[k]));
     out.push_back(s.substr(k, len));
     k += len;
   }
+  return out;
+}
+
+size_t utf8_length(std::string_view s) {
+  size_t n = 0;
+  for (size_t k = 0; k < s.size(); k += utf8_len(static_cast<unsigned char>(s[k]))) ++n;
+  return n;
+}
+
+std::vector<uint32_t> utf8_starts(const std::string& s) {
+  std::vector<uint32_t> out;
+  size_t k = 0;
+  for (; k < s.size(); k += utf8_len(static_cast<unsigned char>(s[k]))) {
+    out.push_back(static_cast<uint32_t>(k));
+  }
+  out.push_back(static_cast<uint32_t>(s.size()));
   return out;
 }
 
@@ -108,16 +128,27 @@ std::string title(std::string s) {
   return s;
 }
 
-std::string replace(std::string s, const std::string& from, const std::string& to, int64_t count) {
+std::string replace(const std::string& s, const std::string& from, const std::string& to,
+                    int64_t count, uint64_t max_bytes) {
   if (from.empty()) return s;
+  // Built front to back (replacing in place moves the tail at each match: quadratic).
+  std::string r;
   size_t pos = 0;
   for (int64_t n = 0; count < 0 || n < count; ++n) {
     size_t f = s.find(from, pos);
     if (f == std::string::npos) break;
-    s.replace(f, from.size(), to);
-    pos = f + to.size();
+    r.append(s, pos, f - pos);
+    r += to;
+    pos = f + from.size();
+    if (r.size() > max_bytes) {
+      fail(ErrorKind::kResource, "replace() makes a string longer than {} bytes", max_bytes);
+    }
   }
-  return s;
+  r.append(s, pos, std::string::npos);
+  if (r.size() > max_bytes) {
+    fail(ErrorKind::kResource, "replace() makes a string longer than {} bytes", max_bytes);
+  }
+  return r;
 }
 
 }  // namespace tandem::jinja

@@ -116,7 +116,22 @@ const char* Value::type_name() const {
   return "?";
 }
 
-Value from_json(const Json& j) {
+namespace {
+
+[[noreturn]] void too_deep() {
+  fail(ErrorKind::kResource, "values nested deeper than {} levels", kMaxNesting);
+}
+
+void check_size(const std::string& out, uint64_t max_bytes) {
+  if (out.size() > max_bytes) {
+    fail(ErrorKind::kResource, "a value's text is longer than {} bytes", max_bytes);
+  }
+}
+
+Value from_json_at(const Json& j, int depth) {
+  if (depth > kMaxNesting) {
+    fail(ErrorKind::kFormat, "JSON nested deeper than {} levels", kMaxNesting);
+  }
   switch (j.type()) {
     case Json::value_t::null: return Value::none();
     case Json::value_t::boolean: return Value::boolean(j.get<bool>());
@@ -126,16 +141,24 @@ Value from_json(const Json& j) {
     case Json::value_t::string: return Value::string(j.get<std::string>());
     case Json::value_t::array: {
       Array a;
-      for (const auto& e : j) a.push_back(from_json(e));
+      for (const auto& e : j) a.push_back(from_json_at(e, depth + 1));
       return Value::array(std::move(a));
     }
     case Json::value_t::object: {
       Object o;
-      for (auto it = j.begin(); it != j.end(); ++it) o.emplace_back(it.key(), from_json(it.value()));
+      for (auto it = j.begin(); it != j.end(); ++it) {
+        o.emplace_back(it.key(), from_json_at(it.value(), depth + 1));
+      }
       return Value::object(std::move(o));
     }
     default: return Value::none();
   }
+}
+
+}  // namespace
+
+Value from_json(const Json& j) {
+  return from_json_at(j, 0);
 }
 
 // Python's float repr: the shortest round-trip digits, always with a '.' or exponent.
@@ -187,7 +210,9 @@ static void json_string(std::string& out, const std::string& s) {
 }
 
 static void dump(std::string& out, const Value& v, int indent, int depth, const std::string& item_sep,
-                 const std::string& key_sep, bool sort_keys) {
+                 const std::string& key_sep, bool sort_keys, uint64_t max_bytes) {
+  if (depth > kMaxNesting) too_deep();
+  check_size(out, max_bytes);
   auto newline = [&](int d) {
     out += '\n';
     out.append(static_cast<size_t>(indent * d), ' ');
@@ -211,7 +236,7 @@ static void dump(std::string& out, const Value& v, int indent, int depth, const 
       for (size_t k = 0; k < v.arr->size(); ++k) {
         if (k) out += item_sep;
         if (indent >= 0) newline(depth + 1);
-        dump(out, (*v.arr)[k], indent, depth + 1, item_sep, key_sep, sort_keys);
+        dump(out, (*v.arr)[k], indent, depth + 1, item_sep, key_sep, sort_keys, max_bytes);
       }
       if (indent >= 0) newline(depth);
       out += ']';
@@ -234,7 +259,7 @@ static void dump(std::string& out, const Value& v, int indent, int depth, const 
         if (indent >= 0) newline(depth + 1);
         json_string(out, items[k]->first);
         out += key_sep;
-        dump(out, items[k]->second, indent, depth + 1, item_sep, key_sep, sort_keys);
+        dump(out, items[k]->second, indent, depth + 1, item_sep, key_sep, sort_keys, max_bytes);
       }
       if (indent >= 0) newline(depth);
       out += '}';
@@ -246,9 +271,10 @@ static void dump(std::string& out, const Value& v, int indent, int depth, const 
 }
 
 std::string to_json(const Value& v, int indent, const std::string& item_sep,
-                    const std::string& key_sep, bool sort_keys) {
+                    const std::string& key_sep, bool sort_keys, uint64_t max_bytes) {
   std::string out;
-  dump(out, v, indent, 0, item_sep, key_sep, sort_keys);
+  dump(out, v, indent, 0, item_sep, key_sep, sort_keys, max_bytes);
+  check_size(out, max_bytes);
   return out;
 }
 
@@ -271,90 +297,146 @@ static std::string str_repr(const std::string& s) {
   return out;
 }
 
-std::string to_repr(const Value& v) {
+static void repr_into(std::string& out, const Value& v, int depth, uint64_t max_bytes);
+
+// Python str() appended to out.
+static void str_into(std::string& out, const Value& v, int depth, uint64_t max_bytes) {
   switch (v.kind) {
-    case Value::Kind::kString: return str_repr(v.s);
+    case Value::Kind::kUndefined: return;
+    case Value::Kind::kNone: out += "None"; return;
+    case Value::Kind::kBool: out += v.b ? "True" : "False"; return;
+    case Value::Kind::kInt: out += std::to_string(v.i); return;
+    case Value::Kind::kFloat: out += float_repr(v.f); return;
+    case Value::Kind::kString: out += v.s; return;
+    case Value::Kind::kCallable: out += "<function>"; return;
+    default: repr_into(out, v, depth, max_bytes);
+  }
+}
+
+static void repr_into(std::string& out, const Value& v, int depth, uint64_t max_bytes) {
+  if (depth > kMaxNesting) too_deep();
+  check_size(out, max_bytes);
+  switch (v.kind) {
+    case Value::Kind::kString: out += str_repr(v.s); return;
     case Value::Kind::kArray: {
-      if (v.is_generator) return "<generator object at 0x0>";
-      std::string out = v.is_tuple ? "(" : "[";
+      if (v.is_generator) {
+        out += "<generator object at 0x0>";
+        return;
+      }
+      out += v.is_tuple ? "(" : "[";
       for (size_t k = 0; k < v.arr->size(); ++k) {
         if (k) out += ", ";
-        out += to_repr((*v.arr)[k]);
+        repr_into(out, (*v.arr)[k], depth + 1, max_bytes);
       }
-      if (v.is_tuple) return out + (v.arr->size() == 1 ? ",)" : ")");
-      return out + "]";
+      out += v.is_tuple ? (v.arr->size() == 1 ? ",)" : ")") : "]";
+      return;
     }
     case Value::Kind::kObject: {
-      std::string out = "{";
+      out += "{";
       bool first = true;
       for (const auto& [k, e] : *v.obj) {
         if (!first) out += ", ";
         first = false;
-        out += str_repr(k) + ": " + to_repr(e);
+        out += str_repr(k) + ": ";
+        repr_into(out, e, depth + 1, max_bytes);
       }
-      return out + "}";
+      out += "}";
+      return;
     }
-    default: return to_str(v);
+    default: str_into(out, v, depth, max_bytes);
   }
 }
 
-std::string to_str(const Value& v) {
-  switch (v.kind) {
-    case Value::Kind::kUndefined: return "";
-    case Value::Kind::kNone: return "None";
-    case Value::Kind::kBool: return v.b ? "True" : "False";
-    case Value::Kind::kInt: return std::to_string(v.i);
-    case Value::Kind::kFloat: return float_repr(v.f);
-    case Value::Kind::kString: return v.s;
-    case Value::Kind::kCallable: return "<function>";
-    default: return to_repr(v);
-  }
+std::string to_repr(const Value& v, uint64_t max_bytes) {
+  std::string out;
+  repr_into(out, v, 0, max_bytes);
+  check_size(out, max_bytes);
+  return out;
 }
+
+std::string to_str(const Value& v, uint64_t max_bytes) {
+  if (v.kind == Value::Kind::kString) {  // the common case: no copy through an append
+    check_size(v.s, max_bytes);
+    return v.s;
+  }
+  std::string out;
+  str_into(out, v, 0, max_bytes);
+  check_size(out, max_bytes);
+  return out;
+}
+
+namespace {
+
+// The recursion of == and < with its bounds (kMaxNesting, kMaxCompareNodes).
+struct Comparison {
+  uint64_t nodes = 0;
+
+  void enter(int depth) {
+    if (depth > kMaxNesting) too_deep();
+    if (++nodes > kMaxCompareNodes) {
+      fail(ErrorKind::kResource, "comparing values of more than {} items", kMaxCompareNodes);
+    }
+  }
+
+  bool equals(const Value& a, const Value& b, int depth) {
+    using K = Value::Kind;
+    enter(depth);
+    bool an = a.kind == K::kInt || a.kind == K::kFloat || a.kind == K::kBool;
+    bool bn = b.kind == K::kInt || b.kind == K::kFloat || b.kind == K::kBool;
+    if (an && bn) return a.as_double() == b.as_double();
+    if (a.kind != b.kind) return false;
+    switch (a.kind) {
+      case K::kUndefined:
+      case K::kNone: return true;
+      case K::kString: return a.s == b.s;
+      case K::kArray:
+        if (a.arr == b.arr) return true;  // the same list, as Python's identity shortcut
+        if (a.arr->size() != b.arr->size()) return false;
+        for (size_t k = 0; k < a.arr->size(); ++k) {
+          if (!equals((*a.arr)[k], (*b.arr)[k], depth + 1)) return false;
+        }
+        return true;
+      case K::kObject:
+        if (a.obj == b.obj) return true;
+        if (a.obj->size() != b.obj->size()) return false;
+        for (const auto& [k, e] : *a.obj) {
+          const Value* o = b.find(k);
+          if (!o || !equals(e, *o, depth + 1)) return false;
+        }
+        return true;
+      default: return a.fn == b.fn;
+    }
+  }
+
+  int compare(const Value& a, const Value& b, int depth) {
+    enter(depth);
+    if (a.is_number() || a.kind == Value::Kind::kBool) {
+      if (b.is_number() || b.kind == Value::Kind::kBool) {
+        double x = a.as_double(), y = b.as_double();
+        return x < y ? -1 : x > y ? 1 : 0;
+      }
+    } else if (a.is_string() && b.is_string()) {
+      return a.s < b.s ? -1 : a.s > b.s ? 1 : 0;
+    } else if (a.is_array() && b.is_array()) {
+      for (size_t k = 0; k < a.arr->size() && k < b.arr->size(); ++k) {
+        int c = compare((*a.arr)[k], (*b.arr)[k], depth + 1);
+        if (c) return c;
+      }
+      return a.arr->size() < b.arr->size() ? -1 : a.arr->size() > b.arr->size() ? 1 : 0;
+    }
+    fail(ErrorKind::kInvalidArgument, "'<' not supported between instances of '{}' and '{}'",
+         a.type_name(), b.type_name());
+  }
+};
+
+}  // namespace
 
 bool equals(const Value& a, const Value& b) {
-  using K = Value::Kind;
-  bool an = a.kind == K::kInt || a.kind == K::kFloat || a.kind == K::kBool;
-  bool bn = b.kind == K::kInt || b.kind == K::kFloat || b.kind == K::kBool;
-  if (an && bn) return a.as_double() == b.as_double();
-  if (a.kind != b.kind) return false;
-  switch (a.kind) {
-    case K::kUndefined:
-    case K::kNone: return true;
-    case K::kString: return a.s == b.s;
-    case K::kArray:
-      if (a.arr->size() != b.arr->size()) return false;
-      for (size_t k = 0; k < a.arr->size(); ++k) {
-        if (!equals((*a.arr)[k], (*b.arr)[k])) return false;
-      }
-      return true;
-    case K::kObject:
-      if (a.obj->size() != b.obj->size()) return false;
-      for (const auto& [k, e] : *a.obj) {
-        const Value* o = b.find(k);
-        if (!o || !equals(e, *o)) return false;
-      }
-      return true;
-    default: return a.fn == b.fn;
-  }
+  return Comparison().equals(a, b, 0);
 }
 
 int compare(const Value& a, const Value& b) {
-  if (a.is_number() || a.kind == Value::Kind::kBool) {
-    if (b.is_number() || b.kind == Value::Kind::kBool) {
-      double x = a.as_double(), y = b.as_double();
-      return x < y ? -1 : x > y ? 1 : 0;
-    }
-  } else if (a.is_string() && b.is_string()) {
-    return a.s < b.s ? -1 : a.s > b.s ? 1 : 0;
-  } else if (a.is_array() && b.is_array()) {
-    for (size_t k = 0; k < a.arr->size() && k < b.arr->size(); ++k) {
-      int c = compare((*a.arr)[k], (*b.arr)[k]);
-      if (c) return c;
-    }
-    return a.arr->size() < b.arr->size() ? -1 : a.arr->size() > b.arr->size() ? 1 : 0;
-  }
-  fail(ErrorKind::kInvalidArgument, "'<' not supported between instances of '{}' and '{}'",
-       a.type_name(), b.type_name());
+  return Comparison().compare(a, b, 0);
 }
 
 }  // namespace tandem::jinja

@@ -60,13 +60,21 @@ struct Value {
   const char* type_name() const;                    // Python's type name, for messages
 };
 
-Value from_json(const Json& j);
+// Bounds of the recursive functions below. A namespace can hold itself and lists nest lists they
+// share (thirty doublings make 2^30 leaves out of 30 values): str(), tojson, == and < on such
+// values would recurse without end or produce more text than memory holds. They throw
+// Error(kResource) past kMaxNesting levels, past max_bytes of text, or (== and <) past
+// kMaxCompareNodes values visited.
+inline constexpr int kMaxNesting = 512;
+inline constexpr uint64_t kMaxCompareNodes = uint64_t{1} << 22;
+
+Value from_json(const Json& j);  // Error(kFormat) past kMaxNesting levels
 // json.dumps(v, ensure_ascii=False, indent=indent, separators=..., sort_keys=...): indent < 0
 // means None. Throws for values JSON cannot hold (callables, undefined, generators).
 std::string to_json(const Value& v, int indent, const std::string& item_sep,
-                    const std::string& key_sep, bool sort_keys);
-std::string to_str(const Value& v);   // Python str()
-std::string to_repr(const Value& v);  // Python repr()
+                    const std::string& key_sep, bool sort_keys, uint64_t max_bytes = UINT64_MAX);
+std::string to_str(const Value& v, uint64_t max_bytes = UINT64_MAX);   // Python str()
+std::string to_repr(const Value& v, uint64_t max_bytes = UINT64_MAX);  // Python repr()
 bool equals(const Value& a, const Value& b);
 int compare(const Value& a, const Value& b);  // <0, 0, >0; throws for unorderable types
 

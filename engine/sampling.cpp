@@ -7,8 +7,31 @@
 
 namespace tandem {
 
+namespace {
+
+[[noreturn]] void non_finite_logit(const float* logits, int64_t n_vocab) {
+  int64_t i = 0;
+  while (i < n_vocab && !(std::isnan(logits[i]) || logits[i] == INFINITY)) ++i;
+  fail(ErrorKind::kFormat,
+       "the model computed a non-finite logit ({} for token {}): corrupt weights, or values "
+       "overflowing in its forward",
+       i < n_vocab ? logits[i] : 0.0f, i);
+}
+
+}  // namespace
+
 int32_t argmax_token(const float* logits, int64_t n_vocab) {
-  return static_cast<int32_t>(std::max_element(logits, logits + n_vocab) - logits);
+  // One pass finds the largest logit and notices NaN / +inf, which max_element would silently
+  // turn into token 0.
+  int64_t best = 0;
+  bool bad = false;
+  for (int64_t i = 0; i < n_vocab; ++i) {
+    const float x = logits[i];
+    bad |= !(x < INFINITY);  // NaN or +inf
+    if (x > logits[best]) best = i;
+  }
+  if (bad) non_finite_logit(logits, n_vocab);
+  return static_cast<int32_t>(best);
 }
 
 void check_sampling_params(const SamplingParams& p, int64_t n_vocab) {
@@ -97,7 +120,12 @@ int32_t Sampler::sample(const float* raw, int64_t n_vocab, std::span<const int32
   const float* logits = adjust(raw, n_vocab, context);
   if (params_.temperature <= 0.0f) return argmax_token(logits, n_vocab);
   cand_.resize(static_cast<size_t>(n_vocab));
-  for (int64_t i = 0; i < n_vocab; ++i) cand_[i] = {logits[i], static_cast<int32_t>(i)};
+  bool bad = false;  // NaN breaks the sort's ordering: refused before it
+  for (int64_t i = 0; i < n_vocab; ++i) {
+    cand_[i] = {logits[i], static_cast<int32_t>(i)};
+    bad |= !(logits[i] < INFINITY);
+  }
+  if (bad) non_finite_logit(logits, n_vocab);
   auto by_logit = [](const auto& a, const auto& b) {
     return a.first > b.first || (a.first == b.first && a.second < b.second);
   };

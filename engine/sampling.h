@@ -13,7 +13,7 @@
 namespace tandem {
 
 struct SamplingParams {
-  float temperature = 0.0f;  // 0: greedy
+  float temperature = 0.0f;  // 0: greedy; negative or not finite: refused
   int top_k = 0;             // 0: all
   float top_p = 1.0f;        // 1: off
   float min_p = 0.0f;        // 0: off; keep tokens with p >= min_p * p_max

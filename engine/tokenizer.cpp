@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <charconv>
 
 #include "core/error.h"
 #include "core/log.h"
@@ -154,17 +155,17 @@ Tokenizer Tokenizer::from_gguf(const GgufFile& f) {
     t->model = TokenizerModel::kSentencePiece;
   } else {
     fail(ErrorKind::kUnsupported, "{}: tokenizer.ggml.model '{}' is not supported (gpt2, llama)",
-         f.path(), model);
+         f.path(), printable(model));
   }
 
-  t->texts = f.get("tokenizer.ggml.tokens").as_string_array();
+  t->texts = f.get_string_array("tokenizer.ggml.tokens");
   const size_t n = t->texts.size();
   if (n == 0 || n > size_t(INT32_MAX)) {
     fail(ErrorKind::kFormat, "{}: tokenizer.ggml.tokens has {} entries", f.path(), n);
   }
   t->types.assign(n, TokenType::kNormal);
-  if (const GgufValue* v = f.find("tokenizer.ggml.token_type")) {
-    std::vector<int64_t> types = v->as_int_array();
+  if (f.find("tokenizer.ggml.token_type")) {
+    std::vector<int64_t> types = f.get_int_array("tokenizer.ggml.token_type");
     if (types.size() != n) {
       fail(ErrorKind::kFormat, "{}: tokenizer.ggml.token_type has {} entries, tokens has {}",
            f.path(), types.size(), n);
@@ -174,8 +175,8 @@ Tokenizer Tokenizer::from_gguf(const GgufFile& f) {
     }
   }
   t->scores.assign(n, 0.0f);
-  if (const GgufValue* v = f.find("tokenizer.ggml.scores")) {
-    t->scores = v->as_float_array();
+  if (f.find("tokenizer.ggml.scores")) {
+    t->scores = f.get_float_array("tokenizer.ggml.scores");
     if (t->scores.size() != n) {
       fail(ErrorKind::kFormat, "{}: tokenizer.ggml.scores has {} entries, tokens has {}", f.path(),
            t->scores.size(), n);
@@ -195,7 +196,7 @@ Tokenizer Tokenizer::from_gguf(const GgufFile& f) {
     } catch (const Error& e) {
       fail(ErrorKind::kUnsupported, "{}: tokenizer.ggml.pre: {}", f.path(), e.what());
     }
-    std::vector<std::string> merges = f.get("tokenizer.ggml.merges").as_string_array();
+    std::vector<std::string> merges = f.get_string_array("tokenizer.ggml.merges");
     t->merge_rank.reserve(merges.size());
     for (size_t i = 0; i < merges.size(); ++i) {
       if (merges[i].find(' ') == std::string::npos) {
@@ -301,8 +302,10 @@ std::string Tokenizer::token_to_piece(TokenId id, bool special) const {
       return text;
     case TokenType::kByte:
       if (t.model == TokenizerModel::kSentencePiece && text.size() == 6 &&
-          text.starts_with("<0x")) {
-        return std::string(1, char(std::stoi(text.substr(3, 2), nullptr, 16)));
+          text.starts_with("<0x") && text.back() == '>') {
+        unsigned byte = 0;
+        const auto r = std::from_chars(text.data() + 3, text.data() + 5, byte, 16);
+        if (r.ec == std::errc() && r.ptr == text.data() + 5) return std::string(1, char(byte));
       }
       break;
     default:

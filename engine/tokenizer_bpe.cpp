@@ -165,7 +165,7 @@ std::vector<std::string> PreTokenizer::named_patterns(const std::string& name) {
   for (const PreTokenizerSpec& spec : kSpecs) {
     if (name == spec.name) return {spec.patterns.begin(), spec.patterns.end()};
   }
-  fail(ErrorKind::kUnsupported, "unknown pre-tokenizer '{}'", name);
+  fail(ErrorKind::kUnsupported, "unknown pre-tokenizer '{}'", printable(name));
 }
 
 PreTokenizer::PreTokenizer(const std::string& name) : PreTokenizer(name, named_patterns(name)) {}
@@ -189,8 +189,8 @@ void PreTokenizer::add_pattern(const std::string& name, const std::string& patte
   if (code == nullptr) {
     PCRE2_UCHAR msg[256];
     pcre2_get_error_message(err, msg, sizeof(msg));
-    fail(ErrorKind::kUnsupported, "pre-tokenizer '{}': regex /{}/ at offset {}: {}", name, pattern,
-         err_offset, reinterpret_cast<const char*>(msg));
+    fail(ErrorKind::kUnsupported, "pre-tokenizer '{}': regex /{}/ at offset {}: {}",
+         printable(name), printable(pattern), err_offset, reinterpret_cast<const char*>(msg));
   }
   pcre2_jit_compile(code, PCRE2_JIT_COMPLETE);  // falls back to the interpreter on failure
   regexes_->codes.push_back(code);

@@ -3,11 +3,10 @@
 // ByteLevel, Digits) turned into the same PCRE2 split chain the GGUF path uses. BOS/EOS come from
 // the post_processor template. Anything else that changes the text (normalizers, Unigram or
 // WordPiece models, byte_fallback BPE) is refused with Error(kUnsupported) naming the field.
-#include <fstream>
 #include <nlohmann/json.hpp>
-#include <sstream>
 
 #include "core/error.h"
+#include "core/input_file.h"
 #include "engine/tokenizer_impl.h"
 
 namespace tandem {
@@ -52,7 +51,7 @@ void collect_patterns(const std::string& file, const json& pt, std::vector<std::
   } else if (type == "Digits") {
     out.push_back(pt.value("individual_digits", false) ? R"(\p{N})" : R"(\p{N}+)");
   } else {
-    fail(ErrorKind::kUnsupported, "{}: pre_tokenizer type '{}'", file, type);
+    fail(ErrorKind::kUnsupported, "{}: pre_tokenizer type '{}'", file, printable(type));
   }
 }
 
@@ -79,11 +78,10 @@ void template_specials(const json& pp, std::string& front, std::string& back) {
 
 Tokenizer Tokenizer::from_hf_json(const std::filesystem::path& path) {
   const std::string file = path.string();
-  std::ifstream in(path, std::ios::binary);
-  if (!in) fail(ErrorKind::kIo, "{}: cannot open", file);
+  const std::string text = read_input_file(path, kMaxTokenizerFileBytes);
   json j;
   try {
-    j = json::parse(in);
+    j = json::parse(text);
   } catch (const json::exception& e) {
     fail(ErrorKind::kFormat, "{}: {}", file, e.what());
   }

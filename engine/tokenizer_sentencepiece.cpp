@@ -5,11 +5,10 @@
 // the bytes that remain, so a truncated or hostile file throws Error naming the file.
 #include <algorithm>
 #include <cstring>
-#include <fstream>
 #include <nlohmann/json.hpp>
-#include <sstream>
 
 #include "core/error.h"
+#include "core/input_file.h"
 #include "core/log.h"
 #include "engine/tokenizer_impl.h"
 #include "formats/gguf.h"
@@ -100,11 +99,7 @@ class ProtoReader {
 };
 
 std::string read_file(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) fail(ErrorKind::kIo, "{}: cannot open", path.string());
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
+  return read_input_file(path, kMaxTokenizerFileBytes);
 }
 
 TokenId checked_id(const std::string& file, const char* what, int64_t id, size_t n) {

@@ -141,6 +141,16 @@ class GgufParser {
     return s;
   }
 
+  // Keys and tensor names end up in every message: no control characters in them.
+  void check_name(const std::string& name, const char* what) const {
+    for (const char c : name) {
+      if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) {
+        fail(ErrorKind::kFormat, "{}: {}: {} '{}' holds control characters", f_.path_, where_, what,
+             printable(name));
+      }
+    }
+  }
+
   void read_header() {
     where_ = "header";
     if (f_.size_ < 4) truncated(4);
@@ -255,6 +265,7 @@ class GgufParser {
   void read_kv(uint64_t i) {
     where_ = fmt::format("metadata entry {}", i);
     std::string key = read_string("key");
+    check_name(key, "key");
     where_ = fmt::format("key '{}'", key);
     const auto type = read<uint32_t>();
     if (!valid_type(type)) {
@@ -286,6 +297,7 @@ class GgufParser {
     where_ = fmt::format("tensor info {}", i);
     GgufTensorInfo t;
     t.name = read_string("tensor name");
+    check_name(t.name, "tensor name");
     where_ = fmt::format("tensor '{}'", t.name);
     const auto n_dims = read<uint32_t>();
     if (n_dims < 1 || n_dims > kMaxDimsGguf) {
@@ -374,6 +386,17 @@ class GgufParser {
         fail(ErrorKind::kFormat, "{}: tensors '{}' and '{}' overlap", f_.path_, prev.name,
              by_offset[i]->name);
       }
+    }
+    // Writers pad each tensor to the alignment, the last one included: more bytes after it
+    // than that padding means the data section starts elsewhere than computed (a
+    // general.alignment that is not the one the file was written with shifts every tensor).
+    const GgufTensorInfo& last = *by_offset.back();
+    const uint64_t after = f_.size_ - (last.offset + last.nbytes);
+    if (after >= align) {
+      fail(ErrorKind::kFormat,
+           "{}: {} bytes follow the last tensor ('{}'), more than alignment {} pads: the file was "
+           "written with another alignment than its general.alignment, or is corrupt",
+           f_.path_, after, last.name, align);
     }
   }
 
@@ -530,6 +553,22 @@ double GgufFile::get_float(std::string_view key, double fallback) const {
 std::string GgufFile::get_string(std::string_view key, const std::string& fallback) const {
   const GgufValue* v = find(key);
   return v == nullptr ? fallback : with_key(path_, key, [&] { return v->as_string(); });
+}
+
+std::vector<std::string> GgufFile::get_string_array(std::string_view key) const {
+  return with_key(path_, key, [&] { return get(key).as_string_array(); });
+}
+
+std::vector<int64_t> GgufFile::get_int_array(std::string_view key) const {
+  return with_key(path_, key, [&] { return get(key).as_int_array(); });
+}
+
+std::vector<float> GgufFile::get_float_array(std::string_view key) const {
+  return with_key(path_, key, [&] { return get(key).as_float_array(); });
+}
+
+size_t GgufFile::get_array_size(std::string_view key) const {
+  return with_key(path_, key, [&] { return get(key).size(); });
 }
 
 bool GgufFile::get_bool(std::string_view key, bool fallback) const {

@@ -138,6 +138,11 @@ class GgufFile {
   double get_float(std::string_view key, double fallback) const;
   std::string get_string(std::string_view key, const std::string& fallback) const;
   bool get_bool(std::string_view key, bool fallback) const;
+  // Arrays: Error(kFormat) naming key and file when absent or of another type.
+  std::vector<std::string> get_string_array(std::string_view key) const;
+  std::vector<int64_t> get_int_array(std::string_view key) const;
+  std::vector<float> get_float_array(std::string_view key) const;
+  size_t get_array_size(std::string_view key) const;
 
   // File order (a split GGUF: the first shard's, then the next shard's, ...).
   const std::vector<GgufTensorInfo>& tensors() const { return tensors_; }

@@ -255,7 +255,7 @@ bool GgufValue::operator==(const GgufValue& other) const {
 std::string GgufValue::to_string(size_t max_items) const {
   switch (type_) {
     case GgufType::kString:
-      return fmt::format("\"{}\"", str_);
+      return fmt::format("\"{}\"", printable(str_));
     case GgufType::kBool:
       return bits_ ? "true" : "false";
     case GgufType::kFloat32:

@@ -79,13 +79,27 @@ class GgufReader {
     }
     return first;
   }
+  // One integer (an array or a bool is refused, naming the key).
   int64_t req_int(std::string_view k) const {
+    const std::string full = key(k);
+    const GgufValue* v = f_.find(full);
+    if (!v) fail(ErrorKind::kFormat, "{}: required key '{}' is missing", f_.path(), full);
+    return as_int(*v, full);
+  }
+  int64_t opt_int(std::string_view k, int64_t fallback) const {
+    const std::string full = key(k);
+    const GgufValue* v = f_.find(full);
+    return v ? as_int(*v, full) : fallback;
+  }
+  // The keys llama.cpp reads with get_key_or_arr (head counts, feed_forward_length): one value,
+  // or one per layer.
+  int64_t req_int_or_layers(std::string_view k) const {
     const std::string full = key(k);
     const GgufValue* v = f_.find(full);
     if (!v) fail(ErrorKind::kFormat, "{}: required key '{}' is missing", f_.path(), full);
     return uniform_int(*v, full);
   }
-  int64_t opt_int(std::string_view k, int64_t fallback) const {
+  int64_t opt_int_or_layers(std::string_view k, int64_t fallback) const {
     const std::string full = key(k);
     const GgufValue* v = f_.find(full);
     return v ? uniform_int(*v, full) : fallback;
@@ -127,7 +141,7 @@ class GgufReader {
     return v->as_string();
   }
   int64_t as_int(const GgufValue& v, const std::string& k) const {
-    if (!v.is_integer() && v.type() != GgufType::kBool) {
+    if (!v.is_integer()) {
       fail(ErrorKind::kFormat, "{}: key '{}': expected an integer, got {}", f_.path(), k,
            gguf_type_name(v.type()));
     }
@@ -173,7 +187,7 @@ void read_gguf_rope_scaling(const GgufReader& r, const GgufFile& f, ModelConfig&
     fail(ErrorKind::kUnsupported,
          "{}: key '{}': rope scaling '{}' is not supported (linear, "
          "yarn)",
-         f.path(), r.key("rope.scaling.type"), type);
+         f.path(), r.key("rope.scaling.type"), printable(type));
   }
   rs.type = RopeScalingType::kYarn;
   rs.factor = static_cast<float>(r.req_float("rope.scaling.factor"));
@@ -221,25 +235,25 @@ ModelConfig config_from_gguf(const GgufFile& f) {
     fail(ErrorKind::kUnsupported,
          "{}: key 'general.architecture': '{}' is not supported "
          "(deepseek2, qwen2moe, qwen3moe, llama with experts)",
-         f.path(), arch);
+         f.path(), printable(arch));
   }
 
   if (const GgufValue* v = r.find("vocab_size")) {
     c.vocab_size = r.as_int(*v, r.key("vocab_size"));
-  } else if (const GgufValue* tokens = f.find("tokenizer.ggml.tokens")) {
-    c.vocab_size = static_cast<int64_t>(tokens->size());
+  } else if (f.find("tokenizer.ggml.tokens")) {
+    c.vocab_size = static_cast<int64_t>(f.get_array_size("tokenizer.ggml.tokens"));
   } else {
     fail(ErrorKind::kFormat, "{}: neither '{}' nor 'tokenizer.ggml.tokens' is present", f.path(),
          r.key("vocab_size"));
   }
   c.hidden_size = r.req_int("embedding_length");
   c.num_layers = r.req_int("block_count");
-  c.num_heads = r.req_int("attention.head_count");
-  c.num_kv_heads = r.opt_int("attention.head_count_kv", c.num_heads);
+  c.num_heads = r.req_int_or_layers("attention.head_count");
+  c.num_kv_heads = r.opt_int_or_layers("attention.head_count_kv", c.num_heads);
   c.max_position_embeddings = r.req_int("context_length");
   c.rms_norm_eps = static_cast<float>(r.req_float("attention.layer_norm_rms_epsilon"));
   c.rope_theta = static_cast<float>(r.opt_float("rope.freq_base", 10000.0));
-  c.intermediate_size = r.req_int("feed_forward_length");
+  c.intermediate_size = r.req_int_or_layers("feed_forward_length");
   c.n_experts = r.req_int("expert_count");
   c.n_experts_per_tok = r.req_int("expert_used_count");
   c.sliding_window = r.opt_int("attention.sliding_window", 0);

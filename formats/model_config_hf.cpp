@@ -1,11 +1,10 @@
 // ModelConfig from a Hugging Face config.json: the keys of transformers' configuration classes
 // (DeepseekV2/V3Config, Qwen2Moe/Qwen3MoeConfig, MixtralConfig) with their defaults.
 #include <cmath>
-#include <fstream>
 #include <nlohmann/json.hpp>
-#include <sstream>
 
 #include "core/error.h"
+#include "core/input_file.h"
 #include "formats/model_config.h"
 #include "formats/model_config_detail.h"
 
@@ -360,15 +359,6 @@ ModelConfig config_from_hf_json(const std::filesystem::path& config_json) {
   std::filesystem::path path = config_json;
   std::error_code ec;
   if (std::filesystem::is_directory(path, ec)) path /= "config.json";
-  std::ifstream in(path, std::ios::binary);
-  if (!in) fail(ErrorKind::kIo, "{}: cannot open", path.string());
-  const auto size = std::filesystem::file_size(path, ec);
-  if (!ec && size > (64u << 20)) {
-    fail(ErrorKind::kFormat, "{}: {} bytes is too large for a config.json", path.string(), size);
-  }
-  std::stringstream text;
-  text << in.rdbuf();
-  if (in.bad()) fail(ErrorKind::kIo, "{}: read error", path.string());
-  return config_from_hf_json_text(text.str(), path.string());
+  return config_from_hf_json_text(read_input_file(path, kMaxConfigFileBytes), path.string());
 }
 }  // namespace tandem

@@ -1,5 +1,7 @@
 #include "formats/output_file.h"
 
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
@@ -7,8 +9,35 @@
 #include "core/error.h"
 
 namespace tandem {
+namespace fs = std::filesystem;
 
-OutputFile::OutputFile(std::filesystem::path path) : path_(std::move(path)) {
+fs::path resolve_output_path(const fs::path& path) {
+  fs::path target = path;
+  for (int hops = 0;; ++hops) {
+    struct stat st {};
+    if (::lstat(target.c_str(), &st) != 0) {
+      if (errno == ENOENT) return target;  // created by the writer
+      fail(ErrorKind::kIo, "{}: cannot stat: {}", target.string(), std::strerror(errno));
+    }
+    if (S_ISREG(st.st_mode)) return target;
+    if (!S_ISLNK(st.st_mode)) {
+      const char* kind = S_ISDIR(st.st_mode)    ? "a directory"
+                         : S_ISCHR(st.st_mode)  ? "a character device"
+                         : S_ISBLK(st.st_mode)  ? "a block device"
+                         : S_ISFIFO(st.st_mode) ? "a FIFO"
+                                                : "not a regular file";
+      fail(ErrorKind::kIo, "{}: {}{}; refusing to replace it with a file", path.string(), kind,
+           target == path ? "" : fmt::format(" (through {})", target.string()));
+    }
+    if (hops >= 40) fail(ErrorKind::kIo, "{}: too many levels of symbolic links", path.string());
+    std::error_code ec;
+    const fs::path link = fs::read_symlink(target, ec);
+    if (ec) fail(ErrorKind::kIo, "{}: cannot read the link: {}", target.string(), ec.message());
+    target = link.is_absolute() ? link : target.parent_path() / link;
+  }
+}
+
+OutputFile::OutputFile(const fs::path& path) : path_(resolve_output_path(path)) {
   tmp_ = path_;
   tmp_ += ".tmp";
   file_ = std::fopen(tmp_.c_str(), "wb");
@@ -21,7 +50,7 @@ OutputFile::~OutputFile() {
   if (file_ != nullptr) std::fclose(file_);
   if (!committed_) {
     std::error_code ec;
-    std::filesystem::remove(tmp_, ec);
+    fs::remove(tmp_, ec);
   }
 }
 
@@ -42,16 +71,28 @@ void OutputFile::write_zeros(uint64_t n) {
 }
 
 void OutputFile::commit() {
+  // fclose flushes what the stdio buffer holds: a full disk shows here for small files.
+  const bool flushed = std::fflush(file_) == 0 && std::ferror(file_) == 0;
+  const int flush_errno = errno;
   const int rc = std::fclose(file_);
   file_ = nullptr;
-  if (rc != 0) fail(ErrorKind::kIo, "{}: write failed: {}", tmp_.string(), std::strerror(errno));
+  if (!flushed || rc != 0) {
+    fail(ErrorKind::kIo, "{}: write failed: {}", tmp_.string(),
+         std::strerror(flushed ? errno : flush_errno));
+  }
   std::error_code ec;
-  std::filesystem::rename(tmp_, path_, ec);
+  fs::rename(tmp_, path_, ec);
   if (ec) {
     fail(ErrorKind::kIo, "{}: cannot rename {} into place: {}", path_.string(), tmp_.string(),
          ec.message());
   }
   committed_ = true;
+}
+
+void write_output_file(const fs::path& path, std::string_view data) {
+  OutputFile out(path);
+  out.write(data.data(), data.size());
+  out.commit();
 }
 
 }  // namespace tandem

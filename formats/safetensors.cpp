@@ -5,13 +5,12 @@
 
 #include <algorithm>
 #include <cstring>
-#include <fstream>
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <set>
-#include <sstream>
 
 #include "core/error.h"
+#include "core/input_file.h"
 #include "core/log.h"
 
 namespace tandem {
@@ -66,19 +65,6 @@ std::string shape_string(const SafetensorsTensorInfo& t) {
   std::string s = "[";
   for (int d = 0; d < t.ndim; ++d) s += fmt::format("{}{}", d ? ", " : "", t.shape[d]);
   return s + "]";
-}
-
-std::string read_text_file(const std::filesystem::path& path, uint64_t limit) {
-  std::error_code ec;
-  const auto size = std::filesystem::file_size(path, ec);
-  if (ec) fail(ErrorKind::kIo, "{}: cannot open: {}", path.string(), ec.message());
-  if (size > limit)
-    fail(ErrorKind::kFormat, "{}: {} bytes is too large for an index", path.string(), size);
-  std::ifstream in(path, std::ios::binary);
-  if (!in) fail(ErrorKind::kIo, "{}: cannot open", path.string());
-  std::ostringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
 }
 
 }  // namespace
@@ -183,14 +169,30 @@ void SafetensorsModel::add_shard(std::string name, const uint8_t* data, size_t s
     t.file = name;
     found.emplace_back(begin, std::move(t));
   }
-  std::sort(found.begin(), found.end(),
-            [](const auto& a, const auto& b) { return a.first < b.first; });
-  for (size_t i = 1; i < found.size(); ++i) {
-    const auto& prev = found[i - 1];
-    if (found[i].first < prev.first + prev.second.nbytes) {
-      fail(ErrorKind::kFormat, "{}: tensors '{}' and '{}' overlap", name, prev.second.name,
+  std::sort(found.begin(), found.end(), [](const auto& a, const auto& b) {  // [begin, end) order
+    return a.first != b.first ? a.first < b.first : a.second.nbytes < b.second.nbytes;
+  });
+  // The format's rule: the tensors fill the data section, no holes, nothing after. A header
+  // length off by a byte or two (data read shifted into the JSON's padding) breaks it.
+  uint64_t filled = 0;
+  for (size_t i = 0; i < found.size(); ++i) {
+    if (i > 0 && found[i].first < filled) {
+      fail(ErrorKind::kFormat, "{}: tensors '{}' and '{}' overlap", name, found[i - 1].second.name,
            found[i].second.name);
     }
+    if (found[i].first != filled) {
+      fail(ErrorKind::kFormat,
+           "{}: tensor '{}': data_offsets begin at {}, but the data before it ends at {} (a hole "
+           "in the data section: wrong header length or offsets?)",
+           name, found[i].second.name, found[i].first, filled);
+    }
+    filled = found[i].first + found[i].second.nbytes;
+  }
+  if (!found.empty() && filled != data_size) {
+    fail(ErrorKind::kFormat,
+         "{}: the tensors fill {} bytes of the {}-byte data section (wrong header length or "
+         "offsets?)",
+         name, filled, data_size);
   }
   for (auto& [begin, t] : found) {
     if (!index_.emplace(t.name, tensors_.size()).second) {
@@ -255,7 +257,7 @@ SafetensorsModel SafetensorsModel::open(const std::filesystem::path& path, LoadM
   }
 
   const std::map<std::string, std::string> weight_map =
-      parse_index(file.string(), read_text_file(file, kMaxIndexBytes));
+      parse_index(file.string(), read_input_file(file, kMaxIndexBytes));
   // Shards in name order, so model-00001-of-N comes first and provides the metadata.
   std::set<std::string> shards;
   for (const auto& [tensor, shard] : weight_map) shards.insert(shard);

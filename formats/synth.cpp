@@ -232,9 +232,7 @@ void fill_fp8(const SynthOptions& o, const HfTensorSpec& t, bool want_scales, ui
 }
 
 void write_text(const fs::path& path, const std::string& text) {
-  OutputFile out(path);
-  out.write(text.data(), text.size());
-  out.commit();
+  write_output_file(path, text);
 }
 
 void write_gguf(const SynthOptions& o, const SynthPlan& plan, const GgufFile* vocab_file,
@@ -443,6 +441,7 @@ SynthPlan synth_model(const SynthOptions& o) {
       fail(ErrorKind::kInvalidArgument, "-o {}: is a directory; a GGUF model is one file",
            o.output.string());
     }
+    (void)resolve_output_path(o.output);  // a device or FIFO: refused before any work
     if (o.output.has_parent_path()) fs::create_directories(o.output.parent_path(), ec);
   }
   log_info("synth: {} {} {} -> {} ({} tensors, {})", arch_name(c.arch), o.name,

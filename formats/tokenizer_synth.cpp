@@ -272,15 +272,17 @@ SynthVocab vocab_from_gguf(const GgufFile& f) {
          f.path(), model);
   }
   SynthVocab v;
-  v.tokens = f.get("tokenizer.ggml.tokens").as_string_array();
-  if (const GgufValue* t = f.find("tokenizer.ggml.token_type")) {
-    for (int64_t x : t->as_int_array()) v.types.push_back(static_cast<int32_t>(x));
+  v.tokens = f.get_string_array("tokenizer.ggml.tokens");
+  if (f.find("tokenizer.ggml.token_type")) {
+    for (int64_t x : f.get_int_array("tokenizer.ggml.token_type")) {
+      v.types.push_back(static_cast<int32_t>(x));
+    }
   }
   if (v.types.size() != v.tokens.size()) {
     fail(ErrorKind::kFormat, "{}: key 'tokenizer.ggml.token_type': {} types for {} tokens",
          f.path(), v.types.size(), v.tokens.size());
   }
-  if (const GgufValue* m = f.find("tokenizer.ggml.merges")) v.merges = m->as_string_array();
+  if (f.find("tokenizer.ggml.merges")) v.merges = f.get_string_array("tokenizer.ggml.merges");
   v.bos_id = f.get_int("tokenizer.ggml.bos_token_id", -1);
   v.eos_id = f.get_int("tokenizer.ggml.eos_token_id", -1);
   v.pre = f.get_string("tokenizer.ggml.pre", "default");

@@ -17,6 +17,7 @@
 #include "core/progress.h"
 #include "core/thread_pool.h"
 #include "formats/gguf.h"
+#include "formats/output_file.h"
 #include "ops/cpu/packed.h"
 #include "ops/cpu/q0_x4.h"
 #include "ops/cpu/q4k_x16.h"
@@ -210,7 +211,7 @@ void fill_result(CpuExperts* out, const LoadedModel& model, const std::vector<So
 
 // Packs every matrix into a new file (written beside, then renamed into place). Returns false
 // (with a log line) when the file cannot be written; the caller then packs in memory.
-bool write_cache(const fs::path& path, const std::vector<Source>& src, WFormat f, int group,
+bool write_cache(const fs::path& link, const std::vector<Source>& src, WFormat f, int group,
                  uint64_t fp, ThreadPool* pool) {
   std::vector<CacheEntry> table(src.size());
   uint64_t offset = align_up(kAlign + src.size() * sizeof(CacheEntry));
@@ -224,6 +225,13 @@ bool write_cache(const fs::path& path, const std::vector<Source>& src, WFormat f
     payload += e.bytes;
   }
   const uint64_t total = offset;
+  fs::path path;  // a symlink is written through; a device or FIFO is never renamed over
+  try {
+    path = resolve_output_path(link);
+  } catch (const Error& e) {
+    log_warn("{}; packing in memory", e.what());
+    return false;
+  }
   std::error_code ec;
   fs::create_directories(path.parent_path(), ec);
   const fs::path tmp = path.string() + fmt::format(".tmp-{}", ::getpid());
@@ -233,9 +241,13 @@ bool write_cache(const fs::path& path, const std::vector<Source>& src, WFormat f
              std::strerror(errno));
     return false;
   }
+  // Blocks reserved up front: a full disk is an error here rather than a SIGBUS on a store into
+  // the mapping. (posix_fallocate returns the error instead of setting errno.)
   void* map = MAP_FAILED;
-  if (::ftruncate(fd, static_cast<off_t>(total)) == 0) {
+  if (const int err = ::posix_fallocate(fd, 0, static_cast<off_t>(total)); err == 0) {
     map = ::mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  } else {
+    errno = err;
   }
   if (map == MAP_FAILED) {
     log_warn("{}: cannot size / map {} bytes ({}); packing in memory", tmp.string(), total,

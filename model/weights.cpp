@@ -3,13 +3,16 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-
-#include <fstream>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
 #include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <unordered_set>
 
 #include "core/error.h"
+#include "core/input_file.h"
 #include "core/log.h"
 #include "core/progress.h"
 #include "core/topology.h"
@@ -34,9 +37,13 @@ class Source {
       if (m_.safetensors->find_tensor(name) == nullptr) return nullptr;
       t = m_.safetensors->tensor(name);
     }
+    used_.insert(name);
     last_ = t;
     return &last_;
   }
+  // A tensor the model knows and does not need (the unsplit attn_kv_b beside attn_k_b / v_b).
+  void known(const std::string& name) { used_.insert(name); }
+  bool used(const std::string& name) const { return used_.count(name) != 0; }
 
   // A matrix weight; FP8 ones come with their `<name>_scale_inv` blocks.
   ops::Weight get_w(const std::string& name, std::initializer_list<int64_t> shape) {
@@ -99,8 +106,17 @@ class Source {
     }
   }
 
+  // Norm weights and biases, read once at load: a NaN or inf in one would turn every logit
+  // into NaN (and the text into the tokens of id 0) without a word.
   std::vector<float> get_f32(const std::string& name, int64_t n) {
-    return ops::to_f32(get(name, {n}));
+    std::vector<float> v = ops::to_f32(get(name, {n}));
+    for (size_t i = 0; i < v.size(); ++i) {
+      if (!std::isfinite(v[i])) {
+        fail(ErrorKind::kFormat, "{}: tensor '{}' holds {} at index {}", m_.path.string(), name,
+             v[i], i);
+      }
+    }
+    return v;
   }
   std::vector<float> opt_f32(const std::string& name, int64_t n) {
     if (find(name) == nullptr) return {};
@@ -111,6 +127,7 @@ class Source {
   LoadedModel& m_;
   Tensor last_;
   int64_t fp8_block_[2] = {128, 128};
+  std::unordered_set<std::string> used_;  // every name found: read, or probed and present
 };
 
 // The checkpoint names of one layer's tensors: llama.cpp's GGUF names or Hugging Face's. The
@@ -223,7 +240,9 @@ void load_layer(Source& s, const ModelConfig& c, int64_t l, const LayerNames& n,
     w.wkv_a = s.get_w(n.kv_a, {c.kv_lora_rank + c.qk_rope_head_dim, hd});
     w.kv_a_norm = s.get_f32(n.kv_a_norm, c.kv_lora_rank);
     if (!n.k_b.empty() && s.find(n.k_b) != nullptr) {
-      // GGUF's split form: attn_k_b is W_UK transposed per head, attn_v_b is W_UV.
+      // GGUF's split form: attn_k_b is W_UK transposed per head, attn_v_b is W_UV. A file may
+      // keep the unsplit attn_kv_b beside them.
+      s.known(n.kv_b);
       const ops::Weight kb = s.get_w(n.k_b, {c.num_heads, c.kv_lora_rank, c.qk_nope_head_dim});
       const ops::Weight vb = s.get_w(n.v_b, {c.num_heads, c.v_head_dim, c.kv_lora_rank});
       w.k_up_transposed = true;
@@ -313,9 +332,61 @@ void release_model_pages(const LoadedModel& model) {
   if (model.safetensors) model.safetensors->release_pages();
 }
 
+namespace {
+
+// The layer a tensor name belongs to ("blk.12.", "model.layers.12."), -1 for none.
+int64_t layer_of(const std::string& name) {
+  for (const char* prefix : {"blk.", "model.layers."}) {
+    if (!name.starts_with(prefix)) continue;
+    const char* digits = name.c_str() + std::strlen(prefix);
+    char* end = nullptr;
+    const long long l = std::strtoll(digits, &end, 10);
+    if (end != digits && *end == '.') return l;
+  }
+  return -1;
+}
+
+// Every tensor of the checkpoint must be one the model its config describes reads: a config
+// declaring fewer layers, experts or no shared experts than the file holds would otherwise run
+// a truncated model without a word. Known extras are let through: rotary tables some
+// checkpoints store, and the multi-token-prediction layers after the last one.
+void check_all_tensors_used(const LoadedModel& m, const Source& s, int64_t mtp_layers) {
+  std::vector<std::string> unused;
+  auto consider = [&](const std::string& name) {
+    if (s.used(name) || name.ends_with("rotary_emb.inv_freq") || name == "rope_freqs.weight" ||
+        name.ends_with(".attn_rot_embd")) {
+      return;
+    }
+    const int64_t l = layer_of(name);
+    if (l >= m.config.num_layers && l < m.config.num_layers + mtp_layers) return;
+    unused.push_back(name);
+  };
+  if (m.gguf) {
+    for (const GgufTensorInfo& t : m.gguf->tensors()) consider(t.name);
+  } else {
+    for (const SafetensorsTensorInfo& t : m.safetensors->tensors()) consider(t.name);
+  }
+  if (unused.empty()) return;
+  std::string names;
+  for (size_t i = 0; i < unused.size() && i < 4; ++i) {
+    names += fmt::format("{}'{}'", i ? ", " : "", unused[i]);
+  }
+  fail(ErrorKind::kFormat,
+       "{}: {} tensor(s) that the {} model of its config ({} layers, {} experts, {} shared) does "
+       "not read: {}{}; the config and the weights disagree",
+       m.path.string(), unused.size(), arch_name(m.config.arch), m.config.num_layers,
+       m.config.n_experts, m.config.n_shared_experts, names, unused.size() > 4 ? ", ..." : "");
+}
+
+}  // namespace
+
 LoadedModel load_model(const std::filesystem::path& path, LoadMode mode) {
   LoadedModel m;
   m.path = path;
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec)) {
+    fail(ErrorKind::kIo, "{}: no such file or directory", path.string());
+  }
   const bool dir = std::filesystem::is_directory(path);
   if (!dir && path.extension() == ".gguf") {
     m.gguf = std::make_shared<GgufFile>(GgufFile::open(path, mode));
@@ -330,10 +401,18 @@ LoadedModel load_model(const std::filesystem::path& path, LoadMode mode) {
   }
   const ModelConfig& c = m.config;
   Source s(m);
+  // DeepSeek-V3's multi-token-prediction layers follow the last layer; they are not run.
+  int64_t mtp_layers = 0;
+  if (m.from_gguf) {
+    const std::string key =
+        fmt::format("{}.nextn_predict_layers", m.gguf->get_string("general.architecture", ""));
+    mtp_layers = std::clamp<int64_t>(m.gguf->get_int(key, 0), 0, 64);
+  }
   if (!m.from_gguf) {
     // FP8 checkpoints name their block shape in config.json (DeepSeek-V3: [128, 128]).
-    std::ifstream in(path / "config.json");
-    const nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+    const nlohmann::json j =
+        nlohmann::json::parse(read_input_file(path / "config.json", kMaxConfigFileBytes), nullptr,
+                              /*allow_exceptions=*/false);
     if (j.is_object() && j.contains("quantization_config") &&
         j["quantization_config"].contains("weight_block_size")) {
       const auto& b = j["quantization_config"]["weight_block_size"];
@@ -345,6 +424,10 @@ LoadedModel load_model(const std::filesystem::path& path, LoadMode mode) {
              (path / "config.json").string());
       }
       s.set_fp8_block(b[0].get<int64_t>(), b[1].get<int64_t>());
+    }
+    if (j.is_object() && j.contains("num_nextn_predict_layers") &&
+        j["num_nextn_predict_layers"].is_number_integer()) {
+      mtp_layers = std::clamp<int64_t>(j["num_nextn_predict_layers"].get<int64_t>(), 0, 64);
     }
   }
   m.layers.resize(static_cast<size_t>(c.num_layers));
@@ -363,6 +446,7 @@ LoadedModel load_model(const std::filesystem::path& path, LoadMode mode) {
         has_out ? s.get_w("lm_head.weight", {c.vocab_size, c.hidden_size}) : ops::Weight(m.embed);
     for (int64_t l = 0; l < c.num_layers; ++l) load_layer(s, c, l, hf_names(c, l), m.layers[l]);
   }
+  check_all_tensors_used(m, s, mtp_layers);
   return m;
 }
 

@@ -2,10 +2,12 @@
 
 #include <fmt/format.h>
 
-#include <fstream>
+#include <cmath>
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/input_file.h"
+#include "formats/output_file.h"
 
 namespace tandem::rt {
 
@@ -69,38 +71,80 @@ void ResidualVectors::save(const std::filesystem::path& path) const {
   j["moe_layers"] = layers;
   j["tokens"] = tokens;
   j["vectors"] = vectors;
-  std::ofstream out(path);
-  if (!out) fail(ErrorKind::kIo, "{}: cannot create", path.string());
-  out << j.dump() << "\n";
-  if (!out) fail(ErrorKind::kIo, "{}: write failed", path.string());
+  write_output_file(path, j.dump() + "\n");
 }
 
 ResidualVectors ResidualVectors::load(const std::filesystem::path& path) {
-  std::ifstream in(path);
-  if (!in) fail(ErrorKind::kIo, "{}: cannot open residual vectors", path.string());
-  ResidualVectors r;
+  return parse(read_input_file(path, kMaxConfigFileBytes), path.string());
+}
+
+ResidualVectors ResidualVectors::parse(const std::string& text, const std::string& what) {
+  nlohmann::json j;
   try {
-    const nlohmann::json j = nlohmann::json::parse(in);
-    if (j.value("format", "") != "tandem-residuals") {
-      fail(ErrorKind::kFormat, "{}: key 'format' is not \"tandem-residuals\"", path.string());
-    }
-    r.model = j.value("model", "");
-    r.hidden_size = j.at("hidden_size").get<int64_t>();
-    r.layers = j.at("moe_layers").get<std::vector<int64_t>>();
-    r.tokens = j.value("tokens", int64_t(0));
-    r.vectors = j.at("vectors").get<std::vector<std::vector<float>>>();
+    j = nlohmann::json::parse(text);
   } catch (const nlohmann::json::exception& e) {
-    fail(ErrorKind::kFormat, "{}: {}", path.string(), e.what());
+    fail(ErrorKind::kFormat, "{}: not valid JSON: {}", what, e.what());
   }
-  if (r.hidden_size < 1 || r.layers.empty() || r.vectors.size() + 1 != r.layers.size()) {
-    fail(ErrorKind::kFormat, "{}: key 'vectors' must hold one vector per MoE layer but the last",
-         path.string());
+  if (!j.is_object()) fail(ErrorKind::kFormat, "{}: not a JSON object", what);
+  auto get = [&](const char* key) -> const nlohmann::json* {
+    const auto it = j.find(key);
+    return it == j.end() ? nullptr : &*it;
+  };
+  const nlohmann::json* format = get("format");
+  if (!format || !format->is_string() || *format != "tandem-residuals") {
+    fail(ErrorKind::kFormat, "{}: key 'format' is not \"tandem-residuals\"", what);
   }
-  for (size_t l = 0; l < r.vectors.size(); ++l) {
-    if (int64_t(r.vectors[l].size()) != r.hidden_size) {
-      fail(ErrorKind::kFormat, "{}: vectors[{}] has {} values, hidden_size is {}", path.string(), l,
-           r.vectors[l].size(), r.hidden_size);
+  ResidualVectors r;
+  if (const nlohmann::json* m = get("model"); m && m->is_string()) r.model = m->get<std::string>();
+  const nlohmann::json* hidden = get("hidden_size");
+  if (!hidden || !hidden->is_number_integer() || hidden->get<int64_t>() < 1 ||
+      hidden->get<int64_t>() > (int64_t{1} << 20)) {
+    fail(ErrorKind::kFormat, "{}: key 'hidden_size' must be an integer in 1..{}", what,
+         int64_t{1} << 20);
+  }
+  r.hidden_size = hidden->get<int64_t>();
+  const nlohmann::json* layers = get("moe_layers");
+  if (!layers || !layers->is_array() || layers->empty() || layers->size() > 4096) {
+    fail(ErrorKind::kFormat, "{}: key 'moe_layers' must be a list of 1 to 4096 layer indices",
+         what);
+  }
+  for (size_t i = 0; i < layers->size(); ++i) {
+    const nlohmann::json& l = (*layers)[i];
+    // Model layer indices, ascending: each MoE layer once.
+    if (!l.is_number_integer() || l.get<int64_t>() < 0 || l.get<int64_t>() >= 65536 ||
+        (i > 0 && l.get<int64_t>() <= r.layers.back())) {
+      fail(ErrorKind::kFormat,
+           "{}: key 'moe_layers[{}]': expected a layer index in 0..65535 above the previous one",
+           what, i);
     }
+    r.layers.push_back(l.get<int64_t>());
+  }
+  if (const nlohmann::json* tokens = get("tokens")) {
+    if (!tokens->is_number_integer() || tokens->get<int64_t>() < 0) {
+      fail(ErrorKind::kFormat, "{}: key 'tokens' must be an integer >= 0", what);
+    }
+    r.tokens = tokens->get<int64_t>();
+  }
+  const nlohmann::json* vectors = get("vectors");
+  if (!vectors || !vectors->is_array() || vectors->size() + 1 != r.layers.size()) {
+    fail(ErrorKind::kFormat, "{}: key 'vectors' must hold one vector per MoE layer but the last ({})",
+         what, r.layers.size() - 1);
+  }
+  for (size_t l = 0; l < vectors->size(); ++l) {
+    const nlohmann::json& v = (*vectors)[l];
+    if (!v.is_array() || int64_t(v.size()) != r.hidden_size) {
+      fail(ErrorKind::kFormat, "{}: key 'vectors[{}]' must be a list of hidden_size ({}) numbers",
+           what, l, r.hidden_size);
+    }
+    std::vector<float> row;
+    row.reserve(v.size());
+    for (size_t h = 0; h < v.size(); ++h) {
+      if (!v[h].is_number() || !std::isfinite(v[h].get<double>())) {
+        fail(ErrorKind::kFormat, "{}: key 'vectors[{}][{}]' is not a finite number", what, l, h);
+      }
+      row.push_back(v[h].get<float>());
+    }
+    r.vectors.push_back(std::move(row));
   }
   return r;
 }

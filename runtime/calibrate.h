@@ -22,8 +22,9 @@ struct ResidualVectors {
   int64_t tokens = 0;                       // calibration tokens
 
   void save(const std::filesystem::path& path) const;
-  // Throws Error(kFormat) naming the file and key at fault.
+  // Throws Error(kFormat) naming the file and key at fault (layer indices must ascend).
   static ResidualVectors load(const std::filesystem::path& path);
+  static ResidualVectors parse(const std::string& text, const std::string& what);
 };
 
 // Accumulates eq. 11 from RoutingEvents (one forward() at a time, MoE layers in order).

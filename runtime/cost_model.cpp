@@ -1,11 +1,12 @@
 #include "runtime/cost_model.h"
 
 #include <cmath>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
 
 #include "core/error.h"
+#include "core/input_file.h"
+#include "formats/output_file.h"
 
 namespace tandem::rt {
 
@@ -108,11 +109,10 @@ CostModel CostModel::from_tables(std::vector<CostPoint> cpu, std::vector<CostPoi
 
 CostModel CostModel::load(const std::filesystem::path& p) {
   const std::string file = p.string();
-  std::ifstream in(p);
-  if (!in) fail(ErrorKind::kIo, "{}: cannot open cost model", file);
+  const std::string text = read_input_file(p, kMaxConfigFileBytes);
   nlohmann::json j;
   try {
-    j = nlohmann::json::parse(in);
+    j = nlohmann::json::parse(text);
   } catch (const nlohmann::json::exception& e) {
     fail(ErrorKind::kFormat, "{}: not valid JSON: {}", file, e.what());
   }
@@ -132,7 +132,11 @@ CostModel CostModel::load(const std::filesystem::path& p) {
   m.accel_layer_overhead = read_number(j, "accel_layer_overhead", file, 0, false);
   m.accel_fallback_ratio =
       read_number(j, "accel_fallback_ratio", file, m.accel_fallback_ratio, false);
-  m.expert_bytes = static_cast<uint64_t>(read_number(j, "expert_bytes", file, 0, false));
+  const double expert_bytes = read_number(j, "expert_bytes", file, 0, false);
+  if (expert_bytes > 0x1p50) {  // 1 PiB; larger would not convert to uint64 defined
+    fail(ErrorKind::kFormat, "{}: 'expert_bytes' = {} is not a size", file, expert_bytes);
+  }
+  m.expert_bytes = static_cast<uint64_t>(expert_bytes);
   return m;
 }
 
@@ -152,10 +156,7 @@ void CostModel::save(const std::filesystem::path& p) const {
   j["accel_layer_overhead"] = accel_layer_overhead;
   j["accel_fallback_ratio"] = accel_fallback_ratio;
   j["expert_bytes"] = expert_bytes;
-  std::ofstream out(p);
-  if (!out) fail(ErrorKind::kIo, "{}: cannot create cost model", p.string());
-  out << j.dump(1) << "\n";
-  if (!out) fail(ErrorKind::kIo, "{}: write failed", p.string());
+  write_output_file(p, j.dump(1) + "\n");
 }
 
 }  // namespace tandem::rt

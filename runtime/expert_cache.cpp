@@ -309,9 +309,11 @@ std::unique_ptr<ExpertCache> ExpertCache::make(const std::string& kind, const Ca
     fail(ErrorKind::kInvalidArgument, "expert cache: mrs alpha {} not in [0, 1]", c.mrs_alpha);
   }
   if (c.mrs_p < 0) fail(ErrorKind::kInvalidArgument, "expert cache: mrs p {} < 0", c.mrs_p);
-  if (k == Kind::kDali && (c.dali_w_size <= 0 || c.dali_u_size < 0)) {
-    fail(ErrorKind::kInvalidArgument, "expert cache: dali w_size {} must be > 0, u_size {} >= 0",
-         c.dali_w_size, c.dali_u_size);
+  // w_size sizes a [layers][w_size][experts] table: bounded.
+  if (k == Kind::kDali && (c.dali_w_size <= 0 || c.dali_w_size > 4096 || c.dali_u_size < 0)) {
+    fail(ErrorKind::kInvalidArgument,
+         "expert cache: dali w_size {} must be in 1..4096, u_size {} >= 0", c.dali_w_size,
+         c.dali_u_size);
   }
   return std::make_unique<SlotCache>(k, kind, c);
 }

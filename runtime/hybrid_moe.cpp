@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
+#include "core/input_file.h"
 #include "core/log.h"
 #include "model/router.h"
 #include "ops/cpu/ref_ops.h"
@@ -178,10 +179,13 @@ HybridMoeBackend::HybridMoeBackend(const LoadedModel& model, MoeBackend* cpu, De
     }
     residuals_ = std::make_unique<ResidualVectors>(ResidualVectors::load(o.residuals));
     if (residuals_->hidden_size != c.hidden_size ||
-        residuals_->vectors.size() + 1 != layers_.size()) {
-      fail(ErrorKind::kFormat, "{}: residual vectors for hidden {} x {} layers do not fit this "
-           "model (hidden {}, {} MoE layers)", o.residuals.string(), residuals_->hidden_size,
-           residuals_->vectors.size() + 1, c.hidden_size, layers_.size());
+        residuals_->vectors.size() + 1 != layers_.size() ||
+        residuals_->layers != moe_layer_indices(model_)) {
+      fail(ErrorKind::kFormat,
+           "{}: residual vectors for hidden {} x MoE layers {} do not fit this model (hidden {}, "
+           "MoE layers {})",
+           o.residuals.string(), residuals_->hidden_size, fmt::join(residuals_->layers, ","),
+           c.hidden_size, fmt::join(moe_layer_indices(model_), ","));
     }
   }
   prefetcher_ = Prefetcher::make(o.prefetch);
@@ -250,19 +254,33 @@ CostModel HybridMoeBackend::estimate_cost() const {
 
 std::vector<std::vector<int64_t>> HybridMoeBackend::expert_counts() const {
   if (opt_.profile.empty()) return {};
-  std::ifstream in(opt_.profile);
+  const std::string text = read_input_file(opt_.profile, kMaxConfigFileBytes, "--profile");
   nlohmann::json j;
   try {
-    j = nlohmann::json::parse(in);
+    j = nlohmann::json::parse(text);
   } catch (const std::exception& e) {
     fail(ErrorKind::kFormat, "--profile {}: {}", opt_.profile.string(), e.what());
   }
   if (!j.contains("expert_counts")) return {};
   std::vector<std::vector<int64_t>> counts;
-  try {
-    counts = j["expert_counts"].get<std::vector<std::vector<int64_t>>>();
-  } catch (const std::exception& e) {
-    fail(ErrorKind::kFormat, "--profile {}: expert_counts: {}", opt_.profile.string(), e.what());
+  const nlohmann::json& rows = j["expert_counts"];
+  if (!rows.is_array()) {
+    fail(ErrorKind::kFormat, "--profile {}: key 'expert_counts' is not a list of lists",
+         opt_.profile.string());
+  }
+  for (size_t l = 0; l < rows.size(); ++l) {
+    if (!rows[l].is_array()) {
+      fail(ErrorKind::kFormat, "--profile {}: key 'expert_counts[{}]' is not a list",
+           opt_.profile.string(), l);
+    }
+    counts.emplace_back();
+    for (size_t e = 0; e < rows[l].size(); ++e) {
+      if (!rows[l][e].is_number_integer()) {
+        fail(ErrorKind::kFormat, "--profile {}: key 'expert_counts[{}][{}]' is not an integer",
+             opt_.profile.string(), l, e);
+      }
+      counts.back().push_back(rows[l][e].get<int64_t>());
+    }
   }
   if (counts.size() != layers_.size()) {
     fail(ErrorKind::kFormat, "--profile {}: expert_counts has {} layers, the model {} MoE layers",

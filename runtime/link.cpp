@@ -8,6 +8,8 @@
 namespace tandem::rt {
 
 namespace {
+constexpr double kMinLinkGBps = 0.1, kMaxLinkGBps = 10000, kMaxLinkLatencyUs = 100000;
+
 // A finite, non-negative number filling all of `s`; false otherwise.
 bool parse_number(const std::string& s, double* out) {
   if (s.empty()) return false;
@@ -31,6 +33,17 @@ LinkSpec parse_link(const std::string& text) {
   if (!ok) {
     fail(ErrorKind::kInvalidArgument,
          "link '{}': expected pcie4, pcie5, none or GBPS[,LATENCY_US] (non-negative numbers)", text);
+  }
+  // A copy of one expert at 1e-6 GB/s takes days: a figure no link has is refused rather than
+  // emulated. 0 GB/s is "no cap", as `none`.
+  if (spec.gb_per_s != 0 && (spec.gb_per_s < kMinLinkGBps || spec.gb_per_s > kMaxLinkGBps)) {
+    fail(ErrorKind::kInvalidArgument,
+         "link '{}': {} GB/s is outside {}..{} (0: no cap); no real link is that slow or fast",
+         text, spec.gb_per_s, kMinLinkGBps, kMaxLinkGBps);
+  }
+  if (spec.latency_us > kMaxLinkLatencyUs) {
+    fail(ErrorKind::kInvalidArgument, "link '{}': latency {} us is more than {} us", text,
+         spec.latency_us, kMaxLinkLatencyUs);
   }
   return spec;
 }

@@ -138,6 +138,30 @@ void check_backend_options(const BackendOptions& o) {
          o.cache_slots);
   }
   if (!o.vram_budget.empty()) rt::parse_bytes("--vram-budget", o.vram_budget);
+  try {
+    rt::parse_link(o.link);
+  } catch (const Error& e) {
+    fail(e.kind(), "--{}", e.what());  // "--link '...': ..."
+  }
+  if (!o.rules.empty()) rt::load_placement_rules(o.rules);  // a bad file fails before the load
+}
+
+// Flag values checked against the loaded model.
+void check_backend_options(const BackendOptions& o, const std::string& accel,
+                           const LoadedModel& model) {
+  const int64_t experts = model.config.n_experts;
+  if (o.gpu_experts > experts) {
+    fail(ErrorKind::kInvalidArgument,
+         "--gpu-experts {}: the model has {} routed experts per MoE layer", o.gpu_experts, experts);
+  }
+  const bool any_moe =
+      std::any_of(model.layers.begin(), model.layers.end(), [](const auto& l) { return l.moe; });
+  if (accel != "none" && !any_moe) {
+    fail(ErrorKind::kUnsupported,
+         "--accel {}: {} has no MoE layer (all {} layers are dense): the accelerator holds "
+         "experts, there are none; run without --accel",
+         accel, model.path.string(), model.layers.size());
+  }
 }
 
 // --accel auto|none|host|cuda -> none|host (cuda has no device backend yet).
@@ -212,6 +236,7 @@ MoeRuntime::MoeRuntime(const LoadedModel& model, const BackendOptions& options,
   // flags are checked either way.
   const BackendOptions o = resolve_backend_options(options, model.path);
   const std::string accel = resolve_accel(o.accel);
+  check_backend_options(o, accel, model);
   std::vector<rt::PlacementRule> rules;
   if (!o.rules.empty()) rules = rt::load_placement_rules(o.rules);
   impl_->placement = rt::resolve_placement(model, rules, accel != "none", o.cpu_experts);

@@ -1,15 +1,18 @@
 #include "runtime/placement.h"
 
+#include <fmt/ranges.h>
+
+#define PCRE2_CODE_UNIT_WIDTH 8
 #include <fmt/format.h>
+#include <pcre2.h>
 #include <yaml-cpp/yaml.h>
 
-#include <fstream>
-#include <regex>
-#include <sstream>
+#include <memory>
 
 #include "core/dtype.h"
-#include "core/log.h"
 #include "core/error.h"
+#include "core/input_file.h"
+#include "core/log.h"
 
 namespace tandem::rt {
 namespace {
@@ -28,9 +31,7 @@ bool one_of(const std::string& v, const char* const (&set)[N]) {
 
 template <size_t N>
 std::string join(const char* const (&set)[N]) {
-  std::string r;
-  for (const char* s : set) r += (r.empty() ? "" : "|") + std::string(s);
-  return r;
+  return fmt::format("{}", fmt::join(set, "|"));
 }
 
 std::string where(const std::string& source, const YAML::Node& n) {
@@ -42,13 +43,76 @@ std::string scalar(const std::string& source, const YAML::Node& n, const std::st
   return n.as<std::string>();
 }
 
+// A rule's match.name, compiled by PCRE2 with limits: a rules file is user input, and
+// std::regex compiles recursively (100,000 characters or 2,000 nested groups overflow the stack)
+// and backtracks without bound ("(.*.*.*.*)*X" never returns). The pattern must match the whole
+// module name.
+constexpr size_t kMaxNamePatternBytes = 1024;
+constexpr uint32_t kMaxNameParensNest = 32;
+constexpr uint32_t kNameMatchLimit = 100000;  // backtracking steps per match
+constexpr uint32_t kNameDepthLimit = 1000;
+
+class NamePattern {
+ public:
+  // Throws Error(kFormat) naming `where` when the pattern is too long, nested too deep or invalid.
+  NamePattern(const std::string& pattern, const std::string& where) : pattern_(pattern) {
+    if (pattern.size() > kMaxNamePatternBytes) {
+      fail(ErrorKind::kFormat, "{}: match.name is {} bytes long, more than {}", where,
+           pattern.size(), kMaxNamePatternBytes);
+    }
+    std::unique_ptr<pcre2_compile_context, decltype(&pcre2_compile_context_free)> cc(
+        pcre2_compile_context_create(nullptr), &pcre2_compile_context_free);
+    if (!cc) throw std::bad_alloc();
+    pcre2_set_parens_nest_limit(cc.get(), kMaxNameParensNest);
+    int err = 0;
+    PCRE2_SIZE offset = 0;
+    code_.reset(pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(),
+                              PCRE2_UTF, &err, &offset, cc.get()));
+    if (!code_) {
+      PCRE2_UCHAR msg[256];
+      pcre2_get_error_message(err, msg, sizeof(msg));
+      fail(ErrorKind::kFormat, "{}: match.name '{}' is not a valid regex: {} at offset {}", where,
+           pattern, reinterpret_cast<const char*>(msg), offset);
+    }
+    pcre2_jit_compile(code_.get(), PCRE2_JIT_COMPLETE);  // the interpreter if JIT fails
+    match_.reset(pcre2_match_data_create_from_pattern(code_.get(), nullptr));
+    context_.reset(pcre2_match_context_create(nullptr));
+    if (!match_ || !context_) throw std::bad_alloc();
+    pcre2_set_match_limit(context_.get(), kNameMatchLimit);
+    pcre2_set_depth_limit(context_.get(), kNameDepthLimit);
+  }
+
+  // Whole-name match; throws Error(kFormat) naming `where` when the match limits are hit.
+  bool matches(const std::string& name, const std::string& where) const {
+    const int rc = pcre2_match(code_.get(), reinterpret_cast<PCRE2_SPTR>(name.data()), name.size(),
+                               0, PCRE2_ANCHORED | PCRE2_ENDANCHORED, match_.get(), context_.get());
+    if (rc >= 0) return true;
+    if (rc == PCRE2_ERROR_NOMATCH) return false;
+    PCRE2_UCHAR msg[256];
+    pcre2_get_error_message(rc, msg, sizeof(msg));
+    fail(ErrorKind::kFormat, "{}: match.name '{}' on '{}': {}", where, pattern_, name,
+         reinterpret_cast<const char*>(msg));
+  }
+
+ private:
+  struct Free {
+    void operator()(pcre2_code* p) const { pcre2_code_free(p); }
+    void operator()(pcre2_match_data* p) const { pcre2_match_data_free(p); }
+    void operator()(pcre2_match_context* p) const { pcre2_match_context_free(p); }
+  };
+  std::string pattern_;
+  std::unique_ptr<pcre2_code, Free> code_;
+  std::unique_ptr<pcre2_match_data, Free> match_;
+  std::unique_ptr<pcre2_match_context, Free> context_;
+};
+
 bool matches(const PlacementRule& r, const std::string& name, const std::string& module,
-             const std::regex* re) {
+             const NamePattern* re) {
   if (!r.module.empty()) {
     const bool moe_part = module == "router" || module == "shared" || module == "experts";
     if (!(r.module == module || (r.module == "moe" && moe_part))) return false;
   }
-  return re == nullptr || std::regex_match(name, *re);
+  return re == nullptr || re->matches(name, r.origin);
 }
 
 }  // namespace
@@ -79,14 +143,9 @@ uint64_t parse_bytes(const std::string& flag, const std::string& text) {
 
 const char* where_name(Where w) { return w == Where::kAccel ? "accel" : "cpu"; }
 
-std::vector<PlacementRule> parse_placement_rules(const std::string& text,
-                                                 const std::string& source) {
-  YAML::Node root;
-  try {
-    root = YAML::Load(text);
-  } catch (const YAML::Exception& e) {
-    fail(ErrorKind::kFormat, "{}:{}: bad YAML: {}", source, e.mark.line + 1, e.msg);
-  }
+namespace {
+
+std::vector<PlacementRule> parse_rules(const YAML::Node& root, const std::string& source) {
   std::vector<PlacementRule> rules;
   if (root.IsNull()) return rules;
   if (!root.IsSequence()) {
@@ -108,12 +167,7 @@ std::vector<PlacementRule> parse_placement_rules(const std::string& text,
           const std::string mk = m.first.as<std::string>();
           if (mk == "name") {
             r.name = scalar(source, m.second, "match.name");
-            try {
-              std::regex test(r.name);
-            } catch (const std::regex_error& e) {
-              fail(ErrorKind::kFormat, "{}: match.name '{}' is not a valid regex: {}",
-                   where(source, m.second), r.name, e.what());
-            }
+            (void)NamePattern(r.name, where(source, m.second));  // refuses a bad one now
           } else if (mk == "module") {
             r.module = scalar(source, m.second, "match.module");
             if (!one_of(r.module, kModules)) {
@@ -161,12 +215,21 @@ std::vector<PlacementRule> parse_placement_rules(const std::string& text,
   return rules;
 }
 
+}  // namespace
+
+std::vector<PlacementRule> parse_placement_rules(const std::string& text,
+                                                 const std::string& source) {
+  try {
+    return parse_rules(YAML::Load(text), source);
+  } catch (const YAML::Exception& e) {  // bad YAML, or a key that is no scalar
+    if (e.mark.is_null()) fail(ErrorKind::kFormat, "{}: bad YAML: {}", source, e.msg);
+    fail(ErrorKind::kFormat, "{}:{}: bad YAML: {}", source, e.mark.line + 1, e.msg);
+  }
+}
+
 std::vector<PlacementRule> load_placement_rules(const std::filesystem::path& path) {
-  std::ifstream in(path);
-  if (!in) fail(ErrorKind::kIo, "--rules: cannot read '{}'", path.string());
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return parse_placement_rules(ss.str(), path.string());
+  return parse_placement_rules(read_input_file(path, kMaxConfigFileBytes, "--rules"),
+                               path.string());
 }
 
 const PlacedModule* Placement::find(const std::string& name) const {
@@ -203,9 +266,9 @@ std::string Placement::format() const {
 
 Placement resolve_placement(const LoadedModel& model, const std::vector<PlacementRule>& rules,
                             bool have_accel, const std::string& cpu_experts_default) {
-  std::vector<std::unique_ptr<std::regex>> res;
+  std::vector<std::unique_ptr<NamePattern>> res;
   for (const PlacementRule& r : rules) {
-    res.push_back(r.name.empty() ? nullptr : std::make_unique<std::regex>(r.name));
+    res.push_back(r.name.empty() ? nullptr : std::make_unique<NamePattern>(r.name, r.origin));
   }
   Placement p;
   auto add = [&](const std::string& name, const char* module, int64_t layer, const ops::Weight* w,

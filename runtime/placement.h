@@ -19,7 +19,8 @@ enum class Where : uint8_t { kCpu, kAccel };
 const char* where_name(Where w);
 
 struct PlacementRule {
-  std::string name;    // ECMAScript regex, must match the whole module name; empty: any
+  std::string name;    // PCRE2 regex (<= 1 KiB, groups nested <= 32 deep), must match the whole
+                       // module name; empty: any
   std::string module;  // embedding|attention|dense|router|shared|experts|lm_head|moe; empty: any
   bool has_device = false;
   Where device = Where::kCpu;

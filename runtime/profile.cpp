@@ -4,15 +4,15 @@
 
 #include <algorithm>
 #include <chrono>
-#include <fstream>
 #include <limits>
 #include <memory>
-#include <utility>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <utility>
 
 #include "core/error.h"
 #include "core/thread_pool.h"
+#include "formats/output_file.h"
 #include "runtime/calibrate.h"
 #include "runtime/device.h"
 #include "runtime/trace.h"
@@ -206,10 +206,7 @@ void save_profile(const ProfileResult& r, const std::filesystem::path& path) {
   j["transfer_seconds"] = r.transfer_seconds;
   j["transfer_source"] = r.transfer_source;
   if (!r.expert_counts.empty()) j["expert_counts"] = r.expert_counts;
-  std::ofstream out(path);
-  if (!out) fail(ErrorKind::kIo, "{}: cannot create", path.string());
-  out << j.dump(1) << "\n";
-  if (!out) fail(ErrorKind::kIo, "{}: write failed", path.string());
+  write_output_file(path, j.dump(1) + "\n");
 }
 
 }  // namespace tandem::rt

@@ -5,12 +5,13 @@
 #include <algorithm>
 #include <climits>
 #include <cstring>
-#include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
 #include "core/fp_convert.h"
+#include "core/input_file.h"
+#include "formats/output_file.h"
 
 namespace tandem::rt {
 namespace {
@@ -20,6 +21,9 @@ constexpr uint32_t kVersion = 1;
 constexpr uint32_t kKnownFlags =
     kTraceScores | kTraceGatePred | kTraceResidualPred | kTraceF16 | kTraceIds16;
 constexpr int kMaxLayers = 4096, kMaxExperts = 65536, kMaxName = 4096;
+// Layers x experts: what the simulator's per-expert tables hold (DeepSeek-V3: 58 x 256; Kimi-K2:
+// 60 x 384). A header past it is refused before anything is sized from it.
+constexpr int64_t kMaxLayerExperts = int64_t{1} << 20;
 constexpr int64_t kRecordFixed = 12;  // int32 token, int32 batch, uint8 phase, 3 pad bytes
 
 struct Layout {
@@ -73,20 +77,6 @@ const uint8_t* get_floats(const uint8_t* p, float* v, int64_t n, bool f16) {
   return p;
 }
 
-std::vector<uint8_t> read_all(const std::filesystem::path& path, uint64_t limit) {
-  std::ifstream in(path, std::ios::binary | std::ios::ate);
-  if (!in) fail(ErrorKind::kIo, "{}: cannot open", path.string());
-  const auto size = static_cast<uint64_t>(in.tellg());
-  if (size > limit)
-    fail(ErrorKind::kFormat, "{}: {} bytes, more than {} allowed", path.string(), size, limit);
-  std::vector<uint8_t> data(size);
-  in.seekg(0);
-  if (size && !in.read(reinterpret_cast<char*>(data.data()), static_cast<std::streamsize>(size))) {
-    fail(ErrorKind::kIo, "{}: read failed", path.string());
-  }
-  return data;
-}
-
 }  // namespace
 
 int64_t Trace::add_record(int32_t token_index, TracePhase ph, int32_t batch_id) {
@@ -112,6 +102,10 @@ void Trace::validate(const std::string& what) const {
   }
   if (top_k < 1 || top_k > n_experts) {
     fail(ErrorKind::kFormat, "{}: top_k {} outside 1..n_experts ({})", what, top_k, n_experts);
+  }
+  if (int64_t{n_layers} * n_experts > kMaxLayerExperts) {
+    fail(ErrorKind::kFormat, "{}: {} MoE layers x {} experts is more than the {} a trace may have",
+         what, n_layers, n_experts, kMaxLayerExperts);
   }
   const size_t n = token.size();
   const size_t lk = n * n_layers * top_k, le = n * n_layers * n_experts;
@@ -173,10 +167,7 @@ void write_trace(const Trace& t, const std::filesystem::path& path, const TraceW
     if (t.has_gate_pred) put_floats(out, t.gate_pred.data() + r * le, le, f16);
     if (t.has_residual_pred) put_floats(out, t.residual_pred.data() + r * le, le, f16);
   }
-  std::ofstream f(path, std::ios::binary | std::ios::trunc);
-  if (!f) fail(ErrorKind::kIo, "{}: cannot create", path.string());
-  f.write(out.data(), static_cast<std::streamsize>(out.size()));
-  if (!f) fail(ErrorKind::kIo, "{}: write failed", path.string());
+  write_output_file(path, out);
 }
 
 Trace read_trace(const std::filesystem::path& path) {
@@ -187,15 +178,18 @@ Trace read_trace(const std::filesystem::path& path) {
     j.replace_extension(".json");
     if (std::filesystem::exists(j)) return import_demo_trace(path);
   }
-  const std::string what = path.string();
-  const std::vector<uint8_t> d = read_all(path, uint64_t(1) << 40);
+  const std::string d = read_input_file(path, kMaxDataFileBytes);
+  return parse_trace(path.string(), reinterpret_cast<const uint8_t*>(d.data()), d.size());
+}
+
+Trace parse_trace(const std::string& what, const uint8_t* data, size_t size) {
   constexpr size_t kHead = 8 + 4 * 5 + 8 + 4;
-  if (d.size() < kHead)
-    fail(ErrorKind::kFormat, "{}: {} bytes, too short for a trace header", what, d.size());
-  if (std::memcmp(d.data(), kMagic, 8) != 0) {
+  if (size < kHead)
+    fail(ErrorKind::kFormat, "{}: {} bytes, too short for a trace header", what, size);
+  if (std::memcmp(data, kMagic, 8) != 0) {
     fail(ErrorKind::kFormat, "{}: bad magic (not a tandem trace, expected 'TDTRACE1')", what);
   }
-  const uint8_t* p = d.data() + 8;
+  const uint8_t* p = data + 8;
   const auto version = get<uint32_t>(p), flags = get<uint32_t>(p + 4);
   const auto nl = get<uint32_t>(p + 8), ne = get<uint32_t>(p + 12), k = get<uint32_t>(p + 16);
   const auto n = get<uint64_t>(p + 20);
@@ -209,18 +203,23 @@ Trace read_trace(const std::filesystem::path& path) {
   if (ne < 1 || ne > kMaxExperts)
     fail(ErrorKind::kFormat, "{}: n_experts {} outside 1..{}", what, ne, kMaxExperts);
   if (k < 1 || k > ne) fail(ErrorKind::kFormat, "{}: top_k {} outside 1..{}", what, k, ne);
+  if (uint64_t{nl} * ne > uint64_t(kMaxLayerExperts)) {
+    fail(ErrorKind::kFormat, "{}: {} MoE layers x {} experts is more than the {} a trace may have",
+         what, nl, ne, kMaxLayerExperts);
+  }
   if (ne > 256 && !(flags & kTraceIds16))
     fail(ErrorKind::kFormat, "{}: {} experts need 16-bit ids", what, ne);
   if (name_len > kMaxName) fail(ErrorKind::kFormat, "{}: model name length {}", what, name_len);
-  if (d.size() < kHead + name_len) fail(ErrorKind::kFormat, "{}: truncated header", what);
+  if (size < kHead + name_len) fail(ErrorKind::kFormat, "{}: truncated header", what);
   const Layout lay = layout_of(flags, nl, ne, k);
-  const uint64_t body = d.size() - kHead - name_len;
+  const uint64_t body = size - kHead - name_len;
   if (n > body / uint64_t(lay.record) || body != n * uint64_t(lay.record)) {
     fail(ErrorKind::kFormat, "{}: {} body bytes, expected {} records x {} bytes", what, body, n,
          lay.record);
   }
+  if (n == 0) fail(ErrorKind::kFormat, "{}: no records", what);
   Trace t;
-  t.model.assign(reinterpret_cast<const char*>(d.data() + kHead), name_len);
+  t.model.assign(reinterpret_cast<const char*>(data + kHead), name_len);
   t.n_layers = int(nl);
   t.n_experts = int(ne);
   t.top_k = int(k);
@@ -237,7 +236,7 @@ Trace read_trace(const std::filesystem::path& path) {
   if (t.has_scores) t.scores.resize(n * le);
   if (t.has_gate_pred) t.gate_pred.resize(n * le);
   if (t.has_residual_pred) t.residual_pred.resize(n * le);
-  p = d.data() + kHead + name_len;
+  p = data + kHead + name_len;
   for (uint64_t r = 0; r < n; ++r) {
     t.token[r] = get<int32_t>(p);
     t.batch[r] = get<int32_t>(p + 4);
@@ -264,14 +263,14 @@ Trace import_demo_trace(const std::filesystem::path& path) {
   auto jpath = path, bpath = path;
   jpath.replace_extension(".json");
   bpath.replace_extension(".bin");
-  const std::vector<uint8_t> jtext = read_all(jpath, 64u << 20);
+  const std::string jtext = read_input_file(jpath, kMaxConfigFileBytes);
   nlohmann::json j;
   try {
-    j = nlohmann::json::parse(jtext.begin(), jtext.end());
+    j = nlohmann::json::parse(jtext);
   } catch (const std::exception& e) {
     fail(ErrorKind::kFormat, "{}: invalid JSON: {}", jpath.string(), e.what());
   }
-  const std::vector<uint8_t> bin = read_all(bpath, uint64_t(1) << 36);
+  const std::string bin = read_input_file(bpath, kMaxDataFileBytes);
   const std::string what = jpath.string();
   struct Array {
     std::string dtype;
@@ -292,7 +291,7 @@ Trace import_demo_trace(const std::filesystem::path& path) {
       if (!es) fail(ErrorKind::kUnsupported, "{}: array '{}': dtype '{}'", what, name, arr.dtype);
       uint64_t count = 1;
       for (int64_t s : arr.shape) {
-        if (s < 0 || s > (int64_t(1) << 32))
+        if (s < 0 || s > INT32_MAX)
           fail(ErrorKind::kFormat, "{}: array '{}': bad shape", what, name);
         count *= uint64_t(s);
         if (count > bin.size()) {
@@ -305,7 +304,7 @@ Trace import_demo_trace(const std::filesystem::path& path) {
              "{}: array '{}': {} bytes at {} do not fit its shape or {} ({} bytes)", what, name, nb,
              off, bpath.string(), bin.size());
       }
-      arr.data = bin.data() + off;
+      arr.data = reinterpret_cast<const uint8_t*>(bin.data()) + off;
       arrays[name] = arr;
     }
   } catch (const nlohmann::json::exception& e) {
@@ -327,7 +326,12 @@ Trace import_demo_trace(const std::filesystem::path& path) {
   t.model = jpath.stem().string();
   t.n_layers = int(ids.shape[1]);
   t.top_k = int(ids.shape[2]);
-  t.n_experts = j.value("n_routed_experts", 0);
+  if (const auto it = j.find("n_routed_experts"); it != j.end()) {
+    if (!it->is_number_integer() || it->get<int64_t>() < 1 || it->get<int64_t>() > 256) {
+      fail(ErrorKind::kFormat, "{}: key 'n_routed_experts' must be an integer in 1..256", what);
+    }
+    t.n_experts = it->get<int>();
+  }
   if (w.shape != ids.shape)
     fail(ErrorKind::kFormat, "{}: topk_weights shape differs from topk_ids", what);
   auto sit = arrays.find("scores");

@@ -64,6 +64,9 @@ struct TraceWriteOptions {
 void write_trace(const Trace& trace, const std::filesystem::path& path,
                  const TraceWriteOptions& options = {});
 Trace read_trace(const std::filesystem::path& path);
+// The binary format from memory (read_trace's parser; `what` names it in errors). Throws
+// Error(kFormat) for a header past the limits or not matching `size`, before sizing anything.
+Trace parse_trace(const std::string& what, const uint8_t* data, size_t size);
 
 // The demo's NAME.json + NAME.bin traces (../shared/demo/traces/FORMAT.md): train (teacher-forced
 // 256-token chunks: one prefill batch per chunk) and decode (per prompt one prefill batch, then one

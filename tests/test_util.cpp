@@ -48,7 +48,8 @@ std::string slurp(const fs::path& p) {
 }
 }  // namespace
 
-CommandResult run_tandem(const std::string& args, const std::string& stdin_text) {
+CommandResult run_tandem(const std::string& args, const std::string& stdin_text,
+                         const std::string& shell_prefix) {
   const char* bin = std::getenv("TANDEM_BIN");
   std::string binary = bin ? bin : (std::string(TANDEM_BINARY_DIR) + "/tandem");
   TempDir tmp("cmd");
@@ -58,8 +59,8 @@ CommandResult run_tandem(const std::string& args, const std::string& stdin_text)
     input = (tmp / "stdin").string();
     std::ofstream(input, std::ios::binary) << stdin_text;
   }
-  const std::string cmd =
-      binary + " " + args + " <" + input + " >" + out.string() + " 2>" + err.string();
+  const std::string cmd = shell_prefix + binary + " " + args + " <" + input + " >" + out.string() +
+                          " 2>" + err.string();
   const int status = std::system(cmd.c_str());
   CommandResult r;
   r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);

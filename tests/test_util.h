@@ -36,8 +36,10 @@ struct CommandResult {
 };
 
 // Runs `tandem <args>` (the binary from TANDEM_BIN) and captures both streams; standard input
-// is `stdin_text` (empty: /dev/null).
-CommandResult run_tandem(const std::string& args, const std::string& stdin_text = "");
+// is `stdin_text` (empty: /dev/null). `shell_prefix` goes before the binary on the sh command
+// line: limits for hostile-input tests ("ulimit -v 2000000; timeout 30 ").
+CommandResult run_tandem(const std::string& args, const std::string& stdin_text = "",
+                         const std::string& shell_prefix = "");
 
 // Writes `src` as a split GGUF in `dir`, as llama.cpp's gguf-split does: `shards` files named
 // <prefix>-0000i-of-0000N.gguf, the first with all of src's metadata, each with split.no (u16,

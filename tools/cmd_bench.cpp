@@ -18,16 +18,15 @@
 #include <chrono>
 #include <cmath>
 #include <filesystem>
-#include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <random>
-#include <sstream>
 #include <string>
 #include <vector>
 
 #include "core/cpu_features.h"
 #include "core/error.h"
+#include "core/input_file.h"
 #include "core/log.h"
 #include "core/thread_pool.h"
 #include "core/topology.h"
@@ -154,11 +153,9 @@ void run_bench(const BenchArgs& a) {
   double dram_gbs = 0;
   std::unique_ptr<cpu::DramReadProbe> probe;
   if (!a.roofline.empty()) {
-    std::ifstream in(a.roofline);
-    if (!in) fail(ErrorKind::kIo, "--roofline: cannot read '{}'", a.roofline);
-    std::stringstream text;
-    text << in.rdbuf();
-    dram_gbs = cpu::roofline_from_json(text.str()).dram_read_gbs;
+    dram_gbs =
+        cpu::roofline_from_json(read_input_file(a.roofline, kMaxConfigFileBytes, "--roofline"))
+            .dram_read_gbs;
   } else {
     cpu::RooflineOptions ro;
     ro.dram_bytes = size_t{512} << 20;

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/input_file.h"
 #include "core/thread_pool.h"
 #include "engine/tokenizer.h"
 #include "model/model.h"
@@ -33,10 +34,7 @@ struct CalibrateArgs {
 
 void run_calibrate(const CalibrateArgs& a) {
   if (a.ctx < 2) fail(ErrorKind::kInvalidArgument, "--ctx must be at least 2, got {}", a.ctx);
-  std::ifstream in(a.file, std::ios::binary);
-  if (!in) fail(ErrorKind::kIo, "-f: cannot read '{}'", a.file);
-  std::stringstream text;
-  text << in.rdbuf();
+  const std::string text = read_input_file(a.file, kMaxTextFileBytes, "-f");
   std::unique_ptr<rt::ResidualCalibrator> cal;  // (made once the weights are loaded)
   EngineOptions eo;
   eo.model = a.model;
@@ -46,7 +44,7 @@ void run_calibrate(const CalibrateArgs& a) {
   eo.on_routing = [&cal](const RoutingEvent& e) { cal->on_routing(e); };
   Engine engine(eo);
   const LoadedModel& lm = engine.weights();
-  const std::vector<TokenId> tokens = engine.tokenizer().encode(text.str(), true);
+  const std::vector<TokenId> tokens = engine.tokenizer().encode(text, true);
   if (tokens.empty()) fail(ErrorKind::kInvalidArgument, "{}: no tokens", a.file);
   cal = std::make_unique<rt::ResidualCalibrator>(lm);
   SingleSequence model(engine.model(), a.ctx);

@@ -9,8 +9,9 @@
 #include <string>
 
 #include "core/error.h"
-#include "core/topology.h"
 #include "core/thread_pool.h"
+#include "core/topology.h"
+#include "formats/output_file.h"
 #include "model/cpu_experts.h"
 #include "model/weights.h"
 #include "tools/command.h"
@@ -37,6 +38,12 @@ void convert(const ConvertArgs& a) {
   if (a.format != "int8" && a.format != "int4" && a.format != "bf16") {
     fail(ErrorKind::kInvalidArgument, "--cpu-experts '{}': expected int8, int4 or bf16", a.format);
   }
+  // -o naming a device or a FIFO is refused before the model is read (a symlink is written
+  // through); a directory gets the cache's default name inside it.
+  std::error_code ec;
+  if (!a.output.empty() && !std::filesystem::is_directory(a.output, ec)) {
+    (void)resolve_output_path(a.output);
+  }
   const auto t0 = std::chrono::steady_clock::now();
   const LoadedModel lm = load_model(a.model);
   CpuExpertOptions o;
@@ -44,7 +51,6 @@ void convert(const ConvertArgs& a) {
   o.group = a.group;
   o.cache_dir = a.cache_dir;
   if (!a.output.empty()) {
-    std::error_code ec;
     o.cache_file = a.output;
     if (std::filesystem::is_directory(a.output, ec)) {  // a directory: the default name in it
       o.cache_file.clear();

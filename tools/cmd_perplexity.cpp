@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/input_file.h"
 #include "core/thread_pool.h"
 #include "engine/engine.h"
 #include "engine/generator.h"
@@ -43,17 +44,14 @@ void run_perplexity(const PerplexityArgs& a) {
   if (a.ctx < 4) fail(ErrorKind::kInvalidArgument, "--ctx must be at least 4, got {}", a.ctx);
   if (a.batch < 1) fail(ErrorKind::kInvalidArgument, "-b must be at least 1, got {}", a.batch);
   const KvType kv_type = parse_kv_type(a.cache_type);
-  std::ifstream in(a.file, std::ios::binary);
-  if (!in) fail(ErrorKind::kIo, "-f: cannot read '{}'", a.file);
-  std::stringstream text;
-  text << in.rdbuf();
+  const std::string text = read_input_file(a.file, kMaxTextFileBytes, "-f");
   EngineOptions eo;
   eo.model = a.model;
   eo.threads = a.threads;
   eo.backend = a.backend;
   Engine engine(eo);
   const Tokenizer& tok = engine.tokenizer();
-  const std::vector<TokenId> tokens = tok.encode(text.str(), /*add_special=*/true);
+  const std::vector<TokenId> tokens = tok.encode(text, /*add_special=*/true);
   const int64_t n_ctx = a.ctx;
   if (static_cast<int64_t>(tokens.size()) < 2 * n_ctx) {
     fail(ErrorKind::kInvalidArgument,

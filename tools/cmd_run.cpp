@@ -6,7 +6,6 @@
 
 #include <chrono>
 #include <cstdio>
-#include <fstream>
 #include <memory>
 #include <string>
 #include <vector>
@@ -19,6 +18,7 @@
 #include "engine/sampling.h"
 #include "engine/tokenizer.h"
 #include "formats/gguf.h"
+#include "formats/output_file.h"
 #include "model/model.h"
 #include "model/weights.h"
 #include "tools/command.h"
@@ -153,14 +153,12 @@ void run_model(const RunArgs& a) {
   gp.ignore_eos = a.ignore_eos;
   gp.stop = a.stop;
   gp.continues_prompt = !a.chat;  // --chat: the answer alone
-  std::ofstream logits_out;
+  std::unique_ptr<OutputFile> logits_out;  // (checked writes; in place once complete)
   if (!a.logits_out.empty()) {
-    logits_out.open(a.logits_out, std::ios::binary);
-    if (!logits_out) fail(ErrorKind::kIo, "--logits-out: cannot write '{}'", a.logits_out);
+    logits_out = std::make_unique<OutputFile>(a.logits_out);
     const int64_t nv = c.vocab_size;
     gp.on_prompt_logits = [&logits_out, nv](int64_t, const float* rows, int64_t n) {
-      logits_out.write(reinterpret_cast<const char*>(rows),
-                       static_cast<std::streamsize>(n * nv * sizeof(float)));
+      logits_out->write(rows, static_cast<size_t>(n * nv) * sizeof(float));
     };
   }
   if (output == "text" && a.has_prompt && !a.chat) {
@@ -192,10 +190,7 @@ void run_model(const RunArgs& a) {
   }
   std::fprintf(stdout, "\n");
   std::fflush(stdout);
-  if (logits_out.is_open()) {
-    logits_out.close();
-    if (!logits_out) fail(ErrorKind::kIo, "--logits-out: cannot write '{}'", a.logits_out);
-  }
+  if (logits_out) logits_out->commit();
   if (finish == FinishReason::kContext) {
     std::fprintf(stderr, "context full (--ctx %ld): stopping\n", static_cast<long>(ctx));
   }

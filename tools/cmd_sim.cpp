@@ -13,6 +13,7 @@
 #include "runtime/sim.h"
 #include "runtime/trace.h"
 #include "tools/command.h"
+#include "tools/options.h"
 
 namespace tandem::tools {
 namespace {
@@ -147,8 +148,10 @@ void add_sim(CLI::App& app) {
   app.add_option("--prefetch", a->o.prefetch, "none | gate | residual")->capture_default_str();
   app.add_option("--cache-size", a->o.cache_size, "expert cache slots per layer: N or P%")
       ->capture_default_str();
-  app.add_option("--prefetch-size", a->o.prefetch_size, "experts prefetched per layer")
-      ->capture_default_str();
+  app.add_option("--prefetch-size", a->o.prefetch_size,
+                 "experts prefetched per layer (default: what the link moves in the layer's "
+                 "time)")
+      ->check(number_in(0));
   app.add_flag("!--no-warm", a->o.warm,
                "start with empty caches (default: each layer's most used "
                "experts of the trace, as --gpu-experts would place them)");
@@ -156,9 +159,13 @@ void add_sim(CLI::App& app) {
   app.add_option("--expert-bytes", a->o.expert_bytes,
                  "bytes per expert copy (default: the profile's)");
   app.add_option("--mrs-alpha", a->o.mrs_alpha, "MRS cache: alpha (HybriMoE eq. 3)")
+      ->check(number_in(0, 1))
       ->capture_default_str();
-  app.add_option("--dali-w", a->o.dali_w_size, "DALI cache: window w_size")->capture_default_str();
+  app.add_option("--dali-w", a->o.dali_w_size, "DALI cache: window w_size")
+      ->check(number_in(1, 4096))
+      ->capture_default_str();
   app.add_option("--dali-u", a->o.dali_u_size, "DALI cache: experts updated u_size")
+      ->check(number_in(0))
       ->capture_default_str();
   app.add_flag("--json", a->json, "print JSON instead of a table");
   app.add_flag("--sweep", a->sweep, "all policies x caches x {25,50,75}% x prefetchers");

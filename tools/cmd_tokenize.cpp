@@ -4,12 +4,11 @@
 #include <fmt/format.h>
 
 #include <filesystem>
-#include <fstream>
 #include <memory>
-#include <sstream>
 #include <string>
 
 #include "core/error.h"
+#include "core/input_file.h"
 #include "engine/tokenizer.h"
 #include "tools/command.h"
 
@@ -63,13 +62,7 @@ void run_tokenize(const TokenizeArgs& a) {
   std::error_code ec;
   if (!fs::exists(a.model, ec)) fail(ErrorKind::kIo, "-m {}: no such file or directory", a.model);
   std::string text = a.prompt;
-  if (!a.file.empty()) {
-    std::ifstream in(a.file, std::ios::binary);
-    if (!in) fail(ErrorKind::kIo, "-f {}: cannot open", a.file);
-    std::stringstream ss;
-    ss << in.rdbuf();
-    text = ss.str();
-  }
+  if (!a.file.empty()) text = read_input_file(a.file, kMaxTextFileBytes, "-f");
   const Tokenizer tok = Tokenizer::load(a.model);
   const std::vector<TokenId> ids = tok.encode(text, !a.no_bos, a.special);
   if (a.ids_only) {

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/input_file.h"
 #include "core/thread_pool.h"
 #include "engine/engine.h"
 #include "engine/tokenizer.h"
@@ -80,10 +81,7 @@ void record_from_model(const TraceArgs& a, rt::Trace* out) {
     fail(ErrorKind::kInvalidArgument, "--ctx {} leaves no room for a prompt before {} decode steps",
          a.ctx, a.decode);
   }
-  std::ifstream in(a.file, std::ios::binary);
-  if (!in) fail(ErrorKind::kIo, "-f: cannot read '{}'", a.file);
-  std::stringstream text;
-  text << in.rdbuf();
+  const std::string text = read_input_file(a.file, kMaxTextFileBytes, "-f");
   std::unique_ptr<rt::TraceRecorder> rec;  // (made once the weights are loaded)
   EngineOptions eo;
   eo.model = a.model;
@@ -94,7 +92,7 @@ void record_from_model(const TraceArgs& a, rt::Trace* out) {
   Engine engine(eo);
   const LoadedModel& lm = engine.weights();
   const Tokenizer& tok = engine.tokenizer();
-  const std::vector<TokenId> tokens = tok.encode(text.str(), /*add_special=*/true);
+  const std::vector<TokenId> tokens = tok.encode(text, /*add_special=*/true);
   const int64_t len = a.ctx - a.decode;
   int64_t n_chunks = std::max<int64_t>(1, (int64_t(tokens.size()) + len - 1) / len);
   if (a.chunks > 0) n_chunks = std::min<int64_t>(n_chunks, a.chunks);
@@ -119,7 +117,7 @@ void record_from_model(const TraceArgs& a, rt::Trace* out) {
     rec->begin_batch(rt::TracePhase::kPrefill);
     model.forward(chunk, logits.data(), false);
     for (int d = 0; d < a.decode; ++d) {
-      const int32_t next = int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin());
+      const int32_t next = argmax_token(logits.data(), int64_t(logits.size()));
       rec->begin_batch(rt::TracePhase::kDecode);
       model.forward(std::span<const int32_t>(&next, 1), logits.data(), false);
     }

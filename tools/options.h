@@ -1,15 +1,19 @@
 // Command-line options shared by several subcommands.
 #pragma once
 
-#include <CLI/CLI.hpp>
+#include <fmt/format.h>
 
+#include <CLI/CLI.hpp>
 #include <cmath>
+#include <limits>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "core/error.h"
-
+#include "core/log.h"
+#include "core/mapped_file.h"
+#include "core/topology.h"
 #include "engine/engine.h"
 #include "engine/sampling.h"
 #include "model/model.h"
@@ -18,11 +22,31 @@
 namespace tandem::tools {
 
 // --threads: ThreadingOptions::n_threads, the threads that compute with the caller counted, as
-// llama.cpp's -t (the pool gets one worker fewer).
+// llama.cpp's -t (the pool gets one worker fewer). More than the hardware threads this process
+// may use only makes threads preempt one another (and 10,000 of them exhaust memory): such a
+// count is clamped, with a warning.
 inline CLI::Option* add_threads_option(CLI::App& app, int* threads) {
-  return app.add_option("--threads", *threads,
-                        "threads that compute, the calling one included (default: one per "
-                        "physical core)");
+  return app
+      .add_option("--threads", *threads,
+                  "threads that compute, the calling one included (default: one per "
+                  "physical core)")
+      ->transform(CLI::Validator(
+          [](std::string& text) -> std::string {
+            int64_t n = 0;
+            if (!CLI::detail::lexical_cast(text, n) || n < 0) {
+              return fmt::format("{} is not a thread count (0: one per physical core)", text);
+            }
+            const int cpus = allowed_cpu_count();
+            if (n > cpus) {
+              log_warn(
+                  "--threads {}: more than the {} hardware threads this process may use; "
+                  "using {}",
+                  text, cpus, cpus);
+              text = std::to_string(cpus);
+            }
+            return {};
+          },
+          ""));
 }
 
 // --mla: how DeepSeek (MLA) models attend (MlaMode); parse with parse_mla_mode.
@@ -42,6 +66,22 @@ inline CLI::Option* add_cache_type_option(CLI::App& app, std::string* type) {
                         "(half the memory, 11 significant bits, F32 arithmetic) | q8_0 (int8 in "
                         "blocks of 32 with an F32 scale: 28% of the memory, F32 arithmetic)")
       ->capture_default_str();
+}
+
+// A number in [lo, hi] (CLI::Range's message prints DBL_MAX in full). main() refuses NaN,
+// infinities and out-of-range integers in every numeric option before this runs.
+inline CLI::Validator number_in(double lo, double hi = std::numeric_limits<double>::max()) {
+  return CLI::Validator(
+      [lo, hi](std::string& text) -> std::string {
+        double v = 0;
+        if (!CLI::detail::lexical_cast(text, v)) return {};  // CLI11's conversion error
+        if (!std::isfinite(v)) return fmt::format("{} is not a finite number", text);
+        if (v >= lo && v <= hi) return {};
+        if (hi == std::numeric_limits<double>::max())
+          return fmt::format("{} is below {}", text, lo);
+        return fmt::format("{} is not in [{}, {}]", text, lo, hi);
+      },
+      "");
 }
 
 // "ID+BIAS" / "ID-BIAS" (llama.cpp's --logit-bias; "-inf" bans the token). Error naming the flag
@@ -68,25 +108,35 @@ inline std::pair<int32_t, float> parse_logit_bias(const std::string& item) {
 }
 
 inline void add_sampling_options(CLI::App& app, SamplingParams* p) {
-  app.add_option("--temp", p->temperature, "temperature; 0 = greedy")->capture_default_str();
-  app.add_option("--top-k", p->top_k, "keep the k most likely tokens (0 = off)")
+  app.add_option("--temp", p->temperature, "temperature; 0 = greedy")
+      ->check(number_in(0))
       ->capture_default_str();
-  app.add_option("--top-p", p->top_p, "nucleus sampling mass (1 = off)")->capture_default_str();
+  app.add_option("--top-k", p->top_k, "keep the k most likely tokens (0 = off)")
+      ->check(number_in(0))
+      ->capture_default_str();
+  app.add_option("--top-p", p->top_p, "nucleus sampling mass (1 = off)")
+      ->check(number_in(0, 1))
+      ->capture_default_str();
   app.add_option("--min-p", p->min_p, "drop tokens below min-p * p_max (0 = off)")
+      ->check(number_in(0, 1))
       ->capture_default_str();
   app.add_option("--seed", p->seed, "sampler seed")->capture_default_str();
   app.add_option("--repeat-penalty", p->repeat_penalty,
                  "divide a repeated token's positive logit by this (multiply a negative one; "
                  "1 = off)")
+      ->check(number_in(1e-6))
       ->capture_default_str();
   app.add_option("--presence-penalty", p->presence_penalty,
                  "subtract this from a repeated token's logit (0 = off)")
+      ->check(number_in(-2, 2))
       ->capture_default_str();
   app.add_option("--frequency-penalty", p->frequency_penalty,
                  "subtract this per earlier occurrence from a token's logit (0 = off)")
+      ->check(number_in(-2, 2))
       ->capture_default_str();
   app.add_option("--repeat-last-n", p->penalty_last_n,
                  "the penalties look at the last N tokens (-1 = all, 0 = off)")
+      ->check(number_in(-1))
       ->capture_default_str();
   app.add_option_function<std::vector<std::string>>(
          "--logit-bias",

@@ -13,7 +13,8 @@ repo="$(cd "$(dirname "$0")/../.." && pwd)"
 seconds="${1:-60}"
 shift || true
 targets=("$@")
-[[ ${#targets[@]} -eq 0 ]] && targets=(gguf safetensors safetensors_index hf_config)
+[[ ${#targets[@]} -eq 0 ]] &&
+  targets=(gguf safetensors safetensors_index hf_config jinja trace residuals placement)
 build="${TANDEM_FUZZ_BUILD:-$repo/build-fuzz}"
 jobs="${TANDEM_FUZZ_JOBS:-1}"
 flags="-fsanitize=address,undefined,fuzzer-no-link -fno-sanitize-recover=undefined -g -O1"
@@ -41,6 +42,8 @@ for t in "${targets[@]}"; do
   echo "== $t: fuzzing for ${seconds}s"
   dirs=("$corpus")
   [[ -d "$seeds" ]] && dirs+=("$seeds")
+  # The chat templates of real models seed the Jinja target.
+  [[ $t == jinja ]] && dirs+=("$repo/tests/data/templates")
   ASAN_OPTIONS=detect_leaks=1 "$build/tests/fuzz/fuzz_$t" "${limits[@]}" \
     -max_total_time="$seconds" -print_final_stats=1 -print_funcs=0 \
     -artifact_prefix="$artifacts" "${dirs[@]}" \

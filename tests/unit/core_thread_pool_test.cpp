@@ -1,9 +1,13 @@
 #include <gtest/gtest.h>
 #include <sched.h>
+#include <sys/resource.h>
 
 #include <atomic>
+#include <cstdlib>
+#include <fstream>
 #include <set>
 #include <stdexcept>
+#include <string>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -309,6 +313,37 @@ TEST(ThreadingContext, TheCallerIsOneOfTheThreads) {
     }
     expect_each_task_once(ctx.pool(), 100);
   }
+}
+
+// A thread that cannot be created (no address space for its stack here; a thread limit
+// elsewhere) is an Error naming the thread, not std::terminate (issue 56: --threads 400 under a
+// memory limit aborted). Run in a child process, which lowers its own limit: exit code 0 when
+// the pool threw the Error.
+[[noreturn]] void start_200_threads_in_little_memory() {
+  std::ifstream status("/proc/self/status");
+  std::string key;
+  uint64_t vm_kib = 0;
+  while (status >> key) {
+    if (key == "VmSize:") {
+      status >> vm_kib;
+      break;
+    }
+  }
+  // Room for a few 8 MiB stacks, not for 200.
+  const rlimit limit{(vm_kib << 10) + (uint64_t{64} << 20), RLIM_INFINITY};
+  if (vm_kib == 0 || setrlimit(RLIMIT_AS, &limit) != 0) std::_Exit(3);
+  try {
+    ThreadPool pool(std::vector<WorkerPlacement>(200), ThreadPoolOptions{false, 20, 0});
+    std::_Exit(2);  // every thread started: the limit did not bite
+  } catch (const Error& e) {
+    const bool named =
+        std::string(e.what()).find("cannot start worker thread") != std::string::npos;
+    std::_Exit(named && e.kind() == ErrorKind::kResource ? 0 : 4);
+  }
+}
+
+TEST(ThreadPool, AFailedThreadCreationIsAnError) {
+  EXPECT_EXIT(start_200_threads_in_little_memory(), ::testing::ExitedWithCode(0), "");
 }
 
 TEST(ThreadingContext, NegativeThreadCountIsRejected) {

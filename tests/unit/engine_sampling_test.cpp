@@ -69,6 +69,7 @@ TEST(Sampling, SeededAndValidated) {
   for (const auto& [bad, flag] : std::vector<std::pair<SamplingParams, std::string>>{
            {params(NAN, 0, 1.0f, 0.0f, 0), "--temp"},
            {params(-1.0f, 0, 1.0f, 0.0f, 0), "--temp"},
+           {params(INFINITY, 0, 1.0f, 0.0f, 0), "--temp"},
            {params(1.0f, 0, NAN, 0.0f, 0), "--top-p"},
            {params(1.0f, 0, 1.0f, NAN, 0), "--min-p"}}) {
     try {
@@ -122,6 +123,28 @@ TEST(Sampling, BiasesAndPenaltiesFollowTheirFormulas) {
   SamplingParams q;
   q.repeat_penalty = 2.0f;
   EXPECT_EQ(Sampler(q).sample(neg, 2, std::vector<int32_t>{0}), 1);
+}
+
+// A NaN or +inf logit (corrupt weights) is reported, not turned into token 0 by argmax or into a
+// broken sort by the sampling path. -inf (a masked token) is a logit like any.
+TEST(Sampling, NonFiniteLogitsAreReported) {
+  std::vector<float> logits = {0.5f, 2.0f, -INFINITY, 1.0f};
+  EXPECT_EQ(argmax_token(logits.data(), 4), 1);
+  Sampler greedy(SamplingParams{});
+  Sampler drawn(params(1.0f, 0, 1.0f, 0.0f, 3));
+  EXPECT_NE(drawn.sample(logits.data(), 4), 2);
+  for (const float bad : {std::nanf(""), INFINITY}) {
+    logits[3] = bad;
+    for (Sampler* s : {&greedy, &drawn}) {
+      try {
+        s->sample(logits.data(), 4);
+        ADD_FAILURE() << "no error for " << bad;
+      } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find("non-finite logit"), std::string::npos) << e.what();
+        EXPECT_NE(std::string(e.what()).find("token 3"), std::string::npos) << e.what();
+      }
+    }
+  }
 }
 
 }  // namespace

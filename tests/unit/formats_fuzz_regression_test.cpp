@@ -1,4 +1,5 @@
-// Replays the fuzzing corpora through the parsers in the normal (GCC) build: every seed in
+// Replays the fuzzing corpora through the parsers in the normal (GCC) build (the model-file
+// formats, chat templates, routing traces, residual files, placement rules): every seed in
 // tests/data/fuzz/<target>/ is a valid file and must parse; every input a fuzzer once crashed on
 // (tests/data/fuzz/regressions/<target>/) must now either parse or throw tandem::Error.
 #include <gtest/gtest.h>
@@ -8,9 +9,13 @@
 #include <functional>
 
 #include "core/error.h"
+#include "engine/chat_template.h"
 #include "formats/gguf.h"
 #include "formats/model_config.h"
 #include "formats/safetensors.h"
+#include "runtime/calibrate.h"
+#include "runtime/placement.h"
+#include "runtime/trace.h"
 #include "tests/test_util.h"
 
 namespace tandem {
@@ -43,6 +48,26 @@ const std::vector<std::pair<std::string, Parser>>& targets() {
                                const std::string& b) { SafetensorsModel::parse_index(name, b); }},
       {"hf_config", [](const std::string& name,
                        const std::string& b) { (void)config_from_hf_json_text(b, name); }},
+      {"jinja",
+       [](const std::string& name, const std::string& b) {
+         const jinja::Json messages = jinja::Json::parse(
+             R"([{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}])");
+         (void)ChatTemplate(b, name).render(messages, nullptr, true, "<s>", "</s>");
+       }},
+      {"trace",
+       [](const std::string& name, const std::string& b) {
+         (void)rt::expert_counts(
+             rt::parse_trace(name, reinterpret_cast<const uint8_t*>(b.data()), b.size()));
+       }},
+      {"residuals", [](const std::string& name,
+                       const std::string& b) { (void)rt::ResidualVectors::parse(b, name); }},
+      {"placement",
+       [](const std::string& name, const std::string& b) {
+         LoadedModel skeleton;  // as the fuzzer: a dense layer, then MoE layers
+         skeleton.layers.resize(4);
+         for (size_t l = 1; l < 4; ++l) skeleton.layers[l].moe = true;
+         (void)rt::resolve_placement(skeleton, rt::parse_placement_rules(b, name), true, "native");
+       }},
   };
   return kTargets;
 }

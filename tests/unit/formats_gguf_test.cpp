@@ -471,6 +471,39 @@ TEST(GgufFile, TensorInfoErrors) {
   expect_error(b, ErrorKind::kFormat, {"duplicate tensor 'alpha'"});
 }
 
+// Writers pad every tensor to the alignment, the last one too: more bytes after it means the
+// data section does not start where general.alignment puts it (issue 56: alignment 1 on
+// 32-byte-padded data read every tensor shifted).
+TEST(GgufFile, DataMustStartWhereTheAlignmentSaysIt) {
+  test::TempDir dir("gguf");
+  GgufWriter w(dir / "a.gguf");
+  w.set("general.alignment", GgufValue::u32(32));
+  w.add_tensor("alpha", DType::kF32, {8}, nullptr);
+  w.add_tensor("beta_", DType::kF32, {3}, nullptr);  // 12 bytes, padded to 32
+  auto b = write_and_read(w, dir / "a.gguf");
+  ASSERT_NO_THROW(GgufFile::parse("bad.gguf", b.data(), b.size()));
+  poke<uint32_t>(b, find_bytes(b, "general.alignment") + 21, 1);
+  expect_error(b, ErrorKind::kFormat, {"follow the last tensor ('beta_')", "alignment 1"});
+  b.resize(b.size() + 32);  // trailing bytes at the right alignment
+  poke<uint32_t>(b, find_bytes(b, "general.alignment") + 21, 32);
+  expect_error(b, ErrorKind::kFormat, {"52 bytes follow the last tensor"});
+}
+
+// Keys and tensor names appear in every message: control characters in them are refused, and
+// printed escaped (issue 56: ANSI escape sequences reached the terminal).
+TEST(GgufFile, NamesWithControlCharactersAreRefused) {
+  test::TempDir dir("gguf");
+  GgufWriter w(dir / "k.gguf");
+  w.set("evil\x1b[2Jkey", GgufValue::u8(1));
+  auto b = write_and_read(w, dir / "k.gguf");
+  expect_error(b, ErrorKind::kFormat, {"key 'evil\\x1b[2Jkey' holds control characters"});
+  GgufWriter t(dir / "t.gguf");
+  t.add_tensor("a\nb", DType::kF32, {8}, nullptr);
+  b = write_and_read(t, dir / "t.gguf");
+  expect_error(b, ErrorKind::kFormat, {"tensor name 'a\\nb' holds control characters"});
+  EXPECT_EQ(GgufValue::string(std::string("x\0\x1b\n", 4)).to_string(), "\"x\\x00\\x1b\\n\"");
+}
+
 TEST(GgufFile, MissingFileIsAnIoError) {
   try {
     GgufFile::open("/nonexistent/dir/model.gguf");

@@ -279,6 +279,23 @@ TEST(SafetensorsModel, HeaderErrors) {
                {"nested"});
 }
 
+// The format's rule that the tensors fill the data section, no holes and nothing after: a header
+// length one byte short (the data read shifted into the JSON's padding) parsed and gave garbage
+// (issue 56).
+TEST(SafetensorsModel, TensorsMustFillTheDataSection) {
+  const std::string ok = R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})";
+  std::string shifted = image(ok + "   ", 8);
+  const uint64_t short_by_one = ok.size() + 2;
+  std::memcpy(shifted.data(), &short_by_one, 8);
+  expect_error(shifted, ErrorKind::kFormat, {"fill 8 bytes of the 9-byte data section"});
+  expect_error(image(ok, 12), ErrorKind::kFormat, {"fill 8 bytes of the 12-byte data section"});
+  const std::string b812 = R"("b":{"dtype":"I32","shape":[1],"data_offsets":[12,16]})";
+  expect_error(image("{" + std::string(R"("a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]})") +
+                         "," + b812 + "}",
+                     16),
+               ErrorKind::kFormat, {"tensor 'b'", "begin at 12", "ends at 8"});
+}
+
 TEST(SafetensorsWriter, RejectsBadTensors) {
   test::TempDir dir("st");
   SafetensorsWriter w(dir.path());

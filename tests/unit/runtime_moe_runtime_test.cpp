@@ -5,6 +5,8 @@
 #include <string>
 
 #include "core/error.h"
+#include "core/thread_pool.h"
+#include "model/weights.h"
 #include "runtime/moe_runtime.h"
 #include "tests/test_util.h"
 
@@ -115,6 +117,34 @@ TEST(CpuExpertsAuto, FactsOfARealFile) {
   EXPECT_NE(r.cpu_experts, "auto");
   EXPECT_EQ(r.cpu_experts, resolve_cpu_experts(BackendOptions{}, f));
   EXPECT_FALSE(r.cpu_experts_why.empty());
+}
+
+// Flags checked against the model before anything is built (issue 56): more pinned experts than
+// the model has, and an accelerator for a model without MoE layers (an internal check failed).
+TEST(MoeRuntime, FlagsAreCheckedAgainstTheModel) {
+  LoadedModel lm = load_model(test::data_path("golden/deepseek3.gguf"));
+  ThreadingContext threading(ThreadingOptions{1, false, 20});
+  auto error_of = [&](const BackendOptions& o) {
+    try {
+      MoeRuntime moe(lm, o, threading);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("(no error)");
+  };
+  BackendOptions o;
+  o.cpu_experts = "native";
+  o.accel = "host";
+  o.gpu_experts = 100000;
+  EXPECT_NE(error_of(o).find("--gpu-experts 100000: the model has"), std::string::npos)
+      << error_of(o);
+  o.gpu_experts = 0;
+  o.link = "0.000001";
+  EXPECT_NE(error_of(o).find("--link '0.000001'"), std::string::npos) << error_of(o);
+  o.link = "pcie4";
+  for (LayerWeights& l : lm.layers) l.moe = false;
+  EXPECT_NE(error_of(o).find("--accel host: "), std::string::npos) << error_of(o);
+  EXPECT_NE(error_of(o).find("has no MoE layer"), std::string::npos) << error_of(o);
 }
 
 }  // namespace

@@ -117,5 +117,42 @@ TEST(Placement, DefaultsAndFirstMatchWins) {
   EXPECT_EQ(none.find("lm_head")->device, rt::Where::kCpu);
 }
 
+// A rules file is user input: its regexes are compiled and matched by PCRE2 with bounds (issue
+// 56: std::regex overflowed the stack on a long or deeply nested pattern and never returned from
+// an exponential one), and a key that is no scalar is a message, not yaml-cpp's bare exception.
+TEST(Placement, RegexesAndKeysAreBounded) {
+  const std::string long_pattern = "- match: {name: '" + std::string(100000, 'a') + "'}\n";
+  EXPECT_NE(
+      error_of(long_pattern).find("r.yaml:1: match.name is 100000 bytes long, more than 1024"),
+      std::string::npos)
+      << error_of(long_pattern);
+  const std::string nested =
+      "- match: {name: '" + std::string(500, '(') + "a" + std::string(500, ')') + "'}\n";
+  EXPECT_NE(error_of(nested).find("parentheses are too deeply nested"), std::string::npos)
+      << error_of(nested);
+  EXPECT_NE(error_of("- match: {{a: b}: experts}\n").find("r.yaml:1: bad YAML"), std::string::npos)
+      << error_of("- match: {{a: b}: experts}\n");
+  EXPECT_NE(error_of("- {[1]: 2}\n").find("r.yaml:1: bad YAML"), std::string::npos);
+
+  const LoadedModel lm = load_model(test::data_path("golden/deepseek3.gguf"));
+  const auto slow = rt::parse_placement_rules("- match: {name: '(.*.*.*.*)*[XYZ]'}\n", "s.yaml");
+  try {
+    rt::resolve_placement(lm, slow, true, "native");
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("s.yaml:1: match.name '(.*.*.*.*)*[XYZ]' on 'layers."),
+              std::string::npos)
+        << e.what();
+    EXPECT_NE(std::string(e.what()).find("match limit exceeded"), std::string::npos) << e.what();
+  }
+  // Whole-name matches, as before: a pattern matching a prefix only does not apply.
+  const auto prefix = rt::parse_placement_rules(
+      "- match: {name: 'layers\\.1'}\n"
+      "  device: cpu\n",
+      "p.yaml");
+  EXPECT_EQ(rt::resolve_placement(lm, prefix, true, "native").find("layers.1.attention")->rule,
+            "default");
+}
+
 }  // namespace
 }  // namespace tandem

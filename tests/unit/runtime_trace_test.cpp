@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "runtime/calibrate.h"
 #include "runtime/trace.h"
 #include "runtime/trace_synth.h"
 #include "tests/test_util.h"
@@ -110,6 +111,79 @@ TEST(RuntimeTrace, RejectsCorruptFiles) {
   write(bad);
   EXPECT_THROW(read_trace(dir / "b.trace"), Error);
   EXPECT_THROW(read_trace(dir / "missing.trace"), Error);
+}
+
+// Issue 56: a 40-byte header claiming 4096 layers x 65536 experts x top-k 65536 and no records
+// passed, and `sim` sized gigabytes of tables from it. Dimensions are bounded together now, and a
+// trace without records is refused.
+TEST(RuntimeTrace, HeadersAreBoundedBeforeAnythingIsSized) {
+  const std::filesystem::path path = test::data_path("hostile/huge_header.trace");
+  try {
+    read_trace(path);
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("4096 MoE layers x 65536 experts is more than"),
+              std::string::npos)
+        << e.what();
+  }
+  test::TempDir dir("trace");
+  Trace empty = small_trace(16);
+  empty.token.clear();
+  empty.phase.clear();
+  empty.batch.clear();
+  empty.ids.clear();
+  empty.weights.clear();
+  empty.scores.clear();
+  empty.gate_pred.clear();
+  write_trace(empty, dir / "e.trace");
+  try {
+    read_trace(dir / "e.trace");
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("no records"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(read_trace(dir.path()), Error);  // a directory
+}
+
+// Residual vectors (`tandem calibrate`): every key checked by name; layer indices ascend and stay
+// within a model's reach (issue 56: layer 999 of a 27-layer model was accepted).
+TEST(RuntimeTrace, ResidualFilesNameTheKeyAtFault) {
+  const std::string good =
+      R"({"format": "tandem-residuals", "hidden_size": 2, "moe_layers": [1, 2],)"
+      R"( "tokens": 5, "vectors": [[0.5, -1]]})";
+  const ResidualVectors r = ResidualVectors::parse(good, "r.json");
+  EXPECT_EQ(r.layers, (std::vector<int64_t>{1, 2}));
+  EXPECT_EQ(r.vectors[0], (std::vector<float>{0.5f, -1.f}));
+  auto error_of = [](const std::string& text) {
+    try {
+      ResidualVectors::parse(text, "r.json");
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("(no error)");
+  };
+  struct Case {
+    std::string text, message;
+  };
+  for (const Case& c : {
+           Case{"null", "r.json: not a JSON object"},
+           Case{"[1]", "r.json: not a JSON object"},
+           Case{R"({"format": "x"})", "key 'format'"},
+           Case{R"({"format": "tandem-residuals", "hidden_size": "2"})", "key 'hidden_size'"},
+           Case{R"({"format": "tandem-residuals", "hidden_size": 2, "moe_layers": [1, 999999]})",
+                "key 'moe_layers[1]'"},
+           Case{R"({"format": "tandem-residuals", "hidden_size": 2, "moe_layers": [2, 1]})",
+                "key 'moe_layers[1]'"},
+           Case{R"({"format": "tandem-residuals", "hidden_size": 2, "moe_layers": [1, 2],)"
+                R"( "vectors": [[1]]})",
+                "key 'vectors[0]'"},
+           Case{R"({"format": "tandem-residuals", "hidden_size": 2, "moe_layers": [1, 2],)"
+                R"( "vectors": [[1, "x"]]})",
+                "key 'vectors[0][1]'"},
+       }) {
+    EXPECT_NE(error_of(c.text).find(c.message), std::string::npos) << c.text << "\n"
+                                                                   << error_of(c.text);
+  }
 }
 
 // The demo's raw arrays read directly, per FORMAT.md, against what the importer built.

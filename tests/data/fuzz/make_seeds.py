@@ -122,8 +122,54 @@ def seeds_hf_config():
         shutil.copyfile(os.path.join(GOLDEN, model + "-hf", "config.json"), os.path.join(d, model + ".json"))
 
 
+# --- routing traces (docs/traces.md, runtime/trace.cpp) ---
+SCORES, GATE_PRED, RESIDUAL_PRED, F16, IDS16 = 1, 2, 4, 8, 16
+
+
+def trace(flags, n_layers, n_experts, top_k, records, model="seed"):
+    """records: [(token, batch, phase)]; ids / weights / scores made up from the indices."""
+    name = model.encode()
+    out = b"TDTRACE1" + struct.pack("<IIIIIQI", 1, flags, n_layers, n_experts, top_k, len(records),
+                                    len(name)) + name
+    fl = "e" if flags & F16 else "f"
+    for r, (token, batch, phase) in enumerate(records):
+        out += struct.pack("<iiB3x", token, batch, phase)
+        ids = [(r + l + i * 3) % n_experts for l in range(n_layers) for i in range(top_k)]
+        out += struct.pack("<%d%s" % (len(ids), "H" if flags & IDS16 else "B"), *ids)
+        out += struct.pack("<%d%s" % (len(ids), fl), *[1.0 / (i + 1) for i in range(len(ids))])
+        for f in (SCORES, GATE_PRED, RESIDUAL_PRED):
+            if flags & f:
+                le = n_layers * n_experts
+                out += struct.pack("<%d%s" % (le, fl), *[(e % 7) / 7 for e in range(le)])
+    return out
+
+
+def seeds_trace():
+    recs = [(0, 0, 0), (1, 0, 0), (2, 0, 0), (3, 1, 1), (4, 2, 1)]
+    write("trace", "plain.trace", trace(0, 2, 8, 2, recs))
+    write("trace", "scores.trace", trace(SCORES | GATE_PRED | RESIDUAL_PRED, 3, 4, 1, recs))
+    write("trace", "f16_ids16.trace", trace(F16 | IDS16 | SCORES, 1, 300, 4, recs[:2]))
+
+
+def seeds_residuals():
+    write("residuals", "r.json", json.dumps(
+        {"format": "tandem-residuals", "version": 1, "model": "m", "hidden_size": 3,
+         "moe_layers": [1, 2, 4], "tokens": 12, "vectors": [[0.5, -1, 2], [0, 0.25, -3.5]]}))
+
+
+def seeds_placement():
+    write("placement", "rules.yaml", "# pin layer 1's experts, the rest of the MoE on the CPU\n"
+          "- match:\n    name: 'layers\\.1\\.experts'\n  device: accel\n  op: fused\n"
+          "- match: {module: moe}\n  device: cpu\n  cpu_experts: int4\n"
+          "- match: {name: '(embed|lm_head)', module: embedding}\n  dtype: bf16\n")
+    write("placement", "empty.yaml", "")
+
+
 if __name__ == "__main__":
     seeds_gguf()
     seeds_safetensors()
     seeds_index()
     seeds_hf_config()
+    seeds_trace()
+    seeds_residuals()
+    seeds_placement()
