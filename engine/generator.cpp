@@ -449,19 +449,28 @@ std::vector<GenerateEvent> Generator::step() {
     if (last == nullptr || r.fed < static_cast<int64_t>(r.tokens.size())) continue;
     // The prompt (or the last token) is in: the completions sharing the prompt start now, each
     // from a fork of this sequence and its own draw from these logits.
+    // (A sampling error -- non-finite logits -- ends that request alone.)
     for (Request* s : r.siblings) {
       if (s->state != Request::State::kSibling) continue;  // (cancelled)
       s->seq = cache_.fork(r.seq);
       s->fed = r.fed;
       s->cached = r.cached;
-      sample(*s, last, &events);
+      try {
+        sample(*s, last, &events);
+      } catch (const Error& e) {
+        finish(*s, FinishReason::kError, &events, e.what());
+      }
     }
     r.siblings.clear();
     if (r.params.max_tokens == 0) {
       finish(r, FinishReason::kLength, &events);
       continue;
     }
-    sample(r, last, &events);
+    try {
+      sample(r, last, &events);
+    } catch (const Error& e) {
+      finish(r, FinishReason::kError, &events, e.what());
+    }
   }
   return events;
 }

@@ -1,8 +1,7 @@
-// Hostile input through the real binary (issue 56, docs/hostile-input.md): each input here once
-// crashed tandem, hung it, took all its memory or gave silent garbage. Now each is refused with one
-// line naming the file, key or flag (exit code 1), or handled (clamped, written through). The
-// commands that misbehaved run under a memory limit and a timeout, so that a regression fails the
-// test instead of the machine.
+// Hostile input through the real binary (docs/hostile-input.md): inputs that could crash tandem,
+// hang it, take all its memory or give silent garbage. Each is refused with one line naming the
+// file, key or flag (exit code 1), or handled (clamped, written through). The commands run under
+// a memory limit and a timeout, so that a regression fails the test instead of the machine.
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
@@ -284,6 +283,23 @@ TEST(Hostile, ConfigAndWeightsMustAgree) {
     EXPECT_EQ(r.exit_code, 1) << c.name << "\n" << r.err << r.out;
     EXPECT_NE(r.err.find(c.message), std::string::npos) << c.name << ": " << r.err;
   }
+}
+
+// A context past the model's trained positions is a warning; one past the memory is an error
+// before anything is allocated (not gigabytes touched); a negative one names the flag.
+TEST(Hostile, ContextSizesAreChecked) {
+  const std::string base = "run -m " + tiny_model().string() + " --tokens 1,2,3 -n 2 --threads 2";
+  test::CommandResult r = test::run_tandem(base + " --ctx 8192", "", kLimits);
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.err.find("--ctx 8192 is past the 4096 positions the model was trained for"),
+            std::string::npos)
+      << r.err;
+  r = test::run_tandem(base + " --ctx 100000000000", "", kLimits);
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_NE(error_line(r.err).find("GiB"), std::string::npos) << r.err;
+  r = test::run_tandem(base + " --ctx -5", "", kLimits);
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_NE(error_line(r.err).find("--ctx"), std::string::npos) << r.err;
 }
 
 // Item 9: --link 0.000001 (GB/s) emulated a link on which one expert's copy takes days.

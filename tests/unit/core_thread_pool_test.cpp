@@ -316,9 +316,9 @@ TEST(ThreadingContext, TheCallerIsOneOfTheThreads) {
 }
 
 // A thread that cannot be created (no address space for its stack here; a thread limit
-// elsewhere) is an Error naming the thread, not std::terminate (issue 56: --threads 400 under a
-// memory limit aborted). Run in a child process, which lowers its own limit: exit code 0 when
-// the pool threw the Error.
+// elsewhere) is an Error naming the thread, not std::terminate (--threads 400 under a memory
+// limit). Run in a child process, which lowers its own limit: exit code 0 when the pool threw the
+// Error.
 [[noreturn]] void start_200_threads_in_little_memory() {
   std::ifstream status("/proc/self/status");
   std::string key;

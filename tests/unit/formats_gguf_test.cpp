@@ -472,8 +472,8 @@ TEST(GgufFile, TensorInfoErrors) {
 }
 
 // Writers pad every tensor to the alignment, the last one too: more bytes after it means the
-// data section does not start where general.alignment puts it (issue 56: alignment 1 on
-// 32-byte-padded data read every tensor shifted).
+// data section does not start where general.alignment puts it (alignment 1 on 32-byte-padded
+// data would read every tensor shifted).
 TEST(GgufFile, DataMustStartWhereTheAlignmentSaysIt) {
   test::TempDir dir("gguf");
   GgufWriter w(dir / "a.gguf");
@@ -490,7 +490,7 @@ TEST(GgufFile, DataMustStartWhereTheAlignmentSaysIt) {
 }
 
 // Keys and tensor names appear in every message: control characters in them are refused, and
-// printed escaped (issue 56: ANSI escape sequences reached the terminal).
+// printed escaped (ANSI escape sequences must not reach the terminal).
 TEST(GgufFile, NamesWithControlCharactersAreRefused) {
   test::TempDir dir("gguf");
   GgufWriter w(dir / "k.gguf");

@@ -280,8 +280,8 @@ TEST(SafetensorsModel, HeaderErrors) {
 }
 
 // The format's rule that the tensors fill the data section, no holes and nothing after: a header
-// length one byte short (the data read shifted into the JSON's padding) parsed and gave garbage
-// (issue 56).
+// length one byte short (the data read shifted into the JSON's padding) must not parse into
+// garbage.
 TEST(SafetensorsModel, TensorsMustFillTheDataSection) {
   const std::string ok = R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]}})";
   std::string shifted = image(ok + "   ", 8);

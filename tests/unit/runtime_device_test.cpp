@@ -41,7 +41,7 @@ TEST(RuntimeLink, Numbers) {
 }
 
 TEST(RuntimeLink, BadTextNamesIt) {
-  // ... and figures no link has (issue 56: 1e-6 GB/s emulated copies that took days).
+  // ... and figures no link has (1e-6 GB/s: emulated copies that would take days).
   for (const char* bad :
        {"", "pcie9", "abc", "-3", "10,", "10,x", "1e999", "0.000001", "1e9", "10,1e12"}) {
     try {

@@ -119,8 +119,8 @@ TEST(CpuExpertsAuto, FactsOfARealFile) {
   EXPECT_FALSE(r.cpu_experts_why.empty());
 }
 
-// Flags checked against the model before anything is built (issue 56): more pinned experts than
-// the model has, and an accelerator for a model without MoE layers (an internal check failed).
+// Flags checked against the model before anything is built: more pinned experts than the model
+// has, and an accelerator for a model without MoE layers (a message, not an internal check).
 TEST(MoeRuntime, FlagsAreCheckedAgainstTheModel) {
   LoadedModel lm = load_model(test::data_path("golden/deepseek3.gguf"));
   ThreadingContext threading(ThreadingOptions{1, false, 20});

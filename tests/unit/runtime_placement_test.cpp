@@ -117,9 +117,9 @@ TEST(Placement, DefaultsAndFirstMatchWins) {
   EXPECT_EQ(none.find("lm_head")->device, rt::Where::kCpu);
 }
 
-// A rules file is user input: its regexes are compiled and matched by PCRE2 with bounds (issue
-// 56: std::regex overflowed the stack on a long or deeply nested pattern and never returned from
-// an exponential one), and a key that is no scalar is a message, not yaml-cpp's bare exception.
+// A rules file is user input: its regexes are compiled and matched by PCRE2 with bounds (a long or
+// deeply nested pattern must not overflow the stack, an exponential one must return), and a key
+// that is no scalar is a message, not yaml-cpp's bare exception.
 TEST(Placement, RegexesAndKeysAreBounded) {
   const std::string long_pattern = "- match: {name: '" + std::string(100000, 'a') + "'}\n";
   EXPECT_NE(

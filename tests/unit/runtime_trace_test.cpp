@@ -113,9 +113,9 @@ TEST(RuntimeTrace, RejectsCorruptFiles) {
   EXPECT_THROW(read_trace(dir / "missing.trace"), Error);
 }
 
-// Issue 56: a 40-byte header claiming 4096 layers x 65536 experts x top-k 65536 and no records
-// passed, and `sim` sized gigabytes of tables from it. Dimensions are bounded together now, and a
-// trace without records is refused.
+// A 40-byte header claiming 4096 layers x 65536 experts x top-k 65536 and no records must not make
+// `sim` size gigabytes of tables: dimensions are bounded together, and a trace without records is
+// refused.
 TEST(RuntimeTrace, HeadersAreBoundedBeforeAnythingIsSized) {
   const std::filesystem::path path = test::data_path("hostile/huge_header.trace");
   try {
@@ -146,7 +146,7 @@ TEST(RuntimeTrace, HeadersAreBoundedBeforeAnythingIsSized) {
 }
 
 // Residual vectors (`tandem calibrate`): every key checked by name; layer indices ascend and stay
-// within a model's reach (issue 56: layer 999 of a 27-layer model was accepted).
+// within a model's reach (layer 999 of a 27-layer model is refused).
 TEST(RuntimeTrace, ResidualFilesNameTheKeyAtFault) {
   const std::string good =
       R"({"format": "tandem-residuals", "hidden_size": 2, "moe_layers": [1, 2],)"
