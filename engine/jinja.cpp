@@ -506,22 +506,50 @@ Value Interpreter::binary(const Expr& e, Frames& f) {
   bool ints = a.kind != Value::Kind::kFloat && b.kind != Value::Kind::kFloat;
   int64_t x = a.kind == Value::Kind::kBool ? a.b : a.i, y = b.kind == Value::Kind::kBool ? b.b : b.i;
   double dx = a.as_double(), dy = b.as_double();
-  if (op == "+") return ints ? Value::integer(x + y) : Value::number(dx + dy);
-  if (op == "-") return ints ? Value::integer(x - y) : Value::number(dx - dy);
-  if (op == "*") return ints ? Value::integer(x * y) : Value::number(dx * dy);
-  if (op == "**") return ints && y >= 0 ? Value::integer(static_cast<int64_t>(std::pow(x, y)))
-                                        : Value::number(std::pow(dx, dy));
+  // Integers are 64-bit here (Python's are unbounded): a result past them is an error, never a
+  // wrapped or undefined value.
+  auto overflow = [&]() -> Value {
+    error(e, fmt::format("integer overflow in {} {} {}", x, op, y));
+  };
+  int64_t r = 0;
+  if (op == "+") {
+    if (!ints) return Value::number(dx + dy);
+    return __builtin_add_overflow(x, y, &r) ? overflow() : Value::integer(r);
+  }
+  if (op == "-") {
+    if (!ints) return Value::number(dx - dy);
+    return __builtin_sub_overflow(x, y, &r) ? overflow() : Value::integer(r);
+  }
+  if (op == "*") {
+    if (!ints) return Value::number(dx * dy);
+    return __builtin_mul_overflow(x, y, &r) ? overflow() : Value::integer(r);
+  }
+  if (op == "**") {
+    if (!ints || y < 0) return Value::number(std::pow(dx, dy));
+    int64_t p = 1;  // by squaring, each step checked
+    for (int64_t base = x, n = y; n > 0; n >>= 1) {
+      if ((n & 1) && __builtin_mul_overflow(p, base, &p)) return overflow();
+      if (n > 1 && __builtin_mul_overflow(base, base, &base)) return overflow();
+    }
+    return Value::integer(p);
+  }
   if (dy == 0) {
     error(e, op == "/" ? (ints ? "division by zero" : "float division by zero")
                        : ints ? "integer division or modulo by zero" : "float modulo");
   }
   if (op == "/") return Value::number(dx / dy);
   if (op == "//") {
-    if (ints) return Value::integer(static_cast<int64_t>(std::floor(static_cast<double>(x) / y)));
+    if (ints) {
+      if (x == INT64_MIN && y == -1) return overflow();
+      return Value::integer(x / y - ((x % y != 0) && ((x < 0) != (y < 0))));  // floor
+    }
     return Value::number(std::floor(dx / dy));
   }
   if (op == "%") {
-    if (ints) return Value::integer(((x % y) + y) % y);
+    if (ints) {
+      const int64_t m = y == -1 ? 0 : x % y;  // (INT64_MIN % -1 traps)
+      return Value::integer(m != 0 && (m < 0) != (y < 0) ? m + y : m);  // the divisor's sign
+    }
     return Value::number(dx - dy * std::floor(dx / dy));
   }
   error(e, fmt::format("unsupported operator '{}'", op));

@@ -137,6 +137,27 @@ TEST(JinjaLimits, NumberLiteralsOutOfRangeAreSyntaxErrors) {
   }
 }
 
+// Integers are 64-bit: arithmetic past them is an error naming the operation, never a wrapped
+// value or undefined behaviour; Python's floor division and modulo signs hold.
+TEST(JinjaLimits, IntegerArithmeticOverflowIsAnError) {
+  for (const char* t : {"{{ 120000765053 ** 3 }}", "{{ 9223372036854775807 + 1 }}",
+                        "{{ -9223372036854775807 - 2 }}", "{{ 4611686018427387904 * 2 }}",
+                        "{{ (-9223372036854775807 - 1) // -1 }}"}) {
+    try {
+      jinja::Template(t, "t").render(jinja::Value::object());
+      ADD_FAILURE() << t << " rendered";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("integer overflow"), std::string::npos) << e.what();
+    }
+  }
+  auto render = [](const std::string& t) {
+    return jinja::Template(t, "t").render(jinja::Value::object());
+  };
+  EXPECT_EQ(render("{{ 2 ** 62 }} {{ -7 // 2 }} {{ -7 % 3 }} {{ 7 % -3 }} {{ 5 % -1 }}"),
+            "4611686018427387904 -4 2 -2 0");
+  EXPECT_EQ(render("{{ 2 ** 0.5 > 1.41 }}"), "True");
+}
+
 // Every real template renders a long conversation (400 messages, 300 KB) within the budgets.
 TEST(JinjaLimits, RealTemplatesRenderLongConversations) {
   Json messages = Json::array();
