@@ -30,7 +30,7 @@ run: build
 	$(BUILD)/tandem bench -m $(DEMO) -p 128 -n 32
 
 test: build
-	cd $(BUILD) && ctest --output-on-failure -j $(JOBS) -L 'unit|model|gpu' -LE slow
+	cd $(BUILD) && ctest --output-on-failure -j $(JOBS) -L 'unit|model|gpu|server' -LE slow
 
 test-slow: build
 	cd $(BUILD) && ctest --output-on-failure -L slow

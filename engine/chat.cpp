@@ -16,18 +16,24 @@ ChatTemplate chat_template_for(const LoadedModel& model) {
   return ChatTemplate::from_hf_dir(model.path.string());
 }
 
-std::vector<TokenId> render_chat(const ChatTemplate& tmpl, const Tokenizer& tok,
-                                 const jinja::Json& messages, bool add_generation_prompt) {
+ChatPrompt render_chat_prompt(const ChatTemplate& tmpl, const Tokenizer& tok,
+                              const jinja::Json& messages, bool add_generation_prompt,
+                              const jinja::Json& tools, const jinja::Json& extra) {
   const TokenId bos = tok.bos_id(), eos = tok.eos_id();
   const std::string bos_text = bos == kNoToken ? "" : tok.token_text(bos);
   const std::string eos_text = eos == kNoToken ? "" : tok.token_text(eos);
-  const std::string text =
-      tmpl.render(messages, nullptr, add_generation_prompt, bos_text, eos_text);
-  std::vector<TokenId> ids = tok.encode(text, /*add_special=*/false, /*parse_special=*/true);
-  if (tok.add_bos() && bos != kNoToken && (ids.empty() || ids.front() != bos)) {
-    ids.insert(ids.begin(), bos);
+  ChatPrompt p;
+  p.text = tmpl.render(messages, tools, add_generation_prompt, bos_text, eos_text, extra);
+  p.ids = tok.encode(p.text, /*add_special=*/false, /*parse_special=*/true);
+  if (tok.add_bos() && bos != kNoToken && (p.ids.empty() || p.ids.front() != bos)) {
+    p.ids.insert(p.ids.begin(), bos);
   }
-  return ids;
+  return p;
+}
+
+std::vector<TokenId> render_chat(const ChatTemplate& tmpl, const Tokenizer& tok,
+                                 const jinja::Json& messages, bool add_generation_prompt) {
+  return render_chat_prompt(tmpl, tok, messages, add_generation_prompt).ids;
 }
 
 }  // namespace tandem

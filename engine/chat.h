@@ -20,4 +20,15 @@ ChatTemplate chat_template_for(const LoadedModel& model);
 std::vector<TokenId> render_chat(const ChatTemplate& tmpl, const Tokenizer& tok,
                                  const jinja::Json& messages, bool add_generation_prompt);
 
+// The rendered text and its tokens. tools: the template's `tools` (null: none); the members of
+// `extra` become further template variables (chat_template_kwargs, e.g. enable_thinking).
+struct ChatPrompt {
+  std::string text;
+  std::vector<TokenId> ids;
+};
+ChatPrompt render_chat_prompt(const ChatTemplate& tmpl, const Tokenizer& tok,
+                              const jinja::Json& messages, bool add_generation_prompt,
+                              const jinja::Json& tools = nullptr,
+                              const jinja::Json& extra = jinja::Json::object());
+
 }  // namespace tandem

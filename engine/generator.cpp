@@ -56,6 +56,13 @@ Generator::Generator(Model& model, KvCache& cache, const Tokenizer* tokenizer,
   }
 }
 
+void Generator::set_max_batch_tokens(int64_t tokens) {
+  if (tokens < 1) {
+    fail(ErrorKind::kInvalidArgument, "the batch needs at least one token, got {}", tokens);
+  }
+  options_.max_batch_tokens = tokens;
+}
+
 Generator::~Generator() {
   for (const auto& r : requests_) {
     if (r->seq >= 0 && cache_.contains(r->seq)) cache_.release(r->seq);
@@ -101,7 +108,7 @@ RequestId Generator::submit(std::vector<int32_t> prompt, GenerateParams params, 
     if (tokenizer_ != nullptr) {
       // A continuation's decoder sees the prompt first (a SentencePiece piece's leading space
       // depends on what precedes it).
-      r->text = std::make_unique<TokenStreamDecoder>(*tokenizer_);
+      r->text = std::make_unique<TokenStreamDecoder>(*tokenizer_, params.special_text);
       if (params.continues_prompt) {
         for (int32_t t : prompt) r->text->push(t);
         r->text->flush();

@@ -55,6 +55,8 @@ struct GenerateParams {
   // starts with after the prompt), or stands alone (an answer: decoded as the generated tokens
   // alone are, as Hugging Face's decode gives them).
   bool continues_prompt = true;
+  // Control tokens (a template's tool-call markers, for one) written as their text, not dropped.
+  bool special_text = false;
   // Called with the logits of prompt positions as they are computed: (first position, rows
   // [n, vocab], n). Each position once, in order. (perplexity, run --logits-out)
   std::function<void(int64_t, const float*, int64_t)> on_prompt_logits;
@@ -116,6 +118,10 @@ class Generator {
   const std::vector<int32_t>& tokens(RequestId id) const;  // prompt, then generated
   // Releases the sequences kept for their prefix.
   void clear_retained();
+  // Tokens per forward from the next step on (a server keeps decode steps within a latency
+  // target by shrinking the prompt chunks). Error(kInvalidArgument) below 1.
+  void set_max_batch_tokens(int64_t tokens);
+  int64_t max_batch_tokens() const { return options_.max_batch_tokens; }
   // The forward's logits rows of the last step (tests).
   int64_t last_batch_tokens() const { return last_batch_tokens_; }
 

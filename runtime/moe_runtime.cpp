@@ -292,4 +292,8 @@ const kern::WeightViews* MoeRuntime::weight_views() const {
   return e != nullptr && !e->other.empty() ? &e->other : nullptr;
 }
 
+const rt::HybridStats* MoeRuntime::hybrid_stats() const {
+  return impl_->hybrid ? &impl_->hybrid->stats() : nullptr;
+}
+
 }  // namespace tandem

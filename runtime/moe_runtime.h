@@ -17,6 +17,9 @@
 #include "ops/cpu/kernels.h"
 
 namespace tandem {
+namespace rt {
+struct HybridStats;
+}  // namespace rt
 
 class ThreadingContext;
 
@@ -89,6 +92,8 @@ class MoeRuntime {
   // What ModelOptions::views should point at: the non-expert matrices `--cpu-experts repack`
   // copied (CpuExperts::other); nullptr for the other formats.
   const kern::WeightViews* weight_views() const;
+  // What ran on the accelerator and what moved (nullptr without one). Read between forwards.
+  const rt::HybridStats* hybrid_stats() const;
 
  private:
   struct Impl;

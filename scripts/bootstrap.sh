@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
-# Installs the Debian 12 packages tandem's build and tests need, only when some are missing.
-# Quick (one dpkg query) when everything is present. Non-interactive; needs root or sudo to install.
+# Installs the Debian 12 packages tandem's build and tests need, only when some are missing, and
+# the server tests' npm packages. Quick when everything is present. Non-interactive; needs root
+# or sudo to install.
 set -euo pipefail
 
 packages=(
   build-essential cmake ninja-build pkg-config git
   libgtest-dev libgmock-dev libbenchmark-dev
-  libfmt-dev libcli11-dev nlohmann-json3-dev
+  libfmt-dev libcli11-dev nlohmann-json3-dev libcpp-httplib-dev
   libhwloc-dev libnuma-dev libpcre2-dev libyaml-cpp-dev
   clang libclang-rt-14-dev   # libFuzzer for the `slow` fuzz tests
+  curl                       # the server tests' command-line client
 )
 
 missing=()
@@ -18,18 +20,29 @@ for p in "${packages[@]}"; do
   fi
 done
 
-if [ ${#missing[@]} -eq 0 ]; then
-  exit 0
+# Node.js and npm for the server tests' OpenAI SDK client (any install will do: Debian's packages
+# when there is none).
+if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
+  missing+=(nodejs npm)
 fi
 
-echo "bootstrap: installing ${missing[*]}"
-sudo=""
-if [ "$(id -u)" -ne 0 ]; then
-  if command -v sudo >/dev/null 2>&1; then sudo="sudo"; else
-    echo "bootstrap: missing packages (${missing[*]}) and not root; install them and retry" >&2
-    exit 1
+if [ ${#missing[@]} -ne 0 ]; then
+  echo "bootstrap: installing ${missing[*]}"
+  sudo=""
+  if [ "$(id -u)" -ne 0 ]; then
+    if command -v sudo >/dev/null 2>&1; then sudo="sudo"; else
+      echo "bootstrap: missing packages (${missing[*]}) and not root; install them and retry" >&2
+      exit 1
+    fi
   fi
+  export DEBIAN_FRONTEND=noninteractive
+  $sudo apt-get update -qq
+  $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
-export DEBIAN_FRONTEND=noninteractive
-$sudo apt-get update -qq
-$sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
+
+# The OpenAI Node.js SDK, pinned by the lock file, into the test folder.
+node_tests="$(dirname "$0")/../tests/server/node"
+if [ ! -d "$node_tests/node_modules/openai" ]; then
+  echo "bootstrap: npm ci in tests/server/node (the OpenAI SDK for the server tests)"
+  (cd "$node_tests" && npm ci --no-audit --no-fund --loglevel=error)
+fi

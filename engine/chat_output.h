@@ -1,0 +1,83 @@
+// A chat model's answer taken apart the way its template put it together: the reasoning a
+// thinking model writes between <think> and </think>, the text for the user, and the tool calls
+// in the syntax the template renders an assistant's `tool_calls` in (each template family has its
+// own). The syntax is recognized from the template's source, so a model's output parses back into
+// what its template would render: parse(render(tool_calls)) == tool_calls.
+#pragma once
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "engine/jinja_value.h"
+
+namespace tandem {
+
+enum class ToolCallSyntax {
+  kNone,        // the template renders no tool calls
+  kHermes,      // <tool_call>\n{"name": N, "arguments": {...}}\n</tool_call> (Qwen2.5, Qwen3)
+  kQwen3Coder,  // <tool_call>\n<function=N>\n<parameter=K>\nV\n</parameter>...</tool_call>
+  kGlm,         // <tool_call>N\n<arg_key>K</arg_key>\n<arg_value>V</arg_value>...</tool_call>
+  kDeepSeekV3,  // <｜tool▁call▁begin｜>N<｜tool▁sep｜>{...}<｜tool▁call▁end｜> (V3.1)
+  kDeepSeekR1,   // <｜tool▁call▁begin｜>function<｜tool▁sep｜>N\n```json\n{...}\n```...
+  kKimi,         // <|tool_call_begin|>functions.N:I<|tool_call_argument_begin|>{...}...
+  kMistralList,  // [TOOL_CALLS][{"name": N, "arguments": {...}, "id": I}, ...] (Nemo)
+  kMistralArgs,  // [TOOL_CALLS]N[CALL_ID]I[ARGS]{...} (Small 3.2)
+  kMiniMax,      // <minimax:tool_call>\n<invoke name="N">\n<parameter name="K">V</parameter>
+};
+
+// The syntax a template renders tool calls in (kNone when it renders none).
+ToolCallSyntax tool_call_syntax(std::string_view template_source);
+const char* tool_call_syntax_name(ToolCallSyntax syntax);
+
+struct ToolCall {
+  std::string id;  // the model's id where the syntax has one, else "call_<index>"
+  std::string name;
+  std::string arguments;  // a JSON object, as text (OpenAI's `function.arguments`)
+};
+
+struct ChatOutput {
+  std::string reasoning;  // between <think> and </think>
+  std::string content;    // the rest, without the tool calls
+  std::vector<ToolCall> tool_calls;
+};
+
+// The marker a tool call starts with in this syntax ("" for kNone).
+std::string_view tool_call_start(ToolCallSyntax syntax);
+
+// Parses a whole answer. in_think: the prompt ended inside <think> (the template opened it), so
+// the answer begins with reasoning. tools: the request's tools (their parameter schemas decide
+// whether a value written as text is a string or JSON, in the syntaxes that write values as
+// text); null when there are none. A tool call that does not parse stays in the content.
+ChatOutput parse_chat_output(std::string_view text, ToolCallSyntax syntax, bool in_think,
+                             const jinja::Json& tools);
+
+// Whether a rendered prompt ends inside an opened <think> block (the model answers with its
+// reasoning first).
+bool prompt_opens_think(std::string_view prompt);
+
+// The same, as the text streams in: push() returns the reasoning and content that are final so
+// far (a tail that may still become "<think>", "</think>" or a tool call's start is held back);
+// once a tool call starts, the rest is kept until finish(), which parses it.
+class ChatStreamParser {
+ public:
+  ChatStreamParser(ToolCallSyntax syntax, bool in_think, jinja::Json tools);
+  struct Delta {
+    std::string reasoning, content;
+  };
+  Delta push(std::string_view text);
+  // The rest, and the tool calls (their text was held back since their start).
+  ChatOutput finish();
+
+ private:
+  ToolCallSyntax syntax_;
+  jinja::Json tools_;
+  bool in_think_;
+  bool seen_think_ = false;       // a <think> block opened or closed: no second one
+  bool started_content_ = false;  // non-blank content came (a <think> can no longer open)
+  bool in_tools_ = false;
+  std::string pending_;  // text not yet classified
+  std::string tool_text_;
+};
+
+}  // namespace tandem

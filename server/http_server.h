@@ -1,0 +1,56 @@
+// `tandem serve`'s HTTP side (cpp-httplib): the OpenAI routes, /health, /metrics, /tokenize,
+// /detokenize; the API key; OpenAI-shaped errors for everything refused. The server answers
+// (/health: 503 "loading") from the moment it is bound, before the model is loaded.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "server/metrics.h"
+#include "server/openai.h"
+#include "server/scheduler.h"
+
+namespace httplib {
+class Server;
+}
+
+namespace tandem::server {
+
+struct HttpOptions {
+  std::string host = "127.0.0.1";
+  int port = 8080;             // 0: any free port (port() tells which)
+  std::string api_key;         // empty: none asked for
+  size_t max_body = 8u << 20;  // request bodies larger: 413
+  int threads = 64;            // connections served at once
+};
+
+class HttpServer {
+ public:
+  explicit HttpServer(const HttpOptions& options);
+  ~HttpServer();
+  // Binds and starts answering on a thread. Error(kIo) naming host:port when it cannot bind.
+  void start();
+  // The model is loaded: requests go to the scheduler from now on. (Both outlive the server's
+  // stop().)
+  void ready(const ModelInfo* model, Scheduler* scheduler);
+  // Stops answering and joins the thread.
+  void stop();
+  int port() const { return port_; }
+  Metrics& metrics() { return metrics_; }
+
+ private:
+  void routes();
+  HttpOptions options_;
+  std::unique_ptr<httplib::Server> http_;
+  std::thread thread_;
+  int port_ = 0;
+  std::atomic<const ModelInfo*> model_{nullptr};
+  std::atomic<Scheduler*> scheduler_{nullptr};
+  std::atomic<uint64_t> next_id_{0};
+  Metrics metrics_;
+};
+
+}  // namespace tandem::server

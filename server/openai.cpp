@@ -1,0 +1,659 @@
+#include "server/openai.h"
+
+#include <fmt/format.h>
+
+#include <cmath>
+#include <limits>
+
+#include "engine/chat.h"
+
+namespace tandem::server {
+
+void bad_request(const std::string& param, const std::string& message) {
+  throw ApiError(400, "invalid_request_error", message, param);
+}
+
+ApiError api_error(const Error& e) {
+  switch (e.kind()) {
+    case ErrorKind::kInvalidArgument:
+    case ErrorKind::kOutOfRange:
+    case ErrorKind::kFormat:
+    case ErrorKind::kUnsupported:
+      return ApiError(400, "invalid_request_error", e.what());
+    case ErrorKind::kResource: {
+      const std::string m = e.what();
+      if (m.find("queue is full") != std::string::npos) {
+        return ApiError(429, "rate_limit_error", m);
+      }
+      return ApiError(503, "server_error", m);
+    }
+    default:
+      return ApiError(500, "server_error", e.what());
+  }
+}
+
+std::string dump_json(const Json& j) {
+  return j.dump(-1, ' ', false, Json::error_handler_t::replace);
+}
+
+std::string error_body(const ApiError& e) {
+  Json err = {{"message", e.what()},
+              {"type", e.type},
+              {"param", e.param.empty() ? Json() : Json(e.param)},
+              {"code", e.status}};
+  return dump_json(Json({{"error", err}}));
+}
+
+namespace {
+
+const char* type_name(const Json& v) {
+  switch (v.type()) {
+    case Json::value_t::null:
+      return "null";
+    case Json::value_t::boolean:
+      return "a boolean";
+    case Json::value_t::string:
+      return "a string";
+    case Json::value_t::array:
+      return "an array";
+    case Json::value_t::object:
+      return "an object";
+    default:
+      return "a number";
+  }
+}
+
+// Typed optional fields: absent or null leaves `out` as it is; a wrong type or a value outside
+// [lo, hi] is a 400 naming the field.
+void number(const Json& body, const char* key, double lo, double hi, float* out) {
+  if (!body.contains(key) || body[key].is_null()) return;
+  const Json& v = body[key];
+  if (!v.is_number())
+    bad_request(key, fmt::format("'{}' must be a number, not {}", key, type_name(v)));
+  const double d = v.get<double>();
+  if (!std::isfinite(d) || d < lo || d > hi) {
+    bad_request(key, fmt::format("'{}' must be in [{}, {}], got {}", key, lo, hi, v.dump()));
+  }
+  *out = static_cast<float>(d);
+}
+
+template <typename T>
+void integer(const Json& body, const char* key, int64_t lo, int64_t hi, T* out) {
+  if (!body.contains(key) || body[key].is_null()) return;
+  const Json& v = body[key];
+  if (!v.is_number_integer()) {
+    bad_request(key, fmt::format("'{}' must be an integer, not {}", key,
+                                 v.is_number() ? v.dump() : type_name(v)));
+  }
+  const bool neg = v.is_number_integer() && !v.is_number_unsigned() && v.get<int64_t>() < 0;
+  if (neg ? v.get<int64_t>() < lo : (v.get<uint64_t>() > static_cast<uint64_t>(hi))) {
+    bad_request(key, fmt::format("'{}' must be in [{}, {}], got {}", key, lo, hi, v.dump()));
+  }
+  *out = static_cast<T>(v.get<int64_t>());
+}
+
+void boolean(const Json& body, const char* key, bool* out) {
+  if (!body.contains(key) || body[key].is_null()) return;
+  if (!body[key].is_boolean()) {
+    bad_request(key, fmt::format("'{}' must be a boolean, not {}", key, type_name(body[key])));
+  }
+  *out = body[key].get<bool>();
+}
+
+void check_object(const Json& body) {
+  if (!body.is_object()) {
+    throw ApiError(400, "invalid_request_error",
+                   fmt::format("the request body must be a JSON object, not {}", type_name(body)));
+  }
+}
+
+void check_model(const Json& body, const ModelInfo& m) {
+  if (!body.contains("model") || body["model"].is_null()) return;
+  if (!body["model"].is_string()) {
+    bad_request("model", fmt::format("'model' must be a string, not {}", type_name(body["model"])));
+  }
+  const std::string name = body["model"].get<std::string>();
+  if (name != m.name) {
+    throw ApiError(
+        404, "invalid_request_error",
+        fmt::format("the model '{}' does not exist; this server serves '{}'", name, m.name),
+        "model");
+  }
+}
+
+// What both endpoints share: sampling, lengths, stops, n, streaming.
+void parse_common(const Json& body, const ModelInfo& m, ApiRequest* r) {
+  check_model(body, m);
+  SamplingParams& s = r->params.sampling;
+  s = m.defaults;
+  number(body, "temperature", 0, 2, &s.temperature);
+  number(body, "top_p", 0, 1, &s.top_p);
+  number(body, "min_p", 0, 1, &s.min_p);
+  integer(body, "top_k", 0, m.vocab_size, &s.top_k);
+  number(body, "presence_penalty", -2, 2, &s.presence_penalty);
+  number(body, "frequency_penalty", -2, 2, &s.frequency_penalty);
+  number(body, "repeat_penalty", 1e-6, 1e6, &s.repeat_penalty);
+  integer(body, "repeat_last_n", -1, std::numeric_limits<int32_t>::max(), &s.penalty_last_n);
+  if (body.contains("seed") && !body["seed"].is_null()) {
+    if (!body["seed"].is_number_integer()) {
+      bad_request("seed",
+                  fmt::format("'seed' must be an integer, not {}", dump_json(body["seed"])));
+    }
+    s.seed = body["seed"].is_number_unsigned() ? body["seed"].get<uint64_t>()
+                                               : static_cast<uint64_t>(body["seed"].get<int64_t>());
+  }
+  if (body.contains("logit_bias") && !body["logit_bias"].is_null()) {
+    const Json& lb = body["logit_bias"];
+    if (!lb.is_object()) {
+      bad_request("logit_bias", "'logit_bias' must be an object of token id -> bias");
+    }
+    for (const auto& [key, v] : lb.items()) {
+      size_t used = 0;
+      long long id = -1;
+      try {
+        id = std::stoll(key, &used);
+      } catch (const std::exception&) {
+        used = 0;
+      }
+      if (used == 0 || used != key.size() || id < 0 || id >= m.vocab_size) {
+        bad_request("logit_bias", fmt::format("logit_bias: '{}' is not a token id in [0, {})", key,
+                                              m.vocab_size));
+      }
+      if (!v.is_number() || !std::isfinite(v.get<double>()) || std::fabs(v.get<double>()) > 100) {
+        bad_request("logit_bias", fmt::format("logit_bias: the bias of token {} must be a number "
+                                              "in [-100, 100], got {}",
+                                              key, v.dump()));
+      }
+      // OpenAI: -100 bans the token.
+      const float bias = v.get<double>() <= -100 ? -INFINITY : v.get<float>();
+      s.logit_bias.push_back({static_cast<int32_t>(id), bias});
+    }
+  }
+  int64_t max_tokens = -1;
+  integer(body, "max_tokens", 0, m.context, &max_tokens);
+  integer(body, "max_completion_tokens", 0, m.context, &max_tokens);
+  r->params.max_tokens = max_tokens;
+  boolean(body, "ignore_eos", &r->params.ignore_eos);
+  integer(body, "n", 1, m.max_n, &r->n);
+  if (body.contains("stop") && !body["stop"].is_null()) {
+    const Json& st = body["stop"];
+    if (st.is_string()) {
+      r->params.stop.push_back(st.get<std::string>());
+    } else if (st.is_array() && st.size() <= 16) {
+      for (const Json& x : st) {
+        if (!x.is_string()) bad_request("stop", "'stop' must be a string or an array of strings");
+        r->params.stop.push_back(x.get<std::string>());
+      }
+    } else {
+      bad_request("stop", "'stop' must be a string or an array of at most 16 strings");
+    }
+    for (const std::string& x : r->params.stop) {
+      if (x.empty()) bad_request("stop", "a stop string is empty");
+    }
+  }
+  boolean(body, "stream", &r->stream);
+  if (body.contains("stream_options") && !body["stream_options"].is_null()) {
+    const Json& so = body["stream_options"];
+    if (!so.is_object()) bad_request("stream_options", "'stream_options' must be an object");
+    boolean(so, "include_usage", &r->include_usage);
+  }
+  try {
+    check_sampling_params(s, m.vocab_size);
+  } catch (const Error& e) {
+    bad_request("", e.what());
+  }
+}
+
+std::vector<int32_t> token_array(const Json& v, const ModelInfo& m, const char* field) {
+  std::vector<int32_t> ids;
+  for (const Json& x : v) {
+    if (!x.is_number_integer() || x.get<int64_t>() < 0 || x.get<int64_t>() >= m.vocab_size) {
+      bad_request(field, fmt::format("'{}': {} is not a token id in [0, {})", field, x.dump(),
+                                     m.vocab_size));
+    }
+    ids.push_back(static_cast<int32_t>(x.get<int64_t>()));
+  }
+  return ids;
+}
+
+// A message's content as the templates take it: a string (text parts joined), or null.
+Json message_content(const Json& content, size_t i) {
+  if (content.is_null() || content.is_string()) return content;
+  const std::string field = fmt::format("messages[{}].content", i);
+  if (!content.is_array())
+    bad_request(field, fmt::format("'{}' must be a string or an array of "
+                                   "content parts",
+                                   field));
+  std::string text;
+  for (const Json& part : content) {
+    if (!part.is_object() || !part.contains("type") || !part["type"].is_string()) {
+      bad_request(field, fmt::format("'{}': each part must be an object with a 'type'", field));
+    }
+    const std::string type = part["type"].get<std::string>();
+    if (type != "text" || !part.contains("text") || !part["text"].is_string()) {
+      bad_request(field, fmt::format("'{}': a part of type '{}' is not supported (text only)",
+                                     field, type));
+    }
+    if (!text.empty()) text += "\n";
+    text += part["text"].get<std::string>();
+  }
+  return text;
+}
+
+// The messages as the template takes them: checked roles, text content, tool call arguments as
+// objects (OpenAI sends them as JSON text; Hugging Face templates iterate them).
+Json template_messages(const Json& messages) {
+  if (!messages.is_array() || messages.empty()) {
+    bad_request("messages", "'messages' must be a non-empty array");
+  }
+  Json out = Json::array();
+  for (size_t i = 0; i < messages.size(); ++i) {
+    const Json& msg = messages[i];
+    const std::string where = fmt::format("messages[{}]", i);
+    if (!msg.is_object() || !msg.contains("role") || !msg["role"].is_string()) {
+      bad_request(where, fmt::format("'{}' must be an object with a string 'role'", where));
+    }
+    const std::string role = msg["role"].get<std::string>();
+    if (role != "system" && role != "user" && role != "assistant" && role != "tool" &&
+        role != "developer") {
+      bad_request(where + ".role", fmt::format("'{}.role': unknown role '{}' (system, developer, "
+                                               "user, assistant, tool)",
+                                               where, role));
+    }
+    Json m = msg;
+    if (role == "developer") m["role"] = "system";
+    m["content"] = message_content(msg.contains("content") ? msg["content"] : Json(), i);
+    if (msg.contains("tool_calls") && !msg["tool_calls"].is_null()) {
+      if (!msg["tool_calls"].is_array()) {
+        bad_request(where + ".tool_calls", "'tool_calls' must be an array");
+      }
+      for (Json& call : m["tool_calls"]) {
+        if (!call.is_object() || !call.contains("function") || !call["function"].is_object() ||
+            !call["function"].contains("name") || !call["function"]["name"].is_string()) {
+          bad_request(where + ".tool_calls",
+                      "each tool call needs a 'function' with a string 'name'");
+        }
+        Json& args = call["function"]["arguments"];
+        if (args.is_string()) {
+          Json parsed = Json::parse(args.get<std::string>(), nullptr, false);
+          if (parsed.is_object()) args = parsed;
+        }
+      }
+    }
+    out.push_back(std::move(m));
+  }
+  return out;
+}
+
+std::string piece(const Tokenizer& tok, int32_t id) {
+  return tok.token_to_piece(id, true);
+}
+
+Json bytes_of(const std::string& s) {
+  Json b = Json::array();
+  for (unsigned char c : s) b.push_back(static_cast<int>(c));
+  return b;
+}
+
+}  // namespace
+
+ApiRequest parse_completion_request(const Json& body, const ModelInfo& m) {
+  check_object(body);
+  ApiRequest r;
+  parse_common(body, m, &r);
+  if (!body.contains("prompt")) bad_request("prompt", "'prompt' is required");
+  const Json& p = body["prompt"];
+  if (p.is_string()) {
+    r.prompt_text = p.get<std::string>();
+    r.prompt = m.tokenizer->encode(r.prompt_text, /*add_special=*/true);
+  } else if (p.is_array() && !p.empty() && p[0].is_number()) {
+    r.prompt = token_array(p, m, "prompt");
+    r.prompt_text = m.tokenizer->decode(r.prompt);
+  } else if (p.is_array() && p.size() == 1 && p[0].is_string()) {
+    r.prompt_text = p[0].get<std::string>();
+    r.prompt = m.tokenizer->encode(r.prompt_text, /*add_special=*/true);
+  } else {
+    bad_request("prompt",
+                "'prompt' must be a string, one string in an array, or an array of "
+                "token ids (one prompt per request)");
+  }
+  if (r.prompt.empty()) bad_request("prompt", "the prompt is empty");
+  if (body.contains("logprobs") && !body["logprobs"].is_null()) {
+    int lp = 0;
+    integer(body, "logprobs", 0, 20, &lp);
+    r.logprobs = true;
+    r.params.top_logprobs = lp;
+  }
+  boolean(body, "echo", &r.echo);
+  if (body.contains("suffix") && !body["suffix"].is_null()) {
+    bad_request("suffix", "'suffix' (fill in the middle) is not supported");
+  }
+  if (body.contains("best_of") && !body["best_of"].is_null() &&
+      !(body["best_of"].is_number_integer() && body["best_of"].get<int64_t>() == r.n)) {
+    bad_request("best_of", "'best_of' other than n is not supported");
+  }
+  r.params.continues_prompt = true;
+  return r;
+}
+
+ApiRequest parse_chat_request(const Json& body, const ModelInfo& m) {
+  check_object(body);
+  ApiRequest r;
+  r.chat = true;
+  parse_common(body, m, &r);
+  if (m.chat_template == nullptr) {
+    bad_request("messages", "the model has no chat template; use /v1/completions");
+  }
+  if (!body.contains("messages")) bad_request("messages", "'messages' is required");
+  const Json messages = template_messages(body["messages"]);
+  Json tools = nullptr;
+  if (body.contains("tools") && !body["tools"].is_null()) {
+    if (!body["tools"].is_array()) bad_request("tools", "'tools' must be an array");
+    for (const Json& t : body["tools"]) {
+      if (!t.is_object() || !t.contains("function") || !t["function"].is_object() ||
+          !t["function"].contains("name") || !t["function"]["name"].is_string()) {
+        bad_request("tools",
+                    "each tool must be {\"type\": \"function\", \"function\": "
+                    "{\"name\": ...}}");
+      }
+    }
+    if (!body["tools"].empty()) tools = body["tools"];
+  }
+  if (body.contains("tool_choice") && !body["tool_choice"].is_null()) {
+    const Json& tc = body["tool_choice"];
+    if (tc.is_string()) {
+      const std::string c = tc.get<std::string>();
+      if (c == "none") {
+        tools = nullptr;
+      } else if (c != "auto" && c != "required") {
+        bad_request("tool_choice", "'tool_choice' must be none, auto, required or an object");
+      }
+    } else if (tc.is_object() && tc.contains("function") && tc["function"].is_object() &&
+               tc["function"].contains("name") && tc["function"]["name"].is_string()) {
+      // One named tool: only it is offered.
+      Json only = Json::array();
+      for (const Json& t : tools.is_array() ? tools : Json::array()) {
+        if (t["function"]["name"] == tc["function"]["name"]) only.push_back(t);
+      }
+      if (only.empty()) bad_request("tool_choice", "'tool_choice' names a tool not in 'tools'");
+      tools = only;
+    } else {
+      bad_request("tool_choice", "'tool_choice' must be none, auto, required or an object");
+    }
+  }
+  Json extra = Json::object();
+  if (body.contains("chat_template_kwargs") && !body["chat_template_kwargs"].is_null()) {
+    if (!body["chat_template_kwargs"].is_object()) {
+      bad_request("chat_template_kwargs", "'chat_template_kwargs' must be an object");
+    }
+    extra = body["chat_template_kwargs"];
+  }
+  bool logprobs = false;
+  boolean(body, "logprobs", &logprobs);
+  if (logprobs) {
+    int top = 0;
+    integer(body, "top_logprobs", 0, 20, &top);
+    r.logprobs = true;
+    r.params.top_logprobs = top;
+  }
+  ChatPrompt p;
+  try {
+    p = render_chat_prompt(*m.chat_template, *m.tokenizer, messages, true, tools, extra);
+  } catch (const Error& e) {
+    bad_request("messages", fmt::format("the chat template: {}", e.what()));
+  }
+  r.prompt = std::move(p.ids);
+  r.in_think = prompt_opens_think(p.text);
+  r.tools = tools;
+  r.tool_syntax = tools.is_null() ? ToolCallSyntax::kNone : m.tool_syntax;
+  r.params.continues_prompt = false;
+  // A tool call's markers may be control tokens: written out so that they parse.
+  r.params.special_text = r.tool_syntax != ToolCallSyntax::kNone;
+  if (r.prompt.empty()) bad_request("messages", "the rendered prompt is empty");
+  return r;
+}
+
+// ---------------------------------------------------------------------------------------------
+
+struct ResponseBuilder::Choice {
+  std::unique_ptr<ChatStreamParser> parser;
+  std::string text;  // completions (and chat before parsing, when not streaming)
+  Json logprobs = Json::array();
+  FinishReason finish = FinishReason::kNone;
+  bool tool_calls = false;
+  // completions' logprobs, OpenAI's legacy shape
+  Json tokens = Json::array(), token_logprobs = Json::array(), top = Json::array(),
+       offsets = Json::array();
+  size_t offset = 0;
+};
+
+ResponseBuilder::ResponseBuilder(const ApiRequest& request, const ModelInfo& model, std::string id,
+                                 int64_t created)
+    : request_(request), model_(model), id_(std::move(id)), created_(created) {
+  for (int i = 0; i < request_.n; ++i) {
+    auto c = std::make_unique<Choice>();
+    if (request_.chat) {
+      c->parser = std::make_unique<ChatStreamParser>(request_.tool_syntax, request_.in_think,
+                                                     request_.tools);
+    }
+    if (request_.echo) {
+      c->text = request_.prompt_text;
+      c->offset = request_.prompt_text.size();
+    }
+    choices_.push_back(std::move(c));
+  }
+}
+
+ResponseBuilder::~ResponseBuilder() = default;
+
+Json ResponseBuilder::chunk(int index, Json delta_or_text, const Json& finish,
+                            const Json& logprobs) const {
+  Json choice = {{"index", index}};
+  if (request_.chat) {
+    choice["delta"] = std::move(delta_or_text);
+  } else {
+    choice["text"] = std::move(delta_or_text);
+  }
+  choice["logprobs"] = logprobs;
+  choice["finish_reason"] = finish;
+  return Json({{"id", id_},
+               {"object", request_.chat ? "chat.completion.chunk" : "text_completion"},
+               {"created", created_},
+               {"model", model_.name},
+               {"choices", Json::array({choice})}});
+}
+
+Json ResponseBuilder::logprobs_of(const GenerateEvent& ev) const {
+  const Tokenizer& tok = *model_.tokenizer;
+  const std::string t = piece(tok, ev.token);
+  Json top = Json::array();
+  for (const TokenLogprob& x : ev.top_logprobs) {
+    const std::string p = piece(tok, x.token);
+    top.push_back({{"token", p}, {"logprob", x.logprob}, {"bytes", bytes_of(p)}});
+  }
+  return {{"token", t}, {"logprob", ev.logprob}, {"bytes", bytes_of(t)}, {"top_logprobs", top}};
+}
+
+const char* ResponseBuilder::finish_name(const Choice& c, FinishReason reason) const {
+  if (c.tool_calls) return "tool_calls";
+  switch (reason) {
+    case FinishReason::kLength:
+    case FinishReason::kContext:
+      return "length";
+    default:
+      return "stop";
+  }
+}
+
+Json ResponseBuilder::usage(const Job& job) const {
+  int64_t completion = 0, prompt = 0, cached = 0;
+  for (int i = 0; i < job.n(); ++i) {
+    const Generator::Usage u = job.usage(i);
+    completion += u.generated;
+    if (i == 0) {
+      prompt = u.prompt;
+      cached = u.cached;
+    }
+  }
+  return {{"prompt_tokens", prompt},
+          {"completion_tokens", completion},
+          {"total_tokens", prompt + completion},
+          {"prompt_tokens_details", {{"cached_tokens", cached}}}};
+}
+
+std::string ResponseBuilder::stream_start() {
+  std::string out;
+  for (int i = 0; i < request_.n; ++i) {
+    if (request_.chat) {
+      out += "data: " +
+             dump_json(chunk(i, {{"role", "assistant"}, {"content", ""}}, nullptr, nullptr)) +
+             "\n\n";
+    } else if (request_.echo) {
+      out += "data: " + dump_json(chunk(i, request_.prompt_text, nullptr, nullptr)) + "\n\n";
+    }
+  }
+  return out;
+}
+
+std::string ResponseBuilder::stream_event(const Job::Event& e) {
+  Choice& c = *choices_.at(static_cast<size_t>(e.index));
+  const GenerateEvent& ev = e.ev;
+  std::string out;
+  if (ev.finish == FinishReason::kError) {
+    if (error_.empty()) error_ = ev.error;
+    return "data: " + error_body(ApiError(500, "server_error", ev.error)) + "\n\n";
+  }
+  if (ev.finish == FinishReason::kCancelled) return out;
+  Json lp = nullptr;
+  if (request_.logprobs && ev.token >= 0) {
+    if (request_.chat) {
+      lp = {{"content", Json::array({logprobs_of(ev)})}};
+    } else {
+      const Json one = logprobs_of(ev);
+      Json top = Json::object();
+      for (const Json& t : one["top_logprobs"]) top[t["token"].get<std::string>()] = t["logprob"];
+      lp = {{"tokens", {one["token"]}},
+            {"token_logprobs", {one["logprob"]}},
+            {"top_logprobs", {top}},
+            {"text_offset", {c.offset}}};
+    }
+  }
+  const bool last = ev.finish != FinishReason::kNone;
+  if (request_.chat) {
+    ChatStreamParser::Delta d = c.parser->push(ev.text);
+    ChatOutput rest;
+    if (last) rest = c.parser->finish();
+    Json delta = Json::object();
+    const std::string reasoning = d.reasoning + rest.reasoning;
+    const std::string content = d.content + rest.content;
+    if (!reasoning.empty()) delta["reasoning_content"] = reasoning;
+    if (!content.empty()) delta["content"] = content;
+    if (!rest.tool_calls.empty()) {
+      c.tool_calls = true;
+      Json calls = Json::array();
+      for (size_t k = 0; k < rest.tool_calls.size(); ++k) {
+        const ToolCall& t = rest.tool_calls[k];
+        calls.push_back({{"index", k},
+                         {"id", t.id},
+                         {"type", "function"},
+                         {"function", {{"name", t.name}, {"arguments", t.arguments}}}});
+      }
+      delta["tool_calls"] = calls;
+    }
+    if (!delta.empty() || !lp.is_null()) {
+      out += "data: " + dump_json(chunk(e.index, delta, nullptr, lp)) + "\n\n";
+    }
+    if (last) {
+      out +=
+          "data: " + dump_json(chunk(e.index, Json::object(), finish_name(c, ev.finish), nullptr)) +
+          "\n\n";
+    }
+  } else {
+    c.offset += ev.text.size();
+    if (!ev.text.empty() || !lp.is_null() || last) {
+      out +=
+          "data: " +
+          dump_json(chunk(e.index, ev.text, last ? Json(finish_name(c, ev.finish)) : Json(), lp)) +
+          "\n\n";
+    }
+  }
+  return out;
+}
+
+std::string ResponseBuilder::stream_end(const Job& job) {
+  std::string out;
+  if (request_.include_usage && error_.empty()) {
+    Json u = {{"id", id_},
+              {"object", request_.chat ? "chat.completion.chunk" : "text_completion"},
+              {"created", created_},
+              {"model", model_.name},
+              {"choices", Json::array()},
+              {"usage", usage(job)}};
+    out += "data: " + dump_json(u) + "\n\n";
+  }
+  out += "data: [DONE]\n\n";
+  return out;
+}
+
+void ResponseBuilder::add(const Job::Event& e) {
+  Choice& c = *choices_.at(static_cast<size_t>(e.index));
+  const GenerateEvent& ev = e.ev;
+  if (ev.finish == FinishReason::kError && error_.empty()) error_ = ev.error;
+  c.text += ev.text;
+  if (ev.finish != FinishReason::kNone) c.finish = ev.finish;
+  if (!request_.logprobs || ev.token < 0) return;
+  const Json one = logprobs_of(ev);
+  if (request_.chat) {
+    c.logprobs.push_back(one);
+  } else {
+    Json top = Json::object();
+    for (const Json& t : one["top_logprobs"]) top[t["token"].get<std::string>()] = t["logprob"];
+    c.tokens.push_back(one["token"]);
+    c.token_logprobs.push_back(one["logprob"]);
+    c.top.push_back(top);
+    c.offsets.push_back(c.offset);
+    c.offset += one["token"].get<std::string>().size();
+  }
+}
+
+Json ResponseBuilder::body(const Job& job) {
+  Json choices = Json::array();
+  for (size_t i = 0; i < choices_.size(); ++i) {
+    Choice& c = *choices_[i];
+    Json choice = {{"index", i}};
+    if (request_.chat) {
+      const ChatOutput out =
+          parse_chat_output(c.text, request_.tool_syntax, request_.in_think, request_.tools);
+      Json message = {{"role", "assistant"}};
+      message["content"] =
+          out.content.empty() && !out.tool_calls.empty() ? Json() : Json(out.content);
+      if (!out.reasoning.empty()) message["reasoning_content"] = out.reasoning;
+      if (!out.tool_calls.empty()) {
+        c.tool_calls = true;
+        Json calls = Json::array();
+        for (const ToolCall& t : out.tool_calls) {
+          calls.push_back({{"id", t.id},
+                           {"type", "function"},
+                           {"function", {{"name", t.name}, {"arguments", t.arguments}}}});
+        }
+        message["tool_calls"] = calls;
+      }
+      choice["message"] = message;
+      choice["logprobs"] = request_.logprobs ? Json({{"content", c.logprobs}}) : Json();
+    } else {
+      choice["text"] = c.text;
+      choice["logprobs"] = request_.logprobs ? Json({{"tokens", c.tokens},
+                                                     {"token_logprobs", c.token_logprobs},
+                                                     {"top_logprobs", c.top},
+                                                     {"text_offset", c.offsets}})
+                                             : Json();
+    }
+    choice["finish_reason"] = finish_name(c, c.finish);
+    choices.push_back(std::move(choice));
+  }
+  return {{"id", id_},           {"object", request_.chat ? "chat.completion" : "text_completion"},
+          {"created", created_}, {"model", model_.name},
+          {"choices", choices},  {"usage", usage(job)}};
+}
+
+}  // namespace tandem::server

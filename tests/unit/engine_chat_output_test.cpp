@@ -1,0 +1,191 @@
+// Answers taken apart: each template family's tool calls parse back into the calls the template
+// itself rendered (the template is the independent expectation: parse(render(calls)) == calls),
+// streamed or whole; <think> reasoning split out.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+
+#include "core/error.h"
+#include "engine/chat_output.h"
+#include "engine/chat_template.h"
+#include "tests/test_util.h"
+
+namespace tandem {
+namespace {
+
+using jinja::Json;
+
+std::string read_file(const std::filesystem::path& p) {
+  std::ifstream f(p, std::ios::binary);
+  EXPECT_TRUE(f.good()) << p;
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+std::filesystem::path templates_dir() {
+  return std::filesystem::path(TANDEM_TEST_DATA_DIR) / "templates";
+}
+
+// The assistant turn as the template writes it: the rendering with the assistant's message
+// after the rendering of the conversation before it with the generation prompt.
+struct Rendered {
+  std::string prompt, answer;
+};
+
+Rendered render_answer(const ChatTemplate& t, const Json& before, const Json& assistant,
+                       const Json& tools) {
+  Json with = before;
+  with.push_back(assistant);
+  const std::string p = t.render(before, tools, true, "<s>", "</s>");
+  const std::string full = t.render(with, tools, false, "<s>", "</s>");
+  size_t common = 0;
+  while (common < p.size() && common < full.size() && p[common] == full[common]) ++common;
+  if (common < p.size()) {
+    // The generation prompt is not a prefix of the history (R1's opens <think>): split after
+    // the last complete tag, and the model closes the reasoning the prompt opened.
+    common = full.rfind('>', common - 1) + 1;
+    std::string answer = full.substr(common);
+    if (prompt_opens_think(p)) answer = "</think>" + answer;
+    return {p, answer};
+  }
+  return {p.substr(0, common), full.substr(common)};
+}
+
+ChatOutput parse_streamed(const std::string& text, ToolCallSyntax syntax, bool in_think,
+                          const Json& tools, size_t piece) {
+  ChatStreamParser p(syntax, in_think, tools);
+  ChatOutput out;
+  for (size_t i = 0; i < text.size(); i += piece) {
+    const ChatStreamParser::Delta d = p.push(text.substr(i, piece));
+    out.reasoning += d.reasoning;
+    out.content += d.content;
+  }
+  ChatOutput rest = p.finish();
+  out.reasoning += rest.reasoning;
+  out.content += rest.content;
+  out.tool_calls = rest.tool_calls;
+  return out;
+}
+
+TEST(ChatOutput, EveryTemplatesToolCallsParseBackIntoTheCallsItRendered) {
+  const Json conv = Json::parse(read_file(templates_dir() / "conversations.json"))["tools"];
+  const Json tools = conv["tools"];
+  const Json& msgs = conv["messages"];
+  Json before = Json::array({msgs[0], msgs[1]});
+  const Json& assistant = msgs[2];
+  ASSERT_TRUE(assistant.contains("tool_calls"));
+  int parsed_templates = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(templates_dir())) {
+    if (entry.path().extension() != ".jinja") continue;
+    const std::string name = entry.path().stem().string();
+    const ChatTemplate t(read_file(entry.path()), name);
+    const ToolCallSyntax syntax = tool_call_syntax(t.source());
+    if (syntax == ToolCallSyntax::kNone) continue;
+    Rendered r;
+    try {
+      r = render_answer(t, before, assistant, tools);
+    } catch (const Error& e) {
+      continue;  // (templates that refuse this conversation: their .error.txt golden files)
+    }
+    SCOPED_TRACE(name + " (" + tool_call_syntax_name(syntax) + "): " + r.answer);
+    for (size_t piece : {r.answer.size() + 1, size_t{1}, size_t{7}}) {
+      const bool in_think = prompt_opens_think(r.prompt);
+      const ChatOutput out = piece > r.answer.size()
+                                 ? parse_chat_output(r.answer, syntax, in_think, tools)
+                                 : parse_streamed(r.answer, syntax, in_think, tools, piece);
+      ASSERT_EQ(out.tool_calls.size(), assistant["tool_calls"].size()) << "piece " << piece;
+      for (size_t i = 0; i < out.tool_calls.size(); ++i) {
+        const Json& want = assistant["tool_calls"][i]["function"];
+        EXPECT_EQ(out.tool_calls[i].name, want["name"].get<std::string>());
+        EXPECT_EQ(Json::parse(out.tool_calls[i].arguments), want["arguments"]);
+        EXPECT_FALSE(out.tool_calls[i].id.empty());
+      }
+      EXPECT_EQ(out.content.find(std::string(tool_call_start(syntax))), std::string::npos);
+    }
+    ++parsed_templates;
+  }
+  // hermes (Qwen2.5, Qwen3), qwen3-coder, glm, deepseek-v3, deepseek-r1, kimi, mistral (both),
+  // minimax
+  EXPECT_GE(parsed_templates, 9);
+}
+
+TEST(ChatOutput, SyntaxesAreRecognizedFromTheTemplates) {
+  const auto syntax_of = [](const char* file) {
+    return tool_call_syntax(read_file(templates_dir() / file));
+  };
+  EXPECT_EQ(syntax_of("Qwen-Qwen2.5-7B-Instruct.jinja"), ToolCallSyntax::kHermes);
+  EXPECT_EQ(syntax_of("Qwen3-Coder.jinja"), ToolCallSyntax::kQwen3Coder);
+  EXPECT_EQ(syntax_of("GLM-4.6.jinja"), ToolCallSyntax::kGlm);
+  EXPECT_EQ(syntax_of("deepseek-ai-DeepSeek-V3.1.jinja"), ToolCallSyntax::kDeepSeekV3);
+  EXPECT_EQ(syntax_of("deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja"),
+            ToolCallSyntax::kDeepSeekR1);
+  EXPECT_EQ(syntax_of("moonshotai-Kimi-K2.jinja"), ToolCallSyntax::kKimi);
+  EXPECT_EQ(syntax_of("mistralai-Mistral-Nemo-Instruct-2407.jinja"), ToolCallSyntax::kMistralList);
+  EXPECT_EQ(syntax_of("Mistral-Small-3.2-24B-Instruct-2506.jinja"), ToolCallSyntax::kMistralArgs);
+  EXPECT_EQ(syntax_of("MiniMax-M2.jinja"), ToolCallSyntax::kMiniMax);
+}
+
+TEST(ChatOutput, ReasoningIsSplitFromTheAnswer) {
+  const Json none = nullptr;
+  ChatOutput o = parse_chat_output("<think>\nadd them\n</think>\n\nIt is 7.", ToolCallSyntax::kNone,
+                                   false, none);
+  EXPECT_EQ(o.reasoning, "add them");
+  EXPECT_EQ(o.content, "It is 7.");
+  // The template opened <think> in the prompt: the answer starts inside it.
+  o = parse_chat_output("add them</think>It is 7.", ToolCallSyntax::kNone, true, none);
+  EXPECT_EQ(o.reasoning, "add them");
+  EXPECT_EQ(o.content, "It is 7.");
+  // Unterminated: all reasoning.
+  o = parse_chat_output("still thinking", ToolCallSyntax::kNone, true, none);
+  EXPECT_EQ(o.reasoning, "still thinking");
+  EXPECT_EQ(o.content, "");
+  // <think> only opens at the start; later it is text.
+  o = parse_chat_output("a <think> b", ToolCallSyntax::kNone, false, none);
+  EXPECT_EQ(o.reasoning, "");
+  EXPECT_EQ(o.content, "a <think> b");
+  // Streamed a byte at a time: the same.
+  o = parse_streamed("<think>x</think>y<thi", ToolCallSyntax::kNone, false, none, 1);
+  EXPECT_EQ(o.reasoning, "x");
+  EXPECT_EQ(o.content, "y<thi");
+}
+
+TEST(ChatOutput, WhatDoesNotParseStaysText) {
+  const Json tools = Json::parse(R"([{"type":"function","function":{"name":"f"}}])");
+  // Broken JSON after the marker: the text as written.
+  ChatOutput o = parse_chat_output("Sure. <tool_call>\n{\"name\": \"f\", \"argu",
+                                   ToolCallSyntax::kHermes, false, tools);
+  EXPECT_TRUE(o.tool_calls.empty());
+  EXPECT_EQ(o.content, "Sure. <tool_call>\n{\"name\": \"f\", \"argu");
+  // No tools in the request: markers are text.
+  o = parse_chat_output("<tool_call>\n{\"name\": \"f\", \"arguments\": {}}\n</tool_call>",
+                        ToolCallSyntax::kHermes, false, nullptr);
+  EXPECT_TRUE(o.tool_calls.empty());
+  // Text before a call is content; the call parses.
+  o = parse_chat_output(
+      "Let me check.\n<tool_call>\n{\"name\": \"f\", \"arguments\": {\"x\": "
+      "[1, \"}\"]}}\n</tool_call>",
+      ToolCallSyntax::kHermes, false, tools);
+  ASSERT_EQ(o.tool_calls.size(), 1u);
+  EXPECT_EQ(o.content, "Let me check.");
+  EXPECT_EQ(Json::parse(o.tool_calls[0].arguments), Json::parse(R"({"x": [1, "}"]})"));
+}
+
+TEST(ChatOutput, TextValuesFollowTheToolsSchema) {
+  // Qwen3-Coder writes values as text: a string parameter stays a string even if it looks
+  // like a number; others are read as JSON.
+  const Json tools = Json::parse(R"([{"type":"function","function":{"name":"f","parameters":{
+      "type":"object","properties":{"code":{"type":"string"},"n":{"type":"integer"}}}}}])");
+  const ChatOutput o = parse_chat_output(
+      "<tool_call>\n<function=f>\n<parameter=code>\n42\n</parameter>\n<parameter=n>\n42\n"
+      "</parameter>\n</function>\n</tool_call>",
+      ToolCallSyntax::kQwen3Coder, false, tools);
+  ASSERT_EQ(o.tool_calls.size(), 1u);
+  EXPECT_EQ(Json::parse(o.tool_calls[0].arguments), Json::parse(R"({"code": "42", "n": 42})"));
+}
+
+}  // namespace
+}  // namespace tandem
