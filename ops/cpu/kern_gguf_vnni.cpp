@@ -372,23 +372,39 @@ void q4k_x16_tiled(const GemmArgs& g) {
   }
 }
 
-// Q4_K x16 entry: one token through the x16 GEMV (q4k_x16_vnni.cpp; a last partial tile into a
-// scratch row), more through q4k_x16_tiled.
+// Tokens up to this many run the x16 GEMV once per token over two tiles at a time (the tiles stay
+// in L1 for the tokens after the first); more run q4k_x16_tiled, whose per-call scale unpacking
+// only pays over more tokens (a 2-sequence decode step of a V2-Lite-shaped model: 1.07-1.16x
+// aggregate with the GEMV at 2 and 3 tokens, 0.80-0.95x at 4: docs/performance.md, C12).
+constexpr int64_t kQ4KX16GemvMaxTokens = 3;
+constexpr int64_t kQ4KX16GemvChunkTiles = 2;
+
+// Q4_K x16 entry: up to kQ4KX16GemvMaxTokens tokens through the x16 GEMV (q4k_x16_vnni.cpp; a
+// last partial tile into a scratch row), more through q4k_x16_tiled.
 void q4kx16(const GemmArgs& g) {
-  if (g.tokens > 1) {
+  if (g.tokens > kQ4KX16GemvMaxTokens) {
     q4k_x16_tiled(g);
     return;
   }
   const int64_t nb = g.cols / tandem::kQK_K, tile_bytes = 16 * g.row_bytes;
-  const auto* act = reinterpret_cast<const BlockQ8_K*>(g.act);
+  const auto act = [&](int64_t k) {
+    return reinterpret_cast<const BlockQ8_K*>(g.act + k * g.act_row_bytes);
+  };
   const int64_t t0 = g.n0 / 16, full = g.n1 / 16;
-  if (full > t0) {
-    tandem::kern::q4k_x16_gemv_vnni(g.w + t0 * tile_bytes, full - t0, nb, act, g.y + 16 * t0);
+  const int64_t step = g.tokens == 1 ? full - t0 : kQ4KX16GemvChunkTiles;
+  for (int64_t t = t0; t < full; t += step) {
+    const int64_t n = std::min(step, full - t);
+    for (int64_t k = 0; k < g.tokens; ++k) {
+      tandem::kern::q4k_x16_gemv_vnni(g.w + t * tile_bytes, n, nb, act(k),
+                                      g.y + k * g.ldy + 16 * t);
+    }
   }
   if (full * 16 < g.n1) {
     alignas(64) float part[16];
-    tandem::kern::q4k_x16_gemv_vnni(g.w + full * tile_bytes, 1, nb, act, part);
-    for (int64_t r = full * 16; r < g.n1; ++r) g.y[r] = part[r - full * 16];
+    for (int64_t k = 0; k < g.tokens; ++k) {
+      tandem::kern::q4k_x16_gemv_vnni(g.w + full * tile_bytes, 1, nb, act(k), part);
+      for (int64_t r = full * 16; r < g.n1; ++r) g.y[k * g.ldy + r] = part[r - full * 16];
+    }
   }
 }
 
