@@ -374,8 +374,8 @@ void q4k_x16_tiled(const GemmArgs& g) {
 
 // Tokens up to this many run the x16 GEMV once per token over two tiles at a time (the tiles stay
 // in L1 for the tokens after the first); more run q4k_x16_tiled, whose per-call scale unpacking
-// only pays over more tokens (a 2-sequence decode step of a V2-Lite-shaped model: 1.07-1.16x
-// aggregate with the GEMV at 2 and 3 tokens, 0.80-0.95x at 4: docs/performance.md, C12).
+// only pays over more tokens (decode steps of 2 and 3 sequences of a V2-Lite-shaped model: median
+// 1.13x and 1.07x aggregate with the GEMV; at 4 tokens 0.80-0.95x: docs/performance.md, C12).
 constexpr int64_t kQ4KX16GemvMaxTokens = 3;
 constexpr int64_t kQ4KX16GemvChunkTiles = 2;
 
