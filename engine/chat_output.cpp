@@ -47,29 +47,11 @@ bool take_until(std::string_view& s, std::string_view end, std::string_view* out
   return true;
 }
 
-// Length of the JSON object or array s starts with (strings and escapes respected); 0 when s does
-// not start with one or it is incomplete.
+// Length of the JSON object or array s starts with; 0 when s does not start with one or it is
+// incomplete.
 size_t json_extent(std::string_view s) {
   if (s.empty() || (s[0] != '{' && s[0] != '[')) return 0;
-  int depth = 0;
-  bool in_string = false;
-  for (size_t i = 0; i < s.size(); ++i) {
-    const char c = s[i];
-    if (in_string) {
-      if (c == '\\') {
-        ++i;
-      } else if (c == '"') {
-        in_string = false;
-      }
-    } else if (c == '"') {
-      in_string = true;
-    } else if (c == '{' || c == '[') {
-      ++depth;
-    } else if (c == '}' || c == ']') {
-      if (--depth == 0) return i + 1;
-    }
-  }
-  return 0;
+  return jinja::json_nesting(s).end;
 }
 
 // A JSON object or array at the start of s (consumed); discarded when there is none.

@@ -435,6 +435,30 @@ bool equals(const Value& a, const Value& b) {
   return Comparison().equals(a, b, 0);
 }
 
+JsonNesting json_nesting(std::string_view s) {
+  JsonNesting n;
+  int depth = 0;
+  bool in_string = false;
+  for (size_t i = 0; i < s.size(); ++i) {
+    const char c = s[i];
+    if (in_string) {
+      if (c == '\\') {
+        ++i;
+      } else if (c == '"') {
+        in_string = false;
+      }
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '{' || c == '[') {
+      n.max_depth = std::max(n.max_depth, ++depth);
+    } else if ((c == '}' || c == ']') && depth > 0 && --depth == 0) {
+      n.end = i + 1;
+      return n;
+    }
+  }
+  return n;
+}
+
 int compare(const Value& a, const Value& b) {
   return Comparison().compare(a, b, 0);
 }

@@ -7,6 +7,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -15,6 +16,15 @@
 namespace tandem::jinja {
 
 using Json = nlohmann::ordered_json;
+
+// JSON text scanned without parsing it (strings and escapes respected): where the first object or
+// array closes (the offset past it; 0 when it does not) and the deepest nesting seen until then.
+// For what must be bounded or found before a parser (or a copy of its result) recurses.
+struct JsonNesting {
+  size_t end = 0;
+  int max_depth = 0;
+};
+JsonNesting json_nesting(std::string_view text);
 
 struct Value;
 using Array = std::vector<Value>;

@@ -18,32 +18,10 @@ void send_error(httplib::Response& res, const ApiError& e) {
   res.set_content(error_body(e), "application/json");
 }
 
-// Deeper nesting than any request needs is refused before parsing (copies and dumps of JSON
-// values recurse).
-bool too_deep(const std::string& body) {
-  int depth = 0;
-  bool in_string = false;
-  for (size_t i = 0; i < body.size(); ++i) {
-    const char c = body[i];
-    if (in_string) {
-      if (c == '\\') {
-        ++i;
-      } else if (c == '"') {
-        in_string = false;
-      }
-    } else if (c == '"') {
-      in_string = true;
-    } else if (c == '{' || c == '[') {
-      if (++depth > kMaxJsonDepth) return true;
-    } else if (c == '}' || c == ']') {
-      --depth;
-    }
-  }
-  return false;
-}
-
 Json parse_body(const httplib::Request& req) {
-  if (too_deep(req.body)) {
+  // Deeper nesting than any request needs is refused before parsing (copies and dumps of JSON
+  // values recurse).
+  if (jinja::json_nesting(req.body).max_depth > kMaxJsonDepth) {
     throw ApiError(400, "invalid_request_error",
                    fmt::format("the request body nests deeper than {} levels", kMaxJsonDepth));
   }

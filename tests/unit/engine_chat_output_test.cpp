@@ -187,5 +187,17 @@ TEST(ChatOutput, TextValuesFollowTheToolsSchema) {
   EXPECT_EQ(Json::parse(o.tool_calls[0].arguments), Json::parse(R"({"code": "42", "n": 42})"));
 }
 
+TEST(ChatOutput, JsonNestingRespectsStringsAndEscapes) {
+  const std::string a = R"({"a": "}]\"{"} tail)";
+  EXPECT_EQ(jinja::json_nesting(a).end, a.find(" tail"));
+  EXPECT_EQ(jinja::json_nesting(a).max_depth, 1);
+  EXPECT_EQ(jinja::json_nesting(R"([[1], {"x": [2]}])").max_depth, 3);
+  const jinja::JsonNesting open = jinja::json_nesting(R"({"a": [)");
+  EXPECT_EQ(open.end, 0u);
+  EXPECT_EQ(open.max_depth, 2);
+  EXPECT_EQ(jinja::json_nesting(R"("\"{[")").max_depth, 0);
+  EXPECT_EQ(jinja::json_nesting("]]}{}").end, 5u);  // stray closers do not go below zero
+}
+
 }  // namespace
 }  // namespace tandem
