@@ -5,7 +5,7 @@ CMAKE_FLAGS ?=
 MODEL ?= $(BUILD)/tiny-deepseek2.gguf
 DEMO ?= tests/data/demo/tandem-demo-moe-Q4_K_M.gguf
 
-.PHONY: all bootstrap configure build run test test-slow bench fuzz clean format
+.PHONY: all bootstrap configure build run test test-slow bench fuzz clean format python
 
 all: build
 
@@ -30,10 +30,14 @@ run: build
 	$(BUILD)/tandem bench -m $(DEMO) -p 128 -n 32
 
 test: build
-	cd $(BUILD) && ctest --output-on-failure -j $(JOBS) -L 'unit|model|gpu|server' -LE slow
+	cd $(BUILD) && ctest --output-on-failure -j $(JOBS) -L 'unit|model|gpu|server|python' -LE slow
 
 test-slow: build
 	cd $(BUILD) && ctest --output-on-failure -L slow
+
+# The Python module into $(BUILD)/python/tandem: PYTHONPATH=$(BUILD)/python python3 -c 'import tandem'
+python: configure
+	cmake --build $(BUILD) --target python -j $(JOBS)
 
 bench: build
 	cmake --build $(BUILD) --target benchmarks -j $(JOBS)

@@ -1,4 +1,4 @@
-// One routed-expert MoE layer through the fused CPU operator (model/fused_moe.h), at real shapes:
+// One routed-expert MoE layer through the fused CPU operator (moe/fused_moe.h), at real shapes:
 //  - DeepSeek-V2-Lite: hidden 2048, expert ff 1408, 64 experts, top-6; Q4_K gate/up, Q5_0 down
 //    (what llama-quantize's Q4_K_M makes of 1408-wide rows);
 //  - Qwen3-30B-A3B: hidden 2048, expert ff 768, 128 experts, top-8; Q4_K gate/up/down.
@@ -37,8 +37,8 @@
 #include "core/thread_pool.h"
 #include "core/topology.h"
 #include "formats/quant.h"
-#include "model/cpu_experts.h"
-#include "model/fused_moe.h"
+#include "moe/cpu_experts.h"
+#include "moe/fused_moe.h"
 #include "model/weights.h"
 #include "ops/cpu/kernels.h"
 #include "ops/cpu/packed.h"

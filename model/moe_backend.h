@@ -26,7 +26,9 @@ struct MoeRequest {
   const float* hidden = nullptr;  // [n_tokens, hidden_size]
   int64_t n_tokens = 0;
   int64_t hidden_size = 0;
-  const int32_t* ids = nullptr;    // [n_tokens, k]
+  // [n_tokens, k]; -1: an empty slot, no expert (an engine that runs some of a token's experts
+  // elsewhere may mark them so instead of through expert_mask)
+  const int32_t* ids = nullptr;
   const float* weights = nullptr;  // [n_tokens, k]
   int64_t k = 0;
   // [n_experts]: nonzero = compute this expert here; nullptr = all. Skipped experts contribute

@@ -403,7 +403,7 @@ class HostDevice final : public Device {
     }
   }
 
-  // One expert exactly as model/fused_moe.cpp computes it (same activation encodings, kernels and
+  // One expert exactly as moe/fused_moe.cpp computes it (same activation encodings, kernels and
   // SiLU), so a hybrid run produces the CPU backend's numbers for every expert.
   void run_ffn(const DeviceFfnWeights& w, const float* x, int64_t n, const float* scale, float* out,
                bool accumulate) {

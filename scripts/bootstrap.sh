@@ -11,6 +11,8 @@ packages=(
   libhwloc-dev libnuma-dev libpcre2-dev libyaml-cpp-dev
   clang libclang-rt-14-dev   # libFuzzer for the `slow` fuzz tests
   curl                       # the server tests' command-line client
+  # the Python module (pybind11) and its tests (torch, pytest); setuptools for `pip install .`
+  python3-dev pybind11-dev python3-torch python3-numpy python3-pytest python3-setuptools
 )
 
 missing=()

@@ -1,6 +1,6 @@
 // `tandem convert -m MODEL --cpu-experts int4|int8|bf16 [--expert-group G] [-o FILE]`: repacks
 // the routed experts ahead of time into the cache file that `--cpu-experts` loads map
-// (model/cpu_experts.h), and prints where it is. A valid cache already there is left as it is.
+// (moe/cpu_experts.h), and prints where it is. A valid cache already there is left as it is.
 #include <fmt/format.h>
 
 #include <chrono>
@@ -12,7 +12,7 @@
 #include "core/thread_pool.h"
 #include "core/topology.h"
 #include "formats/output_file.h"
-#include "model/cpu_experts.h"
+#include "moe/cpu_experts.h"
 #include "model/weights.h"
 #include "tools/command.h"
 #include "tools/options.h"

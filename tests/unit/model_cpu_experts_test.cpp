@@ -1,4 +1,4 @@
-// prepare_cpu_experts (model/cpu_experts.h) on a golden model: native views, `repack` (a Q4_K
+// prepare_cpu_experts (moe/cpu_experts.h) on a golden model: native views, `repack` (a Q4_K
 // synth model: x16 tiles, bit-identical products), requantizing with the
 // on-disk cache (written next to the model, mapped on the next load with no repacking; stale,
 // corrupt and truncated caches rebuilt), the cache location rules, and every expert's SwiGLU
@@ -16,7 +16,7 @@
 #include "core/error.h"
 #include "core/thread_pool.h"
 #include "formats/synth.h"
-#include "model/cpu_experts.h"
+#include "moe/cpu_experts.h"
 #include "model/model.h"
 #include "model/weights.h"
 #include "ops/cpu/packed.h"

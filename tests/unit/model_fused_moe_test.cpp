@@ -1,4 +1,4 @@
-// FusedMoeBackend (model/fused_moe.h) against two independent expectations:
+// FusedMoeBackend (moe/fused_moe.h) against two independent expectations:
 //  - exactly: the same arithmetic written out directly (per expert: quantize its tokens, the
 //    kernels for gate and up over all rows at once, SiLU * up, quantize, down, combine in slot
 //    order). A row's result does not depend on how rows are chunked, so any error in the task
@@ -16,7 +16,7 @@
 #include "core/thread_pool.h"
 #include "core/topology.h"
 #include "formats/quant.h"
-#include "model/fused_moe.h"
+#include "moe/fused_moe.h"
 #include "model/weights.h"
 #include "ops/cpu/kernels.h"
 #include "ops/cpu/packed.h"

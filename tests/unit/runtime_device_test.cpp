@@ -211,7 +211,7 @@ TEST(HostDevice, ErrorsSurfaceOnSyncAndTheStreamGoesOn) {
   EXPECT_THROW(dev->record(42, s), Error);
 }
 
-// ---- ops: bit for bit what model/fused_moe.cpp computes on the CPU ----
+// ---- ops: bit for bit what moe/fused_moe.cpp computes on the CPU ----
 
 constexpr int64_t kH = 256, kF = 512, kTokens = 3;
 

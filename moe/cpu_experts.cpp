@@ -1,4 +1,4 @@
-#include "model/cpu_experts.h"
+#include "moe/cpu_experts.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -10,6 +10,7 @@
 #include <cstring>
 #include <memory>
 #include <numeric>
+#include <optional>
 
 #include "core/error.h"
 #include "core/log.h"
@@ -86,6 +87,15 @@ WFormat parse_format(const std::string& f) {
   }
   fail(ErrorKind::kInvalidArgument,
        "--cpu-experts '{}': expected native, repack, int8, int4 or bf16", f);
+}
+
+// int8 / int4 groups: one of 32, 64, 128 (bf16 has none).
+int checked_group(WFormat f, int group) {
+  if (f == WFormat::kBF16Tile) return 0;
+  if (group != 32 && group != 64 && group != 128) {
+    fail(ErrorKind::kInvalidArgument, "--expert-group {}: expected 32, 64 or 128", group);
+  }
+  return group;
 }
 
 std::vector<Source> sources_of(const LoadedModel& model) {
@@ -459,6 +469,68 @@ std::vector<KMatrix> repack_experts(const std::vector<Source>& src, ThreadPool* 
 
 }  // namespace
 
+namespace {
+
+// prepare_layer_experts, its requantizing progress counted on `progress` (nullptr: its own bar).
+LayerExperts prepare_layer(const ExpertWeights& experts, const std::string& format, int group,
+                           ThreadPool* pool, Progress* progress) {
+  TD_CHECK(experts.up.size() == experts.gate.size() && experts.down.size() == experts.gate.size());
+  LayerExperts out;
+  std::vector<Source> src;
+  for (size_t x = 0; x < experts.gate.size(); ++x) {
+    const auto X = static_cast<uint32_t>(x);
+    src.push_back({0, X, 0, &experts.gate[x]});
+    src.push_back({0, X, 1, &experts.up[x]});
+    src.push_back({0, X, 2, &experts.down[x]});
+  }
+  std::vector<KMatrix> mats;
+  if (format == "native") {
+    for (const Source& s : src) {
+      KMatrix m;
+      if (!kern::view_weight(*s.w, &m)) {
+        m = KMatrix{};
+        m.rows = s.w->rows();
+        m.cols = s.w->cols();
+        m.row_bytes = static_cast<int64_t>(s.w->t.row_bytes());
+      }
+      mats.push_back(std::move(m));
+    }
+  } else if (format == "repack") {
+    std::vector<int64_t> tiled;
+    mats = repack_experts(src, pool, &tiled);
+  } else {
+    const WFormat f = parse_format(format);
+    group = checked_group(f, group);
+    for (const Source& s : src) {
+      if (f != WFormat::kBF16Tile && s.w->cols() % group != 0) {
+        fail(ErrorKind::kUnsupported,
+             "expert {}: {} rows of {} values are not a multiple of the quantization group {} "
+             "(try a smaller group)", s.expert, s.which == 0 ? "gate" : s.which == 1 ? "up" : "down",
+             s.w->cols(), group);
+      }
+    }
+    std::optional<Progress> own;
+    if (progress == nullptr) {
+      uint64_t payload = 0;
+      for (const Source& s : src) payload += kern::packed_bytes(f, s.w->rows(), s.w->cols(), group);
+      progress = &own.emplace(fmt::format("repacking experts to {}", kern::wformat_name(f)), payload);
+    }
+    for (const Source& s : src) {
+      mats.push_back(kern::pack_weight(*s.w, f, group, pool));
+      progress->add(kern::packed_bytes(f, s.w->rows(), s.w->cols(), group));
+    }
+    if (own) own->finish();
+  }
+  for (size_t i = 0; i < src.size(); ++i) {
+    auto& dst = src[i].which == 0 ? out.gate : src[i].which == 1 ? out.up : out.down;
+    out.bytes += mats[i].bytes();
+    dst.push_back(std::move(mats[i]));
+  }
+  return out;
+}
+
+}  // namespace
+
 fs::path cpu_expert_cache_path(const LoadedModel& model, const CpuExpertOptions& options) {
   const WFormat f = parse_format(options.format);
   if (!options.cache_file.empty()) return options.cache_file;
@@ -478,18 +550,32 @@ CpuExperts prepare_cpu_experts(const LoadedModel& model, const CpuExpertOptions&
   out.format = options.format;
   const std::vector<Source> src = sources_of(model);
   std::vector<KMatrix> mats;
-  if (options.format == "native") {
-    for (const Source& s : src) {
-      KMatrix m;
-      if (!kern::view_weight(*s.w, &m)) {
-        m = KMatrix{};
-        m.rows = s.w->rows();
-        m.cols = s.w->cols();
-        m.row_bytes = static_cast<int64_t>(s.w->t.row_bytes());
-      }
-      mats.push_back(std::move(m));
+  // Every layer through prepare_layer_experts, unless a cache file is mapped or written.
+  auto by_layer = [&] {
+    std::optional<Progress> progress;  // requantizing: one bar for all layers
+    if (options.format != "native") {
+      const WFormat f = parse_format(options.format);
+      const int g = checked_group(f, options.group);
+      uint64_t payload = 0;
+      for (const Source& s : src) payload += kern::packed_bytes(f, s.w->rows(), s.w->cols(), g);
+      progress.emplace(fmt::format("repacking experts to {}", kern::wformat_name(f)), payload);
     }
-    fill_result(&out, model, src, std::move(mats));
+    out.gate.assign(model.layers.size(), {});
+    out.up.assign(model.layers.size(), {});
+    out.down.assign(model.layers.size(), {});
+    for (size_t l = 0; l < model.layers.size(); ++l) {
+      if (!model.layers[l].moe) continue;
+      LayerExperts le = prepare_layer(model.layers[l].experts, options.format, options.group,
+                                      pool, progress ? &*progress : nullptr);
+      out.gate[l] = std::move(le.gate);
+      out.up[l] = std::move(le.up);
+      out.down[l] = std::move(le.down);
+      out.bytes += le.bytes;
+    }
+    if (progress) progress->finish();
+  };
+  if (options.format == "native") {
+    by_layer();
     return out;
   }
   if (options.format == "repack") {
@@ -564,10 +650,7 @@ CpuExperts prepare_cpu_experts(const LoadedModel& model, const CpuExpertOptions&
     return out;
   }
   const WFormat f = parse_format(options.format);
-  const int group = f == WFormat::kBF16Tile ? 0 : options.group;
-  if (f != WFormat::kBF16Tile && group != 32 && group != 64 && group != 128) {
-    fail(ErrorKind::kInvalidArgument, "--expert-group {}: expected 32, 64 or 128", group);
-  }
+  const int group = checked_group(f, options.group);
   for (const Source& s : src) {
     if (f != WFormat::kBF16Tile && s.w->cols() % group != 0) {
       fail(ErrorKind::kUnsupported,
@@ -604,17 +687,13 @@ CpuExperts prepare_cpu_experts(const LoadedModel& model, const CpuExpertOptions&
     }
     out.cache_path.clear();
   }
-  uint64_t payload = 0;
-  for (const Source& s : src) payload += kern::packed_bytes(f, s.w->rows(), s.w->cols(), group);
-  Progress progress(fmt::format("repacking experts to {}", kern::wformat_name(f)), payload);
-  mats.clear();
-  for (const Source& s : src) {
-    mats.push_back(kern::pack_weight(*s.w, f, group, pool));
-    progress.add(kern::packed_bytes(f, s.w->rows(), s.w->cols(), group));
-  }
-  progress.finish();
-  fill_result(&out, model, src, std::move(mats));
+  by_layer();
   return out;
+}
+
+LayerExperts prepare_layer_experts(const ExpertWeights& experts, const std::string& format,
+                                   int group, ThreadPool* pool) {
+  return prepare_layer(experts, format, group, pool, nullptr);
 }
 
 }  // namespace tandem

@@ -32,7 +32,7 @@
 #include <vector>
 
 #include "core/thread_pool.h"
-#include "model/cpu_experts.h"
+#include "moe/cpu_experts.h"
 #include "model/moe_backend.h"
 #include "ops/cpu/kernels.h"
 

@@ -80,6 +80,21 @@ CpuExperts prepare_cpu_experts(const LoadedModel& model, const CpuExpertOptions&
 void split_cpu_experts(CpuExperts* experts, const std::vector<int>& nodes,
                        const std::vector<int>& os_node, ThreadPool* pool);
 
+// The routed experts of one MoE layer in one format, from their stored weights: the one place
+// expert matrices are made from weights. prepare_cpu_experts makes each layer's through it when it
+// does not map a cache file; MoeLayer (moe/moe_layer.h) makes a layer given as raw tensors.
+//   native:             views (a KMatrix without data where the dtype has no kernel)
+//   repack:             copied into one huge-page arena, Q4_K / Q6_K in x16 tiles and Q5_0 / Q8_0
+//                       in x4 rows where the CPU has their kernels, the rest as stored
+//   int8 / int4 / bf16: requantized (ops/cpu/packed.h); group: int8 / int4 (32, 64 or 128, and a
+//                       divisor of every matrix's columns: Error(kUnsupported) naming it otherwise)
+struct LayerExperts {
+  std::vector<kern::KMatrix> gate, up, down;  // [expert]
+  uint64_t bytes = 0;
+};
+LayerExperts prepare_layer_experts(const ExpertWeights& experts, const std::string& format,
+                                   int group, ThreadPool* pool);
+
 // Where prepare_cpu_experts looks for / writes the cache of `options` (no file is touched).
 std::filesystem::path cpu_expert_cache_path(const LoadedModel& model,
                                             const CpuExpertOptions& options);

@@ -1,4 +1,4 @@
-#include "model/fused_moe.h"
+#include "moe/fused_moe.h"
 
 #include <immintrin.h>
 
@@ -202,6 +202,7 @@ void FusedMoeBackend::submit(const MoeRequest& r) {
   n_active_ = early_started_ ? 1 : 0;  // (begin()'s shared expert is experts_[0])
   for (int64_t i = 0; i < T * K; ++i) {
     const int32_t e = r.ids[i];
+    if (e == -1) continue;  // an empty slot (MoeRequest::ids)
     TD_CHECK(e >= 0 && e < n_experts, "expert id {} out of range", e);
     if (r.expert_mask != nullptr && r.expert_mask[e] == 0) continue;
     if (index_of[e] < 0) {

@@ -1,0 +1,351 @@
+// The Python module's native part, `tandem._tandem` (pybind11). It takes memory as addresses,
+// dtypes and sizes (the Python side, python/tandem/__init__.py, checks the torch tensors and
+// passes their data_ptr(): no copy, no libtorch in the build) and releases the GIL while it
+// computes. tandem::Error becomes a Python exception by kind: kInvalidArgument / kOutOfRange /
+// kFormat -> ValueError, kUnsupported -> TypeError, kIo -> OSError, kResource -> MemoryError,
+// others RuntimeError; the message is the Error's (it names the argument).
+#include <pybind11/functional.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/dtype.h"
+#include "core/error.h"
+#include "core/log.h"
+#include "engine/chat.h"
+#include "engine/engine.h"
+#include "engine/generator.h"
+#include "formats/quant.h"
+#include "moe/moe_layer.h"
+#include "python/src/stream_hook.h"
+#include "tools/options.h"
+
+namespace py = pybind11;
+
+namespace tandem {
+namespace {
+
+template <typename T>
+T* ptr(uintptr_t address) {
+  return reinterpret_cast<T*>(address);
+}
+
+DType dtype_of(const std::string& name) {
+  const std::optional<DType> t = dtype_from_name(name);
+  if (!t) fail(ErrorKind::kUnsupported, "dtype '{}' is not one tandem reads", name);
+  return *t;
+}
+
+ExpertTensor expert_tensor(uintptr_t data, const std::string& dtype, int64_t experts,
+                           int64_t rows, int64_t cols, uintptr_t scales, int64_t block_rows,
+                           int64_t block_cols) {
+  ExpertTensor t;
+  t.data = ptr<const void>(data);
+  t.dtype = dtype_of(dtype);
+  t.experts = experts;
+  t.rows = rows;
+  t.cols = cols;
+  t.scales = ptr<const float>(scales);
+  t.block_rows = block_rows;
+  t.block_cols = block_cols;
+  return t;
+}
+
+MoeLayerOptions layer_options(int64_t num_experts, int64_t k, int64_t hidden, int64_t inter,
+                              const std::string& method, int group,
+                              const std::vector<uint8_t>& mask, int64_t chunk) {
+  MoeLayerOptions o;
+  o.num_experts = num_experts;
+  o.num_experts_per_tok = k;
+  o.hidden_size = hidden;
+  o.intermediate_size = inter;
+  o.method = method;
+  o.group = group;
+  o.gpu_experts_mask = mask;
+  o.max_chunk_tokens = chunk;
+  return o;
+}
+
+// A MoeContext as Python holds it (the type is opaque to the bindings).
+struct ContextHandle {
+  std::shared_ptr<MoeContext> ctx;
+};
+
+// The engine for Python users: a model, its KV cache and the generator; requests submitted and
+// stepped from Python (one thread at a time: the Python object holds the GIL between calls).
+class PyModel {
+ public:
+  PyModel(const std::string& path, int threads, int64_t ctx, const std::string& cache_type,
+          int max_sequences, const std::vector<std::string>& backend_args) {
+    EngineOptions eo;
+    eo.model = path;
+    eo.threads = threads;
+    CLI::App app("tandem.Model backend flags");
+    tools::add_backend_options(app, &eo.backend);
+    std::vector<std::string> args(backend_args.rbegin(), backend_args.rend());  // (CLI11: reversed)
+    try {
+      app.parse(args);
+    } catch (const CLI::ParseError& e) {
+      fail(ErrorKind::kInvalidArgument, "backend flags: {}", e.what());
+    }
+    engine_ = std::make_unique<Engine>(eo);
+    cache_ = std::make_unique<KvCache>(
+        engine_->make_cache(ctx, parse_kv_type(cache_type), std::max(1, max_sequences)));
+    GeneratorOptions go;
+    go.max_sequences = max_sequences;
+    generator_ = std::make_unique<Generator>(engine_->model(), *cache_, &engine_->tokenizer(), go);
+  }
+
+  std::vector<int32_t> encode(const std::string& text, bool add_special) {
+    return engine_->tokenizer().encode(text, add_special);
+  }
+  std::string decode(const std::vector<int32_t>& ids) {
+    return engine_->tokenizer().decode(ids);
+  }
+  std::vector<int32_t> chat_prompt(const std::string& messages_json) {
+    jinja::Json messages;
+    try {
+      messages = jinja::Json::parse(messages_json);
+    } catch (const std::exception& e) {
+      fail(ErrorKind::kInvalidArgument, "messages: {}", e.what());
+    }
+    return render_chat(chat_template_for(engine_->weights()), engine_->tokenizer(), messages,
+                       true);
+  }
+
+  RequestId submit(const std::vector<int32_t>& prompt, bool continues_prompt, int64_t max_tokens,
+                   float temperature, int top_k, float top_p, float min_p, uint64_t seed,
+                   float repeat_penalty, float presence_penalty, float frequency_penalty,
+                   const std::vector<std::string>& stop, bool ignore_eos) {
+    if (prompt.empty()) fail(ErrorKind::kInvalidArgument, "prompt: empty");
+    const int64_t vocab = engine_->config().vocab_size;
+    for (int32_t id : prompt) {
+      if (id < 0 || id >= vocab) {
+        fail(ErrorKind::kOutOfRange, "prompt: token id {} is outside the vocabulary [0, {})", id,
+             vocab);
+      }
+    }
+    if (static_cast<int64_t>(prompt.size()) > cache_->max_sequence_positions()) {
+      fail(ErrorKind::kOutOfRange, "prompt: {} tokens, more than the context size {}",
+           prompt.size(), cache_->max_sequence_positions());
+    }
+    GenerateParams gp;
+    gp.sampling.temperature = temperature;
+    gp.sampling.top_k = top_k;
+    gp.sampling.top_p = top_p;
+    gp.sampling.min_p = min_p;
+    gp.sampling.seed = seed;
+    gp.sampling.repeat_penalty = repeat_penalty;
+    gp.sampling.presence_penalty = presence_penalty;
+    gp.sampling.frequency_penalty = frequency_penalty;
+    check_sampling_params(gp.sampling, vocab);
+    if (max_tokens < -1) fail(ErrorKind::kInvalidArgument, "max_tokens {}: expected >= 0", max_tokens);
+    gp.max_tokens = max_tokens;
+    gp.stop = stop;
+    gp.ignore_eos = ignore_eos;
+    gp.continues_prompt = continues_prompt;
+    return generator_->submit(prompt, gp);
+  }
+
+  // One forward of every running request: (request, text, token, finish reason or "", error).
+  std::vector<py::tuple> step() {
+    std::vector<GenerateEvent> events;
+    {
+      py::gil_scoped_release release;
+      events = generator_->step();
+    }
+    std::vector<py::tuple> out;
+    for (const GenerateEvent& e : events) {
+      const char* finish = e.finish == FinishReason::kNone ? "" : finish_reason_name(e.finish);
+      out.push_back(py::make_tuple(e.id, py::bytes(e.text), e.token, finish, e.error));
+    }
+    return out;
+  }
+  void cancel(RequestId id) { generator_->cancel(id); }
+  bool idle() const { return generator_->idle(); }
+  int64_t context_size() const { return cache_->max_sequence_positions(); }
+  std::string summary() const { return engine_->summary(); }
+
+ private:
+  std::unique_ptr<Engine> engine_;
+  std::unique_ptr<KvCache> cache_;
+  std::unique_ptr<Generator> generator_;
+};
+
+}  // namespace
+}  // namespace tandem
+
+PYBIND11_MODULE(_tandem, m) {
+  using namespace tandem;
+  m.doc() = "tandem's native module: the CPU MoE operator and the engine (see tandem/__init__.py)";
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const Error& e) {
+      switch (e.kind()) {
+        case ErrorKind::kInvalidArgument:
+        case ErrorKind::kOutOfRange:
+        case ErrorKind::kFormat:
+          PyErr_SetString(PyExc_ValueError, e.what());
+          return;
+        case ErrorKind::kUnsupported:
+          PyErr_SetString(PyExc_TypeError, e.what());
+          return;
+        case ErrorKind::kIo:
+          PyErr_SetString(PyExc_OSError, e.what());
+          return;
+        case ErrorKind::kResource:
+          PyErr_SetString(PyExc_MemoryError, e.what());
+          return;
+        default:
+          PyErr_SetString(PyExc_RuntimeError, e.what());
+          return;
+      }
+    }
+  });
+
+  m.def("set_log_level", [](const std::string& name) {
+    LogLevel level;
+    if (!parse_log_level(name, &level)) {
+      fail(ErrorKind::kInvalidArgument, "log level '{}': expected error, warn, info, debug or "
+           "trace", name);
+    }
+    set_log_level(level);
+  });
+  m.def("dtype_row_bytes", [](const std::string& dtype, int64_t cols) {
+    const DType t = dtype_of(dtype);
+    if (cols % dtype_info(t).block_elems != 0) {
+      fail(ErrorKind::kInvalidArgument, "{} values are not a multiple of {}'s block of {}", cols,
+           dtype, dtype_info(t).block_elems);
+    }
+    return dtype_bytes(t, cols);
+  });
+  m.def("quantize_rows", [](uintptr_t src, int64_t rows, int64_t cols, const std::string& dtype,
+                            uintptr_t dst) {
+    const DType t = dtype_of(dtype);
+    if (!can_quantize(t)) fail(ErrorKind::kUnsupported, "cannot quantize to {}", dtype);
+    const int64_t rb = dtype_bytes(t, cols);
+    py::gil_scoped_release release;
+    for (int64_t r = 0; r < rows; ++r) {
+      quantize_row(t, ptr<const float>(src) + r * cols, ptr<uint8_t>(dst) + r * rb, cols);
+    }
+  });
+  m.def("dequantize_rows", [](uintptr_t src, int64_t rows, int64_t cols, const std::string& dtype,
+                              uintptr_t dst) {
+    const DType t = dtype_of(dtype);
+    const int64_t rb = dtype_bytes(t, cols);
+    py::gil_scoped_release release;
+    for (int64_t r = 0; r < rows; ++r) {
+      dequantize_row(t, ptr<const uint8_t>(src) + r * rb, ptr<float>(dst) + r * cols, cols);
+    }
+  });
+  m.def("quantize_fp8", [](uintptr_t src, int64_t rows, int64_t cols, int64_t br, int64_t bc,
+                           uintptr_t w, uintptr_t scales) {
+    py::gil_scoped_release release;
+    quantize_fp8_blocks(ptr<const float>(src), rows, cols, br, bc, ptr<uint8_t>(w),
+                        ptr<float>(scales));
+  });
+  m.def("dequantize_fp8", [](uintptr_t w, uintptr_t scales, int64_t rows, int64_t cols,
+                             int64_t br, int64_t bc, uintptr_t dst) {
+    py::gil_scoped_release release;
+    dequantize_fp8_blocks(ptr<const uint8_t>(w), ptr<const float>(scales), rows, cols, br, bc,
+                          ptr<float>(dst));
+  });
+
+  py::class_<ContextHandle>(m, "Context")
+      .def(py::init([](int threads, int numa_parts) {
+             return ContextHandle{make_moe_context(threads, numa_parts)};
+           }),
+           py::arg("threads") = 0, py::arg("numa_parts") = 1)
+      .def_property_readonly("threads", [](const ContextHandle& c) { return moe_context_threads(*c.ctx); })
+      .def_property_readonly("numa_parts",
+                             [](const ContextHandle& c) { return moe_context_numa_parts(*c.ctx); });
+
+  py::class_<MoeLayer>(m, "Layer")
+      .def(py::init([](const ContextHandle& ctx, int64_t num_experts, int64_t k,
+                       int64_t hidden, int64_t inter, const std::string& method, int group,
+                       const std::vector<uint8_t>& mask, int64_t chunk, py::tuple gate,
+                       py::tuple up, py::tuple down) {
+             auto tensor = [](const py::tuple& t) {
+               return expert_tensor(t[0].cast<uintptr_t>(), t[1].cast<std::string>(),
+                                    t[2].cast<int64_t>(), t[3].cast<int64_t>(),
+                                    t[4].cast<int64_t>(), t[5].cast<uintptr_t>(),
+                                    t[6].cast<int64_t>(), t[7].cast<int64_t>());
+             };
+             const ExpertTensor g = tensor(gate), u = tensor(up), d = tensor(down);
+             const MoeLayerOptions o =
+                 layer_options(num_experts, k, hidden, inter, method, group, mask, chunk);
+             py::gil_scoped_release release;
+             return std::make_unique<MoeLayer>(ctx.ctx, o, g, u, d);
+           }))
+      .def(py::init([](const ContextHandle& ctx, int64_t num_experts, int64_t k,
+                       int64_t hidden, int64_t inter, const std::string& method, int group,
+                       const std::vector<uint8_t>& mask, int64_t chunk, const std::string& path,
+                       int64_t layer) {
+             const MoeLayerOptions o =
+                 layer_options(num_experts, k, hidden, inter, method, group, mask, chunk);
+             py::gil_scoped_release release;
+             return std::make_unique<MoeLayer>(ctx.ctx, o, std::filesystem::path(path),
+                                               layer);
+           }))
+      .def("forward",
+           [](MoeLayer& l, uintptr_t hidden, int64_t tokens, uintptr_t ids, uintptr_t weights,
+              int64_t k, uintptr_t out) {
+             py::gil_scoped_release release;
+             l.forward(ptr<const float>(hidden), tokens, ptr<const int32_t>(ids),
+                       ptr<const float>(weights), k, ptr<float>(out));
+           })
+      .def("submit",
+           [](MoeLayer& l, uintptr_t hidden, int64_t tokens, uintptr_t ids, uintptr_t weights,
+              int64_t k, uintptr_t out) {
+             l.submit(ptr<const float>(hidden), tokens, ptr<const int32_t>(ids),
+                      ptr<const float>(weights), k, ptr<float>(out));
+           })
+      .def("sync", [](MoeLayer& l) {
+        py::gil_scoped_release release;
+        l.sync();
+      })
+      .def("submit_on_stream",
+           [](MoeLayer& l, uintptr_t stream, uintptr_t hidden, int64_t tokens, uintptr_t ids,
+              uintptr_t weights, int64_t k, uintptr_t out) {
+             enqueue_submit(stream, &l, ptr<const float>(hidden), tokens, ptr<const int32_t>(ids),
+                            ptr<const float>(weights), k, ptr<float>(out));
+           })
+      .def("sync_on_stream", [](MoeLayer& l, uintptr_t stream) { enqueue_sync(stream, &l); })
+      .def_property_readonly("in_flight", &MoeLayer::in_flight)
+      .def("remap", &MoeLayer::remap)
+      .def("set_gpu_experts_mask", &MoeLayer::set_gpu_experts_mask)
+      .def_property_readonly("weight_format", &MoeLayer::weight_format)
+      .def_property_readonly("weight_bytes", &MoeLayer::weight_bytes)
+      .def_property_readonly("num_experts",
+                             [](const MoeLayer& l) { return l.options().num_experts; })
+      .def_property_readonly("num_experts_per_tok",
+                             [](const MoeLayer& l) { return l.options().num_experts_per_tok; })
+      .def_property_readonly("hidden_size",
+                             [](const MoeLayer& l) { return l.options().hidden_size; })
+      .def_property_readonly("intermediate_size",
+                             [](const MoeLayer& l) { return l.options().intermediate_size; });
+  m.attr("cuda_streams") = py::bool_(stream_hooks_built());
+
+  py::class_<PyModel>(m, "Model")
+      .def(py::init([](const std::string& path, int threads, int64_t ctx,
+                       const std::string& cache_type, int max_sequences,
+                       const std::vector<std::string>& args) {
+             py::gil_scoped_release release;
+             return std::make_unique<PyModel>(path, threads, ctx, cache_type, max_sequences,
+                                              args);
+           }))
+      .def("encode", &PyModel::encode)
+      .def("decode", &PyModel::decode)
+      .def("chat_prompt", &PyModel::chat_prompt)
+      .def("submit", &PyModel::submit)
+      .def("step", &PyModel::step)
+      .def("cancel", &PyModel::cancel)
+      .def("idle", &PyModel::idle)
+      .def_property_readonly("context_size", &PyModel::context_size)
+      .def_property_readonly("summary", &PyModel::summary);
+}

@@ -1,0 +1,571 @@
+"""tandem from Python: the fused CPU MoE operator as a kernel library, and the engine.
+
+    import torch, tandem
+    moe = tandem.MoE(num_experts=64, num_experts_per_tok=6, hidden_size=2048,
+                     moe_intermediate_size=1408, method="int8", threads=8,
+                     gate=gate, up=up, down=down)          # [experts, out, in] torch tensors
+    moe.load_weights()
+    out = moe.forward(hidden, topk_ids, topk_weights)     # [tokens, hidden]
+
+    model = tandem.Model("model.gguf", cpu_experts="repack")
+    for piece in model.chat([{"role": "user", "content": "Hi"}], stream=True):
+        print(piece, end="")
+
+Tensors are CPU torch tensors, read in place where their layout allows (contiguous, a dtype the
+kernels take) and copied otherwise. Errors are Python exceptions whose message names the argument:
+ValueError (a shape, a value, an id), TypeError (a dtype or method the operator cannot take),
+OSError (a file). docs/python.md has the whole API.
+"""
+
+from __future__ import annotations
+
+import codecs
+import json
+import os
+import threading
+from typing import Iterable, Iterator, Optional, Sequence, Union
+
+import torch
+
+from . import _tandem
+
+__all__ = ["MoE", "KTMoEWrapper", "Model", "QuantizedTensor", "quantize", "dequantize",
+           "set_log_level", "cuda_streams"]
+
+cuda_streams = _tandem.cuda_streams  # built with CUDA: submit/sync may be put on a CUDA stream
+set_log_level = _tandem.set_log_level
+
+_TORCH_DTYPES = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
+_FP8 = getattr(torch, "float8_e4m3fn", None)  # (torch >= 2.1)
+_BLOCK_TYPES = {n.lower(): n for n in ("q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q2_K", "q3_K",
+                                       "q4_K", "q5_K", "q6_K")}
+METHODS = ("int4", "int8", "bf16", "fp8", "gguf")
+
+
+# ---------------------------------------------------------------------------------------------
+# Weights in the formats the engine reads
+
+class QuantizedTensor:
+    """Weights in a block format: a GGUF block type ("q4_K", "q8_0", ...) or FP8 E4M3 with
+    DeepSeek-V3 block scales ("fp8"). data: uint8 [..., rows, row bytes]; shape: the logical
+    [..., rows, cols]; scales: FP8's F32 [..., ceil(rows / 128), ceil(cols / 128)]."""
+
+    def __init__(self, data: torch.Tensor, dtype: str, shape: Sequence[int],
+                 scales: Optional[torch.Tensor] = None, block: Sequence[int] = (128, 128)):
+        self.data, self.dtype, self.shape = data, dtype, tuple(int(s) for s in shape)
+        self.scales, self.block = scales, (int(block[0]), int(block[1]))
+
+    def __repr__(self):
+        return f"QuantizedTensor({self.dtype}, shape={list(self.shape)})"
+
+
+def _block_type(name: str) -> str:
+    t = _BLOCK_TYPES.get(str(name).lower())
+    if t is None:
+        raise ValueError(f"dtype {name!r}: expected fp8 or one of {sorted(_BLOCK_TYPES.values())}")
+    return t
+
+
+def quantize(t: torch.Tensor, dtype: str, block: Sequence[int] = (128, 128)) -> QuantizedTensor:
+    """F32 weights [..., rows, cols] into `dtype`: "fp8" (E4M3 with per-block scales, as
+    DeepSeek-V3 ships them) or a GGUF block type, quantized as llama.cpp's reference does."""
+    t = _cpu(t, "t").to(torch.float32).contiguous()
+    if t.dim() < 2:
+        raise ValueError(f"t: {t.dim()} dimensions, expected [..., rows, cols]")
+    rows, cols = t.shape[-2], t.shape[-1]
+    lead = t.shape[:-2]
+    n = t.numel() // (rows * cols) if t.numel() else 0
+    if str(dtype).lower() == "fp8":
+        br, bc = int(block[0]), int(block[1])
+        sr, sc = -(-rows // br), -(-cols // bc)
+        w = torch.empty(*lead, rows, cols, dtype=torch.uint8)
+        s = torch.empty(*lead, sr, sc, dtype=torch.float32)
+        for i in range(n):
+            _tandem.quantize_fp8(t.data_ptr() + i * rows * cols * 4, rows, cols, br, bc,
+                                 w.data_ptr() + i * rows * cols, s.data_ptr() + i * sr * sc * 4)
+        return QuantizedTensor(w, "fp8", t.shape, s, (br, bc))
+    bt = _block_type(dtype)
+    rb = _tandem.dtype_row_bytes(bt, cols)
+    out = torch.empty(*lead, rows, rb, dtype=torch.uint8)
+    _tandem.quantize_rows(t.data_ptr(), n * rows, cols, bt, out.data_ptr())
+    return QuantizedTensor(out, bt, t.shape)
+
+
+def dequantize(q: QuantizedTensor) -> torch.Tensor:
+    """The F32 values of quantized weights (what the kernels multiply by)."""
+    rows, cols = q.shape[-2], q.shape[-1]
+    n = 1
+    for s in q.shape[:-2]:
+        n *= s
+    out = torch.empty(*q.shape, dtype=torch.float32)
+    data = q.data.contiguous()
+    if q.dtype == "fp8":
+        scales = q.scales.contiguous()
+        sr, sc = -(-rows // q.block[0]), -(-cols // q.block[1])
+        for i in range(n):
+            _tandem.dequantize_fp8(data.data_ptr() + i * rows * cols,
+                                   scales.data_ptr() + i * sr * sc * 4, rows, cols, q.block[0],
+                                   q.block[1], out.data_ptr() + i * rows * cols * 4)
+    else:
+        _tandem.dequantize_rows(data.data_ptr(), n * rows, cols, q.dtype, out.data_ptr())
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Argument checks
+
+def _cpu(t, name: str) -> torch.Tensor:
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+    if t.device.type != "cpu":
+        raise ValueError(f"{name} is on {t.device}: tandem's CPU operator takes CPU tensors "
+                         f"(copy it with .cpu(), pinned for a CUDA stream)")
+    return t
+
+
+def _expert_tensor(t, name: str, shape: Sequence[int], method: str):
+    """(keep-alive objects, the native tuple) for one weight family."""
+    if isinstance(t, QuantizedTensor):
+        if tuple(t.shape) != tuple(shape):
+            raise ValueError(f"{name}: shape {list(t.shape)}, expected {list(shape)} "
+                             f"(num_experts, out, in)")
+        data = _cpu(t.data, name).contiguous()
+        if t.dtype == "fp8":
+            scales = _cpu(t.scales, f"{name} scales").to(torch.float32).contiguous()
+            sr, sc = -(-shape[1] // t.block[0]), -(-shape[2] // t.block[1])
+            if tuple(scales.shape) != (shape[0], sr, sc):
+                raise ValueError(f"{name} scales: shape {list(scales.shape)}, expected "
+                                 f"{[shape[0], sr, sc]}")
+            if data.numel() != shape[0] * shape[1] * shape[2]:
+                raise ValueError(f"{name}: {data.numel()} FP8 bytes, expected "
+                                 f"{shape[0] * shape[1] * shape[2]}")
+            return (data, scales), (data.data_ptr(), "f8_e4m3", *shape, scales.data_ptr(),
+                                    *t.block)
+        rb = _tandem.dtype_row_bytes(t.dtype, shape[2])
+        if data.numel() != shape[0] * shape[1] * rb:
+            raise ValueError(f"{name}: {data.numel()} bytes of {t.dtype}, expected "
+                             f"{shape[0] * shape[1] * rb}")
+        return (data,), (data.data_ptr(), t.dtype, *shape, 0, 0, 0)
+    t = _cpu(t, name)
+    if t.dim() != 3 or tuple(t.shape) != tuple(shape):
+        raise ValueError(f"{name}: shape {list(t.shape)}, expected {list(shape)} "
+                         f"(num_experts, out, in)")
+    if _FP8 is not None and t.dtype == _FP8:
+        raise TypeError(f"{name}: FP8 weights need their block scales: pass "
+                        f"tandem.QuantizedTensor(t.view(torch.uint8), 'fp8', t.shape, scales)")
+    if t.dtype not in _TORCH_DTYPES:
+        raise TypeError(f"{name}: dtype {t.dtype}; expected float32, bfloat16, float16 or a "
+                        f"tandem.QuantizedTensor (fp8, GGUF blocks)")
+    t = t.contiguous()
+    return (t,), (t.data_ptr(), _TORCH_DTYPES[t.dtype], *shape, 0, 0, 0)
+
+
+def _mask_list(mask, n: int, name: str = "gpu_experts_mask"):
+    if mask is None:
+        return []
+    m = torch.as_tensor(mask).cpu().flatten()
+    if m.numel() != n:
+        raise ValueError(f"{name}: {m.numel()} entries, expected num_experts {n}")
+    return [1 if bool(v) else 0 for v in m.tolist()]
+
+
+# ---------------------------------------------------------------------------------------------
+# The operator
+
+_contexts = {}
+_contexts_lock = threading.Lock()
+
+
+def _context(threads: int, numa_parts: int):
+    """One thread pool per (threads, numa_parts), shared by every layer that asks for it."""
+    key = (int(threads), int(numa_parts))
+    with _contexts_lock:
+        ctx = _contexts.get(key)
+        if ctx is None:
+            ctx = _contexts[key] = _tandem.Context(*key)
+        return ctx
+
+
+def _stream_handle(cuda_stream) -> int:
+    if cuda_stream is None:
+        return 0
+    if isinstance(cuda_stream, int):
+        return cuda_stream
+    handle = getattr(cuda_stream, "cuda_stream", None)  # torch.cuda.Stream
+    if handle is None:
+        raise TypeError(f"cuda_stream: expected a torch.cuda.Stream or its handle, got "
+                        f"{type(cuda_stream).__name__}")
+    return int(handle)
+
+
+class MoE:
+    """The routed experts of one MoE layer on the CPU: tandem's fused operator.
+
+    num_experts, num_experts_per_tok, hidden_size, moe_intermediate_size: the layer's sizes (0:
+    from the model, with weight_path).
+    method: int4 | int8 | bf16 (requantized into tandem's packed tiles; group: 32/64/128 for the
+    INT ones; None: the largest that divides hidden_size and moe_intermediate_size) | fp8 (FP8 E4M3 with block scales, as stored) | gguf (GGUF block types, rearranged
+    for the kernels).
+    gpu_experts_mask: [num_experts] bools, True = on the GPU: skipped here (contributes nothing).
+    threads: compute threads (0: one per physical core); numa_parts: split each expert over
+    that many NUMA nodes. Layers with the same threads / numa_parts share one thread pool.
+    The weights: gate / up [num_experts, moe_intermediate_size, hidden_size] and down
+    [num_experts, hidden_size, moe_intermediate_size] torch tensors (float32, bfloat16, float16)
+    or tandem.QuantizedTensor; or weight_path (a .gguf file or a Hugging Face directory) and
+    layer_idx. load_weights() builds the operator.
+    chunk_tokens: a forward of more tokens runs in pieces of this many (0: at once).
+    """
+
+    def __init__(self, num_experts: int = 0, num_experts_per_tok: int = 0, hidden_size: int = 0,
+                 moe_intermediate_size: int = 0, *, method: str = "int8",
+                 group: Optional[int] = None,
+                 gpu_experts_mask=None, threads: int = 0, numa_parts: int = 1,
+                 gate=None, up=None, down=None, weight_path: Optional[str] = None,
+                 layer_idx: Optional[int] = None, chunk_tokens: int = 0):
+        if method not in METHODS:
+            raise ValueError(f"method {method!r}: expected one of {', '.join(METHODS)}")
+        for name, v in (("num_experts", num_experts), ("num_experts_per_tok", num_experts_per_tok),
+                        ("hidden_size", hidden_size),
+                        ("moe_intermediate_size", moe_intermediate_size),
+                        ("threads", threads), ("chunk_tokens", chunk_tokens)):
+            if not isinstance(v, int) or v < 0:
+                raise ValueError(f"{name} {v!r}: expected an integer >= 0")
+        self.num_experts, self.num_experts_per_tok = num_experts, num_experts_per_tok
+        self.hidden_size, self.moe_intermediate_size = hidden_size, moe_intermediate_size
+        self.method, self.group, self.chunk_tokens = method, group, chunk_tokens
+        self._ctx = _context(threads, numa_parts)
+        self._mask = gpu_experts_mask
+        self._weights = (gate, up, down)
+        self._path, self._layer_idx = weight_path, layer_idx
+        self._layer = None
+        self._keep = ()
+        self._pending = None
+
+    # -- weights --
+    def load_weights(self, gate=None, up=None, down=None, physical_to_logical_map=None):
+        """Builds the operator from the weights given here or at construction (tensors or
+        weight_path). physical_to_logical_map: slot p computes logical expert map[p]."""
+        gate = gate if gate is not None else self._weights[0]
+        up = up if up is not None else self._weights[1]
+        down = down if down is not None else self._weights[2]
+        given = [w is not None for w in (gate, up, down)]
+        if any(given) and not all(given):
+            raise ValueError("gate, up, down: give all three weight tensors or none")
+        sizes = (self.num_experts, self.num_experts_per_tok, self.hidden_size,
+                 self.moe_intermediate_size)
+        if all(given):
+            if 0 in sizes:
+                raise ValueError("num_experts, num_experts_per_tok, hidden_size and "
+                                 "moe_intermediate_size are needed with weight tensors")
+            E, H, F = self.num_experts, self.hidden_size, self.moe_intermediate_size
+            kg, g = _expert_tensor(gate, "gate", (E, F, H), self.method)
+            ku, u = _expert_tensor(up, "up", (E, F, H), self.method)
+            kd, d = _expert_tensor(down, "down", (E, H, F), self.method)
+            mask = _mask_list(self._mask, E)
+            layer = _tandem.Layer(self._ctx, *sizes, self.method, int(self.group or 0), mask,
+                                  self.chunk_tokens, g, u, d)
+            # (fp8 and gguf views read the caller's memory: keep it alive)
+            self._keep = kg + ku + kd if self.method in ("fp8", "gguf") else ()
+        elif self._path is not None:
+            if self._layer_idx is None:
+                raise ValueError("layer_idx: needed with weight_path")
+            path = _model_file(self._path)
+            mask = _mask_list(self._mask, self.num_experts) if self.num_experts else []
+            layer = _tandem.Layer(self._ctx, *sizes, self.method, int(self.group or 0), mask,
+                                  self.chunk_tokens, path, int(self._layer_idx))
+            if self._mask is not None and not self.num_experts:
+                layer.set_gpu_experts_mask(_mask_list(self._mask, layer.num_experts))
+            self.num_experts, self.num_experts_per_tok = layer.num_experts, layer.num_experts_per_tok
+            self.hidden_size, self.moe_intermediate_size = layer.hidden_size, layer.intermediate_size
+        else:
+            raise ValueError("no weights: give gate, up and down tensors or weight_path and "
+                             "layer_idx")
+        if physical_to_logical_map is not None:
+            m = torch.as_tensor(physical_to_logical_map).cpu().flatten().tolist()
+            layer.remap([int(v) for v in m])
+            self.num_experts = len(m)
+            if self._mask is not None:
+                layer.set_gpu_experts_mask(_mask_list(self._mask, len(m)))
+        self._layer = layer
+        self._weights = (None, None, None)  # (packed copies made: the caller's may go)
+        return self
+
+    def set_gpu_experts_mask(self, mask) -> None:
+        self._mask = mask
+        self._loaded().set_gpu_experts_mask(_mask_list(mask, self.num_experts))
+
+    @property
+    def weight_format(self) -> str:
+        return self._loaded().weight_format
+
+    @property
+    def weight_bytes(self) -> int:
+        return self._loaded().weight_bytes
+
+    def _loaded(self):
+        if self._layer is None:
+            raise RuntimeError("load_weights() first")
+        return self._layer
+
+    # -- compute --
+    def _args(self, hidden, topk_ids, topk_weights):
+        layer = self._loaded()
+        hidden = _cpu(hidden, "hidden_states")
+        if hidden.dtype not in _TORCH_DTYPES:
+            raise TypeError(f"hidden_states: dtype {hidden.dtype}; expected float32, bfloat16 "
+                            f"or float16")
+        if hidden.dim() < 1 or hidden.shape[-1] != self.hidden_size:
+            raise ValueError(f"hidden_states: shape {list(hidden.shape)}, expected [tokens, "
+                             f"hidden_size {self.hidden_size}]")
+        tokens = hidden.numel() // self.hidden_size
+        ids = _cpu(topk_ids, "topk_ids")
+        if ids.dtype not in (torch.int32, torch.int64):
+            raise TypeError(f"topk_ids: dtype {ids.dtype}; expected int32 or int64")
+        w = _cpu(topk_weights, "topk_weights")
+        if not w.is_floating_point():
+            raise TypeError(f"topk_weights: dtype {w.dtype}; expected a floating-point type")
+        k = self.num_experts_per_tok
+        if ids.numel() != tokens * k or (ids.dim() >= 1 and ids.shape[-1] != k):
+            raise ValueError(f"topk_ids: shape {list(ids.shape)}, expected [tokens {tokens}, "
+                             f"num_experts_per_tok {k}]")
+        if w.shape != ids.shape:
+            raise ValueError(f"topk_weights: shape {list(w.shape)}, expected topk_ids' "
+                             f"{list(ids.shape)}")
+        x = hidden if hidden.dtype == torch.float32 else hidden.float()
+        x = x.contiguous()
+        ids = ids.to(torch.int32).contiguous()
+        w = w.to(torch.float32).contiguous()
+        out = torch.empty(hidden.shape, dtype=torch.float32)
+        return layer, hidden, x, tokens, ids, w, k, out
+
+    def forward(self, hidden_states, topk_ids, topk_weights, cuda_stream=None) -> torch.Tensor:
+        """sum_j topk_weights[t, j] * expert_{topk_ids[t, j]}(hidden_states[t]) per token, over
+        the experts this operator owns (ids of -1 and GPU experts are skipped); the output has
+        hidden_states' shape and dtype."""
+        if cuda_stream is not None:
+            self.submit_forward(hidden_states, topk_ids, topk_weights, cuda_stream)
+            return self.sync_forward(cuda_stream=cuda_stream)
+        layer, hidden, x, tokens, ids, w, k, out = self._args(hidden_states, topk_ids,
+                                                              topk_weights)
+        layer.forward(x.data_ptr(), tokens, ids.data_ptr(), w.data_ptr(), k, out.data_ptr())
+        return out if hidden.dtype == torch.float32 else out.to(hidden.dtype)
+
+    def submit_forward(self, hidden_states, topk_ids, topk_weights, cuda_stream=None) -> None:
+        """Starts the layer on tandem's threads and returns; sync_forward() gives the result.
+        Several layers may be in flight (they run in submit order). With cuda_stream (tandem
+        built with CUDA) the start is a host function on that stream: the tensors must be CPU
+        tensors the stream's earlier work fills (pinned memory)."""
+        if self._pending is not None:
+            raise RuntimeError("submit_forward: this layer already has one in flight "
+                               "(sync_forward first)")
+        layer, hidden, x, tokens, ids, w, k, out = self._args(hidden_states, topk_ids,
+                                                              topk_weights)
+        stream = _stream_handle(cuda_stream)
+        if stream and (x is not hidden or not hidden.is_contiguous()):
+            raise ValueError("hidden_states: with cuda_stream it must be a contiguous float32 "
+                             "CPU tensor (read when the stream reaches the submit)")
+        if stream:
+            layer.submit_on_stream(stream, x.data_ptr(), tokens, ids.data_ptr(), w.data_ptr(),
+                                   k, out.data_ptr())
+        else:
+            layer.submit(x.data_ptr(), tokens, ids.data_ptr(), w.data_ptr(), k, out.data_ptr())
+        self._pending = (hidden, x, ids, w, out)
+
+    def sync_forward(self, hidden_states=None, cuda_stream=None) -> torch.Tensor:
+        """Waits for submit_forward's layer and returns its output (with cuda_stream: enqueues
+        the wait on the stream; the output is final once the stream passes it)."""
+        if self._pending is None:
+            raise RuntimeError("sync_forward without submit_forward")
+        hidden, _, _, _, out = self._pending
+        stream = _stream_handle(cuda_stream)
+        try:
+            if stream:
+                self._layer.sync_on_stream(stream)
+                self._pending = None
+                return out
+            self._layer.sync()
+        finally:
+            if not stream:
+                self._pending = None
+        return out if hidden.dtype == torch.float32 else out.to(hidden.dtype)
+
+    __call__ = forward
+
+
+def _model_file(path: str) -> str:
+    """A model path as the loader takes it: a .gguf file, or an HF directory; a directory that
+    holds GGUF files and no config.json (a GGUF download) means its first GGUF (shard)."""
+    path = os.fspath(path)
+    if os.path.isdir(path) and not os.path.exists(os.path.join(path, "config.json")):
+        ggufs = sorted(f for f in os.listdir(path) if f.endswith(".gguf"))
+        if ggufs:
+            return os.path.join(path, ggufs[0])
+    return path
+
+
+# ---------------------------------------------------------------------------------------------
+# KTransformers' kt-kernel names
+
+_KT_METHODS = {"AMXINT4": "int4", "AMXINT8": "int8", "LLAMAFILE": "gguf", "FP8": "fp8",
+               "BF16": "bf16"}
+
+
+class KTMoEWrapper(MoE):
+    """kt-kernel's KTMoEWrapper over tandem's operator: an engine written for kt-kernel switches
+    by `from tandem import KTMoEWrapper`. Honoured: the sizes; method AMXINT4 / AMXINT8 (our int4 /
+    int8 tiles, quantized at load), LLAMAFILE (GGUF), FP8, BF16 (tandem's own names too);
+    num_gpu_experts (the first n experts are the GPU's) or gpu_experts_mask; cpuinfer_threads;
+    threadpool_count (NUMA parts); weight_path (a .gguf file, a directory of GGUF files or an HF
+    directory; layer_idx picks the layer); chunked_prefill_size (longer forwards run in chunks);
+    physical_to_logical_map. max_deferred_experts_per_token > 0 is refused (tandem's engine
+    runs Expert Deferral itself: `--defer`); cpu_save and the capture-batch-size calls are
+    accepted and change nothing (tandem allocates per call)."""
+
+    _capture_batch_sizes: list = []
+
+    def __init__(self, layer_idx: int, num_experts: int, num_experts_per_tok: int,
+                 hidden_size: int, moe_intermediate_size: int, num_gpu_experts: int = 0,
+                 cpuinfer_threads: int = 0, threadpool_count: int = 1,
+                 weight_path: Optional[str] = None, chunked_prefill_size: int = 0,
+                 method: str = "AMXINT4", max_deferred_experts_per_token: int = 0,
+                 gpu_experts_mask=None, cpu_save: bool = False, **kwargs):
+        if kwargs:
+            raise TypeError(f"KTMoEWrapper: unknown arguments {sorted(kwargs)}")
+        m = _KT_METHODS.get(str(method).upper(), method if method in METHODS else None)
+        if m is None:
+            raise ValueError(f"method {method!r}: expected one of {sorted(_KT_METHODS)} (or "
+                             f"tandem's {', '.join(METHODS)})")
+        if max_deferred_experts_per_token:
+            raise ValueError("max_deferred_experts_per_token: deferral is not in tandem's kernel "
+                             "library (tandem's engine runs Expert Deferral: --defer); pass 0")
+        if not isinstance(num_gpu_experts, int) or not 0 <= num_gpu_experts <= num_experts:
+            raise ValueError(f"num_gpu_experts {num_gpu_experts!r}: expected 0 .. {num_experts}")
+        if gpu_experts_mask is None and num_gpu_experts:
+            gpu_experts_mask = [i < num_gpu_experts for i in range(num_experts)]
+        super().__init__(num_experts, num_experts_per_tok, hidden_size, moe_intermediate_size,
+                         method=m, gpu_experts_mask=gpu_experts_mask, threads=cpuinfer_threads,
+                         numa_parts=threadpool_count, weight_path=weight_path,
+                         layer_idx=layer_idx, chunk_tokens=chunked_prefill_size or 0)
+        self.layer_idx = layer_idx
+
+    def load_weights(self, physical_to_logical_map=None):
+        return super().load_weights(physical_to_logical_map=physical_to_logical_map)
+
+    def load_weights_from_tensors(self, gate_proj, up_proj, down_proj,
+                                  physical_to_logical_map=None):
+        return super().load_weights(gate_proj, up_proj, down_proj, physical_to_logical_map)
+
+    @classmethod
+    def set_capture_batch_sizes(cls, sizes: Iterable[int]) -> None:
+        cls._capture_batch_sizes = [int(s) for s in sizes]
+
+    @classmethod
+    def get_capture_batch_sizes(cls) -> list:
+        return list(cls._capture_batch_sizes)
+
+    @classmethod
+    def clear_buffer_cache(cls) -> None:
+        pass
+
+
+# ---------------------------------------------------------------------------------------------
+# The engine
+
+def _flag_args(flags: dict) -> list:
+    args = []
+    for key, value in flags.items():
+        flag = "--" + key.replace("_", "-")
+        if value is True:
+            args.append(flag)
+        elif value is False:
+            args.append("--no-" + key.replace("_", "-"))
+        elif value is not None:
+            args += [flag, str(value)]
+    return args
+
+
+class Model:
+    """A model on tandem's engine. path: a .gguf file or an HF directory; backend_flags: the
+    CLI's backend flags as keywords (cpu_experts="int8", accel="host", gpu_experts=8,
+    expert_cache=False, ...); ctx: positions per sequence (0: the trained context, at most
+    4096); max_sequences: requests decoded
+    together (generate / chat calls iterated at the same time share each forward)."""
+
+    def __init__(self, path: str, *, threads: int = 0, ctx: int = 0, cache_type: str = "f32",
+                 max_sequences: int = 4, **backend_flags):
+        self._m = _tandem.Model(os.fspath(path), int(threads), int(ctx), cache_type,
+                                int(max_sequences), _flag_args(backend_flags))
+        self._queues = {}
+        self._lock = threading.Lock()
+
+    @property
+    def context_size(self) -> int:
+        return self._m.context_size
+
+    def __repr__(self):
+        return f"tandem.Model({self._m.summary})"
+
+    def tokenize(self, text: str, add_special: bool = True) -> list:
+        return self._m.encode(text, add_special)
+
+    def detokenize(self, ids: Sequence[int]) -> str:
+        return self._m.decode([int(i) for i in ids])
+
+    def generate(self, prompt: Union[str, Sequence[int]], *, stream: bool = False, **params):
+        """The continuation of a prompt (text, or token ids). params: max_tokens (default 128),
+        temperature (0: greedy), top_k, top_p, min_p, seed, repeat_penalty, presence_penalty,
+        frequency_penalty, stop (strings), ignore_eos. stream=True: an iterator of text pieces."""
+        ids = self.tokenize(prompt) if isinstance(prompt, str) else [int(i) for i in prompt]
+        it = self._run(ids, True, **params)
+        return it if stream else "".join(it)
+
+    def chat(self, messages: Sequence[dict], *, stream: bool = False, **params):
+        """The assistant's answer to messages ([{"role": ..., "content": ...}]) rendered with the
+        model's chat template; params and stream as generate()."""
+        ids = self._m.chat_prompt(json.dumps(list(messages)))
+        it = self._run(ids, False, **params)
+        return it if stream else "".join(it)
+
+    def _run(self, ids, continues, max_tokens=128, temperature=0.0, top_k=0, top_p=1.0,
+             min_p=0.0, seed=0, repeat_penalty=1.0, presence_penalty=0.0,
+             frequency_penalty=0.0, stop=None, ignore_eos=False) -> Iterator[str]:
+        if isinstance(stop, str):
+            stop = [stop]
+        checks = (("max_tokens", max_tokens, max_tokens >= 0),
+                  ("temperature", temperature, 0 <= temperature < float("inf")),
+                  ("top_k", top_k, top_k >= 0), ("top_p", top_p, 0 < top_p <= 1),
+                  ("min_p", min_p, 0 <= min_p <= 1),
+                  ("repeat_penalty", repeat_penalty, 0 < repeat_penalty < float("inf")))
+        for name, value, ok in checks:
+            if not ok:
+                raise ValueError(f"{name} {value!r} is out of range")
+        rid = self._m.submit(ids, continues, int(max_tokens), float(temperature), int(top_k),
+                             float(top_p), float(min_p), int(seed), float(repeat_penalty),
+                             float(presence_penalty), float(frequency_penalty), list(stop or []),
+                             bool(ignore_eos))
+        queue = self._queues[rid] = []
+        return self._events(rid, queue)
+
+    def _events(self, rid, queue) -> Iterator[str]:
+        decoder = codecs.getincrementaldecoder("utf-8")("replace")
+        done = False
+        try:
+            while not done:
+                while not queue:
+                    with self._lock:  # one step at a time; it feeds every request's queue
+                        if not queue:
+                            for r, text, _, finish, error in self._m.step():
+                                q = self._queues.get(r)
+                                if q is not None:
+                                    q.append((text, finish, error))
+                text, finish, error = queue.pop(0)
+                if finish == "error":
+                    raise RuntimeError(f"generation failed: {error}")
+                piece = decoder.decode(text, final=bool(finish))
+                if piece:
+                    yield piece
+                done = bool(finish)
+        finally:
+            self._queues.pop(rid, None)
+            if not done:
+                self._m.cancel(rid)

@@ -1,0 +1,97 @@
+# tandem.Model: the engine from Python, against the `tandem` CLI on the demo model.
+import subprocess
+
+import pytest
+
+import tandem
+from conftest import data_path
+
+PROMPT = "The quick brown fox"
+
+
+@pytest.fixture(scope="module")
+def demo():
+    return str(data_path("demo", "tandem-demo-moe-Q4_K_M.gguf"))
+
+
+@pytest.fixture(scope="module")
+def model(demo):
+    return tandem.Model(demo, threads=2, ctx=256, max_sequences=4)
+
+
+def run_cli(tandem_bin, *args):
+    r = subprocess.run([tandem_bin, "run", *args], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    return r.stdout
+
+
+def test_generate_equals_the_cli(model, demo, tandem_bin):
+    cli = run_cli(tandem_bin, "-m", demo, "-p", PROMPT, "-n", "24", "--threads", "2")
+    got = model.generate(PROMPT, max_tokens=24)
+    assert cli == PROMPT + got + "\n"
+    assert len(got) > 0
+
+
+def test_chat_equals_the_cli(model, demo, tandem_bin):
+    q = "What is the capital of France?"
+    cli = run_cli(tandem_bin, "-m", demo, "--chat", "-p", q, "-n", "20", "--threads", "2")
+    assert cli == model.chat([{"role": "user", "content": q}], max_tokens=20) + "\n"
+
+
+def test_stream_pieces_join_to_the_whole(model):
+    pieces = list(model.generate(PROMPT, max_tokens=16, stream=True))
+    assert len(pieces) > 1
+    assert "".join(pieces) == model.generate(PROMPT, max_tokens=16)
+
+
+def test_interleaved_streams_equal_their_solo_runs(model):
+    prompts = ["Once upon a time", "The capital of France", "1, 2, 3, 4,"]
+    solo = [model.generate(p, max_tokens=12) for p in prompts]
+    streams = [model.generate(p, max_tokens=12, stream=True) for p in prompts]
+    got = ["", "", ""]
+    live = set(range(3))
+    while live:
+        for i in sorted(live):
+            try:
+                got[i] += next(streams[i])
+            except StopIteration:
+                live.discard(i)
+    assert got == solo
+
+
+def test_abandoned_stream_is_cancelled(model):
+    it = model.generate(PROMPT, max_tokens=50, stream=True)
+    next(it)
+    it.close()  # cancels the request: the next one runs alone and completes
+    assert model.generate(PROMPT, max_tokens=5) == model.generate(PROMPT, max_tokens=5)
+
+
+def test_sampling_seed_repeats(model):
+    a = model.generate(PROMPT, max_tokens=12, temperature=0.9, top_k=40, seed=7)
+    b = model.generate(PROMPT, max_tokens=12, temperature=0.9, top_k=40, seed=7)
+    assert a == b
+
+
+def test_token_ids_and_stop(model):
+    ids = model.tokenize(PROMPT)
+    assert model.generate(ids, max_tokens=10) == model.generate(PROMPT, max_tokens=10)
+    whole = model.generate(PROMPT, max_tokens=24)
+    stop = whole[len(whole) // 2:len(whole) // 2 + 3]
+    if stop.strip():
+        assert model.generate(PROMPT, max_tokens=24, stop=[stop]) == whole[:whole.index(stop)]
+
+
+def test_bad_input_raises_and_the_model_keeps_working(model, demo):
+    with pytest.raises(ValueError, match="temperature"):
+        model.generate(PROMPT, temperature=-1)
+    with pytest.raises(ValueError, match="token id"):
+        model.generate([10 ** 9], max_tokens=2)
+    with pytest.raises(ValueError, match="context"):
+        model.generate([1] * 300, max_tokens=2)
+    with pytest.raises(ValueError, match="cpu-experts|cpu_experts"):
+        tandem.Model(demo, cpu_experts="int3")
+    with pytest.raises(ValueError, match="no-such-flag"):
+        tandem.Model(demo, no_such_flag=1)
+    with pytest.raises(OSError):
+        tandem.Model("/nonexistent.gguf")
+    assert model.generate(PROMPT, max_tokens=3)

@@ -1,0 +1,234 @@
+# tandem.MoE against a plain-torch F32 MoE: every method, odd sizes, the GPU-expert mask, several
+# layers in flight, the golden model's layer bit for bit, and bad arguments.
+import pytest
+import torch
+import torch.nn.functional as F
+
+import tandem
+from conftest import data_path
+from safetensors_reader import read_safetensors
+
+
+def reference_moe(x, gate, up, down, ids, weights, skip=()):
+    """sum_j w[t, j] * down_e(silu(gate_e x) * up_e x), F32, skipping ids -1 and `skip`."""
+    x = x.float()
+    out = torch.zeros_like(x)
+    for e in range(gate.shape[0]):
+        if e in skip:
+            continue
+        rows, slots = (ids == e).nonzero(as_tuple=True)
+        if rows.numel() == 0:
+            continue
+        h = x[rows]
+        y = (F.silu(h @ gate[e].float().T) * (h @ up[e].float().T)) @ down[e].float().T
+        out.index_add_(0, rows, y * weights[rows, slots].float().unsqueeze(1))
+    return out
+
+
+def rel_err(got, want):
+    return ((got.float() - want).norm() / want.norm()).item()
+
+
+def make_layer(E, H, Fd, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    gate = torch.randn(E, Fd, H, generator=g) / H ** 0.5
+    up = torch.randn(E, Fd, H, generator=g) / H ** 0.5
+    down = torch.randn(E, H, Fd, generator=g) / Fd ** 0.5
+    return gate, up, down
+
+
+def make_routing(T, E, K, H, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(T, H, generator=g)
+    ids = torch.stack([torch.randperm(E, generator=g)[:K] for _ in range(T)]).to(torch.int64)
+    w = torch.softmax(torch.randn(T, K, generator=g), dim=-1)
+    return x, ids, w
+
+
+# Each method's documented tolerance (docs/python.md): relative L2 error of the layer's output
+# against the F32 MoE on the original weights, and (for formats stored as given) against the F32
+# MoE on the weights the kernels really read (only the activations' rounding is left).
+ODD = dict(E=7, K=3, H=96, Fd=160)  # nothing a multiple of 128 or 256
+CASES = [
+    # (method, weight dtype, sizes, tolerance vs original, tolerance vs stored)
+    ("int8", None, ODD, 0.025, None),
+    ("int4", None, ODD, 0.25, None),
+    ("bf16", None, ODD, 0.01, None),
+    ("fp8", "fp8", ODD, 0.08, 0.01),
+    ("gguf", "q8_0", ODD, 0.025, 0.02),
+    ("gguf", "q5_0", ODD, 0.10, 0.02),
+    ("gguf", "q4_K", dict(E=5, K=2, H=256, Fd=512), 0.17, 0.025),
+    ("gguf", "q6_K", dict(E=5, K=2, H=256, Fd=256), 0.05, 0.025),
+]
+
+
+@pytest.mark.parametrize("method,wtype,sizes,tol,tol_stored", CASES,
+                         ids=[f"{c[0]}-{c[1] or 'f32'}" for c in CASES])
+@pytest.mark.parametrize("T", [1, 5, 33])
+def test_methods_match_torch(method, wtype, sizes, tol, tol_stored, T):
+    E, K, H, Fd = sizes["E"], sizes["K"], sizes["H"], sizes["Fd"]
+    gate, up, down = make_layer(E, H, Fd)
+    x, ids, w = make_routing(T, E, K, H, seed=T)
+    if wtype is None:
+        weights = (gate, up, down)
+        stored = None
+    else:
+        weights = tuple(tandem.quantize(t, wtype) for t in (gate, up, down))
+        stored = tuple(tandem.dequantize(q) for q in weights)
+    moe = tandem.MoE(E, K, H, Fd, method=method, group=32, threads=2,
+                     gate=weights[0], up=weights[1], down=weights[2]).load_weights()
+    got = moe.forward(x, ids, w)
+    assert got.shape == x.shape and got.dtype == torch.float32
+    assert rel_err(got, reference_moe(x, gate, up, down, ids, w)) < tol
+    if stored is not None:
+        assert rel_err(got, reference_moe(x, *stored, ids, w)) < tol_stored
+
+
+def test_bf16_weights_and_hidden():
+    E, K, H, Fd = 6, 2, 128, 64
+    gate, up, down = (t.to(torch.bfloat16) for t in make_layer(E, H, Fd))
+    x, ids, w = make_routing(4, E, K, H)
+    moe = tandem.MoE(E, K, H, Fd, method="bf16", gate=gate, up=up, down=down).load_weights()
+    got = moe.forward(x.to(torch.bfloat16), ids.to(torch.int32), w)
+    assert got.dtype == torch.bfloat16
+    assert rel_err(got, reference_moe(x.to(torch.bfloat16), gate, up, down, ids, w)) < 0.02
+
+
+def test_gpu_mask_skips_experts():
+    E, K, H, Fd = 8, 4, 64, 64
+    gate, up, down = make_layer(E, H, Fd)
+    x, ids, w = make_routing(9, E, K, H)
+    ids[0, 1] = -1  # an empty slot
+    mask = torch.zeros(E, dtype=torch.bool)
+    mask[[1, 6]] = True
+    moe = tandem.MoE(E, K, H, Fd, method="bf16", gpu_experts_mask=mask,
+                     gate=gate, up=up, down=down).load_weights()
+    got = moe.forward(x, ids, w)
+    want = reference_moe(x, gate, up, down, ids, w, skip=(1, 6))
+    assert rel_err(got, want) < 0.02
+    # the skipped experts' share is large enough that computing them would be caught
+    assert rel_err(reference_moe(x, gate, up, down, ids, w), want) > 0.2
+    moe.set_gpu_experts_mask(None)
+    assert rel_err(moe.forward(x, ids, w), reference_moe(x, gate, up, down, ids, w)) < 0.02
+
+
+def test_several_layers_in_flight():
+    E, K, H, Fd = 8, 2, 128, 96
+    layers, inputs = [], []
+    for i in range(3):
+        gate, up, down = make_layer(E, H, Fd, seed=10 + i)
+        layers.append(tandem.MoE(E, K, H, Fd, method="int8", group=32, threads=2,
+                                 gate=gate, up=up, down=down).load_weights())
+        inputs.append(make_routing(1 + 20 * i, E, K, H, seed=i))
+    alone = [m.forward(*a) for m, a in zip(layers, inputs)]
+    for m, a in zip(layers, inputs):
+        m.submit_forward(*a)
+    with pytest.raises(RuntimeError, match="in flight"):
+        layers[0].submit_forward(*inputs[0])
+    for m, want in reversed(list(zip(layers, alone))):
+        assert torch.equal(m.sync_forward(), want)
+
+
+def test_golden_layer_bit_for_bit():
+    # Qwen3-MoE golden model (BF16 safetensors): its layer-0 experts read by this test as torch
+    # tensors and handed over, against the engine's loader reading the same layer from the file.
+    hf = data_path("golden", "qwen3moe-hf")
+    t = read_safetensors(hf / "model.safetensors")
+    E, H, Fd = 8, 256, 128
+
+    def stack(which):
+        return torch.stack([t[f"model.layers.0.mlp.experts.{e}.{which}_proj.weight"]
+                            for e in range(E)])
+
+    x, ids, w = make_routing(7, E, 2, H, seed=3)
+    for method in ("bf16", "int8", "int4"):
+        from_tensors = tandem.MoE(E, 2, H, Fd, method=method, gate=stack("gate"),
+                                  up=stack("up"), down=stack("down")).load_weights()
+        from_model = tandem.MoE(method=method, weight_path=str(hf), layer_idx=0).load_weights()
+        assert from_model.num_experts == E and from_model.moe_intermediate_size == Fd
+        assert torch.equal(from_tensors.forward(x, ids, w), from_model.forward(x, ids, w)), method
+
+
+def test_chunked_forward_equals_whole():
+    E, K, H, Fd = 8, 2, 64, 64
+    gate, up, down = make_layer(E, H, Fd)
+    x, ids, w = make_routing(50, E, K, H)
+    whole = tandem.MoE(E, K, H, Fd, method="int8", group=32, gate=gate, up=up,
+                       down=down).load_weights()
+    chunked = tandem.MoE(E, K, H, Fd, method="int8", group=32, chunk_tokens=16, gate=gate,
+                         up=up, down=down).load_weights()
+    a, b = whole.forward(x, ids, w), chunked.forward(x, ids, w)
+    assert rel_err(a, reference_moe(x, gate, up, down, ids, w)) < 0.03
+    # each token's result depends on its own row only (the decode path of 1-token chunks aside)
+    assert torch.allclose(a, b, rtol=0, atol=1e-5)
+
+
+@pytest.fixture(scope="module")
+def small():
+    E, K, H, Fd = 4, 2, 64, 64
+    gate, up, down = make_layer(E, H, Fd)
+    moe = tandem.MoE(E, K, H, Fd, method="int8", group=32, gate=gate, up=up,
+                     down=down).load_weights()
+    return moe, make_routing(3, E, K, H)
+
+
+@pytest.mark.parametrize("args,exc,needle", [
+    (lambda x, i, w: (x.to(torch.int32), i, w), TypeError, "hidden_states"),
+    (lambda x, i, w: (x[:, :10], i, w), ValueError, "hidden_states"),
+    (lambda x, i, w: (torch.empty(x.shape, device="meta"), i, w), ValueError, "hidden_states"),
+    (lambda x, i, w: (x, i.float(), w), TypeError, "topk_ids"),
+    (lambda x, i, w: (x, i[:, :1], w), ValueError, "topk_ids"),
+    (lambda x, i, w: (x, i, w[:, :1]), ValueError, "topk_weights"),
+    (lambda x, i, w: (x, i, w.to(torch.int64)), TypeError, "topk_weights"),
+    (lambda x, i, w: (x, torch.full_like(i, 4), w), ValueError, r"topk_ids\[0\]\[0\] = 4"),
+    (lambda x, i, w: (x, torch.full_like(i, -2), w), ValueError, "topk_ids"),
+    (lambda x, i, w: ([1.0], i, w), TypeError, "hidden_states"),
+])
+def test_bad_calls_name_the_argument(small, args, exc, needle):
+    moe, (x, ids, w) = small
+    with pytest.raises(exc, match=needle):
+        moe.forward(*args(x, ids, w))
+    assert torch.isfinite(moe.forward(x, ids, w)).all()  # still serves
+
+
+@pytest.mark.parametrize("kwargs,exc,needle", [
+    (dict(method="int3"), ValueError, "method"),
+    (dict(method="fp8"), TypeError, "fp8"),
+    (dict(group=48), ValueError, "group"),
+    (dict(gpu_experts_mask=[True, False]), ValueError, "gpu_experts_mask"),
+    (dict(gate_shape=(4, 64, 65)), ValueError, "gate"),
+    (dict(down_shape=(4, 64, 32)), ValueError, "down"),
+    (dict(gate_dtype=torch.int8), TypeError, "gate"),
+])
+def test_bad_layers_name_the_argument(kwargs, exc, needle):
+    E, K, H, Fd = 4, 2, 64, 64
+    gate, up, down = make_layer(E, H, Fd)
+    if "gate_shape" in kwargs:
+        gate = torch.zeros(kwargs.pop("gate_shape"))
+    if "down_shape" in kwargs:
+        down = torch.zeros(kwargs.pop("down_shape"))
+    if "gate_dtype" in kwargs:
+        gate = gate.to(kwargs.pop("gate_dtype"))
+    with pytest.raises(exc, match=needle):
+        tandem.MoE(E, K, H, Fd, gate=gate, up=up, down=down, **kwargs).load_weights()
+
+
+def test_model_path_errors():
+    with pytest.raises(ValueError, match="layer_idx"):
+        tandem.MoE(weight_path=str(data_path("golden", "qwen3moe.gguf")),
+                   layer_idx=5).load_weights()
+    with pytest.raises(OSError):
+        tandem.MoE(weight_path="/nonexistent/model.gguf", layer_idx=0).load_weights()
+
+
+def test_cuda_stream_without_cuda_build_or_gpu():
+    E, K, H, Fd = 4, 2, 64, 64
+    gate, up, down = make_layer(E, H, Fd)
+    moe = tandem.MoE(E, K, H, Fd, method="bf16", gate=gate, up=up, down=down).load_weights()
+    x, ids, w = make_routing(2, E, K, H)
+    if not tandem.cuda_streams:
+        with pytest.raises(TypeError, match="without CUDA"):
+            moe.submit_forward(x, ids, w, cuda_stream=1234)
+    with pytest.raises(TypeError, match="cuda_stream"):
+        moe.submit_forward(x, ids, w, cuda_stream="stream")
+    assert moe.forward(x, ids, w).shape == x.shape
