@@ -20,7 +20,8 @@ namespace tandem {
 // order (started at the first submit).
 class MoeContext {
  public:
-  MoeContext(int threads, int numa_parts) : threading_(threading_options(threads)) {
+  MoeContext(int threads, int numa_parts, int spin_us)
+      : threading_(threading_options(threads, spin_us)) {
     if (numa_parts < 1) {
       fail(ErrorKind::kInvalidArgument, "numa parts {}: expected 1 or more", numa_parts);
     }
@@ -66,10 +67,14 @@ class MoeContext {
   }
 
  private:
-  static ThreadingOptions threading_options(int threads) {
+  static ThreadingOptions threading_options(int threads, int spin_us) {
     if (threads < 0) fail(ErrorKind::kInvalidArgument, "threads {}: expected 0 or more", threads);
+    if (spin_us < 0 || spin_us > 1000000) {
+      fail(ErrorKind::kInvalidArgument, "spin_us {}: expected 0 .. 1000000", spin_us);
+    }
     ThreadingOptions o;
     o.n_threads = threads;
+    o.spin_us = spin_us;
     return o;
   }
   void drive() {
@@ -95,8 +100,8 @@ class MoeContext {
   std::thread driver_;
 };
 
-std::shared_ptr<MoeContext> make_moe_context(int threads, int numa_parts) {
-  return std::make_shared<MoeContext>(threads, numa_parts);
+std::shared_ptr<MoeContext> make_moe_context(int threads, int numa_parts, int spin_us) {
+  return std::make_shared<MoeContext>(threads, numa_parts, spin_us);
 }
 int moe_context_threads(const MoeContext& context) { return context.threads(); }
 int moe_context_numa_parts(const MoeContext& context) { return context.numa_parts(); }

@@ -59,8 +59,13 @@ struct MoeLayerOptions {
 // The threads a set of layers share: a ThreadingContext (workers pinned per physical core,
 // grouped by NUMA node) plus the driver thread that runs submitted layers in order.
 // threads: compute threads (0: one per physical core); numa_parts > 1 splits every expert's
-// intermediate dimension over that many NUMA nodes (KTransformers §3.3), 1: none.
-std::shared_ptr<MoeContext> make_moe_context(int threads, int numa_parts = 1);
+// intermediate dimension over that many NUMA nodes (KTransformers §3.3), 1: none; spin_us: how
+// long idle workers spin for the next layer before they sleep (ThreadingOptions::spin_us; an
+// engine that calls layer after layer with its own work in between wants them awake: a sleeping
+// worker's wake-up costs tens of microseconds, more on a VM).
+inline constexpr int kMoeContextSpinUs = 1000;
+std::shared_ptr<MoeContext> make_moe_context(int threads, int numa_parts = 1,
+                                             int spin_us = kMoeContextSpinUs);
 int moe_context_threads(const MoeContext& context);
 int moe_context_numa_parts(const MoeContext& context);
 

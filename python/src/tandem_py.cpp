@@ -21,7 +21,7 @@
 #include "engine/generator.h"
 #include "formats/quant.h"
 #include "moe/moe_layer.h"
-#include "python/src/stream_hook.h"
+#include "moe/moe_stream.h"
 #include "tools/options.h"
 
 namespace py = pybind11;
@@ -257,10 +257,11 @@ PYBIND11_MODULE(_tandem, m) {
   });
 
   py::class_<ContextHandle>(m, "Context")
-      .def(py::init([](int threads, int numa_parts) {
-             return ContextHandle{make_moe_context(threads, numa_parts)};
+      .def(py::init([](int threads, int numa_parts, int spin_us) {
+             return ContextHandle{make_moe_context(threads, numa_parts, spin_us)};
            }),
-           py::arg("threads") = 0, py::arg("numa_parts") = 1)
+           py::arg("threads") = 0, py::arg("numa_parts") = 1,
+           py::arg("spin_us") = kMoeContextSpinUs)
       .def_property_readonly("threads", [](const ContextHandle& c) { return moe_context_threads(*c.ctx); })
       .def_property_readonly("numa_parts",
                              [](const ContextHandle& c) { return moe_context_numa_parts(*c.ctx); });

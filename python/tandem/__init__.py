@@ -23,6 +23,7 @@ import codecs
 import json
 import os
 import threading
+import weakref
 from typing import Iterable, Iterator, Optional, Sequence, Union
 
 import torch
@@ -308,63 +309,103 @@ class MoE:
         return self._layer
 
     # -- compute --
-    def _args(self, hidden, topk_ids, topk_weights):
+    def _args(self, hidden, topk_ids, topk_weights, out=None):
+        """(layer, hidden, x, tokens, ids, w, k, out) with x, ids, w, out the contiguous F32 /
+        int32 / F32 / F32 CPU tensors the native call reads and writes. Written for few torch
+        calls on the common path (F32 hidden, int32 or int64 ids, F32 weights, all contiguous):
+        after a layer has streamed its experts through the caches each costs ~10 us."""
         layer = self._loaded()
-        hidden = _cpu(hidden, "hidden_states")
-        if hidden.dtype not in _TORCH_DTYPES:
-            raise TypeError(f"hidden_states: dtype {hidden.dtype}; expected float32, bfloat16 "
-                            f"or float16")
-        if hidden.dim() < 1 or hidden.shape[-1] != self.hidden_size:
-            raise ValueError(f"hidden_states: shape {list(hidden.shape)}, expected [tokens, "
-                             f"hidden_size {self.hidden_size}]")
-        tokens = hidden.numel() // self.hidden_size
-        ids = _cpu(topk_ids, "topk_ids")
-        if ids.dtype not in (torch.int32, torch.int64):
-            raise TypeError(f"topk_ids: dtype {ids.dtype}; expected int32 or int64")
-        w = _cpu(topk_weights, "topk_weights")
-        if not w.is_floating_point():
-            raise TypeError(f"topk_weights: dtype {w.dtype}; expected a floating-point type")
-        k = self.num_experts_per_tok
-        if ids.numel() != tokens * k or (ids.dim() >= 1 and ids.shape[-1] != k):
-            raise ValueError(f"topk_ids: shape {list(ids.shape)}, expected [tokens {tokens}, "
+        H, k = self.hidden_size, self.num_experts_per_tok
+        if type(hidden) is not torch.Tensor:
+            _cpu(hidden, "hidden_states")
+        hs = hidden.shape
+        if not hidden.is_cpu:
+            _cpu(hidden, "hidden_states")
+        if len(hs) < 1 or hs[-1] != H:
+            raise ValueError(f"hidden_states: shape {list(hs)}, expected [tokens, "
+                             f"hidden_size {H}]")
+        x = hidden
+        if hidden.dtype is not torch.float32:
+            if hidden.dtype not in _TORCH_DTYPES:
+                raise TypeError(f"hidden_states: dtype {hidden.dtype}; expected float32, "
+                                f"bfloat16 or float16")
+            x = hidden.float()
+        if not x.is_contiguous():
+            x = x.contiguous()
+        tokens = x.numel() // H
+        ids = topk_ids
+        if type(ids) is not torch.Tensor or not ids.is_cpu:
+            _cpu(ids, "topk_ids")
+        ish = ids.shape
+        if len(ish) < 1 or ish[-1] != k or ids.numel() != tokens * k:
+            raise ValueError(f"topk_ids: shape {list(ish)}, expected [tokens {tokens}, "
                              f"num_experts_per_tok {k}]")
-        if w.shape != ids.shape:
+        if ids.dtype is not torch.int32:
+            if ids.dtype is not torch.int64:
+                raise TypeError(f"topk_ids: dtype {ids.dtype}; expected int32 or int64")
+            ids = ids.to(torch.int32)
+        if not ids.is_contiguous():
+            ids = ids.contiguous()
+        w = topk_weights
+        if type(w) is not torch.Tensor or not w.is_cpu:
+            _cpu(w, "topk_weights")
+        if w.shape != ish:
             raise ValueError(f"topk_weights: shape {list(w.shape)}, expected topk_ids' "
-                             f"{list(ids.shape)}")
-        x = hidden if hidden.dtype == torch.float32 else hidden.float()
-        x = x.contiguous()
-        ids = ids.to(torch.int32).contiguous()
-        w = w.to(torch.float32).contiguous()
-        out = torch.empty(hidden.shape, dtype=torch.float32)
+                             f"{list(ish)}")
+        if w.dtype is not torch.float32:
+            if not w.is_floating_point():
+                raise TypeError(f"topk_weights: dtype {w.dtype}; expected a floating-point type")
+            w = w.float()
+        if not w.is_contiguous():
+            w = w.contiguous()
+        if out is None:
+            out = torch.empty(hs, dtype=torch.float32)
+        elif (type(out) is not torch.Tensor or not out.is_cpu or out.dtype is not torch.float32
+              or out.shape != hs or not out.is_contiguous()):
+            raise ValueError(f"out: expected a contiguous float32 CPU tensor of hidden_states' "
+                             f"shape {list(hs)}")
         return layer, hidden, x, tokens, ids, w, k, out
 
-    def forward(self, hidden_states, topk_ids, topk_weights, cuda_stream=None) -> torch.Tensor:
+    def forward(self, hidden_states, topk_ids, topk_weights, cuda_stream=None,
+                out=None) -> torch.Tensor:
         """sum_j topk_weights[t, j] * expert_{topk_ids[t, j]}(hidden_states[t]) per token, over
         the experts this operator owns (ids of -1 and GPU experts are skipped); the output has
-        hidden_states' shape and dtype."""
+        hidden_states' shape and dtype. out: a float32 tensor of that shape to write instead of a
+        new one (an engine's preallocated buffer; float32 hidden states only)."""
         if cuda_stream is not None:
-            self.submit_forward(hidden_states, topk_ids, topk_weights, cuda_stream)
+            self.submit_forward(hidden_states, topk_ids, topk_weights, cuda_stream, out=out)
             return self.sync_forward(cuda_stream=cuda_stream)
         layer, hidden, x, tokens, ids, w, k, out = self._args(hidden_states, topk_ids,
-                                                              topk_weights)
+                                                              topk_weights, out)
         layer.forward(x.data_ptr(), tokens, ids.data_ptr(), w.data_ptr(), k, out.data_ptr())
-        return out if hidden.dtype == torch.float32 else out.to(hidden.dtype)
+        return out if x is hidden else out.to(hidden.dtype)
 
-    def submit_forward(self, hidden_states, topk_ids, topk_weights, cuda_stream=None) -> None:
+    def submit_forward(self, hidden_states, topk_ids, topk_weights, cuda_stream=None,
+                       out=None) -> None:
         """Starts the layer on tandem's threads and returns; sync_forward() gives the result.
         Several layers may be in flight (they run in submit order). With cuda_stream (tandem
-        built with CUDA) the start is a host function on that stream: the tensors must be CPU
-        tensors the stream's earlier work fills (pinned memory)."""
+        built with CUDA) the start is a host function on that stream, run when the stream
+        reaches it: the tensors are then read and written in place, so they must be CPU tensors
+        (pinned, filled by the stream's copies) that the kernels take as they are -- contiguous
+        float32 hidden_states and topk_weights, int32 topk_ids, a float32 out -- and stay alive
+        until the stream has passed sync_forward (static buffers, as CUDA graphs need)."""
         if self._pending is not None:
             raise RuntimeError("submit_forward: this layer already has one in flight "
                                "(sync_forward first)")
-        layer, hidden, x, tokens, ids, w, k, out = self._args(hidden_states, topk_ids,
-                                                              topk_weights)
         stream = _stream_handle(cuda_stream)
-        if stream and (x is not hidden or not hidden.is_contiguous()):
-            raise ValueError("hidden_states: with cuda_stream it must be a contiguous float32 "
-                             "CPU tensor (read when the stream reaches the submit)")
+        if stream and out is None:
+            raise ValueError("out: needed with cuda_stream (written when the stream runs the "
+                             "layer, after this call returns)")
+        layer, hidden, x, tokens, ids, w, k, out = self._args(hidden_states, topk_ids,
+                                                              topk_weights, out)
         if stream:
+            for name, given, used in (("hidden_states", hidden_states, x),
+                                      ("topk_ids", topk_ids, ids),
+                                      ("topk_weights", topk_weights, w)):
+                if given is not used:
+                    raise ValueError(f"{name}: with cuda_stream it must be a contiguous "
+                                     f"{used.dtype} CPU tensor (read in place when the stream "
+                                     f"reaches the submit)")
             layer.submit_on_stream(stream, x.data_ptr(), tokens, ids.data_ptr(), w.data_ptr(),
                                    k, out.data_ptr())
         else:
@@ -387,7 +428,7 @@ class MoE:
         finally:
             if not stream:
                 self._pending = None
-        return out if hidden.dtype == torch.float32 else out.to(hidden.dtype)
+        return out if hidden.dtype is torch.float32 else out.to(hidden.dtype)
 
     __call__ = forward
 
@@ -418,10 +459,12 @@ class KTMoEWrapper(MoE):
     threadpool_count (NUMA parts); weight_path (a .gguf file, a directory of GGUF files or an HF
     directory; layer_idx picks the layer); chunked_prefill_size (longer forwards run in chunks);
     physical_to_logical_map. max_deferred_experts_per_token > 0 is refused (tandem's engine
-    runs Expert Deferral itself: `--defer`); cpu_save and the capture-batch-size calls are
-    accepted and change nothing (tandem allocates per call)."""
+    runs Expert Deferral itself: `--defer`); cpu_save and set_capture_batch_sizes are accepted
+    and change nothing; the CUDA-stream forms write per-batch-shape output buffers (pinned),
+    reused call after call as kt-kernel's are, and clear_buffer_cache() drops them."""
 
     _capture_batch_sizes: list = []
+    _instances = weakref.WeakSet()  # (clear_buffer_cache empties every wrapper's buffers)
 
     def __init__(self, layer_idx: int, num_experts: int, num_experts_per_tok: int,
                  hidden_size: int, moe_intermediate_size: int, num_gpu_experts: int = 0,
@@ -442,14 +485,34 @@ class KTMoEWrapper(MoE):
             raise ValueError(f"num_gpu_experts {num_gpu_experts!r}: expected 0 .. {num_experts}")
         if gpu_experts_mask is None and num_gpu_experts:
             gpu_experts_mask = [i < num_gpu_experts for i in range(num_experts)]
+        self._buffers = {}
         super().__init__(num_experts, num_experts_per_tok, hidden_size, moe_intermediate_size,
                          method=m, gpu_experts_mask=gpu_experts_mask, threads=cpuinfer_threads,
                          numa_parts=threadpool_count, weight_path=weight_path,
                          layer_idx=layer_idx, chunk_tokens=chunked_prefill_size or 0)
         self.layer_idx = layer_idx
+        KTMoEWrapper._instances.add(self)
 
     def load_weights(self, physical_to_logical_map=None):
         return super().load_weights(physical_to_logical_map=physical_to_logical_map)
+
+    def submit_forward(self, hidden_states, topk_ids, topk_weights, cuda_stream=None):
+        # kt-kernel keeps an output buffer per batch size for CUDA-graph replays: so does this,
+        # for the stream form (the plain form returns a new tensor).
+        out = None
+        if cuda_stream is not None:
+            shape = tuple(hidden_states.shape)
+            out = self._buffers.get(shape)
+            if out is None:
+                out = self._buffers[shape] = torch.empty(shape, dtype=torch.float32,
+                                                         pin_memory=torch.cuda.is_available())
+        super().submit_forward(hidden_states, topk_ids, topk_weights, cuda_stream, out=out)
+
+    def forward(self, hidden_states, topk_ids, topk_weights, cuda_stream=None):
+        if cuda_stream is None:
+            return super().forward(hidden_states, topk_ids, topk_weights)
+        self.submit_forward(hidden_states, topk_ids, topk_weights, cuda_stream)
+        return self.sync_forward(hidden_states, cuda_stream)
 
     def load_weights_from_tensors(self, gate_proj, up_proj, down_proj,
                                   physical_to_logical_map=None):
@@ -465,7 +528,8 @@ class KTMoEWrapper(MoE):
 
     @classmethod
     def clear_buffer_cache(cls) -> None:
-        pass
+        for obj in list(cls._instances):
+            obj._buffers.clear()
 
 
 # ---------------------------------------------------------------------------------------------

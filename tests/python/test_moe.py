@@ -221,14 +221,24 @@ def test_model_path_errors():
         tandem.MoE(weight_path="/nonexistent/model.gguf", layer_idx=0).load_weights()
 
 
-def test_cuda_stream_without_cuda_build_or_gpu():
+def test_cuda_stream_arguments():
+    # The checks made before anything is enqueued (a real stream: tests/gpu/moe_stream_test.cpp).
     E, K, H, Fd = 4, 2, 64, 64
     gate, up, down = make_layer(E, H, Fd)
     moe = tandem.MoE(E, K, H, Fd, method="bf16", gate=gate, up=up, down=down).load_weights()
-    x, ids, w = make_routing(2, E, K, H)
-    if not tandem.cuda_streams:
-        with pytest.raises(TypeError, match="without CUDA"):
-            moe.submit_forward(x, ids, w, cuda_stream=1234)
+    x, ids, w = make_routing(2, E, K, H)  # (int64 ids)
     with pytest.raises(TypeError, match="cuda_stream"):
         moe.submit_forward(x, ids, w, cuda_stream="stream")
-    assert moe.forward(x, ids, w).shape == x.shape
+    with pytest.raises(ValueError, match="out"):
+        moe.submit_forward(x, ids.int(), w, cuda_stream=1234)
+    with pytest.raises(ValueError, match="topk_ids"):  # converted: not readable in place
+        moe.submit_forward(x, ids, w, cuda_stream=1234, out=torch.empty_like(x))
+    with pytest.raises(ValueError, match="hidden_states"):
+        moe.submit_forward(x.t().contiguous().t(), ids.int(), w, cuda_stream=1234,
+                           out=torch.empty_like(x))
+    if not tandem.cuda_streams:
+        with pytest.raises(TypeError, match="without CUDA"):
+            moe.submit_forward(x, ids.int(), w, cuda_stream=1234, out=torch.empty_like(x))
+    assert torch.equal(moe.forward(x, ids, w, out=torch.empty_like(x)), moe.forward(x, ids, w))
+    with pytest.raises(ValueError, match="out"):
+        moe.forward(x, ids, w, out=torch.empty(3, H))

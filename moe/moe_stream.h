@@ -1,4 +1,4 @@
-// A layer's submit and sync enqueued on a CUDA stream as host functions (cudaLaunchHostFunc),
+// A MoeLayer's submit and sync enqueued on a CUDA stream as host functions (cudaLaunchHostFunc),
 // the way an engine captures a decode step into a CUDA graph (KTransformers §3.3): the submit runs
 // when the stream reaches it (the hidden states, ids and weights written by the kernels before it
 // are then final), the sync blocks the stream until the layer's output is written. Built when

@@ -1,4 +1,4 @@
-#include "python/src/stream_hook.h"
+#include "moe/moe_stream.h"
 
 #include <exception>
 #include <memory>
