@@ -119,7 +119,8 @@ struct MoeLayer::Impl {
 
   std::mutex mu;
   std::condition_variable cv;
-  bool in_flight = false;
+  bool submitted = false;  // submit() without its sync() yet
+  bool running = false;    // the driver has not finished the submitted work
   std::exception_ptr error;
 
   void build(ThreadPool* pool);
@@ -161,25 +162,38 @@ std::string format_of_method(const std::string& method, DType dtype, const char*
 
 // Views on one weight family's experts.
 std::vector<ops::Weight> views_of(const ExpertTensor& t, const char* what) {
-  if (t.data == nullptr) fail(ErrorKind::kInvalidArgument, "{}: no data", what);
+  const bool each = !t.each.empty();
+  if (each && static_cast<int64_t>(t.each.size()) != t.experts) {
+    fail(ErrorKind::kInvalidArgument, "{}: {} per-expert tensors, expected {}", what,
+         t.each.size(), t.experts);
+  }
+  for (const void* p : t.each) {
+    if (p == nullptr) fail(ErrorKind::kInvalidArgument, "{}: an expert without data", what);
+  }
+  if (!each && t.data == nullptr) fail(ErrorKind::kInvalidArgument, "{}: no data", what);
   const int64_t block = dtype_info(t.dtype).block_elems;
   if (t.cols % block != 0) {
     fail(ErrorKind::kInvalidArgument, "{}: {} columns are not a multiple of {}'s {}-value blocks",
          what, t.cols, dtype_name(t.dtype), block);
   }
   const bool fp8 = t.dtype == DType::kF8E4M3;
-  if (fp8 && (t.scales == nullptr || t.block_rows <= 0 || t.block_cols <= 0)) {
-    fail(ErrorKind::kInvalidArgument, "{}: FP8 weights need their block scales", what);
+  const bool each_scales = !t.each_scales.empty();
+  if (fp8 && ((each_scales ? static_cast<int64_t>(t.each_scales.size()) != t.experts
+                           : t.scales == nullptr) ||
+              t.block_rows <= 0 || t.block_cols <= 0)) {
+    fail(ErrorKind::kInvalidArgument, "{}: FP8 weights need their block scales (one set per "
+         "expert)", what);
   }
   const int64_t sr = fp8 ? (t.rows + t.block_rows - 1) / t.block_rows : 0;
   const int64_t sc = fp8 ? (t.cols + t.block_cols - 1) / t.block_cols : 0;
   const int64_t row_bytes = dtype_bytes(t.dtype, t.cols);
   std::vector<ops::Weight> out;
   for (int64_t e = 0; e < t.experts; ++e) {
-    auto* base = static_cast<uint8_t*>(const_cast<void*>(t.data)) + e * t.rows * row_bytes;
+    auto* base = each ? static_cast<uint8_t*>(const_cast<void*>(t.each[static_cast<size_t>(e)]))
+                      : static_cast<uint8_t*>(const_cast<void*>(t.data)) + e * t.rows * row_bytes;
     ops::Weight w(Tensor::dense(t.dtype, {t.rows, t.cols}, base));
     if (fp8) {
-      w.scale_inv = t.scales + e * sr * sc;
+      w.scale_inv = each_scales ? t.each_scales[static_cast<size_t>(e)] : t.scales + e * sr * sc;
       w.scale_cols = sc;
       w.block_rows = t.block_rows;
       w.block_cols = t.block_cols;
@@ -393,7 +407,7 @@ MoeLayer::~MoeLayer() {
 }
 
 void MoeLayer::remap(const std::vector<int64_t>& physical_to_logical) {
-  TD_CHECK(!in_flight(), "MoeLayer::remap while a submit is in flight");
+  if (in_flight()) fail(ErrorKind::kInvalidArgument, "physical_to_logical_map: a submit is in flight");
   if (physical_to_logical.empty()) {
     fail(ErrorKind::kInvalidArgument, "physical_to_logical_map: empty");
   }
@@ -434,7 +448,7 @@ void MoeLayer::submit(const float* hidden, int64_t tokens, const int32_t* ids,
   impl_->check_call(ids, tokens, k, hidden, weights, out);
   {
     std::lock_guard<std::mutex> lock(impl_->mu);
-    impl_->in_flight = true;
+    impl_->submitted = impl_->running = true;
     impl_->error = nullptr;
   }
   Impl* impl = impl_.get();
@@ -447,7 +461,7 @@ void MoeLayer::submit(const float* hidden, int64_t tokens, const int32_t* ids,
     }
     {
       std::lock_guard<std::mutex> lock(impl->mu);
-      impl->in_flight = false;
+      impl->running = false;
       impl->error = error;
     }
     impl->cv.notify_all();
@@ -456,13 +470,14 @@ void MoeLayer::submit(const float* hidden, int64_t tokens, const int32_t* ids,
 
 void MoeLayer::sync() {
   std::unique_lock<std::mutex> lock(impl_->mu);
-  impl_->cv.wait(lock, [&] { return !impl_->in_flight; });
+  impl_->cv.wait(lock, [&] { return !impl_->running; });
+  impl_->submitted = false;
   if (impl_->error) std::rethrow_exception(std::exchange(impl_->error, nullptr));
 }
 
 bool MoeLayer::in_flight() const {
   std::lock_guard<std::mutex> lock(impl_->mu);
-  return impl_->in_flight;
+  return impl_->submitted;
 }
 
 void MoeLayer::keep_error(std::exception_ptr error) {

@@ -31,12 +31,16 @@ class MoeContext;
 // [experts, ceil(rows / block_rows), ceil(cols / block_cols)] (DeepSeek-V3's weight_scale_inv).
 // The memory is read, not copied, unless the method requantizes or rearranges it: for "fp8" (and
 // "gguf" on a CPU without the x16 / x4 kernels) it must outlive the layer.
+// Experts stored apart (a Hugging Face checkpoint's per-expert tensors) are given by `each`: one
+// pointer per expert (then `data` is not read), and FP8's by `each_scales`.
 struct ExpertTensor {
   const void* data = nullptr;
   DType dtype = DType::kF32;
   int64_t experts = 0, rows = 0, cols = 0;
   const float* scales = nullptr;  // FP8 only
   int64_t block_rows = 128, block_cols = 128;
+  std::vector<const void*> each;
+  std::vector<const float*> each_scales;
 };
 
 struct MoeLayerOptions {
@@ -96,12 +100,13 @@ class MoeLayer {
   void forward(const float* hidden, int64_t tokens, const int32_t* ids, const float* weights,
                int64_t k, float* out);
   // The same queued on the context's driver thread: the pointers must stay valid until sync().
-  // At most one submit per layer is in flight (a second before sync() is an Error).
+  // At most one submit per layer is in flight: a second before its sync() is an Error, finished
+  // or not (its result would go unread).
   void submit(const float* hidden, int64_t tokens, const int32_t* ids, const float* weights,
               int64_t k, float* out);
   // Waits for this layer's submit; rethrows its error. Nothing in flight: returns at once.
   void sync();
-  bool in_flight() const;
+  bool in_flight() const;  // submitted, not yet synced
   // Kept to be raised by the next sync() (a submit that failed where it could not throw: a CUDA
   // stream's host function).
   void keep_error(std::exception_ptr error);

@@ -271,11 +271,27 @@ PYBIND11_MODULE(_tandem, m) {
                        int64_t hidden, int64_t inter, const std::string& method, int group,
                        const std::vector<uint8_t>& mask, int64_t chunk, py::tuple gate,
                        py::tuple up, py::tuple down) {
+             // (data, dtype, experts, rows, cols, scales, block rows, block cols); data and
+             // scales an address, or a list of one address per expert
              auto tensor = [](const py::tuple& t) {
-               return expert_tensor(t[0].cast<uintptr_t>(), t[1].cast<std::string>(),
-                                    t[2].cast<int64_t>(), t[3].cast<int64_t>(),
-                                    t[4].cast<int64_t>(), t[5].cast<uintptr_t>(),
-                                    t[6].cast<int64_t>(), t[7].cast<int64_t>());
+               const bool each = py::isinstance<py::list>(t[0]);
+               const bool each_scales = py::isinstance<py::list>(t[5]);
+               ExpertTensor x = expert_tensor(
+                   each ? 0 : t[0].cast<uintptr_t>(), t[1].cast<std::string>(),
+                   t[2].cast<int64_t>(), t[3].cast<int64_t>(), t[4].cast<int64_t>(),
+                   each_scales ? 0 : t[5].cast<uintptr_t>(), t[6].cast<int64_t>(),
+                   t[7].cast<int64_t>());
+               if (each) {
+                 for (uintptr_t p : t[0].cast<std::vector<uintptr_t>>()) {
+                   x.each.push_back(ptr<const void>(p));
+                 }
+               }
+               if (each_scales) {
+                 for (uintptr_t p : t[5].cast<std::vector<uintptr_t>>()) {
+                   x.each_scales.push_back(ptr<const float>(p));
+                 }
+               }
+               return x;
              };
              const ExpertTensor g = tensor(gate), u = tensor(up), d = tensor(down);
              const MoeLayerOptions o =

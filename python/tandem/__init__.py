@@ -147,6 +147,24 @@ def _expert_tensor(t, name: str, shape: Sequence[int], method: str):
             raise ValueError(f"{name}: {data.numel()} bytes of {t.dtype}, expected "
                              f"{shape[0] * shape[1] * rb}")
         return (data,), (data.data_ptr(), t.dtype, *shape, 0, 0, 0)
+    if isinstance(t, (list, tuple)):  # one [out, in] tensor per expert: read where they are
+        if len(t) != shape[0]:
+            raise ValueError(f"{name}: {len(t)} per-expert tensors, expected num_experts "
+                             f"{shape[0]}")
+        keep, ptrs, dtype = [], [], None
+        for e, te in enumerate(t):
+            te = _cpu(te, f"{name}[{e}]")
+            if tuple(te.shape) != tuple(shape[1:]):
+                raise ValueError(f"{name}[{e}]: shape {list(te.shape)}, expected "
+                                 f"{list(shape[1:])} (out, in)")
+            if te.dtype not in _TORCH_DTYPES or (dtype is not None and te.dtype != dtype):
+                raise TypeError(f"{name}[{e}]: dtype {te.dtype}; expected float32, bfloat16 or "
+                                f"float16, the same for every expert")
+            dtype = te.dtype
+            te = te.contiguous()
+            keep.append(te)
+            ptrs.append(te.data_ptr())
+        return tuple(keep), (ptrs, _TORCH_DTYPES[dtype], *shape, 0, 0, 0)
     t = _cpu(t, name)
     if t.dim() != 3 or tuple(t.shape) != tuple(shape):
         raise ValueError(f"{name}: shape {list(t.shape)}, expected {list(shape)} "
@@ -211,8 +229,8 @@ class MoE:
     threads: compute threads (0: one per physical core); numa_parts: split each expert over
     that many NUMA nodes. Layers with the same threads / numa_parts share one thread pool.
     The weights: gate / up [num_experts, moe_intermediate_size, hidden_size] and down
-    [num_experts, hidden_size, moe_intermediate_size] torch tensors (float32, bfloat16, float16)
-    or tandem.QuantizedTensor; or weight_path (a .gguf file or a Hugging Face directory) and
+    [num_experts, hidden_size, moe_intermediate_size] torch tensors (float32, bfloat16, float16),
+    lists of one [out, in] tensor per expert, or tandem.QuantizedTensor; or weight_path (a .gguf file or a Hugging Face directory) and
     layer_idx. load_weights() builds the operator.
     chunk_tokens: a forward of more tokens runs in pieces of this many (0: at once).
     """
@@ -560,7 +578,7 @@ class Model:
         self._m = _tandem.Model(os.fspath(path), int(threads), int(ctx), cache_type,
                                 int(max_sequences), _flag_args(backend_flags))
         self._queues = {}
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
 
     @property
     def context_size(self) -> int:
@@ -603,11 +621,12 @@ class Model:
         for name, value, ok in checks:
             if not ok:
                 raise ValueError(f"{name} {value!r} is out of range")
-        rid = self._m.submit(ids, continues, int(max_tokens), float(temperature), int(top_k),
-                             float(top_p), float(min_p), int(seed), float(repeat_penalty),
-                             float(presence_penalty), float(frequency_penalty), list(stop or []),
-                             bool(ignore_eos))
-        queue = self._queues[rid] = []
+        with self._lock:  # (the generator is one thread's at a time; step() holds this lock)
+            rid = self._m.submit(ids, continues, int(max_tokens), float(temperature), int(top_k),
+                                 float(top_p), float(min_p), int(seed), float(repeat_penalty),
+                                 float(presence_penalty), float(frequency_penalty),
+                                 list(stop or []), bool(ignore_eos))
+            queue = self._queues[rid] = []
         return self._events(rid, queue)
 
     def _events(self, rid, queue) -> Iterator[str]:
@@ -618,6 +637,8 @@ class Model:
                 while not queue:
                     with self._lock:  # one step at a time; it feeds every request's queue
                         if not queue:
+                            if self._m.idle():  # (never: every request ends with an event)
+                                raise RuntimeError(f"request {rid} ended without a final event")
                             for r, text, _, finish, error in self._m.step():
                                 q = self._queues.get(r)
                                 if q is not None:
@@ -630,6 +651,7 @@ class Model:
                     yield piece
                 done = bool(finish)
         finally:
-            self._queues.pop(rid, None)
-            if not done:
-                self._m.cancel(rid)
+            with self._lock:
+                self._queues.pop(rid, None)
+                if not done:
+                    self._m.cancel(rid)

@@ -95,3 +95,20 @@ def test_bad_input_raises_and_the_model_keeps_working(model, demo):
     with pytest.raises(OSError):
         tandem.Model("/nonexistent.gguf")
     assert model.generate(PROMPT, max_tokens=3)
+
+
+def test_python_threads_share_the_model(model):
+    import threading
+    prompts = ["Once upon a time", "The capital of France", "1, 2, 3, 4,"]
+    solo = [model.generate(p, max_tokens=10) for p in prompts]
+    got = [None] * 3
+
+    def run(i):
+        got[i] = model.generate(prompts[i], max_tokens=10)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert got == solo

@@ -145,8 +145,13 @@ def test_golden_layer_bit_for_bit():
         from_tensors = tandem.MoE(E, 2, H, Fd, method=method, gate=stack("gate"),
                                   up=stack("up"), down=stack("down")).load_weights()
         from_model = tandem.MoE(method=method, weight_path=str(hf), layer_idx=0).load_weights()
+        per_expert = tandem.MoE(E, 2, H, Fd, method=method, gate=[t[f"model.layers.0.mlp."
+                                f"experts.{e}.gate_proj.weight"] for e in range(E)],
+                                up=list(stack("up")), down=list(stack("down"))).load_weights()
         assert from_model.num_experts == E and from_model.moe_intermediate_size == Fd
-        assert torch.equal(from_tensors.forward(x, ids, w), from_model.forward(x, ids, w)), method
+        want = from_model.forward(x, ids, w)
+        assert torch.equal(from_tensors.forward(x, ids, w), want), method
+        assert torch.equal(per_expert.forward(x, ids, w), want), method
 
 
 def test_chunked_forward_equals_whole():
@@ -242,3 +247,16 @@ def test_cuda_stream_arguments():
     assert torch.equal(moe.forward(x, ids, w, out=torch.empty_like(x)), moe.forward(x, ids, w))
     with pytest.raises(ValueError, match="out"):
         moe.forward(x, ids, w, out=torch.empty(3, H))
+
+
+def test_numa_parts_compute_the_same_layer():
+    # Split over NUMA nodes where the machine has them (else one part, logged): the same sums up
+    # to the order in which the parts' outputs are added.
+    E, K, H, Fd = 8, 2, 128, 128
+    gate, up, down = make_layer(E, H, Fd)
+    x, ids, w = make_routing(6, E, K, H)
+    one = tandem.MoE(E, K, H, Fd, method="int8", threads=2, numa_parts=1, gate=gate, up=up,
+                     down=down).load_weights()
+    two = tandem.MoE(E, K, H, Fd, method="int8", threads=2, numa_parts=2, gate=gate, up=up,
+                     down=down).load_weights()
+    assert torch.allclose(one.forward(x, ids, w), two.forward(x, ids, w), rtol=1e-5, atol=1e-6)

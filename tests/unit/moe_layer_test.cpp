@@ -17,6 +17,8 @@
 #include "model/weights.h"
 #include "moe/cpu_experts.h"
 #include "moe/fused_moe.h"
+#include "formats/model_config.h"
+#include "formats/synth.h"
 #include "moe/moe_layer.h"
 #include "tests/test_util.h"
 
@@ -139,6 +141,58 @@ INSTANTIATE_TEST_SUITE_P(
       }
       return s;
     });
+
+// A DeepSeek-V3-style FP8 checkpoint (block-scaled E4M3, as `tandem synth --type fp8` writes it):
+// method fp8 (read as stored) and int8 (requantized from FP8) against the engine's native and
+// int8 experts, and its per-expert tensors handed over one pointer each = the model path.
+TEST(MoeLayer, Fp8CheckpointEqualsTheEngine) {
+  test::TempDir dir("moefp8");
+  SynthOptions so;
+  so.config = config_preset("tiny-deepseek3");
+  so.format = SynthFormat::kHf;
+  so.type = SynthType::kFp8;
+  so.seed = 3;
+  so.output = dir / "fp8";
+  so.progress = false;
+  synth_model(so);
+  const std::string path = (dir / "fp8").string();
+  const LoadedModel m = load_model(path);
+  int64_t layer = 0;
+  while (!m.layers[static_cast<size_t>(layer)].moe) ++layer;
+  const ExpertWeights& e = m.layers[static_cast<size_t>(layer)].experts;
+  ASSERT_EQ(e.gate[0].t.dtype, DType::kF8E4M3);
+  auto ctx = make_moe_context(2);
+  ThreadingOptions to;
+  to.n_threads = 2;
+  ThreadingContext threading(to);
+  for (const auto& [method, format] : {std::pair<const char*, const char*>{"fp8", "native"},
+                                       {"int8", "int8"}}) {
+    MoeLayerOptions o;
+    o.method = method;
+    o.group = 32;
+    MoeLayer from_path(ctx, o, path, layer);
+    o = from_path.options();
+    auto each = [&](const std::vector<ops::Weight>& w) {
+      ExpertTensor t;
+      t.dtype = w[0].t.dtype;
+      t.experts = static_cast<int64_t>(w.size());
+      t.rows = w[0].rows();
+      t.cols = w[0].cols();
+      t.block_rows = w[0].block_rows;
+      t.block_cols = w[0].block_cols;
+      for (const ops::Weight& x : w) {
+        t.each.push_back(x.t.data);
+        t.each_scales.push_back(x.scale_inv);
+      }
+      return t;
+    };
+    MoeLayer from_raw(ctx, o, each(e.gate), each(e.up), each(e.down));
+    const Batch b = make_batch(7, o.num_experts_per_tok, o.hidden_size, o.num_experts, 9);
+    const std::vector<float> want = engine_moe(m, layer, format, 32, b, &threading.pool());
+    expect_bits(layer_forward(from_path, b), want, std::string(method) + " model path");
+    expect_bits(layer_forward(from_raw, b), want, std::string(method) + " per-expert tensors");
+  }
+}
 
 // The GGUF's stacked expert tensors handed over as raw memory = the model path constructor.
 TEST(MoeLayer, RawTensorsEqualTheModelPath) {
