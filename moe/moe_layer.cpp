@@ -1,10 +1,12 @@
 #include "moe/moe_layer.h"
 
 #include <condition_variable>
+#include <cstring>
 #include <deque>
 #include <exception>
 #include <functional>
 #include <mutex>
+#include <optional>
 #include <thread>
 
 #include "core/error.h"
@@ -119,6 +121,18 @@ struct MoeLayer::Impl {
 
   std::mutex mu;
   std::condition_variable cv;
+  // begin() .. end(): the call's arguments; started: its one chunk runs into `scratch`
+  struct Begun {
+    const float* hidden = nullptr;
+    int64_t tokens = 0;
+    const int32_t* ids = nullptr;
+    const float* weights = nullptr;
+    int64_t k = 0;
+    bool started = false;
+  };
+  std::optional<Begun> begun;
+  std::vector<float> scratch;
+
   bool submitted = false;  // submit() without its sync() yet
   bool running = false;    // the driver has not finished the submitted work
   std::exception_ptr error;
@@ -126,9 +140,11 @@ struct MoeLayer::Impl {
   void build(ThreadPool* pool);
   void set_slots(const std::vector<int64_t>& map);
   void check_call(const int32_t* ids, int64_t tokens, int64_t k, const float* hidden,
-                  const float* weights, const float* out) const;
+                  const float* weights, const float* out, bool check_out = true) const;
   void run(const float* hidden, int64_t tokens, const int32_t* ids, const float* weights,
            int64_t k, float* out);
+  MoeRequest request(const float* hidden, int64_t n, const int32_t* ids, const float* weights,
+                     int64_t k, float* out) const;
 };
 
 namespace {
@@ -298,8 +314,8 @@ void MoeLayer::Impl::set_slots(const std::vector<int64_t>& map) {
 }
 
 void MoeLayer::Impl::check_call(const int32_t* ids, int64_t tokens, int64_t k,
-                                const float* hidden, const float* weights,
-                                const float* out) const {
+                                const float* hidden, const float* weights, const float* out,
+                                bool check_out) const {
   if (tokens < 0 || tokens > (int64_t{1} << 24)) {
     fail(ErrorKind::kInvalidArgument, "hidden_states: {} tokens: expected 0 .. 16777216", tokens);
   }
@@ -307,9 +323,12 @@ void MoeLayer::Impl::check_call(const int32_t* ids, int64_t tokens, int64_t k,
     fail(ErrorKind::kInvalidArgument, "topk_ids: {} experts per token, expected "
          "num_experts_per_tok {}", k, options.num_experts_per_tok);
   }
-  if (tokens > 0 && (hidden == nullptr || ids == nullptr || weights == nullptr || out == nullptr)) {
-    fail(ErrorKind::kInvalidArgument, "forward: a null hidden_states, topk_ids, topk_weights or "
-         "output pointer");
+  if (tokens > 0 && (hidden == nullptr || ids == nullptr || weights == nullptr)) {
+    fail(ErrorKind::kInvalidArgument, "forward: a null hidden_states, topk_ids or topk_weights "
+         "pointer");
+  }
+  if (tokens > 0 && check_out && out == nullptr) {
+    fail(ErrorKind::kInvalidArgument, "forward: a null output pointer");
   }
   const auto slots_n = static_cast<int32_t>(slots.gate.size());
   for (int64_t i = 0; i < tokens * k; ++i) {
@@ -320,27 +339,32 @@ void MoeLayer::Impl::check_call(const int32_t* ids, int64_t tokens, int64_t k,
   }
 }
 
+MoeRequest MoeLayer::Impl::request(const float* hidden, int64_t n, const int32_t* ids,
+                                   const float* weights, int64_t k, float* out) const {
+  MoeRequest r;
+  r.layer = 0;
+  r.moe_index = 0;
+  r.n_moe_layers = 1;
+  r.decode = n == 1;
+  r.experts = &slots;
+  r.hidden = hidden;
+  r.n_tokens = n;
+  r.hidden_size = options.hidden_size;
+  r.ids = ids;
+  r.weights = weights;
+  r.k = k;
+  r.expert_mask = mask.data();
+  r.out = out;
+  return r;
+}
+
 void MoeLayer::Impl::run(const float* hidden, int64_t tokens, const int32_t* ids,
                          const float* weights, int64_t k, float* out) {
   const int64_t H = options.hidden_size;
   const int64_t chunk = options.max_chunk_tokens > 0 ? options.max_chunk_tokens : tokens;
   for (int64_t t0 = 0; t0 < tokens; t0 += chunk) {
     const int64_t n = std::min(chunk, tokens - t0);
-    MoeRequest r;
-    r.layer = 0;
-    r.moe_index = 0;
-    r.n_moe_layers = 1;
-    r.decode = n == 1;
-    r.experts = &slots;
-    r.hidden = hidden + t0 * H;
-    r.n_tokens = n;
-    r.hidden_size = H;
-    r.ids = ids + t0 * k;
-    r.weights = weights + t0 * k;
-    r.k = k;
-    r.expert_mask = mask.data();
-    r.out = out + t0 * H;
-    backend->submit(r);
+    backend->submit(request(hidden + t0 * H, n, ids + t0 * k, weights + t0 * k, k, out + t0 * H));
     backend->wait();
   }
 }
@@ -432,16 +456,47 @@ void MoeLayer::set_gpu_experts_mask(const std::vector<uint8_t>& m) {
 
 void MoeLayer::forward(const float* hidden, int64_t tokens, const int32_t* ids,
                        const float* weights, int64_t k, float* out) {
-  if (in_flight()) {
+  if (in_flight() || impl_->begun) {
     fail(ErrorKind::kInvalidArgument, "forward: this layer has a submit in flight (sync first)");
   }
   impl_->check_call(ids, tokens, k, hidden, weights, out);
   impl_->run(hidden, tokens, ids, weights, k, out);
 }
 
+void MoeLayer::begin(const float* hidden, int64_t tokens, const int32_t* ids,
+                     const float* weights, int64_t k) {
+  if (in_flight() || impl_->begun) {
+    fail(ErrorKind::kInvalidArgument, "forward: this layer has a call in flight");
+  }
+  impl_->check_call(ids, tokens, k, hidden, weights, nullptr, /*check_out=*/false);
+  Impl::Begun b{hidden, tokens, ids, weights, k, false};
+  const int64_t chunk = impl_->options.max_chunk_tokens;
+  if (tokens > 0 && (chunk == 0 || tokens <= chunk)) {
+    impl_->scratch.resize(static_cast<size_t>(tokens * impl_->options.hidden_size));
+    impl_->backend->submit(impl_->request(hidden, tokens, ids, weights, k, impl_->scratch.data()));
+    b.started = true;
+  }
+  impl_->begun = b;
+}
+
+void MoeLayer::end(float* out) {
+  if (!impl_->begun) fail(ErrorKind::kInvalidArgument, "forward: end without begin");
+  const Impl::Begun b = *impl_->begun;
+  impl_->begun.reset();
+  if (b.started) {
+    impl_->backend->wait();
+    if (out != nullptr) {
+      std::memcpy(out, impl_->scratch.data(),
+                  static_cast<size_t>(b.tokens * impl_->options.hidden_size) * sizeof(float));
+    }
+  } else if (out != nullptr) {
+    impl_->run(b.hidden, b.tokens, b.ids, b.weights, b.k, out);
+  }
+}
+
 void MoeLayer::submit(const float* hidden, int64_t tokens, const int32_t* ids,
                       const float* weights, int64_t k, float* out) {
-  if (in_flight()) {
+  if (in_flight() || impl_->begun) {
     fail(ErrorKind::kInvalidArgument, "submit_forward: this layer has a submit in flight "
          "(sync_forward first)");
   }

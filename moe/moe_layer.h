@@ -99,6 +99,13 @@ class MoeLayer {
   // num_experts_per_tok are Error(kInvalidArgument).
   void forward(const float* hidden, int64_t tokens, const int32_t* ids, const float* weights,
                int64_t k, float* out);
+  // forward() in two halves, so that the caller can make its output buffer while the workers
+  // compute (a Python caller's tensor allocation costs tens of microseconds): begin() checks the
+  // call and starts the experts (one chunk: into a buffer of the layer's), end(out) finishes and
+  // writes out (nullptr: waits and discards). Between them the layer takes no other call.
+  void begin(const float* hidden, int64_t tokens, const int32_t* ids, const float* weights,
+             int64_t k);
+  void end(float* out);
   // The same queued on the context's driver thread: the pointers must stay valid until sync().
   // At most one submit per layer is in flight: a second before its sync() is an Error, finished
   // or not (its result would go unread).

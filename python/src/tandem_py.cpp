@@ -316,6 +316,18 @@ PYBIND11_MODULE(_tandem, m) {
              l.forward(ptr<const float>(hidden), tokens, ptr<const int32_t>(ids),
                        ptr<const float>(weights), k, ptr<float>(out));
            })
+      .def("begin",
+           [](MoeLayer& l, uintptr_t hidden, int64_t tokens, uintptr_t ids, uintptr_t weights,
+              int64_t k) {
+             py::gil_scoped_release release;
+             l.begin(ptr<const float>(hidden), tokens, ptr<const int32_t>(ids),
+                     ptr<const float>(weights), k);
+           })
+      .def("end",
+           [](MoeLayer& l, uintptr_t out) {
+             py::gil_scoped_release release;
+             l.end(ptr<float>(out));
+           })
       .def("submit",
            [](MoeLayer& l, uintptr_t hidden, int64_t tokens, uintptr_t ids, uintptr_t weights,
               int64_t k, uintptr_t out) {

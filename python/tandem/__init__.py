@@ -327,7 +327,7 @@ class MoE:
         return self._layer
 
     # -- compute --
-    def _args(self, hidden, topk_ids, topk_weights, out=None):
+    def _args(self, hidden, topk_ids, topk_weights, out=None, allocate=True):
         """(layer, hidden, x, tokens, ids, w, k, out) with x, ids, w, out the contiguous F32 /
         int32 / F32 / F32 CPU tensors the native call reads and writes. Written for few torch
         calls on the common path (F32 hidden, int32 or int64 ids, F32 weights, all contiguous):
@@ -377,6 +377,8 @@ class MoE:
         if not w.is_contiguous():
             w = w.contiguous()
         if out is None:
+            if not allocate:
+                return layer, hidden, x, tokens, ids, w, k, None
             out = torch.empty(hs, dtype=torch.float32)
         elif (type(out) is not torch.Tensor or not out.is_cpu or out.dtype is not torch.float32
               or out.shape != hs or not out.is_contiguous()):
@@ -394,8 +396,19 @@ class MoE:
             self.submit_forward(hidden_states, topk_ids, topk_weights, cuda_stream, out=out)
             return self.sync_forward(cuda_stream=cuda_stream)
         layer, hidden, x, tokens, ids, w, k, out = self._args(hidden_states, topk_ids,
-                                                              topk_weights, out)
-        layer.forward(x.data_ptr(), tokens, ids.data_ptr(), w.data_ptr(), k, out.data_ptr())
+                                                              topk_weights, out, allocate=False)
+        if out is not None:
+            layer.forward(x.data_ptr(), tokens, ids.data_ptr(), w.data_ptr(), k, out.data_ptr())
+            return out
+        # The output tensor is made while the experts compute (cold after the layer has streamed
+        # its weights through the caches, its allocation is most of this call's overhead).
+        layer.begin(x.data_ptr(), tokens, ids.data_ptr(), w.data_ptr(), k)
+        try:
+            out = torch.empty(hidden.shape, dtype=torch.float32)
+        except BaseException:
+            layer.end(0)
+            raise
+        layer.end(out.data_ptr())
         return out if x is hidden else out.to(hidden.dtype)
 
     def submit_forward(self, hidden_states, topk_ids, topk_weights, cuda_stream=None,

@@ -317,6 +317,34 @@ TEST(MoeLayer, SeveralLayersInFlightEqualOneAtATime) {
   }
 }
 
+// begin() / end(out) is forward() in two halves: the same bits, chunked or not; the layer takes
+// no other call in between; end(nullptr) discards.
+TEST(MoeLayer, BeginEndEqualsForward) {
+  const std::string path = golden("qwen3moe-q4_k_m.gguf");
+  auto ctx = make_moe_context(2);
+  MoeLayerOptions o;
+  o.method = "gguf";
+  MoeLayer whole(ctx, o, path, 1);
+  o.max_chunk_tokens = 4;
+  MoeLayer chunked(ctx, o, path, 1);
+  o = whole.options();
+  for (int64_t tokens : {1, 4, 11}) {
+    const Batch b = make_batch(tokens, o.num_experts_per_tok, o.hidden_size, o.num_experts, 4);
+    const std::vector<float> want = layer_forward(whole, b);
+    for (MoeLayer* l : {&whole, &chunked}) {
+      std::vector<float> got(b.x.size(), -1.0f);
+      l->begin(b.x.data(), b.tokens, b.ids.data(), b.w.data(), b.k);
+      EXPECT_THROW(l->forward(b.x.data(), b.tokens, b.ids.data(), b.w.data(), b.k, got.data()),
+                   Error);
+      l->end(got.data());
+      expect_bits(got, want, "begin/end, tokens " + std::to_string(tokens));
+      l->begin(b.x.data(), b.tokens, b.ids.data(), b.w.data(), b.k);
+      l->end(nullptr);
+    }
+  }
+  EXPECT_THROW(whole.end(nullptr), Error);  // no begin
+}
+
 template <typename F>
 void expect_error(F&& f, ErrorKind kind, const std::string& needle) {
   try {
