@@ -397,19 +397,23 @@ class MoE:
             return self.sync_forward(cuda_stream=cuda_stream)
         layer, hidden, x, tokens, ids, w, k, out = self._args(hidden_states, topk_ids,
                                                               topk_weights, out, allocate=False)
+        given = out is not None
+        if not given and tokens > 64:  # (the allocation is noise next to such a layer)
+            out = torch.empty(hidden.shape, dtype=torch.float32)
         if out is not None:
             layer.forward(x.data_ptr(), tokens, ids.data_ptr(), w.data_ptr(), k, out.data_ptr())
-            return out
-        # The output tensor is made while the experts compute (cold after the layer has streamed
-        # its weights through the caches, its allocation is most of this call's overhead).
-        layer.begin(x.data_ptr(), tokens, ids.data_ptr(), w.data_ptr(), k)
-        try:
-            out = torch.empty(hidden.shape, dtype=torch.float32)
-        except BaseException:
-            layer.end(0)
-            raise
-        layer.end(out.data_ptr())
-        return out if x is hidden else out.to(hidden.dtype)
+        else:
+            # A few tokens' output tensor is made while the experts compute: cold after the layer
+            # has streamed its weights through the caches, the allocation is most of this call's
+            # overhead (docs/performance.md, P1).
+            layer.begin(x.data_ptr(), tokens, ids.data_ptr(), w.data_ptr(), k)
+            try:
+                out = torch.empty(hidden.shape, dtype=torch.float32)
+            except BaseException:
+                layer.end(0)
+                raise
+            layer.end(out.data_ptr())
+        return out if given or hidden.dtype is torch.float32 else out.to(hidden.dtype)
 
     def submit_forward(self, hidden_states, topk_ids, topk_weights, cuda_stream=None,
                        out=None) -> None:

@@ -84,10 +84,11 @@ def test_methods_match_torch(method, wtype, sizes, tol, tol_stored, T):
         assert rel_err(got, reference_moe(x, *stored, ids, w)) < tol_stored
 
 
-def test_bf16_weights_and_hidden():
+@pytest.mark.parametrize("T", [4, 80])  # (two paths: the output made during the call, or before)
+def test_bf16_weights_and_hidden(T):
     E, K, H, Fd = 6, 2, 128, 64
     gate, up, down = (t.to(torch.bfloat16) for t in make_layer(E, H, Fd))
-    x, ids, w = make_routing(4, E, K, H)
+    x, ids, w = make_routing(T, E, K, H)
     moe = tandem.MoE(E, K, H, Fd, method="bf16", gate=gate, up=up, down=down).load_weights()
     got = moe.forward(x.to(torch.bfloat16), ids.to(torch.int32), w)
     assert got.dtype == torch.bfloat16
