@@ -495,8 +495,10 @@ class KTMoEWrapper(MoE):
     directory; layer_idx picks the layer); chunked_prefill_size (longer forwards run in chunks);
     physical_to_logical_map. max_deferred_experts_per_token > 0 is refused (tandem's engine
     runs Expert Deferral itself: `--defer`); cpu_save and set_capture_batch_sizes are accepted
-    and change nothing; the CUDA-stream forms write per-batch-shape output buffers (pinned),
-    reused call after call as kt-kernel's are, and clear_buffer_cache() drops them."""
+    and change nothing. As kt-kernel's, submit_forward / sync_forward take the GPU tensors of
+    SGLang's MoE layer and its stream: the inputs are copied into pinned per-batch-size buffers
+    and the output back to the GPU, all on that stream (CUDA-graph capturable);
+    clear_buffer_cache() drops the buffers."""
 
     _capture_batch_sizes: list = []
     _instances = weakref.WeakSet()  # (clear_buffer_cache empties every wrapper's buffers)
@@ -521,6 +523,7 @@ class KTMoEWrapper(MoE):
         if gpu_experts_mask is None and num_gpu_experts:
             gpu_experts_mask = [i < num_gpu_experts for i in range(num_experts)]
         self._buffers = {}
+        self._device_pending = None
         super().__init__(num_experts, num_experts_per_tok, hidden_size, moe_intermediate_size,
                          method=m, gpu_experts_mask=gpu_experts_mask, threads=cpuinfer_threads,
                          numa_parts=threadpool_count, weight_path=weight_path,
@@ -532,19 +535,75 @@ class KTMoEWrapper(MoE):
         return super().load_weights(physical_to_logical_map=physical_to_logical_map)
 
     def submit_forward(self, hidden_states, topk_ids, topk_weights, cuda_stream=None):
-        # kt-kernel keeps an output buffer per batch size for CUDA-graph replays: so does this,
-        # for the stream form (the plain form returns a new tensor).
+        # kt-kernel keeps a buffer per batch size for CUDA-graph replays: so does this, for the
+        # stream form (the plain form returns a new tensor).
+        if isinstance(hidden_states, torch.Tensor) and hidden_states.is_cuda:
+            return self._submit_from_device(hidden_states, topk_ids, topk_weights, cuda_stream)
         out = None
         if cuda_stream is not None:
-            shape = tuple(hidden_states.shape)
-            out = self._buffers.get(shape)
-            if out is None:
-                out = self._buffers[shape] = torch.empty(shape, dtype=torch.float32,
-                                                         pin_memory=torch.cuda.is_available())
+            out = self._staging(hidden_states.numel() // max(self.hidden_size, 1), False)["out"]
+            out = out.view(hidden_states.shape)
         super().submit_forward(hidden_states, topk_ids, topk_weights, cuda_stream, out=out)
 
+    def sync_forward(self, hidden_states=None, cuda_stream=None) -> torch.Tensor:
+        pending = self._device_pending
+        if pending is None:
+            return super().sync_forward(hidden_states, cuda_stream)
+        # The device form: the sync on the stream, then the output back to the GPU after it.
+        self._device_pending = None
+        x, bufs, handle = pending
+        self._layer.sync_on_stream(handle)
+        stream = torch.cuda.ExternalStream(handle, device=x.device)
+        with torch.cuda.stream(stream):
+            out = bufs["out"].to(x.device, non_blocking=True).to(x.dtype)
+        return out.view(x.shape)
+
+    def _staging(self, tokens: int, pinned: bool) -> dict:
+        """Per-batch-size CPU buffers (pinned for the device form), reused call after call."""
+        key = (tokens, pinned)
+        bufs = self._buffers.get(key)
+        if bufs is None:
+            H, k = self.hidden_size, self.num_experts_per_tok
+            pin = dict(pin_memory=True) if pinned else {}
+            bufs = self._buffers[key] = dict(
+                x=torch.empty(tokens, H, dtype=torch.float32, **pin),
+                ids=torch.empty(tokens, k, dtype=torch.int32, **pin),
+                w=torch.empty(tokens, k, dtype=torch.float32, **pin),
+                out=torch.empty(tokens, H, dtype=torch.float32, **pin))
+        return bufs
+
+    def _submit_from_device(self, x, topk_ids, topk_weights, cuda_stream):
+        """SGLang's form: GPU tensors and the current stream's handle. Everything is enqueued on
+        that stream: the inputs copied into pinned buffers, the layer started by a host function
+        when the copies are done; sync_forward enqueues the wait and the copy back."""
+        if not cuda_streams:
+            raise TypeError("hidden_states is on the GPU, and this tandem was built without "
+                            "CUDA: pass CPU tensors")
+        if self._pending is not None or self._device_pending is not None:
+            raise RuntimeError("submit_forward: this layer already has one in flight "
+                               "(sync_forward first)")
+        layer = self._loaded()
+        H, k = self.hidden_size, self.num_experts_per_tok
+        if x.shape[-1] != H:
+            raise ValueError(f"hidden_states: shape {list(x.shape)}, expected [tokens, "
+                             f"hidden_size {H}]")
+        T = x.numel() // H
+        for name, t in (("topk_ids", topk_ids), ("topk_weights", topk_weights)):
+            if not isinstance(t, torch.Tensor) or t.numel() != T * k:
+                raise ValueError(f"{name}: expected [tokens {T}, num_experts_per_tok {k}]")
+        handle = _stream_handle(cuda_stream) or torch.cuda.current_stream(x.device).cuda_stream
+        bufs = self._staging(T, True)
+        with torch.cuda.stream(torch.cuda.ExternalStream(handle, device=x.device)):
+            bufs["x"].copy_(x.reshape(T, H).to(torch.float32), non_blocking=True)
+            bufs["ids"].copy_(topk_ids.reshape(T, k).to(torch.int32), non_blocking=True)
+            bufs["w"].copy_(topk_weights.reshape(T, k).to(torch.float32), non_blocking=True)
+        layer.submit_on_stream(handle, bufs["x"].data_ptr(), T, bufs["ids"].data_ptr(),
+                               bufs["w"].data_ptr(), k, bufs["out"].data_ptr())
+        self._device_pending = (x, bufs, handle)
+
     def forward(self, hidden_states, topk_ids, topk_weights, cuda_stream=None):
-        if cuda_stream is None:
+        on_device = isinstance(hidden_states, torch.Tensor) and hidden_states.is_cuda
+        if cuda_stream is None and not on_device:
             return super().forward(hidden_states, topk_ids, topk_weights)
         self.submit_forward(hidden_states, topk_ids, topk_weights, cuda_stream)
         return self.sync_forward(hidden_states, cuda_stream)

@@ -79,3 +79,21 @@ def test_capture_batch_sizes_are_kept():
     tandem.KTMoEWrapper.set_capture_batch_sizes([1, 2, 4])
     assert tandem.KTMoEWrapper.get_capture_batch_sizes() == [1, 2, 4]
     tandem.KTMoEWrapper.clear_buffer_cache()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available() or not tandem.cuda_streams,
+                    reason="needs a CUDA build of torch and of tandem, and a GPU")
+def test_sglang_device_form_on_a_stream():
+    # SGLang's call: GPU tensors and the current stream's handle; the output comes back on the
+    # GPU in the hidden states' dtype, equal to the CPU form's.
+    gate, up, down = make_layer(8, 128, 64)
+    w = wrapper(method="BF16")
+    w.load_weights_from_tensors(gate, up, down)
+    x, ids, wt = make_routing(5, 8, 2, 128)
+    want = w.forward(x.bfloat16(), ids, wt)
+    stream = torch.cuda.current_stream().cuda_stream
+    w.submit_forward(x.bfloat16().cuda(), ids.cuda(), wt.cuda(), stream)
+    got = w.sync_forward(x.bfloat16().cuda(), stream)
+    torch.cuda.synchronize()
+    assert got.is_cuda and got.dtype == torch.bfloat16
+    assert torch.equal(got.cpu(), want)
