@@ -252,6 +252,11 @@ void check_sizes(const MoeLayerOptions& o) {
 }  // namespace
 
 void MoeLayer::Impl::build(ThreadPool* pool) {
+  if (!options.gpu_experts_mask.empty() &&
+      options.gpu_experts_mask.size() != static_cast<size_t>(options.num_experts)) {
+    fail(ErrorKind::kInvalidArgument, "gpu_experts_mask: {} entries, expected num_experts {}",
+         options.gpu_experts_mask.size(), options.num_experts);
+  }
   const std::string format = format_of_method(options.method, loaded.gate.front().t.dtype, "gate");
   for (const auto* family : {&loaded.up, &loaded.down}) {
     const char* what = family == &loaded.up ? "up" : "down";
@@ -273,11 +278,6 @@ void MoeLayer::Impl::build(ThreadPool* pool) {
   std::vector<int64_t> identity(loaded.gate.size());
   for (size_t i = 0; i < identity.size(); ++i) identity[i] = static_cast<int64_t>(i);
   set_slots(identity);
-  if (!options.gpu_experts_mask.empty() &&
-      options.gpu_experts_mask.size() != static_cast<size_t>(options.num_experts)) {
-    fail(ErrorKind::kInvalidArgument, "gpu_experts_mask: {} entries, expected num_experts {}",
-         options.gpu_experts_mask.size(), options.num_experts);
-  }
   mask.assign(static_cast<size_t>(options.num_experts), 1);
   for (size_t i = 0; i < options.gpu_experts_mask.size(); ++i) {
     mask[i] = options.gpu_experts_mask[i] != 0 ? 0 : 1;
