@@ -29,8 +29,8 @@ class MoeContext;
 // matrices of [rows, cols] stored one after another, row-major, in `dtype`; for a GGUF block type
 // cols counts values (a row is cols / block values' blocks). FP8 E4M3 has block scales: F32
 // [experts, ceil(rows / block_rows), ceil(cols / block_cols)] (DeepSeek-V3's weight_scale_inv).
-// The memory is read, not copied, unless the method requantizes or rearranges it: for "fp8" (and
-// "gguf" on a CPU without the x16 / x4 kernels) it must outlive the layer.
+// The memory is read in place by "fp8" (FP8 views), so it must outlive the layer; the other methods
+// copy what they need (requantized, or GGUF blocks rearranged into the layer's own arena).
 // Experts stored apart (a Hugging Face checkpoint's per-expert tensors) are given by `each`: one
 // pointer per expert (then `data` is not read), and FP8's by `each_scales`.
 struct ExpertTensor {
