@@ -243,6 +243,10 @@ void check_sizes(const MoeLayerOptions& o) {
     fail(ErrorKind::kInvalidArgument, "num_experts_per_tok {} > num_experts {}",
          o.num_experts_per_tok, o.num_experts);
   }
+  if (o.group != 0 && o.group != 32 && o.group != 64 && o.group != 128) {
+    fail(ErrorKind::kInvalidArgument, "group {}: expected 32, 64 or 128 (0: the largest that "
+         "divides the sizes)", o.group);
+  }
   if (o.max_chunk_tokens < 0) {
     fail(ErrorKind::kInvalidArgument, "chunked_prefill_size {}: expected 0 or more",
          o.max_chunk_tokens);

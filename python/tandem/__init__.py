@@ -53,6 +53,7 @@ class QuantizedTensor:
 
     def __init__(self, data: torch.Tensor, dtype: str, shape: Sequence[int],
                  scales: Optional[torch.Tensor] = None, block: Sequence[int] = (128, 128)):
+        dtype = "fp8" if str(dtype).lower() == "fp8" else _block_type(dtype)
         self.data, self.dtype, self.shape = data, dtype, tuple(int(s) for s in shape)
         self.scales, self.block = scales, (int(block[0]), int(block[1]))
 
@@ -94,21 +95,21 @@ def quantize(t: torch.Tensor, dtype: str, block: Sequence[int] = (128, 128)) -> 
 
 def dequantize(q: QuantizedTensor) -> torch.Tensor:
     """The F32 values of quantized weights (what the kernels multiply by)."""
+    if not isinstance(q, QuantizedTensor):
+        raise TypeError(f"q: expected a tandem.QuantizedTensor, got {type(q).__name__}")
+    data, scales = _checked_blocks(q, "q")
     rows, cols = q.shape[-2], q.shape[-1]
-    n = 1
-    for s in q.shape[:-2]:
-        n *= s
+    n = data.numel() // (rows * cols) if q.dtype == "fp8" else 0
     out = torch.empty(*q.shape, dtype=torch.float32)
-    data = q.data.contiguous()
-    if q.dtype == "fp8":
-        scales = q.scales.contiguous()
-        sr, sc = -(-rows // q.block[0]), -(-cols // q.block[1])
+    if scales is not None:
+        sr, sc = scales.shape[-2], scales.shape[-1]
         for i in range(n):
             _tandem.dequantize_fp8(data.data_ptr() + i * rows * cols,
                                    scales.data_ptr() + i * sr * sc * 4, rows, cols, q.block[0],
                                    q.block[1], out.data_ptr() + i * rows * cols * 4)
     else:
-        _tandem.dequantize_rows(data.data_ptr(), n * rows, cols, q.dtype, out.data_ptr())
+        _tandem.dequantize_rows(data.data_ptr(), out.numel() // cols, cols, q.dtype,
+                                out.data_ptr())
     return out
 
 
@@ -124,28 +125,43 @@ def _cpu(t, name: str) -> torch.Tensor:
     return t
 
 
+def _checked_blocks(q: QuantizedTensor, name: str):
+    """q's contiguous CPU bytes and (FP8) F32 scales, their sizes checked against q.shape."""
+    if len(q.shape) < 2:
+        raise ValueError(f"{name}: shape {list(q.shape)}, expected [..., rows, cols]")
+    rows, cols = q.shape[-2], q.shape[-1]
+    n = 1
+    for s in q.shape[:-2]:
+        n *= s
+    data = _cpu(q.data, name).contiguous()
+    if q.dtype != "fp8":
+        rb = _tandem.dtype_row_bytes(q.dtype, cols)
+        if data.dtype != torch.uint8 or data.numel() != n * rows * rb:
+            raise ValueError(f"{name}: {data.numel()} {data.dtype} values, expected "
+                             f"{n * rows * rb} uint8 bytes of {q.dtype}")
+        return data, None
+    if data.dtype != torch.uint8 or data.numel() != n * rows * cols:
+        raise ValueError(f"{name}: {data.numel()} {data.dtype} values, expected {n * rows * cols} "
+                         f"uint8 FP8 bytes")
+    if q.block[0] <= 0 or q.block[1] <= 0:
+        raise ValueError(f"{name}: block {list(q.block)}, expected positive sizes")
+    scales = _cpu(q.scales, f"{name} scales").to(torch.float32).contiguous()
+    want = (*q.shape[:-2], -(-rows // q.block[0]), -(-cols // q.block[1]))
+    if tuple(scales.shape) != want:
+        raise ValueError(f"{name} scales: shape {list(scales.shape)}, expected {list(want)}")
+    return data, scales
+
+
 def _expert_tensor(t, name: str, shape: Sequence[int], method: str):
     """(keep-alive objects, the native tuple) for one weight family."""
     if isinstance(t, QuantizedTensor):
         if tuple(t.shape) != tuple(shape):
             raise ValueError(f"{name}: shape {list(t.shape)}, expected {list(shape)} "
                              f"(num_experts, out, in)")
-        data = _cpu(t.data, name).contiguous()
-        if t.dtype == "fp8":
-            scales = _cpu(t.scales, f"{name} scales").to(torch.float32).contiguous()
-            sr, sc = -(-shape[1] // t.block[0]), -(-shape[2] // t.block[1])
-            if tuple(scales.shape) != (shape[0], sr, sc):
-                raise ValueError(f"{name} scales: shape {list(scales.shape)}, expected "
-                                 f"{[shape[0], sr, sc]}")
-            if data.numel() != shape[0] * shape[1] * shape[2]:
-                raise ValueError(f"{name}: {data.numel()} FP8 bytes, expected "
-                                 f"{shape[0] * shape[1] * shape[2]}")
+        data, scales = _checked_blocks(t, name)
+        if scales is not None:
             return (data, scales), (data.data_ptr(), "f8_e4m3", *shape, scales.data_ptr(),
                                     *t.block)
-        rb = _tandem.dtype_row_bytes(t.dtype, shape[2])
-        if data.numel() != shape[0] * shape[1] * rb:
-            raise ValueError(f"{name}: {data.numel()} bytes of {t.dtype}, expected "
-                             f"{shape[0] * shape[1] * rb}")
         return (data,), (data.data_ptr(), t.dtype, *shape, 0, 0, 0)
     if isinstance(t, (list, tuple)):  # one [out, in] tensor per expert: read where they are
         if len(t) != shape[0]:
@@ -428,11 +444,12 @@ class MoE:
             raise RuntimeError("submit_forward: this layer already has one in flight "
                                "(sync_forward first)")
         stream = _stream_handle(cuda_stream)
+        layer, hidden, x, tokens, ids, w, k, out = self._args(hidden_states, topk_ids,
+                                                              topk_weights, out,
+                                                              allocate=not stream)
         if stream and out is None:
             raise ValueError("out: needed with cuda_stream (written when the stream runs the "
                              "layer, after this call returns)")
-        layer, hidden, x, tokens, ids, w, k, out = self._args(hidden_states, topk_ids,
-                                                              topk_weights, out)
         if stream:
             for name, given, used in (("hidden_states", hidden_states, x),
                                       ("topk_ids", topk_ids, ids),
@@ -540,8 +557,9 @@ class KTMoEWrapper(MoE):
         if isinstance(hidden_states, torch.Tensor) and hidden_states.is_cuda:
             return self._submit_from_device(hidden_states, topk_ids, topk_weights, cuda_stream)
         out = None
-        if cuda_stream is not None:
-            out = self._staging(hidden_states.numel() // max(self.hidden_size, 1), False)["out"]
+        if (cuda_stream is not None and isinstance(hidden_states, torch.Tensor)
+                and hidden_states.dim() >= 1 and hidden_states.shape[-1] == self.hidden_size):
+            out = self._staging(hidden_states.numel() // self.hidden_size, False)["out"]
             out = out.view(hidden_states.shape)
         super().submit_forward(hidden_states, topk_ids, topk_weights, cuda_stream, out=out)
 

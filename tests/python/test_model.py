@@ -76,9 +76,10 @@ def test_token_ids_and_stop(model):
     ids = model.tokenize(PROMPT)
     assert model.generate(ids, max_tokens=10) == model.generate(PROMPT, max_tokens=10)
     whole = model.generate(PROMPT, max_tokens=24)
-    stop = whole[len(whole) // 2:len(whole) // 2 + 3]
-    if stop.strip():
-        assert model.generate(PROMPT, max_tokens=24, stop=[stop]) == whole[:whole.index(stop)]
+    starts = [i for i in range(len(whole) // 2, len(whole) - 3) if whole[i:i + 3].strip()]
+    assert starts, f"no stop string to cut {whole!r} at"
+    stop = whole[starts[0]:starts[0] + 3]
+    assert model.generate(PROMPT, max_tokens=24, stop=[stop]) == whole[:whole.index(stop)]
 
 
 def test_bad_input_raises_and_the_model_keeps_working(model, demo):

@@ -219,6 +219,23 @@ def test_bad_layers_name_the_argument(kwargs, exc, needle):
         tandem.MoE(E, K, H, Fd, gate=gate, up=up, down=down, **kwargs).load_weights()
 
 
+def test_quantized_tensors_are_checked():
+    q = tandem.quantize(torch.randn(2, 4, 64), "q8_0")
+    assert torch.allclose(tandem.dequantize(q), tandem.dequantize(tandem.QuantizedTensor(
+        q.data.clone(), "Q8_0", q.shape)))
+    with pytest.raises(ValueError, match="bytes of q8_0"):  # too few bytes: never read past them
+        tandem.dequantize(tandem.QuantizedTensor(q.data[:1], "q8_0", q.shape))
+    w = torch.randn(3, 130, 70)  # (partial 128 x 128 blocks)
+    f = tandem.quantize(w, "fp8")
+    assert rel_err(tandem.dequantize(f), w) < 0.05
+    with pytest.raises(ValueError, match="scales"):
+        tandem.dequantize(tandem.QuantizedTensor(f.data, "fp8", f.shape, f.scales[:, :1]))
+    with pytest.raises(ValueError, match="q4_K|values"):
+        tandem.quantize(torch.randn(4, 100), "q4_K")  # rows of 100 are not 256-blocks
+    with pytest.raises(TypeError, match="QuantizedTensor"):
+        tandem.dequantize(torch.zeros(4))
+
+
 def test_model_path_errors():
     with pytest.raises(ValueError, match="layer_idx"):
         tandem.MoE(weight_path=str(data_path("golden", "qwen3moe.gguf")),
