@@ -22,6 +22,8 @@ constexpr ArchNames kArchNames[] = {
     {ModelArch::kQwen2Moe, "qwen2moe", "qwen2moe", "Qwen2MoeForCausalLM", "qwen2_moe"},
     {ModelArch::kQwen3Moe, "qwen3moe", "qwen3moe", "Qwen3MoeForCausalLM", "qwen3_moe"},
     {ModelArch::kMixtral, "mixtral", "llama", "MixtralForCausalLM", "mixtral"},
+    {ModelArch::kGlm4Moe, "glm4moe", "glm4moe", "Glm4MoeForCausalLM", "glm4_moe"},
+    {ModelArch::kMiniMaxM2, "minimax-m2", "minimax-m2", "MiniMaxM2ForCausalLM", "minimax_m2"},
 };
 
 const ArchNames& names_of(ModelArch arch) {
@@ -133,6 +135,10 @@ void validate_impl(const ModelConfig& c, std::string_view source, const detail::
   if (c.bos_token_id != -1) v.range("bos_token_id", c.bos_token_id, 0, c.vocab_size - 1);
   if (c.eos_token_id != -1) v.range("eos_token_id", c.eos_token_id, 0, c.vocab_size - 1);
   v.range("sliding_window", c.sliding_window, 0, kMaxPositions);
+  v.range("nextn_layers", c.nextn_layers, 0, 64);
+  if (c.qk_norm_all_heads && !c.qk_norm) {
+    v.inconsistent("qk_norm", "norms over all heads without q/k norms");
+  }
 
   const RopeScaling& rs = c.rope_scaling;
   if (rs.type != RopeScalingType::kNone) v.positive_float("rope_scaling.factor", rs.factor, 1e6);
@@ -214,6 +220,8 @@ bool ModelConfig::is_moe_layer(int64_t layer) const {
     case ModelArch::kDeepseek2:
     case ModelArch::kDeepseek3:
       return layer >= first_k_dense_replace && layer % moe_layer_freq == 0;
+    case ModelArch::kGlm4Moe:
+      return layer >= first_k_dense_replace;
     case ModelArch::kQwen2Moe:
     case ModelArch::kQwen3Moe:
       for (int64_t l : mlp_only_layers) {
@@ -221,6 +229,7 @@ bool ModelConfig::is_moe_layer(int64_t layer) const {
       }
       return (layer + 1) % moe_layer_freq == 0;
     case ModelArch::kMixtral:
+    case ModelArch::kMiniMaxM2:
       return true;
   }
   return false;
@@ -296,6 +305,8 @@ std::vector<std::string> config_diff(const ModelConfig& a, const ModelConfig& b)
   i("has_e_score_correction_bias", a.has_e_score_correction_bias, b.has_e_score_correction_bias);
   i("attention_bias", a.attention_bias, b.attention_bias);
   i("qk_norm", a.qk_norm, b.qk_norm);
+  i("qk_norm_all_heads", a.qk_norm_all_heads, b.qk_norm_all_heads);
+  i("nextn_layers", a.nextn_layers, b.nextn_layers);
   i("tie_word_embeddings", a.tie_word_embeddings, b.tie_word_embeddings);
   i("bos_token_id", a.bos_token_id, b.bos_token_id);
   i("eos_token_id", a.eos_token_id, b.eos_token_id);
@@ -338,7 +349,9 @@ ParamCount count_params(const ModelConfig& c) {
     attn += h * c.num_heads * c.head_dim + 2 * h * c.num_kv_heads * c.head_dim +
             c.num_heads * c.v_head_dim * h;
     if (c.attention_bias) attn += (c.num_heads + 2 * c.num_kv_heads) * c.head_dim;
-    if (c.qk_norm) attn += 2 * c.head_dim;
+    if (c.qk_norm) {
+      attn += c.qk_norm_all_heads ? (c.num_heads + c.num_kv_heads) * c.head_dim : 2 * c.head_dim;
+    }
   }
   ParamCount p;
   p.embedding = c.vocab_size * h * (c.tie_word_embeddings ? 1 : 2);

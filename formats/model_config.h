@@ -1,6 +1,7 @@
 // Model hyperparameters: one ModelConfig for every supported MoE architecture, read from a
 // Hugging Face config.json or from GGUF metadata (llama.cpp arches deepseek2, qwen2moe, qwen3moe,
-// llama-with-experts), or taken from a named preset with the real released shapes.
+// llama-with-experts, glm4moe, minimax-m2), or taken from a named preset with the real released
+// shapes.
 //
 // The two sources describe the same model differently (DeepSeek MLA in GGUF is written as MQA
 // with head_count_kv = 1 and key_length = kv_lora + rope; routing flags that llama.cpp hard-codes
@@ -23,14 +24,19 @@ namespace tandem {
 class GgufFile;
 class GgufWriter;
 
-enum class ModelArch : uint8_t { kDeepseek2, kDeepseek3, kQwen2Moe, kQwen3Moe, kMixtral };
+enum class ModelArch : uint8_t {
+  kDeepseek2, kDeepseek3, kQwen2Moe, kQwen3Moe, kMixtral, kGlm4Moe, kMiniMaxM2
+};
 
-// "deepseek2", "deepseek3", "qwen2moe", "qwen3moe", "mixtral" (tandem's names, `--arch`).
+// "deepseek2", "deepseek3", "qwen2moe", "qwen3moe", "mixtral", "glm4moe", "minimax-m2" (tandem's
+// names, `--arch`).
 std::string_view arch_name(ModelArch arch);
 std::optional<ModelArch> arch_from_name(std::string_view name);
-// llama.cpp's `general.architecture`: deepseek2 (both DeepSeek arches), qwen2moe, qwen3moe, llama.
+// llama.cpp's `general.architecture`: deepseek2 (both DeepSeek arches), qwen2moe, qwen3moe, llama,
+// glm4moe, minimax-m2.
 std::string_view gguf_arch_name(ModelArch arch);
-// HF `architectures[0]`: DeepseekV2ForCausalLM, ..., MixtralForCausalLM.
+// HF `architectures[0]`: DeepseekV2ForCausalLM, ..., MixtralForCausalLM, Glm4MoeForCausalLM,
+// MiniMaxM2ForCausalLM.
 std::string_view hf_architecture_name(ModelArch arch);
 
 enum class RopeScalingType : uint8_t { kNone, kLinear, kYarn };
@@ -69,7 +75,9 @@ struct ModelConfig {
   int64_t num_kv_heads = 0;
   // Query/key head size: qk_nope + qk_rope for MLA, else head_dim (default hidden / heads).
   int64_t head_dim = 0;
-  int64_t rope_dim = 0;  // rotary dims per head: qk_rope for MLA, head_dim otherwise
+  // Rotary dims per head: qk_rope for MLA; head_dim, or its first part (partial rotary: GLM-4.5's
+  // partial_rotary_factor, MiniMax-M2's rotary_dim), rotated in the NeoX form.
+  int64_t rope_dim = 0;
 
   int64_t intermediate_size = 0;      // dense FFN width (DeepSeek's leading dense layers)
   int64_t moe_intermediate_size = 0;  // one routed expert's FFN width
@@ -81,8 +89,9 @@ struct ModelConfig {
   int64_t n_experts = 0;
   int64_t n_experts_per_tok = 0;
   // Which layers are MoE (is_moe_layer()): DeepSeek: layer >= first_k_dense_replace and
-  // layer % moe_layer_freq == 0; Qwen: layer not in mlp_only_layers and
-  // (layer + 1) % moe_layer_freq == 0 (HF decoder_sparse_step); Mixtral: all.
+  // layer % moe_layer_freq == 0; GLM-4.5: layer >= first_k_dense_replace; Qwen: layer not in
+  // mlp_only_layers and (layer + 1) % moe_layer_freq == 0 (HF decoder_sparse_step); Mixtral and
+  // MiniMax-M2: all.
   int64_t first_k_dense_replace = 0;
   int64_t moe_layer_freq = 1;
   std::vector<int64_t> mlp_only_layers;
@@ -108,8 +117,14 @@ struct ModelConfig {
   float routed_scaling_factor = 1.0f;
   bool has_e_score_correction_bias = false;  // DeepSeek-V3 noaux_tc selection bias
 
-  bool attention_bias = false;  // q/k/v projection biases (Qwen2-MoE)
-  bool qk_norm = false;         // per-head RMSNorm of q and k (Qwen3-MoE)
+  bool attention_bias = false;  // q/k/v projection biases (Qwen2-MoE, GLM-4.5)
+  bool qk_norm = false;         // RMSNorm of q and k (Qwen3-MoE, GLM-4.5 optionally, MiniMax-M2)
+  // The q / k norms span all heads (MiniMax-M2: one RMSNorm over the num_heads * head_dim query,
+  // one over the num_kv_heads * head_dim key) rather than each head's head_dim.
+  bool qk_norm_all_heads = false;
+  // Multi-token-prediction layers stored after the last layer (GLM-4.5 / DeepSeek-V3
+  // `num_nextn_predict_layers`; GGUF block_count counts them): loaded with the checkpoint, not run.
+  int64_t nextn_layers = 0;
   bool tie_word_embeddings = false;
   int64_t bos_token_id = -1;  // -1 = none
   int64_t eos_token_id = -1;
@@ -140,9 +155,9 @@ ModelConfig config_from_hf_json_text(std::string_view json_text, std::string_vie
 // Reads the model hyperparameters of a GGUF file (arch from `general.architecture`).
 ModelConfig config_from_gguf(const GgufFile& file);
 
-// "tiny-deepseek2", "tiny-deepseek3", "tiny-qwen2moe", "tiny-qwen3moe", "tiny-mixtral" (the
-// golden test models' shapes) and the released shapes "deepseek-v2-lite", "deepseek-v3",
-// "kimi-k2", "qwen3-30b-a3b", "qwen2-57b-a14b", "mixtral-8x7b". Throws
+// "tiny-<arch>" for every arch (the golden test models' shapes) and the released shapes
+// "deepseek-v2-lite", "deepseek-v3", "kimi-k2", "qwen3-30b-a3b", "qwen2-57b-a14b",
+// "mixtral-8x7b", "glm-4.5-air", "glm-4.5", "minimax-m2". Throws
 // Error(kInvalidArgument) listing the names for an unknown one.
 ModelConfig config_preset(std::string_view name);
 std::vector<std::string> config_preset_names();

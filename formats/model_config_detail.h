@@ -12,7 +12,8 @@ namespace tandem::detail {
 
 inline constexpr ModelArch kAllArches[] = {ModelArch::kDeepseek2, ModelArch::kDeepseek3,
                                            ModelArch::kQwen2Moe, ModelArch::kQwen3Moe,
-                                           ModelArch::kMixtral};
+                                           ModelArch::kMixtral, ModelArch::kGlm4Moe,
+                                           ModelArch::kMiniMaxM2};
 
 // Largest magnitude any integer of a config may have when read (real limits are far lower and
 // checked by validate_config_keys()): keeps sums and products of two values within int64.
@@ -22,7 +23,7 @@ inline bool in_config_range(int64_t v) {
 }
 
 bool is_deepseek(ModelArch arch);
-// HF `model_type`: deepseek_v2, deepseek_v3, qwen2_moe, qwen3_moe, mixtral.
+// HF `model_type`: deepseek_v2, deepseek_v3, qwen2_moe, qwen3_moe, mixtral, glm4_moe, minimax_m2.
 std::string_view hf_model_type(ModelArch arch);
 
 // Maps a ModelConfig field name to the key that holds it in the source file, so that a

@@ -1,5 +1,5 @@
 // ModelConfig from GGUF metadata as llama.cpp writes and reads it (arches deepseek2, qwen2moe,
-// qwen3moe, llama with experts). What llama.cpp hard-codes per arch rather than storing (routing
+// qwen3moe, llama with experts, glm4moe, minimax-m2). What llama.cpp hard-codes per arch rather than storing (routing
 // normalization, q/k norms) is filled in the same way here.
 #include <cmath>
 
@@ -49,6 +49,10 @@ std::string gguf_key_of(ModelArch arch, std::string_view field) {
       {"rope_scaling.mscale_all_dim", ".rope.scaling.yarn_log_multiplier"},
   };
   if (is_deepseek(arch) && field == "v_head_dim") return a + ".attention.value_length_mla";
+  if (field == "nextn_layers") return a + ".nextn_predict_layers";
+  if (field == "num_layers" && arch == ModelArch::kGlm4Moe) {
+    return a + ".block_count (minus " + a + ".nextn_predict_layers)";
+  }
   if (field == "bos_token_id") return "tokenizer.ggml.bos_token_id";
   if (field == "eos_token_id") return "tokenizer.ggml.eos_token_id";
   for (const auto& [f, key] : kKeys) {
@@ -231,10 +235,14 @@ ModelConfig config_from_gguf(const GgufFile& f) {
            f.path());
     }
     c.arch = ModelArch::kMixtral;
+  } else if (arch == "glm4moe") {
+    c.arch = ModelArch::kGlm4Moe;
+  } else if (arch == "minimax-m2") {
+    c.arch = ModelArch::kMiniMaxM2;
   } else {
     fail(ErrorKind::kUnsupported,
          "{}: key 'general.architecture': '{}' is not supported "
-         "(deepseek2, qwen2moe, qwen3moe, llama with experts)",
+         "(deepseek2, qwen2moe, qwen3moe, llama with experts, glm4moe, minimax-m2)",
          f.path(), printable(arch));
   }
 
@@ -325,6 +333,49 @@ ModelConfig config_from_gguf(const GgufFile& f) {
       // renormalizes them and has q/k norms.
       c.norm_topk_prob = qwen3;
       c.qk_norm = qwen3;
+      break;
+    }
+    case ModelArch::kGlm4Moe:
+    case ModelArch::kMiniMaxM2: {
+      const bool glm = c.arch == ModelArch::kGlm4Moe;
+      c.head_dim = r.opt_int("attention.key_length", c.hidden_size / c.num_heads);
+      c.v_head_dim = r.opt_int("attention.value_length", c.head_dim);
+      c.rope_dim = r.opt_int("rope.dimension_count", c.head_dim);
+      c.moe_intermediate_size = r.req_int("expert_feed_forward_length");
+      // Sigmoid scores with the selection bias (exp_probs_b), as llama.cpp runs both arches.
+      const int64_t gating = r.opt_int("expert_gating_func", 2);
+      if (gating != 2) {
+        fail(ErrorKind::kUnsupported,
+             "{}: key '{}': gating function {} is not supported for {} (2 = sigmoid)", f.path(),
+             r.key("expert_gating_func"), gating, arch);
+      }
+      c.scoring = ScoringFunc::kSigmoid;
+      c.topk_method = TopkMethod::kNoauxTc;
+      c.has_e_score_correction_bias = true;
+      c.qk_norm = f.find_tensor("blk.0.attn_q_norm.weight") != nullptr;
+      if (glm) {
+        // llama.cpp: n_layer = block_count - nextn_predict_layers (the MTP layers come last).
+        c.nextn_layers = r.opt_int("nextn_predict_layers", 0);
+        if (c.nextn_layers < 0 || c.nextn_layers >= c.num_layers) {
+          fail(ErrorKind::kFormat, "{}: key '{}': {} is not below {} ({})", f.path(),
+               r.key("nextn_predict_layers"), c.nextn_layers, r.key("block_count"),
+               c.num_layers);
+        }
+        c.num_layers -= c.nextn_layers;
+        c.first_k_dense_replace = r.opt_int("leading_dense_block_count", 0);
+        c.n_shared_experts = r.opt_int("expert_shared_count", 0);
+        c.shared_expert_intermediate_size = c.n_shared_experts * c.moe_intermediate_size;
+        c.n_group = r.opt_int("expert_group_count", 1);
+        c.topk_group = r.opt_int("expert_group_used_count", 1);
+        // llama.cpp leaves the weights unscaled when the key is absent (or 0).
+        const double scale = r.opt_float("expert_weights_scale", 0.0);
+        c.routed_scaling_factor = scale == 0.0 ? 1.0f : static_cast<float>(scale);
+        c.norm_topk_prob = r.opt_bool("expert_weights_norm", false);
+      } else {
+        c.norm_topk_prob = true;  // llama.cpp's minimax-m2 graph always renormalizes
+        // llama.cpp's minimax-m2 norms span all heads (attn_q_norm: num_heads * head_dim).
+        c.qk_norm_all_heads = c.qk_norm;
+      }
       break;
     }
     case ModelArch::kMixtral: {

@@ -1,5 +1,6 @@
 // ModelConfig from a Hugging Face config.json: the keys of transformers' configuration classes
-// (DeepseekV2/V3Config, Qwen2Moe/Qwen3MoeConfig, MixtralConfig) with their defaults.
+// (DeepseekV2/V3Config, Qwen2Moe/Qwen3MoeConfig, MixtralConfig, Glm4MoeConfig, MiniMaxM2Config)
+// with their defaults.
 #include <cmath>
 #include <nlohmann/json.hpp>
 
@@ -18,13 +19,22 @@ std::string hf_key_of(ModelArch arch, std::string_view field) {
   if (field == "num_layers") return "num_hidden_layers";
   if (field == "num_heads") return "num_attention_heads";
   if (field == "num_kv_heads") return "num_key_value_heads";
-  if (field == "rope_dim") return is_deepseek(arch) ? "qk_rope_head_dim" : "head_dim";
+  const bool glm = arch == ModelArch::kGlm4Moe, minimax = arch == ModelArch::kMiniMaxM2;
+  if (field == "rope_dim") {
+    if (glm) return "partial_rotary_factor";
+    if (minimax) return "rotary_dim";
+    return is_deepseek(arch) ? "qk_rope_head_dim" : "head_dim";
+  }
   if (field == "n_experts") {
-    if (is_deepseek(arch)) return "n_routed_experts";
-    return arch == ModelArch::kMixtral ? "num_local_experts" : "num_experts";
+    if (is_deepseek(arch) || glm) return "n_routed_experts";
+    return arch == ModelArch::kMixtral || minimax ? "num_local_experts" : "num_experts";
   }
   if (field == "n_experts_per_tok") return "num_experts_per_tok";
-  if (field == "moe_intermediate_size" && arch == ModelArch::kMixtral) return "intermediate_size";
+  if (field == "moe_intermediate_size" && (arch == ModelArch::kMixtral || minimax)) {
+    return "intermediate_size";
+  }
+  if (field == "shared_expert_intermediate_size" && glm) return "n_shared_experts";
+  if (field == "nextn_layers") return "num_nextn_predict_layers";
   if (field == "moe_layer_freq" && !is_deepseek(arch)) return "decoder_sparse_step";
   if (field == "scoring") return "scoring_func";
   if (field == "head_dim" && is_deepseek(arch)) return "qk_nope_head_dim";
@@ -206,7 +216,7 @@ ModelConfig parse_hf(const Json& root_in, std::string_view source) {
     fail(ErrorKind::kUnsupported,
          "{}: architecture '{}' is not supported (supported: "
          "DeepseekV2ForCausalLM, DeepseekV3ForCausalLM, Qwen2MoeForCausalLM, "
-         "Qwen3MoeForCausalLM, MixtralForCausalLM)",
+         "Qwen3MoeForCausalLM, MixtralForCausalLM, Glm4MoeForCausalLM, MiniMaxM2ForCausalLM)",
          source, what.empty() ? "(none)" : what);
   }
   const JsonReader r(*root, source);
@@ -230,6 +240,7 @@ ModelConfig parse_hf(const Json& root_in, std::string_view source) {
   c.tie_word_embeddings = r.opt_bool("tie_word_embeddings", false);
   c.bos_token_id = r.opt_token_id("bos_token_id");
   c.eos_token_id = r.opt_token_id("eos_token_id");
+  // MiniMax-M2 has no dense FFN: its intermediate_size is the experts' width.
   c.intermediate_size = r.req_int("intermediate_size");
   c.n_experts_per_tok = r.req_int("num_experts_per_tok");
   // Guard the divisions below; the full range check follows in validate_config_keys().
@@ -316,6 +327,62 @@ ModelConfig parse_hf(const Json& root_in, std::string_view source) {
       c.qk_norm = qwen3;
       if (r.opt_bool("use_sliding_window", false))
         c.sliding_window = r.opt_int("sliding_window", 0);
+      break;
+    }
+    case ModelArch::kGlm4Moe: {
+      c.head_dim = r.opt_int("head_dim", c.hidden_size / c.num_heads);
+      c.v_head_dim = c.head_dim;
+      const double partial = r.opt_float("partial_rotary_factor", 0.5);
+      if (!(partial > 0.0 && partial <= 1.0)) {
+        fail(ErrorKind::kFormat, "{}: key 'partial_rotary_factor': {} is not in (0, 1]", source,
+             partial);
+      }
+      // As convert_hf_to_gguf.py writes rope.dimension_count: int(head_dim * factor).
+      c.rope_dim = static_cast<int64_t>(static_cast<double>(c.head_dim) * partial);
+      c.moe_intermediate_size = r.req_int("moe_intermediate_size");
+      c.n_experts = r.req_int("n_routed_experts");
+      c.n_shared_experts = r.opt_int("n_shared_experts", 1);
+      c.shared_expert_intermediate_size = c.n_shared_experts * c.moe_intermediate_size;
+      c.first_k_dense_replace = r.opt_int("first_k_dense_replace", 1);
+      c.n_group = r.opt_int("n_group", 1);
+      c.topk_group = r.opt_int("topk_group", 1);
+      // Glm4MoeTopkRouter: sigmoid scores, e_score_correction_bias for the choice only.
+      c.scoring = ScoringFunc::kSigmoid;
+      c.topk_method = TopkMethod::kNoauxTc;
+      c.has_e_score_correction_bias = true;
+      c.norm_topk_prob = r.opt_bool("norm_topk_prob", true);
+      c.routed_scaling_factor = static_cast<float>(r.opt_float("routed_scaling_factor", 1.0));
+      c.attention_bias = r.opt_bool("attention_bias", false);
+      c.qk_norm = r.opt_bool("use_qk_norm", false);
+      c.nextn_layers = r.opt_int("num_nextn_predict_layers", 0);
+      break;
+    }
+    case ModelArch::kMiniMaxM2: {
+      c.moe_intermediate_size = c.intermediate_size;
+      c.n_experts = r.req_int("num_local_experts");
+      c.head_dim = r.opt_int("head_dim", c.hidden_size / c.num_heads);
+      c.v_head_dim = c.head_dim;
+      c.rope_dim = r.has("rotary_dim") ? r.req_int("rotary_dim")
+                                       : static_cast<int64_t>(static_cast<double>(c.head_dim) *
+                                                              r.opt_float("partial_rotary_factor", 1.0));
+      const std::string scoring = r.opt_string("scoring_func", "sigmoid");
+      if (scoring != "sigmoid" || !r.opt_bool("use_routing_bias", true)) {
+        fail(ErrorKind::kUnsupported,
+             "{}: keys 'scoring_func' / 'use_routing_bias': only sigmoid scores with a routing "
+             "bias are supported (as released)",
+             source);
+      }
+      c.scoring = ScoringFunc::kSigmoid;
+      c.topk_method = TopkMethod::kNoauxTc;
+      c.has_e_score_correction_bias = true;
+      c.norm_topk_prob = true;  // MiniMaxM2SparseMoeBlock always renormalizes the top-k
+      c.qk_norm = r.opt_bool("use_qk_norm", true);
+      c.qk_norm_all_heads = c.qk_norm;  // qk_norm_type "per_layer": over all heads
+      const std::string norm_type = r.opt_string("qk_norm_type", "per_layer");
+      if (c.qk_norm && norm_type != "per_layer") {
+        fail(ErrorKind::kUnsupported,
+             "{}: key 'qk_norm_type': '{}' is not supported (per_layer)", source, norm_type);
+      }
       break;
     }
     case ModelArch::kMixtral: {

@@ -263,6 +263,127 @@ ModelConfig mixtral_8x7b() {
   return c;
 }
 
+// A GLM-4.5 scaled down: one leading dense layer, a shared expert, sigmoid routing with scaling,
+// q/k/v biases and q/k norms (GLM-4.5; Air has none), half the head rotated, one MTP layer.
+ModelConfig tiny_glm4moe() {
+  ModelConfig c;
+  c.arch = ModelArch::kGlm4Moe;
+  c.vocab_size = 512;
+  c.hidden_size = 256;
+  c.num_layers = 3;
+  c.num_heads = 4;
+  c.num_kv_heads = 2;
+  c.head_dim = c.v_head_dim = 64;
+  c.rope_dim = 32;
+  c.intermediate_size = 128;
+  c.moe_intermediate_size = 64;
+  c.n_experts = 8;
+  c.n_experts_per_tok = 2;
+  c.n_shared_experts = 1;
+  c.shared_expert_intermediate_size = 64;
+  c.first_k_dense_replace = 1;
+  c.scoring = ScoringFunc::kSigmoid;
+  c.topk_method = TopkMethod::kNoauxTc;
+  c.has_e_score_correction_bias = true;
+  c.norm_topk_prob = true;
+  c.routed_scaling_factor = 2.5f;
+  c.attention_bias = true;
+  c.qk_norm = true;
+  c.nextn_layers = 1;
+  c.max_position_embeddings = 4096;
+  c.rms_norm_eps = 1e-5f;
+  c.rope_theta = 1000000.0f;
+  c.bos_token_id = 497;
+  c.eos_token_id = 498;
+  return c;
+}
+
+// zai-org/GLM-4.5-Air.
+ModelConfig glm45_air() {
+  ModelConfig c = tiny_glm4moe();
+  c.vocab_size = 151552;
+  c.hidden_size = 4096;
+  c.num_layers = 46;
+  c.num_heads = 96;
+  c.num_kv_heads = 8;
+  c.head_dim = c.v_head_dim = 128;
+  c.rope_dim = 64;
+  c.intermediate_size = 10944;
+  c.moe_intermediate_size = 1408;
+  c.shared_expert_intermediate_size = 1408;
+  c.n_experts = 128;
+  c.n_experts_per_tok = 8;
+  c.routed_scaling_factor = 1.0f;
+  c.qk_norm = false;
+  c.max_position_embeddings = 131072;
+  c.bos_token_id = -1;
+  c.eos_token_id = 151329;
+  return c;
+}
+
+// zai-org/GLM-4.5 (GLM-4.6 has the same shapes, 200K context).
+ModelConfig glm45() {
+  ModelConfig c = glm45_air();
+  c.hidden_size = 5120;
+  c.num_layers = 92;
+  c.intermediate_size = 12288;
+  c.moe_intermediate_size = 1536;
+  c.shared_expert_intermediate_size = 1536;
+  c.n_experts = 160;
+  c.first_k_dense_replace = 3;
+  c.routed_scaling_factor = 2.5f;
+  c.qk_norm = true;
+  return c;
+}
+
+// MiniMax-M2 scaled down: q/k RMSNorm over all heads, half the head rotated, sigmoid routing
+// with a selection bias, no shared expert, every layer MoE.
+ModelConfig tiny_minimax_m2() {
+  ModelConfig c;
+  c.arch = ModelArch::kMiniMaxM2;
+  c.vocab_size = 512;
+  c.hidden_size = 256;
+  c.num_layers = 2;
+  c.num_heads = 4;
+  c.num_kv_heads = 2;
+  c.head_dim = c.v_head_dim = 64;
+  c.rope_dim = 32;
+  c.intermediate_size = c.moe_intermediate_size = 64;
+  c.n_experts = 8;
+  c.n_experts_per_tok = 2;
+  c.scoring = ScoringFunc::kSigmoid;
+  c.topk_method = TopkMethod::kNoauxTc;
+  c.has_e_score_correction_bias = true;
+  c.norm_topk_prob = true;
+  c.qk_norm = true;
+  c.qk_norm_all_heads = true;
+  c.max_position_embeddings = 4096;
+  c.rms_norm_eps = 1e-6f;
+  c.rope_theta = 5000000.0f;
+  c.bos_token_id = 497;
+  c.eos_token_id = 498;
+  return c;
+}
+
+// MiniMaxAI/MiniMax-M2 (the MTP modules are not in the released weights).
+ModelConfig minimax_m2() {
+  ModelConfig c = tiny_minimax_m2();
+  c.vocab_size = 200064;
+  c.hidden_size = 3072;
+  c.num_layers = 62;
+  c.num_heads = 48;
+  c.num_kv_heads = 8;
+  c.head_dim = c.v_head_dim = 128;
+  c.rope_dim = 64;
+  c.intermediate_size = c.moe_intermediate_size = 1536;
+  c.n_experts = 256;
+  c.n_experts_per_tok = 8;
+  c.max_position_embeddings = 196608;
+  c.bos_token_id = -1;
+  c.eos_token_id = 200020;
+  return c;
+}
+
 struct Preset {
   const char* name;
   ModelConfig (*make)();
@@ -273,12 +394,17 @@ const Preset kPresets[] = {
     {"tiny-qwen2moe", [] { return tiny_qwen(ModelArch::kQwen2Moe); }},
     {"tiny-qwen3moe", [] { return tiny_qwen(ModelArch::kQwen3Moe); }},
     {"tiny-mixtral", tiny_mixtral},
+    {"tiny-glm4moe", tiny_glm4moe},
+    {"tiny-minimax-m2", tiny_minimax_m2},
     {"deepseek-v2-lite", deepseek_v2_lite},
     {"deepseek-v3", deepseek_v3},
     {"kimi-k2", kimi_k2},
     {"qwen3-30b-a3b", qwen3_30b_a3b},
     {"qwen2-57b-a14b", qwen2_57b_a14b},
     {"mixtral-8x7b", mixtral_8x7b},
+    {"glm-4.5-air", glm45_air},
+    {"glm-4.5", glm45},
+    {"minimax-m2", minimax_m2},
 };
 
 }  // namespace

@@ -30,12 +30,39 @@ void check_expressible(const ModelConfig& c, std::string_view target, bool gguf)
          arch_name(c.arch));
   };
   const bool qwen2 = c.arch == ModelArch::kQwen2Moe, qwen3 = c.arch == ModelArch::kQwen3Moe;
-  if (c.qk_norm != qwen3) refuse(c.qk_norm ? "q/k norms" : "the absence of q/k norms");
+  const bool glm = c.arch == ModelArch::kGlm4Moe, minimax = c.arch == ModelArch::kMiniMaxM2;
+  if (!glm && c.qk_norm != (qwen3 || minimax)) {
+    refuse(c.qk_norm ? "q/k norms" : "the absence of q/k norms");
+  }
+  if (c.qk_norm_all_heads != minimax) refuse("this q/k norm span");
+  if (c.nextn_layers != 0 && !glm) refuse("multi-token-prediction layers");
   if (qwen2 && !c.attention_bias) refuse("q/k/v without bias");
+  if (minimax && c.attention_bias) refuse("attention bias");
   if (c.shared_expert_gate != (qwen2 && c.shared_expert_intermediate_size > 0)) {
     refuse("this shared-expert gate setting");
   }
-  if (is_deepseek(c.arch)) {
+  if (glm || minimax) {
+    // Both route with sigmoid scores and a selection bias (noaux_tc); neither has MLA.
+    if (c.is_mla() || c.q_lora_rank != 0) refuse("MLA");
+    if (c.scoring != ScoringFunc::kSigmoid || c.topk_method != TopkMethod::kNoauxTc ||
+        !c.has_e_score_correction_bias) {
+      refuse("routing other than sigmoid scores with a selection bias");
+    }
+    if (c.shared_expert_intermediate_size != c.n_shared_experts * c.moe_intermediate_size) {
+      refuse("a shared-expert width that is not n_shared_experts * moe_intermediate_size");
+    }
+  }
+  if (minimax) {
+    if (!c.norm_topk_prob) refuse("top-k weights without renormalization");
+    if (c.n_shared_experts != 0) refuse("shared experts");
+    if (c.n_group != 1 || c.topk_group != 1 || c.routed_scaling_factor != 1.0f) {
+      refuse("grouped or scaled routing");
+    }
+    if (c.first_k_dense_replace != 0) refuse("leading dense layers");
+    if (c.moe_intermediate_size != c.intermediate_size) refuse("an expert width != intermediate");
+  } else if (glm) {
+    if (c.moe_layer_freq != 1 || !c.mlp_only_layers.empty()) refuse("dense layers after MoE");
+  } else if (is_deepseek(c.arch)) {
     if (c.shared_expert_intermediate_size != c.n_shared_experts * c.moe_intermediate_size) {
       refuse("a shared-expert width that is not n_shared_experts * moe_intermediate_size");
     }
@@ -51,6 +78,7 @@ void check_expressible(const ModelConfig& c, std::string_view target, bool gguf)
     }
     if (c.first_k_dense_replace != 0) refuse("leading dense layers");
   }
+  if (minimax && (c.moe_layer_freq != 1 || !c.mlp_only_layers.empty())) refuse("dense layers");
   if (c.arch == ModelArch::kMixtral) {
     if (!c.norm_topk_prob) refuse("top-k weights without renormalization");
     if (c.moe_intermediate_size != c.intermediate_size) refuse("an expert width != intermediate");
@@ -154,6 +182,38 @@ std::string config_to_hf_json(const ModelConfig& c) {
     j["attention_bias"] = c.attention_bias;
     j["rope_scaling"] = rope_scaling_json(c);
     if (c.arch == ModelArch::kDeepseek3) j["num_nextn_predict_layers"] = 0;
+  } else if (c.arch == ModelArch::kGlm4Moe) {
+    // Glm4MoeConfig's keys, in the order of GLM-4.5-Air's config.json.
+    j["head_dim"] = c.head_dim;
+    j["partial_rotary_factor"] = pretty(static_cast<float>(c.rope_dim) / c.head_dim);
+    j["moe_intermediate_size"] = c.moe_intermediate_size;
+    j["n_routed_experts"] = c.n_experts;
+    j["n_shared_experts"] = c.n_shared_experts;
+    j["num_experts_per_tok"] = c.n_experts_per_tok;
+    j["first_k_dense_replace"] = c.first_k_dense_replace;
+    j["n_group"] = c.n_group;
+    j["topk_group"] = c.topk_group;
+    j["norm_topk_prob"] = c.norm_topk_prob;
+    j["routed_scaling_factor"] = pretty(c.routed_scaling_factor);
+    j["attention_bias"] = c.attention_bias;
+    j["use_qk_norm"] = c.qk_norm;
+    j["num_nextn_predict_layers"] = c.nextn_layers;
+    j["rope_scaling"] = rope_scaling_json(c);
+  } else if (c.arch == ModelArch::kMiniMaxM2) {
+    j["head_dim"] = c.head_dim;
+    j["rotary_dim"] = c.rope_dim;
+    j["partial_rotary_factor"] = pretty(static_cast<float>(c.rope_dim) / c.head_dim);
+    j["num_local_experts"] = c.n_experts;
+    j["num_experts_per_tok"] = c.n_experts_per_tok;
+    j["scoring_func"] = "sigmoid";
+    j["use_routing_bias"] = true;
+    j["use_qk_norm"] = c.qk_norm;
+    j["qk_norm_type"] = "per_layer";
+    j["shared_intermediate_size"] = 0;
+    j["output_router_logits"] = false;
+    j["router_aux_loss_coef"] = 0.001;
+    j["router_jitter_noise"] = 0.0;
+    j["rope_scaling"] = rope_scaling_json(c);
   } else if (c.arch == ModelArch::kMixtral) {
     if (c.head_dim * c.num_heads != c.hidden_size) j["head_dim"] = c.head_dim;
     j["num_local_experts"] = c.n_experts;
@@ -193,7 +253,7 @@ void write_gguf_config(const ModelConfig& c, GgufWriter& w) {
   w.set("general.architecture", GgufValue::string(a));
   set_u32(w, key("context_length"), c.max_position_embeddings);
   set_u32(w, key("embedding_length"), c.hidden_size);
-  set_u32(w, key("block_count"), c.num_layers);
+  set_u32(w, key("block_count"), c.num_layers + c.nextn_layers);
   set_u32(w, key("feed_forward_length"), c.intermediate_size);
   set_u32(w, key("attention.head_count"), c.num_heads);
   w.set(key("rope.freq_base"), GgufValue::f32(c.rope_theta));
@@ -237,6 +297,25 @@ void write_gguf_config(const ModelConfig& c, GgufWriter& w) {
       set_u32(w, key("attention.value_length"), c.v_head_dim);
       set_u32(w, key("rope.dimension_count"), c.rope_dim);
       set_u32(w, key("expert_feed_forward_length"), c.moe_intermediate_size);
+      break;
+    case ModelArch::kGlm4Moe:
+    case ModelArch::kMiniMaxM2:
+      // As convert_hf_to_gguf.py's Glm4MoeModel / MiniMaxM2Model write them.
+      set_u32(w, key("attention.head_count_kv"), c.num_kv_heads);
+      set_u32(w, key("attention.key_length"), c.head_dim);
+      set_u32(w, key("attention.value_length"), c.v_head_dim);
+      set_u32(w, key("rope.dimension_count"), c.rope_dim);
+      set_u32(w, key("expert_feed_forward_length"), c.moe_intermediate_size);
+      set_u32(w, key("expert_gating_func"), 2);
+      if (c.arch == ModelArch::kGlm4Moe) {
+        set_u32(w, key("expert_group_count"), c.n_group);
+        set_u32(w, key("expert_group_used_count"), c.topk_group);
+        set_u32(w, key("expert_shared_count"), c.n_shared_experts);
+        set_u32(w, key("leading_dense_block_count"), c.first_k_dense_replace);
+        w.set(key("expert_weights_scale"), GgufValue::f32(c.routed_scaling_factor));
+        w.set(key("expert_weights_norm"), GgufValue::boolean(c.norm_topk_prob));
+        set_u32(w, key("nextn_predict_layers"), c.nextn_layers);
+      }
       break;
     case ModelArch::kMixtral:
       set_u32(w, key("attention.head_count_kv"), c.num_kv_heads);

@@ -66,8 +66,16 @@ std::vector<HfTensorSpec> hf_tensor_specs(const ModelConfig& c) {
   b.add("model.embed_tokens.weight", {v, h}, WeightRole::kEmbedding, h);
   b.add("model.norm.weight", {h}, WeightRole::kNorm);
   if (!c.tie_word_embeddings) b.add("lm_head.weight", {v, h}, WeightRole::kOutput, h);
-  for (int64_t l = 0; l < c.num_layers; ++l) {
+  for (int64_t l = 0; l < c.num_layers + c.nextn_layers; ++l) {
     const std::string p = fmt::format("model.layers.{}.", l);
+    // A multi-token-prediction layer (GLM-4.5): a MoE decoder layer plus its input projections.
+    const bool mtp = l >= c.num_layers;
+    if (mtp) {
+      b.add(p + "eh_proj.weight", {h, 2 * h}, WeightRole::kLinear, 2 * h);
+      b.add(p + "enorm.weight", {h}, WeightRole::kNorm);
+      b.add(p + "hnorm.weight", {h}, WeightRole::kNorm);
+      b.add(p + "shared_head.norm.weight", {h}, WeightRole::kNorm);
+    }
     b.add(p + "input_layernorm.weight", {h}, WeightRole::kNorm);
     b.add(p + "post_attention_layernorm.weight", {h}, WeightRole::kNorm);
     const std::string a = p + "self_attn.";
@@ -102,8 +110,9 @@ std::vector<HfTensorSpec> hf_tensor_specs(const ModelConfig& c) {
         b.add(a + "v_proj.bias", {v_out}, WeightRole::kBias);
       }
       if (c.qk_norm) {
-        b.add(a + "q_norm.weight", {c.head_dim}, WeightRole::kNorm);
-        b.add(a + "k_norm.weight", {c.head_dim}, WeightRole::kNorm);
+        b.add(a + "q_norm.weight", {c.qk_norm_all_heads ? q_out : c.head_dim}, WeightRole::kNorm);
+        b.add(a + "k_norm.weight", {c.qk_norm_all_heads ? kv_out : c.head_dim},
+              WeightRole::kNorm);
       }
     }
     auto ffn = [&](const std::string& q, int64_t width, const char* gate, const char* up,
@@ -112,13 +121,16 @@ std::vector<HfTensorSpec> hf_tensor_specs(const ModelConfig& c) {
       b.add(q + up + ".weight", {width, h}, WeightRole::kLinear, h);
       b.add(q + down + ".weight", {h, width}, WeightRole::kLinear, width);
     };
-    if (!c.is_moe_layer(l)) {
+    if (!mtp && !c.is_moe_layer(l)) {
       ffn(p + "mlp.", c.intermediate_size, "gate_proj", "up_proj", "down_proj");
       continue;
     }
-    if (c.arch == ModelArch::kMixtral) {
+    if (c.arch == ModelArch::kMixtral || c.arch == ModelArch::kMiniMaxM2) {
       const std::string m = p + "block_sparse_moe.";
       b.add(m + "gate.weight", {c.n_experts, h}, WeightRole::kRouter, h);
+      if (c.has_e_score_correction_bias) {
+        b.add(m + "e_score_correction_bias", {c.n_experts}, WeightRole::kScoreBias);
+      }
       for (int64_t e = 0; e < c.n_experts; ++e) {
         ffn(fmt::format("{}experts.{}.", m, e), c.moe_intermediate_size, "w1", "w3", "w2");
       }
@@ -134,7 +146,7 @@ std::vector<HfTensorSpec> hf_tensor_specs(const ModelConfig& c) {
           "down_proj");
     }
     if (c.shared_expert_intermediate_size > 0) {
-      if (is_deepseek(c.arch)) {
+      if (is_deepseek(c.arch) || c.arch == ModelArch::kGlm4Moe) {
         ffn(m + "shared_experts.", c.shared_expert_intermediate_size, "gate_proj", "up_proj",
             "down_proj");
       } else {
@@ -191,9 +203,17 @@ std::vector<GgufTensorSpec> gguf_tensor_specs(const ModelConfig& c,
   direct("token_embd.weight", "model.embed_tokens.weight");
   direct("output_norm.weight", "model.norm.weight");
   if (!c.tie_word_embeddings) direct("output.weight", "lm_head.weight");
-  for (int64_t l = 0; l < c.num_layers; ++l) {
+  const bool glm = c.arch == ModelArch::kGlm4Moe;
+  for (int64_t l = 0; l < c.num_layers + c.nextn_layers; ++l) {
     const std::string p = fmt::format("model.layers.{}.", l), a = p + "self_attn.";
     const std::string g = fmt::format("blk.{}.", l);
+    const bool mtp = l >= c.num_layers;
+    if (mtp) {
+      direct(g + "nextn.eh_proj.weight", p + "eh_proj.weight");
+      direct(g + "nextn.enorm.weight", p + "enorm.weight");
+      direct(g + "nextn.hnorm.weight", p + "hnorm.weight");
+      direct(g + "nextn.shared_head_norm.weight", p + "shared_head.norm.weight");
+    }
     direct(g + "attn_norm.weight", p + "input_layernorm.weight");
     if (c.is_mla()) {
       if (c.q_lora_rank > 0) {
@@ -244,16 +264,21 @@ std::vector<GgufTensorSpec> gguf_tensor_specs(const ModelConfig& c,
         direct(g + "attn_k_norm.weight", a + "k_norm.weight");
       }
     }
-    direct(g + "ffn_norm.weight", p + "post_attention_layernorm.weight");
-    if (!c.is_moe_layer(l)) {
+    // GLM-4.5's FFN norm keeps HF's name in llama.cpp (gguf-py maps it to ATTN_POST_NORM).
+    direct(g + (glm ? "post_attention_norm.weight" : "ffn_norm.weight"),
+           p + "post_attention_layernorm.weight");
+    if (!mtp && !c.is_moe_layer(l)) {
       direct(g + "ffn_gate.weight", p + "mlp.gate_proj.weight");
       direct(g + "ffn_down.weight", p + "mlp.down_proj.weight");
       direct(g + "ffn_up.weight", p + "mlp.up_proj.weight");
       continue;
     }
-    if (c.arch == ModelArch::kMixtral) {
+    if (c.arch == ModelArch::kMixtral || c.arch == ModelArch::kMiniMaxM2) {
       const std::string m = p + "block_sparse_moe.";
       direct(g + "ffn_gate_inp.weight", m + "gate.weight");
+      if (c.has_e_score_correction_bias) {
+        direct(g + "exp_probs_b.bias", m + "e_score_correction_bias");
+      }
       stacked(g + "ffn_gate_exps.weight", m + "experts.", ".w1.weight");
       stacked(g + "ffn_down_exps.weight", m + "experts.", ".w2.weight");
       stacked(g + "ffn_up_exps.weight", m + "experts.", ".w3.weight");
@@ -268,8 +293,9 @@ std::vector<GgufTensorSpec> gguf_tensor_specs(const ModelConfig& c,
     stacked(g + "ffn_down_exps.weight", m + "experts.", ".down_proj.weight");
     stacked(g + "ffn_up_exps.weight", m + "experts.", ".up_proj.weight");
     if (c.shared_expert_intermediate_size > 0) {
-      const std::string s = m + (is_deepseek(c.arch) ? "shared_experts." : "shared_expert.");
-      if (!is_deepseek(c.arch)) {
+      const bool plural = is_deepseek(c.arch) || glm;
+      const std::string s = m + (plural ? "shared_experts." : "shared_expert.");
+      if (!plural) {
         direct(g + "ffn_gate_inp_shexp.weight", m + "shared_expert_gate.weight",
                std::vector<int64_t>{c.hidden_size});
       }

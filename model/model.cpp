@@ -223,14 +223,17 @@ void Model::attention_mha(KvCache& cache, int64_t l, int64_t n, const float* x, 
       add_into(vt, lw.bv.data(), nkv * d);
     }
     RopeAngles& ang = rope_angles(pos);
+    if (c.qk_norm_all_heads) {  // MiniMax-M2: one norm over every head's query / key
+      ops::rms_norm(qt, lw.q_norm.data(), nq * d, c.rms_norm_eps, qt);
+      ops::rms_norm(kt, lw.k_norm.data(), nkv * d, c.rms_norm_eps, kt);
+    }
+    const bool head_norm = !lw.q_norm.empty() && !c.qk_norm_all_heads;
     for (int64_t i = 0; i < nq; ++i) {
-      if (!lw.q_norm.empty())
-        ops::rms_norm(qt + i * d, lw.q_norm.data(), d, c.rms_norm_eps, qt + i * d);
+      if (head_norm) ops::rms_norm(qt + i * d, lw.q_norm.data(), d, c.rms_norm_eps, qt + i * d);
       rope_.rotate(qt + i * d, ang.c.data(), ang.s.data(), rope_form_);
     }
     for (int64_t i = 0; i < nkv; ++i) {
-      if (!lw.k_norm.empty())
-        ops::rms_norm(kt + i * d, lw.k_norm.data(), d, c.rms_norm_eps, kt + i * d);
+      if (head_norm) ops::rms_norm(kt + i * d, lw.k_norm.data(), d, c.rms_norm_eps, kt + i * d);
       rope_.rotate(kt + i * d, ang.c.data(), ang.s.data(), rope_form_);
     }
     for (int64_t i = 0; i < nkv; ++i) {

@@ -147,11 +147,12 @@ struct LayerNames {
   std::string sh_gate, sh_up, sh_down, sh_gate_inp;  // shared expert(s)
 };
 
-LayerNames gguf_names(int64_t l) {
+LayerNames gguf_names(const ModelConfig& c, int64_t l) {
   const std::string p = fmt::format("blk.{}.", l);
   LayerNames n;
   n.attn_norm = p + "attn_norm.weight";
-  n.ffn_norm = p + "ffn_norm.weight";
+  // llama.cpp's glm4moe keeps HF's post_attention_layernorm as the FFN's norm.
+  n.ffn_norm = p + (c.arch == ModelArch::kGlm4Moe ? "post_attention_norm.weight" : "ffn_norm.weight");
   n.q = p + "attn_q.weight";
   n.k = p + "attn_k.weight";
   n.v = p + "attn_v.weight";
@@ -186,9 +187,11 @@ LayerNames gguf_names(int64_t l) {
 
 LayerNames hf_names(const ModelConfig& c, int64_t l) {
   const std::string p = fmt::format("model.layers.{}.", l), a = p + "self_attn.";
-  const bool mixtral = c.arch == ModelArch::kMixtral;
+  // Mixtral and MiniMax-M2 name the block block_sparse_moe and the experts w1 / w3 / w2.
+  const bool mixtral = c.arch == ModelArch::kMixtral || c.arch == ModelArch::kMiniMaxM2;
   const std::string m = p + (mixtral ? "block_sparse_moe." : "mlp.");
-  const std::string sh = m + (c.is_mla() ? "shared_experts." : "shared_expert.");
+  const bool plural = c.is_mla() || c.arch == ModelArch::kGlm4Moe;
+  const std::string sh = m + (plural ? "shared_experts." : "shared_expert.");
   LayerNames n;
   n.attn_norm = p + "input_layernorm.weight";
   n.ffn_norm = p + "post_attention_layernorm.weight";
@@ -211,7 +214,8 @@ LayerNames hf_names(const ModelConfig& c, int64_t l) {
   n.up = p + "mlp.up_proj.weight";
   n.down = p + "mlp.down_proj.weight";
   n.router = m + "gate.weight";
-  n.router_bias = m + "gate.e_score_correction_bias";
+  n.router_bias = m + (c.arch == ModelArch::kMiniMaxM2 ? "e_score_correction_bias"
+                                                      : "gate.e_score_correction_bias");
   n.expert_prefix = m + "experts.";
   n.expert_gate = mixtral ? "w1.weight" : "gate_proj.weight";
   n.expert_up = mixtral ? "w3.weight" : "up_proj.weight";
@@ -271,8 +275,9 @@ void load_layer(Source& s, const ModelConfig& c, int64_t l, const LayerNames& n,
       w.bv = s.get_f32(n.v_bias, c.num_kv_heads * d);
     }
     if (c.qk_norm) {
-      w.q_norm = s.get_f32(n.q_norm, d);
-      w.k_norm = s.get_f32(n.k_norm, d);
+      // Per head (head_dim weights), or over all heads at once (MiniMax-M2).
+      w.q_norm = s.get_f32(n.q_norm, c.qk_norm_all_heads ? c.num_heads * d : d);
+      w.k_norm = s.get_f32(n.k_norm, c.qk_norm_all_heads ? c.num_kv_heads * d : d);
     }
   }
   w.moe = c.is_moe_layer(l);
@@ -437,7 +442,7 @@ LoadedModel load_model(const std::filesystem::path& path, LoadMode mode) {
     const bool has_out = s.find("output.weight") != nullptr;
     m.lm_head =
         has_out ? s.get_w("output.weight", {c.vocab_size, c.hidden_size}) : ops::Weight(m.embed);
-    for (int64_t l = 0; l < c.num_layers; ++l) load_layer(s, c, l, gguf_names(l), m.layers[l]);
+    for (int64_t l = 0; l < c.num_layers; ++l) load_layer(s, c, l, gguf_names(c, l), m.layers[l]);
   } else {
     m.embed = s.get("model.embed_tokens.weight", {c.vocab_size, c.hidden_size});
     m.out_norm = s.get_f32("model.norm.weight", c.hidden_size);

@@ -82,6 +82,8 @@ void print_config(const ModelConfig& c) {
   num("max_position_embeddings", c.max_position_embeddings);
   flag("attention_bias", c.attention_bias);
   flag("qk_norm", c.qk_norm);
+  if (c.qk_norm_all_heads) flag("qk_norm_all_heads", true);
+  if (c.nextn_layers > 0) num("nextn_layers (not run)", c.nextn_layers);
   flag("tie_word_embeddings", c.tie_word_embeddings);
   if (c.sliding_window > 0) num("sliding_window", c.sliding_window);
   num("bos_token_id", c.bos_token_id);

@@ -37,7 +37,7 @@ ModelConfig resolve_config(const SynthArgs& a, std::string* preset_name) {
     if (a.arch.empty()) {
       fail(ErrorKind::kInvalidArgument,
            "--preset tiny needs --arch (deepseek2, deepseek3, "
-           "qwen2moe, qwen3moe, mixtral)");
+           "qwen2moe, qwen3moe, mixtral, glm4moe, minimax-m2)");
     }
     preset = "tiny-" + a.arch;
   }
@@ -47,7 +47,7 @@ ModelConfig resolve_config(const SynthArgs& a, std::string* preset_name) {
     if (!arch) {
       fail(ErrorKind::kInvalidArgument,
            "--arch {}: unknown architecture (deepseek2, deepseek3, "
-           "qwen2moe, qwen3moe, mixtral)",
+           "qwen2moe, qwen3moe, mixtral, glm4moe, minimax-m2)",
            a.arch);
     }
     if (*arch != c.arch) {
@@ -101,13 +101,16 @@ void run_synth(const SynthArgs& a) {
 
 void add_synth(CLI::App& app) {
   auto args = std::make_shared<SynthArgs>();
-  app.add_option("--arch", args->arch, "deepseek2, deepseek3, qwen2moe, qwen3moe, mixtral")
-      ->check(CLI::IsMember({"deepseek2", "deepseek3", "qwen2moe", "qwen3moe", "mixtral"}));
+  app.add_option("--arch", args->arch,
+                 "deepseek2, deepseek3, qwen2moe, qwen3moe, mixtral, glm4moe, minimax-m2")
+      ->check(CLI::IsMember(
+          {"deepseek2", "deepseek3", "qwen2moe", "qwen3moe", "mixtral", "glm4moe", "minimax-m2"}));
   std::vector<std::string> presets = {"tiny"};
   for (const std::string& p : config_preset_names()) presets.push_back(p);
   app.add_option("--preset", args->preset,
                  "tiny (needs --arch) or a released shape: deepseek-v2-lite, deepseek-v3, "
-                 "kimi-k2, qwen3-30b-a3b, qwen2-57b-a14b, mixtral-8x7b")
+                 "kimi-k2, qwen3-30b-a3b, qwen2-57b-a14b, mixtral-8x7b, glm-4.5-air, glm-4.5, "
+                 "minimax-m2")
       ->check(CLI::IsMember(presets));
   app.add_option("--format", args->format, "gguf (default) or hf")
       ->check(CLI::IsMember({"gguf", "hf"}));
