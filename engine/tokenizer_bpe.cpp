@@ -35,6 +35,17 @@ constexpr const char* kDeepseekV3[] = {
     R"([!"#$%&'()*+,\-./:;<=>?@\[\\\]^_`{|}~][A-Za-z]+|[^\r\n\p{L}\p{P}\p{S}]?[\p{L}\p{M}]+| ?[\p{P}\p{S}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)"};
 constexpr const char* kDeepseekCoder[] = {R"([\r\n])", R"(\s?\p{L}+)", R"(\s?\p{P}+)",
                                           R"([一-龥ࠀ-一가-퟿]+)", R"(\p{N})"};
+// GLM-4 / GLM-4.5 ("glm4", "chatglm-bpe").
+constexpr const char* kGlm4[] = {
+    R"((?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)"};
+// o200k (gpt-4o, gpt-oss) and MiniMax-M2: tokenizer.json's pattern, case-aware words with
+// contractions, numbers in threes.
+constexpr const char* kGpt4o[] = {
+    R"([^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+)"};
+// Kimi-K2's tiktoken pattern: runs of Han characters on their own, other letters as o200k's
+// without the Han ones (its class intersections written as lookaheads).
+constexpr const char* kKimiK2[] = {
+    R"(\p{Han}+|[^\r\n\p{L}\p{N}]?(?:(?!\p{Han})[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}])*(?:(?!\p{Han})[\p{Ll}\p{Lm}\p{Lo}\p{M}])+(?i:'s|'t|'re|'ve|'m|'ll|'d)?|[^\r\n\p{L}\p{N}]?(?:(?!\p{Han})[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}])+(?:(?!\p{Han})[\p{Ll}\p{Lm}\p{Lo}\p{M}])*(?i:'s|'t|'re|'ve|'m|'ll|'d)?|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)"};
 // What llama.cpp applies when a GGUF names no (or the "default") pre-tokenizer.
 constexpr const char* kDefault[] = {
     R"([\p{P}\$\+<=>\^~\|]+)",
@@ -61,6 +72,12 @@ constexpr PreTokenizerSpec kSpecs[] = {
     {"deepseek-llm", kDeepseekLlm},
     {"deepseek-v3", kDeepseekV3},
     {"deepseek-coder", kDeepseekCoder},
+    {"glm4", kGlm4},
+    {"chatglm-bpe", kGlm4},
+    {"gpt-4o", kGpt4o},
+    {"llama4", kGpt4o},
+    {"minimax-m2", kGpt4o},
+    {"kimi-k2", kKimiK2},
 };
 
 std::array<std::string, 256> make_byte_map() {

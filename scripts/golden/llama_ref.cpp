@@ -4,8 +4,9 @@
 //   llama_ref logits MODEL.gguf OUT.f32 ID,ID,...   every prompt position's logits (F32 KV
 //       cache, flash attention off, 1 thread, the prompt in one batch) into OUT.f32; prints a
 //       JSON object: {"greedy": [16 ids], "expert_usage": {"ffn_moe_topk-L": {"e": count}}}
-//   llama_ref tokenize VOCAB.gguf INPUT   each line of INPUT (with "\n" escapes) tokenized
-//       as llama.cpp does (no BOS, special tokens not parsed), one line of ids per input line.
+//   llama_ref tokenize VOCAB.gguf CASES.inp   each case of a llama.cpp test-vector file (cases
+//       ended by lines `__ggml_vocab_test__`) tokenized as llama.cpp does (no BOS, special
+//       tokens not parsed): one line of ids per case, the matching .out file.
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -138,34 +139,23 @@ int logits(const char* model_path, const char* out_path, const char* ids_text, b
   return 0;
 }
 
-std::string unescape(const std::string& s) {
-  std::string o;
-  for (size_t i = 0; i < s.size(); ++i) {
-    if (s[i] == '\\' && i + 1 < s.size()) {
-      const char c = s[++i];
-      o += c == 'n' ? '\n' : c == 't' ? '\t' : c == 'r' ? '\r' : c;
-    } else {
-      o += s[i];
-    }
-  }
-  return o;
-}
-
 int tokenize(const char* vocab_path, const char* input) {
   llama_model_params mp = llama_model_default_params();
   mp.vocab_only = true;
   llama_model* model = llama_model_load_from_file(vocab_path, mp);
   if (!model) return fail("cannot load the vocabulary");
   const llama_vocab* vocab = llama_model_get_vocab(model);
-  std::ifstream in(input);
-  std::string line;
-  while (std::getline(in, line)) {
-    const std::string text = unescape(line);
+  std::ifstream in(input, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  const std::string all = ss.str(), sep = "\n__ggml_vocab_test__\n";
+  for (size_t pos = 0, end; (end = all.find(sep, pos)) != std::string::npos; pos = end + sep.size()) {
+    const std::string text = all.substr(pos, end - pos);
     std::vector<llama_token> ids(text.size() + 16);
     const int n = llama_tokenize(vocab, text.data(), static_cast<int32_t>(text.size()), ids.data(),
                                  static_cast<int32_t>(ids.size()), false, false);
     if (n < 0) return fail("tokenize failed");
-    for (int i = 0; i < n; ++i) std::printf("%s%d", i ? " " : "", ids[i]);
+    for (int i = 0; i < n; ++i) std::printf(" %d", ids[i]);
     std::printf("\n");
   }
   llama_model_free(model);

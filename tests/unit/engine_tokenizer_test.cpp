@@ -236,6 +236,12 @@ TEST(PreTokenizer, SplitsLikeEachModelFamily) {
             (Pieces{"a", "+", "b", "==", "c", " ", "123", "4"}));
   // Invalid UTF-8 bytes become pieces of their own; the text around them is still split.
   EXPECT_EQ(pre_split("gpt-2", "ab\xFF cd"), (Pieces{"ab", "\xFF", " cd"}));
+  // o200k / MiniMax-M2: words split at case changes keep their contraction, any case.
+  EXPECT_EQ(pre_split("minimax-m2", "HelloWorld DON'T 12345"),
+            (Pieces{"Hello", "World", " DON'T", " ", "123", "45"}));
+  // Kimi-K2: Han runs stand alone, even inside a word.
+  EXPECT_EQ(pre_split("kimi-k2", "ab\xE4\xBD\xA0\xE5\xA5\xBD" "cd"),
+            (Pieces{"ab", "\xE4\xBD\xA0\xE5\xA5\xBD", "cd"}));
   EXPECT_THROW(tokenizer_detail::PreTokenizer("nope"), Error);
 }
 
@@ -264,7 +270,10 @@ INSTANTIATE_TEST_SUITE_P(Vocabs, RoundTripTest,
                          ::testing::Values("vocab/ggml-vocab-gpt-2.gguf",
                                            "vocab/ggml-vocab-deepseek-llm.gguf",
                                            "vocab/ggml-vocab-llama-spm.gguf",
-                                           "vocab/ggml-vocab-phi-3.gguf", "golden/deepseek2.gguf"),
+                                           "vocab/ggml-vocab-phi-3.gguf", "golden/deepseek2.gguf",
+                                           "vocab/ggml-vocab-glm4.gguf",
+                                           "vocab/ggml-vocab-gpt-4o.gguf",
+                                           "vocab/ggml-vocab-kimi-k2.gguf"),
                          [](const auto& info) { return std::to_string(info.index); });
 
 TEST(TokenizerGolden, SmallVocabsOfTheGoldenModels) {

@@ -219,7 +219,9 @@ TEST(ModelConfig, GgufKeysRoundTripEveryPreset) {
     const auto path = dir / (name + ".gguf");
     GgufWriter w(path);
     write_gguf_config(c, w);
-    w.set("tokenizer.ggml.bos_token_id", GgufValue::u32(static_cast<uint32_t>(c.bos_token_id)));
+    if (c.bos_token_id >= 0) {  // (GLM-4.5 and MiniMax-M2 name none)
+      w.set("tokenizer.ggml.bos_token_id", GgufValue::u32(static_cast<uint32_t>(c.bos_token_id)));
+    }
     w.set("tokenizer.ggml.eos_token_id", GgufValue::u32(static_cast<uint32_t>(c.eos_token_id)));
     // What config_from_gguf() learns from tensors rather than keys.
     auto one = [](void* dst) { *static_cast<float*>(dst) = 1.0f; };
@@ -227,6 +229,7 @@ TEST(ModelConfig, GgufKeysRoundTripEveryPreset) {
     if (c.attention_bias) w.add_tensor("blk.0.attn_q.bias", DType::kF32, {1}, one);
     if (c.has_e_score_correction_bias)
       w.add_tensor("blk.5.exp_probs_b.bias", DType::kF32, {1}, one);
+    if (c.qk_norm) w.add_tensor("blk.0.attn_q_norm.weight", DType::kF32, {1}, one);
     w.write();
     const ModelConfig back = config_from_gguf(GgufFile::open(path));
     EXPECT_TRUE(config_diff(c, back).empty()) << ::testing::PrintToString(config_diff(c, back));
