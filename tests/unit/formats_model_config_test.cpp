@@ -165,26 +165,29 @@ TEST(ModelConfig, TinyPresetsAreTheGoldenShapes) {
 }
 
 // Published sizes (model cards): total / activated parameters. The counts include embeddings
-// and exclude DeepSeek's MTP module, as the cards do; DeepSeek and Moonshot leave the input
-// embedding (a table lookup) out of "activated", Qwen and Mistral count it.
+// and exclude DeepSeek's and GLM's MTP layers, as the cards do; DeepSeek, Moonshot, Zhipu and
+// MiniMax leave the input embedding (a table lookup) out of "activated", Qwen and Mistral count it.
 TEST(ModelConfig, PresetParameterCountsMatchModelCards) {
+  // How many embedding tables the card leaves out of "activated": 0, the input (a lookup), or
+  // both (GLM-4.5 and MiniMax-M2's cards: 12B / 32B / 10B are without the untied lm_head too).
   struct Case {
     const char* preset;
     double total_b, active_b;
-    bool active_without_input_embedding;
+    int tables_left_out;
   };
   const Case cases[] = {
-      {"deepseek-v2-lite", 15.7, 2.4, true}, {"deepseek-v3", 671, 37, true},
-      {"kimi-k2", 1000, 32, true},           {"qwen3-30b-a3b", 30.5, 3.3, false},
-      {"qwen2-57b-a14b", 57, 14, false},     {"mixtral-8x7b", 46.7, 12.9, false},
+      {"deepseek-v2-lite", 15.7, 2.4, 1}, {"deepseek-v3", 671, 37, 1},
+      {"kimi-k2", 1000, 32, 1},           {"qwen3-30b-a3b", 30.5, 3.3, 0},
+      {"qwen2-57b-a14b", 57, 14, 0},      {"mixtral-8x7b", 46.7, 12.9, 0},
+      {"glm-4.5-air", 106, 12, 2},        {"glm-4.5", 355, 32, 2},
+      {"minimax-m2", 230, 10, 2},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.preset);
     const ModelConfig config = config_preset(c.preset);
     const ParamCount p = count_params(config);
     EXPECT_NEAR(p.total / 1e9, c.total_b, c.total_b * 0.03);
-    const int64_t lookup =
-        c.active_without_input_embedding ? config.vocab_size * config.hidden_size : 0;
+    const int64_t lookup = c.tables_left_out * config.vocab_size * config.hidden_size;
     EXPECT_NEAR((p.active_per_token - lookup) / 1e9, c.active_b, c.active_b * 0.03);
     EXPECT_LT(p.routed_experts, p.total);
   }
