@@ -50,8 +50,12 @@ class Tokenizer {
   // A Hugging Face tokenizer.json of a byte-level BPE model (see engine/tokenizer_hf.cpp for the
   // supported pre_tokenizer types); Error(kUnsupported) names any other feature it meets.
   static Tokenizer from_hf_json(const std::filesystem::path& path);
+  // A directory with a tiktoken `tiktoken.model` and its tokenizer_config.json (Kimi-K2's release:
+  // the kimi-k2 pre-tokenizer, 256 special ids after the base vocabulary).
+  static Tokenizer from_tiktoken(const std::filesystem::path& dir);
   // A .gguf file, a tokenizer.model or tokenizer.json, or a Hugging Face directory holding one
-  // (tokenizer.model preferred), with tokenizer_config.json's BOS/EOS settings applied.
+  // (tokenizer.model preferred, then tokenizer.json, then tiktoken.model), with
+  // tokenizer_config.json's BOS/EOS settings applied.
   static Tokenizer load(const std::filesystem::path& path);
 
   Tokenizer(Tokenizer&&) noexcept;

@@ -206,7 +206,9 @@ Tokenizer Tokenizer::load(const fs::path& path) {
     const fs::path sp = path / "tokenizer.model", hf = path / "tokenizer.json";
     if (fs::exists(sp, ec)) return from_sentencepiece_file(sp);
     if (fs::exists(hf, ec)) return from_hf_json(hf);
-    fail(ErrorKind::kIo, "{}: neither tokenizer.model nor tokenizer.json", path.string());
+    if (fs::exists(path / "tiktoken.model", ec)) return from_tiktoken(path);
+    fail(ErrorKind::kIo, "{}: no tokenizer.model, tokenizer.json or tiktoken.model",
+         path.string());
   }();
   // tokenizer_config.json names the BOS/EOS tokens and whether they are added.
   const fs::path config = path / "tokenizer_config.json";

@@ -151,7 +151,8 @@ TEST(CliRun, BadPromptsAreClearErrors) {
   EXPECT_NE(r.err.find("exactly one of -p TEXT or --tokens IDS"), std::string::npos) << r.err;
   r = test::run_tandem("run -m " + test::data_path("golden/mixtral-hf").string() + " -p hi");
   EXPECT_EQ(r.exit_code, 1);
-  EXPECT_NE(r.err.find("neither tokenizer.model nor tokenizer.json"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("no tokenizer.model, tokenizer.json or tiktoken.model"), std::string::npos)
+      << r.err;
   r = test::run_tandem(m + " --tokens 1 --numa-parts 17");
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_NE(r.err.find("--numa-parts must be 0 (one per NUMA node) to 16, got 17"),

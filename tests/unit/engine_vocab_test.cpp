@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "core/error.h"
 #include "engine/tokenizer.h"
 #include "engine/tokenizer_impl.h"
 #include "formats/gguf.h"
@@ -155,6 +156,73 @@ TEST(VocabHfJson, DeepseekSequenceOfSplitsMatchesTheVectors) {
                        dir / "tokenizer.json");
   Tokenizer tok = Tokenizer::from_hf_json(dir / "tokenizer.json");
   expect_cases(tok, "ggml-vocab-deepseek-llm");
+}
+
+
+std::string base64(const std::string& bytes) {
+  const char* a = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+  std::string out;
+  for (size_t i = 0; i < bytes.size(); i += 3) {
+    uint32_t n = uint32_t(uint8_t(bytes[i])) << 16;
+    if (i + 1 < bytes.size()) n |= uint32_t(uint8_t(bytes[i + 1])) << 8;
+    if (i + 2 < bytes.size()) n |= uint32_t(uint8_t(bytes[i + 2]));
+    out += a[n >> 18];
+    out += a[(n >> 12) & 63];
+    out += i + 1 < bytes.size() ? a[(n >> 6) & 63] : '=';
+    out += i + 2 < bytes.size() ? a[n & 63] : '=';
+  }
+  return out;
+}
+
+// Kimi-K2's Hugging Face form: a tiktoken.model (base64 bytes and rank per line) beside a
+// tokenizer_config.json naming the special tokens. tiktoken's GPT-2 encoding is GPT-2's ids as
+// ranks, so GPT-2's vocabulary written that way and read as Kimi's (the kimi-k2 pattern) must
+// give llama.cpp's ids for GPT-2's vocabulary under the kimi-k2 pre-tokenizer.
+TEST(VocabTiktoken, Gpt2RanksReadAsKimiMatchLlamaCppKimiVectors) {
+  test::TempDir dir("tiktoken");
+  GgufFile f = GgufFile::open(test::data_path("vocab/ggml-vocab-gpt-2.gguf"));
+  const std::vector<std::string> tokens = f.get("tokenizer.ggml.tokens").as_string_array();
+  ASSERT_EQ(tokens.size(), 50257u);
+  {
+    std::ofstream out(dir / "tiktoken.model", std::ios::binary);
+    for (size_t id = 0; id + 1 < tokens.size(); ++id) {  // 50256 is <|endoftext|>
+      std::string bytes;
+      ASSERT_TRUE(tokenizer_detail::unicode_to_bytes(tokens[id], bytes)) << id;
+      out << base64(bytes) << " " << id << "\n";
+    }
+    nlohmann::json config;
+    config["tokenizer_class"] = "TikTokenTokenizer";
+    config["added_tokens_decoder"]["50256"] = {{"content", "[BOS]"}, {"special", true}};
+    config["added_tokens_decoder"]["50257"] = {{"content", "[EOS]"}, {"special", true}};
+    config["added_tokens_decoder"]["50264"] = {{"content", "<|im_end|>"}, {"special", true}};
+    config["bos_token"] = "[BOS]";
+    config["eos_token"] = "[EOS]";
+    std::ofstream(dir / "tokenizer_config.json") << config.dump();
+  }
+  Tokenizer tok = Tokenizer::load(dir.path());
+  EXPECT_EQ(tok.vocab_size(), 50256u + 256u);
+  EXPECT_EQ(tok.pre_tokenizer(), "kimi-k2");
+  EXPECT_EQ(tok.bos_id(), 50256);
+  EXPECT_EQ(tok.eos_id(), 50257);
+  EXPECT_TRUE(tok.is_end_of_generation(50264));  // <|im_end|> ends a turn
+  EXPECT_EQ(tok.encode("a[EOS]b", false, true), (std::vector<TokenId>{64, 50257, 65}));
+  EXPECT_EQ(tok.token_to_piece(50300, true), "<|reserved_token_50300|>");
+  const std::vector<VocabCase> cases = load_cases("ggml-vocab-kimi-k2");
+  ASSERT_EQ(cases.size(), 52u);
+  for (const VocabCase& c : cases) {
+    const std::vector<TokenId> got = tok.encode(c.text);
+    EXPECT_EQ(got, c.expected) << "input '" << c.text << "'";
+    EXPECT_EQ(tok.decode(got), c.text);
+  }
+  // A broken line names the file and line.
+  std::ofstream(dir / "tiktoken.model", std::ios::app) << "!!notbase64 50256\n";
+  try {
+    Tokenizer::load(dir.path());
+    ADD_FAILURE() << "a bad line was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("tiktoken.model: line 50257"), std::string::npos)
+        << e.what();
+  }
 }
 
 }  // namespace
