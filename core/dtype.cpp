@@ -33,6 +33,7 @@ constexpr std::array<DTypeInfo, static_cast<size_t>(DType::kCount)> kInfo = {{
     {DType::kQ5_K, "q5_K", 256, 176, 13, false, true},
     {DType::kQ6_K, "q6_K", 256, 210, 14, false, true},
     {DType::kQ8_K, "q8_K", 256, 292, 15, false, true},
+    {DType::kMXFP4, "mxfp4", 32, 17, 39, false, true},
 }};
 
 constexpr bool table_in_order() {

@@ -39,6 +39,7 @@ enum class DType : uint8_t {
   kQ5_K,
   kQ6_K,
   kQ8_K,
+  kMXFP4,  // OCP microscaling FP4: E2M1 values, one E8M0 exponent per 32 (gpt-oss's experts)
   kCount,
 };
 

@@ -173,6 +173,8 @@ constexpr std::array<RowCodec, static_cast<size_t>(DType::kCount)> make_codecs()
       quantize_blocks<BlockQ6_K, qi::quantize_q6_k, kQK_K>);
   set(DType::kQ8_K, dequantize_blocks<BlockQ8_K, qi::dequantize_q8_k, kQK_K>,
       quantize_blocks<BlockQ8_K, qi::quantize_q8_k, kQK_K>);
+  set(DType::kMXFP4, dequantize_blocks<BlockMXFP4, qi::dequantize_mxfp4, kQK>,
+      quantize_blocks<BlockMXFP4, qi::quantize_mxfp4, kQK>);
   return c;
 }
 

@@ -99,6 +99,22 @@ struct BlockQ6_K {
   int8_t scales[kQK_K / 16];
   Half d;
 };
+// MXFP4 (OCP microscaling): x = kMxfp4Values[q] * 2^(e - 128) (the table holds twice the E2M1
+// values, so the scale is half of E8M0's 2^(e - 127)); element j in the low nibble of qs[j],
+// element j + 16 in its high nibble.
+struct BlockMXFP4 {
+  uint8_t e;
+  uint8_t qs[kQK / 2];
+};
+inline constexpr int8_t kMxfp4Values[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+// 2^(e - 128) exactly (ggml's GGML_E8M0_TO_FP32_HALF: denormal for e < 2).
+inline float e8m0_half(uint8_t e) {
+  const uint32_t bits = e < 2 ? uint32_t{0x00200000} << e : uint32_t(e - 1) << 23;
+  float f;
+  __builtin_memcpy(&f, &bits, 4);
+  return f;
+}
+
 // Activation format for K-quant dot products: x = d * q, bsums = sums of 16 consecutive q.
 struct BlockQ8_K {
   float d;
@@ -112,6 +128,7 @@ static_assert(sizeof(BlockQ8_0) == 34 && sizeof(BlockQ8_1) == 36);
 static_assert(sizeof(BlockQ2_K) == 84 && sizeof(BlockQ3_K) == 110);
 static_assert(sizeof(BlockQ4_K) == 144 && sizeof(BlockQ5_K) == 176);
 static_assert(sizeof(BlockQ6_K) == 210 && sizeof(BlockQ8_K) == 292);
+static_assert(sizeof(BlockMXFP4) == 17);
 
 // Scale and min of sub-block j (0..7) of Q4_K / Q5_K: bytes 0-3 hold the low 6 bits of the scales
 // of sub-blocks 0-3, bytes 4-7 their mins; bytes 8-11 the low 4 bits of the scale (low nibble)

@@ -31,6 +31,8 @@ void quantize_q4_1(const float* x, BlockQ4_1* y, int64_t nb);
 void quantize_q5_0(const float* x, BlockQ5_0* y, int64_t nb);
 void quantize_q5_1(const float* x, BlockQ5_1* y, int64_t nb);
 void quantize_q8_0(const float* x, BlockQ8_0* y, int64_t nb);
+void dequantize_mxfp4(const BlockMXFP4* x, float* y, int64_t nb);
+void quantize_mxfp4(const float* x, BlockMXFP4* y, int64_t nb);
 void quantize_q8_1(const float* x, BlockQ8_1* y, int64_t nb);
 
 void dequantize_q2_k(const BlockQ2_K* x, float* y, int64_t nb);

@@ -1,4 +1,5 @@
-// The legacy ggml block formats (32 values per block): Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q8_1.
+// The legacy ggml block formats (32 values per block): Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q8_1, and
+// MXFP4 (gpt-oss).
 // Quantizers follow ggml's reference quantizers (ggml-quants.c, *_ref), which llama-quantize uses
 // for these types when no importance matrix is given: the scale is computed in F32 and stored as
 // F16, but the values are divided by the unrounded F32 scale. Keep the arithmetic as it is.
@@ -216,6 +217,46 @@ void quantize_q8_1(const float* x, BlockQ8_1* y, int64_t nb) {
       sum += y[i].qs[j];
     }
     y[i].s = f32_to_f16(static_cast<float>(sum) * d);
+  }
+}
+
+
+void dequantize_mxfp4(const BlockMXFP4* x, float* y, int64_t nb) {
+  for (int64_t i = 0; i < nb; ++i) {
+    const float d = e8m0_half(x[i].e);
+    for (int j = 0; j < kQK / 2; ++j) {
+      y[i * kQK + j] = kMxfp4Values[x[i].qs[j] & 0xF] * d;
+      y[i * kQK + j + kQK / 2] = kMxfp4Values[x[i].qs[j] >> 4] * d;
+    }
+  }
+}
+
+// ggml's quantize_row_mxfp4_ref: the exponent from the block's largest magnitude (so that it maps
+// to 4..8 in the doubled table), each value to its nearest table entry (lowest index on ties).
+void quantize_mxfp4(const float* x, BlockMXFP4* y, int64_t nb) {
+  auto nearest = [](float v, float d) {
+    int best = 0;
+    float err = std::fabs(kMxfp4Values[0] * d - v);
+    for (int i = 1; i < 16; ++i) {
+      const float e = std::fabs(kMxfp4Values[i] * d - v);
+      if (e < err) {
+        best = i;
+        err = e;
+      }
+    }
+    return static_cast<uint8_t>(best);
+  };
+  for (int64_t i = 0; i < nb; ++i) {
+    const float* v = x + i * kQK;
+    float amax = 0.0f;
+    for (int j = 0; j < kQK; ++j) amax = std::max(amax, std::fabs(v[j]));
+    const uint8_t e =
+        amax > 0.0f ? static_cast<uint8_t>(std::floor(std::log2(amax)) - 2 + 127) : uint8_t{0};
+    const float d = e8m0_half(e);
+    y[i].e = e;
+    for (int j = 0; j < kQK / 2; ++j) {
+      y[i].qs[j] = static_cast<uint8_t>(nearest(v[j], d) | (nearest(v[j + kQK / 2], d) << 4));
+    }
   }
 }
 

@@ -43,6 +43,7 @@ constexpr TypeName kTypes[] = {
     {SynthType::kQ4_0, "q4_0", 2},      {SynthType::kQ4_1, "q4_1", 3},
     {SynthType::kQ5_0, "q5_0", 8},      {SynthType::kQ5_1, "q5_1", 9},
     {SynthType::kQ2_K, "q2_k", 10},     {SynthType::kQ3_K, "q3_k", 12},
+    {SynthType::kMXFP4_MOE, "mxfp4_moe", 38},
 };
 
 int64_t numel(const std::vector<int64_t>& shape) {

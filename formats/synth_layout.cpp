@@ -315,6 +315,12 @@ DType gguf_tensor_dtype(const ModelConfig& c, SynthType type, const std::string&
   if (!quantizable || type == SynthType::kF32) return DType::kF32;
   if (type == SynthType::kF16) return DType::kF16;
   if (type == SynthType::kBF16) return DType::kBF16;
+  if (type == SynthType::kMXFP4_MOE) {
+    // llama-quantize's MXFP4_MOE: the stacked experts (3-D) MXFP4, every other matrix Q8_0
+    // (lm_head too); a row that is not whole 32-blocks F16 (tensor_type_fallback).
+    const DType t = shape.size() == 3 ? DType::kMXFP4 : DType::kQ8_0;
+    return shape.back() % 32 == 0 ? t : DType::kF16;
+  }
   const bool five = type == SynthType::kQ5_K || type == SynthType::kQ5_K_M;
   DType t = type == SynthType::kQ8_0   ? DType::kQ8_0
             : type == SynthType::kQ6_K ? DType::kQ6_K

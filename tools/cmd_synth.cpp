@@ -117,7 +117,7 @@ void add_synth(CLI::App& app) {
   app.add_option(
       "--type", args->type,
       "gguf: f32 (default), f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q2_k, q3_k, q4_k, q5_k, "
-      "q6_k, q4_k_m, q5_k_m; hf: bf16 (default), fp8");
+      "q6_k, q4_k_m, q5_k_m, mxfp4_moe; hf: bf16 (default), fp8");
   app.add_option("--seed", args->seed, "random seed (same seed, same bytes)");
   app.add_option("--vocab", args->vocab,
                  "copy the tokenizer of this GGUF file (sets the vocab size)")

@@ -77,6 +77,7 @@ struct GgufKernels {
   // the CPU has VBMI and BITALG; kern::gemm runs the others through the rows unpacked.
   GemmFn q5_0x4 = nullptr;
   GemmFn q8_0x4 = nullptr;
+  GemmFn mxfp4 = nullptr;  // MXFP4 x Q8_0 (the AVX-512 VNNI level runs the AVX-512 one)
 };
 
 const GgufKernels& gguf_kernels_scalar();

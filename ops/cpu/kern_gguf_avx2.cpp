@@ -90,6 +90,7 @@ void q5k(const GemmArgs& g) { drive<Q5KKern<Avx2>>(g); }
 void q6k(const GemmArgs& g) { drive<Q6KKern<Avx2>>(g); }
 void q50(const GemmArgs& g) { drive<Q50Kern<Avx2>>(g); }
 void q40(const GemmArgs& g) { drive<Q40Kern<Avx2>>(g); }
+void mxfp4(const GemmArgs& g) { drive<Mxfp4Kern<Avx2>>(g); }
 void q41(const GemmArgs& g) { drive<Q41Kern<Avx2>>(g); }
 void q51(const GemmArgs& g) { drive<Q51Kern<Avx2>>(g); }
 void q2k(const GemmArgs& g) { drive<Q2KKern<Avx2>>(g); }
@@ -104,7 +105,11 @@ void bf16(const GemmArgs& g) { drive<DenseKern<Avx2, Dense::kBF16>>(g); }
 namespace tandem::kern::detail {
 
 const GgufKernels& gguf_kernels_avx2() {
-  static const GgufKernels k{q4k, q5k, q6k, q80, f32, f16, bf16, q50, q40, q41, q51, q2k, q3k};
+  static const GgufKernels k = [] {
+    GgufKernels t{q4k, q5k, q6k, q80, f32, f16, bf16, q50, q40, q41, q51, q2k, q3k};
+    t.mxfp4 = mxfp4;
+    return t;
+  }();
   return k;
 }
 

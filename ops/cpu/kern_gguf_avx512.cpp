@@ -9,6 +9,7 @@ namespace {
 using S = Avx512<false>;
 void q50(const GemmArgs& g) { drive<Q50Kern<S>>(g); }
 void q40(const GemmArgs& g) { drive<Q40Kern<S>>(g); }
+void mxfp4(const GemmArgs& g) { drive<Mxfp4Kern<S>>(g); }
 void q41(const GemmArgs& g) { drive<Q41Kern<S>>(g); }
 void q51(const GemmArgs& g) { drive<Q51Kern<S>>(g); }
 void q80(const GemmArgs& g) { drive<Q80Kern<S>>(g); }
@@ -27,7 +28,11 @@ void bf16(const GemmArgs& g) { drive<DenseKern<S, Dense::kBF16>>(g); }
 namespace tandem::kern::detail {
 
 const GgufKernels& gguf_kernels_avx512() {
-  static const GgufKernels k{q4k, q5k, q6k, q80, f32, f16, bf16, q50, q40, q41, q51, q2k, q3k};
+  static const GgufKernels k = [] {
+    GgufKernels t{q4k, q5k, q6k, q80, f32, f16, bf16, q50, q40, q41, q51, q2k, q3k};
+    t.mxfp4 = mxfp4;
+    return t;
+  }();
   return k;
 }
 

@@ -21,6 +21,7 @@ namespace {
 
 using tandem::BlockQ2_K;
 using tandem::BlockQ3_K;
+using tandem::BlockMXFP4;
 using tandem::BlockQ4_0;
 using tandem::BlockQ4_1;
 using tandem::BlockQ4_K;
@@ -317,6 +318,16 @@ inline void q6k_rows(const BlockQ6_K* const* w, const BlockQ8_K* const* a, int64
   }
 }
 
+// A legacy block's scale: its F16 d; MXFP4's E8M0 exponent as 2^(e - 128) (ggml's
+// GGML_E8M0_TO_FP32_HALF, its value table being doubled).
+template <class Block>
+inline float weight_scale(const Block& x) {
+  return half_to_float(x.d);
+}
+inline float weight_scale(const BlockMXFP4& x) {
+  return tandem::e8m0_half(x.e);
+}
+
 // Q8_0 x Q8_0 and Q5_0 x Q8_0: per 32-block an exact int32 dot per 8-lane group, converted and
 // accumulated in lanes as acc = fma(float(lanes), dw * da, acc); one horizontal sum per row.
 // `expand(x)` gives the block's 32 quants as signed bytes in element order.
@@ -336,7 +347,7 @@ inline void q_0_rows(const WBlock* const* w, const BlockQ8_0* const* a, int64_t 
     for (int t = 0; t < NT; ++t) da[t] = half_to_float(a[t][b].d);
     for (int r = 0; r < NR; ++r) {
       const __m256i q = expand(w[r][b]);
-      const float dw = half_to_float(w[r][b].d);
+      const float dw = weight_scale(w[r][b]);
       for (int t = 0; t < NT; ++t) {
         const __m256 d = _mm256_set1_ps(dw * da[t]);
         acc[r][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(S::dot_s8_32_lanes(q, a[t][b].qs)), d,
@@ -381,6 +392,12 @@ inline __m256i expand_q5_0(const BlockQ5_0& x) {
 // Q4_0: q - 8. Q4_1 / Q5_1: q itself (0..15 / 0..31; their offset is the min term).
 inline __m256i expand_q4_0(const BlockQ4_0& x) {
   return _mm256_sub_epi8(nibbles_32(x.qs), _mm256_set1_epi8(8));
+}
+// MXFP4: each nibble through the (doubled) E2M1 table, as signed bytes in element order.
+inline __m256i expand_mxfp4(const BlockMXFP4& x) {
+  const __m256i table = _mm256_broadcastsi128_si256(
+      _mm_loadu_si128(reinterpret_cast<const __m128i*>(tandem::kMxfp4Values)));
+  return _mm256_shuffle_epi8(table, nibbles_32(x.qs));
 }
 inline __m256i expand_q4_1(const BlockQ4_1& x) {
   return nibbles_32(x.qs);
@@ -552,6 +569,11 @@ template <class S, int NR, int NT>
 inline void q4_0_rows(const BlockQ4_0* const* w, const BlockQ8_0* const* a, int64_t nb,
                       float (*out)[NT]) {
   q_0_rows<S, NR, NT>(w, a, nb, out, expand_q4_0);
+}
+template <class S, int NR, int NT>
+inline void mxfp4_rows(const BlockMXFP4* const* w, const BlockQ8_0* const* a, int64_t nb,
+                       float (*out)[NT]) {
+  q_0_rows<S, NR, NT>(w, a, nb, out, expand_mxfp4);
 }
 template <class S, int NR, int NT>
 inline void q4_1_rows(const BlockQ4_1* const* w, const BlockQ8_0* const* a, int64_t nb,
@@ -740,6 +762,7 @@ TD_ROW_DOT(Q6KDot, q6k_rows, BlockQ6_K, BlockQ8_K, 1)
 TD_ROW_DOT(Q80Dot, q8_0_rows, BlockQ8_0, BlockQ8_0, 2)
 TD_ROW_DOT(Q50Dot, q5_0_rows, BlockQ5_0, BlockQ8_0, 2)
 TD_ROW_DOT(Q40Dot, q4_0_rows, BlockQ4_0, BlockQ8_0, 2)
+TD_ROW_DOT(Mxfp4Dot, mxfp4_rows, BlockMXFP4, BlockQ8_0, 2)
 TD_ROW_DOT(Q2KDot, q2k_rows, BlockQ2_K, BlockQ8_K, 2)
 TD_ROW_DOT(Q3KDot, q3k_rows, BlockQ3_K, BlockQ8_K, 2)
 TD_ROW_DOT(Q41Dot, q4_1_rows, BlockQ4_1, BlockQ8_0, 2)
@@ -758,6 +781,8 @@ template <class S>
 using Q50Kern = BlockKern<BlockQ5_0, BlockQ8_0, 32, Q50Dot<S>>;
 template <class S>
 using Q40Kern = BlockKern<BlockQ4_0, BlockQ8_0, 32, Q40Dot<S>>;
+template <class S>
+using Mxfp4Kern = BlockKern<BlockMXFP4, BlockQ8_0, 32, Mxfp4Dot<S>>;
 template <class S>
 using Q2KKern = BlockKern<BlockQ2_K, BlockQ8_K, 256, Q2KDot<S>>;
 template <class S>

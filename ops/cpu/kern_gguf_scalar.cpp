@@ -111,6 +111,20 @@ float q5_0_dot(const BlockQ5_0* w, const BlockQ8_0* a, int64_t nb) {
   return acc;
 }
 
+// ggml_vec_dot_mxfp4_q8_0: per block (da * 2^(e - 128)) * (low-half sum + high-half sum).
+float mxfp4_dot(const BlockMXFP4* w, const BlockQ8_0* a, int64_t nb) {
+  float acc = 0.0f;
+  for (int64_t b = 0; b < nb; ++b) {
+    int32_t isum = 0;
+    for (int j = 0; j < 16; ++j) {
+      isum += kMxfp4Values[w[b].qs[j] & 0xF] * a[b].qs[j] +
+              kMxfp4Values[w[b].qs[j] >> 4] * a[b].qs[j + 16];
+    }
+    acc = acc + (f16_to_f32(a[b].d) * e8m0_half(w[b].e)) * static_cast<float>(isum);
+  }
+  return acc;
+}
+
 float q4_0_dot(const BlockQ4_0* w, const BlockQ8_0* a, int64_t nb) {
   float acc = 0.0f;
   for (int64_t b = 0; b < nb; ++b) {
@@ -235,6 +249,12 @@ void q40(const GemmArgs& g) {
                     g.cols / kQK);
   });
 }
+void mxfp4(const GemmArgs& g) {
+  rows(g, [&](const uint8_t* w, const uint8_t* a) {
+    return mxfp4_dot(reinterpret_cast<const BlockMXFP4*>(w),
+                     reinterpret_cast<const BlockQ8_0*>(a), g.cols / kQK);
+  });
+}
 template <bool kFive, class Block>
 void q_1(const GemmArgs& g) {
   const int64_t nb = g.cols / kQK;
@@ -286,8 +306,12 @@ void bf16(const GemmArgs& g) {
 }  // namespace
 
 const GgufKernels& gguf_kernels_scalar() {
-  static const GgufKernels k{q4k,  q5k, q6k, q80, f32, f16, bf16, q50, q40,
-                             q_1<false, BlockQ4_1>, q_1<true, BlockQ5_1>, q2k, q3k};
+  static const GgufKernels k = [] {
+    GgufKernels t{q4k,  q5k, q6k, q80, f32, f16, bf16, q50, q40,
+                  q_1<false, BlockQ4_1>, q_1<true, BlockQ5_1>, q2k, q3k};
+    t.mxfp4 = mxfp4;
+    return t;
+  }();
   return k;
 }
 

@@ -54,6 +54,7 @@ const char* wformat_name(WFormat f) {
     case WFormat::kQ5_0X4: return "q5_0-x4";
     case WFormat::kQ8_0X4: return "q8_0-x4";
     case WFormat::kQ6_KX16: return "q6_k-x16";
+    case WFormat::kMXFP4: return "mxfp4";
   }
   return "?";
 }
@@ -80,7 +81,8 @@ AFormat act_format(WFormat f) {
     case WFormat::kQ5_0X4:
     case WFormat::kQ4_0:
     case WFormat::kQ4_1:
-    case WFormat::kQ5_1: return AFormat::kQ8_0;
+    case WFormat::kQ5_1:
+    case WFormat::kMXFP4: return AFormat::kQ8_0;
   }
   return AFormat::kF32;
 }
@@ -110,6 +112,7 @@ bool view_weight(const ops::Weight& w, KMatrix* out) {
     case DType::kQ5_1: f = WFormat::kQ5_1; break;
     case DType::kQ2_K: f = WFormat::kQ2_K; break;
     case DType::kQ3_K: f = WFormat::kQ3_K; break;
+    case DType::kMXFP4: f = WFormat::kMXFP4; break;
     default: return false;
   }
   KMatrix m;
@@ -159,6 +162,7 @@ RowBlocks row_blocks(WFormat f) {
     case WFormat::kQ5_1: return {kQK, sizeof(BlockQ5_1)};
     case WFormat::kQ2_K: return {kQK_K, sizeof(BlockQ2_K)};
     case WFormat::kQ3_K: return {kQK_K, sizeof(BlockQ3_K)};
+    case WFormat::kMXFP4: return {kQK, sizeof(BlockMXFP4)};
     case WFormat::kInt8:
     case WFormat::kInt4:
     case WFormat::kBF16Tile: break;
@@ -274,6 +278,7 @@ GemmFn GgufKernels::*entry_of(WFormat f) {
     case WFormat::kQ4_KX16: return &GgufKernels::q4_kx16;
     case WFormat::kQ5_0X4: return &GgufKernels::q5_0x4;
     case WFormat::kQ8_0X4: return &GgufKernels::q8_0x4;
+    case WFormat::kMXFP4: return &GgufKernels::mxfp4;
     default: break;
   }
   fail(ErrorKind::kUnsupported, "no CPU kernel for weight format {}", wformat_name(f));

@@ -33,7 +33,8 @@ enum class WFormat : uint8_t {
   kQ2_K, kQ3_K,         // the low-bit K-quants of Q2_K / Q3_K_* files
   kQ4_KX16,  // Q4_K rows interleaved 16 at a time (q4k_x16.h): `--cpu-experts repack`
   kQ5_0X4, kQ8_0X4,  // Q5_0 / Q8_0 rows, blocks rearranged 4 at a time (q0_x4.h): `repack`
-  kQ6_KX16           // Q6_K rows interleaved 16 at a time (q6k_x16.h): `--cpu-experts repack`
+  kQ6_KX16,          // Q6_K rows interleaved 16 at a time (q6k_x16.h): `--cpu-experts repack`
+  kMXFP4             // OCP MXFP4 32-blocks (gpt-oss's experts, llama-quantize's MXFP4_MOE)
 };
 const char* wformat_name(WFormat f);
 

@@ -54,6 +54,8 @@ bool visit_dequant_format(DType type, F&& f) {
       return call(FormatTag<dq::Q6_K>{});
     case DType::kQ8_K:
       return call(FormatTag<dq::Q8_K>{});
+    case DType::kMXFP4:
+      return call(FormatTag<dq::MXFP4>{});
     default:
       return false;
   }

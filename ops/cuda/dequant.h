@@ -14,7 +14,7 @@
 namespace tandem {
 
 // Source types dequantize_rows_cuda accepts: F32, F16, BF16, F8E4M3 (unscaled) and the GGUF block
-// types Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q8_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q8_K.
+// types Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q8_1, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K, Q8_K, MXFP4.
 bool cuda_can_dequantize(DType type);
 
 // `rows` rows of `cols` values. Row r of the source starts at src + r * src_row_bytes (bytes; at

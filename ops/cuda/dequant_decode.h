@@ -158,6 +158,22 @@ struct Q4_0 {
   }
 };
 
+// MXFP4: x = table[q] * 2^(e - 128) (formats/quant.h), nibbles laid out as Q4_0's after the
+// one-byte exponent.
+struct MXFP4 {
+  static constexpr int kBlockElems = 32, kBlockBytes = 17;
+  static TD_HD void decode8(const uint8_t* b, int k, float* out) {
+    const uint8_t e = b[0];
+    const float d = bits_to_f32(e < 2 ? uint32_t{0x00200000} << e : uint32_t(e - 1) << 23);
+    const uint8_t* qs = b + 1 + (k & 1) * 8;
+    const int shift = (k >> 1) * 4;
+    constexpr int8_t kValues[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+    for (int i = 0; i < kChunk; ++i) {
+      out[i] = mul_rn(static_cast<float>(kValues[(qs[i] >> shift) & 0xF]), d);
+    }
+  }
+};
+
 // x = q * d + m.
 struct Q4_1 {
   static constexpr int kBlockElems = 32, kBlockBytes = 20;

@@ -2,7 +2,7 @@
 # Writes the golden data of the architectures tandem synthesizes itself (tests/data/golden):
 #   scripts/golden/make-golden.sh LLAMA_CPP_DIR LLAMA_CPP_BUILD_DIR [ARCH ...]
 # For each arch (default: glm4moe minimax-m2): `tandem synth` writes the tiny model as F32 GGUF,
-# BF16 HF, Q8_0 and Q4_K_M GGUF (seed 1234, the golden vocabulary of qwen3moe.gguf), and
+# BF16 HF, Q8_0, Q4_K_M and MXFP4_MOE GGUF (seed 1234, the golden vocabulary of qwen3moe.gguf), and
 # llama.cpp (scripts/golden/llama_ref.cpp, compiled here against LLAMA_CPP_BUILD_DIR) computes
 # the logits of every position of the two golden prompts, the 16 greedy tokens after them, the
 # experts every position selects and their counts for the 40-token prompt, into NAME.json /
@@ -29,10 +29,10 @@ for arch in "${arches[@]}"; do
   "$tandem" synth --arch "$arch" --vocab "$vocab" --seed 1234 --format hf -o "$out/$arch-hf" >/dev/null
   # The tokenizer is in the GGUF; the HF directory keeps config.json and the weights.
   rm -f "$out/$arch-hf"/tokenizer*.json "$out/$arch-hf"/generation_config.json
-  for type in q8_0 q4_k_m; do
+  for type in q8_0 q4_k_m mxfp4_moe; do
     "$tandem" synth --arch "$arch" --vocab "$vocab" --seed 1234 --type $type -o "$out/$arch-$type.gguf" >/dev/null
   done
-  for suffix in "" -q8_0 -q4_k_m; do
+  for suffix in "" -q8_0 -q4_k_m -mxfp4_moe; do
     for k in 0 1; do
       ids=$p0; [ $k = 1 ] && ids=$p1
       "$ref" logits "$out/$arch$suffix.gguf" "$out/$arch$suffix.p$k.f32" "$ids" \
@@ -68,7 +68,7 @@ meta = {"arch": arch, "hf_architecture": cfg["architectures"][0], "gguf_arch": a
                      "greedy": r["greedy"], "experts": r["experts"]}
                     for k, (t, r) in enumerate(f32)],
         "quantized": {q: {"gguf": f"{arch}-{q}.gguf", "prompts": prompt_list("-" + q)}
-                      for q in ("q8_0", "q4_k_m")}}
+                      for q in ("q8_0", "q4_k_m", "mxfp4_moe")}}
 json.dump(meta, open(f"{out}/{arch}.json", "w"), indent=1)
 PY
   echo "golden: $arch (llama.cpp $commit)"

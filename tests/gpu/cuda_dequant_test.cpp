@@ -52,6 +52,7 @@ const std::vector<BlockLayout>& block_layouts() {
       {DType::kQ5_K, {offsetof(BlockQ5_K, d), offsetof(BlockQ5_K, dmin)}},
       {DType::kQ6_K, {offsetof(BlockQ6_K, d)}},
       {DType::kQ8_K, {}, true},
+      {DType::kMXFP4, {}},  // (an E8M0 byte: every value is a scale)
   };
   return layouts;
 }
@@ -157,6 +158,7 @@ TEST(CudaDequantHost, BlockDecodersMatchReference) {
   check_host_decoder<dq::Q5_K>(DType::kQ5_K, rng);
   check_host_decoder<dq::Q6_K>(DType::kQ6_K, rng);
   check_host_decoder<dq::Q8_K>(DType::kQ8_K, rng);
+  check_host_decoder<dq::MXFP4>(DType::kMXFP4, rng);
 }
 
 template <typename Fmt>

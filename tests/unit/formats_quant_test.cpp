@@ -76,6 +76,47 @@ TEST(QuantDequant, Q4_0ByHand) {
   }
 }
 
+// MXFP4: value = table[nibble] * 2^(e - 128), the table E2M1's values doubled; element j in the
+// low nibble of qs[j], j + 16 in its high nibble (ggml's block_mxfp4).
+TEST(QuantDequant, Mxfp4ByHand) {
+  EXPECT_EQ(sizeof(BlockMXFP4), static_cast<size_t>(dtype_info(DType::kMXFP4).block_bytes));
+  EXPECT_EQ(dtype_info(DType::kMXFP4).ggml_type, 39);
+  EXPECT_EQ(e8m0_half(128), 1.0f);
+  EXPECT_EQ(e8m0_half(127), 0.5f);
+  EXPECT_EQ(e8m0_half(130), 4.0f);
+  EXPECT_EQ(e8m0_half(2), std::ldexp(1.0f, -126));
+  EXPECT_EQ(e8m0_half(1), std::ldexp(1.0f, -127));  // denormals below
+  EXPECT_EQ(e8m0_half(0), std::ldexp(1.0f, -128));
+  const float e2m1[16] = {0, 0.5f, 1, 1.5f, 2, 3, 4, 6, -0.0f, -0.5f, -1, -1.5f, -2, -3, -4, -6};
+  BlockMXFP4 b{};
+  b.e = 129;  // 2^(129 - 127) = 4 on E2M1's values
+  for (int j = 0; j < 16; ++j) b.qs[j] = static_cast<uint8_t>(j | ((15 - j) << 4));
+  const std::vector<float> y = dequant(DType::kMXFP4, b, 32);
+  for (int j = 0; j < 16; ++j) {
+    EXPECT_EQ(y[j], e2m1[j] * 4.0f) << j;
+    EXPECT_EQ(y[j + 16], e2m1[15 - j] * 4.0f) << j;
+  }
+}
+
+// The quantizer puts the block's largest magnitude in [4, 8) table units (e = floor(log2 amax) +
+// 125) and every value on its nearest table entry: within half the local spacing (4 units at the
+// top: 8 -> 12) times the scale.
+TEST(QuantQuantize, Mxfp4NearestEntries) {
+  std::vector<float> x(64);
+  for (int i = 0; i < 64; ++i) x[i] = std::sin(0.37f * static_cast<float>(i)) * 3.3f;
+  BlockMXFP4 b[2];
+  quantize_row(DType::kMXFP4, x.data(), b, 64);
+  EXPECT_EQ(b[0].e, 126);  // amax ~3.3: floor(log2) = 1 -> 1 - 2 + 127
+  std::vector<float> y(64);
+  dequantize_row(DType::kMXFP4, b, y.data(), 64);
+  for (int i = 0; i < 64; ++i) {
+    const float d = e8m0_half(b[i / 32].e);
+    EXPECT_LE(std::fabs(y[i] - x[i]), 2.0f * d + 1e-6f) << i;
+    // No other table entry is nearer.
+    for (int8_t v : kMxfp4Values) EXPECT_LE(std::fabs(y[i] - x[i]), std::fabs(v * d - x[i]));
+  }
+}
+
 TEST(QuantDequant, Q4_1ByHand) {
   BlockQ4_1 b{};
   b.d = kHalfHalf;
@@ -340,7 +381,7 @@ TEST(QuantApi, CanQuantizeAndErrors) {
   for (DType t :
        {DType::kF32, DType::kF16, DType::kBF16, DType::kF8E4M3, DType::kQ4_0, DType::kQ4_1,
         DType::kQ5_0, DType::kQ5_1, DType::kQ8_0, DType::kQ8_1, DType::kQ2_K, DType::kQ3_K,
-        DType::kQ4_K, DType::kQ5_K, DType::kQ6_K, DType::kQ8_K}) {
+        DType::kQ4_K, DType::kQ5_K, DType::kQ6_K, DType::kQ8_K, DType::kMXFP4}) {
     EXPECT_TRUE(can_quantize(t)) << dtype_name(t);
   }
   for (DType t : {DType::kI8, DType::kU8, DType::kI16, DType::kI32, DType::kI64, DType::kF64}) {
@@ -407,7 +448,8 @@ TEST(QuantQuantize, ZeroRowsGiveZeroBlocks) {
   const std::vector<float> zeros(512, 0.0f);
   for (DType t :
        {DType::kQ4_0, DType::kQ4_1, DType::kQ5_0, DType::kQ5_1, DType::kQ8_0, DType::kQ8_1,
-        DType::kQ2_K, DType::kQ3_K, DType::kQ4_K, DType::kQ5_K, DType::kQ6_K, DType::kQ8_K}) {
+        DType::kQ2_K, DType::kQ3_K, DType::kQ4_K, DType::kQ5_K, DType::kQ6_K, DType::kQ8_K,
+        DType::kMXFP4}) {
     std::vector<uint8_t> q(static_cast<size_t>(dtype_bytes(t, 512)), 0xAB);
     quantize_row(t, zeros.data(), q.data(), 512);
     std::vector<float> y(512, 1.0f);

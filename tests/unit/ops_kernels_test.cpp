@@ -184,7 +184,7 @@ INSTANTIATE_TEST_SUITE_P(Formats, Kernels,
                                            Case{DType::kQ5_0, true}, Case{DType::kQ4_0, true},
                                            Case{DType::kQ4_1, true}, Case{DType::kQ5_1, true},
                                            Case{DType::kQ2_K, true}, Case{DType::kQ3_K, true},
-                                           Case{DType::kF32, false},
+                                           Case{DType::kMXFP4, true}, Case{DType::kF32, false},
                                            Case{DType::kF16, false}, Case{DType::kBF16, false}),
                          [](const auto& info) {
                            return std::string(dtype_info(info.param.dtype).name);
