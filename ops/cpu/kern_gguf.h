@@ -77,7 +77,7 @@ struct GgufKernels {
   // the CPU has VBMI and BITALG; kern::gemm runs the others through the rows unpacked.
   GemmFn q5_0x4 = nullptr;
   GemmFn q8_0x4 = nullptr;
-  GemmFn mxfp4 = nullptr;  // MXFP4 x Q8_0 (the AVX-512 VNNI level runs the AVX-512 one)
+  GemmFn mxfp4 = nullptr;  // MXFP4 x Q8_0
 };
 
 const GgufKernels& gguf_kernels_scalar();
@@ -99,6 +99,7 @@ void quantize_q8_0_act_avx2(const float* x, uint8_t* dst, int64_t cols);
 // (kern_q0_vbmi.cpp; the caller checks the CPU): bit-identical to the VNNI rows and tiles.
 void q5_0_rows_vbmi(const GemmArgs& g);
 void q4_0_rows_vbmi(const GemmArgs& g);
+void mxfp4_rows_vbmi(const GemmArgs& g);  // (the quad kernel, nibbles through the E2M1 table)
 void q4_1_rows_vbmi(const GemmArgs& g);
 void q5_1_rows_vbmi(const GemmArgs& g);
 void q8_0_rows_vbmi(const GemmArgs& g);

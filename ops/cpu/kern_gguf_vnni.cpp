@@ -693,6 +693,11 @@ struct Q0Fmt<BlockQ4_0> {
   static constexpr bool kMin = false;
 };
 template <>
+struct Q0Fmt<BlockMXFP4> {  // (the tiles take expand_mxfp4's signed values; no raw-nibble rows)
+  static constexpr int kBiasShift = -1;
+  static constexpr bool kMin = false;
+};
+template <>
 struct Q0Fmt<BlockQ4_1> {
   static constexpr int kBiasShift = -1;
   static constexpr bool kMin = true;
@@ -849,7 +854,7 @@ inline float block_d(const uint8_t* row, int64_t b, int64_t nb) {
     std::memcpy(&d, row + b / 4 * 4 * static_cast<int64_t>(sizeof(Block)) + 2 * (b % 4), 2);
     return half_to_float(d);
   }
-  return half_to_float(reinterpret_cast<const Block*>(row)[b].d);
+  return weight_scale(reinterpret_cast<const Block*>(row)[b]);
 }
 
 template <class Block, bool kX4, class Expand>
@@ -1048,6 +1053,15 @@ void q3k(const GemmArgs& g) {
 void q40(const GemmArgs& g) {
   q0_gemm<BlockQ4_0>(g, expand_q4_0);
 }
+// MXFP4: 16+ tokens through the tiles (expand_mxfp4's signed values, as every legacy format's),
+// fewer through the row kernel (the VBMI table: the quad kernel).
+void mxfp4(const GemmArgs& g) {
+  if (g.tokens >= kQ0TileMinTokens) {
+    q0_tiled<BlockMXFP4>(g, expand_mxfp4);
+  } else {
+    drive<Mxfp4Kern<S>>(g);
+  }
+}
 void q41(const GemmArgs& g) {
   q0_gemm<BlockQ4_1>(g, expand_q4_1);
 }
@@ -1120,8 +1134,11 @@ void bf16(const GemmArgs& g) {
 namespace tandem::kern::detail {
 
 const GgufKernels& gguf_kernels_avx512_vnni_base() {
-  static const GgufKernels k{q4k, q5k, q6k, q80, f32, f16, bf16, q50, q40,
-                             q41, q51, q2k, q3k, q4kx16};
+  static const GgufKernels k = [] {
+    GgufKernels t{q4k, q5k, q6k, q80, f32, f16, bf16, q50, q40, q41, q51, q2k, q3k, q4kx16};
+    t.mxfp4 = mxfp4;
+    return t;
+  }();
   return k;
 }
 
@@ -1142,7 +1159,8 @@ const GgufKernels& gguf_kernels_avx512_vnni() {
                              q3k,
                              q4kx16,
                              q50x4,
-                             q80x4};
+                             q80x4,
+                             q0_vbmi<mxfp4_rows_vbmi, mxfp4>};
   static const bool vbmi = cpu_features().avx512_vbmi && cpu_features().avx512_bitalg;
   return vbmi ? k : gguf_kernels_avx512_vnni_base();
 }

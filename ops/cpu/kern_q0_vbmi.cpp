@@ -56,8 +56,14 @@ template <>
 struct Fmt<BlockQ8_0> {  // 32 whole bytes, not nibbles (kIs8); c = 128
   static constexpr int kQs = 2, kQh = -1, kM = -1, kShift = 0;
 };
+template <>
+struct Fmt<BlockMXFP4> {  // the E8M0 byte at 0; u = table[q] + 16 (c = 16)
+  static constexpr int kQs = 1, kQh = -1, kM = -1, kShift = 3;
+};
 template <class Block>
 constexpr bool kIs8 = std::is_same_v<Block, BlockQ8_0>;
+template <class Block>
+constexpr bool kIsMxfp4 = std::is_same_v<Block, BlockMXFP4>;
 static_assert(sizeof(BlockQ5_0) == 22 && sizeof(BlockQ4_0) == 18 && sizeof(BlockQ4_1) == 20 &&
                   sizeof(BlockQ5_1) == 24 && sizeof(BlockQ8_0) == 34,
               "legacy blocks: fp16 d (+ fp16 m) (+ 4 bytes qh) + 16 bytes qs; Q8_0: d + 32 qs");
@@ -139,6 +145,21 @@ inline Consts consts() {
           _mm512_set_epi32(15, 11, 7, 3, 14, 10, 6, 2, 13, 9, 5, 1, 12, 8, 4, 0)};
 }
 
+// The 16 blocks' scales as F32 from the gathered halves: the fp16 d, or (MXFP4) 2^(e - 128) from
+// the E8M0 byte e in the low byte of each half (formats/quant.h e8m0_half, denormal below 2).
+template <class Block>
+inline __m512 scales16(__m256i d16) {
+  if constexpr (kIsMxfp4<Block>) {
+    const __m512i e = _mm512_and_si512(_mm512_cvtepu16_epi32(d16), _mm512_set1_epi32(0xFF));
+    const __mmask16 small = _mm512_cmplt_epu32_mask(e, _mm512_set1_epi32(2));
+    const __m512i normal = _mm512_slli_epi32(_mm512_sub_epi32(e, _mm512_set1_epi32(1)), 23);
+    const __m512i denormal = _mm512_sllv_epi32(_mm512_set1_epi32(0x00200000), e);
+    return _mm512_castsi512_ps(_mm512_mask_blend_epi32(small, normal, denormal));
+  } else {
+    return _mm512_cvtph_ps(d16);
+  }
+}
+
 // The fp16 scales (and mins) of the 16 blocks of a row's group, 8 bytes per quad.
 struct Halves {
   __m512i d16 = _mm512_setzero_si512(), m16 = _mm512_setzero_si512();
@@ -171,7 +192,12 @@ inline void load_quad(const uint8_t* x, int blocks, int k, const Consts& c, __m5
   }
   const __m512i lo = _mm512_and_si512(q, c.nib);
   const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(q, 4), c.nib);
-  if constexpr (Fmt<Block>::kQh >= 0) {
+  if constexpr (kIsMxfp4<Block>) {  // each nibble through the E2M1 table, + 16
+    const __m512i table = _mm512_broadcast_i32x4(
+        _mm_setr_epi8(16, 17, 18, 19, 20, 22, 24, 28, 16, 15, 14, 13, 12, 10, 8, 4));
+    *u_lo = _mm512_shuffle_epi8(table, lo);
+    *u_hi = _mm512_shuffle_epi8(table, hi);
+  } else if constexpr (Fmt<Block>::kQh >= 0) {
     const __m512i qh = _mm512_permutex2var_epi8(z0, c.qh_idx, z1);
     *u_lo = _mm512_mask_add_epi8(lo, _mm512_bitshuffle_epi64_mask(qh, c.bits_lo), lo, c.sixteen);
     *u_hi = _mm512_mask_add_epi8(hi, _mm512_bitshuffle_epi64_mask(qh, c.bits_hi), hi, c.sixteen);
@@ -332,7 +358,7 @@ void row_lanes(const uint8_t* w, int64_t nb, const Act* act, __m512* acc) {
                                       u_hi, aq[1]);
       }
     }
-    const __m512 dw = _mm512_cvtph_ps(_mm512_castsi512_si256(hv.d16));
+    const __m512 dw = scales16<Block>(_mm512_castsi512_si256(hv.d16));
     for (int t = 0; t < NT; ++t) {
       // u = q + c: isum = dot(u, a) - c * sum(a) = sums + (negc >> shift).
       const __m512i isum =
@@ -439,7 +465,7 @@ void short_rows(const uint8_t* w, int64_t row_bytes, int64_t nb, const Act* act,
       }
     }
   }
-  const __m512 dw = _mm512_cvtph_ps(_mm512_castsi512_si256(hv.d16));
+  const __m512 dw = scales16<Block>(_mm512_castsi512_si256(hv.d16));
   const __m512 mw = _mm512_cvtph_ps(_mm512_castsi512_si256(hv.m16));
   const __m512 zero = _mm512_setzero_ps();
   for (int t = 0; t < NT; ++t) {
@@ -522,7 +548,7 @@ void short_rows16(const uint8_t* w, int64_t row_bytes, int64_t nb, const Act* ac
     }
     // (c.order is a transpose of 4 x 4 dwords per vector: row-major scales -> block-major.)
     const __m512 dw =
-        _mm512_permutexvar_ps(c.order, _mm512_cvtph_ps(_mm512_castsi512_si256(hv.d16)));
+        _mm512_permutexvar_ps(c.order, scales16<Block>(_mm512_castsi512_si256(hv.d16)));
     for (int t = 0; t < NT; ++t) {
       const __m512i sums =
           tree4_epi32(tree2_epi32(v[t][0], v[t][1]), tree2_epi32(v[t][2], v[t][3]));
@@ -676,6 +702,9 @@ void q4_1_rows_vbmi(const GemmArgs& g) {
 }
 void q5_1_rows_vbmi(const GemmArgs& g) {
   rows_vbmi<BlockQ5_1>(g);
+}
+void mxfp4_rows_vbmi(const GemmArgs& g) {
+  rows_vbmi<BlockMXFP4>(g);
 }
 void q8_0_rows_vbmi(const GemmArgs& g) {
   rows_vbmi<BlockQ8_0>(g);
