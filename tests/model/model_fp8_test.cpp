@@ -21,17 +21,16 @@
 namespace tandem {
 namespace {
 
-// Bounds 1.5x the worst measured, max|d| / max|ref| per position over the 24 positions (the same
-// at every TANDEM_ISA level but for the twin's last digits):
-//                                  measured                 bound
-//   FP8 vs its dequantized twin    0.0064 (AVX-512, VNNI)   0.0103, every argmax the twin's
-//                                  0.0069 (AVX2, BF16, AMX)
-//   FP8 vs the BF16 checkpoint     0.237, 3 argmax misses   0.36, at most 5 misses (1.5x 3/24,
-//                                  (FP8 rounding flips       rounded up)
-//                                  near-tie expert choices)
+// Bounds 1.5x the worst measured over the three presets, max|d| / max|ref| per position over the
+// 24 positions (the same at every TANDEM_ISA level but for the twin's last digits):
+//                                  measured (deepseek3 / glm4moe / minimax-m2)    bound
+//   FP8 vs its dequantized twin    0.0069 / 0.0055 / 0.0027 (AMX; deepseek3 0.0064   0.0103, every
+//                                  on AVX-512 and VNNI)                             argmax the twin's
+//   FP8 vs the BF16 checkpoint     0.237 / 0.385 / 0.341, argmax misses 3 / 4 / 2   0.58, at most 6
+//                                  (FP8 rounding flips near-tie expert choices)     misses
 constexpr double kTwinBound = 0.0103;
-constexpr double kBf16Bound = 0.36;
-constexpr int kBf16ArgmaxMisses = 5;
+constexpr double kBf16Bound = 0.58;
+constexpr int kBf16ArgmaxMisses = 6;
 
 std::vector<float> prompt_logits(const LoadedModel& lm, const std::vector<int32_t>& tokens) {
   ModelOptions mo;
@@ -42,10 +41,13 @@ std::vector<float> prompt_logits(const LoadedModel& lm, const std::vector<int32_
   return logits;
 }
 
-TEST(ModelFp8, EqualsDequantizedTwinAndNearBf16) {
+// FP8 releases with 128 x 128 block scales: DeepSeek-V3 / R1 / Kimi-K2, GLM-4.5-FP8, MiniMax-M2.
+class ModelFp8Release : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(ModelFp8Release, EqualsDequantizedTwinAndNearBf16) {
   test::TempDir dir("fp8");
   SynthOptions o;
-  o.config = config_preset("tiny-deepseek3");
+  o.config = config_preset(GetParam());
   o.format = SynthFormat::kHf;
   o.seed = 11;
   o.progress = false;
@@ -79,7 +81,8 @@ TEST(ModelFp8, EqualsDequantizedTwinAndNearBf16) {
     worst = std::max(worst, md / my);
     agree += std::max_element(x, x + nv) - x == std::max_element(y, y + nv) - y;
   }
-  std::printf("fp8 vs bf16: max rel %.4f, argmax %d/%zu\n", worst, agree, tokens.size());
+  std::printf("%s fp8 vs bf16: max rel %.4f, argmax %d/%zu\n", GetParam(), worst, agree,
+              tokens.size());
   EXPECT_GT(worst, 0.0);  // the FP8 rounding is really applied
   EXPECT_LE(worst, kBf16Bound);
   EXPECT_LE(static_cast<int>(tokens.size()) - agree, kBf16ArgmaxMisses);
@@ -127,12 +130,16 @@ TEST(ModelFp8, EqualsDequantizedTwinAndNearBf16) {
     worst_twin = std::max(worst_twin, md / mr);
     twin_agree += std::max_element(x, x + nv) - x == std::max_element(y, y + nv) - y;
   }
-  std::printf("fp8 vs dequantized twin: worst position %.5f, argmax %d/%zu\n", worst_twin,
-              twin_agree, tokens.size());
+  std::printf("%s fp8 vs dequantized twin: worst position %.5f, argmax %d/%zu\n", GetParam(),
+              worst_twin, twin_agree, tokens.size());
   EXPECT_GT(worst_twin, 0.0);
   EXPECT_LE(worst_twin, kTwinBound);
   EXPECT_EQ(twin_agree, static_cast<int>(tokens.size()));
 }
+
+INSTANTIATE_TEST_SUITE_P(Presets, ModelFp8Release,
+                         ::testing::Values("tiny-deepseek3", "tiny-glm4moe", "tiny-minimax-m2"),
+                         [](const auto& info) { return std::to_string(info.index); });
 
 // Without its scale tensor an FP8 weight would be silently wrong: the loader refuses it.
 TEST(ModelFp8, MissingScaleIsAnError) {
