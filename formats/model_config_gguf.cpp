@@ -1,6 +1,6 @@
 // ModelConfig from GGUF metadata as llama.cpp writes and reads it (arches deepseek2, qwen2moe,
-// qwen3moe, llama with experts, glm4moe, minimax-m2). What llama.cpp hard-codes per arch rather than storing (routing
-// normalization, q/k norms) is filled in the same way here.
+// qwen3moe, llama with experts, glm4moe, minimax-m2). What llama.cpp hard-codes per arch rather
+// than storing (routing normalization, q/k norms) is filled in the same way here.
 #include <cmath>
 
 #include "core/error.h"

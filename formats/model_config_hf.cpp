@@ -165,6 +165,17 @@ std::optional<ModelArch> arch_from_hf(const Json& root, std::string* what) {
   return std::nullopt;
 }
 
+// The share of a head that is rotated (GLM-4.5, MiniMax-M2), checked to (0, 1] before it scales
+// head_dim.
+double partial_rotary_factor(const JsonReader& r, double fallback, std::string_view source) {
+  const double partial = r.opt_float("partial_rotary_factor", fallback);
+  if (!(partial > 0.0 && partial <= 1.0)) {
+    fail(ErrorKind::kFormat, "{}: key 'partial_rotary_factor': {} is not in (0, 1]", source,
+         partial);
+  }
+  return partial;
+}
+
 void read_hf_rope_scaling(const JsonReader& r, const Json& root, std::string_view source,
                           ModelConfig& c) {
   const Json* rs = r.get("rope_scaling");
@@ -332,11 +343,7 @@ ModelConfig parse_hf(const Json& root_in, std::string_view source) {
     case ModelArch::kGlm4Moe: {
       c.head_dim = r.opt_int("head_dim", c.hidden_size / c.num_heads);
       c.v_head_dim = c.head_dim;
-      const double partial = r.opt_float("partial_rotary_factor", 0.5);
-      if (!(partial > 0.0 && partial <= 1.0)) {
-        fail(ErrorKind::kFormat, "{}: key 'partial_rotary_factor': {} is not in (0, 1]", source,
-             partial);
-      }
+      const double partial = partial_rotary_factor(r, 0.5, source);
       // As convert_hf_to_gguf.py writes rope.dimension_count: int(head_dim * factor).
       c.rope_dim = static_cast<int64_t>(static_cast<double>(c.head_dim) * partial);
       c.moe_intermediate_size = r.req_int("moe_intermediate_size");
@@ -362,9 +369,10 @@ ModelConfig parse_hf(const Json& root_in, std::string_view source) {
       c.n_experts = r.req_int("num_local_experts");
       c.head_dim = r.opt_int("head_dim", c.hidden_size / c.num_heads);
       c.v_head_dim = c.head_dim;
-      c.rope_dim = r.has("rotary_dim") ? r.req_int("rotary_dim")
-                                       : static_cast<int64_t>(static_cast<double>(c.head_dim) *
-                                                              r.opt_float("partial_rotary_factor", 1.0));
+      const double partial = partial_rotary_factor(r, 1.0, source);
+      c.rope_dim = r.has("rotary_dim")
+                       ? r.req_int("rotary_dim")
+                       : static_cast<int64_t>(static_cast<double>(c.head_dim) * partial);
       const std::string scoring = r.opt_string("scoring_func", "sigmoid");
       if (scoring != "sigmoid" || !r.opt_bool("use_routing_bias", true)) {
         fail(ErrorKind::kUnsupported,

@@ -106,7 +106,8 @@ struct BlockMXFP4 {
   uint8_t e;
   uint8_t qs[kQK / 2];
 };
-inline constexpr int8_t kMxfp4Values[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
+inline constexpr int8_t kMxfp4Values[16] = {0,  1,  2,  3,  4,  6,  8,  12,
+                                             0, -1, -2, -3, -4, -6, -8, -12};
 // 2^(e - 128) exactly (ggml's GGML_E8M0_TO_FP32_HALF: denormal for e < 2).
 inline float e8m0_half(uint8_t e) {
   const uint32_t bits = e < 2 ? uint32_t{0x00200000} << e : uint32_t(e - 1) << 23;

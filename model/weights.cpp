@@ -152,7 +152,8 @@ LayerNames gguf_names(const ModelConfig& c, int64_t l) {
   LayerNames n;
   n.attn_norm = p + "attn_norm.weight";
   // llama.cpp's glm4moe keeps HF's post_attention_layernorm as the FFN's norm.
-  n.ffn_norm = p + (c.arch == ModelArch::kGlm4Moe ? "post_attention_norm.weight" : "ffn_norm.weight");
+  n.ffn_norm =
+      p + (c.arch == ModelArch::kGlm4Moe ? "post_attention_norm.weight" : "ffn_norm.weight");
   n.q = p + "attn_q.weight";
   n.k = p + "attn_k.weight";
   n.v = p + "attn_v.weight";

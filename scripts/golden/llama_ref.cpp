@@ -149,7 +149,8 @@ int tokenize(const char* vocab_path, const char* input) {
   std::stringstream ss;
   ss << in.rdbuf();
   const std::string all = ss.str(), sep = "\n__ggml_vocab_test__\n";
-  for (size_t pos = 0, end; (end = all.find(sep, pos)) != std::string::npos; pos = end + sep.size()) {
+  for (size_t pos = 0, end; (end = all.find(sep, pos)) != std::string::npos;
+       pos = end + sep.size()) {
     const std::string text = all.substr(pos, end - pos);
     std::vector<llama_token> ids(text.size() + 16);
     const int n = llama_tokenize(vocab, text.data(), static_cast<int32_t>(text.size()), ids.data(),

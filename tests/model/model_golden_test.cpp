@@ -524,7 +524,8 @@ void check_quantized_before_flip(const std::string& what, const PromptRun& r,
   ASSERT_GT(flip, 0) << what << ": the experts differ from llama.cpp's at the first position";
   const auto rows = static_cast<size_t>(flip * nv);
   const std::vector<float> got(r.logits.begin(), r.logits.begin() + rows);
-  const std::vector<float> want(ref.begin(), ref.begin() + rows), base(f32.begin(), f32.begin() + rows);
+  const std::vector<float> want(ref.begin(), ref.begin() + rows);
+  const std::vector<float> base(f32.begin(), f32.begin() + rows);
   const QuantStats s = quant_stats(got, want, base, nv);
   const auto greedy = p["greedy"].get<std::vector<int32_t>>();
   std::printf("%s: experts as llama.cpp's for %ld of %ld positions; there median %.3g worst %.4f "

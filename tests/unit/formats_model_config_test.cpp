@@ -291,6 +291,14 @@ TEST(ModelConfig, HfErrorsNameFileAndKey) {
                {"cfg.json", "rms_norm_eps"});
   expect_error([&] { parse(edited_hf("deepseek2", "bos_token_id", 512)); }, ErrorKind::kFormat,
                {"cfg.json", "bos_token_id"});
+  expect_error([&] { parse(edited_hf("glm4moe", "partial_rotary_factor", 1e308)); },
+               ErrorKind::kFormat, {"cfg.json", "partial_rotary_factor"});
+  expect_error([&] { parse(edited_hf("glm4moe", "partial_rotary_factor", 0.01)); },
+               ErrorKind::kFormat, {"cfg.json", "partial_rotary_factor"});  // rotates 0 dims
+  expect_error([&] { parse(edited_hf("minimax-m2", "rotary_dim", 66)); }, ErrorKind::kFormat,
+               {"cfg.json", "rotary_dim", "66"});  // more than head_dim 64
+  expect_error([&] { parse(edited_hf("glm4moe", "num_nextn_predict_layers", 65)); },
+               ErrorKind::kFormat, {"cfg.json", "num_nextn_predict_layers"});
   expect_error([&] { parse("{\"hidden_size\": "); }, ErrorKind::kFormat,
                {"cfg.json", "invalid JSON"});
   expect_error([&] { parse("[1, 2]"); }, ErrorKind::kFormat, {"cfg.json", "object"});
@@ -314,6 +322,10 @@ TEST(ModelConfig, HfUnsupportedNamesWhat) {
       ErrorKind::kUnsupported, {"cfg.json", "rope_scaling", "dynamic"});
   expect_error([&] { parse(edited_hf("deepseek3", "scoring_func", "tanh")); },
                ErrorKind::kUnsupported, {"cfg.json", "scoring_func", "tanh"});
+  expect_error([&] { parse(edited_hf("minimax-m2", "scoring_func", "softmax")); },
+               ErrorKind::kUnsupported, {"cfg.json", "scoring_func"});
+  expect_error([&] { parse(edited_hf("minimax-m2", "qk_norm_type", "per_head")); },
+               ErrorKind::kUnsupported, {"cfg.json", "qk_norm_type", "per_head"});
 }
 
 TEST(ModelConfig, HfArchFromModelTypeAndOptionalForms) {
