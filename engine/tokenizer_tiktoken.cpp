@@ -64,7 +64,7 @@ Tokenizer Tokenizer::from_tiktoken(const fs::path& dir) {
   const std::string text = read_input_file(model_path, kMaxTokenizerFileBytes);
   // rank -> bytes, ranks dense from 0.
   std::vector<std::string> tokens;
-  std::unordered_map<std::string, int32_t> rank_of;
+  tokenizer_detail::StringIdMap rank_of;
   size_t line_no = 0;
   for (size_t pos = 0; pos < text.size();) {
     size_t end = text.find('\n', pos);

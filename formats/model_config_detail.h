@@ -23,6 +23,14 @@ inline bool in_config_range(int64_t v) {
 }
 
 bool is_deepseek(ModelArch arch);
+
+// DeepSeek-V3's router (noaux_tc): sigmoid scores, e_score_correction_bias for the choice only.
+// GLM-4.5 and MiniMax-M2 route the same way (with one group).
+inline void set_noaux_tc_routing(ModelConfig& c) {
+  c.scoring = ScoringFunc::kSigmoid;
+  c.topk_method = TopkMethod::kNoauxTc;
+  c.has_e_score_correction_bias = true;
+}
 // HF `model_type`: deepseek_v2, deepseek_v3, qwen2_moe, qwen3_moe, mixtral, glm4_moe, minimax_m2.
 std::string_view hf_model_type(ModelArch arch);
 

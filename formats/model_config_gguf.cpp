@@ -277,6 +277,12 @@ ModelConfig config_from_gguf(const GgufFile& f) {
          r.key("attention.head_count"), c.num_heads);
   }
 
+  // The head sizes of the non-MLA arches (key_length absent: hidden / heads; rope over the head).
+  auto read_head_dims = [&] {
+    c.head_dim = r.opt_int("attention.key_length", c.hidden_size / c.num_heads);
+    c.v_head_dim = r.opt_int("attention.value_length", c.head_dim);
+    c.rope_dim = r.opt_int("rope.dimension_count", c.head_dim);
+  };
   switch (c.arch) {
     case ModelArch::kDeepseek2:
     case ModelArch::kDeepseek3: {
@@ -320,9 +326,7 @@ ModelConfig config_from_gguf(const GgufFile& f) {
     case ModelArch::kQwen2Moe:
     case ModelArch::kQwen3Moe: {
       const bool qwen3 = c.arch == ModelArch::kQwen3Moe;
-      c.head_dim = r.opt_int("attention.key_length", c.hidden_size / c.num_heads);
-      c.v_head_dim = r.opt_int("attention.value_length", c.head_dim);
-      c.rope_dim = r.opt_int("rope.dimension_count", c.head_dim);
+      read_head_dims();
       c.moe_intermediate_size = r.req_int("expert_feed_forward_length");
       if (!qwen3) {
         c.shared_expert_intermediate_size = r.opt_int("expert_shared_feed_forward_length", 0);
@@ -338,9 +342,7 @@ ModelConfig config_from_gguf(const GgufFile& f) {
     case ModelArch::kGlm4Moe:
     case ModelArch::kMiniMaxM2: {
       const bool glm = c.arch == ModelArch::kGlm4Moe;
-      c.head_dim = r.opt_int("attention.key_length", c.hidden_size / c.num_heads);
-      c.v_head_dim = r.opt_int("attention.value_length", c.head_dim);
-      c.rope_dim = r.opt_int("rope.dimension_count", c.head_dim);
+      read_head_dims();
       c.moe_intermediate_size = r.req_int("expert_feed_forward_length");
       // Sigmoid scores with the selection bias (exp_probs_b), as llama.cpp runs both arches.
       const int64_t gating = r.opt_int("expert_gating_func", 2);
@@ -349,9 +351,7 @@ ModelConfig config_from_gguf(const GgufFile& f) {
              "{}: key '{}': gating function {} is not supported for {} (2 = sigmoid)", f.path(),
              r.key("expert_gating_func"), gating, arch);
       }
-      c.scoring = ScoringFunc::kSigmoid;
-      c.topk_method = TopkMethod::kNoauxTc;
-      c.has_e_score_correction_bias = true;
+      detail::set_noaux_tc_routing(c);
       c.qk_norm = f.find_tensor("blk.0.attn_q_norm.weight") != nullptr;
       if (glm) {
         // llama.cpp: n_layer = block_count - nextn_predict_layers (the MTP layers come last).
@@ -379,9 +379,7 @@ ModelConfig config_from_gguf(const GgufFile& f) {
       break;
     }
     case ModelArch::kMixtral: {
-      c.head_dim = r.opt_int("attention.key_length", c.hidden_size / c.num_heads);
-      c.v_head_dim = r.opt_int("attention.value_length", c.head_dim);
-      c.rope_dim = r.opt_int("rope.dimension_count", c.head_dim);
+      read_head_dims();
       c.moe_intermediate_size = r.opt_int("expert_feed_forward_length", c.intermediate_size);
       c.norm_topk_prob = true;
       break;

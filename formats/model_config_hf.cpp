@@ -353,10 +353,7 @@ ModelConfig parse_hf(const Json& root_in, std::string_view source) {
       c.first_k_dense_replace = r.opt_int("first_k_dense_replace", 1);
       c.n_group = r.opt_int("n_group", 1);
       c.topk_group = r.opt_int("topk_group", 1);
-      // Glm4MoeTopkRouter: sigmoid scores, e_score_correction_bias for the choice only.
-      c.scoring = ScoringFunc::kSigmoid;
-      c.topk_method = TopkMethod::kNoauxTc;
-      c.has_e_score_correction_bias = true;
+      detail::set_noaux_tc_routing(c);  // Glm4MoeTopkRouter
       c.norm_topk_prob = r.opt_bool("norm_topk_prob", true);
       c.routed_scaling_factor = static_cast<float>(r.opt_float("routed_scaling_factor", 1.0));
       c.attention_bias = r.opt_bool("attention_bias", false);
@@ -380,9 +377,7 @@ ModelConfig parse_hf(const Json& root_in, std::string_view source) {
              "bias are supported (as released)",
              source);
       }
-      c.scoring = ScoringFunc::kSigmoid;
-      c.topk_method = TopkMethod::kNoauxTc;
-      c.has_e_score_correction_bias = true;
+      detail::set_noaux_tc_routing(c);
       c.norm_topk_prob = true;  // MiniMaxM2SparseMoeBlock always renormalizes the top-k
       c.qk_norm = r.opt_bool("use_qk_norm", true);
       c.qk_norm_all_heads = c.qk_norm;  // qk_norm_type "per_layer": over all heads

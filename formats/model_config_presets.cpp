@@ -10,6 +10,7 @@
 
 #include "core/error.h"
 #include "formats/model_config.h"
+#include "formats/model_config_detail.h"
 
 namespace tandem {
 namespace {
@@ -77,11 +78,9 @@ ModelConfig tiny_deepseek3() {
   c.shared_expert_intermediate_size = 64;
   c.n_group = 4;
   c.topk_group = 2;
-  c.topk_method = TopkMethod::kNoauxTc;
-  c.scoring = ScoringFunc::kSigmoid;
+  detail::set_noaux_tc_routing(c);
   c.norm_topk_prob = true;
   c.routed_scaling_factor = 2.5f;
-  c.has_e_score_correction_bias = true;
   return c;
 }
 
@@ -179,11 +178,9 @@ ModelConfig deepseek_v3() {
   c.first_k_dense_replace = 3;
   c.n_group = 8;
   c.topk_group = 4;
-  c.topk_method = TopkMethod::kNoauxTc;
-  c.scoring = ScoringFunc::kSigmoid;
+  detail::set_noaux_tc_routing(c);
   c.norm_topk_prob = true;
   c.routed_scaling_factor = 2.5f;
-  c.has_e_score_correction_bias = true;
   c.max_position_embeddings = 163840;
   set_yarn(c, 40.0f, 4096, 32.0f, 1.0f, 1.0f, 1.0f);
   c.bos_token_id = 0;
@@ -282,9 +279,7 @@ ModelConfig tiny_glm4moe() {
   c.n_shared_experts = 1;
   c.shared_expert_intermediate_size = 64;
   c.first_k_dense_replace = 1;
-  c.scoring = ScoringFunc::kSigmoid;
-  c.topk_method = TopkMethod::kNoauxTc;
-  c.has_e_score_correction_bias = true;
+  detail::set_noaux_tc_routing(c);
   c.norm_topk_prob = true;
   c.routed_scaling_factor = 2.5f;
   c.attention_bias = true;
@@ -351,9 +346,7 @@ ModelConfig tiny_minimax_m2() {
   c.intermediate_size = c.moe_intermediate_size = 64;
   c.n_experts = 8;
   c.n_experts_per_tok = 2;
-  c.scoring = ScoringFunc::kSigmoid;
-  c.topk_method = TopkMethod::kNoauxTc;
-  c.has_e_score_correction_bias = true;
+  detail::set_noaux_tc_routing(c);
   c.norm_topk_prob = true;
   c.qk_norm = true;
   c.qk_norm_all_heads = true;

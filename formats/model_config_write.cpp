@@ -292,20 +292,15 @@ void write_gguf_config(const ModelConfig& c, GgufWriter& w) {
       }
       break;
     case ModelArch::kQwen3Moe:
-      set_u32(w, key("attention.head_count_kv"), c.num_kv_heads);
-      set_u32(w, key("attention.key_length"), c.head_dim);
-      set_u32(w, key("attention.value_length"), c.v_head_dim);
-      set_u32(w, key("rope.dimension_count"), c.rope_dim);
-      set_u32(w, key("expert_feed_forward_length"), c.moe_intermediate_size);
-      break;
     case ModelArch::kGlm4Moe:
     case ModelArch::kMiniMaxM2:
-      // As convert_hf_to_gguf.py's Glm4MoeModel / MiniMaxM2Model write them.
+      // As convert_hf_to_gguf.py's Qwen3MoeModel / Glm4MoeModel / MiniMaxM2Model write them.
       set_u32(w, key("attention.head_count_kv"), c.num_kv_heads);
       set_u32(w, key("attention.key_length"), c.head_dim);
       set_u32(w, key("attention.value_length"), c.v_head_dim);
       set_u32(w, key("rope.dimension_count"), c.rope_dim);
       set_u32(w, key("expert_feed_forward_length"), c.moe_intermediate_size);
+      if (c.arch == ModelArch::kQwen3Moe) break;
       set_u32(w, key("expert_gating_func"), 2);
       if (c.arch == ModelArch::kGlm4Moe) {
         set_u32(w, key("expert_group_count"), c.n_group);

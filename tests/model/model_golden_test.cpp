@@ -517,8 +517,14 @@ void check_quantized_before_flip(const std::string& what, const PromptRun& r,
   const int64_t n = static_cast<int64_t>(p["tokens"].size());
   const int64_t flip = first_routing_difference(r, p["experts"], k);
   if (flip == 0 && !fused) {
-    // (The reference backend's F32 activations broke a near tie at the first position.)
-    std::printf("%s: experts differ from llama.cpp's from the first position\n", what.c_str());
+    // The reference backend's F32 activations broke a near tie at the first position: no
+    // position shares llama.cpp's experts, so only the golden README's bound for every position
+    // of a quantized model applies (max|d| <= 0.4 max|ref|).
+    const Stats all = compare(r.logits, ref, nv);
+    const double worst = *std::max_element(all.rel.begin(), all.rel.end());
+    std::printf("%s: experts differ from llama.cpp's from the first position; worst %.4f\n",
+                what.c_str(), worst);
+    EXPECT_LE(worst, 0.4) << what;
     return;
   }
   ASSERT_GT(flip, 0) << what << ": the experts differ from llama.cpp's at the first position";
