@@ -35,8 +35,11 @@ inline int64_t q8_lead_bytes(int64_t d) { return 4 * ((d + kQ8Block - 1) / kQ8Bl
 inline int64_t q8_row_bytes(int64_t d) { return q8_lead_bytes(d) + (d + 3) / 4 * 4; }
 
 // Causal attention over a KV cache. Query token t sits at position pos0 + t and attends to cached
-// positions 0..pos0+t. Query head h uses KV head h / (n_heads / n_kv_heads). out is
-// [n_tokens, n_heads, dv]; q is [n_tokens, n_heads, dk] with q_stride floats between tokens.
+// positions 0..pos0+t (with a sliding window of w: the last w of them, pos0+t-w+1..pos0+t). Query
+// head h uses KV head h / (n_heads / n_kv_heads). out is [n_tokens, n_heads, dv]; q is
+// [n_tokens, n_heads, dk] with q_stride floats between tokens. With sinks (gpt-oss), head h's
+// softmax has one more term in its denominator, e^(sinks[h] - m) (m the maximum over the scaled
+// scores and sinks[h]): a key whose value is zero.
 //
 // Where a row is: K of cached position s and KV head g is at
 //   k + kv_offset(s, k_stride, k_block) + g * k_head
@@ -79,8 +82,15 @@ struct AttentionArgs {
   int64_t k_block = 0, v_block = 0;
   int64_t pos0 = 0;
   float scale = 1.0f;
+  int64_t window = 0;            // sliding window (keys per query, itself included); 0: all
+  const float* sinks = nullptr;  // [n_heads] logits (unscaled), or nullptr: none
   float* out = nullptr;
 };
+
+// The first cached position a query at position `pos` attends to.
+inline int64_t first_key(const AttentionArgs& a, int64_t pos) {
+  return a.window > 0 && pos >= a.window ? pos - a.window + 1 : 0;
+}
 
 // A paged cache's block_positions is a multiple of this: the kernels read values in runs of up
 // to 64 consecutive positions (kern::attention's chunks), which then never cross a block.

@@ -242,10 +242,13 @@ struct SegmentFold {
 };
 
 // The query rows of one task: they share the keys k0 and values v0 (rows a.k_stride / a.v_stride
-// apart); row r attends to the first n_ctx[r] of them (ascending in r) and writes out[r].
+// apart); row r attends to keys lo[r] .. n_ctx[r] - 1 of them (both ascending in r) and writes
+// out[r]; with a.sinks, sink[r] is its softmax's sink.
 struct Rows {
   const float* q[kMaxRows];
+  int64_t lo[kMaxRows];
   int64_t n_ctx[kMaxRows];
+  float sink[kMaxRows];
   float* out[kMaxRows];
   int64_t n = 0;
 };
@@ -406,19 +409,22 @@ void value_sums(const ops::AttentionArgs& a, const Rows& rows, const Lane<typena
   }
 }
 
-// Each row's segment [s_begin, s_end) after its scores: p in place over its own keys (zeros past
-// them), the segment's (m_s, l_s) into m_out / l_out. Returns whether the row has keys there.
+// Each row's segment [s_begin, s_end) after its scores: p in place over its own keys (zeros
+// before and past them), the segment's (m_s, l_s) into m_out / l_out. Returns whether the row has
+// keys there.
 inline bool segment_probabilities(const ops::AttentionArgs& a, const Rows& rows, int64_t r,
                                   int64_t s_begin, int64_t s_end, float* scores, float* m_out,
                                   float* l_out) {
   float* sc = scores + r * kSegment;
-  const int64_t n = std::min(rows.n_ctx[r], s_end) - s_begin;
-  if (n <= 0) {
+  const int64_t b = std::max(rows.lo[r], s_begin) - s_begin;
+  const int64_t e = std::min(rows.n_ctx[r], s_end) - s_begin;
+  if (e <= b) {
     std::fill(sc, sc + (s_end - s_begin), 0.0f);
     return false;
   }
-  segment_exp_avx512(sc, n, a.scale, m_out, l_out);
-  std::fill(sc + n, sc + (s_end - s_begin), 0.0f);
+  std::fill(sc, sc + b, 0.0f);
+  segment_exp_avx512(sc + b, e - b, a.scale, m_out, l_out);
+  std::fill(sc + e, sc + (s_end - s_begin), 0.0f);
   return true;
 }
 
@@ -427,9 +433,11 @@ void rows_task(const ops::AttentionArgs& a, const Rows& rows, const Lane<typenam
                const Lane<typename Kv::T>& v0, float* scores, float* dummy, bool prefetch) {
   // Each row's arithmetic does not depend on which rows share the task: its dot products are the
   // same blocks' (one accumulator and lane tree per output), its segments end at its own n_ctx,
-  // its probabilities past n_ctx are 0 (the value blocks' longer key range adds
-  // fma(0, v, acc) = acc), and a segment past its n_ctx leaves it as it was.
+  // its probabilities outside lo .. n_ctx are 0 (the value blocks' longer key range adds
+  // fma(0, v, acc) = acc), and a segment outside them leaves it as it was. Segments start at
+  // multiples of kSegment (a window's first keys in a partial segment).
   const int64_t n_max = rows.n_ctx[rows.n - 1];
+  const int64_t c_first = rows.lo[0] / kSegment * kSegment;
   const __m512* packed = pack_rows<Kv, NH>(a, rows);
   thread_local std::vector<float> seg_sums;  // each row's value sums of the segment
   seg_sums.resize(static_cast<size_t>(rows.n * a.dv));
@@ -438,7 +446,7 @@ void rows_task(const ops::AttentionArgs& a, const Rows& rows, const Lane<typenam
   float* sums[kMaxRows];
   bool first[kMaxRows];
   for (int64_t r = 0; r < rows.n; ++r) fold[r].started = false;  // (a POD: only rows.n set)
-  for (int64_t c0 = 0; c0 < n_max; c0 += kSegment) {
+  for (int64_t c0 = c_first; c0 < n_max; c0 += kSegment) {
     const int64_t c1 = std::min(n_max, c0 + kSegment);
     score_keys<Kv, NH>(a, rows, packed, k0, v0, c0, c1, Prefetch{prefetch, n_max}, scores);
     for (int64_t r = 0; r < rows.n; ++r) {
@@ -465,7 +473,9 @@ void rows_task(const ops::AttentionArgs& a, const Rows& rows, const Lane<typenam
     }
   }
   for (int64_t r = 0; r < rows.n; ++r) {
-    const __m512 inv = _mm512_set1_ps(1.0f / fold[r].l);
+    float keep = 1.0f;  // the sink: a last segment of one key, numerator 1, value 0
+    if (a.sinks != nullptr) fold[r].add(rows.sink[r], 1.0f, &keep, &fb[r]);
+    const __m512 inv = _mm512_set1_ps(keep / fold[r].l);
     for (int64_t j = 0; j < a.dv; j += 16) {
       const __mmask16 m = tail_mask(j, a.dv);
       _mm512_mask_storeu_ps(rows.out[r] + j, m,
@@ -512,7 +522,9 @@ void task(const ops::AttentionArgs& a, int64_t t, int64_t g, int64_t hb, int64_t
     rows.n = std::min<int64_t>(kMaxRows, he - h0);
     for (int64_t r = 0; r < rows.n; ++r) {
       rows.q[r] = q0 + (h0 + r) * a.dk;
+      rows.lo[r] = ops::first_key(a, a.pos0 + t);
       rows.n_ctx[r] = a.pos0 + t + 1;
+      rows.sink[r] = a.sinks != nullptr ? a.sinks[base + h0 + r] : 0.0f;
       rows.out[r] = a.out + (t * a.n_heads + base + h0 + r) * a.dv;
     }
     rows_any<Kv>(a, nh, rows, key_rows<Kv>(a, g), value_rows<Kv>(a, g), scores, dummy,
@@ -529,7 +541,9 @@ void tokens(const ops::AttentionArgs& a, int64_t t0, int64_t t1, int64_t g, floa
     rows.n = std::min<int64_t>(kMaxRows, t1 - b);
     for (int64_t r = 0; r < rows.n; ++r) {
       rows.q[r] = a.q + (b + r) * a.q_stride + g * a.dk;
+      rows.lo[r] = ops::first_key(a, a.pos0 + b + r);
       rows.n_ctx[r] = a.pos0 + b + r + 1;
+      rows.sink[r] = a.sinks != nullptr ? a.sinks[g] : 0.0f;
       rows.out[r] = a.out + ((b + r) * a.n_heads + g) * a.dv;
     }
     rows_any<Kv>(a, 4, rows, key_rows<Kv>(a, g), value_rows<Kv>(a, g), scores, dummy, false);
@@ -542,7 +556,9 @@ inline Rows decode_rows(const ops::AttentionArgs& a) {
   rows.n = a.n_heads;
   for (int64_t r = 0; r < rows.n; ++r) {
     rows.q[r] = a.q + r * a.dk;
+    rows.lo[r] = 0;  // (no window, no sinks: kern::attention_splits_cache)
     rows.n_ctx[r] = a.pos0 + 1;
+    rows.sink[r] = 0.0f;
     rows.out[r] = a.out + r * a.dv;
   }
   return rows;

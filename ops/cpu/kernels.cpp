@@ -727,7 +727,7 @@ void gemm_f32_kn(const float* a, int64_t lda, int64_t m, const float* b, int64_t
 
 bool attention_splits_cache(const ops::AttentionArgs& a, const ThreadPool* pool, Isa isa) {
   return std::min(isa, best_isa()) >= Isa::kAvx512 && pool != nullptr && pool->size() > 0 &&
-         a.n_tokens == 1 && a.n_kv_heads == 1 && a.n_heads >= 8 && a.n_heads <= 256 &&
+         a.window == 0 && a.sinks == nullptr && a.n_tokens == 1 && a.n_kv_heads == 1 && a.n_heads >= 8 && a.n_heads <= 256 &&
          a.pos0 + 1 >= kLongDecodeContext;
 }
 
@@ -822,7 +822,7 @@ void attention(const ops::AttentionArgs& a, ThreadPool* pool, Isa isa) {
     const int64_t part = static_cast<int64_t>(id) % splits;
     const int64_t t = static_cast<int64_t>(id) / splits / a.n_kv_heads;
     const int64_t g = static_cast<int64_t>(id) / splits % a.n_kv_heads;
-    const int64_t n_ctx = a.pos0 + t + 1;
+    const int64_t lo = ops::first_key(a, a.pos0 + t), n_ctx = a.pos0 + t + 1 - lo;
     if (isa >= Isa::kAvx512) {
       const int64_t hb = part * heads_per, he = part + 1 == splits ? group : hb + heads_per;
       scores.resize(static_cast<size_t>((he - hb) * detail::kSegment + a.dv));
@@ -833,7 +833,7 @@ void attention(const ops::AttentionArgs& a, ThreadPool* pool, Isa isa) {
     k.format = WFormat::kF32;
     k.rows = n_ctx;
     k.cols = a.dk;
-    k.data = reinterpret_cast<const uint8_t*>(a.k + g * ops::k_head_stride(a));
+    k.data = reinterpret_cast<const uint8_t*>(a.k + lo * a.k_stride + g * ops::k_head_stride(a));
     k.row_bytes = a.k_stride * 4;
     const float* qg = a.q + t * a.q_stride + g * group * a.dk;
     quantize_activations(AFormat::kF32, 0, qg, group, a.dk, a.dk, &q);
@@ -842,11 +842,15 @@ void attention(const ops::AttentionArgs& a, ThreadPool* pool, Isa isa) {
     for (int64_t h = 0; h < group; ++h) {
       float* sc = scores.data() + h * n_ctx;
       for (int64_t s = 0; s < n_ctx; ++s) sc[s] *= a.scale;
-      ops::softmax(sc, n_ctx);
+      if (a.sinks != nullptr) {
+        ops::softmax_with_sink(sc, n_ctx, a.sinks[g * group + h]);
+      } else {
+        ops::softmax(sc, n_ctx);
+      }
       float* out = a.out + (t * a.n_heads + g * group + h) * a.dv;
       std::fill(out, out + a.dv, 0.0f);
       for (int64_t s = 0; s < n_ctx; ++s) {
-        const float* v = a.v + s * a.v_stride + g * ops::v_head_stride(a);
+        const float* v = a.v + (lo + s) * a.v_stride + g * ops::v_head_stride(a);
         const float p = sc[s];
         for (int64_t j = 0; j < a.dv; ++j) out[j] += p * v[j];
       }

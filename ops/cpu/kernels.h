@@ -178,7 +178,8 @@ void attention(const ops::AttentionArgs& args, ThreadPool* pool, Isa isa = best_
 // and at least kLongDecodeContext cached positions spreads its key segments over the threads
 // (each thread every head over its share of the cache), then folds each head's segments (the
 // heads split over the threads) instead of a task per block of heads (each reading all of the
-// cache); same bits. attention_splits_cache says whether a call takes that path.
+// cache); same bits. attention_splits_cache says whether a call takes that path (never with a
+// window or sinks: gpt-oss's GQA has no such group).
 inline constexpr int64_t kLongDecodeContext = 512;
 bool attention_splits_cache(const ops::AttentionArgs& args, const ThreadPool* pool,
                             Isa isa = best_isa());

@@ -127,6 +127,19 @@ void softmax(float* x, int64_t n) {
   for (int64_t i = 0; i < n; ++i) x[i] *= inv;
 }
 
+void softmax_with_sink(float* x, int64_t n, float sink) {
+  float mx = sink;
+  for (int64_t i = 0; i < n; ++i) mx = std::max(mx, x[i]);
+  float sum = 0.0f;
+  for (int64_t i = 0; i < n; ++i) {
+    x[i] = std::exp(x[i] - mx);
+    sum += x[i];
+  }
+  sum += std::exp(sink - mx);
+  const float inv = 1.0f / sum;
+  for (int64_t i = 0; i < n; ++i) x[i] *= inv;
+}
+
 void swiglu(const float* gate, const float* up, int64_t n, float* out) {
   for (int64_t i = 0; i < n; ++i) out[i] = silu(gate[i]) * up[i];
 }
@@ -309,36 +322,44 @@ void attention_bf16_segments(const AttentionArgs& a, int64_t segment) {
   auto bf = [](float x) { return static_cast<double>(bf16_to_f32(f32_to_bf16(x))); };
   std::vector<double> x, o, o_seg;
   for (int64_t t = 0; t < a.n_tokens; ++t) {
-    const int64_t n_ctx = a.pos0 + t + 1;
+    const int64_t n_ctx = a.pos0 + t + 1, lo = first_key(a, a.pos0 + t);
     for (int64_t h = 0; h < a.n_heads; ++h) {
       const int64_t g = h / group;
       const float* q = a.q + t * a.q_stride + h * a.dk;
       x.assign(static_cast<size_t>(n_ctx), 0.0);
-      for (int64_t s = 0; s < n_ctx; ++s) {
+      for (int64_t s = lo; s < n_ctx; ++s) {
         const uint16_t* k = a.k16 + k_offset(a, s) + g * k_head_stride(a);
         double d = 0;
         for (int64_t i = 0; i < a.dk; ++i) d += bf(q[i]) * bf16_to_f32(k[i]);
         x[s] = static_cast<double>(a.scale) * d;
       }
-      // Segments folded in order, as the kernel's SegmentFold.
+      // Segments (aligned to position 0) folded in order, as the kernel's SegmentFold; the sink
+      // last, a segment of one key whose value is zero.
       double m = 0, l = 0;
       o.assign(static_cast<size_t>(a.dv), 0.0);
-      for (int64_t c0 = 0; c0 < n_ctx; c0 += segment) {
-        const int64_t c1 = std::min(n_ctx, c0 + segment);
-        const double m_s = *std::max_element(x.begin() + c0, x.begin() + c1);
+      const int64_t c_first = lo / segment * segment;
+      for (int64_t c0 = c_first; c0 < n_ctx; c0 += segment) {
+        const int64_t c1 = std::min(n_ctx, c0 + segment), b = std::max(c0, lo);
+        const double m_s = *std::max_element(x.begin() + b, x.begin() + c1);
         double l_s = 0;
         o_seg.assign(static_cast<size_t>(a.dv), 0.0);
-        for (int64_t s = c0; s < c1; ++s) {
+        for (int64_t s = b; s < c1; ++s) {
           const float p = static_cast<float>(std::exp(x[s] - m_s));
           l_s += p;
           const uint16_t* v = a.v16 + v_offset(a, s) + g * v_head_stride(a);
           for (int64_t j = 0; j < a.dv; ++j) o_seg[j] += bf(p) * bf16_to_f32(v[j]);
         }
-        const double mn = c0 == 0 ? m_s : std::max(m, m_s);
-        const double fa = c0 == 0 ? 0.0 : std::exp(m - mn), fb = std::exp(m_s - mn);
+        const double mn = c0 == c_first ? m_s : std::max(m, m_s);
+        const double fa = c0 == c_first ? 0.0 : std::exp(m - mn), fb = std::exp(m_s - mn);
         for (int64_t j = 0; j < a.dv; ++j) o[j] = o[j] * fa + o_seg[j] * fb;
         l = l * fa + l_s * fb;
         m = mn;
+      }
+      if (a.sinks != nullptr) {
+        const double sink = a.sinks[h], mn = std::max(m, sink);
+        const double fa = std::exp(m - mn);
+        for (int64_t j = 0; j < a.dv; ++j) o[j] *= fa;
+        l = l * fa + std::exp(sink - mn);
       }
       float* out = a.out + (t * a.n_heads + h) * a.dv;
       for (int64_t j = 0; j < a.dv; ++j) out[j] = static_cast<float>(o[j] / l);
@@ -355,18 +376,22 @@ void attention(const AttentionArgs& any_cache, ThreadPool* pool) {
     const int64_t t = static_cast<int64_t>(id) / a.n_heads;
     const int64_t h = static_cast<int64_t>(id) % a.n_heads;
     const int64_t g = h / group;
-    const int64_t n_ctx = a.pos0 + t + 1;
-    scores.resize(static_cast<size_t>(n_ctx));
+    const int64_t n_ctx = a.pos0 + t + 1, lo = first_key(a, a.pos0 + t);
+    scores.resize(static_cast<size_t>(n_ctx - lo));
     const float* q = a.q + t * a.q_stride + h * a.dk;
-    for (int64_t s = 0; s < n_ctx; ++s) {
-      scores[s] = dot(q, a.k + s * a.k_stride + g * k_head_stride(a), a.dk) * a.scale;
+    for (int64_t s = lo; s < n_ctx; ++s) {
+      scores[s - lo] = dot(q, a.k + s * a.k_stride + g * k_head_stride(a), a.dk) * a.scale;
     }
-    softmax(scores.data(), n_ctx);
+    if (a.sinks != nullptr) {
+      softmax_with_sink(scores.data(), n_ctx - lo, a.sinks[h]);
+    } else {
+      softmax(scores.data(), n_ctx - lo);
+    }
     float* out = a.out + (t * a.n_heads + h) * a.dv;
     std::fill(out, out + a.dv, 0.0f);
-    for (int64_t s = 0; s < n_ctx; ++s) {
+    for (int64_t s = lo; s < n_ctx; ++s) {
       const float* v = a.v + s * a.v_stride + g * v_head_stride(a);
-      const float p = scores[s];
+      const float p = scores[s - lo];
       for (int64_t j = 0; j < a.dv; ++j) out[j] += p * v[j];
     }
   };
