@@ -24,6 +24,7 @@ constexpr ArchNames kArchNames[] = {
     {ModelArch::kMixtral, "mixtral", "llama", "MixtralForCausalLM", "mixtral"},
     {ModelArch::kGlm4Moe, "glm4moe", "glm4moe", "Glm4MoeForCausalLM", "glm4_moe"},
     {ModelArch::kMiniMaxM2, "minimax-m2", "minimax-m2", "MiniMaxM2ForCausalLM", "minimax_m2"},
+    {ModelArch::kGptOss, "gpt-oss", "gpt-oss", "GptOssForCausalLM", "gpt_oss"},
 };
 
 const ArchNames& names_of(ModelArch arch) {
@@ -135,6 +136,10 @@ void validate_impl(const ModelConfig& c, std::string_view source, const detail::
   if (c.bos_token_id != -1) v.range("bos_token_id", c.bos_token_id, 0, c.vocab_size - 1);
   if (c.eos_token_id != -1) v.range("eos_token_id", c.eos_token_id, 0, c.vocab_size - 1);
   v.range("sliding_window", c.sliding_window, 0, kMaxPositions);
+  v.range("swa_period", c.swa_period, 0, 64);
+  if (!(std::isfinite(c.swiglu_limit) && c.swiglu_limit >= 0.0f && c.swiglu_limit <= 1e6f)) {
+    v.inconsistent("swiglu_limit", fmt::format("{} is not in [0, 1e6]", c.swiglu_limit));
+  }
   v.range("nextn_layers", c.nextn_layers, 0, 64);
   if (c.qk_norm_all_heads && !c.qk_norm) {
     v.inconsistent("qk_norm", "norms over all heads without q/k norms");
@@ -179,6 +184,12 @@ std::string_view gguf_arch_name(ModelArch arch) {
 }
 std::string_view hf_architecture_name(ModelArch arch) {
   return names_of(arch).hf;
+}
+
+std::vector<std::string> arch_names() {
+  std::vector<std::string> out;
+  for (const ArchNames& n : kArchNames) out.emplace_back(n.name);
+  return out;
 }
 
 std::optional<ModelArch> arch_from_name(std::string_view name) {
@@ -230,6 +241,7 @@ bool ModelConfig::is_moe_layer(int64_t layer) const {
       return (layer + 1) % moe_layer_freq == 0;
     case ModelArch::kMixtral:
     case ModelArch::kMiniMaxM2:
+    case ModelArch::kGptOss:
       return true;
   }
   return false;
@@ -311,6 +323,9 @@ std::vector<std::string> config_diff(const ModelConfig& a, const ModelConfig& b)
   i("bos_token_id", a.bos_token_id, b.bos_token_id);
   i("eos_token_id", a.eos_token_id, b.eos_token_id);
   i("sliding_window", a.sliding_window, b.sliding_window);
+  i("swa_period", a.swa_period, b.swa_period);
+  i("attn_sinks", a.attn_sinks, b.attn_sinks);
+  f("swiglu_limit", a.swiglu_limit, b.swiglu_limit);
   return out;
 }
 
@@ -353,6 +368,10 @@ ParamCount count_params(const ModelConfig& c) {
       attn += c.qk_norm_all_heads ? (c.num_heads + c.num_kv_heads) * c.head_dim : 2 * c.head_dim;
     }
   }
+  // gpt-oss: o_proj's bias, the sinks; the router's and the experts' biases below.
+  const bool gpt_oss = c.arch == ModelArch::kGptOss;
+  if (gpt_oss) attn += h;
+  if (c.attn_sinks) attn += c.num_heads;
   ParamCount p;
   p.embedding = c.vocab_size * h * (c.tie_word_embeddings ? 1 : 2);
   int64_t dense = p.embedding + h;  // + final norm
@@ -363,14 +382,14 @@ ParamCount count_params(const ModelConfig& c) {
       continue;
     }
     dense += c.n_experts * h;  // router
-    if (c.has_e_score_correction_bias) dense += c.n_experts;
+    if (c.has_e_score_correction_bias || gpt_oss) dense += c.n_experts;
     dense += 3 * h * c.shared_expert_intermediate_size;
     if (c.shared_expert_gate) dense += h;
     p.routed_experts += c.n_experts * 3 * h * c.moe_intermediate_size;
+    if (gpt_oss) p.routed_experts += c.n_experts * (2 * c.moe_intermediate_size + h);
   }
   p.total = dense + p.routed_experts;
-  p.active_per_token =
-      dense + c.num_moe_layers() * c.n_experts_per_tok * 3 * h * c.moe_intermediate_size;
+  p.active_per_token = dense + p.routed_experts / c.n_experts * c.n_experts_per_tok;
   return p;
 }
 

@@ -25,18 +25,19 @@ class GgufFile;
 class GgufWriter;
 
 enum class ModelArch : uint8_t {
-  kDeepseek2, kDeepseek3, kQwen2Moe, kQwen3Moe, kMixtral, kGlm4Moe, kMiniMaxM2
+  kDeepseek2, kDeepseek3, kQwen2Moe, kQwen3Moe, kMixtral, kGlm4Moe, kMiniMaxM2, kGptOss
 };
 
-// "deepseek2", "deepseek3", "qwen2moe", "qwen3moe", "mixtral", "glm4moe", "minimax-m2" (tandem's
-// names, `--arch`).
+// "deepseek2", "deepseek3", "qwen2moe", "qwen3moe", "mixtral", "glm4moe", "minimax-m2", "gpt-oss"
+// (tandem's names, `--arch`).
 std::string_view arch_name(ModelArch arch);
 std::optional<ModelArch> arch_from_name(std::string_view name);
+std::vector<std::string> arch_names();  // every arch's name, in that order
 // llama.cpp's `general.architecture`: deepseek2 (both DeepSeek arches), qwen2moe, qwen3moe, llama,
-// glm4moe, minimax-m2.
+// glm4moe, minimax-m2, gpt-oss.
 std::string_view gguf_arch_name(ModelArch arch);
 // HF `architectures[0]`: DeepseekV2ForCausalLM, ..., MixtralForCausalLM, Glm4MoeForCausalLM,
-// MiniMaxM2ForCausalLM.
+// MiniMaxM2ForCausalLM, GptOssForCausalLM.
 std::string_view hf_architecture_name(ModelArch arch);
 
 enum class RopeScalingType : uint8_t { kNone, kLinear, kYarn };
@@ -128,10 +129,23 @@ struct ModelConfig {
   bool tie_word_embeddings = false;
   int64_t bos_token_id = -1;  // -1 = none
   int64_t eos_token_id = -1;
-  int64_t sliding_window = 0;  // 0 = full attention
+  // Sliding-window attention: a query sees the last sliding_window positions (itself included)
+  // in the layers where is_swa_layer(): layer % swa_period < swa_period - 1 (llama.cpp's
+  // sliding_window_pattern; gpt-oss: 2, the even layers). swa_period 0: no layer (Mixtral's and
+  // Qwen2-MoE's configs may name a window that llama.cpp and tandem do not apply).
+  int64_t sliding_window = 0;
+  int64_t swa_period = 0;
+  // gpt-oss: a learned sink logit per head in every attention softmax (ops::AttentionArgs::sinks).
+  bool attn_sinks = false;
+  // gpt-oss's clamped SwiGLU in the experts, when > 0: g = min(gate, limit), u = clamp(up, -limit,
+  // limit), out = g * sigmoid(1.702 g) * (u + 1) (ops::FfnExtras); 0: silu(gate) * up.
+  float swiglu_limit = 0.0f;
 
   bool is_mla() const { return kv_lora_rank > 0; }
   bool is_moe_layer(int64_t layer) const;
+  bool is_swa_layer(int64_t layer) const {
+    return sliding_window > 0 && swa_period > 0 && layer % swa_period < swa_period - 1;
+  }
   int64_t num_moe_layers() const;
   int64_t q_head_dim() const { return head_dim; }
 };
@@ -157,7 +171,7 @@ ModelConfig config_from_gguf(const GgufFile& file);
 
 // "tiny-<arch>" for every arch (the golden test models' shapes) and the released shapes
 // "deepseek-v2-lite", "deepseek-v3", "kimi-k2", "qwen3-30b-a3b", "qwen2-57b-a14b",
-// "mixtral-8x7b", "glm-4.5-air", "glm-4.5", "minimax-m2". Throws
+// "mixtral-8x7b", "glm-4.5-air", "glm-4.5", "minimax-m2", "gpt-oss-20b", "gpt-oss-120b". Throws
 // Error(kInvalidArgument) listing the names for an unknown one.
 ModelConfig config_preset(std::string_view name);
 std::vector<std::string> config_preset_names();

@@ -13,7 +13,7 @@ namespace tandem::detail {
 inline constexpr ModelArch kAllArches[] = {ModelArch::kDeepseek2, ModelArch::kDeepseek3,
                                            ModelArch::kQwen2Moe, ModelArch::kQwen3Moe,
                                            ModelArch::kMixtral, ModelArch::kGlm4Moe,
-                                           ModelArch::kMiniMaxM2};
+                                           ModelArch::kMiniMaxM2, ModelArch::kGptOss};
 
 // Largest magnitude any integer of a config may have when read (real limits are far lower and
 // checked by validate_config_keys()): keeps sums and products of two values within int64.
@@ -31,7 +31,8 @@ inline void set_noaux_tc_routing(ModelConfig& c) {
   c.topk_method = TopkMethod::kNoauxTc;
   c.has_e_score_correction_bias = true;
 }
-// HF `model_type`: deepseek_v2, deepseek_v3, qwen2_moe, qwen3_moe, mixtral, glm4_moe, minimax_m2.
+// HF `model_type`: deepseek_v2, deepseek_v3, qwen2_moe, qwen3_moe, mixtral, glm4_moe, minimax_m2,
+// gpt_oss.
 std::string_view hf_model_type(ModelArch arch);
 
 // Maps a ModelConfig field name to the key that holds it in the source file, so that a

@@ -1,6 +1,7 @@
 // ModelConfig from GGUF metadata as llama.cpp writes and reads it (arches deepseek2, qwen2moe,
-// qwen3moe, llama with experts, glm4moe, minimax-m2). What llama.cpp hard-codes per arch rather
-// than storing (routing normalization, q/k norms) is filled in the same way here.
+// qwen3moe, llama with experts, glm4moe, minimax-m2, gpt-oss). What llama.cpp hard-codes per arch
+// rather than storing (routing normalization, q/k norms, gpt-oss's SwiGLU limit) is filled in the
+// same way here.
 #include <cmath>
 
 #include "core/error.h"
@@ -42,6 +43,7 @@ std::string gguf_key_of(ModelArch arch, std::string_view field) {
       {"topk_group", ".expert_group_used_count"},
       {"routed_scaling_factor", ".expert_weights_scale"},
       {"sliding_window", ".attention.sliding_window"},
+      {"swa_period", ".attention.sliding_window_pattern"},
       {"rope_scaling.factor", ".rope.scaling.factor"},
       {"rope_scaling.original_max_position_embeddings", ".rope.scaling.original_context_length"},
       {"rope_scaling.beta_fast", ".rope.scaling.yarn_beta_fast"},
@@ -239,10 +241,12 @@ ModelConfig config_from_gguf(const GgufFile& f) {
     c.arch = ModelArch::kGlm4Moe;
   } else if (arch == "minimax-m2") {
     c.arch = ModelArch::kMiniMaxM2;
+  } else if (arch == "gpt-oss") {
+    c.arch = ModelArch::kGptOss;
   } else {
     fail(ErrorKind::kUnsupported,
          "{}: key 'general.architecture': '{}' is not supported "
-         "(deepseek2, qwen2moe, qwen3moe, llama with experts, glm4moe, minimax-m2)",
+         "(deepseek2, qwen2moe, qwen3moe, llama with experts, glm4moe, minimax-m2, gpt-oss)",
          f.path(), printable(arch));
   }
 
@@ -382,6 +386,27 @@ ModelConfig config_from_gguf(const GgufFile& f) {
       read_head_dims();
       c.moe_intermediate_size = r.opt_int("expert_feed_forward_length", c.intermediate_size);
       c.norm_topk_prob = true;
+      break;
+    }
+    case ModelArch::kGptOss: {
+      // As llama.cpp's openai-moe loader: a window on the layers of the pattern (default every
+      // other, the even ones), sinks, the router's softmax over its top k (= softmax, top k,
+      // renormalized), the clamped SwiGLU with llama.cpp's constants.
+      read_head_dims();
+      c.moe_intermediate_size = r.req_int("expert_feed_forward_length");
+      c.sliding_window = r.req_int("attention.sliding_window");
+      c.swa_period = r.opt_int("attention.sliding_window_pattern", 2);
+      if (c.swa_period < 1) {
+        fail(ErrorKind::kUnsupported, "{}: key '{}': {} is not supported (a period >= 1)",
+             f.path(), r.key("attention.sliding_window_pattern"), c.swa_period);
+      }
+      c.norm_topk_prob = true;
+      c.attn_sinks = true;
+      c.swiglu_limit = 7.0f;
+      if (r.opt_float("rope.freq_base_swa", c.rope_theta) != c.rope_theta) {
+        fail(ErrorKind::kUnsupported, "{}: key '{}': a RoPE base of its own for the window layers "
+             "is not supported", f.path(), r.key("rope.freq_base_swa"));
+      }
       break;
     }
   }

@@ -1,6 +1,6 @@
 // ModelConfig from a Hugging Face config.json: the keys of transformers' configuration classes
-// (DeepseekV2/V3Config, Qwen2Moe/Qwen3MoeConfig, MixtralConfig, Glm4MoeConfig, MiniMaxM2Config)
-// with their defaults.
+// (DeepseekV2/V3Config, Qwen2Moe/Qwen3MoeConfig, MixtralConfig, Glm4MoeConfig, MiniMaxM2Config,
+// GptOssConfig) with their defaults.
 #include <cmath>
 #include <nlohmann/json.hpp>
 
@@ -20,6 +20,8 @@ std::string hf_key_of(ModelArch arch, std::string_view field) {
   if (field == "num_heads") return "num_attention_heads";
   if (field == "num_kv_heads") return "num_key_value_heads";
   const bool glm = arch == ModelArch::kGlm4Moe, minimax = arch == ModelArch::kMiniMaxM2;
+  const bool gpt_oss = arch == ModelArch::kGptOss;
+  if (field == "swa_period") return "layer_types";
   if (field == "rope_dim") {
     if (glm) return "partial_rotary_factor";
     if (minimax) return "rotary_dim";
@@ -27,10 +29,11 @@ std::string hf_key_of(ModelArch arch, std::string_view field) {
   }
   if (field == "n_experts") {
     if (is_deepseek(arch) || glm) return "n_routed_experts";
-    return arch == ModelArch::kMixtral || minimax ? "num_local_experts" : "num_experts";
+    return arch == ModelArch::kMixtral || minimax || gpt_oss ? "num_local_experts"
+                                                             : "num_experts";
   }
   if (field == "n_experts_per_tok") return "num_experts_per_tok";
-  if (field == "moe_intermediate_size" && (arch == ModelArch::kMixtral || minimax)) {
+  if (field == "moe_intermediate_size" && (arch == ModelArch::kMixtral || minimax || gpt_oss)) {
     return "intermediate_size";
   }
   if (field == "shared_expert_intermediate_size" && glm) return "n_shared_experts";
@@ -402,6 +405,52 @@ ModelConfig parse_hf(const Json& root_in, std::string_view source) {
       c.rope_dim = c.head_dim;
       c.norm_topk_prob = true;  // MixtralSparseMoeBlock always renormalizes the top-k
       c.sliding_window = r.opt_int("sliding_window", 0);
+      break;
+    }
+    case ModelArch::kGptOss: {
+      c.moe_intermediate_size = c.intermediate_size;  // the experts' width (no dense FFN)
+      c.n_experts = r.req_int("num_local_experts");
+      c.head_dim = r.opt_int("head_dim", c.hidden_size / c.num_heads);
+      c.v_head_dim = c.rope_dim = c.head_dim;
+      c.norm_topk_prob = true;  // GptOssTopKRouter: softmax over the top-k logits
+      c.attention_bias = r.opt_bool("attention_bias", true);
+      c.attn_sinks = true;
+      c.swiglu_limit = static_cast<float>(r.opt_float("swiglu_limit", 7.0));
+      c.sliding_window = r.opt_int("sliding_window", 128);
+      // layer_types: "sliding_attention" / "full_attention" per layer, a repeating pattern of
+      // windowed layers then one full (gpt-oss: alternating, the first windowed).
+      c.swa_period = 2;
+      if (const Json* types = r.get("layer_types")) {
+        if (!types->is_array()) r.bad_type("layer_types", "a list", *types);
+        std::vector<bool> swa;
+        for (const Json& t : *types) {
+          const bool sliding = t.is_string() && t.get<std::string>() == "sliding_attention";
+          if (!sliding && !(t.is_string() && t.get<std::string>() == "full_attention")) {
+            fail(ErrorKind::kFormat,
+                 "{}: key 'layer_types': entries are 'sliding_attention' or 'full_attention'",
+                 source);
+          }
+          swa.push_back(sliding);
+        }
+        if (static_cast<int64_t>(swa.size()) != c.num_layers) {
+          fail(ErrorKind::kFormat, "{}: key 'layer_types': {} entries for {} layers", source,
+               swa.size(), c.num_layers);
+        }
+        int64_t period = 0;  // 0: no windowed layer
+        for (size_t l = 0; l < swa.size() && period == 0; ++l) {
+          if (!swa[l]) period = static_cast<int64_t>(l) + 1;
+        }
+        if (period == 0) period = c.num_layers + 1;  // every layer windowed
+        c.swa_period = period == 1 ? 0 : period;
+        for (size_t l = 0; l < swa.size(); ++l) {
+          if (swa[l] != c.is_swa_layer(static_cast<int64_t>(l))) {
+            fail(ErrorKind::kUnsupported,
+                 "{}: key 'layer_types': layer {} breaks the repeating pattern of {} windowed "
+                 "layers then one full (the pattern llama.cpp and tandem support)",
+                 source, l, period - 1);
+          }
+        }
+      }
       break;
     }
   }

@@ -377,6 +377,61 @@ ModelConfig minimax_m2() {
   return c;
 }
 
+// gpt-oss scaled down: alternating windowed (8 positions, so the golden prompts reach past it)
+// and full attention with sinks, YaRN, biases on attention, router and experts, the clamped
+// SwiGLU, softmax over the top-k router logits.
+ModelConfig tiny_gpt_oss() {
+  ModelConfig c;
+  c.arch = ModelArch::kGptOss;
+  c.vocab_size = 512;
+  c.hidden_size = 256;
+  c.num_layers = 4;
+  c.num_heads = 4;
+  c.num_kv_heads = 2;
+  c.head_dim = c.v_head_dim = c.rope_dim = 64;
+  c.intermediate_size = c.moe_intermediate_size = 64;
+  c.n_experts = 8;
+  c.n_experts_per_tok = 2;
+  c.norm_topk_prob = true;
+  c.attention_bias = true;
+  c.attn_sinks = true;
+  c.swiglu_limit = 7.0f;
+  c.sliding_window = 8;
+  c.swa_period = 2;
+  c.rms_norm_eps = 1e-5f;
+  c.rope_theta = 150000.0f;
+  c.rope_scaling.type = RopeScalingType::kYarn;
+  c.rope_scaling.factor = 32.0f;
+  c.rope_scaling.original_max_position_embeddings = 4096;
+  c.max_position_embeddings = 131072;
+  c.bos_token_id = 497;
+  c.eos_token_id = 498;
+  return c;
+}
+
+// openai/gpt-oss-20b and gpt-oss-120b.
+ModelConfig gpt_oss_20b() {
+  ModelConfig c = tiny_gpt_oss();
+  c.vocab_size = 201088;
+  c.hidden_size = 2880;
+  c.num_layers = 24;
+  c.num_heads = 64;
+  c.num_kv_heads = 8;
+  c.intermediate_size = c.moe_intermediate_size = 2880;
+  c.n_experts = 32;
+  c.n_experts_per_tok = 4;
+  c.sliding_window = 128;
+  c.bos_token_id = -1;
+  c.eos_token_id = 200002;
+  return c;
+}
+ModelConfig gpt_oss_120b() {
+  ModelConfig c = gpt_oss_20b();
+  c.num_layers = 36;
+  c.n_experts = 128;
+  return c;
+}
+
 struct Preset {
   const char* name;
   ModelConfig (*make)();
@@ -389,6 +444,7 @@ const Preset kPresets[] = {
     {"tiny-mixtral", tiny_mixtral},
     {"tiny-glm4moe", tiny_glm4moe},
     {"tiny-minimax-m2", tiny_minimax_m2},
+    {"tiny-gpt-oss", tiny_gpt_oss},
     {"deepseek-v2-lite", deepseek_v2_lite},
     {"deepseek-v3", deepseek_v3},
     {"kimi-k2", kimi_k2},
@@ -398,6 +454,8 @@ const Preset kPresets[] = {
     {"glm-4.5-air", glm45_air},
     {"glm-4.5", glm45},
     {"minimax-m2", minimax_m2},
+    {"gpt-oss-20b", gpt_oss_20b},
+    {"gpt-oss-120b", gpt_oss_120b},
 };
 
 }  // namespace

@@ -79,6 +79,19 @@ void check_expressible(const ModelConfig& c, std::string_view target, bool gguf)
     if (c.first_k_dense_replace != 0) refuse("leading dense layers");
   }
   if (minimax && (c.moe_layer_freq != 1 || !c.mlp_only_layers.empty())) refuse("dense layers");
+  const bool gpt_oss = c.arch == ModelArch::kGptOss;
+  if (c.attn_sinks != gpt_oss) refuse(c.attn_sinks ? "attention sinks" : "attention without sinks");
+  if ((c.swiglu_limit > 0.0f) != gpt_oss) refuse("this SwiGLU clamp");
+  if (c.swa_period != 0 && !gpt_oss) refuse("sliding-window layers");
+  if (gpt_oss) {
+    if (!c.norm_topk_prob) refuse("top-k weights without the softmax over them");
+    if (c.moe_intermediate_size != c.intermediate_size) refuse("an expert width != intermediate");
+    if (c.moe_layer_freq != 1 || !c.mlp_only_layers.empty()) refuse("dense layers");
+    if (!c.attention_bias) refuse("attention without biases");
+    if (c.sliding_window == 0 || c.swa_period < 2) refuse("no windowed layers");
+    if (c.head_dim != c.rope_dim || c.head_dim != c.v_head_dim) refuse("partial rotary");
+    if (gguf && c.swiglu_limit != 7.0f) refuse("a SwiGLU limit other than llama.cpp's 7");
+  }
   if (c.arch == ModelArch::kMixtral) {
     if (!c.norm_topk_prob) refuse("top-k weights without renormalization");
     if (c.moe_intermediate_size != c.intermediate_size) refuse("an expert width != intermediate");
@@ -214,6 +227,26 @@ std::string config_to_hf_json(const ModelConfig& c) {
     j["router_aux_loss_coef"] = 0.001;
     j["router_jitter_noise"] = 0.0;
     j["rope_scaling"] = rope_scaling_json(c);
+  } else if (c.arch == ModelArch::kGptOss) {
+    // GptOssConfig's keys, in the order of gpt-oss-20b's config.json.
+    j["attention_bias"] = c.attention_bias;
+    j["experts_per_token"] = c.n_experts_per_tok;
+    j["head_dim"] = c.head_dim;
+    j["initial_context_length"] = c.rope_scaling.type == RopeScalingType::kYarn
+                                      ? c.rope_scaling.original_max_position_embeddings
+                                      : c.max_position_embeddings;
+    OJson types = OJson::array();
+    for (int64_t l = 0; l < c.num_layers; ++l) {
+      types.push_back(c.is_swa_layer(l) ? "sliding_attention" : "full_attention");
+    }
+    j["layer_types"] = types;
+    j["num_experts_per_tok"] = c.n_experts_per_tok;
+    j["num_local_experts"] = c.n_experts;
+    j["output_router_logits"] = false;
+    j["rope_scaling"] = rope_scaling_json(c);
+    j["router_aux_loss_coef"] = 0.9;
+    j["sliding_window"] = c.sliding_window;
+    j["swiglu_limit"] = pretty(c.swiglu_limit);
   } else if (c.arch == ModelArch::kMixtral) {
     if (c.head_dim * c.num_heads != c.hidden_size) j["head_dim"] = c.head_dim;
     j["num_local_experts"] = c.n_experts;
@@ -311,6 +344,14 @@ void write_gguf_config(const ModelConfig& c, GgufWriter& w) {
         w.set(key("expert_weights_norm"), GgufValue::boolean(c.norm_topk_prob));
         set_u32(w, key("nextn_predict_layers"), c.nextn_layers);
       }
+      break;
+    case ModelArch::kGptOss:
+      // As convert_hf_to_gguf.py's GptOssModel: the base keys, the window, the experts' width.
+      set_u32(w, key("attention.head_count_kv"), c.num_kv_heads);
+      set_u32(w, key("attention.key_length"), c.head_dim);
+      set_u32(w, key("attention.value_length"), c.v_head_dim);
+      set_u32(w, key("expert_feed_forward_length"), c.moe_intermediate_size);
+      if (c.swa_period != 2) set_u32(w, key("attention.sliding_window_pattern"), c.swa_period);
       break;
     case ModelArch::kMixtral:
       set_u32(w, key("attention.head_count_kv"), c.num_kv_heads);

@@ -100,7 +100,10 @@ SynthPlan synth_model(const SynthOptions& options);
 
 // ---- layout building blocks (also the HF -> GGUF conversion rules) ----
 
-enum class WeightRole : uint8_t { kEmbedding, kOutput, kLinear, kRouter, kNorm, kBias, kScoreBias };
+// kSink: gpt-oss's attention sinks, N(0, 1) so that some heads' sinks outweigh their scores.
+enum class WeightRole : uint8_t {
+  kEmbedding, kOutput, kLinear, kRouter, kNorm, kBias, kScoreBias, kSink
+};
 
 struct HfTensorSpec {
   std::string name;

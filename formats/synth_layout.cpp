@@ -109,6 +109,10 @@ std::vector<HfTensorSpec> hf_tensor_specs(const ModelConfig& c) {
         b.add(a + "k_proj.bias", {kv_out}, WeightRole::kBias);
         b.add(a + "v_proj.bias", {v_out}, WeightRole::kBias);
       }
+      if (c.arch == ModelArch::kGptOss) {
+        b.add(a + "o_proj.bias", {h}, WeightRole::kBias);
+        b.add(a + "sinks", {c.num_heads}, WeightRole::kSink);
+      }
       if (c.qk_norm) {
         b.add(a + "q_norm.weight", {c.qk_norm_all_heads ? q_out : c.head_dim}, WeightRole::kNorm);
         b.add(a + "k_norm.weight", {c.qk_norm_all_heads ? kv_out : c.head_dim},
@@ -123,6 +127,20 @@ std::vector<HfTensorSpec> hf_tensor_specs(const ModelConfig& c) {
     };
     if (!mtp && !c.is_moe_layer(l)) {
       ffn(p + "mlp.", c.intermediate_size, "gate_proj", "up_proj", "down_proj");
+      continue;
+    }
+    if (c.arch == ModelArch::kGptOss) {
+      // The experts stacked as transformers' GptOssExperts holds them (the BF16 checkpoints):
+      // gate_up_proj [E, hidden, 2 ff] with gate and up interleaved along the last dimension,
+      // down_proj [E, ff, hidden]; x @ W, so each is the transpose of an [out, in] weight.
+      const std::string m = p + "mlp.";
+      const int64_t f = c.moe_intermediate_size;
+      b.add(m + "router.weight", {c.n_experts, h}, WeightRole::kRouter, h);
+      b.add(m + "router.bias", {c.n_experts}, WeightRole::kBias);
+      b.add(m + "experts.gate_up_proj", {c.n_experts, h, 2 * f}, WeightRole::kLinear, h);
+      b.add(m + "experts.gate_up_proj_bias", {c.n_experts, 2 * f}, WeightRole::kBias);
+      b.add(m + "experts.down_proj", {c.n_experts, f, h}, WeightRole::kLinear, f);
+      b.add(m + "experts.down_proj_bias", {c.n_experts, h}, WeightRole::kBias);
       continue;
     }
     if (c.arch == ModelArch::kMixtral || c.arch == ModelArch::kMiniMaxM2) {
@@ -259,18 +277,50 @@ std::vector<GgufTensorSpec> gguf_tensor_specs(const ModelConfig& c,
         direct(g + "attn_v.bias", a + "v_proj.bias");
       }
       direct(g + "attn_output.weight", a + "o_proj.weight");
+      if (c.arch == ModelArch::kGptOss) {
+        direct(g + "attn_output.bias", a + "o_proj.bias");
+        direct(g + "attn_sinks.weight", a + "sinks");
+      }
       if (c.qk_norm) {
         direct(g + "attn_q_norm.weight", a + "q_norm.weight");
         direct(g + "attn_k_norm.weight", a + "k_norm.weight");
       }
     }
-    // GLM-4.5's FFN norm keeps HF's name in llama.cpp (gguf-py maps it to ATTN_POST_NORM).
-    direct(g + (glm ? "post_attention_norm.weight" : "ffn_norm.weight"),
+    // GLM-4.5's and gpt-oss's FFN norm keeps HF's name in llama.cpp (gguf-py maps it to
+    // ATTN_POST_NORM).
+    direct(g + (glm || c.arch == ModelArch::kGptOss ? "post_attention_norm.weight"
+                                                    : "ffn_norm.weight"),
            p + "post_attention_layernorm.weight");
     if (!mtp && !c.is_moe_layer(l)) {
       direct(g + "ffn_gate.weight", p + "mlp.gate_proj.weight");
       direct(g + "ffn_down.weight", p + "mlp.down_proj.weight");
       direct(g + "ffn_up.weight", p + "mlp.up_proj.weight");
+      continue;
+    }
+    if (c.arch == ModelArch::kGptOss) {
+      // convert_hf_to_gguf.py's GptOssModel: gate / up from the interleaved columns (even /
+      // odd), each matrix transposed to [E, out, in]; the biases split the same way.
+      const std::string m = p + "mlp.";
+      const int64_t e = c.n_experts, f = c.moe_intermediate_size, h = c.hidden_size;
+      direct(g + "ffn_gate_inp.weight", m + "router.weight");
+      direct(g + "ffn_gate_inp.bias", m + "router.bias");
+      const size_t gu = index(m + "experts.gate_up_proj");
+      const size_t gub = index(m + "experts.gate_up_proj_bias");
+      const size_t dn = index(m + "experts.down_proj");
+      for (const int odd : {0, 1}) {
+        const std::string which = odd ? "ffn_up_exps" : "ffn_gate_exps";
+        // Row (expert x, j) of [E, f, h]: column 2 j + odd of gate_up_proj[x] (stride 2 f).
+        out.push_back({g + which + ".weight", {e, f, h}, WeightRole::kLinear,
+                       [gu, f, h, odd](int64_t r) {
+                         return HfRowRef{gu, (r / f) * h * 2 * f + 2 * (r % f) + odd, 2 * f};
+                       }});
+        out.push_back({g + which + ".bias", {e, f}, WeightRole::kBias,
+                       [gub, f, odd](int64_t r) { return HfRowRef{gub, r * 2 * f + odd, 2}; }});
+      }
+      // Row (expert x, i) of [E, h, f]: column i of down_proj[x] [f, h] (stride h).
+      out.push_back({g + "ffn_down_exps.weight", {e, h, f}, WeightRole::kLinear,
+                     [dn, f, h](int64_t r) { return HfRowRef{dn, (r / h) * f * h + r % h, h}; }});
+      direct(g + "ffn_down_exps.bias", m + "experts.down_proj_bias");
       continue;
     }
     if (c.arch == ModelArch::kMixtral || c.arch == ModelArch::kMiniMaxM2) {
@@ -391,6 +441,9 @@ void synth_values(uint64_t seed, const HfTensorSpec& spec, int64_t start, int64_
       break;
     case WeightRole::kScoreBias:
       scale = 0.01f;
+      break;
+    case WeightRole::kSink:
+      scale = 1.0f;
       break;
   }
   const bool uniform = spec.role == WeightRole::kScoreBias;

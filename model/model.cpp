@@ -254,10 +254,15 @@ void Model::attention_mha(KvCache& cache, int64_t l, int64_t n, const float* x, 
     cache.attention_args(l, p.seq, &args);
     args.pos0 = p.pos0;
     args.scale = attn_scale_;
+    if (c.is_swa_layer(l)) args.window = c.sliding_window;
+    if (!lw.sinks.empty()) args.sinks = lw.sinks.data();
     args.out = att + p.t0 * nq * d;
     kern::attention(args, pool);
   });
   kern::matmul(lw.wo, att, n, out, pool_, views_);
+  if (!lw.bo.empty()) {
+    for (int64_t t = 0; t < n; ++t) add_into(out + t * c.hidden_size, lw.bo.data(), c.hidden_size);
+  }
 }
 
 // The rotary angles of one position (computed once for all of a token's heads), per thread.
@@ -667,6 +672,9 @@ void Model::ffn(int64_t l, int64_t n, const float* x, float* out) {
   moe_->begin(req);
   float* logits = grow(t0_, n * ne);
   kern::matmul(lw.router, x, n, logits, pool_, views_);
+  if (!lw.router_logit_bias.empty()) {
+    for (int64_t t = 0; t < n; ++t) add_into(logits + t * ne, lw.router_logit_bias.data(), ne);
+  }
   int32_t* ids = grow(ids_, n * k);
   float* wts = grow(topw_, n * k);
   const float* bias = lw.router_bias.empty() ? nullptr : lw.router_bias.data();

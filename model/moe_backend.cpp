@@ -34,7 +34,7 @@ void CpuMoeBackend::submit(const MoeRequest& r) {
       std::copy(src, src + h, x_.data() + j * h);
     }
     ops::swiglu_ffn(r.experts->gate[e], r.experts->up[e], r.experts->down[e], x_.data(), n,
-                    d_.data(), pool_, &g_, &u_);
+                    d_.data(), pool_, &g_, &u_, r.experts->extras(e));
     for (int64_t j = 0; j < n; ++j) {
       const float w = r.weights[rows_[j]];
       float* dst = r.out + (rows_[j] / r.k) * h;

@@ -57,7 +57,7 @@ class MoeBackend {
 };
 
 // The reference: per expert, gather its tokens, SwiGLU FFN through ops::matmul (weights read in
-// their stored dtype), scatter-add weighted. It computes during submit(); wait() only checks
+// their stored dtype; gpt-oss's biases and clamp: ExpertWeights::extras), scatter-add weighted. It computes during submit(); wait() only checks
 // that a request was submitted.
 class CpuMoeBackend : public MoeBackend {
  public:

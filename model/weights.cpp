@@ -108,8 +108,9 @@ class Source {
 
   // Norm weights and biases, read once at load: a NaN or inf in one would turn every logit
   // into NaN (and the text into the tokens of id 0) without a word.
-  std::vector<float> get_f32(const std::string& name, int64_t n) {
-    std::vector<float> v = ops::to_f32(get(name, {n}));
+  std::vector<float> get_f32(const std::string& name, int64_t n) { return get_f32(name, {n}); }
+  std::vector<float> get_f32(const std::string& name, std::initializer_list<int64_t> shape) {
+    std::vector<float> v = ops::to_f32(get(name, shape));
     for (size_t i = 0; i < v.size(); ++i) {
       if (!std::isfinite(v[i])) {
         fail(ErrorKind::kFormat, "{}: tensor '{}' holds {} at index {}", m_.path.string(), name,
@@ -140,6 +141,8 @@ struct LayerNames {
   std::string k_b, v_b;    // GGUF's split form of kv_b (empty for HF)
   std::string gate, up, down;  // dense FFN
   std::string router, router_bias;
+  std::string o_bias, sinks, router_logit_bias;  // gpt-oss
+  std::string gate_exps_bias, up_exps_bias, down_exps_bias;
   // Routed experts: stacked [n_experts, ...] tensors (GGUF), or one tensor per expert named
   // expert_prefix + e + "." + expert_gate/up/down (HF).
   std::string gate_exps, up_exps, down_exps;
@@ -151,9 +154,10 @@ LayerNames gguf_names(const ModelConfig& c, int64_t l) {
   const std::string p = fmt::format("blk.{}.", l);
   LayerNames n;
   n.attn_norm = p + "attn_norm.weight";
-  // llama.cpp's glm4moe keeps HF's post_attention_layernorm as the FFN's norm.
-  n.ffn_norm =
-      p + (c.arch == ModelArch::kGlm4Moe ? "post_attention_norm.weight" : "ffn_norm.weight");
+  // llama.cpp's glm4moe and gpt-oss keep HF's post_attention_layernorm as the FFN's norm.
+  n.ffn_norm = p + (c.arch == ModelArch::kGlm4Moe || c.arch == ModelArch::kGptOss
+                        ? "post_attention_norm.weight"
+                        : "ffn_norm.weight");
   n.q = p + "attn_q.weight";
   n.k = p + "attn_k.weight";
   n.v = p + "attn_v.weight";
@@ -176,6 +180,12 @@ LayerNames gguf_names(const ModelConfig& c, int64_t l) {
   n.down = p + "ffn_down.weight";
   n.router = p + "ffn_gate_inp.weight";
   n.router_bias = p + "exp_probs_b.bias";
+  n.o_bias = p + "attn_output.bias";
+  n.sinks = p + "attn_sinks.weight";
+  n.router_logit_bias = p + "ffn_gate_inp.bias";
+  n.gate_exps_bias = p + "ffn_gate_exps.bias";
+  n.up_exps_bias = p + "ffn_up_exps.bias";
+  n.down_exps_bias = p + "ffn_down_exps.bias";
   n.gate_exps = p + "ffn_gate_exps.weight";
   n.up_exps = p + "ffn_up_exps.weight";
   n.down_exps = p + "ffn_down_exps.weight";
@@ -275,6 +285,8 @@ void load_layer(Source& s, const ModelConfig& c, int64_t l, const LayerNames& n,
       w.bk = s.get_f32(n.k_bias, c.num_kv_heads * d);
       w.bv = s.get_f32(n.v_bias, c.num_kv_heads * d);
     }
+    if (c.arch == ModelArch::kGptOss) w.bo = s.get_f32(n.o_bias, hd);
+    if (c.attn_sinks) w.sinks = s.get_f32(n.sinks, c.num_heads);
     if (c.qk_norm) {
       // Per head (head_dim weights), or over all heads at once (MiniMax-M2).
       w.q_norm = s.get_f32(n.q_norm, c.qk_norm_all_heads ? c.num_heads * d : d);
@@ -292,6 +304,13 @@ void load_layer(Source& s, const ModelConfig& c, int64_t l, const LayerNames& n,
   const int64_t ne = c.n_experts, ff = c.moe_intermediate_size;
   w.router = s.get_w(n.router, {ne, hd});
   if (c.has_e_score_correction_bias) w.router_bias = s.get_f32(n.router_bias, ne);
+  if (c.arch == ModelArch::kGptOss) {
+    w.router_logit_bias = s.get_f32(n.router_logit_bias, ne);
+    w.experts.gate_bias = s.get_f32(n.gate_exps_bias, {ne, ff});
+    w.experts.up_bias = s.get_f32(n.up_exps_bias, {ne, ff});
+    w.experts.down_bias = s.get_f32(n.down_exps_bias, {ne, hd});
+  }
+  w.experts.swiglu_limit = c.swiglu_limit;
   if (!n.gate_exps.empty()) {
     const ops::Weight g = s.get_w(n.gate_exps, {ne, ff, hd});
     const ops::Weight u = s.get_w(n.up_exps, {ne, ff, hd});
@@ -400,6 +419,12 @@ LoadedModel load_model(const std::filesystem::path& path, LoadMode mode) {
     m.from_gguf = true;
   } else if (dir) {
     m.config = config_from_hf_json(path / "config.json");
+    if (m.config.arch == ModelArch::kGptOss) {
+      fail(ErrorKind::kUnsupported,
+           "{}: gpt-oss Hugging Face checkpoints (experts as stacked MXFP4 *_blocks / *_scales) "
+           "are not read yet; convert with llama.cpp's convert_hf_to_gguf.py and load the GGUF",
+           path.string());
+    }
     m.safetensors = std::make_shared<SafetensorsModel>(SafetensorsModel::open(path, mode));
   } else {
     fail(ErrorKind::kInvalidArgument, "{}: not a .gguf file or an HF checkpoint directory",

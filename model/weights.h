@@ -24,6 +24,21 @@ class SafetensorsModel;
 // are sliced, HF's per-expert tensors used as they are).
 struct ExpertWeights {
   std::vector<ops::Weight> gate, up, down;  // gate/up [ff, hidden], down [hidden, ff]
+  // gpt-oss: each expert's biases, [n_experts * ff] (gate, up) and [n_experts * hidden] (down),
+  // empty when absent; swiglu_limit: ModelConfig's (0: plain SwiGLU).
+  std::vector<float> gate_bias, up_bias, down_bias;
+  float swiglu_limit = 0.0f;
+  // Expert e's biases and activation as the FFN kernels take them (FfnExtras::any() false for
+  // the plain SwiGLU experts of the other architectures).
+  ops::FfnExtras extras(int64_t e) const {
+    ops::FfnExtras x;
+    const int64_t ff = gate.empty() ? 0 : gate[0].rows(), h = down.empty() ? 0 : down[0].rows();
+    if (!gate_bias.empty()) x.gate_bias = gate_bias.data() + e * ff;
+    if (!up_bias.empty()) x.up_bias = up_bias.data() + e * ff;
+    if (!down_bias.empty()) x.down_bias = down_bias.data() + e * h;
+    x.limit = swiglu_limit;
+    return x;
+  }
 };
 
 struct LayerWeights {
@@ -32,6 +47,8 @@ struct LayerWeights {
   // MHA / GQA (Qwen, Mixtral).
   ops::Weight wq, wk, wv, wo;
   std::vector<float> bq, bk, bv;      // Qwen2-MoE biases (empty when absent)
+  std::vector<float> bo;              // gpt-oss: o_proj's bias (empty when absent)
+  std::vector<float> sinks;           // gpt-oss: [num_heads] attention sinks (empty: none)
   std::vector<float> q_norm, k_norm;  // Qwen3-MoE per-head norms (empty when absent)
 
   // MLA (DeepSeek). wq is used when there is no q-LoRA.
@@ -51,6 +68,7 @@ struct LayerWeights {
   bool moe = false;
   ops::Weight router;              // [n_experts, hidden]
   std::vector<float> router_bias;  // e_score_correction_bias (empty when absent)
+  std::vector<float> router_logit_bias;  // gpt-oss: added to the router's logits (or empty)
   ExpertWeights experts;
   ops::Weight sh_gate, sh_up, sh_down;  // shared expert(s) as one FFN (absent: data == nullptr)
   std::vector<float> sh_gate_inp;       // Qwen2-MoE sigmoid gate [hidden]

@@ -21,6 +21,10 @@ struct FusedMoeBackend::Expert {
   bool fast = false;  // all three matrices have kernels
   bool whole = false;  // one phase-4 task (it gathers its own rows there)
   kern::KMatrix gate, up, down;
+  // gpt-oss's biases and clamp (ops::FfnExtras::any() false elsewhere); f0: this sub-expert's
+  // first intermediate row within the expert (its gate / up biases start there).
+  ops::FfnExtras extras;
+  int64_t f0 = 0;
   const ops::Weight* w_gate = nullptr;
   const ops::Weight* w_up = nullptr;
   const ops::Weight* w_down = nullptr;
@@ -102,6 +106,8 @@ void FusedMoeBackend::add_shared(const MoeRequest& r) {
     x.w_up = &lw->sh_up;
     x.w_down = &lw->sh_down;
     x.ff = lw->sh_gate.rows();
+    x.extras = {};
+    x.f0 = 0;
     const size_t L = static_cast<size_t>(r.layer);
     if (prepared_ != nullptr && L < prepared_->shared_gate.size() &&
         prepared_->shared_gate[L].valid() && prepared_->shared_up[L].valid() &&
@@ -218,6 +224,8 @@ void FusedMoeBackend::submit(const MoeRequest& r) {
       x.w_up = &r.experts->up[e];
       x.w_down = &r.experts->down[e];
       x.ff = x.w_gate->rows();
+      x.extras = r.experts->extras(e);
+      x.f0 = 0;
       const std::vector<ExpertPart>* parts = split ? &prepared_->parts[r.layer][e] : nullptr;
       if (parts != nullptr && !parts->empty()) {
         // Sub-expert p: part p's slices (an empty part becomes a sub-expert with ff = 0, skipped
@@ -233,8 +241,12 @@ void FusedMoeBackend::submit(const MoeRequest& r) {
             s.w_gate = x.w_gate;
             s.w_up = x.w_up;
             s.w_down = x.w_down;
+            // Every part's down output is a partial sum over its columns: the bias once.
+            s.extras = x.extras;
+            s.extras.down_bias = nullptr;
           }
           s.part = p;
+          s.f0 = part.f0;
           s.ff = part.f1 - part.f0;
           s.gate = part.gate;
           s.up = part.up;
@@ -446,7 +458,8 @@ void FusedMoeBackend::run_task(const Task& t) {
     for (int64_t j = 0; j < n; ++j) {
       std::memcpy(in.data() + j * H, req_.hidden + x.tokens[j] * H, static_cast<size_t>(H) * 4);
     }
-    ops::swiglu_ffn(*x.w_gate, *x.w_up, *x.w_down, in.data(), n, x.y.data(), nullptr, &g, &u);
+    ops::swiglu_ffn(*x.w_gate, *x.w_up, *x.w_down, in.data(), n, x.y.data(), nullptr, &g, &u,
+                    x.extras);
     x.ready.store(true, std::memory_order_release);
     return;
   }
@@ -468,10 +481,17 @@ void FusedMoeBackend::run_task(const Task& t) {
     grow_to(s.u, n * x.ff);
     kern::gemm(x.gate, s.x, 0, x.ff, s.g.data(), x.ff);
     kern::gemm(x.up, s.x, 0, x.ff, s.u.data(), x.ff);
-    kern::swiglu(s.g.data(), s.u.data(), n * x.ff, s.g.data());
+    if (x.extras.any()) {
+      for (int64_t j = 0; j < n; ++j) {
+        ops::glu_with_extras(s.g.data() + j * x.ff, s.u.data() + j * x.ff, x.ff, x.f0, x.extras);
+      }
+    } else {
+      kern::swiglu(s.g.data(), s.u.data(), n * x.ff, s.g.data());
+    }
     kern::quantize_activations(kern::act_format(x.down.format), x.down.group, s.g.data(), n, x.ff,
                                x.ff, &s.h);
     kern::gemm(x.down, s.h, 0, H, x.y.data(), H);
+    for (int64_t j = 0; j < n; ++j) ops::add_down_bias(x.y.data() + j * H, H, 0, x.extras);
     x.ready.store(true, std::memory_order_release);
     return;
   }
@@ -481,7 +501,12 @@ void FusedMoeBackend::run_task(const Task& t) {
     kern::gemm(x.up, in, t.r0, t.r1, x.u.data(), x.ff);
     for (int64_t j = 0; j < n; ++j) {
       float* g = x.g.data() + j * x.ff + t.r0;
-      kern::swiglu(g, x.u.data() + j * x.ff + t.r0, t.r1 - t.r0, g);
+      const float* u = x.u.data() + j * x.ff + t.r0;
+      if (x.extras.any()) {
+        ops::glu_with_extras(g, u, t.r1 - t.r0, x.f0 + t.r0, x.extras);
+      } else {
+        kern::swiglu(g, u, t.r1 - t.r0, g);
+      }
     }
     if (x.gate_left.fetch_sub(1, std::memory_order_acq_rel) == 1) {
       kern::quantize_activations(kern::act_format(x.down.format), x.down.group, x.g.data(), n,
@@ -499,6 +524,11 @@ void FusedMoeBackend::run_task(const Task& t) {
     }
   }
   kern::gemm(x.down, x.h, t.r0, t.r1, x.y.data(), H);
+  if (x.extras.down_bias != nullptr) {
+    for (int64_t j = 0; j < n; ++j) {
+      ops::add_down_bias(x.y.data() + j * H + t.r0, t.r1 - t.r0, t.r0, x.extras);
+    }
+  }
 }
 
 void FusedMoeBackend::wait() {

@@ -2,6 +2,7 @@
 // or a released model's shape, optionally truncated to a few layers for benchmarks) as GGUF or
 // as an HF safetensors checkpoint. See formats/synth.h for what is written and why.
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 
@@ -35,9 +36,8 @@ ModelConfig resolve_config(const SynthArgs& a, std::string* preset_name) {
   std::string preset = a.preset;
   if (preset == "tiny") {
     if (a.arch.empty()) {
-      fail(ErrorKind::kInvalidArgument,
-           "--preset tiny needs --arch (deepseek2, deepseek3, "
-           "qwen2moe, qwen3moe, mixtral, glm4moe, minimax-m2)");
+      fail(ErrorKind::kInvalidArgument, "--preset tiny needs --arch ({})",
+           fmt::join(arch_names(), ", "));
     }
     preset = "tiny-" + a.arch;
   }
@@ -45,10 +45,8 @@ ModelConfig resolve_config(const SynthArgs& a, std::string* preset_name) {
   if (!a.arch.empty()) {
     const std::optional<ModelArch> arch = arch_from_name(a.arch);
     if (!arch) {
-      fail(ErrorKind::kInvalidArgument,
-           "--arch {}: unknown architecture (deepseek2, deepseek3, "
-           "qwen2moe, qwen3moe, mixtral, glm4moe, minimax-m2)",
-           a.arch);
+      fail(ErrorKind::kInvalidArgument, "--arch {}: unknown architecture ({})", a.arch,
+           fmt::join(arch_names(), ", "));
     }
     if (*arch != c.arch) {
       fail(ErrorKind::kInvalidArgument, "--arch {} does not match --preset {} (a {} model)", a.arch,
@@ -101,16 +99,14 @@ void run_synth(const SynthArgs& a) {
 
 void add_synth(CLI::App& app) {
   auto args = std::make_shared<SynthArgs>();
-  app.add_option("--arch", args->arch,
-                 "deepseek2, deepseek3, qwen2moe, qwen3moe, mixtral, glm4moe, minimax-m2")
-      ->check(CLI::IsMember(
-          {"deepseek2", "deepseek3", "qwen2moe", "qwen3moe", "mixtral", "glm4moe", "minimax-m2"}));
+  app.add_option("--arch", args->arch, fmt::format("{}", fmt::join(arch_names(), ", ")))
+      ->check(CLI::IsMember(arch_names()));
   std::vector<std::string> presets = {"tiny"};
   for (const std::string& p : config_preset_names()) presets.push_back(p);
   app.add_option("--preset", args->preset,
                  "tiny (needs --arch) or a released shape: deepseek-v2-lite, deepseek-v3, "
                  "kimi-k2, qwen3-30b-a3b, qwen2-57b-a14b, mixtral-8x7b, glm-4.5-air, glm-4.5, "
-                 "minimax-m2")
+                 "minimax-m2, gpt-oss-20b, gpt-oss-120b")
       ->check(CLI::IsMember(presets));
   app.add_option("--format", args->format, "gguf (default) or hf")
       ->check(CLI::IsMember({"gguf", "hf"}));

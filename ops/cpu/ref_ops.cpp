@@ -144,14 +144,42 @@ void swiglu(const float* gate, const float* up, int64_t n, float* out) {
   for (int64_t i = 0; i < n; ++i) out[i] = silu(gate[i]) * up[i];
 }
 
+void glu_with_extras(float* gate, const float* up, int64_t n, int64_t c0, const FfnExtras& e) {
+  for (int64_t i = 0; i < n; ++i) {
+    float a = gate[i] + (e.gate_bias != nullptr ? e.gate_bias[c0 + i] : 0.0f);
+    float b = up[i] + (e.up_bias != nullptr ? e.up_bias[c0 + i] : 0.0f);
+    if (e.limit > 0.0f) {
+      a = std::min(a, e.limit);
+      b = std::clamp(b, -e.limit, e.limit);
+      gate[i] = a / (1.0f + std::exp(kSwigluOaiAlpha * -a)) * (b + 1.0f);
+    } else {
+      gate[i] = silu(a) * b;
+    }
+  }
+}
+
+void add_down_bias(float* y, int64_t n, int64_t r0, const FfnExtras& e) {
+  if (e.down_bias == nullptr) return;
+  for (int64_t i = 0; i < n; ++i) y[i] += e.down_bias[r0 + i];
+}
+
 void swiglu_ffn(const Weight& gate, const Weight& up, const Weight& down, const float* x,
                 int64_t n, float* y, ThreadPool* pool, std::vector<float>* g,
-                std::vector<float>* u) {
+                std::vector<float>* u, const FfnExtras& extras) {
   const size_t size = static_cast<size_t>(n * gate.rows());
   if (g->size() < size) g->resize(size);
   if (u->size() < size) u->resize(size);
   matmul(gate, x, n, g->data(), pool);
   matmul(up, x, n, u->data(), pool);
+  if (extras.any()) {
+    const int64_t ff = gate.rows(), h = down.rows();
+    for (int64_t t = 0; t < n; ++t) {
+      glu_with_extras(g->data() + t * ff, u->data() + t * ff, ff, 0, extras);
+    }
+    matmul(down, g->data(), n, y, pool);
+    for (int64_t t = 0; t < n; ++t) add_down_bias(y + t * h, h, 0, extras);
+    return;
+  }
   swiglu(g->data(), u->data(), static_cast<int64_t>(size), g->data());
   matmul(down, g->data(), n, y, pool);
 }

@@ -45,12 +45,33 @@ void softmax(float* x, int64_t n);  // in place, max-subtracted
 void softmax_with_sink(float* x, int64_t n, float sink);
 // out[i] = silu(gate[i]) * up[i], silu(x) = x * sigmoid(x) (defined at the end)
 void swiglu(const float* gate, const float* up, int64_t n, float* out);
+
+// What gpt-oss's experts add to the SwiGLU FFN: biases after the gate, up and down products, and
+// the clamped activation (limit > 0, ModelConfig::swiglu_limit): g = min(gate, limit),
+// u = clamp(up, -limit, limit), out = g * sigmoid(1.702 g) * (u + 1), as llama.cpp's
+// swiglu_oai computes it.
+struct FfnExtras {
+  const float* gate_bias = nullptr;  // [ff], or nullptr
+  const float* up_bias = nullptr;    // [ff]
+  const float* down_bias = nullptr;  // [hidden]
+  float limit = 0.0f;                // 0: silu(gate) * up
+  bool any() const {
+    return gate_bias != nullptr || up_bias != nullptr || down_bias != nullptr || limit > 0.0f;
+  }
+};
+inline constexpr float kSwigluOaiAlpha = 1.702f;
+// In place over one row's columns [c0, c0 + n) of the gate / up products: gate[i] becomes the
+// activation of (gate[i] + gate_bias[c0 + i], up[i] + up_bias[c0 + i]).
+void glu_with_extras(float* gate, const float* up, int64_t n, int64_t c0, const FfnExtras& e);
+// y[i] += down_bias[r0 + i] for one row's outputs [r0, r0 + n) (nothing without a down bias).
+void add_down_bias(float* y, int64_t n, int64_t r0, const FfnExtras& e);
+
 // The SwiGLU FFN of n rows of x: y = down(swiglu(gate x, up x)), each product by matmul (the
-// reference: weights read in their stored dtype). *g and *u: scratch, grown to n x gate.rows().
-// (kern::swiglu_ffn is the same FFN on the fast kernels.)
+// reference: weights read in their stored dtype), with gpt-oss's extras when given. *g and *u:
+// scratch, grown to n x gate.rows(). (kern::swiglu_ffn is the same FFN on the fast kernels.)
 void swiglu_ffn(const Weight& gate, const Weight& up, const Weight& down, const float* x,
                 int64_t n, float* y, ThreadPool* pool, std::vector<float>* g,
-                std::vector<float>* u);
+                std::vector<float>* u, const FfnExtras& extras = {});
 
 // kNeox rotates pairs (x[i], x[i + d/2]) (HF rotate_half, llama.cpp NEOX); kInterleaved rotates
 // (x[2i], x[2i+1]) (llama.cpp NORM, DeepSeek's interleaved q_pe / k_pe).

@@ -249,14 +249,15 @@ class RoutingReplay : public MoeBackend {
 // q8_0): K / V in int8 steps of a 32-value block's max / 127 (error up to 1/254 of the block's
 // largest value). Every MLA form (absorbed over the latent cache, naive per-head caches, batches
 // expanded from the latents). Per prompt, max|d| / max|ref| per position, bounds 1.5x the worst
-// measured (on AVX-512 BF16, where the queries are rounded too; 5 models x 2 prompts and the MLA
-// forms of both DeepSeeks):
+// measured (on AVX-512 BF16, where the queries are rounded too; the models x 2 prompts and the
+// MLA forms of both DeepSeeks; gpt-oss's bf16 numbers are the largest: its YaRN factor scales
+// q and k by 1.35):
 //                                                        measured         bound
 //                                                        bf16    q8_0     bf16    q8_0
-// - every position, against tandem's F32-cache run with   0.0038  0.0107   0.0057  0.016
+// - every position, against tandem's F32-cache run with   0.0063  0.0138   0.0095  0.021
 //   the same experts (RoutingReplay): the cache's rounding
 //   alone, also after a flipped near-tie
-// - against the golden logits, up to the first position   0.0036  0.0107   0.0054  0.016
+// - against the golden logits, up to the first position   0.0053  0.0136   0.008   0.021
 //   where some layer's expert choice differs from the F32
 //   cache's (a near-tie flipped, as quantized weights flip
 //   them: the README's up to 0.24)
@@ -272,8 +273,8 @@ struct NarrowCacheBounds {
   double pinned, before_flip, all;
 };
 constexpr double kNarrowArgmaxMisses = 0.0375;
-constexpr NarrowCacheBounds kBf16CacheBounds{0.0057, 0.0054, 0.18};
-constexpr NarrowCacheBounds kQ8CacheBounds{0.016, 0.016, 0.146};
+constexpr NarrowCacheBounds kBf16CacheBounds{0.0095, 0.008, 0.18};
+constexpr NarrowCacheBounds kQ8CacheBounds{0.021, 0.021, 0.146};
 
 void check_narrow_cache(const std::string& name, MlaMode mla, int64_t expand_tokens = 32,
                         KvType kv_type = KvType::kBf16) {
@@ -371,14 +372,15 @@ TEST_P(GoldenMla, Q8KvCache) {
 //             F32 logits themselves), so a path that ignored the quantization cannot pass.
 //   argmax    positions whose argmax is not llama.cpp's
 // Measured (this machine; the fused operator's numbers are the same at every TANDEM_ISA level),
-// the largest over the 5 models x 2 prompts; the bounds are 1.5x these (|1 - beta| likewise;
+// the largest over the models x 2 prompts (q4_k_m reference's median: gpt-oss's, on the 4
+// positions before its first flip); the bounds are 1.5x these (|1 - beta| likewise;
 // close: 1.5x the fraction of positions that are not; argmax: 1.5x the fraction, rounded up):
 //
 //   format  backend    median   worst   close           |1-beta|  argmax misses   median  worst
 //   q8_0    fused      0.0159   0.1094  -               0.344     2 of 40          0.024   0.164
 //   q8_0    reference  0.0161   0.1145  -               0.367     2 of 40          0.024   0.172
 //   q4_k_m  fused      2.9e-7   0.0181  >= 4/7, 29/40   0.0021    0                1e-5    0.027
-//   q4_k_m  reference  0.0127   0.1219  -               0.0099    2/40, 1/7        0.019   0.183
+//   q4_k_m  reference  0.0215   0.1219  -               0.0099    2/40, 1/7        0.032   0.183
 //
 // (Q4_K_M fused: the median's bound is the float-rounding class, 1e-5, rather than 1.5x 2.9e-7,
 // so that another ISA's summation order passes; its close bound 0.36, 1 - 1.5 x 3/7.)
@@ -398,7 +400,7 @@ constexpr QuantBounds kQ8Fused{0.024, 0.164, 0, 0.52, 0.075};
 constexpr QuantBounds kQ8Reference{0.024, 0.172, 0, 0.55, 0.075};
 constexpr QuantBounds kQ4Fused{1e-5, 0.027, 0.36, 0.0032, 0.075};
 constexpr double kRounding = 1e-5;
-constexpr QuantBounds kQ4Reference{0.019, 0.183, 0, 0.015, 0.22};
+constexpr QuantBounds kQ4Reference{0.032, 0.183, 0, 0.015, 0.22};
 
 // (mxfp4_moe, llama-quantize's MXFP4_MOE: experts in MXFP4, every other matrix Q8_0. Fused: both
 // against Q8_0 activations as llama.cpp computes them, Q8_0's bounds; the reference backend gives
@@ -543,8 +545,18 @@ void check_quantized_before_flip(const std::string& what, const PromptRun& r,
   QuantBounds prefix = b;
   if (b.close > 0) prefix.median = b.worst;
   EXPECT_EQ(quant_failures(s, prefix), "") << what;
-  if (fused && flip == n) {
-    EXPECT_EQ(r.greedy, greedy) << what;
+  if (fused && flip == n && r.greedy != greedy) {
+    // A parting only at a near tie (kGreedyNearTie): llama.cpp's token within that fraction of
+    // max|logit| below tandem's pick, in tandem's logits of the step where they part.
+    const auto same = std::mismatch(r.greedy.begin(), r.greedy.end(), greedy.begin()).first -
+                      r.greedy.begin();
+    const float* row = &r.greedy_logits[same * nv];
+    double mx = 0;
+    for (int64_t j = 0; j < nv; ++j) mx = std::max(mx, std::fabs(double(row[j])));
+    const double gap = (row[r.greedy[same]] - row[greedy[same]]) / mx;
+    std::printf("%s: greedy parts from llama.cpp's after %ld tokens, gap %.4f\n", what.c_str(),
+                long(same), gap);
+    EXPECT_LE(gap, kGreedyNearTie) << what;
   }
 }
 
@@ -766,7 +778,7 @@ TEST(MlaExpansion, PaysWhenItSavesArithmetic) {
 
 INSTANTIATE_TEST_SUITE_P(Models, Golden,
                          ::testing::Values("qwen2moe", "qwen3moe", "mixtral", "deepseek2",
-                                           "deepseek3", "glm4moe", "minimax-m2"));
+                                           "deepseek3", "glm4moe", "minimax-m2", "gpt-oss"));
 INSTANTIATE_TEST_SUITE_P(Models, GoldenMla, ::testing::Values("deepseek2", "deepseek3"));
 
 }  // namespace
