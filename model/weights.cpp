@@ -17,6 +17,7 @@
 #include "core/progress.h"
 #include "core/topology.h"
 #include "formats/gguf.h"
+#include "formats/quant.h"
 #include "formats/safetensors.h"
 #include "ops/cpu/ref_ops.h"
 
@@ -65,6 +66,11 @@ class Source {
     w.block_rows = br;
     w.block_cols = bc;
     return w;
+  }
+  // Memory the LoadedModel keeps, for tensors rearranged at load.
+  uint8_t* own(size_t bytes) {
+    m_.owned.emplace_back(bytes);
+    return m_.owned.back().as<uint8_t>();
   }
   void set_fp8_block(int64_t rows, int64_t cols) {
     fp8_block_[0] = rows;
@@ -147,6 +153,7 @@ struct LayerNames {
   // expert_prefix + e + "." + expert_gate/up/down (HF).
   std::string gate_exps, up_exps, down_exps;
   std::string expert_prefix, expert_gate, expert_up, expert_down;
+  bool gpt_oss_hf = false;  // HF gpt-oss: experts stacked under expert_prefix (gpt_oss_experts)
   std::string sh_gate, sh_up, sh_down, sh_gate_inp;  // shared expert(s)
 };
 
@@ -235,7 +242,104 @@ LayerNames hf_names(const ModelConfig& c, int64_t l) {
   n.sh_up = sh + "up_proj.weight";
   n.sh_down = sh + "down_proj.weight";
   n.sh_gate_inp = m + "shared_expert_gate.weight";
+  if (c.arch == ModelArch::kGptOss) {
+    n.router = m + "router.weight";
+    n.router_logit_bias = m + "router.bias";
+    n.o_bias = a + "o_proj.bias";
+    n.sinks = a + "sinks";
+    n.gpt_oss_hf = true;
+  }
   return n;
+}
+
+// gpt-oss's HF experts (transformers' GptOssExperts), stacked per layer and rearranged here into
+// the [out, in] rows of one matrix per expert that the kernels read (LoadedModel::owned):
+// - the release's MXFP4: gate_up_proj_blocks [E, 2 ff, hidden / 32, 16] and _scales
+//   [E, 2 ff, hidden / 32] (rows of gate and up interleaved: 2 j gate, 2 j + 1 up; a block's
+//   value 2 i is byte i's low nibble, 2 i + 1 its high one; the scale an E8M0 exponent),
+//   down_proj_blocks [E, hidden, ff / 32, 16] -> ggml's MXFP4 blocks (the same E8M0 byte, value i
+//   in qs[i]'s low nibble and value i + 16 in its high one: convert_hf_to_gguf.py's repacking);
+// - BF16 / F32 (dequantized checkpoints): gate_up_proj [E, hidden, 2 ff] (x @ W, gate and up in
+//   the even / odd columns), down_proj [E, ff, hidden] -> transposed, in their dtype;
+// - the biases: gate_up_proj_bias [E, 2 ff] (interleaved), down_proj_bias [E, hidden].
+void gpt_oss_experts(Source& s, const ModelConfig& c, const std::string& prefix,
+                     ExpertWeights& x) {
+  const int64_t ne = c.n_experts, ff = c.moe_intermediate_size, hd = c.hidden_size;
+  // One [ne * rows, cols] matrix of `dtype`, its rows filled by fill(row, out): views per expert.
+  auto matrix = [&](DType dtype, int64_t rows, int64_t cols, auto&& fill) {
+    const int64_t row_bytes = dtype_bytes(dtype, cols);
+    uint8_t* data = s.own(static_cast<size_t>(ne * rows * row_bytes));
+    for (int64_t r = 0; r < ne * rows; ++r) fill(r, data + r * row_bytes);
+    return ops::Weight(Tensor::dense(dtype, {ne * rows, cols}, data));
+  };
+  auto split = [&](const ops::Weight& all, std::vector<ops::Weight>& out, int64_t rows) {
+    for (int64_t e = 0; e < ne; ++e) out.push_back(all.row_range(e * rows, rows));
+  };
+  const std::string gu = prefix + "gate_up_proj", dn = prefix + "down_proj";
+  if (s.find(gu + "_blocks") != nullptr) {
+    if (hd % 32 != 0 || ff % 32 != 0) {
+      fail(ErrorKind::kFormat, "{}: MXFP4 experts need hidden ({}) and ff ({}) in 32s", gu, hd,
+           ff);
+    }
+    // Rows of a blocks / scales pair ([E, R, C / 32, 16] and [E, R, C / 32]) as ggml MXFP4 rows.
+    auto mxfp4 = [&](const std::string& base, int64_t rows_in, int64_t cols, int64_t stride,
+                     int64_t offset) {
+      const Tensor b = s.get(base + "_blocks", {ne, rows_in, cols / 32, 16});
+      const Tensor sc = s.get(base + "_scales", {ne, rows_in, cols / 32});
+      if (b.dtype != DType::kU8 || sc.dtype != DType::kU8) {
+        fail(ErrorKind::kFormat, "{}_blocks / _scales: expected U8 tensors", base);
+      }
+      const uint8_t* blocks = b.as<const uint8_t>();
+      const uint8_t* scales = sc.as<const uint8_t>();
+      const int64_t out_rows = rows_in / stride;
+      return matrix(DType::kMXFP4, out_rows, cols, [&](int64_t r, uint8_t* out) {
+        const int64_t e = r / out_rows, src = e * rows_in + (r % out_rows) * stride + offset;
+        auto* dst = reinterpret_cast<BlockMXFP4*>(out);
+        for (int64_t k = 0; k < cols / 32; ++k) {
+          const uint8_t* q = blocks + (src * (cols / 32) + k) * 16;
+          auto nib = [q](int i) { return (q[i / 2] >> (4 * (i % 2))) & 0xF; };
+          dst[k].e = scales[src * (cols / 32) + k];
+          for (int i = 0; i < 16; ++i) {
+            dst[k].qs[i] = static_cast<uint8_t>(nib(i) | (nib(i + 16) << 4));
+          }
+        }
+      });
+    };
+    split(mxfp4(gu, 2 * ff, hd, 2, 0), x.gate, ff);
+    split(mxfp4(gu, 2 * ff, hd, 2, 1), x.up, ff);
+    split(mxfp4(dn, hd, ff, 1, 0), x.down, hd);
+  } else {
+    const Tensor g = s.get(gu, {ne, hd, 2 * ff});
+    const Tensor d = s.get(dn, {ne, ff, hd});
+    if (g.dtype != DType::kBF16 && g.dtype != DType::kF32) {
+      fail(ErrorKind::kUnsupported, "{}: experts of type {} (BF16, F32 or MXFP4 blocks)", gu,
+           dtype_info(g.dtype).name);
+    }
+    // Element (i, j) of expert e's [rows, cols] transpose is element (j, i * step + offset) of
+    // the stored [e][cols][rows * step] (elements of `size` bytes).
+    auto transposed = [&](const Tensor& t, int64_t rows, int64_t cols, int64_t step,
+                          int64_t offset) {
+      const size_t size = dtype_info(t.dtype).block_bytes;
+      const auto* src = static_cast<const uint8_t*>(t.data);
+      return matrix(t.dtype, rows, cols, [&](int64_t r, uint8_t* out) {
+        const int64_t e = r / rows, i = r % rows;
+        for (int64_t j = 0; j < cols; ++j) {
+          std::memcpy(out + j * size, src + ((e * cols + j) * rows * step + i * step + offset) * size,
+                      size);
+        }
+      });
+    };
+    if (d.dtype != g.dtype) fail(ErrorKind::kFormat, "{}: a dtype other than {}'s", dn, gu);
+    split(transposed(g, ff, hd, 2, 0), x.gate, ff);
+    split(transposed(g, ff, hd, 2, 1), x.up, ff);
+    split(transposed(d, hd, ff, 1, 0), x.down, hd);
+  }
+  const std::vector<float> gub = s.get_f32(gu + "_bias", {ne, 2 * ff});
+  for (int64_t i = 0; i < ne * ff; ++i) {
+    x.gate_bias.push_back(gub[2 * i]);
+    x.up_bias.push_back(gub[2 * i + 1]);
+  }
+  x.down_bias = s.get_f32(dn + "_bias", {ne, hd});
 }
 
 void load_layer(Source& s, const ModelConfig& c, int64_t l, const LayerNames& n,
@@ -304,14 +408,16 @@ void load_layer(Source& s, const ModelConfig& c, int64_t l, const LayerNames& n,
   const int64_t ne = c.n_experts, ff = c.moe_intermediate_size;
   w.router = s.get_w(n.router, {ne, hd});
   if (c.has_e_score_correction_bias) w.router_bias = s.get_f32(n.router_bias, ne);
-  if (c.arch == ModelArch::kGptOss) {
-    w.router_logit_bias = s.get_f32(n.router_logit_bias, ne);
-    w.experts.gate_bias = s.get_f32(n.gate_exps_bias, {ne, ff});
-    w.experts.up_bias = s.get_f32(n.up_exps_bias, {ne, ff});
-    w.experts.down_bias = s.get_f32(n.down_exps_bias, {ne, hd});
-  }
+  if (c.arch == ModelArch::kGptOss) w.router_logit_bias = s.get_f32(n.router_logit_bias, ne);
   w.experts.swiglu_limit = c.swiglu_limit;
-  if (!n.gate_exps.empty()) {
+  if (n.gpt_oss_hf) {
+    gpt_oss_experts(s, c, n.expert_prefix, w.experts);
+  } else if (!n.gate_exps.empty()) {
+    if (c.arch == ModelArch::kGptOss) {
+      w.experts.gate_bias = s.get_f32(n.gate_exps_bias, {ne, ff});
+      w.experts.up_bias = s.get_f32(n.up_exps_bias, {ne, ff});
+      w.experts.down_bias = s.get_f32(n.down_exps_bias, {ne, hd});
+    }
     const ops::Weight g = s.get_w(n.gate_exps, {ne, ff, hd});
     const ops::Weight u = s.get_w(n.up_exps, {ne, ff, hd});
     const ops::Weight dn = s.get_w(n.down_exps, {ne, hd, ff});
@@ -419,12 +525,6 @@ LoadedModel load_model(const std::filesystem::path& path, LoadMode mode) {
     m.from_gguf = true;
   } else if (dir) {
     m.config = config_from_hf_json(path / "config.json");
-    if (m.config.arch == ModelArch::kGptOss) {
-      fail(ErrorKind::kUnsupported,
-           "{}: gpt-oss Hugging Face checkpoints (experts as stacked MXFP4 *_blocks / *_scales) "
-           "are not read yet; convert with llama.cpp's convert_hf_to_gguf.py and load the GGUF",
-           path.string());
-    }
     m.safetensors = std::make_shared<SafetensorsModel>(SafetensorsModel::open(path, mode));
   } else {
     fail(ErrorKind::kInvalidArgument, "{}: not a .gguf file or an HF checkpoint directory",

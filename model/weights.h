@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "core/mapped_file.h"
+#include "core/memory.h"
 #include "core/tensor.h"
 #include "formats/model_config.h"
 #include "ops/cpu/ref_ops.h"
@@ -87,6 +88,9 @@ struct LoadedModel {
 
   std::shared_ptr<GgufFile> gguf;
   std::shared_ptr<SafetensorsModel> safetensors;
+  // Tensors rearranged at load, which the views above may point into: gpt-oss's HF experts
+  // (stacked, transposed, MXFP4 in its own block layout) as [out, in] rows the kernels read.
+  std::vector<AlignedBuffer> owned;
 };
 
 // A .gguf file or an HF directory (config.json + safetensors). Throws Error naming the file and
