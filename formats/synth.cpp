@@ -88,6 +88,20 @@ bool is_fp8_weight(const HfTensorSpec& t) {
   return t.role == WeightRole::kLinear && t.shape.size() == 2;
 }
 
+// gpt-oss's release (--format hf --type mxfp4_moe): the stacked experts as MXFP4 *_blocks /
+// *_scales, every other tensor BF16.
+bool is_mxfp4_experts(const HfTensorSpec& t, SynthType type) {
+  return type == SynthType::kMXFP4_MOE && t.role == WeightRole::kLinear && t.shape.size() == 3;
+}
+// The blocks' and scales' shapes of such a tensor: the logical [E, in, out] (x @ W) stored as
+// [E, out, in / 32, 16] bytes and [E, out, in / 32] E8M0 exponents.
+std::vector<int64_t> mxfp4_blocks_shape(const HfTensorSpec& t) {
+  return {t.shape[0], t.shape[2], t.shape[1] / 32, 16};
+}
+std::vector<int64_t> mxfp4_scales_shape(const HfTensorSpec& t) {
+  return {t.shape[0], t.shape[2], t.shape[1] / 32};
+}
+
 DType hf_dtype(const HfTensorSpec& t, SynthType type) {
   if (type == SynthType::kFp8) {
     if (is_fp8_weight(t)) return DType::kF8E4M3;
@@ -150,6 +164,16 @@ SynthPlan make_plan(const SynthOptions& o, const ModelConfig& c) {
   } else {
     for (const HfTensorSpec& t : hf) {
       widest_row = std::max(widest_row, t.shape.back());
+      if (is_mxfp4_experts(t, o.type)) {
+        if (c.arch != ModelArch::kGptOss || t.shape[1] % 32 != 0) {
+          fail(ErrorKind::kInvalidArgument,
+               "--format hf --type mxfp4_moe: gpt-oss's experts only (input widths in 32s)");
+        }
+        widest_row = std::max(widest_row, t.shape[1]);
+        add(t.name + "_blocks", DType::kU8, mxfp4_blocks_shape(t));
+        add(t.name + "_scales", DType::kU8, mxfp4_scales_shape(t));
+        continue;
+      }
       const DType dtype = hf_dtype(t, o.type);
       add(t.name, dtype, t.shape);
       if (dtype == DType::kF8E4M3) add(scale_name(t.name), DType::kF32, fp8_scale_shape(t.shape));
@@ -232,6 +256,34 @@ void fill_fp8(const SynthOptions& o, const HfTensorSpec& t, bool want_scales, ui
   });
 }
 
+// The MXFP4 blocks (want_scales false) or scales of gpt-oss's stacked experts: row (e, r) of the
+// stored [E, out, in] holds logical [e][0 .. in)[r], quantized by ggml's MXFP4 quantizer, its
+// nibbles in the release's order (value 2 i in byte i's low nibble, 2 i + 1 in its high one).
+void fill_mxfp4_experts(const SynthOptions& o, const HfTensorSpec& t, bool want_scales,
+                        uint8_t* dst) {
+  const int64_t in = t.shape[1], out = t.shape[2], rows = t.shape[0] * out, nb = in / 32;
+  parallel_rows(rows, in, thread_count(o), [&](int64_t begin, int64_t end) {
+    std::vector<float> buf(in);
+    std::vector<BlockMXFP4> q(nb);
+    for (int64_t r = begin; r < end; ++r) {
+      const int64_t e = r / out, j = r % out;
+      synth_values(o.seed, t, e * in * out + j, out, in, buf.data());
+      quantize_row(DType::kMXFP4, buf.data(), q.data(), in);
+      for (int64_t b = 0; b < nb; ++b) {
+        if (want_scales) {
+          dst[r * nb + b] = q[b].e;
+          continue;
+        }
+        auto nib = [&](int k) { return k < 16 ? q[b].qs[k] & 0xF : q[b].qs[k - 16] >> 4; };
+        uint8_t* block = dst + (r * nb + b) * 16;
+        for (int i = 0; i < 16; ++i) {
+          block[i] = static_cast<uint8_t>(nib(2 * i) | (nib(2 * i + 1) << 4));
+        }
+      }
+    }
+  });
+}
+
 void write_text(const fs::path& path, const std::string& text) {
   write_output_file(path, text);
 }
@@ -291,6 +343,12 @@ void write_hf(const SynthOptions& o, const SynthPlan& plan, const GgufFile* voca
                                      {"fmt", "e4m3"},
                                      {"quant_method", "fp8"},
                                      {"weight_block_size", {kFp8Block, kFp8Block}}};
+  } else if (o.type == SynthType::kMXFP4_MOE) {  // as gpt-oss's release says it
+    config["quantization_config"] = {
+        {"modules_to_not_convert",
+         {"model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens",
+          "lm_head"}},
+        {"quant_method", "mxfp4"}};
   }
   write_text(o.output / "config.json", config.dump(2) + "\n");
   auto id_or_null = [](int64_t id) {
@@ -320,6 +378,18 @@ void write_hf(const SynthOptions& o, const SynthPlan& plan, const GgufFile* voca
   auto hf = std::make_shared<std::vector<HfTensorSpec>>(hf_tensor_specs(c));
   for (size_t i = 0; i < hf->size(); ++i) {
     const HfTensorSpec& t = (*hf)[i];
+    if (is_mxfp4_experts(t, o.type)) {
+      for (const bool scales : {false, true}) {
+        const std::vector<int64_t> shape = scales ? mxfp4_scales_shape(t) : mxfp4_blocks_shape(t);
+        const uint64_t bytes = static_cast<uint64_t>(numel(shape));
+        w.add_tensor(t.name + (scales ? "_scales" : "_blocks"), DType::kU8, shape,
+                     [&o, hf, i, scales, bytes, progress](void* dst) {
+                       fill_mxfp4_experts(o, (*hf)[i], scales, static_cast<uint8_t*>(dst));
+                       if (progress) progress->add(bytes);
+                     });
+      }
+      continue;
+    }
     const DType dtype = hf_dtype(t, o.type);
     const uint64_t bytes = dtype_bytes(dtype, numel(t.shape));
     w.add_tensor(t.name, dtype, t.shape, [&o, hf, i, dtype, bytes, progress](void* dst) {
@@ -373,7 +443,9 @@ std::string_view synth_gguf_type_list() {
 }
 
 bool synth_type_allowed(SynthType type, SynthFormat format) {
-  if (format == SynthFormat::kHf) return type == SynthType::kBF16 || type == SynthType::kFp8;
+  if (format == SynthFormat::kHf) {
+    return type == SynthType::kBF16 || type == SynthType::kFp8 || type == SynthType::kMXFP4_MOE;
+  }
   return type != SynthType::kFp8;
 }
 

@@ -23,6 +23,7 @@
 #include "formats/quant.h"
 #include "formats/safetensors.h"
 #include "formats/tokenizer_synth.h"
+#include "model/weights.h"
 #include "tests/test_util.h"
 
 namespace tandem {
@@ -265,6 +266,71 @@ TEST(Synth, QuantizedFilesDecodeToTheSameWeights) {
       EXPECT_LE(std::sqrt(err / norm), k.max_rel_rms) << info.name << " " << dtype_name(b.dtype);
     }
     EXPECT_EQ(dtypes, k.dtypes);
+  }
+}
+
+// gpt-oss's Hugging Face experts are stacked (gate_up_proj [E, hidden, 2 ff] with gate / up
+// interleaved, down_proj [E, ff, hidden]; the release's MXFP4 as *_blocks / *_scales in its own
+// nibble order): the loader rearranges them into per-expert rows. Those rows decode to exactly
+// the GGUF file's of the same seed (the layout llama.cpp's golden logits hold), for a BF16
+// checkpoint against the F32 GGUF and for the MXFP4 release layout against the MXFP4_MOE GGUF;
+// the biases, sinks and router are the same numbers.
+TEST(Synth, GptOssHfExpertsLoadAsTheGgufOnes) {
+  test::TempDir dir("synthoss");
+  for (const SynthType type : {SynthType::kBF16, SynthType::kMXFP4_MOE}) {
+    SCOPED_TRACE(std::string(synth_type_name(type)));
+    const bool mxfp4 = type == SynthType::kMXFP4_MOE;
+    synth(dir / "hf", "gpt-oss", type, SynthFormat::kHf, 5);
+    synth(dir / "m.gguf", "gpt-oss", mxfp4 ? type : SynthType::kF32, SynthFormat::kGguf, 5);
+    if (mxfp4) {
+      const SafetensorsModel st = SafetensorsModel::open(dir / "hf");
+      ASSERT_NE(st.find_tensor("model.layers.0.mlp.experts.gate_up_proj_blocks"), nullptr);
+      ASSERT_EQ(st.find_tensor("model.layers.0.mlp.experts.gate_up_proj"), nullptr);
+    }
+    const LoadedModel hf = load_model(dir / "hf"), gg = load_model(dir / "m.gguf");
+    if (mxfp4) {
+      // transformers' dequantization of the release's blocks, by hand: value 2 i = FP4 of byte
+      // i's low nibble, 2 i + 1 of its high one, times 2^(scale - 127); row 1 of gate_up_proj
+      // is expert 0's first up row.
+      const float kFp4[16] = {0, 0.5f, 1, 1.5f, 2, 3, 4, 6, -0.0f, -0.5f, -1, -1.5f, -2, -3, -4, -6};
+      const SafetensorsModel st = SafetensorsModel::open(dir / "hf");
+      const Tensor blocks = st.tensor("model.layers.1.mlp.experts.gate_up_proj_blocks");
+      const Tensor scales = st.tensor("model.layers.1.mlp.experts.gate_up_proj_scales");
+      const int64_t nb = hf.config.hidden_size / 32;
+      const uint8_t* q = blocks.as<const uint8_t>() + 1 * nb * 16;
+      const uint8_t* e8 = scales.as<const uint8_t>() + 1 * nb;
+      std::vector<float> want(static_cast<size_t>(nb * 32));
+      for (int64_t k = 0; k < nb * 32; ++k) {
+        const uint8_t byte = q[k / 2];
+        want[k] = std::ldexp(kFp4[k % 2 ? byte >> 4 : byte & 0xF], e8[k / 32] - 127);
+      }
+      EXPECT_EQ(row_f32(hf.layers[1].experts.up[0].t, 0), want);
+    }
+    EXPECT_TRUE(config_diff(hf.config, gg.config).empty())
+        << ::testing::PrintToString(config_diff(hf.config, gg.config));
+    for (size_t l = 0; l < hf.layers.size(); ++l) {
+      const LayerWeights &a = hf.layers[l], &b = gg.layers[l];
+      EXPECT_EQ(a.sinks, b.sinks);
+      EXPECT_EQ(a.bo, b.bo);
+      EXPECT_EQ(a.router_logit_bias, b.router_logit_bias);
+      EXPECT_EQ(a.experts.gate_bias, b.experts.gate_bias);
+      EXPECT_EQ(a.experts.up_bias, b.experts.up_bias);
+      EXPECT_EQ(a.experts.down_bias, b.experts.down_bias);
+      ASSERT_EQ(a.experts.gate.size(), b.experts.gate.size());
+      for (size_t e = 0; e < a.experts.gate.size(); ++e) {
+        for (const auto m : {&ExpertWeights::gate, &ExpertWeights::up, &ExpertWeights::down}) {
+          const Tensor& x = (a.experts.*m)[e].t;
+          const Tensor& y = (b.experts.*m)[e].t;
+          ASSERT_EQ(x.dtype, mxfp4 ? DType::kMXFP4 : DType::kBF16);
+          ASSERT_EQ(y.dtype, mxfp4 ? DType::kMXFP4 : DType::kF32);
+          ASSERT_EQ(x.rows(), y.rows());
+          for (int64_t r = 0; r < x.rows(); ++r) {
+            ASSERT_EQ(row_f32(x, r), row_f32(y, r)) << "layer " << l << " expert " << e << " row "
+                                                    << r;
+          }
+        }
+      }
+    }
   }
 }
 

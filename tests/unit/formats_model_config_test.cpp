@@ -165,8 +165,9 @@ TEST(ModelConfig, TinyPresetsAreTheGoldenShapes) {
 }
 
 // Published sizes (model cards): total / activated parameters. The counts include embeddings
-// and exclude DeepSeek's and GLM's MTP layers, as the cards do; DeepSeek, Moonshot, Zhipu and
-// MiniMax leave the input embedding (a table lookup) out of "activated", Qwen and Mistral count it.
+// and exclude DeepSeek's and GLM's MTP layers, as the cards do; DeepSeek, Moonshot, Zhipu,
+// MiniMax and OpenAI leave the input embedding (a table lookup) out of "activated", Qwen and
+// Mistral count it.
 TEST(ModelConfig, PresetParameterCountsMatchModelCards) {
   // How many embedding tables the card leaves out of "activated": 0, the input (a lookup), or
   // both (GLM-4.5 and MiniMax-M2's cards: 12B / 32B / 10B are without the untied lm_head too).
@@ -180,7 +181,8 @@ TEST(ModelConfig, PresetParameterCountsMatchModelCards) {
       {"kimi-k2", 1000, 32, 1},           {"qwen3-30b-a3b", 30.5, 3.3, 0},
       {"qwen2-57b-a14b", 57, 14, 0},      {"mixtral-8x7b", 46.7, 12.9, 0},
       {"glm-4.5-air", 106, 12, 2},        {"glm-4.5", 355, 32, 2},
-      {"minimax-m2", 230, 10, 2},
+      {"minimax-m2", 230, 10, 2},         {"gpt-oss-20b", 20.9, 3.6, 1},
+      {"gpt-oss-120b", 116.8, 5.1, 1},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.preset);
@@ -299,6 +301,10 @@ TEST(ModelConfig, HfErrorsNameFileAndKey) {
                {"cfg.json", "rotary_dim", "66"});  // more than head_dim 64
   expect_error([&] { parse(edited_hf("glm4moe", "num_nextn_predict_layers", 65)); },
                ErrorKind::kFormat, {"cfg.json", "num_nextn_predict_layers"});
+  expect_error([&] { parse(edited_hf("gpt-oss", "swiglu_limit", -7.0)); }, ErrorKind::kFormat,
+               {"cfg.json", "swiglu_limit"});
+  expect_error([&] { parse(edited_hf("gpt-oss", "layer_types", nlohmann::json::array({"x"}))); },
+               ErrorKind::kFormat, {"cfg.json", "layer_types"});
   expect_error([&] { parse("{\"hidden_size\": "); }, ErrorKind::kFormat,
                {"cfg.json", "invalid JSON"});
   expect_error([&] { parse("[1, 2]"); }, ErrorKind::kFormat, {"cfg.json", "object"});
@@ -326,6 +332,11 @@ TEST(ModelConfig, HfUnsupportedNamesWhat) {
                ErrorKind::kUnsupported, {"cfg.json", "scoring_func"});
   expect_error([&] { parse(edited_hf("minimax-m2", "qk_norm_type", "per_head")); },
                ErrorKind::kUnsupported, {"cfg.json", "qk_norm_type", "per_head"});
+  // gpt-oss: windowed layers other than a repeating pattern of windowed then one full.
+  const json types = json::array(
+      {"sliding_attention", "full_attention", "full_attention", "sliding_attention"});
+  expect_error([&] { parse(edited_hf("gpt-oss", "layer_types", types)); },
+               ErrorKind::kUnsupported, {"cfg.json", "layer_types", "layer 2"});
 }
 
 TEST(ModelConfig, HfArchFromModelTypeAndOptionalForms) {
