@@ -312,6 +312,7 @@ size_t held_tail(std::string_view s, const std::vector<std::string_view>& marker
 
 ToolCallSyntax tool_call_syntax(std::string_view src) {
   const auto has = [&](std::string_view s) { return src.find(s) != std::string_view::npos; };
+  if (has("<|channel|>") && has("<|message|>")) return ToolCallSyntax::kHarmony;
   if (has("<minimax:tool_call>")) return ToolCallSyntax::kMiniMax;
   if (has("tool_calls_section_begin")) return ToolCallSyntax::kKimi;
   if (has("tool▁calls▁begin")) {
@@ -348,6 +349,8 @@ const char* tool_call_syntax_name(ToolCallSyntax syntax) {
       return "mistral-args";
     case ToolCallSyntax::kMiniMax:
       return "minimax";
+    case ToolCallSyntax::kHarmony:
+      return "harmony";
   }
   return "?";
 }
@@ -370,6 +373,8 @@ std::string_view tool_call_start(ToolCallSyntax syntax) {
       return "[TOOL_CALLS]";
     case ToolCallSyntax::kMiniMax:
       return "<minimax:tool_call>";
+    case ToolCallSyntax::kHarmony:
+      return "to=functions.";
   }
   return "";
 }
@@ -380,12 +385,123 @@ bool prompt_opens_think(std::string_view prompt) {
 }
 
 ChatStreamParser::ChatStreamParser(ToolCallSyntax syntax, bool in_think, Json tools)
-    : syntax_(tools.is_array() && !tools.empty() ? syntax : ToolCallSyntax::kNone),
+    : syntax_(syntax == ToolCallSyntax::kHarmony || (tools.is_array() && !tools.empty())
+                  ? syntax
+                  : ToolCallSyntax::kNone),
       tools_(std::move(tools)),
       in_think_(in_think),
       seen_think_(in_think) {}
 
+namespace {
+
+constexpr std::string_view kHarmonyMessage = "<|message|>";
+constexpr std::string_view kHarmonyEnds[] = {"<|end|>", "<|return|>", "<|call|>"};
+// A header longer than this without <|message|>: the model is not writing harmony, its text is
+// content as it is.
+constexpr size_t kHarmonyHeaderMax = 256;
+
+// The word after `key` in a harmony header ("<|channel|>analysis", "to=functions.get_weather"):
+// up to a space or the next <|...|> token.
+std::string_view header_word(std::string_view header, std::string_view key) {
+  const size_t at = header.find(key);
+  if (at == std::string_view::npos) return {};
+  std::string_view w = header.substr(at + key.size());
+  return w.substr(0, std::min(w.find(' '), w.find("<|")));
+}
+
+}  // namespace
+
+// Harmony: messages one after another, each a header up to <|message|> (what follows the prompt's
+// `<|start|>assistant`, then `<|start|>assistant ...` for the next) and a body up to <|end|>,
+// <|return|> or <|call|> (the last two end the generation and may not be in the text).
+ChatStreamParser::Delta ChatStreamParser::push_harmony(std::string_view text) {
+  Delta d;
+  pending_ += text;
+  while (!pending_.empty()) {
+    if (harmony_ == Harmony::kHeader) {
+      const size_t at = pending_.find(kHarmonyMessage);
+      if (at == std::string::npos) {
+        if (pending_.size() > kHarmonyHeaderMax) {  // not harmony: plain content from here
+          syntax_ = ToolCallSyntax::kNone;
+          harmony_ = Harmony::kContent;
+          started_content_ = true;
+          d.content += pending_;
+          pending_.clear();
+        }
+        break;
+      }
+      const std::string_view header = std::string_view(pending_).substr(0, at);
+      const std::string_view to = header_word(header, "to=functions.");
+      const std::string_view channel = header_word(header, "<|channel|>");
+      if (!to.empty() && tools_.is_array() && !tools_.empty()) {
+        harmony_ = Harmony::kCall;
+        call_name_ = std::string(to);
+        tool_text_.clear();
+      } else {
+        harmony_ = channel == "analysis" ? Harmony::kReasoning : Harmony::kContent;
+      }
+      pending_.erase(0, at + kHarmonyMessage.size());
+      continue;
+    }
+    size_t end = std::string::npos, end_size = 0;
+    for (std::string_view e : kHarmonyEnds) {
+      const size_t at = pending_.find(e);
+      if (at < end) {
+        end = at;
+        end_size = e.size();
+      }
+    }
+    const size_t body = end != std::string::npos
+                            ? end
+                            : pending_.size() - held_tail(pending_, {kHarmonyEnds[0],
+                                                                     kHarmonyEnds[1],
+                                                                     kHarmonyEnds[2]});
+    harmony_text(&d, std::string_view(pending_).substr(0, body));
+    pending_.erase(0, body);
+    if (end == std::string::npos) break;
+    pending_.erase(0, end_size);
+    end_harmony_message(&d);
+  }
+  return d;
+}
+
+// Body text of the current harmony message to where it goes.
+void ChatStreamParser::harmony_text(Delta* d, std::string_view part) {
+  if (harmony_ == Harmony::kCall) {
+    tool_text_ += part;
+    return;
+  }
+  if (part.empty() || harmony_ == Harmony::kHeader) return;
+  const int k = harmony_ == Harmony::kReasoning ? 0 : 1;
+  std::string& out = k == 0 ? d->reasoning : d->content;
+  if (sep_[k]) out += '\n';
+  sep_[k] = false;
+  wrote_[k] = true;
+  out += part;
+}
+
+// A harmony message's end: a call's body becomes the call (arguments as JSON), or, when it is not
+// a JSON object, the content it was written as.
+void ChatStreamParser::end_harmony_message(Delta* d) {
+  if (harmony_ == Harmony::kCall) {
+    std::string_view body = tool_text_;
+    const Json args = take_json(body);
+    if (args.is_object() && trim(body).empty()) {
+      harmony_calls_.push_back({"", call_name_, args.dump()});
+      tool_text_.clear();
+    } else {
+      harmony_ = Harmony::kContent;
+      const std::string text = std::move(tool_text_);
+      tool_text_.clear();
+      harmony_text(d, text);
+    }
+  }
+  for (int k = 0; k < 2; ++k) sep_[k] = wrote_[k];
+  harmony_ = Harmony::kHeader;
+}
+
 ChatStreamParser::Delta ChatStreamParser::push(std::string_view text) {
+  if (syntax_ == ToolCallSyntax::kHarmony) return push_harmony(text);
   Delta d;
   if (in_tools_) {
     tool_text_ += text;
@@ -449,6 +565,22 @@ ChatStreamParser::Delta ChatStreamParser::push(std::string_view text) {
 
 ChatOutput ChatStreamParser::finish() {
   ChatOutput out;
+  if (syntax_ == ToolCallSyntax::kHarmony) {
+    Delta d;
+    if (harmony_ == Harmony::kHeader) {
+      harmony_ = Harmony::kContent;  // an unfinished header: the text as written
+    }
+    harmony_text(&d, pending_);
+    pending_.clear();
+    end_harmony_message(&d);
+    out.reasoning = std::move(d.reasoning);
+    out.content = std::move(d.content);
+    for (size_t i = 0; i < harmony_calls_.size(); ++i) {
+      harmony_calls_[i].id = fmt::format("call_{}", i);
+    }
+    out.tool_calls = std::move(harmony_calls_);
+    return out;
+  }
   if (in_think_) {
     out.reasoning = std::move(pending_);
   } else {
@@ -488,6 +620,8 @@ ChatOutput ChatStreamParser::finish() {
       break;
     case ToolCallSyntax::kMiniMax:
       ok = parse_minimax(s, tools_, &calls);
+      break;
+    case ToolCallSyntax::kHarmony:  // (push_harmony's)
       break;
   }
   if (!ok) {

@@ -1,8 +1,9 @@
 // A chat model's answer taken apart the way its template put it together: the reasoning a
-// thinking model writes between <think> and </think>, the text for the user, and the tool calls
-// in the syntax the template renders an assistant's `tool_calls` in (each template family has its
-// own). The syntax is recognized from the template's source, so a model's output parses back into
-// what its template would render: parse(render(tool_calls)) == tool_calls.
+// thinking model writes between <think> and </think> (or, in gpt-oss's harmony format, in its
+// `analysis` channel), the text for the user, and the tool calls in the syntax the template
+// renders an assistant's `tool_calls` in (each template family has its own). The syntax is
+// recognized from the template's source, so a model's output parses back into what its template
+// would render: parse(render(tool_calls)) == tool_calls.
 #pragma once
 
 #include <string>
@@ -24,6 +25,11 @@ enum class ToolCallSyntax {
   kMistralList,  // [TOOL_CALLS][{"name": N, "arguments": {...}, "id": I}, ...] (Nemo)
   kMistralArgs,  // [TOOL_CALLS]N[CALL_ID]I[ARGS]{...} (Small 3.2)
   kMiniMax,      // <minimax:tool_call>\n<invoke name="N">\n<parameter name="K">V</parameter>
+  // gpt-oss's harmony messages, [<|start|>assistant]HEADER<|message|>BODY<|end|> / <|return|> /
+  // <|call|>: channel `analysis` -> reasoning, `final` -> content, a header naming
+  // `to=functions.N` -> a call of N with BODY as its arguments. It shapes every answer, with tools
+  // or without.
+  kHarmony,
 };
 
 // The syntax a template renders tool calls in (kNone when it renders none).
@@ -37,7 +43,7 @@ struct ToolCall {
 };
 
 struct ChatOutput {
-  std::string reasoning;  // between <think> and </think>
+  std::string reasoning;  // between <think> and </think> (harmony: the analysis channel)
   std::string content;    // the rest, without the tool calls
   std::vector<ToolCall> tool_calls;
 };
@@ -70,6 +76,17 @@ class ChatStreamParser {
   ChatOutput finish();
 
  private:
+  Delta push_harmony(std::string_view text);
+  void end_harmony_message(Delta* d);
+  // Harmony: a message's header (until <|message|>) or its body; the body's destination.
+  enum class Harmony { kHeader, kReasoning, kContent, kCall };
+  Harmony harmony_ = Harmony::kHeader;
+  // Texts of several messages of a kind are joined with a newline, written before the next
+  // message's first text: [0] reasoning, [1] content. (wrote: some text came; sep: one is due.)
+  bool wrote_[2] = {false, false}, sep_[2] = {false, false};
+  void harmony_text(Delta* d, std::string_view part);
+  std::string call_name_;
+  std::vector<ToolCall> harmony_calls_;
   ToolCallSyntax syntax_;
   jinja::Json tools_;
   bool in_think_;

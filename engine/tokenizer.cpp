@@ -105,9 +105,16 @@ void Tokenizer::Impl::finish(std::string name, TokenId eom) {
     if (id != kNoToken) eog.push_back(id);
   }
   for (const char* s : {"<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>",
-                        "<｜end▁of▁sentence｜>", "<|end_of_text|>", "<|eom_id|>"}) {
+                        "<｜end▁of▁sentence｜>", "<|end_of_text|>", "<|eom_id|>", "<|return|>",
+                        "<|call|>"}) {
     TokenId id = find(s);
     if (id != kNoToken && types[id] == TokenType::kControl) eog.push_back(id);
+  }
+  // gpt-oss's harmony (o200k_harmony): <|return|> and <|call|> end the answer, while <|end|> only
+  // ends one of its messages (the analysis before the final one), as llama.cpp decides.
+  const TokenId ret = find("<|return|>"), call = find("<|call|>"), end = find("<|end|>");
+  if (ret != kNoToken && call != kNoToken && end != kNoToken && end != eos) {
+    std::erase(eog, end);
   }
   std::sort(eog.begin(), eog.end());
   eog.erase(std::unique(eog.begin(), eog.end()), eog.end());

@@ -405,9 +405,14 @@ ApiRequest parse_chat_request(const Json& body, const ModelInfo& m) {
   r.prompt = std::move(p.ids);
   r.in_think = prompt_opens_think(p.text);
   r.tools = tools;
-  r.tool_syntax = tools.is_null() ? ToolCallSyntax::kNone : m.tool_syntax;
+  // Harmony (gpt-oss) shapes every answer (its reasoning is a channel); the other syntaxes are
+  // parsed when the request has tools.
+  r.tool_syntax = tools.is_null() && m.tool_syntax != ToolCallSyntax::kHarmony
+                      ? ToolCallSyntax::kNone
+                      : m.tool_syntax;
   r.params.continues_prompt = false;
-  // A tool call's markers may be control tokens: written out so that they parse.
+  // A tool call's markers (harmony's channels) may be control tokens: written out so that they
+  // parse.
   r.params.special_text = r.tool_syntax != ToolCallSyntax::kNone;
   if (r.prompt.empty()) bad_request("messages", "the rendered prompt is empty");
   return r;

@@ -97,7 +97,10 @@ TEST(ChatOutput, EveryTemplatesToolCallsParseBackIntoTheCallsItRendered) {
       const ChatOutput out = piece > r.answer.size()
                                  ? parse_chat_output(r.answer, syntax, in_think, tools)
                                  : parse_streamed(r.answer, syntax, in_think, tools, piece);
-      ASSERT_EQ(out.tool_calls.size(), assistant["tool_calls"].size()) << "piece " << piece;
+      // (gpt-oss's template renders a message's first call only: one call per harmony message.)
+      const size_t rendered =
+          syntax == ToolCallSyntax::kHarmony ? 1 : assistant["tool_calls"].size();
+      ASSERT_EQ(out.tool_calls.size(), rendered) << "piece " << piece;
       for (size_t i = 0; i < out.tool_calls.size(); ++i) {
         const Json& want = assistant["tool_calls"][i]["function"];
         EXPECT_EQ(out.tool_calls[i].name, want["name"].get<std::string>());
@@ -109,8 +112,8 @@ TEST(ChatOutput, EveryTemplatesToolCallsParseBackIntoTheCallsItRendered) {
     ++parsed_templates;
   }
   // hermes (Qwen2.5, Qwen3), qwen3-coder, glm, deepseek-v3, deepseek-r1, kimi, mistral (both),
-  // minimax
-  EXPECT_GE(parsed_templates, 9);
+  // minimax, harmony
+  EXPECT_GE(parsed_templates, 10);
 }
 
 TEST(ChatOutput, SyntaxesAreRecognizedFromTheTemplates) {
@@ -127,6 +130,63 @@ TEST(ChatOutput, SyntaxesAreRecognizedFromTheTemplates) {
   EXPECT_EQ(syntax_of("mistralai-Mistral-Nemo-Instruct-2407.jinja"), ToolCallSyntax::kMistralList);
   EXPECT_EQ(syntax_of("Mistral-Small-3.2-24B-Instruct-2506.jinja"), ToolCallSyntax::kMistralArgs);
   EXPECT_EQ(syntax_of("MiniMax-M2.jinja"), ToolCallSyntax::kMiniMax);
+  EXPECT_EQ(syntax_of("openai-gpt-oss-120b.jinja"), ToolCallSyntax::kHarmony);
+}
+
+// gpt-oss's harmony messages: the template's own rendering of an assistant turn with its
+// thinking (the analysis channel) and its answer (the final channel) parses back into them, whole
+// and streamed, with or without tools; a call's message after the analysis; text that is not
+// harmony stays content.
+TEST(ChatOutput, HarmonyChannelsSplitReasoningContentAndCalls) {
+  const ChatTemplate t(read_file(templates_dir() / "openai-gpt-oss-120b.jinja"), "gpt-oss");
+  const Json conv = Json::parse(read_file(templates_dir() / "conversations.json"));
+  const Json& msgs = conv["reasoning_last"]["messages"];
+  Json assistant = msgs[2];
+  assistant["thinking"] = assistant["reasoning_content"];
+  const Rendered r =
+      render_answer(t, Json::array({msgs[0], msgs[1]}), assistant, Json(nullptr));
+  ASSERT_NE(r.answer.find("<|channel|>analysis<|message|>"), std::string::npos) << r.answer;
+  const Json tools = conv["tools"]["tools"];
+  for (const Json& with : {Json(nullptr), tools}) {
+    for (size_t piece : {r.answer.size() + 1, size_t{1}, size_t{5}}) {
+      SCOPED_TRACE(r.answer + " piece " + std::to_string(piece));
+      const ChatOutput o =
+          piece > r.answer.size()
+              ? parse_chat_output(r.answer, ToolCallSyntax::kHarmony, false, with)
+              : parse_streamed(r.answer, ToolCallSyntax::kHarmony, false, with, piece);
+      EXPECT_EQ(o.reasoning, assistant["thinking"].get<std::string>());
+      EXPECT_EQ(o.content, assistant["content"].get<std::string>());
+      EXPECT_TRUE(o.tool_calls.empty());
+    }
+  }
+  // As a model writes a call after its reasoning (the recipient after the channel, a
+  // constraint), its end token <|call|> not in the text (it ends the generation).
+  const std::string call =
+      "<|channel|>analysis<|message|>Need the weather.<|end|><|start|>assistant<|channel|>"
+      "commentary to=functions.get_weather <|constrain|>json<|message|>{\"city\": \"Paris\"}";
+  for (size_t piece : {call.size() + 1, size_t{1}, size_t{3}}) {
+    const ChatOutput o = piece > call.size()
+                             ? parse_chat_output(call, ToolCallSyntax::kHarmony, false, tools)
+                             : parse_streamed(call, ToolCallSyntax::kHarmony, false, tools, piece);
+    EXPECT_EQ(o.reasoning, "Need the weather.");
+    EXPECT_EQ(o.content, "");
+    ASSERT_EQ(o.tool_calls.size(), 1u) << piece;
+    EXPECT_EQ(o.tool_calls[0].name, "get_weather");
+    EXPECT_EQ(Json::parse(o.tool_calls[0].arguments), Json::parse(R"({"city": "Paris"})"));
+  }
+  // Without tools in the request the same message is text; arguments that are not a JSON object
+  // stay text too.
+  EXPECT_EQ(parse_chat_output(call, ToolCallSyntax::kHarmony, false, Json(nullptr)).content,
+            "{\"city\": \"Paris\"}");
+  const ChatOutput broken = parse_chat_output(
+      "<|channel|>commentary to=functions.f<|message|>{\"a\": ", ToolCallSyntax::kHarmony, false,
+      tools);
+  EXPECT_TRUE(broken.tool_calls.empty());
+  EXPECT_EQ(broken.content, "{\"a\":");
+  // A model that does not write harmony: its text is the content.
+  const std::string plain(300, 'x');
+  EXPECT_EQ(parse_streamed(plain, ToolCallSyntax::kHarmony, false, Json(nullptr), 7).content,
+            plain);
 }
 
 TEST(ChatOutput, ReasoningIsSplitFromTheAnswer) {
