@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Writes the golden data of the architectures tandem synthesizes itself (tests/data/golden):
 #   scripts/golden/make-golden.sh LLAMA_CPP_DIR LLAMA_CPP_BUILD_DIR [ARCH ...]
-# For each arch (default: glm4moe minimax-m2): `tandem synth` writes the tiny model as F32 GGUF,
+# For each arch (default: glm4moe minimax-m2 gpt-oss): `tandem synth` writes the tiny model as F32 GGUF,
 # BF16 HF, Q8_0, Q4_K_M and MXFP4_MOE GGUF (seed 1234, the golden vocabulary of qwen3moe.gguf), and
 # llama.cpp (scripts/golden/llama_ref.cpp, compiled here against LLAMA_CPP_BUILD_DIR) computes
 # the logits of every position of the two golden prompts, the 16 greedy tokens after them, the
@@ -12,7 +12,7 @@ llama=${1:?llama.cpp source directory}
 build=${2:?llama.cpp build directory (holding bin/libllama.so)}
 shift 2
 arches=("$@")
-[ ${#arches[@]} -gt 0 ] || arches=(glm4moe minimax-m2)
+[ ${#arches[@]} -gt 0 ] || arches=(glm4moe minimax-m2 gpt-oss)
 root=$(cd "$(dirname "$0")/../.." && pwd)
 out=$root/tests/data/golden
 tandem=${TANDEM:-$root/build/tandem}
