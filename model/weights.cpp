@@ -324,8 +324,8 @@ void gpt_oss_experts(Source& s, const ModelConfig& c, const std::string& prefix,
       return matrix(t.dtype, rows, cols, [&](int64_t r, uint8_t* out) {
         const int64_t e = r / rows, i = r % rows;
         for (int64_t j = 0; j < cols; ++j) {
-          std::memcpy(out + j * size, src + ((e * cols + j) * rows * step + i * step + offset) * size,
-                      size);
+          const int64_t at = (e * cols + j) * rows * step + i * step + offset;
+          std::memcpy(out + j * size, src + at * size, size);
         }
       });
     };

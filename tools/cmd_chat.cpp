@@ -11,12 +11,14 @@
 #include <chrono>
 #include <cstdio>
 #include <iostream>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "core/error.h"
 #include "core/thread_pool.h"
 #include "engine/chat.h"
+#include "engine/chat_output.h"
 #include "engine/engine.h"
 #include "engine/generator.h"
 #include "engine/sampling.h"
@@ -89,6 +91,18 @@ class ChatSession {
     p.sampling.seed = args_.sampling.seed + turns_++;
     p.max_tokens = args_.n_predict;
     p.continues_prompt = false;
+    // gpt-oss answers in harmony messages: its channels (control tokens) are parsed, the
+    // reasoning (analysis) goes to stderr, the final answer to stdout and into the history.
+    std::unique_ptr<ChatStreamParser> harmony;
+    if (tool_call_syntax(tmpl_.source()) == ToolCallSyntax::kHarmony) {
+      p.special_text = true;
+      harmony = std::make_unique<ChatStreamParser>(ToolCallSyntax::kHarmony, false, nullptr);
+    }
+    auto show = [&](const std::string& reasoning, const std::string& content) {
+      if (!reasoning.empty()) std::fputs(reasoning.c_str(), stderr);
+      std::fputs(content.c_str(), stdout);
+      std::fflush(stdout);
+    };
     const RequestId id = gen_.submit(prompt, p);
     std::string answer;
     const char* stop = "end of answer";
@@ -107,9 +121,14 @@ class ChatSession {
         prefilled = u.prompt - u.cached;
       }
       for (const GenerateEvent& ev : events) {
-        answer += ev.text;
-        std::fputs(ev.text.c_str(), stdout);
-        std::fflush(stdout);
+        if (harmony != nullptr) {
+          const ChatStreamParser::Delta d = harmony->push(ev.text);
+          answer += d.content;
+          show(d.reasoning, d.content);
+        } else {
+          answer += ev.text;
+          show("", ev.text);
+        }
         if (ev.token >= 0 && ev.finish != FinishReason::kStop) ++generated;
         switch (ev.finish) {
           case FinishReason::kLength: stop = "-n reached"; break;
@@ -122,6 +141,11 @@ class ChatSession {
           default: break;
         }
       }
+    }
+    if (harmony != nullptr) {
+      const ChatOutput rest = harmony->finish();
+      answer += rest.content;
+      show(rest.reasoning, rest.content);
     }
     std::fputs("\n", stdout);
     std::fflush(stdout);

@@ -13,6 +13,7 @@
 #include "core/error.h"
 #include "core/thread_pool.h"
 #include "engine/chat.h"
+#include "engine/chat_output.h"
 #include "engine/engine.h"
 #include "engine/generator.h"
 #include "engine/sampling.h"
@@ -103,9 +104,16 @@ void run_model(const RunArgs& a) {
   const Tokenizer* tokenizer = nullptr;
   if (a.has_prompt || output == "text" || !a.stop.empty()) tokenizer = &engine.tokenizer();
   std::vector<int32_t> prompt;
+  // --chat with a harmony template (gpt-oss): the answer's channels are parsed; the reasoning to
+  // stderr, the final answer to stdout.
+  std::unique_ptr<ChatStreamParser> harmony;
   if (a.has_prompt && a.chat) {
     const jinja::Json messages = jinja::Json::array({{{"role", "user"}, {"content", a.prompt}}});
-    prompt = render_chat(chat_template_for(engine.weights()), *tokenizer, messages, true);
+    const ChatTemplate tmpl = chat_template_for(engine.weights());
+    prompt = render_chat(tmpl, *tokenizer, messages, true);
+    if (tool_call_syntax(tmpl.source()) == ToolCallSyntax::kHarmony && output == "text") {
+      harmony = std::make_unique<ChatStreamParser>(ToolCallSyntax::kHarmony, false, nullptr);
+    }
   } else if (a.has_prompt) {
     prompt = tokenizer->encode(a.prompt, /*add_special=*/true);
     if (prompt.empty()) fail(ErrorKind::kInvalidArgument, "-p: the prompt is empty");
@@ -153,6 +161,7 @@ void run_model(const RunArgs& a) {
   gp.ignore_eos = a.ignore_eos;
   gp.stop = a.stop;
   gp.continues_prompt = !a.chat;  // --chat: the answer alone
+  gp.special_text = harmony != nullptr;
   std::unique_ptr<OutputFile> logits_out;  // (checked writes; in place once complete)
   if (!a.logits_out.empty()) {
     logits_out = std::make_unique<OutputFile>(a.logits_out);
@@ -178,7 +187,11 @@ void run_model(const RunArgs& a) {
     }
     for (const GenerateEvent& ev : events) {
       if (ev.finish == FinishReason::kError) fail(ErrorKind::kResource, "{}", ev.error);
-      if (output == "text") {
+      if (harmony != nullptr) {
+        const ChatStreamParser::Delta d = harmony->push(ev.text);
+        std::fputs(d.reasoning.c_str(), stderr);
+        std::fputs(d.content.c_str(), stdout);
+      } else if (output == "text") {
         std::fputs(ev.text.c_str(), stdout);
       } else if (ev.token >= 0) {
         std::fprintf(stdout, generated == 0 ? "%d" : " %d", ev.token);
@@ -187,6 +200,11 @@ void run_model(const RunArgs& a) {
       generated += ev.token >= 0;
       finish = ev.finish;
     }
+  }
+  if (harmony != nullptr) {
+    const ChatOutput rest = harmony->finish();
+    std::fputs(rest.reasoning.c_str(), stderr);
+    std::fputs(rest.content.c_str(), stdout);
   }
   std::fprintf(stdout, "\n");
   std::fflush(stdout);

@@ -86,6 +86,12 @@ void print_config(const ModelConfig& c) {
   if (c.nextn_layers > 0) num("nextn_layers (not run)", c.nextn_layers);
   flag("tie_word_embeddings", c.tie_word_embeddings);
   if (c.sliding_window > 0) num("sliding_window", c.sliding_window);
+  if (c.swa_period > 0) {
+    row("window layers",
+        fmt::format("{} of every {} (from layer 0)", c.swa_period - 1, c.swa_period));
+  }
+  if (c.attn_sinks) flag("attention sinks", true);
+  if (c.swiglu_limit > 0) row("swiglu", fmt::format("clamped at {} (alpha 1.702)", c.swiglu_limit));
   num("bos_token_id", c.bos_token_id);
   num("eos_token_id", c.eos_token_id);
 }

@@ -727,8 +727,8 @@ void gemm_f32_kn(const float* a, int64_t lda, int64_t m, const float* b, int64_t
 
 bool attention_splits_cache(const ops::AttentionArgs& a, const ThreadPool* pool, Isa isa) {
   return std::min(isa, best_isa()) >= Isa::kAvx512 && pool != nullptr && pool->size() > 0 &&
-         a.window == 0 && a.sinks == nullptr && a.n_tokens == 1 && a.n_kv_heads == 1 && a.n_heads >= 8 && a.n_heads <= 256 &&
-         a.pos0 + 1 >= kLongDecodeContext;
+         a.window == 0 && a.sinks == nullptr && a.n_tokens == 1 && a.n_kv_heads == 1 &&
+         a.n_heads >= 8 && a.n_heads <= 256 && a.pos0 + 1 >= kLongDecodeContext;
 }
 
 void attention(const ops::AttentionArgs& a, ThreadPool* pool, Isa isa) {

@@ -292,7 +292,8 @@ TEST(Synth, GptOssHfExpertsLoadAsTheGgufOnes) {
       // transformers' dequantization of the release's blocks, by hand: value 2 i = FP4 of byte
       // i's low nibble, 2 i + 1 of its high one, times 2^(scale - 127); row 1 of gate_up_proj
       // is expert 0's first up row.
-      const float kFp4[16] = {0, 0.5f, 1, 1.5f, 2, 3, 4, 6, -0.0f, -0.5f, -1, -1.5f, -2, -3, -4, -6};
+      const float kFp4[16] = {0,     0.5f,  1,  1.5f,  2,  3,  4,  6,
+                              -0.0f, -0.5f, -1, -1.5f, -2, -3, -4, -6};
       const SafetensorsModel st = SafetensorsModel::open(dir / "hf");
       const Tensor blocks = st.tensor("model.layers.1.mlp.experts.gate_up_proj_blocks");
       const Tensor scales = st.tensor("model.layers.1.mlp.experts.gate_up_proj_scales");
