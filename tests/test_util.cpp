@@ -7,6 +7,7 @@
 #include <atomic>
 #include <cstdlib>
 #include <fstream>
+#include <random>
 #include <sstream>
 #include <stdexcept>
 
@@ -15,6 +16,14 @@
 #include "formats/gguf.h"
 
 namespace tandem::test {
+
+std::vector<float> random_values(int64_t n, uint32_t seed, float sigma) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> dist(0.0f, sigma);
+  std::vector<float> v(static_cast<size_t>(n));
+  for (float& x : v) x = dist(rng);
+  return v;
+}
 namespace fs = std::filesystem;
 
 fs::path data_path(const std::string& relative) {

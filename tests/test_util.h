@@ -3,14 +3,19 @@
 // itself); a missing file fails the test, it never skips it.
 #pragma once
 
+#include <cstdint>
 #include <filesystem>
 #include <string>
+#include <vector>
 
 namespace tandem {
 class GgufFile;
 }
 
 namespace tandem::test {
+
+// n values drawn from N(0, sigma^2) by std::mt19937(seed): the random inputs of kernel tests.
+std::vector<float> random_values(int64_t n, uint32_t seed, float sigma = 1.0f);
 
 // tests/data/<relative>; fails the current test (ADD_FAILURE + throws) when it does not exist.
 std::filesystem::path data_path(const std::string& relative);

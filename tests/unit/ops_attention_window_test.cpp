@@ -5,7 +5,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <random>
 #include <tuple>
 #include <vector>
 
@@ -16,16 +15,30 @@
 #include "ops/cpu/kern_gguf.h"
 #include "ops/cpu/kernels.h"
 #include "ops/cpu/ref_ops.h"
+#include "tests/test_util.h"
 
 namespace tandem {
 namespace {
 
-std::vector<float> normal(int64_t n, uint32_t seed, float sd = 1.0f) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> dist(0.0f, sd);
-  std::vector<float> v(static_cast<size_t>(n));
-  for (float& x : v) x = dist(rng);
-  return v;
+using test::random_values;
+
+// Attention of n tokens after pos0 cached positions over contiguous rows of heads / kv_heads
+// heads of d values (keys and values side by side per position), scale 1/8.
+ops::AttentionArgs args(const float* q, int64_t n, int64_t heads, int64_t kv_heads, int64_t d,
+                        int64_t pos0, int64_t window, const float* sinks) {
+  ops::AttentionArgs a;
+  a.q = q;
+  a.q_stride = heads * d;
+  a.n_tokens = n;
+  a.n_heads = heads;
+  a.n_kv_heads = kv_heads;
+  a.dk = a.dv = d;
+  a.k_stride = a.v_stride = kv_heads * d;
+  a.pos0 = pos0;
+  a.scale = 0.125f;
+  a.window = window;
+  a.sinks = sinks;
+  return a;
 }
 
 // The formula: query t (position pos0 + t), head h attends to positions
@@ -77,25 +90,15 @@ TEST(AttentionWindowSinks, ReferenceKernelsAndDecodeAgree) {
         for (auto [pos0, n] : {std::pair<int64_t, int64_t>{0, 9}, {7, 40}, {250, 300}}) {
           if (heads == 64 && n == 300) continue;  // (time: the small shapes cover it)
           const int64_t ctx = pos0 + n;
-          const std::vector<float> q = normal(n * heads * d, 1);
-          const std::vector<float> k = normal(ctx * kv_heads * d, 2);
-          const std::vector<float> v = normal(ctx * kv_heads * d, 3);
-          // Sinks from -3 to 6: below and above the scores (the sink the maximum, or not).
-          const std::vector<float> sinks = normal(heads, 4, 3.0f);
-          ops::AttentionArgs a;
-          a.q = q.data();
-          a.q_stride = heads * d;
-          a.n_tokens = n;
-          a.n_heads = heads;
-          a.n_kv_heads = kv_heads;
-          a.dk = a.dv = d;
+          const std::vector<float> q = random_values(n * heads * d, 1);
+          const std::vector<float> k = random_values(ctx * kv_heads * d, 2);
+          const std::vector<float> v = random_values(ctx * kv_heads * d, 3);
+          // Sinks of sd 3: below and above the scores (the sink the maximum, or not).
+          const std::vector<float> sinks = random_values(heads, 4, 3.0f);
+          ops::AttentionArgs a = args(q.data(), n, heads, kv_heads, d, pos0, window,
+                                      sinks_on ? sinks.data() : nullptr);
           a.k = k.data();
           a.v = v.data();
-          a.k_stride = a.v_stride = kv_heads * d;
-          a.pos0 = pos0;
-          a.scale = 0.125f;
-          a.window = window;
-          a.sinks = sinks_on ? sinks.data() : nullptr;
           const std::string what = "heads " + std::to_string(heads) + " window " +
                                    std::to_string(window) + " sinks " +
                                    std::to_string(sinks_on) + " pos0 " + std::to_string(pos0);
@@ -140,28 +143,17 @@ TEST(AttentionWindowSinks, Bf16CacheEqualsSegmentsReference) {
   if (best_isa() < Isa::kAvx512Bf16) GTEST_SKIP() << "no AVX-512 BF16 here";
   ThreadPool pool(place_workers(detect_topology(), 2));
   const int64_t heads = 8, kv_heads = 2, d = 64, pos0 = 200, n = 120, ctx = pos0 + n;
-  const std::vector<float> q = normal(n * heads * d, 5);
-  const std::vector<float> kf = normal(ctx * kv_heads * d, 6);
-  const std::vector<float> vf = normal(ctx * kv_heads * d, 7);
-  const std::vector<float> sinks = normal(heads, 8, 2.0f);
+  const std::vector<float> q = random_values(n * heads * d, 5);
+  const std::vector<float> kf = random_values(ctx * kv_heads * d, 6);
+  const std::vector<float> vf = random_values(ctx * kv_heads * d, 7);
+  const std::vector<float> sinks = random_values(heads, 8, 2.0f);
   std::vector<uint16_t> kb(kf.size()), vb(vf.size());
   for (size_t i = 0; i < kf.size(); ++i) kb[i] = f32_to_bf16(kf[i]);
   for (size_t i = 0; i < vf.size(); ++i) vb[i] = f32_to_bf16(vf[i]);
   for (const int64_t window : {int64_t{0}, int64_t{100}}) {
-    ops::AttentionArgs a;
-    a.q = q.data();
-    a.q_stride = heads * d;
-    a.n_tokens = n;
-    a.n_heads = heads;
-    a.n_kv_heads = kv_heads;
-    a.dk = a.dv = d;
+    ops::AttentionArgs a = args(q.data(), n, heads, kv_heads, d, pos0, window, sinks.data());
     a.k16 = kb.data();
     a.v16 = vb.data();
-    a.k_stride = a.v_stride = kv_heads * d;
-    a.pos0 = pos0;
-    a.scale = 0.125f;
-    a.window = window;
-    a.sinks = sinks.data();
     std::vector<float> want(static_cast<size_t>(n * heads * d)), got(want.size());
     a.out = want.data();
     ops::attention_bf16_segments(a, kern::detail::kSegment);

@@ -24,6 +24,7 @@
 #include "ops/cpu/q4k_x16.h"
 #include "ops/cpu/q6k_x16.h"
 #include "ops/cpu/ref_ops.h"
+#include "tests/test_util.h"
 
 namespace tandem {
 namespace {
@@ -35,13 +36,7 @@ struct Case {
 
 class Kernels : public ::testing::TestWithParam<Case> {};
 
-std::vector<float> random_values(int64_t n, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> dist(0.0f, 1.0f);
-  std::vector<float> v(static_cast<size_t>(n));
-  for (float& x : v) x = dist(rng);
-  return v;
-}
+using test::random_values;
 
 struct Matrix {
   std::vector<uint8_t> bytes;

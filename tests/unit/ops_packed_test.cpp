@@ -22,17 +22,12 @@
 #include "formats/quant.h"
 #include "ops/cpu/packed.h"
 #include "ops/cpu/packed_kernels.h"
+#include "tests/test_util.h"
 
 namespace tandem::kern {
 namespace {
 
-std::vector<float> random_values(int64_t n, uint32_t seed, float sigma = 1.0f) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> dist(0.0f, sigma);
-  std::vector<float> v(static_cast<size_t>(n));
-  for (float& x : v) x = dist(rng);
-  return v;
-}
+using test::random_values;
 
 ops::Weight f32_weight(std::vector<float>& v, int64_t rows, int64_t cols) {
   return ops::Weight(Tensor::dense(DType::kF32, {rows, cols}, v.data()));
