@@ -9,6 +9,7 @@
 #include <functional>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <thread>
 #include <unordered_set>
 
 #include "core/error.h"
@@ -265,12 +266,22 @@ LayerNames hf_names(const ModelConfig& c, int64_t l) {
 void gpt_oss_experts(Source& s, const ModelConfig& c, const std::string& prefix,
                      ExpertWeights& x) {
   const int64_t ne = c.n_experts, ff = c.moe_intermediate_size, hd = c.hidden_size;
-  // One [ne * rows, cols] matrix of `dtype`, its rows filled by fill(row, out): views per expert.
+  // One [ne * rows, cols] matrix of `dtype`, its rows filled by fill(row, out) (pure memory work,
+  // spread over the cores: a released checkpoint's experts are tens of GB): views per expert.
   auto matrix = [&](DType dtype, int64_t rows, int64_t cols, auto&& fill) {
-    const int64_t row_bytes = dtype_bytes(dtype, cols);
-    uint8_t* data = s.own(static_cast<size_t>(ne * rows * row_bytes));
-    for (int64_t r = 0; r < ne * rows; ++r) fill(r, data + r * row_bytes);
-    return ops::Weight(Tensor::dense(dtype, {ne * rows, cols}, data));
+    const int64_t row_bytes = dtype_bytes(dtype, cols), total = ne * rows;
+    uint8_t* data = s.own(static_cast<size_t>(total * row_bytes));
+    const int64_t n = std::clamp<int64_t>(std::thread::hardware_concurrency(), 1, 64);
+    std::vector<std::thread> threads;
+    for (int64_t i = 0; i < n; ++i) {
+      threads.emplace_back([&, i] {
+        for (int64_t r = total * i / n; r < total * (i + 1) / n; ++r) {
+          fill(r, data + r * row_bytes);
+        }
+      });
+    }
+    for (std::thread& t : threads) t.join();
+    return ops::Weight(Tensor::dense(dtype, {total, cols}, data));
   };
   auto split = [&](const ops::Weight& all, std::vector<ops::Weight>& out, int64_t rows) {
     for (int64_t e = 0; e < ne; ++e) out.push_back(all.row_range(e * rows, rows));
