@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <limits>
 
 #include "core/tensor.h"
 
@@ -86,6 +87,11 @@ struct AttentionArgs {
   const float* sinks = nullptr;  // [n_heads] logits (unscaled), or nullptr: none
   float* out = nullptr;
 };
+
+// Head h's sink logit; -infinity (a term e^-inf = 0: no sink) without sinks.
+inline float sink_of(const AttentionArgs& a, int64_t h) {
+  return a.sinks != nullptr ? a.sinks[h] : -std::numeric_limits<float>::infinity();
+}
 
 // The first cached position a query at position `pos` attends to.
 inline int64_t first_key(const AttentionArgs& a, int64_t pos) {

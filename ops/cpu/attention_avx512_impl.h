@@ -243,7 +243,7 @@ struct SegmentFold {
 
 // The query rows of one task: they share the keys k0 and values v0 (rows a.k_stride / a.v_stride
 // apart); row r attends to keys lo[r] .. n_ctx[r] - 1 of them (both ascending in r) and writes
-// out[r]; with a.sinks, sink[r] is its softmax's sink.
+// out[r]; sink[r] is its softmax's sink (-infinity: none, ops::sink_of).
 struct Rows {
   const float* q[kMaxRows];
   int64_t lo[kMaxRows];
@@ -473,8 +473,9 @@ void rows_task(const ops::AttentionArgs& a, const Rows& rows, const Lane<typenam
     }
   }
   for (int64_t r = 0; r < rows.n; ++r) {
-    float keep = 1.0f;  // the sink: a last segment of one key, numerator 1, value 0
-    if (a.sinks != nullptr) fold[r].add(rows.sink[r], 1.0f, &keep, &fb[r]);
+    // The sink: a last segment of one key, numerator 1, value 0 (-infinity: keep 1, l as it is).
+    float keep;
+    fold[r].add(rows.sink[r], 1.0f, &keep, &fb[r]);
     const __m512 inv = _mm512_set1_ps(keep / fold[r].l);
     for (int64_t j = 0; j < a.dv; j += 16) {
       const __mmask16 m = tail_mask(j, a.dv);
@@ -524,7 +525,7 @@ void task(const ops::AttentionArgs& a, int64_t t, int64_t g, int64_t hb, int64_t
       rows.q[r] = q0 + (h0 + r) * a.dk;
       rows.lo[r] = ops::first_key(a, a.pos0 + t);
       rows.n_ctx[r] = a.pos0 + t + 1;
-      rows.sink[r] = a.sinks != nullptr ? a.sinks[base + h0 + r] : 0.0f;
+      rows.sink[r] = ops::sink_of(a, base + h0 + r);
       rows.out[r] = a.out + (t * a.n_heads + base + h0 + r) * a.dv;
     }
     rows_any<Kv>(a, nh, rows, key_rows<Kv>(a, g), value_rows<Kv>(a, g), scores, dummy,
@@ -543,7 +544,7 @@ void tokens(const ops::AttentionArgs& a, int64_t t0, int64_t t1, int64_t g, floa
       rows.q[r] = a.q + (b + r) * a.q_stride + g * a.dk;
       rows.lo[r] = ops::first_key(a, a.pos0 + b + r);
       rows.n_ctx[r] = a.pos0 + b + r + 1;
-      rows.sink[r] = a.sinks != nullptr ? a.sinks[g] : 0.0f;
+      rows.sink[r] = ops::sink_of(a, g);
       rows.out[r] = a.out + ((b + r) * a.n_heads + g) * a.dv;
     }
     rows_any<Kv>(a, 4, rows, key_rows<Kv>(a, g), value_rows<Kv>(a, g), scores, dummy, false);
@@ -558,7 +559,7 @@ inline Rows decode_rows(const ops::AttentionArgs& a) {
     rows.q[r] = a.q + r * a.dk;
     rows.lo[r] = 0;  // (no window, no sinks: kern::attention_splits_cache)
     rows.n_ctx[r] = a.pos0 + 1;
-    rows.sink[r] = 0.0f;
+    rows.sink[r] = ops::sink_of(a, r);
     rows.out[r] = a.out + r * a.dv;
   }
   return rows;

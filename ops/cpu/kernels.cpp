@@ -842,11 +842,7 @@ void attention(const ops::AttentionArgs& a, ThreadPool* pool, Isa isa) {
     for (int64_t h = 0; h < group; ++h) {
       float* sc = scores.data() + h * n_ctx;
       for (int64_t s = 0; s < n_ctx; ++s) sc[s] *= a.scale;
-      if (a.sinks != nullptr) {
-        ops::softmax_with_sink(sc, n_ctx, a.sinks[g * group + h]);
-      } else {
-        ops::softmax(sc, n_ctx);
-      }
+      ops::softmax_with_sink(sc, n_ctx, ops::sink_of(a, g * group + h));
       float* out = a.out + (t * a.n_heads + g * group + h) * a.dv;
       std::fill(out, out + a.dv, 0.0f);
       for (int64_t s = 0; s < n_ctx; ++s) {

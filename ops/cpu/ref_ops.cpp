@@ -410,11 +410,7 @@ void attention(const AttentionArgs& any_cache, ThreadPool* pool) {
     for (int64_t s = lo; s < n_ctx; ++s) {
       scores[s - lo] = dot(q, a.k + s * a.k_stride + g * k_head_stride(a), a.dk) * a.scale;
     }
-    if (a.sinks != nullptr) {
-      softmax_with_sink(scores.data(), n_ctx - lo, a.sinks[h]);
-    } else {
-      softmax(scores.data(), n_ctx - lo);
-    }
+    softmax_with_sink(scores.data(), n_ctx - lo, sink_of(a, h));
     float* out = a.out + (t * a.n_heads + h) * a.dv;
     std::fill(out, out + a.dv, 0.0f);
     for (int64_t s = lo; s < n_ctx; ++s) {

@@ -41,7 +41,7 @@ void rms_norm(const float* x, const float* w, int64_t n, float eps, float* out);
 
 void softmax(float* x, int64_t n);  // in place, max-subtracted
 // softmax with one more term e^(sink - m) in the denominator (m = max(x, sink)): gpt-oss's
-// attention sinks.
+// attention sinks. A sink of -infinity gives softmax's bits.
 void softmax_with_sink(float* x, int64_t n, float sink);
 // out[i] = silu(gate[i]) * up[i], silu(x) = x * sigmoid(x) (defined at the end)
 void swiglu(const float* gate, const float* up, int64_t n, float* out);
