@@ -539,6 +539,46 @@ void BM_LmHeadQ6KX16(benchmark::State& state) {
 }
 BENCHMARK(BM_LmHeadQ6KX16)->UseRealTime()->MinTime(0.3);
 
+// A few tokens (the arg: 1-32, a batched decode step's tokens per expert or per dense matrix) on
+// 1 MiB of Q4_K or Q6_K rows of 2048 columns in x16 tiles, by kern::gemm on one thread: the
+// kernels' own speed from L2 (with more than one token they are compute-bound: the weights come
+// once from DRAM, the tokens after the first from cache). items_per_second = 2 x multiply-adds.
+// TANDEM_BENCH_GEMV_KIB=N: N KiB instead.
+void BM_FewTokensX16(benchmark::State& state, DType dtype) {
+  if (best_isa() < Isa::kAvx512Vnni) {
+    state.SkipWithError("no AVX-512 VNNI here (the x16 tile kernels)");
+    return;
+  }
+  constexpr int64_t kCols = 2048;
+  const int64_t tokens = state.range(0);
+  const char* kib = std::getenv("TANDEM_BENCH_GEMV_KIB");
+  const int64_t bytes = kib != nullptr ? std::atoll(kib) << 10 : int64_t{1} << 20;
+  const int64_t rows = std::max<int64_t>(
+      16, bytes / static_cast<int64_t>(dtype_bytes(dtype, kCols)) / 16 * 16);
+  const Weights w = make_weights(dtype, rows, kCols);
+  const kern::KMatrix x16 = dtype == DType::kQ4_K ? kern::q4k_x16_matrix(w.m, AllocOptions{})
+                                                  : kern::q6k_x16_matrix(w.m, AllocOptions{});
+  std::vector<float> x(static_cast<size_t>(tokens * kCols));
+  std::vector<float> y(static_cast<size_t>(tokens * rows));
+  std::mt19937 rng(2);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (float& v : x) v = normal(rng);
+  kern::Activations a;
+  kern::quantize_activations(kern::AFormat::kQ8_K, 0, x.data(), tokens, kCols, kCols, &a);
+  for (auto _ : state) {
+    kern::gemm(x16, a, 0, rows, y.data(), rows);
+    benchmark::DoNotOptimize(y.data());
+  }
+  state.SetBytesProcessed(state.iterations() * static_cast<int64_t>(x16.bytes()));
+  state.SetItemsProcessed(state.iterations() * 2 * rows * kCols * tokens);
+}
+BENCHMARK_CAPTURE(BM_FewTokensX16, q4_k, DType::kQ4_K)
+    ->Arg(1)->Arg(2)->Arg(3)->Arg(4)->Arg(6)->Arg(8)->Arg(12)->Arg(16)->Arg(32)
+    ->UseRealTime()->MinTime(0.3);
+BENCHMARK_CAPTURE(BM_FewTokensX16, q6_k, DType::kQ6_K)
+    ->Arg(1)->Arg(2)->Arg(3)->Arg(4)->Arg(6)->Arg(8)->Arg(12)->Arg(16)->Arg(32)
+    ->UseRealTime()->MinTime(0.3);
+
 // MLA's projections of one token's hidden state, q (3072 x 2048) and kv_a (576 x 2048) in Q4_K,
 // over ~128 MiB of distinct pairs (DRAM-bound as in decode): both in one
 // kern::matmul_shared_input (one conversion, one dispatch; the timed loop), against one

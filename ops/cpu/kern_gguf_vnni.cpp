@@ -372,12 +372,11 @@ void q4k_x16_tiled(const GemmArgs& g) {
   }
 }
 
-// Tokens up to this many run the x16 GEMV once per token over two tiles at a time (the tiles stay
-// in L1 for the tokens after the first); more run q4k_x16_tiled, whose per-call scale unpacking
-// only pays over more tokens (decode steps of 2 and 3 sequences of a V2-Lite-shaped model: median
-// 1.13x and 1.07x aggregate with the GEMV; at 4 tokens 0.80-0.95x: docs/performance.md, C12).
-constexpr int64_t kQ4KX16GemvMaxTokens = 3;
-constexpr int64_t kQ4KX16GemvChunkTiles = 2;
+// Tokens up to this many run the x16 tile kernel, all of them in one pass over each tile (each
+// chunk's nibbles unpacked once for them all); more run q4k_x16_tiled, whose per-call scale
+// unpacking pays over more tokens (bench_kernels_bench BM_FewTokensX16/q4_k; decode steps of a
+// V2-Lite-shaped model: docs/performance.md C12, C13).
+constexpr int64_t kQ4KX16GemvMaxTokens = 4;
 
 // Q4_K x16 entry: up to kQ4KX16GemvMaxTokens tokens through the x16 GEMV (q4k_x16_vnni.cpp; a
 // last partial tile into a scratch row), more through q4k_x16_tiled.
@@ -391,19 +390,16 @@ void q4kx16(const GemmArgs& g) {
     return reinterpret_cast<const BlockQ8_K*>(g.act + k * g.act_row_bytes);
   };
   const int64_t t0 = g.n0 / 16, full = g.n1 / 16;
-  const int64_t step = g.tokens == 1 ? full - t0 : kQ4KX16GemvChunkTiles;
-  for (int64_t t = t0; t < full; t += step) {
-    const int64_t n = std::min(step, full - t);
-    for (int64_t k = 0; k < g.tokens; ++k) {
-      tandem::kern::q4k_x16_gemv_vnni(g.w + t * tile_bytes, n, nb, act(k),
-                                      g.y + k * g.ldy + 16 * t);
-    }
+  if (full > t0) {
+    tandem::kern::q4k_x16_gemv_vnni(g.w + t0 * tile_bytes, full - t0, nb, act(0), g.y + 16 * t0,
+                                    g.tokens, g.act_row_bytes, g.ldy);
   }
   if (full * 16 < g.n1) {
-    alignas(64) float part[16];
+    alignas(64) float part[kQ4KX16GemvMaxTokens][16];
+    tandem::kern::q4k_x16_gemv_vnni(g.w + full * tile_bytes, 1, nb, act(0), part[0], g.tokens,
+                                    g.act_row_bytes, 16);
     for (int64_t k = 0; k < g.tokens; ++k) {
-      tandem::kern::q4k_x16_gemv_vnni(g.w + full * tile_bytes, 1, nb, act(k), part);
-      for (int64_t r = full * 16; r < g.n1; ++r) g.y[k * g.ldy + r] = part[r - full * 16];
+      for (int64_t r = full * 16; r < g.n1; ++r) g.y[k * g.ldy + r] = part[k][r - full * 16];
     }
   }
 }

@@ -402,10 +402,11 @@ void check_x16_rows(const KMatrix& w, int64_t n0) {
            wformat_name(w.format), n0);
 }
 
-// Q6_K x16 tiles for fewer tokens than this run the tile kernel token after token (the tiles
-// stay in cache); more go through the rows unpacked into the tiled Q6_K GEMM, whose per-call
-// rearrangement and the unpacking then cost less than the tile kernel's per-token passes.
-constexpr int64_t kQ6KX16RowsMinTokens = 16;
+// Q6_K x16 tiles for fewer tokens than this run the tile kernel, four tokens per pass over each
+// tile (the tile from cache after the first pass); more go through the rows unpacked into the
+// tiled Q6_K GEMM, whose per-call rearrangement then costs less than the extra passes
+// (bench_kernels_bench BM_FewTokensX16/q6_k, docs/performance.md C13).
+constexpr int64_t kQ6KX16RowsMinTokens = 32;
 
 // Few tokens on Q6_K x16 tiles: the tile kernel on rows [n0, n1) (n0 on a tile; a last partial
 // tile computed whole into a scratch row per token).

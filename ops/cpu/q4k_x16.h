@@ -48,10 +48,13 @@ void q4k_x16_unpack(const uint8_t* tile, int64_t cols, uint8_t* rows);
 void q4k_x16_gemv(const uint8_t* tiles, int64_t n_tiles, int64_t cols, const BlockQ8_K* act,
                   float* y, Isa isa = best_isa());
 
-// (Internal: the AVX-512 VNNI tile GEMV behind q4k_x16_gemv and kern::gemm, q4k_x16_vnni.cpp;
-// nb = cols / 256. Call only where the CPU has AVX-512 VNNI.)
+// (Internal: the AVX-512 VNNI tile kernel behind q4k_x16_gemv and kern::gemm, q4k_x16_vnni.cpp;
+// nb = cols / 256. Call only where the CPU has AVX-512 VNNI.) y[k * ldy + 16 t + n] = row n of
+// tile t . token k's activations for t < n_tiles, k < tokens; token k's Q8_K row at act + k *
+// act_row_bytes bytes. Up to four tokens per pass over a tile, each chunk's nibbles unpacked
+// once for them all; each token's arithmetic is the one-token kernel's (the same bits).
 void q4k_x16_gemv_vnni(const uint8_t* tiles, int64_t n_tiles, int64_t nb, const BlockQ8_K* act,
-                       float* y);
+                       float* y, int64_t tokens = 1, int64_t act_row_bytes = 0, int64_t ldy = 0);
 
 // A Q4_K matrix (kern::KMatrix of format kQ4_K) repacked into x16 tiles in memory allocated with
 // `alloc`: format kQ4_KX16, the same rows / cols / row_bytes (a GGUF row's bytes), data the tiles

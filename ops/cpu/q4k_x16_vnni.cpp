@@ -1,11 +1,13 @@
-// The Q4_K x16 one-token kernel (ops/cpu/q4k_x16.h), AVX-512 VNNI. Per super-block slice of a
-// tile: 32 vpdpbusd pairs (low nibbles by AND, high nibbles as AND 0xF0, i.e. 16 x the value:
-// its sub-block's sum is shifted right by 4 once, exactly), one accumulator per sub-block with a
-// row per lane; the 16 rows' 16-byte headers transposed into four vectors (a word per row), the
-// scales and mins unpacked in lanes; then isum = sum of scale * dot and msum = sum of min *
-// (bsums pair) by vpmulld, and the reference's F32 steps a row per lane.
+// The Q4_K x16 tile kernel (ops/cpu/q4k_x16.h), AVX-512 VNNI, one to four tokens per pass. Per
+// super-block slice of a tile: the 16 rows' 16-byte headers transposed into four vectors (a word
+// per row), the scales and mins unpacked in lanes; per chunk the nibbles split once (low by AND,
+// high as AND 0xF0, i.e. 16 x the value: its sub-block's sum is shifted right by 4 once, exactly)
+// and one vpdpbusd pair per token, two accumulators per token and group of eight chunks, a row per
+// lane; isum = sum of scale * dot and msum = sum of min * (bsums pair) by vpmulld, and the
+// reference's F32 steps a row per lane.
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cstdint>
 
 #include "formats/quant.h"
@@ -48,30 +50,20 @@ inline void header_words(const uint8_t* h, __m512i* word) {
   }
 }
 
-void gemv_tile(const uint8_t* t, int64_t nb, const BlockQ8_K* act, float* y) {
+// NT tokens (1-4) on one tile: each chunk's nibbles unpacked once for all of them; per group of 8
+// chunks (sub-blocks 2g and 2g + 1) two accumulators per token, folded into the token's isum
+// with the group's scales; y[k] = token k's 16 rows.
+template <int NT>
+void gemv_tile(const uint8_t* t, int64_t nb, const BlockQ8_K* const* act, float* const* y) {
   const __m512i m0f = _mm512_set1_epi8(0x0F), mf0 = _mm512_set1_epi8(static_cast<char>(0xF0));
   const __m512i m3f = _mm512_set1_epi32(0x3F3F3F3F), m0f32 = _mm512_set1_epi32(0x0F0F0F0F);
   const __m512i m30 = _mm512_set1_epi32(0x30303030), ff = _mm512_set1_epi32(0xFF);
-  __m512 acc = _mm512_setzero_ps();
+  __m512 acc[NT];
+#pragma GCC unroll 4
+  for (int k = 0; k < NT; ++k) acc[k] = _mm512_setzero_ps();
   for (int64_t b = 0; b < nb; ++b, t += kSlice) {
-    const int8_t* aq = act[b].qs;
     const uint8_t* q = t + 256;
     for (int l = 0; l < 4; ++l) prefetch_t0(t + kPrefetch + 64 * l);
-    __m512i s[8];
-#pragma GCC unroll 8
-    for (int j = 0; j < 8; ++j) s[j] = _mm512_setzero_si512();
-#pragma GCC unroll 32
-    for (int c = 0; c < 32; ++c) {
-      if (c % 4 == 0) {  // four lines at a time, one group per four chunks
-        for (int l = 0; l < 4; ++l) prefetch_t0(q + kPrefetch + 64 * (c + l));
-      }
-      const __m512i w = _mm512_loadu_si512(q + 64 * c);
-      const int g = c / 8, i = c % 8;
-      s[2 * g] = _mm512_dpbusd_epi32(s[2 * g], _mm512_and_si512(w, m0f),
-                                     _mm512_set1_epi32(load_i32(aq + 64 * g + 4 * i)));
-      s[2 * g + 1] = _mm512_dpbusd_epi32(s[2 * g + 1], _mm512_and_si512(w, mf0),
-                                         _mm512_set1_epi32(load_i32(aq + 64 * g + 32 + 4 * i)));
-    }
     // Header words: 0 = d | dmin << 16; 1 (A) scales 0-3 and the top bits of scales 4-7; 2 (B)
     // mins 0-3 and the top bits of mins 4-7; 3 (C) the low nibbles of scales / mins 4-7.
     __m512i wd[4];
@@ -83,30 +75,87 @@ void gemv_tile(const uint8_t* t, int64_t nb, const BlockQ8_K* act, float* y) {
         _mm512_and_si512(wd[2], m3f),                                         // mins 0-3
         _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(wd[3], 4), m0f32),
                         _mm512_and_si512(_mm512_srli_epi32(wd[2], 2), m30))};  // mins 4-7
-    __m512i isum = _mm512_setzero_si512(), msum = _mm512_setzero_si512();
+    __m512i isum[NT], msum[NT];
+#pragma GCC unroll 4
+    for (int k = 0; k < NT; ++k) isum[k] = msum[k] = _mm512_setzero_si512();
+#pragma GCC unroll 4
+    for (int g = 0; g < 4; ++g) {
+      __m512i s0[NT], s1[NT];
+#pragma GCC unroll 4
+      for (int k = 0; k < NT; ++k) s0[k] = s1[k] = _mm512_setzero_si512();
+#pragma GCC unroll 8
+      for (int i = 0; i < 8; ++i) {
+        const int c = 8 * g + i;
+        if (c % 4 == 0) {  // four lines at a time, one group per four chunks
+          for (int l = 0; l < 4; ++l) prefetch_t0(q + kPrefetch + 64 * (c + l));
+        }
+        const __m512i w = _mm512_loadu_si512(q + 64 * c);
+        const __m512i lo = _mm512_and_si512(w, m0f), hi = _mm512_and_si512(w, mf0);
+#pragma GCC unroll 4
+        for (int k = 0; k < NT; ++k) {
+          const int8_t* aq = act[k][b].qs + 64 * g + 4 * i;
+          s0[k] = _mm512_dpbusd_epi32(s0[k], lo, _mm512_set1_epi32(load_i32(aq)));
+          s1[k] = _mm512_dpbusd_epi32(s1[k], hi, _mm512_set1_epi32(load_i32(aq + 32)));
+        }
+      }
+      // Sub-blocks 2g (low nibbles) and 2g + 1 (high nibbles, 16 x the value: shifted back).
+      const __m512i sc0 = _mm512_and_si512(_mm512_srli_epi32(sm[g / 2], 16 * (g % 2)), ff);
+      const __m512i sc1 = _mm512_and_si512(_mm512_srli_epi32(sm[g / 2], 16 * (g % 2) + 8), ff);
+#pragma GCC unroll 4
+      for (int k = 0; k < NT; ++k) {
+        isum[k] = _mm512_add_epi32(isum[k], _mm512_mullo_epi32(sc0, s0[k]));
+        isum[k] = _mm512_add_epi32(isum[k], _mm512_mullo_epi32(sc1, _mm512_srai_epi32(s1[k], 4)));
+      }
+    }
 #pragma GCC unroll 8
     for (int j = 0; j < 8; ++j) {
-      const __m512i sc = _mm512_and_si512(_mm512_srli_epi32(sm[j / 4], 8 * (j % 4)), ff);
       const __m512i mn = _mm512_and_si512(_mm512_srli_epi32(sm[2 + j / 4], 8 * (j % 4)), ff);
-      const __m512i dot = j % 2 == 1 ? _mm512_srai_epi32(s[j], 4) : s[j];
-      isum = _mm512_add_epi32(isum, _mm512_mullo_epi32(sc, dot));
-      const int32_t pair = act[b].bsums[2 * j] + act[b].bsums[2 * j + 1];
-      msum = _mm512_add_epi32(msum, _mm512_mullo_epi32(mn, _mm512_set1_epi32(pair)));
+#pragma GCC unroll 4
+      for (int k = 0; k < NT; ++k) {
+        const int32_t pair = act[k][b].bsums[2 * j] + act[k][b].bsums[2 * j + 1];
+        msum[k] = _mm512_add_epi32(msum[k], _mm512_mullo_epi32(mn, _mm512_set1_epi32(pair)));
+      }
     }
     const __m512 dw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(wd[0]));
     const __m512 dmw = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(wd[0], 16)));
-    const __m512 da = _mm512_set1_ps(act[b].d);
-    acc = _mm512_add_ps(acc, _mm512_mul_ps(_mm512_mul_ps(da, dw), _mm512_cvtepi32_ps(isum)));
-    acc = _mm512_sub_ps(acc, _mm512_mul_ps(_mm512_mul_ps(da, dmw), _mm512_cvtepi32_ps(msum)));
+#pragma GCC unroll 4
+    for (int k = 0; k < NT; ++k) {
+      const __m512 da = _mm512_set1_ps(act[k][b].d);
+      acc[k] = _mm512_add_ps(acc[k],
+                             _mm512_mul_ps(_mm512_mul_ps(da, dw), _mm512_cvtepi32_ps(isum[k])));
+      acc[k] = _mm512_sub_ps(acc[k],
+                             _mm512_mul_ps(_mm512_mul_ps(da, dmw), _mm512_cvtepi32_ps(msum[k])));
+    }
   }
-  _mm512_storeu_ps(y, acc);
+#pragma GCC unroll 4
+  for (int k = 0; k < NT; ++k) _mm512_storeu_ps(y[k], acc[k]);
 }
 
 }  // namespace
 
 void q4k_x16_gemv_vnni(const uint8_t* tiles, int64_t n_tiles, int64_t nb, const BlockQ8_K* act,
-                       float* y) {
-  for (int64_t t = 0; t < n_tiles; ++t) gemv_tile(tiles + t * nb * kSlice, nb, act, y + 16 * t);
+                       float* y, int64_t tokens, int64_t act_row_bytes, int64_t ldy) {
+  constexpr int kGroup = 4;
+  const BlockQ8_K* a[kGroup];
+  float* out[kGroup];
+  for (int64_t t = 0; t < n_tiles; ++t) {
+    const uint8_t* tile = tiles + t * nb * kSlice;
+    // Up to four tokens per pass over the tile (from the second pass on, it comes from L1 / L2).
+    for (int64_t k0 = 0; k0 < tokens; k0 += kGroup) {
+      const int nt = static_cast<int>(std::min<int64_t>(kGroup, tokens - k0));
+      for (int k = 0; k < nt; ++k) {
+        a[k] = reinterpret_cast<const BlockQ8_K*>(reinterpret_cast<const uint8_t*>(act) +
+                                                  (k0 + k) * act_row_bytes);
+        out[k] = y + (k0 + k) * ldy + 16 * t;
+      }
+      switch (nt) {
+        case 4: gemv_tile<4>(tile, nb, a, out); break;
+        case 3: gemv_tile<3>(tile, nb, a, out); break;
+        case 2: gemv_tile<2>(tile, nb, a, out); break;
+        default: gemv_tile<1>(tile, nb, a, out); break;
+      }
+    }
+  }
 }
 
 }  // namespace tandem::kern

@@ -45,9 +45,11 @@ void q6k_x16_repack(const uint8_t* w, int64_t row_bytes, int64_t rows, int64_t c
 void q6k_x16_unpack(const uint8_t* tile, int64_t cols, uint8_t* rows);
 
 // y[k * ldy + 16 t + n] = row n of tile t . token k's activations for t < n_tiles, k < tokens;
-// token k's Q8_K row (nb = cols / 256 blocks) at act + k * act_row_bytes bytes. Token after token
-// per tile (a few tokens: kern::gemm runs 1-15 so, more through each tile's rows unpacked into the
-// tiled Q6_K GEMM). AVX-512 VNNI (q6k_x16_vnni.cpp): call only where the CPU has it.
+// token k's Q8_K row (nb = cols / 256 blocks) at act + k * act_row_bytes bytes. Up to four tokens
+// per pass over a tile, each triple's operands formed once for them all (kern::gemm runs 1-31
+// tokens so, more through each tile's rows unpacked into the tiled Q6_K GEMM); each token's
+// arithmetic is the one-token kernel's (the same bits). AVX-512 VNNI (q6k_x16_vnni.cpp): call only
+// where the CPU has it.
 void q6k_x16_gemv_vnni(const uint8_t* tiles, int64_t n_tiles, int64_t nb, const BlockQ8_K* act,
                        float* y, int64_t tokens = 1, int64_t act_row_bytes = 0, int64_t ldy = 0);
 

@@ -1,11 +1,12 @@
-// The Q6_K x16 one-token kernel (ops/cpu/q6k_x16.h), AVX-512 VNNI. Per super-block slice of a
-// tile: 16 triples of chunks (A, B from ql, Q from qh), each giving four operands of 16 rows x 4
-// values (a nibble and its two high bits put together by AND / shift / OR) for four vpdpbusd
-// into the sub-blocks' accumulators, a row per lane; then per sub-block isum += sc * (dot - 32 *
-// bsum) in lanes (the header's scales are stored sub-block-major: one sign extension each) and
-// the reference's F32 step, a row per lane.
+// The Q6_K x16 tile kernel (ops/cpu/q6k_x16.h), AVX-512 VNNI, one to four tokens per pass. Per
+// super-block slice of a tile: 16 triples of chunks (A, B from ql, Q from qh), each giving four
+// operands of 16 rows x 4 values (a nibble and its two high bits put together by AND / shift / OR)
+// for four vpdpbusd per token into the sub-blocks' accumulators, a row per lane; then per
+// sub-block isum += sc * (dot - 32 * bsum) in lanes (the header's scales are stored
+// sub-block-major: one sign extension each) and the reference's F32 step, a row per lane.
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cstdint>
 
 #include "formats/quant.h"
@@ -32,66 +33,106 @@ inline __m512i act4(const int8_t* p) {
   return _mm512_set1_epi32(v);
 }
 
-void gemv_tile(const uint8_t* tile, int64_t nb, const BlockQ8_K* act, float* y) {
+// NT tokens (1-4) on one tile: each triple's values unpacked once for all of them. The triples
+// go in four groups (h, p) of four (i = 4p .. 4p + 3), which feed sub-blocks 8h + p + 2m (m =
+// 0..3): four accumulators per token, folded into the token's isum with those sub-blocks' scales
+// after the group; y[k] = token k's 16 rows.
+template <int NT>
+void gemv_tile(const uint8_t* tile, int64_t nb, const BlockQ8_K* const* act, float* const* y) {
   const __m512i m0f = _mm512_set1_epi8(0x0F), m03 = _mm512_set1_epi8(0x03);
   const __m512i m0c = _mm512_set1_epi8(0x0C), m30 = _mm512_set1_epi8(0x30);
-  __m512 acc = _mm512_setzero_ps();
+  __m512 acc[NT];
+#pragma GCC unroll 4
+  for (int k = 0; k < NT; ++k) acc[k] = _mm512_setzero_ps();
   const uint8_t* q = tile + nb * kHeader;
   for (int64_t b = 0; b < nb; ++b, q += kQuants) {
-    __m512i s[16];
-#pragma GCC unroll 16
-    for (int j = 0; j < 16; ++j) s[j] = _mm512_setzero_si512();
-#pragma GCC unroll 16
-    for (int t = 0; t < 16; ++t) {
-      const uint8_t* c = q + 192 * t;
-      for (int l = 0; l < 3; ++l) prefetch_t0(c + kPrefetch + 64 * l);
-      const __m512i a = _mm512_loadu_si512(c), bb = _mm512_loadu_si512(c + 64);
-      const __m512i qh = _mm512_loadu_si512(c + 128);
-      // Values 0..63: a nibble, and its two high bits from qh moved to bits 4-5 (16-bit shifts:
-      // what crosses into the neighbouring byte is masked off).
-      const __m512i v1 = _mm512_or_si512(_mm512_and_si512(a, m0f),
-                                         _mm512_slli_epi16(_mm512_and_si512(qh, m03), 4));
-      const __m512i v2 = _mm512_or_si512(_mm512_and_si512(bb, m0f),
-                                         _mm512_slli_epi16(_mm512_and_si512(qh, m0c), 2));
-      const __m512i v3 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(a, 4), m0f),
-                                         _mm512_and_si512(qh, m30));
-      const __m512i v4 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(bb, 4), m0f),
-                                         _mm512_and_si512(_mm512_srli_epi16(qh, 2), m30));
-      const int h = t / 8, i = t % 8, j = 8 * h + i / 4;
-      const int8_t* x = act[b].qs + 128 * h + 4 * i;
-      s[j] = _mm512_dpbusd_epi32(s[j], v1, act4(x));
-      s[j + 2] = _mm512_dpbusd_epi32(s[j + 2], v2, act4(x + 32));
-      s[j + 4] = _mm512_dpbusd_epi32(s[j + 4], v3, act4(x + 64));
-      s[j + 6] = _mm512_dpbusd_epi32(s[j + 6], v4, act4(x + 96));
-    }
     const uint8_t* hd = tile + b * kHeader;
-    __m512i isum = _mm512_setzero_si512();
-#pragma GCC unroll 16
-    for (int j = 0; j < 16; ++j) {
-      const __m512i sc =
-          _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(hd + 16 * j)));
-      const __m512i dot = _mm512_sub_epi32(s[j], _mm512_set1_epi32(32 * act[b].bsums[j]));
-      isum = _mm512_add_epi32(isum, _mm512_mullo_epi32(sc, dot));
+    __m512i isum[NT];
+#pragma GCC unroll 4
+    for (int k = 0; k < NT; ++k) isum[k] = _mm512_setzero_si512();
+#pragma GCC unroll 4
+    for (int grp = 0; grp < 4; ++grp) {
+      const int h = grp / 2, p = grp % 2;
+      __m512i s[NT][4];
+#pragma GCC unroll 4
+      for (int k = 0; k < NT; ++k) {
+        for (int m = 0; m < 4; ++m) s[k][m] = _mm512_setzero_si512();
+      }
+#pragma GCC unroll 4
+      for (int ii = 0; ii < 4; ++ii) {
+        const int i = 4 * p + ii, t = 8 * h + i;
+        const uint8_t* c = q + 192 * t;
+        for (int l = 0; l < 3; ++l) prefetch_t0(c + kPrefetch + 64 * l);
+        const __m512i a = _mm512_loadu_si512(c), bb = _mm512_loadu_si512(c + 64);
+        const __m512i qh = _mm512_loadu_si512(c + 128);
+        // Values 0..63: a nibble, and its two high bits from qh moved to bits 4-5 (16-bit
+        // shifts: what crosses into the neighbouring byte is masked off).
+        const __m512i v1 = _mm512_or_si512(_mm512_and_si512(a, m0f),
+                                           _mm512_slli_epi16(_mm512_and_si512(qh, m03), 4));
+        const __m512i v2 = _mm512_or_si512(_mm512_and_si512(bb, m0f),
+                                           _mm512_slli_epi16(_mm512_and_si512(qh, m0c), 2));
+        const __m512i v3 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(a, 4), m0f),
+                                           _mm512_and_si512(qh, m30));
+        const __m512i v4 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(bb, 4), m0f),
+                                           _mm512_and_si512(_mm512_srli_epi16(qh, 2), m30));
+#pragma GCC unroll 4
+        for (int k = 0; k < NT; ++k) {
+          const int8_t* x = act[k][b].qs + 128 * h + 4 * i;
+          s[k][0] = _mm512_dpbusd_epi32(s[k][0], v1, act4(x));
+          s[k][1] = _mm512_dpbusd_epi32(s[k][1], v2, act4(x + 32));
+          s[k][2] = _mm512_dpbusd_epi32(s[k][2], v3, act4(x + 64));
+          s[k][3] = _mm512_dpbusd_epi32(s[k][3], v4, act4(x + 96));
+        }
+      }
+#pragma GCC unroll 4
+      for (int m = 0; m < 4; ++m) {
+        const int j = 8 * h + p + 2 * m;
+        const __m512i sc =
+            _mm512_cvtepi8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(hd + 16 * j)));
+#pragma GCC unroll 4
+        for (int k = 0; k < NT; ++k) {
+          const __m512i dot =
+              _mm512_sub_epi32(s[k][m], _mm512_set1_epi32(32 * act[k][b].bsums[j]));
+          isum[k] = _mm512_add_epi32(isum[k], _mm512_mullo_epi32(sc, dot));
+        }
+      }
     }
     const __m512 d =
         _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(hd + 256)));
-    acc = _mm512_add_ps(
-        acc, _mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(act[b].d), d), _mm512_cvtepi32_ps(isum)));
+#pragma GCC unroll 4
+    for (int k = 0; k < NT; ++k) {
+      acc[k] = _mm512_add_ps(acc[k], _mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(act[k][b].d), d),
+                                                   _mm512_cvtepi32_ps(isum[k])));
+    }
   }
-  _mm512_storeu_ps(y, acc);
+#pragma GCC unroll 4
+  for (int k = 0; k < NT; ++k) _mm512_storeu_ps(y[k], acc[k]);
 }
 
 }  // namespace
 
 void q6k_x16_gemv_vnni(const uint8_t* tiles, int64_t n_tiles, int64_t nb, const BlockQ8_K* act,
                        float* y, int64_t tokens, int64_t act_row_bytes, int64_t ldy) {
+  constexpr int kGroup = 4;
   const int64_t tile_bytes = nb * (kHeader + kQuants);
+  const BlockQ8_K* a[kGroup];
+  float* out[kGroup];
   for (int64_t t = 0; t < n_tiles; ++t) {
-    // Token after token on the same tile: from the second on, its bytes come from L1 / L2.
-    for (int64_t k = 0; k < tokens; ++k) {
-      const auto* a = reinterpret_cast<const BlockQ8_K*>(reinterpret_cast<const uint8_t*>(act) +
-                                                         k * act_row_bytes);
-      gemv_tile(tiles + t * tile_bytes, nb, a, y + k * ldy + 16 * t);
+    const uint8_t* tile = tiles + t * tile_bytes;
+    // Up to four tokens per pass over the tile (from the second pass on, it comes from L1 / L2).
+    for (int64_t k0 = 0; k0 < tokens; k0 += kGroup) {
+      const int nt = static_cast<int>(std::min<int64_t>(kGroup, tokens - k0));
+      for (int k = 0; k < nt; ++k) {
+        a[k] = reinterpret_cast<const BlockQ8_K*>(reinterpret_cast<const uint8_t*>(act) +
+                                                  (k0 + k) * act_row_bytes);
+        out[k] = y + (k0 + k) * ldy + 16 * t;
+      }
+      switch (nt) {
+        case 4: gemv_tile<4>(tile, nb, a, out); break;
+        case 3: gemv_tile<3>(tile, nb, a, out); break;
+        case 2: gemv_tile<2>(tile, nb, a, out); break;
+        default: gemv_tile<1>(tile, nb, a, out); break;
+      }
     }
   }
 }

@@ -377,7 +377,8 @@ TEST(KernelsQ4KX16, MatrixThroughGemmEqualsReferenceOnRows) {
   ASSERT_EQ(x16.bytes(), static_cast<uint64_t>(64 * w.row_bytes));
   ASSERT_EQ(kern::row_align(x16), 16);
   ASSERT_EQ(kern::act_format(x16.format), kern::AFormat::kQ8_K);
-  for (const int64_t tokens : {int64_t{1}, int64_t{2}, int64_t{3}, int64_t{5}, int64_t{20}}) {
+  // 1-4 tokens: the tile kernel (four tokens per pass), more: the tiled GEMM.
+  for (const int64_t tokens : {1, 2, 3, 4, 5, 20}) {
     const std::vector<float> x = random_values(tokens * cols, 80 + static_cast<uint32_t>(tokens));
     kern::Activations a;
     kern::quantize_activations(kern::AFormat::kQ8_K, 0, x.data(), tokens, cols, cols, &a);
@@ -445,10 +446,10 @@ RawQ6K raw_q6k(int64_t rows, int64_t cols, uint32_t seed) {
 }
 
 // Q6_K x16 (ops/cpu/q6k_x16.h): repacking 16 rows into a tile and back gives the same bytes (a
-// last tile's missing rows zero); a repacked matrix through kern::gemm for 1-20 tokens (the
-// one-token tile kernel, more tokens through the rows), whole and partial row ranges on tiles,
-// on every ISA, is bit for bit the scalar reference on the GGUF rows, gemm_reference on the tiles
-// too; a submatrix (tile rows x super-block columns) equals the same submatrix of the rows.
+// last tile's missing rows zero); a repacked matrix through kern::gemm for 1-40 tokens (the tile
+// kernel up to 31, four tokens per pass; more through the rows), whole and partial row ranges on
+// tiles on every ISA, is bit for bit the scalar reference on the GGUF rows, gemm_reference on the
+// tiles too; a submatrix (tile rows x super-block columns) equals the same submatrix of the rows.
 TEST(KernelsQ6KX16, RepackedMatrixEqualsReferenceOnRawBlocks) {
   for (const int64_t nb : {int64_t{1}, int64_t{3}, int64_t{8}, int64_t{11}}) {
     const int64_t rows = 53, cols = nb * 256;  // 4 tiles, the last one with 5 rows
@@ -475,7 +476,7 @@ TEST(KernelsQ6KX16, RepackedMatrixEqualsReferenceOnRawBlocks) {
         }
       }
     }
-    for (const int64_t tokens : {int64_t{1}, int64_t{2}, int64_t{5}, int64_t{20}}) {
+    for (const int64_t tokens : {1, 2, 4, 5, 7, 20, 31, 40}) {
       const std::vector<float> x =
           random_values(tokens * cols, 600 + static_cast<uint32_t>(nb * 32 + tokens));
       kern::Activations a;
