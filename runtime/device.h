@@ -39,6 +39,7 @@ using EventId = int;
 
 struct DeviceFfnWeights {  // one SwiGLU FFN (an expert or the shared experts) in device memory
   ops::Weight gate, up, down;  // tensors whose data pointers are DEVICE memory, stored dtype
+  ops::FfnExtras extras;       // gpt-oss's biases (DEVICE memory) and clamp; none elsewhere
 };
 
 class Device {
@@ -68,7 +69,9 @@ class Device {
   // until it returns. fn must not call sync_* of this device.
   virtual void host_callback(StreamId s, std::function<void()> fn) = 0;
   // Ops, stream-ordered, on device memory. x [n, hidden], out [n, hidden]:
-  // out[t] (+)= scale[t] * down(silu(gate x[t]) * up x[t]); scale == nullptr: 1.
+  // out[t] (+)= scale[t] * down(silu(gate x[t]) * up x[t]); scale == nullptr: 1. With w.extras
+  // (gpt-oss) the biases and the clamped activation of ops::FfnExtras, the down bias before the
+  // scale.
   virtual void ffn(StreamId s, const DeviceFfnWeights& w, const float* x, int64_t n,
                    const float* scale, float* out, bool accumulate) = 0;
   virtual void matmul(StreamId s, const ops::Weight& w, const float* x, int64_t n, float* y) = 0;

@@ -296,6 +296,10 @@ class HostDevice final : public Device {
     check_device(x, uint64_t(n * H) * 4, "ffn input");
     check_device(out, uint64_t(n * out_cols) * 4, "ffn output");
     if (scale != nullptr) check_device(scale, uint64_t(n) * 4, "ffn scale");
+    const ops::FfnExtras& e = w.extras;
+    if (e.gate_bias != nullptr) check_device(e.gate_bias, uint64_t(ff) * 4, "ffn gate bias");
+    if (e.up_bias != nullptr) check_device(e.up_bias, uint64_t(ff) * 4, "ffn up bias");
+    if (e.down_bias != nullptr) check_device(e.down_bias, uint64_t(out_cols) * 4, "ffn down bias");
     enqueue(s, "ffn",
             [this, w, x, n, scale, out, accumulate] { run_ffn(w, x, n, scale, out, accumulate); });
   }
@@ -421,11 +425,20 @@ class HostDevice final : public Device {
       kern::quantize_activations(kern::act_format(kg.format), 0, x, n, H, H, &ax);
       gemm_rows(kg, ax, g.data());
       gemm_rows(ku, ax, u.data());
-      kern::swiglu(g.data(), u.data(), static_cast<int64_t>(g.size()), g.data());
+      if (w.extras.any()) {
+        for (int64_t t = 0; t < n; ++t) {
+          ops::glu_with_extras(g.data() + t * ff, u.data() + t * ff, ff, 0, w.extras);
+        }
+      } else {
+        kern::swiglu(g.data(), u.data(), static_cast<int64_t>(g.size()), g.data());
+      }
       kern::quantize_activations(kern::act_format(kd.format), 0, g.data(), n, ff, ff, &ah);
       gemm_rows(kd, ah, d.data());
+      for (int64_t t = 0; t < n; ++t) {
+        ops::add_down_bias(d.data() + t * out_cols, out_cols, 0, w.extras);
+      }
     } else {
-      ops::swiglu_ffn(w.gate, w.up, w.down, x, n, d.data(), pool_.get(), &g, &u);
+      ops::swiglu_ffn(w.gate, w.up, w.down, x, n, d.data(), pool_.get(), &g, &u, w.extras);
     }
     for (int64_t t = 0; t < n; ++t) {
       const float s = scale != nullptr ? scale[t] : 1.0f;

@@ -40,8 +40,14 @@ uint64_t weight_bytes(const ops::Weight& w) {
   return align_up(static_cast<uint64_t>(w.t.nbytes())) + align_up(floats * 4);
 }
 
-uint64_t ffn_bytes(const ops::Weight& g, const ops::Weight& u, const ops::Weight& d) {
-  return weight_bytes(g) + weight_bytes(u) + weight_bytes(d);
+// Device bytes of one FFN: its three weights, and gpt-oss's biases when it has them.
+uint64_t ffn_bytes(const ops::Weight& g, const ops::Weight& u, const ops::Weight& d,
+                   const ops::FfnExtras& x = {}) {
+  const uint64_t ff = static_cast<uint64_t>(g.rows()), h = static_cast<uint64_t>(d.rows());
+  return weight_bytes(g) + weight_bytes(u) + weight_bytes(d) +
+         (x.gate_bias != nullptr ? align_up(ff * 4) : 0) +
+         (x.up_bias != nullptr ? align_up(ff * 4) : 0) +
+         (x.down_bias != nullptr ? align_up(h * 4) : 0);
 }
 
 // Router scores of n tokens for a MoE layer (the MRS cache, DALI and the prefetchers read them).
@@ -106,7 +112,7 @@ HybridMoeBackend::HybridMoeBackend(const LoadedModel& model, MoeBackend* cpu, De
     if (placement.experts_pinned(L->model_layer)) max_pinned = n_experts;
     for (int e = 0; e < n_experts; ++e) {
       slot_bytes_ = std::max(slot_bytes_, ffn_bytes(lw.experts.gate[e], lw.experts.up[e],
-                                                    lw.experts.down[e]));
+                                                    lw.experts.down[e], lw.experts.extras(e)));
     }
     L->dev_w.resize(n_experts);
     L->valid.assign(n_experts, 0);
@@ -196,7 +202,7 @@ HybridMoeBackend::HybridMoeBackend(const LoadedModel& model, MoeBackend* cpu, De
     const LayerWeights& lw = *L->lw;
     auto* mem = static_cast<uint8_t*>(dev_->alloc(ffn_bytes(lw.sh_gate, lw.sh_up, lw.sh_down)));
     shared_mem_.push_back(mem);
-    L->shared = place_ffn(lw.sh_gate, lw.sh_up, lw.sh_down, mem, copy_);
+    L->shared = place_ffn(lw.sh_gate, lw.sh_up, lw.sh_down, {}, mem, copy_);
   }
   // Pinned experts: the most used ones per layer (profile counts) or ids 0..N-1.
   std::vector<std::vector<int64_t>> counts = expert_counts();
@@ -296,7 +302,8 @@ std::vector<std::vector<int64_t>> HybridMoeBackend::expert_counts() const {
 }
 
 DeviceFfnWeights HybridMoeBackend::place_ffn(const ops::Weight& g, const ops::Weight& u,
-                                             const ops::Weight& d, uint8_t* mem, StreamId s) {
+                                             const ops::Weight& d, const ops::FfnExtras& extras,
+                                             uint8_t* mem, StreamId s) {
   DeviceFfnWeights out;
   uint64_t off = 0;
   auto place = [&](const ops::Weight& w, ops::Weight* dst) {
@@ -319,6 +326,20 @@ DeviceFfnWeights HybridMoeBackend::place_ffn(const ops::Weight& g, const ops::We
   place(g, &out.gate);
   place(u, &out.up);
   place(d, &out.down);
+  // gpt-oss: the expert's biases after its weights (ffn_bytes counts them), the clamp by value.
+  auto place_bias = [&](const float* b, int64_t n) -> const float* {
+    if (b == nullptr) return nullptr;
+    const uint64_t bytes = static_cast<uint64_t>(n) * 4;
+    dev_->copy_h2d(mem + off, b, bytes, s);
+    const auto* at = reinterpret_cast<const float*>(mem + off);
+    off += align_up(bytes);
+    stats_.bytes_copied += static_cast<int64_t>(bytes);
+    return at;
+  };
+  out.extras.gate_bias = place_bias(extras.gate_bias, g.rows());
+  out.extras.up_bias = place_bias(extras.up_bias, u.rows());
+  out.extras.down_bias = place_bias(extras.down_bias, d.rows());
+  out.extras.limit = extras.limit;
   return out;
 }
 
@@ -332,7 +353,7 @@ void HybridMoeBackend::copy_expert(int layer, int expert, int slot, StreamId str
   if (old_expert >= 0) layers_[old_layer]->valid[old_expert] = 0;
   Layer& L = *layers_[layer];
   const ExpertWeights& ex = L.lw->experts;
-  L.dev_w[expert] = place_ffn(ex.gate[expert], ex.up[expert], ex.down[expert],
+  L.dev_w[expert] = place_ffn(ex.gate[expert], ex.up[expert], ex.down[expert], ex.extras(expert),
                               static_cast<uint8_t*>(slot_mem_[key]), stream);
   L.valid[expert] = 1;
   slot_owner_[key] = {layer, expert};

@@ -71,7 +71,7 @@ class HybridMoeBackend : public MoeBackend {
   struct Pending;
   void copy_expert(int layer, int expert, int slot, StreamId stream);
   DeviceFfnWeights place_ffn(const ops::Weight& g, const ops::Weight& u, const ops::Weight& d,
-                             uint8_t* mem, StreamId stream);
+                             const ops::FfnExtras& extras, uint8_t* mem, StreamId stream);
   CostModel estimate_cost() const;
   std::vector<std::vector<int64_t>> expert_counts() const;
   void prefetch_next(const MoeRequest& r, int layer);

@@ -162,12 +162,6 @@ void check_backend_options(const BackendOptions& o, const std::string& accel,
          "experts, there are none; run without --accel",
          accel, model.path.string(), model.layers.size());
   }
-  if (accel != "none" && model.config.arch == ModelArch::kGptOss) {
-    fail(ErrorKind::kUnsupported,
-         "--accel {}: gpt-oss's experts (biases, clamped SwiGLU) run on the CPU backends only; "
-         "the accelerator's expert path does not compute them yet: run without --accel",
-         accel);
-  }
 }
 
 // --accel auto|none|host|cuda -> none|host (cuda has no device backend yet).

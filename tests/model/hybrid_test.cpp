@@ -196,12 +196,9 @@ class FormulaBackend : public MoeBackend {
   };
   static void add(const ExpertWeights& ex, const Sel& s, const float* hidden, int64_t h,
                   float* out) {
-    const int64_t ff = ex.gate[s.id].rows();
-    std::vector<float> g(ff), u(ff), d(h);
-    ops::matmul(ex.gate[s.id], hidden + s.token * h, 1, g.data(), nullptr);
-    ops::matmul(ex.up[s.id], hidden + s.token * h, 1, u.data(), nullptr);
-    ops::swiglu(g.data(), u.data(), ff, g.data());
-    ops::matmul(ex.down[s.id], g.data(), 1, d.data(), nullptr);
+    std::vector<float> g, u, d(h);
+    ops::swiglu_ffn(ex.gate[s.id], ex.up[s.id], ex.down[s.id], hidden + s.token * h, 1, d.data(),
+                    nullptr, &g, &u, ex.extras(s.id));  // (gpt-oss: its biases and clamp)
     for (int64_t i = 0; i < h; ++i) out[s.token * h + i] += s.w * d[i];
   }
   int n_defer_;
@@ -251,7 +248,8 @@ TEST(HybridGlobalPool, MatchesCpu) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Golden, Hybrid, ::testing::Values("qwen2moe", "deepseek3", "mixtral"));
+INSTANTIATE_TEST_SUITE_P(Golden, Hybrid,
+                         ::testing::Values("qwen2moe", "deepseek3", "mixtral", "gpt-oss"));
 
 TEST(HybridCli, RunWithEveryHybridFlag) {
   const std::string model = test::data_path("golden/qwen2moe.gguf").string();

@@ -3,8 +3,10 @@
 // compute exactly what the CPU MoE backend computes.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <future>
 #include <random>
 #include <thread>
@@ -228,9 +230,24 @@ ops::Weight random_weight(DType dt, int64_t rows, int64_t cols, std::mt19937& rn
   return Tensor::dense(dt, {rows, cols}, store.back().data());
 }
 
-// One token through one expert, written out from the kernels (the fused MoE's arithmetic).
+// gpt-oss's additions to an expert, on the host: biases and the clamp limit (0: none).
+struct HostExtras {
+  std::vector<float> gate_bias, up_bias, down_bias;
+  float limit = 0.0f;
+};
+
+// Its activation written out from the formula (llama.cpp's swiglu_oai): g = min(gate + bg, L),
+// u = clamp(up + bu, -L, L), g * sigmoid(1.702 g) * (u + 1).
+float oai_activation(float gate, float up, float limit) {
+  const float g = std::min(gate, limit), u = std::clamp(up, -limit, limit);
+  return g / (1.0f + std::exp(1.702f * -g)) * (u + 1.0f);
+}
+
+// One token through one expert, written out from the kernels (the fused MoE's arithmetic), with
+// gpt-oss's biases and clamp when `extras` has them.
 std::vector<float> expert_direct(const ops::Weight& gw, const ops::Weight& uw,
-                                 const ops::Weight& dw, const float* x) {
+                                 const ops::Weight& dw, const float* x,
+                                 const HostExtras& extras = {}) {
   std::vector<float> g(kF), u(kF), y(kH);
   kern::KMatrix gk, uk, dk;
   if (kern::view_weight(gw, &gk) && kern::view_weight(uw, &uk) && kern::view_weight(dw, &dk)) {
@@ -238,14 +255,32 @@ std::vector<float> expert_direct(const ops::Weight& gw, const ops::Weight& uw,
     kern::quantize_activations(kern::act_format(gk.format), 0, x, 1, kH, kH, &a);
     kern::gemm(gk, a, 0, kF, g.data(), kF);
     kern::gemm(uk, a, 0, kF, u.data(), kF);
-    for (int64_t i = 0; i < kF; ++i) g[i] = ops::silu(g[i]) * u[i];
+    for (int64_t i = 0; i < kF; ++i) {
+      if (extras.limit > 0.0f) {
+        g[i] = oai_activation(g[i] + extras.gate_bias[i], u[i] + extras.up_bias[i], extras.limit);
+      } else {
+        g[i] = ops::silu(g[i]) * u[i];
+      }
+    }
     kern::quantize_activations(kern::act_format(dk.format), 0, g.data(), 1, kF, kF, &h);
     kern::gemm(dk, h, 0, kH, y.data(), kH);
+    if (!extras.down_bias.empty()) {
+      for (int64_t i = 0; i < kH; ++i) y[i] += extras.down_bias[i];
+    }
   } else {
     ops::matmul(gw, x, 1, g.data(), nullptr);
     ops::matmul(uw, x, 1, u.data(), nullptr);
-    ops::swiglu(g.data(), u.data(), kF, g.data());
+    if (extras.limit > 0.0f) {
+      for (int64_t i = 0; i < kF; ++i) {
+        g[i] = oai_activation(g[i] + extras.gate_bias[i], u[i] + extras.up_bias[i], extras.limit);
+      }
+    } else {
+      ops::swiglu(g.data(), u.data(), kF, g.data());
+    }
     ops::matmul(dw, g.data(), 1, y.data(), nullptr);
+    if (!extras.down_bias.empty()) {
+      for (int64_t i = 0; i < kH; ++i) y[i] += extras.down_bias[i];
+    }
   }
   return y;
 }
@@ -276,8 +311,10 @@ TEST_P(HostDeviceFfn, MatchesTheCpuBitForBit) {
 
   auto dev = device(16 << 20, 2);
   std::vector<void*> owned;
-  DeviceFfnWeights w{to_device(*dev, gw, owned), to_device(*dev, uw, owned),
-                     to_device(*dev, dw, owned)};
+  DeviceFfnWeights w;
+  w.gate = to_device(*dev, gw, owned);
+  w.up = to_device(*dev, uw, owned);
+  w.down = to_device(*dev, dw, owned);
   auto* dx = static_cast<float*>(dev->alloc(x.size() * 4));
   auto* ds = static_cast<float*>(dev->alloc(scale.size() * 4));
   auto* d_plain = static_cast<float*>(dev->alloc(x.size() * 4));
@@ -312,6 +349,49 @@ TEST_P(HostDeviceFfn, MatchesTheCpuBitForBit) {
   }
   // Host pointers are not device memory (they would crash a CUDA device).
   EXPECT_THROW(dev->ffn(s, w, x.data(), kTokens, nullptr, d_plain, false), Error);
+
+  // gpt-oss's expert: biases (in device memory) and the clamped activation, scaled and
+  // accumulated; limit 0.5 so that the clamp really cuts (the products are ~N(0, 0.8)).
+  {
+    HostExtras hx;
+    hx.limit = 0.5f;
+    for (auto* b : {&hx.gate_bias, &hx.up_bias}) {
+      b->resize(kF);
+      for (float& v : *b) v = nd(rng);
+    }
+    hx.down_bias.resize(kH);
+    for (float& v : hx.down_bias) v = nd(rng);
+    auto to_dev = [&](const std::vector<float>& v) {
+      auto* d = static_cast<float*>(dev->alloc(v.size() * 4));
+      owned.push_back(d);
+      dev->copy_h2d(d, v.data(), v.size() * 4, 0);
+      return d;
+    };
+    DeviceFfnWeights wx = w;
+    wx.extras.gate_bias = to_dev(hx.gate_bias);
+    wx.extras.up_bias = to_dev(hx.up_bias);
+    wx.extras.down_bias = to_dev(hx.down_bias);
+    wx.extras.limit = hx.limit;
+    dev->copy_h2d(d_acc, base.data(), base.size() * 4, 0);
+    dev->record(up, 0);
+    dev->wait_event(s, up);
+    dev->ffn(s, wx, dx, kTokens, ds, d_acc, true);
+    dev->copy_d2h(acc.data(), d_acc, acc.size() * 4, s);
+    dev->sync_stream(s);
+    int clamped = 0;
+    for (int64_t t = 0; t < kTokens; ++t) {
+      const std::vector<float> y = expert_direct(gw, uw, dw, x.data() + t * kH, hx);
+      const std::vector<float> plain_y = expert_direct(gw, uw, dw, x.data() + t * kH);
+      for (int64_t i = 0; i < kH; ++i) {
+        ASSERT_EQ(acc[t * kH + i], base[t * kH + i] + scale[t] * y[i]) << t << "," << i;
+        clamped += y[i] != plain_y[i];
+      }
+    }
+    EXPECT_GT(clamped, kTokens * kH / 2);  // the extras changed the outputs
+    // A bias given as host memory is refused like any host pointer.
+    wx.extras.down_bias = hx.down_bias.data();
+    EXPECT_THROW(dev->ffn(s, wx, dx, kTokens, ds, d_acc, true), Error);
+  }
   for (void* p : owned) dev->free(p);
 }
 
