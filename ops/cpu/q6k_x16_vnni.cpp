@@ -6,11 +6,11 @@
 // sub-block-major: one sign extension each) and the reference's F32 step, a row per lane.
 #include <immintrin.h>
 
-#include <algorithm>
 #include <cstdint>
 
 #include "formats/quant.h"
 #include "ops/cpu/q6k_x16.h"
+#include "ops/cpu/x16_passes.h"
 
 namespace tandem::kern {
 
@@ -113,28 +113,10 @@ void gemv_tile(const uint8_t* tile, int64_t nb, const BlockQ8_K* const* act, flo
 
 void q6k_x16_gemv_vnni(const uint8_t* tiles, int64_t n_tiles, int64_t nb, const BlockQ8_K* act,
                        float* y, int64_t tokens, int64_t act_row_bytes, int64_t ldy) {
-  constexpr int kGroup = 4;
-  const int64_t tile_bytes = nb * (kHeader + kQuants);
-  const BlockQ8_K* a[kGroup];
-  float* out[kGroup];
-  for (int64_t t = 0; t < n_tiles; ++t) {
-    const uint8_t* tile = tiles + t * tile_bytes;
-    // Up to four tokens per pass over the tile (from the second pass on, it comes from L1 / L2).
-    for (int64_t k0 = 0; k0 < tokens; k0 += kGroup) {
-      const int nt = static_cast<int>(std::min<int64_t>(kGroup, tokens - k0));
-      for (int k = 0; k < nt; ++k) {
-        a[k] = reinterpret_cast<const BlockQ8_K*>(reinterpret_cast<const uint8_t*>(act) +
-                                                  (k0 + k) * act_row_bytes);
-        out[k] = y + (k0 + k) * ldy + 16 * t;
-      }
-      switch (nt) {
-        case 4: gemv_tile<4>(tile, nb, a, out); break;
-        case 3: gemv_tile<3>(tile, nb, a, out); break;
-        case 2: gemv_tile<2>(tile, nb, a, out); break;
-        default: gemv_tile<1>(tile, nb, a, out); break;
-      }
-    }
-  }
+  const auto pass = [nb](auto nt, const uint8_t* tile, const BlockQ8_K* const* a,
+                        float* const* out) { gemv_tile<decltype(nt)::value>(tile, nb, a, out); };
+  detail::x16_token_passes(tiles, n_tiles, nb * (kHeader + kQuants), act, tokens, act_row_bytes, y,
+                           ldy, pass);
 }
 
 }  // namespace tandem::kern
