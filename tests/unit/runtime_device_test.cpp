@@ -378,16 +378,16 @@ TEST_P(HostDeviceFfn, MatchesTheCpuBitForBit) {
     dev->ffn(s, wx, dx, kTokens, ds, d_acc, true);
     dev->copy_d2h(acc.data(), d_acc, acc.size() * 4, s);
     dev->sync_stream(s);
-    int clamped = 0;
+    int changed = 0;
     for (int64_t t = 0; t < kTokens; ++t) {
       const std::vector<float> y = expert_direct(gw, uw, dw, x.data() + t * kH, hx);
       const std::vector<float> plain_y = expert_direct(gw, uw, dw, x.data() + t * kH);
       for (int64_t i = 0; i < kH; ++i) {
         ASSERT_EQ(acc[t * kH + i], base[t * kH + i] + scale[t] * y[i]) << t << "," << i;
-        clamped += y[i] != plain_y[i];
+        changed += y[i] != plain_y[i];
       }
     }
-    EXPECT_GT(clamped, kTokens * kH / 2);  // the extras changed the outputs
+    EXPECT_GT(changed, kTokens * kH / 2);  // the extras changed most outputs
     // A bias given as host memory is refused like any host pointer.
     wx.extras.down_bias = hx.down_bias.data();
     EXPECT_THROW(dev->ffn(s, wx, dx, kTokens, ds, d_acc, true), Error);
