@@ -7,7 +7,9 @@
 // (Qwen2/3-MoE, Mixtral; Qwen2 biases, Qwen3 q/k norm) and DeepSeek MLA (naive: decompress K/V
 // per head; absorbed: cache only the kv_lora latent + rope key and fold W_UK / W_UV into the
 // query and output; auto: that cache, with a sequence's large chunks expanded to per-head K / V
-// on the fly).
+// on the fly). The forward is written once against ForwardOps (model/forward_ops.h): the CPU's,
+// or an accelerator's that holds the dense weights and the KV cache in its memory; the routed
+// experts go to the MoeBackend either way.
 #pragma once
 
 #include <algorithm>
@@ -19,6 +21,7 @@
 #include <string>
 #include <vector>
 
+#include "model/forward_ops.h"
 #include "model/kv_cache.h"
 #include "model/moe_backend.h"
 #include "model/weights.h"
@@ -28,26 +31,6 @@
 namespace tandem {
 
 class ThreadPool;
-
-// Expanded MLA's K / V buffers at most (bytes): past that (long contexts, many heads) a batch
-// attends absorbed.
-inline constexpr uint64_t kMlaExpandBytes = uint64_t{512} << 20;
-
-// DeepSeek MLA. kAuto: the latent cache of kAbsorbed; decode and small batches attend absorbed,
-// a batch of at least ModelOptions::mla_expand_tokens tokens decompresses every cached position's
-// per-head K / V (W_UK, W_UV applied to the latents) for the call and attends in the naive form:
-// 192 / 128 values per head and position instead of 576 / 512, a third of the attention's
-// arithmetic for a 512-token prefill (what vLLM and SGLang do for prefill too).
-enum class MlaMode { kAuto, kAbsorbed, kNaive };
-// "auto" | "absorbed" | "naive"; anything else: Error(kInvalidArgument) naming the choices.
-MlaMode parse_mla_mode(const std::string& name);
-// Whether expanding K / V of `positions` cached positions for a batch of n tokens costs fewer
-// multiply-adds than attending absorbed: the expansion costs positions x kv_lora x (qk_nope + v)
-// per head; it saves, per query and head, the absorbed form's wider scores and value sums
-// ((kv_lora + rope + kv_lora) - (qk_nope + rope + v) per position) and its W_UK / W_UV products
-// (kv_lora x (qk_nope + v)). A fresh prefill always pays; a short batch after a long cached
-// prefix does not (V2-Lite: 32 tokens after 4096 would cost 5x what they save).
-bool mla_expansion_pays(const ModelConfig& c, int64_t n, int64_t positions);
 
 // What the router decided for one MoE layer and one forward() batch: traces, expert statistics,
 // DALI's residual calibration and the scheduling policies read it. Pointers are valid only during
@@ -68,15 +51,15 @@ using RoutingObserver = std::function<void(const RoutingEvent& event)>;
 struct ModelOptions {
   ThreadPool* pool = nullptr;  // nullptr: single-threaded
   MlaMode mla = MlaMode::kAuto;
-  // kAuto: the batch size from which MLA attention expands K / V (see MlaMode); the expansion
-  // also needs its buffers (positions x heads x (qk + v) floats) within kMlaExpandBytes and, with
-  // mla_expand_by_cost, mla_expansion_pays (false: every batch of that size expands; tests).
+  // kAuto: the batch size from which MLA attention expands K / V (see MlaMode; ForwardOpsOptions).
   int64_t mla_expand_tokens = 32;
   bool mla_expand_by_cost = true;
   MoeBackend* moe = nullptr;  // nullptr: an internal CpuMoeBackend
   // Prepared copies of non-expert weights (`--cpu-experts repack`: MoeRuntime::weight_views()),
   // read instead of the stored bytes where they hold a weight; nullptr: the stored bytes.
   const kern::WeightViews* views = nullptr;
+  // Where the dense part runs (MoeRuntime::forward_ops()); empty: the CPU (make_cpu_forward_ops).
+  ForwardOpsFactory ops;
   RoutingObserver on_routing;  // optional
 };
 
@@ -96,18 +79,25 @@ struct SeqTokens {
 class Model {
  public:
   Model(const LoadedModel& weights, const ModelOptions& options);
+  ~Model();
 
   const ModelConfig& config() const { return w_.config; }
   // What this model (with its MLA mode) caches per layer and position: a KvCache for it is made
   // with this layout.
   KvLayout kv_layout() const;
 
-  // Wall time spent per part of the forward since construction (seconds): where time goes,
-  // for `tandem bench` and profiling. moe_wait is the part of ffn spent waiting for the backend.
+  // Time spent per part of the forward since construction (seconds): where time goes, for
+  // `tandem bench` and profiling. attention and lm_head where the ops ran them (an accelerator's
+  // own time); ffn the host's wall time of the FFN layers, moe_wait its part spent waiting for the
+  // MoE backend.
   struct Profile {
     double attention = 0, ffn = 0, moe_wait = 0, lm_head = 0;
   };
-  const Profile& profile() const { return profile_; }
+  Profile profile() const;
+  // Where the dense part runs, and the options a KV cache it attends over is made with (an
+  // accelerator's cache lives in its memory).
+  const ForwardOps& ops() const { return *ops_; }
+  KvCacheOptions cache_options(KvCacheOptions o) const { return ops_->cache_options(o); }
 
   // One forward over a batch (at most one entry per sequence): writes the entries' keys and
   // values into `cache` and the logits rows they ask for, entry after entry, into logits
@@ -118,67 +108,25 @@ class Model {
   int64_t forward(std::span<const SeqTokens> batch, KvCache& cache, float* logits);
 
  private:
-  // One entry of the batch being computed: its sequence, rows [t0, t0 + n) of the activations,
-  // the position of its first token.
-  struct Part {
-    SeqId seq;
-    int64_t t0, n, pos0;
-  };
-  void run_layers(KvCache& cache, int64_t n);
-  void attention_mha(KvCache& cache, int64_t layer, int64_t n, const float* x, float* out);
-  void attention_mla(KvCache& cache, int64_t layer, int64_t n, const float* x, float* out);
-  bool mla_expands(int64_t layer, int64_t n, int64_t positions) const;
-  // Part p's attention outputs (before wo) into o rows [t0, t0 + n), per-head K / V expanded.
-  void attention_mla_expanded(const KvCache& cache, int64_t layer, const Part& p, const float* q,
-                              float* o);
-  // Multi-head attention of part p over per-head K / V in `kv` (the caller sets the rows and
-  // strides; q, out and the positions are set here) into o rows [t0, t0 + n).
-  void attend_per_head(const Part& p, const float* q, ops::AttentionArgs kv, float* o);
-  // fn(i) for each part, one pool task each when every part is one token (a decode batch:
-  // single-threaded attention per sequence, the sequences spread over the threads), else in
-  // turn (each attention call spreads over the threads itself).
-  template <typename F>
-  void for_parts(F&& fn);
-  template <typename F>
-  void for_heads(int64_t n_heads, int64_t n_tokens, F&& fn);
-  template <typename F>
-  void for_tokens(int64_t n, F&& fn);
-  struct RopeAngles {
-    std::vector<float> c, s;
-  };
-  RopeAngles& rope_angles(int64_t pos) const;
+  void run_layers(int64_t n);
   void ffn(int64_t layer, int64_t n, const float* x, float* out);
-  void dense_ffn(const ops::Weight& g, const ops::Weight& u, const ops::Weight& d, int64_t n,
-                 const float* x, float* out);
 
   const LoadedModel& w_;
-  ThreadPool* pool_;
-  const kern::WeightViews* views_;
   MlaMode mla_;
-  int64_t mla_expand_tokens_;
-  bool mla_expand_by_cost_;
   RoutingObserver on_routing_;
   std::unique_ptr<CpuMoeBackend> own_moe_;
   MoeBackend* moe_;
-  ops::Rope rope_;
-  ops::RopeForm rope_form_;
-  float attn_scale_;
-  Profile profile_;
+  std::unique_ptr<ForwardOps> ops_;
+  double ffn_seconds_ = 0, moe_wait_seconds_ = 0;
   std::vector<int64_t> moe_index_;  // per layer: index among MoE layers, -1 for dense
   int64_t n_moe_layers_ = 0;
-  // The batch being computed: its parts, each token's part and position.
-  std::vector<Part> parts_;
-  std::vector<int32_t> part_of_;
-  std::vector<int64_t> pos_;
-  // Activation scratch, grown on demand and reused.
-  std::vector<int32_t> tok_;
-  std::vector<float> x_, h_, a_, b_, q_, k_, v_, t0_, t1_, t2_, att_, logits_r_;
-  std::vector<float> ek_, ev_;             // expanded MLA: per-head K / V of every position
-  std::vector<float> lat_f32_;             // expanded MLA: the sequence's latents as F32
-  std::deque<kern::Activations> lat_acts_;  // expanded MLA: the latents per encoding
-  std::vector<int64_t> rows_;               // token rows (absorbed MLA's, the logits rows)
+  ForwardStep step_;  // the batch being computed
+  // Host-side scratch: the MoE's input and router logits as the host reads them, the routing, the
+  // routed experts' output, the logits rows.
+  std::vector<float> hidden_host_, logits_host_, routed_;
   std::vector<int32_t> ids_;
   std::vector<float> topw_, route_scratch_;
+  std::vector<int64_t> rows_;
 };
 
 // One sequence on a model, with a KV cache of its own: the single-sequence API (a batch of one
