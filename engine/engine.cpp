@@ -23,6 +23,7 @@ Engine::Engine(const EngineOptions& o) : path_(o.model) {
   mo.mla = o.mla;
   mo.moe = moe_->backend();
   mo.views = moe_->weight_views();
+  mo.ops = moe_->forward_ops();
   mo.on_routing = o.on_routing;
   model_ = std::make_unique<Model>(*weights_, mo);
   load_seconds_ =
@@ -69,7 +70,7 @@ KvCache Engine::make_cache(int64_t ctx, KvType type, int64_t sequences) const {
   const int64_t per_sequence = (ctx + o.block_positions - 1) / o.block_positions * o.block_positions;
   o.positions = per_sequence * sequences;
   o.max_sequence_positions = ctx;
-  return KvCache(model_->kv_layout(), o);
+  return KvCache(model_->kv_layout(), model_->cache_options(o));
 }
 
 }  // namespace tandem

@@ -77,7 +77,8 @@ KvCache::KvCache(const KvLayout& layout, const KvCacheOptions& options)
   // The pool's size before any arithmetic that could overflow: at most 2^31 - 1 blocks and 1 TiB.
   constexpr uint64_t kMaxBytes = uint64_t{1} << 40;
   const uint64_t blocks = (static_cast<uint64_t>(options.positions) + block_ - 1) / block_;
-  const uint64_t available = meminfo_bytes("MemAvailable");  // 0: unknown
+  // (An accelerator's pool: its allocator says what does not fit.)
+  const uint64_t available = options.alloc ? 0 : meminfo_bytes("MemAvailable");  // 0: unknown
   const uint64_t limit = available > 0 ? std::min(available, kMaxBytes) : kMaxBytes;
   if (blocks > static_cast<uint64_t>(INT32_MAX) || blocks > limit / block_bytes_) {
     fail(ErrorKind::kResource,
@@ -89,9 +90,16 @@ KvCache::KvCache(const KvLayout& layout, const KvCacheOptions& options)
   }
   n_blocks_ = static_cast<int64_t>(blocks);
   max_seq_ = options.max_sequence_positions > 0 ? options.max_sequence_positions : capacity();
-  AllocOptions ao;
-  ao.huge_pages = true;  // mmap: zero pages, taken as the positions are written
-  pool_ = AlignedBuffer(static_cast<size_t>(bytes()), ao);
+  if (options.alloc) {
+    TD_CHECK(options.release != nullptr, "KV cache: an alloc without a release");
+    external_ = std::shared_ptr<void>(options.alloc(bytes()), options.release);
+    base_ = static_cast<uint8_t*>(external_.get());
+  } else {
+    AllocOptions ao;
+    ao.huge_pages = true;  // mmap: zero pages, taken as the positions are written
+    pool_ = AlignedBuffer(static_cast<size_t>(bytes()), ao);
+    base_ = pool_.as<uint8_t>();
+  }
   refs_.assign(static_cast<size_t>(n_blocks_), 0);
   free_.resize(static_cast<size_t>(n_blocks_));
   // A stack popped from the back: block 0 first, so a lone sequence's blocks are in order.
@@ -273,7 +281,7 @@ void KvCache::make_writable(std::span<const Write> writes) {
         // Copy-on-write: the rows written so far (a block is shared only up to some position:
         // copying all of it keeps the code simple, a block is ~0.1-5 MB).
         const int32_t copy = take_block();
-        uint8_t* base = pool_.as<uint8_t>();
+        uint8_t* base = base_;
         for (int64_t l = 0; l < layout_.layers; ++l) {
           const uint64_t layer = static_cast<uint64_t>(l) * n_blocks_ *
                                  (k_block_bytes_ + v_block_bytes_);
@@ -308,7 +316,7 @@ uint8_t* KvCache::row_at(int64_t layer, bool value, int32_t block, int64_t r,
                          int64_t head) const {
   const uint64_t layer_base =
       static_cast<uint64_t>(layer) * n_blocks_ * (k_block_bytes_ + v_block_bytes_);
-  uint8_t* base = const_cast<uint8_t*>(pool_.as<uint8_t>()) + layer_base;
+  uint8_t* base = base_ + layer_base;
   if (!value) {
     return base + block * k_block_bytes_ + static_cast<uint64_t>((head * block_ + r) * k_row_bytes_);
   }

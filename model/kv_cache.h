@@ -15,6 +15,8 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <span>
 #include <string>
 #include <vector>
@@ -55,6 +57,13 @@ struct KvCacheOptions {
   int64_t block_positions = 64;
   // One sequence's positions at most (the context size); 0: `positions`.
   int64_t max_sequence_positions = 0;
+  // Where the pool lives. Unset: host memory (huge pages, taken as positions are written). Set
+  // (ForwardOps::cache_options of an accelerator): alloc(bytes) returns the pool in its memory (or
+  // throws Error(kResource)), release(p) gives it back when the cache goes; the cache's
+  // copy-on-write copies and write_row / read_row then address that memory directly (the host
+  // device's memory is the host's).
+  std::function<void*(uint64_t bytes)> alloc;
+  std::function<void(void*)> release;
 };
 
 using SeqId = int32_t;
@@ -77,6 +86,8 @@ class KvCache {
   uint64_t bytes() const { return static_cast<uint64_t>(n_blocks_) * block_bytes_; }
   // Bytes of one position of one layer (keys and values): what attention reads per position.
   uint64_t position_bytes() const;
+  // The pool's first byte (bytes() of them).
+  const void* memory() const { return base_; }
 
   // Sequences. Ids of released sequences are reused. Every call on a sequence that does not
   // exist throws Error(kInvalidArgument) naming it.
@@ -145,7 +156,11 @@ class KvCache {
   // Per row: elements (bytes for Q8_0) and bytes; per block of one layer: K and V bytes.
   int64_t k_row_ = 0, v_row_ = 0, k_row_bytes_ = 0, v_row_bytes_ = 0;
   uint64_t k_block_bytes_ = 0, v_block_bytes_ = 0, block_bytes_ = 0;
-  AlignedBuffer pool_;  // layer-major: layer l's key blocks, then its value blocks
+  // The pool, layer-major: layer l's key blocks, then its value blocks. In pool_, or in the
+  // memory of options.alloc (owned by external_, which releases it).
+  AlignedBuffer pool_;
+  std::shared_ptr<void> external_;
+  uint8_t* base_ = nullptr;
   std::vector<int32_t> refs_;  // per block: sequences holding it
   std::vector<int32_t> free_;  // free blocks (a stack)
   std::vector<Seq> seqs_;

@@ -30,12 +30,15 @@
 #include <memory>
 #include <string>
 
+#include "model/forward_ops.h"
 #include "ops/cpu/ref_ops.h"
 
 namespace tandem::rt {
 
 using StreamId = int;
 using EventId = int;
+
+struct DenseWeights;
 
 struct DeviceFfnWeights {  // one SwiGLU FFN (an expert or the shared experts) in device memory
   ops::Weight gate, up, down;  // tensors whose data pointers are DEVICE memory, stored dtype
@@ -76,6 +79,12 @@ class Device {
                    const float* scale, float* out, bool accumulate) = 0;
   virtual void matmul(StreamId s, const ops::Weight& w, const float* x, int64_t n, float* y) = 0;
   virtual void add(StreamId s, const float* a, float* out, int64_t count) = 0;  // out += a
+  // The forward's ops (model/forward_ops.h) on this device, over the dense part in its memory
+  // (upload_dense_weights, kept alive by the ops), on a stream of their own; their buffers and the
+  // KV caches made with their cache_options are this device's memory. Error(kUnsupported) where a
+  // device has none.
+  virtual std::unique_ptr<ForwardOps> forward_ops(std::shared_ptr<const DenseWeights> weights,
+                                                  const ForwardOpsOptions& options);
 };
 
 struct LinkSpec {  // 0 GB/s: uncapped

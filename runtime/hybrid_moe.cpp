@@ -123,13 +123,17 @@ HybridMoeBackend::HybridMoeBackend(const LoadedModel& model, MoeBackend* cpu, De
   const int n_moe = static_cast<int>(layers_.size());
   TD_CHECK(n_moe > 0, "HybridMoeBackend on a model without MoE layers");
 
-  // Budget: shared experts, pinned experts, then cache slots; a reserve stays for activations.
-  const uint64_t budget = o.budget_bytes ? std::min(o.budget_bytes, dev_->memory_capacity())
-                                         : dev_->memory_capacity();
-  const uint64_t reserve = std::min<uint64_t>(budget / 4, uint64_t{64} << 20);
+  // Budget: shared experts, pinned experts, then cache slots; a reserve stays for activations
+  // (and the KV cache, when the dense part runs on the device: it was uploaded before).
+  const uint64_t left = dev_->memory_capacity() - dev_->memory_used();
+  const uint64_t budget = o.budget_bytes ? std::min(o.budget_bytes, left) : left;
+  const uint64_t reserve = o.reserve_bytes > 0
+                               ? o.reserve_bytes
+                               : std::min<uint64_t>(budget / 4, uint64_t{64} << 20);
   if (shared_total + reserve > budget) {
     fail(ErrorKind::kResource,
-         "--vram-budget: the shared experts need {} bytes (+{} for activations), the budget is {}",
+         "--vram-budget: the shared experts need {} bytes (+{} for activations and the KV cache), "
+         "the device has {} left",
          shared_total, reserve, budget);
   }
   const uint64_t avail = budget - shared_total - reserve;

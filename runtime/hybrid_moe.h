@@ -32,7 +32,10 @@ struct HybridOptions {
   std::string prefetch = "none";  // none | gate | residual
   int gpu_experts = 0;            // pinned per MoE layer, most popular first
   int cache_slots = -1;           // per MoE layer on top of the pinned ones; -1: from the budget
-  uint64_t budget_bytes = 0;      // accelerator memory to use; 0: the device's capacity
+  uint64_t budget_bytes = 0;      // accelerator memory to use; 0: what the device has left
+  // Left free for activations (and, with the dense part on the device, its KV cache); 0: a
+  // quarter of the budget, at most 64 MiB.
+  uint64_t reserve_bytes = 0;
   bool global_pool = false;       // one slot pool across layers instead of per-layer slots
   std::filesystem::path profile;    // cost model (+ optional expert_counts) from `tandem profile`
   std::filesystem::path residuals;  // DALI residual vectors (required by --prefetch residual)

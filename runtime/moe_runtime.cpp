@@ -13,6 +13,7 @@
 #include "moe/cpu_experts.h"
 #include "moe/fused_moe.h"
 #include "runtime/deferral.h"
+#include "runtime/dense_weights.h"
 #include "runtime/device.h"
 #include "runtime/hybrid_moe.h"
 #include "runtime/placement.h"
@@ -27,6 +28,7 @@ struct MoeRuntime::Impl {
   std::unique_ptr<MoeBackend> cpu;           // the CPU MoE backend
   std::unique_ptr<MoeBackend> cpu_deferred;  // a second instance for Expert Deferral
   std::unique_ptr<rt::Device> device;
+  std::shared_ptr<const rt::DenseWeights> dense;  // the dense part on the device (or null)
   std::unique_ptr<rt::HybridMoeBackend> hybrid;
   std::unique_ptr<rt::DeferringMoeBackend> deferring;
   rt::Placement placement;
@@ -164,6 +166,16 @@ void check_backend_options(const BackendOptions& o, const std::string& accel,
   }
 }
 
+// An F32 KV cache of the model's context (4096 positions at most), with the latent cache for MLA:
+// what the device keeps free for it when it runs the dense part.
+uint64_t default_kv_bytes(const ModelConfig& c) {
+  const int64_t positions =
+      c.max_position_embeddings > 0 ? std::min<int64_t>(c.max_position_embeddings, 4096) : 4096;
+  const int64_t per_layer = c.is_mla() ? c.kv_lora_rank + c.qk_rope_head_dim
+                                       : 2 * c.num_kv_heads * c.head_dim;
+  return static_cast<uint64_t>(positions * per_layer * c.num_layers) * 4;
+}
+
 // --accel auto|none|host|cuda -> none|host (cuda has no device backend yet).
 std::string resolve_accel(const std::string& accel) {
   if (accel == "cuda") {
@@ -250,6 +262,14 @@ MoeRuntime::MoeRuntime(const LoadedModel& model, const BackendOptions& options,
     ho.link = rt::parse_link(o.link);
     impl_->device = rt::make_host_device(ho);
     rt::HybridOptions h;
+    if (impl_->placement.dense_device() == rt::Where::kAccel) {
+      // The dense part first: the expert cache sizes itself from what is left, keeping room for
+      // the KV cache of a default context and the activations.
+      impl_->dense = rt::upload_dense_weights(*impl_->device, model, false);
+      const uint64_t left = impl_->device->memory_capacity() - impl_->device->memory_used();
+      h.reserve_bytes =
+          default_kv_bytes(model.config) + std::min<uint64_t>(left / 4, uint64_t{64} << 20);
+    }
     h.policy = o.policy;
     h.cache = o.cache;
     h.prefetch = o.prefetch;
@@ -265,6 +285,9 @@ MoeRuntime::MoeRuntime(const LoadedModel& model, const BackendOptions& options,
     backend_ = impl_->hybrid.get();
     summary_ += fmt::format("; accelerator: {} ({:.0f} MiB, link {}): {}", impl_->device->name(),
                             ho.memory_bytes / 1048576.0, o.link, impl_->hybrid->summary());
+    summary_ += impl_->dense ? fmt::format("; dense part on the accelerator ({:.1f} MiB)",
+                                           impl_->dense->bytes / 1048576.0)
+                             : std::string("; dense part on the cpu");
   } else {
     summary_ += "; accelerator: none";
   }
@@ -290,6 +313,13 @@ MoeRuntime::~MoeRuntime() = default;
 const kern::WeightViews* MoeRuntime::weight_views() const {
   const CpuExperts* e = impl_->experts.get();
   return e != nullptr && !e->other.empty() ? &e->other : nullptr;
+}
+
+ForwardOpsFactory MoeRuntime::forward_ops() const {
+  if (!impl_->dense) return {};
+  rt::Device* dev = impl_->device.get();
+  std::shared_ptr<const rt::DenseWeights> w = impl_->dense;
+  return [dev, w](const LoadedModel&, const ForwardOpsOptions& o) { return dev->forward_ops(w, o); };
 }
 
 const rt::HybridStats* MoeRuntime::hybrid_stats() const {

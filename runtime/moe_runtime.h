@@ -12,6 +12,7 @@
 #include <string>
 
 #include "core/cpu_features.h"
+#include "model/forward_ops.h"
 #include "model/moe_backend.h"
 #include "model/weights.h"
 #include "ops/cpu/kernels.h"
@@ -94,6 +95,10 @@ class MoeRuntime {
   const kern::WeightViews* weight_views() const;
   // What ran on the accelerator and what moved (nullptr without one). Read between forwards.
   const rt::HybridStats* hybrid_stats() const;
+  // What ModelOptions::ops should be: the accelerator's forward ops over the dense part it holds
+  // (uploaded here, before the expert cache takes the rest of its memory) when the placement puts
+  // the dense part there; empty (the CPU's) otherwise.
+  ForwardOpsFactory forward_ops() const;
 
  private:
   struct Impl;

@@ -254,12 +254,12 @@ bool Placement::experts_cpu_only(int64_t layer) const {
 }
 
 std::string Placement::format() const {
-  std::string s = "placement (module, kind, device, dtype, op, rule; * = followed at run time):";
+  std::string s = "placement (module, kind, device, dtype, op, rule):";
   for (const PlacedModule& m : modules) {
     std::string dt = m.dtype;
     if (!m.cpu_experts.empty()) dt += "/cpu:" + m.cpu_experts;
-    s += fmt::format("\n  {:<26} {:<9} {:<5}{} {:<14} {:<9} {}", m.name, m.module,
-                     where_name(m.device), m.executes ? "*" : " ", dt, m.op, m.rule);
+    s += fmt::format("\n  {:<26} {:<9} {:<5} {:<14} {:<9} {}", m.name, m.module,
+                     where_name(m.device), dt, m.op, m.rule);
   }
   return s;
 }
@@ -289,7 +289,7 @@ Placement resolve_placement(const LoadedModel& model, const std::vector<Placemen
       if (!r.cpu_experts.empty() && experts) m.cpu_experts = r.cpu_experts;
       if (!r.op.empty()) m.op = r.op;
       m.rule = r.origin;
-      // Only `device` is followed at run time (for the MoE part); say so rather than ignore.
+      // Only `device` is followed at run time; say so rather than ignore.
       if (!r.dtype.empty() || !r.op.empty() || (!r.cpu_experts.empty() && experts)) {
         log_warn("{}: {}: dtype / op / cpu_experts are recorded in the placement but not applied "
                  "yet (the run uses the stored dtype and --cpu-experts)",
@@ -302,8 +302,6 @@ Placement resolve_placement(const LoadedModel& model, const std::vector<Placemen
       if (m.rule == "default") m.rule = "default (no accelerator)";
       else m.rule += " (no accelerator)";
     }
-    // The MoE part follows the placement now; other modules still run in the model's CPU code.
-    m.executes = m.module == "shared" || m.module == "experts" || m.device == Where::kCpu;
     p.modules.push_back(std::move(m));
   };
   const Where acc = have_accel ? Where::kAccel : Where::kCpu;
@@ -324,7 +322,39 @@ Placement resolve_placement(const LoadedModel& model, const std::vector<Placemen
         lw.experts.gate.empty() ? nullptr : &lw.experts.gate[0], Where::kCpu);
   }
   add("lm_head", "lm_head", -1, &model.lm_head, acc);
+  // The routers run where the dense part runs (their logits are the dense part's last product
+  // before the routing); a rule that says otherwise is overridden, and says so.
+  const Where dense = p.dense_device();  // (a dense part split between devices fails here)
+  for (PlacedModule& m : p.modules) {
+    if (m.module != "router" || m.device == dense) continue;
+    if (m.rule.starts_with("default")) {
+      m.device = dense;
+      continue;
+    }
+    log_warn("placement: {} follows the dense part to the {} ({} asked for the {})", m.name,
+             where_name(dense), m.rule, where_name(m.device));
+    m.device = dense;
+    m.rule += " (with the dense part)";
+  }
   return p;
+}
+
+Where Placement::dense_device() const {
+  const PlacedModule* first = nullptr;
+  for (const PlacedModule& m : modules) {
+    if (m.module == "shared" || m.module == "experts" || m.module == "router") continue;
+    if (first == nullptr) {
+      first = &m;
+    } else if (m.device != first->device) {
+      fail(ErrorKind::kUnsupported,
+           "placement: {} is on the {} ({}) but {} on the {} ({}): the dense part (embedding, "
+           "attention, dense FFNs, lm_head, and with them the routers) runs in one place, all on "
+           "the accelerator or all on the cpu",
+           first->name, where_name(first->device), first->rule, m.name, where_name(m.device),
+           m.rule);
+    }
+  }
+  return first != nullptr ? first->device : Where::kCpu;
 }
 
 }  // namespace tandem::rt

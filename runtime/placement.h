@@ -2,8 +2,9 @@
 // experts, lm_head on the accelerator; routed experts in host DRAM) overridden by a YAML rules file
 // in the spirit of KTransformers' injection rules: a list of {match: {name, module}, device, dtype,
 // cpu_experts, op}, first match wins. The resolved placement is printed by `tandem run -v` and
-// `--show-placement`. For now only the MoE part follows it at run time (shared experts, pinned
-// routed experts); the rest is recorded and still executes in the model's CPU code.
+// `--show-placement`. The run follows every module's device: the dense part (embedding, attention,
+// dense FFNs, routers, lm_head) as a whole on the accelerator's ForwardOps or the CPU's, the shared
+// experts and routed experts per layer in the hybrid MoE backend; dtype and op are recorded only.
 #pragma once
 
 #include <cstdint>
@@ -45,7 +46,6 @@ struct PlacedModule {
   std::string cpu_experts;  // experts only
   std::string op = "default";
   std::string rule = "default";  // "default" or the rule's file:line
-  bool executes = false;         // true: the runtime follows this decision now
 };
 
 struct Placement {
@@ -55,6 +55,9 @@ struct Placement {
   bool shared_on_accel(int64_t layer) const;
   bool experts_pinned(int64_t layer) const;      // a rule put the whole layer on the accelerator
   bool experts_cpu_only(int64_t layer) const;    // a rule kept the layer in DRAM (no caching)
+  // Where the dense part runs: the embedding, attention, dense FFNs and lm_head, which must agree
+  // (Error(kUnsupported) naming two that do not and their rules); the routers follow it.
+  Where dense_device() const;
   std::string format() const;  // one line per module, for -v / --show-placement
 };
 

@@ -4,7 +4,9 @@
 // finished at different steps, prompt chunks beside decode tokens, forks and prefix matches,
 // truncate-then-continue, a full pool, and a seeded random schedule. Each logits row must be
 // within the golden F32 tolerance of the sequence's own run (max |d| <= 1e-4 + 1e-3 max |ref|,
-// tests/data/golden/README.md) and each greedy token identical.
+// tests/data/golden/README.md) and each greedy token identical. The hybrid cases run the batch
+// with the dense part on the host device and the experts through the hybrid backend (--accel
+// host), against each sequence run alone with --accel none.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -19,6 +21,8 @@
 #include "model/kv_cache.h"
 #include "model/model.h"
 #include "model/weights.h"
+#include "runtime/dense_weights.h"
+#include "runtime/device.h"
 #include "runtime/moe_runtime.h"
 #include "tests/test_util.h"
 
@@ -64,12 +68,20 @@ std::string case_name(const ::testing::TestParamInfo<Case>& info) {
   return s;
 }
 
-// A loaded model with its MoE backend.
+// A loaded model with its MoE backend; `ref` (the hybrid case): the same model on the CPU alone
+// (--accel none, the same --cpu-experts), which the sequences run alone are computed on.
 struct Net {
   LoadedModel lm;
   std::unique_ptr<MoeRuntime> runtime;
   std::unique_ptr<Model> model;
+  std::unique_ptr<Net> ref;
+  std::unique_ptr<rt::Device> device;  // the "device" case's, holding the dense part
   int64_t vocab() const { return lm.config.vocab_size; }
+  ~Net() {
+    model.reset();  // (its ops use the device)
+    runtime.reset();
+  }
+  Net& reference() { return ref ? *ref : *this; }
 };
 
 std::unique_ptr<Net> open(const Case& c) {
@@ -79,7 +91,29 @@ std::unique_ptr<Net> open(const Case& c) {
   ModelOptions mo;
   mo.pool = &threading().pool();
   mo.mla = c.mla;
-  if (c.backend == "fused") {
+  if (c.backend == "hybrid") {
+    // --accel host: the dense part on the host device, the routed experts through the hybrid
+    // backend (an expert cache of 2 slots per layer, 1 pinned, prefetch), compared with the CPU.
+    BackendOptions bo;
+    bo.cpu_experts = c.experts;
+    bo.expert_cache = false;
+    bo.accel = "host";
+    bo.vram_budget = "256M";
+    bo.link = "none";
+    bo.policy = "hybrimoe";
+    bo.prefetch = "gate";
+    bo.gpu_experts = 1;
+    bo.cache_slots = 2;
+    net->runtime =
+        std::make_unique<MoeRuntime>(net->lm, resolve_backend_options(bo, path), threading());
+    mo.moe = net->runtime->backend();
+    mo.ops = net->runtime->forward_ops();
+    net->model = std::make_unique<Model>(net->lm, mo);
+    EXPECT_EQ(net->model->ops().name(), "host");
+    net->ref = open(Case{c.model, "fused", c.experts, c.mla});  // --accel none
+    return net;
+  }
+  if (c.backend == "fused" || c.backend == "device") {
     BackendOptions bo;
     bo.cpu_experts = c.experts;
     bo.expert_cache = false;
@@ -88,6 +122,23 @@ std::unique_ptr<Net> open(const Case& c) {
         std::make_unique<MoeRuntime>(net->lm, resolve_backend_options(bo, path), threading());
     mo.moe = net->runtime->backend();
     mo.views = net->runtime->weight_views();
+  }
+  if (c.backend == "device") {
+    // The dense part alone on the host device (its shared experts too), the routed experts on
+    // the CPU operator: the forward ops' seam by itself, whatever the weights' format.
+    rt::HostDeviceOptions ho;
+    ho.memory_bytes = uint64_t{256} << 20;
+    ho.link = rt::parse_link("none");
+    net->device = rt::make_host_device(ho);
+    rt::Device* dev = net->device.get();
+    auto w = rt::upload_dense_weights(*dev, net->lm, true);
+    mo.ops = [dev, w](const LoadedModel&, const ForwardOpsOptions& o) {
+      return dev->forward_ops(w, o);
+    };
+    net->model = std::make_unique<Model>(net->lm, mo);
+    EXPECT_EQ(net->model->ops().name(), "host");
+    net->ref = open(Case{c.model, "fused", c.experts, c.mla});
+    return net;
   }
   net->model = std::make_unique<Model>(net->lm, mo);
   return net;
@@ -167,13 +218,13 @@ TEST_P(BatchForward, StaggeredSequencesEqualTheirSoloRuns) {
   std::vector<Solo> solo;
   for (int i = 0; i < 8; ++i) {
     prompts.push_back(random_tokens(rng, lengths[i], nv));
-    solo.push_back(run_solo(*net, prompts.back(), steps[i], i == 3 ? 25 : 0));
+    solo.push_back(run_solo(net->reference(), prompts.back(), steps[i], i == 3 ? 25 : 0));
   }
   double worst = 0;
   for (int n_seq = 1; n_seq <= 8; ++n_seq) {
     KvCacheOptions o;
     o.positions = 64 * 8;  // a block each at most: released sequences' blocks are reused
-    KvCache cache(net->model->kv_layout(), o);
+    KvCache cache(net->model->kv_layout(), net->model->cache_options(o));
     std::vector<SeqId> id(8, -1);
     std::vector<int> done(8, -1);  // logits rows compared so far; -1: not started
     std::vector<int32_t> next(8, 0);
@@ -230,7 +281,7 @@ TEST_P(BatchForward, ForksAndPrefixMatchesEqualRecomputation) {
   std::mt19937 rng(11);
   KvCacheOptions o;
   o.positions = 64 * 8;
-  KvCache cache(net->model->kv_layout(), o);
+  KvCache cache(net->model->kv_layout(), net->model->cache_options(o));
   const std::vector<int32_t> p = random_tokens(rng, 90, nv);
   const SeqId a = cache.create();
   std::vector<float> row(static_cast<size_t>(2 * nv));
@@ -243,7 +294,7 @@ TEST_P(BatchForward, ForksAndPrefixMatchesEqualRecomputation) {
                              {b, std::span<const int32_t>(&y, 1)}};
   ASSERT_EQ(net->model->forward(both, cache, row.data()), 2);
   for (int k = 0; k < 2; ++k) {
-    const std::vector<float> ref = replay(*net, {{p}, {{k == 0 ? x : y}}});
+    const std::vector<float> ref = replay(net->reference(), {{p}, {{k == 0 ? x : y}}});
     EXPECT_LE(tolerance_units(row.data() + k * nv, ref.data(), nv), 1.0) << "fork " << k;
   }
   // Prompts sharing 70 (past the first block) and 30 (inside it) tokens with a.
@@ -260,7 +311,7 @@ TEST_P(BatchForward, ForksAndPrefixMatchesEqualRecomputation) {
     net->model->forward(std::span<const SeqTokens>(&rest, 1), cache, got.data());
     // The shared rows were computed in a's first chunk (p).
     const std::vector<float> ref =
-        replay(*net, {{p}, {{}, m.length}, {std::vector<int32_t>(q.begin() + m.length, q.end())}});
+        replay(net->reference(), {{p}, {{}, m.length}, {std::vector<int32_t>(q.begin() + m.length, q.end())}});
     for (size_t r = 0; r < rest.tokens.size(); ++r) {
       EXPECT_LE(tolerance_units(got.data() + r * nv, ref.data() + r * nv, nv), 1.0)
           << "shared " << shared << " row " << r;
@@ -277,7 +328,7 @@ TEST_P(BatchForward, TruncateThenContinueEqualsAFreshRunAndAFullPoolIsAnError) {
   std::mt19937 rng(13);
   KvCacheOptions o;
   o.positions = 128;
-  KvCache cache(net->model->kv_layout(), o);
+  KvCache cache(net->model->kv_layout(), net->model->cache_options(o));
   const SeqId a = cache.create();
   const std::vector<int32_t> p = random_tokens(rng, 30, nv);
   std::vector<float> row(static_cast<size_t>(8 * nv));
@@ -292,7 +343,7 @@ TEST_P(BatchForward, TruncateThenContinueEqualsAFreshRunAndAFullPoolIsAnError) {
   const std::vector<int32_t> more = random_tokens(rng, 8, nv);
   const SeqTokens e2{a, more, -1, LogitRows::kAll};
   ASSERT_EQ(net->model->forward(std::span<const SeqTokens>(&e2, 1), cache, row.data()), 8);
-  const std::vector<float> ref = replay(*net, {{p}, {{}, 12}, {more}});
+  const std::vector<float> ref = replay(net->reference(), {{p}, {{}, 12}, {more}});
   for (int r = 0; r < 8; ++r) {
     EXPECT_LE(tolerance_units(row.data() + r * nv, ref.data() + r * nv, nv), 1.0) << r;
   }
@@ -314,7 +365,7 @@ TEST_P(BatchForward, TruncateThenContinueEqualsAFreshRunAndAFullPoolIsAnError) {
   cache.release(a);
   const SeqTokens eb{b, big};
   net->model->forward(std::span<const SeqTokens>(&eb, 1), cache, row.data());
-  const std::vector<float> ref_b = replay(*net, {{big}});
+  const std::vector<float> ref_b = replay(net->reference(), {{big}});
   EXPECT_LE(tolerance_units(row.data(), ref_b.data() + 99 * nv, nv), 1.0);
 }
 
@@ -328,7 +379,7 @@ TEST_P(BatchForward, RandomScheduleEqualsSoloRuns) {
   KvCacheOptions o;
   o.positions = 64 * 12;
   o.max_sequence_positions = 120;
-  KvCache cache(net->model->kv_layout(), o);
+  KvCache cache(net->model->kv_layout(), net->model->cache_options(o));
   struct Live {
     SeqId id;
     History history;
@@ -383,7 +434,7 @@ TEST_P(BatchForward, RandomScheduleEqualsSoloRuns) {
       s.history.push_back({fed[j]});
       s.length += static_cast<int64_t>(fed[j].size());
       ASSERT_EQ(cache.length(s.id), s.length);
-      const std::vector<float> ref = replay(*net, s.history);
+      const std::vector<float> ref = replay(net->reference(), s.history);
       for (size_t t = 0; t < fed[j].size(); ++t, ++r) {
         ASSERT_LE(tolerance_units(logits.data() + r * nv, ref.data() + t * nv, nv), 1.0)
             << "step " << step << " sequence " << who[j] << " row " << t;
@@ -406,6 +457,19 @@ std::vector<Case> cases() {
   v.push_back({"demo/tandem-demo-moe-Q4_K_M.gguf", "fused", "repack", MlaMode::kAuto});
   v.push_back({"demo/tandem-demo-moe-Q4_K_M.gguf", "fused", "int8", MlaMode::kAuto});
   v.push_back({"demo/tandem-demo-moe-Q4_K_M.gguf", "fused", "native", MlaMode::kNaive});
+  // The dense part on the host device (--accel host), the experts through the hybrid backend.
+  for (const std::string m : {"qwen2moe", "qwen3moe", "mixtral", "deepseek2", "deepseek3",
+                              "gpt-oss", "glm4moe", "minimax-m2"}) {
+    v.push_back({"golden/" + m + ".gguf", "hybrid", "native", MlaMode::kAuto});
+  }
+  v.push_back({"golden/deepseek2.gguf", "hybrid", "native", MlaMode::kNaive});
+  v.push_back({"demo/tandem-demo-moe-hf", "hybrid", "native", MlaMode::kAuto});
+  // The dense part on the host device, the experts on the CPU operator: quantized weights too
+  // (the hybrid backend's split of a token's experts between the two sides sums them in another
+  // order, which the quantized activations of the next layers amplify past the F32 tolerance).
+  v.push_back({"golden/qwen3moe-q4_k_m.gguf", "device", "repack", MlaMode::kAuto});
+  v.push_back({"demo/tandem-demo-moe-Q4_K_M.gguf", "device", "repack", MlaMode::kAuto});
+  v.push_back({"demo/tandem-demo-moe-Q4_K_M.gguf", "device", "native", MlaMode::kNaive});
   return v;
 }
 

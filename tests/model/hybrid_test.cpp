@@ -1,14 +1,15 @@
 // The hybrid pipeline end to end on golden tiny models: for every policy x cache x prefetch,
-// --accel host (HybridMoeBackend over the host device) gives the same greedy tokens as the CPU
-// backend alone, with experts really fetched, prefetched and run on the device; Expert Deferral on
-// top of it equals the formula, through the CLI too; and the CLI accepts the flags and rejects bad
-// values by name.
+// --accel host (the dense part on the host device's forward ops, the routed experts through
+// HybridMoeBackend over the same device) gives the same greedy tokens as the CPU alone, with
+// experts really fetched, prefetched and run on the device; Expert Deferral on top of it equals
+// the formula, through the CLI too; and the CLI accepts the flags and rejects bad values by name.
 #include <fmt/format.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <fstream>
 #include <cmath>
 #include <numeric>
 #include <string>
@@ -19,6 +20,7 @@
 #include "model/weights.h"
 #include "runtime/calibrate.h"
 #include "runtime/deferral.h"
+#include "runtime/dense_weights.h"
 #include "runtime/device.h"
 #include "runtime/hybrid_moe.h"
 #include "runtime/placement.h"
@@ -39,12 +41,15 @@ struct Decode {
 
 const std::vector<int32_t> kPrompt = {1, 453, 386, 332, 341, 311, 426, 17};
 
+// ops: where the dense part runs (empty: the CPU).
 Decode decode(const LoadedModel& lm, MoeBackend* moe, int steps,
-              const std::vector<int32_t>& prompt = kPrompt) {
+              const std::vector<int32_t>& prompt = kPrompt, ForwardOpsFactory ops = {}) {
   ModelOptions mo;
   mo.pool = &threading().pool();
   mo.moe = moe;
+  mo.ops = std::move(ops);
   Model model_net(lm, mo);
+  if (mo.ops) EXPECT_EQ(model_net.ops().name(), "host");
   SingleSequence model(model_net, 64);
   std::vector<float> last(lm.config.vocab_size);
   model.forward(prompt, last.data(), false);
@@ -66,6 +71,14 @@ double max_rel_diff(const std::vector<float>& a, const std::vector<float>& b) {
     ref = std::max(ref, double(std::fabs(b[i])));
   }
   return worst / ref;
+}
+
+// The dense part of lm on dev (uploaded now, before a hybrid backend sizes its expert cache from
+// what is left), as ModelOptions::ops.
+ForwardOpsFactory dense_on(rt::Device& dev, const LoadedModel& lm) {
+  auto w = rt::upload_dense_weights(dev, lm, false);
+  rt::Device* d = &dev;
+  return [d, w](const LoadedModel&, const ForwardOpsOptions& o) { return d->forward_ops(w, o); };
 }
 
 std::unique_ptr<rt::Device> host_device() {
@@ -121,10 +134,11 @@ TEST_P(Hybrid, EveryPolicyCachePrefetchMatchesCpu) {
         SCOPED_TRACE(fmt::format("{} policy {} cache {} prefetch {}", GetParam(), policy, cache,
                                  prefetch));
         auto dev = host_device();
+        ForwardOpsFactory dense = dense_on(*dev, lm);
         CpuMoeBackend cpu(&threading().pool());
         rt::HybridMoeBackend h(lm, &cpu, dev.get(), placement,
                                hybrid_options(policy, cache, prefetch, residuals.string()));
-        const Decode got = decode(lm, &h, steps);
+        const Decode got = decode(lm, &h, steps, kPrompt, dense);
         EXPECT_EQ(got.tokens, base.tokens);
         EXPECT_LE(max_rel_diff(got.logits, base.logits), 1e-5);
         const rt::HybridStats& s = h.stats();
@@ -214,11 +228,12 @@ TEST_P(Hybrid, DeferralOverHybridMatchesFormula) {
     FormulaBackend f(n_defer);
     const Decode want = decode(lm, &f, 6);
     auto dev = host_device();
+    ForwardOpsFactory dense = dense_on(*dev, lm);
     CpuMoeBackend cpu(&threading().pool()), cpu_def(&threading().pool());
     rt::HybridMoeBackend h(lm, &cpu, dev.get(), placement,
                            hybrid_options("hybrimoe", "lru", "gate", ""));
     rt::DeferringMoeBackend d(&h, &cpu_def, n_defer);
-    const Decode got = decode(lm, &d, 6);
+    const Decode got = decode(lm, &d, 6, kPrompt, dense);
     EXPECT_EQ(got.tokens, want.tokens) << "defer " << n_defer;
     EXPECT_LE(max_rel_diff(got.logits, want.logits), 1e-4) << "defer " << n_defer;
     EXPECT_GT(h.stats().accel_pairs, 0);
@@ -293,6 +308,41 @@ TEST(HybridCli, DeferralEqualsTheLibrarys) {
   EXPECT_EQ(c.out, ids + "\n");
 }
 
+// The dense part goes where the placement says: on the accelerator by default, on the CPU by a
+// rule (the same tokens either way, the summary says which); split between the two, an error
+// naming both modules and their rules.
+TEST(HybridCli, RulesPlaceTheDensePart) {
+  const std::string model = test::data_path("golden/qwen2moe.gguf").string();
+  const std::string base = "run --model " + model + " --tokens 1,453,386,332 -n 6 --temp 0 ";
+  test::TempDir dir;
+  const auto dense_cpu = dir / "dense-cpu.yaml", split = dir / "split.yaml";
+  {
+    std::ofstream(dense_cpu) << "- {match: {name: 'embed|lm_head|layers\\.\\d+\\.(attention|ffn)'}, "
+                                "device: cpu}\n";
+    std::ofstream(split) << "- match: {module: attention, name: 'layers\\.1\\..*'}\n"
+                            "  device: cpu\n";
+  }
+  const auto cpu = test::run_tandem(base + "--accel none");
+  ASSERT_EQ(cpu.exit_code, 0) << cpu.err;
+  const auto on_accel = test::run_tandem(base + "--accel host --vram-budget 64M --show-placement");
+  ASSERT_EQ(on_accel.exit_code, 0) << on_accel.err;
+  EXPECT_EQ(on_accel.out, cpu.out);
+  EXPECT_NE(on_accel.err.find("layers.1.attention         attention accel"), std::string::npos)
+      << on_accel.err;
+  const auto on_cpu = test::run_tandem(base + "--accel host --vram-budget 64M --show-placement "
+                                       "--rules " + dense_cpu.string());
+  ASSERT_EQ(on_cpu.exit_code, 0) << on_cpu.err;
+  EXPECT_EQ(on_cpu.out, cpu.out);
+  EXPECT_NE(on_cpu.err.find("layers.1.attention         attention cpu"), std::string::npos)
+      << on_cpu.err;
+  EXPECT_NE(on_cpu.err.find("layers.1.router            router    cpu"), std::string::npos)
+      << on_cpu.err;
+  const auto bad = test::run_tandem(base + "--accel host --rules " + split.string());
+  EXPECT_NE(bad.exit_code, 0);
+  EXPECT_NE(bad.err.find("layers.1.attention on the cpu"), std::string::npos) << bad.err;
+  EXPECT_NE(bad.err.find("runs in one place"), std::string::npos) << bad.err;
+}
+
 TEST(HybridCli, BadValuesNameTheFlag) {
   const std::string model = test::data_path("golden/mixtral.gguf").string();
   const std::string base = "run --model " + model + " --tokens 1,453 -n 2 ";
@@ -303,7 +353,9 @@ TEST(HybridCli, BadValuesNameTheFlag) {
       {"--accel cuda", "--accel host"},  {"--accel host --link warp9", "warp9"},
       {"--cache-slots -5", "--cache-slots"},
       {"--accel host --prefetch residual", "--residuals"},
-      {"--accel host --vram-budget 1M --gpu-experts 8", "--gpu-experts"},
+      {"--accel host --vram-budget 8M --gpu-experts 8", "--gpu-experts"},
+      {"--accel host --vram-budget 1M", "the dense part"},
+      {"--accel host --vram-budget 1M ", "--vram-budget"},
       {"--rules /nonexistent.yaml", "/nonexistent.yaml"},
   };
   for (const auto& [flags, needle] : cases) {

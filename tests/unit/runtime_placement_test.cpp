@@ -107,7 +107,10 @@ TEST(Placement, DefaultsAndFirstMatchWins) {
   EXPECT_TRUE(p.experts_cpu_only(1));
   EXPECT_EQ(p.find("layers.1.experts")->cpu_experts, "int8");
   EXPECT_FALSE(p.shared_on_accel(1));  // module moe covers the shared experts
-  EXPECT_EQ(p.find("layers.1.router")->device, rt::Where::kCpu);
+  // The router follows the dense part (on the accelerator), whatever the moe rule said.
+  EXPECT_EQ(p.find("layers.1.router")->device, rt::Where::kAccel);
+  EXPECT_EQ(p.find("layers.1.router")->rule, "p.yaml:3 (with the dense part)");
+  EXPECT_EQ(p.dense_device(), rt::Where::kAccel);
   EXPECT_EQ(p.find("layers.1.attention")->rule, "default");
   EXPECT_NE(p.format().find("layers.2.experts"), std::string::npos);
 
@@ -115,6 +118,29 @@ TEST(Placement, DefaultsAndFirstMatchWins) {
   EXPECT_FALSE(none.experts_pinned(2));
   EXPECT_FALSE(none.shared_on_accel(2));
   EXPECT_EQ(none.find("lm_head")->device, rt::Where::kCpu);
+  EXPECT_EQ(none.dense_device(), rt::Where::kCpu);
+
+  // The dense part moves as a whole: all of it to the CPU is a placement, a part of it an error
+  // naming a module on each side and the rule that put it there.
+  const rt::Placement dense_cpu = rt::resolve_placement(
+      lm,
+      rt::parse_placement_rules(
+          "- {match: {name: 'embed|lm_head|layers\\.\\d+\\.(attention|ffn)'}, device: cpu}\n",
+          "d.yaml"),
+      true, "native");
+  EXPECT_EQ(dense_cpu.dense_device(), rt::Where::kCpu);
+  EXPECT_EQ(dense_cpu.find("layers.2.router")->device, rt::Where::kCpu);
+  EXPECT_TRUE(dense_cpu.shared_on_accel(2));
+  try {
+    rt::resolve_placement(
+        lm, rt::parse_placement_rules("- {match: {module: dense}, device: cpu}\n", "s.yaml"), true,
+        "native");
+    FAIL() << "a split dense part was accepted";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kUnsupported);
+    EXPECT_NE(std::string(e.what()).find("layers.0.ffn on the cpu (s.yaml:1)"), std::string::npos)
+        << e.what();
+  }
 }
 
 // A rules file is user input: its regexes are compiled and matched by PCRE2 with bounds (a long or
