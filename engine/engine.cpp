@@ -21,9 +21,7 @@ Engine::Engine(const EngineOptions& o) : path_(o.model) {
   ModelOptions mo;
   mo.pool = &threading_->pool();
   mo.mla = o.mla;
-  mo.moe = moe_->backend();
-  mo.views = moe_->weight_views();
-  mo.ops = moe_->forward_ops();
+  moe_->apply(&mo);
   mo.on_routing = o.on_routing;
   model_ = std::make_unique<Model>(*weights_, mo);
   load_seconds_ =

@@ -39,6 +39,7 @@ using StreamId = int;
 using EventId = int;
 
 struct DenseWeights;
+class Timeline;
 
 struct DeviceFfnWeights {  // one SwiGLU FFN (an expert or the shared experts) in device memory
   ops::Weight gate, up, down;  // tensors whose data pointers are DEVICE memory, stored dtype
@@ -85,6 +86,14 @@ class Device {
   // device has none.
   virtual std::unique_ptr<ForwardOps> forward_ops(std::shared_ptr<const DenseWeights> weights,
                                                   const ForwardOpsOptions& options);
+  // Where the device records its ops' busy intervals and its copies' bytes, and the hybrid
+  // backend its CPU experts' intervals (runtime/timeline.h); nullptr: nowhere. Set it before
+  // enqueuing work; it must outlive the work enqueued after.
+  void set_timeline(Timeline* t) { timeline_ = t; }
+  Timeline* timeline() const { return timeline_; }
+
+ protected:
+  Timeline* timeline_ = nullptr;
 };
 
 struct LinkSpec {  // 0 GB/s: uncapped

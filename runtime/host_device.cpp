@@ -21,6 +21,7 @@
 #include "core/thread_pool.h"
 #include "ops/cpu/kernels.h"
 #include "runtime/dense_weights.h"
+#include "runtime/timeline.h"
 
 namespace tandem::rt {
 
@@ -281,11 +282,13 @@ class HostDevice final : public Device {
 
   void copy_h2d(void* dst, const void* src, uint64_t bytes, StreamId s) override {
     check_device(dst, bytes, "copy_h2d destination");
+    if (timeline_ != nullptr) timeline_->add_bytes(true, bytes);
     enqueue(s, "copy_h2d", [this, dst, src, bytes] { h2d_.copy(dst, src, bytes); });
   }
 
   void copy_d2h(void* dst, const void* src, uint64_t bytes, StreamId s) override {
     check_device(src, bytes, "copy_d2h source");
+    if (timeline_ != nullptr) timeline_->add_bytes(false, bytes);
     enqueue(s, "copy_d2h", [this, dst, src, bytes] { d2h_.copy(dst, src, bytes); });
   }
 
@@ -361,6 +364,14 @@ class HostDevice final : public Device {
     }
   }
 
+  // The items that are the device computing (Timeline): not copies, waits or host callbacks.
+  static bool is_compute(const char* op) {
+    for (const char* other : {"copy_h2d", "copy_d2h", "host_callback", "wait_event", "begin"}) {
+      if (std::strcmp(op, other) == 0) return false;
+    }
+    return true;
+  }
+
   void enqueue(StreamId s, const char* op, std::function<void()> fn) {
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -380,8 +391,12 @@ class HostDevice final : public Device {
       st->queue.pop_front();
       lock.unlock();
       std::exception_ptr err;
+      Timeline* timeline = timeline_;
+      const bool compute = timeline != nullptr && is_compute(item.op);
+      const Clock::time_point t0 = compute ? Clock::now() : Clock::time_point{};
       try {
         item.fn();
+        if (compute) timeline->add(Timeline::kDevice, t0, Clock::now());
       } catch (const Error& e) {
         err = std::make_exception_ptr(Error(
             e.kind(), fmt::format("{} device stream {}: {}: {}", name(), id, item.op, e.what())));

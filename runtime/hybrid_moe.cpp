@@ -17,6 +17,7 @@
 #include "runtime/expert_cache.h"
 #include "runtime/policy.h"
 #include "runtime/prefetch.h"
+#include "runtime/timeline.h"
 
 namespace tandem::rt {
 namespace {
@@ -500,7 +501,10 @@ void HybridMoeBackend::submit(const MoeRequest& r) {
   p.cpu_req = r;
   p.cpu_req.expert_mask = p.mask.data();
   p.cpu_req.out = p.cpu_out.data();
-  dev_->host_callback(compute_, [this] { cpu_->submit(p_->cpu_req); });
+  dev_->host_callback(compute_, [this] {
+    cpu_since_ = Timeline::Clock::now();
+    cpu_->submit(p_->cpu_req);
+  });
   if (p.shared_rows > 0) {
     dev_->ffn(compute_, L.shared, d_x, n, L.lw->sh_gate_inp.empty() ? nullptr : d_s, d_y, false);
     ++stats_.shared_on_accel;
@@ -510,7 +514,12 @@ void HybridMoeBackend::submit(const MoeRequest& r) {
               d_y + run.row0 * h, false);
   }
   dev_->record(compute_done_, compute_);
-  dev_->host_callback(compute_, [this] { cpu_->wait(); });
+  dev_->host_callback(compute_, [this] {
+    cpu_->wait();
+    if (Timeline* t = dev_->timeline()) {
+      t->add(Timeline::kCpuExperts, cpu_since_, Timeline::Clock::now());
+    }
+  });
   p.dev_y.resize(rows * h);
   if (rows > 0) dev_->copy_d2h(p.dev_y.data(), d_y, rows * h * 4, compute_);
   dev_->record(done_, compute_);

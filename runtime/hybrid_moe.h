@@ -7,6 +7,7 @@
 // predicted experts of the next MoE layer while this one computes.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <filesystem>
 #include <memory>
@@ -101,6 +102,7 @@ class HybridMoeBackend : public MoeBackend {
   std::vector<void*> shared_mem_;
   std::unique_ptr<Pending> p_;
   HybridStats stats_;
+  std::chrono::steady_clock::time_point cpu_since_;  // the CPU experts' submit (Timeline)
 };
 
 }  // namespace tandem::rt

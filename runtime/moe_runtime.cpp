@@ -17,6 +17,7 @@
 #include "runtime/device.h"
 #include "runtime/hybrid_moe.h"
 #include "runtime/placement.h"
+#include "runtime/timeline.h"
 #ifdef TANDEM_HAVE_CUDA
 #include "ops/cuda/cuda_info.h"
 #endif
@@ -27,6 +28,7 @@ struct MoeRuntime::Impl {
   std::shared_ptr<const CpuExperts> experts;  // repacked experts (null: native views)
   std::unique_ptr<MoeBackend> cpu;           // the CPU MoE backend
   std::unique_ptr<MoeBackend> cpu_deferred;  // a second instance for Expert Deferral
+  std::unique_ptr<rt::Timeline> timeline;  // (outlives the device's work)
   std::unique_ptr<rt::Device> device;
   std::shared_ptr<const rt::DenseWeights> dense;  // the dense part on the device (or null)
   std::unique_ptr<rt::HybridMoeBackend> hybrid;
@@ -261,6 +263,8 @@ MoeRuntime::MoeRuntime(const LoadedModel& model, const BackendOptions& options,
                                             : rt::parse_bytes("--vram-budget", o.vram_budget);
     ho.link = rt::parse_link(o.link);
     impl_->device = rt::make_host_device(ho);
+    impl_->timeline = std::make_unique<rt::Timeline>();
+    impl_->device->set_timeline(impl_->timeline.get());
     rt::HybridOptions h;
     if (impl_->placement.dense_device() == rt::Where::kAccel) {
       // The dense part first: the expert cache sizes itself from what is left, keeping room for
@@ -321,6 +325,14 @@ ForwardOpsFactory MoeRuntime::forward_ops() const {
   std::shared_ptr<const rt::DenseWeights> w = impl_->dense;
   return [dev, w](const LoadedModel&, const ForwardOpsOptions& o) { return dev->forward_ops(w, o); };
 }
+
+void MoeRuntime::apply(ModelOptions* options) {
+  options->moe = backend_;
+  options->views = weight_views();
+  options->ops = forward_ops();
+}
+
+rt::Timeline* MoeRuntime::timeline() const { return impl_->timeline.get(); }
 
 const rt::HybridStats* MoeRuntime::hybrid_stats() const {
   return impl_->hybrid ? &impl_->hybrid->stats() : nullptr;

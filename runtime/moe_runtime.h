@@ -13,6 +13,7 @@
 
 #include "core/cpu_features.h"
 #include "model/forward_ops.h"
+#include "model/model.h"
 #include "model/moe_backend.h"
 #include "model/weights.h"
 #include "ops/cpu/kernels.h"
@@ -20,6 +21,7 @@
 namespace tandem {
 namespace rt {
 struct HybridStats;
+class Timeline;
 }  // namespace rt
 
 class ThreadingContext;
@@ -88,6 +90,9 @@ class MoeRuntime {
 
   // What ModelOptions::moe should point at.
   MoeBackend* backend() { return backend_; }
+  // Sets ModelOptions::moe, views and ops as this runtime wants them (every caller's one way to
+  // build a Model over it).
+  void apply(ModelOptions* options);
   // One line for the load summary: CPU expert format, accelerator, policy.
   const std::string& summary() const { return summary_; }
   // What ModelOptions::views should point at: the non-expert matrices `--cpu-experts repack`
@@ -99,6 +104,9 @@ class MoeRuntime {
   // (uploaded here, before the expert cache takes the rest of its memory) when the placement puts
   // the dense part there; empty (the CPU's) otherwise.
   ForwardOpsFactory forward_ops() const;
+  // The accelerator's timeline (its busy intervals, the CPU experts', the link's bytes; nullptr
+  // without one): `tandem bench` and `tandem profile` take() it around a decode.
+  rt::Timeline* timeline() const;
 
  private:
   struct Impl;

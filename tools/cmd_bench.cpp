@@ -34,6 +34,7 @@
 #include "model/model.h"
 #include "model/weights.h"
 #include "ops/cpu/roofline.h"
+#include "runtime/timeline.h"
 #include "tools/bench_batch.h"
 #include "tools/bench_util.h"
 #include "tools/command.h"
@@ -210,8 +211,7 @@ void run_bench(const BenchArgs& a) {
     ModelOptions mo_b;
     mo_b.pool = &threading.pool();
     mo_b.mla = parse_mla_mode(mla_b);
-    mo_b.moe = moe_b->backend();
-    mo_b.views = moe_b->weight_views();
+    moe_b->apply(&mo_b);
     net_b = std::make_unique<Model>(lm, mo_b);
     model_b = std::make_unique<SingleSequence>(*net_b, ctx, parse_kv_type(cache_type_b));
   }
@@ -255,6 +255,9 @@ void run_bench(const BenchArgs& a) {
     Model::Profile profile, profile_b;
     std::vector<double> rounds;  // decode's paired rounds: each one's fraction of the bound
     int round_tokens = 0;
+    // With an accelerator: the decode's timeline (the first configuration), its decode seconds.
+    rt::Timeline::Summary timeline;
+    double decode_s = 0;
   };
   std::vector<Result> results;
   std::vector<double> rep_dram_gbs;  // measured right after each decode repetition
@@ -273,10 +276,13 @@ void run_bench(const BenchArgs& a) {
   auto round_tokens = [](int n) { return std::clamp(n / 16, 1, 8); };
   // One repetition of a test on m: tokens/s, its profile added to *profile; with `rounds`, a
   // decode's paired rounds appended there.
+  rt::Timeline* timeline = moe.timeline();
   auto rep = [&](SingleSequence& m, bool decode, int n, Model::Profile* profile,
-                 std::vector<double>* rounds) {
+                 std::vector<double>* rounds, Result* traced = nullptr) {
     m.truncate(a.depth);
     const Model::Profile p0 = m.model().profile();
+    traced = decode && timeline != nullptr ? traced : nullptr;
+    if (traced != nullptr) timeline->take();  // (forget what came before)
     double seconds = 0;
     if (!decode) {
       const double t0 = now_s();
@@ -301,10 +307,19 @@ void run_bench(const BenchArgs& a) {
       }
     }
     add(profile, p0, m.model().profile());
+    if (traced != nullptr) {
+      const rt::Timeline::Summary t = timeline->take();
+      traced->decode_s += seconds;
+      traced->timeline.device_busy_s += t.device_busy_s;
+      traced->timeline.cpu_busy_s += t.cpu_busy_s;
+      traced->timeline.overlap_s += t.overlap_s;
+      traced->timeline.h2d_bytes += t.h2d_bytes;
+      traced->timeline.d2h_bytes += t.d2h_bytes;
+    }
     return n / seconds;
   };
   auto run_test = [&](const std::string& name, bool decode, int n) {
-    Result r{name, n, {}, {}, {}, {}, {}, 0};
+    Result r{name, n, {}, {}, {}, {}, {}, 0, {}, 0};
     std::vector<double>* rounds = decode && probe ? &r.rounds : nullptr;
     if (rounds != nullptr) r.round_tokens = round_tokens(n);
     // The --vs configuration's decode runs in the same rounds (their passes between its tokens
@@ -313,7 +328,7 @@ void run_bench(const BenchArgs& a) {
     std::vector<double>* rb = rounds != nullptr ? &rounds_b : nullptr;
     for (int i = 0; i < a.reps; ++i) {
       if (vs && i % 2 == 1) r.tps_b.push_back(rep(*model_b, decode, n, &r.profile_b, rb));
-      r.tps.push_back(rep(model, decode, n, &r.profile, rounds));
+      r.tps.push_back(rep(model, decode, n, &r.profile, rounds, &r));
       if (vs && i % 2 == 0) r.tps_b.push_back(rep(*model_b, decode, n, &r.profile_b, rb));
       if (decode && probe) rep_dram_gbs.push_back(probe->measure());
     }
@@ -348,6 +363,7 @@ void run_bench(const BenchArgs& a) {
   if (vs) {
     j["vs"] = {{"flags", a.vs}, {"backend", moe_b->summary()}};
   }
+  std::vector<std::string> timeline_lines;  // with an accelerator, per decode test
   for (const Result& r : results) {
     const Stat s = stat(r.tps);
     nlohmann::json t;
@@ -369,6 +385,18 @@ void run_bench(const BenchArgs& a) {
                  {"time_split", time_split(r.profile_b)},
                  {"ratio_per_pair", ratio},
                  {"ratio_median", median(ratio)}};
+    }
+    if (r.decode_s > 0) {
+      // The accelerator's decode timeline: each side's busy time and their overlap as fractions
+      // of the decode's time, the link's bytes per token.
+      const double tokens = static_cast<double>(r.n) * static_cast<double>(r.tps.size());
+      const rt::Timeline::Summary& tl = r.timeline;
+      t["timeline"] = {{"device_busy", tl.device_busy_s / r.decode_s},
+                       {"cpu_experts_busy", tl.cpu_busy_s / r.decode_s},
+                       {"overlap", tl.overlap_s / r.decode_s},
+                       {"h2d_bytes_per_token", static_cast<double>(tl.h2d_bytes) / tokens},
+                       {"d2h_bytes_per_token", static_cast<double>(tl.d2h_bytes) / tokens}};
+      timeline_lines.push_back(r.test + ": " + rt::Timeline::format(tl, r.decode_s, tokens));
     }
     if (r.test.rfind("tg", 0) == 0 && bound_tps > 0) {
       // Each repetition against the DRAM figure measured right after it, when there is one.
@@ -430,6 +458,7 @@ void run_bench(const BenchArgs& a) {
                  ratio.size(), fmt::join(ratio, " / "));
     }
   }
+  for (const std::string& line : timeline_lines) fmt::print("{}\n", line);
   const std::string kv =
       a.depth > 0 ? fmt::format(" ({:.2f} GB of it the KV cache)", split.kv_cache / 1e9) : "";
   fmt::print("decode bound: {:.2f} GB per token{} at {:.1f} GB/s DRAM read = {:.1f} tokens/s\n",

@@ -2,14 +2,21 @@
 // link transfer per expert) on this machine and save it for the policies and `tandem sim`.
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <memory>
+#include <span>
 #include <string>
+#include <vector>
 
 #include "core/error.h"
 #include "core/thread_pool.h"
+#include "model/model.h"
 #include "model/weights.h"
+#include "runtime/moe_runtime.h"
 #include "runtime/profile.h"
+#include "runtime/timeline.h"
 #include "tools/command.h"
 #include "tools/options.h"
 
@@ -19,8 +26,34 @@ namespace {
 struct ProfileArgs {
   std::string model, out = "profile.json";
   int threads = 0;
+  int timeline_tokens = 32;
   rt::ProfileOptions o;
 };
+
+// With an accelerator: `tokens` greedy decode steps through the runtime these flags build, and
+// where their time went (rt::Timeline).
+std::string decode_timeline(const LoadedModel& lm, const BackendOptions& backend,
+                            ThreadingContext& threading, int tokens) {
+  MoeRuntime moe(lm, backend, threading);
+  ModelOptions mo;
+  mo.pool = &threading.pool();
+  moe.apply(&mo);
+  Model model(lm, mo);
+  SingleSequence seq(model, tokens + 2);
+  std::vector<float> logits(static_cast<size_t>(lm.config.vocab_size));
+  int32_t t = 1;
+  seq.forward(std::span<const int32_t>(&t, 1), logits.data(), false);  // (warm-up)
+  moe.timeline()->take();
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < tokens; ++i) {
+    t = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+    seq.forward(std::span<const int32_t>(&t, 1), logits.data(), false);
+  }
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return fmt::format("decode timeline ({} tokens, {:.1f} tokens/s): {}", tokens, tokens / seconds,
+                     rt::Timeline::format(moe.timeline()->take(), seconds, tokens));
+}
 
 void run_profile(const ProfileArgs& a) {
   rt::ProfileOptions o = a.o;
@@ -41,6 +74,12 @@ void run_profile(const ProfileArgs& a) {
                 1e6 * p.seconds / double(p.tokens), double(r.expert_bytes) / p.seconds / 1e9);
   }
   std::printf("wrote %s\n", a.out.c_str());
+  if (o.accel != "none" && a.timeline_tokens > 0) {
+    BackendOptions b = o.backend;
+    b.accel = o.accel;
+    b.link = o.link;
+    std::printf("%s\n", decode_timeline(lm, b, threading, a.timeline_tokens).c_str());
+  }
 }
 
 void add_profile(CLI::App& app) {
@@ -51,6 +90,10 @@ void add_profile(CLI::App& app) {
   app.add_option("--tokens", a->o.tokens, "token counts to measure")->delimiter(',');
   app.add_option("--trace", a->o.trace,
                  "routing trace (`tandem trace`): per-layer expert popularity for --gpu-experts");
+  app.add_option("--timeline-tokens", a->timeline_tokens,
+                 "with --accel: greedy decode steps whose timeline is reported (0: none)")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 1 << 20));
   add_threads_option(app, &a->threads);
   add_backend_options(app, &a->o.backend);
   app.callback([a] { run_profile(*a); });

@@ -106,8 +106,7 @@ std::unique_ptr<Net> open(const Case& c) {
     bo.cache_slots = 2;
     net->runtime =
         std::make_unique<MoeRuntime>(net->lm, resolve_backend_options(bo, path), threading());
-    mo.moe = net->runtime->backend();
-    mo.ops = net->runtime->forward_ops();
+    net->runtime->apply(&mo);
     net->model = std::make_unique<Model>(net->lm, mo);
     EXPECT_EQ(net->model->ops().name(), "host");
     net->ref = open(Case{c.model, "fused", c.experts, c.mla});  // --accel none
@@ -120,8 +119,7 @@ std::unique_ptr<Net> open(const Case& c) {
     bo.accel = "none";
     net->runtime =
         std::make_unique<MoeRuntime>(net->lm, resolve_backend_options(bo, path), threading());
-    mo.moe = net->runtime->backend();
-    mo.views = net->runtime->weight_views();
+    net->runtime->apply(&mo);
   }
   if (c.backend == "device") {
     // The dense part alone on the host device (its shared experts too), the routed experts on

@@ -20,6 +20,18 @@
 namespace tandem {
 namespace {
 
+// --roofline with a made-up machine (20 GB/s DRAM): no bandwidth measured, no DRAM passes.
+std::string roofline_flag(const test::TempDir& dir) {
+  std::ofstream(dir / "roofline.json") << nlohmann::json{
+      {"threads", 2}, {"numa_nodes", 1}, {"isa", "avx2"}, {"dram_read_gbs", 20.0},
+      {"dram_kernel", "k"}, {"l3_read_gbs", 1.0}, {"l2_read_gbs", 1.0}, {"l3_kernel", "k"},
+      {"l2_kernel", "k"}, {"fp32_gflops", 1.0}, {"fp32_kernel", "k"}, {"bf16_gflops", 1.0},
+      {"bf16_kernel", "k"}, {"int8_gops", 1.0}, {"int8_kernel", "k"}, {"dram_buffer_bytes", 1},
+      {"l3_bytes_per_thread", 1}, {"l2_bytes_per_thread", 1}, {"huge_pages", false},
+      {"huge_page_backed_bytes", 0}}.dump();
+  return " --roofline " + (dir / "roofline.json").string();
+}
+
 TEST(CliBench, JsonReportIsConsistent) {
   const std::string model = test::data_path("golden/deepseek2-q4_k_m.gguf").string();
   const test::CommandResult r =
@@ -92,6 +104,42 @@ TEST(CliBench, JsonReportIsConsistent) {
 // are named "pp8 @ d24" / "tg4 @ d24", and a decode step's bytes include the latent KV cache of
 // the positions it attends to: layers x (kv_lora_rank + rope dims) x 4 bytes per position, over
 // depth + (n + 1) / 2 positions on average.
+// With an accelerator, the decode's timeline: each side's busy fraction in (0, 1], their overlap
+// within both, and at least the bytes the forward must move per token: per MoE layer the MoE
+// input and router logits to the host and the routed output back, and the logits row.
+TEST(CliBench, AcceleratorTimeline) {
+  const std::string path = test::data_path("golden/deepseek3.gguf").string();
+  test::TempDir dir("bench_timeline");
+  const std::string flags = " --threads 2 --accel host --vram-budget 64M" + roofline_flag(dir);
+  const test::CommandResult r =
+      test::run_tandem("bench -m " + path + " -p 8 -n 6 -r 2 --json" + flags);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const nlohmann::json j = nlohmann::json::parse(r.out);
+  ASSERT_EQ(j["tests"].size(), 2u);
+  EXPECT_FALSE(j["tests"][0].contains("timeline"));  // prefill: no timeline
+  const auto& tl = j["tests"][1]["timeline"];
+  for (const char* k : {"device_busy", "cpu_experts_busy"}) {
+    EXPECT_GT(tl[k].get<double>(), 0.0) << k;
+    EXPECT_LE(tl[k].get<double>(), 1.0) << k;
+  }
+  EXPECT_LE(tl["overlap"].get<double>(),
+            std::min(tl["device_busy"].get<double>(), tl["cpu_experts_busy"].get<double>()) + 1e-9);
+  const GgufFile f = GgufFile::open(path);
+  const int64_t hidden = f.get_int("deepseek2.embedding_length", 0);
+  const int64_t experts = f.get_int("deepseek2.expert_count", 0);
+  const int64_t layers = f.get_int("deepseek2.block_count", 0);
+  const int64_t dense = f.get_int("deepseek2.leading_dense_block_count", 0);
+  const int64_t vocab = f.find_tensor("token_embd.weight")->shape[0];
+  ASSERT_GT(hidden * experts * layers * vocab, 0);
+  const double moe_layers = static_cast<double>(layers - dense);
+  EXPECT_GE(tl["h2d_bytes_per_token"].get<double>(), moe_layers * hidden * 4);
+  EXPECT_GE(tl["d2h_bytes_per_token"].get<double>(),
+            moe_layers * (hidden + experts) * 4 + static_cast<double>(vocab) * 4);
+  const test::CommandResult text = test::run_tandem("bench -m " + path + " -p 0 -n 4 -r 1" + flags);
+  ASSERT_EQ(text.exit_code, 0) << text.err;
+  EXPECT_NE(text.out.find("tg4: accelerator busy "), std::string::npos) << text.out;
+}
+
 TEST(CliBench, DepthStartsEveryTestAfterAContext) {
   const std::string model = test::data_path("golden/deepseek2-q4_k_m.gguf").string();
   const test::CommandResult r =
@@ -191,14 +239,7 @@ TEST(CliBench, BatchCountsTheExpertsTheStepsRead) {
   const std::string model = test::data_path("golden/deepseek2-q4_k_m.gguf").string();
   // A machine of 20 GB/s (--roofline: no bandwidth measured, the test stays short).
   test::TempDir dir("bench_batch");
-  std::ofstream(dir / "roofline.json") << nlohmann::json{
-      {"threads", 2}, {"numa_nodes", 1}, {"isa", "avx2"}, {"dram_read_gbs", 20.0},
-      {"dram_kernel", "k"}, {"l3_read_gbs", 1.0}, {"l2_read_gbs", 1.0}, {"l3_kernel", "k"},
-      {"l2_kernel", "k"}, {"fp32_gflops", 1.0}, {"fp32_kernel", "k"}, {"bf16_gflops", 1.0},
-      {"bf16_kernel", "k"}, {"int8_gops", 1.0}, {"int8_kernel", "k"}, {"dram_buffer_bytes", 1},
-      {"l3_bytes_per_thread", 1}, {"l2_bytes_per_thread", 1}, {"huge_pages", false},
-      {"huge_page_backed_bytes", 0}}.dump();
-  const std::string roofline = " --roofline " + (dir / "roofline.json").string();
+  const std::string roofline = roofline_flag(dir);
   const test::CommandResult single =
       test::run_tandem("bench -m " + model + " -p 0 -n 8 -r 1 --threads 2 --json" + roofline);
   ASSERT_EQ(single.exit_code, 0) << single.err;

@@ -266,7 +266,7 @@ TEST(CliProfile, WritesCostTables) {
 
 // `tandem profile --accel host`: the expert's FFN timed on the emulated device for every token
 // count, and the transfer measured through its capped link: at least bytes / bandwidth + latency
-// (a lower bound; the emulation may only be slower).
+// (a lower bound; the emulation may only be slower); then the decode timeline.
 TEST(CliProfile, MeasuresTheHostDevice) {
   test::TempDir dir("profile_host");
   const std::string model = test::data_path("golden/deepseek2.gguf").string();
@@ -284,6 +284,9 @@ TEST(CliProfile, MeasuresTheHostDevice) {
   EXPECT_FALSE(j.at("accel").get<std::string>().empty());
   const double bytes = j.at("expert_bytes").get<double>();
   EXPECT_GE(j.at("transfer_seconds").get<double>(), 0.9 * (bytes / 1e9 + 50e-6));
+  // Then a short decode through the runtime and where its time went (the default 32 tokens).
+  EXPECT_NE(r.out.find("decode timeline (32 tokens"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("accelerator busy"), std::string::npos) << r.out;
 }
 
 // `tandem profile --trace`: the trace's per-layer expert counts go into the cost model, and
