@@ -32,6 +32,27 @@ def test_generate_equals_the_cli(model, demo, tandem_bin):
     assert len(got) > 0
 
 
+def test_accelerator_gives_the_same_text(model, demo):
+    # accel="host": the dense part on the emulated accelerator, the experts through the hybrid
+    # backend; greedy text equal to the CPU's, for one request and for three at once.
+    accel = tandem.Model(demo, threads=2, ctx=256, max_sequences=4, accel="host",
+                         vram_budget="64M", link="none")
+    assert "dense part on the accelerator" in repr(accel)
+    assert accel.generate(PROMPT, max_tokens=16, temperature=0) == \
+        model.generate(PROMPT, max_tokens=16, temperature=0)
+    prompts = ["Once upon a time", "The capital of France", "1, 2, 3, 4,"]
+    streams = [accel.generate(p, max_tokens=10, temperature=0, stream=True) for p in prompts]
+    got = ["", "", ""]
+    live = set(range(3))
+    while live:
+        for i in sorted(live):
+            try:
+                got[i] += next(streams[i])
+            except StopIteration:
+                live.discard(i)
+    assert got == [model.generate(p, max_tokens=10, temperature=0) for p in prompts]
+
+
 def test_chat_equals_the_cli(model, demo, tandem_bin):
     q = "What is the capital of France?"
     cli = run_cli(tandem_bin, "-m", demo, "--chat", "-p", q, "-n", "20", "--threads", "2")
