@@ -86,6 +86,7 @@ class Device {
   // device has none.
   virtual std::unique_ptr<ForwardOps> forward_ops(std::shared_ptr<const DenseWeights> weights,
                                                   const ForwardOpsOptions& options);
+  virtual bool has_forward_ops() const { return false; }
   // Where the device records its ops' busy intervals and its copies' bytes, and the hybrid
   // backend its CPU experts' intervals (runtime/timeline.h); nullptr: nowhere. Set it before
   // enqueuing work; it must outlive the work enqueued after.
@@ -108,5 +109,13 @@ struct HostDeviceOptions {
   LinkSpec link;
 };
 std::unique_ptr<Device> make_host_device(const HostDeviceOptions& o);
+
+struct CudaDeviceOptions {
+  int index = 0;              // the GPU (cudaSetDevice)
+  uint64_t memory_bytes = 0;  // the budget device memory is allocated within; 0: 90% of free
+};
+// The CUDA device (runtime/cuda_device.cpp): Error(kUnsupported) in a build without CUDA,
+// Error(kResource) when memory_bytes is more than the GPU has free, a CUDA error as Error.
+std::unique_ptr<Device> make_cuda_device(const CudaDeviceOptions& o);
 
 }  // namespace tandem::rt

@@ -178,19 +178,30 @@ uint64_t default_kv_bytes(const ModelConfig& c) {
   return static_cast<uint64_t>(positions * per_layer * c.num_layers) * 4;
 }
 
-// --accel auto|none|host|cuda -> none|host (cuda has no device backend yet).
+// --accel auto|none|host|cuda -> none|host|cuda. cuda needs a build with CUDA and a GPU here;
+// auto stays CPU-only until the CUDA device has run its tests on a GPU (docs/device.md).
 std::string resolve_accel(const std::string& accel) {
   if (accel == "cuda") {
-    fail(ErrorKind::kUnsupported,
-         "--accel cuda: the CUDA device backend is not implemented yet (use --accel host)");
+#ifdef TANDEM_HAVE_CUDA
+    std::string why;
+    if (cuda_devices(&why).empty()) {
+      fail(ErrorKind::kUnsupported, "--accel cuda: no CUDA device here ({}); --accel host "
+           "emulates an accelerator", why);
+    }
+#else
+    fail(ErrorKind::kUnsupported, "--accel cuda: this build has no CUDA (nvcc was not found when "
+         "it was configured); --accel host emulates an accelerator");
+#endif
+    return accel;
   }
   if (accel != "auto") return accel;
 #ifdef TANDEM_HAVE_CUDA
   std::string why;
   const auto gpus = cuda_devices(&why);
   if (!gpus.empty()) {
-    log_info("--accel auto: CUDA device {} found, but the CUDA device backend is not implemented "
-             "yet: running CPU-only (--accel host emulates an accelerator)", gpus[0].name);
+    log_info("--accel auto: CUDA device {} found; running CPU-only (--accel cuda runs the routed "
+             "experts the policy gives it there, --accel host emulates an accelerator)",
+             gpus[0].name);
   }
 #endif
   return "none";
@@ -257,16 +268,27 @@ MoeRuntime::MoeRuntime(const LoadedModel& model, const BackendOptions& options,
   impl_->cpu =
       make_cpu_backend(model, o, threading, accel == "none", &summary_, &impl_->experts);
   backend_ = impl_->cpu.get();
-  if (accel == "host") {
+  if (accel != "none") {
     rt::HostDeviceOptions ho;
-    ho.memory_bytes = o.vram_budget.empty() ? (uint64_t{4} << 30)
-                                            : rt::parse_bytes("--vram-budget", o.vram_budget);
     ho.link = rt::parse_link(o.link);
-    impl_->device = rt::make_host_device(ho);
+    if (accel == "host") {
+      ho.memory_bytes = o.vram_budget.empty() ? (uint64_t{4} << 30)
+                                              : rt::parse_bytes("--vram-budget", o.vram_budget);
+      impl_->device = rt::make_host_device(ho);
+    } else {
+      rt::CudaDeviceOptions co;
+      co.memory_bytes = o.vram_budget.empty() ? 0 : rt::parse_bytes("--vram-budget", o.vram_budget);
+      impl_->device = rt::make_cuda_device(co);
+      ho.memory_bytes = impl_->device->memory_capacity();
+    }
     impl_->timeline = std::make_unique<rt::Timeline>();
     impl_->device->set_timeline(impl_->timeline.get());
     rt::HybridOptions h;
-    if (impl_->placement.dense_device() == rt::Where::kAccel) {
+    const bool dense_accel = impl_->placement.dense_device() == rt::Where::kAccel;
+    if (dense_accel && !impl_->device->has_forward_ops()) {
+      log_info("the {} device has no forward ops yet: the dense part runs on the CPU",
+               impl_->device->name());
+    } else if (dense_accel) {
       // The dense part first: the expert cache sizes itself from what is left, keeping room for
       // the KV cache of a default context and the activations.
       impl_->dense = rt::upload_dense_weights(*impl_->device, model, false);

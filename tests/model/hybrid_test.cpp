@@ -49,7 +49,9 @@ Decode decode(const LoadedModel& lm, MoeBackend* moe, int steps,
   mo.moe = moe;
   mo.ops = std::move(ops);
   Model model_net(lm, mo);
-  if (mo.ops) EXPECT_EQ(model_net.ops().name(), "host");
+  if (mo.ops) {
+    EXPECT_EQ(model_net.ops().name(), "host");
+  }
   SingleSequence model(model_net, 64);
   std::vector<float> last(lm.config.vocab_size);
   model.forward(prompt, last.data(), false);

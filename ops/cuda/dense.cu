@@ -1,0 +1,113 @@
+#include "ops/cuda/dense.h"
+
+#include <cmath>
+
+namespace tandem {
+
+namespace {
+
+constexpr int kWarp = 32;
+constexpr int kRowsPerBlock = 8;  // one warp per output row
+constexpr int kMaxTokensPerPass = 8;
+
+// Block: kRowsPerBlock warps, each one output row for up to kMaxTokensPerPass tokens starting at
+// t0 (the weight row read once per pass).
+__global__ void matmul_f32_kernel(const float* __restrict__ w, int64_t rows, int64_t cols,
+                                  const float* __restrict__ x, int64_t n, float* __restrict__ y,
+                                  int64_t ldy) {
+  const int lane = threadIdx.x % kWarp;
+  const int64_t r = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + threadIdx.x / kWarp;
+  if (r >= rows) return;
+  const float* wr = w + r * cols;
+  for (int64_t t0 = 0; t0 < n; t0 += kMaxTokensPerPass) {
+    const int nt = static_cast<int>(n - t0 < kMaxTokensPerPass ? n - t0 : kMaxTokensPerPass);
+    float acc[kMaxTokensPerPass] = {};
+    for (int64_t c = lane; c < cols; c += kWarp) {
+      const float wv = wr[c];
+      for (int j = 0; j < nt; ++j) acc[j] += wv * x[(t0 + j) * cols + c];
+    }
+    for (int j = 0; j < nt; ++j) {
+      float v = acc[j];
+      for (int o = kWarp / 2; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
+      if (lane == 0) y[(t0 + j) * ldy + r] = v;
+    }
+  }
+}
+
+__global__ void glu_kernel(float* __restrict__ g, const float* __restrict__ u, int64_t total,
+                           int64_t ff, const float* __restrict__ gb, const float* __restrict__ ub,
+                           float limit, float alpha) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= total) return;
+  const int64_t c = i % ff;
+  float a = g[i] + (gb != nullptr ? gb[c] : 0.0f);
+  float b = u[i] + (ub != nullptr ? ub[c] : 0.0f);
+  if (limit > 0.0f) {
+    a = fminf(a, limit);
+    b = fminf(fmaxf(b, -limit), limit);
+    g[i] = a / (1.0f + expf(alpha * -a)) * (b + 1.0f);
+  } else {
+    g[i] = a / (1.0f + expf(-a)) * b;
+  }
+}
+
+__global__ void scale_rows_kernel(const float* __restrict__ src, int64_t total, int64_t cols,
+                                  const float* __restrict__ bias, const float* __restrict__ scale,
+                                  float* __restrict__ out, bool accumulate) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= total) return;
+  const int64_t t = i / cols, c = i % cols;
+  const float v = (src[i] + (bias != nullptr ? bias[c] : 0.0f)) * (scale != nullptr ? scale[t] : 1.0f);
+  out[i] = accumulate ? out[i] + v : v;
+}
+
+__global__ void add_kernel(const float* __restrict__ a, float* __restrict__ out, int64_t count) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < count) out[i] += a[i];
+}
+
+constexpr int kThreads = 256;
+unsigned blocks_for(int64_t count) { return static_cast<unsigned>((count + kThreads - 1) / kThreads); }
+constexpr int64_t kMaxGrid = int64_t{1} << 31;
+
+}  // namespace
+
+cudaError_t matmul_f32_cuda(const float* w, int64_t rows, int64_t cols, const float* x, int64_t n,
+                            float* y, int64_t ldy, cudaStream_t stream) {
+  if (rows < 0 || cols <= 0 || n < 0 || ldy < rows || (rows + kRowsPerBlock - 1) / kRowsPerBlock >= kMaxGrid) {
+    return cudaErrorInvalidValue;
+  }
+  if (rows == 0 || n == 0) return cudaSuccess;
+  const unsigned grid = static_cast<unsigned>((rows + kRowsPerBlock - 1) / kRowsPerBlock);
+  matmul_f32_kernel<<<grid, kRowsPerBlock * kWarp, 0, stream>>>(w, rows, cols, x, n, y, ldy);
+  return cudaGetLastError();
+}
+
+cudaError_t glu_cuda(float* g, const float* u, int64_t n, int64_t ff, const float* gate_bias,
+                     const float* up_bias, float limit, float alpha, cudaStream_t stream) {
+  const int64_t total = n * ff;
+  if (n < 0 || ff < 0 || blocks_for(total) >= kMaxGrid) return cudaErrorInvalidValue;
+  if (total == 0) return cudaSuccess;
+  glu_kernel<<<blocks_for(total), kThreads, 0, stream>>>(g, u, total, ff, gate_bias, up_bias,
+                                                          limit, alpha);
+  return cudaGetLastError();
+}
+
+cudaError_t scale_rows_cuda(const float* src, int64_t n, int64_t cols, const float* bias,
+                            const float* scale, float* out, bool accumulate, cudaStream_t stream) {
+  const int64_t total = n * cols;
+  if (n < 0 || cols < 0 || blocks_for(total) >= kMaxGrid) return cudaErrorInvalidValue;
+  if (total == 0) return cudaSuccess;
+  scale_rows_kernel<<<blocks_for(total), kThreads, 0, stream>>>(src, total, cols, bias, scale, out,
+                                                                 accumulate);
+  return cudaGetLastError();
+}
+
+cudaError_t add_cuda(const float* a, float* out, int64_t count, cudaStream_t stream) {
+  if (count < 0 || blocks_for(count) >= kMaxGrid) return cudaErrorInvalidValue;
+  if (count == 0) return cudaSuccess;
+  add_kernel<<<blocks_for(count), kThreads, 0, stream>>>(a, out, count);
+  return cudaGetLastError();
+}
+
+}  // namespace tandem

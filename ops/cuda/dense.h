@@ -1,0 +1,34 @@
+// Host launchers for the F32 kernels an accelerator's expert FFN and matmul are made of
+// (dense.cu): a row-major product of a dequantized weight with a few token rows, the gated
+// activation (SwiGLU, or gpt-oss's clamped form with biases), and the scaled write / accumulate
+// of an output with an optional bias. Each is asynchronous on `stream`, never throws, and returns
+// cudaErrorInvalidValue for a bad size (checked before any launch). Device pointers throughout.
+// Numbers: F32 arithmetic as ops/cpu/ref_ops.h computes it, with the sums of the product in
+// another order (warp-wide partial sums): equal to the CPU reference within F32 rounding, not
+// bit for bit.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+namespace tandem {
+
+// y[t * ldy + r] = sum_c w[r * cols + c] * x[t * cols + c], for r < rows, t < n.
+cudaError_t matmul_f32_cuda(const float* w, int64_t rows, int64_t cols, const float* x, int64_t n,
+                            float* y, int64_t ldy, cudaStream_t stream);
+
+// For each of n rows of ff values: g = act(g + gate_bias) * (u + up_bias), in place in g. limit
+// <= 0: act = silu, no clamp (biases may be null); limit > 0: gpt-oss's (ops::glu_with_extras):
+// a = min(g + gb, limit), b = clamp(u + ub, -limit, limit), g = a * sigmoid(alpha a) * (b + 1).
+cudaError_t glu_cuda(float* g, const float* u, int64_t n, int64_t ff, const float* gate_bias,
+                     const float* up_bias, float limit, float alpha, cudaStream_t stream);
+
+// out[t][i] (+)= scale[t] * (src[t][i] + bias[i]) for n rows of cols (scale, bias: null = 1, 0).
+cudaError_t scale_rows_cuda(const float* src, int64_t n, int64_t cols, const float* bias,
+                            const float* scale, float* out, bool accumulate, cudaStream_t stream);
+
+// out[i] += a[i], count values.
+cudaError_t add_cuda(const float* a, float* out, int64_t count, cudaStream_t stream);
+
+}  // namespace tandem
