@@ -211,7 +211,8 @@ void CpuForwardOps::for_parts(F&& fn) {
   }
 }
 
-void CpuForwardOps::attention_mha(KvCache& cache, int64_t l, int64_t n, const float* x, float* out) {
+void CpuForwardOps::attention_mha(KvCache& cache, int64_t l, int64_t n, const float* x,
+                                  float* out) {
   const ModelConfig& c = w_.config;
   const LayerWeights& lw = w_.layers[l];
   const int64_t d = c.head_dim, nq = c.num_heads, nkv = c.num_kv_heads;
@@ -319,7 +320,8 @@ void CpuForwardOps::for_heads(int64_t n_heads, int64_t n_tokens, F&& fn) {
   }
 }
 
-void CpuForwardOps::attention_mla(KvCache& cache, int64_t l, int64_t n, const float* x, float* out) {
+void CpuForwardOps::attention_mla(KvCache& cache, int64_t l, int64_t n, const float* x,
+                                  float* out) {
   const ModelConfig& c = w_.config;
   const LayerWeights& lw = w_.layers[l];
   const int64_t nope = c.qk_nope_head_dim, rd = c.qk_rope_head_dim, kvl = c.kv_lora_rank;
@@ -495,7 +497,8 @@ void CpuForwardOps::attention_mla(KvCache& cache, int64_t l, int64_t n, const fl
 
 // Multi-head attention of part p over per-head K [position, heads, qk] and V [position, heads,
 // v] (naive and expanded MLA) into o's rows of the part.
-void CpuForwardOps::attend_per_head(const Part& p, const float* q, ops::AttentionArgs args, float* o) {
+void CpuForwardOps::attend_per_head(const Part& p, const float* q, ops::AttentionArgs args,
+                                    float* o) {
   const ModelConfig& c = w_.config;
   const int64_t nh = c.num_heads, qk = c.qk_nope_head_dim + c.qk_rope_head_dim;
   const int64_t vd = c.v_head_dim;
@@ -511,7 +514,6 @@ void CpuForwardOps::attend_per_head(const Part& p, const float* q, ops::Attentio
   args.out = o + p.t0 * nh * vd;
   kern::attention(args, pool_);
 }
-
 
 bool CpuForwardOps::mla_expands(int64_t l, int64_t n, int64_t positions_in) const {
   if (mla_ != MlaMode::kAuto || n < std::max<int64_t>(1, mla_expand_tokens_)) return false;

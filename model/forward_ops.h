@@ -125,8 +125,7 @@ class ForwardOps {
   virtual void add_from_host(float* out, const float* host, int64_t count) = 0;
   // host_logits [rows, vocab] = lm_head(final_norm(x[row_ids[j]])) for the rows the host names;
   // returns when they are written.
-  virtual void lm_head(const std::vector<int64_t>& row_ids, const float* x,
-                       float* host_logits) = 0;
+  virtual void lm_head(const std::vector<int64_t>& row_ids, const float* x, float* host_logits) = 0;
   // Waits for everything issued (after an error: so the step's memory can be reused).
   virtual void finish() = 0;
   virtual ForwardOpsProfile profile() const = 0;

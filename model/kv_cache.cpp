@@ -286,11 +286,11 @@ void KvCache::make_writable(std::span<const Write> writes) {
           const uint64_t layer = static_cast<uint64_t>(l) * n_blocks_ *
                                  (k_block_bytes_ + v_block_bytes_);
           const uint64_t vbase = layer + static_cast<uint64_t>(n_blocks_) * k_block_bytes_;
-          std::memcpy(base + layer + copy * k_block_bytes_, base + layer + old * k_block_bytes_,
-                      k_block_bytes_);
+          copy_bytes(base + layer + copy * k_block_bytes_, base + layer + old * k_block_bytes_,
+                     k_block_bytes_);
           if (v_block_bytes_ > 0) {
-            std::memcpy(base + vbase + copy * v_block_bytes_, base + vbase + old * v_block_bytes_,
-                        v_block_bytes_);
+            copy_bytes(base + vbase + copy * v_block_bytes_, base + vbase + old * v_block_bytes_,
+                       v_block_bytes_);
           }
         }
         --refs_[static_cast<size_t>(old)];
@@ -301,6 +301,14 @@ void KvCache::make_writable(std::span<const Write> writes) {
     }
     s.length = w.pos0 + n;
     s.tokens.insert(s.tokens.end(), w.tokens.begin(), w.tokens.end());
+  }
+}
+
+void KvCache::copy_bytes(void* dst, const void* src, uint64_t bytes) {
+  if (options_.copy) {
+    options_.copy(dst, src, bytes);
+  } else {
+    std::memcpy(dst, src, bytes);
   }
 }
 

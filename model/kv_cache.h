@@ -64,6 +64,9 @@ struct KvCacheOptions {
   // device's memory is the host's).
   std::function<void*(uint64_t bytes)> alloc;
   std::function<void(void*)> release;
+  // With alloc: copies bytes within the pool (a copy-on-write block; a GPU's device-to-device
+  // copy); unset: memcpy.
+  std::function<void(void* dst, const void* src, uint64_t bytes)> copy;
 };
 
 using SeqId = int32_t;
@@ -147,6 +150,7 @@ class KvCache {
   Seq& seq_ref(SeqId seq);
   void drop_blocks(Seq& s, size_t keep);  // unreferences blocks [keep, end)
   int32_t take_block();
+  void copy_bytes(void* dst, const void* src, uint64_t bytes);  // within the pool
   // Address of the row (layer, value, block b, row r within the block, head) in the pool.
   uint8_t* row_at(int64_t layer, bool value, int32_t block, int64_t r, int64_t head) const;
 

@@ -3,11 +3,10 @@
 // pinned (cudaHostAlloc); device memory comes from cudaMalloc under a byte budget it accounts
 // (--vram-budget, else 90% of the memory free at start). Ops: an expert FFN and a matmul
 // dequantize the stored weights to F32 on the stream (ops/cuda/dequant.h) into a per-stream
-// scratch and run the F32 kernels of ops/cuda/dense.h. No forward ops yet: with --accel cuda the
-// dense part runs on the CPU.
-#include "runtime/device.h"
-
+// scratch and run the F32 kernels of ops/cuda/dense.h. Forward ops (CudaForwardOps below): the
+// dense part on the GPU with the kernels of ops/cuda/attention.h and dense.h.
 #include "core/error.h"
+#include "runtime/device.h"
 
 #ifdef TANDEM_HAVE_CUDA
 
@@ -15,6 +14,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 #include <exception>
 #include <map>
 #include <memory>
@@ -23,9 +23,13 @@
 #include <vector>
 
 #include "core/log.h"
+#include "model/kv_cache.h"
+#include "ops/cpu/ref_ops.h"
+#include "ops/cuda/attention.h"
 #include "ops/cuda/cuda_util.h"
 #include "ops/cuda/dense.h"
 #include "ops/cuda/dequant.h"
+#include "runtime/dense_weights.h"
 #include "runtime/timeline.h"
 
 namespace tandem::rt {
@@ -40,6 +44,8 @@ struct CudaStreamState {
   uint64_t scratch_bytes = 0;
 };
 
+class CudaForwardOps;
+
 class CudaDevice final : public Device {
  public:
   explicit CudaDevice(const CudaDeviceOptions& o) : index_(o.index) {
@@ -51,8 +57,8 @@ class CudaDevice final : public Device {
     TD_CUDA_CHECK(cudaMemGetInfo(&free, &total));
     const uint64_t usable = static_cast<uint64_t>(free) / 10 * 9;
     if (o.memory_bytes > usable) {
-      fail(ErrorKind::kResource, "--vram-budget {} bytes: the GPU {} has {} bytes free", o.memory_bytes,
-           name_, free);
+      fail(ErrorKind::kResource, "--vram-budget {} bytes: the GPU {} has {} bytes free",
+           o.memory_bytes, name_, free);
     }
     capacity_ = o.memory_bytes > 0 ? o.memory_bytes : usable;
     create_stream();  // stream 0
@@ -79,8 +85,9 @@ class CudaDevice final : public Device {
   void* alloc(uint64_t bytes) override {
     std::lock_guard<std::mutex> lock(mu_);
     if (bytes > capacity_ - used_) {
-      fail(ErrorKind::kResource, "{}: cannot allocate {} bytes: {} of {} bytes left (--vram-budget)",
-           name_, bytes, capacity_ - used_, capacity_);
+      fail(ErrorKind::kResource,
+           "{}: cannot allocate {} bytes: {} of {} bytes left (--vram-budget)", name_, bytes,
+           capacity_ - used_, capacity_);
     }
     TD_CUDA_CHECK(cudaSetDevice(index_));
     void* p = nullptr;
@@ -222,12 +229,11 @@ class CudaDevice final : public Device {
     dequantize(w.gate, wg, st);
     dequantize(w.up, wu, st);
     dequantize(w.down, wd, st);
-    launch(matmul_f32_cuda(wg, ff, H, x, n, g, ff, st.stream), "ffn gate");
-    launch(matmul_f32_cuda(wu, ff, H, x, n, u, ff, st.stream), "ffn up");
-    launch(glu_cuda(g, u, n, ff, e.gate_bias, e.up_bias, e.limit, ops::kSwigluOaiAlpha,
-                    st.stream),
+    launch(matmul_f32_cuda(wg, ff, H, x, H, n, g, ff, st.stream), "ffn gate");
+    launch(matmul_f32_cuda(wu, ff, H, x, H, n, u, ff, st.stream), "ffn up");
+    launch(glu_cuda(g, u, n, ff, e.gate_bias, e.up_bias, e.limit, ops::kSwigluOaiAlpha, st.stream),
            "ffn activation");
-    launch(matmul_f32_cuda(wd, out_cols, ff, g, n, d, out_cols, st.stream), "ffn down");
+    launch(matmul_f32_cuda(wd, out_cols, ff, g, ff, n, d, out_cols, st.stream), "ffn down");
     launch(scale_rows_cuda(d, n, out_cols, e.down_bias, scale, out, accumulate, st.stream),
            "ffn output");
   }
@@ -238,7 +244,8 @@ class CudaDevice final : public Device {
     CudaStreamState& st = stream(s);
     float* wf = scratch(st, static_cast<uint64_t>(w.rows() * w.cols()) * 4);
     dequantize(w, wf, st);
-    launch(matmul_f32_cuda(wf, w.rows(), w.cols(), x, n, y, w.rows(), st.stream), "matmul");
+    launch(matmul_f32_cuda(wf, w.rows(), w.cols(), x, w.cols(), n, y, w.rows(), st.stream),
+           "matmul");
   }
 
   void add(StreamId s, const float* a, float* out, int64_t count) override {
@@ -247,7 +254,11 @@ class CudaDevice final : public Device {
     launch(add_cuda(a, out, count, stream(s).stream), "add");
   }
 
+  std::unique_ptr<ForwardOps> forward_ops(std::shared_ptr<const DenseWeights> weights,
+                                          const ForwardOpsOptions& options) override;
+
  private:
+  friend class CudaForwardOps;
   struct Event {
     cudaEvent_t event = nullptr;
     int stream = -1;  // -1: never recorded
@@ -304,10 +315,9 @@ class CudaDevice final : public Device {
     cudaPointerAttributes a{};
     const cudaError_t err = cudaPointerGetAttributes(&a, p);
     if (err != cudaSuccess) cudaGetLastError();
-    if (err != cudaSuccess ||
-        (a.type != cudaMemoryTypeDevice && a.type != cudaMemoryTypeManaged)) {
-      fail(ErrorKind::kInvalidArgument, "{}: {} ({} bytes at {}) is not device memory", name_,
-           what, bytes, p);
+    if (err != cudaSuccess || (a.type != cudaMemoryTypeDevice && a.type != cudaMemoryTypeManaged)) {
+      fail(ErrorKind::kInvalidArgument, "{}: {} ({} bytes at {}) is not device memory", name_, what,
+           bytes, p);
     }
   }
 
@@ -358,8 +368,8 @@ class CudaDevice final : public Device {
       fail(ErrorKind::kUnsupported, "{}: no CUDA kernel for {} weights", name_,
            dtype_info(w.t.dtype).name);
     }
-    launch(dequantize_rows_cuda(w.t.dtype, w.t.data, w.t.row_bytes(), rows, cols, DType::kF32,
-                                dst, cols, st.stream),
+    launch(dequantize_rows_cuda(w.t.dtype, w.t.data, w.t.row_bytes(), rows, cols, DType::kF32, dst,
+                                cols, st.stream),
            "dequantize");
   }
 
@@ -371,6 +381,457 @@ class CudaDevice final : public Device {
   std::vector<std::unique_ptr<CudaStreamState>> streams_;
   std::vector<Event> events_;
 };
+
+// The forward's ops on the GPU: each a kernel (or a few) on the ops' own stream, over the dense
+// weights upload_dense_weights put in device memory (dequantized to F32 per use into the stream's
+// scratch, then ops/cuda/dense.h's products), the small F32 vectors uploaded here, activations
+// and an F32 KV cache in device memory. RoPE's cos / sin per token come from ops::Rope on the
+// host (the CPU's YaRN), the cache's write offsets and block tables from the KvCache on the host
+// at begin(). MLA attends absorbed (W_UK / W_UV per head around attention over the latent cache).
+class CudaForwardOps final : public ForwardOps {
+ public:
+  CudaForwardOps(CudaDevice& dev, std::shared_ptr<const DenseWeights> w, const ForwardOpsOptions& o)
+      : dev_(dev), w_(std::move(w)), sid_(dev.create_stream()), st_(dev.stream(sid_)) {
+    const LoadedModel& m = w_->weights;
+    const ModelConfig& c = m.config;
+    if (c.is_mla() && o.mla == MlaMode::kNaive) {
+      fail(ErrorKind::kUnsupported,
+           "{}: the CUDA forward ops attend MLA absorbed (--mla auto or "
+           "absorbed), not naive",
+           dev.name());
+    }
+    rope_ = ops::Rope(c.rope_dim, c.rope_theta, c.rope_scaling);
+    neox_ = !(c.is_mla() || (c.arch == ModelArch::kMixtral && m.from_gguf));
+    attn_scale_ = 1.0f / std::sqrt(static_cast<float>(c.head_dim)) * rope_.softmax_scale_factor();
+    upload(m.out_norm);
+    for (const LayerWeights& lw : m.layers) {
+      for (const std::vector<float>* v :
+           {&lw.attn_norm, &lw.ffn_norm, &lw.q_norm, &lw.k_norm, &lw.q_a_norm, &lw.kv_a_norm,
+            &lw.bq, &lw.bk, &lw.bv, &lw.bo, &lw.sinks, &lw.router_logit_bias, &lw.sh_gate_inp}) {
+        upload(*v);
+      }
+    }
+  }
+  ~CudaForwardOps() override {
+    try {
+      dev_.sync_stream(sid_);
+    } catch (const std::exception& e) {
+      log_warn("{} forward ops: {}", dev_.name(), e.what());
+    }
+    for (Buf* b : all_bufs()) dev_.free(b->p);
+    for (const auto& [h, d] : vecs_) dev_.free(d);
+  }
+
+  std::string name() const override { return dev_.name(); }
+  float* buffer(int slot, int64_t count) override {
+    TD_CHECK(slot >= 0 && slot < kBufferSlots, "forward ops: buffer slot {}", slot);
+    return grow(slots_[slot], count);
+  }
+  KvCacheOptions cache_options(KvCacheOptions o) const override {
+    CudaDevice* dev = &dev_;
+    o.alloc = [dev](uint64_t bytes) {
+      const uint64_t left = dev->memory_capacity() - dev->memory_used();
+      if (bytes > left) {
+        fail(ErrorKind::kResource,
+             "a KV cache of {:.1f} MiB does not fit the {}'s {:.1f} MiB left next to the dense "
+             "part and the expert cache: lower --ctx (or --parallel), lower --cache-slots, or "
+             "raise --vram-budget",
+             bytes / 1048576.0, dev->name(), left / 1048576.0);
+      }
+      return dev->alloc(bytes);
+    };
+    o.release = [dev](void* p) { dev->free(p); };
+    o.copy = [](void* dst, const void* src, uint64_t bytes) {
+      TD_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToDevice));
+    };
+    return o;
+  }
+  void check_cache(const KvCache& cache) const override {
+    if (cache.type() != KvType::kF32) {
+      fail(ErrorKind::kUnsupported,
+           "{}: the CUDA forward ops attend over an F32 KV cache "
+           "(--cache-type f32), not {}",
+           dev_.name(), kv_type_name(cache.type()));
+    }
+    dev_.check_device(cache.memory(), cache.bytes(),
+                      "the KV cache (make it with "
+                      "Model::cache_options)");
+  }
+
+  void begin(const ForwardStep& step, KvCache& cache) override {
+    step_ = step;
+    cache_ = &cache;
+    const int64_t n = step.n_tokens(), half = rope_.dim() / 2;
+    // RoPE's cos / sin per token.
+    cs_host_.resize(static_cast<size_t>(2 * n * half));
+    for (int64_t t = 0; t < n; ++t) {
+      rope_.angles(step.pos[t], &cs_host_[t * half], &cs_host_[(n + t) * half]);
+    }
+    float* cs = grow(cs_, 2 * n * half);
+    copy_in(cs, cs_host_.data(), cs_host_.size() * 4);
+    // Each token's cache rows (offsets from a layer's base, the same in every layer) and each
+    // part's block table.
+    const KvLayout l = cache.layout();
+    ofs_host_.clear();
+    blocks_host_.clear();
+    part_blocks_.clear();
+    for (const ForwardStep::Part& p : step.parts) {
+      ops::AttentionArgs a;
+      cache.attention_args(0, p.seq, &a);
+      part_blocks_.push_back(static_cast<int64_t>(blocks_host_.size()));
+      const int64_t nb = (p.pos0 + p.n + a.block_positions - 1) / a.block_positions;
+      blocks_host_.insert(blocks_host_.end(), a.blocks, a.blocks + nb);
+    }
+    for (int64_t t = 0; t < n; ++t) {
+      const ForwardStep::Part& p = step.parts[static_cast<size_t>(step.part_of[t])];
+      ops::AttentionArgs a;
+      cache.attention_args(0, p.seq, &a);
+      for (int64_t h = 0; h < l.k_heads; ++h) {
+        ofs_host_.push_back(ops::k_offset(a, step.pos[t]) + h * ops::k_head_stride(a));
+      }
+    }
+    const int64_t nk = static_cast<int64_t>(ofs_host_.size());
+    for (int64_t t = 0; t < n && l.v_heads > 0; ++t) {
+      const ForwardStep::Part& p = step.parts[static_cast<size_t>(step.part_of[t])];
+      ops::AttentionArgs a;
+      cache.attention_args(0, p.seq, &a);
+      for (int64_t h = 0; h < l.v_heads; ++h) {
+        ofs_host_.push_back(ops::v_offset(a, step.pos[t]) + h * ops::v_head_stride(a));
+      }
+    }
+    int64_t* ofs =
+        reinterpret_cast<int64_t*>(grow(ofs_, 2 * static_cast<int64_t>(ofs_host_.size())));
+    copy_in(ofs, ofs_host_.data(), ofs_host_.size() * 8);
+    k_ofs_ = ofs;
+    v_ofs_ = ofs + nk;
+    int32_t* bl =
+        reinterpret_cast<int32_t*>(grow(blocks_, static_cast<int64_t>(blocks_host_.size())));
+    copy_in(bl, blocks_host_.data(), blocks_host_.size() * 4);
+    blocks_dev_ = bl;
+  }
+  void embed(float* x) override {
+    const LoadedModel& m = w_->weights;
+    const int64_t hd = m.config.hidden_size;
+    for (int64_t t = 0; t < step_.n_tokens(); ++t) {
+      const auto* row =
+          static_cast<const uint8_t*>(m.embed.data) + step_.tokens[t] * m.embed.row_bytes();
+      run(dequantize_rows_cuda(m.embed.dtype, row, m.embed.row_bytes(), 1, hd, DType::kF32,
+                               x + t * hd, hd, st_.stream),
+          "embedding");
+    }
+  }
+  void norm(Norm which, int64_t layer, const float* x, int64_t n, float* out) override {
+    const LayerWeights& lw = w_->weights.layers[layer];
+    const ModelConfig& c = w_->weights.config;
+    const float* g = vec(which == Norm::kAttention ? lw.attn_norm : lw.ffn_norm);
+    run(rms_norm_cuda(x, c.hidden_size, g, n, c.hidden_size, c.rms_norm_eps, out, c.hidden_size,
+                      st_.stream),
+        "norm");
+  }
+  void add(float* out, const float* a, int64_t count) override {
+    run(add_cuda(a, out, count, st_.stream), "add");
+  }
+  void fill_zero(float* out, int64_t count) override {
+    TD_CUDA_CHECK(cudaMemsetAsync(out, 0, static_cast<size_t>(count) * 4, st_.stream));
+  }
+  void attention(int64_t layer, const float* x, float* out) override {
+    if (w_->weights.config.is_mla()) {
+      attention_mla(layer, x, out);
+    } else {
+      attention_mha(layer, x, out);
+    }
+  }
+  void dense_ffn(int64_t layer, const float* x, int64_t n, float* out) override {
+    const LayerWeights& lw = w_->weights.layers[layer];
+    swiglu(lw.ffn_gate, lw.ffn_up, lw.ffn_down, x, n, out);
+  }
+  void shared_ffn(int64_t layer, const float* x, int64_t n, float* out) override {
+    TD_CHECK(w_->shared_experts,
+             "CUDA forward ops: the shared experts were not uploaded (the MoE backend computes "
+             "them)");
+    const LayerWeights& lw = w_->weights.layers[layer];
+    const int64_t hd = w_->weights.config.hidden_size;
+    if (lw.sh_gate.empty()) {
+      fill_zero(out, n * hd);
+      return;
+    }
+    swiglu(lw.sh_gate, lw.sh_up, lw.sh_down, x, n, out);
+    if (!lw.sh_gate_inp.empty()) {
+      run(sigmoid_gate_rows_cuda(x, vec(lw.sh_gate_inp), n, hd, out, st_.stream), "shared gate");
+    }
+  }
+  void router(int64_t layer, const float* x, int64_t n, float* logits) override {
+    const LayerWeights& lw = w_->weights.layers[layer];
+    const ModelConfig& c = w_->weights.config;
+    mm(lw.router, x, c.hidden_size, n, logits, c.n_experts);
+    if (!lw.router_logit_bias.empty()) {
+      run(scale_rows_cuda(logits, n, c.n_experts, vec(lw.router_logit_bias), nullptr, logits, false,
+                          st_.stream),
+          "router bias");
+    }
+  }
+  const float* host_view(const float* x, int64_t count, std::vector<float>* staging) override {
+    staging->resize(static_cast<size_t>(count));
+    dev_.copy_d2h(staging->data(), x, static_cast<uint64_t>(count) * 4, sid_);
+    dev_.sync_stream(sid_);
+    return staging->data();
+  }
+  void add_from_host(float* out, const float* host, int64_t count) override {
+    float* st = grow(stage_, count);
+    dev_.copy_h2d(st, host, static_cast<uint64_t>(count) * 4, sid_);
+    add(out, st, count);
+  }
+  void lm_head(const std::vector<int64_t>& row_ids, const float* x, float* host_logits) override {
+    const LoadedModel& m = w_->weights;
+    const ModelConfig& c = m.config;
+    const int64_t hd = c.hidden_size, rows = static_cast<int64_t>(row_ids.size());
+    float* h = grow(head_in_, rows * hd);
+    for (int64_t j = 0; j < rows; ++j) {
+      run(rms_norm_cuda(x + row_ids[j] * hd, hd, vec(m.out_norm), 1, hd, c.rms_norm_eps, h + j * hd,
+                        hd, st_.stream),
+          "final norm");
+    }
+    float* d = grow(logits_, rows * c.vocab_size);
+    mm(m.lm_head, h, hd, rows, d, c.vocab_size);
+    dev_.copy_d2h(host_logits, d, static_cast<uint64_t>(rows * c.vocab_size) * 4, sid_);
+    dev_.sync_stream(sid_);
+  }
+  void finish() override { dev_.sync_stream(sid_); }
+  ForwardOpsProfile profile() const override { return {}; }
+
+ private:
+  struct Buf {
+    void* p = nullptr;
+    int64_t count = 0;
+  };
+  std::vector<Buf*> all_bufs() {
+    std::vector<Buf*> v{&stage_, &logits_, &head_in_, &cs_,  &ofs_, &blocks_, &q_, &k_,
+                        &v_,     &qa_,     &qc_,      &att_, &o_,   &g_,      &u_, &scores_};
+    for (Buf& b : slots_) v.push_back(&b);
+    return v;
+  }
+  // b's memory of at least count floats (device memory of the budget); a larger one replaces it
+  // once the stream no longer reads the old one.
+  float* grow(Buf& b, int64_t count) {
+    if (b.count < count) {
+      dev_.sync_stream(sid_);
+      dev_.free(b.p);
+      b.p = nullptr;
+      b.count = 0;
+      b.p = dev_.alloc(static_cast<uint64_t>(std::max<int64_t>(count, 1)) * 4);
+      b.count = count;
+    }
+    return static_cast<float*>(b.p);
+  }
+  void run(cudaError_t err, const char* what) { dev_.launch(err, what); }
+  void copy_in(void* dst, const void* src, uint64_t bytes) {
+    if (bytes > 0)
+      TD_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, st_.stream));
+  }
+  void upload(const std::vector<float>& v) {
+    if (v.empty() || vecs_.count(v.data()) > 0) return;
+    auto* d = static_cast<float*>(dev_.alloc(v.size() * 4));
+    TD_CUDA_CHECK(cudaMemcpy(d, v.data(), v.size() * 4, cudaMemcpyHostToDevice));
+    vecs_[v.data()] = d;
+  }
+  const float* vec(const std::vector<float>& v) const {
+    const auto it = vecs_.find(v.data());
+    TD_CHECK(it != vecs_.end(), "CUDA forward ops: a vector was not uploaded");
+    return it->second;
+  }
+  // y [n, ldy] = x [n, ldx] W^T, W dequantized into the stream's scratch.
+  void mm(const ops::Weight& w, const float* x, int64_t ldx, int64_t n, float* y, int64_t ldy) {
+    float* wf = dev_.scratch(st_, static_cast<uint64_t>(w.rows() * w.cols()) * 4);
+    dev_.dequantize(w, wf, st_);
+    run(matmul_f32_cuda(wf, w.rows(), w.cols(), x, ldx, n, y, ldy, st_.stream), "matmul");
+  }
+  void swiglu(const ops::Weight& gw, const ops::Weight& uw, const ops::Weight& dw, const float* x,
+              int64_t n, float* out) {
+    const int64_t hd = gw.cols(), ff = gw.rows();
+    float* g = grow(g_, n * ff);
+    float* u = grow(u_, n * ff);
+    mm(gw, x, hd, n, g, ff);
+    mm(uw, x, hd, n, u, ff);
+    run(glu_cuda(g, u, n, ff, nullptr, nullptr, 0.0f, ops::kSwigluOaiAlpha, st_.stream), "swiglu");
+    mm(dw, g, ff, n, out, dw.rows());
+  }
+  void bias(float* x, int64_t n, int64_t cols, const std::vector<float>& b) {
+    if (!b.empty()) {
+      run(scale_rows_cuda(x, n, cols, vec(b), nullptr, x, false, st_.stream), "bias");
+    }
+  }
+  // Attention of each part over its cache rows; args' q / out / heads / dims set by `fill`.
+  template <typename F>
+  void attend(int64_t layer, F&& fill) {
+    for (size_t i = 0; i < step_.parts.size(); ++i) {
+      const ForwardStep::Part& p = step_.parts[i];
+      ops::AttentionArgs a;
+      cache_->attention_args(layer, p.seq, &a);
+      a.blocks = blocks_dev_ + part_blocks_[i];
+      a.n_tokens = p.n;
+      a.pos0 = p.pos0;
+      a.scale = attn_scale_;
+      fill(p, a);
+      const int64_t nf = attention_scratch_floats(a);
+      float* sc = grow(scores_, nf);
+      run(attention_f32_cuda(a, sc, nf, st_.stream), "attention");
+    }
+  }
+
+  void attention_mha(int64_t l, const float* x, float* out) {
+    const LayerWeights& lw = w_->weights.layers[l];
+    const ModelConfig& c = w_->weights.config;
+    const int64_t n = step_.n_tokens(), hd = c.hidden_size, d = c.head_dim;
+    const int64_t nq = c.num_heads, nkv = c.num_kv_heads, half = rope_.dim() / 2;
+    float* q = grow(q_, n * nq * d);
+    float* k = grow(k_, n * nkv * d);
+    float* v = grow(v_, n * nkv * d);
+    mm(lw.wq, x, hd, n, q, nq * d);
+    mm(lw.wk, x, hd, n, k, nkv * d);
+    mm(lw.wv, x, hd, n, v, nkv * d);
+    bias(q, n, nq * d, lw.bq);
+    bias(k, n, nkv * d, lw.bk);
+    bias(v, n, nkv * d, lw.bv);
+    if (c.qk_norm_all_heads) {
+      run(rms_norm_cuda(q, nq * d, vec(lw.q_norm), n, nq * d, c.rms_norm_eps, q, nq * d,
+                        st_.stream),
+          "q norm");
+      run(rms_norm_cuda(k, nkv * d, vec(lw.k_norm), n, nkv * d, c.rms_norm_eps, k, nkv * d,
+                        st_.stream),
+          "k norm");
+    } else if (!lw.q_norm.empty()) {
+      run(rms_norm_cuda(q, d, vec(lw.q_norm), n * nq, d, c.rms_norm_eps, q, d, st_.stream),
+          "q norm");
+      run(rms_norm_cuda(k, d, vec(lw.k_norm), n * nkv, d, c.rms_norm_eps, k, d, st_.stream),
+          "k norm");
+    }
+    const float* cs = static_cast<const float*>(cs_.p);
+    run(rope_cuda(q, n, nq * d, nq, d, 0, rope_.dim(), cs, cs + n * half, neox_, st_.stream),
+        "rope q");
+    run(rope_cuda(k, n, nkv * d, nkv, d, 0, rope_.dim(), cs, cs + n * half, neox_, st_.stream),
+        "rope k");
+    ops::AttentionArgs base;
+    cache_->attention_args(l, step_.parts[0].seq, &base);
+    run(kv_write_f32_cuda(const_cast<float*>(base.k), k_ofs_, n * nkv, k, d, d, st_.stream),
+        "cache keys");
+    run(kv_write_f32_cuda(const_cast<float*>(base.v), v_ofs_, n * nkv, v, d, d, st_.stream),
+        "cache values");
+    float* att = grow(att_, n * nq * d);
+    const float* sinks = lw.sinks.empty() ? nullptr : vec(lw.sinks);
+    attend(l, [&](const ForwardStep::Part& p, ops::AttentionArgs& a) {
+      a.q = q + p.t0 * nq * d;
+      a.q_stride = nq * d;
+      a.n_heads = nq;
+      a.n_kv_heads = nkv;
+      a.dk = a.dv = d;
+      if (c.is_swa_layer(l)) a.window = c.sliding_window;
+      a.sinks = sinks;
+      a.out = att + p.t0 * nq * d;
+    });
+    mm(lw.wo, att, nq * d, n, out, hd);
+    bias(out, n, hd, lw.bo);
+  }
+
+  void attention_mla(int64_t l, const float* x, float* out) {
+    const LayerWeights& lw = w_->weights.layers[l];
+    const ModelConfig& c = w_->weights.config;
+    const int64_t n = step_.n_tokens(), hd = c.hidden_size;
+    const int64_t nope = c.qk_nope_head_dim, rd = c.qk_rope_head_dim, kvl = c.kv_lora_rank;
+    const int64_t vd = c.v_head_dim, nh = c.num_heads, qk = nope + rd, kr = kvl + rd;
+    const int64_t half = rope_.dim() / 2;
+    float* q = grow(q_, n * nh * qk);
+    float* kv = grow(k_, n * kr);
+    if (!lw.wq_a.empty()) {
+      float* qa = grow(qa_, n * c.q_lora_rank);
+      mm(lw.wq_a, x, hd, n, qa, c.q_lora_rank);
+      run(rms_norm_cuda(qa, c.q_lora_rank, vec(lw.q_a_norm), n, c.q_lora_rank, c.rms_norm_eps, qa,
+                        c.q_lora_rank, st_.stream),
+          "q_a norm");
+      mm(lw.wq_b, qa, c.q_lora_rank, n, q, nh * qk);
+    } else {
+      mm(lw.wq, x, hd, n, q, nh * qk);
+    }
+    mm(lw.wkv_a, x, hd, n, kv, kr);
+    run(rms_norm_cuda(kv, kr, vec(lw.kv_a_norm), n, kvl, c.rms_norm_eps, kv, kr, st_.stream),
+        "kv_a norm");
+    const float* cs = static_cast<const float*>(cs_.p);
+    run(rope_cuda(kv, n, kr, 1, kr, kvl, rope_.dim(), cs, cs + n * half, neox_, st_.stream),
+        "rope k");
+    run(rope_cuda(q, n, nh * qk, nh, qk, nope, rope_.dim(), cs, cs + n * half, neox_, st_.stream),
+        "rope q");
+    ops::AttentionArgs base;
+    cache_->attention_args(l, step_.parts[0].seq, &base);
+    run(kv_write_f32_cuda(const_cast<float*>(base.k), k_ofs_, n, kv, kr, kr, st_.stream),
+        "cache latents");
+    // q_cat per head: W_UK^T q_nope (kv_lora values), then q_pe.
+    float* qc = grow(qc_, n * nh * kr);
+    for (int64_t h = 0; h < nh; ++h) {
+      const ops::Weight& wk = lw.k_up[static_cast<size_t>(h)];
+      float* wf = dev_.scratch(st_, static_cast<uint64_t>(wk.rows() * wk.cols()) * 4);
+      dev_.dequantize(wk, wf, st_);
+      if (lw.k_up_transposed) {  // [kv_lora, qk_nope]
+        run(matmul_f32_cuda(wf, kvl, nope, q + h * qk, nh * qk, n, qc + h * kr, nh * kr,
+                            st_.stream),
+            "W_UK");
+      } else {  // [qk_nope, kv_lora]
+        run(matmul_t_f32_cuda(wf, nope, kvl, q + h * qk, nh * qk, n, qc + h * kr, nh * kr,
+                              st_.stream),
+            "W_UK");
+      }
+      TD_CUDA_CHECK(cudaMemcpy2DAsync(qc + h * kr + kvl, static_cast<size_t>(nh * kr) * 4,
+                                      q + h * qk + nope, static_cast<size_t>(nh * qk) * 4,
+                                      static_cast<size_t>(rd) * 4, static_cast<size_t>(n),
+                                      cudaMemcpyDeviceToDevice, st_.stream));
+    }
+    float* att = grow(att_, n * nh * kvl);
+    attend(l, [&](const ForwardStep::Part& p, ops::AttentionArgs& a) {
+      a.q = qc + p.t0 * nh * kr;
+      a.q_stride = nh * kr;
+      a.n_heads = nh;
+      a.n_kv_heads = 1;
+      a.dk = kr;
+      a.dv = kvl;
+      a.out = att + p.t0 * nh * kvl;
+    });
+    float* o = grow(o_, n * nh * vd);
+    for (int64_t h = 0; h < nh; ++h) {
+      const ops::Weight& wv = lw.v_up[static_cast<size_t>(h)];  // [v_head, kv_lora]
+      float* wf = dev_.scratch(st_, static_cast<uint64_t>(wv.rows() * wv.cols()) * 4);
+      dev_.dequantize(wv, wf, st_);
+      run(matmul_f32_cuda(wf, vd, kvl, att + h * kvl, nh * kvl, n, o + h * vd, nh * vd, st_.stream),
+          "W_UV");
+    }
+    mm(lw.wo, o, nh * vd, n, out, hd);
+  }
+
+  CudaDevice& dev_;
+  std::shared_ptr<const DenseWeights> w_;
+  StreamId sid_;
+  CudaStreamState& st_;
+  ops::Rope rope_;
+  bool neox_ = true;
+  float attn_scale_ = 1.0f;
+  std::map<const float*, float*> vecs_;  // host vector -> its device copy
+  ForwardStep step_;
+  KvCache* cache_ = nullptr;
+  std::vector<float> cs_host_;
+  std::vector<int64_t> ofs_host_, part_blocks_;
+  std::vector<int32_t> blocks_host_;
+  const int64_t* k_ofs_ = nullptr;
+  const int64_t* v_ofs_ = nullptr;
+  const int32_t* blocks_dev_ = nullptr;
+  Buf slots_[kBufferSlots];
+  Buf stage_, logits_, head_in_, cs_, ofs_, blocks_, q_, k_, v_, qa_, qc_, att_, o_, g_, u_,
+      scores_;
+};
+
+std::unique_ptr<ForwardOps> CudaDevice::forward_ops(std::shared_ptr<const DenseWeights> weights,
+                                                    const ForwardOpsOptions& options) {
+  if (&weights->device() != this) {
+    fail(ErrorKind::kInvalidArgument, "{}: forward ops over another device's weights", name_);
+  }
+  return std::make_unique<CudaForwardOps>(*this, std::move(weights), options);
+}
 
 }  // namespace
 
@@ -385,7 +846,8 @@ std::unique_ptr<Device> make_cuda_device(const CudaDeviceOptions& o) {
 namespace tandem::rt {
 
 std::unique_ptr<Device> make_cuda_device(const CudaDeviceOptions&) {
-  fail(ErrorKind::kUnsupported, "--accel cuda: this build has no CUDA (nvcc was not found when "
+  fail(ErrorKind::kUnsupported,
+       "--accel cuda: this build has no CUDA (nvcc was not found when "
        "it was configured); --accel host emulates an accelerator");
 }
 

@@ -19,9 +19,9 @@ namespace {
 std::vector<ops::Weight*> dense_matrices(LoadedModel& m) {
   std::vector<ops::Weight*> out{&m.lm_head};
   for (LayerWeights& lw : m.layers) {
-    for (ops::Weight* w : {&lw.wq, &lw.wk, &lw.wv, &lw.wo, &lw.wq_a, &lw.wq_b, &lw.wkv_a,
-                           &lw.ffn_gate, &lw.ffn_up, &lw.ffn_down, &lw.router, &lw.sh_gate,
-                           &lw.sh_up, &lw.sh_down}) {
+    for (ops::Weight* w :
+         {&lw.wq, &lw.wk, &lw.wv, &lw.wo, &lw.wq_a, &lw.wq_b, &lw.wkv_a, &lw.ffn_gate, &lw.ffn_up,
+          &lw.ffn_down, &lw.router, &lw.sh_gate, &lw.sh_up, &lw.sh_down}) {
       out.push_back(w);
     }
     for (ops::Weight& w : lw.k_up) out.push_back(&w);
@@ -38,7 +38,9 @@ int64_t scale_floats(const ops::Weight& w) {
   return (last - first + 1) * w.scale_cols;
 }
 
-uint64_t align_up(uint64_t bytes) { return (bytes + 255) / 256 * 256; }
+uint64_t align_up(uint64_t bytes) {
+  return (bytes + 255) / 256 * 256;
+}
 
 }  // namespace
 
@@ -68,8 +70,10 @@ std::shared_ptr<DenseWeights> upload_dense_weights(Device& dev, const LoadedMode
   auto note = [&](const Tensor& t, const std::string& what) {
     if (t.data == nullptr) return;
     if (!t.is_contiguous()) {
-      fail(ErrorKind::kUnsupported, "{}: {} {} is not contiguous: it cannot be copied to the {} "
-           "device as one block", model.path.string(), what, t.shape_string(), dev.name());
+      fail(ErrorKind::kUnsupported,
+           "{}: {} {} is not contiguous: it cannot be copied to the {} "
+           "device as one block",
+           model.path.string(), what, t.shape_string(), dev.name());
     }
     uint64_t& b = regions[t.data];
     b = std::max<uint64_t>(b, static_cast<uint64_t>(t.nbytes()));
@@ -115,9 +119,8 @@ std::shared_ptr<DenseWeights> upload_dense_weights(Device& dev, const LoadedMode
         void* d = dev.alloc(static_cast<uint64_t>(sf) * 4);
         out->allocations_.push_back(d);
         dev.copy_h2d(d, w->scale_inv + first * w->scale_cols, static_cast<uint64_t>(sf) * 4, s);
-        dev.host_callback(s, [&progress, sf] {
-          progress.add(align_up(static_cast<uint64_t>(sf) * 4));
-        });
+        dev.host_callback(
+            s, [&progress, sf] { progress.add(align_up(static_cast<uint64_t>(sf) * 4)); });
         w->scale_inv = static_cast<const float*>(d);
         w->row0 -= first * w->block_rows;
       }

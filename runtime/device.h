@@ -86,7 +86,6 @@ class Device {
   // device has none.
   virtual std::unique_ptr<ForwardOps> forward_ops(std::shared_ptr<const DenseWeights> weights,
                                                   const ForwardOpsOptions& options);
-  virtual bool has_forward_ops() const { return false; }
   // Where the device records its ops' busy intervals and its copies' bytes, and the hybrid
   // backend its CPU experts' intervals (runtime/timeline.h); nullptr: nowhere. Set it before
   // enqueuing work; it must outlive the work enqueued after.

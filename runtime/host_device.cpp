@@ -333,7 +333,6 @@ class HostDevice final : public Device {
 
   std::unique_ptr<ForwardOps> forward_ops(std::shared_ptr<const DenseWeights> weights,
                                           const ForwardOpsOptions& options) override;
-  bool has_forward_ops() const override { return true; }
 
  private:
   friend class HostForwardOps;

@@ -284,11 +284,7 @@ MoeRuntime::MoeRuntime(const LoadedModel& model, const BackendOptions& options,
     impl_->timeline = std::make_unique<rt::Timeline>();
     impl_->device->set_timeline(impl_->timeline.get());
     rt::HybridOptions h;
-    const bool dense_accel = impl_->placement.dense_device() == rt::Where::kAccel;
-    if (dense_accel && !impl_->device->has_forward_ops()) {
-      log_info("the {} device has no forward ops yet: the dense part runs on the CPU",
-               impl_->device->name());
-    } else if (dense_accel) {
+    if (impl_->placement.dense_device() == rt::Where::kAccel) {
       // The dense part first: the expert cache sizes itself from what is left, keeping room for
       // the KV cache of a default context and the activations.
       impl_->dense = rt::upload_dense_weights(*impl_->device, model, false);

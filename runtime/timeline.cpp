@@ -26,7 +26,9 @@ std::vector<Interval> merged(std::vector<Interval> v) {
   return out;
 }
 
-double seconds(Timeline::Clock::duration d) { return std::chrono::duration<double>(d).count(); }
+double seconds(Timeline::Clock::duration d) {
+  return std::chrono::duration<double>(d).count();
+}
 
 double length(const std::vector<Interval>& v) {
   double s = 0;

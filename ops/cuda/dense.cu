@@ -1,6 +1,6 @@
-#include "ops/cuda/dense.h"
-
 #include <cmath>
+
+#include "ops/cuda/dense.h"
 
 namespace tandem {
 
@@ -13,8 +13,8 @@ constexpr int kMaxTokensPerPass = 8;
 // Block: kRowsPerBlock warps, each one output row for up to kMaxTokensPerPass tokens starting at
 // t0 (the weight row read once per pass).
 __global__ void matmul_f32_kernel(const float* __restrict__ w, int64_t rows, int64_t cols,
-                                  const float* __restrict__ x, int64_t n, float* __restrict__ y,
-                                  int64_t ldy) {
+                                  const float* __restrict__ x, int64_t ldx, int64_t n,
+                                  float* __restrict__ y, int64_t ldy) {
   const int lane = threadIdx.x % kWarp;
   const int64_t r = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + threadIdx.x / kWarp;
   if (r >= rows) return;
@@ -24,7 +24,7 @@ __global__ void matmul_f32_kernel(const float* __restrict__ w, int64_t rows, int
     float acc[kMaxTokensPerPass] = {};
     for (int64_t c = lane; c < cols; c += kWarp) {
       const float wv = wr[c];
-      for (int j = 0; j < nt; ++j) acc[j] += wv * x[(t0 + j) * cols + c];
+      for (int j = 0; j < nt; ++j) acc[j] += wv * x[(t0 + j) * ldx + c];
     }
     for (int j = 0; j < nt; ++j) {
       float v = acc[j];
@@ -32,6 +32,18 @@ __global__ void matmul_f32_kernel(const float* __restrict__ w, int64_t rows, int
       if (lane == 0) y[(t0 + j) * ldy + r] = v;
     }
   }
+}
+
+// A thread per (token, output column): coalesced reads of w's rows across the threads.
+__global__ void matmul_t_f32_kernel(const float* __restrict__ w, int64_t rows, int64_t cols,
+                                    const float* __restrict__ x, int64_t ldx, int64_t n,
+                                    float* __restrict__ y, int64_t ldy) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n * cols) return;
+  const int64_t t = i / cols, c = i % cols;
+  float acc = 0.0f;
+  for (int64_t r = 0; r < rows; ++r) acc += w[r * cols + c] * x[t * ldx + r];
+  y[t * ldy + c] = acc;
 }
 
 __global__ void glu_kernel(float* __restrict__ g, const float* __restrict__ u, int64_t total,
@@ -57,8 +69,28 @@ __global__ void scale_rows_kernel(const float* __restrict__ src, int64_t total, 
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i >= total) return;
   const int64_t t = i / cols, c = i % cols;
-  const float v = (src[i] + (bias != nullptr ? bias[c] : 0.0f)) * (scale != nullptr ? scale[t] : 1.0f);
+  const float v =
+      (src[i] + (bias != nullptr ? bias[c] : 0.0f)) * (scale != nullptr ? scale[t] : 1.0f);
   out[i] = accumulate ? out[i] + v : v;
+}
+
+__global__ void sigmoid_gate_kernel(const float* __restrict__ x, const float* __restrict__ g,
+                                    int64_t h, float* __restrict__ out) {
+  __shared__ float part[kWarp];
+  const int64_t t = blockIdx.x;
+  float d = 0.0f;
+  for (int64_t i = threadIdx.x; i < h; i += blockDim.x) d += x[t * h + i] * g[i];
+  for (int o = kWarp / 2; o > 0; o /= 2) d += __shfl_xor_sync(0xffffffffu, d, o);
+  if (threadIdx.x % kWarp == 0) part[threadIdx.x / kWarp] = d;
+  __syncthreads();
+  if (threadIdx.x < kWarp) {
+    d = threadIdx.x < blockDim.x / kWarp ? part[threadIdx.x] : 0.0f;
+    for (int o = kWarp / 2; o > 0; o /= 2) d += __shfl_xor_sync(0xffffffffu, d, o);
+    if (threadIdx.x == 0) part[0] = 1.0f / (1.0f + expf(-d));
+  }
+  __syncthreads();
+  const float gate = part[0];
+  for (int64_t i = threadIdx.x; i < h; i += blockDim.x) out[t * h + i] *= gate;
 }
 
 __global__ void add_kernel(const float* __restrict__ a, float* __restrict__ out, int64_t count) {
@@ -67,19 +99,22 @@ __global__ void add_kernel(const float* __restrict__ a, float* __restrict__ out,
 }
 
 constexpr int kThreads = 256;
-unsigned blocks_for(int64_t count) { return static_cast<unsigned>((count + kThreads - 1) / kThreads); }
+unsigned blocks_for(int64_t count) {
+  return static_cast<unsigned>((count + kThreads - 1) / kThreads);
+}
 constexpr int64_t kMaxGrid = int64_t{1} << 31;
 
 }  // namespace
 
-cudaError_t matmul_f32_cuda(const float* w, int64_t rows, int64_t cols, const float* x, int64_t n,
-                            float* y, int64_t ldy, cudaStream_t stream) {
-  if (rows < 0 || cols <= 0 || n < 0 || ldy < rows || (rows + kRowsPerBlock - 1) / kRowsPerBlock >= kMaxGrid) {
+cudaError_t matmul_f32_cuda(const float* w, int64_t rows, int64_t cols, const float* x, int64_t ldx,
+                            int64_t n, float* y, int64_t ldy, cudaStream_t stream) {
+  if (rows < 0 || cols <= 0 || n < 0 || ldx < cols || ldy < rows ||
+      (rows + kRowsPerBlock - 1) / kRowsPerBlock >= kMaxGrid) {
     return cudaErrorInvalidValue;
   }
   if (rows == 0 || n == 0) return cudaSuccess;
   const unsigned grid = static_cast<unsigned>((rows + kRowsPerBlock - 1) / kRowsPerBlock);
-  matmul_f32_kernel<<<grid, kRowsPerBlock * kWarp, 0, stream>>>(w, rows, cols, x, n, y, ldy);
+  matmul_f32_kernel<<<grid, kRowsPerBlock * kWarp, 0, stream>>>(w, rows, cols, x, ldx, n, y, ldy);
   return cudaGetLastError();
 }
 
@@ -88,8 +123,8 @@ cudaError_t glu_cuda(float* g, const float* u, int64_t n, int64_t ff, const floa
   const int64_t total = n * ff;
   if (n < 0 || ff < 0 || blocks_for(total) >= kMaxGrid) return cudaErrorInvalidValue;
   if (total == 0) return cudaSuccess;
-  glu_kernel<<<blocks_for(total), kThreads, 0, stream>>>(g, u, total, ff, gate_bias, up_bias,
-                                                          limit, alpha);
+  glu_kernel<<<blocks_for(total), kThreads, 0, stream>>>(g, u, total, ff, gate_bias, up_bias, limit,
+                                                         alpha);
   return cudaGetLastError();
 }
 
@@ -99,7 +134,27 @@ cudaError_t scale_rows_cuda(const float* src, int64_t n, int64_t cols, const flo
   if (n < 0 || cols < 0 || blocks_for(total) >= kMaxGrid) return cudaErrorInvalidValue;
   if (total == 0) return cudaSuccess;
   scale_rows_kernel<<<blocks_for(total), kThreads, 0, stream>>>(src, total, cols, bias, scale, out,
-                                                                 accumulate);
+                                                                accumulate);
+  return cudaGetLastError();
+}
+
+cudaError_t matmul_t_f32_cuda(const float* w, int64_t rows, int64_t cols, const float* x,
+                              int64_t ldx, int64_t n, float* y, int64_t ldy, cudaStream_t stream) {
+  if (rows <= 0 || cols < 0 || n < 0 || ldx < rows || ldy < cols ||
+      blocks_for(n * cols) >= kMaxGrid) {
+    return cudaErrorInvalidValue;
+  }
+  if (cols == 0 || n == 0) return cudaSuccess;
+  matmul_t_f32_kernel<<<blocks_for(n * cols), kThreads, 0, stream>>>(w, rows, cols, x, ldx, n, y,
+                                                                     ldy);
+  return cudaGetLastError();
+}
+
+cudaError_t sigmoid_gate_rows_cuda(const float* x, const float* g, int64_t n, int64_t h, float* out,
+                                   cudaStream_t stream) {
+  if (n < 0 || h <= 0 || n >= kMaxGrid) return cudaErrorInvalidValue;
+  if (n == 0) return cudaSuccess;
+  sigmoid_gate_kernel<<<static_cast<unsigned>(n), kThreads, 0, stream>>>(x, g, h, out);
   return cudaGetLastError();
 }
 

@@ -14,9 +14,18 @@
 
 namespace tandem {
 
-// y[t * ldy + r] = sum_c w[r * cols + c] * x[t * cols + c], for r < rows, t < n.
-cudaError_t matmul_f32_cuda(const float* w, int64_t rows, int64_t cols, const float* x, int64_t n,
-                            float* y, int64_t ldy, cudaStream_t stream);
+// y[t * ldy + r] = sum_c w[r * cols + c] * x[t * ldx + c], for r < rows, t < n.
+cudaError_t matmul_f32_cuda(const float* w, int64_t rows, int64_t cols, const float* x, int64_t ldx,
+                            int64_t n, float* y, int64_t ldy, cudaStream_t stream);
+
+// y[t * ldy + c] = sum_r w[r * cols + c] * x[t * ldx + r], for c < cols, t < n: the product with
+// w's transpose (DeepSeek's W_UK as Hugging Face stores it, [qk_nope, kv_lora]).
+cudaError_t matmul_t_f32_cuda(const float* w, int64_t rows, int64_t cols, const float* x,
+                              int64_t ldx, int64_t n, float* y, int64_t ldy, cudaStream_t stream);
+
+// Qwen2-MoE's shared-expert gate: out[t][i] *= sigmoid(x[t] . g), n rows of h values.
+cudaError_t sigmoid_gate_rows_cuda(const float* x, const float* g, int64_t n, int64_t h, float* out,
+                                   cudaStream_t stream);
 
 // For each of n rows of ff values: g = act(g + gate_bias) * (u + up_bias), in place in g. limit
 // <= 0: act = silu, no clamp (biases may be null); limit > 0: gpt-oss's (ops::glu_with_extras):

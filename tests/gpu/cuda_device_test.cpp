@@ -4,7 +4,8 @@
 // host pointers refused; the expert FFN (plain, scaled + accumulated, gpt-oss's biases and clamp)
 // and matmul over F32, Q8_0, Q4_K / Q6_K and block-scaled FP8 weights of odd sizes within F32
 // rounding of ops::swiglu_ffn / ops::matmul (the device sums in another order); and end to end,
-// `tandem run --accel cuda` on a model `tandem synth` writes here gives `--accel none`'s tokens.
+// `tandem run --accel cuda` (the dense part on the GPU too) on models `tandem synth` writes here
+// gives `--accel none`'s tokens, and a batch of sequences through `tandem bench --batch`.
 // Label gpu: skipped (exit 77) without a GPU (tests/gpu/gpu_gate.h).
 #include <gtest/gtest.h>
 
@@ -239,19 +240,21 @@ TEST_P(CudaDeviceOps, MatchTheCpuReference) {
   EXPECT_LE(rel_diff(mm, mm_want), 1e-5);
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    Formats, CudaDeviceOps,
-    ::testing::Values(OpsCase{DType::kF32, DType::kF32, 67, 45, false},
-                      OpsCase{DType::kF32, DType::kF32, 67, 45, true},
-                      OpsCase{DType::kQ8_0, DType::kQ8_0, 96, 160, false},
-                      OpsCase{DType::kQ4_K, DType::kQ6_K, 256, 512, false},
-                      OpsCase{DType::kF8E4M3, DType::kF8E4M3, 200, 136, false}));
+INSTANTIATE_TEST_SUITE_P(Formats, CudaDeviceOps,
+                         ::testing::Values(OpsCase{DType::kF32, DType::kF32, 67, 45, false},
+                                           OpsCase{DType::kF32, DType::kF32, 67, 45, true},
+                                           OpsCase{DType::kQ8_0, DType::kQ8_0, 96, 160, false},
+                                           OpsCase{DType::kQ4_K, DType::kQ6_K, 256, 512, false},
+                                           OpsCase{DType::kF8E4M3, DType::kF8E4M3, 200, 136,
+                                                   false}));
 
-// `tandem run --accel cuda` equals `--accel none` (greedy tokens) on tiny F32 models written here
-// (the device computes F32 like the CPU does for F32 weights, in another summation order).
+// `tandem run --accel cuda` (the dense part on the GPU's forward ops, experts pinned and cached
+// there) equals `--accel none` (greedy tokens) on tiny F32 models written here (the device
+// computes F32 like the CPU does for F32 weights, in another summation order): GQA with q / k
+// norms, MLA absorbed, Qwen2's biases and shared-expert gate, gpt-oss's sinks, window and biases.
 TEST(CudaDeviceCli, RunEqualsTheCpu) {
   test::TempDir dir("cuda_run");
-  for (const char* arch : {"qwen3moe", "deepseek2"}) {
+  for (const char* arch : {"qwen3moe", "deepseek2", "qwen2moe", "gpt-oss"}) {
     const std::string m = (dir / (std::string(arch) + ".gguf")).string();
     auto r = test::run_tandem(std::string("synth --arch ") + arch +
                               " --preset tiny --format gguf --type f32 --seed 2 -o " + m);
@@ -259,10 +262,15 @@ TEST(CudaDeviceCli, RunEqualsTheCpu) {
     const std::string base = "run --model " + m + " --tokens 1,5,9,13 -n 12 --temp 0 ";
     const auto cpu = test::run_tandem(base + "--accel none");
     ASSERT_EQ(cpu.exit_code, 0) << cpu.err;
-    const auto cuda =
-        test::run_tandem(base + "--accel cuda --vram-budget 256M --gpu-experts 2 --policy hybrimoe");
+    const auto cuda = test::run_tandem(
+        base + "--accel cuda --vram-budget 256M --gpu-experts 2 --policy hybrimoe");
     ASSERT_EQ(cuda.exit_code, 0) << cuda.err;
     EXPECT_EQ(cuda.out, cpu.out) << arch;
+    // Several sequences in one forward (block tables, per-part attention) run too.
+    const auto batch = test::run_tandem("bench -m " + m +
+                                        " --batch 1,3 -p 8 -n 4 -r 1 --accel "
+                                        "cuda --vram-budget 256M");
+    EXPECT_EQ(batch.exit_code, 0) << batch.err;
   }
 }
 

@@ -319,8 +319,9 @@ TEST(HybridCli, RulesPlaceTheDensePart) {
   test::TempDir dir;
   const auto dense_cpu = dir / "dense-cpu.yaml", split = dir / "split.yaml";
   {
-    std::ofstream(dense_cpu) << "- {match: {name: 'embed|lm_head|layers\\.\\d+\\.(attention|ffn)'}, "
-                                "device: cpu}\n";
+    std::ofstream(dense_cpu)
+        << "- {match: {name: 'embed|lm_head|layers\\.\\d+\\.(attention|ffn)'}, "
+           "device: cpu}\n";
     std::ofstream(split) << "- match: {module: attention, name: 'layers\\.1\\..*'}\n"
                             "  device: cpu\n";
   }

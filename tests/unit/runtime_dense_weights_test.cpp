@@ -56,10 +56,14 @@ TEST(DenseWeights, EveryDenseMatrixCopiedTheExpertsNot) {
       for (size_t l = 0; l < lm.layers.size(); ++l) {
         const LayerWeights& a = lm.layers[l];
         const LayerWeights& b = d.layers[l];
-        for (auto [x, y, what] : {std::tuple{&a.wq, &b.wq, "wq"}, {&a.wk, &b.wk, "wk"},
-                                  {&a.wv, &b.wv, "wv"}, {&a.wo, &b.wo, "wo"},
-                                  {&a.wq_a, &b.wq_a, "wq_a"}, {&a.wq_b, &b.wq_b, "wq_b"},
-                                  {&a.wkv_a, &b.wkv_a, "wkv_a"}, {&a.router, &b.router, "router"},
+        for (auto [x, y, what] : {std::tuple{&a.wq, &b.wq, "wq"},
+                                  {&a.wk, &b.wk, "wk"},
+                                  {&a.wv, &b.wv, "wv"},
+                                  {&a.wo, &b.wo, "wo"},
+                                  {&a.wq_a, &b.wq_a, "wq_a"},
+                                  {&a.wq_b, &b.wq_b, "wq_b"},
+                                  {&a.wkv_a, &b.wkv_a, "wkv_a"},
+                                  {&a.router, &b.router, "router"},
                                   {&a.ffn_gate, &b.ffn_gate, "ffn_gate"},
                                   {&a.ffn_down, &b.ffn_down, "ffn_down"}}) {
           expect_copied(*x, *y, fmt::format("layer {} {}", l, what));

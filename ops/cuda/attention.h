@@ -1,0 +1,43 @@
+// Host launchers for the kernels of the forward's dense part on a GPU (attention.cu): RMSNorm
+// over rows, rotary embedding with a per-token cos / sin table (the host computes it with
+// ops::Rope::angles, so YaRN and every scaling are the CPU's numbers), the KV cache's row writes,
+// and causal attention over an F32 cache, contiguous or paged (ops::AttentionArgs: GQA, sliding
+// windows, gpt-oss's sinks). Asynchronous on `stream`, never throw; cudaErrorInvalidValue for
+// arguments they do not support (checked before any launch). Device pointers throughout (the
+// AttentionArgs' block table too). F32 arithmetic as ops/cpu/ref_ops.h's, sums in another order.
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+
+#include "ops/types.h"
+
+namespace tandem {
+
+// out[r * out_stride + i] = x[r * x_stride + i] / rms(x row) * w[i], i < n, for `rows` rows
+// (out may alias x).
+cudaError_t rms_norm_cuda(const float* x, int64_t x_stride, const float* w, int64_t rows, int64_t n,
+                          float eps, float* out, int64_t out_stride, cudaStream_t stream);
+
+// Rotates, for every token t < n_tokens and head h < n_heads, the dim values at
+// x + t * token_stride + h * head_stride + offset by cos / sin [t * dim / 2 + i] (ops::Rope::
+// rotate's pairs: (i, i + dim / 2) when neox, else (2 i, 2 i + 1)). dim even.
+cudaError_t rope_cuda(float* x, int64_t n_tokens, int64_t token_stride, int64_t n_heads,
+                      int64_t head_stride, int64_t offset, int64_t dim, const float* cos,
+                      const float* sin, bool neox, cudaStream_t stream);
+
+// dst[row_offsets[r] + i] = src[r * src_stride + i], i < d, for n_rows rows (F32 cache rows at
+// element offsets the host computed from the cache's block tables).
+cudaError_t kv_write_f32_cuda(float* dst, const int64_t* row_offsets, int64_t n_rows,
+                              const float* src, int64_t src_stride, int64_t d, cudaStream_t stream);
+
+// Floats of scratch attention_f32_cuda needs for a's scores.
+int64_t attention_scratch_floats(const ops::AttentionArgs& a);
+
+// ops::attention for an F32 cache (a.k / a.v; 16-bit and Q8_0 caches: cudaErrorInvalidValue),
+// contiguous or paged. scores: attention_scratch_floats(a) floats of device memory.
+cudaError_t attention_f32_cuda(const ops::AttentionArgs& a, float* scores, int64_t scores_floats,
+                               cudaStream_t stream);
+
+}  // namespace tandem

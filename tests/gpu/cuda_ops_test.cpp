@@ -1,0 +1,215 @@
+// The dense-part kernels of ops/cuda/attention.h against the CPU reference on odd sizes: RMSNorm
+// over strided rows (in place too), RoPE (NeoX and interleaved, YaRN-scaled angles from
+// ops::Rope) over strided heads, cache row writes, and attention over F32 caches: contiguous and
+// paged (shuffled blocks, a chunk crossing a block), GQA, a sliding window, gpt-oss's sinks,
+// against ops::attention within F32 rounding. Label gpu: skipped (exit 77) without a GPU.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "tests/gpu/gpu_gate.h"
+
+#ifdef TANDEM_HAVE_CUDA
+#include "ops/cpu/ref_ops.h"
+#include "ops/cuda/attention.h"
+#include "ops/cuda/cuda_util.h"
+
+namespace tandem {
+namespace {
+
+std::vector<float> randn(size_t n, std::mt19937& rng) {
+  std::normal_distribution<float> nd(0.0f, 1.0f);
+  std::vector<float> v(n);
+  for (float& x : v) x = nd(rng);
+  return v;
+}
+
+DeviceBuffer up(const std::vector<float>& v) {
+  DeviceBuffer b(v.size() * 4);
+  b.upload(v.data(), v.size() * 4);
+  return b;
+}
+
+std::vector<float> down(const DeviceBuffer& b, size_t n) {
+  std::vector<float> v(n);
+  b.download(v.data(), n * 4);
+  return v;
+}
+
+double rel_diff(const std::vector<float>& got, const std::vector<float>& ref) {
+  double md = 0, mr = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    md = std::max(md, std::fabs(double(got[i]) - ref[i]));
+    mr = std::max(mr, std::fabs(double(ref[i])));
+  }
+  return md / std::max(mr, 1e-30);
+}
+
+TEST(CudaOps, RmsNormStridedAndInPlace) {
+  std::mt19937 rng(1);
+  const int64_t rows = 5, n = 67, stride = 80;
+  const auto x = randn(rows * stride, rng), w = randn(n, rng);
+  std::vector<float> want(rows * stride, 0.0f);
+  for (int64_t r = 0; r < rows; ++r)
+    ops::rms_norm(&x[r * stride], w.data(), n, 1e-6f, &want[r * stride]);
+  DeviceBuffer dx = up(x), dw = up(w), dout = up(std::vector<float>(rows * stride, 0.0f));
+  TD_CUDA_CHECK(rms_norm_cuda(dx.as<float>(), stride, dw.as<float>(), rows, n, 1e-6f,
+                              dout.as<float>(), stride, nullptr));
+  TD_CUDA_CHECK(rms_norm_cuda(dx.as<float>(), stride, dw.as<float>(), rows, n, 1e-6f,
+                              dx.as<float>(), stride, nullptr));
+  TD_CUDA_CHECK(cudaDeviceSynchronize());
+  const auto got = down(dout, want.size()), in_place = down(dx, want.size());
+  for (int64_t r = 0; r < rows; ++r) {
+    const std::vector<float> g(got.begin() + r * stride, got.begin() + r * stride + n);
+    const std::vector<float> p(in_place.begin() + r * stride, in_place.begin() + r * stride + n);
+    const std::vector<float> e(want.begin() + r * stride, want.begin() + r * stride + n);
+    EXPECT_LE(rel_diff(g, e), 1e-6) << r;
+    EXPECT_LE(rel_diff(p, e), 1e-6) << r;
+  }
+  EXPECT_EQ(rms_norm_cuda(dx.as<float>(), 10, dw.as<float>(), rows, n, 1e-6f, dx.as<float>(), 10,
+                          nullptr),
+            cudaErrorInvalidValue);
+}
+
+TEST(CudaOps, RopeBothFormsWithYarn) {
+  std::mt19937 rng(2);
+  RopeScaling ys;
+  ys.type = RopeScalingType::kYarn;
+  ys.factor = 4.0f;
+  ys.original_max_position_embeddings = 64;
+  ys.mscale_all_dim = 0.707f;
+  const ops::Rope rope(32, 10000.0f, ys);
+  const int64_t T = 3, heads = 3, hs = 48, ts = heads * hs + 5, off = 16, half = 16;
+  const std::vector<int64_t> pos = {0, 77, 1000};
+  std::vector<float> c(T * half), s(T * half);
+  for (int64_t t = 0; t < T; ++t) rope.angles(pos[t], &c[t * half], &s[t * half]);
+  for (const bool neox : {true, false}) {
+    auto x = randn(T * ts, rng);
+    std::vector<float> want = x;
+    for (int64_t t = 0; t < T; ++t) {
+      for (int64_t h = 0; h < heads; ++h) {
+        rope.rotate(&want[t * ts + h * hs + off], &c[t * half], &s[t * half],
+                    neox ? ops::RopeForm::kNeox : ops::RopeForm::kInterleaved);
+      }
+    }
+    DeviceBuffer dx = up(x), dc = up(c), dsn = up(s);
+    TD_CUDA_CHECK(rope_cuda(dx.as<float>(), T, ts, heads, hs, off, 32, dc.as<float>(),
+                            dsn.as<float>(), neox, nullptr));
+    TD_CUDA_CHECK(cudaDeviceSynchronize());
+    EXPECT_LE(rel_diff(down(dx, x.size()), want), 1e-6) << neox;
+  }
+}
+
+TEST(CudaOps, KvWriteRows) {
+  std::mt19937 rng(3);
+  const int64_t d = 37, rows = 4;
+  const auto src = randn(rows * 40, rng);
+  const std::vector<int64_t> offsets = {500, 0, 37 * 3, 200};
+  std::vector<float> want(600, 0.0f);
+  for (int64_t r = 0; r < rows; ++r) {
+    std::copy(&src[r * 40], &src[r * 40] + d, want.begin() + offsets[r]);
+  }
+  DeviceBuffer dst = up(std::vector<float>(600, 0.0f)), dsrc = up(src);
+  DeviceBuffer doff(offsets.size() * 8);
+  doff.upload(offsets.data(), offsets.size() * 8);
+  TD_CUDA_CHECK(kv_write_f32_cuda(dst.as<float>(), doff.as<int64_t>(), rows, dsrc.as<float>(), 40,
+                                  d, nullptr));
+  TD_CUDA_CHECK(cudaDeviceSynchronize());
+  EXPECT_EQ(down(dst, 600), want);
+}
+
+struct AttnCase {
+  bool paged;
+  int64_t heads, kv_heads, dk, dv, n_tokens, pos0, window;
+  bool sinks;
+};
+
+class CudaAttention : public ::testing::TestWithParam<AttnCase> {};
+
+TEST_P(CudaAttention, EqualsTheReference) {
+  const AttnCase c = GetParam();
+  std::mt19937 rng(4);
+  const int64_t P = c.pos0 + c.n_tokens, B = 64, nb = (P + B - 1) / B;
+  const int64_t ks = c.kv_heads * c.dk, vs = c.kv_heads * c.dv;
+  // The cache: contiguous [P, kv_heads, d], or paged: nb + 2 blocks of B positions, the
+  // sequence's blocks shuffled among them.
+  std::vector<int32_t> blocks(static_cast<size_t>(nb));
+  std::iota(blocks.begin(), blocks.end(), 1);
+  std::shuffle(blocks.begin(), blocks.end(), rng);
+  const int64_t slots = c.paged ? (nb + 2) * B : P;
+  const auto k = randn(slots * ks, rng), v = randn(slots * vs, rng);
+  const auto q = randn(c.n_tokens * c.heads * c.dk, rng);
+  const auto sinks = randn(c.heads, rng);
+  ops::AttentionArgs a;
+  a.q_stride = c.heads * c.dk;
+  a.n_tokens = c.n_tokens;
+  a.n_heads = c.heads;
+  a.n_kv_heads = c.kv_heads;
+  a.dk = c.dk;
+  a.dv = c.dv;
+  a.k_stride = ks;
+  a.v_stride = vs;
+  if (c.paged) {
+    a.block_positions = B;
+    a.k_block = B * ks;
+    a.v_block = B * vs;
+  }
+  a.pos0 = c.pos0;
+  a.scale = 1.0f / std::sqrt(static_cast<float>(c.dk));
+  a.window = c.window;
+  std::vector<float> want(c.n_tokens * c.heads * c.dv);
+  ops::AttentionArgs h = a;
+  h.q = q.data();
+  h.k = k.data();
+  h.v = v.data();
+  h.blocks = c.paged ? blocks.data() : nullptr;
+  h.sinks = c.sinks ? sinks.data() : nullptr;
+  h.out = want.data();
+  ops::attention(h, nullptr);
+
+  DeviceBuffer dq = up(q), dk = up(k), dv = up(v), dsink = up(sinks);
+  DeviceBuffer dout = up(std::vector<float>(want.size(), 0.0f));
+  DeviceBuffer dblocks(blocks.size() * 4);
+  dblocks.upload(blocks.data(), blocks.size() * 4);
+  ops::AttentionArgs d = a;
+  d.q = dq.as<float>();
+  d.k = dk.as<float>();
+  d.v = dv.as<float>();
+  d.blocks = c.paged ? dblocks.as<int32_t>() : nullptr;
+  d.sinks = c.sinks ? dsink.as<float>() : nullptr;
+  d.out = dout.as<float>();
+  const int64_t nf = attention_scratch_floats(d);
+  DeviceBuffer scratch(static_cast<size_t>(nf) * 4);
+  TD_CUDA_CHECK(attention_f32_cuda(d, scratch.as<float>(), nf, nullptr));
+  TD_CUDA_CHECK(cudaDeviceSynchronize());
+  EXPECT_LE(rel_diff(down(dout, want.size()), want), 1e-5);
+  EXPECT_EQ(attention_f32_cuda(d, scratch.as<float>(), nf - 1, nullptr), cudaErrorInvalidValue);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Caches, CudaAttention,
+    ::testing::Values(AttnCase{false, 4, 4, 64, 64, 1, 0, 0, false},     // first token
+                      AttnCase{false, 6, 2, 72, 40, 3, 70, 0, false},    // GQA, odd dims
+                      AttnCase{true, 6, 2, 72, 40, 5, 61, 0, false},     // paged, crossing a block
+                      AttnCase{true, 8, 1, 576, 512, 2, 130, 0, false},  // MLA's latent shape
+                      AttnCase{true, 4, 2, 64, 64, 4, 150, 32, true},    // window + sinks
+                      AttnCase{false, 3, 3, 45, 45, 17, 0, 0, true}));   // a prefill chunk
+
+}  // namespace
+}  // namespace tandem
+#endif
+
+int main(int argc, char** argv) {
+  const tandem::test::GpuGate gate = tandem::test::gpu_gate();
+#ifndef TANDEM_HAVE_CUDA
+  return tandem::test::gpu_gate_exit(gate);
+#else
+  testing::InitGoogleTest(&argc, argv);
+  if (gate.verdict != tandem::test::GpuVerdict::kRun) return tandem::test::gpu_gate_exit(gate);
+  return RUN_ALL_TESTS();
+#endif
+}
