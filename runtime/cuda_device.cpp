@@ -428,19 +428,7 @@ class CudaForwardOps final : public ForwardOps {
     return grow(slots_[slot], count);
   }
   KvCacheOptions cache_options(KvCacheOptions o) const override {
-    CudaDevice* dev = &dev_;
-    o.alloc = [dev](uint64_t bytes) {
-      const uint64_t left = dev->memory_capacity() - dev->memory_used();
-      if (bytes > left) {
-        fail(ErrorKind::kResource,
-             "a KV cache of {:.1f} MiB does not fit the {}'s {:.1f} MiB left next to the dense "
-             "part and the expert cache: lower --ctx (or --parallel), lower --cache-slots, or "
-             "raise --vram-budget",
-             bytes / 1048576.0, dev->name(), left / 1048576.0);
-      }
-      return dev->alloc(bytes);
-    };
-    o.release = [dev](void* p) { dev->free(p); };
+    o = device_cache_options(dev_, o);
     o.copy = [](void* dst, const void* src, uint64_t bytes) {
       TD_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToDevice));
     };

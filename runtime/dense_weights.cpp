@@ -139,4 +139,21 @@ std::shared_ptr<DenseWeights> upload_dense_weights(Device& dev, const LoadedMode
   return out;
 }
 
+KvCacheOptions device_cache_options(Device& dev, KvCacheOptions o) {
+  Device* d = &dev;
+  o.alloc = [d](uint64_t bytes) {
+    const uint64_t left = d->memory_capacity() - d->memory_used();
+    if (bytes > left) {
+      fail(ErrorKind::kResource,
+           "a KV cache of {:.1f} MiB does not fit the {} device's {:.1f} MiB left next to the "
+           "dense part and the expert cache: lower --ctx (or --parallel), lower --cache-slots, "
+           "or raise --vram-budget",
+           bytes / 1048576.0, d->name(), left / 1048576.0);
+    }
+    return d->alloc(bytes);
+  };
+  o.release = [d](void* p) { d->free(p); };
+  return o;
+}
+
 }  // namespace tandem::rt

@@ -7,6 +7,7 @@
 #include <memory>
 #include <vector>
 
+#include "model/kv_cache.h"
 #include "model/weights.h"
 #include "runtime/device.h"
 
@@ -41,5 +42,10 @@ struct DenseWeights {
 // shared experts are left out (a hybrid MoE backend holds and computes them).
 std::shared_ptr<DenseWeights> upload_dense_weights(Device& dev, const LoadedModel& model,
                                                    bool shared_experts);
+
+// o with the KV cache's pool in dev's memory (KvCacheOptions::alloc / release): what a device's
+// ForwardOps::cache_options returns. A pool larger than the memory left is Error(kResource)
+// naming --ctx, --parallel, --cache-slots and --vram-budget.
+KvCacheOptions device_cache_options(Device& dev, KvCacheOptions o);
 
 }  // namespace tandem::rt

@@ -529,20 +529,7 @@ class HostForwardOps final : public ForwardOps {
     return grow(bufs_[slot], count);
   }
   KvCacheOptions cache_options(KvCacheOptions o) const override {
-    HostDevice* dev = &dev_;
-    o.alloc = [dev](uint64_t bytes) {
-      const uint64_t left = dev->memory_capacity() - dev->memory_used();
-      if (bytes > left) {
-        fail(ErrorKind::kResource,
-             "a KV cache of {:.1f} MiB does not fit the {} device's {:.1f} MiB left next to the "
-             "dense part and the expert cache: lower --ctx (or --parallel), lower --cache-slots, "
-             "or raise --vram-budget",
-             bytes / 1048576.0, dev->name(), left / 1048576.0);
-      }
-      return dev->alloc(bytes);
-    };
-    o.release = [dev](void* p) { dev->free(p); };
-    return o;
+    return device_cache_options(dev_, o);
   }
   void check_cache(const KvCache& cache) const override {
     if (!dev_.in_memory(cache.memory(), cache.bytes())) {

@@ -4,7 +4,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <cstdlib>
 #include <fstream>
 #include <random>
@@ -25,6 +27,15 @@ std::vector<float> random_values(int64_t n, uint32_t seed, float sigma) {
   return v;
 }
 namespace fs = std::filesystem;
+
+double max_rel_diff(const std::vector<float>& got, const std::vector<float>& ref) {
+  double worst = 0, scale = 0;
+  for (size_t i = 0; i < ref.size(); ++i) {
+    worst = std::max(worst, std::fabs(double(got[i]) - double(ref[i])));
+    scale = std::max(scale, std::fabs(double(ref[i])));
+  }
+  return worst / std::max(scale, 1e-30);
+}
 
 fs::path data_path(const std::string& relative) {
   fs::path p = fs::path(TANDEM_TEST_DATA_DIR) / relative;

@@ -17,6 +17,9 @@ namespace tandem::test {
 // n values drawn from N(0, sigma^2) by std::mt19937(seed): the random inputs of kernel tests.
 std::vector<float> random_values(int64_t n, uint32_t seed, float sigma = 1.0f);
 
+// max |got - ref| / max |ref| over the values (the relative error of a whole output).
+double max_rel_diff(const std::vector<float>& got, const std::vector<float>& ref);
+
 // tests/data/<relative>; fails the current test (ADD_FAILURE + throws) when it does not exist.
 std::filesystem::path data_path(const std::string& relative);
 

@@ -156,15 +156,6 @@ struct Owned {
   }
 };
 
-double rel_diff(const std::vector<float>& got, const std::vector<float>& ref) {
-  double md = 0, mr = 0;
-  for (size_t i = 0; i < ref.size(); ++i) {
-    md = std::max(md, std::fabs(double(got[i]) - ref[i]));
-    mr = std::max(mr, std::fabs(double(ref[i])));
-  }
-  return md / std::max(mr, 1e-30);
-}
-
 struct OpsCase {
   DType gate, down;
   int64_t hidden, ff;
@@ -235,9 +226,9 @@ TEST_P(CudaDeviceOps, MatchTheCpuReference) {
   dev->copy_d2h(plain.data(), dplain, plain.size() * 4, s);
   dev->copy_d2h(mm.data(), dmm, mm.size() * 4, s);
   dev->sync_stream(s);
-  EXPECT_LE(rel_diff(acc, want), 1e-5);
-  EXPECT_LE(rel_diff(plain, y), 1e-5);
-  EXPECT_LE(rel_diff(mm, mm_want), 1e-5);
+  EXPECT_LE(test::max_rel_diff(acc, want), 1e-5);
+  EXPECT_LE(test::max_rel_diff(plain, y), 1e-5);
+  EXPECT_LE(test::max_rel_diff(mm, mm_want), 1e-5);
 }
 
 INSTANTIATE_TEST_SUITE_P(Formats, CudaDeviceOps,

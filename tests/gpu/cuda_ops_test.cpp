@@ -17,6 +17,7 @@
 #include "ops/cpu/ref_ops.h"
 #include "ops/cuda/attention.h"
 #include "ops/cuda/cuda_util.h"
+#include "tests/test_util.h"
 
 namespace tandem {
 namespace {
@@ -40,15 +41,6 @@ std::vector<float> down(const DeviceBuffer& b, size_t n) {
   return v;
 }
 
-double rel_diff(const std::vector<float>& got, const std::vector<float>& ref) {
-  double md = 0, mr = 0;
-  for (size_t i = 0; i < ref.size(); ++i) {
-    md = std::max(md, std::fabs(double(got[i]) - ref[i]));
-    mr = std::max(mr, std::fabs(double(ref[i])));
-  }
-  return md / std::max(mr, 1e-30);
-}
-
 TEST(CudaOps, RmsNormStridedAndInPlace) {
   std::mt19937 rng(1);
   const int64_t rows = 5, n = 67, stride = 80;
@@ -67,8 +59,8 @@ TEST(CudaOps, RmsNormStridedAndInPlace) {
     const std::vector<float> g(got.begin() + r * stride, got.begin() + r * stride + n);
     const std::vector<float> p(in_place.begin() + r * stride, in_place.begin() + r * stride + n);
     const std::vector<float> e(want.begin() + r * stride, want.begin() + r * stride + n);
-    EXPECT_LE(rel_diff(g, e), 1e-6) << r;
-    EXPECT_LE(rel_diff(p, e), 1e-6) << r;
+    EXPECT_LE(test::max_rel_diff(g, e), 1e-6) << r;
+    EXPECT_LE(test::max_rel_diff(p, e), 1e-6) << r;
   }
   EXPECT_EQ(rms_norm_cuda(dx.as<float>(), 10, dw.as<float>(), rows, n, 1e-6f, dx.as<float>(), 10,
                           nullptr),
@@ -100,7 +92,7 @@ TEST(CudaOps, RopeBothFormsWithYarn) {
     TD_CUDA_CHECK(rope_cuda(dx.as<float>(), T, ts, heads, hs, off, 32, dc.as<float>(),
                             dsn.as<float>(), neox, nullptr));
     TD_CUDA_CHECK(cudaDeviceSynchronize());
-    EXPECT_LE(rel_diff(down(dx, x.size()), want), 1e-6) << neox;
+    EXPECT_LE(test::max_rel_diff(down(dx, x.size()), want), 1e-6) << neox;
   }
 }
 
@@ -186,7 +178,7 @@ TEST_P(CudaAttention, EqualsTheReference) {
   DeviceBuffer scratch(static_cast<size_t>(nf) * 4);
   TD_CUDA_CHECK(attention_f32_cuda(d, scratch.as<float>(), nf, nullptr));
   TD_CUDA_CHECK(cudaDeviceSynchronize());
-  EXPECT_LE(rel_diff(down(dout, want.size()), want), 1e-5);
+  EXPECT_LE(test::max_rel_diff(down(dout, want.size()), want), 1e-5);
   EXPECT_EQ(attention_f32_cuda(d, scratch.as<float>(), nf - 1, nullptr), cudaErrorInvalidValue);
 }
 

@@ -66,15 +66,6 @@ Decode decode(const LoadedModel& lm, MoeBackend* moe, int steps,
   return d;
 }
 
-double max_rel_diff(const std::vector<float>& a, const std::vector<float>& b) {
-  double worst = 0, ref = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    worst = std::max(worst, double(std::fabs(a[i] - b[i])));
-    ref = std::max(ref, double(std::fabs(b[i])));
-  }
-  return worst / ref;
-}
-
 // The dense part of lm on dev (uploaded now, before a hybrid backend sizes its expert cache from
 // what is left), as ModelOptions::ops.
 ForwardOpsFactory dense_on(rt::Device& dev, const LoadedModel& lm) {
@@ -142,7 +133,7 @@ TEST_P(Hybrid, EveryPolicyCachePrefetchMatchesCpu) {
                                hybrid_options(policy, cache, prefetch, residuals.string()));
         const Decode got = decode(lm, &h, steps, kPrompt, dense);
         EXPECT_EQ(got.tokens, base.tokens);
-        EXPECT_LE(max_rel_diff(got.logits, base.logits), 1e-5);
+        EXPECT_LE(test::max_rel_diff(got.logits, base.logits), 1e-5);
         const rt::HybridStats& s = h.stats();
         EXPECT_EQ(s.accel_pairs + s.cpu_pairs,
                   (int64_t(kPrompt.size()) + steps) * lm.config.n_experts_per_tok *
@@ -237,7 +228,7 @@ TEST_P(Hybrid, DeferralOverHybridMatchesFormula) {
     rt::DeferringMoeBackend d(&h, &cpu_def, n_defer);
     const Decode got = decode(lm, &d, 6, kPrompt, dense);
     EXPECT_EQ(got.tokens, want.tokens) << "defer " << n_defer;
-    EXPECT_LE(max_rel_diff(got.logits, want.logits), 1e-4) << "defer " << n_defer;
+    EXPECT_LE(test::max_rel_diff(got.logits, want.logits), 1e-4) << "defer " << n_defer;
     EXPECT_GT(h.stats().accel_pairs, 0);
   }
 }
@@ -259,7 +250,7 @@ TEST(HybridGlobalPool, MatchesCpu) {
       rt::HybridMoeBackend h(lm, &cpu, dev.get(), placement, o);
       const Decode got = decode(lm, &h, steps);
       EXPECT_EQ(got.tokens, base.tokens);
-      EXPECT_LE(max_rel_diff(got.logits, base.logits), 1e-5);
+      EXPECT_LE(test::max_rel_diff(got.logits, base.logits), 1e-5);
       EXPECT_GT(h.stats().accel_pairs, 0);
     }
   }

@@ -19,6 +19,23 @@ def model(demo):
     return tandem.Model(demo, threads=2, ctx=256, max_sequences=4)
 
 
+PROMPTS = ["Once upon a time", "The capital of France", "1, 2, 3, 4,"]
+
+
+def interleaved(m, prompts, **params):
+    """The prompts' streams read a piece at a time in turn (decoded together), joined."""
+    streams = [m.generate(p, stream=True, **params) for p in prompts]
+    got = [""] * len(prompts)
+    live = set(range(len(prompts)))
+    while live:
+        for i in sorted(live):
+            try:
+                got[i] += next(streams[i])
+            except StopIteration:
+                live.discard(i)
+    return got
+
+
 def run_cli(tandem_bin, *args):
     r = subprocess.run([tandem_bin, "run", *args], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr
@@ -40,17 +57,8 @@ def test_accelerator_gives_the_same_text(model, demo):
     assert "dense part on the accelerator" in repr(accel)
     assert accel.generate(PROMPT, max_tokens=16, temperature=0) == \
         model.generate(PROMPT, max_tokens=16, temperature=0)
-    prompts = ["Once upon a time", "The capital of France", "1, 2, 3, 4,"]
-    streams = [accel.generate(p, max_tokens=10, temperature=0, stream=True) for p in prompts]
-    got = ["", "", ""]
-    live = set(range(3))
-    while live:
-        for i in sorted(live):
-            try:
-                got[i] += next(streams[i])
-            except StopIteration:
-                live.discard(i)
-    assert got == [model.generate(p, max_tokens=10, temperature=0) for p in prompts]
+    got = interleaved(accel, PROMPTS, max_tokens=10, temperature=0)
+    assert got == [model.generate(p, max_tokens=10, temperature=0) for p in PROMPTS]
 
 
 def test_chat_equals_the_cli(model, demo, tandem_bin):
@@ -66,18 +74,8 @@ def test_stream_pieces_join_to_the_whole(model):
 
 
 def test_interleaved_streams_equal_their_solo_runs(model):
-    prompts = ["Once upon a time", "The capital of France", "1, 2, 3, 4,"]
-    solo = [model.generate(p, max_tokens=12) for p in prompts]
-    streams = [model.generate(p, max_tokens=12, stream=True) for p in prompts]
-    got = ["", "", ""]
-    live = set(range(3))
-    while live:
-        for i in sorted(live):
-            try:
-                got[i] += next(streams[i])
-            except StopIteration:
-                live.discard(i)
-    assert got == solo
+    solo = [model.generate(p, max_tokens=12) for p in PROMPTS]
+    assert interleaved(model, PROMPTS, max_tokens=12) == solo
 
 
 def test_abandoned_stream_is_cancelled(model):
