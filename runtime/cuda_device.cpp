@@ -30,6 +30,7 @@
 #include "ops/cuda/dense.h"
 #include "ops/cuda/dequant.h"
 #include "runtime/dense_weights.h"
+#include "runtime/device_forward_ops.h"
 #include "runtime/timeline.h"
 
 namespace tandem::rt {
@@ -388,10 +389,14 @@ class CudaDevice final : public Device {
 // and an F32 KV cache in device memory. RoPE's cos / sin per token come from ops::Rope on the
 // host (the CPU's YaRN), the cache's write offsets and block tables from the KvCache on the host
 // at begin(). MLA attends absorbed (W_UK / W_UV per head around attention over the latent cache).
-class CudaForwardOps final : public ForwardOps {
+class CudaForwardOps final : public DeviceForwardOps {
  public:
   CudaForwardOps(CudaDevice& dev, std::shared_ptr<const DenseWeights> w, const ForwardOpsOptions& o)
-      : dev_(dev), w_(std::move(w)), sid_(dev.create_stream()), st_(dev.stream(sid_)) {
+      : DeviceForwardOps(dev, std::move(w)), cuda_(dev), st_(dev.stream(stream_)) {
+    for (Buf** b : {&logits_, &head_in_, &cs_, &ofs_, &blocks_, &q_, &k_, &v_, &qa_, &qc_, &att_,
+                    &o_, &g_, &u_, &scores_}) {
+      *b = new_buf();
+    }
     const LoadedModel& m = w_->weights;
     const ModelConfig& c = m.config;
     if (c.is_mla() && o.mla == MlaMode::kNaive) {
@@ -414,21 +419,15 @@ class CudaForwardOps final : public ForwardOps {
   }
   ~CudaForwardOps() override {
     try {
-      dev_.sync_stream(sid_);
+      finish();  // (before the vectors the stream's work reads go)
     } catch (const std::exception& e) {
       log_warn("{} forward ops: {}", dev_.name(), e.what());
     }
-    for (Buf* b : all_bufs()) dev_.free(b->p);
     for (const auto& [h, d] : vecs_) dev_.free(d);
   }
 
-  std::string name() const override { return dev_.name(); }
-  float* buffer(int slot, int64_t count) override {
-    TD_CHECK(slot >= 0 && slot < kBufferSlots, "forward ops: buffer slot {}", slot);
-    return grow(slots_[slot], count);
-  }
   KvCacheOptions cache_options(KvCacheOptions o) const override {
-    o = device_cache_options(dev_, o);
+    o = DeviceForwardOps::cache_options(o);
     o.copy = [](void* dst, const void* src, uint64_t bytes) {
       TD_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToDevice));
     };
@@ -441,9 +440,9 @@ class CudaForwardOps final : public ForwardOps {
            "(--cache-type f32), not {}",
            dev_.name(), kv_type_name(cache.type()));
     }
-    dev_.check_device(cache.memory(), cache.bytes(),
-                      "the KV cache (make it with "
-                      "Model::cache_options)");
+    cuda_.check_device(cache.memory(), cache.bytes(),
+                       "the KV cache (make it with "
+                       "Model::cache_options)");
   }
 
   void begin(const ForwardStep& step, KvCache& cache) override {
@@ -558,17 +557,6 @@ class CudaForwardOps final : public ForwardOps {
           "router bias");
     }
   }
-  const float* host_view(const float* x, int64_t count, std::vector<float>* staging) override {
-    staging->resize(static_cast<size_t>(count));
-    dev_.copy_d2h(staging->data(), x, static_cast<uint64_t>(count) * 4, sid_);
-    dev_.sync_stream(sid_);
-    return staging->data();
-  }
-  void add_from_host(float* out, const float* host, int64_t count) override {
-    float* st = grow(stage_, count);
-    dev_.copy_h2d(st, host, static_cast<uint64_t>(count) * 4, sid_);
-    add(out, st, count);
-  }
   void lm_head(const std::vector<int64_t>& row_ids, const float* x, float* host_logits) override {
     const LoadedModel& m = w_->weights;
     const ModelConfig& c = m.config;
@@ -581,37 +569,13 @@ class CudaForwardOps final : public ForwardOps {
     }
     float* d = grow(logits_, rows * c.vocab_size);
     mm(m.lm_head, h, hd, rows, d, c.vocab_size);
-    dev_.copy_d2h(host_logits, d, static_cast<uint64_t>(rows * c.vocab_size) * 4, sid_);
-    dev_.sync_stream(sid_);
+    dev_.copy_d2h(host_logits, d, static_cast<uint64_t>(rows * c.vocab_size) * 4, stream_);
+    dev_.sync_stream(stream_);
   }
-  void finish() override { dev_.sync_stream(sid_); }
   ForwardOpsProfile profile() const override { return {}; }
 
  private:
-  struct Buf {
-    void* p = nullptr;
-    int64_t count = 0;
-  };
-  std::vector<Buf*> all_bufs() {
-    std::vector<Buf*> v{&stage_, &logits_, &head_in_, &cs_,  &ofs_, &blocks_, &q_, &k_,
-                        &v_,     &qa_,     &qc_,      &att_, &o_,   &g_,      &u_, &scores_};
-    for (Buf& b : slots_) v.push_back(&b);
-    return v;
-  }
-  // b's memory of at least count floats (device memory of the budget); a larger one replaces it
-  // once the stream no longer reads the old one.
-  float* grow(Buf& b, int64_t count) {
-    if (b.count < count) {
-      dev_.sync_stream(sid_);
-      dev_.free(b.p);
-      b.p = nullptr;
-      b.count = 0;
-      b.p = dev_.alloc(static_cast<uint64_t>(std::max<int64_t>(count, 1)) * 4);
-      b.count = count;
-    }
-    return static_cast<float*>(b.p);
-  }
-  void run(cudaError_t err, const char* what) { dev_.launch(err, what); }
+  void run(cudaError_t err, const char* what) { cuda_.launch(err, what); }
   void copy_in(void* dst, const void* src, uint64_t bytes) {
     if (bytes > 0)
       TD_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, st_.stream));
@@ -629,8 +593,8 @@ class CudaForwardOps final : public ForwardOps {
   }
   // y [n, ldy] = x [n, ldx] W^T, W dequantized into the stream's scratch.
   void mm(const ops::Weight& w, const float* x, int64_t ldx, int64_t n, float* y, int64_t ldy) {
-    float* wf = dev_.scratch(st_, static_cast<uint64_t>(w.rows() * w.cols()) * 4);
-    dev_.dequantize(w, wf, st_);
+    float* wf = cuda_.scratch(st_, static_cast<uint64_t>(w.rows() * w.cols()) * 4);
+    cuda_.dequantize(w, wf, st_);
     run(matmul_f32_cuda(wf, w.rows(), w.cols(), x, ldx, n, y, ldy, st_.stream), "matmul");
   }
   void swiglu(const ops::Weight& gw, const ops::Weight& uw, const ops::Weight& dw, const float* x,
@@ -693,7 +657,7 @@ class CudaForwardOps final : public ForwardOps {
       run(rms_norm_cuda(k, d, vec(lw.k_norm), n * nkv, d, c.rms_norm_eps, k, d, st_.stream),
           "k norm");
     }
-    const float* cs = static_cast<const float*>(cs_.p);
+    const float* cs = static_cast<const float*>(cs_->p);
     run(rope_cuda(q, n, nq * d, nq, d, 0, rope_.dim(), cs, cs + n * half, neox_, st_.stream),
         "rope q");
     run(rope_cuda(k, n, nkv * d, nkv, d, 0, rope_.dim(), cs, cs + n * half, neox_, st_.stream),
@@ -742,7 +706,7 @@ class CudaForwardOps final : public ForwardOps {
     mm(lw.wkv_a, x, hd, n, kv, kr);
     run(rms_norm_cuda(kv, kr, vec(lw.kv_a_norm), n, kvl, c.rms_norm_eps, kv, kr, st_.stream),
         "kv_a norm");
-    const float* cs = static_cast<const float*>(cs_.p);
+    const float* cs = static_cast<const float*>(cs_->p);
     run(rope_cuda(kv, n, kr, 1, kr, kvl, rope_.dim(), cs, cs + n * half, neox_, st_.stream),
         "rope k");
     run(rope_cuda(q, n, nh * qk, nh, qk, nope, rope_.dim(), cs, cs + n * half, neox_, st_.stream),
@@ -755,8 +719,8 @@ class CudaForwardOps final : public ForwardOps {
     float* qc = grow(qc_, n * nh * kr);
     for (int64_t h = 0; h < nh; ++h) {
       const ops::Weight& wk = lw.k_up[static_cast<size_t>(h)];
-      float* wf = dev_.scratch(st_, static_cast<uint64_t>(wk.rows() * wk.cols()) * 4);
-      dev_.dequantize(wk, wf, st_);
+      float* wf = cuda_.scratch(st_, static_cast<uint64_t>(wk.rows() * wk.cols()) * 4);
+      cuda_.dequantize(wk, wf, st_);
       if (lw.k_up_transposed) {  // [kv_lora, qk_nope]
         run(matmul_f32_cuda(wf, kvl, nope, q + h * qk, nh * qk, n, qc + h * kr, nh * kr,
                             st_.stream),
@@ -784,17 +748,15 @@ class CudaForwardOps final : public ForwardOps {
     float* o = grow(o_, n * nh * vd);
     for (int64_t h = 0; h < nh; ++h) {
       const ops::Weight& wv = lw.v_up[static_cast<size_t>(h)];  // [v_head, kv_lora]
-      float* wf = dev_.scratch(st_, static_cast<uint64_t>(wv.rows() * wv.cols()) * 4);
-      dev_.dequantize(wv, wf, st_);
+      float* wf = cuda_.scratch(st_, static_cast<uint64_t>(wv.rows() * wv.cols()) * 4);
+      cuda_.dequantize(wv, wf, st_);
       run(matmul_f32_cuda(wf, vd, kvl, att + h * kvl, nh * kvl, n, o + h * vd, nh * vd, st_.stream),
           "W_UV");
     }
     mm(lw.wo, o, nh * vd, n, out, hd);
   }
 
-  CudaDevice& dev_;
-  std::shared_ptr<const DenseWeights> w_;
-  StreamId sid_;
+  CudaDevice& cuda_;
   CudaStreamState& st_;
   ops::Rope rope_;
   bool neox_ = true;
@@ -808,9 +770,8 @@ class CudaForwardOps final : public ForwardOps {
   const int64_t* k_ofs_ = nullptr;
   const int64_t* v_ofs_ = nullptr;
   const int32_t* blocks_dev_ = nullptr;
-  Buf slots_[kBufferSlots];
-  Buf stage_, logits_, head_in_, cs_, ofs_, blocks_, q_, k_, v_, qa_, qc_, att_, o_, g_, u_,
-      scores_;
+  Buf *logits_, *head_in_, *cs_, *ofs_, *blocks_, *q_, *k_, *v_, *qa_, *qc_, *att_, *o_, *g_, *u_,
+      *scores_;
 };
 
 std::unique_ptr<ForwardOps> CudaDevice::forward_ops(std::shared_ptr<const DenseWeights> weights,

@@ -21,6 +21,7 @@
 #include "core/thread_pool.h"
 #include "ops/cpu/kernels.h"
 #include "runtime/dense_weights.h"
+#include "runtime/device_forward_ops.h"
 #include "runtime/timeline.h"
 
 namespace tandem::rt {
@@ -502,11 +503,10 @@ class HostDevice final : public Device {
 // weights in device memory, into activation buffers and a KV cache in device memory; the host
 // reads results through the d2h link (host_view, lm_head) and gives the routed experts' output
 // back through the h2d link (add_from_host).
-class HostForwardOps final : public ForwardOps {
+class HostForwardOps final : public DeviceForwardOps {
  public:
-  HostForwardOps(HostDevice& dev, std::shared_ptr<const DenseWeights> w,
-                 const ForwardOpsOptions& o)
-      : dev_(dev), w_(std::move(w)), stream_(dev.create_stream()) {
+  HostForwardOps(HostDevice& dev, std::shared_ptr<const DenseWeights> w, const ForwardOpsOptions& o)
+      : DeviceForwardOps(dev, std::move(w)), host_(dev), logits_(new_buf()) {
     ForwardOpsOptions inner = o;
     inner.pool = dev.pool_.get();
     inner.views = nullptr;  // (the host's prepared copies are not in device memory)
@@ -514,111 +514,65 @@ class HostForwardOps final : public ForwardOps {
   }
   ~HostForwardOps() override {
     try {
-      dev_.sync_stream(stream_);
+      finish();  // (before cpu_, which the stream's work uses, goes)
     } catch (const std::exception& e) {
       log_warn("host device forward ops: {}", e.what());
     }
-    for (Buf& b : bufs_) dev_.free(b.p);
-    dev_.free(stage_.p);
-    dev_.free(logits_.p);
   }
 
-  std::string name() const override { return dev_.name(); }
-  float* buffer(int slot, int64_t count) override {
-    TD_CHECK(slot >= 0 && slot < kBufferSlots, "forward ops: buffer slot {}", slot);
-    return grow(bufs_[slot], count);
-  }
-  KvCacheOptions cache_options(KvCacheOptions o) const override {
-    return device_cache_options(dev_, o);
-  }
   void check_cache(const KvCache& cache) const override {
-    if (!dev_.in_memory(cache.memory(), cache.bytes())) {
+    if (!host_.in_memory(cache.memory(), cache.bytes())) {
       fail(ErrorKind::kInvalidArgument,
            "forward: the KV cache is not in the {} device's memory, where the dense part runs "
            "(make it with Model::cache_options)",
-           dev_.name());
+           host_.name());
     }
   }
   void begin(const ForwardStep& step, KvCache& cache) override {
-    dev_.enqueue(stream_, "begin", [this, step, c = &cache] { cpu_->begin(step, *c); });
+    run("begin", [this, step, c = &cache] { cpu_->begin(step, *c); });
   }
   void embed(float* x) override {
-    dev_.enqueue(stream_, "embed", [this, x] { cpu_->embed(x); });
+    run("embed", [this, x] { cpu_->embed(x); });
   }
   void norm(Norm which, int64_t layer, const float* x, int64_t n, float* out) override {
-    dev_.enqueue(stream_, "norm",
-                 [this, which, layer, x, n, out] { cpu_->norm(which, layer, x, n, out); });
+    run("norm", [this, which, layer, x, n, out] { cpu_->norm(which, layer, x, n, out); });
   }
   void add(float* out, const float* a, int64_t count) override {
-    dev_.enqueue(stream_, "add", [this, out, a, count] { cpu_->add(out, a, count); });
+    run("add", [this, out, a, count] { cpu_->add(out, a, count); });
   }
   void fill_zero(float* out, int64_t count) override {
-    dev_.enqueue(stream_, "fill_zero", [this, out, count] { cpu_->fill_zero(out, count); });
+    run("fill_zero", [this, out, count] { cpu_->fill_zero(out, count); });
   }
   void attention(int64_t layer, const float* x, float* out) override {
-    dev_.enqueue(stream_, "attention", [this, layer, x, out] { cpu_->attention(layer, x, out); });
+    run("attention", [this, layer, x, out] { cpu_->attention(layer, x, out); });
   }
   void dense_ffn(int64_t layer, const float* x, int64_t n, float* out) override {
-    dev_.enqueue(stream_, "dense_ffn",
-                 [this, layer, x, n, out] { cpu_->dense_ffn(layer, x, n, out); });
+    run("dense_ffn", [this, layer, x, n, out] { cpu_->dense_ffn(layer, x, n, out); });
   }
   void shared_ffn(int64_t layer, const float* x, int64_t n, float* out) override {
     TD_CHECK(w_->shared_experts,
              "host device forward ops: the shared experts were not uploaded (the MoE backend "
              "computes them)");
-    dev_.enqueue(stream_, "shared_ffn",
-                 [this, layer, x, n, out] { cpu_->shared_ffn(layer, x, n, out); });
+    run("shared_ffn", [this, layer, x, n, out] { cpu_->shared_ffn(layer, x, n, out); });
   }
   void router(int64_t layer, const float* x, int64_t n, float* logits) override {
-    dev_.enqueue(stream_, "router",
-                 [this, layer, x, n, logits] { cpu_->router(layer, x, n, logits); });
-  }
-  const float* host_view(const float* x, int64_t count, std::vector<float>* staging) override {
-    staging->resize(static_cast<size_t>(count));
-    dev_.copy_d2h(staging->data(), x, static_cast<uint64_t>(count) * 4, stream_);
-    dev_.sync_stream(stream_);
-    return staging->data();
-  }
-  void add_from_host(float* out, const float* host, int64_t count) override {
-    float* st = grow(stage_, count);
-    dev_.copy_h2d(st, host, static_cast<uint64_t>(count) * 4, stream_);
-    add(out, st, count);
+    run("router", [this, layer, x, n, logits] { cpu_->router(layer, x, n, logits); });
   }
   void lm_head(const std::vector<int64_t>& row_ids, const float* x, float* host_logits) override {
     const int64_t count = static_cast<int64_t>(row_ids.size()) * w_->weights.config.vocab_size;
     float* d = grow(logits_, count);
-    dev_.enqueue(stream_, "lm_head", [this, row_ids, x, d] { cpu_->lm_head(row_ids, x, d); });
+    run("lm_head", [this, row_ids, x, d] { cpu_->lm_head(row_ids, x, d); });
     dev_.copy_d2h(host_logits, d, static_cast<uint64_t>(count) * 4, stream_);
     dev_.sync_stream(stream_);
   }
-  void finish() override { dev_.sync_stream(stream_); }
   ForwardOpsProfile profile() const override { return cpu_->profile(); }
 
  private:
-  struct Buf {
-    void* p = nullptr;
-    int64_t count = 0;
-  };
-  // b's memory of at least count floats; a larger one replaces it once the stream no longer
-  // reads the old one.
-  float* grow(Buf& b, int64_t count) {
-    if (b.count < count) {
-      dev_.sync_stream(stream_);
-      dev_.free(b.p);
-      b.p = nullptr;
-      b.count = 0;
-      b.p = dev_.alloc(static_cast<uint64_t>(std::max<int64_t>(count, 1)) * 4);
-      b.count = count;
-    }
-    return static_cast<float*>(b.p);
-  }
+  void run(const char* op, std::function<void()> fn) { host_.enqueue(stream_, op, std::move(fn)); }
 
-  HostDevice& dev_;
-  std::shared_ptr<const DenseWeights> w_;
-  StreamId stream_;
+  HostDevice& host_;
   std::unique_ptr<ForwardOps> cpu_;
-  Buf bufs_[kBufferSlots];
-  Buf stage_, logits_;
+  Buf* logits_;
 };
 
 std::unique_ptr<ForwardOps> HostDevice::forward_ops(std::shared_ptr<const DenseWeights> weights,

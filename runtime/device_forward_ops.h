@@ -1,0 +1,55 @@
+// What every accelerator's ForwardOps (model/forward_ops.h) shares, whatever runs its ops: a
+// stream of its own on the device, the dense weights it reads, activation buffers in the
+// device's memory (grown once the stream no longer reads them, freed with the ops after the
+// stream is done), the host's views of device memory through a d2h copy, the routed output back
+// through an h2d copy, and finish() as the stream's sync. The host device's ops
+// (runtime/host_device.cpp) and the CUDA device's (runtime/cuda_device.cpp) derive from it.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "model/forward_ops.h"
+#include "runtime/dense_weights.h"
+#include "runtime/device.h"
+
+namespace tandem::rt {
+
+class DeviceForwardOps : public ForwardOps {
+ public:
+  DeviceForwardOps(Device& dev, std::shared_ptr<const DenseWeights> weights);
+  ~DeviceForwardOps() override;  // waits for the stream, then frees the buffers
+
+  std::string name() const override { return dev_.name(); }
+  float* buffer(int slot, int64_t count) override;
+  KvCacheOptions cache_options(KvCacheOptions o) const override {
+    return device_cache_options(dev_, o);
+  }
+  const float* host_view(const float* x, int64_t count, std::vector<float>* staging) override;
+  void add_from_host(float* out, const float* host, int64_t count) override;
+  void finish() override { dev_.sync_stream(stream_); }
+
+ protected:
+  struct Buf {
+    void* p = nullptr;
+    int64_t count = 0;
+  };
+  // A buffer of the ops (nothing allocated until grow); valid as long as the ops.
+  Buf* new_buf();
+  // b's memory of at least count floats in the device's memory (its budget).
+  float* grow(Buf* b, int64_t count);
+
+  Device& dev_;
+  std::shared_ptr<const DenseWeights> w_;
+  const StreamId stream_;
+
+ private:
+  std::deque<Buf> bufs_;
+  Buf* slots_[kBufferSlots];
+  Buf* stage_;
+};
+
+}  // namespace tandem::rt
