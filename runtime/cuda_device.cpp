@@ -1,10 +1,11 @@
 // The CUDA device (runtime/device.h's contract on a GPU; docs/device.md): streams are
 // cudaStream_t, events cudaEvent_t, host callbacks cudaLaunchHostFunc, host staging memory
 // pinned (cudaHostAlloc); device memory comes from cudaMalloc under a byte budget it accounts
-// (--vram-budget, else 90% of the memory free at start). Ops: an expert FFN and a matmul
-// dequantize the stored weights to F32 on the stream (ops/cuda/dequant.h) into a per-stream
-// scratch and run the F32 kernels of ops/cuda/dense.h. Forward ops (CudaForwardOps below): the
-// dense part on the GPU with the kernels of ops/cuda/attention.h and dense.h.
+// (--vram-budget, else 90% of the memory free at start). Ops: an expert FFN and a matmul read
+// the weights as stored (ops/cuda/matvec.h), with the F32 kernels of ops/cuda/dense.h for the
+// activation and the output; intermediates live in a per-stream scratch. Forward ops
+// (CudaForwardOps below): the dense part on the GPU with the kernels of ops/cuda/attention.h and
+// dense.h.
 #include "core/error.h"
 #include "runtime/device.h"
 
@@ -29,6 +30,7 @@
 #include "ops/cuda/cuda_util.h"
 #include "ops/cuda/dense.h"
 #include "ops/cuda/dequant.h"
+#include "ops/cuda/matvec.h"
 #include "runtime/dense_weights.h"
 #include "runtime/device_forward_ops.h"
 #include "runtime/timeline.h"
@@ -41,7 +43,7 @@ struct CudaStreamState {
   cudaStream_t stream = nullptr;
   std::mutex mu;
   std::exception_ptr error;  // the first unreported failure of a host callback
-  void* scratch = nullptr;   // dequantized weights and intermediates of ffn / matmul
+  void* scratch = nullptr;   // intermediates of ffn, dequantized W_UK for MLA
   uint64_t scratch_bytes = 0;
 };
 
@@ -218,23 +220,15 @@ class CudaDevice final : public Device {
     if (e.down_bias != nullptr) check_device(e.down_bias, uint64_t(out_cols) * 4, "ffn down bias");
     if (n == 0) return;
     CudaStreamState& st = stream(s);
-    // Scratch: the three matrices in F32, then g, u [n, ff] and the down output [n, out].
-    const uint64_t mats = static_cast<uint64_t>(3 * ff * H);
-    float* base = scratch(st, (mats + static_cast<uint64_t>(2 * n * ff + n * out_cols)) * 4);
-    float* wg = base;
-    float* wu = wg + ff * H;
-    float* wd = wu + ff * H;
-    float* g = wd + out_cols * ff;
+    // Scratch: g, u [n, ff] and the down output [n, out].
+    float* g = scratch(st, static_cast<uint64_t>(2 * n * ff + n * out_cols) * 4);
     float* u = g + n * ff;
     float* d = u + n * ff;
-    dequantize(w.gate, wg, st);
-    dequantize(w.up, wu, st);
-    dequantize(w.down, wd, st);
-    launch(matmul_f32_cuda(wg, ff, H, x, H, n, g, ff, st.stream), "ffn gate");
-    launch(matmul_f32_cuda(wu, ff, H, x, H, n, u, ff, st.stream), "ffn up");
+    product(w.gate, x, H, n, g, ff, st);
+    product(w.up, x, H, n, u, ff, st);
     launch(glu_cuda(g, u, n, ff, e.gate_bias, e.up_bias, e.limit, ops::kSwigluOaiAlpha, st.stream),
            "ffn activation");
-    launch(matmul_f32_cuda(wd, out_cols, ff, g, ff, n, d, out_cols, st.stream), "ffn down");
+    product(w.down, g, ff, n, d, out_cols, st);
     launch(scale_rows_cuda(d, n, out_cols, e.down_bias, scale, out, accumulate, st.stream),
            "ffn output");
   }
@@ -242,11 +236,7 @@ class CudaDevice final : public Device {
   void matmul(StreamId s, const ops::Weight& w, const float* x, int64_t n, float* y) override {
     check_device(x, uint64_t(n * w.cols()) * 4, "matmul input");
     check_device(y, uint64_t(n * w.rows()) * 4, "matmul output");
-    CudaStreamState& st = stream(s);
-    float* wf = scratch(st, static_cast<uint64_t>(w.rows() * w.cols()) * 4);
-    dequantize(w, wf, st);
-    launch(matmul_f32_cuda(wf, w.rows(), w.cols(), x, w.cols(), n, y, w.rows(), st.stream),
-           "matmul");
+    product(w, x, w.cols(), n, y, w.rows(), stream(s));
   }
 
   void add(StreamId s, const float* a, float* out, int64_t count) override {
@@ -349,6 +339,37 @@ class CudaDevice final : public Device {
     return static_cast<float*>(st.scratch);
   }
 
+  // y [n, ldy] = x [n, ldx] w^T with w read as stored (ops/cuda/matvec.h).
+  void product(const ops::Weight& w, const float* x, int64_t ldx, int64_t n, float* y, int64_t ldy,
+               CudaStreamState& st) {
+    check_device(w.t.data, 1, "weight");
+    QuantMatrix q;
+    q.type = w.t.dtype;
+    q.data = w.t.data;
+    q.row_bytes = w.t.row_bytes();
+    q.rows = w.rows();
+    q.cols = w.cols();
+    if (w.scale_inv != nullptr) {
+      if (w.row0 % w.block_rows != 0) {
+        fail(ErrorKind::kUnsupported, "{}: an FP8 row view starting inside a scale block (row {})",
+             name_, w.row0);
+      }
+      if (w.block_cols % 8 != 0) {
+        fail(ErrorKind::kUnsupported, "{}: FP8 scale blocks {} columns wide (a multiple of 8 only)",
+             name_, w.block_cols);
+      }
+      q.scale_inv = w.scale_inv + w.row0 / w.block_rows * w.scale_cols;
+      q.scale_row_elems = w.scale_cols;
+      q.block_rows = w.block_rows;
+      q.block_cols = w.block_cols;
+    }
+    if (!cuda_can_matvec(q.type)) {
+      fail(ErrorKind::kUnsupported, "{}: no CUDA kernel for {} weights", name_,
+           dtype_info(q.type).name);
+    }
+    launch(matmul_quant_cuda(q, x, ldx, n, y, ldy, st.stream), "matmul");
+  }
+
   // w (device memory, its stored dtype) as F32 rows at dst.
   void dequantize(const ops::Weight& w, float* dst, CudaStreamState& st) {
     check_device(w.t.data, 1, "weight");
@@ -384,8 +405,8 @@ class CudaDevice final : public Device {
 };
 
 // The forward's ops on the GPU: each a kernel (or a few) on the ops' own stream, over the dense
-// weights upload_dense_weights put in device memory (dequantized to F32 per use into the stream's
-// scratch, then ops/cuda/dense.h's products), the small F32 vectors uploaded here, activations
+// weights upload_dense_weights put in device memory (read as stored by ops/cuda/matvec.h's
+// products), the small F32 vectors uploaded here, activations
 // and an F32 KV cache in device memory. RoPE's cos / sin per token come from ops::Rope on the
 // host (the CPU's YaRN), the cache's write offsets and block tables from the KvCache on the host
 // at begin(). MLA attends absorbed (W_UK / W_UV per head around attention over the latent cache).
@@ -591,11 +612,9 @@ class CudaForwardOps final : public DeviceForwardOps {
     TD_CHECK(it != vecs_.end(), "CUDA forward ops: a vector was not uploaded");
     return it->second;
   }
-  // y [n, ldy] = x [n, ldx] W^T, W dequantized into the stream's scratch.
+  // y [n, ldy] = x [n, ldx] W^T, W read as stored.
   void mm(const ops::Weight& w, const float* x, int64_t ldx, int64_t n, float* y, int64_t ldy) {
-    float* wf = cuda_.scratch(st_, static_cast<uint64_t>(w.rows() * w.cols()) * 4);
-    cuda_.dequantize(w, wf, st_);
-    run(matmul_f32_cuda(wf, w.rows(), w.cols(), x, ldx, n, y, ldy, st_.stream), "matmul");
+    cuda_.product(w, x, ldx, n, y, ldy, st_);
   }
   void swiglu(const ops::Weight& gw, const ops::Weight& uw, const ops::Weight& dw, const float* x,
               int64_t n, float* out) {
@@ -719,13 +738,11 @@ class CudaForwardOps final : public DeviceForwardOps {
     float* qc = grow(qc_, n * nh * kr);
     for (int64_t h = 0; h < nh; ++h) {
       const ops::Weight& wk = lw.k_up[static_cast<size_t>(h)];
-      float* wf = cuda_.scratch(st_, static_cast<uint64_t>(wk.rows() * wk.cols()) * 4);
-      cuda_.dequantize(wk, wf, st_);
       if (lw.k_up_transposed) {  // [kv_lora, qk_nope]
-        run(matmul_f32_cuda(wf, kvl, nope, q + h * qk, nh * qk, n, qc + h * kr, nh * kr,
-                            st_.stream),
-            "W_UK");
-      } else {  // [qk_nope, kv_lora]
+        mm(wk, q + h * qk, nh * qk, n, qc + h * kr, nh * kr);
+      } else {  // [qk_nope, kv_lora], dequantized for the transposed product
+        float* wf = cuda_.scratch(st_, static_cast<uint64_t>(wk.rows() * wk.cols()) * 4);
+        cuda_.dequantize(wk, wf, st_);
         run(matmul_t_f32_cuda(wf, nope, kvl, q + h * qk, nh * qk, n, qc + h * kr, nh * kr,
                               st_.stream),
             "W_UK");
@@ -748,10 +765,7 @@ class CudaForwardOps final : public DeviceForwardOps {
     float* o = grow(o_, n * nh * vd);
     for (int64_t h = 0; h < nh; ++h) {
       const ops::Weight& wv = lw.v_up[static_cast<size_t>(h)];  // [v_head, kv_lora]
-      float* wf = cuda_.scratch(st_, static_cast<uint64_t>(wv.rows() * wv.cols()) * 4);
-      cuda_.dequantize(wv, wf, st_);
-      run(matmul_f32_cuda(wf, vd, kvl, att + h * kvl, nh * kvl, n, o + h * vd, nh * vd, st_.stream),
-          "W_UV");
+      mm(wv, att + h * kvl, nh * kvl, n, o + h * vd, nh * vd);
     }
     mm(lw.wo, o, nh * vd, n, out, hd);
   }

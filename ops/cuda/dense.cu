@@ -7,32 +7,6 @@ namespace tandem {
 namespace {
 
 constexpr int kWarp = 32;
-constexpr int kRowsPerBlock = 8;  // one warp per output row
-constexpr int kMaxTokensPerPass = 8;
-
-// Block: kRowsPerBlock warps, each one output row for up to kMaxTokensPerPass tokens starting at
-// t0 (the weight row read once per pass).
-__global__ void matmul_f32_kernel(const float* __restrict__ w, int64_t rows, int64_t cols,
-                                  const float* __restrict__ x, int64_t ldx, int64_t n,
-                                  float* __restrict__ y, int64_t ldy) {
-  const int lane = threadIdx.x % kWarp;
-  const int64_t r = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + threadIdx.x / kWarp;
-  if (r >= rows) return;
-  const float* wr = w + r * cols;
-  for (int64_t t0 = 0; t0 < n; t0 += kMaxTokensPerPass) {
-    const int nt = static_cast<int>(n - t0 < kMaxTokensPerPass ? n - t0 : kMaxTokensPerPass);
-    float acc[kMaxTokensPerPass] = {};
-    for (int64_t c = lane; c < cols; c += kWarp) {
-      const float wv = wr[c];
-      for (int j = 0; j < nt; ++j) acc[j] += wv * x[(t0 + j) * ldx + c];
-    }
-    for (int j = 0; j < nt; ++j) {
-      float v = acc[j];
-      for (int o = kWarp / 2; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
-      if (lane == 0) y[(t0 + j) * ldy + r] = v;
-    }
-  }
-}
 
 // A thread per (token, output column): coalesced reads of w's rows across the threads.
 __global__ void matmul_t_f32_kernel(const float* __restrict__ w, int64_t rows, int64_t cols,
@@ -105,18 +79,6 @@ unsigned blocks_for(int64_t count) {
 constexpr int64_t kMaxGrid = int64_t{1} << 31;
 
 }  // namespace
-
-cudaError_t matmul_f32_cuda(const float* w, int64_t rows, int64_t cols, const float* x, int64_t ldx,
-                            int64_t n, float* y, int64_t ldy, cudaStream_t stream) {
-  if (rows < 0 || cols <= 0 || n < 0 || ldx < cols || ldy < rows ||
-      (rows + kRowsPerBlock - 1) / kRowsPerBlock >= kMaxGrid) {
-    return cudaErrorInvalidValue;
-  }
-  if (rows == 0 || n == 0) return cudaSuccess;
-  const unsigned grid = static_cast<unsigned>((rows + kRowsPerBlock - 1) / kRowsPerBlock);
-  matmul_f32_kernel<<<grid, kRowsPerBlock * kWarp, 0, stream>>>(w, rows, cols, x, ldx, n, y, ldy);
-  return cudaGetLastError();
-}
 
 cudaError_t glu_cuda(float* g, const float* u, int64_t n, int64_t ff, const float* gate_bias,
                      const float* up_bias, float limit, float alpha, cudaStream_t stream) {

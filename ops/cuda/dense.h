@@ -1,5 +1,5 @@
-// Host launchers for the F32 kernels an accelerator's expert FFN and matmul are made of
-// (dense.cu): a row-major product of a dequantized weight with a few token rows, the gated
+// Host launchers for the F32 kernels an accelerator's expert FFN and matmul are made of besides
+// the weight products (matvec.h): the product with a dequantized weight's transpose, the gated
 // activation (SwiGLU, or gpt-oss's clamped form with biases), and the scaled write / accumulate
 // of an output with an optional bias. Each is asynchronous on `stream`, never throws, and returns
 // cudaErrorInvalidValue for a bad size (checked before any launch). Device pointers throughout.
@@ -13,10 +13,6 @@
 #include <cstdint>
 
 namespace tandem {
-
-// y[t * ldy + r] = sum_c w[r * cols + c] * x[t * ldx + c], for r < rows, t < n.
-cudaError_t matmul_f32_cuda(const float* w, int64_t rows, int64_t cols, const float* x, int64_t ldx,
-                            int64_t n, float* y, int64_t ldy, cudaStream_t stream);
 
 // y[t * ldy + c] = sum_r w[r * cols + c] * x[t * ldx + r], for c < cols, t < n: the product with
 // w's transpose (DeepSeek's W_UK as Hugging Face stores it, [qk_nope, kv_lora]).

@@ -1,70 +1,13 @@
-// Launchers for dequant.cuh: argument checks, launch geometry, and the one place where a runtime
-// DType becomes a kernel template argument (visit_dequant_format).
+// Launchers for dequant.cuh: argument checks and launch geometry (a runtime DType becomes a kernel
+// template argument through dequant_formats.h's visit_format).
 #include <algorithm>
 
 #include "ops/cuda/dequant.cuh"
 #include "ops/cuda/dequant.h"
+#include "ops/cuda/dequant_formats.h"
 
 namespace tandem {
 namespace {
-
-template <typename Fmt>
-struct FormatTag {
-  using type = Fmt;
-};
-
-// Calls f(FormatTag<Fmt>{}) for the decoder of `type`; returns false for unsupported types.
-template <typename F>
-bool visit_dequant_format(DType type, F&& f) {
-  namespace dq = dequant;
-  auto call = [&f](auto tag) {
-    f(tag);
-    return true;
-  };
-  switch (type) {
-    case DType::kF32:
-      return call(FormatTag<dq::F32>{});
-    case DType::kF16:
-      return call(FormatTag<dq::F16>{});
-    case DType::kBF16:
-      return call(FormatTag<dq::BF16>{});
-    case DType::kF8E4M3:
-      return call(FormatTag<dq::F8E4M3>{});
-    case DType::kQ4_0:
-      return call(FormatTag<dq::Q4_0>{});
-    case DType::kQ4_1:
-      return call(FormatTag<dq::Q4_1>{});
-    case DType::kQ5_0:
-      return call(FormatTag<dq::Q5_0>{});
-    case DType::kQ5_1:
-      return call(FormatTag<dq::Q5_1>{});
-    case DType::kQ8_0:
-      return call(FormatTag<dq::Q8_0>{});
-    case DType::kQ8_1:
-      return call(FormatTag<dq::Q8_1>{});
-    case DType::kQ2_K:
-      return call(FormatTag<dq::Q2_K>{});
-    case DType::kQ3_K:
-      return call(FormatTag<dq::Q3_K>{});
-    case DType::kQ4_K:
-      return call(FormatTag<dq::Q4_K>{});
-    case DType::kQ5_K:
-      return call(FormatTag<dq::Q5_K>{});
-    case DType::kQ6_K:
-      return call(FormatTag<dq::Q6_K>{});
-    case DType::kQ8_K:
-      return call(FormatTag<dq::Q8_K>{});
-    case DType::kMXFP4:
-      return call(FormatTag<dq::MXFP4>{});
-    default:
-      return false;
-  }
-}
-
-template <typename Fmt>
-constexpr bool kIsBlockFormat = requires {
-  Fmt::kBlockElems;
-};
 
 constexpr int kThreadsPerBlock = 256;
 constexpr int64_t kMaxGridY = 65535;
@@ -91,9 +34,9 @@ cudaError_t launch_rows(DType type, const uint8_t* src, int64_t src_row_bytes, i
                         int64_t scale_row_elems, int64_t block_rows, int64_t block_cols,
                         cudaStream_t stream) {
   cudaError_t status = cudaErrorInvalidValue;
-  visit_dequant_format(type, [&](auto tag) {
+  dequant::visit_format(type, [&](auto tag) {
     using Fmt = typename decltype(tag)::type;
-    if constexpr (kIsBlockFormat<Fmt>) {
+    if constexpr (dequant::kIsBlockFormat<Fmt>) {
       if (scale || cols % Fmt::kBlockElems != 0) return;
       if (src_row_bytes < cols / Fmt::kBlockElems * Fmt::kBlockBytes) return;
       const int64_t chunks = cols / dequant::kChunk;
@@ -135,7 +78,7 @@ cudaError_t dispatch_out(DType type, const void* src, int64_t src_row_bytes, int
 }  // namespace
 
 bool cuda_can_dequantize(DType type) {
-  return visit_dequant_format(type, [](auto) {});
+  return dequant::visit_format(type, [](auto) {});
 }
 
 cudaError_t dequantize_rows_cuda(DType type, const void* src, int64_t src_row_bytes, int64_t rows,

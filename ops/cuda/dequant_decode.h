@@ -16,8 +16,10 @@
 
 #if defined(__CUDACC__)
 #define TD_HD __host__ __device__ __forceinline__
+#define TD_UNROLL _Pragma("unroll")
 #else
 #define TD_HD inline
+#define TD_UNROLL
 #endif
 
 namespace tandem::dequant {
@@ -123,6 +125,12 @@ TD_HD uint16_t f32_to_bf16(float f) {
   if ((u & 0x7FFFFFFFu) > 0x7F800000u) return static_cast<uint16_t>((u >> 16) | 0x0040u);
   return static_cast<uint16_t>((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
 }
+
+// A GGUF block format (decode8 over kBlockElems values) rather than an element format (load).
+template <typename Fmt>
+constexpr bool kIsBlockFormat = requires {
+  Fmt::kBlockElems;
+};
 
 // ---- element formats (one value per element, any row length) ----
 

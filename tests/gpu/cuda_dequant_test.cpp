@@ -1,18 +1,24 @@
 // The CUDA dequantization kernels against the CPU reference, formats/quant.h: every supported
 // dtype, random blocks, F32 output compared bit for bit and BF16 output against the reference
 // rounded by core/fp_convert.h, on odd row counts, padded / misaligned row strides and partial
-// FP8 scale blocks. Padding in the destination must stay untouched.
+// FP8 scale blocks. Padding in the destination must stay untouched. The same for the product of
+// a weight as stored with a few activation rows (matvec.h), against the dequantized row dotted
+// in double precision.
 //
 // Without a GPU the test still checks what it can on the host (the per-format decoders the
-// kernels are built from, and the launchers' argument checks), then exits 77 (skipped), or fails
+// kernels are built from, the product's inner loop split as a warp splits it, and the launchers'
+// argument checks), then exits 77 (skipped), or fails
 // when CUDA is broken rather than absent (gpu_gate.h).
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstddef>
 #include <cstdio>
 #include <cstring>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/dtype.h"
@@ -25,6 +31,9 @@
 #include "ops/cuda/cuda_util.h"
 #include "ops/cuda/dequant.h"
 #include "ops/cuda/dequant_decode.h"
+#include "ops/cuda/dequant_formats.h"
+#include "ops/cuda/matvec.h"
+#include "ops/cuda/quant_dot.h"
 
 namespace tandem {
 namespace {
@@ -232,6 +241,178 @@ TEST(CudaDequantHost, LaunchersRejectBadArguments) {
   EXPECT_EQ(
       dequantize_rows_cuda(DType::kQ4_K, nullptr, 0, 0, 256, DType::kF32, nullptr, 256, nullptr),
       cudaSuccess);
+}
+
+// ---- the quantized product (matvec.h) ----
+
+// `rows` rows of `cols` finite values of `type` (row stride row_bytes): block types as
+// random_data makes them, element types converted from normal floats.
+std::vector<uint8_t> finite_rows(DType type, int64_t rows, int64_t cols, int64_t row_bytes,
+                                 std::mt19937& rng) {
+  if (type == DType::kMXFP4) {  // exponents near 2^0: the dot products stay finite
+    std::vector<uint8_t> data = random_data(type, rows, row_bytes, rng);
+    const int64_t bb = dtype_info(type).block_bytes;
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t b = 0; b < cols / block_elems(type); ++b) {
+        data[r * row_bytes + b * bb] = static_cast<uint8_t>(118 + rng() % 20);
+      }
+    }
+    return data;
+  }
+  if (is_block(type) || type == DType::kF8E4M3) {
+    return random_data(type, rows, row_bytes, rng, true);
+  }
+  std::vector<uint8_t> data(static_cast<size_t>(rows * row_bytes), 0x5A);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t c = 0; c < cols; ++c) {
+      const float v = normal(rng);
+      uint8_t* p = data.data() + r * row_bytes + c * dtype_info(type).block_bytes;
+      if (type == DType::kF32) std::memcpy(p, &v, 4);
+      if (type == DType::kF16) {
+        const uint16_t h = f32_to_f16(v);
+        std::memcpy(p, &h, 2);
+      }
+      if (type == DType::kBF16) {
+        const uint16_t b = f32_to_bf16(v);
+        std::memcpy(p, &b, 2);
+      }
+    }
+  }
+  return data;
+}
+
+// The product's reference: row (dequantized by formats/quant.h) . x in double, and the sum of
+// |w x| that bounds the F32 rounding of any summation order.
+struct RefDot {
+  double value = 0, magnitude = 0;
+};
+RefDot ref_dot(const float* row, const float* x, int64_t cols) {
+  RefDot d;
+  for (int64_t c = 0; c < cols; ++c) {
+    d.value += static_cast<double>(row[c]) * x[c];
+    d.magnitude += std::abs(static_cast<double>(row[c]) * x[c]);
+  }
+  return d;
+}
+
+bool close_to(float got, const RefDot& ref) {
+  return std::abs(got - ref.value) <= 2e-5 * ref.magnitude + 1e-30;
+}
+
+// dot_chunks over one row split as a warp of `lanes` splits it (lane j: chunks j, j + lanes,
+// ...), the lanes' sums added, for 3 activation rows, against ref_dot. `scales`: FP8 block
+// scales of the row (block_cols values each).
+void check_host_dot(DType type, int64_t cols, int lanes, std::mt19937& rng,
+                    const std::vector<float>& scales = {}, int64_t block_cols = 1) {
+  SCOPED_TRACE(fmt::format("{} cols {} lanes {} block_cols {}", dtype_name(type), cols, lanes,
+                           scales.empty() ? 0 : block_cols));
+  const int64_t row_bytes = dtype_bytes(type, cols);
+  const std::vector<uint8_t> w = finite_rows(type, 1, cols, row_bytes, rng);
+  constexpr int kTokens = 3;
+  const int64_t ldx = cols + 5;
+  std::vector<float> x(static_cast<size_t>(kTokens * ldx));
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (float& v : x) v = normal(rng);
+  std::vector<float> row(static_cast<size_t>(cols));
+  dequant::RowScales s;
+  if (scales.empty()) {
+    dequantize_row(type, w.data(), row.data(), cols);
+  } else {
+    dequantize_fp8_blocks(w.data(), scales.data(), 1, cols, 1, block_cols, row.data());
+    s.row = scales.data();
+    s.block_cols = block_cols;
+  }
+  float acc[kTokens] = {};
+  const bool known = dequant::visit_format(type, [&](auto tag) {
+    using Fmt = typename decltype(tag)::type;
+    for (int lane = 0; lane < lanes; ++lane) {
+      float part[kTokens] = {};
+      dequant::dot_chunks<Fmt, 8>(w.data(), cols, s, lane, lanes, x.data(), ldx, kTokens, part);
+      for (int j = 0; j < kTokens; ++j) acc[j] += part[j];
+    }
+  });
+  ASSERT_TRUE(known);
+  for (int j = 0; j < kTokens; ++j) {
+    const RefDot ref = ref_dot(row.data(), x.data() + j * ldx, cols);
+    EXPECT_TRUE(close_to(acc[j], ref)) << "token " << j << ": " << acc[j] << " vs " << ref.value;
+  }
+}
+
+TEST(CudaMatvecHost, ChunkLoopMatchesReference) {
+  std::mt19937 rng(21);
+  for (DType type : {DType::kF32, DType::kF16, DType::kBF16, DType::kF8E4M3}) {
+    for (int64_t cols : {int64_t{1}, int64_t{8}, int64_t{13}, int64_t{1003}}) {
+      for (int lanes : {1, 32}) check_host_dot(type, cols, lanes, rng);
+    }
+  }
+  for (const BlockLayout& l : block_layouts()) {
+    const int64_t be = block_elems(l.type);
+    for (int64_t blocks : {1, 3, 9}) {
+      for (int lanes : {1, 32}) check_host_dot(l.type, blocks * be, lanes, rng);
+    }
+  }
+}
+
+TEST(CudaMatvecHost, Fp8BlockScalesMatchReference) {
+  std::mt19937 rng(22);
+  std::uniform_real_distribution<float> dist(1e-3f, 3.0f);
+  // Whole DeepSeek-V3 blocks, a partial last block, blocks of one chunk.
+  for (const auto& [cols, block_cols] :
+       std::vector<std::pair<int64_t, int64_t>>{{512, 128}, {1000, 128}, {77, 8}, {45, 16}}) {
+    std::vector<float> scales(static_cast<size_t>((cols + block_cols - 1) / block_cols));
+    for (float& v : scales) v = dist(rng);
+    for (int lanes : {1, 32}) check_host_dot(DType::kF8E4M3, cols, lanes, rng, scales, block_cols);
+  }
+}
+
+TEST(CudaMatvecHost, LauncherRejectsBadArguments) {
+  float dummy[64];
+  QuantMatrix w;
+  w.type = DType::kQ8_0;
+  w.data = dummy;
+  w.rows = 2;
+  w.cols = 32;
+  w.row_bytes = 34;
+  EXPECT_TRUE(cuda_can_matvec(DType::kQ4_K));
+  EXPECT_TRUE(cuda_can_matvec(DType::kMXFP4));
+  EXPECT_FALSE(cuda_can_matvec(DType::kI32));
+  auto launch = [&](const QuantMatrix& m, int64_t ldx, int64_t n, int64_t ldy) {
+    return matmul_quant_cuda(m, dummy, ldx, n, dummy, ldy, nullptr);
+  };
+  QuantMatrix bad = w;
+  bad.type = DType::kI32;
+  EXPECT_EQ(launch(bad, 32, 1, 2), cudaErrorInvalidValue);  // no decoder
+  bad = w;
+  bad.cols = 48;
+  bad.row_bytes = 68;
+  EXPECT_EQ(launch(bad, 48, 1, 2), cudaErrorInvalidValue);  // a partial block
+  bad = w;
+  bad.row_bytes = 33;
+  EXPECT_EQ(launch(bad, 32, 1, 2), cudaErrorInvalidValue);  // a short row
+  EXPECT_EQ(launch(w, 31, 1, 2), cudaErrorInvalidValue);    // ldx < cols
+  EXPECT_EQ(launch(w, 32, 1, 1), cudaErrorInvalidValue);    // ldy < rows
+  EXPECT_EQ(launch(w, 32, -1, 2), cudaErrorInvalidValue);
+  QuantMatrix fp8;
+  fp8.type = DType::kF8E4M3;
+  fp8.data = dummy;
+  fp8.rows = 4;
+  fp8.cols = 40;
+  fp8.row_bytes = 40;
+  fp8.scale_inv = dummy;
+  fp8.block_rows = 2;
+  fp8.block_cols = 12;  // not a multiple of the 8-value chunk
+  fp8.scale_row_elems = 4;
+  EXPECT_EQ(launch(fp8, 40, 1, 4), cudaErrorInvalidValue);
+  fp8.block_cols = 16;
+  fp8.scale_row_elems = 2;  // 3 scale columns needed
+  EXPECT_EQ(launch(fp8, 40, 1, 4), cudaErrorInvalidValue);
+  bad = w;
+  bad.scale_inv = dummy;  // block scales on a non-FP8 type
+  bad.scale_row_elems = 1;
+  EXPECT_EQ(launch(bad, 32, 1, 2), cudaErrorInvalidValue);
+  // Nothing to do is not an error.
+  EXPECT_EQ(matmul_quant_cuda(w, nullptr, 32, 0, nullptr, 2, nullptr), cudaSuccess);
 }
 
 // ---- GPU tests ----
@@ -458,6 +639,147 @@ TEST_F(CudaDequantGpu, RunsOnAStream) {
   cudaStreamDestroy(stream);
 }
 
+// The product on the GPU: `rows` rows of `type`, row stride padded by `src_pad` bytes, n
+// activation rows with strides ldx = cols + 3 and ldy = rows + 2; the output padding must stay
+// untouched. `host`: the weight bytes (random when empty).
+void check_matvec(DType type, int64_t rows, int64_t cols, int64_t n, int64_t src_pad,
+                  std::mt19937& rng, std::vector<uint8_t> host = {}) {
+  SCOPED_TRACE(fmt::format("{} {}x{} n {} pad {}", dtype_name(type), rows, cols, n, src_pad));
+  const int64_t row_bytes = dtype_bytes(type, cols) + src_pad;
+  if (host.empty()) host = finite_rows(type, rows, cols, row_bytes, rng);
+  const int64_t ldx = cols + 3, ldy = rows + 2;
+  std::vector<float> x(static_cast<size_t>(std::max<int64_t>(n, 1) * ldx));
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (float& v : x) v = normal(rng);
+  DeviceBuffer d_w(host.size()), d_x(x.size() * 4), d_y(static_cast<size_t>(n * ldy) * 4 + 4);
+  d_w.upload(host.data(), host.size());
+  d_x.upload(x.data(), d_x.bytes());
+  TD_CUDA_CHECK(cudaMemset(d_y.data(), kSentinel, d_y.bytes()));
+  QuantMatrix w;
+  w.type = type;
+  w.data = d_w.data();
+  w.row_bytes = row_bytes;
+  w.rows = rows;
+  w.cols = cols;
+  ASSERT_EQ(matmul_quant_cuda(w, d_x.as<float>(), ldx, n, d_y.as<float>(), ldy, nullptr),
+            cudaSuccess);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  std::vector<float> y(d_y.bytes() / 4);
+  d_y.download(y.data(), d_y.bytes());
+  std::vector<float> row(static_cast<size_t>(cols));
+  int64_t bad = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    dequantize_row(type, host.data() + r * row_bytes, row.data(), cols);
+    for (int64_t t = 0; t < n; ++t) {
+      const RefDot ref = ref_dot(row.data(), x.data() + t * ldx, cols);
+      const float got = y[t * ldy + r];
+      if (!close_to(got, ref) && bad++ < 5) {
+        ADD_FAILURE() << "row " << r << " token " << t << ": gpu " << got << " cpu " << ref.value;
+      }
+    }
+  }
+  for (int64_t t = 0; t < n; ++t) {
+    for (int64_t i = rows; i < ldy; ++i) {
+      if (bits(y[t * ldy + i]) != 0xA5A5A5A5u && bad++ < 5) {
+        ADD_FAILURE() << "token " << t << " wrote into the output padding at " << i;
+      }
+    }
+  }
+  EXPECT_EQ(bad, 0);
+}
+
+class CudaMatvecGpu : public testing::Test {
+ protected:
+  std::mt19937 rng_{4321};
+};
+
+TEST_F(CudaMatvecGpu, ProductsMatchReference) {
+  for (DType type : all_types()) {
+    const int64_t be = block_elems(type);
+    // One pass of 8 tokens, a partial pass, several passes; odd row counts, misaligned rows.
+    for (int64_t n : {1, 3, 8, 9, 20}) check_matvec(type, 37, 3 * be, n, 0, rng_);
+    check_matvec(type, 129, 9 * be, 2, 3, rng_);
+    if (!is_block(type)) {
+      check_matvec(type, 11, 1003, 5, 1, rng_);
+      check_matvec(type, 3, 13, 1, 0, rng_);
+    }
+  }
+}
+
+TEST_F(CudaMatvecGpu, QuantizedWeightsMatchReference) {
+  // Blocks as quantize_row writes them (realistic scales), as a model's weights are.
+  for (DType type : all_types()) {
+    if (!is_block(type) || !can_quantize(type)) continue;
+    const int64_t rows = 19, cols = 8 * block_elems(type), row_bytes = dtype_bytes(type, cols);
+    std::vector<float> weights(static_cast<size_t>(rows * cols));
+    std::normal_distribution<float> normal(0.0f, 0.02f);
+    for (float& w : weights) w = normal(rng_);
+    std::vector<uint8_t> host(static_cast<size_t>(rows * row_bytes));
+    for (int64_t r = 0; r < rows; ++r) {
+      quantize_row(type, weights.data() + r * cols, host.data() + r * row_bytes, cols);
+    }
+    check_matvec(type, rows, cols, 4, 0, rng_, host);
+  }
+}
+
+TEST_F(CudaMatvecGpu, Fp8BlockScalesMatchReference) {
+  struct Fp8Case {
+    int64_t rows, cols, block_rows, block_cols, row0;  // row0: a row view's first row
+  };
+  for (const Fp8Case& f : std::vector<Fp8Case>{{300, 1000, 128, 128, 0},
+                                               {256, 512, 128, 128, 128},
+                                               {33, 77, 1, 8, 5},
+                                               {17, 45, 7, 16, 7}}) {
+    SCOPED_TRACE(fmt::format("fp8 {}x{} blocks {}x{} from row {}", f.rows, f.cols, f.block_rows,
+                             f.block_cols, f.row0));
+    const int64_t all_rows = f.row0 + f.rows;
+    const std::vector<uint8_t> w = random_data(DType::kF8E4M3, all_rows, f.cols, rng_, true);
+    const int64_t scale_rows = (all_rows + f.block_rows - 1) / f.block_rows;
+    const int64_t scale_cols = (f.cols + f.block_cols - 1) / f.block_cols;
+    std::vector<float> scale(static_cast<size_t>(scale_rows * scale_cols));
+    std::uniform_real_distribution<float> dist(1e-3f, 3.0f);
+    for (float& s : scale) s = dist(rng_);
+    std::vector<float> ref(static_cast<size_t>(all_rows * f.cols));
+    dequantize_fp8_blocks(w.data(), scale.data(), all_rows, f.cols, f.block_rows, f.block_cols,
+                          ref.data());
+    const int64_t n = 3;
+    std::vector<float> x(static_cast<size_t>(n * f.cols));
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    for (float& v : x) v = normal(rng_);
+    DeviceBuffer d_w(w.size()), d_s(scale.size() * 4), d_x(x.size() * 4),
+        d_y(static_cast<size_t>(n * f.rows) * 4);
+    d_w.upload(w.data(), w.size());
+    d_s.upload(scale.data(), d_s.bytes());
+    d_x.upload(x.data(), d_x.bytes());
+    QuantMatrix m;  // the view of rows row0 .. row0 + rows, as CudaDevice passes it
+    m.type = DType::kF8E4M3;
+    m.data = d_w.as<uint8_t>() + f.row0 * f.cols;
+    m.row_bytes = f.cols;
+    m.rows = f.rows;
+    m.cols = f.cols;
+    m.scale_inv = d_s.as<float>() + f.row0 / f.block_rows * scale_cols;
+    m.scale_row_elems = scale_cols;
+    m.block_rows = f.block_rows;
+    m.block_cols = f.block_cols;
+    ASSERT_EQ(matmul_quant_cuda(m, d_x.as<float>(), f.cols, n, d_y.as<float>(), f.rows, nullptr),
+              cudaSuccess);
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    std::vector<float> y(static_cast<size_t>(n * f.rows));
+    d_y.download(y.data(), d_y.bytes());
+    int64_t bad = 0;
+    for (int64_t r = 0; r < f.rows; ++r) {
+      for (int64_t t = 0; t < n; ++t) {
+        const RefDot d = ref_dot(&ref[(f.row0 + r) * f.cols], &x[t * f.cols], f.cols);
+        if (!close_to(y[t * f.rows + r], d) && bad++ < 5) {
+          ADD_FAILURE() << "row " << r << " token " << t << ": gpu " << y[t * f.rows + r] << " cpu "
+                        << d.value;
+        }
+      }
+    }
+    EXPECT_EQ(bad, 0);
+  }
+}
+
 }  // namespace
 }  // namespace tandem
 #endif
@@ -470,7 +792,7 @@ int main(int argc, char** argv) {
   testing::InitGoogleTest(&argc, argv);
   if (gate.verdict != tandem::test::GpuVerdict::kRun) {
     // The host-side checks still run: they need no device.
-    GTEST_FLAG_SET(filter, "CudaDequantHost.*");
+    GTEST_FLAG_SET(filter, "CudaDequantHost.*:CudaMatvecHost.*");
     return tandem::test::gpu_gate_exit(gate, RUN_ALL_TESTS() != 0);
   }
   return RUN_ALL_TESTS();
