@@ -41,7 +41,7 @@ using EventId = int;
 struct DenseWeights;
 class Timeline;
 
-struct DeviceFfnWeights {  // one SwiGLU FFN (an expert or the shared experts) in device memory
+struct DeviceFfnWeights {      // one SwiGLU FFN (an expert or the shared experts) in device memory
   ops::Weight gate, up, down;  // tensors whose data pointers are DEVICE memory, stored dtype
   ops::FfnExtras extras;       // gpt-oss's biases (DEVICE memory) and clamp; none elsewhere
 };
@@ -94,6 +94,24 @@ class Device {
 
  protected:
   Timeline* timeline_ = nullptr;
+};
+
+// Host memory from a device's alloc_host (pinned on CUDA), grown on demand: where a runtime
+// stages what it copies to and from the device, so that the copies stay asynchronous (a copy
+// from pageable memory on CUDA blocks the host until the stream reaches it). Growing drops the
+// contents; the caller makes sure no copy still uses the memory then. The device outlives it.
+class HostStaging {
+ public:
+  explicit HostStaging(Device* dev) : dev_(dev) {}
+  ~HostStaging() { dev_->free_host(p_); }
+  HostStaging(const HostStaging&) = delete;
+  HostStaging& operator=(const HostStaging&) = delete;
+  float* floats(int64_t count);  // room for at least count floats
+
+ private:
+  Device* dev_;
+  void* p_ = nullptr;
+  uint64_t bytes_ = 0;
 };
 
 struct LinkSpec {  // 0 GB/s: uncapped

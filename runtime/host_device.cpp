@@ -42,6 +42,18 @@ void Device::free_host(void* p) {
   std::free(p);
 }
 
+float* HostStaging::floats(int64_t count) {
+  const uint64_t bytes = static_cast<uint64_t>(std::max<int64_t>(count, 1)) * 4;
+  if (bytes > bytes_) {
+    dev_->free_host(p_);
+    p_ = nullptr;
+    bytes_ = 0;
+    p_ = dev_->alloc_host(bytes);
+    bytes_ = bytes;
+  }
+  return static_cast<float*>(p_);
+}
+
 std::unique_ptr<ForwardOps> Device::forward_ops(std::shared_ptr<const DenseWeights>,
                                                 const ForwardOpsOptions&) {
   fail(ErrorKind::kUnsupported, "the {} device has no forward ops: keep the dense part on the CPU",

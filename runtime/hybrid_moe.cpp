@@ -23,7 +23,9 @@ namespace tandem::rt {
 namespace {
 
 constexpr uint64_t kAlign = 256;
-uint64_t align_up(uint64_t v) { return (v + kAlign - 1) / kAlign * kAlign; }
+uint64_t align_up(uint64_t v) {
+  return (v + kAlign - 1) / kAlign * kAlign;
+}
 
 // Scale rows of an FP8 block-scaled weight that its rows use: [first block row, count].
 void scale_span(const ops::Weight& w, int64_t* first, int64_t* floats) {
@@ -76,11 +78,14 @@ struct HybridMoeBackend::Layer {
 };
 
 struct HybridMoeBackend::Pending {
+  explicit Pending(Device* dev) : xg(dev), scale(dev), dev_y(dev) {}
   bool active = false;
   MoeRequest r;
   MoeRequest cpu_req;
   std::vector<uint8_t> mask;
-  std::vector<float> cpu_out, dev_y, xg, scale, shared_host, logits, scores;
+  std::vector<float> cpu_out, shared_host, logits, scores;
+  // Staged in alloc_host memory: the device's inputs [rows, h] and scales [rows], its outputs.
+  HostStaging xg, scale, dev_y;
   std::vector<int64_t> row_of_pair;  // [t * k + j]: row of the device output, -1: on the CPU
   int64_t shared_rows = 0;
   float* d_buf = nullptr;  // device: inputs [rows, h], outputs [rows, h], scales [rows]
@@ -89,7 +94,7 @@ struct HybridMoeBackend::Pending {
 
 HybridMoeBackend::HybridMoeBackend(const LoadedModel& model, MoeBackend* cpu, Device* device,
                                    const Placement& placement, const HybridOptions& o)
-    : model_(model), cpu_(cpu), dev_(device), opt_(o), p_(std::make_unique<Pending>()) {
+    : model_(model), cpu_(cpu), dev_(device), opt_(o), p_(std::make_unique<Pending>(device)) {
   const ModelConfig& c = model.config;
   const int n_experts = static_cast<int>(c.n_experts), k = static_cast<int>(c.n_experts_per_tok);
   compute_ = dev_->create_stream();
@@ -128,9 +133,8 @@ HybridMoeBackend::HybridMoeBackend(const LoadedModel& model, MoeBackend* cpu, De
   // (and the KV cache, when the dense part runs on the device: it was uploaded before).
   const uint64_t left = dev_->memory_capacity() - dev_->memory_used();
   const uint64_t budget = o.budget_bytes ? std::min(o.budget_bytes, left) : left;
-  const uint64_t reserve = o.reserve_bytes > 0
-                               ? o.reserve_bytes
-                               : std::min<uint64_t>(budget / 4, uint64_t{64} << 20);
+  const uint64_t reserve =
+      o.reserve_bytes > 0 ? o.reserve_bytes : std::min<uint64_t>(budget / 4, uint64_t{64} << 20);
   if (shared_total + reserve > budget) {
     fail(ErrorKind::kResource,
          "--vram-budget: the shared experts need {} bytes (+{} for activations and the KV cache), "
@@ -142,19 +146,21 @@ HybridMoeBackend::HybridMoeBackend(const LoadedModel& model, MoeBackend* cpu, De
   if (pinned_bytes > avail) {
     fail(ErrorKind::kResource,
          "--gpu-experts {}: {} pinned experts per layer x {} MoE layers need {} bytes, the budget "
-         "(--vram-budget) leaves {}", o.gpu_experts, max_pinned, n_moe, pinned_bytes, avail);
+         "(--vram-budget) leaves {}",
+         o.gpu_experts, max_pinned, n_moe, pinned_bytes, avail);
   }
   int extra = 0;
   if (o.cache != "none") {
     const uint64_t per_layer = uint64_t(n_moe) * slot_bytes_;
-    const int fit = static_cast<int>(std::min<uint64_t>((avail - pinned_bytes) / per_layer,
-                                                        uint64_t(n_experts)));
+    const int fit = static_cast<int>(
+        std::min<uint64_t>((avail - pinned_bytes) / per_layer, uint64_t(n_experts)));
     if (o.cache_slots >= 0) {
       extra = o.cache_slots;
       if (extra > fit) {
-        fail(ErrorKind::kResource, "--cache-slots {}: {} MoE layers x {} bytes per slot do not fit "
-             "next to the pinned experts in the budget (at most {} slots)", extra, n_moe,
-             slot_bytes_, fit);
+        fail(ErrorKind::kResource,
+             "--cache-slots {}: {} MoE layers x {} bytes per slot do not fit "
+             "next to the pinned experts in the budget (at most {} slots)",
+             extra, n_moe, slot_bytes_, fit);
       }
     } else {
       extra = fit;
@@ -217,8 +223,9 @@ HybridMoeBackend::HybridMoeBackend(const LoadedModel& model, MoeBackend* cpu, De
              o.gpu_experts - 1);
   }
   for (int l = 0; l < n_moe; ++l) {
-    const int pin_n = placement.experts_pinned(layers_[l]->model_layer) ? n_experts
-                                                                         : std::min(o.gpu_experts, n_experts);
+    const int pin_n = placement.experts_pinned(layers_[l]->model_layer)
+                          ? n_experts
+                          : std::min(o.gpu_experts, n_experts);
     std::vector<int> order(n_experts);
     for (int e = 0; e < n_experts; ++e) order[e] = e;
     if (!counts.empty()) {
@@ -448,14 +455,14 @@ void HybridMoeBackend::submit(const MoeRequest& r) {
   for (int64_t e = 0; e < ne; ++e) {
     if (a.on_accel[e]) rows += count[e];
   }
-  p.xg.resize(rows * h);
-  p.scale.resize(rows);
+  float* xg = p.xg.floats(rows * h);
+  float* scale = p.scale.floats(rows);
   if (p.shared_rows > 0) {
-    std::copy(r.hidden, r.hidden + n * h, p.xg.data());
+    std::copy(r.hidden, r.hidden + n * h, xg);
     for (int64_t t = 0; t < n; ++t) {
-      p.scale[t] = L.lw->sh_gate_inp.empty()
-                       ? 1.0f
-                       : shared_expert_gate(r.hidden + t * h, L.lw->sh_gate_inp.data(), h);
+      scale[t] = L.lw->sh_gate_inp.empty()
+                     ? 1.0f
+                     : shared_expert_gate(r.hidden + t * h, L.lw->sh_gate_inp.data(), h);
     }
   }
   struct Run {
@@ -469,8 +476,8 @@ void HybridMoeBackend::submit(const MoeRequest& r) {
     for (int64_t i = 0; i < n * k; ++i) {
       if (r.ids[i] != e) continue;
       const float* src = r.hidden + (i / k) * h;
-      std::copy(src, src + h, p.xg.data() + row * h);
-      p.scale[row] = r.weights[i];
+      std::copy(src, src + h, xg + row * h);
+      scale[row] = r.weights[i];
       p.row_of_pair[i] = row++;
     }
     stats_.accel_pairs += count[e];
@@ -487,8 +494,8 @@ void HybridMoeBackend::submit(const MoeRequest& r) {
   float* d_y = d_x + rows * h;
   float* d_s = d_y + rows * h;
   if (rows > 0) {
-    dev_->copy_h2d(d_x, p.xg.data(), rows * h * 4, compute_);
-    dev_->copy_h2d(d_s, p.scale.data(), rows * 4, compute_);
+    dev_->copy_h2d(d_x, xg, rows * h * 4, compute_);
+    dev_->copy_h2d(d_s, scale, rows * 4, compute_);
   }
 
   // 4. The CPU experts start when the compute stream gets here (after the copies above), the
@@ -520,8 +527,7 @@ void HybridMoeBackend::submit(const MoeRequest& r) {
       t->add(Timeline::kCpuExperts, cpu_since_, Timeline::Clock::now());
     }
   });
-  p.dev_y.resize(rows * h);
-  if (rows > 0) dev_->copy_d2h(p.dev_y.data(), d_y, rows * h * 4, compute_);
+  if (rows > 0) dev_->copy_d2h(p.dev_y.floats(rows * h), d_y, rows * h * 4, compute_);
   dev_->record(done_, compute_);
   p.active = true;
   ++stats_.layers;
@@ -576,16 +582,17 @@ void HybridMoeBackend::wait() {
   dev_->sync_event(done_);  // rethrows errors from the stream (CPU backend included)
   // Combine per token: CPU experts' sum, then the device experts in router slot order, then the
   // shared experts in front, as the model adds them.
+  const float* dev_y = p.dev_y.floats(0);
   for (int64_t t = 0; t < n; ++t) {
     float* dst = r.out + t * h;
     std::copy(p.cpu_out.data() + t * h, p.cpu_out.data() + (t + 1) * h, dst);
     for (int64_t j = 0; j < k; ++j) {
       const int64_t row = p.row_of_pair[t * k + j];
       if (row < 0) continue;
-      const float* y = p.dev_y.data() + row * h;
+      const float* y = dev_y + row * h;
       for (int64_t i = 0; i < h; ++i) dst[i] += y[i];
     }
-    const float* sh = p.shared_rows > 0 ? p.dev_y.data() + t * h
+    const float* sh = p.shared_rows > 0 ? dev_y + t * h
                       : host_sh         ? p.shared_host.data() + t * h
                                         : nullptr;
     if (sh != nullptr) {
@@ -603,14 +610,15 @@ std::string HybridMoeBackend::summary() const {
       if (cache_->pinned(static_cast<int>(l), e)) ids += fmt::format(" {}", e);
     }
     if (!ids.empty()) {
-      pinned += fmt::format("{}layers.{}:{}", pinned.empty() ? ": " : ", ",
-                            layers_[l]->model_layer, ids);
+      pinned +=
+          fmt::format("{}layers.{}:{}", pinned.empty() ? ": " : ", ", layers_[l]->model_layer, ids);
     }
   }
-  return fmt::format("{} slots/layer of {:.2f} MiB ({} pinned{}), policy {}, cache {}, prefetch "
-                     "{}, cost model {}", slots_per_layer_, slot_bytes_ / 1048576.0,
-                     opt_.gpu_experts, pinned, opt_.policy, opt_.cache, opt_.prefetch,
-                     cost_source_);
+  return fmt::format(
+      "{} slots/layer of {:.2f} MiB ({} pinned{}), policy {}, cache {}, prefetch "
+      "{}, cost model {}",
+      slots_per_layer_, slot_bytes_ / 1048576.0, opt_.gpu_experts, pinned, opt_.policy, opt_.cache,
+      opt_.prefetch, cost_source_);
 }
 
 }  // namespace tandem::rt
