@@ -27,6 +27,7 @@
 #include "model/kv_cache.h"
 #include "ops/cpu/ref_ops.h"
 #include "ops/cuda/attention.h"
+#include "ops/cuda/cublas_api.h"
 #include "ops/cuda/cuda_util.h"
 #include "ops/cuda/dense.h"
 #include "ops/cuda/dequant.h"
@@ -45,7 +46,15 @@ struct CudaStreamState {
   std::exception_ptr error;  // the first unreported failure of a host callback
   void* scratch = nullptr;   // intermediates of ffn, dequantized W_UK for MLA
   uint64_t scratch_bytes = 0;
+  cublasHandle_t blas = nullptr;  // created on the first product with many tokens
+  void* weights = nullptr;        // a slice of a weight dequantized for cuBLAS
+  uint64_t weights_bytes = 0;
 };
+
+// Products with at least this many token rows (prefill) go through cuBLAS on a dequantized F32
+// copy of the weight, made kGemmSliceBytes of rows at a time; fewer read the weight as stored.
+constexpr int64_t kGemmMinTokens = 32;
+constexpr uint64_t kGemmSliceBytes = uint64_t{64} << 20;
 
 class CudaForwardOps;
 
@@ -72,6 +81,8 @@ class CudaDevice final : public Device {
     for (auto& s : streams_) {
       cudaStreamSynchronize(s->stream);
       cudaFree(s->scratch);
+      cudaFree(s->weights);
+      if (s->blas != nullptr) cublas_api()->destroy(s->blas);
       cudaStreamDestroy(s->stream);
     }
     for (auto& e : events_) cudaEventDestroy(e.event);
@@ -323,25 +334,27 @@ class CudaDevice final : public Device {
   // The stream's scratch of at least `bytes` (a larger one replaces it once the stream is idle).
   // Outside the --vram-budget accounting: the budget leaves the GPU a tenth of its memory.
   float* scratch(CudaStreamState& st, uint64_t bytes) {
-    if (st.scratch_bytes < bytes) {
+    return grow_scratch(st, &st.scratch, &st.scratch_bytes, bytes);
+  }
+  float* grow_scratch(CudaStreamState& st, void** p, uint64_t* have, uint64_t bytes) {
+    if (*have < bytes) {
       TD_CUDA_CHECK(cudaStreamSynchronize(st.stream));
-      TD_CUDA_CHECK(cudaFree(st.scratch));
-      st.scratch = nullptr;
-      st.scratch_bytes = 0;
-      const cudaError_t err = cudaMalloc(&st.scratch, bytes);
+      TD_CUDA_CHECK(cudaFree(*p));
+      *p = nullptr;
+      *have = 0;
+      const cudaError_t err = cudaMalloc(p, bytes);
       if (err != cudaSuccess) {
         cudaGetLastError();
         fail(ErrorKind::kResource, "{}: scratch of {} bytes: {}", name_, bytes,
              cudaGetErrorString(err));
       }
-      st.scratch_bytes = bytes;
+      *have = bytes;
     }
-    return static_cast<float*>(st.scratch);
+    return static_cast<float*>(*p);
   }
 
-  // y [n, ldy] = x [n, ldx] w^T with w read as stored (ops/cuda/matvec.h).
-  void product(const ops::Weight& w, const float* x, int64_t ldx, int64_t n, float* y, int64_t ldy,
-               CudaStreamState& st) {
+  // w (device memory, its stored dtype) as the kernels take it.
+  QuantMatrix quant_matrix(const ops::Weight& w) {
     check_device(w.t.data, 1, "weight");
     QuantMatrix q;
     q.type = w.t.dtype;
@@ -367,32 +380,84 @@ class CudaDevice final : public Device {
       fail(ErrorKind::kUnsupported, "{}: no CUDA kernel for {} weights", name_,
            dtype_info(q.type).name);
     }
-    launch(matmul_quant_cuda(q, x, ldx, n, y, ldy, st.stream), "matmul");
+    return q;
   }
 
-  // w (device memory, its stored dtype) as F32 rows at dst.
-  void dequantize(const ops::Weight& w, float* dst, CudaStreamState& st) {
-    check_device(w.t.data, 1, "weight");
-    const int64_t rows = w.rows(), cols = w.cols();
-    if (w.scale_inv != nullptr) {
-      if (w.row0 % w.block_rows != 0) {
-        fail(ErrorKind::kUnsupported, "{}: an FP8 row view starting inside a scale block (row {})",
-             name_, w.row0);
-      }
-      launch(dequantize_fp8_blocks_cuda(static_cast<const uint8_t*>(w.t.data), w.t.row_bytes(),
-                                        w.scale_inv + w.row0 / w.block_rows * w.scale_cols,
-                                        w.scale_cols, rows, cols, w.block_rows, w.block_cols,
-                                        DType::kF32, dst, cols, st.stream),
+  // q's rows as F32 rows of q.cols values at dst.
+  void dequantize(const QuantMatrix& q, float* dst, CudaStreamState& st) {
+    if (q.scale_inv != nullptr) {
+      launch(dequantize_fp8_blocks_cuda(
+                 static_cast<const uint8_t*>(q.data), q.row_bytes, q.scale_inv, q.scale_row_elems,
+                 q.rows, q.cols, q.block_rows, q.block_cols, DType::kF32, dst, q.cols, st.stream),
              "dequantize FP8");
       return;
     }
-    if (!cuda_can_dequantize(w.t.dtype)) {
-      fail(ErrorKind::kUnsupported, "{}: no CUDA kernel for {} weights", name_,
-           dtype_info(w.t.dtype).name);
-    }
-    launch(dequantize_rows_cuda(w.t.dtype, w.t.data, w.t.row_bytes(), rows, cols, DType::kF32, dst,
-                                cols, st.stream),
+    launch(dequantize_rows_cuda(q.type, q.data, q.row_bytes, q.rows, q.cols, DType::kF32, dst,
+                                q.cols, st.stream),
            "dequantize");
+  }
+
+  // cuBLAS, or nullptr (said once) where its library is missing.
+  const CublasApi* blas_api() {
+    std::string why;
+    const CublasApi* api = cublas_api(&why);
+    if (api == nullptr) {
+      static std::once_flag said;
+      std::call_once(said, [&] {
+        log_warn("{}: cuBLAS not loaded ({}): prefill products use tandem's own kernels", name_,
+                 why);
+      });
+    }
+    return api;
+  }
+  void blas(cublasStatus_t status, const char* what) {
+    if (status != CUBLAS_STATUS_SUCCESS) {
+      fail(ErrorKind::kInternal, "{}: cuBLAS {}: {}", name_, what,
+           cublas_api()->status_string(status));
+    }
+  }
+
+  // y [n, ldy] = x [n, ldx] w^T: a few tokens read w as stored (ops/cuda/matvec.h); many go
+  // through cuBLAS SGEMM (FP32 arithmetic, no TF32: the CPU's numbers within F32 rounding) on w
+  // dequantized to F32 a slice of rows at a time (F32 weights as they are).
+  void product(const ops::Weight& w, const float* x, int64_t ldx, int64_t n, float* y, int64_t ldy,
+               CudaStreamState& st) {
+    const QuantMatrix q = quant_matrix(w);
+    const CublasApi* cublas = n >= kGemmMinTokens ? blas_api() : nullptr;
+    if (cublas == nullptr || q.rows == 0 || q.cols == 0) {
+      launch(matmul_quant_cuda(q, x, ldx, n, y, ldy, st.stream), "matmul");
+      return;
+    }
+    if (st.blas == nullptr) {
+      blas(cublas->create(&st.blas), "create");
+      blas(cublas->set_stream(st.blas, st.stream), "set stream");
+    }
+    const float one = 1.0f, zero = 0.0f;
+    auto gemm = [&](const float* a, int64_t lda, int64_t rows, float* out) {
+      // Column-major: out^T [rows, n] = a^T [rows, cols] . x^T [cols, n].
+      blas(cublas->sgemm(st.blas, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(rows),
+                         static_cast<int>(n), static_cast<int>(q.cols), &one, a,
+                         static_cast<int>(lda), x, static_cast<int>(ldx), &zero, out,
+                         static_cast<int>(ldy)),
+           "sgemm");
+    };
+    if (q.type == DType::kF32 && q.row_bytes % 4 == 0) {
+      gemm(static_cast<const float*>(q.data), q.row_bytes / 4, q.rows, y);
+      return;
+    }
+    int64_t slice = std::max<int64_t>(1, static_cast<int64_t>(kGemmSliceBytes) / (q.cols * 4));
+    if (q.scale_inv != nullptr) slice = std::max(q.block_rows, slice / q.block_rows * q.block_rows);
+    slice = std::min(slice, q.rows);
+    float* wf =
+        grow_scratch(st, &st.weights, &st.weights_bytes, static_cast<uint64_t>(slice * q.cols) * 4);
+    for (int64_t r0 = 0; r0 < q.rows; r0 += slice) {
+      QuantMatrix part = q;
+      part.data = static_cast<const uint8_t*>(q.data) + r0 * q.row_bytes;
+      part.rows = std::min(slice, q.rows - r0);
+      if (q.scale_inv != nullptr) part.scale_inv += r0 / q.block_rows * q.scale_row_elems;
+      dequantize(part, wf, st);
+      gemm(wf, q.cols, part.rows, y + r0);
+    }
   }
 
   int index_;
@@ -742,7 +807,7 @@ class CudaForwardOps final : public DeviceForwardOps {
         mm(wk, q + h * qk, nh * qk, n, qc + h * kr, nh * kr);
       } else {  // [qk_nope, kv_lora], dequantized for the transposed product
         float* wf = cuda_.scratch(st_, static_cast<uint64_t>(wk.rows() * wk.cols()) * 4);
-        cuda_.dequantize(wk, wf, st_);
+        cuda_.dequantize(cuda_.quant_matrix(wk), wf, st_);
         run(matmul_t_f32_cuda(wf, nope, kvl, q + h * qk, nh * qk, n, qc + h * kr, nh * kr,
                               st_.stream),
             "W_UK");

@@ -27,6 +27,7 @@
 #include "tests/gpu/gpu_gate.h"
 
 #ifdef TANDEM_HAVE_CUDA
+#include "ops/cuda/cublas_api.h"
 #include "ops/cuda/cuda_info.h"
 #include "ops/cuda/cuda_util.h"
 #include "ops/cuda/dequant.h"
@@ -415,6 +416,14 @@ TEST(CudaMatvecHost, LauncherRejectsBadArguments) {
   EXPECT_EQ(matmul_quant_cuda(w, nullptr, 32, 0, nullptr, 2, nullptr), cudaSuccess);
 }
 
+// cuBLAS (the prefill products' GEMM) loads from the toolkit this build used, without a GPU.
+TEST(CudaBlasHost, Loads) {
+  std::string why;
+  const CublasApi* api = cublas_api(&why);
+  ASSERT_NE(api, nullptr) << why;
+  EXPECT_STREQ(api->status_string(CUBLAS_STATUS_NOT_INITIALIZED), "the library was not initialized");
+}
+
 // ---- GPU tests ----
 
 // One dequantization problem: `rows` rows of `cols` values, the source row stride padded by
@@ -792,7 +801,7 @@ int main(int argc, char** argv) {
   testing::InitGoogleTest(&argc, argv);
   if (gate.verdict != tandem::test::GpuVerdict::kRun) {
     // The host-side checks still run: they need no device.
-    GTEST_FLAG_SET(filter, "CudaDequantHost.*:CudaMatvecHost.*");
+    GTEST_FLAG_SET(filter, "CudaDequantHost.*:CudaMatvecHost.*:CudaBlasHost.*");
     return tandem::test::gpu_gate_exit(gate, RUN_ALL_TESTS() != 0);
   }
   return RUN_ALL_TESTS();

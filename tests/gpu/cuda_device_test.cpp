@@ -160,13 +160,14 @@ struct OpsCase {
   DType gate, down;
   int64_t hidden, ff;
   bool extras;
+  int64_t tokens = 5;  // >= 32: the products go through cuBLAS (prefill)
 };
 
 class CudaDeviceOps : public ::testing::TestWithParam<OpsCase> {};
 
 TEST_P(CudaDeviceOps, MatchTheCpuReference) {
   const OpsCase c = GetParam();
-  const int64_t H = c.hidden, F = c.ff, T = 5;
+  const int64_t H = c.hidden, F = c.ff, T = c.tokens;
   std::mt19937 rng(3);
   std::vector<std::vector<uint8_t>> store;
   std::vector<std::vector<float>> scales;
@@ -177,8 +178,9 @@ TEST_P(CudaDeviceOps, MatchTheCpuReference) {
     return w.scale_inv == nullptr ? 0 : (w.rows() + w.block_rows - 1) / w.block_rows * w.scale_cols;
   };
   std::normal_distribution<float> nd(0.0f, 1.0f);
-  std::vector<float> x(T * H), scale{0.5f, -1.25f, 2.0f, 1.0f, -0.75f}, base(T * H);
+  std::vector<float> x(T * H), scale(T), base(T * H);
   for (float& v : x) v = nd(rng);
+  for (float& v : scale) v = nd(rng);
   for (float& v : base) v = nd(rng);
   std::vector<float> gb(F), ub(F), db(H);
   for (auto* v : {&gb, &ub, &db}) {
@@ -231,18 +233,26 @@ TEST_P(CudaDeviceOps, MatchTheCpuReference) {
   EXPECT_LE(test::max_rel_diff(mm, mm_want), 1e-5);
 }
 
-INSTANTIATE_TEST_SUITE_P(Formats, CudaDeviceOps,
-                         ::testing::Values(OpsCase{DType::kF32, DType::kF32, 67, 45, false},
-                                           OpsCase{DType::kF32, DType::kF32, 67, 45, true},
-                                           OpsCase{DType::kQ8_0, DType::kQ8_0, 96, 160, false},
-                                           OpsCase{DType::kQ4_K, DType::kQ6_K, 256, 512, false},
-                                           OpsCase{DType::kF8E4M3, DType::kF8E4M3, 200, 136,
-                                                   false}));
+INSTANTIATE_TEST_SUITE_P(
+    Formats, CudaDeviceOps,
+    ::testing::Values(OpsCase{DType::kF32, DType::kF32, 67, 45, false},
+                      OpsCase{DType::kF32, DType::kF32, 67, 45, true},
+                      OpsCase{DType::kQ8_0, DType::kQ8_0, 96, 160, false},
+                      OpsCase{DType::kQ4_K, DType::kQ6_K, 256, 512, false},
+                      OpsCase{DType::kF8E4M3, DType::kF8E4M3, 200, 136, false},
+                      // Prefill: cuBLAS on F32 weights as they are, on
+                      // dequantized slices (FP8: whole scale blocks).
+                      OpsCase{DType::kF32, DType::kF32, 67, 45, true, 40},
+                      OpsCase{DType::kQ4_K, DType::kQ6_K, 256, 512, false, 33},
+                      OpsCase{DType::kF8E4M3, DType::kF8E4M3, 200, 136, false, 70},
+                      // Slices of 64 MiB: 2 and a partial one.
+                      OpsCase{DType::kQ8_0, DType::kQ8_0, 4096, 9000, false, 32}));
 
 // `tandem run --accel cuda` (the dense part on the GPU's forward ops, experts pinned and cached
-// there) equals `--accel none` (greedy tokens) on tiny F32 models written here (the device
-// computes F32 like the CPU does for F32 weights, in another summation order): GQA with q / k
-// norms, MLA absorbed, Qwen2's biases and shared-expert gate, gpt-oss's sinks, window and biases.
+// there) equals `--accel none` (greedy tokens), short and long prompts, on tiny F32 models written
+// here (the device computes F32 like the CPU does for F32 weights, in another summation order): GQA
+// with q / k norms, MLA absorbed, Qwen2's biases and shared-expert gate, gpt-oss's sinks, window
+// and biases.
 TEST(CudaDeviceCli, RunEqualsTheCpu) {
   test::TempDir dir("cuda_run");
   for (const char* arch : {"qwen3moe", "deepseek2", "qwen2moe", "gpt-oss"}) {
@@ -250,13 +260,19 @@ TEST(CudaDeviceCli, RunEqualsTheCpu) {
     auto r = test::run_tandem(std::string("synth --arch ") + arch +
                               " --preset tiny --format gguf --type f32 --seed 2 -o " + m);
     ASSERT_EQ(r.exit_code, 0) << r.err;
-    const std::string base = "run --model " + m + " --tokens 1,5,9,13 -n 12 --temp 0 ";
-    const auto cpu = test::run_tandem(base + "--accel none");
-    ASSERT_EQ(cpu.exit_code, 0) << cpu.err;
-    const auto cuda = test::run_tandem(
-        base + "--accel cuda --vram-budget 256M --gpu-experts 2 --policy hybrimoe");
-    ASSERT_EQ(cuda.exit_code, 0) << cuda.err;
-    EXPECT_EQ(cuda.out, cpu.out) << arch;
+    // A short prompt (products on the stored weights) and one of 40 tokens (prefill through
+    // cuBLAS).
+    std::string long_prompt = "1";
+    for (int i = 1; i < 40; ++i) long_prompt += "," + std::to_string(1 + i * 7 % 200);
+    for (const std::string& prompt : {std::string("1,5,9,13"), long_prompt}) {
+      const std::string base = "run --model " + m + " --tokens " + prompt + " -n 12 --temp 0 ";
+      const auto cpu = test::run_tandem(base + "--accel none");
+      ASSERT_EQ(cpu.exit_code, 0) << cpu.err;
+      const auto cuda = test::run_tandem(
+          base + "--accel cuda --vram-budget 256M --gpu-experts 2 --policy hybrimoe");
+      ASSERT_EQ(cuda.exit_code, 0) << cuda.err;
+      EXPECT_EQ(cuda.out, cpu.out) << arch << " prompt " << prompt;
+    }
     // Several sequences in one forward (block tables, per-part attention) run too.
     const auto batch = test::run_tandem("bench -m " + m +
                                         " --batch 1,3 -p 8 -n 4 -r 1 --accel "
