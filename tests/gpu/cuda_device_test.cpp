@@ -263,7 +263,10 @@ TEST(CudaDeviceCli, RunEqualsTheCpu) {
     // A short prompt (products on the stored weights) and one of 40 tokens (prefill through
     // cuBLAS).
     std::string long_prompt = "1";
-    for (int i = 1; i < 40; ++i) long_prompt += "," + std::to_string(1 + i * 7 % 200);
+    for (int i = 1; i < 40; ++i) {
+      long_prompt += ',';
+      long_prompt += std::to_string(1 + i * 7 % 200);
+    }
     for (const std::string& prompt : {std::string("1,5,9,13"), long_prompt}) {
       const std::string base = "run --model " + m + " --tokens " + prompt + " -n 12 --temp 0 ";
       const auto cpu = test::run_tandem(base + "--accel none");
