@@ -17,10 +17,10 @@ class ThreadPool;
 struct LayerWeights;
 
 struct MoeRequest {
-  int64_t layer = 0;             // model layer index
-  int64_t moe_index = 0;         // index among the MoE layers: 0 .. n_moe_layers - 1
-  int64_t n_moe_layers = 0;      // Expert Deferral never defers in the last MoE layer
-  bool decode = false;           // one token per forward (deferral applies only then)
+  int64_t layer = 0;         // model layer index
+  int64_t moe_index = 0;     // index among the MoE layers: 0 .. n_moe_layers - 1
+  int64_t n_moe_layers = 0;  // Expert Deferral never defers in the last MoE layer
+  bool decode = false;       // one token per forward (deferral applies only then)
   const LayerWeights* layer_weights = nullptr;  // the whole layer (shared experts, router)
   const ExpertWeights* experts = nullptr;
   const float* hidden = nullptr;  // [n_tokens, hidden_size]
@@ -35,6 +35,11 @@ struct MoeRequest {
   // nothing (another backend owns them).
   const uint8_t* expert_mask = nullptr;
   float* out = nullptr;  // [n_tokens, hidden_size], overwritten; valid after wait()
+  // [n_tokens * k] or nullptr, for a backend whose adds_slot_rows(): slot i's expert output row
+  // ([hidden_size], unweighted) when another backend computed it (its expert masked here; null:
+  // nothing). The backend adds weights[i] * row at the slot's place among its own experts, so the
+  // sum has the bits of one backend computing every expert. Read in wait().
+  const float* const* slot_rows = nullptr;
 };
 
 // Qwen2-MoE's shared-expert gate for one token: sigmoid(x . g) over h values (the one definition
@@ -54,11 +59,13 @@ class MoeBackend {
   // true: out also holds the shared experts' output (incl. Qwen2's sigmoid gate), the model does
   // not compute them (a hybrid backend runs them on the accelerator).
   virtual bool computes_shared() const { return false; }
+  // true: honours MoeRequest::slot_rows.
+  virtual bool adds_slot_rows() const { return false; }
 };
 
 // The reference: per expert, gather its tokens, SwiGLU FFN through ops::matmul (weights read in
-// their stored dtype; gpt-oss's biases and clamp: ExpertWeights::extras), scatter-add weighted. It computes during submit(); wait() only checks
-// that a request was submitted.
+// their stored dtype; gpt-oss's biases and clamp: ExpertWeights::extras), scatter-add weighted. It
+// computes during submit(); wait() only checks that a request was submitted.
 class CpuMoeBackend : public MoeBackend {
  public:
   explicit CpuMoeBackend(ThreadPool* pool) : pool_(pool) {}

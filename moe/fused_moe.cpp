@@ -14,11 +14,11 @@ namespace tandem {
 
 struct FusedMoeBackend::Expert {
   int64_t id = 0;
-  int64_t ff = 0;     // intermediate rows of this (sub-)expert
-  int part = 0;       // NUMA part (0 when unsplit)
-  int parts = 1;      // on an expert's first sub-expert: how many follow it (itself included)
-  int32_t first = 0;  // index of the expert's first sub-expert (owner of the gathered x)
-  bool fast = false;  // all three matrices have kernels
+  int64_t ff = 0;      // intermediate rows of this (sub-)expert
+  int part = 0;        // NUMA part (0 when unsplit)
+  int parts = 1;       // on an expert's first sub-expert: how many follow it (itself included)
+  int32_t first = 0;   // index of the expert's first sub-expert (owner of the gathered x)
+  bool fast = false;   // all three matrices have kernels
   bool whole = false;  // one phase-4 task (it gathers its own rows there)
   kern::KMatrix gate, up, down;
   // gpt-oss's biases and clamp (ops::FfnExtras::any() false elsewhere); f0: this sub-expert's
@@ -30,10 +30,10 @@ struct FusedMoeBackend::Expert {
   const ops::Weight* w_down = nullptr;
   std::vector<int32_t> tokens;  // token of each row, in slot order
   // x, g, u, h: row-chunked experts only (a whole expert's task uses its thread's WholeScratch).
-  kern::Activations x;          // gathered gate/up activations (first sub-expert only)
-  std::vector<float> g, u;      // [n, ff]: gate, up; g becomes SiLU(gate) * up
-  kern::Activations h;          // g converted for the down projection
-  std::vector<float> y;         // [n, hidden]
+  kern::Activations x;      // gathered gate/up activations (first sub-expert only)
+  std::vector<float> g, u;  // [n, ff]: gate, up; g becomes SiLU(gate) * up
+  kern::Activations h;      // g converted for the down projection
+  std::vector<float> y;     // [n, hidden]
   std::atomic<int64_t> gate_left{0};
   std::atomic<bool> ready{false};
 };
@@ -156,8 +156,8 @@ void FusedMoeBackend::begin(const MoeRequest& r) {
   req_ = r;
   const int64_t T = r.n_tokens, H = r.hidden_size;
   kern::Activations* all = acts_for(hidden_acts_, kern::act_format(x.gate.format));
-  kern::quantize_activations(kern::act_format(x.gate.format), x.gate.group, r.hidden, T, H, H,
-                             all, nullptr);
+  kern::quantize_activations(kern::act_format(x.gate.format), x.gate.group, r.hidden, T, H, H, all,
+                             nullptr);
   grow_to(x.y, T * H);
   grow_to(x.g, T * x.ff);
   grow_to(x.u, T * x.ff);
@@ -180,8 +180,7 @@ void FusedMoeBackend::begin(const MoeRequest& r) {
   for (int64_t r0 = 0; r0 < H; r0 += dn) early_tasks_.push_back({0, 1, r0, std::min(H, r0 + dn)});
   early_tasks_count_ = static_cast<int64_t>(early_tasks_.size());
   early_started_ = true;
-  early_ = pool_->submit(early_tasks_.size(),
-                         [this](size_t i) { run_task(early_tasks_[i]); });
+  early_ = pool_->submit(early_tasks_.size(), [this](size_t i) { run_task(early_tasks_[i]); });
 }
 
 void FusedMoeBackend::submit(const MoeRequest& r) {
@@ -509,8 +508,8 @@ void FusedMoeBackend::run_task(const Task& t) {
       }
     }
     if (x.gate_left.fetch_sub(1, std::memory_order_acq_rel) == 1) {
-      kern::quantize_activations(kern::act_format(x.down.format), x.down.group, x.g.data(), n,
-                                 x.ff, x.ff, &x.h);
+      kern::quantize_activations(kern::act_format(x.down.format), x.down.group, x.g.data(), n, x.ff,
+                                 x.ff, &x.h);
       x.ready.store(true, std::memory_order_release);
     }
     return;
@@ -543,19 +542,26 @@ void FusedMoeBackend::wait() {
   // Combine per token in slot order: deterministic whichever worker computed what.
   const MoeRequest& r = req_;
   const int64_t H = r.hidden_size, K = r.k;
+  // One statement adds every row, ours and another backend's (slot_rows): the same arithmetic
+  // (contracted or not) whichever computed the expert.
+  auto add_row = [H](float* dst, float w, const float* src) {
+    for (int64_t c = 0; c < H; ++c) dst[c] += w * src[c];
+  };
   auto combine = [&](size_t t) {
     float* dst = r.out + static_cast<int64_t>(t) * H;
     std::fill(dst, dst + H, 0.0f);
     for (int64_t j = 0; j < K; ++j) {
       const int64_t i = static_cast<int64_t>(t) * K + j;
-      if (slot_expert_[i] < 0) continue;
       const float w = r.weights[i];
+      if (slot_expert_[i] < 0) {
+        if (r.slot_rows != nullptr && r.slot_rows[i] != nullptr) add_row(dst, w, r.slot_rows[i]);
+        continue;
+      }
       const int32_t a = slot_expert_[i];
       for (int p = 0; p < experts_[a]->parts; ++p) {  // NUMA parts in order
         const Expert& x = *experts_[a + p];
         if (x.ff == 0) continue;
-        const float* src = x.y.data() + slot_row_[i] * H;
-        for (int64_t c = 0; c < H; ++c) dst[c] += w * src[c];
+        add_row(dst, w, x.y.data() + slot_row_[i] * H);
       }
     }
     if (shared_ >= 0) {  // Model::ffn: (shared * gate) + routed, the product rounded first

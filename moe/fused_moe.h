@@ -32,8 +32,8 @@
 #include <vector>
 
 #include "core/thread_pool.h"
-#include "moe/cpu_experts.h"
 #include "model/moe_backend.h"
+#include "moe/cpu_experts.h"
 #include "ops/cpu/kernels.h"
 
 namespace tandem {
@@ -75,6 +75,7 @@ class FusedMoeBackend : public MoeBackend {
   void submit(const MoeRequest& request) override;
   void wait() override;
   bool computes_shared() const override { return options_.shared_experts; }
+  bool adds_slot_rows() const override { return true; }
   // Whether the last request's shared experts ran as begin()'s early job.
   bool last_shared_early() const { return early_tasks_count_ > 0; }
 
@@ -98,7 +99,7 @@ class FusedMoeBackend : public MoeBackend {
   void run_task(const Task& task);
   void gather(const Expert& x, kern::Activations* out) const;
   void add_tasks(int part, int64_t threads);
-  void add_shared(const MoeRequest& r);   // the shared expert as experts_[n_active_] (shared_)
+  void add_shared(const MoeRequest& r);  // the shared expert as experts_[n_active_] (shared_)
   Expert& next_expert();
   void drop_early();  // waits for begin()'s job, if any, and forgets it
 
@@ -109,17 +110,17 @@ class FusedMoeBackend : public MoeBackend {
   bool pending_ = false;
   std::vector<std::unique_ptr<Expert>> experts_;  // active experts of the request (reused)
   int64_t n_active_ = 0;
-  std::vector<Task> tasks_;                 // all parts' tasks, part by part
-  std::vector<Task> tail_;                  // add_tasks' scratch: the chunks cut into pieces
-  std::vector<size_t> part_begin_;          // [parts + 1]: each part's range in tasks_
-  std::vector<int32_t> index_of_;  // [n_experts]: index into experts_, -1 when inactive
-  std::vector<int32_t> whole_;     // experts_ indices run as one phase-4 task each, largest first
-  std::vector<int32_t> slot_row_;  // [T * k]: row of that selection in its expert's output, -1
+  std::vector<Task> tasks_;         // all parts' tasks, part by part
+  std::vector<Task> tail_;          // add_tasks' scratch: the chunks cut into pieces
+  std::vector<size_t> part_begin_;  // [parts + 1]: each part's range in tasks_
+  std::vector<int32_t> index_of_;   // [n_experts]: index into experts_, -1 when inactive
+  std::vector<int32_t> whole_;      // experts_ indices run as one phase-4 task each, largest first
+  std::vector<int32_t> slot_row_;   // [T * k]: row of that selection in its expert's output, -1
   std::vector<int32_t> slot_expert_;  // [T * k]: index into experts_, -1 when masked out
   int64_t shared_ = -1;               // index of the shared expert in experts_, -1: none
   std::vector<float> shared_gate_;    // [T]: Qwen2-MoE's sigmoid gate per token (when present)
   std::vector<kern::Activations> hidden_acts_;  // hidden in each encoding needed (by AFormat)
-  std::vector<TaskHandle> handles_;  // one job per part
+  std::vector<TaskHandle> handles_;             // one job per part
   // begin()'s job: the shared expert (experts_[0]) of the pending request, its gate/up chunks
   // then its down chunks. While it runs, experts_ does not grow (begin() allocated every entry
   // submit() can use).

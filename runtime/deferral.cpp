@@ -121,6 +121,7 @@ void DeferringMoeBackend::collect_deferred(float* out, int64_t count) {
 
 void DeferringMoeBackend::submit(const MoeRequest& r) {
   TD_CHECK(!have_current_, "DeferringMoeBackend::submit while a request is pending");
+  TD_CHECK(r.slot_rows == nullptr, "DeferringMoeBackend: slot_rows are not supported");
   // A deferred part belongs to the previous MoE layer of the same decode step; anything else is
   // left over from a forward() that threw midway: finish and forget it.
   if (def_pending_ && (r.moe_index != def_moe_index_ + 1 || r.n_tokens != def_tokens_)) {
@@ -132,8 +133,10 @@ void DeferringMoeBackend::submit(const MoeRequest& r) {
   split_current_ = n_def > 0 && r.decode && r.moe_index < r.n_moe_layers - 1;
   if (n_defer_ > n_def && r.k != clamped_warned_k_) {
     clamped_warned_k_ = r.k;
-    log_warn("--defer {}: only {} of the {} selected experts can be deferred (at least one stays "
-             "immediate)", n_defer_, n_def, r.k);
+    log_warn(
+        "--defer {}: only {} of the {} selected experts can be deferred (at least one stays "
+        "immediate)",
+        n_defer_, n_def, r.k);
   }
   if (!split_current_) {
     ++stats_.passthrough;

@@ -86,7 +86,8 @@ struct HybridMoeBackend::Pending {
   std::vector<float> cpu_out, shared_host, logits, scores;
   // Staged in alloc_host memory: the device's inputs [rows, h] and scales [rows], its outputs.
   HostStaging xg, scale, dev_y;
-  std::vector<int64_t> row_of_pair;  // [t * k + j]: row of the device output, -1: on the CPU
+  std::vector<int64_t> row_of_pair;     // [t * k + j]: row of the device output, -1: on the CPU
+  std::vector<const float*> slot_rows;  // the same as rows of dev_y for the CPU's combine
   int64_t shared_rows = 0;
   float* d_buf = nullptr;  // device: inputs [rows, h], outputs [rows, h], scales [rows]
   uint64_t d_bytes = 0;
@@ -101,7 +102,6 @@ HybridMoeBackend::HybridMoeBackend(const LoadedModel& model, MoeBackend* cpu, De
   copy_ = dev_->create_stream();
   fetched_ = dev_->create_event();
   done_ = dev_->create_event();
-  compute_done_ = dev_->create_event();
 
   uint64_t shared_total = 0;
   int max_pinned = std::min(o.gpu_experts, n_experts);
@@ -456,7 +456,8 @@ void HybridMoeBackend::submit(const MoeRequest& r) {
     if (a.on_accel[e]) rows += count[e];
   }
   float* xg = p.xg.floats(rows * h);
-  float* scale = p.scale.floats(rows);
+  float* scale = p.scale.floats(p.shared_rows);  // Qwen2's shared-expert gate per token
+  float* dev_y = p.dev_y.floats(rows * h);
   if (p.shared_rows > 0) {
     std::copy(r.hidden, r.hidden + n * h, xg);
     for (int64_t t = 0; t < n; ++t) {
@@ -477,7 +478,6 @@ void HybridMoeBackend::submit(const MoeRequest& r) {
       if (r.ids[i] != e) continue;
       const float* src = r.hidden + (i / k) * h;
       std::copy(src, src + h, xg + row * h);
-      scale[row] = r.weights[i];
       p.row_of_pair[i] = row++;
     }
     stats_.accel_pairs += count[e];
@@ -493,13 +493,13 @@ void HybridMoeBackend::submit(const MoeRequest& r) {
   float* d_x = p.d_buf;
   float* d_y = d_x + rows * h;
   float* d_s = d_y + rows * h;
-  if (rows > 0) {
-    dev_->copy_h2d(d_x, xg, rows * h * 4, compute_);
-    dev_->copy_h2d(d_s, scale, rows * 4, compute_);
-  }
+  if (rows > 0) dev_->copy_h2d(d_x, xg, rows * h * 4, compute_);
+  if (p.shared_rows > 0) dev_->copy_h2d(d_s, scale, p.shared_rows * 4, compute_);
 
   // 4. The CPU experts start when the compute stream gets here (after the copies above), the
-  // device experts run meanwhile, and the stream then waits for the CPU before reporting done.
+  // device experts run meanwhile, their outputs (unweighted) come back, and the stream then waits
+  // for the CPU before reporting done. A CPU backend that adds slot rows combines every expert of
+  // a token in router slot order, the device's among its own: the bits of the CPU alone.
   p.mask.assign(ne, 1);
   for (int64_t e = 0; e < ne; ++e) {
     p.mask[e] = (a.on_accel[e] || (r.expert_mask != nullptr && r.expert_mask[e] == 0)) ? 0 : 1;
@@ -508,6 +508,13 @@ void HybridMoeBackend::submit(const MoeRequest& r) {
   p.cpu_req = r;
   p.cpu_req.expert_mask = p.mask.data();
   p.cpu_req.out = p.cpu_out.data();
+  if (cpu_->adds_slot_rows()) {
+    p.slot_rows.assign(n * k, nullptr);
+    for (int64_t i = 0; i < n * k; ++i) {
+      if (p.row_of_pair[i] >= 0) p.slot_rows[i] = dev_y + p.row_of_pair[i] * h;
+    }
+    p.cpu_req.slot_rows = p.slot_rows.data();
+  }
   dev_->host_callback(compute_, [this] {
     cpu_since_ = Timeline::Clock::now();
     cpu_->submit(p_->cpu_req);
@@ -517,17 +524,16 @@ void HybridMoeBackend::submit(const MoeRequest& r) {
     ++stats_.shared_on_accel;
   }
   for (const Run& run : runs) {
-    dev_->ffn(compute_, L.dev_w[run.expert], d_x + run.row0 * h, run.n, d_s + run.row0,
-              d_y + run.row0 * h, false);
+    dev_->ffn(compute_, L.dev_w[run.expert], d_x + run.row0 * h, run.n, nullptr, d_y + run.row0 * h,
+              false);
   }
-  dev_->record(compute_done_, compute_);
+  if (rows > 0) dev_->copy_d2h(dev_y, d_y, rows * h * 4, compute_);
   dev_->host_callback(compute_, [this] {
     cpu_->wait();
     if (Timeline* t = dev_->timeline()) {
       t->add(Timeline::kCpuExperts, cpu_since_, Timeline::Clock::now());
     }
   });
-  if (rows > 0) dev_->copy_d2h(p.dev_y.floats(rows * h), d_y, rows * h * 4, compute_);
   dev_->record(done_, compute_);
   p.active = true;
   ++stats_.layers;
@@ -580,17 +586,19 @@ void HybridMoeBackend::wait() {
     host_shared(r, p.shared_host.data());
   }
   dev_->sync_event(done_);  // rethrows errors from the stream (CPU backend included)
-  // Combine per token: CPU experts' sum, then the device experts in router slot order, then the
-  // shared experts in front, as the model adds them.
+  // Combine per token: the CPU's sum (with the device experts when it added the slot rows, else
+  // they follow in router slot order), then the shared experts in front, as the model adds them.
+  const bool added = p.cpu_req.slot_rows != nullptr;
   const float* dev_y = p.dev_y.floats(0);
   for (int64_t t = 0; t < n; ++t) {
     float* dst = r.out + t * h;
     std::copy(p.cpu_out.data() + t * h, p.cpu_out.data() + (t + 1) * h, dst);
-    for (int64_t j = 0; j < k; ++j) {
+    for (int64_t j = 0; j < k && !added; ++j) {
       const int64_t row = p.row_of_pair[t * k + j];
       if (row < 0) continue;
+      const float w = r.weights[t * k + j];
       const float* y = dev_y + row * h;
-      for (int64_t i = 0; i < h; ++i) dst[i] += y[i];
+      for (int64_t i = 0; i < h; ++i) dst[i] += w * y[i];
     }
     const float* sh = p.shared_rows > 0 ? dev_y + t * h
                       : host_sh         ? p.shared_host.data() + t * h

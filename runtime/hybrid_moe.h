@@ -94,7 +94,7 @@ class HybridMoeBackend : public MoeBackend {
   std::unique_ptr<ResidualVectors> residuals_;
   std::string cost_source_;
   StreamId compute_ = 0, copy_ = 0;
-  EventId fetched_ = 0, done_ = 0, compute_done_ = 0;
+  EventId fetched_ = 0, done_ = 0;
   int slots_per_layer_ = 0;
   uint64_t slot_bytes_ = 0;  // one expert's gate + up + down (+ scales), the largest layer
   std::vector<void*> slot_mem_;                 // [layer * slots_per_layer + slot], lazy

@@ -1,16 +1,17 @@
 // The hybrid pipeline end to end on golden tiny models: for every policy x cache x prefetch,
 // --accel host (the dense part on the host device's forward ops, the routed experts through
 // HybridMoeBackend over the same device) gives the same greedy tokens as the CPU alone, with
-// experts really fetched, prefetched and run on the device; Expert Deferral on top of it equals
-// the formula, through the CLI too; and the CLI accepts the flags and rejects bad values by name.
-#include <fmt/format.h>
+// experts really fetched, prefetched and run on the device; with the fused CPU operator inside
+// it, the CPU alone's logits bit for bit, quantized models included (the device's experts are
+// combined in router slot order among the CPU's); Expert Deferral on top of it equals the
+// formula, through the CLI too; and the CLI accepts the flags and rejects bad values by name.
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
-#include <fstream>
 #include <cmath>
+#include <fstream>
 #include <numeric>
 #include <string>
 #include <vector>
@@ -18,6 +19,7 @@
 #include "core/thread_pool.h"
 #include "model/model.h"
 #include "model/weights.h"
+#include "moe/fused_moe.h"
 #include "runtime/calibrate.h"
 #include "runtime/deferral.h"
 #include "runtime/dense_weights.h"
@@ -58,7 +60,8 @@ Decode decode(const LoadedModel& lm, MoeBackend* moe, int steps,
   Decode d;
   d.logits = last;
   for (int i = 0; i < steps; ++i) {
-    const auto next = static_cast<int32_t>(std::max_element(last.begin(), last.end()) - last.begin());
+    const auto next =
+        static_cast<int32_t>(std::max_element(last.begin(), last.end()) - last.begin());
     d.tokens.push_back(next);
     model.forward(std::span<const int32_t>(&next, 1), last.data(), false);
     d.logits.insert(d.logits.end(), last.begin(), last.end());
@@ -124,8 +127,8 @@ TEST_P(Hybrid, EveryPolicyCachePrefetchMatchesCpu) {
     rt::HybridStats sum;
     for (const char* cache : caches) {
       for (const char* prefetch : prefetches) {
-        SCOPED_TRACE(fmt::format("{} policy {} cache {} prefetch {}", GetParam(), policy, cache,
-                                 prefetch));
+        SCOPED_TRACE(
+            fmt::format("{} policy {} cache {} prefetch {}", GetParam(), policy, cache, prefetch));
         auto dev = host_device();
         ForwardOpsFactory dense = dense_on(*dev, lm);
         CpuMoeBackend cpu(&threading().pool());
@@ -135,9 +138,9 @@ TEST_P(Hybrid, EveryPolicyCachePrefetchMatchesCpu) {
         EXPECT_EQ(got.tokens, base.tokens);
         EXPECT_LE(test::max_rel_diff(got.logits, base.logits), 1e-5);
         const rt::HybridStats& s = h.stats();
-        EXPECT_EQ(s.accel_pairs + s.cpu_pairs,
-                  (int64_t(kPrompt.size()) + steps) * lm.config.n_experts_per_tok *
-                      int64_t(s.layers / (steps + 1)));
+        EXPECT_EQ(s.accel_pairs + s.cpu_pairs, (int64_t(kPrompt.size()) + steps) *
+                                                   lm.config.n_experts_per_tok *
+                                                   int64_t(s.layers / (steps + 1)));
         if (std::string(prefetch) != "none" && std::string(cache) != "none") {
           EXPECT_GT(s.prefetches, 0);
         }
@@ -182,8 +185,10 @@ class FormulaBackend : public MoeBackend {
       for (int64_t i = 0; i < nd; ++i) is_def[order[i]] = true;
       for (int64_t j = 0; j < r.k; ++j) {
         const Sel s{r.ids[t * r.k + j], r.weights[t * r.k + j], t};
-        if (is_def[j]) next_def.push_back(s);
-        else add(*r.experts, s, r.hidden, h, out.data());
+        if (is_def[j])
+          next_def.push_back(s);
+        else
+          add(*r.experts, s, r.hidden, h, out.data());
       }
     }
     if (r.moe_index > 0)
@@ -233,6 +238,42 @@ TEST_P(Hybrid, DeferralOverHybridMatchesFormula) {
   }
 }
 
+// The fused operator inside the hybrid backend adds the device's expert rows at their router slots
+// among its own (MoeRequest::slot_rows), and the host device computes an expert with the same
+// kernels: every policy then gives the logits of the fused operator alone bit for bit, on
+// quantized models too, where a sum in another order would drift past the F32 tolerance over the
+// layers (the demo model's Q4_K_M did).
+TEST(HybridExact, FusedOperatorInsideGivesTheCpuAlonesBits) {
+  for (const std::string m :
+       {"golden/qwen3moe-q4_k_m.gguf", "golden/deepseek3-q4_k_m.gguf", "golden/qwen2moe.gguf",
+        "golden/gpt-oss.gguf", "demo/tandem-demo-moe-Q4_K_M.gguf"}) {
+    const LoadedModel lm = load_model(test::data_path(m));
+    const int steps = 6;
+    FusedMoeOptions alone_options;
+    alone_options.shared_experts = true;  // as --accel none runs it
+    FusedMoeBackend alone(&threading().pool(), alone_options);
+    const Decode base = decode(lm, &alone, steps);
+    const rt::Placement placement = rt::resolve_placement(lm, {}, true, "native");
+    int64_t device_pairs = 0;
+    for (const char* policy : {"static", "fiddler", "hybrimoe", "dali", "optimal"}) {
+      SCOPED_TRACE(fmt::format("{} policy {}", m, policy));
+      auto dev = host_device();
+      ForwardOpsFactory dense = dense_on(*dev, lm);
+      FusedMoeBackend cpu(&threading().pool());
+      rt::HybridMoeBackend h(lm, &cpu, dev.get(), placement,
+                             hybrid_options(policy, "lru", "gate", ""));
+      const Decode got = decode(lm, &h, steps, kPrompt, dense);
+      EXPECT_EQ(got.tokens, base.tokens);
+      ASSERT_EQ(got.logits.size(), base.logits.size());
+      int64_t differ = 0;
+      for (size_t i = 0; i < got.logits.size(); ++i) differ += got.logits[i] != base.logits[i];
+      EXPECT_EQ(differ, 0) << "max rel diff " << test::max_rel_diff(got.logits, base.logits);
+      device_pairs += h.stats().accel_pairs;
+    }
+    EXPECT_GT(device_pairs, 0) << m;
+  }
+}
+
 // One slot pool shared by all MoE layers: layers evict each other's experts; tokens unchanged.
 TEST(HybridGlobalPool, MatchesCpu) {
   const LoadedModel lm = load_model(test::data_path("golden/deepseek3.gguf"));
@@ -264,7 +305,8 @@ TEST(HybridCli, RunWithEveryHybridFlag) {
   const std::string base = "run --model " + model + " --tokens 1,453,386,332 -n 6 --temp 0 ";
   const auto cpu = test::run_tandem(base + "--accel none");
   ASSERT_EQ(cpu.exit_code, 0) << cpu.err;
-  const auto r = test::run_tandem(base + "--accel host --vram-budget 64M --policy hybrimoe "
+  const auto r = test::run_tandem(base +
+                                  "--accel host --vram-budget 64M --policy hybrimoe "
                                   "--cache mrs --cache-slots 3 --prefetch gate --gpu-experts 1 "
                                   "--link none --show-placement");
   ASSERT_EQ(r.exit_code, 0) << r.err;
@@ -323,8 +365,10 @@ TEST(HybridCli, RulesPlaceTheDensePart) {
   EXPECT_EQ(on_accel.out, cpu.out);
   EXPECT_NE(on_accel.err.find("layers.1.attention         attention accel"), std::string::npos)
       << on_accel.err;
-  const auto on_cpu = test::run_tandem(base + "--accel host --vram-budget 64M --show-placement "
-                                       "--rules " + dense_cpu.string());
+  const auto on_cpu = test::run_tandem(base +
+                                       "--accel host --vram-budget 64M --show-placement "
+                                       "--rules " +
+                                       dense_cpu.string());
   ASSERT_EQ(on_cpu.exit_code, 0) << on_cpu.err;
   EXPECT_EQ(on_cpu.out, cpu.out);
   EXPECT_NE(on_cpu.err.find("layers.1.attention         attention cpu"), std::string::npos)
@@ -341,10 +385,14 @@ TEST(HybridCli, BadValuesNameTheFlag) {
   const std::string model = test::data_path("golden/mixtral.gguf").string();
   const std::string base = "run --model " + model + " --tokens 1,453 -n 2 ";
   const std::pair<const char*, const char*> cases[] = {
-      {"--accel tpu", "--accel"},        {"--policy fifo", "--policy"},
-      {"--cache arc", "--cache"},        {"--prefetch all", "--prefetch"},
-      {"--defer -1", "--defer"},         {"--vram-budget 12Q", "--vram-budget"},
-      {"--accel cuda", "--accel host"},  {"--accel host --link warp9", "warp9"},
+      {"--accel tpu", "--accel"},
+      {"--policy fifo", "--policy"},
+      {"--cache arc", "--cache"},
+      {"--prefetch all", "--prefetch"},
+      {"--defer -1", "--defer"},
+      {"--vram-budget 12Q", "--vram-budget"},
+      {"--accel cuda", "--accel host"},
+      {"--accel host --link warp9", "warp9"},
       {"--cache-slots -5", "--cache-slots"},
       {"--accel host --prefetch residual", "--residuals"},
       {"--accel host --vram-budget 8M --gpu-experts 8", "--gpu-experts"},
