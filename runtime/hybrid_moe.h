@@ -2,9 +2,11 @@
 // sees the routing, the assignment policy splits the active experts between the CPU backend and
 // the accelerator, missing experts are copied on a copy stream, and the compute stream runs, in
 // order: host callback "submit the CPU experts", the shared experts and the accelerator experts,
-// host callback "wait for the CPU backend", the copy of the device results back, an event. wait()
-// syncs that event and combines the parts per token in router slot order. Prefetching copies the
-// predicted experts of the next MoE layer while this one computes.
+// the copy of the device results back, host callback "wait for the CPU backend" (which adds the
+// device's expert rows at their router slots when it adds_slot_rows(): the CPU alone's sum), an
+// event. wait() syncs that event and adds the shared experts (and, for a CPU backend without slot
+// rows, the device's experts in router slot order). Prefetching copies the predicted experts of
+// the next MoE layer while this one computes.
 #pragma once
 
 #include <chrono>
