@@ -1,3 +1,4 @@
+#include <algorithm>
 #include <cmath>
 
 #include "ops/cuda/attention.h"
@@ -110,6 +111,175 @@ __global__ void attention_kernel(ops::AttentionArgs a, float* scores, int64_t ma
   }
 }
 
+// ---- decode: the keys split across blocks, a block's heads sharing each key it reads ----
+//
+// Grid (token, KV head x head group, split): a block runs kSplitWarps query heads of one KV
+// head (a warp each) over one split of the token's keys. It stages kSplitKeys key rows (and value
+// rows, unless the values are the keys' leading dv floats, as MLA's latent cache has them) in
+// shared memory, so each row is read from memory once per kSplitWarps heads instead of once per
+// head: MLA's 128 heads share one latent row. Each warp keeps the online softmax of its head (max,
+// sum, dv / 32 output values per lane) and writes it unnormalised; attention_combine_kernel then
+// merges the splits (with the head's sink) into the output.
+constexpr int kSplitWarps = 8;
+constexpr int kSplitKeys = 16;
+constexpr int kSplitMaxDk = 576;             // q values per lane: kSplitMaxDk / 32
+constexpr int kSplitMaxDv = 512;             // output values per lane: kSplitMaxDv / 32
+constexpr int kSplitSmemFloats = 12 * 1024;  // 48 KiB, the default limit
+constexpr int kSplitMaxTokens = 8;           // decode; longer chunks take attention_kernel
+constexpr int64_t kSplitMinKeys = 64;        // keys per split at least
+
+// Whether the value rows are the key rows' first dv floats (MLA's latent cache: one KV head,
+// KvCache::attention_args gives it the keys' pointer and strides).
+__host__ __device__ inline bool values_in_keys(const ops::AttentionArgs& a) {
+  const int64_t kh = a.k_head != 0 ? a.k_head : a.dk, vh = a.v_head != 0 ? a.v_head : a.dv;
+  return a.v == a.k && a.v_stride == a.k_stride && a.v_block == a.k_block && a.dv <= a.dk &&
+         (a.n_kv_heads == 1 || kh == vh);
+}
+
+__global__ void attention_split_kernel(ops::AttentionArgs a, int64_t split_len, int n_splits,
+                                       int head_groups, float* part) {
+  extern __shared__ float smem[];
+  const int64_t t = blockIdx.x;
+  const int64_t g = blockIdx.y / head_groups, hg = blockIdx.y % head_groups;
+  const int split = static_cast<int>(blockIdx.z);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int64_t per_kv = a.n_heads / a.n_kv_heads;
+  const int64_t hl = hg * kSplitWarps + warp;  // head within the KV head's group
+  const bool active = hl < per_kv;
+  const int64_t h = g * per_kv + (active ? hl : 0);
+  const int64_t pos = a.pos0 + t;
+  const int64_t lo = a.window > 0 && pos >= a.window ? pos - a.window + 1 : 0;
+  const int64_t s0 = max(lo, split * split_len), s1 = min(pos + 1, (split + 1) * split_len);
+  const int64_t kh = a.k_head != 0 ? a.k_head : a.dk, vh = a.v_head != 0 ? a.v_head : a.dv;
+  const bool shared_v = values_in_keys(a);
+  float* ks = smem;                                        // [kSplitKeys][dk]
+  float* vs = shared_v ? smem : smem + kSplitKeys * a.dk;  // [kSplitKeys][dk or dv]
+  const int64_t v_row = shared_v ? a.dk : a.dv;
+  constexpr int kQ = kSplitMaxDk / 32, kO = kSplitMaxDv / 32;
+  float q[kQ], o[kO];
+  const float* qh = a.q + t * a.q_stride + h * a.dk;
+#pragma unroll
+  for (int i = 0; i < kQ; ++i) {
+    const int64_t d = lane + 32 * i;
+    q[i] = d < a.dk ? qh[d] : 0.0f;
+  }
+#pragma unroll
+  for (int i = 0; i < kO; ++i) o[i] = 0.0f;
+  float m = -INFINITY, l = 0.0f;
+  for (int64_t c0 = s0; c0 < s1; c0 += kSplitKeys) {
+    const int nk = static_cast<int>(s1 - c0 < kSplitKeys ? s1 - c0 : kSplitKeys);
+    __syncthreads();  // (the previous chunk's rows are no longer read)
+    for (int j = warp; j < nk; j += kSplitWarps) {  // a warp per row: coalesced reads
+      const float* kr = a.k + kv_row(a, c0 + j, a.k_stride, a.k_block) + g * kh;
+      for (int64_t d = lane; d < a.dk; d += 32) ks[j * a.dk + d] = kr[d];
+      if (!shared_v) {
+        const float* vr = a.v + kv_row(a, c0 + j, a.v_stride, a.v_block) + g * vh;
+        for (int64_t d = lane; d < a.dv; d += 32) vs[j * a.dv + d] = vr[d];
+      }
+    }
+    __syncthreads();
+    if (!active) continue;
+    float sc[kSplitKeys];
+    float cmax = -INFINITY;
+#pragma unroll
+    for (int j = 0; j < kSplitKeys; ++j) {
+      if (j >= nk) break;
+      float d = 0.0f;
+#pragma unroll
+      for (int i = 0; i < kQ; ++i) {
+        const int64_t e = lane + 32 * i;
+        if (e < a.dk) d += q[i] * ks[j * a.dk + e];
+      }
+      for (int off = 16; off > 0; off /= 2) d += __shfl_xor_sync(0xffffffffu, d, off);
+      sc[j] = d * a.scale;
+      cmax = fmaxf(cmax, sc[j]);
+    }
+    const float m_new = fmaxf(m, cmax);
+    const float corr = expf(m - m_new);  // (0 for the first chunk: m = -inf)
+    l *= corr;
+#pragma unroll
+    for (int i = 0; i < kO; ++i) o[i] *= corr;
+#pragma unroll
+    for (int j = 0; j < kSplitKeys; ++j) {
+      if (j >= nk) break;
+      const float p = expf(sc[j] - m_new);
+      l += p;
+#pragma unroll
+      for (int i = 0; i < kO; ++i) {
+        const int64_t e = lane + 32 * i;
+        if (e < a.dv) o[i] += p * vs[j * v_row + e];
+      }
+    }
+    m = m_new;
+  }
+  if (!active) return;
+  // part: per (token, head, split): max, sum, then dv output values.
+  float* pr = part + ((t * a.n_heads + h) * n_splits + split) * (a.dv + 2);
+  if (lane == 0) {
+    pr[0] = m;
+    pr[1] = l;
+  }
+#pragma unroll
+  for (int i = 0; i < kO; ++i) {
+    const int64_t e = lane + 32 * i;
+    if (e < a.dv) pr[2 + e] = o[i];
+  }
+}
+
+// One block per (token, head): out = sum_s o_s e^(m_s - M) / (sum_s l_s e^(m_s - M) + e^(sink -
+// M)), M the largest of the splits' maxima and the sink. An empty split has m = -inf, l = 0.
+__global__ void attention_combine_kernel(ops::AttentionArgs a, int n_splits, const float* part) {
+  const int64_t th = blockIdx.x, h = th % a.n_heads;
+  const float* pr = part + th * n_splits * (a.dv + 2);
+  const float sink = a.sinks != nullptr ? a.sinks[h] : -INFINITY;
+  float mx = sink;
+  for (int s = 0; s < n_splits; ++s) mx = fmaxf(mx, pr[s * (a.dv + 2)]);
+  float den = a.sinks != nullptr ? expf(sink - mx) : 0.0f;
+  for (int s = 0; s < n_splits; ++s) {
+    const float ms = pr[s * (a.dv + 2)];
+    if (ms != -INFINITY) den += pr[s * (a.dv + 2) + 1] * expf(ms - mx);
+  }
+  const float inv = 1.0f / den;
+  float* out = a.out + th * a.dv;
+  for (int64_t i = threadIdx.x; i < a.dv; i += blockDim.x) {
+    float acc = 0.0f;
+    for (int s = 0; s < n_splits; ++s) {
+      const float ms = pr[s * (a.dv + 2)];
+      if (ms != -INFINITY) acc += pr[s * (a.dv + 2) + 2 + i] * expf(ms - mx);
+    }
+    out[i] = acc * inv;
+  }
+}
+
+// How attention_f32_cuda runs a: splits of the keys (> 0: the split kernels) or 0 (one block per
+// token and head, attention_kernel).
+struct SplitPlan {
+  int splits = 0, head_groups = 0;
+  int64_t split_len = 0;
+};
+
+SplitPlan split_plan(const ops::AttentionArgs& a) {
+  SplitPlan p;
+  const bool shared_v = values_in_keys(a);
+  const int64_t smem = kSplitKeys * (a.dk + (shared_v ? 0 : a.dv));
+  if (a.n_tokens > kSplitMaxTokens || a.dk > kSplitMaxDk || a.dv > kSplitMaxDv ||
+      smem > kSplitSmemFloats) {
+    return p;
+  }
+  const int64_t per_kv = a.n_heads / a.n_kv_heads;
+  p.head_groups = static_cast<int>((per_kv + kSplitWarps - 1) / kSplitWarps);
+  const int64_t keys = a.pos0 + a.n_tokens;
+  // Enough blocks to fill a large GPU twice over (~132 multiprocessors), each split at least
+  // kSplitMinKeys keys.
+  const int64_t base = a.n_tokens * a.n_kv_heads * p.head_groups;
+  const int64_t want = (264 + base - 1) / base;
+  const int64_t most = (keys + kSplitMinKeys - 1) / kSplitMinKeys;
+  p.splits = static_cast<int>(std::max<int64_t>(1, std::min(want, most)));
+  p.split_len = (keys + p.splits - 1) / p.splits;
+  p.splits = static_cast<int>((keys + p.split_len - 1) / p.split_len);
+  return p;
+}
+
 constexpr int64_t kMaxGrid = int64_t{1} << 31;
 
 }  // namespace
@@ -149,6 +319,8 @@ cudaError_t kv_write_f32_cuda(float* dst, const int64_t* row_offsets, int64_t n_
 }
 
 int64_t attention_scratch_floats(const ops::AttentionArgs& a) {
+  const SplitPlan p = split_plan(a);
+  if (p.splits > 0) return a.n_tokens * a.n_heads * p.splits * (a.dv + 2);
   return a.n_tokens * a.n_heads * (a.pos0 + a.n_tokens);
 }
 
@@ -161,6 +333,18 @@ cudaError_t attention_f32_cuda(const ops::AttentionArgs& a, float* scores, int64
     return cudaErrorInvalidValue;
   }
   if (a.n_tokens == 0) return cudaSuccess;
+  const SplitPlan p = split_plan(a);
+  if (p.splits > 0) {
+    const int64_t smem = kSplitKeys * (a.dk + (values_in_keys(a) ? 0 : a.dv)) * 4;
+    const dim3 grid(static_cast<unsigned>(a.n_tokens),
+                    static_cast<unsigned>(a.n_kv_heads * p.head_groups),
+                    static_cast<unsigned>(p.splits));
+    attention_split_kernel<<<grid, kSplitWarps * 32, static_cast<size_t>(smem), stream>>>(
+        a, p.split_len, p.splits, p.head_groups, scores);
+    attention_combine_kernel<<<static_cast<unsigned>(a.n_tokens * a.n_heads), kThreads, 0,
+                               stream>>>(a, p.splits, scores);
+    return cudaGetLastError();
+  }
   attention_kernel<<<static_cast<unsigned>(a.n_tokens * a.n_heads), kThreads, 0, stream>>>(
       a, scores, a.pos0 + a.n_tokens);
   return cudaGetLastError();

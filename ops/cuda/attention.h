@@ -32,11 +32,15 @@ cudaError_t rope_cuda(float* x, int64_t n_tokens, int64_t token_stride, int64_t 
 cudaError_t kv_write_f32_cuda(float* dst, const int64_t* row_offsets, int64_t n_rows,
                               const float* src, int64_t src_stride, int64_t d, cudaStream_t stream);
 
-// Floats of scratch attention_f32_cuda needs for a's scores.
+// Floats of scratch attention_f32_cuda needs for a (its scores, or its splits' partial sums).
 int64_t attention_scratch_floats(const ops::AttentionArgs& a);
 
 // ops::attention for an F32 cache (a.k / a.v; 16-bit and Q8_0 caches: cudaErrorInvalidValue),
 // contiguous or paged. scores: attention_scratch_floats(a) floats of device memory.
+// Decode (up to 8 tokens; dk <= 576, dv <= 512) splits each token's keys across blocks, a block
+// running 8 query heads of one KV head over its split with the key rows staged in shared memory
+// once for them all (MLA's heads share one latent row: FlashMLA's idea, F32 on CUDA cores), then
+// merges the splits' online softmaxes; longer chunks run a block per token and head.
 cudaError_t attention_f32_cuda(const ops::AttentionArgs& a, float* scores, int64_t scores_floats,
                                cudaStream_t stream);
 

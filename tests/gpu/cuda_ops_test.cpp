@@ -1,6 +1,7 @@
 // The dense-part kernels of ops/cuda/attention.h against the CPU reference on odd sizes: RMSNorm
 // over strided rows (in place too), RoPE (NeoX and interleaved, YaRN-scaled angles from
-// ops::Rope) over strided heads, cache row writes, and attention over F32 caches: contiguous and
+// ops::Rope) over strided heads, cache row writes, and attention over F32 caches (the decode
+// kernel that splits long sequences across blocks too): contiguous and
 // paged (shuffled blocks, a chunk crossing a block), GQA, a sliding window, gpt-oss's sinks,
 // against ops::attention within F32 rounding. Label gpu: skipped (exit 77) without a GPU.
 #include <gtest/gtest.h>
@@ -118,6 +119,7 @@ struct AttnCase {
   bool paged;
   int64_t heads, kv_heads, dk, dv, n_tokens, pos0, window;
   bool sinks;
+  bool values_in_keys = false;  // MLA's cache: the values are each key row's first dv floats
 };
 
 class CudaAttention : public ::testing::TestWithParam<AttnCase> {};
@@ -137,6 +139,10 @@ TEST_P(CudaAttention, EqualsTheReference) {
   const auto q = randn(c.n_tokens * c.heads * c.dk, rng);
   const auto sinks = randn(c.heads, rng);
   ops::AttentionArgs a;
+  if (c.values_in_keys) {  // as KvCache::attention_args describes a latent cache
+    a.v_stride = ks;
+    if (c.paged) a.v_block = B * ks;
+  }
   a.q_stride = c.heads * c.dk;
   a.n_tokens = c.n_tokens;
   a.n_heads = c.heads;
@@ -144,11 +150,11 @@ TEST_P(CudaAttention, EqualsTheReference) {
   a.dk = c.dk;
   a.dv = c.dv;
   a.k_stride = ks;
-  a.v_stride = vs;
+  if (!c.values_in_keys) a.v_stride = vs;
   if (c.paged) {
     a.block_positions = B;
     a.k_block = B * ks;
-    a.v_block = B * vs;
+    if (!c.values_in_keys) a.v_block = B * vs;
   }
   a.pos0 = c.pos0;
   a.scale = 1.0f / std::sqrt(static_cast<float>(c.dk));
@@ -157,7 +163,7 @@ TEST_P(CudaAttention, EqualsTheReference) {
   ops::AttentionArgs h = a;
   h.q = q.data();
   h.k = k.data();
-  h.v = v.data();
+  h.v = c.values_in_keys ? k.data() : v.data();
   h.blocks = c.paged ? blocks.data() : nullptr;
   h.sinks = c.sinks ? sinks.data() : nullptr;
   h.out = want.data();
@@ -170,7 +176,7 @@ TEST_P(CudaAttention, EqualsTheReference) {
   ops::AttentionArgs d = a;
   d.q = dq.as<float>();
   d.k = dk.as<float>();
-  d.v = dv.as<float>();
+  d.v = c.values_in_keys ? d.k : dv.as<float>();
   d.blocks = c.paged ? dblocks.as<int32_t>() : nullptr;
   d.sinks = c.sinks ? dsink.as<float>() : nullptr;
   d.out = dout.as<float>();
@@ -189,7 +195,14 @@ INSTANTIATE_TEST_SUITE_P(
                       AttnCase{true, 6, 2, 72, 40, 5, 61, 0, false},     // paged, crossing a block
                       AttnCase{true, 8, 1, 576, 512, 2, 130, 0, false},  // MLA's latent shape
                       AttnCase{true, 4, 2, 64, 64, 4, 150, 32, true},    // window + sinks
-                      AttnCase{false, 3, 3, 45, 45, 17, 0, 0, true}));   // a prefill chunk
+                      AttnCase{false, 3, 3, 45, 45, 17, 0, 0, true},     // a prefill chunk
+                      // Decode over long sequences: the keys split across blocks, 8 heads of a KV
+                      // head per block (the split kernel), merged with the sinks.
+                      AttnCase{true, 20, 1, 576, 512, 1, 3000, 0, false, true},  // MLA, 3 groups
+                      AttnCase{true, 16, 1, 576, 512, 3, 1500, 0, false, true},  // MLA, 3 tokens
+                      AttnCase{true, 32, 4, 128, 128, 2, 2500, 0, true},         // GQA + sinks
+                      AttnCase{false, 12, 3, 72, 40, 4, 1000, 300, false},       // window
+                      AttnCase{true, 6, 2, 72, 40, 8, 700, 0, true}));  // 8 tokens, odd dims
 
 }  // namespace
 }  // namespace tandem
