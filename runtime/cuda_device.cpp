@@ -87,6 +87,7 @@ class CudaDevice final : public Device {
     }
     for (auto& e : events_) cudaEventDestroy(e.event);
     for (const auto& [p, bytes] : live_) cudaFree(p);
+    for (const void* p : registered_) cudaHostUnregister(const_cast<void*>(p));
   }
 
   std::string name() const override { return name_; }
@@ -140,6 +141,35 @@ class CudaDevice final : public Device {
   }
   void free_host(void* p) override {
     if (p != nullptr) TD_CUDA_CHECK(cudaFreeHost(p));
+  }
+  bool register_host(const void* p, uint64_t bytes, std::string* why) override {
+    int read_only = 0;
+    cudaDeviceGetAttribute(&read_only, cudaDevAttrHostRegisterReadOnlySupported, index_);
+    const unsigned flags = cudaHostRegisterPortable | (read_only ? cudaHostRegisterReadOnly : 0u);
+    const cudaError_t err = cudaHostRegister(const_cast<void*>(p), bytes, flags);
+    if (err != cudaSuccess) {
+      cudaGetLastError();
+      if (why != nullptr) {
+        *why = fmt::format("cudaHostRegister of {} bytes{}: {}", bytes,
+                           read_only ? " (read-only)" : "", cudaGetErrorString(err));
+      }
+      return false;
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    registered_.push_back(p);
+    return true;
+  }
+  void unregister_host(const void* p) override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      const auto it = std::find(registered_.begin(), registered_.end(), p);
+      if (it == registered_.end()) {
+        fail(ErrorKind::kInvalidArgument, "{}: unregister_host of {} which is not registered",
+             name_, p);
+      }
+      registered_.erase(it);
+    }
+    TD_CUDA_CHECK(cudaHostUnregister(const_cast<void*>(p)));
   }
 
   StreamId create_stream() override {
@@ -465,6 +495,7 @@ class CudaDevice final : public Device {
   uint64_t capacity_ = 0, used_ = 0;
   mutable std::mutex mu_;
   std::map<void*, uint64_t> live_;
+  std::vector<const void*> registered_;  // register_host's ranges
   std::vector<std::unique_ptr<CudaStreamState>> streams_;
   std::vector<Event> events_;
 };

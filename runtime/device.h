@@ -59,6 +59,14 @@ class Device {
   // Allocate it once (it is slow on CUDA) and reuse; free_host(nullptr) is a no-op.
   virtual void* alloc_host(uint64_t bytes);
   virtual void free_host(void* p);
+  // Pins host memory that copies will read in place (CUDA: cudaHostRegister, read-only where the
+  // device supports it, as a model file mapped read-only needs), so that copy_h2d from it is a DMA
+  // the caller does not wait for. false, with *why, when the system refuses (a locked-memory
+  // limit, a mapping the driver cannot pin): copies from it stay correct, only staged. p and bytes
+  // page-aligned. Default (the host device): nothing to do, true. unregister_host takes the same
+  // p; the device releases what is left when it goes.
+  virtual bool register_host(const void* p, uint64_t bytes, std::string* why);
+  virtual void unregister_host(const void* p);
   virtual StreamId create_stream() = 0;  // stream 0 always exists (the default stream)
   virtual EventId create_event() = 0;
   virtual void record(EventId e, StreamId s) = 0;

@@ -42,6 +42,12 @@ void Device::free_host(void* p) {
   std::free(p);
 }
 
+bool Device::register_host(const void*, uint64_t, std::string*) {
+  return true;
+}
+
+void Device::unregister_host(const void*) {}
+
 float* HostStaging::floats(int64_t count) {
   const uint64_t bytes = static_cast<uint64_t>(std::max<int64_t>(count, 1)) * 4;
   if (bytes > bytes_) {

@@ -1,6 +1,7 @@
 #include "runtime/hybrid_moe.h"
 
 #include <fmt/format.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -206,6 +207,7 @@ HybridMoeBackend::HybridMoeBackend(const LoadedModel& model, MoeBackend* cpu, De
     }
   }
   prefetcher_ = Prefetcher::make(o.prefetch);
+  if (o.pin_experts && slots_per_layer_ > 0) register_experts();
 
   // Shared experts live on the device for the whole run.
   for (auto& L : layers_) {
@@ -247,6 +249,7 @@ HybridMoeBackend::~HybridMoeBackend() {
     if (p_->active) dev_->sync_event(done_);
     dev_->sync_stream(copy_);
     dev_->sync_stream(compute_);
+    for (const void* p : registered_) dev_->unregister_host(p);
   } catch (...) {
   }
   for (void* m : slot_mem_)
@@ -353,6 +356,53 @@ DeviceFfnWeights HybridMoeBackend::place_ffn(const ops::Weight& g, const ops::We
   out.extras.down_bias = place_bias(extras.down_bias, d.rows());
   out.extras.limit = extras.limit;
   return out;
+}
+
+void HybridMoeBackend::register_experts() {
+  // The host bytes the expert copies read (weights and FP8 scale rows of every layer that can
+  // hold experts), in whole pages, touching ranges merged: a GGUF layer's experts are one run.
+  const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+  std::vector<std::pair<uint64_t, uint64_t>> ranges;  // [begin, end)
+  auto add = [&](const void* p, uint64_t bytes) {
+    if (p == nullptr || bytes == 0) return;
+    const auto a = reinterpret_cast<uint64_t>(p);
+    ranges.emplace_back(a / page * page, (a + bytes + page - 1) / page * page);
+  };
+  for (const auto& L : layers_) {
+    if (L->cpu_only) continue;
+    const ExpertWeights& ex = L->lw->experts;
+    for (size_t e = 0; e < ex.gate.size(); ++e) {
+      for (const ops::Weight* w : {&ex.gate[e], &ex.up[e], &ex.down[e]}) {
+        add(w->t.data, static_cast<uint64_t>(w->t.nbytes()));
+        int64_t first, floats;
+        scale_span(*w, &first, &floats);
+        if (floats > 0)
+          add(w->scale_inv + first * w->scale_cols, static_cast<uint64_t>(floats) * 4);
+      }
+    }
+  }
+  std::sort(ranges.begin(), ranges.end());
+  std::vector<std::pair<uint64_t, uint64_t>> merged;
+  for (const auto& r : ranges) {
+    if (!merged.empty() && r.first <= merged.back().second) {
+      merged.back().second = std::max(merged.back().second, r.second);
+    } else {
+      merged.push_back(r);
+    }
+  }
+  for (const auto& [begin, end] : merged) {
+    std::string why;
+    const auto* p = reinterpret_cast<const void*>(begin);
+    if (!dev_->register_host(p, end - begin, &why)) {
+      log_warn(
+          "{}: the experts' host memory could not be pinned for copies ({}): expert fetches "
+          "are staged through the driver, the caller waiting for each",
+          dev_->name(), why);
+      return;
+    }
+    registered_.push_back(p);
+    stats_.pinned_host_bytes += static_cast<int64_t>(end - begin);
+  }
 }
 
 void HybridMoeBackend::copy_expert(int layer, int expert, int slot, StreamId stream) {
@@ -622,11 +672,15 @@ std::string HybridMoeBackend::summary() const {
           fmt::format("{}layers.{}:{}", pinned.empty() ? ": " : ", ", layers_[l]->model_layer, ids);
     }
   }
+  const std::string host = stats_.pinned_host_bytes > 0
+                               ? fmt::format(", experts' host memory pinned for copies: {:.1f} MiB",
+                                             stats_.pinned_host_bytes / 1048576.0)
+                               : std::string();
   return fmt::format(
       "{} slots/layer of {:.2f} MiB ({} pinned{}), policy {}, cache {}, prefetch "
-      "{}, cost model {}",
+      "{}, cost model {}{}",
       slots_per_layer_, slot_bytes_ / 1048576.0, opt_.gpu_experts, pinned, opt_.policy, opt_.cache,
-      opt_.prefetch, cost_source_);
+      opt_.prefetch, cost_source_, host);
 }
 
 }  // namespace tandem::rt

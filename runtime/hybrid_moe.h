@@ -39,7 +39,11 @@ struct HybridOptions {
   // Left free for activations (and, with the dense part on the device, its KV cache); 0: a
   // quarter of the budget, at most 64 MiB.
   uint64_t reserve_bytes = 0;
-  bool global_pool = false;       // one slot pool across layers instead of per-layer slots
+  bool global_pool = false;  // one slot pool across layers instead of per-layer slots
+  // Pin (Device::register_host) the routed experts' host memory, so that expert fetches are DMA
+  // the runtime does not wait for: when the CPU reads those same bytes (--cpu-experts native), so
+  // nothing is kept resident that would not be anyway.
+  bool pin_experts = false;
   std::filesystem::path profile;    // cost model (+ optional expert_counts) from `tandem profile`
   std::filesystem::path residuals;  // DALI residual vectors (required by --prefetch residual)
   double link_gb_per_s = 25, link_latency_us = 10;  // for the estimated cost model
@@ -54,6 +58,7 @@ struct HybridStats {
   int64_t prefetch_hits = 0;               // prefetched experts the next layer then ran on-device
   int64_t bytes_copied = 0;                // expert weight bytes host -> device
   int64_t shared_on_accel = 0;             // layers whose shared experts ran on the device
+  int64_t pinned_host_bytes = 0;           // expert host memory registered for copies (pages)
 };
 
 class HybridMoeBackend : public MoeBackend {
@@ -76,6 +81,7 @@ class HybridMoeBackend : public MoeBackend {
   struct Layer;
   struct Pending;
   void copy_expert(int layer, int expert, int slot, StreamId stream);
+  void register_experts();
   DeviceFfnWeights place_ffn(const ops::Weight& g, const ops::Weight& u, const ops::Weight& d,
                              const ops::FfnExtras& extras, uint8_t* mem, StreamId stream);
   CostModel estimate_cost() const;
@@ -98,10 +104,11 @@ class HybridMoeBackend : public MoeBackend {
   StreamId compute_ = 0, copy_ = 0;
   EventId fetched_ = 0, done_ = 0;
   int slots_per_layer_ = 0;
-  uint64_t slot_bytes_ = 0;  // one expert's gate + up + down (+ scales), the largest layer
-  std::vector<void*> slot_mem_;                 // [layer * slots_per_layer + slot], lazy
+  uint64_t slot_bytes_ = 0;      // one expert's gate + up + down (+ scales), the largest layer
+  std::vector<void*> slot_mem_;  // [layer * slots_per_layer + slot], lazy
   std::vector<std::pair<int, int>> slot_owner_;  // (layer, expert) held by each slot
   std::vector<void*> shared_mem_;
+  std::vector<const void*> registered_;  // register_host'ed ranges
   std::unique_ptr<Pending> p_;
   HybridStats stats_;
   std::chrono::steady_clock::time_point cpu_since_;  // the CPU experts' submit (Timeline)

@@ -8,8 +8,8 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "core/memory.h"
-#include "core/topology.h"
 #include "core/thread_pool.h"
+#include "core/topology.h"
 #include "moe/cpu_experts.h"
 #include "moe/fused_moe.h"
 #include "runtime/deferral.h"
@@ -26,9 +26,9 @@ namespace tandem {
 
 struct MoeRuntime::Impl {
   std::shared_ptr<const CpuExperts> experts;  // repacked experts (null: native views)
-  std::unique_ptr<MoeBackend> cpu;           // the CPU MoE backend
-  std::unique_ptr<MoeBackend> cpu_deferred;  // a second instance for Expert Deferral
-  std::unique_ptr<rt::Timeline> timeline;  // (outlives the device's work)
+  std::unique_ptr<MoeBackend> cpu;            // the CPU MoE backend
+  std::unique_ptr<MoeBackend> cpu_deferred;   // a second instance for Expert Deferral
+  std::unique_ptr<rt::Timeline> timeline;     // (outlives the device's work)
   std::unique_ptr<rt::Device> device;
   std::shared_ptr<const rt::DenseWeights> dense;  // the dense part on the device (or null)
   std::unique_ptr<rt::HybridMoeBackend> hybrid;
@@ -88,16 +88,17 @@ std::unique_ptr<MoeBackend> make_cpu_backend(const LoadedModel& model, const Bac
   if (ce.format == "native") {
     *summary = fmt::format("CPU experts: native ({}fused MoE backend{})", auto_why, numa);
   } else if (ce.format == "repack") {
-    *summary = fmt::format("CPU experts: repack ({}Q4_K / Q6_K in x16 tiles, Q5_0 / Q8_0 in x4 "
-                           "rows, the rest as stored; {:.2f} GiB in memory; fused MoE backend{})",
-                           auto_why, ce.bytes / 1073741824.0, numa);
+    *summary = fmt::format(
+        "CPU experts: repack ({}Q4_K / Q6_K in x16 tiles, Q5_0 / Q8_0 in x4 "
+        "rows, the rest as stored; {:.2f} GiB in memory; fused MoE backend{})",
+        auto_why, ce.bytes / 1073741824.0, numa);
   } else {
     *summary = fmt::format("CPU experts: {}{} ({:.2f} GiB, {}; fused MoE backend{})", ce.format,
                            ce.format == "bf16" ? "" : fmt::format(" group {}", o.expert_group),
                            ce.bytes / 1073741824.0,
-                           ce.from_cache        ? "mapped from " + ce.cache_path.string()
-                           : ce.cache_written   ? "packed, cached in " + ce.cache_path.string()
-                                                : std::string("packed in memory"),
+                           ce.from_cache      ? "mapped from " + ce.cache_path.string()
+                           : ce.cache_written ? "packed, cached in " + ce.cache_path.string()
+                                              : std::string("packed in memory"),
                            numa);
   }
   return std::make_unique<FusedMoeBackend>(&threading.pool(), fo, &ce);
@@ -173,8 +174,8 @@ void check_backend_options(const BackendOptions& o, const std::string& accel,
 uint64_t default_kv_bytes(const ModelConfig& c) {
   const int64_t positions =
       c.max_position_embeddings > 0 ? std::min<int64_t>(c.max_position_embeddings, 4096) : 4096;
-  const int64_t per_layer = c.is_mla() ? c.kv_lora_rank + c.qk_rope_head_dim
-                                       : 2 * c.num_kv_heads * c.head_dim;
+  const int64_t per_layer =
+      c.is_mla() ? c.kv_lora_rank + c.qk_rope_head_dim : 2 * c.num_kv_heads * c.head_dim;
   return static_cast<uint64_t>(positions * per_layer * c.num_layers) * 4;
 }
 
@@ -185,11 +186,14 @@ std::string resolve_accel(const std::string& accel) {
 #ifdef TANDEM_HAVE_CUDA
     std::string why;
     if (cuda_devices(&why).empty()) {
-      fail(ErrorKind::kUnsupported, "--accel cuda: no CUDA device here ({}); --accel host "
-           "emulates an accelerator", why);
+      fail(ErrorKind::kUnsupported,
+           "--accel cuda: no CUDA device here ({}); --accel host "
+           "emulates an accelerator",
+           why);
     }
 #else
-    fail(ErrorKind::kUnsupported, "--accel cuda: this build has no CUDA (nvcc was not found when "
+    fail(ErrorKind::kUnsupported,
+         "--accel cuda: this build has no CUDA (nvcc was not found when "
          "it was configured); --accel host emulates an accelerator");
 #endif
     return accel;
@@ -199,9 +203,10 @@ std::string resolve_accel(const std::string& accel) {
   std::string why;
   const auto gpus = cuda_devices(&why);
   if (!gpus.empty()) {
-    log_info("--accel auto: CUDA device {} found; running CPU-only (--accel cuda runs the routed "
-             "experts the policy gives it there, --accel host emulates an accelerator)",
-             gpus[0].name);
+    log_info(
+        "--accel auto: CUDA device {} found; running CPU-only (--accel cuda runs the routed "
+        "experts the policy gives it there, --accel host emulates an accelerator)",
+        gpus[0].name);
   }
 #endif
   return "none";
@@ -219,17 +224,19 @@ std::string resolve_cpu_experts(const BackendOptions& o, const CpuExpertsFacts& 
   if (!f.gguf) return pick("native", "not a GGUF file, nothing to rearrange");
   if (o.mmap) return pick("native", "--mmap keeps the weights in the page cache");
   if (f.isa < Isa::kAvx512Vnni) {
-    return pick("native", fmt::format("{} CPU, no AVX-512 VNNI for the repacked kernels",
-                                      isa_name(f.isa)));
+    return pick("native",
+                fmt::format("{} CPU, no AVX-512 VNNI for the repacked kernels", isa_name(f.isa)));
   }
   if (f.thp_never) return pick("native", "transparent huge pages are off");
   const double gib = 1073741824.0;
   if (f.available_bytes > 0 && f.model_bytes > f.available_bytes / 10 * 9) {
     return pick("native", fmt::format("the {:.1f} GiB model does not fit in the {:.1f} GiB "
-                                      "available", f.model_bytes / gib, f.available_bytes / gib));
+                                      "available",
+                                      f.model_bytes / gib, f.available_bytes / gib));
   }
   return pick("repack", fmt::format("GGUF on an AVX-512 VNNI CPU, {:.1f} GiB of {:.1f} GiB "
-                                    "available", f.model_bytes / gib, f.available_bytes / gib));
+                                    "available",
+                                    f.model_bytes / gib, f.available_bytes / gib));
 }
 
 CpuExpertsFacts cpu_experts_facts(const std::filesystem::path& model) {
@@ -265,8 +272,7 @@ MoeRuntime::MoeRuntime(const LoadedModel& model, const BackendOptions& options,
   std::vector<rt::PlacementRule> rules;
   if (!o.rules.empty()) rules = rt::load_placement_rules(o.rules);
   impl_->placement = rt::resolve_placement(model, rules, accel != "none", o.cpu_experts);
-  impl_->cpu =
-      make_cpu_backend(model, o, threading, accel == "none", &summary_, &impl_->experts);
+  impl_->cpu = make_cpu_backend(model, o, threading, accel == "none", &summary_, &impl_->experts);
   backend_ = impl_->cpu.get();
   if (accel != "none") {
     rt::HostDeviceOptions ho;
@@ -298,12 +304,13 @@ MoeRuntime::MoeRuntime(const LoadedModel& model, const BackendOptions& options,
     h.gpu_experts = o.gpu_experts;
     h.cache_slots = o.cache_slots;
     h.global_pool = o.cache_global;
+    h.pin_experts = o.cpu_experts == "native";
     h.profile = o.profile;
     h.residuals = o.residuals;
     h.link_gb_per_s = ho.link.gb_per_s;
     h.link_latency_us = ho.link.latency_us;
-    impl_->hybrid = std::make_unique<rt::HybridMoeBackend>(model, impl_->cpu.get(),
-                                                           impl_->device.get(), impl_->placement, h);
+    impl_->hybrid = std::make_unique<rt::HybridMoeBackend>(
+        model, impl_->cpu.get(), impl_->device.get(), impl_->placement, h);
     backend_ = impl_->hybrid.get();
     summary_ += fmt::format("; accelerator: {} ({:.0f} MiB, link {}): {}", impl_->device->name(),
                             ho.memory_bytes / 1048576.0, o.link, impl_->hybrid->summary());
@@ -316,8 +323,8 @@ MoeRuntime::MoeRuntime(const LoadedModel& model, const BackendOptions& options,
   if (o.defer > 0) {
     std::string unused;
     impl_->cpu_deferred = make_cpu_backend(model, o, threading, false, &unused, &impl_->experts);
-    impl_->deferring = std::make_unique<rt::DeferringMoeBackend>(backend_, impl_->cpu_deferred.get(),
-                                                                  o.defer);
+    impl_->deferring =
+        std::make_unique<rt::DeferringMoeBackend>(backend_, impl_->cpu_deferred.get(), o.defer);
     backend_ = impl_->deferring.get();
     const int k = static_cast<int>(model.config.n_experts_per_tok);
     summary_ += fmt::format("; Expert Deferral: {} of {} experts per token (decode)",
@@ -341,7 +348,8 @@ ForwardOpsFactory MoeRuntime::forward_ops() const {
   if (!impl_->dense) return {};
   rt::Device* dev = impl_->device.get();
   std::shared_ptr<const rt::DenseWeights> w = impl_->dense;
-  return [dev, w](const LoadedModel&, const ForwardOpsOptions& o) { return dev->forward_ops(w, o); };
+  return
+      [dev, w](const LoadedModel&, const ForwardOpsOptions& o) { return dev->forward_ops(w, o); };
 }
 
 void MoeRuntime::apply(ModelOptions* options) {
@@ -350,7 +358,9 @@ void MoeRuntime::apply(ModelOptions* options) {
   options->ops = forward_ops();
 }
 
-rt::Timeline* MoeRuntime::timeline() const { return impl_->timeline.get(); }
+rt::Timeline* MoeRuntime::timeline() const {
+  return impl_->timeline.get();
+}
 
 const rt::HybridStats* MoeRuntime::hybrid_stats() const {
   return impl_->hybrid ? &impl_->hybrid->stats() : nullptr;

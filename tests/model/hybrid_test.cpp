@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -272,6 +273,38 @@ TEST(HybridExact, FusedOperatorInsideGivesTheCpuAlonesBits) {
     }
     EXPECT_GT(device_pairs, 0) << m;
   }
+}
+
+// --cpu-experts native: the experts' host memory is registered with the device for the copies
+// (whole pages, touching ranges merged), the tokens unchanged.
+TEST(HybridPinnedExperts, RegistersEveryExpertsBytes) {
+  const LoadedModel lm = load_model(test::data_path("golden/deepseek3-q4_k_m.gguf"));
+  CpuMoeBackend plain(&threading().pool());
+  const Decode base = decode(lm, &plain, 4);
+  const rt::Placement placement = rt::resolve_placement(lm, {}, true, "native");
+  auto dev = host_device();
+  CpuMoeBackend cpu(&threading().pool());
+  rt::HybridOptions o = hybrid_options("hybrimoe", "lru", "gate", "");
+  o.pin_experts = true;
+  rt::HybridMoeBackend h(lm, &cpu, dev.get(), placement, o);
+  int64_t expert_bytes = 0, tensors = 0;
+  for (const LayerWeights& lw : lm.layers) {
+    if (!lw.moe) continue;
+    for (size_t e = 0; e < lw.experts.gate.size(); ++e) {
+      for (const ops::Weight* w : {&lw.experts.gate[e], &lw.experts.up[e], &lw.experts.down[e]}) {
+        expert_bytes += w->t.nbytes();
+        ++tensors;
+      }
+    }
+  }
+  const int64_t page = sysconf(_SC_PAGESIZE);
+  EXPECT_GE(h.stats().pinned_host_bytes, expert_bytes);
+  EXPECT_LE(h.stats().pinned_host_bytes, expert_bytes + 2 * page * tensors);
+  EXPECT_EQ(h.stats().pinned_host_bytes % page, 0);
+  EXPECT_NE(h.summary().find("pinned for copies"), std::string::npos) << h.summary();
+  const Decode got = decode(lm, &h, 4);
+  EXPECT_EQ(got.tokens, base.tokens);
+  EXPECT_GT(h.stats().accel_pairs, 0);
 }
 
 // One slot pool shared by all MoE layers: layers evict each other's experts; tokens unchanged.
