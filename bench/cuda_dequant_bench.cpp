@@ -108,12 +108,8 @@ void bm_matvec(benchmark::State& state, DType type, int64_t tokens) {
   const std::vector<uint8_t> host = random_bytes(w_bytes);
   w.upload(host.data(), w_bytes);
   TD_CUDA_CHECK(cudaMemset(x.data(), 0, x.bytes()));
-  QuantMatrix m;
-  m.type = type;
-  m.data = w.data();
-  m.row_bytes = row_bytes;
-  m.rows = kRows;
-  m.cols = kCols;
+  const QuantMatrix m{
+      .type = type, .data = w.data(), .row_bytes = row_bytes, .rows = kRows, .cols = kCols};
   auto launch = [&] {
     return matmul_quant_cuda(m, x.as<float>(), kCols, tokens, y.as<float>(), kRows, nullptr);
   };

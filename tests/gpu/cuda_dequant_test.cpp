@@ -369,12 +369,7 @@ TEST(CudaMatvecHost, Fp8BlockScalesMatchReference) {
 
 TEST(CudaMatvecHost, LauncherRejectsBadArguments) {
   float dummy[64];
-  QuantMatrix w;
-  w.type = DType::kQ8_0;
-  w.data = dummy;
-  w.rows = 2;
-  w.cols = 32;
-  w.row_bytes = 34;
+  const QuantMatrix w{.type = DType::kQ8_0, .data = dummy, .row_bytes = 34, .rows = 2, .cols = 32};
   EXPECT_TRUE(cuda_can_matvec(DType::kQ4_K));
   EXPECT_TRUE(cuda_can_matvec(DType::kMXFP4));
   EXPECT_FALSE(cuda_can_matvec(DType::kI32));
@@ -394,16 +389,15 @@ TEST(CudaMatvecHost, LauncherRejectsBadArguments) {
   EXPECT_EQ(launch(w, 31, 1, 2), cudaErrorInvalidValue);    // ldx < cols
   EXPECT_EQ(launch(w, 32, 1, 1), cudaErrorInvalidValue);    // ldy < rows
   EXPECT_EQ(launch(w, 32, -1, 2), cudaErrorInvalidValue);
-  QuantMatrix fp8;
-  fp8.type = DType::kF8E4M3;
-  fp8.data = dummy;
-  fp8.rows = 4;
-  fp8.cols = 40;
-  fp8.row_bytes = 40;
-  fp8.scale_inv = dummy;
-  fp8.block_rows = 2;
-  fp8.block_cols = 12;  // not a multiple of the 8-value chunk
-  fp8.scale_row_elems = 4;
+  QuantMatrix fp8{.type = DType::kF8E4M3,
+                  .data = dummy,
+                  .row_bytes = 40,
+                  .rows = 4,
+                  .cols = 40,
+                  .scale_inv = dummy,
+                  .scale_row_elems = 4,
+                  .block_rows = 2,
+                  .block_cols = 12};  // not a multiple of the 8-value chunk
   EXPECT_EQ(launch(fp8, 40, 1, 4), cudaErrorInvalidValue);
   fp8.block_cols = 16;
   fp8.scale_row_elems = 2;  // 3 scale columns needed
@@ -421,7 +415,8 @@ TEST(CudaBlasHost, Loads) {
   std::string why;
   const CublasApi* api = cublas_api(&why);
   ASSERT_NE(api, nullptr) << why;
-  EXPECT_STREQ(api->status_string(CUBLAS_STATUS_NOT_INITIALIZED), "the library was not initialized");
+  EXPECT_STREQ(api->status_string(CUBLAS_STATUS_NOT_INITIALIZED),
+               "the library was not initialized");
 }
 
 // ---- GPU tests ----
@@ -664,12 +659,8 @@ void check_matvec(DType type, int64_t rows, int64_t cols, int64_t n, int64_t src
   d_w.upload(host.data(), host.size());
   d_x.upload(x.data(), d_x.bytes());
   TD_CUDA_CHECK(cudaMemset(d_y.data(), kSentinel, d_y.bytes()));
-  QuantMatrix w;
-  w.type = type;
-  w.data = d_w.data();
-  w.row_bytes = row_bytes;
-  w.rows = rows;
-  w.cols = cols;
+  const QuantMatrix w{
+      .type = type, .data = d_w.data(), .row_bytes = row_bytes, .rows = rows, .cols = cols};
   ASSERT_EQ(matmul_quant_cuda(w, d_x.as<float>(), ldx, n, d_y.as<float>(), ldy, nullptr),
             cudaSuccess);
   ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
@@ -760,16 +751,16 @@ TEST_F(CudaMatvecGpu, Fp8BlockScalesMatchReference) {
     d_w.upload(w.data(), w.size());
     d_s.upload(scale.data(), d_s.bytes());
     d_x.upload(x.data(), d_x.bytes());
-    QuantMatrix m;  // the view of rows row0 .. row0 + rows, as CudaDevice passes it
-    m.type = DType::kF8E4M3;
-    m.data = d_w.as<uint8_t>() + f.row0 * f.cols;
-    m.row_bytes = f.cols;
-    m.rows = f.rows;
-    m.cols = f.cols;
-    m.scale_inv = d_s.as<float>() + f.row0 / f.block_rows * scale_cols;
-    m.scale_row_elems = scale_cols;
-    m.block_rows = f.block_rows;
-    m.block_cols = f.block_cols;
+    // The view of rows row0 .. row0 + rows, as CudaDevice passes it.
+    const QuantMatrix m{.type = DType::kF8E4M3,
+                        .data = d_w.as<uint8_t>() + f.row0 * f.cols,
+                        .row_bytes = f.cols,
+                        .rows = f.rows,
+                        .cols = f.cols,
+                        .scale_inv = d_s.as<float>() + f.row0 / f.block_rows * scale_cols,
+                        .scale_row_elems = scale_cols,
+                        .block_rows = f.block_rows,
+                        .block_cols = f.block_cols};
     ASSERT_EQ(matmul_quant_cuda(m, d_x.as<float>(), f.cols, n, d_y.as<float>(), f.rows, nullptr),
               cudaSuccess);
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
