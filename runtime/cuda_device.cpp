@@ -502,8 +502,8 @@ class CudaDevice final : public Device {
 
 // The forward's ops on the GPU: each a kernel (or a few) on the ops' own stream, over the dense
 // weights upload_dense_weights put in device memory (read as stored by ops/cuda/matvec.h's
-// products), the small F32 vectors uploaded here, activations
-// and an F32 KV cache in device memory. RoPE's cos / sin per token come from ops::Rope on the
+// products), the small F32 vectors uploaded here, activations and the KV cache (F32, BF16 or
+// F16) in device memory. RoPE's cos / sin per token come from ops::Rope on the
 // host (the CPU's YaRN), the cache's write offsets and block tables from the KvCache on the host
 // at begin(). MLA attends absorbed (W_UK / W_UV per head around attention over the latent cache).
 class CudaForwardOps final : public DeviceForwardOps {
@@ -551,10 +551,10 @@ class CudaForwardOps final : public DeviceForwardOps {
     return o;
   }
   void check_cache(const KvCache& cache) const override {
-    if (cache.type() != KvType::kF32) {
+    if (cache.type() == KvType::kQ8_0) {
       fail(ErrorKind::kUnsupported,
-           "{}: the CUDA forward ops attend over an F32 KV cache "
-           "(--cache-type f32), not {}",
+           "{}: the CUDA forward ops attend over an F32, BF16 or F16 KV cache "
+           "(--cache-type f32 | bf16 | f16), not {}",
            dev_.name(), kv_type_name(cache.type()));
     }
     cuda_.check_device(cache.memory(), cache.bytes(),
@@ -741,8 +741,21 @@ class CudaForwardOps final : public DeviceForwardOps {
       fill(p, a);
       const int64_t nf = attention_scratch_floats(a);
       float* sc = grow(scores_, nf);
-      run(attention_f32_cuda(a, sc, nf, st_.stream), "attention");
+      run(attention_cuda(a, sc, nf, st_.stream), "attention");
     }
+  }
+
+  // Rows [rows, d] (stride d) into layer l's keys (or values) at the offsets begin() uploaded.
+  void write_cache(int64_t l, bool values, const int64_t* offsets, int64_t rows, const float* src,
+                   int64_t d, const char* what) {
+    ops::AttentionArgs base;
+    cache_->attention_args(l, step_.parts[0].seq, &base);
+    const void* dst = values ? (base.v != nullptr ? static_cast<const void*>(base.v) : base.v16)
+                             : (base.k != nullptr ? static_cast<const void*>(base.k) : base.k16);
+    const DType type = cache_->type() == KvType::kF32    ? DType::kF32
+                       : cache_->type() == KvType::kBf16 ? DType::kBF16
+                                                         : DType::kF16;
+    run(kv_write_cuda(type, const_cast<void*>(dst), offsets, rows, src, d, d, st_.stream), what);
   }
 
   void attention_mha(int64_t l, const float* x, float* out) {
@@ -777,12 +790,8 @@ class CudaForwardOps final : public DeviceForwardOps {
         "rope q");
     run(rope_cuda(k, n, nkv * d, nkv, d, 0, rope_.dim(), cs, cs + n * half, neox_, st_.stream),
         "rope k");
-    ops::AttentionArgs base;
-    cache_->attention_args(l, step_.parts[0].seq, &base);
-    run(kv_write_f32_cuda(const_cast<float*>(base.k), k_ofs_, n * nkv, k, d, d, st_.stream),
-        "cache keys");
-    run(kv_write_f32_cuda(const_cast<float*>(base.v), v_ofs_, n * nkv, v, d, d, st_.stream),
-        "cache values");
+    write_cache(l, false, k_ofs_, n * nkv, k, d, "cache keys");
+    write_cache(l, true, v_ofs_, n * nkv, v, d, "cache values");
     float* att = grow(att_, n * nq * d);
     const float* sinks = lw.sinks.empty() ? nullptr : vec(lw.sinks);
     attend(l, [&](const ForwardStep::Part& p, ops::AttentionArgs& a) {
@@ -826,10 +835,7 @@ class CudaForwardOps final : public DeviceForwardOps {
         "rope k");
     run(rope_cuda(q, n, nh * qk, nh, qk, nope, rope_.dim(), cs, cs + n * half, neox_, st_.stream),
         "rope q");
-    ops::AttentionArgs base;
-    cache_->attention_args(l, step_.parts[0].seq, &base);
-    run(kv_write_f32_cuda(const_cast<float*>(base.k), k_ofs_, n, kv, kr, kr, st_.stream),
-        "cache latents");
+    write_cache(l, false, k_ofs_, n, kv, kr, "cache latents");
     // q_cat per head: W_UK^T q_nope (kv_lora values), then q_pe.
     float* qc = grow(qc_, n * nh * kr);
     for (int64_t h = 0; h < nh; ++h) {

@@ -2,6 +2,7 @@
 #include <cmath>
 
 #include "ops/cuda/attention.h"
+#include "ops/cuda/dequant_decode.h"
 
 namespace tandem {
 
@@ -56,10 +57,31 @@ __global__ void rope_kernel(float* x, int64_t n_heads, int64_t token_stride, int
   }
 }
 
-__global__ void kv_write_kernel(float* dst, const int64_t* __restrict__ offsets,
+// The KV cache's element types: F32 as computed, BF16 and F16 as uint16_t bits, written and read
+// with dequant_decode.h's conversions (the CPU cache's bits: core/fp_convert.h).
+struct F32Cache {
+  using T = float;
+  static __device__ float load(const T* p) { return *p; }
+  static __device__ T store(float v) { return v; }
+};
+struct Bf16Cache {
+  using T = uint16_t;
+  static __device__ float load(const T* p) { return dequant::bf16_to_f32(*p); }
+  static __device__ T store(float v) { return dequant::f32_to_bf16(v); }
+};
+struct F16Cache {
+  using T = uint16_t;
+  static __device__ float load(const T* p) { return dequant::f16_to_f32(*p); }
+  static __device__ T store(float v) { return dequant::f32_to_f16(v); }
+};
+
+template <typename C>
+__global__ void kv_write_kernel(typename C::T* dst, const int64_t* __restrict__ offsets,
                                 const float* __restrict__ src, int64_t src_stride, int64_t d) {
   const int64_t r = blockIdx.x;
-  for (int64_t i = threadIdx.x; i < d; i += kThreads) dst[offsets[r] + i] = src[r * src_stride + i];
+  for (int64_t i = threadIdx.x; i < d; i += kThreads) {
+    dst[offsets[r] + i] = C::store(src[r * src_stride + i]);
+  }
 }
 
 __device__ int64_t kv_row(const ops::AttentionArgs& a, int64_t s, int64_t stride, int64_t block) {
@@ -70,7 +92,9 @@ __device__ int64_t kv_row(const ops::AttentionArgs& a, int64_t s, int64_t stride
 
 // One block per (token, head): scores of every key it attends to into its scratch row, the
 // softmax (with the head's sink), then the value sums, a thread per output value.
-__global__ void attention_kernel(ops::AttentionArgs a, float* scores, int64_t max_keys) {
+template <typename C>
+__global__ void attention_kernel(ops::AttentionArgs a, const typename C::T* kc,
+                                 const typename C::T* vc, float* scores, int64_t max_keys) {
   const int64_t t = blockIdx.x / a.n_heads, h = blockIdx.x % a.n_heads;
   const int64_t g = h / (a.n_heads / a.n_kv_heads);
   const int64_t pos = a.pos0 + t;
@@ -81,9 +105,9 @@ __global__ void attention_kernel(ops::AttentionArgs a, float* scores, int64_t ma
   float* sc = scores + static_cast<int64_t>(blockIdx.x) * max_keys;
   float mx = -INFINITY;
   for (int64_t j = threadIdx.x; j < n; j += kThreads) {
-    const float* k = a.k + kv_row(a, lo + j, a.k_stride, a.k_block) + g * kh;
+    const typename C::T* k = kc + kv_row(a, lo + j, a.k_stride, a.k_block) + g * kh;
     float d = 0.0f;
-    for (int64_t i = 0; i < a.dk; ++i) d += q[i] * k[i];
+    for (int64_t i = 0; i < a.dk; ++i) d += q[i] * C::load(k + i);
     d *= a.scale;
     sc[j] = d;
     mx = fmaxf(mx, d);
@@ -105,7 +129,7 @@ __global__ void attention_kernel(ops::AttentionArgs a, float* scores, int64_t ma
   for (int64_t i = threadIdx.x; i < a.dv; i += kThreads) {
     float acc = 0.0f;
     for (int64_t j = 0; j < n; ++j) {
-      acc += sc[j] * inv * a.v[kv_row(a, lo + j, a.v_stride, a.v_block) + g * vh + i];
+      acc += sc[j] * inv * C::load(vc + kv_row(a, lo + j, a.v_stride, a.v_block) + g * vh + i);
     }
     out[i] = acc;
   }
@@ -132,11 +156,15 @@ constexpr int64_t kSplitMinKeys = 64;        // keys per split at least
 // KvCache::attention_args gives it the keys' pointer and strides).
 __host__ __device__ inline bool values_in_keys(const ops::AttentionArgs& a) {
   const int64_t kh = a.k_head != 0 ? a.k_head : a.dk, vh = a.v_head != 0 ? a.v_head : a.dv;
-  return a.v == a.k && a.v_stride == a.k_stride && a.v_block == a.k_block && a.dv <= a.dk &&
+  const void* k = a.k != nullptr ? static_cast<const void*>(a.k) : a.k16;
+  const void* v = a.v != nullptr ? static_cast<const void*>(a.v) : a.v16;
+  return k == v && a.v_stride == a.k_stride && a.v_block == a.k_block && a.dv <= a.dk &&
          (a.n_kv_heads == 1 || kh == vh);
 }
 
-__global__ void attention_split_kernel(ops::AttentionArgs a, int64_t split_len, int n_splits,
+template <typename C>
+__global__ void attention_split_kernel(ops::AttentionArgs a, const typename C::T* kc,
+                                       const typename C::T* vc, int64_t split_len, int n_splits,
                                        int head_groups, float* part) {
   extern __shared__ float smem[];
   const int64_t t = blockIdx.x;
@@ -170,11 +198,11 @@ __global__ void attention_split_kernel(ops::AttentionArgs a, int64_t split_len, 
     const int nk = static_cast<int>(s1 - c0 < kSplitKeys ? s1 - c0 : kSplitKeys);
     __syncthreads();  // (the previous chunk's rows are no longer read)
     for (int j = warp; j < nk; j += kSplitWarps) {  // a warp per row: coalesced reads
-      const float* kr = a.k + kv_row(a, c0 + j, a.k_stride, a.k_block) + g * kh;
-      for (int64_t d = lane; d < a.dk; d += 32) ks[j * a.dk + d] = kr[d];
+      const typename C::T* kr = kc + kv_row(a, c0 + j, a.k_stride, a.k_block) + g * kh;
+      for (int64_t d = lane; d < a.dk; d += 32) ks[j * a.dk + d] = C::load(kr + d);
       if (!shared_v) {
-        const float* vr = a.v + kv_row(a, c0 + j, a.v_stride, a.v_block) + g * vh;
-        for (int64_t d = lane; d < a.dv; d += 32) vs[j * a.dv + d] = vr[d];
+        const typename C::T* vr = vc + kv_row(a, c0 + j, a.v_stride, a.v_block) + g * vh;
+        for (int64_t d = lane; d < a.dv; d += 32) vs[j * a.dv + d] = C::load(vr + d);
       }
     }
     __syncthreads();
@@ -308,13 +336,24 @@ cudaError_t rope_cuda(float* x, int64_t n_tokens, int64_t token_stride, int64_t 
   return cudaGetLastError();
 }
 
-cudaError_t kv_write_f32_cuda(float* dst, const int64_t* row_offsets, int64_t n_rows,
-                              const float* src, int64_t src_stride, int64_t d,
-                              cudaStream_t stream) {
+cudaError_t kv_write_cuda(DType type, void* dst, const int64_t* row_offsets, int64_t n_rows,
+                          const float* src, int64_t src_stride, int64_t d, cudaStream_t stream) {
   if (n_rows < 0 || d <= 0 || src_stride < d || n_rows >= kMaxGrid) return cudaErrorInvalidValue;
+  if (type != DType::kF32 && type != DType::kBF16 && type != DType::kF16) {
+    return cudaErrorInvalidValue;
+  }
   if (n_rows == 0) return cudaSuccess;
-  kv_write_kernel<<<static_cast<unsigned>(n_rows), kThreads, 0, stream>>>(dst, row_offsets, src,
-                                                                          src_stride, d);
+  const auto grid = static_cast<unsigned>(n_rows);
+  if (type == DType::kF32) {
+    kv_write_kernel<F32Cache>
+        <<<grid, kThreads, 0, stream>>>(static_cast<float*>(dst), row_offsets, src, src_stride, d);
+  } else if (type == DType::kBF16) {
+    kv_write_kernel<Bf16Cache><<<grid, kThreads, 0, stream>>>(static_cast<uint16_t*>(dst),
+                                                              row_offsets, src, src_stride, d);
+  } else {
+    kv_write_kernel<F16Cache><<<grid, kThreads, 0, stream>>>(static_cast<uint16_t*>(dst),
+                                                             row_offsets, src, src_stride, d);
+  }
   return cudaGetLastError();
 }
 
@@ -324,30 +363,44 @@ int64_t attention_scratch_floats(const ops::AttentionArgs& a) {
   return a.n_tokens * a.n_heads * (a.pos0 + a.n_tokens);
 }
 
-cudaError_t attention_f32_cuda(const ops::AttentionArgs& a, float* scores, int64_t scores_floats,
-                               cudaStream_t stream) {
-  if (a.k == nullptr || a.v == nullptr || a.k16 != nullptr || a.k8 != nullptr || a.n_tokens < 0 ||
-      a.n_heads <= 0 || a.n_kv_heads <= 0 || a.n_heads % a.n_kv_heads != 0 || a.dk <= 0 ||
-      a.dv <= 0 || a.pos0 < 0 || a.window < 0 || (a.blocks != nullptr && a.block_positions <= 0) ||
-      scores_floats < attention_scratch_floats(a) || a.n_tokens * a.n_heads >= kMaxGrid) {
-    return cudaErrorInvalidValue;
-  }
-  if (a.n_tokens == 0) return cudaSuccess;
+namespace {
+
+template <typename C>
+cudaError_t launch_attention(const ops::AttentionArgs& a, const typename C::T* k,
+                             const typename C::T* v, float* scores, cudaStream_t stream) {
   const SplitPlan p = split_plan(a);
   if (p.splits > 0) {
     const int64_t smem = kSplitKeys * (a.dk + (values_in_keys(a) ? 0 : a.dv)) * 4;
     const dim3 grid(static_cast<unsigned>(a.n_tokens),
                     static_cast<unsigned>(a.n_kv_heads * p.head_groups),
                     static_cast<unsigned>(p.splits));
-    attention_split_kernel<<<grid, kSplitWarps * 32, static_cast<size_t>(smem), stream>>>(
-        a, p.split_len, p.splits, p.head_groups, scores);
+    attention_split_kernel<C><<<grid, kSplitWarps * 32, static_cast<size_t>(smem), stream>>>(
+        a, k, v, p.split_len, p.splits, p.head_groups, scores);
     attention_combine_kernel<<<static_cast<unsigned>(a.n_tokens * a.n_heads), kThreads, 0,
                                stream>>>(a, p.splits, scores);
     return cudaGetLastError();
   }
-  attention_kernel<<<static_cast<unsigned>(a.n_tokens * a.n_heads), kThreads, 0, stream>>>(
-      a, scores, a.pos0 + a.n_tokens);
+  attention_kernel<C><<<static_cast<unsigned>(a.n_tokens * a.n_heads), kThreads, 0, stream>>>(
+      a, k, v, scores, a.pos0 + a.n_tokens);
   return cudaGetLastError();
+}
+
+}  // namespace
+
+cudaError_t attention_cuda(const ops::AttentionArgs& a, float* scores, int64_t scores_floats,
+                           cudaStream_t stream) {
+  const bool f32 = a.k != nullptr && a.v != nullptr && a.k16 == nullptr;
+  const bool b16 = a.k == nullptr && a.k16 != nullptr && a.v16 != nullptr;
+  if ((!f32 && !b16) || a.k8 != nullptr || a.n_tokens < 0 || a.n_heads <= 0 || a.n_kv_heads <= 0 ||
+      a.n_heads % a.n_kv_heads != 0 || a.dk <= 0 || a.dv <= 0 || a.pos0 < 0 || a.window < 0 ||
+      (a.blocks != nullptr && a.block_positions <= 0) ||
+      scores_floats < attention_scratch_floats(a) || a.n_tokens * a.n_heads >= kMaxGrid) {
+    return cudaErrorInvalidValue;
+  }
+  if (a.n_tokens == 0) return cudaSuccess;
+  if (f32) return launch_attention<F32Cache>(a, a.k, a.v, scores, stream);
+  if (a.f16) return launch_attention<F16Cache>(a, a.k16, a.v16, scores, stream);
+  return launch_attention<Bf16Cache>(a, a.k16, a.v16, scores, stream);
 }
 
 }  // namespace tandem

@@ -1,9 +1,9 @@
 // Host launchers for the kernels of the forward's dense part on a GPU (attention.cu): RMSNorm
 // over rows, rotary embedding with a per-token cos / sin table (the host computes it with
 // ops::Rope::angles, so YaRN and every scaling are the CPU's numbers), the KV cache's row writes,
-// and causal attention over an F32 cache, contiguous or paged (ops::AttentionArgs: GQA, sliding
-// windows, gpt-oss's sinks). Asynchronous on `stream`, never throw; cudaErrorInvalidValue for
-// arguments they do not support (checked before any launch). Device pointers throughout (the
+// and causal attention over an F32 or 16-bit cache, contiguous or paged (ops::AttentionArgs: GQA,
+// sliding windows, gpt-oss's sinks). Asynchronous on `stream`, never throw; cudaErrorInvalidValue
+// for arguments they do not support (checked before any launch). Device pointers throughout (the
 // AttentionArgs' block table too). F32 arithmetic as ops/cpu/ref_ops.h's, sums in another order.
 #pragma once
 
@@ -11,6 +11,7 @@
 
 #include <cstdint>
 
+#include "core/dtype.h"
 #include "ops/types.h"
 
 namespace tandem {
@@ -27,21 +28,23 @@ cudaError_t rope_cuda(float* x, int64_t n_tokens, int64_t token_stride, int64_t 
                       int64_t head_stride, int64_t offset, int64_t dim, const float* cos,
                       const float* sin, bool neox, cudaStream_t stream);
 
-// dst[row_offsets[r] + i] = src[r * src_stride + i], i < d, for n_rows rows (F32 cache rows at
-// element offsets the host computed from the cache's block tables).
-cudaError_t kv_write_f32_cuda(float* dst, const int64_t* row_offsets, int64_t n_rows,
-                              const float* src, int64_t src_stride, int64_t d, cudaStream_t stream);
+// dst[row_offsets[r] + i] = src[r * src_stride + i], i < d, for n_rows rows: cache rows at element
+// offsets the host computed from the cache's block tables, in the cache's element type (kF32; kBF16
+// or kF16 as uint16_t bits, rounded to nearest even as the CPU's cache rounds).
+cudaError_t kv_write_cuda(DType type, void* dst, const int64_t* row_offsets, int64_t n_rows,
+                          const float* src, int64_t src_stride, int64_t d, cudaStream_t stream);
 
-// Floats of scratch attention_f32_cuda needs for a (its scores, or its splits' partial sums).
+// Floats of scratch attention_cuda needs for a (its scores, or its splits' partial sums).
 int64_t attention_scratch_floats(const ops::AttentionArgs& a);
 
-// ops::attention for an F32 cache (a.k / a.v; 16-bit and Q8_0 caches: cudaErrorInvalidValue),
-// contiguous or paged. scores: attention_scratch_floats(a) floats of device memory.
+// ops::attention over an F32 cache (a.k / a.v) or a 16-bit one (a.k16 / a.v16, F16 with a.f16,
+// else BF16; values widened to F32, the arithmetic F32), contiguous or paged; Q8_0 caches:
+// cudaErrorInvalidValue. scores: attention_scratch_floats(a) floats of device memory.
 // Decode (up to 8 tokens; dk <= 576, dv <= 512) splits each token's keys across blocks, a block
 // running 8 query heads of one KV head over its split with the key rows staged in shared memory
 // once for them all (MLA's heads share one latent row: FlashMLA's idea, F32 on CUDA cores), then
 // merges the splits' online softmaxes; longer chunks run a block per token and head.
-cudaError_t attention_f32_cuda(const ops::AttentionArgs& a, float* scores, int64_t scores_floats,
-                               cudaStream_t stream);
+cudaError_t attention_cuda(const ops::AttentionArgs& a, float* scores, int64_t scores_floats,
+                           cudaStream_t stream);
 
 }  // namespace tandem

@@ -126,6 +126,31 @@ TD_HD uint16_t f32_to_bf16(float f) {
   return static_cast<uint16_t>((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
 }
 
+// `value` >> shift (1..31), rounded to nearest, ties to even.
+TD_HD uint32_t shift_right_rne(uint32_t value, int shift) {
+  const uint32_t half = 1u << (shift - 1);
+  const uint32_t rest = value & ((1u << shift) - 1);
+  uint32_t out = value >> shift;
+  if (rest > half || (rest == half && (out & 1u))) ++out;
+  return out;
+}
+
+// Round to nearest even, subnormals kept, overflow to infinity; NaN keeps its top payload bits,
+// quieted (as fp_convert.h does).
+TD_HD uint16_t f32_to_f16(float f) {
+  const uint32_t u = f32_to_bits(f);
+  const auto sign = static_cast<uint16_t>((u >> 16) & 0x8000u);
+  const uint32_t abs = u & 0x7FFFFFFFu;
+  if (abs > 0x7F800000u) return static_cast<uint16_t>(sign | 0x7E00u | ((abs >> 13) & 0x3FFu));
+  if (abs >= 0x477FF000u) return static_cast<uint16_t>(sign | 0x7C00u);
+  if (abs >= 0x38800000u) {
+    return static_cast<uint16_t>(sign | shift_right_rne(abs - (112u << 23), 13));
+  }
+  if (abs < 0x33000000u) return sign;
+  const uint32_t mant = (abs & 0x7FFFFFu) | 0x800000u;
+  return static_cast<uint16_t>(sign | shift_right_rne(mant, 126 - static_cast<int>(abs >> 23)));
+}
+
 // A GGUF block format (decode8 over kBlockElems values) rather than an element format (load).
 template <typename Fmt>
 constexpr bool kIsBlockFormat = requires {

@@ -12,6 +12,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstddef>
 #include <cstdio>
@@ -211,6 +212,21 @@ TEST(CudaDequantHost, Bf16RoundingMatchesReference) {
     float f;
     std::memcpy(&f, &u, 4);
     ASSERT_EQ(dequant::f32_to_bf16(f), f32_to_bf16(f)) << std::hex << u;
+  }
+}
+
+TEST(CudaDequantHost, F16RoundingMatchesReference) {
+  std::mt19937 rng(12);
+  const std::array<uint32_t, 10> edges = {0x7F800001u, 0xFFC00000u, 0x477FEFFFu, 0x477FF000u,
+                                          0x38800000u, 0x387FFFFFu, 0x33000000u, 0x32FFFFFFu,
+                                          0x33800001u, 0x80000000u};
+  for (int i = 0; i < 400000; ++i) {
+    uint32_t u = static_cast<uint32_t>(rng());
+    if (i < static_cast<int>(edges.size())) u = edges[static_cast<size_t>(i)];
+    if (i % 3 == 0) u = (u & 0x87FFFFFFu) | 0x38000000u;  // near F16's range and subnormals
+    float f;
+    std::memcpy(&f, &u, 4);
+    ASSERT_EQ(dequant::f32_to_f16(f), f32_to_f16(f)) << std::hex << u;
   }
 }
 

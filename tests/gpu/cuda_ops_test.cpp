@@ -1,7 +1,7 @@
 // The dense-part kernels of ops/cuda/attention.h against the CPU reference on odd sizes: RMSNorm
 // over strided rows (in place too), RoPE (NeoX and interleaved, YaRN-scaled angles from
-// ops::Rope) over strided heads, cache row writes, and attention over F32 caches (the decode
-// kernel that splits long sequences across blocks too): contiguous and
+// ops::Rope) over strided heads, cache row writes, and attention over F32, BF16 and F16 caches
+// (the decode kernel that splits long sequences across blocks too): contiguous and
 // paged (shuffled blocks, a chunk crossing a block), GQA, a sliding window, gpt-oss's sinks,
 // against ops::attention within F32 rounding. Label gpu: skipped (exit 77) without a GPU.
 #include <gtest/gtest.h>
@@ -10,11 +10,14 @@
 #include <cmath>
 #include <numeric>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "tests/gpu/gpu_gate.h"
 
 #ifdef TANDEM_HAVE_CUDA
+#include "core/dtype.h"
+#include "core/fp_convert.h"
 #include "ops/cpu/ref_ops.h"
 #include "ops/cuda/attention.h"
 #include "ops/cuda/cuda_util.h"
@@ -30,10 +33,20 @@ std::vector<float> randn(size_t n, std::mt19937& rng) {
   return v;
 }
 
-DeviceBuffer up(const std::vector<float>& v) {
-  DeviceBuffer b(v.size() * 4);
-  b.upload(v.data(), v.size() * 4);
+template <typename T>
+DeviceBuffer up(const std::vector<T>& v) {
+  DeviceBuffer b(v.size() * sizeof(T));
+  b.upload(v.data(), v.size() * sizeof(T));
   return b;
+}
+
+// The 16-bit caches' elements as the CPU cache stores them (core/fp_convert.h).
+std::vector<uint16_t> narrow(const std::vector<float>& v, DType type) {
+  std::vector<uint16_t> out(v.size());
+  for (size_t i = 0; i < v.size(); ++i) {
+    out[i] = type == DType::kF16 ? f32_to_f16(v[i]) : f32_to_bf16(v[i]);
+  }
+  return out;
 }
 
 std::vector<float> down(const DeviceBuffer& b, size_t n) {
@@ -106,13 +119,26 @@ TEST(CudaOps, KvWriteRows) {
   for (int64_t r = 0; r < rows; ++r) {
     std::copy(&src[r * 40], &src[r * 40] + d, want.begin() + offsets[r]);
   }
-  DeviceBuffer dst = up(std::vector<float>(600, 0.0f)), dsrc = up(src);
-  DeviceBuffer doff(offsets.size() * 8);
-  doff.upload(offsets.data(), offsets.size() * 8);
-  TD_CUDA_CHECK(kv_write_f32_cuda(dst.as<float>(), doff.as<int64_t>(), rows, dsrc.as<float>(), 40,
-                                  d, nullptr));
-  TD_CUDA_CHECK(cudaDeviceSynchronize());
-  EXPECT_EQ(down(dst, 600), want);
+  DeviceBuffer dsrc = up(src), doff = up(offsets);
+  for (DType type : {DType::kF32, DType::kBF16, DType::kF16}) {
+    SCOPED_TRACE(std::string(dtype_name(type)));
+    const size_t elem = type == DType::kF32 ? 4 : 2;
+    DeviceBuffer dst(600 * elem);
+    TD_CUDA_CHECK(cudaMemset(dst.data(), 0, dst.bytes()));
+    TD_CUDA_CHECK(kv_write_cuda(type, dst.data(), doff.as<int64_t>(), rows, dsrc.as<float>(), 40, d,
+                                nullptr));
+    TD_CUDA_CHECK(cudaDeviceSynchronize());
+    if (type == DType::kF32) {
+      EXPECT_EQ(down(dst, 600), want);
+    } else {
+      std::vector<uint16_t> got(600);
+      dst.download(got.data(), 600 * 2);
+      EXPECT_EQ(got, narrow(want, type));  // the CPU cache's rounding, bit for bit
+    }
+  }
+  EXPECT_EQ(kv_write_cuda(DType::kQ8_0, dsrc.data(), doff.as<int64_t>(), rows, dsrc.as<float>(), 40,
+                          d, nullptr),
+            cudaErrorInvalidValue);
 }
 
 struct AttnCase {
@@ -159,33 +185,49 @@ TEST_P(CudaAttention, EqualsTheReference) {
   a.pos0 = c.pos0;
   a.scale = 1.0f / std::sqrt(static_cast<float>(c.dk));
   a.window = c.window;
-  std::vector<float> want(c.n_tokens * c.heads * c.dv);
-  ops::AttentionArgs h = a;
-  h.q = q.data();
-  h.k = k.data();
-  h.v = c.values_in_keys ? k.data() : v.data();
-  h.blocks = c.paged ? blocks.data() : nullptr;
-  h.sinks = c.sinks ? sinks.data() : nullptr;
-  h.out = want.data();
-  ops::attention(h, nullptr);
+  DeviceBuffer dq = up(q), dsink = up(sinks), dblocks = up(blocks);
+  // F32, BF16 and F16 caches: the reference reads the same cache elements (ops::attention).
+  for (DType type : {DType::kF32, DType::kBF16, DType::kF16}) {
+    SCOPED_TRACE(std::string(dtype_name(type)));
+    const std::vector<uint16_t> k16 = narrow(k, type), v16 = narrow(v, type);
+    std::vector<float> want(c.n_tokens * c.heads * c.dv);
+    ops::AttentionArgs h = a;
+    h.q = q.data();
+    if (type == DType::kF32) {
+      h.k = k.data();
+      h.v = c.values_in_keys ? k.data() : v.data();
+    } else {
+      h.k16 = k16.data();
+      h.v16 = c.values_in_keys ? k16.data() : v16.data();
+      h.f16 = type == DType::kF16;
+    }
+    h.blocks = c.paged ? blocks.data() : nullptr;
+    h.sinks = c.sinks ? sinks.data() : nullptr;
+    h.out = want.data();
+    ops::attention(h, nullptr);
 
-  DeviceBuffer dq = up(q), dk = up(k), dv = up(v), dsink = up(sinks);
-  DeviceBuffer dout = up(std::vector<float>(want.size(), 0.0f));
-  DeviceBuffer dblocks(blocks.size() * 4);
-  dblocks.upload(blocks.data(), blocks.size() * 4);
-  ops::AttentionArgs d = a;
-  d.q = dq.as<float>();
-  d.k = dk.as<float>();
-  d.v = c.values_in_keys ? d.k : dv.as<float>();
-  d.blocks = c.paged ? dblocks.as<int32_t>() : nullptr;
-  d.sinks = c.sinks ? dsink.as<float>() : nullptr;
-  d.out = dout.as<float>();
-  const int64_t nf = attention_scratch_floats(d);
-  DeviceBuffer scratch(static_cast<size_t>(nf) * 4);
-  TD_CUDA_CHECK(attention_f32_cuda(d, scratch.as<float>(), nf, nullptr));
-  TD_CUDA_CHECK(cudaDeviceSynchronize());
-  EXPECT_LE(test::max_rel_diff(down(dout, want.size()), want), 1e-5);
-  EXPECT_EQ(attention_f32_cuda(d, scratch.as<float>(), nf - 1, nullptr), cudaErrorInvalidValue);
+    DeviceBuffer dk = type == DType::kF32 ? up(k) : up(k16);
+    DeviceBuffer dv = type == DType::kF32 ? up(v) : up(v16);
+    DeviceBuffer dout = up(std::vector<float>(want.size(), 0.0f));
+    ops::AttentionArgs d = h;
+    d.q = dq.as<float>();
+    if (type == DType::kF32) {
+      d.k = dk.as<float>();
+      d.v = c.values_in_keys ? d.k : dv.as<float>();
+    } else {
+      d.k16 = dk.as<uint16_t>();
+      d.v16 = c.values_in_keys ? d.k16 : dv.as<uint16_t>();
+    }
+    d.blocks = c.paged ? dblocks.as<int32_t>() : nullptr;
+    d.sinks = c.sinks ? dsink.as<float>() : nullptr;
+    d.out = dout.as<float>();
+    const int64_t nf = attention_scratch_floats(d);
+    DeviceBuffer scratch(static_cast<size_t>(nf) * 4);
+    TD_CUDA_CHECK(attention_cuda(d, scratch.as<float>(), nf, nullptr));
+    TD_CUDA_CHECK(cudaDeviceSynchronize());
+    EXPECT_LE(test::max_rel_diff(down(dout, want.size()), want), 1e-5);
+    EXPECT_EQ(attention_cuda(d, scratch.as<float>(), nf - 1, nullptr), cudaErrorInvalidValue);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(
