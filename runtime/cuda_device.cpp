@@ -15,11 +15,13 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <exception>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -86,6 +88,13 @@ class CudaDevice final : public Device {
       cudaStreamDestroy(s->stream);
     }
     for (auto& e : events_) cudaEventDestroy(e.event);
+    for (const std::vector<OpSpan>* v : {&spans_free_, &spans_pending_}) {
+      for (const OpSpan& p : *v) {
+        cudaEventDestroy(p.start);
+        cudaEventDestroy(p.end);
+      }
+    }
+    if (anchor_ != nullptr) cudaEventDestroy(anchor_);
     for (const auto& [p, bytes] : live_) cudaFree(p);
     for (const void* p : registered_) cudaHostUnregister(const_cast<void*>(p));
   }
@@ -215,11 +224,13 @@ class CudaDevice final : public Device {
     const Event& ev = event(e);
     if (ev.stream < 0) return;
     TD_CUDA_CHECK(cudaEventSynchronize(ev.event));
+    collect_spans();
     rethrow(stream(ev.stream), ev.stream);
   }
   void sync_stream(StreamId s) override {
     CudaStreamState& st = stream(s);
     TD_CUDA_CHECK(cudaStreamSynchronize(st.stream));
+    collect_spans();
     rethrow(st, s);
   }
 
@@ -261,6 +272,7 @@ class CudaDevice final : public Device {
     if (e.down_bias != nullptr) check_device(e.down_bias, uint64_t(out_cols) * 4, "ffn down bias");
     if (n == 0) return;
     CudaStreamState& st = stream(s);
+    const Timed timed(*this, st.stream);
     // Scratch: g, u [n, ff] and the down output [n, out].
     float* g = scratch(st, static_cast<uint64_t>(2 * n * ff + n * out_cols) * 4);
     float* u = g + n * ff;
@@ -277,13 +289,17 @@ class CudaDevice final : public Device {
   void matmul(StreamId s, const ops::Weight& w, const float* x, int64_t n, float* y) override {
     check_device(x, uint64_t(n * w.cols()) * 4, "matmul input");
     check_device(y, uint64_t(n * w.rows()) * 4, "matmul output");
-    product(w, x, w.cols(), n, y, w.rows(), stream(s));
+    CudaStreamState& st = stream(s);
+    const Timed timed(*this, st.stream);
+    product(w, x, w.cols(), n, y, w.rows(), st);
   }
 
   void add(StreamId s, const float* a, float* out, int64_t count) override {
     check_device(a, uint64_t(count) * 4, "add input");
     check_device(out, uint64_t(count) * 4, "add output");
-    launch(add_cuda(a, out, count, stream(s).stream), "add");
+    const cudaStream_t st = stream(s).stream;
+    const Timed timed(*this, st);
+    launch(add_cuda(a, out, count, st), "add");
   }
 
   std::unique_ptr<ForwardOps> forward_ops(std::shared_ptr<const DenseWeights> weights,
@@ -490,12 +506,98 @@ class CudaDevice final : public Device {
     }
   }
 
+  // ---- the ops' spans for the Timeline's device lane (only while a timeline is set) ----
+  // Two timing events around each op on its stream; a sync resolves the reached ones into host
+  // time through an anchor event whose host time was read when it completed.
+  struct OpSpan {
+    cudaEvent_t start = nullptr, end = nullptr;
+    double* seconds = nullptr;  // also added here (the forward ops' profile), when set
+  };
+  class Timed {  // RAII: one op's span
+   public:
+    Timed(CudaDevice& d, cudaStream_t s, double* seconds = nullptr) : d_(d), s_(s) {
+      if (d.timeline_ != nullptr) span_ = d.span_start(s, seconds);
+    }
+    ~Timed() {
+      if (span_.start != nullptr) d_.span_end(span_, s_);
+    }
+    Timed(const Timed&) = delete;
+    Timed& operator=(const Timed&) = delete;
+
+   private:
+    CudaDevice& d_;
+    cudaStream_t s_;
+    OpSpan span_;
+  };
+  OpSpan span_start(cudaStream_t s, double* seconds) {
+    std::lock_guard<std::mutex> lock(span_mu_);
+    if (anchor_ == nullptr) {
+      TD_CUDA_CHECK(cudaEventCreate(&anchor_));
+      TD_CUDA_CHECK(cudaEventRecord(anchor_, s));
+      TD_CUDA_CHECK(cudaEventSynchronize(anchor_));
+      anchor_time_ = Timeline::Clock::now();
+    }
+    OpSpan p;
+    if (!spans_free_.empty()) {
+      p = spans_free_.back();
+      spans_free_.pop_back();
+    } else {
+      TD_CUDA_CHECK(cudaEventCreate(&p.start));
+      TD_CUDA_CHECK(cudaEventCreate(&p.end));
+    }
+    p.seconds = seconds;
+    TD_CUDA_CHECK(cudaEventRecord(p.start, s));
+    return p;
+  }
+  void span_end(const OpSpan& p, cudaStream_t s) {
+    const cudaError_t err = cudaEventRecord(p.end, s);  // (a destructor: no throw)
+    std::lock_guard<std::mutex> lock(span_mu_);
+    if (err != cudaSuccess) {
+      cudaGetLastError();
+      spans_free_.push_back(p);
+      return;
+    }
+    spans_pending_.push_back(p);
+  }
+  // A copy of seconds the spans add to, read under their lock.
+  ForwardOpsProfile span_seconds(const ForwardOpsProfile& seconds) {
+    std::lock_guard<std::mutex> lock(span_mu_);
+    return seconds;
+  }
+  // The reached spans into the timeline (and their ops' seconds); the rest wait for a later sync.
+  void collect_spans() {
+    std::lock_guard<std::mutex> lock(span_mu_);
+    size_t keep = 0;
+    for (const OpSpan& p : spans_pending_) {
+      float a = 0, b = 0;
+      if (cudaEventQuery(p.end) != cudaSuccess ||
+          cudaEventElapsedTime(&a, anchor_, p.start) != cudaSuccess ||
+          cudaEventElapsedTime(&b, anchor_, p.end) != cudaSuccess) {
+        cudaGetLastError();
+        spans_pending_[keep++] = p;
+        continue;
+      }
+      const auto at = [&](float ms) {
+        return anchor_time_ + std::chrono::duration_cast<Timeline::Clock::duration>(
+                                  std::chrono::duration<double, std::milli>(ms));
+      };
+      if (timeline_ != nullptr) timeline_->add(Timeline::kDevice, at(a), at(b));
+      if (p.seconds != nullptr) *p.seconds += (b - a) * 1e-3;
+      spans_free_.push_back(p);
+    }
+    spans_pending_.resize(keep);
+  }
+
   int index_;
   std::string name_;
   uint64_t capacity_ = 0, used_ = 0;
   mutable std::mutex mu_;
   std::map<void*, uint64_t> live_;
   std::vector<const void*> registered_;  // register_host's ranges
+  std::mutex span_mu_;                   // the spans below and the seconds they add to
+  cudaEvent_t anchor_ = nullptr;
+  Timeline::Clock::time_point anchor_time_;
+  std::vector<OpSpan> spans_free_, spans_pending_;
   std::vector<std::unique_ptr<CudaStreamState>> streams_;
   std::vector<Event> events_;
 };
@@ -614,6 +716,7 @@ class CudaForwardOps final : public DeviceForwardOps {
     blocks_dev_ = bl;
   }
   void embed(float* x) override {
+    const CudaDevice::Timed timed(cuda_, st_.stream);
     const LoadedModel& m = w_->weights;
     const int64_t hd = m.config.hidden_size;
     for (int64_t t = 0; t < step_.n_tokens(); ++t) {
@@ -625,6 +728,7 @@ class CudaForwardOps final : public DeviceForwardOps {
     }
   }
   void norm(Norm which, int64_t layer, const float* x, int64_t n, float* out) override {
+    const CudaDevice::Timed timed(cuda_, st_.stream);
     const LayerWeights& lw = w_->weights.layers[layer];
     const ModelConfig& c = w_->weights.config;
     const float* g = vec(which == Norm::kAttention ? lw.attn_norm : lw.ffn_norm);
@@ -633,12 +737,14 @@ class CudaForwardOps final : public DeviceForwardOps {
         "norm");
   }
   void add(float* out, const float* a, int64_t count) override {
+    const CudaDevice::Timed timed(cuda_, st_.stream);
     run(add_cuda(a, out, count, st_.stream), "add");
   }
   void fill_zero(float* out, int64_t count) override {
     TD_CUDA_CHECK(cudaMemsetAsync(out, 0, static_cast<size_t>(count) * 4, st_.stream));
   }
   void attention(int64_t layer, const float* x, float* out) override {
+    const CudaDevice::Timed timed(cuda_, st_.stream, &seconds_.attention);
     if (w_->weights.config.is_mla()) {
       attention_mla(layer, x, out);
     } else {
@@ -646,6 +752,7 @@ class CudaForwardOps final : public DeviceForwardOps {
     }
   }
   void dense_ffn(int64_t layer, const float* x, int64_t n, float* out) override {
+    const CudaDevice::Timed timed(cuda_, st_.stream);
     const LayerWeights& lw = w_->weights.layers[layer];
     swiglu(lw.ffn_gate, lw.ffn_up, lw.ffn_down, x, n, out);
   }
@@ -653,6 +760,7 @@ class CudaForwardOps final : public DeviceForwardOps {
     TD_CHECK(w_->shared_experts,
              "CUDA forward ops: the shared experts were not uploaded (the MoE backend computes "
              "them)");
+    const CudaDevice::Timed timed(cuda_, st_.stream);
     const LayerWeights& lw = w_->weights.layers[layer];
     const int64_t hd = w_->weights.config.hidden_size;
     if (lw.sh_gate.empty()) {
@@ -665,6 +773,7 @@ class CudaForwardOps final : public DeviceForwardOps {
     }
   }
   void router(int64_t layer, const float* x, int64_t n, float* logits) override {
+    const CudaDevice::Timed timed(cuda_, st_.stream);
     const LayerWeights& lw = w_->weights.layers[layer];
     const ModelConfig& c = w_->weights.config;
     mm(lw.router, x, c.hidden_size, n, logits, c.n_experts);
@@ -679,6 +788,7 @@ class CudaForwardOps final : public DeviceForwardOps {
     const ModelConfig& c = m.config;
     const int64_t hd = c.hidden_size, rows = static_cast<int64_t>(row_ids.size());
     float* h = grow(head_in_, rows * hd);
+    std::optional<CudaDevice::Timed> timed(std::in_place, cuda_, st_.stream, &seconds_.lm_head);
     for (int64_t j = 0; j < rows; ++j) {
       run(rms_norm_cuda(x + row_ids[j] * hd, hd, vec(m.out_norm), 1, hd, c.rms_norm_eps, h + j * hd,
                         hd, st_.stream),
@@ -686,10 +796,12 @@ class CudaForwardOps final : public DeviceForwardOps {
     }
     float* d = grow(logits_, rows * c.vocab_size);
     mm(m.lm_head, h, hd, rows, d, c.vocab_size);
+    timed.reset();
     dev_.copy_d2h(host_logits, d, static_cast<uint64_t>(rows * c.vocab_size) * 4, stream_);
     dev_.sync_stream(stream_);
   }
-  ForwardOpsProfile profile() const override { return {}; }
+  // The attention and lm_head spans collected so far (with a timeline set: tandem bench).
+  ForwardOpsProfile profile() const override { return cuda_.span_seconds(seconds_); }
 
  private:
   void run(cudaError_t err, const char* what) { cuda_.launch(err, what); }
@@ -874,6 +986,7 @@ class CudaForwardOps final : public DeviceForwardOps {
 
   CudaDevice& cuda_;
   CudaStreamState& st_;
+  ForwardOpsProfile seconds_;  // added to by the collected spans (CudaDevice::span_mu_)
   ops::Rope rope_;
   bool neox_ = true;
   float attn_scale_ = 1.0f;

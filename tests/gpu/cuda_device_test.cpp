@@ -12,6 +12,7 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <string>
 #include <thread>
@@ -293,6 +294,16 @@ TEST(CudaDeviceCli, RunEqualsTheCpu) {
             << arch << " bf16 cache";
       }
     }
+    // The decode's timeline and time split come from the GPU's own event spans.
+    const auto timed = test::run_tandem("bench -m " + m +
+                                        " -p 8 -n 4 -r 1 --accel cuda --vram-budget 256M --json");
+    ASSERT_EQ(timed.exit_code, 0) << timed.err;
+    const nlohmann::json j = nlohmann::json::parse(timed.out);
+    const nlohmann::json& tg = j["tests"][1];
+    EXPECT_GT(tg["timeline"]["device_busy"].get<double>(), 0.0) << tg.dump();
+    EXPECT_LE(tg["timeline"]["device_busy"].get<double>(), 1.0) << tg.dump();
+    EXPECT_GT(tg["time_split"]["attention"].get<double>(), 0.0) << tg.dump();
+    EXPECT_GT(tg["time_split"]["lm_head"].get<double>(), 0.0) << tg.dump();
     // Several sequences in one forward (block tables, per-part attention) run too.
     const auto batch = test::run_tandem("bench -m " + m +
                                         " --batch 1,3 -p 8 -n 4 -r 1 --accel "
