@@ -178,8 +178,8 @@ class CpuForwardOps final : public ForwardOps {
   std::vector<float> buffers_[kBufferSlots];
   // Scratch, grown on demand and reused.
   std::vector<float> q_, k_, v_, t0_, t1_, t2_, att_;
-  std::vector<float> ek_, ev_;             // expanded MLA: per-head K / V of every position
-  std::vector<float> lat_f32_;             // expanded MLA: the sequence's latents as F32
+  std::vector<float> ek_, ev_;              // expanded MLA: per-head K / V of every position
+  std::vector<float> lat_f32_;              // expanded MLA: the sequence's latents as F32
   std::deque<kern::Activations> lat_acts_;  // expanded MLA: the latents per encoding
   std::vector<int64_t> rows_;               // absorbed MLA's token rows
 };
@@ -539,7 +539,7 @@ bool CpuForwardOps::mla_expands(int64_t l, int64_t n, int64_t positions_in) cons
 // into o's rows of the part. q: [n, heads, qk_nope + rope], rotated; the sequence holds
 // positions [0, pos0 + n).
 void CpuForwardOps::attention_mla_expanded(const KvCache& kv_cache, int64_t l, const Part& p,
-                                   const float* q, float* o) {
+                                           const float* q, float* o) {
   const ModelConfig& c = w_.config;
   const LayerWeights& lw = w_.layers[l];
   const int64_t nope = c.qk_nope_head_dim, rd = c.qk_rope_head_dim, kvl = c.kv_lora_rank;
@@ -611,6 +611,19 @@ void CpuForwardOps::attention_mla_expanded(const KvCache& kv_cache, int64_t l, c
 }
 
 }  // namespace
+
+float* ForwardOps::host_buffer(int, int64_t) {
+  fail(ErrorKind::kInternal, "{} forward ops: host_buffer on ops that are not stream-ordered",
+       name());
+}
+void ForwardOps::copy_to_host(const float*, int64_t, float*) {
+  fail(ErrorKind::kInternal, "{} forward ops: copy_to_host on ops that are not stream-ordered",
+       name());
+}
+void ForwardOps::host_work(std::function<void()>) {
+  fail(ErrorKind::kInternal, "{} forward ops: host_work on ops that are not stream-ordered",
+       name());
+}
 
 std::unique_ptr<ForwardOps> make_cpu_forward_ops(const LoadedModel& weights,
                                                  const ForwardOpsOptions& options) {

@@ -17,6 +17,7 @@
 // and finish wait for it.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -123,6 +124,22 @@ class ForwardOps {
   // out += host (count floats the host wrote; they must stay unchanged until the next host_view,
   // lm_head or finish).
   virtual void add_from_host(float* out, const float* host, int64_t count) = 0;
+  // Stream-ordered host work (a device's ops: true; the CPU's: false, and the three below are
+  // not called): a MoE layer whose routing, CPU experts' submit and wait run as host functions
+  // in the ops' order, so the host never waits inside a forward (KTransformers §3.3).
+  // host_buffer: host memory `slot` (0 .. 2) of at least count floats that copies read and write
+  // in stream order (pinned on CUDA), unchanged while large enough; copy_to_host: x's count
+  // floats into it once the work before has finished; host_work: fn on a host thread once the
+  // work before has finished (later work waits for it; it must not call the device: no CUDA API
+  // in a host function). An exception in fn surfaces at the next lm_head / finish.
+  virtual bool stream_ordered() const { return false; }
+  virtual float* host_buffer(int slot, int64_t count);
+  virtual void copy_to_host(const float* x, int64_t count, float* host);
+  virtual void host_work(std::function<void()> fn);
+  // The CPU experts' span from their submit to the return of their wait (a stream-ordered MoE
+  // layer), for the device's timeline; nothing by default.
+  virtual void note_cpu_experts(std::chrono::steady_clock::time_point t0,
+                                std::chrono::steady_clock::time_point t1) {}
   // host_logits [rows, vocab] = lm_head(final_norm(x[row_ids[j]])) for the rows the host names;
   // returns when they are written.
   virtual void lm_head(const std::vector<int64_t>& row_ids, const float* x, float* host_logits) = 0;

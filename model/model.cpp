@@ -51,6 +51,7 @@ Model::Model(const LoadedModel& weights, const ModelOptions& options)
   fo.mla_expand_by_cost = options.mla_expand_by_cost;
   fo.views = options.views;
   ops_ = options.ops ? options.ops(w_, fo) : make_cpu_forward_ops(w_, fo);
+  ordered_moe_ = ops_->stream_ordered() && moe_->runs_in_host_callbacks();
   moe_index_.assign(c.num_layers, -1);
   for (int64_t l = 0; l < c.num_layers; ++l) {
     if (w_.layers[l].moe) moe_index_[l] = n_moe_layers_++;
@@ -212,10 +213,6 @@ void Model::ffn(int64_t l, int64_t n, const float* x, float* out) {
     return;
   }
   const int64_t ne = c.n_experts, k = c.n_experts_per_tok;
-  // The MoE's input as the host reads it (the CPU ops' own memory: no copy).
-  const float* hx = ops_->host_view(x, n * hd, &hidden_host_);
-  if (routed_.size() < static_cast<size_t>(n * hd)) routed_.resize(static_cast<size_t>(n * hd));
-  float* routed = routed_.data();
   MoeRequest req;
   req.layer = l;
   req.moe_index = moe_index_[l];
@@ -223,43 +220,27 @@ void Model::ffn(int64_t l, int64_t n, const float* x, float* out) {
   req.decode = n == 1;
   req.layer_weights = &lw;
   req.experts = &lw.experts;
-  req.hidden = hx;
   req.n_tokens = n;
   req.hidden_size = hd;
   req.k = k;
+  if (ordered_moe_) {
+    ordered_moe(l, n, x, out, req);
+    return;
+  }
+  // The MoE's input as the host reads it (the CPU ops' own memory: no copy).
+  const float* hx = ops_->host_view(x, n * hd, &hidden_host_);
+  if (routed_.size() < static_cast<size_t>(n * hd)) routed_.resize(static_cast<size_t>(n * hd));
+  float* routed = routed_.data();
+  req.hidden = hx;
   req.out = routed;
   // What does not depend on the routing (the backend's shared experts) starts first: it streams
   // while the router and the routing run.
   moe_->begin(req);
   float* router_logits = ops_->buffer(kRouterLogits, n * ne);
   ops_->router(l, x, n, router_logits);
-  const float* logits = ops_->host_view(router_logits, n * ne, &logits_host_);
-  ids_.resize(static_cast<size_t>(n * k));
-  topw_.resize(static_cast<size_t>(n * k));
-  int32_t* ids = ids_.data();
-  float* wts = topw_.data();
-  const float* bias = lw.router_bias.empty() ? nullptr : lw.router_bias.data();
-  for (int64_t t = 0; t < n; ++t) {
-    route_token(c, logits + t * ne, bias, ids + t * k, wts + t * k, route_scratch_);
-  }
-  if (on_routing_) {
-    RoutingEvent ev;
-    ev.layer = l;
-    ev.moe_index = moe_index_[l];
-    ev.n_tokens = n;
-    ev.k = k;
-    ev.n_experts = ne;
-    ev.hidden_size = hd;
-    ev.pos0 = step_.pos[0];
-    ev.positions = step_.pos.data();
-    ev.ids = ids;
-    ev.weights = wts;
-    ev.logits = logits;
-    ev.hidden = hx;
-    on_routing_(ev);
-  }
-  req.ids = ids;
-  req.weights = wts;
+  route(l, n, ops_->host_view(router_logits, n * ne, &logits_host_), hx);
+  req.ids = ids_.data();
+  req.weights = topw_.data();
   moe_->submit(req);
   if (moe_->computes_shared()) {
     ops_->fill_zero(out, n * hd);
@@ -269,6 +250,75 @@ void Model::ffn(int64_t l, int64_t n, const float* x, float* out) {
   const auto tw = Clock::now();
   moe_->wait();
   moe_wait_seconds_ += seconds(tw);
+  ops_->add_from_host(out, routed, n * hd);
+}
+
+// The top-k of each token's router logits into ids_ / topw_, and the routing observer.
+void Model::route(int64_t l, int64_t n, const float* logits, const float* hidden) {
+  const ModelConfig& c = w_.config;
+  const LayerWeights& lw = w_.layers[l];
+  const int64_t ne = c.n_experts, k = c.n_experts_per_tok;
+  ids_.resize(static_cast<size_t>(n * k));
+  topw_.resize(static_cast<size_t>(n * k));
+  const float* bias = lw.router_bias.empty() ? nullptr : lw.router_bias.data();
+  for (int64_t t = 0; t < n; ++t) {
+    route_token(c, logits + t * ne, bias, ids_.data() + t * k, topw_.data() + t * k,
+                route_scratch_);
+  }
+  if (on_routing_) {
+    RoutingEvent ev;
+    ev.layer = l;
+    ev.moe_index = moe_index_[l];
+    ev.n_tokens = n;
+    ev.k = k;
+    ev.n_experts = ne;
+    ev.hidden_size = c.hidden_size;
+    ev.pos0 = step_.pos[0];
+    ev.positions = step_.pos.data();
+    ev.ids = ids_.data();
+    ev.weights = topw_.data();
+    ev.logits = logits;
+    ev.hidden = hidden;
+    on_routing_(ev);
+  }
+}
+
+// The MoE layer in the ops' stream order (KTransformers §3.3): the layer's input and router
+// logits are copied into host buffers, a host function routes and submits the CPU experts, the
+// device computes the shared experts meanwhile, a second host function waits for the CPU, and
+// the routed sum is added from its host buffer. The host thread only enqueues; ids_, topw_ and
+// ordered_req_ are the host functions' (the layers' run one after another on the stream).
+void Model::ordered_moe(int64_t l, int64_t n, const float* x, float* out, MoeRequest req) {
+  const ModelConfig& c = w_.config;
+  const int64_t hd = c.hidden_size, ne = c.n_experts;
+  float* hx = ops_->host_buffer(0, n * hd);
+  float* logits = ops_->host_buffer(1, n * ne);
+  float* routed = ops_->host_buffer(2, n * hd);
+  float* router_logits = ops_->buffer(kRouterLogits, n * ne);
+  ops_->router(l, x, n, router_logits);
+  ops_->copy_to_host(x, n * hd, hx);
+  ops_->copy_to_host(router_logits, n * ne, logits);
+  req.hidden = hx;
+  req.out = routed;
+  ops_->host_work([this, l, n, logits, hx, req] {
+    route(l, n, logits, hx);
+    ordered_req_ = req;
+    ordered_req_.ids = ids_.data();
+    ordered_req_.weights = topw_.data();
+    cpu_since_ = Clock::now();
+    moe_->submit(ordered_req_);
+  });
+  if (moe_->computes_shared()) {
+    ops_->fill_zero(out, n * hd);
+  } else {
+    ops_->shared_ffn(l, x, n, out);
+  }
+  ops_->host_work([this] {
+    const auto tw = Clock::now();
+    moe_->wait();
+    moe_wait_seconds_ += seconds(tw);
+    ops_->note_cpu_experts(cpu_since_, Clock::now());
+  });
   ops_->add_from_host(out, routed, n * hd);
 }
 

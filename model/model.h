@@ -13,6 +13,7 @@
 #pragma once
 
 #include <algorithm>
+#include <chrono>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -39,9 +40,9 @@ struct RoutingEvent {
   int64_t layer = 0;      // model layer index
   int64_t moe_index = 0;  // index among the MoE layers (0 = first MoE layer)
   int64_t n_tokens = 0, k = 0, n_experts = 0, hidden_size = 0;
-  int64_t pos0 = 0;                // position of the batch's first token
+  int64_t pos0 = 0;                    // position of the batch's first token
   const int64_t* positions = nullptr;  // [n_tokens]: each token's position in its sequence
-  const int32_t* ids = nullptr;    // [n_tokens, k], the router's order
+  const int32_t* ids = nullptr;        // [n_tokens, k], the router's order
   const float* weights = nullptr;  // [n_tokens, k], the weights the experts' outputs are scaled by
   const float* logits = nullptr;   // [n_tokens, n_experts] raw router logits (router_scores())
   const float* hidden = nullptr;   // [n_tokens, hidden_size] the MoE input (post-norm)
@@ -110,6 +111,8 @@ class Model {
  private:
   void run_layers(int64_t n);
   void ffn(int64_t layer, int64_t n, const float* x, float* out);
+  void ordered_moe(int64_t layer, int64_t n, const float* x, float* out, MoeRequest req);
+  void route(int64_t layer, int64_t n, const float* logits, const float* hidden);
 
   const LoadedModel& w_;
   MlaMode mla_;
@@ -118,6 +121,11 @@ class Model {
   MoeBackend* moe_;
   std::unique_ptr<ForwardOps> ops_;
   double ffn_seconds_ = 0, moe_wait_seconds_ = 0;
+  // The ops are a device's and the MoE backend can run in its host functions: MoE layers in
+  // stream order, the routed request kept here for the host function that waits for it.
+  bool ordered_moe_ = false;
+  MoeRequest ordered_req_;
+  std::chrono::steady_clock::time_point cpu_since_;
   std::vector<int64_t> moe_index_;  // per layer: index among MoE layers, -1 for dense
   int64_t n_moe_layers_ = 0;
   ForwardStep step_;  // the batch being computed

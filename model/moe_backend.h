@@ -61,6 +61,10 @@ class MoeBackend {
   virtual bool computes_shared() const { return false; }
   // true: honours MoeRequest::slot_rows.
   virtual bool adds_slot_rows() const { return false; }
+  // true: begin / submit / wait may be called from a device's host function (they make no device
+  // calls), so a model on a device's ops runs the MoE layer in stream order (ForwardOps::
+  // host_work) instead of waiting on the host.
+  virtual bool runs_in_host_callbacks() const { return false; }
 };
 
 // The reference: per expert, gather its tokens, SwiGLU FFN through ops::matmul (weights read in
@@ -71,6 +75,7 @@ class CpuMoeBackend : public MoeBackend {
   explicit CpuMoeBackend(ThreadPool* pool) : pool_(pool) {}
   void submit(const MoeRequest& request) override;
   void wait() override;
+  bool runs_in_host_callbacks() const override { return true; }
 
  private:
   ThreadPool* pool_;

@@ -76,6 +76,7 @@ class FusedMoeBackend : public MoeBackend {
   void wait() override;
   bool computes_shared() const override { return options_.shared_experts; }
   bool adds_slot_rows() const override { return true; }
+  bool runs_in_host_callbacks() const override { return true; }
   // Whether the last request's shared experts ran as begin()'s early job.
   bool last_shared_early() const { return early_tasks_count_ > 0; }
 

@@ -46,6 +46,9 @@ class DeferringMoeBackend : public MoeBackend {
   void submit(const MoeRequest& request) override;
   void wait() override;
   bool computes_shared() const override { return immediate_->computes_shared(); }
+  bool runs_in_host_callbacks() const override {
+    return immediate_->runs_in_host_callbacks() && deferred_->runs_in_host_callbacks();
+  }
 
   int n_defer() const { return n_defer_; }
   const DeferralStats& stats() const { return stats_; }
@@ -63,7 +66,7 @@ class DeferringMoeBackend : public MoeBackend {
   int64_t clamped_warned_k_ = -1;
   DeferralStats stats_;
 
-  MoeRequest current_;        // the request being computed (immediate part)
+  MoeRequest current_;  // the request being computed (immediate part)
   bool have_current_ = false;
   bool split_current_ = false;  // current_ was split: its deferred part starts in wait()
   bool def_pending_ = false;    // deferred_ holds the previous layer's deferred part

@@ -6,6 +6,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "runtime/timeline.h"
 
 namespace tandem::rt {
 
@@ -13,6 +14,7 @@ DeviceForwardOps::DeviceForwardOps(Device& dev, std::shared_ptr<const DenseWeigh
     : dev_(dev), w_(std::move(weights)), stream_(dev.create_stream()) {
   for (Buf*& b : slots_) b = new_buf();
   stage_ = new_buf();
+  for (int i = 0; i < 3; ++i) host_.emplace_back(&dev_);
 }
 
 DeviceForwardOps::~DeviceForwardOps() {
@@ -51,6 +53,24 @@ const float* DeviceForwardOps::host_view(const float* x, int64_t count,
   dev_.copy_d2h(staging->data(), x, static_cast<uint64_t>(count) * 4, stream_);
   dev_.sync_stream(stream_);
   return staging->data();
+}
+
+float* DeviceForwardOps::host_buffer(int slot, int64_t count) {
+  TD_CHECK(slot >= 0 && slot < static_cast<int>(host_.size()), "forward ops: host buffer {}", slot);
+  return host_[static_cast<size_t>(slot)].floats(count);
+}
+
+void DeviceForwardOps::copy_to_host(const float* x, int64_t count, float* host) {
+  dev_.copy_d2h(host, x, static_cast<uint64_t>(count) * 4, stream_);
+}
+
+void DeviceForwardOps::host_work(std::function<void()> fn) {
+  dev_.host_callback(stream_, std::move(fn));
+}
+
+void DeviceForwardOps::note_cpu_experts(std::chrono::steady_clock::time_point t0,
+                                        std::chrono::steady_clock::time_point t1) {
+  if (Timeline* t = dev_.timeline()) t->add(Timeline::kCpuExperts, t0, t1);
 }
 
 void DeviceForwardOps::add_from_host(float* out, const float* host, int64_t count) {

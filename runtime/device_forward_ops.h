@@ -2,7 +2,8 @@
 // stream of its own on the device, the dense weights it reads, activation buffers in the
 // device's memory (grown once the stream no longer reads them, freed with the ops after the
 // stream is done), the host's views of device memory through a d2h copy, the routed output back
-// through an h2d copy, and finish() as the stream's sync. The host device's ops
+// through an h2d copy, stream-ordered host buffers and host work (the device's host callbacks),
+// and finish() as the stream's sync. The host device's ops
 // (runtime/host_device.cpp) and the CUDA device's (runtime/cuda_device.cpp) derive from it.
 #pragma once
 
@@ -30,6 +31,12 @@ class DeviceForwardOps : public ForwardOps {
   }
   const float* host_view(const float* x, int64_t count, std::vector<float>* staging) override;
   void add_from_host(float* out, const float* host, int64_t count) override;
+  bool stream_ordered() const override { return true; }
+  float* host_buffer(int slot, int64_t count) override;
+  void copy_to_host(const float* x, int64_t count, float* host) override;
+  void host_work(std::function<void()> fn) override;
+  void note_cpu_experts(std::chrono::steady_clock::time_point t0,
+                        std::chrono::steady_clock::time_point t1) override;
   void finish() override { dev_.sync_stream(stream_); }
 
  protected:
@@ -50,6 +57,7 @@ class DeviceForwardOps : public ForwardOps {
   std::deque<Buf> bufs_;
   Buf* slots_[kBufferSlots];
   Buf* stage_;
+  std::deque<HostStaging> host_;  // host_buffer's slots
 };
 
 }  // namespace tandem::rt

@@ -289,34 +289,29 @@ MoeRuntime::MoeRuntime(const LoadedModel& model, const BackendOptions& options,
     }
     impl_->timeline = std::make_unique<rt::Timeline>();
     impl_->device->set_timeline(impl_->timeline.get());
-    rt::HybridOptions h;
-    if (impl_->placement.dense_device() == rt::Where::kAccel) {
-      // The dense part first: the expert cache sizes itself from what is left, keeping room for
-      // the KV cache of a default context and the activations.
-      impl_->dense = rt::upload_dense_weights(*impl_->device, model, false);
-      const uint64_t left = impl_->device->memory_capacity() - impl_->device->memory_used();
-      h.reserve_bytes =
-          default_kv_bytes(model.config) + std::min<uint64_t>(left / 4, uint64_t{64} << 20);
+    // --gpu-experts 0 --cache-slots 0 with the dense part and the shared experts on the device:
+    // no expert ever runs there, so no hybrid backend either (KTransformers' default): the CPU
+    // operator computes every routed expert and the model runs its MoE layers in the device's
+    // stream order (Model::ordered_moe), the host never waiting inside a forward.
+    bool shared_on_device = true, experts_pinned = false;
+    for (size_t l = 0; l < model.layers.size(); ++l) {
+      if (!model.layers[l].moe) continue;
+      const auto layer = static_cast<int64_t>(l);
+      shared_on_device = shared_on_device && (model.layers[l].sh_gate.empty() ||
+                                              impl_->placement.shared_on_accel(layer));
+      experts_pinned = experts_pinned || impl_->placement.experts_pinned(layer);
     }
-    h.policy = o.policy;
-    h.cache = o.cache;
-    h.prefetch = o.prefetch;
-    h.gpu_experts = o.gpu_experts;
-    h.cache_slots = o.cache_slots;
-    h.global_pool = o.cache_global;
-    h.pin_experts = o.cpu_experts == "native";
-    h.profile = o.profile;
-    h.residuals = o.residuals;
-    h.link_gb_per_s = ho.link.gb_per_s;
-    h.link_latency_us = ho.link.latency_us;
-    impl_->hybrid = std::make_unique<rt::HybridMoeBackend>(
-        model, impl_->cpu.get(), impl_->device.get(), impl_->placement, h);
-    backend_ = impl_->hybrid.get();
-    summary_ += fmt::format("; accelerator: {} ({:.0f} MiB, link {}): {}", impl_->device->name(),
-                            ho.memory_bytes / 1048576.0, o.link, impl_->hybrid->summary());
-    summary_ += impl_->dense ? fmt::format("; dense part on the accelerator ({:.1f} MiB)",
-                                           impl_->dense->bytes / 1048576.0)
-                             : std::string("; dense part on the cpu");
+    if (impl_->placement.dense_device() == rt::Where::kAccel && o.gpu_experts == 0 &&
+        o.cache_slots == 0 && shared_on_device && !experts_pinned) {
+      impl_->dense = rt::upload_dense_weights(*impl_->device, model, true);
+      summary_ += fmt::format(
+          "; accelerator: {} ({:.0f} MiB, link {}): the dense part and the shared experts "
+          "({:.1f} MiB), every routed expert on the CPU operator (--gpu-experts 0 --cache-slots 0)",
+          impl_->device->name(), ho.memory_bytes / 1048576.0, o.link,
+          impl_->dense->bytes / 1048576.0);
+    } else {
+      make_hybrid(model, o, ho);
+    }
   } else {
     summary_ += "; accelerator: none";
   }
@@ -338,6 +333,38 @@ MoeRuntime::MoeRuntime(const LoadedModel& model, const BackendOptions& options,
 }
 
 MoeRuntime::~MoeRuntime() = default;
+
+void MoeRuntime::make_hybrid(const LoadedModel& model, const BackendOptions& o,
+                             const rt::HostDeviceOptions& ho) {
+  rt::HybridOptions h;
+  if (impl_->placement.dense_device() == rt::Where::kAccel) {
+    // The dense part first: the expert cache sizes itself from what is left, keeping room for
+    // the KV cache of a default context and the activations.
+    impl_->dense = rt::upload_dense_weights(*impl_->device, model, false);
+    const uint64_t left = impl_->device->memory_capacity() - impl_->device->memory_used();
+    h.reserve_bytes =
+        default_kv_bytes(model.config) + std::min<uint64_t>(left / 4, uint64_t{64} << 20);
+  }
+  h.policy = o.policy;
+  h.cache = o.cache;
+  h.prefetch = o.prefetch;
+  h.gpu_experts = o.gpu_experts;
+  h.cache_slots = o.cache_slots;
+  h.global_pool = o.cache_global;
+  h.pin_experts = o.cpu_experts == "native";
+  h.profile = o.profile;
+  h.residuals = o.residuals;
+  h.link_gb_per_s = ho.link.gb_per_s;
+  h.link_latency_us = ho.link.latency_us;
+  impl_->hybrid = std::make_unique<rt::HybridMoeBackend>(model, impl_->cpu.get(),
+                                                         impl_->device.get(), impl_->placement, h);
+  backend_ = impl_->hybrid.get();
+  summary_ += fmt::format("; accelerator: {} ({:.0f} MiB, link {}): {}", impl_->device->name(),
+                          ho.memory_bytes / 1048576.0, o.link, impl_->hybrid->summary());
+  summary_ += impl_->dense ? fmt::format("; dense part on the accelerator ({:.1f} MiB)",
+                                         impl_->dense->bytes / 1048576.0)
+                           : std::string("; dense part on the cpu");
+}
 
 const kern::WeightViews* MoeRuntime::weight_views() const {
   const CpuExperts* e = impl_->experts.get();

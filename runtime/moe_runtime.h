@@ -21,6 +21,7 @@
 namespace tandem {
 namespace rt {
 struct HybridStats;
+struct HostDeviceOptions;
 class Timeline;
 }  // namespace rt
 
@@ -30,7 +31,7 @@ struct BackendOptions {
   // CPU experts (docs/cpu-backend.md, "CPU experts").
   // auto | native | repack | int8 | int4 | bf16 (auto: resolve_cpu_experts below)
   std::string cpu_experts = "auto";
-  int expert_group = 128;              // int8/int4 quantization group: 32, 64, 128
+  int expert_group = 128;                  // int8/int4 quantization group: 32, 64, 128
   std::filesystem::path expert_cache_dir;  // empty: default (see docs/cpu-backend.md)
   bool expert_cache = true;                // read / write the repacked experts on disk
   // Map the model files (and the expert cache) instead of copying them into huge-page memory
@@ -41,21 +42,21 @@ struct BackendOptions {
   // wrap around the nodes (tests and benchmarks force 2 parts on one node).
   int numa_parts = 0;
   // Hybrid runtime (docs/hybrid.md).
-  std::string accel = "auto";        // auto | none | host | cuda  (auto: cuda if present, else none)
-  int gpu_experts = 0;               // experts resident on the accelerator per MoE layer
-  std::string vram_budget;           // e.g. "8G"; empty: the device's capacity
-  int defer = 0;                     // Expert Deferral: experts deferred per token (decode)
-  std::string policy = "static";     // static | fiddler | hybrimoe | dali | optimal
-  std::string cache = "lru";         // lru | lfu | mrs | dali | none
-  int cache_slots = -1;              // expert cache slots per layer (-1: from the budget)
-  bool cache_global = false;         // one pool of slots shared by all MoE layers
-  std::string prefetch = "none";     // none | gate | residual
-  std::filesystem::path rules;       // YAML placement rules
-  std::filesystem::path profile;     // cost model from `tandem profile`
-  std::filesystem::path residuals;   // DALI residual vectors from `tandem calibrate`
-  std::string link = "pcie4";        // host device link: pcie4 | pcie5 | none | <GB/s>[,<us>]
-  bool show_placement = false;       // print the resolved placement (also at -v)
-  std::string cpu_experts_why;       // set by resolve_backend_options when auto chose
+  std::string accel = "auto";       // auto | none | host | cuda  (auto: cuda if present, else none)
+  int gpu_experts = 0;              // experts resident on the accelerator per MoE layer
+  std::string vram_budget;          // e.g. "8G"; empty: the device's capacity
+  int defer = 0;                    // Expert Deferral: experts deferred per token (decode)
+  std::string policy = "static";    // static | fiddler | hybrimoe | dali | optimal
+  std::string cache = "lru";        // lru | lfu | mrs | dali | none
+  int cache_slots = -1;             // expert cache slots per layer (-1: from the budget)
+  bool cache_global = false;        // one pool of slots shared by all MoE layers
+  std::string prefetch = "none";    // none | gate | residual
+  std::filesystem::path rules;      // YAML placement rules
+  std::filesystem::path profile;    // cost model from `tandem profile`
+  std::filesystem::path residuals;  // DALI residual vectors from `tandem calibrate`
+  std::string link = "pcie4";       // host device link: pcie4 | pcie5 | none | <GB/s>[,<us>]
+  bool show_placement = false;      // print the resolved placement (also at -v)
+  std::string cpu_experts_why;      // set by resolve_backend_options when auto chose
 };
 
 // --cpu-experts auto, decided once before the model loads (the load mode depends on it):
@@ -109,6 +110,10 @@ class MoeRuntime {
   rt::Timeline* timeline() const;
 
  private:
+  // The hybrid backend over impl_->device (the dense part uploaded first when placed there).
+  void make_hybrid(const LoadedModel& model, const BackendOptions& o,
+                   const rt::HostDeviceOptions& ho);
+
   struct Impl;
   std::unique_ptr<Impl> impl_;
   MoeBackend* backend_ = nullptr;

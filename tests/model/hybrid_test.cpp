@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <cmath>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <numeric>
 #include <string>
 #include <vector>
@@ -275,6 +276,52 @@ TEST(HybridExact, FusedOperatorInsideGivesTheCpuAlonesBits) {
   }
 }
 
+// The dense part and the shared experts on the host device, every routed expert on the fused
+// operator (--gpu-experts 0 --cache-slots 0: no hybrid backend): the model runs each MoE layer in
+// the device's stream order (routing, submit and wait as host functions, the host never waiting
+// inside a forward) and gets the CPU alone's logits bit for bit (with Expert Deferral, within
+// F32 rounding).
+TEST(OrderedMoe, DeviceOpsAndTheCpuOperatorGiveTheCpuAlonesBits) {
+  for (const std::string m :
+       {"golden/qwen3moe-q4_k_m.gguf", "golden/deepseek3-q4_k_m.gguf", "golden/qwen2moe.gguf",
+        "golden/gpt-oss.gguf", "demo/tandem-demo-moe-Q4_K_M.gguf"}) {
+    const LoadedModel lm = load_model(test::data_path(m));
+    for (int n_defer : {0, 1}) {
+      SCOPED_TRACE(fmt::format("{} defer {}", m, n_defer));
+      FusedMoeOptions alone_options;
+      alone_options.shared_experts = true;  // as --accel none runs it
+      FusedMoeBackend alone(&threading().pool(), alone_options), alone_def(&threading().pool());
+      rt::DeferringMoeBackend alone_d(&alone, &alone_def, n_defer);
+      const Decode base = decode(lm, &alone_d, 6);
+
+      auto dev = host_device();
+      auto w = rt::upload_dense_weights(*dev, lm, true);  // the shared experts too
+      rt::Device* d = dev.get();
+      ForwardOpsFactory dense = [d, w](const LoadedModel&, const ForwardOpsOptions& o) {
+        return d->forward_ops(w, o);
+      };
+      FusedMoeBackend cpu(&threading().pool()), cpu_def(&threading().pool());
+      rt::DeferringMoeBackend deferring(&cpu, &cpu_def, n_defer);
+      ASSERT_TRUE(deferring.runs_in_host_callbacks());
+      const Decode got = decode(lm, &deferring, 6, kPrompt, dense);
+      EXPECT_EQ(got.tokens, base.tokens);
+      ASSERT_EQ(got.logits.size(), base.logits.size());
+      if (n_defer == 0) {
+        int64_t differ = 0;
+        for (size_t i = 0; i < got.logits.size(); ++i) differ += got.logits[i] != base.logits[i];
+        EXPECT_EQ(differ, 0) << "max rel diff " << test::max_rel_diff(got.logits, base.logits);
+      } else {
+        // With deferral the shared experts join the sum in another place: (shared + immediate)
+        // + deferred on the CPU alone, shared + (immediate + deferred) here.
+        EXPECT_LE(test::max_rel_diff(got.logits, base.logits), 1e-5);
+      }
+      if (n_defer > 0 && lm.config.n_experts_per_tok > 1) {
+        EXPECT_GT(deferring.stats().deferred_requests, 0);
+      }
+    }
+  }
+}
+
 // --cpu-experts native: the experts' host memory is registered with the device for the copies
 // (whole pages, touching ranges merged), the tokens unchanged.
 TEST(HybridPinnedExperts, RegistersEveryExpertsBytes) {
@@ -346,6 +393,29 @@ TEST(HybridCli, RunWithEveryHybridFlag) {
   EXPECT_EQ(r.out, cpu.out);
   EXPECT_NE(r.err.find("policy hybrimoe"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("layers.1.experts"), std::string::npos) << r.err;
+}
+
+// --gpu-experts 0 --cache-slots 0: no hybrid backend, the same tokens as the CPU alone, and the
+// decode timeline has both sides (the CPU experts' spans from the model's host functions).
+TEST(HybridCli, NoDeviceExpertsRunWithoutTheHybridBackend) {
+  const std::string model = test::data_path("golden/deepseek3.gguf").string();
+  const std::string base = "run --model " + model + " --tokens 1,453,386,332 -n 6 --temp 0 ";
+  const auto cpu = test::run_tandem(base + "--accel none");
+  ASSERT_EQ(cpu.exit_code, 0) << cpu.err;
+  const std::string flags = " --accel host --vram-budget 64M --gpu-experts 0 --cache-slots 0";
+  const auto r = test::run_tandem(base + flags);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out, cpu.out);
+  EXPECT_NE(r.err.find("every routed expert on the CPU operator"), std::string::npos) << r.err;
+  const auto b = test::run_tandem("bench -m " + model + " -p 8 -n 6 -r 1 --json" + flags);
+  ASSERT_EQ(b.exit_code, 0) << b.err;
+  const nlohmann::json j = nlohmann::json::parse(b.out);
+  const nlohmann::json& tl = j["tests"][1]["timeline"];
+  EXPECT_GT(tl["device_busy"].get<double>(), 0.0) << tl.dump();
+  EXPECT_GT(tl["cpu_experts_busy"].get<double>(), 0.0) << tl.dump();
+  EXPECT_NE(j["backend"].get<std::string>().find("every routed expert on the CPU operator"),
+            std::string::npos)
+      << j["backend"];
 }
 
 // --defer 2 through the CLI generates what the library computes with Expert Deferral (the formula
