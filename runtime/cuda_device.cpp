@@ -42,6 +42,8 @@ namespace tandem::rt {
 
 namespace {
 
+struct CudaGraph;
+
 struct CudaStreamState {
   cudaStream_t stream = nullptr;
   std::mutex mu;
@@ -51,6 +53,37 @@ struct CudaStreamState {
   cublasHandle_t blas = nullptr;  // created on the first product with many tokens
   void* weights = nullptr;        // a slice of a weight dequantized for cuBLAS
   uint64_t weights_bytes = 0;
+  std::unique_ptr<CudaGraph> capture;  // the graph being captured on the stream
+};
+
+// A host function on a stream (cudaLaunchHostFunc): an exception is kept for the stream's next
+// sync.
+struct CudaCallback {
+  CudaStreamState* st;
+  std::function<void()> fn;
+  static void CUDART_CB run(void* p) {  // once: the callback is the trampoline's
+    std::unique_ptr<CudaCallback> cb(static_cast<CudaCallback*>(p));
+    call(*cb);
+  }
+  static void CUDART_CB run_kept(void* p) {  // a graph's host node, at every launch
+    call(*static_cast<CudaCallback*>(p));
+  }
+  static void call(CudaCallback& cb) {
+    try {
+      cb.fn();
+    } catch (...) {
+      std::lock_guard<std::mutex> lock(cb.st->mu);
+      if (!cb.st->error) cb.st->error = std::current_exception();
+    }
+  }
+};
+
+struct CudaGraph {
+  cudaGraphExec_t exec = nullptr;
+  std::vector<std::unique_ptr<CudaCallback>> callbacks;  // its host nodes'
+  ~CudaGraph() {
+    if (exec != nullptr) cudaGraphExecDestroy(exec);
+  }
 };
 
 // Products with at least this many token rows (prefill) go through cuBLAS on a dequantized F32
@@ -247,12 +280,55 @@ class CudaDevice final : public Device {
 
   void host_callback(StreamId s, std::function<void()> fn) override {
     CudaStreamState& st = stream(s);
-    auto* cb = new Callback{&st, std::move(fn)};
-    const cudaError_t err = cudaLaunchHostFunc(st.stream, &Callback::run, cb);
+    if (st.capture != nullptr) {  // a host node: kept by the graph, run at every launch
+      auto cb = std::make_unique<CudaCallback>(CudaCallback{&st, std::move(fn)});
+      TD_CUDA_CHECK(cudaLaunchHostFunc(st.stream, &CudaCallback::run_kept, cb.get()));
+      st.capture->callbacks.push_back(std::move(cb));
+      return;
+    }
+    auto* cb = new CudaCallback{&st, std::move(fn)};
+    const cudaError_t err = cudaLaunchHostFunc(st.stream, &CudaCallback::run, cb);
     if (err != cudaSuccess) {
       delete cb;
       TD_CUDA_CHECK(err);
     }
+  }
+
+  void begin_capture(StreamId s) override {
+    CudaStreamState& st = stream(s);
+    if (st.capture != nullptr) {
+      fail(ErrorKind::kInvalidArgument, "{}: stream {} is capturing", name_, s);
+    }
+    TD_CUDA_CHECK(cudaStreamBeginCapture(st.stream, cudaStreamCaptureModeThreadLocal));
+    st.capture = std::make_unique<CudaGraph>();
+  }
+  GraphId end_capture(StreamId s) override {
+    CudaStreamState& st = stream(s);
+    if (st.capture == nullptr) {
+      fail(ErrorKind::kInvalidArgument, "{}: end_capture of stream {}, which is not capturing",
+           name_, s);
+    }
+    std::unique_ptr<CudaGraph> g = std::move(st.capture);
+    cudaGraph_t graph = nullptr;
+    TD_CUDA_CHECK(cudaStreamEndCapture(st.stream, &graph));
+    const cudaError_t err = cudaGraphInstantiate(&g->exec, graph, 0);
+    cudaGraphDestroy(graph);
+    TD_CUDA_CHECK(err);
+    std::lock_guard<std::mutex> lock(mu_);
+    graphs_.push_back(std::move(g));
+    return static_cast<GraphId>(graphs_.size()) - 1;
+  }
+  void launch_graph(GraphId g, StreamId s) override {
+    CudaStreamState& st = stream(s);
+    cudaGraphExec_t exec = nullptr;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (g < 0 || g >= static_cast<GraphId>(graphs_.size())) {
+        fail(ErrorKind::kInvalidArgument, "{}: unknown graph {}", name_, g);
+      }
+      exec = graphs_[static_cast<size_t>(g)]->exec;
+    }
+    TD_CUDA_CHECK(cudaGraphLaunch(exec, st.stream));
   }
 
   void ffn(StreamId s, const DeviceFfnWeights& w, const float* x, int64_t n, const float* scale,
@@ -311,21 +387,6 @@ class CudaDevice final : public Device {
     cudaEvent_t event = nullptr;
     int stream = -1;  // -1: never recorded
   };
-  struct Callback {
-    CudaStreamState* st;
-    std::function<void()> fn;
-    // cudaLaunchHostFunc's trampoline: an exception is kept for the stream's next sync.
-    static void CUDART_CB run(void* p) {
-      std::unique_ptr<Callback> cb(static_cast<Callback*>(p));
-      try {
-        cb->fn();
-      } catch (...) {
-        std::lock_guard<std::mutex> lock(cb->st->mu);
-        if (!cb->st->error) cb->st->error = std::current_exception();
-      }
-    }
-  };
-
   CudaStreamState& stream(StreamId s) {
     std::lock_guard<std::mutex> lock(mu_);
     if (s < 0 || s >= static_cast<int>(streams_.size())) {
@@ -530,6 +591,12 @@ class CudaDevice final : public Device {
     OpSpan span_;
   };
   OpSpan span_start(cudaStream_t s, double* seconds) {
+    cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+    if (cudaStreamIsCapturing(s, &capturing) != cudaSuccess ||
+        capturing != cudaStreamCaptureStatusNone) {
+      cudaGetLastError();
+      return {};  // (a graph's ops are not timed)
+    }
     std::lock_guard<std::mutex> lock(span_mu_);
     if (anchor_ == nullptr) {
       TD_CUDA_CHECK(cudaEventCreate(&anchor_));
@@ -593,8 +660,9 @@ class CudaDevice final : public Device {
   uint64_t capacity_ = 0, used_ = 0;
   mutable std::mutex mu_;
   std::map<void*, uint64_t> live_;
-  std::vector<const void*> registered_;  // register_host's ranges
-  std::mutex span_mu_;                   // the spans below and the seconds they add to
+  std::vector<const void*> registered_;             // register_host's ranges
+  std::vector<std::unique_ptr<CudaGraph>> graphs_;  // end_capture's, by GraphId
+  std::mutex span_mu_;                              // the spans below and the seconds they add to
   cudaEvent_t anchor_ = nullptr;
   Timeline::Clock::time_point anchor_time_;
   std::vector<OpSpan> spans_free_, spans_pending_;

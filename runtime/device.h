@@ -21,8 +21,8 @@
 // - Thread safety: every call may come from any host thread; the runtime normally drives a device
 //   from one thread plus the callbacks it enqueued.
 // - Destruction waits for all enqueued work to finish; then device memory is released.
-// - Graph capture (CUDA): copies, ops, record / wait_event may be captured; host_callback only as a
-//   host node; alloc / free / sync_* must not be called while capturing.
+// - Graph capture (begin_capture .. end_capture): copies, ops and host callbacks (host nodes) are
+//   captured; record / wait_event / alloc / free / sync_* must not be called while capturing.
 #pragma once
 
 #include <cstdint>
@@ -94,6 +94,16 @@ class Device {
   // device has none.
   virtual std::unique_ptr<ForwardOps> forward_ops(std::shared_ptr<const DenseWeights> weights,
                                                   const ForwardOpsOptions& options);
+  // Graphs (CUDA graphs; the host device records the stream's closures): after begin_capture(s)
+  // the work enqueued on s (copies, ops, host callbacks as host nodes) is recorded, not run, until
+  // end_capture(s) returns it as a graph; launch_graph(g, s) runs it on s, every time with the
+  // pointers and sizes it was captured with (what they point to may change between launches).
+  // While capturing: no events, allocations or syncs, and no op that has to grow its scratch (run
+  // the work once eagerly first). Default: Error(kUnsupported).
+  using GraphId = int;
+  virtual void begin_capture(StreamId s);
+  virtual GraphId end_capture(StreamId s);
+  virtual void launch_graph(GraphId g, StreamId s);
   // Where the device records its ops' busy intervals and its copies' bytes, and the hybrid
   // backend its CPU experts' intervals (runtime/timeline.h); nullptr: nowhere. Set it before
   // enqueuing work; it must outlive the work enqueued after.

@@ -42,6 +42,16 @@ void Device::free_host(void* p) {
   std::free(p);
 }
 
+void Device::begin_capture(StreamId) {
+  fail(ErrorKind::kUnsupported, "{}: no graph capture", name());
+}
+Device::GraphId Device::end_capture(StreamId) {
+  fail(ErrorKind::kUnsupported, "{}: no graph capture", name());
+}
+void Device::launch_graph(GraphId, StreamId) {
+  fail(ErrorKind::kUnsupported, "{}: no graphs", name());
+}
+
 bool Device::register_host(const void*, uint64_t, std::string*) {
   return true;
 }
@@ -128,6 +138,8 @@ struct Item {
 
 struct Stream {
   std::deque<Item> queue;
+  bool capturing = false;
+  std::vector<Item> captured;  // begin_capture .. end_capture: the graph being recorded
   uint64_t enqueued = 0, completed = 0;
   std::exception_ptr error;  // the first unreported failure
   uint64_t error_seq = 0;    // its position in the stream (1-based)
@@ -257,6 +269,7 @@ class HostDevice final : public Device {
   void record(EventId e, StreamId s) override {
     std::lock_guard<std::mutex> lock(mu_);
     Stream& st = stream(s);
+    not_capturing(st, s, "record");
     event(e) = Event{s, st.enqueued};
   }
 
@@ -265,7 +278,7 @@ class HostDevice final : public Device {
     Stream* other = nullptr;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      stream(s);
+      not_capturing(stream(s), s, "wait_event");
       ev = event(e);  // the newest record at the time of the call, like cudaStreamWaitEvent
       if (ev.stream < 0 || ev.stream == s) return;  // never recorded / already ordered
       other = streams_[ev.stream].get();
@@ -294,6 +307,7 @@ class HostDevice final : public Device {
   void sync_stream(StreamId s) override {
     std::unique_lock<std::mutex> lock(mu_);
     Stream& st = stream(s);
+    not_capturing(st, s, "sync_stream");
     const uint64_t target = st.enqueued;
     cv_.wait(lock, [&] { return st.completed >= target; });
     if (st.error) std::rethrow_exception(std::exchange(st.error, {}));
@@ -395,10 +409,55 @@ class HostDevice final : public Device {
     {
       std::lock_guard<std::mutex> lock(mu_);
       Stream& st = stream(s);
+      if (st.capturing) {
+        st.captured.push_back(Item{op, std::move(fn)});
+        return;
+      }
       st.queue.push_back(Item{op, std::move(fn)});
       ++st.enqueued;
     }
     cv_.notify_all();
+  }
+
+  // A graph is the stream's closures in order; a launch enqueues copies of them.
+  void begin_capture(StreamId s) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    Stream& st = stream(s);
+    if (st.capturing) fail(ErrorKind::kInvalidArgument, "{}: stream {} is capturing", name(), s);
+    st.capturing = true;
+    st.captured.clear();
+  }
+  GraphId end_capture(StreamId s) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    Stream& st = stream(s);
+    if (!st.capturing) {
+      fail(ErrorKind::kInvalidArgument, "{}: end_capture of stream {}, which is not capturing",
+           name(), s);
+    }
+    st.capturing = false;
+    graphs_.push_back(std::exchange(st.captured, {}));
+    return static_cast<GraphId>(graphs_.size()) - 1;
+  }
+  void launch_graph(GraphId g, StreamId s) override {
+    std::vector<Item> items;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (g < 0 || g >= static_cast<GraphId>(graphs_.size())) {
+        fail(ErrorKind::kInvalidArgument, "{}: unknown graph {}", name(), g);
+      }
+      if (stream(s).capturing) {
+        fail(ErrorKind::kUnsupported, "{}: launch_graph while stream {} captures", name(), s);
+      }
+      items = graphs_[static_cast<size_t>(g)];
+    }
+    for (Item& it : items) enqueue(s, it.op, std::move(it.fn));
+  }
+  // Fails when s is capturing (events and syncs are not part of a graph).
+  void not_capturing(Stream& st, StreamId s, const char* what) {
+    if (st.capturing) {
+      fail(ErrorKind::kUnsupported, "{}: {} on stream {} while it captures a graph", name(), what,
+           s);
+    }
   }
 
   void worker(Stream* st, int id) {
@@ -514,6 +573,7 @@ class HostDevice final : public Device {
   bool stop_ = false;
   std::vector<std::unique_ptr<Stream>> streams_;
   std::vector<Event> events_;
+  std::vector<std::vector<Item>> graphs_;  // end_capture's, by GraphId
 };
 
 // The forward's ops on the host device: each call is enqueued on the ops' stream and runs the

@@ -25,6 +25,7 @@
 #include "formats/quant.h"
 #include "ops/cpu/ref_ops.h"
 #include "runtime/device.h"
+#include "tests/graph_replay_check.h"
 #include "tests/test_util.h"
 
 namespace tandem::rt {
@@ -89,6 +90,12 @@ TEST(CudaDevice, BudgetErrorsAndBadArguments) {
   void* d = dev->alloc(64);
   EXPECT_THROW(dev->add(0, host.data(), static_cast<float*>(d), 16), Error);  // host input
   dev->free(d);
+}
+
+// A captured CUDA graph (its host node included) replays what eager execution computes.
+TEST(CudaDevice, GraphReplayEqualsEagerExecution) {
+  auto dev = gpu();
+  test::check_graph_replay(*dev);
 }
 
 TEST(CudaDevice, CallbackErrorSurfacesOnceAndTheStreamGoesOn) {

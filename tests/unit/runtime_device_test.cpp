@@ -17,6 +17,7 @@
 #include "ops/cpu/kernels.h"
 #include "runtime/device.h"
 #include "runtime/host_device.h"
+#include "tests/graph_replay_check.h"
 
 namespace tandem::rt {
 namespace {
@@ -184,6 +185,32 @@ TEST(HostDevice, CapacityAndFreeList) {
   EXPECT_THROW(dev->free(static_cast<uint8_t*>(all) + 256), Error);
   int host = 0;
   EXPECT_THROW(dev->free(&host), Error);
+}
+
+TEST(HostDevice, GraphReplayEqualsEagerExecution) {
+  auto dev = device(uint64_t{16} << 20);
+  test::check_graph_replay(*dev);
+}
+
+// While a stream captures, its events and syncs are refused by name, and a second capture too.
+TEST(HostDevice, CaptureRefusesEventsAndSyncs) {
+  auto dev = device(uint64_t{1} << 20);
+  const StreamId s = dev->create_stream();
+  const EventId e = dev->create_event();
+  dev->begin_capture(s);
+  EXPECT_THROW(dev->begin_capture(s), Error);
+  EXPECT_THROW(dev->record(e, s), Error);
+  EXPECT_THROW(dev->wait_event(s, e), Error);
+  try {
+    dev->sync_stream(s);
+    ADD_FAILURE() << "sync_stream while capturing";
+  } catch (const Error& err) {
+    EXPECT_NE(std::string(err.what()).find("captures a graph"), std::string::npos) << err.what();
+  }
+  const Device::GraphId empty = dev->end_capture(s);
+  dev->launch_graph(empty, s);  // (nothing to run)
+  dev->sync_stream(s);
+  EXPECT_THROW(dev->end_capture(s), Error);  // not capturing
 }
 
 TEST(HostDevice, ErrorsSurfaceOnSyncAndTheStreamGoesOn) {
