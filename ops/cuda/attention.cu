@@ -279,7 +279,7 @@ __global__ void attention_combine_kernel(ops::AttentionArgs a, int n_splits, con
   }
 }
 
-// How attention_f32_cuda runs a: splits of the keys (> 0: the split kernels) or 0 (one block per
+// How attention_cuda runs a: splits of the keys (> 0: the split kernels) or 0 (one block per
 // token and head, attention_kernel).
 struct SplitPlan {
   int splits = 0, head_groups = 0;
