@@ -11,6 +11,9 @@
 #include "core/error.h"
 #include "core/input_file.h"
 #include "core/log.h"
+#include "core/topology.h"
+#include "formats/gguf.h"
+#include "formats/safetensors.h"
 #include "model/router.h"
 #include "ops/cpu/ref_ops.h"
 #include "runtime/calibrate.h"
@@ -390,6 +393,21 @@ void HybridMoeBackend::register_experts() {
       merged.push_back(r);
     }
   }
+  // Mapped files: pinning makes their cached pages unreclaimable, so only what fits in the memory
+  // available now (as page_in_model decides); files copied into memory are resident anyway.
+  uint64_t total = 0;
+  for (const auto& [begin, end] : merged) total += end - begin;
+  const bool in_memory = (model_.gguf && model_.gguf->in_memory()) ||
+                         (model_.safetensors && model_.safetensors->in_memory());
+  const uint64_t available = meminfo_bytes("MemAvailable");
+  if (!in_memory && available > 0 && total > available / 10 * 9) {
+    log_warn(
+        "{}: the experts' {} of host memory are not pinned for copies ({} available): expert "
+        "fetches are staged through the driver",
+        dev_->name(), format_binary_bytes(total), format_binary_bytes(available));
+    return;
+  }
+  const auto t0 = std::chrono::steady_clock::now();
   for (const auto& [begin, end] : merged) {
     std::string why;
     const auto* p = reinterpret_cast<const void*>(begin);
@@ -403,6 +421,9 @@ void HybridMoeBackend::register_experts() {
     registered_.push_back(p);
     stats_.pinned_host_bytes += static_cast<int64_t>(end - begin);
   }
+  log_info("{}: the experts' {} of host memory pinned for copies in {:.1f} s", dev_->name(),
+           format_binary_bytes(total),
+           std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
 }
 
 void HybridMoeBackend::copy_expert(int layer, int expert, int slot, StreamId stream) {

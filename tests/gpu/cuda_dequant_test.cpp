@@ -801,16 +801,7 @@ TEST_F(CudaMatvecGpu, Fp8BlockScalesMatchReference) {
 #endif
 
 int main(int argc, char** argv) {
-  const tandem::test::GpuGate gate = tandem::test::gpu_gate();
-#ifndef TANDEM_HAVE_CUDA
-  return tandem::test::gpu_gate_exit(gate);
-#else
-  testing::InitGoogleTest(&argc, argv);
-  if (gate.verdict != tandem::test::GpuVerdict::kRun) {
-    // The host-side checks still run: they need no device.
-    GTEST_FLAG_SET(filter, "CudaDequantHost.*:CudaMatvecHost.*:CudaBlasHost.*");
-    return tandem::test::gpu_gate_exit(gate, RUN_ALL_TESTS() != 0);
-  }
-  return RUN_ALL_TESTS();
-#endif
+  // The host-side checks run everywhere: they need no device.
+  return tandem::test::gpu_test_main(argc, argv,
+                                     "CudaDequantHost.*:CudaMatvecHost.*:CudaBlasHost.*");
 }

@@ -103,8 +103,5 @@ int main(int argc, char** argv) {
     return 0;
   }
 #endif
-  const tandem::test::GpuGate gate = tandem::test::gpu_gate();
-  if (gate.verdict != tandem::test::GpuVerdict::kRun) return tandem::test::gpu_gate_exit(gate);
-  testing::InitGoogleTest(&argc, argv);
-  return RUN_ALL_TESTS();
+  return tandem::test::gpu_test_main(argc, argv);
 }

@@ -251,12 +251,5 @@ INSTANTIATE_TEST_SUITE_P(
 #endif
 
 int main(int argc, char** argv) {
-  const tandem::test::GpuGate gate = tandem::test::gpu_gate();
-#ifndef TANDEM_HAVE_CUDA
-  return tandem::test::gpu_gate_exit(gate);
-#else
-  testing::InitGoogleTest(&argc, argv);
-  if (gate.verdict != tandem::test::GpuVerdict::kRun) return tandem::test::gpu_gate_exit(gate);
-  return RUN_ALL_TESTS();
-#endif
+  return tandem::test::gpu_test_main(argc, argv);
 }

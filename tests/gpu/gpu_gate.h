@@ -7,6 +7,8 @@
 // GPU machine's scripts, docs/development.md) makes "no device" and "no CUDA" failures too.
 #pragma once
 
+#include <gtest/gtest.h>
+
 #include <cstdio>
 #include <cstdlib>
 #include <string>
@@ -65,6 +67,17 @@ inline int gpu_gate_exit(const GpuGate& g, bool host_failed = false) {
   if (host_failed) return 1;
   std::printf("gpu tests: %s, skipped\n", g.why.c_str());
   return 77;
+}
+
+// A gpu test's main(): every test on a usable GPU; elsewhere only the tests `host_filter` names (a
+// gtest filter of checks that need no device; nullptr: none), then gpu_gate_exit's code.
+inline int gpu_test_main(int argc, char** argv, const char* host_filter = nullptr) {
+  const GpuGate gate = gpu_gate();
+  testing::InitGoogleTest(&argc, argv);
+  if (gate.verdict == GpuVerdict::kRun) return RUN_ALL_TESTS();
+  if (host_filter == nullptr) return gpu_gate_exit(gate);
+  GTEST_FLAG_SET(filter, host_filter);
+  return gpu_gate_exit(gate, RUN_ALL_TESTS() != 0);
 }
 
 }  // namespace tandem::test
