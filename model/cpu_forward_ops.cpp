@@ -625,6 +625,31 @@ void ForwardOps::host_work(std::function<void()>) {
        name());
 }
 
+namespace {
+[[noreturn]] void no_graphs(const ForwardOps& ops, const char* what) {
+  fail(ErrorKind::kInternal, "{} forward ops: {} on ops without graphs", ops.name(), what);
+}
+}  // namespace
+
+void ForwardOps::stage(const ForwardStep&, KvCache&) {
+  no_graphs(*this, "stage");
+}
+void ForwardOps::begin_capture() {
+  no_graphs(*this, "begin_capture");
+}
+int ForwardOps::end_capture() {
+  no_graphs(*this, "end_capture");
+}
+void ForwardOps::launch_graph(int) {
+  no_graphs(*this, "launch_graph");
+}
+void ForwardOps::drop_graph(int) {
+  no_graphs(*this, "drop_graph");
+}
+void ForwardOps::lm_head_to_host(const std::vector<int64_t>&, const float*, float*) {
+  no_graphs(*this, "lm_head_to_host");
+}
+
 std::unique_ptr<ForwardOps> make_cpu_forward_ops(const LoadedModel& weights,
                                                  const ForwardOpsOptions& options) {
   return std::make_unique<CpuForwardOps>(weights, options);

@@ -127,12 +127,13 @@ class ForwardOps {
   // Stream-ordered host work (a device's ops: true; the CPU's: false, and the three below are
   // not called): a MoE layer whose routing, CPU experts' submit and wait run as host functions
   // in the ops' order, so the host never waits inside a forward (KTransformers §3.3).
-  // host_buffer: host memory `slot` (0 .. 2) of at least count floats that copies read and write
-  // in stream order (pinned on CUDA), unchanged while large enough; copy_to_host: x's count
-  // floats into it once the work before has finished; host_work: fn on a host thread once the
+  // host_buffer: host memory `slot` (0 .. kHostSlots - 1) of at least count floats that copies read
+  // and write in stream order (pinned on CUDA), unchanged while large enough; copy_to_host: x's
+  // count floats into it once the work before has finished; host_work: fn on a host thread once the
   // work before has finished (later work waits for it; it must not call the device: no CUDA API
   // in a host function). An exception in fn surfaces at the next lm_head / finish.
   virtual bool stream_ordered() const { return false; }
+  static constexpr int kHostSlots = 4;
   virtual float* host_buffer(int slot, int64_t count);
   virtual void copy_to_host(const float* x, int64_t count, float* host);
   virtual void host_work(std::function<void()> fn);
@@ -146,6 +147,27 @@ class ForwardOps {
   // Waits for everything issued (after an error: so the step's memory can be reused).
   virtual void finish() = 0;
   virtual ForwardOpsProfile profile() const = 0;
+
+  // ---- Graphs of a step (a device's ops; the CPU's: graphs() false, the rest not called) ----
+  // A decode step captured once per batch shape and replayed (KTransformers §3.3: a CUDA graph
+  // whose host nodes are the CPU experts' submit and wait). What a step's work reads that changes
+  // from step to step (token ids, positions, RoPE angles, cache rows, block tables) lives in fixed
+  // memory that stage() fills on the host and begin()'s device half copies in, so a replay after
+  // stage() computes the new step; begin(step, cache) is stage(step, cache) then that copy. The
+  // sizes of everything a step uses follow from its shape (parts, tokens per part, the cache's
+  // positions per sequence), never from its positions. memory_epoch() changes whenever memory a
+  // captured step may use has moved (a buffer or a scratch grown): graphs captured before are
+  // stale then. While capturing nothing runs, and nothing may grow (run the shape eagerly first).
+  // lm_head_to_host: lm_head's rows in stream order into host memory (a host_buffer), read after
+  // finish(). Graph ids are the device's; drop_graph releases one (no launch in flight).
+  virtual bool graphs() const { return false; }
+  virtual void stage(const ForwardStep& step, KvCache& cache);
+  virtual uint64_t memory_epoch() const { return 0; }
+  virtual void begin_capture();
+  virtual int end_capture();
+  virtual void launch_graph(int graph);
+  virtual void drop_graph(int graph);
+  virtual void lm_head_to_host(const std::vector<int64_t>& row_ids, const float* x, float* host);
 };
 
 // The CPU's ops: the fast kernels (ops/cpu) over `weights` as loaded, on options.pool.

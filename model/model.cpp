@@ -4,6 +4,7 @@
 #include <chrono>
 
 #include "core/error.h"
+#include "core/log.h"
 #include "model/router.h"
 
 namespace tandem {
@@ -17,6 +18,9 @@ double seconds(Clock::time_point t0) {
 
 // Activation buffers of the ops (ForwardOps::buffer).
 enum Slot : int { kX, kH, kA, kRouterLogits };
+// Host buffers of stream-ordered ops (ForwardOps::host_buffer): ordered_moe's 0 .. 2, then the
+// logits a graph's step writes.
+constexpr int kLogitsHost = 3;
 
 }  // namespace
 
@@ -56,9 +60,20 @@ Model::Model(const LoadedModel& weights, const ModelOptions& options)
   for (int64_t l = 0; l < c.num_layers; ++l) {
     if (w_.layers[l].moe) moe_index_[l] = n_moe_layers_++;
   }
+  use_graphs_ = options.graphs && ops_->graphs() && (ordered_moe_ || n_moe_layers_ == 0);
+  graphs_.resize(kMaxGraphBatch);
 }
 
-Model::~Model() = default;
+Model::~Model() {
+  for (const StepGraph& g : graphs_) {
+    if (g.id < 0) continue;
+    try {
+      ops_->drop_graph(g.id);
+    } catch (const std::exception& e) {
+      log_warn("{}: releasing a step graph: {}", ops_->name(), e.what());
+    }
+  }
+}
 
 Model::Profile Model::profile() const {
   const ForwardOpsProfile o = ops_->profile();
@@ -133,10 +148,6 @@ int64_t Model::forward(std::span<const SeqTokens> batch, KvCache& cache, float* 
         s.pos[t] = p.pos0 + j;
       }
     }
-    ops_->begin(s, cache);
-    float* x = ops_->buffer(kX, n * hd);
-    ops_->embed(x);
-    run_layers(n);
     rows_.clear();
     for (size_t i = 0; i < s.parts.size(); ++i) {
       const ForwardStep::Part& p = s.parts[i];
@@ -147,6 +158,11 @@ int64_t Model::forward(std::span<const SeqTokens> batch, KvCache& cache, float* 
       }
     }
     const int64_t rows = static_cast<int64_t>(rows_.size());
+    if (graph_step(batch) && replay_graph(cache, logits)) return rows;
+    ops_->begin(s, cache);
+    float* x = ops_->buffer(kX, n * hd);
+    ops_->embed(x);
+    run_layers(n);
     if (rows == 0) {
       ops_->finish();
       return 0;
@@ -164,6 +180,80 @@ int64_t Model::forward(std::span<const SeqTokens> batch, KvCache& cache, float* 
     }
     throw;
   }
+}
+
+// A decode step a graph can compute: 1 .. kMaxGraphBatch sequences of one token each, each
+// wanting its logits.
+bool Model::graph_step(std::span<const SeqTokens> batch) const {
+  if (!use_graphs_ || static_cast<int64_t>(batch.size()) > kMaxGraphBatch) return false;
+  return std::all_of(batch.begin(), batch.end(), [](const SeqTokens& e) {
+    return e.tokens.size() == 1 && e.logits == LogitRows::kLast;
+  });
+}
+
+// The step (staged in step_) through its batch size's graph: captured on the second step of the
+// size (the first runs op by op, growing every buffer the size needs, so that nothing grows while
+// capturing), captured again when the memory it used has moved or the cache is another one.
+// false: run the step op by op.
+bool Model::replay_graph(KvCache& cache, float* logits) {
+  const int64_t b = step_.n_tokens(), nv = w_.config.vocab_size;
+  StepGraph& g = graphs_[static_cast<size_t>(b - 1)];
+  if (g.failed) return false;
+  float* host = ops_->host_buffer(kLogitsHost, b * nv);
+  const CacheKey key{cache.memory(), cache.bytes(), cache.max_sequence_positions(), cache.type()};
+  if (g.id >= 0 && (g.epoch != ops_->memory_epoch() || !(g.cache == key))) {
+    ops_->drop_graph(g.id);
+    g.id = -1;
+  }
+  if (!(g.cache == key)) {
+    g.cache = key;
+    g.warm = false;  // (the cache's positions per sequence size the block tables)
+  }
+  if (g.id < 0) {
+    if (!g.warm) {
+      g.warm = true;
+      return false;
+    }
+    const uint64_t epoch = ops_->memory_epoch();
+    ops_->begin_capture();
+    try {
+      enqueue_step(cache, host);
+    } catch (const std::exception& e) {
+      try {
+        ops_->drop_graph(ops_->end_capture());
+      } catch (...) {
+      }
+      g.failed = true;
+      log_warn("{}: decode steps of {} sequences run op by op: capturing their graph failed: {}",
+               ops_->name(), b, e.what());
+      return false;
+    }
+    const int id = ops_->end_capture();
+    if (ops_->memory_epoch() != epoch) {  // (host memory grown while capturing: next step)
+      ops_->drop_graph(id);
+      return false;
+    }
+    g.id = id;
+    g.epoch = epoch;
+    ++graph_stats_.captured;
+  } else {
+    ops_->stage(step_, cache);
+  }
+  ops_->launch_graph(g.id);
+  ops_->finish();
+  std::copy(host, host + b * nv, logits);
+  ++graph_stats_.replayed;
+  return true;
+}
+
+// The whole step enqueued on the ops' stream, its logits rows into host memory.
+void Model::enqueue_step(KvCache& cache, float* host_logits) {
+  const int64_t n = step_.n_tokens();
+  ops_->begin(step_, cache);
+  float* x = ops_->buffer(kX, n * w_.config.hidden_size);
+  ops_->embed(x);
+  run_layers(n);
+  ops_->lm_head_to_host(rows_, x, host_logits);
 }
 
 void Model::run_layers(int64_t n) {

@@ -61,8 +61,15 @@ struct ModelOptions {
   const kern::WeightViews* views = nullptr;
   // Where the dense part runs (MoeRuntime::forward_ops()); empty: the CPU (make_cpu_forward_ops).
   ForwardOpsFactory ops;
+  // With ops that have graphs (a device's) and every MoE layer in their stream order: a decode
+  // step of 1 .. kMaxGraphBatch sequences replays the graph captured for its batch size (the
+  // second step of that size captures it); false: every step op by op (--no-graphs).
+  bool graphs = true;
   RoutingObserver on_routing;  // optional
 };
+
+// Decode steps of up to this many sequences are captured as graphs (ModelOptions::graphs).
+inline constexpr int64_t kMaxGraphBatch = 8;
 
 // Which logits rows a batch entry wants: none (a prompt chunk before its last), its last token's
 // (the next token's distribution), or every token's (perplexity, --logits-out).
@@ -95,6 +102,11 @@ class Model {
     double attention = 0, ffn = 0, moe_wait = 0, lm_head = 0;
   };
   Profile profile() const;
+  // Decode steps replayed from a graph, and graphs captured, since construction.
+  struct GraphStats {
+    int64_t replayed = 0, captured = 0;
+  };
+  GraphStats graph_stats() const { return graph_stats_; }
   // Where the dense part runs, and the options a KV cache it attends over is made with (an
   // accelerator's cache lives in its memory).
   const ForwardOps& ops() const { return *ops_; }
@@ -110,6 +122,9 @@ class Model {
 
  private:
   void run_layers(int64_t n);
+  bool graph_step(std::span<const SeqTokens> batch) const;
+  bool replay_graph(KvCache& cache, float* logits);
+  void enqueue_step(KvCache& cache, float* host_logits);
   void ffn(int64_t layer, int64_t n, const float* x, float* out);
   void ordered_moe(int64_t layer, int64_t n, const float* x, float* out, MoeRequest req);
   void route(int64_t layer, int64_t n, const float* logits, const float* hidden);
@@ -129,6 +144,25 @@ class Model {
   std::vector<int64_t> moe_index_;  // per layer: index among MoE layers, -1 for dense
   int64_t n_moe_layers_ = 0;
   ForwardStep step_;  // the batch being computed
+  // The decode step's graph per batch size (index size - 1): captured for a cache's memory and
+  // the ops' memory epoch; warm once the size ran op by op (its buffers grown), failed when a
+  // capture failed (the size then always runs op by op).
+  struct CacheKey {
+    const void* memory = nullptr;
+    uint64_t bytes = 0;
+    int64_t sequence_positions = 0;
+    KvType type = KvType::kF32;
+    bool operator==(const CacheKey&) const = default;
+  };
+  struct StepGraph {
+    int id = -1;
+    uint64_t epoch = 0;
+    CacheKey cache;
+    bool warm = false, failed = false;
+  };
+  bool use_graphs_ = false;
+  std::vector<StepGraph> graphs_;
+  GraphStats graph_stats_;
   // Host-side scratch: the MoE's input and router logits as the host reads them, the routing, the
   // routed experts' output, the logits rows.
   std::vector<float> hidden_host_, logits_host_, routed_;

@@ -21,7 +21,6 @@
 #include <map>
 #include <memory>
 #include <mutex>
-#include <optional>
 #include <utility>
 #include <vector>
 
@@ -54,6 +53,7 @@ struct CudaStreamState {
   void* weights = nullptr;        // a slice of a weight dequantized for cuBLAS
   uint64_t weights_bytes = 0;
   std::unique_ptr<CudaGraph> capture;  // the graph being captured on the stream
+  uint64_t generation = 0;             // scratch or weights reallocated (graphs of it stale)
 };
 
 // A host function on a stream (cudaLaunchHostFunc): an exception is kept for the stream's next
@@ -78,11 +78,24 @@ struct CudaCallback {
   }
 };
 
+// One op's span for the timeline: timing events recorded before and after it on its stream.
+struct OpSpan {
+  cudaEvent_t start = nullptr, end = nullptr;
+  double* seconds = nullptr;  // also added here (the forward ops' profile), when set
+  bool graph = false;         // a graph's: recorded by its event nodes at every launch
+};
+
 struct CudaGraph {
   cudaGraphExec_t exec = nullptr;
   std::vector<std::unique_ptr<CudaCallback>> callbacks;  // its host nodes'
+  uint64_t h2d_bytes = 0, d2h_bytes = 0;                 // its copies' (the timeline's, per launch)
+  std::vector<OpSpan> spans;                             // its ops' (event record nodes)
   ~CudaGraph() {
     if (exec != nullptr) cudaGraphExecDestroy(exec);
+    for (const OpSpan& p : spans) {
+      cudaEventDestroy(p.start);
+      cudaEventDestroy(p.end);
+    }
   }
 };
 
@@ -123,6 +136,7 @@ class CudaDevice final : public Device {
     for (auto& e : events_) cudaEventDestroy(e.event);
     for (const std::vector<OpSpan>* v : {&spans_free_, &spans_pending_}) {
       for (const OpSpan& p : *v) {
+        if (p.graph) continue;  // (its graph's)
         cudaEventDestroy(p.start);
         cudaEventDestroy(p.end);
       }
@@ -269,13 +283,15 @@ class CudaDevice final : public Device {
 
   void copy_h2d(void* dst, const void* src, uint64_t bytes, StreamId s) override {
     check_device(dst, bytes, "copy_h2d destination");
-    if (timeline_ != nullptr) timeline_->add_bytes(true, bytes);
-    TD_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream(s).stream));
+    CudaStreamState& st = stream(s);
+    count_bytes(st, true, bytes);
+    TD_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, st.stream));
   }
   void copy_d2h(void* dst, const void* src, uint64_t bytes, StreamId s) override {
     check_device(src, bytes, "copy_d2h source");
-    if (timeline_ != nullptr) timeline_->add_bytes(false, bytes);
-    TD_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream(s).stream));
+    CudaStreamState& st = stream(s);
+    count_bytes(st, false, bytes);
+    TD_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, st.stream));
   }
 
   void host_callback(StreamId s, std::function<void()> fn) override {
@@ -321,14 +337,34 @@ class CudaDevice final : public Device {
   void launch_graph(GraphId g, StreamId s) override {
     CudaStreamState& st = stream(s);
     cudaGraphExec_t exec = nullptr;
+    uint64_t h2d = 0, d2h = 0;
+    std::vector<OpSpan> spans;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      if (g < 0 || g >= static_cast<GraphId>(graphs_.size())) {
-        fail(ErrorKind::kInvalidArgument, "{}: unknown graph {}", name_, g);
-      }
-      exec = graphs_[static_cast<size_t>(g)]->exec;
+      exec = graph(g).exec;
+      h2d = graph(g).h2d_bytes;
+      d2h = graph(g).d2h_bytes;
+      spans = graph(g).spans;
     }
     TD_CUDA_CHECK(cudaGraphLaunch(exec, st.stream));
+    if (timeline_ != nullptr) {
+      timeline_->add_bytes(true, h2d);
+      timeline_->add_bytes(false, d2h);
+      std::lock_guard<std::mutex> lock(span_mu_);
+      spans_pending_.insert(spans_pending_.end(), spans.begin(), spans.end());
+    }
+  }
+  void destroy_graph(GraphId g) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    const CudaGraph& cg = graph(g);
+    {
+      std::lock_guard<std::mutex> spans_lock(span_mu_);  // (its events, about to go)
+      std::erase_if(spans_pending_, [&](const OpSpan& p) {
+        return std::any_of(cg.spans.begin(), cg.spans.end(),
+                           [&](const OpSpan& q) { return q.start == p.start; });
+      });
+    }
+    graphs_[static_cast<size_t>(g)].reset();
   }
 
   void ffn(StreamId s, const DeviceFfnWeights& w, const float* x, int64_t n, const float* scale,
@@ -348,7 +384,7 @@ class CudaDevice final : public Device {
     if (e.down_bias != nullptr) check_device(e.down_bias, uint64_t(out_cols) * 4, "ffn down bias");
     if (n == 0) return;
     CudaStreamState& st = stream(s);
-    const Timed timed(*this, st.stream);
+    const Timed timed(*this, st);
     // Scratch: g, u [n, ff] and the down output [n, out].
     float* g = scratch(st, static_cast<uint64_t>(2 * n * ff + n * out_cols) * 4);
     float* u = g + n * ff;
@@ -366,16 +402,16 @@ class CudaDevice final : public Device {
     check_device(x, uint64_t(n * w.cols()) * 4, "matmul input");
     check_device(y, uint64_t(n * w.rows()) * 4, "matmul output");
     CudaStreamState& st = stream(s);
-    const Timed timed(*this, st.stream);
+    const Timed timed(*this, st);
     product(w, x, w.cols(), n, y, w.rows(), st);
   }
 
   void add(StreamId s, const float* a, float* out, int64_t count) override {
     check_device(a, uint64_t(count) * 4, "add input");
     check_device(out, uint64_t(count) * 4, "add output");
-    const cudaStream_t st = stream(s).stream;
+    CudaStreamState& st = stream(s);
     const Timed timed(*this, st);
-    launch(add_cuda(a, out, count, st), "add");
+    launch(add_cuda(a, out, count, st.stream), "add");
   }
 
   std::unique_ptr<ForwardOps> forward_ops(std::shared_ptr<const DenseWeights> weights,
@@ -387,6 +423,13 @@ class CudaDevice final : public Device {
     cudaEvent_t event = nullptr;
     int stream = -1;  // -1: never recorded
   };
+  CudaGraph& graph(GraphId g) {  // mu_ held
+    if (g < 0 || g >= static_cast<GraphId>(graphs_.size()) ||
+        graphs_[static_cast<size_t>(g)] == nullptr) {
+      fail(ErrorKind::kInvalidArgument, "{}: unknown graph {}", name_, g);
+    }
+    return *graphs_[static_cast<size_t>(g)];
+  }
   CudaStreamState& stream(StreamId s) {
     std::lock_guard<std::mutex> lock(mu_);
     if (s < 0 || s >= static_cast<int>(streams_.size())) {
@@ -418,6 +461,14 @@ class CudaDevice final : public Device {
     }
   }
 
+  // A copy's bytes for the timeline: now, or at each launch of the graph being captured.
+  void count_bytes(CudaStreamState& st, bool h2d, uint64_t bytes) {
+    if (st.capture != nullptr) {
+      (h2d ? st.capture->h2d_bytes : st.capture->d2h_bytes) += bytes;
+    } else if (timeline_ != nullptr) {
+      timeline_->add_bytes(h2d, bytes);
+    }
+  }
   // Host pointers handed to device ops would fault in a kernel: reject them at the call.
   void check_device(const void* p, uint64_t bytes, const char* what) const {
     if (bytes == 0) return;
@@ -456,6 +507,7 @@ class CudaDevice final : public Device {
              cudaGetErrorString(err));
       }
       *have = bytes;
+      ++st.generation;
     }
     return static_cast<float*>(*p);
   }
@@ -570,13 +622,9 @@ class CudaDevice final : public Device {
   // ---- the ops' spans for the Timeline's device lane (only while a timeline is set) ----
   // Two timing events around each op on its stream; a sync resolves the reached ones into host
   // time through an anchor event whose host time was read when it completed.
-  struct OpSpan {
-    cudaEvent_t start = nullptr, end = nullptr;
-    double* seconds = nullptr;  // also added here (the forward ops' profile), when set
-  };
   class Timed {  // RAII: one op's span
    public:
-    Timed(CudaDevice& d, cudaStream_t s, double* seconds = nullptr) : d_(d), s_(s) {
+    Timed(CudaDevice& d, CudaStreamState& s, double* seconds = nullptr) : d_(d), s_(s) {
       if (d.timeline_ != nullptr) span_ = d.span_start(s, seconds);
     }
     ~Timed() {
@@ -587,20 +635,18 @@ class CudaDevice final : public Device {
 
    private:
     CudaDevice& d_;
-    cudaStream_t s_;
+    CudaStreamState& s_;
     OpSpan span_;
   };
-  OpSpan span_start(cudaStream_t s, double* seconds) {
-    cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
-    if (cudaStreamIsCapturing(s, &capturing) != cudaSuccess ||
-        capturing != cudaStreamCaptureStatusNone) {
-      cudaGetLastError();
-      return {};  // (a graph's ops are not timed)
-    }
+  // While the stream captures a graph the events are recorded by event nodes of the graph
+  // (cudaEventRecordExternal) and its launches hand the spans to the timeline.
+  OpSpan span_start(CudaStreamState& st, double* seconds) {
     std::lock_guard<std::mutex> lock(span_mu_);
+    const bool graph = st.capture != nullptr;
     if (anchor_ == nullptr) {
+      if (graph) return {};  // (no time base yet: the graph's ops untimed)
       TD_CUDA_CHECK(cudaEventCreate(&anchor_));
-      TD_CUDA_CHECK(cudaEventRecord(anchor_, s));
+      TD_CUDA_CHECK(cudaEventRecord(anchor_, st.stream));
       TD_CUDA_CHECK(cudaEventSynchronize(anchor_));
       anchor_time_ = Timeline::Clock::now();
     }
@@ -613,18 +659,31 @@ class CudaDevice final : public Device {
       TD_CUDA_CHECK(cudaEventCreate(&p.end));
     }
     p.seconds = seconds;
-    TD_CUDA_CHECK(cudaEventRecord(p.start, s));
+    p.graph = graph;
+    const cudaError_t err =
+        cudaEventRecordWithFlags(p.start, st.stream, graph ? cudaEventRecordExternal : 0);
+    if (err != cudaSuccess) {
+      cudaGetLastError();
+      spans_free_.push_back(p);
+      if (graph) return {};
+      TD_CUDA_CHECK(err);
+    }
     return p;
   }
-  void span_end(const OpSpan& p, cudaStream_t s) {
-    const cudaError_t err = cudaEventRecord(p.end, s);  // (a destructor: no throw)
+  void span_end(const OpSpan& p, CudaStreamState& st) {
+    const cudaError_t err = cudaEventRecordWithFlags(  // (a destructor: no throw)
+        p.end, st.stream, p.graph ? cudaEventRecordExternal : 0);
     std::lock_guard<std::mutex> lock(span_mu_);
     if (err != cudaSuccess) {
       cudaGetLastError();
       spans_free_.push_back(p);
       return;
     }
-    spans_pending_.push_back(p);
+    if (p.graph) {
+      st.capture->spans.push_back(p);
+    } else {
+      spans_pending_.push_back(p);
+    }
   }
   // A copy of seconds the spans add to, read under their lock.
   ForwardOpsProfile span_seconds(const ForwardOpsProfile& seconds) {
@@ -637,11 +696,15 @@ class CudaDevice final : public Device {
     size_t keep = 0;
     for (const OpSpan& p : spans_pending_) {
       float a = 0, b = 0;
-      if (cudaEventQuery(p.end) != cudaSuccess ||
-          cudaEventElapsedTime(&a, anchor_, p.start) != cudaSuccess ||
-          cudaEventElapsedTime(&b, anchor_, p.end) != cudaSuccess) {
+      if (cudaEventQuery(p.end) != cudaSuccess) {
         cudaGetLastError();
         spans_pending_[keep++] = p;
+        continue;
+      }
+      if (cudaEventElapsedTime(&a, anchor_, p.start) != cudaSuccess ||
+          cudaEventElapsedTime(&b, anchor_, p.end) != cudaSuccess) {
+        cudaGetLastError();
+        if (!p.graph) spans_pending_[keep++] = p;  // (a graph's: its next launch records again)
         continue;
       }
       const auto at = [&](float ms) {
@@ -650,7 +713,7 @@ class CudaDevice final : public Device {
       };
       if (timeline_ != nullptr) timeline_->add(Timeline::kDevice, at(a), at(b));
       if (p.seconds != nullptr) *p.seconds += (b - a) * 1e-3;
-      spans_free_.push_back(p);
+      if (!p.graph) spans_free_.push_back(p);
     }
     spans_pending_.resize(keep);
   }
@@ -674,14 +737,19 @@ class CudaDevice final : public Device {
 // weights upload_dense_weights put in device memory (read as stored by ops/cuda/matvec.h's
 // products), the small F32 vectors uploaded here, activations and the KV cache (F32, BF16 or
 // F16) in device memory. RoPE's cos / sin per token come from ops::Rope on the
-// host (the CPU's YaRN), the cache's write offsets and block tables from the KvCache on the host
-// at begin(). MLA attends absorbed (W_UK / W_UV per head around attention over the latent cache).
+// host (the CPU's YaRN), the cache's write offsets and block tables from the KvCache on the host:
+// stage() puts them, the token ids and each part's first position in pinned memory that the
+// step's first copy brings over, so a graph of the step replays at new positions. MLA attends
+// absorbed (W_UK / W_UV per head around attention over the latent cache).
 class CudaForwardOps final : public DeviceForwardOps {
  public:
   CudaForwardOps(CudaDevice& dev, std::shared_ptr<const DenseWeights> w, const ForwardOpsOptions& o)
-      : DeviceForwardOps(dev, std::move(w)), cuda_(dev), st_(dev.stream(stream_)) {
-    for (Buf** b : {&logits_, &head_in_, &cs_, &ofs_, &blocks_, &q_, &k_, &v_, &qa_, &qc_, &att_,
-                    &o_, &g_, &u_, &scores_}) {
+      : DeviceForwardOps(dev, std::move(w)),
+        cuda_(dev),
+        st_(dev.stream(stream_)),
+        step_host_(&dev) {
+    for (Buf** b : {&logits_, &head_in_, &step_dev_, &q_, &k_, &v_, &qa_, &qc_, &att_, &o_, &g_,
+                    &u_, &scores_}) {
       *b = new_buf();
     }
     const LoadedModel& m = w_->weights;
@@ -732,71 +800,86 @@ class CudaForwardOps final : public DeviceForwardOps {
                        "Model::cache_options)");
   }
 
-  void begin(const ForwardStep& step, KvCache& cache) override {
+  // What the step's kernels read that changes from step to step, in one pinned host area and one
+  // device buffer of the same layout (a graph's replay copies it in): token ids, each part's
+  // first position, RoPE's cos / sin per token, each token's cache rows (offsets from a layer's
+  // base, the same in every layer) and each part's block table at a fixed stride (the most
+  // blocks a sequence of the cache can have), so that sizes follow from the step's shape.
+  void stage(const ForwardStep& step, KvCache& cache) override {
     step_ = step;
     cache_ = &cache;
-    const int64_t n = step.n_tokens(), half = rope_.dim() / 2;
-    // RoPE's cos / sin per token.
-    cs_host_.resize(static_cast<size_t>(2 * n * half));
-    for (int64_t t = 0; t < n; ++t) {
-      rope_.angles(step.pos[t], &cs_host_[t * half], &cs_host_[(n + t) * half]);
-    }
-    float* cs = grow(cs_, 2 * n * half);
-    copy_in(cs, cs_host_.data(), cs_host_.size() * 4);
-    // Each token's cache rows (offsets from a layer's base, the same in every layer) and each
-    // part's block table.
+    const int64_t n = step.n_tokens(), parts = static_cast<int64_t>(step.parts.size());
+    const int64_t half = rope_.dim() / 2;
     const KvLayout l = cache.layout();
-    ofs_host_.clear();
-    blocks_host_.clear();
-    part_blocks_.clear();
-    for (const ForwardStep::Part& p : step.parts) {
+    ops::AttentionArgs a0;
+    cache.attention_args(0, step.parts[0].seq, &a0);
+    max_blocks_ = a0.blocks == nullptr ? 0
+                                       : (cache.max_sequence_positions() + a0.block_positions - 1) /
+                                             a0.block_positions;
+    // Byte offsets of the sections, each 16-byte aligned.
+    uint64_t at = 0;
+    auto section = [&](uint64_t bytes) {
+      const uint64_t o = at;
+      at += (bytes + 15) / 16 * 16;
+      return o;
+    };
+    const uint64_t o_tok = section(static_cast<uint64_t>(n) * 4);
+    const uint64_t o_pos0 = section(static_cast<uint64_t>(parts) * 8);
+    const uint64_t o_cs = section(static_cast<uint64_t>(2 * n * half) * 4);
+    const int64_t nk = n * l.k_heads, nv = n * l.v_heads;
+    const uint64_t o_ofs = section(static_cast<uint64_t>(nk + nv) * 8);
+    const uint64_t o_blocks = section(static_cast<uint64_t>(parts * max_blocks_) * 4);
+    step_bytes_ = at;
+    auto* host = reinterpret_cast<uint8_t*>(host_step_floats(static_cast<int64_t>(at / 4)));
+    auto* dev = reinterpret_cast<uint8_t*>(grow(step_dev_, static_cast<int64_t>(at / 4)));
+    host_step_ = host;
+    std::copy(step.tokens.begin(), step.tokens.end(), reinterpret_cast<int32_t*>(host + o_tok));
+    auto* pos0 = reinterpret_cast<int64_t*>(host + o_pos0);
+    auto* cs = reinterpret_cast<float*>(host + o_cs);
+    for (int64_t t = 0; t < n; ++t) rope_.angles(step.pos[t], cs + t * half, cs + (n + t) * half);
+    auto* ofs = reinterpret_cast<int64_t*>(host + o_ofs);
+    auto* blocks = reinterpret_cast<int32_t*>(host + o_blocks);
+    for (int64_t i = 0; i < parts; ++i) {
+      const ForwardStep::Part& p = step.parts[static_cast<size_t>(i)];
+      pos0[i] = p.pos0;
       ops::AttentionArgs a;
       cache.attention_args(0, p.seq, &a);
-      part_blocks_.push_back(static_cast<int64_t>(blocks_host_.size()));
-      const int64_t nb = (p.pos0 + p.n + a.block_positions - 1) / a.block_positions;
-      blocks_host_.insert(blocks_host_.end(), a.blocks, a.blocks + nb);
-    }
-    for (int64_t t = 0; t < n; ++t) {
-      const ForwardStep::Part& p = step.parts[static_cast<size_t>(step.part_of[t])];
-      ops::AttentionArgs a;
-      cache.attention_args(0, p.seq, &a);
-      for (int64_t h = 0; h < l.k_heads; ++h) {
-        ofs_host_.push_back(ops::k_offset(a, step.pos[t]) + h * ops::k_head_stride(a));
+      if (a.blocks != nullptr) {
+        const int64_t nb = (p.pos0 + p.n + a.block_positions - 1) / a.block_positions;
+        std::copy(a.blocks, a.blocks + nb, blocks + i * max_blocks_);
+        std::fill(blocks + i * max_blocks_ + nb, blocks + (i + 1) * max_blocks_, 0);
+      }
+      for (int64_t t = p.t0; t < p.t0 + p.n; ++t) {
+        for (int64_t h = 0; h < l.k_heads; ++h) {
+          ofs[t * l.k_heads + h] = ops::k_offset(a, step.pos[t]) + h * ops::k_head_stride(a);
+        }
+        for (int64_t h = 0; h < l.v_heads; ++h) {
+          ofs[nk + t * l.v_heads + h] = ops::v_offset(a, step.pos[t]) + h * ops::v_head_stride(a);
+        }
       }
     }
-    const int64_t nk = static_cast<int64_t>(ofs_host_.size());
-    for (int64_t t = 0; t < n && l.v_heads > 0; ++t) {
-      const ForwardStep::Part& p = step.parts[static_cast<size_t>(step.part_of[t])];
-      ops::AttentionArgs a;
-      cache.attention_args(0, p.seq, &a);
-      for (int64_t h = 0; h < l.v_heads; ++h) {
-        ofs_host_.push_back(ops::v_offset(a, step.pos[t]) + h * ops::v_head_stride(a));
-      }
-    }
-    int64_t* ofs =
-        reinterpret_cast<int64_t*>(grow(ofs_, 2 * static_cast<int64_t>(ofs_host_.size())));
-    copy_in(ofs, ofs_host_.data(), ofs_host_.size() * 8);
-    k_ofs_ = ofs;
-    v_ofs_ = ofs + nk;
-    int32_t* bl =
-        reinterpret_cast<int32_t*>(grow(blocks_, static_cast<int64_t>(blocks_host_.size())));
-    copy_in(bl, blocks_host_.data(), blocks_host_.size() * 4);
-    blocks_dev_ = bl;
+    tok_dev_ = reinterpret_cast<const int32_t*>(dev + o_tok);
+    pos0_dev_ = reinterpret_cast<const int64_t*>(dev + o_pos0);
+    cs_dev_ = reinterpret_cast<const float*>(dev + o_cs);
+    k_ofs_ = reinterpret_cast<const int64_t*>(dev + o_ofs);
+    v_ofs_ = k_ofs_ + nk;
+    blocks_dev_ = reinterpret_cast<const int32_t*>(dev + o_blocks);
+    step_dev_bytes_ = dev;
+  }
+  void upload_step() override { dev_.copy_h2d(step_dev_bytes_, host_step_, step_bytes_, stream_); }
+  uint64_t memory_epoch() const override {
+    return DeviceForwardOps::memory_epoch() + st_.generation;
   }
   void embed(float* x) override {
-    const CudaDevice::Timed timed(cuda_, st_.stream);
+    const CudaDevice::Timed timed(cuda_, st_);
     const LoadedModel& m = w_->weights;
     const int64_t hd = m.config.hidden_size;
-    for (int64_t t = 0; t < step_.n_tokens(); ++t) {
-      const auto* row =
-          static_cast<const uint8_t*>(m.embed.data) + step_.tokens[t] * m.embed.row_bytes();
-      run(dequantize_rows_cuda(m.embed.dtype, row, m.embed.row_bytes(), 1, hd, DType::kF32,
-                               x + t * hd, hd, st_.stream),
-          "embedding");
-    }
+    run(gather_rows_cuda(m.embed.dtype, m.embed.data, m.embed.row_bytes(), tok_dev_,
+                         step_.n_tokens(), hd, x, hd, st_.stream),
+        "embedding");
   }
   void norm(Norm which, int64_t layer, const float* x, int64_t n, float* out) override {
-    const CudaDevice::Timed timed(cuda_, st_.stream);
+    const CudaDevice::Timed timed(cuda_, st_);
     const LayerWeights& lw = w_->weights.layers[layer];
     const ModelConfig& c = w_->weights.config;
     const float* g = vec(which == Norm::kAttention ? lw.attn_norm : lw.ffn_norm);
@@ -805,14 +888,14 @@ class CudaForwardOps final : public DeviceForwardOps {
         "norm");
   }
   void add(float* out, const float* a, int64_t count) override {
-    const CudaDevice::Timed timed(cuda_, st_.stream);
+    const CudaDevice::Timed timed(cuda_, st_);
     run(add_cuda(a, out, count, st_.stream), "add");
   }
   void fill_zero(float* out, int64_t count) override {
     TD_CUDA_CHECK(cudaMemsetAsync(out, 0, static_cast<size_t>(count) * 4, st_.stream));
   }
   void attention(int64_t layer, const float* x, float* out) override {
-    const CudaDevice::Timed timed(cuda_, st_.stream, &seconds_.attention);
+    const CudaDevice::Timed timed(cuda_, st_, &seconds_.attention);
     if (w_->weights.config.is_mla()) {
       attention_mla(layer, x, out);
     } else {
@@ -820,7 +903,7 @@ class CudaForwardOps final : public DeviceForwardOps {
     }
   }
   void dense_ffn(int64_t layer, const float* x, int64_t n, float* out) override {
-    const CudaDevice::Timed timed(cuda_, st_.stream);
+    const CudaDevice::Timed timed(cuda_, st_);
     const LayerWeights& lw = w_->weights.layers[layer];
     swiglu(lw.ffn_gate, lw.ffn_up, lw.ffn_down, x, n, out);
   }
@@ -828,7 +911,7 @@ class CudaForwardOps final : public DeviceForwardOps {
     TD_CHECK(w_->shared_experts,
              "CUDA forward ops: the shared experts were not uploaded (the MoE backend computes "
              "them)");
-    const CudaDevice::Timed timed(cuda_, st_.stream);
+    const CudaDevice::Timed timed(cuda_, st_);
     const LayerWeights& lw = w_->weights.layers[layer];
     const int64_t hd = w_->weights.config.hidden_size;
     if (lw.sh_gate.empty()) {
@@ -841,7 +924,7 @@ class CudaForwardOps final : public DeviceForwardOps {
     }
   }
   void router(int64_t layer, const float* x, int64_t n, float* logits) override {
-    const CudaDevice::Timed timed(cuda_, st_.stream);
+    const CudaDevice::Timed timed(cuda_, st_);
     const LayerWeights& lw = w_->weights.layers[layer];
     const ModelConfig& c = w_->weights.config;
     mm(lw.router, x, c.hidden_size, n, logits, c.n_experts);
@@ -851,12 +934,12 @@ class CudaForwardOps final : public DeviceForwardOps {
           "router bias");
     }
   }
-  void lm_head(const std::vector<int64_t>& row_ids, const float* x, float* host_logits) override {
+  const float* logits_rows(const std::vector<int64_t>& row_ids, const float* x) override {
     const LoadedModel& m = w_->weights;
     const ModelConfig& c = m.config;
     const int64_t hd = c.hidden_size, rows = static_cast<int64_t>(row_ids.size());
     float* h = grow(head_in_, rows * hd);
-    std::optional<CudaDevice::Timed> timed(std::in_place, cuda_, st_.stream, &seconds_.lm_head);
+    const CudaDevice::Timed timed(cuda_, st_, &seconds_.lm_head);
     for (int64_t j = 0; j < rows; ++j) {
       run(rms_norm_cuda(x + row_ids[j] * hd, hd, vec(m.out_norm), 1, hd, c.rms_norm_eps, h + j * hd,
                         hd, st_.stream),
@@ -864,18 +947,24 @@ class CudaForwardOps final : public DeviceForwardOps {
     }
     float* d = grow(logits_, rows * c.vocab_size);
     mm(m.lm_head, h, hd, rows, d, c.vocab_size);
-    timed.reset();
-    dev_.copy_d2h(host_logits, d, static_cast<uint64_t>(rows * c.vocab_size) * 4, stream_);
-    dev_.sync_stream(stream_);
+    return d;
   }
   // The attention and lm_head spans collected so far (with a timeline set: tandem bench).
   ForwardOpsProfile profile() const override { return cuda_.span_seconds(seconds_); }
 
  private:
   void run(cudaError_t err, const char* what) { cuda_.launch(err, what); }
-  void copy_in(void* dst, const void* src, uint64_t bytes) {
-    if (bytes > 0)
-      TD_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, st_.stream));
+  bool capturing() const {
+    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    TD_CUDA_CHECK(cudaStreamIsCapturing(st_.stream, &status));
+    return status != cudaStreamCaptureStatusNone;
+  }
+  // The pinned host area stage() fills (grown like the buffers: memory a graph reads).
+  float* host_step_floats(int64_t count) {
+    const float* before = step_host_.floats(0);
+    float* p = step_host_.floats(count);
+    if (p != before) moved();
+    return p;
   }
   void upload(const std::vector<float>& v) {
     if (v.empty() || vecs_.count(v.data()) > 0) return;
@@ -914,14 +1003,23 @@ class CudaForwardOps final : public DeviceForwardOps {
       const ForwardStep::Part& p = step_.parts[i];
       ops::AttentionArgs a;
       cache_->attention_args(layer, p.seq, &a);
-      a.blocks = blocks_dev_ + part_blocks_[i];
+      if (a.blocks != nullptr) a.blocks = blocks_dev_ + static_cast<int64_t>(i) * max_blocks_;
       a.n_tokens = p.n;
       a.pos0 = p.pos0;
       a.scale = attn_scale_;
       fill(p, a);
       const int64_t nf = attention_scratch_floats(a);
       float* sc = grow(scores_, nf);
-      run(attention_cuda(a, sc, nf, st_.stream), "attention");
+      // The split kernels read the part's first position from the staged step (a graph's replay
+      // then attends at the new positions); the others take it as a parameter, which a graph
+      // would keep: no graph of them.
+      const bool splits = attention_cuda_splits(a);
+      if (!splits && capturing()) {
+        fail(ErrorKind::kUnsupported,
+             "{}: attention of {} tokens, dk {}, dv {} takes its positions as parameters",
+             dev_.name(), a.n_tokens, a.dk, a.dv);
+      }
+      run(attention_cuda(a, sc, nf, st_.stream, splits ? pos0_dev_ + i : nullptr), "attention");
     }
   }
 
@@ -965,7 +1063,7 @@ class CudaForwardOps final : public DeviceForwardOps {
       run(rms_norm_cuda(k, d, vec(lw.k_norm), n * nkv, d, c.rms_norm_eps, k, d, st_.stream),
           "k norm");
     }
-    const float* cs = static_cast<const float*>(cs_->p);
+    const float* cs = cs_dev_;
     run(rope_cuda(q, n, nq * d, nq, d, 0, rope_.dim(), cs, cs + n * half, neox_, st_.stream),
         "rope q");
     run(rope_cuda(k, n, nkv * d, nkv, d, 0, rope_.dim(), cs, cs + n * half, neox_, st_.stream),
@@ -1010,7 +1108,7 @@ class CudaForwardOps final : public DeviceForwardOps {
     mm(lw.wkv_a, x, hd, n, kv, kr);
     run(rms_norm_cuda(kv, kr, vec(lw.kv_a_norm), n, kvl, c.rms_norm_eps, kv, kr, st_.stream),
         "kv_a norm");
-    const float* cs = static_cast<const float*>(cs_->p);
+    const float* cs = cs_dev_;
     run(rope_cuda(kv, n, kr, 1, kr, kvl, rope_.dim(), cs, cs + n * half, neox_, st_.stream),
         "rope k");
     run(rope_cuda(q, n, nh * qk, nh, qk, nope, rope_.dim(), cs, cs + n * half, neox_, st_.stream),
@@ -1061,14 +1159,20 @@ class CudaForwardOps final : public DeviceForwardOps {
   std::map<const float*, float*> vecs_;  // host vector -> its device copy
   ForwardStep step_;
   KvCache* cache_ = nullptr;
-  std::vector<float> cs_host_;
-  std::vector<int64_t> ofs_host_, part_blocks_;
-  std::vector<int32_t> blocks_host_;
+  // The staged step (stage()): the pinned host area, the device buffer it is copied into, and
+  // the sections' device pointers.
+  HostStaging step_host_;
+  uint8_t* host_step_ = nullptr;
+  void* step_dev_bytes_ = nullptr;
+  uint64_t step_bytes_ = 0;
+  int64_t max_blocks_ = 0;  // block table entries per part
+  const int32_t* tok_dev_ = nullptr;
+  const int64_t* pos0_dev_ = nullptr;
+  const float* cs_dev_ = nullptr;
   const int64_t* k_ofs_ = nullptr;
   const int64_t* v_ofs_ = nullptr;
   const int32_t* blocks_dev_ = nullptr;
-  Buf *logits_, *head_in_, *cs_, *ofs_, *blocks_, *q_, *k_, *v_, *qa_, *qc_, *att_, *o_, *g_, *u_,
-      *scores_;
+  Buf *logits_, *head_in_, *step_dev_, *q_, *k_, *v_, *qa_, *qc_, *att_, *o_, *g_, *u_, *scores_;
 };
 
 std::unique_ptr<ForwardOps> CudaDevice::forward_ops(std::shared_ptr<const DenseWeights> weights,

@@ -99,11 +99,13 @@ class Device {
   // end_capture(s) returns it as a graph; launch_graph(g, s) runs it on s, every time with the
   // pointers and sizes it was captured with (what they point to may change between launches).
   // While capturing: no events, allocations or syncs, and no op that has to grow its scratch (run
-  // the work once eagerly first). Default: Error(kUnsupported).
+  // the work once eagerly first). destroy_graph releases g (no launch of it in flight; its id is
+  // not reused). Default: Error(kUnsupported).
   using GraphId = int;
   virtual void begin_capture(StreamId s);
   virtual GraphId end_capture(StreamId s);
   virtual void launch_graph(GraphId g, StreamId s);
+  virtual void destroy_graph(GraphId g);
   // Where the device records its ops' busy intervals and its copies' bytes, and the hybrid
   // backend its CPU experts' intervals (runtime/timeline.h); nullptr: nowhere. Set it before
   // enqueuing work; it must outlive the work enqueued after.

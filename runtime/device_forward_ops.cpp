@@ -14,7 +14,7 @@ DeviceForwardOps::DeviceForwardOps(Device& dev, std::shared_ptr<const DenseWeigh
     : dev_(dev), w_(std::move(weights)), stream_(dev.create_stream()) {
   for (Buf*& b : slots_) b = new_buf();
   stage_ = new_buf();
-  for (int i = 0; i < 3; ++i) host_.emplace_back(&dev_);
+  for (int i = 0; i < kHostSlots; ++i) host_.emplace_back(&dev_);
 }
 
 DeviceForwardOps::~DeviceForwardOps() {
@@ -38,6 +38,7 @@ float* DeviceForwardOps::grow(Buf* b, int64_t count) {
     b->count = 0;
     b->p = dev_.alloc(static_cast<uint64_t>(std::max<int64_t>(count, 1)) * 4);
     b->count = count;
+    moved();
   }
   return static_cast<float*>(b->p);
 }
@@ -57,7 +58,25 @@ const float* DeviceForwardOps::host_view(const float* x, int64_t count,
 
 float* DeviceForwardOps::host_buffer(int slot, int64_t count) {
   TD_CHECK(slot >= 0 && slot < static_cast<int>(host_.size()), "forward ops: host buffer {}", slot);
-  return host_[static_cast<size_t>(slot)].floats(count);
+  HostStaging& h = host_[static_cast<size_t>(slot)];
+  const float* before = h.floats(0);
+  float* p = h.floats(count);
+  if (p != before) moved();
+  return p;
+}
+
+void DeviceForwardOps::lm_head(const std::vector<int64_t>& row_ids, const float* x,
+                               float* host_logits) {
+  const int64_t count = static_cast<int64_t>(row_ids.size()) * w_->weights.config.vocab_size;
+  const float* d = logits_rows(row_ids, x);
+  dev_.copy_d2h(host_logits, d, static_cast<uint64_t>(count) * 4, stream_);
+  dev_.sync_stream(stream_);
+}
+
+void DeviceForwardOps::lm_head_to_host(const std::vector<int64_t>& row_ids, const float* x,
+                                       float* host) {
+  const int64_t count = static_cast<int64_t>(row_ids.size()) * w_->weights.config.vocab_size;
+  copy_to_host(logits_rows(row_ids, x), count, host);
 }
 
 void DeviceForwardOps::copy_to_host(const float* x, int64_t count, float* host) {

@@ -3,7 +3,9 @@
 // device's memory (grown once the stream no longer reads them, freed with the ops after the
 // stream is done), the host's views of device memory through a d2h copy, the routed output back
 // through an h2d copy, stream-ordered host buffers and host work (the device's host callbacks),
-// and finish() as the stream's sync. The host device's ops
+// finish() as the stream's sync, and graphs of the stream's work (the device's capture; begin()
+// split into stage(), the host's half, and upload_step(), the copy of what it staged, so that a
+// replay reads each step's values). The host device's ops
 // (runtime/host_device.cpp) and the CUDA device's (runtime/cuda_device.cpp) derive from it.
 #pragma once
 
@@ -38,6 +40,18 @@ class DeviceForwardOps : public ForwardOps {
   void note_cpu_experts(std::chrono::steady_clock::time_point t0,
                         std::chrono::steady_clock::time_point t1) override;
   void finish() override { dev_.sync_stream(stream_); }
+  void begin(const ForwardStep& step, KvCache& cache) final {
+    stage(step, cache);
+    upload_step();
+  }
+  void lm_head(const std::vector<int64_t>& row_ids, const float* x, float* host_logits) final;
+  void lm_head_to_host(const std::vector<int64_t>& row_ids, const float* x, float* host) final;
+  bool graphs() const override { return true; }
+  uint64_t memory_epoch() const override { return epoch_; }
+  void begin_capture() final { dev_.begin_capture(stream_); }
+  int end_capture() final { return dev_.end_capture(stream_); }
+  void launch_graph(int graph) final { dev_.launch_graph(graph, stream_); }
+  void drop_graph(int graph) final { dev_.destroy_graph(graph); }
 
  protected:
   struct Buf {
@@ -48,6 +62,12 @@ class DeviceForwardOps : public ForwardOps {
   Buf* new_buf();
   // b's memory of at least count floats in the device's memory (its budget).
   float* grow(Buf* b, int64_t count);
+  // begin()'s device half: what stage() put in host memory copied in, on the stream.
+  virtual void upload_step() = 0;
+  // The final-normed rows' logits [rows, vocab] in the ops' memory (lm_head's device half).
+  virtual const float* logits_rows(const std::vector<int64_t>& row_ids, const float* x) = 0;
+  // Memory a captured step may use has moved (memory_epoch()).
+  void moved() { ++epoch_; }
 
   Device& dev_;
   std::shared_ptr<const DenseWeights> w_;
@@ -58,6 +78,7 @@ class DeviceForwardOps : public ForwardOps {
   Buf* slots_[kBufferSlots];
   Buf* stage_;
   std::deque<HostStaging> host_;  // host_buffer's slots
+  uint64_t epoch_ = 0;
 };
 
 }  // namespace tandem::rt

@@ -51,6 +51,9 @@ Device::GraphId Device::end_capture(StreamId) {
 void Device::launch_graph(GraphId, StreamId) {
   fail(ErrorKind::kUnsupported, "{}: no graphs", name());
 }
+void Device::destroy_graph(GraphId) {
+  fail(ErrorKind::kUnsupported, "{}: no graphs", name());
+}
 
 bool Device::register_host(const void*, uint64_t, std::string*) {
   return true;
@@ -315,14 +318,18 @@ class HostDevice final : public Device {
 
   void copy_h2d(void* dst, const void* src, uint64_t bytes, StreamId s) override {
     check_device(dst, bytes, "copy_h2d destination");
-    if (timeline_ != nullptr) timeline_->add_bytes(true, bytes);
-    enqueue(s, "copy_h2d", [this, dst, src, bytes] { h2d_.copy(dst, src, bytes); });
+    enqueue(s, "copy_h2d", [this, dst, src, bytes] {
+      h2d_.copy(dst, src, bytes);
+      if (Timeline* t = timeline_) t->add_bytes(true, bytes);  // (at every launch of a graph)
+    });
   }
 
   void copy_d2h(void* dst, const void* src, uint64_t bytes, StreamId s) override {
     check_device(src, bytes, "copy_d2h source");
-    if (timeline_ != nullptr) timeline_->add_bytes(false, bytes);
-    enqueue(s, "copy_d2h", [this, dst, src, bytes] { d2h_.copy(dst, src, bytes); });
+    enqueue(s, "copy_d2h", [this, dst, src, bytes] {
+      d2h_.copy(dst, src, bytes);
+      if (Timeline* t = timeline_) t->add_bytes(false, bytes);
+    });
   }
 
   void host_callback(StreamId s, std::function<void()> fn) override {
@@ -436,21 +443,31 @@ class HostDevice final : public Device {
     }
     st.capturing = false;
     graphs_.push_back(std::exchange(st.captured, {}));
+    destroyed_.push_back(false);
     return static_cast<GraphId>(graphs_.size()) - 1;
   }
   void launch_graph(GraphId g, StreamId s) override {
     std::vector<Item> items;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      if (g < 0 || g >= static_cast<GraphId>(graphs_.size())) {
-        fail(ErrorKind::kInvalidArgument, "{}: unknown graph {}", name(), g);
-      }
+      graph(g);
       if (stream(s).capturing) {
         fail(ErrorKind::kUnsupported, "{}: launch_graph while stream {} captures", name(), s);
       }
-      items = graphs_[static_cast<size_t>(g)];
+      items = graph(g);
     }
     for (Item& it : items) enqueue(s, it.op, std::move(it.fn));
+  }
+  void destroy_graph(GraphId g) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    graph(g) = {};
+    destroyed_[static_cast<size_t>(g)] = true;
+  }
+  std::vector<Item>& graph(GraphId g) {  // mu_ held
+    if (g < 0 || g >= static_cast<GraphId>(graphs_.size()) || destroyed_[static_cast<size_t>(g)]) {
+      fail(ErrorKind::kInvalidArgument, "{}: unknown graph {}", name(), g);
+    }
+    return graphs_[static_cast<size_t>(g)];
   }
   // Fails when s is capturing (events and syncs are not part of a graph).
   void not_capturing(Stream& st, StreamId s, const char* what) {
@@ -574,6 +591,7 @@ class HostDevice final : public Device {
   std::vector<std::unique_ptr<Stream>> streams_;
   std::vector<Event> events_;
   std::vector<std::vector<Item>> graphs_;  // end_capture's, by GraphId
+  std::vector<bool> destroyed_;            // by GraphId
 };
 
 // The forward's ops on the host device: each call is enqueued on the ops' stream and runs the
@@ -606,8 +624,13 @@ class HostForwardOps final : public DeviceForwardOps {
            host_.name());
     }
   }
-  void begin(const ForwardStep& step, KvCache& cache) override {
-    run("begin", [this, step, c = &cache] { cpu_->begin(step, *c); });
+  // The step is read when the stream reaches begin (the previous forward has finished by then).
+  void stage(const ForwardStep& step, KvCache& cache) override {
+    staged_ = step;
+    cache_ = &cache;
+  }
+  void upload_step() override {
+    run("begin", [this] { cpu_->begin(staged_, *cache_); });
   }
   void embed(float* x) override {
     run("embed", [this, x] { cpu_->embed(x); });
@@ -636,12 +659,11 @@ class HostForwardOps final : public DeviceForwardOps {
   void router(int64_t layer, const float* x, int64_t n, float* logits) override {
     run("router", [this, layer, x, n, logits] { cpu_->router(layer, x, n, logits); });
   }
-  void lm_head(const std::vector<int64_t>& row_ids, const float* x, float* host_logits) override {
+  const float* logits_rows(const std::vector<int64_t>& row_ids, const float* x) override {
     const int64_t count = static_cast<int64_t>(row_ids.size()) * w_->weights.config.vocab_size;
     float* d = grow(logits_, count);
     run("lm_head", [this, row_ids, x, d] { cpu_->lm_head(row_ids, x, d); });
-    dev_.copy_d2h(host_logits, d, static_cast<uint64_t>(count) * 4, stream_);
-    dev_.sync_stream(stream_);
+    return d;
   }
   ForwardOpsProfile profile() const override { return cpu_->profile(); }
 
@@ -651,6 +673,8 @@ class HostForwardOps final : public DeviceForwardOps {
   HostDevice& host_;
   std::unique_ptr<ForwardOps> cpu_;
   Buf* logits_;
+  ForwardStep staged_;
+  KvCache* cache_ = nullptr;
 };
 
 std::unique_ptr<ForwardOps> HostDevice::forward_ops(std::shared_ptr<const DenseWeights> weights,

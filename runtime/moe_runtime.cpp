@@ -27,6 +27,7 @@ namespace tandem {
 struct MoeRuntime::Impl {
   std::shared_ptr<const CpuExperts> experts;  // repacked experts (null: native views)
   std::unique_ptr<MoeBackend> cpu;            // the CPU MoE backend
+  bool graphs = true;                         // --no-graphs: false
   std::unique_ptr<MoeBackend> cpu_deferred;   // a second instance for Expert Deferral
   std::unique_ptr<rt::Timeline> timeline;     // (outlives the device's work)
   std::unique_ptr<rt::Device> device;
@@ -269,6 +270,7 @@ MoeRuntime::MoeRuntime(const LoadedModel& model, const BackendOptions& options,
   const BackendOptions o = resolve_backend_options(options, model.path);
   const std::string accel = resolve_accel(o.accel);
   check_backend_options(o, accel, model);
+  impl_->graphs = o.graphs;
   std::vector<rt::PlacementRule> rules;
   if (!o.rules.empty()) rules = rt::load_placement_rules(o.rules);
   impl_->placement = rt::resolve_placement(model, rules, accel != "none", o.cpu_experts);
@@ -306,9 +308,11 @@ MoeRuntime::MoeRuntime(const LoadedModel& model, const BackendOptions& options,
       impl_->dense = rt::upload_dense_weights(*impl_->device, model, true);
       summary_ += fmt::format(
           "; accelerator: {} ({:.0f} MiB, link {}): the dense part and the shared experts "
-          "({:.1f} MiB), every routed expert on the CPU operator (--gpu-experts 0 --cache-slots 0)",
+          "({:.1f} MiB), every routed expert on the CPU operator (--gpu-experts 0 --cache-slots "
+          "0), decode steps {}",
           impl_->device->name(), ho.memory_bytes / 1048576.0, o.link,
-          impl_->dense->bytes / 1048576.0);
+          impl_->dense->bytes / 1048576.0,
+          o.graphs ? "replayed as graphs" : "op by op (--no-graphs)");
     } else {
       make_hybrid(model, o, ho);
     }
@@ -383,6 +387,7 @@ void MoeRuntime::apply(ModelOptions* options) {
   options->moe = backend_;
   options->views = weight_views();
   options->ops = forward_ops();
+  options->graphs = impl_->graphs;
 }
 
 rt::Timeline* MoeRuntime::timeline() const {

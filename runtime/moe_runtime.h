@@ -55,6 +55,7 @@ struct BackendOptions {
   std::filesystem::path profile;    // cost model from `tandem profile`
   std::filesystem::path residuals;  // DALI residual vectors from `tandem calibrate`
   std::string link = "pcie4";       // host device link: pcie4 | pcie5 | none | <GB/s>[,<us>]
+  bool graphs = true;               // decode steps replayed as graphs (ModelOptions::graphs)
   bool show_placement = false;      // print the resolved placement (also at -v)
   std::string cpu_experts_why;      // set by resolve_backend_options when auto chose
 };

@@ -193,6 +193,9 @@ inline void add_backend_options(CLI::App& app, BackendOptions* o) {
   app.add_option("--profile", o->profile, "cost model written by `tandem profile`");
   app.add_option("--residuals", o->residuals, "residual vectors written by `tandem calibrate`");
   app.add_flag("--show-placement", o->show_placement, "print where each module runs");
+  app.add_flag("!--no-graphs", o->graphs,
+               "run each decode step op by op instead of replaying the graph captured for its "
+               "batch size (with an accelerator and every routed expert on the CPU)");
   app.add_option("--link", o->link,
                  "host accelerator's link: pcie4 | pcie5 | none | GBPS[,LATENCY_US]")
       ->capture_default_str();

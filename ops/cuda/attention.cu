@@ -162,10 +162,23 @@ __host__ __device__ inline bool values_in_keys(const ops::AttentionArgs& a) {
          (a.n_kv_heads == 1 || kh == vh);
 }
 
+// Split `split` of n_splits over a token's keys [0, keys): the keys cut into as many runs of at
+// least kSplitMinKeys as there are splits (at most), the splits past them empty. Computed in
+// the kernel from the keys it reads, so one launch shape serves every position (a graph's
+// replays).
+__host__ __device__ inline void split_range(int64_t keys, int n_splits, int split, int64_t* s0,
+                                            int64_t* s1) {
+  const int64_t most = (keys + kSplitMinKeys - 1) / kSplitMinKeys;
+  const int64_t used = most < n_splits ? (most > 1 ? most : 1) : n_splits;
+  const int64_t len = (keys + used - 1) / used;
+  *s0 = split * len;
+  *s1 = (split + 1) * len < keys ? (split + 1) * len : keys;
+}
+
 template <typename C>
-__global__ void attention_split_kernel(ops::AttentionArgs a, const typename C::T* kc,
-                                       const typename C::T* vc, int64_t split_len, int n_splits,
-                                       int head_groups, float* part) {
+__global__ void attention_split_kernel(ops::AttentionArgs a, const int64_t* pos0_at,
+                                       const typename C::T* kc, const typename C::T* vc,
+                                       int n_splits, int head_groups, float* part) {
   extern __shared__ float smem[];
   const int64_t t = blockIdx.x;
   const int64_t g = blockIdx.y / head_groups, hg = blockIdx.y % head_groups;
@@ -175,9 +188,12 @@ __global__ void attention_split_kernel(ops::AttentionArgs a, const typename C::T
   const int64_t hl = hg * kSplitWarps + warp;  // head within the KV head's group
   const bool active = hl < per_kv;
   const int64_t h = g * per_kv + (active ? hl : 0);
-  const int64_t pos = a.pos0 + t;
+  const int64_t pos0 = pos0_at != nullptr ? *pos0_at : a.pos0;
+  const int64_t pos = pos0 + t;
   const int64_t lo = a.window > 0 && pos >= a.window ? pos - a.window + 1 : 0;
-  const int64_t s0 = max(lo, split * split_len), s1 = min(pos + 1, (split + 1) * split_len);
+  int64_t r0 = 0, r1 = 0;
+  split_range(pos0 + a.n_tokens, n_splits, split, &r0, &r1);
+  const int64_t s0 = max(lo, r0), s1 = min(pos + 1, r1);
   const int64_t kh = a.k_head != 0 ? a.k_head : a.dk, vh = a.v_head != 0 ? a.v_head : a.dv;
   const bool shared_v = values_in_keys(a);
   float* ks = smem;                                        // [kSplitKeys][dk]
@@ -279,11 +295,11 @@ __global__ void attention_combine_kernel(ops::AttentionArgs a, int n_splits, con
   }
 }
 
-// How attention_cuda runs a: splits of the keys (> 0: the split kernels) or 0 (one block per
-// token and head, attention_kernel).
+// How attention_cuda runs a: splits of the keys (> 0: the split kernels, a block per split
+// whatever the keys, split_range cutting them) or 0 (one block per token and head,
+// attention_kernel).
 struct SplitPlan {
   int splits = 0, head_groups = 0;
-  int64_t split_len = 0;
 };
 
 SplitPlan split_plan(const ops::AttentionArgs& a) {
@@ -296,15 +312,10 @@ SplitPlan split_plan(const ops::AttentionArgs& a) {
   }
   const int64_t per_kv = a.n_heads / a.n_kv_heads;
   p.head_groups = static_cast<int>((per_kv + kSplitWarps - 1) / kSplitWarps);
-  const int64_t keys = a.pos0 + a.n_tokens;
-  // Enough blocks to fill a large GPU twice over (~132 multiprocessors), each split at least
-  // kSplitMinKeys keys.
+  // Enough blocks to fill a large GPU twice over (~132 multiprocessors); a short context leaves
+  // most of them empty (split_range).
   const int64_t base = a.n_tokens * a.n_kv_heads * p.head_groups;
-  const int64_t want = (264 + base - 1) / base;
-  const int64_t most = (keys + kSplitMinKeys - 1) / kSplitMinKeys;
-  p.splits = static_cast<int>(std::max<int64_t>(1, std::min(want, most)));
-  p.split_len = (keys + p.splits - 1) / p.splits;
-  p.splits = static_cast<int>((keys + p.split_len - 1) / p.split_len);
+  p.splits = static_cast<int>((264 + base - 1) / base);
   return p;
 }
 
@@ -366,8 +377,9 @@ int64_t attention_scratch_floats(const ops::AttentionArgs& a) {
 namespace {
 
 template <typename C>
-cudaError_t launch_attention(const ops::AttentionArgs& a, const typename C::T* k,
-                             const typename C::T* v, float* scores, cudaStream_t stream) {
+cudaError_t launch_attention(const ops::AttentionArgs& a, const int64_t* pos0,
+                             const typename C::T* k, const typename C::T* v, float* scores,
+                             cudaStream_t stream) {
   const SplitPlan p = split_plan(a);
   if (p.splits > 0) {
     const int64_t smem = kSplitKeys * (a.dk + (values_in_keys(a) ? 0 : a.dv)) * 4;
@@ -375,7 +387,7 @@ cudaError_t launch_attention(const ops::AttentionArgs& a, const typename C::T* k
                     static_cast<unsigned>(a.n_kv_heads * p.head_groups),
                     static_cast<unsigned>(p.splits));
     attention_split_kernel<C><<<grid, kSplitWarps * 32, static_cast<size_t>(smem), stream>>>(
-        a, k, v, p.split_len, p.splits, p.head_groups, scores);
+        a, pos0, k, v, p.splits, p.head_groups, scores);
     attention_combine_kernel<<<static_cast<unsigned>(a.n_tokens * a.n_heads), kThreads, 0,
                                stream>>>(a, p.splits, scores);
     return cudaGetLastError();
@@ -387,8 +399,12 @@ cudaError_t launch_attention(const ops::AttentionArgs& a, const typename C::T* k
 
 }  // namespace
 
+bool attention_cuda_splits(const ops::AttentionArgs& a) {
+  return split_plan(a).splits > 0;
+}
+
 cudaError_t attention_cuda(const ops::AttentionArgs& a, float* scores, int64_t scores_floats,
-                           cudaStream_t stream) {
+                           cudaStream_t stream, const int64_t* device_pos0) {
   const bool f32 = a.k != nullptr && a.v != nullptr && a.k16 == nullptr;
   const bool b16 = a.k == nullptr && a.k16 != nullptr && a.v16 != nullptr;
   if ((!f32 && !b16) || a.k8 != nullptr || a.n_tokens < 0 || a.n_heads <= 0 || a.n_kv_heads <= 0 ||
@@ -398,9 +414,10 @@ cudaError_t attention_cuda(const ops::AttentionArgs& a, float* scores, int64_t s
     return cudaErrorInvalidValue;
   }
   if (a.n_tokens == 0) return cudaSuccess;
-  if (f32) return launch_attention<F32Cache>(a, a.k, a.v, scores, stream);
-  if (a.f16) return launch_attention<F16Cache>(a, a.k16, a.v16, scores, stream);
-  return launch_attention<Bf16Cache>(a, a.k16, a.v16, scores, stream);
+  if (device_pos0 != nullptr && !attention_cuda_splits(a)) return cudaErrorInvalidValue;
+  if (f32) return launch_attention<F32Cache>(a, device_pos0, a.k, a.v, scores, stream);
+  if (a.f16) return launch_attention<F16Cache>(a, device_pos0, a.k16, a.v16, scores, stream);
+  return launch_attention<Bf16Cache>(a, device_pos0, a.k16, a.v16, scores, stream);
 }
 
 }  // namespace tandem

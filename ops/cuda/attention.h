@@ -44,7 +44,13 @@ int64_t attention_scratch_floats(const ops::AttentionArgs& a);
 // running 8 query heads of one KV head over its split with the key rows staged in shared memory
 // once for them all (MLA's heads share one latent row: FlashMLA's idea, F32 on CUDA cores), then
 // merges the splits' online softmaxes; longer chunks run a block per token and head.
+// device_pos0 (optional, device memory): the first position read there when the kernels run
+// instead of a.pos0 (a graph's replays); only where attention_cuda_splits(a).
 cudaError_t attention_cuda(const ops::AttentionArgs& a, float* scores, int64_t scores_floats,
-                           cudaStream_t stream);
+                           cudaStream_t stream, const int64_t* device_pos0 = nullptr);
+
+// Whether attention_cuda runs a with the split kernels: then its scratch and launch follow from
+// a's shape alone (not a.pos0), and it may read the first position from device memory.
+bool attention_cuda_splits(const ops::AttentionArgs& a);
 
 }  // namespace tandem

@@ -29,10 +29,10 @@ LaunchShape launch_shape(int64_t chunks_per_row, int64_t rows) {
 }
 
 template <typename Out>
-cudaError_t launch_rows(DType type, const uint8_t* src, int64_t src_row_bytes, int64_t rows,
-                        int64_t cols, Out* dst, int64_t dst_row_elems, const float* scale,
-                        int64_t scale_row_elems, int64_t block_rows, int64_t block_cols,
-                        cudaStream_t stream) {
+cudaError_t launch_rows(DType type, const uint8_t* src, int64_t src_row_bytes,
+                        const int32_t* row_ids, int64_t rows, int64_t cols, Out* dst,
+                        int64_t dst_row_elems, const float* scale, int64_t scale_row_elems,
+                        int64_t block_rows, int64_t block_cols, cudaStream_t stream) {
   cudaError_t status = cudaErrorInvalidValue;
   dequant::visit_format(type, [&](auto tag) {
     using Fmt = typename decltype(tag)::type;
@@ -41,24 +41,24 @@ cudaError_t launch_rows(DType type, const uint8_t* src, int64_t src_row_bytes, i
       if (src_row_bytes < cols / Fmt::kBlockElems * Fmt::kBlockBytes) return;
       const int64_t chunks = cols / dequant::kChunk;
       const LaunchShape s = launch_shape(chunks, rows);
-      dequant::dequantize_blocks_kernel<Fmt, Out>
-          <<<s.grid, s.block, 0, stream>>>(src, src_row_bytes, rows, chunks, dst, dst_row_elems);
+      dequant::dequantize_blocks_kernel<Fmt, Out><<<s.grid, s.block, 0, stream>>>(
+          src, src_row_bytes, row_ids, rows, chunks, dst, dst_row_elems);
     } else {
       if (src_row_bytes < cols * Fmt::kBytes) return;
       const LaunchShape s = launch_shape((cols + dequant::kChunk - 1) / dequant::kChunk, rows);
-      dequant::dequantize_elems_kernel<Fmt, Out>
-          <<<s.grid, s.block, 0, stream>>>(src, src_row_bytes, rows, cols, dst, dst_row_elems,
-                                           scale, scale_row_elems, block_rows, block_cols);
+      dequant::dequantize_elems_kernel<Fmt, Out><<<s.grid, s.block, 0, stream>>>(
+          src, src_row_bytes, row_ids, rows, cols, dst, dst_row_elems, scale, scale_row_elems,
+          block_rows, block_cols);
     }
     status = cudaGetLastError();
   });
   return status;
 }
 
-cudaError_t dispatch_out(DType type, const void* src, int64_t src_row_bytes, int64_t rows,
-                         int64_t cols, DType out_type, void* dst, int64_t dst_row_elems,
-                         const float* scale, int64_t scale_row_elems, int64_t block_rows,
-                         int64_t block_cols, cudaStream_t stream) {
+cudaError_t dispatch_out(DType type, const void* src, int64_t src_row_bytes, const int32_t* row_ids,
+                         int64_t rows, int64_t cols, DType out_type, void* dst,
+                         int64_t dst_row_elems, const float* scale, int64_t scale_row_elems,
+                         int64_t block_rows, int64_t block_cols, cudaStream_t stream) {
   if (rows < 0 || cols < 0 || dst_row_elems < cols || src_row_bytes < 0) {
     return cudaErrorInvalidValue;
   }
@@ -68,10 +68,10 @@ cudaError_t dispatch_out(DType type, const void* src, int64_t src_row_bytes, int
   if (!src || !dst) return cudaErrorInvalidValue;
   const auto* bytes = static_cast<const uint8_t*>(src);
   if (out_type == DType::kF32) {
-    return launch_rows(type, bytes, src_row_bytes, rows, cols, static_cast<float*>(dst),
+    return launch_rows(type, bytes, src_row_bytes, row_ids, rows, cols, static_cast<float*>(dst),
                        dst_row_elems, scale, scale_row_elems, block_rows, block_cols, stream);
   }
-  return launch_rows(type, bytes, src_row_bytes, rows, cols, static_cast<uint16_t*>(dst),
+  return launch_rows(type, bytes, src_row_bytes, row_ids, rows, cols, static_cast<uint16_t*>(dst),
                      dst_row_elems, scale, scale_row_elems, block_rows, block_cols, stream);
 }
 
@@ -84,8 +84,16 @@ bool cuda_can_dequantize(DType type) {
 cudaError_t dequantize_rows_cuda(DType type, const void* src, int64_t src_row_bytes, int64_t rows,
                                  int64_t cols, DType out_type, void* dst, int64_t dst_row_elems,
                                  cudaStream_t stream) {
-  return dispatch_out(type, src, src_row_bytes, rows, cols, out_type, dst, dst_row_elems, nullptr,
-                      0, 1, 1, stream);
+  return dispatch_out(type, src, src_row_bytes, nullptr, rows, cols, out_type, dst, dst_row_elems,
+                      nullptr, 0, 1, 1, stream);
+}
+
+cudaError_t gather_rows_cuda(DType type, const void* src, int64_t src_row_bytes,
+                             const int32_t* row_ids, int64_t rows, int64_t cols, float* dst,
+                             int64_t dst_row_elems, cudaStream_t stream) {
+  if (rows > 0 && row_ids == nullptr) return cudaErrorInvalidValue;
+  return dispatch_out(type, src, src_row_bytes, row_ids, rows, cols, DType::kF32, dst,
+                      dst_row_elems, nullptr, 0, 1, 1, stream);
 }
 
 cudaError_t dequantize_fp8_blocks_cuda(const uint8_t* w, int64_t w_row_bytes,
@@ -95,8 +103,8 @@ cudaError_t dequantize_fp8_blocks_cuda(const uint8_t* w, int64_t w_row_bytes,
                                        int64_t dst_row_elems, cudaStream_t stream) {
   if (block_rows <= 0 || block_cols <= 0 || !scale_inv) return cudaErrorInvalidValue;
   if (scale_row_elems < (cols + block_cols - 1) / block_cols) return cudaErrorInvalidValue;
-  return dispatch_out(DType::kF8E4M3, w, w_row_bytes, rows, cols, out_type, dst, dst_row_elems,
-                      scale_inv, scale_row_elems, block_rows, block_cols, stream);
+  return dispatch_out(DType::kF8E4M3, w, w_row_bytes, nullptr, rows, cols, out_type, dst,
+                      dst_row_elems, scale_inv, scale_row_elems, block_rows, block_cols, stream);
 }
 
 }  // namespace tandem

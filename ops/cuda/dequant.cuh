@@ -54,13 +54,20 @@ __device__ __forceinline__ void store_chunk(uint16_t* dst, const float* v, int n
   }
 }
 
-// Rows of GGUF blocks. Row r starts at src + r * src_row_bytes and holds chunks_per_row * 8
-// values (a whole number of blocks); its output starts at dst + r * dst_row_elems.
-// Thread (x, y) of the grid handles chunk x of rows y, y + gridDim.y * blockDim.y, ...
+// The source row of output row r: row_ids[r] (a gather: an embedding's token rows), or r.
+__device__ __forceinline__ int64_t source_row(const int32_t* row_ids, int64_t r) {
+  return row_ids != nullptr ? static_cast<int64_t>(row_ids[r]) : r;
+}
+
+// Rows of GGUF blocks. Row r starts at src + source_row(r) * src_row_bytes and holds
+// chunks_per_row * 8 values (a whole number of blocks); its output starts at
+// dst + r * dst_row_elems. Thread (x, y) of the grid handles chunk x of rows y,
+// y + gridDim.y * blockDim.y, ...
 template <typename Fmt, typename Out>
 __global__ void dequantize_blocks_kernel(const uint8_t* __restrict__ src, int64_t src_row_bytes,
-                                         int64_t rows, int64_t chunks_per_row,
-                                         Out* __restrict__ dst, int64_t dst_row_elems) {
+                                         const int32_t* __restrict__ row_ids, int64_t rows,
+                                         int64_t chunks_per_row, Out* __restrict__ dst,
+                                         int64_t dst_row_elems) {
   constexpr int kChunksPerBlock = Fmt::kBlockElems / kChunk;
   const int64_t c = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (c >= chunks_per_row) return;
@@ -70,7 +77,7 @@ __global__ void dequantize_blocks_kernel(const uint8_t* __restrict__ src, int64_
   for (int64_t r = static_cast<int64_t>(blockIdx.y) * blockDim.y + threadIdx.y; r < rows;
        r += row_step) {
     float v[kChunk];
-    Fmt::decode8(src + r * src_row_bytes + block * Fmt::kBlockBytes, k, v);
+    Fmt::decode8(src + source_row(row_ids, r) * src_row_bytes + block * Fmt::kBlockBytes, k, v);
     store_chunk(dst + r * dst_row_elems + c * kChunk, v, kChunk);
   }
 }
@@ -96,15 +103,15 @@ __device__ __forceinline__ void load_elems(const uint8_t* p, int n, uint8_t* raw
   }
 }
 
-// Rows of `cols` plain elements (F32/F16/BF16/FP8), any row length. With `scale` (FP8 with block
-// scales, DeepSeek-V3 style) value (r, c) is multiplied by
+// Rows of `cols` plain elements (F32/F16/BF16/FP8), any row length (source rows as above). With
+// `scale` (FP8 with block scales, DeepSeek-V3 style; no row_ids) value (r, c) is multiplied by
 // scale[(r / block_rows) * scale_row_elems + c / block_cols].
 template <typename Fmt, typename Out>
 __global__ void dequantize_elems_kernel(const uint8_t* __restrict__ src, int64_t src_row_bytes,
-                                        int64_t rows, int64_t cols, Out* __restrict__ dst,
-                                        int64_t dst_row_elems, const float* __restrict__ scale,
-                                        int64_t scale_row_elems, int64_t block_rows,
-                                        int64_t block_cols) {
+                                        const int32_t* __restrict__ row_ids, int64_t rows,
+                                        int64_t cols, Out* __restrict__ dst, int64_t dst_row_elems,
+                                        const float* __restrict__ scale, int64_t scale_row_elems,
+                                        int64_t block_rows, int64_t block_cols) {
   const int64_t c0 = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * kChunk;
   if (c0 >= cols) return;
   const int n = cols - c0 < kChunk ? static_cast<int>(cols - c0) : kChunk;
@@ -118,7 +125,8 @@ __global__ void dequantize_elems_kernel(const uint8_t* __restrict__ src, int64_t
   for (int64_t r = static_cast<int64_t>(blockIdx.y) * blockDim.y + threadIdx.y; r < rows;
        r += row_step) {
     alignas(16) uint8_t raw[Fmt::kBytes * kChunk];
-    load_elems<Fmt::kBytes>(src + r * src_row_bytes + c0 * Fmt::kBytes, n, raw);
+    load_elems<Fmt::kBytes>(src + source_row(row_ids, r) * src_row_bytes + c0 * Fmt::kBytes, n,
+                            raw);
     float v[kChunk];
     for (int i = 0; i < kChunk; ++i) v[i] = i < n ? Fmt::load(raw + i * Fmt::kBytes) : 0.0f;
     if (scale) {

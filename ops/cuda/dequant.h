@@ -25,6 +25,12 @@ cudaError_t dequantize_rows_cuda(DType type, const void* src, int64_t src_row_by
                                  int64_t cols, DType out_type, void* dst, int64_t dst_row_elems,
                                  cudaStream_t stream);
 
+// Row row_ids[r] (device memory, each < the source's rows) of the source into F32 row r, for
+// r < rows: an embedding's rows of the step's tokens, which a graph's replay reads there.
+cudaError_t gather_rows_cuda(DType type, const void* src, int64_t src_row_bytes,
+                             const int32_t* row_ids, int64_t rows, int64_t cols, float* dst,
+                             int64_t dst_row_elems, cudaStream_t stream);
+
 // DeepSeek-V3 style FP8 weights [rows, cols] (row r at w + r * w_row_bytes) with F32 scale_inv
 // [ceil(rows / block_rows), ceil(cols / block_cols)] (row stride scale_row_elems >= the latter):
 // value = fp8 * scale_inv[r / block_rows][c / block_cols]. Edge blocks may be partial.

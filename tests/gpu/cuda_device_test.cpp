@@ -5,7 +5,8 @@
 // and matmul over F32, Q8_0, Q4_K / Q6_K and block-scaled FP8 weights of odd sizes within F32
 // rounding of ops::swiglu_ffn / ops::matmul (the device sums in another order); and end to end,
 // `tandem run --accel cuda` (the dense part on the GPU too) on models `tandem synth` writes here
-// gives `--accel none`'s tokens, and a batch of sequences through `tandem bench --batch`.
+// gives `--accel none`'s tokens, and a batch of sequences through `tandem bench --batch`; decode
+// steps replayed from CUDA graphs equal the steps run op by op.
 // Label gpu: skipped (exit 77) without a GPU (tests/gpu/gpu_gate.h).
 #include <gtest/gtest.h>
 
@@ -22,10 +23,15 @@
 
 #ifdef TANDEM_HAVE_CUDA
 #include "core/error.h"
+#include "core/thread_pool.h"
 #include "formats/quant.h"
+#include "model/model.h"
+#include "moe/fused_moe.h"
 #include "ops/cpu/ref_ops.h"
+#include "runtime/dense_weights.h"
 #include "runtime/device.h"
 #include "tests/graph_replay_check.h"
+#include "tests/step_graph_check.h"
 #include "tests/test_util.h"
 
 namespace tandem::rt {
@@ -316,6 +322,53 @@ TEST(CudaDeviceCli, RunEqualsTheCpu) {
                                         " --batch 1,3 -p 8 -n 4 -r 1 --accel "
                                         "cuda --vram-budget 256M");
     EXPECT_EQ(batch.exit_code, 0) << batch.err;
+  }
+}
+
+// Decode steps replayed from CUDA graphs (the step's values staged in pinned memory, attention
+// reading each part's first position from device memory, the MoE layers' submit and wait as host
+// nodes) equal the same steps run op by op bit for bit, batch sizes 1 to 8, on tiny models
+// written here (tests/step_graph_check.h); and `tandem run` through them gives the CPU's tokens.
+TEST(CudaStepGraphs, ReplaysEqualTheStepsRunOpByOp) {
+  test::TempDir dir("cuda_graphs");
+  for (const char* arch : {"qwen3moe", "deepseek2", "qwen2moe", "gpt-oss"}) {
+    SCOPED_TRACE(arch);
+    const std::string m = (dir / (std::string(arch) + ".gguf")).string();
+    auto r = test::run_tandem(std::string("synth --arch ") + arch +
+                              " --preset tiny --format gguf --type q4_k_m --seed 3 -o " + m);
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    {
+      const LoadedModel lm = load_model(m);
+      auto dev = gpu();
+      auto w = upload_dense_weights(*dev, lm, true);
+      Device* d = dev.get();
+      ThreadingContext threading(ThreadingOptions{2, false, 50});
+      FusedMoeBackend moe_a(&threading.pool()), moe_b(&threading.pool());
+      auto model = [&](MoeBackend* moe, bool graphs) {
+        ModelOptions mo;
+        mo.pool = &threading.pool();
+        mo.moe = moe;
+        mo.graphs = graphs;
+        mo.ops = [d, w](const LoadedModel&, const ForwardOpsOptions& o) {
+          return d->forward_ops(w, o);
+        };
+        return std::make_unique<Model>(lm, mo);
+      };
+      const auto graphed = model(&moe_a, true);
+      const auto eager = model(&moe_b, false);
+      KvCacheOptions o;
+      o.positions = 64 * 16;
+      o.max_sequence_positions = 192;
+      test::check_step_graphs(*graphed, *eager, o);
+    }
+    const std::string base = "run --model " + m + " --tokens 1,5,9,13 -n 12 --temp 0 ";
+    const auto cpu = test::run_tandem(base + "--accel none");
+    ASSERT_EQ(cpu.exit_code, 0) << cpu.err;
+    const auto cuda =
+        test::run_tandem(base + "--accel cuda --vram-budget 256M --gpu-experts 0 --cache-slots 0");
+    ASSERT_EQ(cuda.exit_code, 0) << cuda.err;
+    EXPECT_NE(cuda.err.find("replayed as graphs"), std::string::npos) << cuda.err;
+    EXPECT_EQ(cuda.out, cpu.out);
   }
 }
 

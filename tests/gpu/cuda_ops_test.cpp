@@ -225,8 +225,25 @@ TEST_P(CudaAttention, EqualsTheReference) {
     DeviceBuffer scratch(static_cast<size_t>(nf) * 4);
     TD_CUDA_CHECK(attention_cuda(d, scratch.as<float>(), nf, nullptr));
     TD_CUDA_CHECK(cudaDeviceSynchronize());
-    EXPECT_LE(test::max_rel_diff(down(dout, want.size()), want), 1e-5);
+    const std::vector<float> got = down(dout, want.size());
+    EXPECT_LE(test::max_rel_diff(got, want), 1e-5);
     EXPECT_EQ(attention_cuda(d, scratch.as<float>(), nf - 1, nullptr), cudaErrorInvalidValue);
+    // The split kernels with the first position read from device memory (a graph's replay): the
+    // same output with a.pos0 saying something else, and the same scratch.
+    if (attention_cuda_splits(d)) {
+      DeviceBuffer dpos0 = up(std::vector<int64_t>{c.pos0});
+      ops::AttentionArgs r = d;
+      r.pos0 = 0;
+      EXPECT_EQ(attention_scratch_floats(r), nf);
+      dout.fill_zero();
+      TD_CUDA_CHECK(attention_cuda(r, scratch.as<float>(), nf, nullptr, dpos0.as<int64_t>()));
+      TD_CUDA_CHECK(cudaDeviceSynchronize());
+      EXPECT_EQ(down(dout, want.size()), got);
+    } else {
+      DeviceBuffer dpos0 = up(std::vector<int64_t>{c.pos0});
+      EXPECT_EQ(attention_cuda(d, scratch.as<float>(), nf, nullptr, dpos0.as<int64_t>()),
+                cudaErrorInvalidValue);
+    }
   }
 }
 

@@ -407,6 +407,11 @@ TEST(HybridCli, NoDeviceExpertsRunWithoutTheHybridBackend) {
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_EQ(r.out, cpu.out);
   EXPECT_NE(r.err.find("every routed expert on the CPU operator"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("decode steps replayed as graphs"), std::string::npos) << r.err;
+  const auto eager = test::run_tandem(base + flags + " --no-graphs");
+  ASSERT_EQ(eager.exit_code, 0) << eager.err;
+  EXPECT_EQ(eager.out, cpu.out);
+  EXPECT_NE(eager.err.find("decode steps op by op (--no-graphs)"), std::string::npos) << eager.err;
   const auto b = test::run_tandem("bench -m " + model + " -p 8 -n 6 -r 1 --json" + flags);
   ASSERT_EQ(b.exit_code, 0) << b.err;
   const nlohmann::json j = nlohmann::json::parse(b.out);
