@@ -1,0 +1,735 @@
+// The CUDA device's class (runtime/cuda_device.cpp: what it is; docs/device.md), shared with its
+// forward ops (runtime/cuda_forward_ops.cpp), which use its streams' state, its products and its
+// op timing. Included only by those two files, in a build with CUDA.
+#pragma once
+
+#ifndef TANDEM_HAVE_CUDA
+#error "runtime/cuda_device_impl.h needs a build with CUDA"
+#endif
+
+#include <cuda_runtime_api.h>
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <exception>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <utility>
+#include <vector>
+
+#include "core/log.h"
+#include "model/kv_cache.h"
+#include "ops/cpu/ref_ops.h"
+#include "ops/cuda/attention.h"
+#include "ops/cuda/cublas_api.h"
+#include "ops/cuda/cuda_util.h"
+#include "ops/cuda/dense.h"
+#include "ops/cuda/dequant.h"
+#include "ops/cuda/matvec.h"
+#include "runtime/dense_weights.h"
+#include "runtime/device_forward_ops.h"
+#include "runtime/timeline.h"
+
+namespace tandem::rt::cuda_detail {
+
+struct CudaGraph;
+
+struct CudaStreamState {
+  cudaStream_t stream = nullptr;
+  std::mutex mu;
+  std::exception_ptr error;  // the first unreported failure of a host callback
+  void* scratch = nullptr;   // intermediates of ffn, dequantized W_UK for MLA
+  uint64_t scratch_bytes = 0;
+  cublasHandle_t blas = nullptr;  // created on the first product with many tokens
+  void* weights = nullptr;        // a slice of a weight dequantized for cuBLAS
+  uint64_t weights_bytes = 0;
+  std::unique_ptr<CudaGraph> capture;  // the graph being captured on the stream
+  uint64_t generation = 0;             // scratch or weights reallocated (graphs of it stale)
+};
+
+// A host function on a stream (cudaLaunchHostFunc): an exception is kept for the stream's next
+// sync.
+struct CudaCallback {
+  CudaStreamState* st;
+  std::function<void()> fn;
+  static void CUDART_CB run(void* p) {  // once: the callback is the trampoline's
+    std::unique_ptr<CudaCallback> cb(static_cast<CudaCallback*>(p));
+    call(*cb);
+  }
+  static void CUDART_CB run_kept(void* p) {  // a graph's host node, at every launch
+    call(*static_cast<CudaCallback*>(p));
+  }
+  static void call(CudaCallback& cb) {
+    try {
+      cb.fn();
+    } catch (...) {
+      std::lock_guard<std::mutex> lock(cb.st->mu);
+      if (!cb.st->error) cb.st->error = std::current_exception();
+    }
+  }
+};
+
+// One op's span for the timeline: timing events recorded before and after it on its stream.
+struct OpSpan {
+  cudaEvent_t start = nullptr, end = nullptr;
+  double* seconds = nullptr;  // also added here (the forward ops' profile), when set
+  bool graph = false;         // a graph's: recorded by its event nodes at every launch
+};
+
+struct CudaGraph {
+  cudaGraphExec_t exec = nullptr;
+  std::vector<std::unique_ptr<CudaCallback>> callbacks;  // its host nodes'
+  uint64_t h2d_bytes = 0, d2h_bytes = 0;                 // its copies' (the timeline's, per launch)
+  std::vector<OpSpan> spans;                             // its ops' (event record nodes)
+  ~CudaGraph() {
+    if (exec != nullptr) cudaGraphExecDestroy(exec);
+    for (const OpSpan& p : spans) {
+      cudaEventDestroy(p.start);
+      cudaEventDestroy(p.end);
+    }
+  }
+};
+
+// Products with at least this many token rows (prefill) go through cuBLAS on a dequantized F32
+// copy of the weight, made kGemmSliceBytes of rows at a time; fewer read the weight as stored.
+constexpr int64_t kGemmMinTokens = 32;
+constexpr uint64_t kGemmSliceBytes = uint64_t{64} << 20;
+
+class CudaForwardOps;
+
+class CudaDevice final : public Device {
+ public:
+  explicit CudaDevice(const CudaDeviceOptions& o) : index_(o.index) {
+    TD_CUDA_CHECK(cudaSetDevice(index_));
+    cudaDeviceProp prop{};
+    TD_CUDA_CHECK(cudaGetDeviceProperties(&prop, index_));
+    name_ = fmt::format("cuda:{} ({})", index_, prop.name);
+    size_t free = 0, total = 0;
+    TD_CUDA_CHECK(cudaMemGetInfo(&free, &total));
+    const uint64_t usable = static_cast<uint64_t>(free) / 10 * 9;
+    if (o.memory_bytes > usable) {
+      fail(ErrorKind::kResource, "--vram-budget {} bytes: the GPU {} has {} bytes free",
+           o.memory_bytes, name_, free);
+    }
+    capacity_ = o.memory_bytes > 0 ? o.memory_bytes : usable;
+    create_stream();  // stream 0
+  }
+
+  ~CudaDevice() override {
+    cudaSetDevice(index_);
+    for (auto& s : streams_) {
+      cudaStreamSynchronize(s->stream);
+      cudaFree(s->scratch);
+      cudaFree(s->weights);
+      if (s->blas != nullptr) cublas_api()->destroy(s->blas);
+      cudaStreamDestroy(s->stream);
+    }
+    for (auto& e : events_) cudaEventDestroy(e.event);
+    for (const std::vector<OpSpan>* v : {&spans_free_, &spans_pending_}) {
+      for (const OpSpan& p : *v) {
+        if (p.graph) continue;  // (its graph's)
+        cudaEventDestroy(p.start);
+        cudaEventDestroy(p.end);
+      }
+    }
+    if (anchor_ != nullptr) cudaEventDestroy(anchor_);
+    for (const auto& [p, bytes] : live_) cudaFree(p);
+    for (const void* p : registered_) cudaHostUnregister(const_cast<void*>(p));
+  }
+
+  std::string name() const override { return name_; }
+  uint64_t memory_capacity() const override { return capacity_; }
+  uint64_t memory_used() const override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return used_;
+  }
+
+  void* alloc(uint64_t bytes) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (bytes > capacity_ - used_) {
+      fail(ErrorKind::kResource,
+           "{}: cannot allocate {} bytes: {} of {} bytes left (--vram-budget)", name_, bytes,
+           capacity_ - used_, capacity_);
+    }
+    TD_CUDA_CHECK(cudaSetDevice(index_));
+    void* p = nullptr;
+    const cudaError_t err = cudaMalloc(&p, std::max<uint64_t>(bytes, 1));
+    if (err != cudaSuccess) {
+      cudaGetLastError();
+      fail(ErrorKind::kResource, "{}: cudaMalloc of {} bytes: {}", name_, bytes,
+           cudaGetErrorString(err));
+    }
+    live_[p] = bytes;
+    used_ += bytes;
+    return p;
+  }
+
+  void free(void* p) override {
+    if (p == nullptr) return;
+    std::lock_guard<std::mutex> lock(mu_);
+    const auto it = live_.find(p);
+    if (it == live_.end()) {
+      fail(ErrorKind::kInvalidArgument, "{}: free of {} which is not a live allocation", name_, p);
+    }
+    used_ -= it->second;
+    live_.erase(it);
+    TD_CUDA_CHECK(cudaFree(p));
+  }
+
+  void* alloc_host(uint64_t bytes) override {
+    void* p = nullptr;
+    const cudaError_t err = cudaHostAlloc(&p, std::max<uint64_t>(bytes, 1), cudaHostAllocDefault);
+    if (err != cudaSuccess) {
+      cudaGetLastError();
+      fail(ErrorKind::kResource, "{}: pinned host memory of {} bytes: {}", name_, bytes,
+           cudaGetErrorString(err));
+    }
+    return p;
+  }
+  void free_host(void* p) override {
+    if (p != nullptr) TD_CUDA_CHECK(cudaFreeHost(p));
+  }
+  bool register_host(const void* p, uint64_t bytes, std::string* why) override {
+    int read_only = 0;
+    cudaDeviceGetAttribute(&read_only, cudaDevAttrHostRegisterReadOnlySupported, index_);
+    const unsigned flags = cudaHostRegisterPortable | (read_only ? cudaHostRegisterReadOnly : 0u);
+    const cudaError_t err = cudaHostRegister(const_cast<void*>(p), bytes, flags);
+    if (err != cudaSuccess) {
+      cudaGetLastError();
+      if (why != nullptr) {
+        *why = fmt::format("cudaHostRegister of {} bytes{}: {}", bytes,
+                           read_only ? " (read-only)" : "", cudaGetErrorString(err));
+      }
+      return false;
+    }
+    std::lock_guard<std::mutex> lock(mu_);
+    registered_.push_back(p);
+    return true;
+  }
+  void unregister_host(const void* p) override {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      const auto it = std::find(registered_.begin(), registered_.end(), p);
+      if (it == registered_.end()) {
+        fail(ErrorKind::kInvalidArgument, "{}: unregister_host of {} which is not registered",
+             name_, p);
+      }
+      registered_.erase(it);
+    }
+    TD_CUDA_CHECK(cudaHostUnregister(const_cast<void*>(p)));
+  }
+
+  StreamId create_stream() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    TD_CUDA_CHECK(cudaSetDevice(index_));
+    auto s = std::make_unique<CudaStreamState>();
+    TD_CUDA_CHECK(cudaStreamCreateWithFlags(&s->stream, cudaStreamNonBlocking));
+    streams_.push_back(std::move(s));
+    return static_cast<StreamId>(streams_.size() - 1);
+  }
+
+  EventId create_event() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    TD_CUDA_CHECK(cudaSetDevice(index_));
+    Event e;
+    TD_CUDA_CHECK(cudaEventCreateWithFlags(&e.event, cudaEventDisableTiming));
+    events_.push_back(e);
+    return static_cast<EventId>(events_.size() - 1);
+  }
+
+  void record(EventId e, StreamId s) override {
+    Event& ev = event(e);
+    TD_CUDA_CHECK(cudaEventRecord(ev.event, stream(s).stream));
+    ev.stream = s;
+  }
+  void wait_event(StreamId s, EventId e) override {
+    const Event& ev = event(e);
+    if (ev.stream < 0) return;  // never recorded: no wait
+    TD_CUDA_CHECK(cudaStreamWaitEvent(stream(s).stream, ev.event, 0));
+  }
+  bool query(EventId e) override {
+    const Event& ev = event(e);
+    if (ev.stream < 0) return true;
+    const cudaError_t err = cudaEventQuery(ev.event);
+    if (err == cudaErrorNotReady) {
+      cudaGetLastError();
+      return false;
+    }
+    TD_CUDA_CHECK(err);
+    return true;
+  }
+  void sync_event(EventId e) override {
+    const Event& ev = event(e);
+    if (ev.stream < 0) return;
+    TD_CUDA_CHECK(cudaEventSynchronize(ev.event));
+    collect_spans();
+    rethrow(stream(ev.stream), ev.stream);
+  }
+  void sync_stream(StreamId s) override {
+    CudaStreamState& st = stream(s);
+    TD_CUDA_CHECK(cudaStreamSynchronize(st.stream));
+    collect_spans();
+    rethrow(st, s);
+  }
+
+  void copy_h2d(void* dst, const void* src, uint64_t bytes, StreamId s) override {
+    check_device(dst, bytes, "copy_h2d destination");
+    CudaStreamState& st = stream(s);
+    count_bytes(st, true, bytes);
+    TD_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, st.stream));
+  }
+  void copy_d2h(void* dst, const void* src, uint64_t bytes, StreamId s) override {
+    check_device(src, bytes, "copy_d2h source");
+    CudaStreamState& st = stream(s);
+    count_bytes(st, false, bytes);
+    TD_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, st.stream));
+  }
+
+  void host_callback(StreamId s, std::function<void()> fn) override {
+    CudaStreamState& st = stream(s);
+    if (st.capture != nullptr) {  // a host node: kept by the graph, run at every launch
+      auto cb = std::make_unique<CudaCallback>(CudaCallback{&st, std::move(fn)});
+      TD_CUDA_CHECK(cudaLaunchHostFunc(st.stream, &CudaCallback::run_kept, cb.get()));
+      st.capture->callbacks.push_back(std::move(cb));
+      return;
+    }
+    auto* cb = new CudaCallback{&st, std::move(fn)};
+    const cudaError_t err = cudaLaunchHostFunc(st.stream, &CudaCallback::run, cb);
+    if (err != cudaSuccess) {
+      delete cb;
+      TD_CUDA_CHECK(err);
+    }
+  }
+
+  void begin_capture(StreamId s) override {
+    CudaStreamState& st = stream(s);
+    if (st.capture != nullptr) {
+      fail(ErrorKind::kInvalidArgument, "{}: stream {} is capturing", name_, s);
+    }
+    TD_CUDA_CHECK(cudaStreamBeginCapture(st.stream, cudaStreamCaptureModeThreadLocal));
+    st.capture = std::make_unique<CudaGraph>();
+  }
+  GraphId end_capture(StreamId s) override {
+    CudaStreamState& st = stream(s);
+    if (st.capture == nullptr) {
+      fail(ErrorKind::kInvalidArgument, "{}: end_capture of stream {}, which is not capturing",
+           name_, s);
+    }
+    std::unique_ptr<CudaGraph> g = std::move(st.capture);
+    cudaGraph_t graph = nullptr;
+    TD_CUDA_CHECK(cudaStreamEndCapture(st.stream, &graph));
+    const cudaError_t err = cudaGraphInstantiate(&g->exec, graph, 0);
+    cudaGraphDestroy(graph);
+    TD_CUDA_CHECK(err);
+    std::lock_guard<std::mutex> lock(mu_);
+    graphs_.push_back(std::move(g));
+    return static_cast<GraphId>(graphs_.size()) - 1;
+  }
+  void launch_graph(GraphId g, StreamId s) override {
+    CudaStreamState& st = stream(s);
+    cudaGraphExec_t exec = nullptr;
+    uint64_t h2d = 0, d2h = 0;
+    std::vector<OpSpan> spans;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      exec = graph(g).exec;
+      h2d = graph(g).h2d_bytes;
+      d2h = graph(g).d2h_bytes;
+      spans = graph(g).spans;
+    }
+    TD_CUDA_CHECK(cudaGraphLaunch(exec, st.stream));
+    if (timeline_ != nullptr) {
+      timeline_->add_bytes(true, h2d);
+      timeline_->add_bytes(false, d2h);
+      std::lock_guard<std::mutex> lock(span_mu_);
+      spans_pending_.insert(spans_pending_.end(), spans.begin(), spans.end());
+    }
+  }
+  void destroy_graph(GraphId g) override {
+    std::lock_guard<std::mutex> lock(mu_);
+    const CudaGraph& cg = graph(g);
+    {
+      std::lock_guard<std::mutex> spans_lock(span_mu_);  // (its events, about to go)
+      std::erase_if(spans_pending_, [&](const OpSpan& p) {
+        return std::any_of(cg.spans.begin(), cg.spans.end(),
+                           [&](const OpSpan& q) { return q.start == p.start; });
+      });
+    }
+    graphs_[static_cast<size_t>(g)].reset();
+  }
+
+  void ffn(StreamId s, const DeviceFfnWeights& w, const float* x, int64_t n, const float* scale,
+           float* out, bool accumulate) override {
+    const int64_t H = w.gate.cols(), ff = w.gate.rows(), out_cols = w.down.rows();
+    if (w.up.rows() != ff || w.up.cols() != H || w.down.cols() != ff || n < 0) {
+      fail(ErrorKind::kInvalidArgument,
+           "{}: ffn shapes: gate [{}, {}], up [{}, {}], down [{}, {}], {} tokens", name_, ff, H,
+           w.up.rows(), w.up.cols(), out_cols, w.down.cols(), n);
+    }
+    check_device(x, uint64_t(n * H) * 4, "ffn input");
+    check_device(out, uint64_t(n * out_cols) * 4, "ffn output");
+    if (scale != nullptr) check_device(scale, uint64_t(n) * 4, "ffn scale");
+    const ops::FfnExtras& e = w.extras;
+    if (e.gate_bias != nullptr) check_device(e.gate_bias, uint64_t(ff) * 4, "ffn gate bias");
+    if (e.up_bias != nullptr) check_device(e.up_bias, uint64_t(ff) * 4, "ffn up bias");
+    if (e.down_bias != nullptr) check_device(e.down_bias, uint64_t(out_cols) * 4, "ffn down bias");
+    if (n == 0) return;
+    CudaStreamState& st = stream(s);
+    const Timed timed(*this, st);
+    // Scratch: g, u [n, ff] and the down output [n, out].
+    float* g = scratch(st, static_cast<uint64_t>(2 * n * ff + n * out_cols) * 4);
+    float* u = g + n * ff;
+    float* d = u + n * ff;
+    product(w.gate, x, H, n, g, ff, st);
+    product(w.up, x, H, n, u, ff, st);
+    launch(glu_cuda(g, u, n, ff, e.gate_bias, e.up_bias, e.limit, ops::kSwigluOaiAlpha, st.stream),
+           "ffn activation");
+    product(w.down, g, ff, n, d, out_cols, st);
+    launch(scale_rows_cuda(d, n, out_cols, e.down_bias, scale, out, accumulate, st.stream),
+           "ffn output");
+  }
+
+  void matmul(StreamId s, const ops::Weight& w, const float* x, int64_t n, float* y) override {
+    check_device(x, uint64_t(n * w.cols()) * 4, "matmul input");
+    check_device(y, uint64_t(n * w.rows()) * 4, "matmul output");
+    CudaStreamState& st = stream(s);
+    const Timed timed(*this, st);
+    product(w, x, w.cols(), n, y, w.rows(), st);
+  }
+
+  void add(StreamId s, const float* a, float* out, int64_t count) override {
+    check_device(a, uint64_t(count) * 4, "add input");
+    check_device(out, uint64_t(count) * 4, "add output");
+    CudaStreamState& st = stream(s);
+    const Timed timed(*this, st);
+    launch(add_cuda(a, out, count, st.stream), "add");
+  }
+
+  std::unique_ptr<ForwardOps> forward_ops(std::shared_ptr<const DenseWeights> weights,
+                                          const ForwardOpsOptions& options) override;
+
+ private:
+  friend class CudaForwardOps;
+  struct Event {
+    cudaEvent_t event = nullptr;
+    int stream = -1;  // -1: never recorded
+  };
+  CudaGraph& graph(GraphId g) {  // mu_ held
+    if (g < 0 || g >= static_cast<GraphId>(graphs_.size()) ||
+        graphs_[static_cast<size_t>(g)] == nullptr) {
+      fail(ErrorKind::kInvalidArgument, "{}: unknown graph {}", name_, g);
+    }
+    return *graphs_[static_cast<size_t>(g)];
+  }
+  CudaStreamState& stream(StreamId s) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (s < 0 || s >= static_cast<int>(streams_.size())) {
+      fail(ErrorKind::kInvalidArgument, "{}: unknown stream {}", name_, s);
+    }
+    return *streams_[static_cast<size_t>(s)];
+  }
+  Event& event(EventId e) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (e < 0 || e >= static_cast<int>(events_.size())) {
+      fail(ErrorKind::kInvalidArgument, "{}: unknown event {}", name_, e);
+    }
+    return events_[static_cast<size_t>(e)];
+  }
+
+  void rethrow(CudaStreamState& st, StreamId s) {
+    std::exception_ptr err;
+    {
+      std::lock_guard<std::mutex> lock(st.mu);
+      err = std::exchange(st.error, {});
+    }
+    if (!err) return;
+    try {
+      std::rethrow_exception(err);
+    } catch (const Error& e) {
+      fail(e.kind(), "{} stream {}: host_callback: {}", name_, s, e.what());
+    } catch (const std::exception& e) {
+      fail(ErrorKind::kInternal, "{} stream {}: host_callback: {}", name_, s, e.what());
+    }
+  }
+
+  // A copy's bytes for the timeline: now, or at each launch of the graph being captured.
+  void count_bytes(CudaStreamState& st, bool h2d, uint64_t bytes) {
+    if (st.capture != nullptr) {
+      (h2d ? st.capture->h2d_bytes : st.capture->d2h_bytes) += bytes;
+    } else if (timeline_ != nullptr) {
+      timeline_->add_bytes(h2d, bytes);
+    }
+  }
+  // Host pointers handed to device ops would fault in a kernel: reject them at the call.
+  void check_device(const void* p, uint64_t bytes, const char* what) const {
+    if (bytes == 0) return;
+    cudaPointerAttributes a{};
+    const cudaError_t err = cudaPointerGetAttributes(&a, p);
+    if (err != cudaSuccess) cudaGetLastError();
+    if (err != cudaSuccess || (a.type != cudaMemoryTypeDevice && a.type != cudaMemoryTypeManaged)) {
+      fail(ErrorKind::kInvalidArgument, "{}: {} ({} bytes at {}) is not device memory", name_, what,
+           bytes, p);
+    }
+  }
+
+  void launch(cudaError_t err, const char* what) {
+    if (err != cudaSuccess) {
+      cudaGetLastError();
+      fail(err == cudaErrorInvalidValue ? ErrorKind::kInvalidArgument : ErrorKind::kInternal,
+           "{}: {}: {}", name_, what, cudaGetErrorString(err));
+    }
+  }
+
+  // The stream's scratch of at least `bytes` (a larger one replaces it once the stream is idle).
+  // Outside the --vram-budget accounting: the budget leaves the GPU a tenth of its memory.
+  float* scratch(CudaStreamState& st, uint64_t bytes) {
+    return grow_scratch(st, &st.scratch, &st.scratch_bytes, bytes);
+  }
+  float* grow_scratch(CudaStreamState& st, void** p, uint64_t* have, uint64_t bytes) {
+    if (*have < bytes) {
+      TD_CUDA_CHECK(cudaStreamSynchronize(st.stream));
+      TD_CUDA_CHECK(cudaFree(*p));
+      *p = nullptr;
+      *have = 0;
+      const cudaError_t err = cudaMalloc(p, bytes);
+      if (err != cudaSuccess) {
+        cudaGetLastError();
+        fail(ErrorKind::kResource, "{}: scratch of {} bytes: {}", name_, bytes,
+             cudaGetErrorString(err));
+      }
+      *have = bytes;
+      ++st.generation;
+    }
+    return static_cast<float*>(*p);
+  }
+
+  // w (device memory, its stored dtype) as the kernels take it.
+  QuantMatrix quant_matrix(const ops::Weight& w) {
+    check_device(w.t.data, 1, "weight");
+    QuantMatrix q;
+    q.type = w.t.dtype;
+    q.data = w.t.data;
+    q.row_bytes = w.t.row_bytes();
+    q.rows = w.rows();
+    q.cols = w.cols();
+    if (w.scale_inv != nullptr) {
+      if (w.row0 % w.block_rows != 0) {
+        fail(ErrorKind::kUnsupported, "{}: an FP8 row view starting inside a scale block (row {})",
+             name_, w.row0);
+      }
+      if (w.block_cols % 8 != 0) {
+        fail(ErrorKind::kUnsupported, "{}: FP8 scale blocks {} columns wide (a multiple of 8 only)",
+             name_, w.block_cols);
+      }
+      q.scale_inv = w.scale_inv + w.row0 / w.block_rows * w.scale_cols;
+      q.scale_row_elems = w.scale_cols;
+      q.block_rows = w.block_rows;
+      q.block_cols = w.block_cols;
+    }
+    if (!cuda_can_matvec(q.type)) {
+      fail(ErrorKind::kUnsupported, "{}: no CUDA kernel for {} weights", name_,
+           dtype_info(q.type).name);
+    }
+    return q;
+  }
+
+  // q's rows as F32 rows of q.cols values at dst.
+  void dequantize(const QuantMatrix& q, float* dst, CudaStreamState& st) {
+    if (q.scale_inv != nullptr) {
+      launch(dequantize_fp8_blocks_cuda(
+                 static_cast<const uint8_t*>(q.data), q.row_bytes, q.scale_inv, q.scale_row_elems,
+                 q.rows, q.cols, q.block_rows, q.block_cols, DType::kF32, dst, q.cols, st.stream),
+             "dequantize FP8");
+      return;
+    }
+    launch(dequantize_rows_cuda(q.type, q.data, q.row_bytes, q.rows, q.cols, DType::kF32, dst,
+                                q.cols, st.stream),
+           "dequantize");
+  }
+
+  // cuBLAS, or nullptr (said once) where its library is missing.
+  const CublasApi* blas_api() {
+    std::string why;
+    const CublasApi* api = cublas_api(&why);
+    if (api == nullptr) {
+      static std::once_flag said;
+      std::call_once(said, [&] {
+        log_warn("{}: cuBLAS not loaded ({}): prefill products use tandem's own kernels", name_,
+                 why);
+      });
+    }
+    return api;
+  }
+  void blas(cublasStatus_t status, const char* what) {
+    if (status != CUBLAS_STATUS_SUCCESS) {
+      fail(ErrorKind::kInternal, "{}: cuBLAS {}: {}", name_, what,
+           cublas_api()->status_string(status));
+    }
+  }
+
+  // y [n, ldy] = x [n, ldx] w^T: a few tokens read w as stored (ops/cuda/matvec.h); many go
+  // through cuBLAS SGEMM (FP32 arithmetic, no TF32: the CPU's numbers within F32 rounding) on w
+  // dequantized to F32 a slice of rows at a time (F32 weights as they are).
+  void product(const ops::Weight& w, const float* x, int64_t ldx, int64_t n, float* y, int64_t ldy,
+               CudaStreamState& st) {
+    const QuantMatrix q = quant_matrix(w);
+    const CublasApi* cublas = n >= kGemmMinTokens ? blas_api() : nullptr;
+    if (cublas == nullptr || q.rows == 0 || q.cols == 0) {
+      launch(matmul_quant_cuda(q, x, ldx, n, y, ldy, st.stream), "matmul");
+      return;
+    }
+    if (st.blas == nullptr) {
+      blas(cublas->create(&st.blas), "create");
+      blas(cublas->set_stream(st.blas, st.stream), "set stream");
+    }
+    const float one = 1.0f, zero = 0.0f;
+    auto gemm = [&](const float* a, int64_t lda, int64_t rows, float* out) {
+      // Column-major: out^T [rows, n] = a^T [rows, cols] . x^T [cols, n].
+      blas(cublas->sgemm(st.blas, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(rows),
+                         static_cast<int>(n), static_cast<int>(q.cols), &one, a,
+                         static_cast<int>(lda), x, static_cast<int>(ldx), &zero, out,
+                         static_cast<int>(ldy)),
+           "sgemm");
+    };
+    if (q.type == DType::kF32 && q.row_bytes % 4 == 0) {
+      gemm(static_cast<const float*>(q.data), q.row_bytes / 4, q.rows, y);
+      return;
+    }
+    int64_t slice = std::max<int64_t>(1, static_cast<int64_t>(kGemmSliceBytes) / (q.cols * 4));
+    if (q.scale_inv != nullptr) slice = std::max(q.block_rows, slice / q.block_rows * q.block_rows);
+    slice = std::min(slice, q.rows);
+    float* wf =
+        grow_scratch(st, &st.weights, &st.weights_bytes, static_cast<uint64_t>(slice * q.cols) * 4);
+    for (int64_t r0 = 0; r0 < q.rows; r0 += slice) {
+      QuantMatrix part = q;
+      part.data = static_cast<const uint8_t*>(q.data) + r0 * q.row_bytes;
+      part.rows = std::min(slice, q.rows - r0);
+      if (q.scale_inv != nullptr) part.scale_inv += r0 / q.block_rows * q.scale_row_elems;
+      dequantize(part, wf, st);
+      gemm(wf, q.cols, part.rows, y + r0);
+    }
+  }
+
+  // ---- the ops' spans for the Timeline's device lane (only while a timeline is set) ----
+  // Two timing events around each op on its stream; a sync resolves the reached ones into host
+  // time through an anchor event whose host time was read when it completed.
+  class Timed {  // RAII: one op's span
+   public:
+    Timed(CudaDevice& d, CudaStreamState& s, double* seconds = nullptr) : d_(d), s_(s) {
+      if (d.timeline_ != nullptr) span_ = d.span_start(s, seconds);
+    }
+    ~Timed() {
+      if (span_.start != nullptr) d_.span_end(span_, s_);
+    }
+    Timed(const Timed&) = delete;
+    Timed& operator=(const Timed&) = delete;
+
+   private:
+    CudaDevice& d_;
+    CudaStreamState& s_;
+    OpSpan span_;
+  };
+  // While the stream captures a graph the events are recorded by event nodes of the graph
+  // (cudaEventRecordExternal) and its launches hand the spans to the timeline.
+  OpSpan span_start(CudaStreamState& st, double* seconds) {
+    std::lock_guard<std::mutex> lock(span_mu_);
+    const bool graph = st.capture != nullptr;
+    if (anchor_ == nullptr) {
+      if (graph) return {};  // (no time base yet: the graph's ops untimed)
+      TD_CUDA_CHECK(cudaEventCreate(&anchor_));
+      TD_CUDA_CHECK(cudaEventRecord(anchor_, st.stream));
+      TD_CUDA_CHECK(cudaEventSynchronize(anchor_));
+      anchor_time_ = Timeline::Clock::now();
+    }
+    OpSpan p;
+    if (!spans_free_.empty()) {
+      p = spans_free_.back();
+      spans_free_.pop_back();
+    } else {
+      TD_CUDA_CHECK(cudaEventCreate(&p.start));
+      TD_CUDA_CHECK(cudaEventCreate(&p.end));
+    }
+    p.seconds = seconds;
+    p.graph = graph;
+    const cudaError_t err =
+        cudaEventRecordWithFlags(p.start, st.stream, graph ? cudaEventRecordExternal : 0);
+    if (err != cudaSuccess) {
+      cudaGetLastError();
+      spans_free_.push_back(p);
+      if (graph) return {};
+      TD_CUDA_CHECK(err);
+    }
+    return p;
+  }
+  void span_end(const OpSpan& p, CudaStreamState& st) {
+    const cudaError_t err = cudaEventRecordWithFlags(  // (a destructor: no throw)
+        p.end, st.stream, p.graph ? cudaEventRecordExternal : 0);
+    std::lock_guard<std::mutex> lock(span_mu_);
+    if (err != cudaSuccess) {
+      cudaGetLastError();
+      spans_free_.push_back(p);
+      return;
+    }
+    if (p.graph) {
+      st.capture->spans.push_back(p);
+    } else {
+      spans_pending_.push_back(p);
+    }
+  }
+  // A copy of seconds the spans add to, read under their lock.
+  ForwardOpsProfile span_seconds(const ForwardOpsProfile& seconds) {
+    std::lock_guard<std::mutex> lock(span_mu_);
+    return seconds;
+  }
+  // The reached spans into the timeline (and their ops' seconds); the rest wait for a later sync.
+  void collect_spans() {
+    std::lock_guard<std::mutex> lock(span_mu_);
+    size_t keep = 0;
+    for (const OpSpan& p : spans_pending_) {
+      float a = 0, b = 0;
+      if (cudaEventQuery(p.end) != cudaSuccess) {
+        cudaGetLastError();
+        spans_pending_[keep++] = p;
+        continue;
+      }
+      if (cudaEventElapsedTime(&a, anchor_, p.start) != cudaSuccess ||
+          cudaEventElapsedTime(&b, anchor_, p.end) != cudaSuccess) {
+        cudaGetLastError();
+        if (!p.graph) spans_pending_[keep++] = p;  // (a graph's: its next launch records again)
+        continue;
+      }
+      const auto at = [&](float ms) {
+        return anchor_time_ + std::chrono::duration_cast<Timeline::Clock::duration>(
+                                  std::chrono::duration<double, std::milli>(ms));
+      };
+      if (timeline_ != nullptr) timeline_->add(Timeline::kDevice, at(a), at(b));
+      if (p.seconds != nullptr) *p.seconds += (b - a) * 1e-3;
+      if (!p.graph) spans_free_.push_back(p);
+    }
+    spans_pending_.resize(keep);
+  }
+
+  int index_;
+  std::string name_;
+  uint64_t capacity_ = 0, used_ = 0;
+  mutable std::mutex mu_;
+  std::map<void*, uint64_t> live_;
+  std::vector<const void*> registered_;             // register_host's ranges
+  std::vector<std::unique_ptr<CudaGraph>> graphs_;  // end_capture's, by GraphId
+  std::mutex span_mu_;                              // the spans below and the seconds they add to
+  cudaEvent_t anchor_ = nullptr;
+  Timeline::Clock::time_point anchor_time_;
+  std::vector<OpSpan> spans_free_, spans_pending_;
+  std::vector<std::unique_ptr<CudaStreamState>> streams_;
+  std::vector<Event> events_;
+};
+
+// The forward ops over `weights` on dev (runtime/cuda_forward_ops.cpp).
+std::unique_ptr<ForwardOps> make_cuda_forward_ops(CudaDevice& dev,
+                                                  std::shared_ptr<const DenseWeights> weights,
+                                                  const ForwardOpsOptions& options);
+
+}  // namespace tandem::rt::cuda_detail
