@@ -215,11 +215,13 @@ bool Model::replay_graph(KvCache& cache, float* logits) {
       return false;
     }
     const uint64_t epoch = ops_->memory_epoch();
+    int id = -1;
     ops_->begin_capture();
     try {
       enqueue_step(cache, host);
+      id = ops_->end_capture();
     } catch (const std::exception& e) {
-      try {
+      try {  // (the capture ended, or it is ended here)
         ops_->drop_graph(ops_->end_capture());
       } catch (...) {
       }
@@ -228,7 +230,6 @@ bool Model::replay_graph(KvCache& cache, float* logits) {
                ops_->name(), b, e.what());
       return false;
     }
-    const int id = ops_->end_capture();
     if (ops_->memory_epoch() != epoch) {  // (host memory grown while capturing: next step)
       ops_->drop_graph(id);
       return false;

@@ -1,7 +1,8 @@
 // The CUDA device (runtime/device.h's contract on a GPU; docs/device.md): streams are
 // cudaStream_t, events cudaEvent_t, host callbacks cudaLaunchHostFunc, host staging memory
-// pinned (cudaHostAlloc); device memory comes from cudaMalloc under a byte budget it accounts
-// (--vram-budget, else 90% of the memory free at start). Ops: an expert FFN and a matmul read
+// pinned (cudaHostAlloc); device memory comes from cudaMalloc through a caching pool
+// (runtime/block_pool.h) under a byte budget it accounts (--vram-budget, else 90% of the memory
+// free at start). Ops: an expert FFN and a matmul read
 // the weights as stored (ops/cuda/matvec.h), with the F32 kernels of ops/cuda/dense.h for the
 // activation and the output; intermediates live in a per-stream scratch. The class is in
 // runtime/cuda_device_impl.h, its forward ops (the dense part on the GPU with the kernels of

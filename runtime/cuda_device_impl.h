@@ -17,6 +17,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <utility>
 #include <vector>
 
@@ -29,6 +30,7 @@
 #include "ops/cuda/dense.h"
 #include "ops/cuda/dequant.h"
 #include "ops/cuda/matvec.h"
+#include "runtime/block_pool.h"
 #include "runtime/dense_weights.h"
 #include "runtime/device_forward_ops.h"
 #include "runtime/timeline.h"
@@ -114,7 +116,22 @@ class CudaDevice final : public Device {
       fail(ErrorKind::kResource, "--vram-budget {} bytes: the GPU {} has {} bytes free",
            o.memory_bytes, name_, free);
     }
-    capacity_ = o.memory_bytes > 0 ? o.memory_bytes : usable;
+    const int index = index_;
+    BlockPool::Raw raw;
+    raw.alloc = [index](uint64_t bytes, std::string* why) -> void* {
+      void* p = nullptr;
+      cudaError_t err = cudaSetDevice(index);
+      if (err == cudaSuccess) err = cudaMalloc(&p, bytes);
+      if (err != cudaSuccess) {
+        cudaGetLastError();
+        *why = fmt::format("cudaMalloc: {}", cudaGetErrorString(err));
+        return nullptr;
+      }
+      return p;
+    };
+    raw.free = [](void* p) { cudaFree(p); };
+    pool_.emplace(o.memory_bytes > 0 ? o.memory_bytes : usable, std::move(raw), name_,
+                  "--vram-budget");
     create_stream();  // stream 0
   }
 
@@ -136,47 +153,27 @@ class CudaDevice final : public Device {
       }
     }
     if (anchor_ != nullptr) cudaEventDestroy(anchor_);
-    for (const auto& [p, bytes] : live_) cudaFree(p);
+    pool_.reset();  // (device memory back to CUDA)
     for (const void* p : registered_) cudaHostUnregister(const_cast<void*>(p));
   }
 
   std::string name() const override { return name_; }
-  uint64_t memory_capacity() const override { return capacity_; }
+  uint64_t memory_capacity() const override { return pool_->capacity(); }
   uint64_t memory_used() const override {
     std::lock_guard<std::mutex> lock(mu_);
-    return used_;
+    return pool_->used();
   }
 
+  // Device memory through the caching pool (runtime/block_pool.h): a freed block serves a later
+  // request of about its size without cudaMalloc / cudaFree.
   void* alloc(uint64_t bytes) override {
     std::lock_guard<std::mutex> lock(mu_);
-    if (bytes > capacity_ - used_) {
-      fail(ErrorKind::kResource,
-           "{}: cannot allocate {} bytes: {} of {} bytes left (--vram-budget)", name_, bytes,
-           capacity_ - used_, capacity_);
-    }
-    TD_CUDA_CHECK(cudaSetDevice(index_));
-    void* p = nullptr;
-    const cudaError_t err = cudaMalloc(&p, std::max<uint64_t>(bytes, 1));
-    if (err != cudaSuccess) {
-      cudaGetLastError();
-      fail(ErrorKind::kResource, "{}: cudaMalloc of {} bytes: {}", name_, bytes,
-           cudaGetErrorString(err));
-    }
-    live_[p] = bytes;
-    used_ += bytes;
-    return p;
+    return pool_->alloc(bytes);
   }
-
   void free(void* p) override {
     if (p == nullptr) return;
     std::lock_guard<std::mutex> lock(mu_);
-    const auto it = live_.find(p);
-    if (it == live_.end()) {
-      fail(ErrorKind::kInvalidArgument, "{}: free of {} which is not a live allocation", name_, p);
-    }
-    used_ -= it->second;
-    live_.erase(it);
-    TD_CUDA_CHECK(cudaFree(p));
+    pool_->free(p);
   }
 
   void* alloc_host(uint64_t bytes) override {
@@ -714,9 +711,8 @@ class CudaDevice final : public Device {
 
   int index_;
   std::string name_;
-  uint64_t capacity_ = 0, used_ = 0;
+  std::optional<BlockPool> pool_;  // device memory (mu_)
   mutable std::mutex mu_;
-  std::map<void*, uint64_t> live_;
   std::vector<const void*> registered_;             // register_host's ranges
   std::vector<std::unique_ptr<CudaGraph>> graphs_;  // end_capture's, by GraphId
   std::mutex span_mu_;                              // the spans below and the seconds they add to

@@ -9,8 +9,8 @@ namespace tandem::rt::cuda_detail {
 
 // The forward's ops on the GPU: each a kernel (or a few) on the ops' own stream, over the dense
 // weights upload_dense_weights put in device memory (read as stored by ops/cuda/matvec.h's
-// products), the small F32 vectors uploaded here, activations and the KV cache (F32, BF16 or
-// F16) in device memory. RoPE's cos / sin per token come from ops::Rope on the
+// products), the small F32 vectors uploaded here, activations and the KV cache (F32, BF16, F16 or
+// Q8_0) in device memory. RoPE's cos / sin per token come from ops::Rope on the
 // host (the CPU's YaRN), the cache's write offsets and block tables from the KvCache on the host:
 // stage() puts them, the token ids and each part's first position in pinned memory that the
 // step's first copy brings over, so a graph of the step replays at new positions. MLA attends
@@ -63,12 +63,6 @@ class CudaForwardOps final : public DeviceForwardOps {
     return o;
   }
   void check_cache(const KvCache& cache) const override {
-    if (cache.type() == KvType::kQ8_0) {
-      fail(ErrorKind::kUnsupported,
-           "{}: the CUDA forward ops attend over an F32, BF16 or F16 KV cache "
-           "(--cache-type f32 | bf16 | f16), not {}",
-           dev_.name(), kv_type_name(cache.type()));
-    }
     cuda_.check_device(cache.memory(), cache.bytes(),
                        "the KV cache (make it with "
                        "Model::cache_options)");
@@ -302,11 +296,22 @@ class CudaForwardOps final : public DeviceForwardOps {
                    int64_t d, const char* what) {
     ops::AttentionArgs base;
     cache_->attention_args(l, step_.parts[0].seq, &base);
-    const void* dst = values ? (base.v != nullptr ? static_cast<const void*>(base.v) : base.v16)
-                             : (base.k != nullptr ? static_cast<const void*>(base.k) : base.k16);
-    const DType type = cache_->type() == KvType::kF32    ? DType::kF32
-                       : cache_->type() == KvType::kBf16 ? DType::kBF16
-                                                         : DType::kF16;
+    const void* dst = nullptr;
+    DType type = DType::kF32;
+    switch (cache_->type()) {
+      case KvType::kF32:
+        dst = values ? base.v : base.k;
+        break;
+      case KvType::kBf16:
+      case KvType::kF16:
+        dst = values ? base.v16 : base.k16;
+        type = cache_->type() == KvType::kBf16 ? DType::kBF16 : DType::kF16;
+        break;
+      case KvType::kQ8_0:  // (the offsets are bytes from the values of position 0's row)
+        dst = values ? base.v8 : base.k8;
+        type = DType::kQ8_0;
+        break;
+    }
     run(kv_write_cuda(type, const_cast<void*>(dst), offsets, rows, src, d, d, st_.stream), what);
   }
 

@@ -258,6 +258,7 @@ void run_bench(const BenchArgs& a) {
     // With an accelerator: the decode's timeline (the first configuration), its decode seconds.
     rt::Timeline::Summary timeline;
     double decode_s = 0;
+    int64_t graph_steps = 0;  // the first configuration's steps replayed from graphs
   };
   std::vector<Result> results;
   std::vector<double> rep_dram_gbs;  // measured right after each decode repetition
@@ -281,6 +282,7 @@ void run_bench(const BenchArgs& a) {
                  std::vector<double>* rounds, Result* traced = nullptr) {
     m.truncate(a.depth);
     const Model::Profile p0 = m.model().profile();
+    const int64_t replayed0 = m.model().graph_stats().replayed;
     traced = decode && timeline != nullptr ? traced : nullptr;
     if (traced != nullptr) timeline->take();  // (forget what came before)
     double seconds = 0;
@@ -307,6 +309,7 @@ void run_bench(const BenchArgs& a) {
       }
     }
     add(profile, p0, m.model().profile());
+    if (traced != nullptr) traced->graph_steps += m.model().graph_stats().replayed - replayed0;
     if (traced != nullptr) {
       const rt::Timeline::Summary t = timeline->take();
       traced->decode_s += seconds;
@@ -319,7 +322,7 @@ void run_bench(const BenchArgs& a) {
     return n / seconds;
   };
   auto run_test = [&](const std::string& name, bool decode, int n) {
-    Result r{name, n, {}, {}, {}, {}, {}, 0, {}, 0};
+    Result r{name, n, {}, {}, {}, {}, {}, 0, {}, 0, 0};
     std::vector<double>* rounds = decode && probe ? &r.rounds : nullptr;
     if (rounds != nullptr) r.round_tokens = round_tokens(n);
     // The --vs configuration's decode runs in the same rounds (their passes between its tokens
@@ -395,8 +398,11 @@ void run_bench(const BenchArgs& a) {
                        {"cpu_experts_busy", tl.cpu_busy_s / r.decode_s},
                        {"overlap", tl.overlap_s / r.decode_s},
                        {"h2d_bytes_per_token", static_cast<double>(tl.h2d_bytes) / tokens},
-                       {"d2h_bytes_per_token", static_cast<double>(tl.d2h_bytes) / tokens}};
-      timeline_lines.push_back(r.test + ": " + rt::Timeline::format(tl, r.decode_s, tokens));
+                       {"d2h_bytes_per_token", static_cast<double>(tl.d2h_bytes) / tokens},
+                       {"graph_steps", static_cast<double>(r.graph_steps) / tokens}};
+      timeline_lines.push_back(
+          r.test + ": " + rt::Timeline::format(tl, r.decode_s, tokens) +
+          fmt::format("; {:.0f}% of the steps replayed from graphs", 100.0 * r.graph_steps / tokens));
     }
     if (r.test.rfind("tg", 0) == 0 && bound_tps > 0) {
       // Each repetition against the DRAM figure measured right after it, when there is one.

@@ -58,21 +58,27 @@ __global__ void rope_kernel(float* x, int64_t n_heads, int64_t token_stride, int
 }
 
 // The KV cache's element types: F32 as computed, BF16 and F16 as uint16_t bits, written and read
-// with dequant_decode.h's conversions (the CPU cache's bits: core/fp_convert.h).
+// with dequant_decode.h's conversions (the CPU cache's bits: core/fp_convert.h); Q8_0 rows as
+// int8 values after their blocks' F32 scales (read here, written by kv_write_q8_kernel). load:
+// value i of the row whose values start at `row`.
 struct F32Cache {
   using T = float;
-  static __device__ float load(const T* p) { return *p; }
+  static __device__ float load(const T* row, int64_t i) { return row[i]; }
   static __device__ T store(float v) { return v; }
 };
 struct Bf16Cache {
   using T = uint16_t;
-  static __device__ float load(const T* p) { return dequant::bf16_to_f32(*p); }
+  static __device__ float load(const T* row, int64_t i) { return dequant::bf16_to_f32(row[i]); }
   static __device__ T store(float v) { return dequant::f32_to_bf16(v); }
 };
 struct F16Cache {
   using T = uint16_t;
-  static __device__ float load(const T* p) { return dequant::f16_to_f32(*p); }
+  static __device__ float load(const T* row, int64_t i) { return dequant::f16_to_f32(row[i]); }
   static __device__ T store(float v) { return dequant::f32_to_f16(v); }
+};
+struct Q8Cache {
+  using T = int8_t;
+  static __device__ float load(const T* row, int64_t i) { return dequant::q8_cache_load(row, i); }
 };
 
 template <typename C>
@@ -82,6 +88,34 @@ __global__ void kv_write_kernel(typename C::T* dst, const int64_t* __restrict__ 
   for (int64_t i = threadIdx.x; i < d; i += kThreads) {
     dst[offsets[r] + i] = C::store(src[r * src_stride + i]);
   }
+}
+
+// Q8_0 rows of d values: a warp per block of 32 (its largest magnitude and finiteness shared by
+// shuffles), lane 0 writing the block's scale before the values; the row's padding zeroed.
+__global__ void kv_write_q8_kernel(int8_t* dst, const int64_t* __restrict__ offsets,
+                                   const float* __restrict__ src, int64_t src_stride, int64_t d) {
+  const int64_t r = blockIdx.x;
+  int8_t* values = dst + offsets[r];
+  const float* x = src + r * src_stride;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  for (int64_t b0 = static_cast<int64_t>(warp) * 32; b0 < d; b0 += kThreads) {
+    const int64_t i = b0 + lane;
+    const float v = i < d ? x[i] : 0.0f;
+    float amax = fabsf(v);
+    for (int o = 16; o > 0; o /= 2) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+    const bool finite = __all_sync(0xffffffffu, i >= d || isfinite(v));
+    const float scale = dequant::q8_cache_scale(amax, finite);
+    if (i < d) {
+      values[i] = dequant::q8_cache_value(v, dequant::q8_cache_inverse(scale, finite), finite);
+    }
+    if (lane == 0) reinterpret_cast<float*>(values)[-1 - b0 / 32] = scale;
+  }
+  for (int64_t i = d + threadIdx.x; i < (d + 3) / 4 * 4; i += kThreads) values[i] = 0;
+}
+
+// Elements (bytes for Q8_0) between a position's KV heads (ops::k_head_stride's rule).
+__host__ __device__ inline int64_t head_stride(int64_t head, int64_t d, bool q8) {
+  return head != 0 ? head : q8 ? 4 * ((d + 31) / 32) + (d + 3) / 4 * 4 : d;
 }
 
 __device__ int64_t kv_row(const ops::AttentionArgs& a, int64_t s, int64_t stride, int64_t block) {
@@ -100,14 +134,15 @@ __global__ void attention_kernel(ops::AttentionArgs a, const typename C::T* kc,
   const int64_t pos = a.pos0 + t;
   const int64_t lo = a.window > 0 && pos >= a.window ? pos - a.window + 1 : 0;
   const int64_t n = pos + 1 - lo;
-  const int64_t kh = a.k_head != 0 ? a.k_head : a.dk, vh = a.v_head != 0 ? a.v_head : a.dv;
+  const bool q8 = a.k8 != nullptr;
+  const int64_t kh = head_stride(a.k_head, a.dk, q8), vh = head_stride(a.v_head, a.dv, q8);
   const float* q = a.q + t * a.q_stride + h * a.dk;
   float* sc = scores + static_cast<int64_t>(blockIdx.x) * max_keys;
   float mx = -INFINITY;
   for (int64_t j = threadIdx.x; j < n; j += kThreads) {
     const typename C::T* k = kc + kv_row(a, lo + j, a.k_stride, a.k_block) + g * kh;
     float d = 0.0f;
-    for (int64_t i = 0; i < a.dk; ++i) d += q[i] * C::load(k + i);
+    for (int64_t i = 0; i < a.dk; ++i) d += q[i] * C::load(k, i);
     d *= a.scale;
     sc[j] = d;
     mx = fmaxf(mx, d);
@@ -129,7 +164,7 @@ __global__ void attention_kernel(ops::AttentionArgs a, const typename C::T* kc,
   for (int64_t i = threadIdx.x; i < a.dv; i += kThreads) {
     float acc = 0.0f;
     for (int64_t j = 0; j < n; ++j) {
-      acc += sc[j] * inv * C::load(vc + kv_row(a, lo + j, a.v_stride, a.v_block) + g * vh + i);
+      acc += sc[j] * inv * C::load(vc + kv_row(a, lo + j, a.v_stride, a.v_block) + g * vh, i);
     }
     out[i] = acc;
   }
@@ -155,9 +190,14 @@ constexpr int64_t kSplitMinKeys = 64;        // keys per split at least
 // Whether the value rows are the key rows' first dv floats (MLA's latent cache: one KV head,
 // KvCache::attention_args gives it the keys' pointer and strides).
 __host__ __device__ inline bool values_in_keys(const ops::AttentionArgs& a) {
-  const int64_t kh = a.k_head != 0 ? a.k_head : a.dk, vh = a.v_head != 0 ? a.v_head : a.dv;
-  const void* k = a.k != nullptr ? static_cast<const void*>(a.k) : a.k16;
-  const void* v = a.v != nullptr ? static_cast<const void*>(a.v) : a.v16;
+  const bool q8 = a.k8 != nullptr;
+  const int64_t kh = head_stride(a.k_head, a.dk, q8), vh = head_stride(a.v_head, a.dv, q8);
+  const void* k = a.k != nullptr     ? static_cast<const void*>(a.k)
+                  : a.k16 != nullptr ? static_cast<const void*>(a.k16)
+                                     : static_cast<const void*>(a.k8);
+  const void* v = a.v != nullptr     ? static_cast<const void*>(a.v)
+                  : a.v16 != nullptr ? static_cast<const void*>(a.v16)
+                                     : static_cast<const void*>(a.v8);
   return k == v && a.v_stride == a.k_stride && a.v_block == a.k_block && a.dv <= a.dk &&
          (a.n_kv_heads == 1 || kh == vh);
 }
@@ -194,7 +234,8 @@ __global__ void attention_split_kernel(ops::AttentionArgs a, const int64_t* pos0
   int64_t r0 = 0, r1 = 0;
   split_range(pos0 + a.n_tokens, n_splits, split, &r0, &r1);
   const int64_t s0 = max(lo, r0), s1 = min(pos + 1, r1);
-  const int64_t kh = a.k_head != 0 ? a.k_head : a.dk, vh = a.v_head != 0 ? a.v_head : a.dv;
+  const bool q8 = a.k8 != nullptr;
+  const int64_t kh = head_stride(a.k_head, a.dk, q8), vh = head_stride(a.v_head, a.dv, q8);
   const bool shared_v = values_in_keys(a);
   float* ks = smem;                                        // [kSplitKeys][dk]
   float* vs = shared_v ? smem : smem + kSplitKeys * a.dk;  // [kSplitKeys][dk or dv]
@@ -215,10 +256,10 @@ __global__ void attention_split_kernel(ops::AttentionArgs a, const int64_t* pos0
     __syncthreads();  // (the previous chunk's rows are no longer read)
     for (int j = warp; j < nk; j += kSplitWarps) {  // a warp per row: coalesced reads
       const typename C::T* kr = kc + kv_row(a, c0 + j, a.k_stride, a.k_block) + g * kh;
-      for (int64_t d = lane; d < a.dk; d += 32) ks[j * a.dk + d] = C::load(kr + d);
+      for (int64_t d = lane; d < a.dk; d += 32) ks[j * a.dk + d] = C::load(kr, d);
       if (!shared_v) {
         const typename C::T* vr = vc + kv_row(a, c0 + j, a.v_stride, a.v_block) + g * vh;
-        for (int64_t d = lane; d < a.dv; d += 32) vs[j * a.dv + d] = C::load(vr + d);
+        for (int64_t d = lane; d < a.dv; d += 32) vs[j * a.dv + d] = C::load(vr, d);
       }
     }
     __syncthreads();
@@ -350,12 +391,15 @@ cudaError_t rope_cuda(float* x, int64_t n_tokens, int64_t token_stride, int64_t 
 cudaError_t kv_write_cuda(DType type, void* dst, const int64_t* row_offsets, int64_t n_rows,
                           const float* src, int64_t src_stride, int64_t d, cudaStream_t stream) {
   if (n_rows < 0 || d <= 0 || src_stride < d || n_rows >= kMaxGrid) return cudaErrorInvalidValue;
-  if (type != DType::kF32 && type != DType::kBF16 && type != DType::kF16) {
+  if (type != DType::kF32 && type != DType::kBF16 && type != DType::kF16 && type != DType::kQ8_0) {
     return cudaErrorInvalidValue;
   }
   if (n_rows == 0) return cudaSuccess;
   const auto grid = static_cast<unsigned>(n_rows);
-  if (type == DType::kF32) {
+  if (type == DType::kQ8_0) {
+    kv_write_q8_kernel<<<grid, kThreads, 0, stream>>>(static_cast<int8_t*>(dst), row_offsets, src,
+                                                      src_stride, d);
+  } else if (type == DType::kF32) {
     kv_write_kernel<F32Cache>
         <<<grid, kThreads, 0, stream>>>(static_cast<float*>(dst), row_offsets, src, src_stride, d);
   } else if (type == DType::kBF16) {
@@ -406,8 +450,9 @@ bool attention_cuda_splits(const ops::AttentionArgs& a) {
 cudaError_t attention_cuda(const ops::AttentionArgs& a, float* scores, int64_t scores_floats,
                            cudaStream_t stream, const int64_t* device_pos0) {
   const bool f32 = a.k != nullptr && a.v != nullptr && a.k16 == nullptr;
-  const bool b16 = a.k == nullptr && a.k16 != nullptr && a.v16 != nullptr;
-  if ((!f32 && !b16) || a.k8 != nullptr || a.n_tokens < 0 || a.n_heads <= 0 || a.n_kv_heads <= 0 ||
+  const bool b16 = a.k == nullptr && a.k16 != nullptr && a.v16 != nullptr && a.k8 == nullptr;
+  const bool q8 = a.k == nullptr && a.k16 == nullptr && a.k8 != nullptr && a.v8 != nullptr;
+  if ((!f32 && !b16 && !q8) || a.n_tokens < 0 || a.n_heads <= 0 || a.n_kv_heads <= 0 ||
       a.n_heads % a.n_kv_heads != 0 || a.dk <= 0 || a.dv <= 0 || a.pos0 < 0 || a.window < 0 ||
       (a.blocks != nullptr && a.block_positions <= 0) ||
       scores_floats < attention_scratch_floats(a) || a.n_tokens * a.n_heads >= kMaxGrid) {
@@ -416,6 +461,7 @@ cudaError_t attention_cuda(const ops::AttentionArgs& a, float* scores, int64_t s
   if (a.n_tokens == 0) return cudaSuccess;
   if (device_pos0 != nullptr && !attention_cuda_splits(a)) return cudaErrorInvalidValue;
   if (f32) return launch_attention<F32Cache>(a, device_pos0, a.k, a.v, scores, stream);
+  if (q8) return launch_attention<Q8Cache>(a, device_pos0, a.k8, a.v8, scores, stream);
   if (a.f16) return launch_attention<F16Cache>(a, device_pos0, a.k16, a.v16, scores, stream);
   return launch_attention<Bf16Cache>(a, device_pos0, a.k16, a.v16, scores, stream);
 }

@@ -11,6 +11,7 @@
 // of 8 and a chunk never straddles a sub-block, so a chunk has one scale (and min).
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 
@@ -149,6 +150,28 @@ TD_HD uint16_t f32_to_f16(float f) {
   if (abs < 0x33000000u) return sign;
   const uint32_t mant = (abs & 0x7FFFFFu) | 0x800000u;
   return static_cast<uint16_t>(sign | shift_right_rne(mant, 126 - static_cast<int>(abs >> 23)));
+}
+
+// ---- the KV cache's Q8_0 rows (ops/types.h: F32 block scales before the int8 values) ----
+// ops::q8_quantize's arithmetic, operation by operation: a block's scale from its largest
+// magnitude (NaN for a block holding a NaN or an infinity), its inverse (0 for an all-zero block),
+// a value rounded half away from zero and clamped to +-127 (0 in a non-finite block); and a value
+// read back as scale * int8, one rounded product (ops::q8_value).
+TD_HD float q8_cache_scale(float amax, bool finite) {
+  return finite ? amax / 127.0f : bits_to_f32(0x7FC00000u);
+}
+TD_HD float q8_cache_inverse(float scale, bool finite) {
+  return finite && scale != 0.0f ? 1.0f / scale : 0.0f;
+}
+TD_HD int8_t q8_cache_value(float x, float inverse, bool finite) {
+  if (!finite) return 0;
+  const float r = roundf(mul_rn(x, inverse));
+  return static_cast<int8_t>(r < -127.0f ? -127.0f : r > 127.0f ? 127.0f : r);
+}
+TD_HD float q8_cache_load(const int8_t* values, int64_t i) {
+  float scale;
+  std::memcpy(&scale, values - 4 * (1 + i / 32), 4);
+  return mul_rn(scale, static_cast<float>(values[i]));
 }
 
 // A GGUF block format (decode8 over kBlockElems values) rather than an element format (load).

@@ -7,7 +7,7 @@
 //
 // Without a GPU the test still checks what it can on the host (the per-format decoders the
 // kernels are built from, the product's inner loop split as a warp splits it, and the launchers'
-// argument checks), then exits 77 (skipped), or fails
+// argument checks, the Q8_0 cache's arithmetic), then exits 77 (skipped), or fails
 // when CUDA is broken rather than absent (gpu_gate.h).
 #include <gtest/gtest.h>
 
@@ -17,6 +17,7 @@
 #include <cstddef>
 #include <cstdio>
 #include <cstring>
+#include <limits>
 #include <random>
 #include <string>
 #include <utility>
@@ -28,6 +29,7 @@
 #include "tests/gpu/gpu_gate.h"
 
 #ifdef TANDEM_HAVE_CUDA
+#include "ops/cpu/ref_ops.h"
 #include "ops/cuda/cublas_api.h"
 #include "ops/cuda/cuda_info.h"
 #include "ops/cuda/cuda_util.h"
@@ -227,6 +229,50 @@ TEST(CudaDequantHost, F16RoundingMatchesReference) {
     float f;
     std::memcpy(&f, &u, 4);
     ASSERT_EQ(dequant::f32_to_f16(f), f32_to_f16(f)) << std::hex << u;
+  }
+}
+
+// The Q8_0 cache's arithmetic as kv_write_q8_kernel runs it (a block's largest magnitude and
+// finiteness over its 32 lanes, then the shared scale, inverse and values) writes the CPU cache's
+// bytes (ops::q8_quantize), and its reads are ops::q8_value's: random rows of odd lengths, blocks
+// of zeros, of huge and tiny values, with a NaN or an infinity.
+TEST(CudaDequantHost, Q8CacheRowsEqualTheCpuCaches) {
+  std::mt19937 rng(21);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (const int64_t d : {int64_t{1}, int64_t{31}, int64_t{32}, int64_t{100}, int64_t{576}}) {
+    for (int kind = 0; kind < 6; ++kind) {
+      std::vector<float> x(static_cast<size_t>(d));
+      for (float& v : x) v = normal(rng) * (kind == 2 ? 1e30f : kind == 3 ? 1e-30f : 1.0f);
+      if (kind == 1) std::fill(x.begin(), x.begin() + std::min<int64_t>(d, 40), 0.0f);
+      if (kind == 4) x[static_cast<size_t>(d / 2)] = std::numeric_limits<float>::quiet_NaN();
+      if (kind == 5) x[static_cast<size_t>(d - 1)] = -std::numeric_limits<float>::infinity();
+      const int64_t bytes = ops::q8_row_bytes(d), lead = ops::q8_lead_bytes(d);
+      std::vector<int8_t> want(static_cast<size_t>(bytes), 0x55), got(want.size(), 0x55);
+      ops::q8_quantize(x.data(), d, want.data() + lead);
+      int8_t* values = got.data() + lead;
+      for (int64_t b0 = 0; b0 < d; b0 += 32) {  // a warp per block
+        float amax = 0.0f;
+        bool finite = true;
+        for (int64_t i = b0; i < b0 + 32; ++i) {
+          const float v = i < d ? x[static_cast<size_t>(i)] : 0.0f;
+          amax = std::fmax(amax, std::fabs(v));
+          finite = finite && (i >= d || std::isfinite(v));
+        }
+        const float scale = dequant::q8_cache_scale(amax, finite);
+        for (int64_t i = b0; i < std::min(d, b0 + 32); ++i) {
+          values[i] = dequant::q8_cache_value(x[static_cast<size_t>(i)],
+                                              dequant::q8_cache_inverse(scale, finite), finite);
+        }
+        std::memcpy(values - 4 * (1 + b0 / 32), &scale, 4);
+      }
+      for (int64_t i = d; i < (d + 3) / 4 * 4; ++i) values[i] = 0;
+      ASSERT_EQ(0, std::memcmp(got.data(), want.data(), want.size()))
+          << "d " << d << " kind " << kind;
+      for (int64_t i = 0; i < d; ++i) {
+        const float a = dequant::q8_cache_load(values, i), b = ops::q8_value(want.data() + lead, i);
+        ASSERT_TRUE(std::memcmp(&a, &b, 4) == 0 || (std::isnan(a) && std::isnan(b))) << i;
+      }
+    }
   }
 }
 

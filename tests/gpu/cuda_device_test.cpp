@@ -290,17 +290,17 @@ TEST(CudaDeviceCli, RunEqualsTheCpu) {
       ASSERT_EQ(cuda.exit_code, 0) << cuda.err;
       EXPECT_EQ(cuda.out, cpu.out) << arch << " prompt " << prompt;
     }
-    // 16-bit KV caches (half the memory): F16's arithmetic is F32 on both sides, the same
-    // tokens; with BF16 the CPU attends in BF16 arithmetic on AVX-512 BF16 CPUs, so only the
-    // first token (the prompt's logits) must agree.
-    for (const char* type : {"f16", "bf16"}) {
+    // 16-bit and Q8_0 KV caches: F16's and Q8_0's arithmetic is F32 on both sides over the same
+    // cached values, the same tokens; with BF16 the CPU attends in BF16 arithmetic on AVX-512
+    // BF16 CPUs, so only the first token (the prompt's logits) must agree.
+    for (const char* type : {"f16", "q8_0", "bf16"}) {
       const std::string base =
           "run --model " + m + " --tokens 1,5,9,13 -n 12 --temp 0 " + "--cache-type " + type + " ";
       const auto cpu = test::run_tandem(base + "--accel none");
       ASSERT_EQ(cpu.exit_code, 0) << cpu.err;
       const auto cuda = test::run_tandem(base + "--accel cuda --vram-budget 256M");
       ASSERT_EQ(cuda.exit_code, 0) << cuda.err;
-      if (std::string(type) == "f16") {
+      if (std::string(type) != "bf16") {
         EXPECT_EQ(cuda.out, cpu.out) << arch << " f16 cache";
       } else {
         EXPECT_EQ(cuda.out.substr(0, cuda.out.find(' ')), cpu.out.substr(0, cpu.out.find(' ')))

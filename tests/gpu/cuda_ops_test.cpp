@@ -1,13 +1,15 @@
 // The dense-part kernels of ops/cuda/attention.h against the CPU reference on odd sizes: RMSNorm
 // over strided rows (in place too), RoPE (NeoX and interleaved, YaRN-scaled angles from
-// ops::Rope) over strided heads, cache row writes, and attention over F32, BF16 and F16 caches
-// (the decode kernel that splits long sequences across blocks too): contiguous and
+// ops::Rope) over strided heads, cache row writes (Q8_0 rows too), and attention over F32,
+// BF16, F16 and Q8_0 caches (the decode kernel that splits long sequences across blocks too):
+// contiguous and
 // paged (shuffled blocks, a chunk crossing a block), GQA, a sliding window, gpt-oss's sinks,
 // against ops::attention within F32 rounding. Label gpu: skipped (exit 77) without a GPU.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <numeric>
 #include <random>
 #include <string>
@@ -38,6 +40,16 @@ DeviceBuffer up(const std::vector<T>& v) {
   DeviceBuffer b(v.size() * sizeof(T));
   b.upload(v.data(), v.size() * sizeof(T));
   return b;
+}
+
+// rows x d values as Q8_0 cache rows (ops::q8_quantize), q8_row_bytes(d) bytes each.
+std::vector<int8_t> quantize_q8(const std::vector<float>& x, int64_t rows, int64_t d) {
+  const int64_t rb = ops::q8_row_bytes(d);
+  std::vector<int8_t> out(static_cast<size_t>(rows * rb));
+  for (int64_t r = 0; r < rows; ++r) {
+    ops::q8_quantize(x.data() + r * d, d, out.data() + r * rb + ops::q8_lead_bytes(d));
+  }
+  return out;
 }
 
 // The 16-bit caches' elements as the CPU cache stores them (core/fp_convert.h).
@@ -136,7 +148,23 @@ TEST(CudaOps, KvWriteRows) {
       EXPECT_EQ(got, narrow(want, type));  // the CPU cache's rounding, bit for bit
     }
   }
-  EXPECT_EQ(kv_write_cuda(DType::kQ8_0, dsrc.data(), doff.as<int64_t>(), rows, dsrc.as<float>(), 40,
+  // Q8_0 rows (offsets in bytes, at each row's values): ops::q8_quantize's bytes, scales and
+  // padding included; the bytes around them untouched. A NaN makes its block's scale NaN.
+  std::vector<float> q8src = src;
+  q8src[40 * 2 + 33] = std::numeric_limits<float>::quiet_NaN();
+  const int64_t rb = ops::q8_row_bytes(d), lead = ops::q8_lead_bytes(d);
+  const std::vector<int64_t> q8off = {lead + 3 * rb, lead, lead + 5 * rb, lead + rb};
+  std::vector<int8_t> want8(static_cast<size_t>(7 * rb), 0x55);
+  for (int64_t r = 0; r < rows; ++r) ops::q8_quantize(&q8src[r * 40], d, want8.data() + q8off[r]);
+  DeviceBuffer dsrc8 = up(q8src), doff8 = up(q8off),
+               dst8 = up(std::vector<int8_t>(want8.size(), 0x55));
+  TD_CUDA_CHECK(kv_write_cuda(DType::kQ8_0, dst8.data(), doff8.as<int64_t>(), rows,
+                              dsrc8.as<float>(), 40, d, nullptr));
+  TD_CUDA_CHECK(cudaDeviceSynchronize());
+  std::vector<int8_t> got8(want8.size());
+  dst8.download(got8.data(), got8.size());
+  EXPECT_EQ(got8, want8);
+  EXPECT_EQ(kv_write_cuda(DType::kQ4_0, dsrc.data(), doff.as<int64_t>(), rows, dsrc.as<float>(), 40,
                           d, nullptr),
             cudaErrorInvalidValue);
 }
@@ -187,13 +215,30 @@ TEST_P(CudaAttention, EqualsTheReference) {
   a.window = c.window;
   DeviceBuffer dq = up(q), dsink = up(sinks), dblocks = up(blocks);
   // F32, BF16 and F16 caches: the reference reads the same cache elements (ops::attention).
-  for (DType type : {DType::kF32, DType::kBF16, DType::kF16}) {
+  for (DType type : {DType::kF32, DType::kBF16, DType::kF16, DType::kQ8_0}) {
     SCOPED_TRACE(std::string(dtype_name(type)));
-    const std::vector<uint16_t> k16 = narrow(k, type), v16 = narrow(v, type);
+    const bool q8 = type == DType::kQ8_0;
+    const std::vector<uint16_t> k16 = narrow(k, q8 ? DType::kF16 : type),
+                                v16 = narrow(v, q8 ? DType::kF16 : type);
+    // Q8_0: each (slot, KV head) row q8_row_bytes(d) bytes, its scales then its values.
+    const std::vector<int8_t> k8 = quantize_q8(k, slots * c.kv_heads, c.dk),
+                              v8 = quantize_q8(v, slots * c.kv_heads, c.dv);
+    const int64_t k8row = ops::q8_row_bytes(c.dk), v8row = ops::q8_row_bytes(c.dv);
     std::vector<float> want(c.n_tokens * c.heads * c.dv);
     ops::AttentionArgs h = a;
     h.q = q.data();
-    if (type == DType::kF32) {
+    if (q8) {  // (strides in bytes; the values of position 0's first head)
+      h.k8 = k8.data() + ops::q8_lead_bytes(c.dk);
+      h.v8 = c.values_in_keys ? h.k8 : v8.data() + ops::q8_lead_bytes(c.dv);
+      h.k_stride = c.kv_heads * k8row;
+      h.v_stride = c.values_in_keys ? h.k_stride : c.kv_heads * v8row;
+      h.k_head = k8row;
+      h.v_head = c.values_in_keys ? k8row : v8row;
+      if (c.paged) {
+        h.k_block = B * h.k_stride;
+        h.v_block = B * h.v_stride;
+      }
+    } else if (type == DType::kF32) {
       h.k = k.data();
       h.v = c.values_in_keys ? k.data() : v.data();
     } else {
@@ -206,12 +251,15 @@ TEST_P(CudaAttention, EqualsTheReference) {
     h.out = want.data();
     ops::attention(h, nullptr);
 
-    DeviceBuffer dk = type == DType::kF32 ? up(k) : up(k16);
-    DeviceBuffer dv = type == DType::kF32 ? up(v) : up(v16);
+    DeviceBuffer dk = q8 ? up(k8) : type == DType::kF32 ? up(k) : up(k16);
+    DeviceBuffer dv = q8 ? up(v8) : type == DType::kF32 ? up(v) : up(v16);
     DeviceBuffer dout = up(std::vector<float>(want.size(), 0.0f));
     ops::AttentionArgs d = h;
     d.q = dq.as<float>();
-    if (type == DType::kF32) {
+    if (q8) {
+      d.k8 = dk.as<int8_t>() + ops::q8_lead_bytes(c.dk);
+      d.v8 = c.values_in_keys ? d.k8 : dv.as<int8_t>() + ops::q8_lead_bytes(c.dv);
+    } else if (type == DType::kF32) {
       d.k = dk.as<float>();
       d.v = c.values_in_keys ? d.k : dv.as<float>();
     } else {
