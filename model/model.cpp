@@ -239,6 +239,11 @@ bool Model::replay_graph(KvCache& cache, float* logits) {
     ++graph_stats_.captured;
   } else {
     ops_->stage(step_, cache);
+    if (ops_->memory_epoch() != g.epoch) {  // (staging moved memory the graph reads)
+      ops_->drop_graph(g.id);
+      g.id = -1;
+      return false;
+    }
   }
   ops_->launch_graph(g.id);
   ops_->finish();
