@@ -399,10 +399,10 @@ void run_bench(const BenchArgs& a) {
                        {"overlap", tl.overlap_s / r.decode_s},
                        {"h2d_bytes_per_token", static_cast<double>(tl.h2d_bytes) / tokens},
                        {"d2h_bytes_per_token", static_cast<double>(tl.d2h_bytes) / tokens},
-                       {"graph_steps", static_cast<double>(r.graph_steps) / tokens}};
-      timeline_lines.push_back(
-          r.test + ": " + rt::Timeline::format(tl, r.decode_s, tokens) +
-          fmt::format("; {:.0f}% of the steps replayed from graphs", 100.0 * r.graph_steps / tokens));
+                       {"steps_from_graphs", static_cast<double>(r.graph_steps) / tokens}};
+      timeline_lines.push_back(r.test + ": " + rt::Timeline::format(tl, r.decode_s, tokens) +
+                               fmt::format("; {:.0f}% of the steps replayed from graphs",
+                                           100.0 * static_cast<double>(r.graph_steps) / tokens));
     }
     if (r.test.rfind("tg", 0) == 0 && bound_tps > 0) {
       // Each repetition against the DRAM figure measured right after it, when there is one.

@@ -418,7 +418,8 @@ TEST(HybridCli, NoDeviceExpertsRunWithoutTheHybridBackend) {
   const nlohmann::json& tl = j["tests"][1]["timeline"];
   EXPECT_GT(tl["device_busy"].get<double>(), 0.0) << tl.dump();
   EXPECT_GT(tl["cpu_experts_busy"].get<double>(), 0.0) << tl.dump();
-  EXPECT_GE(tl["graph_steps"].get<double>(), 0.5) << tl.dump();  // (the first of a size: op by op)
+  EXPECT_GE(tl["steps_from_graphs"].get<double>(), 0.5)
+      << tl.dump();  // (the first of a size: op by op)
   EXPECT_GT(tl["h2d_bytes_per_token"].get<double>(), 0.0) << tl.dump();
   EXPECT_NE(j["backend"].get<std::string>().find("every routed expert on the CPU operator"),
             std::string::npos)
