@@ -360,20 +360,12 @@ class CudaDevice final : public Device {
 
   void ffn(StreamId s, const DeviceFfnWeights& w, const float* x, int64_t n, const float* scale,
            float* out, bool accumulate) override {
-    const int64_t H = w.gate.cols(), ff = w.gate.rows(), out_cols = w.down.rows();
-    if (w.up.rows() != ff || w.up.cols() != H || w.down.cols() != ff || n < 0) {
-      fail(ErrorKind::kInvalidArgument,
-           "{}: ffn shapes: gate [{}, {}], up [{}, {}], down [{}, {}], {} tokens", name_, ff, H,
-           w.up.rows(), w.up.cols(), out_cols, w.down.cols(), n);
-    }
-    check_device(x, uint64_t(n * H) * 4, "ffn input");
-    check_device(out, uint64_t(n * out_cols) * 4, "ffn output");
-    if (scale != nullptr) check_device(scale, uint64_t(n) * 4, "ffn scale");
-    const ops::FfnExtras& e = w.extras;
-    if (e.gate_bias != nullptr) check_device(e.gate_bias, uint64_t(ff) * 4, "ffn gate bias");
-    if (e.up_bias != nullptr) check_device(e.up_bias, uint64_t(ff) * 4, "ffn up bias");
-    if (e.down_bias != nullptr) check_device(e.down_bias, uint64_t(out_cols) * 4, "ffn down bias");
+    check_ffn_args(
+        name_, w, x, n, scale, out,
+        [this](const void* p, uint64_t bytes, const char* what) { check_device(p, bytes, what); });
     if (n == 0) return;
+    const int64_t H = w.gate.cols(), ff = w.gate.rows(), out_cols = w.down.rows();
+    const ops::FfnExtras& e = w.extras;
     CudaStreamState& st = stream(s);
     const Timed timed(*this, st);
     // Scratch: g, u [n, ff] and the down output [n, out].

@@ -116,6 +116,14 @@ class Device {
   Timeline* timeline_ = nullptr;
 };
 
+// Device::ffn's arguments checked, for every device alike: the three matrices' shapes
+// (Error(kInvalidArgument) naming them, and `device`) and each device pointer with its bytes
+// handed to check (which throws for memory that is not the device's).
+void check_ffn_args(
+    const std::string& device, const DeviceFfnWeights& w, const float* x, int64_t n,
+    const float* scale, const float* out,
+    const std::function<void(const void* p, uint64_t bytes, const char* what)>& check);
+
 // Host memory from a device's alloc_host (pinned on CUDA), grown on demand: where a runtime
 // stages what it copies to and from the device, so that the copies stay asynchronous (a copy
 // from pageable memory on CUDA blocks the host until the stream reaches it). Growing drops the

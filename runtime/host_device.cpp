@@ -61,6 +61,27 @@ bool Device::register_host(const void*, uint64_t, std::string*) {
 
 void Device::unregister_host(const void*) {}
 
+void check_ffn_args(const std::string& device, const DeviceFfnWeights& w, const float* x, int64_t n,
+                    const float* scale, const float* out,
+                    const std::function<void(const void*, uint64_t, const char*)>& check) {
+  const int64_t H = w.gate.cols(), ff = w.gate.rows(), out_cols = w.down.rows();
+  if (w.up.rows() != ff || w.up.cols() != H || w.down.cols() != ff || n < 0) {
+    fail(ErrorKind::kInvalidArgument,
+         "{}: ffn shapes: gate [{}, {}], up [{}, {}], down [{}, {}], {} tokens", device, ff, H,
+         w.up.rows(), w.up.cols(), out_cols, w.down.cols(), n);
+  }
+  for (const ops::Weight* m : {&w.gate, &w.up, &w.down}) check(m->t.data, 1, "ffn weight");
+  check(x, static_cast<uint64_t>(n * H) * 4, "ffn input");
+  check(out, static_cast<uint64_t>(n * out_cols) * 4, "ffn output");
+  if (scale != nullptr) check(scale, static_cast<uint64_t>(n) * 4, "ffn scale");
+  const ops::FfnExtras& e = w.extras;
+  if (e.gate_bias != nullptr) check(e.gate_bias, static_cast<uint64_t>(ff) * 4, "ffn gate bias");
+  if (e.up_bias != nullptr) check(e.up_bias, static_cast<uint64_t>(ff) * 4, "ffn up bias");
+  if (e.down_bias != nullptr) {
+    check(e.down_bias, static_cast<uint64_t>(out_cols) * 4, "ffn down bias");
+  }
+}
+
 float* HostStaging::floats(int64_t count) {
   const uint64_t bytes = static_cast<uint64_t>(std::max<int64_t>(count, 1)) * 4;
   if (bytes > bytes_) {
@@ -338,20 +359,9 @@ class HostDevice final : public Device {
 
   void ffn(StreamId s, const DeviceFfnWeights& w, const float* x, int64_t n, const float* scale,
            float* out, bool accumulate) override {
-    const int64_t H = w.gate.cols(), ff = w.gate.rows(), out_cols = w.down.rows();
-    if (w.up.rows() != ff || w.up.cols() != H || w.down.cols() != ff || n < 0) {
-      fail(ErrorKind::kInvalidArgument,
-           "{} device: ffn shapes: gate [{}, {}], up [{}, {}], down [{}, {}], {} tokens", name(),
-           ff, H, w.up.rows(), w.up.cols(), out_cols, w.down.cols(), n);
-    }
-    for (const ops::Weight* m : {&w.gate, &w.up, &w.down}) check_device(m->t.data, 1, "ffn weight");
-    check_device(x, uint64_t(n * H) * 4, "ffn input");
-    check_device(out, uint64_t(n * out_cols) * 4, "ffn output");
-    if (scale != nullptr) check_device(scale, uint64_t(n) * 4, "ffn scale");
-    const ops::FfnExtras& e = w.extras;
-    if (e.gate_bias != nullptr) check_device(e.gate_bias, uint64_t(ff) * 4, "ffn gate bias");
-    if (e.up_bias != nullptr) check_device(e.up_bias, uint64_t(ff) * 4, "ffn up bias");
-    if (e.down_bias != nullptr) check_device(e.down_bias, uint64_t(out_cols) * 4, "ffn down bias");
+    check_ffn_args(
+        "host device", w, x, n, scale, out,
+        [this](const void* p, uint64_t bytes, const char* what) { check_device(p, bytes, what); });
     enqueue(s, "ffn",
             [this, w, x, n, scale, out, accumulate] { run_ffn(w, x, n, scale, out, accumulate); });
   }
