@@ -89,6 +89,12 @@ TEST(CudaDevice, BudgetErrorsAndBadArguments) {
   }
   dev->free(p);
   EXPECT_EQ(dev->memory_used(), 0u);
+  void* q = dev->alloc(500 << 10);  // the freed block serves it (runtime/block_pool.h)
+  EXPECT_EQ(q, p);
+  EXPECT_EQ(dev->memory_used(), uint64_t{512} << 10);
+  void* big = dev->alloc(512 << 10);  // the rest of the budget
+  dev->free(q);
+  dev->free(big);
   int x = 0;
   EXPECT_THROW(dev->free(&x), Error);
   EXPECT_THROW(dev->sync_stream(7), Error);
