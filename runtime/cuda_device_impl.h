@@ -560,8 +560,9 @@ class CudaDevice final : public Device {
   }
 
   // y [n, ldy] = x [n, ldx] w^T: a few tokens read w as stored (ops/cuda/matvec.h); many go
-  // through cuBLAS SGEMM (FP32 arithmetic, no TF32: the CPU's numbers within F32 rounding) on w
-  // dequantized to F32 a slice of rows at a time (F32 weights as they are).
+  // through cuBLAS: BF16 weights as stored on tensor cores (three products with the activations'
+  // BF16 parts), the others by SGEMM (FP32 arithmetic, no TF32) on w dequantized to F32 a slice of
+  // rows at a time (F32 weights as they are); the CPU's numbers within F32 rounding either way.
   void product(const ops::Weight& w, const float* x, int64_t ldx, int64_t n, float* y, int64_t ldy,
                CudaStreamState& st) {
     const QuantMatrix q = quant_matrix(w);
@@ -585,6 +586,25 @@ class CudaDevice final : public Device {
     };
     if (q.type == DType::kF32 && q.row_bytes % 4 == 0) {
       gemm(static_cast<const float*>(q.data), q.row_bytes / 4, q.rows, y);
+      return;
+    }
+    if (q.type == DType::kBF16 && q.row_bytes % 2 == 0) {
+      // The activations split into three BF16 parts (dequant::split_bf16x3), each multiplied with
+      // the weight as stored on tensor cores (exact products, F32 sums), the smallest part first:
+      // an F32 product's accuracy, no dequantized copy of the weight.
+      const int64_t plane = n * q.cols;
+      auto* parts = reinterpret_cast<uint16_t*>(
+          grow_scratch(st, &st.weights, &st.weights_bytes, static_cast<uint64_t>(3 * plane) * 2));
+      launch(split_bf16x3_cuda(x, ldx, n, q.cols, parts, st.stream), "BF16 parts");
+      for (int i = 2; i >= 0; --i) {
+        const float beta = i == 2 ? 0.0f : 1.0f;
+        blas(cublas->gemm_ex(st.blas, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(q.rows),
+                             static_cast<int>(n), static_cast<int>(q.cols), &one, q.data,
+                             CUDA_R_16BF, static_cast<int>(q.row_bytes / 2), parts + i * plane,
+                             CUDA_R_16BF, static_cast<int>(q.cols), &beta, y, CUDA_R_32F,
+                             static_cast<int>(ldy), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+             "gemm_ex");
+      }
       return;
     }
     int64_t slice = std::max<int64_t>(1, static_cast<int64_t>(kGemmSliceBytes) / (q.cols * 4));

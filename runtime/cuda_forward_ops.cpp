@@ -4,6 +4,7 @@
 #ifdef TANDEM_HAVE_CUDA
 
 #include "runtime/cuda_device_impl.h"
+#include "runtime/step_staging.h"
 
 namespace tandem::rt::cuda_detail {
 
@@ -69,69 +70,23 @@ class CudaForwardOps final : public DeviceForwardOps {
   }
 
   // What the step's kernels read that changes from step to step, in one pinned host area and one
-  // device buffer of the same layout (a graph's replay copies it in): token ids, each part's
-  // first position, RoPE's cos / sin per token, each token's cache rows (offsets from a layer's
-  // base, the same in every layer) and each part's block table at a fixed stride (the most
-  // blocks a sequence of the cache can have), so that sizes follow from the step's shape.
+  // device buffer of the same layout (runtime/step_staging.h), which the step's first copy brings
+  // over: so sizes follow from the step's shape and a graph's replay reads the new step's values.
   void stage(const ForwardStep& step, KvCache& cache) override {
     step_ = step;
     cache_ = &cache;
-    const int64_t n = step.n_tokens(), parts = static_cast<int64_t>(step.parts.size());
-    const int64_t half = rope_.dim() / 2;
-    const KvLayout l = cache.layout();
-    ops::AttentionArgs a0;
-    cache.attention_args(0, step.parts[0].seq, &a0);
-    max_blocks_ = a0.blocks == nullptr ? 0
-                                       : (cache.max_sequence_positions() + a0.block_positions - 1) /
-                                             a0.block_positions;
-    // Byte offsets of the sections, each 16-byte aligned.
-    uint64_t at = 0;
-    auto section = [&](uint64_t bytes) {
-      const uint64_t o = at;
-      at += (bytes + 15) / 16 * 16;
-      return o;
-    };
-    const uint64_t o_tok = section(static_cast<uint64_t>(n) * 4);
-    const uint64_t o_pos0 = section(static_cast<uint64_t>(parts) * 8);
-    const uint64_t o_cs = section(static_cast<uint64_t>(2 * n * half) * 4);
-    const int64_t nk = n * l.k_heads, nv = n * l.v_heads;
-    const uint64_t o_ofs = section(static_cast<uint64_t>(nk + nv) * 8);
-    const uint64_t o_blocks = section(static_cast<uint64_t>(parts * max_blocks_) * 4);
-    step_bytes_ = at;
-    auto* host = reinterpret_cast<uint8_t*>(host_step_floats(static_cast<int64_t>(at / 4)));
-    auto* dev = reinterpret_cast<uint8_t*>(grow(step_dev_, static_cast<int64_t>(at / 4)));
-    host_step_ = host;
-    std::copy(step.tokens.begin(), step.tokens.end(), reinterpret_cast<int32_t*>(host + o_tok));
-    auto* pos0 = reinterpret_cast<int64_t*>(host + o_pos0);
-    auto* cs = reinterpret_cast<float*>(host + o_cs);
-    for (int64_t t = 0; t < n; ++t) rope_.angles(step.pos[t], cs + t * half, cs + (n + t) * half);
-    auto* ofs = reinterpret_cast<int64_t*>(host + o_ofs);
-    auto* blocks = reinterpret_cast<int32_t*>(host + o_blocks);
-    for (int64_t i = 0; i < parts; ++i) {
-      const ForwardStep::Part& p = step.parts[static_cast<size_t>(i)];
-      pos0[i] = p.pos0;
-      ops::AttentionArgs a;
-      cache.attention_args(0, p.seq, &a);
-      if (a.blocks != nullptr) {
-        const int64_t nb = (p.pos0 + p.n + a.block_positions - 1) / a.block_positions;
-        std::copy(a.blocks, a.blocks + nb, blocks + i * max_blocks_);
-        std::fill(blocks + i * max_blocks_ + nb, blocks + (i + 1) * max_blocks_, 0);
-      }
-      for (int64_t t = p.t0; t < p.t0 + p.n; ++t) {
-        for (int64_t h = 0; h < l.k_heads; ++h) {
-          ofs[t * l.k_heads + h] = ops::k_offset(a, step.pos[t]) + h * ops::k_head_stride(a);
-        }
-        for (int64_t h = 0; h < l.v_heads; ++h) {
-          ofs[nk + t * l.v_heads + h] = ops::v_offset(a, step.pos[t]) + h * ops::v_head_stride(a);
-        }
-      }
-    }
-    tok_dev_ = reinterpret_cast<const int32_t*>(dev + o_tok);
-    pos0_dev_ = reinterpret_cast<const int64_t*>(dev + o_pos0);
-    cs_dev_ = reinterpret_cast<const float*>(dev + o_cs);
-    k_ofs_ = reinterpret_cast<const int64_t*>(dev + o_ofs);
-    v_ofs_ = k_ofs_ + nk;
-    blocks_dev_ = reinterpret_cast<const int32_t*>(dev + o_blocks);
+    const StepLayout l = step_layout(step, cache, rope_.dim());
+    host_step_ = reinterpret_cast<uint8_t*>(host_step_floats(static_cast<int64_t>(l.bytes / 4)));
+    auto* dev = reinterpret_cast<uint8_t*>(grow(step_dev_, static_cast<int64_t>(l.bytes / 4)));
+    stage_step(l, step, cache, rope_, host_step_);
+    step_bytes_ = l.bytes;
+    max_blocks_ = l.max_blocks;
+    tok_dev_ = reinterpret_cast<const int32_t*>(dev + l.tokens);
+    pos0_dev_ = reinterpret_cast<const int64_t*>(dev + l.pos0);
+    cs_dev_ = reinterpret_cast<const float*>(dev + l.rope);
+    k_ofs_ = reinterpret_cast<const int64_t*>(dev + l.rows);
+    v_ofs_ = k_ofs_ + l.n_tokens * l.k_heads;
+    blocks_dev_ = reinterpret_cast<const int32_t*>(dev + l.blocks);
     step_dev_bytes_ = dev;
   }
   void upload_step() override { dev_.copy_h2d(step_dev_bytes_, host_step_, step_bytes_, stream_); }

@@ -36,6 +36,7 @@ Loaded load() {
          bind(lib, "cublasDestroy_v2", &a.destroy, &l.why) &&
          bind(lib, "cublasSetStream_v2", &a.set_stream, &l.why) &&
          bind(lib, "cublasSgemm_v2", &a.sgemm, &l.why) &&
+         bind(lib, "cublasGemmEx", &a.gemm_ex, &l.why) &&
          bind(lib, "cublasGetStatusString", &a.status_string, &l.why);
   if (!l.ok) l.why = file + ": " + l.why;
   return l;  // (the library stays loaded for the process)

@@ -1,6 +1,7 @@
 #include <cmath>
 
 #include "ops/cuda/dense.h"
+#include "ops/cuda/dequant_decode.h"
 
 namespace tandem {
 
@@ -67,6 +68,15 @@ __global__ void sigmoid_gate_kernel(const float* __restrict__ x, const float* __
   for (int64_t i = threadIdx.x; i < h; i += blockDim.x) out[t * h + i] *= gate;
 }
 
+__global__ void split_bf16x3_kernel(const float* __restrict__ x, int64_t ldx, int64_t n,
+                                    int64_t cols, uint16_t* __restrict__ out) {
+  const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n * cols) return;
+  const int64_t plane = n * cols;
+  dequant::split_bf16x3(x[(i / cols) * ldx + i % cols], out + i, out + plane + i,
+                        out + 2 * plane + i);
+}
+
 __global__ void add_kernel(const float* __restrict__ a, float* __restrict__ out, int64_t count) {
   const int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (i < count) out[i] += a[i];
@@ -117,6 +127,16 @@ cudaError_t sigmoid_gate_rows_cuda(const float* x, const float* g, int64_t n, in
   if (n < 0 || h <= 0 || n >= kMaxGrid) return cudaErrorInvalidValue;
   if (n == 0) return cudaSuccess;
   sigmoid_gate_kernel<<<static_cast<unsigned>(n), kThreads, 0, stream>>>(x, g, h, out);
+  return cudaGetLastError();
+}
+
+cudaError_t split_bf16x3_cuda(const float* x, int64_t ldx, int64_t n, int64_t cols, uint16_t* out,
+                              cudaStream_t stream) {
+  if (n < 0 || cols < 0 || ldx < cols || blocks_for(n * cols) >= kMaxGrid) {
+    return cudaErrorInvalidValue;
+  }
+  if (n * cols == 0) return cudaSuccess;
+  split_bf16x3_kernel<<<blocks_for(n * cols), kThreads, 0, stream>>>(x, ldx, n, cols, out);
   return cudaGetLastError();
 }
 

@@ -33,6 +33,12 @@ cudaError_t glu_cuda(float* g, const float* u, int64_t n, int64_t ff, const floa
 cudaError_t scale_rows_cuda(const float* src, int64_t n, int64_t cols, const float* bias,
                             const float* scale, float* out, bool accumulate, cudaStream_t stream);
 
+// The n rows of cols values at x (row stride ldx) as three BF16 matrices [n, cols] at out, out +
+// n * cols and out + 2 n * cols (dequant::split_bf16x3: their sum is x): F32 activations for
+// three tensor-core products with BF16 weights.
+cudaError_t split_bf16x3_cuda(const float* x, int64_t ldx, int64_t n, int64_t cols, uint16_t* out,
+                              cudaStream_t stream);
+
 // out[i] += a[i], count values.
 cudaError_t add_cuda(const float* a, float* out, int64_t count, cudaStream_t stream);
 

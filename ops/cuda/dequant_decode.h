@@ -152,6 +152,20 @@ TD_HD uint16_t f32_to_f16(float f) {
   return static_cast<uint16_t>(sign | shift_right_rne(mant, 126 - static_cast<int>(abs >> 23)));
 }
 
+// x as three BF16 values whose sum is x, each the leading 8 significant bits of what the ones
+// before left (truncated, so nothing rounds up past F32's range): exact for |x| >= 2^-110 (below,
+// the last part falls under BF16's subnormals and a few low bits are lost). A product of F32
+// activations with BF16 weights is then three BF16 products, each exact, summed in F32: what
+// tensor cores can compute at F32's accuracy.
+TD_HD void split_bf16x3(float x, uint16_t* hi, uint16_t* mid, uint16_t* lo) {
+  const uint32_t u = f32_to_bits(x);
+  *hi = static_cast<uint16_t>(u >> 16);
+  const float r1 = x - bf16_to_f32(*hi);
+  *mid = static_cast<uint16_t>(f32_to_bits(r1) >> 16);
+  const float r2 = r1 - bf16_to_f32(*mid);
+  *lo = static_cast<uint16_t>(f32_to_bits(r2) >> 16);
+}
+
 // ---- the KV cache's Q8_0 rows (ops/types.h: F32 block scales before the int8 values) ----
 // ops::q8_quantize's arithmetic, operation by operation: a block's scale from its largest
 // magnitude (NaN for a block holding a NaN or an infinity), its inverse (0 for an all-zero block),

@@ -276,6 +276,41 @@ TEST(CudaDequantHost, Q8CacheRowsEqualTheCpuCaches) {
   }
 }
 
+// The three BF16 parts of an F32 value (what a BF16 weight's tensor-core products take) add up
+// to it exactly for |x| >= 2^-110, over random values of every exponent, with zeros, signs,
+// infinities and F32's largest; below, within 2^-133.
+TEST(CudaDequantHost, Bf16PartsSumToTheF32Value) {
+  std::mt19937 rng(31);
+  std::vector<float> xs = {0.0f,
+                           -0.0f,
+                           1.0f,
+                           -1.5f,
+                           std::numeric_limits<float>::max(),
+                           -std::numeric_limits<float>::max(),
+                           std::numeric_limits<float>::min(),
+                           1e-35f};
+  for (int i = 0; i < 300000; ++i) {
+    const uint32_t u = static_cast<uint32_t>(rng());
+    float f;
+    std::memcpy(&f, &u, 4);
+    if (std::isfinite(f)) xs.push_back(f);
+  }
+  for (const float x : xs) {
+    uint16_t p[3];
+    dequant::split_bf16x3(x, &p[0], &p[1], &p[2]);
+    double sum = 0;
+    for (uint16_t b : p) sum += static_cast<double>(bf16_to_f32(b));
+    if (std::fabs(x) >= std::ldexp(1.0, -110)) {
+      ASSERT_EQ(sum, static_cast<double>(x)) << std::hexfloat << x;
+    } else {
+      ASSERT_LE(std::fabs(sum - x), std::ldexp(1.0, -133)) << std::hexfloat << x;
+    }
+  }
+  uint16_t p[3];
+  dequant::split_bf16x3(std::numeric_limits<float>::infinity(), &p[0], &p[1], &p[2]);
+  EXPECT_EQ(bf16_to_f32(p[0]), std::numeric_limits<float>::infinity());
+}
+
 TEST(CudaDequantHost, LaunchersRejectBadArguments) {
   float dummy[64];
   void* p = dummy;

@@ -260,9 +260,12 @@ INSTANTIATE_TEST_SUITE_P(
                       OpsCase{DType::kQ8_0, DType::kQ8_0, 96, 160, false},
                       OpsCase{DType::kQ4_K, DType::kQ6_K, 256, 512, false},
                       OpsCase{DType::kF8E4M3, DType::kF8E4M3, 200, 136, false},
-                      // Prefill: cuBLAS on F32 weights as they are, on
-                      // dequantized slices (FP8: whole scale blocks).
+                      OpsCase{DType::kBF16, DType::kBF16, 67, 45, true},
+                      // Prefill: cuBLAS on F32 weights as they are, BF16 ones on tensor
+                      // cores (three products), the rest on dequantized slices (FP8: whole
+                      // scale blocks).
                       OpsCase{DType::kF32, DType::kF32, 67, 45, true, 40},
+                      OpsCase{DType::kBF16, DType::kBF16, 200, 136, true, 40},
                       OpsCase{DType::kQ4_K, DType::kQ6_K, 256, 512, false, 33},
                       OpsCase{DType::kF8E4M3, DType::kF8E4M3, 200, 136, false, 70},
                       // Slices of 64 MiB: 2 and a partial one.
