@@ -184,9 +184,9 @@ class CudaForwardOps final : public DeviceForwardOps {
   }
   // The pinned host area stage() fills (grown like the buffers: memory a graph reads).
   float* host_step_floats(int64_t count) {
-    const float* before = step_host_.floats(0);
-    float* p = step_host_.floats(count);
-    if (p != before) moved();
+    bool grew = false;
+    float* p = step_host_.floats(count, &grew);
+    if (grew) moved();
     return p;
   }
   void upload(const std::vector<float>& v) {

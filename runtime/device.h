@@ -134,7 +134,8 @@ class HostStaging {
   ~HostStaging() { dev_->free_host(p_); }
   HostStaging(const HostStaging&) = delete;
   HostStaging& operator=(const HostStaging&) = delete;
-  float* floats(int64_t count);  // room for at least count floats
+  // Room for at least count floats; *grew (optional): whether the memory moved for it.
+  float* floats(int64_t count, bool* grew = nullptr);
 
  private:
   Device* dev_;

@@ -58,10 +58,9 @@ const float* DeviceForwardOps::host_view(const float* x, int64_t count,
 
 float* DeviceForwardOps::host_buffer(int slot, int64_t count) {
   TD_CHECK(slot >= 0 && slot < static_cast<int>(host_.size()), "forward ops: host buffer {}", slot);
-  HostStaging& h = host_[static_cast<size_t>(slot)];
-  const float* before = h.floats(0);
-  float* p = h.floats(count);
-  if (p != before) moved();
+  bool grew = false;
+  float* p = host_[static_cast<size_t>(slot)].floats(count, &grew);
+  if (grew) moved();
   return p;
 }
 

@@ -82,8 +82,9 @@ void check_ffn_args(const std::string& device, const DeviceFfnWeights& w, const 
   }
 }
 
-float* HostStaging::floats(int64_t count) {
+float* HostStaging::floats(int64_t count, bool* grew) {
   const uint64_t bytes = static_cast<uint64_t>(std::max<int64_t>(count, 1)) * 4;
+  if (grew != nullptr) *grew = bytes > bytes_;
   if (bytes > bytes_) {
     dev_->free_host(p_);
     p_ = nullptr;
