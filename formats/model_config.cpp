@@ -25,6 +25,9 @@ constexpr ArchNames kArchNames[] = {
     {ModelArch::kGlm4Moe, "glm4moe", "glm4moe", "Glm4MoeForCausalLM", "glm4_moe"},
     {ModelArch::kMiniMaxM2, "minimax-m2", "minimax-m2", "MiniMaxM2ForCausalLM", "minimax_m2"},
     {ModelArch::kGptOss, "gpt-oss", "gpt-oss", "GptOssForCausalLM", "gpt_oss"},
+    {ModelArch::kQwen3Next, "qwen3next", "qwen3next", "Qwen3NextForCausalLM", "qwen3_next"},
+    {ModelArch::kQwen35Moe, "qwen35moe", "qwen35moe", "Qwen3_5MoeForConditionalGeneration",
+     "qwen3_5_moe"},
 };
 
 const ArchNames& names_of(ModelArch arch) {
@@ -144,6 +147,37 @@ void validate_impl(const ModelConfig& c, std::string_view source, const detail::
   if (c.qk_norm_all_heads && !c.qk_norm) {
     v.inconsistent("qk_norm", "norms over all heads without q/k norms");
   }
+  if (c.attn_output_gate && c.is_mla()) v.inconsistent("attn_output_gate", "a gate with MLA");
+  v.range("full_attention_interval", c.full_attention_interval, 0, kMaxLayers);
+  if (c.full_attention_interval > 1) {
+    v.range("linear_conv_kernel", c.linear_conv_kernel, 2, 64);
+    v.range("linear_num_key_heads", c.linear_num_key_heads, 1, kMaxHeads);
+    v.range("linear_num_value_heads", c.linear_num_value_heads, 1, kMaxHeads);
+    v.range("linear_key_head_dim", c.linear_key_head_dim, 1, 1024);
+    v.range("linear_value_head_dim", c.linear_value_head_dim, 1, 1024);
+    if (c.linear_num_value_heads % c.linear_num_key_heads != 0) {
+      v.inconsistent("linear_num_value_heads",
+                     fmt::format("{} value heads are not a multiple of {} key heads",
+                                 c.linear_num_value_heads, c.linear_num_key_heads));
+    }
+    if (c.linear_key_head_dim != c.linear_value_head_dim) {
+      fail(ErrorKind::kUnsupported,
+           "{}: key '{}': key heads of {} and value heads of {} values: the delta rule needs "
+           "them equal (as llama.cpp)",
+           source, v.key("linear_value_head_dim"), c.linear_key_head_dim,
+           c.linear_value_head_dim);
+    }
+  }
+  int64_t sections = 0;
+  for (int64_t s : c.rope_sections) {
+    v.range("rope_sections", s, 0, c.head_dim);
+    sections += s;
+  }
+  if (sections > c.head_dim) {
+    v.inconsistent("rope_sections",
+                   fmt::format("sections of {} pairs in all, more than the head's {} values",
+                               sections, c.head_dim));
+  }
 
   const RopeScaling& rs = c.rope_scaling;
   if (rs.type != RopeScalingType::kNone) v.positive_float("rope_scaling.factor", rs.factor, 1e6);
@@ -235,6 +269,8 @@ bool ModelConfig::is_moe_layer(int64_t layer) const {
       return layer >= first_k_dense_replace;
     case ModelArch::kQwen2Moe:
     case ModelArch::kQwen3Moe:
+    case ModelArch::kQwen3Next:
+    case ModelArch::kQwen35Moe:
       for (int64_t l : mlp_only_layers) {
         if (l == layer) return false;
       }
@@ -326,6 +362,19 @@ std::vector<std::string> config_diff(const ModelConfig& a, const ModelConfig& b)
   i("swa_period", a.swa_period, b.swa_period);
   i("attn_sinks", a.attn_sinks, b.attn_sinks);
   f("swiglu_limit", a.swiglu_limit, b.swiglu_limit);
+  i("full_attention_interval", a.full_attention_interval, b.full_attention_interval);
+  i("linear_conv_kernel", a.linear_conv_kernel, b.linear_conv_kernel);
+  i("linear_num_key_heads", a.linear_num_key_heads, b.linear_num_key_heads);
+  i("linear_num_value_heads", a.linear_num_value_heads, b.linear_num_value_heads);
+  i("linear_key_head_dim", a.linear_key_head_dim, b.linear_key_head_dim);
+  i("linear_value_head_dim", a.linear_value_head_dim, b.linear_value_head_dim);
+  i("attn_output_gate", a.attn_output_gate, b.attn_output_gate);
+  if (a.rope_sections != b.rope_sections) {
+    out.push_back(fmt::format("rope_sections: [{}, {}, {}, {}] vs [{}, {}, {}, {}]",
+                              a.rope_sections[0], a.rope_sections[1], a.rope_sections[2],
+                              a.rope_sections[3], b.rope_sections[0], b.rope_sections[1],
+                              b.rope_sections[2], b.rope_sections[3]));
+  }
   return out;
 }
 
@@ -372,11 +421,19 @@ ParamCount count_params(const ModelConfig& c) {
   const bool gpt_oss = c.arch == ModelArch::kGptOss;
   if (gpt_oss) attn += h;
   if (c.attn_sinks) attn += c.num_heads;
+  if (c.attn_output_gate) attn += h * c.num_heads * c.head_dim;  // the gate's half of q_proj
+  // A Gated DeltaNet layer instead of attention: q / k / v and the output gate z, beta and the
+  // decay's input (one per value head), the convolution, dt_bias and A_log, the gated norm, out.
+  const int64_t vdim = c.linear_num_value_heads * c.linear_value_head_dim;
+  const int64_t linear = 2 * h + h * c.linear_conv_channels() + h * vdim +
+                         2 * h * c.linear_num_value_heads +
+                         c.linear_conv_channels() * c.linear_conv_kernel +
+                         2 * c.linear_num_value_heads + c.linear_value_head_dim + vdim * h;
   ParamCount p;
   p.embedding = c.vocab_size * h * (c.tie_word_embeddings ? 1 : 2);
   int64_t dense = p.embedding + h;  // + final norm
   for (int64_t layer = 0; layer < c.num_layers; ++layer) {
-    dense += attn;
+    dense += c.is_linear_layer(layer) ? linear : attn;
     if (!c.is_moe_layer(layer)) {
       dense += 3 * h * c.intermediate_size;
       continue;

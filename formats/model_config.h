@@ -12,6 +12,7 @@
 // Not for: tensor names or layouts (model/), tokenizers (engine/), checkpoint quantization.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <filesystem>
 #include <optional>
@@ -25,19 +26,21 @@ class GgufFile;
 class GgufWriter;
 
 enum class ModelArch : uint8_t {
-  kDeepseek2, kDeepseek3, kQwen2Moe, kQwen3Moe, kMixtral, kGlm4Moe, kMiniMaxM2, kGptOss
+  kDeepseek2, kDeepseek3, kQwen2Moe, kQwen3Moe, kMixtral, kGlm4Moe, kMiniMaxM2, kGptOss,
+  kQwen3Next, kQwen35Moe
 };
 
-// "deepseek2", "deepseek3", "qwen2moe", "qwen3moe", "mixtral", "glm4moe", "minimax-m2", "gpt-oss"
-// (tandem's names, `--arch`).
+// "deepseek2", "deepseek3", "qwen2moe", "qwen3moe", "mixtral", "glm4moe", "minimax-m2", "gpt-oss",
+// "qwen3next", "qwen35moe" (tandem's names, `--arch`).
 std::string_view arch_name(ModelArch arch);
 std::optional<ModelArch> arch_from_name(std::string_view name);
 std::vector<std::string> arch_names();  // every arch's name, in that order
 // llama.cpp's `general.architecture`: deepseek2 (both DeepSeek arches), qwen2moe, qwen3moe, llama,
-// glm4moe, minimax-m2, gpt-oss.
+// glm4moe, minimax-m2, gpt-oss, qwen3next, qwen35moe.
 std::string_view gguf_arch_name(ModelArch arch);
 // HF `architectures[0]`: DeepseekV2ForCausalLM, ..., MixtralForCausalLM, Glm4MoeForCausalLM,
-// MiniMaxM2ForCausalLM, GptOssForCausalLM.
+// MiniMaxM2ForCausalLM, GptOssForCausalLM, Qwen3NextForCausalLM,
+// Qwen3_5MoeForConditionalGeneration (the text model of it, or of Qwen3_5MoeForCausalLM).
 std::string_view hf_architecture_name(ModelArch arch);
 
 enum class RopeScalingType : uint8_t { kNone, kLinear, kYarn };
@@ -141,8 +144,53 @@ struct ModelConfig {
   // limit), out = g * sigmoid(1.702 g) * (u + 1) (ops::FfnExtras); 0: silu(gate) * up.
   float swiglu_limit = 0.0f;
 
+  // Hybrid models (Qwen3-Next, Qwen3.5): Gated DeltaNet layers (linear attention with a
+  // recurrent state per sequence) in every layer but each full_attention_interval-th one
+  // (is_linear_layer(): (layer + 1) % interval != 0); 0: every layer is full attention.
+  int64_t full_attention_interval = 0;
+  int64_t linear_conv_kernel = 0;  // the causal convolution's width (d_conv)
+  int64_t linear_num_key_heads = 0, linear_num_value_heads = 0;
+  // Head sizes of the delta rule's keys and values (the state per value head is
+  // [value_head_dim x key_head_dim]); llama.cpp and tandem need them equal.
+  int64_t linear_key_head_dim = 0, linear_value_head_dim = 0;
+  // Gated attention (Qwen3-Next, Qwen3.5): q_proj gives each head its query and an output gate,
+  // [query | gate] per head; the attention output is multiplied by sigmoid(gate) before o_proj.
+  bool attn_output_gate = false;
+  // Qwen3.5's interleaved multi-section RoPE (HF rope_parameters.mrope_section with
+  // mrope_interleaved, llama.cpp's rope.dimension_sections): which position (temporal, height,
+  // width, extra) each rotary pair takes (ops::mrope_section_of); text tokens give the first three
+  // the token's position and the extra one 0. All zero: plain RoPE.
+  std::array<int64_t, 4> rope_sections{};
+
   bool is_mla() const { return kv_lora_rank > 0; }
   bool is_moe_layer(int64_t layer) const;
+  bool is_linear_layer(int64_t layer) const {
+    return full_attention_interval > 0 && layer >= 0 && layer < num_layers &&
+           (layer + 1) % full_attention_interval != 0;
+  }
+  bool has_linear_layers() const { return full_attention_interval > 1; }
+  // Floats of one DeltaNet layer's recurrent state per sequence: the convolution's last
+  // (linear_conv_kernel - 1) inputs of every channel, then the delta rule's matrix per value head.
+  int64_t linear_conv_channels() const {
+    return 2 * linear_num_key_heads * linear_key_head_dim +
+           linear_num_value_heads * linear_value_head_dim;
+  }
+  // A layer's index among the attention layers (its KV cache layer) or among the linear ones
+  // (its recurrent state); every layer is an attention layer when there are no linear ones.
+  int64_t kv_layer(int64_t layer) const {
+    return has_linear_layers() ? layer / full_attention_interval : layer;
+  }
+  int64_t state_layer(int64_t layer) const {
+    return has_linear_layers() ? layer - layer / full_attention_interval : 0;
+  }
+  int64_t num_attention_layers() const { return num_layers - num_linear_layers(); }
+  int64_t num_linear_layers() const {
+    return has_linear_layers() ? num_layers - num_layers / full_attention_interval : 0;
+  }
+  int64_t linear_state_floats() const {
+    return (linear_conv_kernel - 1) * linear_conv_channels() +
+           linear_num_value_heads * linear_value_head_dim * linear_key_head_dim;
+  }
   bool is_swa_layer(int64_t layer) const {
     return sliding_window > 0 && swa_period > 0 && layer % swa_period < swa_period - 1;
   }

@@ -13,7 +13,8 @@ namespace tandem::detail {
 inline constexpr ModelArch kAllArches[] = {ModelArch::kDeepseek2, ModelArch::kDeepseek3,
                                            ModelArch::kQwen2Moe, ModelArch::kQwen3Moe,
                                            ModelArch::kMixtral, ModelArch::kGlm4Moe,
-                                           ModelArch::kMiniMaxM2, ModelArch::kGptOss};
+                                           ModelArch::kMiniMaxM2, ModelArch::kGptOss,
+                                           ModelArch::kQwen3Next, ModelArch::kQwen35Moe};
 
 // Largest magnitude any integer of a config may have when read (real limits are far lower and
 // checked by validate_config_keys()): keeps sums and products of two values within int64.
@@ -23,6 +24,10 @@ inline bool in_config_range(int64_t v) {
 }
 
 bool is_deepseek(ModelArch arch);
+// Qwen3-Next and Qwen3.5-MoE: Gated DeltaNet + gated attention, zero-centred norms in HF files.
+inline bool is_qwen_hybrid(ModelArch arch) {
+  return arch == ModelArch::kQwen3Next || arch == ModelArch::kQwen35Moe;
+}
 
 // DeepSeek-V3's router (noaux_tc): sigmoid scores, e_score_correction_bias for the choice only.
 // GLM-4.5 and MiniMax-M2 route the same way (with one group).

@@ -52,7 +52,14 @@ std::string gguf_key_of(ModelArch arch, std::string_view field) {
   };
   if (is_deepseek(arch) && field == "v_head_dim") return a + ".attention.value_length_mla";
   if (field == "nextn_layers") return a + ".nextn_predict_layers";
-  if (field == "num_layers" && arch == ModelArch::kGlm4Moe) {
+  if (field == "full_attention_interval") return a + ".full_attention_interval";
+  if (field == "linear_conv_kernel") return a + ".ssm.conv_kernel";
+  if (field == "linear_num_key_heads") return a + ".ssm.group_count";
+  if (field == "linear_num_value_heads") return a + ".ssm.time_step_rank";
+  if (field == "linear_key_head_dim") return a + ".ssm.state_size";
+  if (field == "linear_value_head_dim") return a + ".ssm.inner_size";
+  if (field == "rope_sections") return a + ".rope.dimension_sections";
+  if (field == "num_layers" && (arch == ModelArch::kGlm4Moe || detail::is_qwen_hybrid(arch))) {
     return a + ".block_count (minus " + a + ".nextn_predict_layers)";
   }
   if (field == "bos_token_id") return "tokenizer.ggml.bos_token_id";
@@ -175,6 +182,74 @@ bool has_tensor_suffix(const GgufFile& f, std::string_view suffix) {
   return false;
 }
 
+// Qwen3-Next / Qwen3.5-MoE as llama.cpp's loaders read them: the delta rule's sizes from the
+// ssm.* keys (Mamba's names: state_size the key head, group_count the key heads, time_step_rank
+// the value heads, inner_size all value heads together), the layer pattern from
+// full_attention_interval (default 4) or attention.recurrent_layers, the MTP layers after the
+// last one, and what the graphs hard-code: renormalized top-k, q / k norms, the output gate, the
+// shared expert's sigmoid gate.
+void read_qwen_hybrid(const GgufReader& r, const GgufFile& f, ModelConfig& c) {
+  c.head_dim = r.opt_int("attention.key_length", c.hidden_size / c.num_heads);
+  c.v_head_dim = r.opt_int("attention.value_length", c.head_dim);
+  c.rope_dim = r.opt_int("rope.dimension_count", c.head_dim);
+  c.moe_intermediate_size = r.req_int("expert_feed_forward_length");
+  if (c.intermediate_size == 0) c.intermediate_size = c.moe_intermediate_size;
+  c.shared_expert_intermediate_size = r.opt_int("expert_shared_feed_forward_length", 0);
+  c.n_shared_experts = c.shared_expert_intermediate_size > 0 ? 1 : 0;
+  c.shared_expert_gate = c.n_shared_experts > 0;
+  c.norm_topk_prob = true;
+  c.qk_norm = true;
+  c.attn_output_gate = true;
+  c.linear_conv_kernel = r.req_int("ssm.conv_kernel");
+  c.linear_key_head_dim = r.req_int("ssm.state_size");
+  c.linear_num_key_heads = r.req_int("ssm.group_count");
+  c.linear_num_value_heads = r.req_int("ssm.time_step_rank");
+  const int64_t inner = r.req_int("ssm.inner_size");
+  if (c.linear_num_value_heads <= 0 || inner % c.linear_num_value_heads != 0) {
+    fail(ErrorKind::kFormat, "{}: key '{}': {} is not a multiple of {} ({})", f.path(),
+         r.key("ssm.inner_size"), inner, r.key("ssm.time_step_rank"), c.linear_num_value_heads);
+  }
+  c.linear_value_head_dim = inner / c.linear_num_value_heads;
+  c.nextn_layers = r.opt_int("nextn_predict_layers", 0);
+  if (c.nextn_layers < 0 || c.nextn_layers >= c.num_layers) {
+    fail(ErrorKind::kFormat, "{}: key '{}': {} is not below {} ({})", f.path(),
+         r.key("nextn_predict_layers"), c.nextn_layers, r.key("block_count"), c.num_layers);
+  }
+  c.num_layers -= c.nextn_layers;
+  c.full_attention_interval = r.opt_int("full_attention_interval", 4);
+  if (const GgufValue* v = r.find("attention.recurrent_layers")) {
+    // One flag per layer (the MTP layers' false): it must be the interval's pattern.
+    const std::string k = r.key("attention.recurrent_layers");
+    if (v->type() != GgufType::kArray || v->size() < static_cast<size_t>(c.num_layers)) {
+      fail(ErrorKind::kFormat, "{}: key '{}': expected an array of {} flags", f.path(), k,
+           c.num_layers);
+    }
+    int64_t interval = 0;
+    for (int64_t l = 0; l < c.num_layers && interval == 0; ++l) {
+      if (!v->at(static_cast<size_t>(l)).as_bool()) interval = l + 1;
+    }
+    c.full_attention_interval = interval == 0 ? c.num_layers + 1 : interval;
+    for (int64_t l = 0; l < c.num_layers; ++l) {
+      if (v->at(static_cast<size_t>(l)).as_bool() != c.is_linear_layer(l)) {
+        fail(ErrorKind::kUnsupported,
+             "{}: key '{}': layer {} breaks the pattern of {} linear-attention layers then one "
+             "full (the pattern tandem supports)",
+             f.path(), k, l, c.full_attention_interval - 1);
+      }
+    }
+  }
+  if (c.arch == ModelArch::kQwen35Moe) {
+    const GgufValue* v = r.find("rope.dimension_sections");
+    if (v == nullptr || v->type() != GgufType::kArray || v->size() > 4 || v->size() == 0) {
+      fail(ErrorKind::kFormat, "{}: key '{}': expected an array of up to 4 integers", f.path(),
+           r.key("rope.dimension_sections"));
+    }
+    for (size_t i = 0; i < v->size(); ++i) {
+      c.rope_sections[i] = r.as_int(v->at(i), r.key("rope.dimension_sections"));
+    }
+  }
+}
+
 void read_gguf_rope_scaling(const GgufReader& r, const GgufFile& f, ModelConfig& c) {
   RopeScaling& rs = c.rope_scaling;
   std::string type = r.opt_string("rope.scaling.type", "none");
@@ -243,10 +318,14 @@ ModelConfig config_from_gguf(const GgufFile& f) {
     c.arch = ModelArch::kMiniMaxM2;
   } else if (arch == "gpt-oss") {
     c.arch = ModelArch::kGptOss;
+  } else if (arch == "qwen3next") {
+    c.arch = ModelArch::kQwen3Next;
+  } else if (arch == "qwen35moe") {
+    c.arch = ModelArch::kQwen35Moe;
   } else {
     fail(ErrorKind::kUnsupported,
-         "{}: key 'general.architecture': '{}' is not supported "
-         "(deepseek2, qwen2moe, qwen3moe, llama with experts, glm4moe, minimax-m2, gpt-oss)",
+         "{}: key 'general.architecture': '{}' is not supported (deepseek2, qwen2moe, qwen3moe, "
+         "llama with experts, glm4moe, minimax-m2, gpt-oss, qwen3next, qwen35moe)",
          f.path(), printable(arch));
   }
 
@@ -265,7 +344,10 @@ ModelConfig config_from_gguf(const GgufFile& f) {
   c.max_position_embeddings = r.req_int("context_length");
   c.rms_norm_eps = static_cast<float>(r.req_float("attention.layer_norm_rms_epsilon"));
   c.rope_theta = static_cast<float>(r.opt_float("rope.freq_base", 10000.0));
-  c.intermediate_size = r.req_int_or_layers("feed_forward_length");
+  // (Qwen3.5's MoE files have none: no layer is dense.)
+  c.intermediate_size = detail::is_qwen_hybrid(c.arch)
+                            ? r.opt_int_or_layers("feed_forward_length", 0)
+                            : r.req_int_or_layers("feed_forward_length");
   c.n_experts = r.req_int("expert_count");
   c.n_experts_per_tok = r.req_int("expert_used_count");
   c.sliding_window = r.opt_int("attention.sliding_window", 0);
@@ -382,6 +464,10 @@ ModelConfig config_from_gguf(const GgufFile& f) {
       }
       break;
     }
+    case ModelArch::kQwen3Next:
+    case ModelArch::kQwen35Moe:
+      read_qwen_hybrid(r, f, c);
+      break;
     case ModelArch::kMixtral: {
       read_head_dims();
       c.moe_intermediate_size = r.opt_int("expert_feed_forward_length", c.intermediate_size);

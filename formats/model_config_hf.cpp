@@ -22,8 +22,11 @@ std::string hf_key_of(ModelArch arch, std::string_view field) {
   const bool glm = arch == ModelArch::kGlm4Moe, minimax = arch == ModelArch::kMiniMaxM2;
   const bool gpt_oss = arch == ModelArch::kGptOss;
   if (field == "swa_period") return "layer_types";
+  if (field == "full_attention_interval") return "full_attention_interval (or layer_types)";
+  if (field == "linear_conv_kernel") return "linear_conv_kernel_dim";
+  if (field == "rope_sections") return "rope_parameters.mrope_section";
   if (field == "rope_dim") {
-    if (glm) return "partial_rotary_factor";
+    if (glm || detail::is_qwen_hybrid(arch)) return "partial_rotary_factor";
     if (minimax) return "rotary_dim";
     return is_deepseek(arch) ? "qk_rope_head_dim" : "head_dim";
   }
@@ -156,11 +159,13 @@ std::optional<ModelArch> arch_from_hf(const Json& root, std::string* what) {
     for (ModelArch arch : detail::kAllArches) {
       if (hf_architecture_name(arch) == a) return arch;
     }
+    if (a == "Qwen3_5MoeForCausalLM") return ModelArch::kQwen35Moe;
   }
   if (auto it = root.find("model_type"); it != root.end() && it->is_string()) {
     const std::string t = it->get<std::string>();
     if (what->empty()) *what = t;
     if (t == "kimi_k2") return ModelArch::kDeepseek3;
+    if (t == "qwen3_5_moe_text") return ModelArch::kQwen35Moe;
     for (ModelArch arch : detail::kAllArches) {
       if (detail::hf_model_type(arch) == t) return arch;
     }
@@ -177,6 +182,100 @@ double partial_rotary_factor(const JsonReader& r, double fallback, std::string_v
          partial);
   }
   return partial;
+}
+
+// Which layers are linear attention: layer_types ("linear_attention" / "full_attention" per
+// layer) or full_attention_interval (default 4); tandem supports the repeating pattern of
+// interval - 1 linear layers then a full one, which every release has.
+void read_hf_layer_types(const JsonReader& r, std::string_view source, ModelConfig& c) {
+  c.full_attention_interval = r.opt_int("full_attention_interval", 4);
+  const Json* types = r.get("layer_types");
+  if (types == nullptr) return;
+  if (!types->is_array()) r.bad_type("layer_types", "a list", *types);
+  std::vector<bool> linear;
+  for (const Json& t : *types) {
+    const std::string v = t.is_string() ? t.get<std::string>() : "";
+    if (v != "linear_attention" && v != "full_attention") {
+      fail(ErrorKind::kFormat,
+           "{}: key 'layer_types': entries are 'linear_attention' or 'full_attention'", source);
+    }
+    linear.push_back(v == "linear_attention");
+  }
+  if (static_cast<int64_t>(linear.size()) != c.num_layers) {
+    fail(ErrorKind::kFormat, "{}: key 'layer_types': {} entries for {} layers", source,
+         linear.size(), c.num_layers);
+  }
+  int64_t interval = 0;
+  for (size_t l = 0; l < linear.size() && interval == 0; ++l) {
+    if (!linear[l]) interval = static_cast<int64_t>(l) + 1;
+  }
+  c.full_attention_interval = interval == 0 ? c.num_layers + 1 : interval;
+  for (size_t l = 0; l < linear.size(); ++l) {
+    if (linear[l] != c.is_linear_layer(static_cast<int64_t>(l))) {
+      fail(ErrorKind::kUnsupported,
+           "{}: key 'layer_types': layer {} breaks the repeating pattern of {} linear-attention "
+           "layers then one full (the pattern tandem supports)",
+           source, l, c.full_attention_interval - 1);
+    }
+  }
+}
+
+// Qwen3NextConfig / Qwen3_5MoeTextConfig: the Gated DeltaNet sizes, the layer pattern, the gated
+// attention with partial rotary (Qwen3.5: interleaved multi-section), the gated shared expert.
+void read_hf_qwen_hybrid(const JsonReader& r, std::string_view source, ModelConfig& c) {
+  const bool q35 = c.arch == ModelArch::kQwen35Moe;
+  c.head_dim = r.opt_int("head_dim", 256);
+  c.v_head_dim = c.head_dim;
+  const Json* rp = r.get("rope_parameters");
+  if (rp == nullptr) rp = r.get("rope_scaling");
+  if (rp != nullptr && !rp->is_object()) r.bad_type("rope_parameters", "an object", *rp);
+  double partial = partial_rotary_factor(r, 0.25, source);
+  if (rp != nullptr && rp->contains("partial_rotary_factor")) {
+    partial = partial_rotary_factor(JsonReader(*rp, source, "rope_parameters."), partial, source);
+  }
+  c.rope_dim = static_cast<int64_t>(static_cast<double>(c.head_dim) * partial);
+  if (q35) {
+    // transformers' default mrope_section (and convert_hf_to_gguf.py's) when a file has none.
+    std::vector<int64_t> sections = {11, 11, 10};
+    if (rp != nullptr) {
+      const JsonReader p(*rp, source, "rope_parameters.");
+      if (p.has("mrope_section")) sections = p.opt_int_list("mrope_section");
+      if (!p.opt_bool("mrope_interleaved", true)) {
+        fail(ErrorKind::kUnsupported,
+             "{}: key 'rope_parameters.mrope_interleaved': only the interleaved form is "
+             "supported (as released)",
+             source);
+      }
+    }
+    if (sections.empty() || sections.size() > 4) {
+      fail(ErrorKind::kFormat, "{}: key 'rope_parameters.mrope_section': 1 to 4 sections",
+           source);
+    }
+    for (size_t i = 0; i < sections.size(); ++i) c.rope_sections[i] = sections[i];
+  }
+  c.moe_intermediate_size = r.req_int("moe_intermediate_size");
+  if (c.intermediate_size == 0) c.intermediate_size = c.moe_intermediate_size;
+  c.shared_expert_intermediate_size = r.opt_int("shared_expert_intermediate_size", 0);
+  c.n_shared_experts = c.shared_expert_intermediate_size > 0 ? 1 : 0;
+  c.shared_expert_gate = c.n_shared_experts > 0;
+  c.n_experts = r.req_int("num_experts");
+  c.norm_topk_prob = r.opt_bool("norm_topk_prob", true);
+  c.moe_layer_freq = r.opt_int("decoder_sparse_step", 1);
+  c.mlp_only_layers = r.opt_int_list("mlp_only_layers");
+  c.attention_bias = r.opt_bool("attention_bias", false);
+  c.qk_norm = true;
+  c.attn_output_gate = r.opt_bool("attn_output_gate", true);
+  if (!c.attn_output_gate) {
+    fail(ErrorKind::kUnsupported, "{}: key 'attn_output_gate': attention without its output "
+         "gate is not supported", source);
+  }
+  c.linear_conv_kernel = r.opt_int("linear_conv_kernel_dim", 4);
+  c.linear_key_head_dim = r.opt_int("linear_key_head_dim", 128);
+  c.linear_value_head_dim = r.opt_int("linear_value_head_dim", 128);
+  c.linear_num_key_heads = r.opt_int("linear_num_key_heads", 16);
+  c.linear_num_value_heads = r.opt_int("linear_num_value_heads", 32);
+  c.nextn_layers = r.opt_int("mtp_num_hidden_layers", 0);
+  read_hf_layer_types(r, source, c);
 }
 
 void read_hf_rope_scaling(const JsonReader& r, const Json& root, std::string_view source,
@@ -230,7 +329,8 @@ ModelConfig parse_hf(const Json& root_in, std::string_view source) {
     fail(ErrorKind::kUnsupported,
          "{}: architecture '{}' is not supported (supported: "
          "DeepseekV2ForCausalLM, DeepseekV3ForCausalLM, Qwen2MoeForCausalLM, "
-         "Qwen3MoeForCausalLM, MixtralForCausalLM, Glm4MoeForCausalLM, MiniMaxM2ForCausalLM)",
+         "Qwen3MoeForCausalLM, MixtralForCausalLM, Glm4MoeForCausalLM, MiniMaxM2ForCausalLM, "
+         "GptOssForCausalLM, Qwen3NextForCausalLM, Qwen3_5MoeForConditionalGeneration)",
          source, what.empty() ? "(none)" : what);
   }
   const JsonReader r(*root, source);
@@ -254,8 +354,10 @@ ModelConfig parse_hf(const Json& root_in, std::string_view source) {
   c.tie_word_embeddings = r.opt_bool("tie_word_embeddings", false);
   c.bos_token_id = r.opt_token_id("bos_token_id");
   c.eos_token_id = r.opt_token_id("eos_token_id");
-  // MiniMax-M2 has no dense FFN: its intermediate_size is the experts' width.
-  c.intermediate_size = r.req_int("intermediate_size");
+  // MiniMax-M2 has no dense FFN: its intermediate_size is the experts' width. Qwen3.5's MoE
+  // configs have none (every layer is MoE).
+  c.intermediate_size = c.arch == ModelArch::kQwen35Moe ? r.opt_int("intermediate_size", 0)
+                                                        : r.req_int("intermediate_size");
   c.n_experts_per_tok = r.req_int("num_experts_per_tok");
   // Guard the divisions below; the full range check follows in validate_config_keys().
   if (c.num_heads <= 0) {
@@ -343,6 +445,10 @@ ModelConfig parse_hf(const Json& root_in, std::string_view source) {
         c.sliding_window = r.opt_int("sliding_window", 0);
       break;
     }
+    case ModelArch::kQwen3Next:
+    case ModelArch::kQwen35Moe:
+      read_hf_qwen_hybrid(r, source, c);
+      break;
     case ModelArch::kGlm4Moe: {
       c.head_dim = r.opt_int("head_dim", c.hidden_size / c.num_heads);
       c.v_head_dim = c.head_dim;

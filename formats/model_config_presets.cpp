@@ -432,6 +432,117 @@ ModelConfig gpt_oss_120b() {
   return c;
 }
 
+// The golden Qwen3-Next / Qwen3.5-MoE shapes: 4 layers (three Gated DeltaNet, then gated
+// attention), 2 key heads shared by 4 value heads in the delta rule (its GQA-like grouping),
+// a quarter of each 64-value attention head rotated; Qwen3.5's 8 rotary pairs in sections of
+// 3 / 3 / 2 (every pair with a position, as Qwen3.5's 11 / 11 / 10 of 32) and an MTP layer.
+ModelConfig tiny_qwen_hybrid(ModelArch arch) {
+  ModelConfig c;
+  c.arch = arch;
+  c.vocab_size = 512;
+  c.hidden_size = 256;
+  c.num_layers = 4;
+  c.num_heads = 4;
+  c.num_kv_heads = 2;
+  c.head_dim = c.v_head_dim = 64;
+  c.rope_dim = 16;
+  c.intermediate_size = c.moe_intermediate_size = 128;
+  c.shared_expert_intermediate_size = 128;
+  c.n_shared_experts = 1;
+  c.shared_expert_gate = true;
+  c.n_experts = 8;
+  c.n_experts_per_tok = 2;
+  c.norm_topk_prob = true;
+  c.qk_norm = true;
+  c.attn_output_gate = true;
+  c.full_attention_interval = 4;
+  c.linear_conv_kernel = 4;
+  c.linear_num_key_heads = 2;
+  c.linear_num_value_heads = 4;
+  c.linear_key_head_dim = c.linear_value_head_dim = 32;
+  c.max_position_embeddings = 8192;
+  c.rms_norm_eps = 1e-6f;
+  c.rope_theta = 10000000.0f;
+  c.bos_token_id = 497;
+  c.eos_token_id = 498;
+  if (arch == ModelArch::kQwen35Moe) {
+    c.rope_sections = {3, 3, 2, 0};
+    c.nextn_layers = 1;
+  }
+  return c;
+}
+
+// Qwen/Qwen3-Next-80B-A3B-Instruct (Qwen3-Coder-Next has the same shapes).
+ModelConfig qwen3_next_80b_a3b() {
+  ModelConfig c = tiny_qwen_hybrid(ModelArch::kQwen3Next);
+  c.vocab_size = 151936;
+  c.hidden_size = 2048;
+  c.num_layers = 48;
+  c.num_heads = 16;
+  c.num_kv_heads = 2;
+  c.head_dim = c.v_head_dim = 256;
+  c.rope_dim = 64;
+  c.intermediate_size = 5120;
+  c.moe_intermediate_size = 512;
+  c.shared_expert_intermediate_size = 512;
+  c.n_experts = 512;
+  c.n_experts_per_tok = 10;
+  c.linear_num_key_heads = 16;
+  c.linear_num_value_heads = 32;
+  c.linear_key_head_dim = c.linear_value_head_dim = 128;
+  c.max_position_embeddings = 262144;
+  c.bos_token_id = 151643;
+  c.eos_token_id = 151645;
+  return c;
+}
+
+// Qwen/Qwen3.5-35B-A3B (Qwen3.6-35B-A3B has the same shapes), Qwen3.5-122B-A10B and
+// Qwen3.5-397B-A17B: the text model.
+ModelConfig qwen35_35b_a3b() {
+  ModelConfig c = tiny_qwen_hybrid(ModelArch::kQwen35Moe);
+  c.vocab_size = 248320;
+  c.hidden_size = 2048;
+  c.num_layers = 40;
+  c.num_heads = 16;
+  c.num_kv_heads = 2;
+  c.head_dim = c.v_head_dim = 256;
+  c.rope_dim = 64;
+  c.rope_sections = {11, 11, 10, 0};
+  c.intermediate_size = c.moe_intermediate_size = 512;
+  c.shared_expert_intermediate_size = 512;
+  c.n_experts = 256;
+  c.n_experts_per_tok = 8;
+  c.linear_num_key_heads = 16;
+  c.linear_num_value_heads = 32;
+  c.linear_key_head_dim = c.linear_value_head_dim = 128;
+  c.max_position_embeddings = 262144;
+  c.bos_token_id = -1;
+  c.eos_token_id = 248044;
+  return c;
+}
+ModelConfig qwen35_122b_a10b() {
+  ModelConfig c = qwen35_35b_a3b();
+  c.hidden_size = 3072;
+  c.num_layers = 48;
+  c.num_heads = 32;
+  c.intermediate_size = c.moe_intermediate_size = 1024;
+  c.shared_expert_intermediate_size = 1024;
+  c.linear_num_value_heads = 64;
+  return c;
+}
+ModelConfig qwen35_397b_a17b() {
+  ModelConfig c = qwen35_35b_a3b();
+  c.hidden_size = 4096;
+  c.num_layers = 60;
+  c.num_heads = 32;
+  c.intermediate_size = c.moe_intermediate_size = 1024;
+  c.shared_expert_intermediate_size = 1024;
+  c.n_experts = 512;
+  c.n_experts_per_tok = 10;
+  c.linear_num_value_heads = 64;
+  return c;
+}
+
 struct Preset {
   const char* name;
   ModelConfig (*make)();
@@ -445,6 +556,8 @@ const Preset kPresets[] = {
     {"tiny-glm4moe", tiny_glm4moe},
     {"tiny-minimax-m2", tiny_minimax_m2},
     {"tiny-gpt-oss", tiny_gpt_oss},
+    {"tiny-qwen3next", [] { return tiny_qwen_hybrid(ModelArch::kQwen3Next); }},
+    {"tiny-qwen35moe", [] { return tiny_qwen_hybrid(ModelArch::kQwen35Moe); }},
     {"deepseek-v2-lite", deepseek_v2_lite},
     {"deepseek-v3", deepseek_v3},
     {"kimi-k2", kimi_k2},
@@ -456,6 +569,10 @@ const Preset kPresets[] = {
     {"minimax-m2", minimax_m2},
     {"gpt-oss-20b", gpt_oss_20b},
     {"gpt-oss-120b", gpt_oss_120b},
+    {"qwen3-next-80b-a3b", qwen3_next_80b_a3b},
+    {"qwen3.5-35b-a3b", qwen35_35b_a3b},
+    {"qwen3.5-122b-a10b", qwen35_122b_a10b},
+    {"qwen3.5-397b-a17b", qwen35_397b_a17b},
 };
 
 }  // namespace

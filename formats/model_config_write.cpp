@@ -31,16 +31,26 @@ void check_expressible(const ModelConfig& c, std::string_view target, bool gguf)
   };
   const bool qwen2 = c.arch == ModelArch::kQwen2Moe, qwen3 = c.arch == ModelArch::kQwen3Moe;
   const bool glm = c.arch == ModelArch::kGlm4Moe, minimax = c.arch == ModelArch::kMiniMaxM2;
-  if (!glm && c.qk_norm != (qwen3 || minimax)) {
+  const bool hybrid = detail::is_qwen_hybrid(c.arch);
+  if (!glm && c.qk_norm != (qwen3 || minimax || hybrid)) {
     refuse(c.qk_norm ? "q/k norms" : "the absence of q/k norms");
   }
   if (c.qk_norm_all_heads != minimax) refuse("this q/k norm span");
-  if (c.nextn_layers != 0 && !glm) refuse("multi-token-prediction layers");
+  if (c.nextn_layers != 0 && !glm && !hybrid) refuse("multi-token-prediction layers");
   if (qwen2 && !c.attention_bias) refuse("q/k/v without bias");
   if (minimax && c.attention_bias) refuse("attention bias");
-  if (c.shared_expert_gate != (qwen2 && c.shared_expert_intermediate_size > 0)) {
+  if (c.shared_expert_gate != ((qwen2 || hybrid) && c.shared_expert_intermediate_size > 0)) {
     refuse("this shared-expert gate setting");
   }
+  if (c.attn_output_gate != hybrid) refuse(hybrid ? "attention without its gate" : "gated attention");
+  if ((c.full_attention_interval > 0) != hybrid) {
+    refuse(hybrid ? "no linear-attention layers" : "linear-attention layers");
+  }
+  const bool sections = c.rope_sections != std::array<int64_t, 4>{};
+  if (sections != (c.arch == ModelArch::kQwen35Moe)) {
+    refuse(sections ? "multi-section RoPE" : "RoPE without sections");
+  }
+  if (hybrid && c.rope_scaling.type != RopeScalingType::kNone) refuse("rope scaling");
   if (glm || minimax) {
     // Both route with sigmoid scores and a selection bias (noaux_tc); neither has MLA.
     if (c.is_mla() || c.q_lora_rank != 0) refuse("MLA");
@@ -100,6 +110,7 @@ void check_expressible(const ModelConfig& c, std::string_view target, bool gguf)
   if (gguf) {
     // llama.cpp hard-codes these; see config_from_gguf().
     if ((qwen2 || qwen3) && c.norm_topk_prob != qwen3) refuse("this norm_topk_prob");
+    if (hybrid && !c.norm_topk_prob) refuse("top-k weights without renormalization");
     if (c.moe_layer_freq != 1 || !c.mlp_only_layers.empty())
       refuse("non-MoE layers in the MoE stack");
     if (c.rope_scaling.type == RopeScalingType::kYarn && is_deepseek(c.arch) &&
@@ -142,6 +153,70 @@ OJson rope_scaling_json(const ModelConfig& c) {
 void set_u32(GgufWriter& w, const std::string& key, int64_t v) {
   TD_CHECK(v >= 0 && v <= UINT32_MAX, "{} = {} does not fit uint32", key, v);
   w.set(key, GgufValue::u32(static_cast<uint32_t>(v)));
+}
+
+// Qwen3NextConfig's keys (Qwen3-Next-80B-A3B's config.json), or Qwen3.5-MoE's: the text model's
+// keys under text_config of a Qwen3_5MoeConfig (vision_config is the caller's to add: tandem
+// reads the text model only). `base` holds the keys every architecture writes.
+std::string qwen_hybrid_hf_json(const ModelConfig& c, OJson base) {
+  const bool q35 = c.arch == ModelArch::kQwen35Moe;
+  OJson j = std::move(base);
+  j["head_dim"] = c.head_dim;
+  j["partial_rotary_factor"] = pretty(static_cast<float>(c.rope_dim) / c.head_dim);
+  j["linear_conv_kernel_dim"] = c.linear_conv_kernel;
+  j["linear_key_head_dim"] = c.linear_key_head_dim;
+  j["linear_value_head_dim"] = c.linear_value_head_dim;
+  j["linear_num_key_heads"] = c.linear_num_key_heads;
+  j["linear_num_value_heads"] = c.linear_num_value_heads;
+  j["moe_intermediate_size"] = c.moe_intermediate_size;
+  j["shared_expert_intermediate_size"] = c.shared_expert_intermediate_size;
+  j["num_experts"] = c.n_experts;
+  j["num_experts_per_tok"] = c.n_experts_per_tok;
+  j["norm_topk_prob"] = c.norm_topk_prob;
+  j["decoder_sparse_step"] = c.moe_layer_freq;
+  j["mlp_only_layers"] = c.mlp_only_layers;
+  j["attention_bias"] = c.attention_bias;
+  j["output_router_logits"] = false;
+  j["router_aux_loss_coef"] = 0.001;
+  OJson types = OJson::array();
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    types.push_back(c.is_linear_layer(l) ? "linear_attention" : "full_attention");
+  }
+  j["layer_types"] = types;
+  if (!q35) {
+    j["full_attention_interval"] = c.full_attention_interval;
+    j["rope_scaling"] = nullptr;
+    j["transformers_version"] = "4.57.0";
+    return j.dump(2) + "\n";
+  }
+  // Qwen3_5MoeTextConfig: no intermediate_size (no dense layer), rope_theta and the sections in
+  // rope_parameters, the gate flag, the MTP layers.
+  j.erase("intermediate_size");
+  j.erase("rope_theta");
+  j.erase("partial_rotary_factor");
+  j.erase("architectures");
+  j["model_type"] = "qwen3_5_moe_text";
+  j["attn_output_gate"] = true;
+  j["mtp_num_hidden_layers"] = c.nextn_layers;
+  OJson sections = OJson::array();
+  for (int64_t s : c.rope_sections) {
+    if (s > 0 || sections.size() < 3) sections.push_back(s);
+  }
+  while (sections.size() > 3 && sections.back() == 0) sections.erase(sections.size() - 1);
+  OJson rope;
+  rope["mrope_interleaved"] = true;
+  rope["mrope_section"] = sections;
+  rope["partial_rotary_factor"] = pretty(static_cast<float>(c.rope_dim) / c.head_dim);
+  rope["rope_theta"] = pretty(c.rope_theta);
+  rope["rope_type"] = "default";
+  j["rope_parameters"] = rope;
+  OJson root;
+  root["architectures"] = OJson::array({std::string(hf_architecture_name(c.arch))});
+  root["model_type"] = detail::hf_model_type(c.arch);
+  root["text_config"] = j;
+  root["tie_word_embeddings"] = c.tie_word_embeddings;
+  root["transformers_version"] = "5.2.0";
+  return root.dump(2) + "\n";
 }
 
 }  // namespace
@@ -247,6 +322,8 @@ std::string config_to_hf_json(const ModelConfig& c) {
     j["router_aux_loss_coef"] = 0.9;
     j["sliding_window"] = c.sliding_window;
     j["swiglu_limit"] = pretty(c.swiglu_limit);
+  } else if (detail::is_qwen_hybrid(c.arch)) {
+    return qwen_hybrid_hf_json(c, std::move(j));
   } else if (c.arch == ModelArch::kMixtral) {
     if (c.head_dim * c.num_heads != c.hidden_size) j["head_dim"] = c.head_dim;
     j["num_local_experts"] = c.n_experts;
@@ -287,7 +364,10 @@ void write_gguf_config(const ModelConfig& c, GgufWriter& w) {
   set_u32(w, key("context_length"), c.max_position_embeddings);
   set_u32(w, key("embedding_length"), c.hidden_size);
   set_u32(w, key("block_count"), c.num_layers + c.nextn_layers);
-  set_u32(w, key("feed_forward_length"), c.intermediate_size);
+  // (Qwen3.5's MoE configs have no intermediate_size, and convert_hf_to_gguf.py no such key.)
+  if (c.arch != ModelArch::kQwen35Moe) {
+    set_u32(w, key("feed_forward_length"), c.intermediate_size);
+  }
   set_u32(w, key("attention.head_count"), c.num_heads);
   w.set(key("rope.freq_base"), GgufValue::f32(c.rope_theta));
   w.set(key("attention.layer_norm_rms_epsilon"), GgufValue::f32(c.rms_norm_eps));
@@ -353,6 +433,30 @@ void write_gguf_config(const ModelConfig& c, GgufWriter& w) {
       set_u32(w, key("expert_feed_forward_length"), c.moe_intermediate_size);
       if (c.swa_period != 2) set_u32(w, key("attention.sliding_window_pattern"), c.swa_period);
       break;
+    case ModelArch::kQwen3Next:
+    case ModelArch::kQwen35Moe: {
+      // As convert_hf_to_gguf.py's Qwen3NextModel / Qwen3_5MoeTextModel: the base keys with the
+      // head sizes, the experts' widths, the delta rule's sizes under Mamba's ssm.* names.
+      set_u32(w, key("attention.head_count_kv"), c.num_kv_heads);
+      set_u32(w, key("attention.key_length"), c.head_dim);
+      set_u32(w, key("attention.value_length"), c.v_head_dim);
+      set_u32(w, key("expert_feed_forward_length"), c.moe_intermediate_size);
+      set_u32(w, key("expert_shared_feed_forward_length"), c.shared_expert_intermediate_size);
+      set_u32(w, key("ssm.conv_kernel"), c.linear_conv_kernel);
+      set_u32(w, key("ssm.state_size"), c.linear_key_head_dim);
+      set_u32(w, key("ssm.group_count"), c.linear_num_key_heads);
+      set_u32(w, key("ssm.time_step_rank"), c.linear_num_value_heads);
+      set_u32(w, key("ssm.inner_size"), c.linear_value_head_dim * c.linear_num_value_heads);
+      set_u32(w, key("full_attention_interval"), c.full_attention_interval);
+      set_u32(w, key("rope.dimension_count"), c.rope_dim);
+      if (c.arch == ModelArch::kQwen35Moe) {
+        std::vector<GgufValue> sections;
+        for (int64_t s : c.rope_sections) sections.push_back(GgufValue::i32(static_cast<int32_t>(s)));
+        w.set(key("rope.dimension_sections"), GgufValue::array(GgufType::kInt32, sections));
+      }
+      if (c.nextn_layers > 0) set_u32(w, key("nextn_predict_layers"), c.nextn_layers);
+      break;
+    }
     case ModelArch::kMixtral:
       set_u32(w, key("attention.head_count_kv"), c.num_kv_heads);
       if (c.head_dim * c.num_heads != c.hidden_size) {

@@ -5,6 +5,7 @@
 #include <sys/statvfs.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <fstream>
 #include <memory>
@@ -210,7 +211,17 @@ void fill_gguf(const SynthOptions& o, const std::vector<HfTensorSpec>& hf, const
     std::vector<float> buf(cols);
     for (int64_t r = begin; r < end; ++r) {
       const HfRowRef ref = t.row(r);
-      synth_values(o.seed, hf[ref.hf_index], ref.start, ref.stride, cols, buf.data());
+      if (t.element) {
+        for (int64_t i = 0; i < cols; ++i) {
+          synth_values(o.seed, hf[ref.hf_index], t.element(r, i), 1, 1, &buf[i]);
+        }
+      } else {
+        synth_values(o.seed, hf[ref.hf_index], ref.start, ref.stride, cols, buf.data());
+      }
+      for (float& v : buf) {
+        v += t.offset;
+        if (t.neg_exp) v = static_cast<float>(-std::exp(static_cast<double>(v)));
+      }
       if (dtype == DType::kF32) {
         std::memcpy(dst + r * row_bytes, buf.data(), row_bytes);
       } else {

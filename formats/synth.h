@@ -101,8 +101,13 @@ SynthPlan synth_model(const SynthOptions& options);
 // ---- layout building blocks (also the HF -> GGUF conversion rules) ----
 
 // kSink: gpt-oss's attention sinks, N(0, 1) so that some heads' sinks outweigh their scores.
+// kNormDelta: a zero-centred norm weight (Qwen3-Next / Qwen3.5 store w - 1 and compute x * (1 + w)):
+// a kNorm value minus 1, exactly (the GGUF tensor adds the 1 back, as convert_hf_to_gguf.py does).
+// kConv: the Gated DeltaNet's causal convolution, N(0, 1 / width). kDecayLog: its A_log,
+// -2 + 1.5 N(0, 1), decay rates from a few tokens to thousands.
 enum class WeightRole : uint8_t {
-  kEmbedding, kOutput, kLinear, kRouter, kNorm, kBias, kScoreBias, kSink
+  kEmbedding, kOutput, kLinear, kRouter, kNorm, kBias, kScoreBias, kSink, kNormDelta, kConv,
+  kDecayLog
 };
 
 struct HfTensorSpec {
@@ -121,10 +126,21 @@ struct HfRowRef {
   int64_t stride;
 };
 struct GgufTensorSpec {
+  GgufTensorSpec(std::string n, std::vector<int64_t> s, WeightRole r,
+                 std::function<HfRowRef(int64_t row)> f)
+      : name(std::move(n)), shape(std::move(s)), role(r), row(std::move(f)) {}
   std::string name;
   std::vector<int64_t> shape;  // row-major (GGUF ne reversed)
   WeightRole role;
   std::function<HfRowRef(int64_t row)> row;  // row in [0, numel / shape.back())
+  // Set where a GGUF row is no strided run of one HF tensor (Qwen3.5's value heads reordered
+  // within out_proj's rows and in 1-D tensors): element i of the row comes from element
+  // element(row, i) of the row's HF tensor (row().start and stride unused).
+  std::function<int64_t(int64_t row, int64_t i)> element;
+  // The conversion's arithmetic on each value: + offset (a zero-centred norm's 1), then -exp()
+  // when neg_exp (A_log -> llama.cpp's ssm_a).
+  float offset = 0.0f;
+  bool neg_exp = false;
 };
 // Every tensor of the GGUF file, in convert_hf_to_gguf.py's order, each row mapped to its HF
 // source.

@@ -7,7 +7,9 @@
 
 #include "core/error.h"
 #include "core/fp_convert.h"
+#include "formats/model_config_detail.h"
 #include "formats/synth.h"
+#include "formats/synth_detail.h"
 
 namespace tandem {
 namespace {
@@ -29,40 +31,12 @@ uint64_t fnv1a64(std::string_view s) {
   return h;
 }
 
-class HfBuilder {
- public:
-  void add(std::string name, std::vector<int64_t> shape, WeightRole role, int64_t fan_in = 0) {
-    specs.push_back({std::move(name), std::move(shape), role, fan_in});
-  }
-  std::vector<HfTensorSpec> specs;
-};
-
-// Locates HF tensors by name while the GGUF list is built.
-class HfIndex {
- public:
-  explicit HfIndex(const std::vector<HfTensorSpec>& hf) : hf_(hf) {}
-  size_t operator()(const std::string& name) const {
-    for (size_t i = hint_; i < hf_.size(); ++i) {
-      if (hf_[i].name == name) return hint_ = i;
-    }
-    for (size_t i = 0; i < hint_; ++i) {
-      if (hf_[i].name == name) return hint_ = i;
-    }
-    TD_CHECK(false, "no HF tensor '{}' for the GGUF layout", name);
-    return 0;
-  }
-  const HfTensorSpec& spec(size_t i) const { return hf_[i]; }
-
- private:
-  const std::vector<HfTensorSpec>& hf_;
-  mutable size_t hint_ = 0;
-};
-
 }  // namespace
 
 std::vector<HfTensorSpec> hf_tensor_specs(const ModelConfig& c) {
+  if (detail::is_qwen_hybrid(c.arch)) return detail::qwen_hybrid_hf_specs(c);
   const int64_t h = c.hidden_size, v = c.vocab_size;
-  HfBuilder b;
+  detail::HfBuilder b;
   b.add("model.embed_tokens.weight", {v, h}, WeightRole::kEmbedding, h);
   b.add("model.norm.weight", {h}, WeightRole::kNorm);
   if (!c.tie_word_embeddings) b.add("lm_head.weight", {v, h}, WeightRole::kOutput, h);
@@ -179,7 +153,8 @@ std::vector<HfTensorSpec> hf_tensor_specs(const ModelConfig& c) {
 
 std::vector<GgufTensorSpec> gguf_tensor_specs(const ModelConfig& c,
                                               const std::vector<HfTensorSpec>& hf) {
-  const HfIndex index(hf);
+  if (detail::is_qwen_hybrid(c.arch)) return detail::qwen_hybrid_gguf_specs(c, hf);
+  const detail::HfIndex index(hf);
   std::vector<GgufTensorSpec> out;
   // A GGUF tensor whose rows are the HF tensor's rows (possibly with a different rank).
   auto direct = [&](std::string name, const std::string& hf_name,
@@ -361,7 +336,8 @@ DType gguf_tensor_dtype(const ModelConfig& c, SynthType type, const std::string&
                         const std::vector<int64_t>& shape) {
   const bool quantizable = shape.size() >= 2 && name.ends_with("weight") &&
                            name.find("_norm.weight") == std::string::npos &&
-                           name.find("ffn_gate_inp.weight") == std::string::npos;
+                           name.find("ffn_gate_inp.weight") == std::string::npos &&
+                           name.find("ssm_conv1d") == std::string::npos;
   if (!quantizable || type == SynthType::kF32) return DType::kF32;
   if (type == SynthType::kF16) return DType::kF16;
   if (type == SynthType::kBF16) return DType::kBF16;
@@ -388,12 +364,16 @@ DType gguf_tensor_dtype(const ModelConfig& c, SynthType type, const std::string&
     // models (the same rules; Q5_K_M's base type is Q5_K).
     int layer = -1;
     std::sscanf(name.c_str(), "blk.%d.", &layer);
-    const int n = static_cast<int>(c.num_layers);
+    // (llama-quantize counts the MTP layers of the hybrid Qwen models: n_layer_all.)
+    const int n = static_cast<int>(c.num_layers +
+                                   (detail::is_qwen_hybrid(c.arch) ? c.nextn_layers : 0));
     auto more_bits = [n](int i) { return i < n / 8 || i >= 7 * n / 8 || (i - n / 8) % 3 == 2; };
     const bool eight = c.n_experts == 8;
     if (name == "output.weight" || (c.tie_word_embeddings && name == "token_embd.weight")) {
       t = ncols % 256 != 0 ? DType::kQ8_0 : DType::kQ6_K;
-    } else if (name.find("attn_v.weight") != std::string::npos) {
+    } else if (name.find("attn_v.weight") != std::string::npos ||
+               name.find("attn_qkv.weight") != std::string::npos) {
+      // (attn_qkv is attn_v-like; one of the two per layer, so the counter is the layer.)
       if (more_bits(layer)) t = DType::kQ6_K;
       if (eight) t = DType::kQ8_0;
     } else if (name.find("attn_k.weight") != std::string::npos) {
@@ -445,6 +425,15 @@ void synth_values(uint64_t seed, const HfTensorSpec& spec, int64_t start, int64_
     case WeightRole::kSink:
       scale = 1.0f;
       break;
+    case WeightRole::kNormDelta:
+      scale = 0.1f, offset = 1.0f;
+      break;
+    case WeightRole::kConv:
+      scale = static_cast<float>(1.0 / std::sqrt(fan));
+      break;
+    case WeightRole::kDecayLog:
+      scale = 1.5f, offset = -2.0f;
+      break;
   }
   const bool uniform = spec.role == WeightRole::kScoreBias;
   for (int64_t k = 0; k < n; ++k) {
@@ -462,6 +451,8 @@ void synth_values(uint64_t seed, const HfTensorSpec& spec, int64_t start, int64_
       x = (s - 2.0f) * 1.7320508f;
     }
     out[k] = bf16_to_f32(f32_to_bf16(offset + scale * x));
+    // (A BF16 value in [0.5, 2) minus 1 is a BF16 value: the GGUF's + 1 gives it back exactly.)
+    if (spec.role == WeightRole::kNormDelta) out[k] -= 1.0f;
   }
 }
 

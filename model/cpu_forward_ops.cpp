@@ -9,8 +9,10 @@
 #include "core/thread_pool.h"
 #include "core/topology.h"
 #include "formats/quant.h"
+#include "model/delta_net_layer.h"
 #include "model/forward_ops.h"
 #include "model/moe_backend.h"
+#include "ops/cpu/delta_net.h"
 #include "ops/cpu/kernels.h"
 #include "ops/cpu/ref_ops.h"
 
@@ -56,6 +58,7 @@ class CpuForwardOps final : public ForwardOps {
     return grow(buffers_[slot], count);
   }
   void begin(const ForwardStep& step, KvCache& cache) override {
+    step_ = step;
     parts_ = step.parts;
     part_of_ = step.part_of;
     pos_ = step.pos;
@@ -83,6 +86,20 @@ class CpuForwardOps final : public ForwardOps {
     } else {
       attention_mha(*cache_, layer, n, x, out);
     }
+    profile_.attention += seconds(t0);
+  }
+  void linear_attention(int64_t layer, const float* x, float* out) override {
+    const auto t0 = Clock::now();
+    DeltaNetLayerArgs a;
+    a.config = &w_.config;
+    a.weights = &w_.layers[layer].delta;
+    a.state_layer = w_.config.state_layer(layer);
+    a.step = &step_;
+    a.cache = cache_;
+    a.pool = pool_;
+    a.views = views_;
+    a.chunk_tokens = delta_chunk_tokens_;
+    delta_net_layer(a, x, out, delta_scratch_);
     profile_.attention += seconds(t0);
   }
   void dense_ffn(int64_t layer, const float* x, int64_t n, float* out) override {
@@ -168,6 +185,9 @@ class CpuForwardOps final : public ForwardOps {
   ops::Rope rope_;
   ops::RopeForm rope_form_;
   float attn_scale_;
+  int64_t delta_chunk_tokens_;
+  ForwardStep step_;  // the step being computed (the DeltaNet layers read it whole)
+  DeltaNetScratch delta_scratch_;
   ForwardOpsProfile profile_;
   // The step being computed: its parts, each token's id, part and position, its cache.
   std::vector<Part> parts_;
@@ -177,7 +197,7 @@ class CpuForwardOps final : public ForwardOps {
   KvCache* cache_ = nullptr;
   std::vector<float> buffers_[kBufferSlots];
   // Scratch, grown on demand and reused.
-  std::vector<float> q_, k_, v_, t0_, t1_, t2_, att_;
+  std::vector<float> q_, k_, v_, t0_, t1_, t2_, att_, gate_;
   std::vector<float> ek_, ev_;              // expanded MLA: per-head K / V of every position
   std::vector<float> lat_f32_;              // expanded MLA: the sequence's latents as F32
   std::deque<kern::Activations> lat_acts_;  // expanded MLA: the latents per encoding
@@ -190,9 +210,11 @@ CpuForwardOps::CpuForwardOps(const LoadedModel& weights, const ForwardOpsOptions
       views_(o.views),
       mla_(o.mla),
       mla_expand_tokens_(o.mla_expand_tokens),
-      mla_expand_by_cost_(o.mla_expand_by_cost) {
+      mla_expand_by_cost_(o.mla_expand_by_cost),
+      delta_chunk_tokens_(o.delta_chunk_tokens) {
   const ModelConfig& c = w_.config;
   rope_ = ops::Rope(c.rope_dim, c.rope_theta, c.rope_scaling);
+  rope_.set_sections(c.rope_sections);
   // llama.cpp's GGUF Mixtral has q/k rows permuted for the interleaved form; HF keeps rotate_half.
   // DeepSeek's q_pe / k_pe are interleaved in both layouts.
   const bool interleaved = c.is_mla() || (c.arch == ModelArch::kMixtral && w_.from_gguf);
@@ -216,13 +238,27 @@ void CpuForwardOps::attention_mha(KvCache& cache, int64_t l, int64_t n, const fl
   const ModelConfig& c = w_.config;
   const LayerWeights& lw = w_.layers[l];
   const int64_t d = c.head_dim, nq = c.num_heads, nkv = c.num_kv_heads;
+  const int64_t cl = c.kv_layer(l);  // the layer's cache layer
+  const bool gated = c.attn_output_gate;
   float* q = grow(q_, n * nq * d);
   float* k = grow(k_, n * nkv * d);
   float* v = grow(v_, n * nkv * d);
+  float* gate = gated ? grow(gate_, n * nq * d) : nullptr;
   {
+    // (Gated: q_proj's rows are each head's query then its gate, split below.)
+    float* qg = gated ? grow(t2_, n * nq * 2 * d) : q;
     const ops::Weight* ws[3] = {&lw.wq, &lw.wk, &lw.wv};
-    float* ys[3] = {q, k, v};
+    float* ys[3] = {qg, k, v};
     kern::matmul_shared_input(ws, x, n, ys, pool_, views_);
+    if (gated) {
+      for (int64_t t = 0; t < n; ++t) {
+        for (int64_t i = 0; i < nq; ++i) {
+          const float* src = qg + (t * nq + i) * 2 * d;
+          std::copy(src, src + d, q + (t * nq + i) * d);
+          std::copy(src + d, src + 2 * d, gate + (t * nq + i) * d);
+        }
+      }
+    }
   }
   for_tokens(n, [&](int64_t t) {
     const int64_t pos = pos_[static_cast<size_t>(t)];
@@ -250,8 +286,8 @@ void CpuForwardOps::attention_mha(KvCache& cache, int64_t l, int64_t n, const fl
       rope_.rotate(kt + i * d, ang.c.data(), ang.s.data(), rope_form_);
     }
     for (int64_t i = 0; i < nkv; ++i) {
-      cache.write_row(l, false, seq, pos, i, kt + i * d);
-      cache.write_row(l, true, seq, pos, i, vt + i * d);
+      cache.write_row(cl, false, seq, pos, i, kt + i * d);
+      cache.write_row(cl, true, seq, pos, i, vt + i * d);
     }
   });
   float* att = grow(att_, n * nq * d);
@@ -264,7 +300,7 @@ void CpuForwardOps::attention_mha(KvCache& cache, int64_t l, int64_t n, const fl
     args.n_kv_heads = nkv;
     args.dk = d;
     args.dv = d;
-    cache.attention_args(l, p.seq, &args);
+    cache.attention_args(cl, p.seq, &args);
     args.pos0 = p.pos0;
     args.scale = attn_scale_;
     if (c.is_swa_layer(l)) args.window = c.sliding_window;
@@ -272,6 +308,9 @@ void CpuForwardOps::attention_mha(KvCache& cache, int64_t l, int64_t n, const fl
     args.out = att + p.t0 * nq * d;
     kern::attention(args, pool);
   });
+  if (gated) {
+    for (int64_t i = 0; i < n * nq * d; ++i) att[i] *= ops::sigmoid(gate[i]);
+  }
   kern::matmul(lw.wo, att, n, out, pool_, views_);
   if (!lw.bo.empty()) {
     for (int64_t t = 0; t < n; ++t) add_into(out + t * c.hidden_size, lw.bo.data(), c.hidden_size);
@@ -611,6 +650,11 @@ void CpuForwardOps::attention_mla_expanded(const KvCache& kv_cache, int64_t l, c
 }
 
 }  // namespace
+
+void ForwardOps::linear_attention(int64_t, const float*, float*) {
+  fail(ErrorKind::kUnsupported, "{} forward ops: no Gated DeltaNet (linear-attention) layers",
+       name());
+}
 
 float* ForwardOps::host_buffer(int, int64_t) {
   fail(ErrorKind::kInternal, "{} forward ops: host_buffer on ops that are not stream-ordered",

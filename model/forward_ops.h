@@ -60,6 +60,9 @@ struct ForwardOpsOptions {
   // mla_expand_by_cost, mla_expansion_pays (false: every batch of that size expands; tests).
   int64_t mla_expand_tokens = 32;
   bool mla_expand_by_cost = true;
+  // Gated DeltaNet: a sequence's part of at least this many tokens runs the delta rule's chunked
+  // form, shorter ones its recurrent form (kern::delta_rule_chunked / _recurrent).
+  int64_t delta_chunk_tokens = 16;
   // CPU ops: prepared copies of non-expert weights (`--cpu-experts repack`), read instead of the
   // stored bytes where they hold a weight; nullptr: the stored bytes.
   const kern::WeightViews* views = nullptr;
@@ -72,7 +75,15 @@ struct ForwardStep {
     SeqId seq;
     int64_t t0, n, pos0;
   };
+  // A checkpoint of part `part`'s recurrent state after `offset` of its tokens, into the cache's
+  // state slot `slot` (KvCache::pending_snapshots).
+  struct Snapshot {
+    int32_t part;
+    int64_t offset;
+    int32_t slot;
+  };
   std::vector<Part> parts;
+  std::vector<Snapshot> snapshots;
   std::vector<int32_t> tokens;
   std::vector<int32_t> part_of;
   std::vector<int64_t> pos;
@@ -112,6 +123,11 @@ class ForwardOps {
   // The layer's attention of the step's tokens: x [n, hidden] (normed) -> out [n, hidden]; writes
   // their keys and values into the cache.
   virtual void attention(int64_t layer, const float* x, float* out) = 0;
+  // The layer's Gated DeltaNet instead (a linear-attention layer of a hybrid model): x [n,
+  // hidden] (normed) -> out [n, hidden]; advances each part's recurrent state in the cache and
+  // fills the step's checkpoints (ForwardStep::snapshots) as it passes their positions.
+  // Default: Error(kUnsupported) (ops without it).
+  virtual void linear_attention(int64_t layer, const float* x, float* out);
   // The layer's dense SwiGLU FFN (DeepSeek's leading layers), its shared experts (Qwen2-MoE's
   // sigmoid gate applied; zeros when it has none), its router's logits [n, n_experts] (gpt-oss's
   // logit bias added).

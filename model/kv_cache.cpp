@@ -45,7 +45,9 @@ KvCache::KvCache(const KvLayout& layout, const KvCacheOptions& options)
     : layout_(layout), options_(options) {
   const KvLayout& l = layout_;
   if (l.layers <= 0 || l.k_heads <= 0 || l.k_dim <= 0 || l.v_heads < 0 || l.v_dim <= 0 ||
-      (l.v_heads == 0 && (l.k_heads != 1 || l.v_dim > l.k_dim))) {
+      (l.v_heads == 0 && (l.k_heads != 1 || l.v_dim > l.k_dim)) || l.state_layers < 0 ||
+      l.state_floats < 0 || (l.state_layers > 0) != (l.state_floats > 0) ||
+      l.state_floats > (int64_t{1} << 32)) {
     fail(ErrorKind::kInvalidArgument,
          "KV cache: a bad layout ({} layers, {} x {} key values, {} x {} values per position)",
          l.layers, l.k_heads, l.k_dim, l.v_heads, l.v_dim);
@@ -80,15 +82,31 @@ KvCache::KvCache(const KvLayout& layout, const KvCacheOptions& options)
   // (An accelerator's pool: its allocator says what does not fit.)
   const uint64_t available = options.alloc ? 0 : meminfo_bytes("MemAvailable");  // 0: unknown
   const uint64_t limit = available > 0 ? std::min(available, kMaxBytes) : kMaxBytes;
-  if (blocks > static_cast<uint64_t>(INT32_MAX) || blocks > limit / block_bytes_) {
+  if (options.state_slots < 0 || options.state_slots > 65536 || options.checkpoint_interval < 0) {
+    fail(ErrorKind::kInvalidArgument,
+         "KV cache: {} state slots, a checkpoint every {} positions: out of range",
+         options.state_slots, options.checkpoint_interval);
+  }
+  if (l.state_layers > 0) {
+    n_slots_ = options.state_slots > 0 ? options.state_slots : 4;
+    slot_bytes_ = (static_cast<uint64_t>(l.state_layers) * static_cast<uint64_t>(l.state_floats) *
+                       4 + 63) / 64 * 64;
+  }
+  const uint64_t state = slot_bytes_ * static_cast<uint64_t>(n_slots_);
+  if (blocks > static_cast<uint64_t>(INT32_MAX) || state > limit ||
+      blocks > (limit - state) / block_bytes_) {
     fail(ErrorKind::kResource,
-         "a KV cache of {} positions needs {:.1f} GiB, more than the {:.1f} GiB of memory "
-         "available (lower the context size, --ctx)",
+         "a KV cache of {} positions{} needs {:.1f} GiB, more than the {:.1f} GiB of memory "
+         "available (lower the context size, --ctx{})",
          options.positions,
-         static_cast<double>(blocks) * static_cast<double>(block_bytes_) / 1073741824.0,
-         static_cast<double>(limit) / 1073741824.0);
+         n_slots_ > 0 ? fmt::format(" and {} recurrent states", n_slots_) : std::string(),
+         (static_cast<double>(blocks) * static_cast<double>(block_bytes_) +
+          static_cast<double>(state)) / 1073741824.0,
+         static_cast<double>(limit) / 1073741824.0,
+         n_slots_ > 0 ? ", or the checkpoints, --checkpoints" : "");
   }
   n_blocks_ = static_cast<int64_t>(blocks);
+  state_base_ = (static_cast<uint64_t>(n_blocks_) * block_bytes_ + 4095) / 4096 * 4096;
   max_seq_ = options.max_sequence_positions > 0 ? options.max_sequence_positions : capacity();
   if (options.alloc) {
     TD_CHECK(options.release != nullptr, "KV cache: an alloc without a release");
@@ -105,6 +123,7 @@ KvCache::KvCache(const KvLayout& layout, const KvCacheOptions& options)
   // A stack popped from the back: block 0 first, so a lone sequence's blocks are in order.
   for (int64_t i = 0; i < n_blocks_; ++i) free_[static_cast<size_t>(i)] =
       static_cast<int32_t>(n_blocks_ - 1 - i);
+  init_state();
 }
 
 uint64_t KvCache::position_bytes() const {
@@ -123,18 +142,31 @@ KvCache::Seq& KvCache::seq_ref(SeqId seq) {
 }
 
 SeqId KvCache::create() {
-  for (size_t i = 0; i < seqs_.size(); ++i) {
-    if (!seqs_[i].live) {
-      seqs_[i] = Seq{};
-      seqs_[i].live = true;
-      return static_cast<SeqId>(i);
+  int32_t slot = -1;
+  if (has_state()) {
+    slot = take_slot({});
+    if (slot < 0) {
+      fail(ErrorKind::kResource,
+           "KV cache: all {} recurrent-state slots are held by live sequences (fewer sequences "
+           "at once, or more slots)",
+           n_slots_);
     }
+    slots_[static_cast<size_t>(slot)].refs = 1;
+    zero_bytes(slot_address(slot), slot_bytes_);
   }
-  if (seqs_.size() >= static_cast<size_t>(INT32_MAX)) {
-    fail(ErrorKind::kResource, "KV cache: too many sequences");
+  size_t i = 0;
+  while (i < seqs_.size() && seqs_[i].live) ++i;
+  if (i == seqs_.size()) {
+    if (seqs_.size() >= static_cast<size_t>(INT32_MAX)) {
+      if (slot >= 0) unref_slot(slot);
+      fail(ErrorKind::kResource, "KV cache: too many sequences");
+    }
+    seqs_.emplace_back();
   }
-  seqs_.emplace_back().live = true;
-  return static_cast<SeqId>(seqs_.size() - 1);
+  seqs_[i] = Seq{};
+  seqs_[i].live = true;
+  seqs_[i].slot = slot;
+  return static_cast<SeqId>(i);
 }
 
 SeqId KvCache::fork(SeqId src) {
@@ -146,6 +178,11 @@ SeqId KvCache::fork(SeqId src) {
   dst.blocks = s.blocks;
   dst.tokens = s.tokens;
   for (int32_t b : dst.blocks) ++refs_[static_cast<size_t>(b)];
+  if (has_state()) {
+    copy_slot(dst.slot, s.slot);
+    dst.checkpoints = s.checkpoints;
+    for (int32_t c : dst.checkpoints) ++slots_[static_cast<size_t>(c)].refs;
+  }
   return id;
 }
 
@@ -157,21 +194,39 @@ void KvCache::drop_blocks(Seq& s, size_t keep) {
   if (keep < s.blocks.size()) s.blocks.resize(keep);
 }
 
-void KvCache::truncate(SeqId seq, int64_t length) {
+int64_t KvCache::truncate(SeqId seq, int64_t length) {
   Seq& s = seq_ref(seq);
   if (length < 0) {
     fail(ErrorKind::kInvalidArgument, "KV cache: truncating sequence {} to {} positions", seq,
          length);
   }
-  if (length >= s.length) return;
+  if (length >= s.length) return s.length;
+  if (has_state()) {
+    // The latest checkpoint at or before length, restored into the live state.
+    drop_checkpoints_after(s, length);
+    if (s.checkpoints.empty()) {
+      length = 0;
+      zero_bytes(slot_address(s.slot), slot_bytes_);
+    } else {
+      Slot& c = slots_[static_cast<size_t>(s.checkpoints.back())];
+      length = c.pos;
+      c.used = ++tick_;
+      copy_slot(s.slot, s.checkpoints.back());
+    }
+  }
   s.length = length;
   s.tokens.resize(static_cast<size_t>(length));
   drop_blocks(s, static_cast<size_t>((length + block_ - 1) / block_));
+  return length;
 }
 
 void KvCache::release(SeqId seq) {
   Seq& s = seq_ref(seq);
   drop_blocks(s, 0);
+  if (has_state()) {
+    for (int32_t c : s.checkpoints) unref_slot(c);
+    unref_slot(s.slot);
+  }
   s = Seq{};
 }
 
@@ -203,9 +258,18 @@ KvCache::PrefixMatch KvCache::longest_prefix(std::span<const int32_t> tokens) co
         static_cast<size_t>(std::mismatch(s.tokens.begin(), s.tokens.begin() + n, tokens.begin())
                                 .first -
                             s.tokens.begin());
-    if (static_cast<int64_t>(common) > best.length) {
+    int64_t usable = static_cast<int64_t>(common);
+    if (has_state() && usable < s.length) {
+      // Where a fork of it resumes: its latest checkpoint within the match.
+      usable = 0;
+      for (int32_t c : s.checkpoints) {
+        const int64_t pos = slots_[static_cast<size_t>(c)].pos;
+        if (pos <= static_cast<int64_t>(common)) usable = pos;
+      }
+    }
+    if (usable > best.length) {
       best.seq = static_cast<SeqId>(i);
-      best.length = static_cast<int64_t>(common);
+      best.length = usable;
     }
   }
   return best;
@@ -250,6 +314,12 @@ void KvCache::make_writable(std::span<const Write> writes) {
     if (n > max_seq_ - w.pos0) {
       fail(ErrorKind::kOutOfRange, "{} tokens at position {} exceed the context size {}", n,
            w.pos0, max_seq_);
+    }
+    if (has_state() && w.pos0 != s.length) {
+      fail(ErrorKind::kInvalidArgument,
+           "KV cache: sequence {} has a recurrent state at position {}: tokens cannot go at "
+           "position {} (truncate it first: it resumes from a checkpoint)",
+           w.seq, s.length, w.pos0);
     }
   }
   // Free blocks, and the ones the truncations to pos0 give back (held by that sequence alone).
@@ -302,6 +372,7 @@ void KvCache::make_writable(std::span<const Write> writes) {
     s.length = w.pos0 + n;
     s.tokens.insert(s.tokens.end(), w.tokens.begin(), w.tokens.end());
   }
+  if (has_state()) plan_snapshots(writes);
 }
 
 void KvCache::copy_bytes(void* dst, const void* src, uint64_t bytes) {
@@ -309,6 +380,14 @@ void KvCache::copy_bytes(void* dst, const void* src, uint64_t bytes) {
     options_.copy(dst, src, bytes);
   } else {
     std::memcpy(dst, src, bytes);
+  }
+}
+
+void KvCache::zero_bytes(void* dst, uint64_t bytes) {
+  if (options_.zero) {
+    options_.zero(dst, bytes);
+  } else {
+    std::memset(dst, 0, bytes);
   }
 }
 

@@ -53,6 +53,7 @@ Model::Model(const LoadedModel& weights, const ModelOptions& options)
   fo.mla = options.mla;
   fo.mla_expand_tokens = options.mla_expand_tokens;
   fo.mla_expand_by_cost = options.mla_expand_by_cost;
+  fo.delta_chunk_tokens = options.delta_chunk_tokens;
   fo.views = options.views;
   ops_ = options.ops ? options.ops(w_, fo) : make_cpu_forward_ops(w_, fo);
   ordered_moe_ = ops_->stream_ordered() && moe_->runs_in_host_callbacks();
@@ -60,7 +61,9 @@ Model::Model(const LoadedModel& weights, const ModelOptions& options)
   for (int64_t l = 0; l < c.num_layers; ++l) {
     if (w_.layers[l].moe) moe_index_[l] = n_moe_layers_++;
   }
-  use_graphs_ = options.graphs && ops_->graphs() && (ordered_moe_ || n_moe_layers_ == 0);
+  // (Hybrid models' steps run op by op: the graphs stage no recurrent-state addresses.)
+  use_graphs_ = options.graphs && ops_->graphs() && (ordered_moe_ || n_moe_layers_ == 0) &&
+                !c.has_linear_layers();
   graphs_.resize(kMaxGraphBatch);
 }
 
@@ -88,7 +91,11 @@ Model::Profile Model::profile() const {
 KvLayout Model::kv_layout() const {
   const ModelConfig& c = w_.config;
   KvLayout l;
-  l.layers = c.num_layers;
+  l.layers = c.num_attention_layers();
+  if (c.has_linear_layers()) {
+    l.state_layers = c.num_linear_layers();
+    l.state_floats = c.linear_state_floats();
+  }
   if (c.is_mla() && mla_ != MlaMode::kNaive) {
     // The latent then the rope key; the values are the latent (the key rows' first kv_lora).
     l.k_heads = 1;
@@ -131,10 +138,18 @@ int64_t Model::forward(std::span<const SeqTokens> batch, KvCache& cache, float* 
     }
     const int64_t pos0 = e.pos0 < 0 ? cache.length(e.seq) : e.pos0;
     s.parts.push_back(ForwardStep::Part{e.seq, n, m, pos0});
-    writes.push_back(KvCache::Write{e.seq, pos0, e.tokens});
+    writes.push_back(KvCache::Write{e.seq, pos0, e.tokens, e.checkpoint});
     n += m;
   }
   cache.make_writable(writes);  // (checks every entry before it changes anything)
+  s.snapshots.clear();
+  for (const KvCache::Snapshot& snap : cache.pending_snapshots()) {
+    for (size_t i = 0; i < s.parts.size(); ++i) {
+      if (s.parts[i].seq == snap.seq) {
+        s.snapshots.push_back({static_cast<int32_t>(i), snap.offset, snap.slot});
+      }
+    }
+  }
   try {
     s.tokens.resize(static_cast<size_t>(n));
     s.part_of.resize(static_cast<size_t>(n));
@@ -270,7 +285,11 @@ void Model::run_layers(int64_t n) {
   float* a = ops_->buffer(kA, n * hd);
   for (int64_t l = 0; l < c.num_layers; ++l) {
     ops_->norm(ForwardOps::Norm::kAttention, l, x, n, h);
-    ops_->attention(l, h, a);
+    if (c.is_linear_layer(l)) {
+      ops_->linear_attention(l, h, a);
+    } else {
+      ops_->attention(l, h, a);
+    }
     ops_->add(x, a, n * hd);
     ops_->norm(ForwardOps::Norm::kFfn, l, x, n, h);
     const auto t1 = Clock::now();
@@ -295,8 +314,10 @@ SingleSequence::SingleSequence(Model& model, int64_t ctx, KvType type)
              }()),
       seq_(cache_.create()) {}
 
-void SingleSequence::forward(std::span<const int32_t> tokens, float* logits, bool all_rows) {
-  const SeqTokens entry{seq_, tokens, -1, all_rows ? LogitRows::kAll : LogitRows::kLast};
+void SingleSequence::forward(std::span<const int32_t> tokens, float* logits, bool all_rows,
+                             bool checkpoint) {
+  const SeqTokens entry{seq_, tokens, -1, all_rows ? LogitRows::kAll : LogitRows::kLast,
+                        checkpoint};
   model_.forward(std::span<const SeqTokens>(&entry, 1), cache_, logits);
 }
 

@@ -55,6 +55,8 @@ struct ModelOptions {
   // kAuto: the batch size from which MLA attention expands K / V (see MlaMode; ForwardOpsOptions).
   int64_t mla_expand_tokens = 32;
   bool mla_expand_by_cost = true;
+  // Gated DeltaNet: parts of at least this many tokens run the chunked form (ForwardOpsOptions).
+  int64_t delta_chunk_tokens = 16;
   MoeBackend* moe = nullptr;  // nullptr: an internal CpuMoeBackend
   // Prepared copies of non-expert weights (`--cpu-experts repack`: MoeRuntime::weight_views()),
   // read instead of the stored bytes where they hold a weight; nullptr: the stored bytes.
@@ -77,11 +79,14 @@ enum class LogitRows { kNone, kLast, kAll };
 
 // One sequence's part of a batch: its tokens at positions pos0, pos0 + 1, ... (-1: the
 // sequence's end; a pos0 before it replaces the positions from there on).
+// checkpoint: with recurrent layers, keep a checkpoint of the state after the entry's last token
+// (the end of a prompt: where the next turn of a chat or another completion resumes).
 struct SeqTokens {
   SeqId seq = -1;
   std::span<const int32_t> tokens;
   int64_t pos0 = -1;
   LogitRows logits = LogitRows::kLast;
+  bool checkpoint = false;
 };
 
 class Model {
@@ -184,12 +189,14 @@ class SingleSequence {
   int64_t ctx() const { return cache_.max_sequence_positions(); }
   void reset() { cache_.truncate(seq_, 0); }
   // Forgets every position from `pos` on: how a chat keeps the prefix it shares with the next
-  // prompt.
-  void truncate(int64_t pos) { cache_.truncate(seq_, std::max<int64_t>(pos, 0)); }
+  // prompt. With recurrent layers the sequence resumes from its latest checkpoint at or before
+  // pos: returns the position kept (position() after it).
+  int64_t truncate(int64_t pos) { return cache_.truncate(seq_, std::max<int64_t>(pos, 0)); }
   uint64_t kv_cache_bytes() const { return cache_.bytes(); }
   // Feeds `tokens` at the current position. logits receives [n, vocab] when all_rows, else the
-  // last row's [vocab]. Throws as Model::forward.
-  void forward(std::span<const int32_t> tokens, float* logits, bool all_rows);
+  // last row's [vocab]; checkpoint: SeqTokens::checkpoint. Throws as Model::forward.
+  void forward(std::span<const int32_t> tokens, float* logits, bool all_rows,
+               bool checkpoint = false);
 
  private:
   Model& model_;

@@ -25,6 +25,10 @@
 namespace tandem {
 namespace {
 
+bool detail_is_hybrid(const ModelConfig& c) {
+  return c.arch == ModelArch::kQwen3Next || c.arch == ModelArch::kQwen35Moe;
+}
+
 // Tensor lookup over either checkpoint kind; tracks the dtypes and bytes used for the summary.
 class Source {
  public:
@@ -68,6 +72,7 @@ class Source {
     w.block_cols = bc;
     return w;
   }
+  std::string path() const { return m_.path.string(); }
   // Memory the LoadedModel keeps, for tensors rearranged at load.
   uint8_t* own(size_t bytes) {
     m_.owned.emplace_back(bytes);
@@ -156,6 +161,15 @@ struct LayerNames {
   std::string expert_prefix, expert_gate, expert_up, expert_down;
   bool gpt_oss_hf = false;  // HF gpt-oss: experts stacked under expert_prefix (gpt_oss_experts)
   std::string sh_gate, sh_up, sh_down, sh_gate_inp;  // shared expert(s)
+  // HF Qwen3.5: the experts stacked, gate and up in one [E, 2 ff, hidden] tensor (transformers
+  // 5's layout), down [E, hidden, ff]; tried when the per-expert tensors are absent.
+  std::string fused_gate_up, fused_down;
+  // Gated DeltaNet (hybrid Qwen): GGUF's attn_qkv / attn_gate / ssm_ba or ssm_beta + ssm_alpha,
+  // or legacy ssm_in (q, k, v, z per key head, as HF's in_proj_qkvz) + ssm_ba; HF's in_proj_*.
+  std::string lin_qkv, lin_gate, lin_qkvz, lin_ba, lin_beta, lin_alpha;
+  std::string lin_conv, lin_dt, lin_a, lin_norm, lin_out;
+  bool a_log = false;        // lin_a is A_log (HF): a = -exp(A_log)
+  bool zero_centred = false;  // HF hybrid norms: x * (1 + w)
 };
 
 LayerNames gguf_names(const ModelConfig& c, int64_t l) {
@@ -201,11 +215,30 @@ LayerNames gguf_names(const ModelConfig& c, int64_t l) {
   n.sh_up = p + "ffn_up_shexp.weight";
   n.sh_down = p + "ffn_down_shexp.weight";
   n.sh_gate_inp = p + "ffn_gate_inp_shexp.weight";
+  if (detail_is_hybrid(c)) {
+    n.ffn_norm = p + "post_attention_norm.weight";
+    n.lin_qkv = p + "attn_qkv.weight";
+    n.lin_gate = p + "attn_gate.weight";
+    n.lin_qkvz = p + "ssm_in.weight";
+    n.lin_ba = p + "ssm_ba.weight";
+    n.lin_beta = p + "ssm_beta.weight";
+    n.lin_alpha = p + "ssm_alpha.weight";
+    n.lin_conv = p + "ssm_conv1d.weight";
+    n.lin_dt = p + "ssm_dt.bias";
+    n.lin_a = p + "ssm_a";
+    n.lin_norm = p + "ssm_norm.weight";
+    n.lin_out = p + "ssm_out.weight";
+  }
   return n;
 }
 
+// Qwen3.5's checkpoints nest the text model: model.language_model.layers.N.
+std::string hf_model_prefix(const ModelConfig& c) {
+  return c.arch == ModelArch::kQwen35Moe ? "model.language_model." : "model.";
+}
+
 LayerNames hf_names(const ModelConfig& c, int64_t l) {
-  const std::string p = fmt::format("model.layers.{}.", l), a = p + "self_attn.";
+  const std::string p = fmt::format("{}layers.{}.", hf_model_prefix(c), l), a = p + "self_attn.";
   // Mixtral and MiniMax-M2 name the block block_sparse_moe and the experts w1 / w3 / w2.
   const bool mixtral = c.arch == ModelArch::kMixtral || c.arch == ModelArch::kMiniMaxM2;
   const std::string m = p + (mixtral ? "block_sparse_moe." : "mlp.");
@@ -249,6 +282,24 @@ LayerNames hf_names(const ModelConfig& c, int64_t l) {
     n.o_bias = a + "o_proj.bias";
     n.sinks = a + "sinks";
     n.gpt_oss_hf = true;
+  }
+  if (detail_is_hybrid(c)) {
+    const std::string la = p + "linear_attn.";
+    n.lin_qkvz = la + "in_proj_qkvz.weight";
+    n.lin_ba = la + "in_proj_ba.weight";
+    n.lin_qkv = la + "in_proj_qkv.weight";
+    n.lin_gate = la + "in_proj_z.weight";
+    n.lin_beta = la + "in_proj_b.weight";
+    n.lin_alpha = la + "in_proj_a.weight";
+    n.lin_conv = la + "conv1d.weight";
+    n.lin_dt = la + "dt_bias";
+    n.lin_a = la + "A_log";
+    n.lin_norm = la + "norm.weight";
+    n.lin_out = la + "out_proj.weight";
+    n.a_log = true;
+    n.zero_centred = true;
+    n.fused_gate_up = m + "experts.gate_up_proj";
+    n.fused_down = m + "experts.down_proj";
   }
   return n;
 }
@@ -353,12 +404,103 @@ void gpt_oss_experts(Source& s, const ModelConfig& c, const std::string& prefix,
   x.down_bias = s.get_f32(dn + "_bias", {ne, hd});
 }
 
+// A Gated DeltaNet layer's tensors (LayerWeights::DeltaNet): the projections as stored and where
+// each value of theirs lands, the convolution transposed, dt_bias, a = -exp(A_log), the gated
+// norm, out_proj.
+void load_delta_net(Source& s, const ModelConfig& c, const LayerNames& n, bool from_gguf,
+                    LayerWeights::DeltaNet& d) {
+  const int64_t hd = c.hidden_size, nk = c.linear_num_key_heads, nv = c.linear_num_value_heads;
+  const int64_t hk = c.linear_key_head_dim, hv = c.linear_value_head_dim, r = nv / nk;
+  const int64_t qk = nk * hk, vdim = nv * hv, ch = c.linear_conv_channels();
+  const int64_t K = c.linear_conv_kernel;
+  d.conv_src.resize(static_cast<size_t>(ch));
+  d.z_src.resize(static_cast<size_t>(vdim));
+  d.beta_src.resize(static_cast<size_t>(nv));
+  d.alpha_src.resize(static_cast<size_t>(nv));
+  // beta / alpha from a [2 nv] projection at `at` laid out per key head: [beta (r), alpha (r)].
+  auto grouped_ba = [&](int64_t at) {
+    for (int64_t h = 0; h < nv; ++h) {
+      const int64_t g = h / r, j = h % r;
+      d.beta_src[h] = static_cast<int32_t>(at + g * 2 * r + j);
+      d.alpha_src[h] = static_cast<int32_t>(at + g * 2 * r + r + j);
+    }
+  };
+  const bool qkvz = s.find(n.lin_qkvz) != nullptr;
+  if (qkvz) {
+    // Per key head g: [q (hk), k (hk), v (r hv), z (r hv)] (HF Qwen3-Next, legacy GGUF ssm_in).
+    const int64_t G = 2 * hk + 2 * r * hv;
+    d.in.push_back(s.get_w(n.lin_qkvz, {ch + vdim, hd}));
+    for (int64_t i = 0; i < ch; ++i) {
+      int64_t src;
+      if (i < qk) {
+        src = (i / hk) * G + i % hk;
+      } else if (i < 2 * qk) {
+        src = ((i - qk) / hk) * G + hk + (i - qk) % hk;
+      } else {
+        const int64_t j = i - 2 * qk;
+        src = (j / (r * hv)) * G + 2 * hk + j % (r * hv);
+      }
+      d.conv_src[static_cast<size_t>(i)] = static_cast<int32_t>(src);
+    }
+    for (int64_t i = 0; i < vdim; ++i) {
+      d.z_src[static_cast<size_t>(i)] =
+          static_cast<int32_t>((i / (r * hv)) * G + 2 * hk + r * hv + i % (r * hv));
+    }
+  } else {
+    d.in.push_back(s.get_w(n.lin_qkv, {ch, hd}));
+    d.in.push_back(s.get_w(n.lin_gate, {vdim, hd}));
+    for (int64_t i = 0; i < ch; ++i) d.conv_src[static_cast<size_t>(i)] = static_cast<int32_t>(i);
+    for (int64_t i = 0; i < vdim; ++i) {
+      d.z_src[static_cast<size_t>(i)] = static_cast<int32_t>(ch + i);
+    }
+  }
+  const int64_t at = ch + vdim;
+  if (s.find(n.lin_ba) != nullptr) {
+    d.in.push_back(s.get_w(n.lin_ba, {2 * nv, hd}));
+    grouped_ba(at);
+  } else {
+    d.in.push_back(s.get_w(n.lin_beta, {nv, hd}));
+    d.in.push_back(s.get_w(n.lin_alpha, {nv, hd}));
+    for (int64_t h = 0; h < nv; ++h) {
+      d.beta_src[static_cast<size_t>(h)] = static_cast<int32_t>(at + h);
+      d.alpha_src[static_cast<size_t>(h)] = static_cast<int32_t>(at + nv + h);
+    }
+  }
+  d.in_rows = at + 2 * nv;
+  const std::vector<float> conv =
+      from_gguf ? s.get_f32(n.lin_conv, {ch, K}) : s.get_f32(n.lin_conv, {ch, 1, K});
+  d.conv_t.resize(static_cast<size_t>(K * ch));
+  for (int64_t i = 0; i < ch; ++i) {
+    for (int64_t j = 0; j < K; ++j) d.conv_t[j * ch + i] = conv[i * K + j];
+  }
+  d.dt_bias = s.get_f32(n.lin_dt, nv);
+  d.a = s.get_f32(n.lin_a, nv);
+  if (n.a_log) {
+    // As convert_hf_to_gguf.py computes ssm_a: -exp(A_log) (here in double, rounded once).
+    for (float& v : d.a) v = static_cast<float>(-std::exp(static_cast<double>(v)));
+  }
+  d.norm = s.get_f32(n.lin_norm, hv);
+  d.out = s.get_w(n.lin_out, {hd, vdim});
+  // llama.cpp's qwen35moe files hold the value heads tiled (convert_hf_to_gguf.py reorders them).
+  d.tiled = from_gguf && c.arch == ModelArch::kQwen35Moe;
+}
+
 void load_layer(Source& s, const ModelConfig& c, int64_t l, const LayerNames& n,
-                LayerWeights& w) {
+                LayerWeights& w, bool from_gguf) {
   const int64_t hd = c.hidden_size;
-  w.attn_norm = s.get_f32(n.attn_norm, hd);
-  w.ffn_norm = s.get_f32(n.ffn_norm, hd);
-  if (c.is_mla()) {
+  // HF's Qwen3-Next / Qwen3.5 norms are zero-centred (x * (1 + w)); GGUF files hold 1 + w.
+  auto norm = [&](const std::string& name, int64_t count) {
+    std::vector<float> v = s.get_f32(name, count);
+    if (n.zero_centred) {
+      for (float& x : v) x += 1.0f;
+    }
+    return v;
+  };
+  w.attn_norm = norm(n.attn_norm, hd);
+  w.ffn_norm = norm(n.ffn_norm, hd);
+  if (c.is_linear_layer(l)) {
+    load_delta_net(s, c, n, from_gguf, w.delta);
+  } else if (c.is_mla()) {
     const int64_t qk = c.qk_nope_head_dim + c.qk_rope_head_dim;
     if (c.q_lora_rank > 0) {
       w.wq_a = s.get_w(n.q_a, {c.q_lora_rank, hd});
@@ -391,7 +533,8 @@ void load_layer(Source& s, const ModelConfig& c, int64_t l, const LayerNames& n,
     w.wo = s.get_w(n.o, {hd, c.num_heads * c.v_head_dim});
   } else {
     const int64_t d = c.head_dim;
-    w.wq = s.get_w(n.q, {c.num_heads * d, hd});
+    // (With the output gate, q_proj gives each head its query and its gate: twice the rows.)
+    w.wq = s.get_w(n.q, {(c.attn_output_gate ? 2 : 1) * c.num_heads * d, hd});
     w.wk = s.get_w(n.k, {c.num_kv_heads * d, hd});
     w.wv = s.get_w(n.v, {c.num_kv_heads * d, hd});
     w.wo = s.get_w(n.o, {hd, c.num_heads * d});
@@ -404,8 +547,8 @@ void load_layer(Source& s, const ModelConfig& c, int64_t l, const LayerNames& n,
     if (c.attn_sinks) w.sinks = s.get_f32(n.sinks, c.num_heads);
     if (c.qk_norm) {
       // Per head (head_dim weights), or over all heads at once (MiniMax-M2).
-      w.q_norm = s.get_f32(n.q_norm, c.qk_norm_all_heads ? c.num_heads * d : d);
-      w.k_norm = s.get_f32(n.k_norm, c.qk_norm_all_heads ? c.num_kv_heads * d : d);
+      w.q_norm = norm(n.q_norm, c.qk_norm_all_heads ? c.num_heads * d : d);
+      w.k_norm = norm(n.k_norm, c.qk_norm_all_heads ? c.num_kv_heads * d : d);
     }
   }
   w.moe = c.is_moe_layer(l);
@@ -435,6 +578,19 @@ void load_layer(Source& s, const ModelConfig& c, int64_t l, const LayerNames& n,
     for (int64_t e = 0; e < ne; ++e) {
       w.experts.gate.push_back(g.row_range(e * ff, ff));
       w.experts.up.push_back(u.row_range(e * ff, ff));
+      w.experts.down.push_back(dn.row_range(e * hd, hd));
+    }
+  } else if (!n.fused_gate_up.empty() && s.find(n.fused_gate_up) != nullptr) {
+    // Stacked experts: gate and up as the two halves of each expert's 2 ff rows.
+    const ops::Weight gu = s.get_w(n.fused_gate_up, {ne, 2 * ff, hd});
+    const ops::Weight dn = s.get_w(n.fused_down, {ne, hd, ff});
+    if (gu.t.dtype == DType::kF8E4M3 || dn.t.dtype == DType::kF8E4M3) {
+      fail(ErrorKind::kUnsupported, "{}: stacked FP8 experts ('{}') are not supported",
+           s.path(), n.fused_gate_up);
+    }
+    for (int64_t e = 0; e < ne; ++e) {
+      w.experts.gate.push_back(gu.row_range(e * 2 * ff, ff));
+      w.experts.up.push_back(gu.row_range(e * 2 * ff + ff, ff));
       w.experts.down.push_back(dn.row_range(e * hd, hd));
     }
   } else {
@@ -478,7 +634,7 @@ namespace {
 
 // The layer a tensor name belongs to ("blk.12.", "model.layers.12."), -1 for none.
 int64_t layer_of(const std::string& name) {
-  for (const char* prefix : {"blk.", "model.layers."}) {
+  for (const char* prefix : {"blk.", "model.layers.", "model.language_model.layers."}) {
     if (!name.starts_with(prefix)) continue;
     const char* digits = name.c_str() + std::strlen(prefix);
     char* end = nullptr;
@@ -495,8 +651,10 @@ int64_t layer_of(const std::string& name) {
 void check_all_tensors_used(const LoadedModel& m, const Source& s, int64_t mtp_layers) {
   std::vector<std::string> unused;
   auto consider = [&](const std::string& name) {
+    // (Qwen3.5 / Qwen3-Next: the MTP block under mtp.*, the vision tower under model.visual.)
     if (s.used(name) || name.ends_with("rotary_emb.inv_freq") || name == "rope_freqs.weight" ||
-        name.ends_with(".attn_rot_embd")) {
+        name.ends_with(".attn_rot_embd") || name.starts_with("mtp.") ||
+        name.starts_with("model.visual.")) {
       return;
     }
     const int64_t l = layer_of(name);
@@ -579,14 +737,22 @@ LoadedModel load_model(const std::filesystem::path& path, LoadMode mode) {
     const bool has_out = s.find("output.weight") != nullptr;
     m.lm_head =
         has_out ? s.get_w("output.weight", {c.vocab_size, c.hidden_size}) : ops::Weight(m.embed);
-    for (int64_t l = 0; l < c.num_layers; ++l) load_layer(s, c, l, gguf_names(c, l), m.layers[l]);
+    for (int64_t l = 0; l < c.num_layers; ++l) {
+      load_layer(s, c, l, gguf_names(c, l), m.layers[l], true);
+    }
   } else {
-    m.embed = s.get("model.embed_tokens.weight", {c.vocab_size, c.hidden_size});
-    m.out_norm = s.get_f32("model.norm.weight", c.hidden_size);
+    const std::string p = hf_model_prefix(c);
+    m.embed = s.get(p + "embed_tokens.weight", {c.vocab_size, c.hidden_size});
+    m.out_norm = s.get_f32(p + "norm.weight", c.hidden_size);
+    if (detail_is_hybrid(c)) {
+      for (float& x : m.out_norm) x += 1.0f;  // (zero-centred)
+    }
     const bool has_out = s.find("lm_head.weight") != nullptr;
     m.lm_head =
         has_out ? s.get_w("lm_head.weight", {c.vocab_size, c.hidden_size}) : ops::Weight(m.embed);
-    for (int64_t l = 0; l < c.num_layers; ++l) load_layer(s, c, l, hf_names(c, l), m.layers[l]);
+    for (int64_t l = 0; l < c.num_layers; ++l) {
+      load_layer(s, c, l, hf_names(c, l), m.layers[l], false);
+    }
   }
   check_all_tensors_used(m, s, mtp_layers);
   return m;

@@ -65,6 +65,32 @@ struct LayerWeights {
   // Dense FFN (DeepSeek's leading layers).
   ops::Weight ffn_gate, ffn_up, ffn_down;
 
+  // Gated DeltaNet (a linear-attention layer of Qwen3-Next / Qwen3.5: ModelConfig::
+  // is_linear_layer). Its input projections as the checkpoint stores them, one product each
+  // (GGUF: attn_qkv, attn_gate, then ssm_ba or ssm_beta / ssm_alpha; HF Qwen3-Next: in_proj_qkvz
+  // with every key head's q, k, v and z together, in_proj_ba; HF Qwen3.5: in_proj_qkv, _z, _b,
+  // _a); *_src say where in their outputs, concatenated in this order, each value is: the
+  // convolution's channels (all q, all k, all v), the output gate z per value, beta's and the
+  // decay's input per value head.
+  struct DeltaNet {
+    std::vector<ops::Weight> in;
+    int64_t in_rows = 0;  // the concatenation's width
+    std::vector<int32_t> conv_src, z_src, beta_src, alpha_src;
+    std::vector<float> conv_t;   // [d_conv][channels]: the convolution's taps, transposed
+    std::vector<float> dt_bias;  // [value heads]
+    std::vector<float> a;        // [value heads]: -exp(A_log) (llama.cpp's ssm_a)
+    std::vector<float> norm;     // [value head dim]: the gated RMSNorm's weight
+    ops::Weight out;             // [hidden, value heads * value head dim]
+    // Value head h reads key head h % key heads (llama.cpp's qwen35moe files, whose value
+    // heads are tiled), else h / (value heads / key heads) (the grouped order of the HF files and
+    // of qwen3next GGUF files).
+    bool tiled = false;
+    int64_t key_head(int64_t h, int64_t nk, int64_t nv) const {
+      return tiled ? h % nk : h / (nv / nk);
+    }
+  };
+  DeltaNet delta;
+
   // MoE.
   bool moe = false;
   ops::Weight router;              // [n_experts, hidden]

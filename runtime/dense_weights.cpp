@@ -26,6 +26,8 @@ std::vector<ops::Weight*> dense_matrices(LoadedModel& m) {
     }
     for (ops::Weight& w : lw.k_up) out.push_back(&w);
     for (ops::Weight& w : lw.v_up) out.push_back(&w);
+    for (ops::Weight& w : lw.delta.in) out.push_back(&w);  // (Gated DeltaNet layers)
+    out.push_back(&lw.delta.out);
   }
   return out;
 }

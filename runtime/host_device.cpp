@@ -658,6 +658,9 @@ class HostForwardOps final : public DeviceForwardOps {
   void attention(int64_t layer, const float* x, float* out) override {
     run("attention", [this, layer, x, out] { cpu_->attention(layer, x, out); });
   }
+  void linear_attention(int64_t layer, const float* x, float* out) override {
+    run("linear_attention", [this, layer, x, out] { cpu_->linear_attention(layer, x, out); });
+  }
   void dense_ffn(int64_t layer, const float* x, int64_t n, float* out) override {
     run("dense_ffn", [this, layer, x, n, out] { cpu_->dense_ffn(layer, x, n, out); });
   }

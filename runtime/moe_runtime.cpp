@@ -177,7 +177,10 @@ uint64_t default_kv_bytes(const ModelConfig& c) {
       c.max_position_embeddings > 0 ? std::min<int64_t>(c.max_position_embeddings, 4096) : 4096;
   const int64_t per_layer =
       c.is_mla() ? c.kv_lora_rank + c.qk_rope_head_dim : 2 * c.num_kv_heads * c.head_dim;
-  return static_cast<uint64_t>(positions * per_layer * c.num_layers) * 4;
+  // (Hybrid models: the attention layers' keys and values, and 8 recurrent states.)
+  const uint64_t states =
+      8 * static_cast<uint64_t>(c.num_linear_layers() * c.linear_state_floats()) * 4;
+  return static_cast<uint64_t>(positions * per_layer * c.num_attention_layers()) * 4 + states;
 }
 
 // --accel auto|none|host|cuda -> none|host|cuda. cuda needs a build with CUDA and a GPU here;

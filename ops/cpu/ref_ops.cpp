@@ -226,9 +226,29 @@ Rope::Rope(int64_t dim, float theta, const RopeScaling& scaling) : dim_(dim) {
   }
 }
 
+bool mrope_section_uses_position(const std::array<int64_t, 4>& sections, int64_t pair) {
+  const int64_t total = sections[0] + sections[1] + sections[2] + sections[3];
+  if (total <= 0) return true;
+  const int64_t sector = pair % total;
+  for (int64_t k = 0; k < 3; ++k) {
+    if (sector % 3 == k && sector < 3 * sections[static_cast<size_t>(k)]) return true;
+  }
+  return false;
+}
+
+void Rope::set_sections(const std::array<int64_t, 4>& sections) {
+  zero_pair_.clear();
+  if (sections == std::array<int64_t, 4>{}) return;
+  zero_pair_.resize(static_cast<size_t>(dim_ / 2));
+  for (int64_t i = 0; i < dim_ / 2; ++i) {
+    zero_pair_[static_cast<size_t>(i)] = mrope_section_uses_position(sections, i) ? 0 : 1;
+  }
+}
+
 void Rope::angles(int64_t pos, float* c, float* s) const {
   for (int64_t i = 0; i < dim_ / 2; ++i) {
-    const float angle = static_cast<float>(pos) * inv_freq_[i];
+    const bool zero = !zero_pair_.empty() && zero_pair_[static_cast<size_t>(i)] != 0;
+    const float angle = zero ? 0.0f : static_cast<float>(pos) * inv_freq_[i];
     c[i] = std::cos(angle) * cos_sin_scale_;
     s[i] = std::sin(angle) * cos_sin_scale_;
   }

@@ -5,6 +5,7 @@
 // These are the correctness baseline the fast kernels are checked against, not the fast path.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <vector>
 
@@ -89,6 +90,10 @@ class Rope {
   float cos_sin_scale() const { return cos_sin_scale_; }
   // Multiplier on the attention softmax scale: mscale(factor, mscale_all_dim)^2 for YaRN.
   float softmax_scale_factor() const { return softmax_factor_; }
+  // Qwen3.5's interleaved multi-section RoPE (ModelConfig::rope_sections) for text positions:
+  // pair i takes the token's position unless its section is the fourth (extra) one, whose
+  // position is 0 for text (mrope_section_uses_position).
+  void set_sections(const std::array<int64_t, 4>& sections);
   // Rotates x[0..dim) of one head at position pos.
   void apply(float* x, int64_t pos, RopeForm form) const;
   // The same in two steps, so a token's heads share one computation of the angles: c and s get
@@ -99,12 +104,18 @@ class Rope {
  private:
   int64_t dim_ = 0;
   std::vector<float> inv_freq_;
+  std::vector<uint8_t> zero_pair_;  // pairs of the extra section (angle 0 for text), or empty
   float cos_sin_scale_ = 1.0f;
   float softmax_factor_ = 1.0f;
 };
 
 // YaRN's mscale(s, m) = 0.1 m ln(s) + 1, 1 for s <= 1.
 float yarn_mscale(float scale, float m);
+
+// Interleaved multi-section RoPE (ggml's GGML_ROPE_TYPE_IMROPE, Qwen3-VL / Qwen3.5): whether
+// rotary pair i takes one of the temporal / height / width positions (sector i % sum(sections):
+// sector % 3 == 0, 1, 2 within 3 x sections[0], [1], [2]) rather than the extra one.
+bool mrope_section_uses_position(const std::array<int64_t, 4>& sections, int64_t pair);
 
 // Causal attention over a KV cache (AttentionArgs, ops/types.h), F32 arithmetic: the reference.
 void attention(const AttentionArgs& a, ThreadPool* pool);

@@ -7,6 +7,7 @@
 //   llama_ref tokenize VOCAB.gguf CASES.inp   each case of a llama.cpp test-vector file (cases
 //       ended by lines `__ggml_vocab_test__`) tokenized as llama.cpp does (no BOS, special
 //       tokens not parsed): one line of ids per case, the matching .out file.
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -59,9 +60,11 @@ int logits(const char* model_path, const char* out_path, const char* ids_text, b
   llama_model* model = llama_model_load_from_file(model_path, mp);
   if (!model) return fail("cannot load the model");
   llama_context_params cp = llama_context_default_params();
-  cp.n_ctx = 256;
-  cp.n_batch = 512;
-  cp.n_ubatch = 512;
+  // Room for the prompt and the 16 greedy tokens; the whole prompt in one batch.
+  const uint32_t need = static_cast<uint32_t>(tokens.size()) + 16;
+  cp.n_ctx = std::max<uint32_t>(256, (need + 255) / 256 * 256);
+  cp.n_batch = std::max<uint32_t>(512, cp.n_ctx);
+  cp.n_ubatch = cp.n_batch;
   cp.n_threads = cp.n_threads_batch = 1;
   cp.type_k = cp.type_v = GGML_TYPE_F32;
   cp.flash_attn_type = LLAMA_FLASH_ATTN_TYPE_DISABLED;
