@@ -47,7 +47,8 @@ int64_t Engine::context_size(int64_t ctx) const {
   return ctx;
 }
 
-KvCache Engine::make_cache(int64_t ctx, KvType type, int64_t sequences) const {
+KvCache Engine::make_cache(int64_t ctx, KvType type, int64_t sequences,
+                           const CheckpointOptions& checkpoints) const {
   ctx = context_size(ctx);
   if (sequences < 1) {
     fail(ErrorKind::kInvalidArgument, "a KV cache for {} sequences", sequences);
@@ -68,6 +69,16 @@ KvCache Engine::make_cache(int64_t ctx, KvType type, int64_t sequences) const {
   const int64_t per_sequence = (ctx + o.block_positions - 1) / o.block_positions * o.block_positions;
   o.positions = per_sequence * sequences;
   o.max_sequence_positions = ctx;
+  if (config().has_linear_layers()) {
+    if (checkpoints.per_sequence < 0 || checkpoints.per_sequence > 1024 || checkpoints.every < 0) {
+      fail(ErrorKind::kInvalidArgument,
+           "--checkpoints {} / --checkpoint-every {}: need 0 .. 1024 checkpoints per sequence "
+           "and an interval >= 0",
+           checkpoints.per_sequence, checkpoints.every);
+    }
+    o.state_slots = sequences * (1 + checkpoints.per_sequence) + kRetainedStates;
+    o.checkpoint_interval = checkpoints.every;
+  }
   return KvCache(model_->kv_layout(), model_->cache_options(o));
 }
 

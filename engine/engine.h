@@ -28,6 +28,14 @@ namespace tandem {
 // CpuExpertOptions::cache_load). o: resolved (resolve_backend_options: no "auto" left).
 LoadMode load_mode(const BackendOptions& o);
 
+// Hybrid models' recurrent-state checkpoints (KvCache): the slots held per sequence for them,
+// and a checkpoint every `every` positions (0: only at the end of each prompt).
+// `--checkpoints`, `--checkpoint-every`.
+struct CheckpointOptions {
+  int64_t per_sequence = 4;
+  int64_t every = 1024;
+};
+
 struct EngineOptions {
   std::filesystem::path model;  // a .gguf file (or its first shard) or an HF directory
   int threads = 0;              // ThreadingOptions::n_threads (0: one per physical core)
@@ -60,10 +68,14 @@ class Engine {
 
   // A KV cache for `sequences` sequences of up to ctx positions each, all at once (each
   // sequence's positions rounded up to whole blocks) (ctx 0: 4096, or the
-  // model's trained context when shorter). Error(kInvalidArgument) for ctx < 0 or sequences
-  // < 1; a warning when ctx is past the trained context; Error(kResource) naming the sizes when
-  // the pool does not fit in memory.
-  KvCache make_cache(int64_t ctx, KvType type, int64_t sequences = 1) const;
+  // model's trained context when shorter); with recurrent layers, state slots for them, for
+  // kRetainedStates finished sequences kept for their prefix, and for their checkpoints.
+  // Error(kInvalidArgument) for ctx < 0, sequences < 1 or bad checkpoint options; a warning when
+  // ctx is past the trained context; Error(kResource) naming the sizes when the pool does not
+  // fit in memory.
+  static constexpr int64_t kRetainedStates = 4;  // GeneratorOptions::retain's default
+  KvCache make_cache(int64_t ctx, KvType type, int64_t sequences = 1,
+                     const CheckpointOptions& checkpoints = {}) const;
   // ctx as make_cache resolves it.
   int64_t context_size(int64_t ctx) const;
 

@@ -186,13 +186,20 @@ bool Generator::is_end(const Request& r, int32_t token) const {
 // free blocks (after the kept sequences). false: not now.
 bool Generator::admit(Request& r, int64_t reserve) {
   const int64_t target = static_cast<int64_t>(r.tokens.size());
+  // A recurrent state's slot for it and for each completion forked from it (kept sequences give
+  // theirs back first).
+  const int64_t slots = 1 + static_cast<int64_t>(r.siblings.size());
+  if (cache_.has_state()) {
+    while (cache_.state_slots_available() < slots && !retained_.empty()) drop_retained();
+    if (cache_.state_slots_available() < slots) return false;
+  }
   KvCache::PrefixMatch m;
   if (options_.reuse_prefix) {
     m = cache_.longest_prefix(std::span<const int32_t>(r.tokens.data(), r.tokens.size()));
   }
-  const int64_t keep = std::min(m.length, target - 1);
-  const SeqId seq = keep > 0 ? cache_.fork(m.seq) : cache_.create();
-  cache_.truncate(seq, keep);
+  // (A recurrent state resumes at a checkpoint: the length kept may be shorter than asked.)
+  const SeqId seq = m.length > 0 ? cache_.fork(m.seq) : cache_.create();
+  const int64_t keep = cache_.truncate(seq, std::min(m.length, target - 1));
   const std::span<const int32_t> rest(r.tokens.data() + keep, r.tokens.size() - keep);
   const KvCache::Write w{seq, keep, rest};
   const std::span<const KvCache::Write> ws(&w, 1);
@@ -383,11 +390,13 @@ std::vector<GenerateEvent> Generator::step() {
       const int64_t chunk = std::min(left, options_.max_batch_tokens - used);
       if (chunk <= 0) break;
       const bool report = r->params.on_prompt_logits && r->fed + chunk > r->reported;
+      // (The prompt's end is a checkpoint of a recurrent state: a next turn resumes there.)
       batch.push_back({r->seq, std::span<const int32_t>(r->tokens.data() + r->fed,
                                                         static_cast<size_t>(chunk)),
                        r->fed,
                        report ? LogitRows::kAll
-                              : chunk == left ? LogitRows::kLast : LogitRows::kNone});
+                              : chunk == left ? LogitRows::kLast : LogitRows::kNone,
+                       chunk == left});
       who.push_back(r.get());
       used += chunk;
     }

@@ -433,7 +433,7 @@ ModelConfig gpt_oss_120b() {
 }
 
 // The golden Qwen3-Next / Qwen3.5-MoE shapes: 4 layers (three Gated DeltaNet, then gated
-// attention), 2 key heads shared by 4 value heads in the delta rule (its GQA-like grouping),
+// attention), experts 64 wide (as the DeepSeek goldens: a smaller directory), 2 key heads shared by 4 value heads in the delta rule (its GQA-like grouping),
 // a quarter of each 64-value attention head rotated; Qwen3.5's 8 rotary pairs in sections of
 // 3 / 3 / 2 (every pair with a position, as Qwen3.5's 11 / 11 / 10 of 32) and an MTP layer.
 ModelConfig tiny_qwen_hybrid(ModelArch arch) {
@@ -446,8 +446,8 @@ ModelConfig tiny_qwen_hybrid(ModelArch arch) {
   c.num_kv_heads = 2;
   c.head_dim = c.v_head_dim = 64;
   c.rope_dim = 16;
-  c.intermediate_size = c.moe_intermediate_size = 128;
-  c.shared_expert_intermediate_size = 128;
+  c.intermediate_size = c.moe_intermediate_size = 64;
+  c.shared_expert_intermediate_size = 64;
   c.n_shared_experts = 1;
   c.shared_expert_gate = true;
   c.n_experts = 8;

@@ -12,7 +12,7 @@
 // A recurrent state cannot be cut back to an earlier position: it is the whole prefix folded
 // into a few matrices. Truncation and prefix reuse go through checkpoints instead: copies of a
 // sequence's state at chosen positions (every checkpoint_interval positions, and where a write
-// asks for one -- the end of a prompt), kept in the same slot pool, shared by forks, evicted
+// asks for one -- just before the end of a prompt), kept in the same slot pool, shared by forks, evicted
 // least recently used when a slot is needed. Truncating such a sequence to position p restores
 // the latest checkpoint at or before p (or the empty state) and cuts the keys and values there:
 // its length becomes that checkpoint's position, and the caller feeds the tokens after it again.
@@ -136,8 +136,8 @@ class KvCache {
   float* slot_state(int32_t slot, int64_t state_layer) const;
   // Positions of the sequence's checkpoints, ascending.
   std::vector<int64_t> checkpoints(SeqId seq) const;
-  // The checkpoints the last make_writable planned: after `offset` of a write's tokens (its
-  // position pos0 + offset) the forward copies the sequence's state into `slot`.
+  // The checkpoints the last make_writable planned: after `offset` (0 .. n) of a write's tokens
+  // (position pos0 + offset) the forward copies the sequence's state into `slot`.
   struct Snapshot {
     SeqId seq = -1;
     int64_t offset = 0;
@@ -173,7 +173,8 @@ class KvCache {
 
   // Tokens written at positions [pos0, pos0 + tokens.size()) of seq (pos0 <= its length: the
   // positions from pos0 on are replaced).
-  // checkpoint_end: keep a checkpoint of the state after the write's last token (a prompt's end).
+  // checkpoint_end: keep a checkpoint of the state before the write's last token (a prompt's end:
+  // the same prompt again resumes there and still computes its last token's logits).
   struct Write {
     SeqId seq = -1;
     int64_t pos0 = 0;

@@ -81,8 +81,8 @@ void KvCache::copy_slot(int32_t dst, int32_t src) {
   copy_bytes(slot_address(dst), slot_address(src), slot_bytes_);
 }
 
-// The checkpoints of the writes' new positions: every checkpoint_interval positions and after a
-// write that asks for one, each in a slot of its own (a free one or the least recently used
+// The checkpoints of the writes' new positions: every checkpoint_interval positions and before
+// the last token of a write that asks for one, each in a slot of its own (a free one or the least recently used
 // checkpoint's, never one planned in this step); the forward fills them (pending_snapshots).
 void KvCache::plan_snapshots(std::span<const Write> writes) {
   pending_.clear();
@@ -98,7 +98,13 @@ void KvCache::plan_snapshots(std::span<const Write> writes) {
         at.push_back(p - w.pos0);
       }
     }
-    if (w.checkpoint_end && (at.empty() || at.back() != n)) at.push_back(n);
+    // (Before the last token: a prompt fed again in full still has a token to compute its
+    // logits from, and a longer one resumes one token earlier.)
+    if (w.checkpoint_end) {
+      at.push_back(n - 1);
+      std::sort(at.begin(), at.end());
+      at.erase(std::unique(at.begin(), at.end()), at.end());
+    }
     for (int64_t offset : at) {
       const int32_t slot = take_slot(planned);
       if (slot < 0) break;  // (every slot holds a live state: no checkpoint this time)

@@ -79,8 +79,8 @@ enum class LogitRows { kNone, kLast, kAll };
 
 // One sequence's part of a batch: its tokens at positions pos0, pos0 + 1, ... (-1: the
 // sequence's end; a pos0 before it replaces the positions from there on).
-// checkpoint: with recurrent layers, keep a checkpoint of the state after the entry's last token
-// (the end of a prompt: where the next turn of a chat or another completion resumes).
+// checkpoint: with recurrent layers, keep a checkpoint of the state before the entry's last token
+// (the end of a prompt: where the next turn of a chat or the same prompt again resumes).
 struct SeqTokens {
   SeqId seq = -1;
   std::span<const int32_t> tokens;

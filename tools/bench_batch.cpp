@@ -66,7 +66,9 @@ nlohmann::json run_batch_bench(Engine& engine, ExpertUnionBytes& experts,
         }
         tokens += gen.last_batch_tokens();
         kv_bytes += static_cast<double>(before + gen.last_batch_tokens()) *
-                    static_cast<double>(kv_per_position);
+                        static_cast<double>(kv_per_position) +
+                    static_cast<double>(gen.last_batch_tokens()) *
+                        static_cast<double>(split.state);  // (each sequence's state)
         ++steps;
       }
       const double t_tg = now_s() - t1;

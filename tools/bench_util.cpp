@@ -48,9 +48,10 @@ StepBytes decode_bytes(const LoadedModel& m) {
     for (const ops::Weight* w : {&l.wq, &l.wk, &l.wv, &l.wo, &l.wq_a, &l.wq_b, &l.wkv_a}) {
       b.attention += weight_bytes(*w);
     }
-    for (const auto& v : {&l.k_up, &l.v_up}) {
+    for (const auto& v : {&l.k_up, &l.v_up, &l.delta.in}) {
       for (const ops::Weight& w : *v) b.attention += weight_bytes(w);
     }
+    b.attention += weight_bytes(l.delta.out);
     for (const ops::Weight* w : {&l.ffn_gate, &l.ffn_up, &l.ffn_down, &l.router, &l.sh_gate,
                                  &l.sh_up, &l.sh_down}) {
       b.ffn += weight_bytes(*w);
@@ -62,6 +63,8 @@ StepBytes decode_bytes(const LoadedModel& m) {
       b.experts += all / ne * static_cast<uint64_t>(k);
     }
   }
+  const ModelConfig& c = m.config;
+  b.state = 2 * static_cast<uint64_t>(c.num_linear_layers() * c.linear_state_floats()) * 4;
   return b;
 }
 

@@ -23,11 +23,14 @@ double now_s();                           // a steady clock, in seconds
 // weights except the routed experts, the routed experts (k average ones per MoE layer for one
 // token), the final norm and lm_head (the embedding row is negligible). The router belongs to the
 // FFN section.
+// state: one sequence's recurrent state (hybrid models' Gated DeltaNet layers), read and written
+// once per step: twice its bytes.
 struct StepBytes {
   uint64_t attention = 0, ffn = 0, experts = 0, lm_head = 0;
   uint64_t kv_cache = 0;  // read by the attention, not a weight (set by the caller)
+  uint64_t state = 0;
   uint64_t dense() const { return attention + ffn + lm_head; }  // read once per step, any batch
-  uint64_t total() const { return dense() + experts + kv_cache; }
+  uint64_t total() const { return dense() + experts + kv_cache + state; }
 };
 StepBytes decode_bytes(const LoadedModel& m);
 

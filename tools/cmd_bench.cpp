@@ -199,7 +199,7 @@ void run_bench(const BenchArgs& a) {
   // steps, (depth + (n + 1) / 2) positions of the cache's bytes per position.
   if (a.n_gen > 0) {
     const double per_position =
-        static_cast<double>(model.cache().position_bytes() * lm.config.num_layers);
+        static_cast<double>(model.cache().position_bytes() * model.cache().layout().layers);
     split.kv_cache =
         static_cast<uint64_t>(per_position * (a.depth + (a.n_gen + 1) / 2.0));
   }
@@ -236,14 +236,16 @@ void run_bench(const BenchArgs& a) {
   }
   // -d: the context every test starts from, prefilled once (in batches of up to 512 tokens, as
   // a chat would); the tests only write the positions after it, so rewinding to it restores it.
+  std::vector<int32_t> ctx_tokens(static_cast<size_t>(a.depth));
   if (a.depth > 0) {
-    std::vector<int32_t> ctx_tokens(static_cast<size_t>(a.depth));
     for (int32_t& t : ctx_tokens) t = tok(rng);
     for (SingleSequence* m : {&model, model_b.get()}) {
       if (m == nullptr) continue;
       for (size_t b = 0; b < ctx_tokens.size(); b += 512) {
         const size_t e = std::min(ctx_tokens.size(), b + 512);
-        m->forward(std::span<const int32_t>(ctx_tokens.data() + b, e - b), logits.data(), false);
+        // (A checkpoint at the end: a recurrent state rewinds to it.)
+        m->forward(std::span<const int32_t>(ctx_tokens.data() + b, e - b), logits.data(), false,
+                   e == ctx_tokens.size());
       }
     }
   }
@@ -280,7 +282,13 @@ void run_bench(const BenchArgs& a) {
   rt::Timeline* timeline = moe.timeline();
   auto rep = [&](SingleSequence& m, bool decode, int n, Model::Profile* profile,
                  std::vector<double>* rounds, Result* traced = nullptr) {
-    m.truncate(a.depth);
+    // (A recurrent state rewinds to its checkpoint one token before the depth: that token again.)
+    const int64_t kept = m.truncate(a.depth);
+    if (kept < a.depth) {
+      m.forward(std::span<const int32_t>(ctx_tokens.data() + kept,
+                                         static_cast<size_t>(a.depth - kept)),
+                logits.data(), false);
+    }
     const Model::Profile p0 = m.model().profile();
     const int64_t replayed0 = m.model().graph_stats().replayed;
     traced = decode && timeline != nullptr ? traced : nullptr;

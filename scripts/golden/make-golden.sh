@@ -6,7 +6,8 @@
 # llama.cpp (scripts/golden/llama_ref.cpp, compiled here against LLAMA_CPP_BUILD_DIR) computes
 # the logits of every position of the two golden prompts, the 16 greedy tokens after them, the
 # experts every position selects and their counts for the 40-token prompt, into NAME.json /
-# NAME[-TYPE].pK.f32.
+# NAME[-TYPE].pK.f32. The hybrid architectures (qwen3next, qwen35moe) get a third prompt of 300
+# tokens: past four chunks of the Gated DeltaNet's chunked form.
 set -euo pipefail
 llama=${1:?llama.cpp source directory}
 build=${2:?llama.cpp build directory (holding bin/libllama.so)}
@@ -23,7 +24,15 @@ commit=$(git -C "$llama" rev-parse HEAD)
 vocab=$out/qwen3moe.gguf
 p0=497,425,443,388,483,63,116
 p1=497,22,229,7,426,424,133,290,71,422,434,442,347,105,213,104,478,223,318,484,306,441,140,393,55,44,117,110,462,55,110,70,326,406,381,250,117,268,225,495
+# BOS, then 299 ids of an LCG in [0, 497).
+p2=$(/usr/bin/python3 -c 'x=12345
+ids=[497]
+for _ in range(299):
+    x=(1103515245*x+12345)%2**31; ids.append(x//65536%497)
+print(",".join(map(str,ids)))')
 for arch in "${arches[@]}"; do
+  prompts=("$p0" "$p1")
+  case $arch in qwen3next|qwen35moe) prompts+=("$p2") ;; esac
   "$tandem" synth --arch "$arch" --vocab "$vocab" --seed 1234 -o "$out/$arch.gguf" >/dev/null
   rm -rf "$out/$arch-hf"
   "$tandem" synth --arch "$arch" --vocab "$vocab" --seed 1234 --format hf -o "$out/$arch-hf" >/dev/null
@@ -33,16 +42,15 @@ for arch in "${arches[@]}"; do
     "$tandem" synth --arch "$arch" --vocab "$vocab" --seed 1234 --type $type -o "$out/$arch-$type.gguf" >/dev/null
   done
   for suffix in "" -q8_0 -q4_k_m -mxfp4_moe; do
-    for k in 0 1; do
-      ids=$p0; [ $k = 1 ] && ids=$p1
-      "$ref" logits "$out/$arch$suffix.gguf" "$out/$arch$suffix.p$k.f32" "$ids" \
+    for k in "${!prompts[@]}"; do
+      "$ref" logits "$out/$arch$suffix.gguf" "$out/$arch$suffix.p$k.f32" "${prompts[$k]}" \
         > "$out/.$arch$suffix.p$k.json" 2>/dev/null
     done
   done
-  /usr/bin/python3 - "$out" "$arch" "$commit" "$p0" "$p1" <<'PY'
+  /usr/bin/python3 - "$out" "$arch" "$commit" "${prompts[@]}" <<'PY'
 import json, os, sys
-out, arch, commit, p0, p1 = sys.argv[1:6]
-prompts = [[int(t) for t in p.split(",")] for p in (p0, p1)]
+out, arch, commit = sys.argv[1:4]
+prompts = [[int(t) for t in p.split(",")] for p in sys.argv[4:]]
 def runs(suffix):
     res = []
     for k, toks in enumerate(prompts):

