@@ -132,30 +132,47 @@ void delta_net_layer(const DeltaNetLayerArgs& a, const float* x, float* out,
     d.out_stride = vdim;
     d.state = state;
     const bool chunked = p.n >= a.chunk_tokens;
-    int64_t done = 0;
-    auto run_to = [&](int64_t end) {
-      if (end <= done) return;
-      const int64_t t = p.t0 + done;
-      d.n = end - done;
-      d.q = conv_out + t * ch + kh * hk;
-      d.k = conv_out + t * ch + qk + kh * hk;
-      d.v = conv_out + t * ch + 2 * qk + h * hv;
-      d.g = g + t * nv + h;
-      d.beta = beta + t * nv + h;
-      d.out = o + t * vdim + h * hv;
+    // Tokens [from, to) of the part into `st`, their outputs to `out` (rows of vdim).
+    auto run = [&](int64_t from, int64_t to, float* st, float* out) {
+      if (to <= from) return;
+      const int64_t t = p.t0 + from;
+      ops::DeltaRuleArgs r = d;
+      r.n = to - from;
+      r.q = conv_out + t * ch + kh * hk;
+      r.k = conv_out + t * ch + qk + kh * hk;
+      r.v = conv_out + t * ch + 2 * qk + h * hv;
+      r.g = g + t * nv + h;
+      r.beta = beta + t * nv + h;
+      r.state = st;
+      r.out = out;
       if (chunked) {
-        kern::delta_rule_chunked(d, p.pos0 + done);
+        kern::delta_rule_chunked(r, p.pos0 + from);
       } else {
-        kern::delta_rule_recurrent(d);
+        kern::delta_rule_recurrent(r);
       }
-      done = end;
     };
+    // The part's computation does not depend on its checkpoints: the chunked form runs in
+    // pieces cut at its own chunk boundaries (the same bits as one call), and a checkpoint inside
+    // a chunk is the state at the chunk's start advanced over its first tokens apart, in the
+    // checkpoint's slot (their outputs dropped).
+    thread_local std::vector<float> dropped;
+    int64_t done = 0;
     for (const ForwardStep::Snapshot& s : snapshots_of(pi)) {
-      run_to(s.offset);
       float* dst = cache.slot_state(s.slot, a.state_layer) + window + h * hk * hv;
+      int64_t at = s.offset;
+      if (chunked) {
+        const int64_t c = kern::kDeltaChunk;
+        at = std::max(done, (p.pos0 + s.offset) / c * c - p.pos0);
+      }
+      run(done, at, state, o + (p.t0 + done) * vdim + h * hv);
+      done = at;
       std::memcpy(dst, state, static_cast<size_t>(hk * hv) * 4);
+      if (s.offset > at) {
+        dropped.resize(static_cast<size_t>((s.offset - at) * vdim));
+        run(at, s.offset, dst, dropped.data());
+      }
     }
-    run_to(p.n);
+    run(done, p.n, state, o + (p.t0 + done) * vdim + h * hv);
   });
 
   // The gated norm: rms_norm(o_h) * w * silu(z_h) per token and value head.
