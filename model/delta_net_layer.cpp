@@ -131,7 +131,7 @@ void delta_net_layer(const DeltaNetLayerArgs& a, const float* x, float* out,
     d.g_stride = d.beta_stride = nv;
     d.out_stride = vdim;
     d.state = state;
-    const bool chunked = p.n >= a.chunk_tokens;
+    const bool chunked = a.chunk_tokens > 0 && p.n >= a.chunk_tokens;
     // Tokens [from, to) of the part into `st`, their outputs to `out` (rows of vdim).
     auto run = [&](int64_t from, int64_t to, float* st, float* out) {
       if (to <= from) return;

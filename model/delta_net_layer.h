@@ -32,7 +32,7 @@ struct DeltaNetLayerArgs {
   KvCache* cache = nullptr;
   ThreadPool* pool = nullptr;
   const kern::WeightViews* views = nullptr;
-  int64_t chunk_tokens = 16;  // ForwardOpsOptions::delta_chunk_tokens
+  int64_t chunk_tokens = 0;  // ForwardOpsOptions::delta_chunk_tokens (0: always recurrent)
 };
 
 // x [n, hidden] -> out [n, hidden].

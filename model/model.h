@@ -55,8 +55,9 @@ struct ModelOptions {
   // kAuto: the batch size from which MLA attention expands K / V (see MlaMode; ForwardOpsOptions).
   int64_t mla_expand_tokens = 32;
   bool mla_expand_by_cost = true;
-  // Gated DeltaNet: parts of at least this many tokens run the chunked form (ForwardOpsOptions).
-  int64_t delta_chunk_tokens = 16;
+  // Gated DeltaNet: parts of at least this many tokens run the chunked form; 0: never
+  // (ForwardOpsOptions::delta_chunk_tokens).
+  int64_t delta_chunk_tokens = 0;
   MoeBackend* moe = nullptr;  // nullptr: an internal CpuMoeBackend
   // Prepared copies of non-expert weights (`--cpu-experts repack`: MoeRuntime::weight_views()),
   // read instead of the stored bytes where they hold a weight; nullptr: the stored bytes.

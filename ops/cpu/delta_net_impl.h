@@ -39,45 +39,40 @@ inline void for_lanes(int64_t n, Fn&& fn) {
   for (; i < n; ++i) fn(i, Scalar{});
 }
 
-// The recurrent form, one token at a time. Per token: the state decayed while S^T k is summed
-// (one pass), then the rank-1 update while S^T q is summed (a second pass).
+// The recurrent form. The value columns of the state are independent (column i's update and
+// output read column i alone), so a block of S::kLanes columns runs through every token while its
+// dk x kLanes values stay in L1: per token, the column block decayed while S^T k is summed, then
+// its rank-1 update while S^T q is summed. Each column's operations are those of the
+// token-by-token order, so the bits do not depend on the blocking.
 template <class S>
 void delta_rule_recurrent_impl(const ops::DeltaRuleArgs& a) {
   const int64_t dk = a.dk, dv = a.dv;
-  thread_local std::vector<float> acc;
-  acc.resize(static_cast<size_t>(dv));
-  for (int64_t t = 0; t < a.n; ++t) {
-    const float* q = a.q + t * a.q_stride;
-    const float* k = a.k + t * a.k_stride;
-    const float* v = a.v + t * a.v_stride;
-    float* o = a.out + t * a.out_stride;
-    const float eg = std::exp(a.g[t * a.g_stride]);
-    const float beta = a.beta[t * a.beta_stride];
-    float* d = acc.data();
-    for_lanes<S>(dv, [&](int64_t i, auto tag) {
-      using V = decltype(tag);
+  thread_local std::vector<float> eg;
+  eg.resize(static_cast<size_t>(a.n));
+  for (int64_t t = 0; t < a.n; ++t) eg[static_cast<size_t>(t)] = std::exp(a.g[t * a.g_stride]);
+  for_lanes<S>(dv, [&](int64_t i, auto tag) {
+    using V = decltype(tag);
+    for (int64_t t = 0; t < a.n; ++t) {
+      const float* q = a.q + t * a.q_stride;
+      const float* k = a.k + t * a.k_stride;
+      const typename V::F e = V::set1(eg[static_cast<size_t>(t)]);
       typename V::F kv = V::zero();
       for (int64_t j = 0; j < dk; ++j) {
-        float* s = a.state + j * dv + i;
-        const typename V::F sd = V::mul(V::load(s), V::set1(eg));
-        V::store(s, sd);
+        const typename V::F sd = V::mul(V::load(a.state + j * dv + i), e);
         kv = V::fma(sd, V::set1(k[j]), kv);
       }
-      V::store(d + i, V::mul(V::sub(V::load(v + i), kv), V::set1(beta)));
-    });
-    for_lanes<S>(dv, [&](int64_t i, auto tag) {
-      using V = decltype(tag);
-      const typename V::F di = V::load(d + i);
-      typename V::F oi = V::zero();
+      const typename V::F d = V::mul(V::sub(V::load(a.v + t * a.v_stride + i), kv),
+                                     V::set1(a.beta[t * a.beta_stride]));
+      typename V::F o = V::zero();
       for (int64_t j = 0; j < dk; ++j) {
         float* s = a.state + j * dv + i;
-        const typename V::F sn = V::fma(V::set1(k[j]), di, V::load(s));
+        const typename V::F sn = V::fma(V::set1(k[j]), d, V::mul(V::load(s), e));
         V::store(s, sn);
-        oi = V::fma(sn, V::set1(q[j]), oi);
+        o = V::fma(sn, V::set1(q[j]), o);
       }
-      V::store(o + i, oi);
-    });
-  }
+      V::store(a.out + t * a.out_stride + i, o);
+    }
+  });
 }
 
 // Scratch of one chunk (thread-local, grown on demand).
