@@ -22,6 +22,9 @@ constexpr const char* kLlama3[] = {
     R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)"};
 constexpr const char* kQwen2[] = {
     R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)"};
+// Qwen3.5: Qwen2's pattern with combining marks in words ([\p{L}\p{M}]+).
+constexpr const char* kQwen35[] = {
+    R"((?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+)"};
 // DeepSeek LLM / V2: letters are an explicit list of cased-script ranges rather than \p{L}.
 constexpr const char* kDeepseekLlm[] = {
     R"([\r\n])",
@@ -69,6 +72,7 @@ constexpr PreTokenizerSpec kSpecs[] = {
     {"qwen2", kQwen2},
     {"deepseek-r1-qwen", kQwen2},
     {"stablelm2", kQwen2},
+    {"qwen35", kQwen35},
     {"deepseek-llm", kDeepseekLlm},
     {"deepseek-v3", kDeepseekV3},
     {"deepseek-coder", kDeepseekCoder},

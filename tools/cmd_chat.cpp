@@ -54,6 +54,7 @@ struct ChatArgs {
   SamplingParams sampling = chat_sampling();
   BackendOptions backend;
   std::string cache_type = "f32";
+  CheckpointOptions checkpoints;  // --checkpoints, --checkpoint-every
 };
 
 double seconds_since(std::chrono::steady_clock::time_point t) {
@@ -66,7 +67,7 @@ class ChatSession {
       : args_(a),
         engine_(engine),
         tmpl_(chat_template_for(engine.weights())),
-        cache_(engine.make_cache(a.ctx, parse_kv_type(a.cache_type))),
+        cache_(engine.make_cache(a.ctx, parse_kv_type(a.cache_type), 1, a.checkpoints)),
         gen_(engine.model(), cache_, &engine.tokenizer(), options()) {
     reset();
   }
@@ -254,6 +255,7 @@ void add_chat(CLI::App& app) {
   add_sampling_options(app, &args->sampling);
   add_backend_options(app, &args->backend);
   add_cache_type_option(app, &args->cache_type);
+  add_checkpoint_options(app, &args->checkpoints);
   app.callback([args] { run_chat(*args); });
 }
 

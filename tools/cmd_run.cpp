@@ -41,6 +41,7 @@ struct RunArgs {
   std::string logits_out;
   std::string mla = "auto";
   std::string cache_type = "f32";
+  CheckpointOptions checkpoints;  // --checkpoints, --checkpoint-every
   bool ignore_eos = false;
   std::vector<std::string> stop;  // --stop: text that ends the output
   bool chat = false;  // -p is one user message rendered with the model's chat template
@@ -144,7 +145,7 @@ void run_model(const RunArgs& a) {
          "the prompt has {} tokens, more than the {} positions the model was trained for",
          prompt.size(), ctx);
   }
-  KvCache cache = engine.make_cache(ctx, kv_type);
+  KvCache cache = engine.make_cache(ctx, kv_type, 1, a.checkpoints);
   std::fprintf(stderr, "%s\n", engine.summary().c_str());
   std::fprintf(stderr, "loaded in %.2f s; KV cache %.1f MiB (%s) for %ld positions; %d threads\n",
                engine.load_seconds(), cache.bytes() / 1048576.0, a.cache_type.c_str(),
@@ -239,6 +240,7 @@ void add_run(CLI::App& app) {
   app.add_option("--logits-out", args->logits_out, "write F32 logits of every prompt position");
   add_mla_option(app, &args->mla);
   add_cache_type_option(app, &args->cache_type);
+  add_checkpoint_options(app, &args->checkpoints);
   add_backend_options(app, &args->backend);
   app.add_flag("--ignore-eos", args->ignore_eos, "keep generating after the EOS token");
   app.add_option("--stop", args->stop, "stop before this text (repeatable; needs a vocabulary)");

@@ -51,6 +51,7 @@ struct ServeArgs {
   int threads = 0;
   std::string mla = "auto";
   std::string cache_type = "f32";
+  CheckpointOptions checkpoints;  // --checkpoints, --checkpoint-every
   SamplingParams sampling;
   BackendOptions backend;
 };
@@ -98,7 +99,7 @@ void serve(const ServeArgs& a) {
   eo.mla = parse_mla_mode(a.mla);
   Engine engine(eo);
   const Tokenizer& tok = engine.tokenizer();
-  KvCache cache = engine.make_cache(a.ctx, kv_type, a.parallel);
+  KvCache cache = engine.make_cache(a.ctx, kv_type, a.parallel, a.checkpoints);
   std::optional<ChatTemplate> model_template;
   const ChatTemplate* tmpl = nullptr;
   if (override_template) {
@@ -195,6 +196,7 @@ void add_serve(CLI::App& app) {
   add_threads_option(app, &args->threads);
   add_mla_option(app, &args->mla);
   add_cache_type_option(app, &args->cache_type);
+  add_checkpoint_options(app, &args->checkpoints);
   add_sampling_options(app, &args->sampling);
   add_backend_options(app, &args->backend);
   app.callback([args] { serve(*args); });

@@ -273,7 +273,8 @@ INSTANTIATE_TEST_SUITE_P(Vocabs, RoundTripTest,
                                            "vocab/ggml-vocab-phi-3.gguf", "golden/deepseek2.gguf",
                                            "vocab/ggml-vocab-glm4.gguf",
                                            "vocab/ggml-vocab-gpt-4o.gguf",
-                                           "vocab/ggml-vocab-kimi-k2.gguf"),
+                                           "vocab/ggml-vocab-kimi-k2.gguf",
+                                           "vocab/ggml-vocab-qwen35.gguf"),
                          [](const auto& info) { return std::to_string(info.index); });
 
 TEST(TokenizerGolden, SmallVocabsOfTheGoldenModels) {

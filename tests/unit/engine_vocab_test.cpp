@@ -89,7 +89,7 @@ INSTANTIATE_TEST_SUITE_P(Vocabs, VocabTest,
                          ::testing::Values("ggml-vocab-deepseek-llm", "ggml-vocab-gpt-2",
                                            "ggml-vocab-llama-spm", "ggml-vocab-phi-3",
                                            "ggml-vocab-glm4", "ggml-vocab-gpt-4o",
-                                           "ggml-vocab-kimi-k2"),
+                                           "ggml-vocab-kimi-k2", "ggml-vocab-qwen35"),
                          [](const auto& info) {
                            std::string n = info.param;
                            for (char& ch : n) {
