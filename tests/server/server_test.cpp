@@ -1,7 +1,8 @@
 // `tandem serve` over loopback with a real HTTP client (cpp-httplib's) and curl: answers equal
 // `tandem run`'s, streams equal whole answers, concurrent streams with cancellations each equal
 // their solo runs and leave the KV pool free, bad requests get 4xx with a message and the server
-// keeps serving, the API key is enforced, tools are rendered as Hugging Face renders them.
+// keeps serving, the API key is enforced, tools are rendered as Hugging Face renders them,
+// a hybrid model's chat turns resume from its checkpoints.
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -442,6 +443,46 @@ TEST(Serve, SamplingLogprobsNAndPrefixCache) {
   const Reply ids = post(*c, "/tokenize", Json({{"content", "And God said"}}));
   const Reply back = post(*c, "/detokenize", Json({{"tokens", ids.body["tokens"]}}));
   EXPECT_EQ(back.body["content"], "And God said");
+}
+
+// A hybrid model (Qwen3.5-MoE: DeltaNet layers whose recurrent state cannot be cut at any
+// position) over three chat turns: each turn resumes from the sequence memory of the last one
+// (its prompt's end checkpoint or the state it finished with), so cached_tokens covers the earlier
+// turns, and its answer is the one a server that never saw them gives.
+TEST(Serve, HybridChatTurnsResumeFromTheirCheckpoints) {
+  const std::string model = data_path("golden/qwen35moe.gguf").string();
+  const std::string tmpl = data_path("templates/Qwen-Qwen2.5-7B-Instruct.jinja").string();
+  ServerProcess server({"-m", model, "--chat-template", tmpl, "--ctx", "1024", "--checkpoints",
+                        "2"});
+  auto c = server.client();
+  Json req = {{"messages", Json::array()}, {"max_tokens", 12}, {"temperature", 0}};
+  const char* turns[] = {"In the beginning God created the heaven and the earth.",
+                         "And the earth was without form, and void.",
+                         "And God said, Let there be light: and there was light."};
+  int64_t last_prompt = 0;
+  Reply reply;
+  for (int t = 0; t < 3; ++t) {
+    req["messages"].push_back({{"role", "user"}, {"content", turns[t]}});
+    reply = post(*c, "/v1/chat/completions", req);
+    ASSERT_EQ(reply.status, 200) << reply.text;
+    const Json& usage = reply.body["usage"];
+    const int64_t cached = usage["prompt_tokens_details"]["cached_tokens"].get<int64_t>();
+    if (t > 0) {
+      // At least the last prompt but its final token (the checkpoint one before its end).
+      EXPECT_GE(cached, last_prompt - 1) << "turn " << t;
+    }
+    EXPECT_LT(cached, usage["prompt_tokens"].get<int64_t>()) << "turn " << t;
+    last_prompt = usage["prompt_tokens"].get<int64_t>();
+    if (t < 2) req["messages"].push_back(reply.body["choices"][0]["message"]);
+  }
+  ServerProcess fresh({"-m", model, "--chat-template", tmpl, "--ctx", "1024"});
+  auto fc = fresh.client();
+  const Reply alone = post(*fc, "/v1/chat/completions", req);
+  ASSERT_EQ(alone.status, 200) << alone.text;
+  EXPECT_EQ(alone.body["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+  EXPECT_EQ(alone.body["usage"]["prompt_tokens"], reply.body["usage"]["prompt_tokens"]);
+  EXPECT_EQ(alone.body["choices"][0]["message"]["content"],
+            reply.body["choices"][0]["message"]["content"]);
 }
 
 TEST(Serve, FullQueueIsTooManyRequestsAndAHangUpCancels) {

@@ -122,6 +122,7 @@ TEST(ChatOutput, SyntaxesAreRecognizedFromTheTemplates) {
   };
   EXPECT_EQ(syntax_of("Qwen-Qwen2.5-7B-Instruct.jinja"), ToolCallSyntax::kHermes);
   EXPECT_EQ(syntax_of("Qwen3-Coder.jinja"), ToolCallSyntax::kQwen3Coder);
+  EXPECT_EQ(syntax_of("Qwen3.5-4B.jinja"), ToolCallSyntax::kQwen3Coder);
   EXPECT_EQ(syntax_of("GLM-4.6.jinja"), ToolCallSyntax::kGlm);
   EXPECT_EQ(syntax_of("deepseek-ai-DeepSeek-V3.1.jinja"), ToolCallSyntax::kDeepSeekV3);
   EXPECT_EQ(syntax_of("deepseek-ai-DeepSeek-R1-Distill-Qwen-32B.jinja"),
@@ -211,6 +212,43 @@ TEST(ChatOutput, ReasoningIsSplitFromTheAnswer) {
   o = parse_streamed("<think>x</think>y<thi", ToolCallSyntax::kNone, false, none, 1);
   EXPECT_EQ(o.reasoning, "x");
   EXPECT_EQ(o.content, "y<thi");
+}
+
+// Qwen3.5's template opens <think> in its generation prompt (or writes an empty block when
+// thinking is off): the model's reasoning, its answer and its Qwen3-Coder-style call come apart,
+// whole and streamed.
+TEST(ChatOutput, Qwen35PromptOpensThinkingAndItsCallsParse) {
+  const ChatTemplate t(read_file(templates_dir() / "Qwen3.5-4B.jinja"));
+  const Json user = Json::parse(R"([{"role":"user","content":"Weather in Paris?"}])");
+  const Json tools = Json::parse(R"([{"type":"function","function":{"name":"get_weather",
+      "parameters":{"type":"object","properties":{"city":{"type":"string"},
+      "days":{"type":"integer"}}}}}])");
+  const std::string prompt = t.render(user, tools, true, "", "<|im_end|>");
+  ASSERT_TRUE(prompt_opens_think(prompt)) << prompt;
+  Json no_think = Json::object();
+  no_think["enable_thinking"] = false;
+  EXPECT_FALSE(prompt_opens_think(t.render(user, tools, true, "", "<|im_end|>", no_think)));
+
+  const std::string answer =
+      "The user wants Paris.\n</think>\n\nLet me check.\n\n<tool_call>\n<function=get_weather>\n"
+      "<parameter=city>\nParis\n</parameter>\n<parameter=days>\n3\n</parameter>\n</function>\n"
+      "</tool_call>";
+  const ToolCallSyntax syntax = tool_call_syntax(read_file(templates_dir() / "Qwen3.5-4B.jinja"));
+  const ChatOutput whole = parse_chat_output(answer, syntax, true, tools);
+  EXPECT_EQ(whole.reasoning, "The user wants Paris.");
+  EXPECT_EQ(whole.content, "Let me check.");
+  ASSERT_EQ(whole.tool_calls.size(), 1u);
+  EXPECT_EQ(whole.tool_calls[0].name, "get_weather");
+  EXPECT_EQ(Json::parse(whole.tool_calls[0].arguments),
+            Json::parse(R"({"city":"Paris","days":3})"));
+  // Streamed, the text arrives as written (the whitespace around the tags included).
+  for (size_t piece : {size_t{1}, size_t{5}}) {
+    const ChatOutput o = parse_streamed(answer, syntax, true, tools, piece);
+    EXPECT_EQ(o.reasoning, "The user wants Paris.\n") << piece;
+    EXPECT_EQ(o.content, "Let me check.\n\n") << piece;
+    ASSERT_EQ(o.tool_calls.size(), 1u) << piece;
+    EXPECT_EQ(Json::parse(o.tool_calls[0].arguments), Json::parse(whole.tool_calls[0].arguments));
+  }
 }
 
 TEST(ChatOutput, WhatDoesNotParseStaysText) {
