@@ -80,7 +80,8 @@ struct ContextHandle {
 class PyModel {
  public:
   PyModel(const std::string& path, int threads, int64_t ctx, const std::string& cache_type,
-          int max_sequences, const std::vector<std::string>& backend_args) {
+          int max_sequences, const CheckpointOptions& checkpoints,
+          const std::vector<std::string>& backend_args) {
     EngineOptions eo;
     eo.model = path;
     eo.threads = threads;
@@ -94,7 +95,7 @@ class PyModel {
     }
     engine_ = std::make_unique<Engine>(eo);
     cache_ = std::make_unique<KvCache>(
-        engine_->make_cache(ctx, parse_kv_type(cache_type), std::max(1, max_sequences)));
+        engine_->make_cache(ctx, parse_kv_type(cache_type), std::max(1, max_sequences), checkpoints));
     GeneratorOptions go;
     go.max_sequences = max_sequences;
     generator_ = std::make_unique<Generator>(engine_->model(), *cache_, &engine_->tokenizer(), go);
@@ -362,10 +363,11 @@ PYBIND11_MODULE(_tandem, m) {
 
   py::class_<PyModel>(m, "Model")
       .def(py::init([](const std::string& path, int threads, int64_t ctx,
-                       const std::string& cache_type, int max_sequences,
-                       const std::vector<std::string>& args) {
+                       const std::string& cache_type, int max_sequences, int64_t checkpoints,
+                       int64_t checkpoint_every, const std::vector<std::string>& args) {
              py::gil_scoped_release release;
              return std::make_unique<PyModel>(path, threads, ctx, cache_type, max_sequences,
+                                              CheckpointOptions{checkpoints, checkpoint_every},
                                               args);
            }))
       .def("encode", &PyModel::encode)

@@ -665,12 +665,17 @@ class Model:
     CLI's backend flags as keywords (cpu_experts="int8", accel="host", gpu_experts=8,
     expert_cache=False, ...); ctx: positions per sequence (0: the trained context, at most
     4096); max_sequences: requests decoded
-    together (generate / chat calls iterated at the same time share each forward)."""
+    together (generate / chat calls iterated at the same time share each forward); checkpoints,
+    checkpoint_every: hybrid models' (Qwen3.5, Qwen3-Next) recurrent-state checkpoints kept per
+    sequence and their interval, where a prompt sharing a prefix resumes (the CLI's
+    --checkpoints / --checkpoint-every)."""
 
     def __init__(self, path: str, *, threads: int = 0, ctx: int = 0, cache_type: str = "f32",
-                 max_sequences: int = 4, **backend_flags):
+                 max_sequences: int = 4, checkpoints: int = 4, checkpoint_every: int = 1024,
+                 **backend_flags):
         self._m = _tandem.Model(os.fspath(path), int(threads), int(ctx), cache_type,
-                                int(max_sequences), _flag_args(backend_flags))
+                                int(max_sequences), int(checkpoints), int(checkpoint_every),
+                                _flag_args(backend_flags))
         self._queues = {}
         self._lock = threading.RLock()
 

@@ -132,3 +132,25 @@ def test_python_threads_share_the_model(model):
     for t in threads:
         t.join(timeout=120)
     assert got == solo
+
+
+def test_hybrid_model_equals_the_cli_alone_together_and_on_the_accelerator(tandem_bin):
+    # Qwen3.5-MoE (DeltaNet layers with a recurrent state, gated attention): greedy text equals
+    # the CLI's; three requests at once each equal their solo runs; a turn that extends the last
+    # one resumes from its checkpoints and still gives the CLI's text; accel="host" gives the same.
+    path = str(data_path("golden", "qwen35moe.gguf"))
+    m = tandem.Model(path, threads=2, ctx=512, max_sequences=4, checkpoints=2,
+                     checkpoint_every=16)
+    cli = run_cli(tandem_bin, "-m", path, "-p", PROMPT, "-n", "12", "--threads", "2")
+    got = m.generate(PROMPT, max_tokens=12, temperature=0, ignore_eos=True)
+    assert cli == PROMPT + got + "\n"
+    solo = [m.generate(p, max_tokens=10, temperature=0, ignore_eos=True) for p in PROMPTS]
+    assert interleaved(m, PROMPTS, max_tokens=10, temperature=0, ignore_eos=True) == solo
+    longer = PROMPT + got + " and then"
+    cli = run_cli(tandem_bin, "-m", path, "-p", longer, "-n", "8", "--threads", "2")
+    assert cli == longer + m.generate(longer, max_tokens=8, temperature=0, ignore_eos=True) + "\n"
+    accel = tandem.Model(path, threads=2, ctx=512, max_sequences=4, accel="host",
+                         vram_budget="64M", link="none")
+    assert interleaved(accel, PROMPTS, max_tokens=10, temperature=0, ignore_eos=True) == solo
+    with pytest.raises(ValueError, match="checkpoints"):
+        tandem.Model(path, checkpoints=-1)
