@@ -2,6 +2,7 @@
 // counts (total, routed experts, active per token), tensors per dtype with their bytes, and the
 // size on disk -- for a GGUF file or an HF checkpoint directory.
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <filesystem>
 #include <map>
@@ -83,6 +84,19 @@ void print_config(const ModelConfig& c) {
   flag("attention_bias", c.attention_bias);
   flag("qk_norm", c.qk_norm);
   if (c.qk_norm_all_heads) flag("qk_norm_all_heads", true);
+  if (c.attn_output_gate) flag("attention output gate", true);
+  if (c.rope_sections != std::array<int64_t, 4>{}) {
+    row("rope sections", fmt::format("{}", fmt::join(c.rope_sections, ", ")));
+  }
+  if (c.has_linear_layers()) {
+    row("linear attention (Gated DeltaNet)",
+        fmt::format("{} of {} layers (full attention every {})", c.num_linear_layers(),
+                    c.num_layers, c.full_attention_interval));
+    row("linear heads",
+        fmt::format("k {} x {}, v {} x {}, conv {}", c.linear_num_key_heads, c.linear_key_head_dim,
+                    c.linear_num_value_heads, c.linear_value_head_dim, c.linear_conv_kernel));
+    row("recurrent state", fmt::format("{} floats per sequence and linear layer", c.linear_state_floats()));
+  }
   if (c.nextn_layers > 0) num("nextn_layers (not run)", c.nextn_layers);
   flag("tie_word_embeddings", c.tie_word_embeddings);
   if (c.sliding_window > 0) num("sliding_window", c.sliding_window);
