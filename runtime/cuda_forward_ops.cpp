@@ -3,6 +3,7 @@
 
 #ifdef TANDEM_HAVE_CUDA
 
+#include "ops/cuda/delta_net.h"
 #include "runtime/cuda_device_impl.h"
 #include "runtime/step_staging.h"
 
@@ -24,7 +25,7 @@ class CudaForwardOps final : public DeviceForwardOps {
         st_(dev.stream(stream_)),
         step_host_(&dev) {
     for (Buf** b : {&logits_, &head_in_, &step_dev_, &q_, &k_, &v_, &qa_, &qc_, &att_, &o_, &g_,
-                    &u_, &scores_}) {
+                    &u_, &scores_, &gate_, &mixed_, &conv_in_, &conv_out_, &z_, &beta_, &decay_}) {
       *b = new_buf();
     }
     const LoadedModel& m = w_->weights;
@@ -36,13 +37,19 @@ class CudaForwardOps final : public DeviceForwardOps {
            dev.name());
     }
     rope_ = ops::Rope(c.rope_dim, c.rope_theta, c.rope_scaling);
+    rope_.set_sections(c.rope_sections);
     neox_ = !(c.is_mla() || (c.arch == ModelArch::kMixtral && m.from_gguf));
     attn_scale_ = 1.0f / std::sqrt(static_cast<float>(c.head_dim)) * rope_.softmax_scale_factor();
     upload(m.out_norm);
     for (const LayerWeights& lw : m.layers) {
       for (const std::vector<float>* v :
            {&lw.attn_norm, &lw.ffn_norm, &lw.q_norm, &lw.k_norm, &lw.q_a_norm, &lw.kv_a_norm,
-            &lw.bq, &lw.bk, &lw.bv, &lw.bo, &lw.sinks, &lw.router_logit_bias, &lw.sh_gate_inp}) {
+            &lw.bq, &lw.bk, &lw.bv, &lw.bo, &lw.sinks, &lw.router_logit_bias, &lw.sh_gate_inp,
+            &lw.delta.conv_t, &lw.delta.dt_bias, &lw.delta.a, &lw.delta.norm}) {
+        upload(*v);
+      }
+      for (const std::vector<int32_t>* v :
+           {&lw.delta.conv_src, &lw.delta.z_src, &lw.delta.beta_src, &lw.delta.alpha_src}) {
         upload(*v);
       }
     }
@@ -54,12 +61,20 @@ class CudaForwardOps final : public DeviceForwardOps {
       log_warn("{} forward ops: {}", dev_.name(), e.what());
     }
     for (const auto& [h, d] : vecs_) dev_.free(d);
+    for (const auto& [h, d] : ints_) dev_.free(d);
   }
 
   KvCacheOptions cache_options(KvCacheOptions o) const override {
     o = DeviceForwardOps::cache_options(o);
+    // (The cache copies and zeroes between forwards, and the forward's kernels run on a
+    // non-blocking stream that the default stream does not wait for: each finishes here.)
     o.copy = [](void* dst, const void* src, uint64_t bytes) {
       TD_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToDevice));
+      TD_CUDA_CHECK(cudaDeviceSynchronize());
+    };
+    o.zero = [](void* dst, uint64_t bytes) {
+      TD_CUDA_CHECK(cudaMemset(dst, 0, bytes));
+      TD_CUDA_CHECK(cudaDeviceSynchronize());
     };
     return o;
   }
@@ -124,6 +139,10 @@ class CudaForwardOps final : public DeviceForwardOps {
     } else {
       attention_mha(layer, x, out);
     }
+  }
+  void linear_attention(int64_t layer, const float* x, float* out) override {
+    const CudaDevice::Timed timed(cuda_, st_, &seconds_.attention);
+    delta_net(layer, x, out);
   }
   void dense_ffn(int64_t layer, const float* x, int64_t n, float* out) override {
     const CudaDevice::Timed timed(cuda_, st_);
@@ -195,6 +214,17 @@ class CudaForwardOps final : public DeviceForwardOps {
     TD_CUDA_CHECK(cudaMemcpy(d, v.data(), v.size() * 4, cudaMemcpyHostToDevice));
     vecs_[v.data()] = d;
   }
+  void upload(const std::vector<int32_t>& v) {
+    if (v.empty() || ints_.count(v.data()) > 0) return;
+    auto* d = static_cast<int32_t*>(dev_.alloc(v.size() * 4));
+    TD_CUDA_CHECK(cudaMemcpy(d, v.data(), v.size() * 4, cudaMemcpyHostToDevice));
+    ints_[v.data()] = d;
+  }
+  const int32_t* ints(const std::vector<int32_t>& v) const {
+    const auto it = ints_.find(v.data());
+    TD_CHECK(it != ints_.end(), "CUDA forward ops: an index map was not uploaded");
+    return it->second;
+  }
   const float* vec(const std::vector<float>& v) const {
     const auto it = vecs_.find(v.data());
     TD_CHECK(it != vecs_.end(), "CUDA forward ops: a vector was not uploaded");
@@ -225,7 +255,7 @@ class CudaForwardOps final : public DeviceForwardOps {
     for (size_t i = 0; i < step_.parts.size(); ++i) {
       const ForwardStep::Part& p = step_.parts[i];
       ops::AttentionArgs a;
-      cache_->attention_args(layer, p.seq, &a);
+      cache_->attention_args(w_->weights.config.kv_layer(layer), p.seq, &a);
       if (a.blocks != nullptr) a.blocks = blocks_dev_ + static_cast<int64_t>(i) * max_blocks_;
       a.n_tokens = p.n;
       a.pos0 = p.pos0;
@@ -250,7 +280,7 @@ class CudaForwardOps final : public DeviceForwardOps {
   void write_cache(int64_t l, bool values, const int64_t* offsets, int64_t rows, const float* src,
                    int64_t d, const char* what) {
     ops::AttentionArgs base;
-    cache_->attention_args(l, step_.parts[0].seq, &base);
+    cache_->attention_args(w_->weights.config.kv_layer(l), step_.parts[0].seq, &base);
     const void* dst = nullptr;
     DType type = DType::kF32;
     switch (cache_->type()) {
@@ -278,7 +308,21 @@ class CudaForwardOps final : public DeviceForwardOps {
     float* q = grow(q_, n * nq * d);
     float* k = grow(k_, n * nkv * d);
     float* v = grow(v_, n * nkv * d);
-    mm(lw.wq, x, hd, n, q, nq * d);
+    float* gate = nullptr;
+    if (c.attn_output_gate) {
+      // q_proj's rows are each head's query then its gate: split into q and the gate.
+      float* qg = grow(o_, n * nq * 2 * d);
+      gate = grow(gate_, n * nq * d);
+      mm(lw.wq, x, hd, n, qg, nq * 2 * d);
+      const size_t row = static_cast<size_t>(d) * 4, pitch = 2 * row;
+      const size_t rows = static_cast<size_t>(n * nq);
+      TD_CUDA_CHECK(cudaMemcpy2DAsync(q, row, qg, pitch, row, rows, cudaMemcpyDeviceToDevice,
+                                      st_.stream));
+      TD_CUDA_CHECK(cudaMemcpy2DAsync(gate, row, qg + d, pitch, row, rows,
+                                      cudaMemcpyDeviceToDevice, st_.stream));
+    } else {
+      mm(lw.wq, x, hd, n, q, nq * d);
+    }
     mm(lw.wk, x, hd, n, k, nkv * d);
     mm(lw.wv, x, hd, n, v, nkv * d);
     bias(q, n, nq * d, lw.bq);
@@ -316,6 +360,7 @@ class CudaForwardOps final : public DeviceForwardOps {
       a.sinks = sinks;
       a.out = att + p.t0 * nq * d;
     });
+    if (gate != nullptr) run(sigmoid_mul_cuda(att, gate, n * nq * d, st_.stream), "output gate");
     mm(lw.wo, att, nq * d, n, out, hd);
     bias(out, n, hd, lw.bo);
   }
@@ -384,6 +429,96 @@ class CudaForwardOps final : public DeviceForwardOps {
     mm(lw.wo, o, nh * vd, n, out, hd);
   }
 
+  // A Gated DeltaNet layer (model/delta_net_layer.h's steps): the input projections into one
+  // row per token, their split, the convolution, q / k normalized, the delta rule, the gated
+  // norm, out_proj. The convolution and the delta rule run each part's tokens in segments cut at
+  // the step's checkpoints (each segment's end state copied to its checkpoint's slot by the
+  // kernels), one launch per round of segments.
+  void delta_net(int64_t l, const float* x, float* out) {
+    const LayerWeights::DeltaNet& w = w_->weights.layers[l].delta;
+    const ModelConfig& c = w_->weights.config;
+    const int64_t n = step_.n_tokens(), hd = c.hidden_size;
+    const int64_t nk = c.linear_num_key_heads, nv = c.linear_num_value_heads;
+    const int64_t hk = c.linear_key_head_dim, hv = c.linear_value_head_dim;
+    const int64_t vdim = nv * hv, ch = c.linear_conv_channels(), K = c.linear_conv_kernel;
+    const int64_t sl = c.state_layer(l);
+    float* mixed = grow(mixed_, n * w.in_rows);
+    int64_t at = 0;
+    for (const ops::Weight& in : w.in) {
+      mm(in, x, hd, n, mixed + at, w.in_rows);
+      at += in.rows();
+    }
+    float* conv_in = grow(conv_in_, n * ch);
+    float* conv_out = grow(conv_out_, n * ch);
+    float* z = grow(z_, n * vdim);
+    float* beta = grow(beta_, n * nv);
+    float* decay = grow(decay_, n * nv);
+    run(delta_prep_cuda(mixed, n, w.in_rows, ints(w.conv_src), ch, ints(w.z_src), vdim,
+                        ints(w.beta_src), ints(w.alpha_src), vec(w.a), vec(w.dt_bias), nv, conv_in,
+                        z, beta, decay, st_.stream),
+        "delta net inputs");
+    const std::vector<std::vector<DeltaSegment>> rounds = delta_rounds(sl);
+    for (const std::vector<DeltaSegment>& r : rounds) {
+      for_segments(r, [&](const DeltaSegments& segs) {
+        run(conv_silu_cuda(vec(w.conv_t), K, ch, segs, conv_in, conv_out, st_.stream),
+            "delta net convolution");
+      });
+    }
+    run(l2_normalize_qk_cuda(conv_out, n, ch, nk, hk, c.rms_norm_eps,
+                             1.0f / std::sqrt(static_cast<float>(hk)), st_.stream),
+        "delta net q / k norm");
+    DeltaRuleShape shape;
+    shape.nk = nk;
+    shape.nv = nv;
+    shape.hk = hk;
+    shape.hv = hv;
+    shape.channels = ch;
+    shape.window = (K - 1) * ch;
+    shape.tiled = w.tiled;
+    float* o = grow(att_, n * vdim);
+    for (const std::vector<DeltaSegment>& r : rounds) {
+      for_segments(r, [&](const DeltaSegments& segs) {
+        run(delta_rule_cuda(shape, segs, conv_out, decay, beta, o, st_.stream), "delta rule");
+      });
+    }
+    // rms_norm(o_h) * w * silu(z_h), per token and value head, into z.
+    run(rms_norm_cuda(o, hv, vec(w.norm), n * nv, hv, c.rms_norm_eps, o, hv, st_.stream),
+        "delta net norm");
+    run(glu_cuda(z, o, n * nv, hv, nullptr, nullptr, 0.0f, ops::kSwigluOaiAlpha, st_.stream),
+        "delta net gate");
+    mm(w.out, z, vdim, n, out, hd);
+  }
+  // Round r holds each part's r-th segment: its tokens up to its next checkpoint (copied there),
+  // the last one to the part's end.
+  std::vector<std::vector<DeltaSegment>> delta_rounds(int64_t state_layer) const {
+    std::vector<std::vector<DeltaSegment>> rounds;
+    for (size_t i = 0; i < step_.parts.size(); ++i) {
+      const ForwardStep::Part& p = step_.parts[i];
+      float* state = cache_->state(state_layer, p.seq);
+      int64_t done = 0;
+      size_t r = 0;
+      auto add = [&](int64_t end, float* snapshot) {
+        if (rounds.size() <= r) rounds.emplace_back();
+        rounds[r++].push_back(DeltaSegment{p.t0 + done, end - done, state, snapshot});
+        done = end;
+      };
+      for (const ForwardStep::Snapshot& s : step_.snapshots) {  // (ascending per part)
+        if (s.part == static_cast<int32_t>(i)) add(s.offset, cache_->slot_state(s.slot, state_layer));
+      }
+      if (done < p.n || r == 0) add(p.n, nullptr);
+    }
+    return rounds;
+  }
+  template <typename F>
+  static void for_segments(const std::vector<DeltaSegment>& round, F&& fn) {
+    for (size_t b = 0; b < round.size(); b += kDeltaMaxSegments) {
+      DeltaSegments segs;
+      segs.count = static_cast<int>(std::min<size_t>(kDeltaMaxSegments, round.size() - b));
+      for (int i = 0; i < segs.count; ++i) segs.s[i] = round[b + static_cast<size_t>(i)];
+      fn(segs);
+    }
+  }
+
   CudaDevice& cuda_;
   CudaStreamState& st_;
   ForwardOpsProfile seconds_;  // added to by the collected spans (CudaDevice::span_mu_)
@@ -391,6 +526,7 @@ class CudaForwardOps final : public DeviceForwardOps {
   bool neox_ = true;
   float attn_scale_ = 1.0f;
   std::map<const float*, float*> vecs_;  // host vector -> its device copy
+  std::map<const int32_t*, int32_t*> ints_;
   ForwardStep step_;
   KvCache* cache_ = nullptr;
   // The staged step (stage()): the pinned host area, the device buffer it is copied into, and
@@ -407,6 +543,7 @@ class CudaForwardOps final : public DeviceForwardOps {
   const int64_t* v_ofs_ = nullptr;
   const int32_t* blocks_dev_ = nullptr;
   Buf *logits_, *head_in_, *step_dev_, *q_, *k_, *v_, *qa_, *qc_, *att_, *o_, *g_, *u_, *scores_;
+  Buf *gate_, *mixed_, *conv_in_, *conv_out_, *z_, *beta_, *decay_;
 };
 
 std::unique_ptr<ForwardOps> make_cuda_forward_ops(CudaDevice& dev,

@@ -6,15 +6,19 @@
 // rounding of ops::swiglu_ffn / ops::matmul (the device sums in another order); and end to end,
 // `tandem run --accel cuda` (the dense part on the GPU too) on models `tandem synth` writes here
 // gives `--accel none`'s tokens, and a batch of sequences through `tandem bench --batch`; decode
-// steps replayed from CUDA graphs equal the steps run op by op.
+// steps replayed from CUDA graphs equal the steps run op by op; a hybrid model's turns through the
+// sequence memory on the GPU give the CPU's tokens.
 // Label gpu: skipped (exit 77) without a GPU (tests/gpu/gpu_gate.h).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
@@ -24,6 +28,7 @@
 #ifdef TANDEM_HAVE_CUDA
 #include "core/error.h"
 #include "core/thread_pool.h"
+#include "engine/generator.h"
 #include "formats/quant.h"
 #include "model/model.h"
 #include "moe/fused_moe.h"
@@ -275,10 +280,11 @@ INSTANTIATE_TEST_SUITE_P(
 // there) equals `--accel none` (greedy tokens), short and long prompts, on tiny F32 models written
 // here (the device computes F32 like the CPU does for F32 weights, in another summation order): GQA
 // with q / k norms, MLA absorbed, Qwen2's biases and shared-expert gate, gpt-oss's sinks, window
-// and biases.
+// and biases, Qwen3-Next's and Qwen3.5's Gated DeltaNet layers and gated attention.
 TEST(CudaDeviceCli, RunEqualsTheCpu) {
   test::TempDir dir("cuda_run");
-  for (const char* arch : {"qwen3moe", "deepseek2", "qwen2moe", "gpt-oss"}) {
+  for (const char* arch :
+       {"qwen3moe", "deepseek2", "qwen2moe", "gpt-oss", "qwen3next", "qwen35moe"}) {
     const std::string m = (dir / (std::string(arch) + ".gguf")).string();
     auto r = test::run_tandem(std::string("synth --arch ") + arch +
                               " --preset tiny --format gguf --type f32 --seed 2 -o " + m);
@@ -379,6 +385,99 @@ TEST(CudaStepGraphs, ReplaysEqualTheStepsRunOpByOp) {
     EXPECT_NE(cuda.err.find("replayed as graphs"), std::string::npos) << cuda.err;
     EXPECT_EQ(cuda.out, cpu.out);
   }
+}
+
+// A hybrid model (the golden tiny Qwen3.5-MoE) on the GPU's forward ops through the generator: a
+// chat's second turn extends the first's whole sequence, the third resumes from a checkpoint of
+// the second (a state the kernels copied into its slot, restored by a device copy), then three
+// sequences at once, one of them past two interval checkpoints: each answer the CPU's greedy
+// tokens for its prompt alone.
+TEST(CudaHybrid, TurnsAndBatchesThroughTheSequenceMemoryEqualTheCpu) {
+  const LoadedModel lm = load_model(test::data_path("golden/qwen35moe.gguf"));
+  auto dev = gpu();
+  auto w = upload_dense_weights(*dev, lm, true);
+  Device* d = dev.get();
+  ThreadingContext threading(ThreadingOptions{2, false, 50});
+  FusedMoeBackend moe(&threading.pool());
+  ModelOptions mo;
+  mo.pool = &threading.pool();
+  mo.moe = &moe;
+  mo.ops = [d, w](const LoadedModel&, const ForwardOpsOptions& o) {
+    return d->forward_ops(w, o);
+  };
+  Model on_gpu(lm, mo);
+  ModelOptions co;
+  co.pool = &threading.pool();
+  Model on_cpu(lm, co);
+  const int64_t vocab = lm.config.vocab_size;
+  auto solo = [&](const std::vector<int32_t>& prompt, int n) {
+    SingleSequence s(on_cpu, static_cast<int64_t>(prompt.size()) + n + 1);
+    std::vector<float> row(static_cast<size_t>(vocab));
+    s.forward(prompt, row.data(), false);
+    std::vector<int32_t> out;
+    for (int i = 0; i < n; ++i) {
+      out.push_back(static_cast<int32_t>(std::max_element(row.begin(), row.end()) - row.begin()));
+      s.forward(std::span<const int32_t>(&out.back(), 1), row.data(), false);
+    }
+    return out;
+  };
+  KvCacheOptions o;
+  o.positions = 64 * 16;
+  o.state_slots = 12;
+  o.checkpoint_interval = 32;
+  KvCache cache(on_gpu.kv_layout(), on_gpu.cache_options(o));
+  Generator g(on_gpu, cache, nullptr);
+  GenerateParams p;
+  p.sampling.temperature = 0;
+  p.ignore_eos = true;
+  std::mt19937 rng(31);
+  std::uniform_int_distribution<int32_t> tok(0, static_cast<int32_t>(vocab - 1));
+  auto tokens = [&](int n) {
+    std::vector<int32_t> v(static_cast<size_t>(n));
+    for (int32_t& t : v) t = tok(rng);
+    return v;
+  };
+  // Runs the requests to the end: each one's tokens and cached prompt tokens.
+  auto run = [&](const std::vector<std::pair<std::vector<int32_t>, int>>& reqs) {
+    std::vector<RequestId> ids;
+    for (const auto& [prompt, n] : reqs) {
+      p.max_tokens = n;
+      ids.push_back(g.submit(prompt, p));
+    }
+    std::map<RequestId, std::vector<int32_t>> out;
+    std::map<RequestId, int64_t> cached;
+    while (!g.idle()) {
+      for (const GenerateEvent& ev : g.step()) {
+        EXPECT_NE(ev.finish, FinishReason::kError) << ev.error;
+        if (ev.token >= 0) out[ev.id].push_back(ev.token);
+        if (cached.count(ev.id) == 0) cached[ev.id] = g.usage(ev.id).cached;
+      }
+    }
+    std::vector<std::pair<std::vector<int32_t>, int64_t>> r;
+    for (RequestId id : ids) r.emplace_back(out[id], cached[id]);
+    return r;
+  };
+  const std::vector<int32_t> p1 = tokens(50);
+  const auto a1 = run({{p1, 10}});
+  EXPECT_EQ(a1[0].first, solo(p1, 10));
+  std::vector<int32_t> p2 = p1;
+  p2.insert(p2.end(), a1[0].first.begin(), a1[0].first.end());
+  const std::vector<int32_t> turn = tokens(20);
+  p2.insert(p2.end(), turn.begin(), turn.end());
+  const auto a2 = run({{p2, 8}});
+  EXPECT_EQ(a2[0].first, solo(p2, 8));
+  EXPECT_EQ(a2[0].second, 59);  // p1 and a1 but its last token
+  std::vector<int32_t> p3 = p2;
+  const std::vector<int32_t> turn3 = tokens(12);
+  p3.insert(p3.end(), turn3.begin(), turn3.end());
+  const auto a3 = run({{p3, 6}});
+  EXPECT_EQ(a3[0].first, solo(p3, 6));
+  EXPECT_EQ(a3[0].second, static_cast<int64_t>(p2.size()) - 1);
+  const std::vector<int32_t> q1 = tokens(70), q2 = tokens(5), q3 = tokens(33);
+  const auto batch = run({{q1, 7}, {q2, 9}, {q3, 4}});
+  EXPECT_EQ(batch[0].first, solo(q1, 7));
+  EXPECT_EQ(batch[1].first, solo(q2, 9));
+  EXPECT_EQ(batch[2].first, solo(q3, 4));
 }
 
 }  // namespace
