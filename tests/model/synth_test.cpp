@@ -4,6 +4,7 @@
 // determinism, routing spread, and the `tandem synth` / `tandem show` commands.
 #include "formats/synth.h"
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -13,6 +14,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <regex>
 #include <set>
 #include <sstream>
 
@@ -329,6 +331,69 @@ TEST(Synth, GptOssHfExpertsLoadAsTheGgufOnes) {
             ASSERT_EQ(row_f32(x, r), row_f32(y, r)) << "layer " << l << " expert " << e << " row "
                                                     << r;
           }
+        }
+      }
+    }
+  }
+}
+
+// Qwen3.5's Hugging Face release stacks each layer's experts as transformers' 3-D parameters
+// (mlp.experts.gate_up_proj [E, 2 ff, hidden], gate then up; mlp.experts.down_proj [E, hidden,
+// ff]): the same checkpoint rewritten so loads expert rows equal to the per-expert tensors'.
+TEST(Synth, Qwen35StackedHfExpertsLoadAsPerExpertOnes) {
+  test::TempDir dir("synthq35");
+  synth(dir / "hf", "qwen35moe", SynthType::kBF16, SynthFormat::kHf, 5);
+  const SafetensorsModel src = SafetensorsModel::open(dir / "hf");
+  const LoadedModel per = load_model(dir / "hf");
+  const ModelConfig& c = per.config;
+  const int64_t ne = c.n_experts, ff = c.moe_intermediate_size, hd = c.hidden_size;
+  fs::create_directories(dir / "stacked");
+  SafetensorsWriter w(dir / "stacked");
+  const std::regex expert(R"((.*\.mlp\.experts\.)(\d+)\.(gate|up|down)_proj\.weight)");
+  std::set<std::string> stacked;
+  for (const auto& t : src.tensors()) {
+    std::smatch m;
+    if (!std::regex_match(t.name, m, expert)) {
+      std::vector<int64_t> shape(t.shape.begin(), t.shape.begin() + t.ndim);
+      const uint8_t* data = t.data;
+      const uint64_t n = t.nbytes;
+      w.add_tensor(t.name, t.dtype, shape, [data, n](void* dst) { std::memcpy(dst, data, n); });
+      continue;
+    }
+    const std::string prefix = m[1];
+    if (!stacked.insert(prefix).second) continue;
+    const uint64_t row = static_cast<uint64_t>(hd) * 2;  // (BF16 rows of hidden values)
+    w.add_tensor(prefix + "gate_up_proj", DType::kBF16, {ne, 2 * ff, hd}, [&, prefix](void* dst) {
+      auto* out = static_cast<uint8_t*>(dst);
+      for (int64_t e = 0; e < ne; ++e) {
+        for (const char* part : {"gate", "up"}) {
+          const Tensor x = src.tensor(fmt::format("{}{}.{}_proj.weight", prefix, e, part));
+          std::memcpy(out, x.data, static_cast<size_t>(ff) * row);
+          out += ff * row;
+        }
+      }
+    });
+    w.add_tensor(prefix + "down_proj", DType::kBF16, {ne, hd, ff}, [&, prefix](void* dst) {
+      auto* out = static_cast<uint8_t*>(dst);
+      for (int64_t e = 0; e < ne; ++e) {
+        const Tensor x = src.tensor(fmt::format("{}{}.down_proj.weight", prefix, e));
+        std::memcpy(out, x.data, static_cast<size_t>(hd * ff * 2));
+        out += hd * ff * 2;
+      }
+    });
+  }
+  w.write();
+  fs::copy_file(dir / "hf" / "config.json", dir / "stacked" / "config.json");
+  ASSERT_EQ(stacked.size(), static_cast<size_t>(c.num_layers + c.nextn_layers));
+  const LoadedModel st = load_model(dir / "stacked");
+  for (size_t l = 0; l < per.layers.size(); ++l) {
+    for (int64_t e = 0; e < ne; ++e) {
+      for (const auto m : {&ExpertWeights::gate, &ExpertWeights::up, &ExpertWeights::down}) {
+        const Tensor& x = (st.layers[l].experts.*m)[static_cast<size_t>(e)].t;
+        const Tensor& y = (per.layers[l].experts.*m)[static_cast<size_t>(e)].t;
+        ASSERT_EQ(x.rows(), y.rows());
+        for (int64_t r = 0; r < x.rows(); ++r) {
+          ASSERT_EQ(row_f32(x, r), row_f32(y, r)) << "layer " << l << " expert " << e;
         }
       }
     }
