@@ -15,8 +15,9 @@
 set -uo pipefail
 
 binaries=(tandem tests/test_gpu_cuda_info_test tests/test_gpu_cuda_dequant_test
-          tests/test_gpu_cuda_ops_test tests/test_gpu_cuda_device_test
-          tests/test_gpu_moe_stream_test bench/bench_cuda_dequant_bench)
+          tests/test_gpu_cuda_ops_test tests/test_gpu_cuda_delta_net_test
+          tests/test_gpu_cuda_device_test tests/test_gpu_moe_stream_test
+          bench/bench_cuda_dequant_bench)
 pack=.devcarry/pack.tar.xz
 
 case "${1:-}" in
@@ -67,7 +68,8 @@ step() {  # step NAME LIMIT_S COMMAND...: runs it, its output in $out/NAME.log
 }
 
 if [ "$what" != bench ]; then
-  for t in cuda_info_test cuda_dequant_test cuda_ops_test cuda_device_test moe_stream_test; do
+  for t in cuda_info_test cuda_dequant_test cuda_ops_test cuda_delta_net_test cuda_device_test \
+    moe_stream_test; do
     step "$t" 100 "$build/tests/test_gpu_$t"
   done
 fi
