@@ -24,6 +24,7 @@
 #include "runtime/dense_weights.h"
 #include "runtime/device.h"
 #include "runtime/moe_runtime.h"
+#include "tests/sequences_check.h"
 #include "tests/test_util.h"
 
 namespace tandem {
@@ -34,19 +35,8 @@ ThreadingContext& threading() {
   return ctx;
 }
 
-int32_t argmax(const float* x, int64_t n) {
-  return static_cast<int32_t>(std::max_element(x, x + n) - x);
-}
-
-// Max |d| over the row in units of the golden F32 tolerance (<= 1 passes).
-double tolerance_units(const float* got, const float* ref, int64_t n) {
-  double md = 0, mr = 0;
-  for (int64_t j = 0; j < n; ++j) {
-    md = std::max(md, std::fabs(static_cast<double>(got[j]) - ref[j]));
-    mr = std::max(mr, std::fabs(static_cast<double>(ref[j])));
-  }
-  return md / (1e-4 + 1e-3 * mr);
-}
+using test::argmax;
+using test::tolerance_units;
 
 struct Case {
   std::string model;    // under tests/data
@@ -149,31 +139,6 @@ std::vector<int32_t> random_tokens(std::mt19937& rng, int64_t n, int64_t vocab) 
   return v;
 }
 
-// The sequence alone: its prompt prefilled, then `steps` greedy decode steps. rows[i]: the
-// logits after prefill (i = 0) and after each decode step; greedy[i] their argmax.
-struct Solo {
-  std::vector<std::vector<float>> rows;
-  std::vector<int32_t> greedy;
-};
-
-Solo run_solo(Net& net, const std::vector<int32_t>& prompt, int steps, size_t first_chunk = 0) {
-  SingleSequence s(*net.model, static_cast<int64_t>(prompt.size()) + steps + 1);
-  Solo r;
-  std::vector<float> row(static_cast<size_t>(net.vocab()));
-  if (first_chunk > 0) {
-    s.forward(std::span<const int32_t>(prompt.data(), first_chunk), row.data(), false);
-  }
-  s.forward(std::span<const int32_t>(prompt.data() + first_chunk, prompt.size() - first_chunk),
-            row.data(), false);
-  for (int i = 0;; ++i) {
-    r.rows.push_back(row);
-    r.greedy.push_back(argmax(row.data(), net.vocab()));
-    if (i == steps) break;
-    s.forward(std::span<const int32_t>(&r.greedy.back(), 1), row.data(), false);
-  }
-  return r;
-}
-
 // What a sequence went through: chunks fed in turn, truncations between them (truncate >= 0:
 // keep that many positions). A chunk's size decides how MLA attends (a quantized model's numbers
 // follow it), so a sequence computed alone is compared after the same steps.
@@ -213,58 +178,20 @@ TEST_P(BatchForward, StaggeredSequencesEqualTheirSoloRuns) {
   const int steps[8] = {6, 9, 4, 8, 10, 5, 7, 3};
   std::mt19937 rng(7);
   std::vector<std::vector<int32_t>> prompts;
-  std::vector<Solo> solo;
+  std::vector<test::SoloRun> solo;
   for (int i = 0; i < 8; ++i) {
     prompts.push_back(random_tokens(rng, lengths[i], nv));
-    solo.push_back(run_solo(net->reference(), prompts.back(), steps[i], i == 3 ? 25 : 0));
+    solo.push_back(
+        test::run_solo(*net->reference().model, prompts.back(), steps[i], i == 3 ? 25 : 0));
   }
   double worst = 0;
   for (int n_seq = 1; n_seq <= 8; ++n_seq) {
     KvCacheOptions o;
     o.positions = 64 * 8;  // a block each at most: released sequences' blocks are reused
     KvCache cache(net->model->kv_layout(), net->model->cache_options(o));
-    std::vector<SeqId> id(8, -1);
-    std::vector<int> done(8, -1);  // logits rows compared so far; -1: not started
-    std::vector<int32_t> next(8, 0);
-    for (int step = 0; step < 20; ++step) {
-      std::vector<SeqTokens> batch;
-      std::vector<int> who;
-      for (int i = 0; i < n_seq; ++i) {
-        const auto& p = prompts[static_cast<size_t>(i)];
-        if (i == 3 && step == start[i]) {  // the first chunk of a prompt: no logits
-          id[i] = cache.create();
-          batch.push_back({id[i], std::span<const int32_t>(p.data(), 25), -1, LogitRows::kNone});
-          continue;
-        }
-        if (step == start[i] + (i == 3 ? 1 : 0)) {
-          if (id[i] < 0) id[i] = cache.create();
-          const size_t from = i == 3 ? 25 : 0;
-          batch.push_back({id[i], std::span<const int32_t>(p.data() + from, p.size() - from)});
-          who.push_back(i);
-          done[i] = 0;
-        } else if (done[i] > 0 && done[i] <= steps[i]) {
-          batch.push_back({id[i], std::span<const int32_t>(&next[i], 1)});
-          who.push_back(i);
-        }
-      }
-      if (batch.empty()) continue;
-      std::vector<float> logits(who.size() * static_cast<size_t>(nv));
-      ASSERT_EQ(net->model->forward(batch, cache, logits.data()), static_cast<int64_t>(who.size()));
-      for (size_t j = 0; j < who.size(); ++j) {
-        const int i = who[j];
-        const float* row = logits.data() + j * static_cast<size_t>(nv);
-        const auto& want = solo[static_cast<size_t>(i)].rows[static_cast<size_t>(done[i])];
-        const double u = tolerance_units(row, want.data(), nv);
-        worst = std::max(worst, u);
-        ASSERT_LE(u, 1.0) << "N " << n_seq << " sequence " << i << " row " << done[i];
-        next[i] = argmax(row, nv);
-        ASSERT_EQ(next[i], solo[static_cast<size_t>(i)].greedy[static_cast<size_t>(done[i])])
-            << "N " << n_seq << " sequence " << i << " row " << done[i];
-        if (++done[i] > steps[i]) cache.release(id[i]);
-      }
-    }
-    for (int i = 0; i < n_seq; ++i) EXPECT_GT(done[i], steps[i]) << "sequence " << i;
-    EXPECT_EQ(cache.blocks_free(), cache.blocks_total());
+    worst = std::max(worst, test::check_staggered(*net->model, cache, prompts, solo, start, steps,
+                                                  n_seq, 25));
+    if (HasFailure()) return;
   }
   std::printf("%s: worst %.3g of the F32 tolerance\n", GetParam().model.c_str(), worst);
 }

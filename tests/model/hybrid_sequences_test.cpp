@@ -27,6 +27,7 @@
 #include "model/model.h"
 #include "model/weights.h"
 #include "runtime/moe_runtime.h"
+#include "tests/sequences_check.h"
 #include "tests/test_util.h"
 
 namespace tandem {
@@ -37,18 +38,8 @@ ThreadingContext& threading() {
   return ctx;
 }
 
-int32_t argmax(const float* x, int64_t n) {
-  return static_cast<int32_t>(std::max_element(x, x + n) - x);
-}
-
-double tolerance_units(const float* got, const float* ref, int64_t n) {
-  double md = 0, mr = 0;
-  for (int64_t j = 0; j < n; ++j) {
-    md = std::max(md, std::fabs(static_cast<double>(got[j]) - ref[j]));
-    mr = std::max(mr, std::fabs(static_cast<double>(ref[j])));
-  }
-  return md / (1e-4 + 1e-3 * mr);
-}
+using test::argmax;
+using test::tolerance_units;
 
 // max |d| / max |ref| over the row.
 double relative(const float* got, const float* ref, int64_t n) {
@@ -111,7 +102,9 @@ std::unique_ptr<Net> open(const Case& c) {
     net->runtime->apply(&mo);
   }
   net->model = std::make_unique<Model>(net->lm, mo);
-  if (c.backend == "host") EXPECT_EQ(net->model->ops().name(), "host");
+  if (c.backend == "host") {
+    EXPECT_EQ(net->model->ops().name(), "host");
+  }
   return net;
 }
 
@@ -158,72 +151,17 @@ TEST_P(HybridSequences, StaggeredSequencesEqualTheirSoloRuns) {
   const int steps[8] = {6, 9, 4, 8, 10, 5, 7, 3};
   std::mt19937 rng(7);
   std::vector<std::vector<int32_t>> prompts;
-  struct Solo {
-    std::vector<std::vector<float>> rows;
-    std::vector<int32_t> greedy;
-  };
-  std::vector<Solo> solo;
+  std::vector<test::SoloRun> solo;
   for (int i = 0; i < 8; ++i) {
     prompts.push_back(random_tokens(rng, lengths[i], nv));
-    const auto& p = prompts.back();
-    SingleSequence s(*net->model, static_cast<int64_t>(p.size()) + steps[i] + 1);
-    Solo r;
-    std::vector<float> row(static_cast<size_t>(nv));
-    s.forward(p, row.data(), false);
-    for (int k = 0;; ++k) {
-      r.rows.push_back(row);
-      r.greedy.push_back(argmax(row.data(), nv));
-      if (k == steps[i]) break;
-      s.forward(std::span<const int32_t>(&r.greedy.back(), 1), row.data(), false);
-    }
-    solo.push_back(std::move(r));
+    solo.push_back(test::run_solo(*net->model, prompts.back(), steps[i]));
   }
   double worst = 0;
   for (int n_seq = 1; n_seq <= 8; ++n_seq) {
     KvCache cache = make_cache(*net, 64 * 8, 8);
-    std::vector<SeqId> id(8, -1);
-    std::vector<int> done(8, -1);
-    std::vector<int32_t> next(8, 0);
-    for (int step = 0; step < 20; ++step) {
-      std::vector<SeqTokens> batch;
-      std::vector<int> who;
-      for (int i = 0; i < n_seq; ++i) {
-        const auto& p = prompts[static_cast<size_t>(i)];
-        if (i == 3 && step == start[i]) {  // a prompt's first chunk: no logits
-          id[i] = cache.create();
-          batch.push_back({id[i], std::span<const int32_t>(p.data(), 40), -1, LogitRows::kNone});
-          continue;
-        }
-        if (step == start[i] + (i == 3 ? 1 : 0)) {
-          if (id[i] < 0) id[i] = cache.create();
-          const size_t from = i == 3 ? 40 : 0;
-          batch.push_back({id[i], std::span<const int32_t>(p.data() + from, p.size() - from)});
-          who.push_back(i);
-          done[i] = 0;
-        } else if (done[i] > 0 && done[i] <= steps[i]) {
-          batch.push_back({id[i], std::span<const int32_t>(&next[i], 1)});
-          who.push_back(i);
-        }
-      }
-      if (batch.empty()) continue;
-      std::vector<float> logits(who.size() * static_cast<size_t>(nv));
-      ASSERT_EQ(net->model->forward(batch, cache, logits.data()), static_cast<int64_t>(who.size()));
-      for (size_t j = 0; j < who.size(); ++j) {
-        const int i = who[j];
-        const float* row = logits.data() + j * static_cast<size_t>(nv);
-        const auto& want = solo[static_cast<size_t>(i)].rows[static_cast<size_t>(done[i])];
-        const double u = tolerance_units(row, want.data(), nv);
-        worst = std::max(worst, u);
-        ASSERT_LE(u, 1.0) << "N " << n_seq << " sequence " << i << " row " << done[i];
-        next[i] = argmax(row, nv);
-        ASSERT_EQ(next[i], solo[static_cast<size_t>(i)].greedy[static_cast<size_t>(done[i])])
-            << "N " << n_seq << " sequence " << i << " row " << done[i];
-        if (++done[i] > steps[i]) cache.release(id[i]);
-      }
-    }
-    for (int i = 0; i < n_seq; ++i) EXPECT_GT(done[i], steps[i]) << "sequence " << i;
-    EXPECT_EQ(cache.blocks_free(), cache.blocks_total());
-    EXPECT_EQ(cache.state_slots_free(), cache.state_slots());
+    worst = std::max(worst, test::check_staggered(*net->model, cache, prompts, solo, start, steps,
+                                                  n_seq, 40));
+    if (HasFailure()) return;
   }
   std::printf("%s %s: worst %.3g of the F32 tolerance\n", GetParam().model.c_str(),
               GetParam().backend.c_str(), worst);
