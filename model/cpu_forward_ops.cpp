@@ -58,7 +58,7 @@ class CpuForwardOps final : public ForwardOps {
     return grow(buffers_[slot], count);
   }
   void begin(const ForwardStep& step, KvCache& cache) override {
-    step_ = step;
+    if (w_.config.has_linear_layers()) step_ = step;  // (the DeltaNet layers read it whole)
     parts_ = step.parts;
     part_of_ = step.part_of;
     pos_ = step.pos;
@@ -186,7 +186,7 @@ class CpuForwardOps final : public ForwardOps {
   ops::RopeForm rope_form_;
   float attn_scale_;
   int64_t delta_chunk_tokens_;
-  ForwardStep step_;  // the step being computed (the DeltaNet layers read it whole)
+  ForwardStep step_;  // hybrid models: the step being computed
   DeltaNetScratch delta_scratch_;
   ForwardOpsProfile profile_;
   // The step being computed: its parts, each token's id, part and position, its cache.
@@ -309,7 +309,9 @@ void CpuForwardOps::attention_mha(KvCache& cache, int64_t l, int64_t n, const fl
     kern::attention(args, pool);
   });
   if (gated) {
-    for (int64_t i = 0; i < n * nq * d; ++i) att[i] *= ops::sigmoid(gate[i]);
+    for_tokens(n, [&](int64_t t) {
+      for (int64_t i = t * nq * d; i < (t + 1) * nq * d; ++i) att[i] *= ops::sigmoid(gate[i]);
+    });
   }
   kern::matmul(lw.wo, att, n, out, pool_, views_);
   if (!lw.bo.empty()) {

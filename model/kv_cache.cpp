@@ -141,7 +141,9 @@ KvCache::Seq& KvCache::seq_ref(SeqId seq) {
   return const_cast<Seq&>(static_cast<const KvCache*>(this)->seq_ref(seq));
 }
 
-SeqId KvCache::create() {
+SeqId KvCache::create() { return create_seq(true); }
+
+SeqId KvCache::create_seq(bool zero_state) {
   int32_t slot = -1;
   if (has_state()) {
     slot = take_slot({});
@@ -152,7 +154,7 @@ SeqId KvCache::create() {
            n_slots_);
     }
     slots_[static_cast<size_t>(slot)].refs = 1;
-    zero_bytes(slot_address(slot), slot_bytes_);
+    if (zero_state) zero_bytes(slot_address(slot), slot_bytes_);
   }
   size_t i = 0;
   while (i < seqs_.size() && seqs_[i].live) ++i;
@@ -170,8 +172,8 @@ SeqId KvCache::create() {
 }
 
 SeqId KvCache::fork(SeqId src) {
-  seq_ref(src);  // (checks it before create() may move seqs_)
-  const SeqId id = create();
+  seq_ref(src);  // (checks it before create_seq() may move seqs_)
+  const SeqId id = create_seq(false);  // (its state is the source's copy below)
   Seq& dst = seqs_[static_cast<size_t>(id)];
   const Seq& s = seqs_[static_cast<size_t>(src)];
   dst.length = s.length;

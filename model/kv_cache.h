@@ -221,6 +221,7 @@ class KvCache {
     uint64_t used = 0;
   };
   void init_state();
+  SeqId create_seq(bool zero_state);  // create(); fork() overwrites the state instead
   int32_t take_slot(const std::vector<int32_t>& keep);  // -1: none (free or evictable)
   void unref_slot(int32_t slot);
   void evict_checkpoint(int32_t slot);

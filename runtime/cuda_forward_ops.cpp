@@ -36,6 +36,12 @@ class CudaForwardOps final : public DeviceForwardOps {
            "absorbed), not naive",
            dev.name());
     }
+    if (c.has_linear_layers() && (c.linear_conv_kernel > 8 || c.linear_key_head_dim > 256)) {
+      fail(ErrorKind::kUnsupported,
+           "{}: the CUDA DeltaNet kernels take convolutions up to 8 wide and key heads up to 256 "
+           "(this model: {} and {}); run it with --accel none or host",
+           dev.name(), c.linear_conv_kernel, c.linear_key_head_dim);
+    }
     rope_ = ops::Rope(c.rope_dim, c.rope_theta, c.rope_scaling);
     rope_.set_sections(c.rope_sections);
     neox_ = !(c.is_mla() || (c.arch == ModelArch::kMixtral && m.from_gguf));

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <random>
 #include <span>
 #include <vector>
 
@@ -29,6 +30,14 @@ inline double tolerance_units(const float* got, const float* ref, int64_t n) {
     mr = std::max(mr, std::fabs(static_cast<double>(ref[j])));
   }
   return md / (1e-4 + 1e-3 * mr);
+}
+
+// n token ids drawn uniformly from [0, vocab).
+inline std::vector<int32_t> random_tokens(std::mt19937& rng, int64_t n, int64_t vocab) {
+  std::uniform_int_distribution<int32_t> u(0, static_cast<int32_t>(vocab - 1));
+  std::vector<int32_t> v(static_cast<size_t>(n));
+  for (int32_t& t : v) t = u(rng);
+  return v;
 }
 
 // A sequence computed alone: the logits row after its prompt, then after each of `steps` greedy

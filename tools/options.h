@@ -68,19 +68,6 @@ inline CLI::Option* add_cache_type_option(CLI::App& app, std::string* type) {
       ->capture_default_str();
 }
 
-// --checkpoints, --checkpoint-every: hybrid models' recurrent-state checkpoints
-// (CheckpointOptions).
-inline void add_checkpoint_options(CLI::App& app, CheckpointOptions* o) {
-  app.add_option("--checkpoints", o->per_sequence,
-                 "hybrid models (Qwen3.5, Qwen3-Next): recurrent-state checkpoints kept per "
-                 "sequence, where a prompt sharing a prefix resumes (each a copy of the state)")
-      ->capture_default_str();
-  app.add_option("--checkpoint-every", o->every,
-                 "hybrid models: a checkpoint every N positions of a sequence, besides the end "
-                 "of each prompt (0: only there)")
-      ->capture_default_str();
-}
-
 // A number in [lo, hi] (CLI::Range's message prints DBL_MAX in full). main() refuses NaN,
 // infinities and out-of-range integers in every numeric option before this runs.
 inline CLI::Validator number_in(double lo, double hi = std::numeric_limits<double>::max()) {
@@ -96,6 +83,23 @@ inline CLI::Validator number_in(double lo, double hi = std::numeric_limits<doubl
       },
       "");
 }
+
+// --checkpoints, --checkpoint-every: hybrid models' recurrent-state checkpoints
+// (CheckpointOptions).
+inline void add_checkpoint_options(CLI::App& app, CheckpointOptions* o) {
+  app.add_option("--checkpoints", o->per_sequence,
+                 "hybrid models (Qwen3.5, Qwen3-Next): recurrent-state checkpoints per sequence "
+                 "the cache has room for (each a copy of the state; a prompt sharing a prefix "
+                 "resumes from one; the least recently used goes first)")
+      ->capture_default_str()
+      ->check(number_in(0, 1024));
+  app.add_option("--checkpoint-every", o->every,
+                 "hybrid models: a checkpoint every N positions of a sequence, besides the end "
+                 "of each prompt (0: only there)")
+      ->capture_default_str()
+      ->check(number_in(0));
+}
+
 
 // "ID+BIAS" / "ID-BIAS" (llama.cpp's --logit-bias; "-inf" bans the token). Error naming the flag
 // otherwise.

@@ -666,8 +666,8 @@ class Model:
     expert_cache=False, ...); ctx: positions per sequence (0: the trained context, at most
     4096); max_sequences: requests decoded
     together (generate / chat calls iterated at the same time share each forward); checkpoints,
-    checkpoint_every: hybrid models' (Qwen3.5, Qwen3-Next) recurrent-state checkpoints kept per
-    sequence and their interval, where a prompt sharing a prefix resumes (the CLI's
+    checkpoint_every: hybrid models' (Qwen3.5, Qwen3-Next) recurrent-state checkpoints per
+    sequence the cache has room for and their interval, where a prompt sharing a prefix resumes (the CLI's
     --checkpoints / --checkpoint-every)."""
 
     def __init__(self, path: str, *, threads: int = 0, ctx: int = 0, cache_type: str = "f32",

@@ -36,6 +36,7 @@ ThreadingContext& threading() {
 }
 
 using test::argmax;
+using test::random_tokens;
 using test::tolerance_units;
 
 struct Case {
@@ -130,13 +131,6 @@ std::unique_ptr<Net> open(const Case& c) {
   }
   net->model = std::make_unique<Model>(net->lm, mo);
   return net;
-}
-
-std::vector<int32_t> random_tokens(std::mt19937& rng, int64_t n, int64_t vocab) {
-  std::uniform_int_distribution<int32_t> u(0, static_cast<int32_t>(vocab - 1));
-  std::vector<int32_t> v(static_cast<size_t>(n));
-  for (int32_t& t : v) t = u(rng);
-  return v;
 }
 
 // What a sequence went through: chunks fed in turn, truncations between them (truncate >= 0:

@@ -39,6 +39,7 @@ ThreadingContext& threading() {
 }
 
 using test::argmax;
+using test::random_tokens;
 using test::tolerance_units;
 
 // max |d| / max |ref| over the row.
@@ -106,13 +107,6 @@ std::unique_ptr<Net> open(const Case& c) {
     EXPECT_EQ(net->model->ops().name(), "host");
   }
   return net;
-}
-
-std::vector<int32_t> random_tokens(std::mt19937& rng, int64_t n, int64_t vocab) {
-  std::uniform_int_distribution<int32_t> u(0, static_cast<int32_t>(vocab - 1));
-  std::vector<int32_t> v(static_cast<size_t>(n));
-  for (int32_t& t : v) t = u(rng);
-  return v;
 }
 
 KvCache make_cache(Net& net, int64_t positions, int64_t slots, int64_t interval = 0,
@@ -421,18 +415,9 @@ Gen& gen_model() {
   return g;
 }
 
-// Greedy continuation of `prompt` alone.
+// Greedy continuation of `prompt` alone: n tokens.
 std::vector<int32_t> solo_greedy(const std::vector<int32_t>& prompt, int n) {
-  Net& net = *gen_model().net;
-  SingleSequence s(*net.model, static_cast<int64_t>(prompt.size()) + n + 1);
-  std::vector<float> row(static_cast<size_t>(net.vocab()));
-  s.forward(prompt, row.data(), false);
-  std::vector<int32_t> out;
-  for (int i = 0; i < n; ++i) {
-    out.push_back(argmax(row.data(), net.vocab()));
-    s.forward(std::span<const int32_t>(&out.back(), 1), row.data(), false);
-  }
-  return out;
+  return test::run_solo(*gen_model().net->model, prompt, n - 1).greedy;
 }
 
 GenerateParams greedy(int n) {

@@ -300,6 +300,13 @@ TEST(Hostile, ContextSizesAreChecked) {
   r = test::run_tandem(base + " --ctx -5", "", kLimits);
   EXPECT_EQ(r.exit_code, 1) << r.err;
   EXPECT_NE(error_line(r.err).find("--ctx"), std::string::npos) << r.err;
+  // The recurrent-state checkpoints' flags (hybrid models) are checked the same way.
+  for (const char* flag : {" --checkpoints -1", " --checkpoints 5000", " --checkpoint-every -5"}) {
+    r = test::run_tandem(base + flag, "", kLimits);
+    EXPECT_EQ(r.exit_code, 1) << flag;
+    EXPECT_NE(error_line(r.err).find(std::string(flag).substr(1, 13)), std::string::npos)
+        << r.err;
+  }
 }
 
 // Item 9: --link 0.000001 (GB/s) emulated a link on which one expert's copy takes days.
