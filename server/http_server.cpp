@@ -7,6 +7,8 @@
 #include <chrono>
 #include <ctime>
 
+#include "core/error.h"
+
 namespace tandem::server {
 namespace {
 
@@ -18,7 +20,32 @@ void send_error(httplib::Response& res, const ApiError& e) {
   res.set_content(error_body(e), "application/json");
 }
 
-Json parse_body(const httplib::Request& req) {
+std::string status_message(const httplib::Request& req, int status, const HttpOptions& options) {
+  switch (status) {
+    case 404:
+      return fmt::format("no route {} {}", req.method, req.path);
+    case 405:
+      return fmt::format("{} is not allowed on {}", req.method, req.path);
+    case 408:
+      return fmt::format("the request did not arrive within {} s (--timeout)", options.timeout_s);
+    case 413:
+      return fmt::format(
+          "the request body is larger than the server's limit of {} bytes "
+          "(--max-body)",
+          options.max_body);
+    case 414:
+      return "the request line is too long";
+    case 431:
+      return "the request's headers are larger than 64 KiB";
+    default:
+      return fmt::format("HTTP {}", status);
+  }
+}
+
+Json parse_body(const httplib::Request& req, const HttpOptions& options) {
+  if (req.body.size() > options.max_body) {  // (chunked: read up to the connection's budget)
+    throw ApiError(413, "invalid_request_error", status_message(req, 413, options));
+  }
   // Deeper nesting than any request needs is refused before parsing (copies and dumps of JSON
   // values recurse).
   if (jinja::json_nesting(req.body).max_depth > kMaxJsonDepth) {
@@ -32,31 +59,61 @@ Json parse_body(const httplib::Request& req) {
   return body;
 }
 
-std::string status_message(const httplib::Request& req, int status, const HttpOptions& options) {
-  switch (status) {
-    case 404:
-      return fmt::format("no route {} {}", req.method, req.path);
-    case 405:
-      return fmt::format("{} is not allowed on {}", req.method, req.path);
-    case 413:
-      return fmt::format(
-          "the request body is larger than the server's limit of {} bytes "
-          "(--max-body)",
-          options.max_body);
-    case 414:
-      return "the request line is too long";
+// The status of a request whose reading stopped short (ReadStop), 0 when it did not.
+int read_stop_status(const Connection* conn) {
+  switch (conn != nullptr ? conn->read_stop() : ReadStop::kNone) {
+    case ReadStop::kTimeout:
+      return 408;
+    case ReadStop::kHeaderBytes:
+      return 431;
+    case ReadStop::kBodyBytes:
+      return 413;
     default:
-      return fmt::format("HTTP {}", status);
+      return 0;
   }
 }
 
-// cpp-httplib 0.11 (Debian 12's) listens with a backlog of 5 connections: a burst of clients
-// (64 streams opened at once) overflows it and the kernel drops their handshakes. Listening
-// again on the bound socket raises the backlog.
-class Server : public httplib::Server {
- public:
-  void raise_backlog(int n) { ::listen(svr_sock_, n); }
-};
+// A request body is read only when its size is known to fit: Content-Length within the limit,
+// or chunked (read against the connection's byte budget, then checked); compressed bodies are
+// refused (a small one may inflate without bound), as is a body with both framings or neither.
+void check_body_framing(const httplib::Request& req, const HttpOptions& options) {
+  const std::string encoding = req.get_header_value("Content-Encoding");
+  if (!encoding.empty() && encoding != "identity") {
+    throw ApiError(415, "invalid_request_error",
+                   fmt::format("compressed request bodies are not accepted (Content-Encoding: {})",
+                               printable(encoding, 40)));
+  }
+  const bool chunked = req.has_header("Transfer-Encoding");
+  if (chunked && req.get_header_value("Transfer-Encoding") != "chunked") {
+    throw ApiError(501, "invalid_request_error",
+                   fmt::format("Transfer-Encoding '{}' is not supported (chunked is)",
+                               printable(req.get_header_value("Transfer-Encoding"), 40)));
+  }
+  if (req.has_header("Content-Length")) {
+    const std::string text = req.get_header_value("Content-Length");
+    if (chunked || req.get_header_value_count("Content-Length") != 1 || text.empty() ||
+        text.size() > 19 || text.find_first_not_of("0123456789") != std::string::npos) {
+      throw ApiError(400, "invalid_request_error",
+                     "the request's Content-Length is not one number, or comes with chunked "
+                     "Transfer-Encoding");
+    }
+    if (std::stoull(text) > options.max_body) {
+      throw ApiError(413, "invalid_request_error", status_message(req, 413, options));
+    }
+  } else if (!chunked) {
+    throw ApiError(411, "invalid_request_error",
+                   "a request with a body needs Content-Length or chunked Transfer-Encoding");
+  }
+}
+
+// Compares in time independent of where the strings differ.
+bool same_secret(const std::string& a, const std::string& b) {
+  unsigned char diff = a.size() == b.size() ? 0 : 1;
+  for (size_t i = 0; i < a.size(); ++i) {
+    diff |= static_cast<unsigned char>(a[i] ^ (i < b.size() ? b[i] : 0));
+  }
+  return diff == 0;
+}
 
 // What one completion request holds while its response is written.
 struct Exchange {
@@ -66,16 +123,39 @@ struct Exchange {
   bool started = false;
 };
 
+// A response written as it is produced: chunked to HTTP/1.1 clients; to HTTP/1.0 ones (which
+// do not read chunked bodies) without a length, the connection closing at its end.
+void provide_content(const httplib::Request& req, httplib::Response& res, const char* type,
+                     httplib::ContentProviderWithoutLength provider,
+                     httplib::ContentProviderResourceReleaser release) {
+  if (req.version == "HTTP/1.0") {
+    if (Connection* conn = Connection::current()) conn->close_after_response();
+    res.set_content_provider(type, std::move(provider), std::move(release));
+  } else {
+    res.set_chunked_content_provider(type, std::move(provider), std::move(release));
+  }
+}
+
+ConnectionLimits connection_limits(const HttpOptions& o) {
+  if (o.threads < 1) {
+    fail(ErrorKind::kInvalidArgument, "--http-threads must be >= 1, got {}", o.threads);
+  }
+  if (o.port < 0 || o.port > 65535) {
+    fail(ErrorKind::kInvalidArgument, "--port must be in [0, 65535], got {}", o.port);
+  }
+  if (o.timeout_s < 1) {
+    fail(ErrorKind::kInvalidArgument, "--timeout must be >= 1, got {}", o.timeout_s);
+  }
+  ConnectionLimits l;
+  l.request_timeout = std::chrono::seconds(o.timeout_s);
+  l.body_bytes = o.max_body + (64u << 10);  // chunked framing; the body itself is checked after
+  return l;
+}
+
 }  // namespace
 
 HttpServer::HttpServer(const HttpOptions& options)
-    : options_(options), http_(std::make_unique<Server>()) {
-  if (options_.threads < 1) {
-    fail(ErrorKind::kInvalidArgument, "--http-threads must be >= 1, got {}", options_.threads);
-  }
-  if (options_.port < 0 || options_.port > 65535) {
-    fail(ErrorKind::kInvalidArgument, "--port must be in [0, 65535], got {}", options_.port);
-  }
+    : options_(options), http_(std::make_unique<ConnectionServer>(connection_limits(options))) {
   routes();
 }
 
@@ -84,6 +164,7 @@ HttpServer::~HttpServer() {
 }
 
 void HttpServer::start() {
+  pool_ = std::make_unique<ConnectionPool>(static_cast<size_t>(options_.threads));
   if (options_.port == 0) {
     port_ = http_->bind_to_any_port(options_.host);
     if (port_ < 0) {
@@ -96,8 +177,16 @@ void HttpServer::start() {
     }
     port_ = options_.port;
   }
-  static_cast<Server*>(http_.get())->raise_backlog(SOMAXCONN);
-  thread_ = std::thread([this] { http_->listen_after_bind(); });
+  http_->raise_backlog(SOMAXCONN);
+  thread_ = std::thread([this] {
+    http_->listen_after_bind();
+    listen_returned_ = true;
+  });
+  // stop() stops only a running server: wait until it runs, or a stop right after start (a
+  // model that fails to load) would leave the thread listening for ever.
+  while (!http_->is_running() && !listen_returned_) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
 }
 
 void HttpServer::ready(const ModelInfo* model, Scheduler* scheduler) {
@@ -115,18 +204,32 @@ void HttpServer::routes() {
   using httplib::Request;
   using httplib::Response;
   httplib::Server& s = *http_;
-  const int threads = options_.threads;
-  s.new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
+  s.new_task_queue = [this] { return pool_.release(); };
   s.set_payload_max_length(options_.max_body);
   s.set_pre_routing_handler([this](const Request& req, Response& res) {
+    Connection* conn = Connection::current();
+    if (conn != nullptr) conn->headers_done();
+    try {
+      if (req.method == "POST" || req.method == "PUT" || req.method == "PATCH") {
+        check_body_framing(req, options_);
+      }
+    } catch (const ApiError& e) {
+      if (conn != nullptr) conn->close_after_response();  // its body is not read
+      send_error(res, e);
+      return httplib::Server::HandlerResponse::Handled;
+    }
     if (req.path == "/health") return httplib::Server::HandlerResponse::Unhandled;
+    // The header as sent: cpp-httplib percent-decodes header values.
     if (!options_.api_key.empty() &&
-        req.get_header_value("Authorization") != "Bearer " + options_.api_key) {
+        !same_secret(conn != nullptr ? conn->raw_header("Authorization") : std::string(),
+                     "Bearer " + options_.api_key)) {
+      if (conn != nullptr) conn->close_after_response();
       send_error(res, ApiError(401, "authentication_error",
                                "a valid API key is needed: 'Authorization: Bearer KEY'"));
       return httplib::Server::HandlerResponse::Handled;
     }
     if (model_.load() == nullptr && req.path != "/metrics") {
+      if (conn != nullptr) conn->close_after_response();
       send_error(res, ApiError(503, "unavailable_error", "the model is loading"));
       return httplib::Server::HandlerResponse::Handled;
     }
@@ -134,6 +237,12 @@ void HttpServer::routes() {
   });
   s.set_error_handler(
       httplib::Server::HandlerWithResponse([this](const Request& req, Response& res) {
+        // A request cut short (too slow, too large) is answered for what cut it, and its
+        // connection closed: what is left of it is unread.
+        if (const int status = read_stop_status(Connection::current())) {
+          res.status = status;
+          res.body.clear();
+        }
         if (res.body.empty() && !res.is_chunked_content_provider_) {
           const std::string type = res.status >= 500 ? "server_error" : "invalid_request_error";
           res.set_content(
@@ -191,12 +300,13 @@ void HttpServer::routes() {
   });
   s.Post("/tokenize", guarded([this](const Request& req, Response& res) {
            const ModelInfo& m = *model_.load();
-           const Json body = parse_body(req);
+           const Json body = parse_body(req, options_);
            if (!body.is_object() || !body.contains("content") || !body["content"].is_string()) {
              bad_request("content", "'content' must be a string");
            }
-           const bool add_special = body.value("add_special", false);
-           const bool with_pieces = body.value("with_pieces", false);
+           bool add_special = false, with_pieces = false;
+           boolean(body, "add_special", &add_special);
+           boolean(body, "with_pieces", &with_pieces);
            const std::vector<int32_t> ids =
                m.tokenizer->encode(body["content"].get<std::string>(), add_special);
            Json tokens = Json::array();
@@ -212,18 +322,11 @@ void HttpServer::routes() {
   s.Post(
       "/detokenize", guarded([this](const Request& req, Response& res) {
         const ModelInfo& m = *model_.load();
-        const Json body = parse_body(req);
-        if (!body.is_object() || !body.contains("tokens") || !body["tokens"].is_array()) {
+        const Json body = parse_body(req, options_);
+        if (!body.is_object() || !body.contains("tokens")) {
           bad_request("tokens", "'tokens' must be an array of token ids");
         }
-        std::vector<int32_t> ids;
-        for (const Json& t : body["tokens"]) {
-          if (!t.is_number_integer() || t.get<int64_t>() < 0 || t.get<int64_t>() >= m.vocab_size) {
-            bad_request("tokens",
-                        fmt::format("{} is not a token id in [0, {})", t.dump(), m.vocab_size));
-          }
-          ids.push_back(static_cast<int32_t>(t.get<int64_t>()));
-        }
+        const std::vector<int32_t> ids = token_ids(body["tokens"], m, "tokens");
         res.set_content(dump_json(Json({{"content", m.tokenizer->decode(ids)}})),
                         "application/json");
       }));
@@ -232,7 +335,7 @@ void HttpServer::routes() {
     return guarded([this, chat](const Request& req, Response& res) {
       const ModelInfo& m = *model_.load();
       Scheduler& sched = *scheduler_.load();
-      const Json body = parse_body(req);
+      const Json body = parse_body(req, options_);
       auto x = std::make_shared<Exchange>();
       x->request = chat ? parse_chat_request(body, m) : parse_completion_request(body, m);
       x->job = sched.submit(x->request.prompt, x->request.params, x->request.n);
@@ -250,8 +353,8 @@ void HttpServer::routes() {
       };
       if (x->request.stream) {
         res.set_header("Cache-Control", "no-cache");
-        res.set_chunked_content_provider(
-            "text/event-stream",
+        provide_content(
+            req, res, "text/event-stream",
             [x](size_t, httplib::DataSink& sink) {
               std::string out;
               if (!x->started) {
@@ -269,8 +372,8 @@ void HttpServer::routes() {
             },
             release);
       } else {
-        res.set_chunked_content_provider(
-            "application/json",
+        provide_content(
+            req, res, "application/json",
             [x](size_t, httplib::DataSink& sink) {
               for (const Job::Event& e : x->job->take(std::chrono::milliseconds(100))) {
                 x->builder->add(e);

@@ -1,6 +1,7 @@
 // `tandem serve`'s HTTP side (cpp-httplib): the OpenAI routes, /health, /metrics, /tokenize,
 // /detokenize; the API key; OpenAI-shaped errors for everything refused. The server answers
-// (/health: 503 "loading") from the moment it is bound, before the model is loaded.
+// (/health: 503 "loading") from the moment it is bound, before the model is loaded. Its
+// connections are bounded in time, bytes and threads (server/http_connection.h).
 #pragma once
 
 #include <atomic>
@@ -9,13 +10,10 @@
 #include <string>
 #include <thread>
 
+#include "server/http_connection.h"
 #include "server/metrics.h"
 #include "server/openai.h"
 #include "server/scheduler.h"
-
-namespace httplib {
-class Server;
-}
 
 namespace tandem::server {
 
@@ -24,14 +22,16 @@ struct HttpOptions {
   int port = 8080;             // 0: any free port (port() tells which)
   std::string api_key;         // empty: none asked for
   size_t max_body = 8u << 20;  // request bodies larger: 413
-  int threads = 64;            // connections served at once
+  int threads = 64;            // connections served at once (as many more wait; beyond: 503)
+  int timeout_s = 60;          // for a request's headers and body to arrive (then 408)
 };
 
 class HttpServer {
  public:
   explicit HttpServer(const HttpOptions& options);
   ~HttpServer();
-  // Binds and starts answering on a thread. Error(kIo) naming host:port when it cannot bind.
+  // Binds and starts answering on a thread. Error(kIo) naming host:port when it cannot bind (in
+  // use, by another server too), Error(kResource) when its threads cannot be started.
   void start();
   // The model is loaded: requests go to the scheduler from now on. (Both outlive the server's
   // stop().)
@@ -44,8 +44,10 @@ class HttpServer {
  private:
   void routes();
   HttpOptions options_;
-  std::unique_ptr<httplib::Server> http_;
+  std::unique_ptr<ConnectionServer> http_;
+  std::unique_ptr<ConnectionPool> pool_;  // until the listening thread takes it
   std::thread thread_;
+  std::atomic<bool> listen_returned_{false};
   int port_ = 0;
   std::atomic<const ModelInfo*> model_{nullptr};
   std::atomic<Scheduler*> scheduler_{nullptr};

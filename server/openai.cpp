@@ -2,8 +2,11 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <limits>
+#include <unordered_set>
 
 #include "engine/chat.h"
 
@@ -42,6 +45,38 @@ std::string error_body(const ApiError& e) {
               {"param", e.param.empty() ? Json() : Json(e.param)},
               {"code", e.status}};
   return dump_json(Json({{"error", err}}));
+}
+
+namespace {
+
+const char* type_name(const Json& v);
+
+}  // namespace
+
+void boolean(const Json& body, const char* key, bool* out) {
+  if (!body.contains(key) || body[key].is_null()) return;
+  if (!body[key].is_boolean()) {
+    bad_request(key, fmt::format("'{}' must be a boolean, not {}", key, type_name(body[key])));
+  }
+  *out = body[key].get<bool>();
+}
+
+std::vector<int32_t> token_ids(const Json& v, const ModelInfo& m, const char* field) {
+  if (!v.is_array()) bad_request(field, fmt::format("'{}' must be an array of token ids", field));
+  std::vector<int32_t> ids;
+  ids.reserve(v.size());
+  for (const Json& x : v) {
+    int64_t id = -1;
+    if (x.is_number_integer() && !(x.is_number_unsigned() && x.get<uint64_t>() > INT32_MAX)) {
+      id = x.get<int64_t>();
+    }
+    if (id < 0 || id >= m.vocab_size) {
+      bad_request(field, fmt::format("'{}': {} is not a token id in [0, {})", field, x.dump(),
+                                     m.vocab_size));
+    }
+    ids.push_back(static_cast<int32_t>(id));
+  }
+  return ids;
 }
 
 namespace {
@@ -85,19 +120,14 @@ void integer(const Json& body, const char* key, int64_t lo, int64_t hi, T* out) 
     bad_request(key, fmt::format("'{}' must be an integer, not {}", key,
                                  v.is_number() ? v.dump() : type_name(v)));
   }
-  const bool neg = v.is_number_integer() && !v.is_number_unsigned() && v.get<int64_t>() < 0;
-  if (neg ? v.get<int64_t>() < lo : (v.get<uint64_t>() > static_cast<uint64_t>(hi))) {
+  // (JSON's non-negative integers parse as unsigned: one past int64's range is out of range.)
+  const bool fits =
+      !v.is_number_unsigned() || v.get<uint64_t>() <= static_cast<uint64_t>(std::max<int64_t>(hi, 0));
+  const int64_t x = fits ? v.get<int64_t>() : hi;
+  if (!fits || x < lo || x > hi) {
     bad_request(key, fmt::format("'{}' must be in [{}, {}], got {}", key, lo, hi, v.dump()));
   }
-  *out = static_cast<T>(v.get<int64_t>());
-}
-
-void boolean(const Json& body, const char* key, bool* out) {
-  if (!body.contains(key) || body[key].is_null()) return;
-  if (!body[key].is_boolean()) {
-    bad_request(key, fmt::format("'{}' must be a boolean, not {}", key, type_name(body[key])));
-  }
-  *out = body[key].get<bool>();
+  *out = static_cast<T>(x);
 }
 
 void check_object(const Json& body) {
@@ -168,6 +198,13 @@ void parse_common(const Json& body, const ModelInfo& m, ApiRequest* r) {
       const float bias = v.get<double>() <= -100 ? -INFINITY : v.get<float>();
       s.logit_bias.push_back({static_cast<int32_t>(id), bias});
     }
+    std::unordered_set<int32_t> banned;
+    for (const auto& [id, bias] : s.logit_bias) {
+      if (std::isinf(bias)) banned.insert(id);
+    }
+    if (static_cast<int64_t>(banned.size()) >= m.vocab_size) {
+      bad_request("logit_bias", "logit_bias bans every token of the vocabulary");
+    }
   }
   int64_t max_tokens = -1;
   integer(body, "max_tokens", 0, m.context, &max_tokens);
@@ -202,18 +239,6 @@ void parse_common(const Json& body, const ModelInfo& m, ApiRequest* r) {
   } catch (const Error& e) {
     bad_request("", e.what());
   }
-}
-
-std::vector<int32_t> token_array(const Json& v, const ModelInfo& m, const char* field) {
-  std::vector<int32_t> ids;
-  for (const Json& x : v) {
-    if (!x.is_number_integer() || x.get<int64_t>() < 0 || x.get<int64_t>() >= m.vocab_size) {
-      bad_request(field, fmt::format("'{}': {} is not a token id in [0, {})", field, x.dump(),
-                                     m.vocab_size));
-    }
-    ids.push_back(static_cast<int32_t>(x.get<int64_t>()));
-  }
-  return ids;
 }
 
 // A message's content as the templates take it: a string (text parts joined), or null.
@@ -263,6 +288,10 @@ Json template_messages(const Json& messages) {
     Json m = msg;
     if (role == "developer") m["role"] = "system";
     m["content"] = message_content(msg.contains("content") ? msg["content"] : Json(), i);
+    // An assistant's tool calls come with "content": null from OpenAI clients; templates that
+    // take the content as a string (Qwen3's, gpt-oss's) fail on null, and those that test it
+    // read null and "" alike.
+    if (m["content"].is_null() && msg.contains("tool_calls")) m["content"] = "";
     if (msg.contains("tool_calls") && !msg["tool_calls"].is_null()) {
       if (!msg["tool_calls"].is_array()) {
         bad_request(where + ".tool_calls", "'tool_calls' must be an array");
@@ -307,7 +336,7 @@ ApiRequest parse_completion_request(const Json& body, const ModelInfo& m) {
     r.prompt_text = p.get<std::string>();
     r.prompt = m.tokenizer->encode(r.prompt_text, /*add_special=*/true);
   } else if (p.is_array() && !p.empty() && p[0].is_number()) {
-    r.prompt = token_array(p, m, "prompt");
+    r.prompt = token_ids(p, m, "prompt");
     r.prompt_text = m.tokenizer->decode(r.prompt);
   } else if (p.is_array() && p.size() == 1 && p[0].is_string()) {
     r.prompt_text = p[0].get<std::string>();
@@ -390,12 +419,13 @@ ApiRequest parse_chat_request(const Json& body, const ModelInfo& m) {
   }
   bool logprobs = false;
   boolean(body, "logprobs", &logprobs);
-  if (logprobs) {
-    int top = 0;
-    integer(body, "top_logprobs", 0, 20, &top);
-    r.logprobs = true;
-    r.params.top_logprobs = top;
+  int top = 0;
+  integer(body, "top_logprobs", 0, 20, &top);
+  if (!logprobs && body.contains("top_logprobs") && !body["top_logprobs"].is_null()) {
+    bad_request("top_logprobs", "'top_logprobs' needs 'logprobs': true");
   }
+  r.logprobs = logprobs;
+  r.params.top_logprobs = top;
   ChatPrompt p;
   try {
     p = render_chat_prompt(*m.chat_template, *m.tokenizer, messages, true, tools, extra);

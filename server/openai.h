@@ -41,6 +41,12 @@ class ApiError : public std::runtime_error {
 // queue 429, memory 503, the rest 500.
 ApiError api_error(const Error& e);
 std::string error_body(const ApiError& e);
+// The checks of one request field, shared by every route: absent or null leaves `out` as it is;
+// a wrong type is a 400 naming the field.
+void boolean(const Json& body, const char* key, bool* out);
+struct ModelInfo;
+// An array of token ids of the model's vocabulary, or a 400 naming `field` and the bad id.
+std::vector<int32_t> token_ids(const Json& v, const ModelInfo& model, const char* field);
 // JSON as text, invalid UTF-8 (a byte token's piece) replaced by U+FFFD instead of throwing.
 std::string dump_json(const Json& j);
 

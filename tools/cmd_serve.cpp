@@ -7,6 +7,7 @@
 #include <atomic>
 #include <chrono>
 #include <csignal>
+#include <filesystem>
 #include <cstdio>
 #include <memory>
 #include <optional>
@@ -47,6 +48,7 @@ struct ServeArgs {
   int prefix_cache = 16;
   int64_t max_body = 8 << 20;
   int http_threads = 0;
+  int timeout_s = 60;
   std::string chat_template;
   int threads = 0;
   std::string mla = "auto";
@@ -71,8 +73,10 @@ void serve(const ServeArgs& a) {
   }
   std::optional<ChatTemplate> override_template;
   if (!a.chat_template.empty()) {
+    // Named without the server's directories: a template's errors reach the clients.
     override_template.emplace(
-        read_input_file(a.chat_template, kMaxConfigFileBytes, "--chat-template"), a.chat_template);
+        read_input_file(a.chat_template, kMaxConfigFileBytes, "--chat-template"),
+        std::filesystem::path(a.chat_template).filename().string());
   }
 
   server::HttpOptions ho;
@@ -80,6 +84,7 @@ void serve(const ServeArgs& a) {
   ho.port = a.port;
   ho.api_key = api_key;
   ho.max_body = static_cast<size_t>(a.max_body);
+  ho.timeout_s = a.timeout_s;
   // Every running and queued request holds a connection; a few more answer /health, /metrics.
   ho.threads = a.http_threads > 0
                    ? a.http_threads
@@ -106,7 +111,8 @@ void serve(const ServeArgs& a) {
     tmpl = &*override_template;
   } else {
     try {
-      model_template.emplace(chat_template_for(engine.weights()));
+      model_template.emplace(chat_template_for(engine.weights()).source(),
+                             "the model's chat template");
       tmpl = &*model_template;
     } catch (const Error& e) {
       log_warn("{}: /v1/chat/completions answers 400 (give --chat-template FILE)", e.what());
@@ -189,8 +195,13 @@ void add_serve(CLI::App& app) {
       ->check(number_in(1024, int64_t{1} << 32))
       ->capture_default_str();
   app.add_option("--http-threads", args->http_threads,
-                 "connections served at once (default: --parallel + --queue + 8)")
+                 "connections served at once, as many more waiting, the rest answered 503 "
+                 "(default: --parallel + --queue + 8)")
       ->check(number_in(0, 65536));
+  app.add_option("--timeout", args->timeout_s,
+                 "seconds a client has to send one request's headers and body (then 408)")
+      ->check(number_in(1, 86400))
+      ->capture_default_str();
   app.add_option("--chat-template", args->chat_template,
                  "a Jinja chat template file to use instead of the model's");
   add_threads_option(app, &args->threads);
