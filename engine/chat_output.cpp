@@ -500,7 +500,43 @@ void ChatStreamParser::end_harmony_message(Delta* d) {
   harmony_ = Harmony::kHeader;
 }
 
+// Text parsed for one side, as it is passed on: what follows held whitespace gets it first; the
+// whitespace it ends with is held; the reasoning's leading whitespace is dropped.
+void ChatStreamParser::hold_space(std::string* out, int k) {
+  if (k == 0 && !reasoning_begun_) {
+    const size_t first = out->find_first_not_of(" \n\t\r");
+    out->erase(0, first == std::string::npos ? out->size() : first);
+    reasoning_begun_ = !out->empty();
+  }
+  if (out->empty()) return;
+  size_t end = out->size();
+  while (end > 0 && is_space((*out)[end - 1])) --end;
+  if (end == 0) {
+    held_space_[k] += *out;
+    out->clear();
+    return;
+  }
+  std::string tail = out->substr(end);
+  out->erase(end);
+  out->insert(0, held_space_[k]);
+  held_space_[k] = std::move(tail);
+}
+
 ChatStreamParser::Delta ChatStreamParser::push(std::string_view text) {
+  Delta d = push_text(text);
+  hold_space(&d.reasoning, 0);
+  hold_space(&d.content, 1);
+  return d;
+}
+
+ChatOutput ChatStreamParser::finish() {
+  ChatOutput out = finish_text();
+  hold_space(&out.reasoning, 0);
+  hold_space(&out.content, 1);
+  return out;  // (whitespace still held ends the answer: dropped)
+}
+
+ChatStreamParser::Delta ChatStreamParser::push_text(std::string_view text) {
   if (syntax_ == ToolCallSyntax::kHarmony) return push_harmony(text);
   Delta d;
   if (in_tools_) {
@@ -563,7 +599,7 @@ ChatStreamParser::Delta ChatStreamParser::push(std::string_view text) {
   return d;
 }
 
-ChatOutput ChatStreamParser::finish() {
+ChatOutput ChatStreamParser::finish_text() {
   ChatOutput out;
   if (syntax_ == ToolCallSyntax::kHarmony) {
     Delta d;
@@ -642,9 +678,8 @@ ChatOutput parse_chat_output(std::string_view text, ToolCallSyntax syntax, bool 
   const ChatStreamParser::Delta d = p.push(text);
   ChatOutput rest = p.finish();
   ChatOutput out;
-  out.reasoning = std::string(trim(d.reasoning + rest.reasoning));
+  out.reasoning = d.reasoning + rest.reasoning;
   out.content = d.content + rest.content;
-  while (!out.content.empty() && is_space(out.content.back())) out.content.pop_back();
   out.tool_calls = std::move(rest.tool_calls);
   return out;
 }

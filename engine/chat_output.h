@@ -64,7 +64,9 @@ bool prompt_opens_think(std::string_view prompt);
 
 // The same, as the text streams in: push() returns the reasoning and content that are final so
 // far (a tail that may still become "<think>", "</think>" or a tool call's start is held back);
-// once a tool call starts, the rest is kept until finish(), which parses it.
+// once a tool call starts, the rest is kept until finish(), which parses it. The pieces add up to
+// what parse_chat_output returns: the reasoning without the whitespace around it, the content
+// without trailing whitespace (whitespace is held until text follows it).
 class ChatStreamParser {
  public:
   ChatStreamParser(ToolCallSyntax syntax, bool in_think, jinja::Json tools);
@@ -76,6 +78,13 @@ class ChatStreamParser {
   ChatOutput finish();
 
  private:
+  Delta push_text(std::string_view text);
+  ChatOutput finish_text();
+  // Whitespace at the end of what was parsed so far, [0] reasoning, [1] content; and whether
+  // the reasoning has begun (its leading whitespace is dropped).
+  std::string held_space_[2];
+  bool reasoning_begun_ = false;
+  void hold_space(std::string* out, int k);
   Delta push_harmony(std::string_view text);
   void end_harmony_message(Delta* d);
   // Harmony: a message's header (until <|message|>) or its body; the body's destination.

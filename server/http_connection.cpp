@@ -226,7 +226,7 @@ bool ConnectionPool::refusing() {
 void ConnectionPool::enqueue(std::function<void()> fn) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (waiting_.size() < threads_) {
+    if (busy_ + waiting_.size() < 2 * threads_) {  // served and waiting
       waiting_.push_back(std::move(fn));
       cond_.notify_one();
       return;

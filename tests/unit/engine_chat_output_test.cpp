@@ -241,13 +241,47 @@ TEST(ChatOutput, Qwen35PromptOpensThinkingAndItsCallsParse) {
   EXPECT_EQ(whole.tool_calls[0].name, "get_weather");
   EXPECT_EQ(Json::parse(whole.tool_calls[0].arguments),
             Json::parse(R"({"city":"Paris","days":3})"));
-  // Streamed, the text arrives as written (the whitespace around the tags included).
+  // Streamed, the pieces add up to the whole answer (the whitespace around the tags is held
+  // until text follows it, and dropped at the end).
   for (size_t piece : {size_t{1}, size_t{5}}) {
     const ChatOutput o = parse_streamed(answer, syntax, true, tools, piece);
-    EXPECT_EQ(o.reasoning, "The user wants Paris.\n") << piece;
-    EXPECT_EQ(o.content, "Let me check.\n\n") << piece;
+    EXPECT_EQ(o.reasoning, "The user wants Paris.") << piece;
+    EXPECT_EQ(o.content, "Let me check.") << piece;
     ASSERT_EQ(o.tool_calls.size(), 1u) << piece;
     EXPECT_EQ(Json::parse(o.tool_calls[0].arguments), Json::parse(whole.tool_calls[0].arguments));
+  }
+}
+
+// Whatever the pieces, a streamed answer adds up to the whole one: answers with whitespace
+// before, between and after their parts, in every syntax, with and without an opened <think>.
+TEST(ChatOutput, StreamedPiecesAddUpToTheWholeAnswer) {
+  const Json tools = Json::parse(R"([{"type":"function","function":{"name":"f"}}])");
+  const std::vector<std::string> answers = {
+      "Hello.  ", " \n Hi there \n\n", "<think>\n plan \n</think>\n\n Answer. \n",
+      "plan </think> done  ", "a  b\t\n", "Sure.\n\n<tool_call>\n{\"name\": \"f\", "
+      "\"arguments\": {}}\n</tool_call>\n",
+      "<|channel|>analysis<|message|> think  <|end|><|start|>assistant<|channel|>final"
+      "<|message|>  The answer.  \n<|return|>",
+      "<|channel|>final<|message|>text ending in spaces   ", "   ", ""};
+  for (int si = 0; si <= static_cast<int>(ToolCallSyntax::kHarmony); ++si) {
+    const auto syntax = static_cast<ToolCallSyntax>(si);
+    for (const bool in_think : {false, true}) {
+      for (const std::string& a : answers) {
+        const ChatOutput whole = parse_chat_output(a, syntax, in_think, tools);
+        for (size_t piece : {size_t{1}, size_t{3}, size_t{7}}) {
+          const ChatOutput o = parse_streamed(a, syntax, in_think, tools, piece);
+          EXPECT_EQ(o.reasoning, whole.reasoning) << tool_call_syntax_name(syntax) << " " << a;
+          EXPECT_EQ(o.content, whole.content) << tool_call_syntax_name(syntax) << " " << a;
+          EXPECT_EQ(o.tool_calls.size(), whole.tool_calls.size());
+        }
+        // (What the whole answer is: the parts without the whitespace around them.)
+        EXPECT_TRUE(whole.content.empty() || !std::isspace(static_cast<unsigned char>(
+                                                 whole.content.back())));
+        EXPECT_TRUE(whole.reasoning.empty() ||
+                    (!std::isspace(static_cast<unsigned char>(whole.reasoning.back())) &&
+                     !std::isspace(static_cast<unsigned char>(whole.reasoning.front()))));
+      }
+    }
   }
 }
 
