@@ -1,10 +1,13 @@
 #include "moe/moe_layer.h"
 
+#include <algorithm>
+#include <atomic>
 #include <condition_variable>
 #include <cstring>
 #include <deque>
 #include <exception>
 #include <functional>
+#include <limits>
 #include <mutex>
 #include <optional>
 #include <thread>
@@ -136,6 +139,16 @@ struct MoeLayer::Impl {
   bool submitted = false;  // submit() without its sync() yet
   bool running = false;    // the driver has not finished the submitted work
   std::exception_ptr error;
+  // A call in progress (forward; begin .. end; submit .. sync; remap; the mask): a second one
+  // from another thread is refused, not interleaved with it (the scratch, the backend's
+  // buffers and the slots are the layer's, one call's at a time).
+  std::atomic<bool> busy{false};
+  void claim(const char* call);
+  bool in_flight_locked() {
+    std::lock_guard<std::mutex> lock(mu);
+    return submitted;
+  }
+  void release() { busy.store(false, std::memory_order_release); }
 
   void build(ThreadPool* pool);
   void set_slots(const std::vector<int64_t>& map);
@@ -143,9 +156,23 @@ struct MoeLayer::Impl {
                   const float* weights, const float* out, bool check_out = true) const;
   void run(const float* hidden, int64_t tokens, const int32_t* ids, const float* weights,
            int64_t k, float* out);
+  void propagate_non_finite(const float* hidden, int64_t tokens, const int32_t* ids, int64_t k,
+                            float* out) const;
   MoeRequest request(const float* hidden, int64_t n, const int32_t* ids, const float* weights,
                      int64_t k, float* out) const;
 };
+
+void MoeLayer::Impl::claim(const char* call) {
+  if (!busy.exchange(true, std::memory_order_acq_rel)) return;
+  if (in_flight_locked()) {
+    fail(ErrorKind::kInvalidArgument, "{}: this layer has a submit in flight (sync_forward first)",
+         call);
+  }
+  fail(ErrorKind::kInvalidArgument,
+       "{}: this layer is running a call from another thread; a layer takes one call at a time "
+       "(give each thread its own layer, or serialize the calls)",
+       call);
+}
 
 namespace {
 
@@ -371,6 +398,32 @@ void MoeLayer::Impl::run(const float* hidden, int64_t tokens, const int32_t* ids
     backend->submit(request(hidden + t0 * H, n, ids + t0 * k, weights + t0 * k, k, out + t0 * H));
     backend->wait();
   }
+  propagate_non_finite(hidden, tokens, ids, k, out);
+}
+
+// The quantized methods' activation quantizers skip NaN when they look for a group's largest
+// value, so a NaN or Inf in a token's hidden state would come out as finite numbers: such a
+// token's output is NaN instead, as an unquantized computation gives, when an expert of this
+// layer computes it.
+void MoeLayer::Impl::propagate_non_finite(const float* hidden, int64_t tokens, const int32_t* ids,
+                                          int64_t k, float* out) const {
+  const int64_t H = options.hidden_size;
+  for (int64_t t = 0; t < tokens; ++t) {
+    const float* x = hidden + t * H;
+    uint32_t non_finite = 0;
+    for (int64_t i = 0; i < H; ++i) {
+      uint32_t bits;
+      std::memcpy(&bits, x + i, sizeof(bits));
+      non_finite |= static_cast<uint32_t>((bits & 0x7f800000u) == 0x7f800000u);
+    }
+    if (non_finite == 0) continue;
+    bool here = false;
+    for (int64_t j = 0; j < k; ++j) {
+      const int32_t e = ids[t * k + j];
+      here = here || (e >= 0 && (mask.empty() || mask[static_cast<size_t>(e)] != 0));
+    }
+    if (here) std::fill(out + t * H, out + (t + 1) * H, std::numeric_limits<float>::quiet_NaN());
+  }
 }
 
 MoeLayer::MoeLayer(std::shared_ptr<MoeContext> context, const MoeLayerOptions& options,
@@ -434,8 +487,19 @@ MoeLayer::~MoeLayer() {
   }
 }
 
+namespace {
+
+// Releases a layer's claim at the end of a call that does not keep it.
+struct ClaimScope {
+  std::atomic<bool>* busy;
+  ~ClaimScope() { busy->store(false, std::memory_order_release); }
+};
+
+}  // namespace
+
 void MoeLayer::remap(const std::vector<int64_t>& physical_to_logical) {
-  if (in_flight()) fail(ErrorKind::kInvalidArgument, "physical_to_logical_map: a submit is in flight");
+  impl_->claim("physical_to_logical_map");
+  ClaimScope scope{&impl_->busy};
   if (physical_to_logical.empty()) {
     fail(ErrorKind::kInvalidArgument, "physical_to_logical_map: empty");
   }
@@ -448,7 +512,8 @@ void MoeLayer::remap(const std::vector<int64_t>& physical_to_logical) {
 }
 
 void MoeLayer::set_gpu_experts_mask(const std::vector<uint8_t>& m) {
-  if (in_flight()) fail(ErrorKind::kInvalidArgument, "gpu_experts_mask: a submit is in flight");
+  impl_->claim("gpu_experts_mask");
+  ClaimScope scope{&impl_->busy};
   if (!m.empty() && m.size() != impl_->slots.gate.size()) {
     fail(ErrorKind::kInvalidArgument, "gpu_experts_mask: {} entries, expected {}", m.size(),
          impl_->slots.gate.size());
@@ -460,31 +525,35 @@ void MoeLayer::set_gpu_experts_mask(const std::vector<uint8_t>& m) {
 
 void MoeLayer::forward(const float* hidden, int64_t tokens, const int32_t* ids,
                        const float* weights, int64_t k, float* out) {
-  if (in_flight() || impl_->begun) {
-    fail(ErrorKind::kInvalidArgument, "forward: this layer has a submit in flight (sync first)");
-  }
+  impl_->claim("forward");
+  ClaimScope scope{&impl_->busy};
   impl_->check_call(ids, tokens, k, hidden, weights, out);
   impl_->run(hidden, tokens, ids, weights, k, out);
 }
 
 void MoeLayer::begin(const float* hidden, int64_t tokens, const int32_t* ids,
                      const float* weights, int64_t k) {
-  if (in_flight() || impl_->begun) {
-    fail(ErrorKind::kInvalidArgument, "forward: this layer has a call in flight");
+  impl_->claim("forward");  // (held until end())
+  try {
+    impl_->check_call(ids, tokens, k, hidden, weights, nullptr, /*check_out=*/false);
+    Impl::Begun b{hidden, tokens, ids, weights, k, false};
+    const int64_t chunk = impl_->options.max_chunk_tokens;
+    if (tokens > 0 && (chunk == 0 || tokens <= chunk)) {
+      impl_->scratch.resize(static_cast<size_t>(tokens * impl_->options.hidden_size));
+      impl_->backend->submit(
+          impl_->request(hidden, tokens, ids, weights, k, impl_->scratch.data()));
+      b.started = true;
+    }
+    impl_->begun = b;
+  } catch (...) {
+    impl_->release();
+    throw;
   }
-  impl_->check_call(ids, tokens, k, hidden, weights, nullptr, /*check_out=*/false);
-  Impl::Begun b{hidden, tokens, ids, weights, k, false};
-  const int64_t chunk = impl_->options.max_chunk_tokens;
-  if (tokens > 0 && (chunk == 0 || tokens <= chunk)) {
-    impl_->scratch.resize(static_cast<size_t>(tokens * impl_->options.hidden_size));
-    impl_->backend->submit(impl_->request(hidden, tokens, ids, weights, k, impl_->scratch.data()));
-    b.started = true;
-  }
-  impl_->begun = b;
 }
 
 void MoeLayer::end(float* out) {
   if (!impl_->begun) fail(ErrorKind::kInvalidArgument, "forward: end without begin");
+  ClaimScope scope{&impl_->busy};
   const Impl::Begun b = *impl_->begun;
   impl_->begun.reset();
   if (b.started) {
@@ -492,6 +561,7 @@ void MoeLayer::end(float* out) {
     if (out != nullptr) {
       std::memcpy(out, impl_->scratch.data(),
                   static_cast<size_t>(b.tokens * impl_->options.hidden_size) * sizeof(float));
+      impl_->propagate_non_finite(b.hidden, b.tokens, b.ids, b.k, out);
     }
   } else if (out != nullptr) {
     impl_->run(b.hidden, b.tokens, b.ids, b.weights, b.k, out);
@@ -500,11 +570,13 @@ void MoeLayer::end(float* out) {
 
 void MoeLayer::submit(const float* hidden, int64_t tokens, const int32_t* ids,
                       const float* weights, int64_t k, float* out) {
-  if (in_flight() || impl_->begun) {
-    fail(ErrorKind::kInvalidArgument, "submit_forward: this layer has a submit in flight "
-         "(sync_forward first)");
+  impl_->claim("submit_forward");  // (held until sync())
+  try {
+    impl_->check_call(ids, tokens, k, hidden, weights, out);
+  } catch (...) {
+    impl_->release();
+    throw;
   }
-  impl_->check_call(ids, tokens, k, hidden, weights, out);
   {
     std::lock_guard<std::mutex> lock(impl_->mu);
     impl_->submitted = impl_->running = true;
@@ -530,6 +602,7 @@ void MoeLayer::submit(const float* hidden, int64_t tokens, const int32_t* ids,
 void MoeLayer::sync() {
   std::unique_lock<std::mutex> lock(impl_->mu);
   impl_->cv.wait(lock, [&] { return !impl_->running; });
+  if (impl_->submitted) impl_->release();
   impl_->submitted = false;
   if (impl_->error) std::rethrow_exception(std::exchange(impl_->error, nullptr));
 }

@@ -157,6 +157,8 @@ void bench_serve(const BenchServeArgs& a) {
         "| clients | requests | errors | seconds | output tok/s | TTFT p50 / p90 / p99 ms "
         "| TPOT p50 / p90 / p99 ms |\n|---|---|---|---|---|---|---|\n");
   }
+  int64_t total_errors = 0, total_requests = 0;
+  std::string any_error;
   for (int clients : a.clients) {
     const int n_req = a.requests > 0 ? a.requests : std::max(4, 2 * clients);
     // The requests, drawn before the clock starts.
@@ -231,6 +233,9 @@ void bench_serve(const BenchServeArgs& a) {
       std::fflush(stdout);
     }
     report.push_back(std::move(row));
+    total_errors += errors;
+    total_requests += n_req;
+    if (any_error.empty()) any_error = first_error;
   }
   if (a.json) {
     Json out = {{"url", a.url},
@@ -238,6 +243,11 @@ void bench_serve(const BenchServeArgs& a) {
                 {"max_tokens", a.max_tokens},
                 {"levels", report}};
     std::printf("%s\n", out.dump(2).c_str());
+  }
+  // Figures with failed requests in them are not the server's speed.
+  if (total_errors > 0) {
+    fail(ErrorKind::kIo, "{} of {} requests failed (the first: {})", total_errors, total_requests,
+         any_error);
   }
 }
 

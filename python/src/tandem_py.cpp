@@ -104,8 +104,8 @@ class PyModel {
   std::vector<int32_t> encode(const std::string& text, bool add_special) {
     return engine_->tokenizer().encode(text, add_special);
   }
-  std::string decode(const std::vector<int32_t>& ids) {
-    return engine_->tokenizer().decode(ids);
+  py::bytes decode(const std::vector<int32_t>& ids) {
+    return py::bytes(engine_->tokenizer().decode(ids));
   }
   std::vector<int32_t> chat_prompt(const std::string& messages_json) {
     jinja::Json messages;

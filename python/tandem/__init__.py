@@ -79,6 +79,8 @@ def quantize(t: torch.Tensor, dtype: str, block: Sequence[int] = (128, 128)) -> 
     n = t.numel() // (rows * cols) if t.numel() else 0
     if str(dtype).lower() == "fp8":
         br, bc = int(block[0]), int(block[1])
+        if br <= 0 or bc <= 0:
+            raise ValueError(f"block {list(block)}: expected positive sizes (rows, cols)")
         sr, sc = -(-rows // br), -(-cols // bc)
         w = torch.empty(*lead, rows, cols, dtype=torch.uint8)
         s = torch.empty(*lead, sr, sc, dtype=torch.float32)
@@ -377,6 +379,12 @@ class MoE:
         if ids.dtype is not torch.int32:
             if ids.dtype is not torch.int64:
                 raise TypeError(f"topk_ids: dtype {ids.dtype}; expected int32 or int64")
+            if ids.numel():  # (a cast would wrap 2**32 + e to e)
+                lo, hi = torch.aminmax(ids)
+                if lo < -1 or hi > 2**31 - 1:
+                    bad = int(lo) if lo < -1 else int(hi)
+                    raise ValueError(f"topk_ids: {bad} is not an expert id (-1: none, or 0 .. "
+                                     f"{self.num_experts - 1})")
             ids = ids.to(torch.int32)
         if not ids.is_contiguous():
             ids = ids.contiguous()
@@ -690,7 +698,9 @@ class Model:
         return self._m.encode(text, add_special)
 
     def detokenize(self, ids: Sequence[int]) -> str:
-        return self._m.decode([int(i) for i in ids])
+        """The text of token ids; bytes that are not UTF-8 (a character split across the ids'
+        ends) are U+FFFD."""
+        return self._m.decode([int(i) for i in ids]).decode("utf-8", "replace")
 
     def generate(self, prompt: Union[str, Sequence[int]], *, stream: bool = False, **params):
         """The continuation of a prompt (text, or token ids). params: max_tokens (default 128),

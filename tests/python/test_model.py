@@ -117,6 +117,27 @@ def test_bad_input_raises_and_the_model_keeps_working(model, demo):
     assert model.generate(PROMPT, max_tokens=3)
 
 
+def test_detokenize_replaces_split_characters(model):
+    """A character split across the ids' ends is U+FFFD, as the server and the streams write it
+    (it raised UnicodeDecodeError)."""
+    ids = model.tokenize("\u00e9t\u00e9 \U0001F600", add_special=False)
+    assert model.detokenize(ids) == "\u00e9t\u00e9 \U0001F600"
+    pieces = [model.detokenize([i]) for i in ids]
+    assert any("\ufffd" in p for p in pieces), pieces  # byte tokens: halves of characters
+    for cut in range(1, len(ids)):
+        text = model.detokenize(ids[:cut])
+        assert isinstance(text, str)
+        assert text.replace("\ufffd", "") in "\u00e9t\u00e9 \U0001F600"
+
+
+def test_bench_serve_fails_when_requests_fail(tandem_bin):
+    """bench-serve against nothing: every request fails, the exit status says so."""
+    r = subprocess.run([tandem_bin, "bench-serve", "--url", "http://127.0.0.1:9", "--clients", "1",
+                        "--requests", "2"], capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0, r.stdout
+    assert "2 of 2 requests failed" in r.stderr, r.stderr
+
+
 def test_python_threads_share_the_model(model):
     import threading
     prompts = ["Once upon a time", "The capital of France", "1, 2, 3, 4,"]

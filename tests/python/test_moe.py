@@ -278,3 +278,72 @@ def test_numa_parts_compute_the_same_layer():
     two = tandem.MoE(E, K, H, Fd, method="int8", threads=2, numa_parts=2, gate=gate, up=up,
                      down=down).load_weights()
     assert torch.allclose(one.forward(x, ids, w), two.forward(x, ids, w), rtol=1e-5, atol=1e-6)
+
+
+def test_one_call_at_a_time_per_layer():
+    """Two threads calling one layer: the second is refused with a clear error while the first
+    runs, never interleaved with it (it corrupted memory); each answer that comes back is right,
+    and the layer serves after."""
+    import threading
+    E, K, H, Fd = 8, 2, 256, 512
+    gate, up, down = make_layer(E, H, Fd)
+    moe = tandem.MoE(E, K, H, Fd, method="int8", gate=gate, up=up, down=down).load_weights()
+    x, ids, w = make_routing(64, E, K, H)
+    want = moe.forward(x, ids, w)
+    refused, wrong, start = [], [], threading.Barrier(4)
+
+    def hammer():
+        start.wait()
+        for _ in range(40):
+            try:
+                got = moe.forward(x, ids, w)
+            except ValueError as e:
+                assert "one call at a time" in str(e) or "in flight" in str(e), str(e)
+                refused.append(1)
+                continue
+            if not torch.equal(got, want):
+                wrong.append(1)
+
+    threads = [threading.Thread(target=hammer) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not wrong
+    assert refused, "four threads never met on the layer"
+    assert torch.equal(moe.forward(x, ids, w), want)
+
+
+def test_ids_beyond_int32_are_refused(small):
+    """int64 ids are checked before the cast to the kernels' int32 (2**32 + e ran expert e)."""
+    moe, (x, ids, w) = small
+    with pytest.raises(ValueError, match=r"42949672\d\d is not an expert id"):
+        moe.forward(x, ids + 2**32, w)
+    with pytest.raises(ValueError, match=r"-42949672\d\d is not an expert id"):
+        moe.forward(x, ids - 2**32, w)
+    assert torch.isfinite(moe.forward(x, ids, w)).all()
+
+
+@pytest.mark.parametrize("method", ["int8", "int4", "bf16"])
+def test_non_finite_tokens_give_nan(method):
+    """A token whose hidden state has a NaN or Inf comes out NaN in every method (the quantized
+    ones' activation quantizers skipped NaN and gave finite numbers); the other tokens are as
+    they are without it."""
+    E, K, H, Fd = 4, 2, 64, 64
+    gate, up, down = make_layer(E, H, Fd)
+    moe = tandem.MoE(E, K, H, Fd, method=method, group=32, gate=gate, up=up,
+                     down=down).load_weights()
+    x, ids, w = make_routing(4, E, K, H)
+    clean = moe.forward(x, ids, w)
+    x[1, 5] = float("nan")
+    x[2, 0] = float("inf")
+    got = moe.forward(x, ids, w)
+    assert torch.isnan(got[1]).all() and torch.isnan(got[2]).all()
+    assert torch.equal(got[0], clean[0]) and torch.equal(got[3], clean[3])
+
+
+def test_quantize_block_sizes_are_checked():
+    with pytest.raises(ValueError, match="block"):
+        tandem.quantize(torch.randn(4, 64), "fp8", block=(0, 0))
+    with pytest.raises(ValueError, match="block"):
+        tandem.quantize(torch.randn(4, 64), "fp8", block=(128, -1))
