@@ -12,8 +12,6 @@
 namespace tandem::server {
 namespace {
 
-constexpr int kMaxJsonDepth = 64;
-
 void send_error(httplib::Response& res, const ApiError& e) {
   res.status = e.status;
   if (e.status == 429) res.set_header("Retry-After", "1");
@@ -46,17 +44,7 @@ Json parse_body(const httplib::Request& req, const HttpOptions& options) {
   if (req.body.size() > options.max_body) {  // (chunked: read up to the connection's budget)
     throw ApiError(413, "invalid_request_error", status_message(req, 413, options));
   }
-  // Deeper nesting than any request needs is refused before parsing (copies and dumps of JSON
-  // values recurse).
-  if (jinja::json_nesting(req.body).max_depth > kMaxJsonDepth) {
-    throw ApiError(400, "invalid_request_error",
-                   fmt::format("the request body nests deeper than {} levels", kMaxJsonDepth));
-  }
-  Json body = Json::parse(req.body, nullptr, /*allow_exceptions=*/false);
-  if (body.is_discarded()) {
-    throw ApiError(400, "invalid_request_error", "the request body is not valid JSON");
-  }
-  return body;
+  return parse_json_body(req.body);
 }
 
 // The status of a request whose reading stopped short (ReadStop), 0 when it did not.

@@ -41,6 +41,9 @@ class ApiError : public std::runtime_error {
 // queue 429, memory 503, the rest 500.
 ApiError api_error(const Error& e);
 std::string error_body(const ApiError& e);
+// A request body as JSON: 400 for text that is not JSON or nests deeper than kMaxJsonDepth.
+constexpr int kMaxJsonDepth = 64;
+Json parse_json_body(const std::string& body);
 // The checks of one request field, shared by every route: absent or null leaves `out` as it is;
 // a wrong type is a 400 naming the field.
 void boolean(const Json& body, const char* key, bool* out);

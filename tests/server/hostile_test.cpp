@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "engine/jinja_value.h"
+#include "tests/server/raw_client.h"
 #include "tests/server/server_process.h"
 #include "tests/test_util.h"
 
@@ -22,73 +23,15 @@ namespace tandem::test {
 namespace {
 
 using Json = jinja::Json;
-using Clock = std::chrono::steady_clock;
 
 std::string demo_model() {
   return data_path("demo/tandem-demo-moe-Q4_K_M.gguf").string();
 }
 
-double seconds_since(Clock::time_point t) {
-  return std::chrono::duration<double>(Clock::now() - t).count();
-}
-
-// A client that writes and reads bytes as it likes.
-class RawClient {
- public:
-  explicit RawClient(int port) {
-    fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_port = htons(static_cast<uint16_t>(port));
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    connected_ = ::connect(fd_, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0;
-  }
-  ~RawClient() { ::close(fd_); }
-  bool connected() const { return connected_; }
-  // False once the server has closed (or reset) the connection.
-  bool send(const std::string& bytes) {
-    size_t sent = 0;
-    while (sent < bytes.size()) {
-      const ssize_t n = ::send(fd_, bytes.data() + sent, bytes.size() - sent, MSG_NOSIGNAL);
-      if (n <= 0) return false;
-      sent += static_cast<size_t>(n);
-    }
-    return true;
-  }
-  // Everything until the server closes, or `seconds` pass.
-  std::string read_all(double seconds) {
-    std::string out;
-    const auto until = Clock::now() + std::chrono::duration<double>(seconds);
-    char buf[65536];
-    while (Clock::now() < until) {
-      pollfd p{fd_, POLLIN, 0};
-      if (::poll(&p, 1, 50) <= 0) continue;
-      const ssize_t n = ::recv(fd_, buf, sizeof(buf), 0);
-      if (n <= 0) {
-        closed_ = true;
-        break;
-      }
-      out.append(buf, static_cast<size_t>(n));
-    }
-    return out;
-  }
-  bool closed() const { return closed_; }
-
- private:
-  int fd_ = -1;
-  bool connected_ = false;
-  bool closed_ = false;
-};
-
 std::string post_bytes(const std::string& path, const std::string& body,
                        const std::string& version = "HTTP/1.1", const std::string& extra = "") {
   return "POST " + path + " " + version + "\r\nHost: x\r\nContent-Type: application/json\r\n" +
          extra + "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
-}
-
-int status_of(const std::string& response) {
-  if (response.rfind("HTTP/1.", 0) != 0 || response.size() < 12) return 0;
-  return std::stoi(response.substr(9, 3));
 }
 
 size_t count(const std::string& text, const std::string& what) {

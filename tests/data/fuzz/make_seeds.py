@@ -165,7 +165,45 @@ def seeds_placement():
     write("placement", "empty.yaml", "")
 
 
+def seeds_openai_request():
+    """A selector byte (bit 0: chat; the rest: the template) and a request body."""
+    tools = [{"type": "function", "function": {"name": "get_weather", "description": "d",
+              "parameters": {"type": "object", "properties": {"city": {"type": "string"},
+                                                              "days": {"type": "integer"}}}}}]
+    call = {"id": "call_0", "type": "function",
+            "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}
+    chats = {
+        "plain": {"messages": [{"role": "system", "content": "Be brief."},
+                               {"role": "user", "content": "Hi"}], "max_tokens": 8},
+        "tools": {"messages": [{"role": "user", "content": "Weather?"},
+                               {"role": "assistant", "content": None, "tool_calls": [call]},
+                               {"role": "tool", "tool_call_id": "call_0", "content": "sunny"}],
+                  "tools": tools, "tool_choice": "auto", "stream": True,
+                  "stream_options": {"include_usage": True}},
+        "kwargs": {"messages": [{"role": "developer", "content": [{"type": "text", "text": "x"}]},
+                                {"role": "user", "content": "y"}],
+                   "chat_template_kwargs": {"enable_thinking": False, "reasoning_effort": "low"},
+                   "logprobs": True, "top_logprobs": 3, "n": 2, "seed": 7, "stop": ["\n"],
+                   "logit_bias": {"5": -100, "6": 2.5}},
+        "named_tool": {"messages": [{"role": "user", "content": "w"}], "tools": tools,
+                       "tool_choice": {"type": "function", "function": {"name": "get_weather"}}},
+    }
+    completions = {
+        "text": {"prompt": "And God said", "max_tokens": 4, "temperature": 0.7, "top_p": 0.9,
+                 "top_k": 40, "min_p": 0.05, "echo": True, "logprobs": 2},
+        "ids": {"prompt": [1, 2, 3, 4], "max_tokens": 2, "repeat_penalty": 1.1,
+                "repeat_last_n": 16, "presence_penalty": 0.5, "frequency_penalty": -0.5},
+    }
+    for t in range(8):
+        for name, body in chats.items():
+            write("openai_request", f"chat_{name}_{t}.bin",
+                  bytes([2 * t + 1]) + json.dumps(body).encode())
+    for name, body in completions.items():
+        write("openai_request", f"completion_{name}.bin", bytes([0]) + json.dumps(body).encode())
+
+
 if __name__ == "__main__":
+    seeds_openai_request()
     seeds_gguf()
     seeds_safetensors()
     seeds_index()
