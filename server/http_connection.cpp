@@ -204,8 +204,13 @@ std::string Connection::raw_header(std::string_view name) const {
 ConnectionPool::ConnectionPool(size_t threads) : threads_(threads) {
   try {
     workers_.reserve(threads);
-    for (size_t i = 0; i < threads; ++i) workers_.emplace_back([this] { work(); });
-    refuser_ = std::thread([this] { refuse(); });
+    for (size_t i = 0; i < threads; ++i) {
+      workers_.emplace_back([this] { run(&waiting_, &cond_, true); });
+    }
+    refuser_ = std::thread([this] {
+      t_refusing = true;
+      run(&refused_, &refuse_cond_, false);
+    });
   } catch (const std::system_error& e) {
     const size_t started = workers_.size();
     shutdown();
@@ -249,35 +254,24 @@ void ConnectionPool::shutdown() {
   if (refuser_.joinable()) refuser_.join();
 }
 
-void ConnectionPool::work() {
+// A thread's loop: the tasks of `queue` until shutdown; `serving` counts them in busy_.
+void ConnectionPool::run(std::deque<std::function<void()>>* queue, std::condition_variable* cond,
+                         bool serving) {
   for (;;) {
     std::function<void()> fn;
     {
       std::unique_lock<std::mutex> lock(mutex_);
-      cond_.wait(lock, [this] { return shutdown_ || !waiting_.empty(); });
-      if (waiting_.empty()) return;
-      fn = std::move(waiting_.front());
-      waiting_.pop_front();
-      ++busy_;
+      cond->wait(lock, [&] { return shutdown_ || !queue->empty(); });
+      if (queue->empty()) return;
+      fn = std::move(queue->front());
+      queue->pop_front();
+      if (serving) ++busy_;
     }
     fn();
-    std::lock_guard<std::mutex> lock(mutex_);
-    --busy_;
-  }
-}
-
-void ConnectionPool::refuse() {
-  t_refusing = true;
-  for (;;) {
-    std::function<void()> fn;
-    {
-      std::unique_lock<std::mutex> lock(mutex_);
-      refuse_cond_.wait(lock, [this] { return shutdown_ || !refused_.empty(); });
-      if (refused_.empty()) return;
-      fn = std::move(refused_.front());
-      refused_.pop_front();
+    if (serving) {
+      std::lock_guard<std::mutex> lock(mutex_);
+      --busy_;
     }
-    fn();
   }
 }
 

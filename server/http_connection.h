@@ -109,8 +109,7 @@ class ConnectionPool : public httplib::TaskQueue {
   static bool refusing();
 
  private:
-  void work();
-  void refuse();
+  void run(std::deque<std::function<void()>>* queue, std::condition_variable* cond, bool serving);
 
   size_t threads_;
   std::mutex mutex_;

@@ -40,15 +40,6 @@ size_t count(const std::string& text, const std::string& what) {
   return n;
 }
 
-int64_t rss_kib(pid_t pid) {
-  std::ifstream f("/proc/" + std::to_string(pid) + "/status");
-  std::string line;
-  while (std::getline(f, line)) {
-    if (line.rfind("VmRSS:", 0) == 0) return std::stoll(line.substr(6));
-  }
-  return -1;
-}
-
 struct Reply {
   int status = 0;
   Json body;
@@ -193,22 +184,13 @@ struct Exit {
 Exit run_serve(std::vector<std::string> args, double limit_s, rlim_t as_limit_bytes = 0) {
   TempDir tmp("serve-exit");
   const std::string log = (tmp / "stderr").string();
-  args.insert(args.begin(), {tandem_binary(), "serve"});
   const auto t0 = Clock::now();
-  const pid_t pid = fork();
-  if (pid == 0) {
+  const pid_t pid = spawn_serve(std::move(args), log, [as_limit_bytes] {
     if (as_limit_bytes != 0) {
       const rlimit r{as_limit_bytes, as_limit_bytes};
       setrlimit(RLIMIT_AS, &r);
     }
-    FILE* f = std::freopen(log.c_str(), "w", stderr);
-    (void)f;
-    std::vector<char*> argv;
-    for (std::string& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    execv(argv[0], argv.data());
-    _exit(127);
-  }
+  });
   Exit e;
   int status = 0;
   while (waitpid(pid, &status, WNOHANG) == 0) {

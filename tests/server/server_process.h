@@ -12,6 +12,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <fstream>
+#include <functional>
 #include <memory>
 #include <regex>
 #include <sstream>
@@ -28,21 +29,54 @@ inline std::string tandem_binary() {
   return bin ? bin : std::string(TANDEM_BINARY_DIR) + "/tandem";
 }
 
+// Starts `tandem serve ARGS` with its stderr in `log`; in the child, `setup` runs first (limits).
+inline pid_t spawn_serve(std::vector<std::string> args, const std::string& log,
+                         const std::function<void()>& setup = nullptr) {
+  args.insert(args.begin(), {tandem_binary(), "serve"});
+  const pid_t pid = fork();
+  if (pid == 0) {
+    if (setup) setup();
+    FILE* f = std::freopen(log.c_str(), "w", stderr);
+    (void)f;
+    std::vector<char*> argv;
+    for (std::string& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    execv(argv[0], argv.data());
+    _exit(127);
+  }
+  return pid;
+}
+
+// VmRSS of a process in KiB.
+inline int64_t rss_kib(pid_t pid) {
+  std::ifstream f("/proc/" + std::to_string(pid) + "/status");
+  std::string line;
+  while (std::getline(f, line)) {
+    if (line.rfind("VmRSS:", 0) == 0) return std::stoll(line.substr(6));
+  }
+  ADD_FAILURE() << "no VmRSS for " << pid;
+  return -1;
+}
+
+// A value of the server's /metrics.
+inline double metric(httplib::Client& c, const std::string& name) {
+  const auto res = c.Get("/metrics");
+  EXPECT_TRUE(res && res->status == 200);
+  std::istringstream in(res ? res->body : "");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind(name + " ", 0) == 0) return std::stod(line.substr(name.size() + 1));
+  }
+  ADD_FAILURE() << "no metric " << name;
+  return -1;
+}
+
 class ServerProcess {
  public:
   explicit ServerProcess(std::vector<std::string> args) : tmp_("serve") {
     log_ = (tmp_ / "stderr").string();
-    args.insert(args.begin(), {tandem_binary(), "serve", "--port", "0"});
-    pid_ = fork();
-    if (pid_ == 0) {
-      FILE* f = std::freopen(log_.c_str(), "w", stderr);
-      (void)f;
-      std::vector<char*> argv;
-      for (std::string& a : args) argv.push_back(a.data());
-      argv.push_back(nullptr);
-      execv(argv[0], argv.data());
-      _exit(127);
-    }
+    args.insert(args.begin(), {"--port", "0"});
+    pid_ = spawn_serve(std::move(args), log_);
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
     const std::regex listening("listening on http://127\\.0\\.0\\.1:([0-9]+)");
     while (std::chrono::steady_clock::now() < deadline) {

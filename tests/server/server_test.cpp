@@ -100,18 +100,6 @@ std::string completion_text(const std::vector<Json>& events) {
   return text;
 }
 
-double metric(httplib::Client& c, const std::string& name) {
-  const auto res = c.Get("/metrics");
-  EXPECT_TRUE(res && res->status == 200);
-  std::istringstream in(res ? res->body : "");
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind(name + " ", 0) == 0) return std::stod(line.substr(name.size() + 1));
-  }
-  ADD_FAILURE() << "no metric " << name;
-  return -1;
-}
-
 // Waits until the scheduler has nothing running or waiting (a cancellation is seen at its next
 // step).
 void wait_idle(httplib::Client& c) {

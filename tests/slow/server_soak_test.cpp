@@ -25,28 +25,6 @@ namespace {
 
 using Json = jinja::Json;
 
-// VmRSS of the process in KiB.
-int64_t rss_kib(pid_t pid) {
-  std::ifstream f("/proc/" + std::to_string(pid) + "/status");
-  std::string line;
-  while (std::getline(f, line)) {
-    if (line.rfind("VmRSS:", 0) == 0) return std::stoll(line.substr(6));
-  }
-  ADD_FAILURE() << "no VmRSS for " << pid;
-  return -1;
-}
-
-double metric(httplib::Client& c, const std::string& name) {
-  const auto res = c.Get("/metrics");
-  std::istringstream in(res ? res->body : "");
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.rfind(name + " ", 0) == 0) return std::stod(line.substr(name.size() + 1));
-  }
-  ADD_FAILURE() << "no metric " << name;
-  return -1;
-}
-
 const std::vector<std::string> kPrompts = {"And God said",      "In the beginning",
                                            "And the earth was", "Let there be light",
                                            "And the evening",   "The waters"};
