@@ -124,6 +124,55 @@ void provide_content(const httplib::Request& req, httplib::Response& res, const 
   }
 }
 
+// Runs `f`, answering what it throws in OpenAI's error shape.
+template <typename F>
+httplib::Server::Handler guarded(F f) {
+  return [f](const httplib::Request& req, httplib::Response& res) {
+    try {
+      f(req, res);
+    } catch (const ApiError& e) {
+      send_error(res, e);
+    } catch (const Error& e) {
+      send_error(res, api_error(e));
+    }
+  };
+}
+
+// A streamed completion's body: SSE chunks as the events come, [DONE] at the end.
+httplib::ContentProviderWithoutLength stream_events(std::shared_ptr<Exchange> x) {
+  return [x](size_t, httplib::DataSink& sink) {
+    std::string out;
+    if (!x->started) {
+      out = x->builder->stream_start();
+      x->started = true;
+    }
+    for (const Job::Event& e : x->job->take(std::chrono::milliseconds(100))) {
+      out += x->builder->stream_event(e);
+    }
+    const bool done = x->job->done();
+    if (done) out += x->builder->stream_end(*x->job);
+    if (!out.empty() && !sink.write(out.data(), out.size())) return false;
+    if (done) sink.done();
+    return true;
+  };
+}
+
+// A whole completion's body, written once its completions end.
+httplib::ContentProviderWithoutLength whole_body(std::shared_ptr<Exchange> x) {
+  return [x](size_t, httplib::DataSink& sink) {
+    for (const Job::Event& e : x->job->take(std::chrono::milliseconds(100))) {
+      x->builder->add(e);
+    }
+    if (!x->job->done()) return true;
+    const std::string out = x->builder->error().empty()
+                                ? dump_json(x->builder->body(*x->job))
+                                : error_body(ApiError(500, "server_error", x->builder->error()));
+    if (!sink.write(out.data(), out.size())) return false;
+    sink.done();
+    return true;
+  };
+}
+
 ConnectionLimits connection_limits(const HttpOptions& o) {
   if (o.threads < 1) {
     fail(ErrorKind::kInvalidArgument, "--http-threads must be >= 1, got {}", o.threads);
@@ -188,57 +237,135 @@ void HttpServer::stop() {
   thread_.join();
 }
 
+httplib::Server::HandlerResponse HttpServer::admit(const httplib::Request& req,
+                                                  httplib::Response& res) {
+  using httplib::Server;
+  Connection* conn = Connection::current();
+  if (conn != nullptr) conn->headers_done();
+  const auto refuse = [&](const ApiError& e) {
+    if (conn != nullptr) conn->close_after_response();  // (its body is not read)
+    send_error(res, e);
+    return Server::HandlerResponse::Handled;
+  };
+  try {
+    if (req.method == "POST" || req.method == "PUT" || req.method == "PATCH") {
+      check_body_framing(req, options_);
+    }
+  } catch (const ApiError& e) {
+    return refuse(e);
+  }
+  if (req.path == "/health") return Server::HandlerResponse::Unhandled;
+  // The header as sent: cpp-httplib percent-decodes header values.
+  if (!options_.api_key.empty() &&
+      !same_secret(conn != nullptr ? conn->raw_header("Authorization") : std::string(),
+                   "Bearer " + options_.api_key)) {
+    return refuse(ApiError(401, "authentication_error",
+                           "a valid API key is needed: 'Authorization: Bearer KEY'"));
+  }
+  if (model_.load() == nullptr && req.path != "/metrics") {
+    return refuse(ApiError(503, "unavailable_error", "the model is loading"));
+  }
+  return Server::HandlerResponse::Unhandled;
+}
+
+void HttpServer::answer_status(const httplib::Request& req, httplib::Response& res) const {
+  // A request cut short (too slow, too large) is answered for what cut it, and its connection
+  // closed: what is left of it is unread.
+  if (const int status = read_stop_status(Connection::current())) {
+    res.status = status;
+    res.body.clear();
+  }
+  if (res.body.empty() && !res.is_chunked_content_provider_) {
+    const std::string type = res.status >= 500 ? "server_error" : "invalid_request_error";
+    res.set_content(
+        error_body(ApiError(res.status, type, status_message(req, res.status, options_))),
+        "application/json");
+  }
+}
+
+void HttpServer::models(httplib::Response& res) const {
+  const ModelInfo& m = *model_.load();
+  Json data = Json::array({{{"id", m.name},
+                            {"object", "model"},
+                            {"created", static_cast<int64_t>(std::time(nullptr))},
+                            {"owned_by", "tandem"},
+                            {"context_length", m.context}}});
+  res.set_content(dump_json(Json({{"object", "list"}, {"data", data}})), "application/json");
+}
+
+void HttpServer::tokenize(const httplib::Request& req, httplib::Response& res) const {
+  const ModelInfo& m = *model_.load();
+  const Json body = parse_body(req, options_);
+  if (!body.is_object() || !body.contains("content") || !body["content"].is_string()) {
+    bad_request("content", "'content' must be a string");
+  }
+  bool add_special = false, with_pieces = false;
+  boolean(body, "add_special", &add_special);
+  boolean(body, "with_pieces", &with_pieces);
+  const std::vector<int32_t> ids =
+      m.tokenizer->encode(body["content"].get<std::string>(), add_special);
+  Json tokens = Json::array();
+  for (int32_t id : ids) {
+    if (with_pieces) {
+      tokens.push_back({{"id", id}, {"piece", m.tokenizer->token_to_piece(id, true)}});
+    } else {
+      tokens.push_back(id);
+    }
+  }
+  res.set_content(dump_json(Json({{"tokens", tokens}})), "application/json");
+}
+
+void HttpServer::detokenize(const httplib::Request& req, httplib::Response& res) const {
+  const ModelInfo& m = *model_.load();
+  const Json body = parse_body(req, options_);
+  if (!body.is_object() || !body.contains("tokens")) {
+    bad_request("tokens", "'tokens' must be an array of token ids");
+  }
+  const std::vector<int32_t> ids = token_ids(body["tokens"], m, "tokens");
+  res.set_content(dump_json(Json({{"content", m.tokenizer->decode(ids)}})), "application/json");
+}
+
+// A completion: the request parsed and admitted by the scheduler, then its events written as
+// they come (streamed) or as one body at the end.
+void HttpServer::complete(const httplib::Request& req, httplib::Response& res, bool chat) {
+  const ModelInfo& m = *model_.load();
+  Scheduler& sched = *scheduler_.load();
+  const Json body = parse_body(req, options_);
+  auto x = std::make_shared<Exchange>();
+  x->request = chat ? parse_chat_request(body, m) : parse_completion_request(body, m);
+  x->job = sched.submit(x->request.prompt, x->request.params, x->request.n);
+  Error refused(ErrorKind::kInternal, "");
+  if (!x->job->wait_accepted(&refused)) throw api_error(refused);
+  const uint64_t serial = next_id_.fetch_add(1);
+  x->builder = std::make_unique<ResponseBuilder>(
+      x->request, m, fmt::format("{}-{}", chat ? "chatcmpl" : "cmpl", serial),
+      static_cast<int64_t>(std::time(nullptr)));
+  // A client that goes away cancels its completions (their blocks are freed at the next step).
+  Scheduler* sp = &sched;
+  const auto release = [sp, x](bool success) {
+    if (!success && !x->job->done()) sp->cancel(x->job);
+  };
+  if (x->request.stream) {
+    res.set_header("Cache-Control", "no-cache");
+    provide_content(req, res, "text/event-stream", stream_events(x), release);
+  } else {
+    provide_content(req, res, "application/json", whole_body(x), release);
+  }
+}
+
 void HttpServer::routes() {
   using httplib::Request;
   using httplib::Response;
   httplib::Server& s = *http_;
   s.new_task_queue = [this] { return pool_.release(); };
   s.set_payload_max_length(options_.max_body);
-  s.set_pre_routing_handler([this](const Request& req, Response& res) {
-    Connection* conn = Connection::current();
-    if (conn != nullptr) conn->headers_done();
-    try {
-      if (req.method == "POST" || req.method == "PUT" || req.method == "PATCH") {
-        check_body_framing(req, options_);
-      }
-    } catch (const ApiError& e) {
-      if (conn != nullptr) conn->close_after_response();  // its body is not read
-      send_error(res, e);
-      return httplib::Server::HandlerResponse::Handled;
-    }
-    if (req.path == "/health") return httplib::Server::HandlerResponse::Unhandled;
-    // The header as sent: cpp-httplib percent-decodes header values.
-    if (!options_.api_key.empty() &&
-        !same_secret(conn != nullptr ? conn->raw_header("Authorization") : std::string(),
-                     "Bearer " + options_.api_key)) {
-      if (conn != nullptr) conn->close_after_response();
-      send_error(res, ApiError(401, "authentication_error",
-                               "a valid API key is needed: 'Authorization: Bearer KEY'"));
-      return httplib::Server::HandlerResponse::Handled;
-    }
-    if (model_.load() == nullptr && req.path != "/metrics") {
-      if (conn != nullptr) conn->close_after_response();
-      send_error(res, ApiError(503, "unavailable_error", "the model is loading"));
-      return httplib::Server::HandlerResponse::Handled;
-    }
-    return httplib::Server::HandlerResponse::Unhandled;
-  });
-  s.set_error_handler(
-      httplib::Server::HandlerWithResponse([this](const Request& req, Response& res) {
-        // A request cut short (too slow, too large) is answered for what cut it, and its
-        // connection closed: what is left of it is unread.
-        if (const int status = read_stop_status(Connection::current())) {
-          res.status = status;
-          res.body.clear();
-        }
-        if (res.body.empty() && !res.is_chunked_content_provider_) {
-          const std::string type = res.status >= 500 ? "server_error" : "invalid_request_error";
-          res.set_content(
-              error_body(ApiError(res.status, type, status_message(req, res.status, options_))),
-              "application/json");
-        }
-        return httplib::Server::HandlerResponse::Handled;
-      }));
+  s.set_pre_routing_handler(
+      [this](const Request& req, Response& res) { return admit(req, res); });
+  s.set_error_handler(httplib::Server::HandlerWithResponse([this](const Request& req,
+                                                                  Response& res) {
+    answer_status(req, res);
+    return httplib::Server::HandlerResponse::Handled;
+  }));
   s.set_exception_handler([](const Request&, Response& res, std::exception_ptr ep) {
     std::string what = "internal error";
     try {
@@ -251,19 +378,6 @@ void HttpServer::routes() {
   });
   s.set_logger([this](const Request&, const Response& res) { metrics_.http_response(res.status); });
 
-  // Runs `f`, answering what it throws in OpenAI's error shape.
-  const auto guarded = [](auto f) {
-    return [f](const Request& req, Response& res) {
-      try {
-        f(req, res);
-      } catch (const ApiError& e) {
-        send_error(res, e);
-      } catch (const Error& e) {
-        send_error(res, api_error(e));
-      }
-    };
-  };
-
   s.Get("/health", [this](const Request&, Response& res) {
     if (model_.load() == nullptr) {
       res.status = 503;
@@ -272,117 +386,20 @@ void HttpServer::routes() {
       res.set_content(R"({"status":"ok"})", "application/json");
     }
   });
-  const auto models = guarded([this](const Request&, Response& res) {
-    const ModelInfo& m = *model_.load();
-    Json data = Json::array({{{"id", m.name},
-                              {"object", "model"},
-                              {"created", static_cast<int64_t>(std::time(nullptr))},
-                              {"owned_by", "tandem"},
-                              {"context_length", m.context}}});
-    res.set_content(dump_json(Json({{"object", "list"}, {"data", data}})), "application/json");
-  });
-  s.Get("/v1/models", models);
-  s.Get("/models", models);
   s.Get("/metrics", [this](const Request&, Response& res) {
     res.set_content(metrics_.render(), "text/plain; version=0.0.4");
   });
-  s.Post("/tokenize", guarded([this](const Request& req, Response& res) {
-           const ModelInfo& m = *model_.load();
-           const Json body = parse_body(req, options_);
-           if (!body.is_object() || !body.contains("content") || !body["content"].is_string()) {
-             bad_request("content", "'content' must be a string");
-           }
-           bool add_special = false, with_pieces = false;
-           boolean(body, "add_special", &add_special);
-           boolean(body, "with_pieces", &with_pieces);
-           const std::vector<int32_t> ids =
-               m.tokenizer->encode(body["content"].get<std::string>(), add_special);
-           Json tokens = Json::array();
-           for (int32_t id : ids) {
-             if (with_pieces) {
-               tokens.push_back({{"id", id}, {"piece", m.tokenizer->token_to_piece(id, true)}});
-             } else {
-               tokens.push_back(id);
-             }
-           }
-           res.set_content(dump_json(Json({{"tokens", tokens}})), "application/json");
-         }));
-  s.Post(
-      "/detokenize", guarded([this](const Request& req, Response& res) {
-        const ModelInfo& m = *model_.load();
-        const Json body = parse_body(req, options_);
-        if (!body.is_object() || !body.contains("tokens")) {
-          bad_request("tokens", "'tokens' must be an array of token ids");
-        }
-        const std::vector<int32_t> ids = token_ids(body["tokens"], m, "tokens");
-        res.set_content(dump_json(Json({{"content", m.tokenizer->decode(ids)}})),
-                        "application/json");
-      }));
-
-  const auto completion = [this, guarded](bool chat) {
-    return guarded([this, chat](const Request& req, Response& res) {
-      const ModelInfo& m = *model_.load();
-      Scheduler& sched = *scheduler_.load();
-      const Json body = parse_body(req, options_);
-      auto x = std::make_shared<Exchange>();
-      x->request = chat ? parse_chat_request(body, m) : parse_completion_request(body, m);
-      x->job = sched.submit(x->request.prompt, x->request.params, x->request.n);
-      Error refused(ErrorKind::kInternal, "");
-      if (!x->job->wait_accepted(&refused)) throw api_error(refused);
-      const uint64_t serial = next_id_.fetch_add(1);
-      x->builder = std::make_unique<ResponseBuilder>(
-          x->request, m, fmt::format("{}-{}", chat ? "chatcmpl" : "cmpl", serial),
-          static_cast<int64_t>(std::time(nullptr)));
-      // A client that goes away cancels its completions (their blocks are freed at the next
-      // step).
-      Scheduler* sp = &sched;
-      const auto release = [sp, x](bool success) {
-        if (!success && !x->job->done()) sp->cancel(x->job);
-      };
-      if (x->request.stream) {
-        res.set_header("Cache-Control", "no-cache");
-        provide_content(
-            req, res, "text/event-stream",
-            [x](size_t, httplib::DataSink& sink) {
-              std::string out;
-              if (!x->started) {
-                out = x->builder->stream_start();
-                x->started = true;
-              }
-              for (const Job::Event& e : x->job->take(std::chrono::milliseconds(100))) {
-                out += x->builder->stream_event(e);
-              }
-              const bool done = x->job->done();
-              if (done) out += x->builder->stream_end(*x->job);
-              if (!out.empty() && !sink.write(out.data(), out.size())) return false;
-              if (done) sink.done();
-              return true;
-            },
-            release);
-      } else {
-        provide_content(
-            req, res, "application/json",
-            [x](size_t, httplib::DataSink& sink) {
-              for (const Job::Event& e : x->job->take(std::chrono::milliseconds(100))) {
-                x->builder->add(e);
-              }
-              if (!x->job->done()) return true;
-              const std::string out =
-                  x->builder->error().empty()
-                      ? dump_json(x->builder->body(*x->job))
-                      : error_body(ApiError(500, "server_error", x->builder->error()));
-              if (!sink.write(out.data(), out.size())) return false;
-              sink.done();
-              return true;
-            },
-            release);
-      }
-    });
-  };
-  s.Post("/v1/chat/completions", completion(true));
-  s.Post("/chat/completions", completion(true));
-  s.Post("/v1/completions", completion(false));
-  s.Post("/completions", completion(false));
+  for (const char* path : {"/v1/models", "/models"}) {
+    s.Get(path, guarded([this](const Request&, Response& res) { models(res); }));
+  }
+  s.Post("/tokenize", guarded([this](const Request& q, Response& r) { tokenize(q, r); }));
+  s.Post("/detokenize", guarded([this](const Request& q, Response& r) { detokenize(q, r); }));
+  for (const bool chat : {true, false}) {
+    for (const char* prefix : {"/v1", ""}) {
+      s.Post(std::string(prefix) + (chat ? "/chat/completions" : "/completions"),
+             guarded([this, chat](const Request& q, Response& r) { complete(q, r, chat); }));
+    }
+  }
 }
 
 }  // namespace tandem::server

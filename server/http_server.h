@@ -43,6 +43,14 @@ class HttpServer {
 
  private:
   void routes();
+  // Before a request's body is read: its framing, the API key, whether the model is loaded.
+  httplib::Server::HandlerResponse admit(const httplib::Request& req, httplib::Response& res);
+  // The body of an error status (4xx / 5xx) in OpenAI's shape, for what cut a request short.
+  void answer_status(const httplib::Request& req, httplib::Response& res) const;
+  void models(httplib::Response& res) const;
+  void tokenize(const httplib::Request& req, httplib::Response& res) const;
+  void detokenize(const httplib::Request& req, httplib::Response& res) const;
+  void complete(const httplib::Request& req, httplib::Response& res, bool chat);
   HttpOptions options_;
   std::unique_ptr<ConnectionServer> http_;
   std::unique_ptr<ConnectionPool> pool_;  // until the listening thread takes it
