@@ -3,6 +3,7 @@
 // scheduler (server/scheduler.h) over one paged KV cache of --parallel sequences of --ctx
 // positions each. SIGINT / SIGTERM stop it.
 #include <fmt/format.h>
+#include <malloc.h>
 
 #include <atomic>
 #include <chrono>
@@ -59,6 +60,11 @@ struct ServeArgs {
 };
 
 void serve(const ServeArgs& a) {
+  // glibc gives each thread that allocates an arena of its own (up to 8 per core) and keeps
+  // their freed memory: HTTP threads parsing multi-megabyte requests grew the server by hundreds
+  // of MiB. Two arenas (and a trim after each large request, server/http_connection.cpp) keep
+  // it flat (docs/hostile-input.md); the serving threads allocate little besides requests.
+  mallopt(M_ARENA_MAX, 2);
   if (a.parallel < 1)
     fail(ErrorKind::kInvalidArgument, "--parallel must be >= 1, got {}", a.parallel);
   if (a.ctx < 0) fail(ErrorKind::kInvalidArgument, "--ctx must be >= 0, got {}", a.ctx);
