@@ -264,15 +264,22 @@ void Generator::emit_text(Request& r, GenerateEvent& ev, bool at_end) {
   if (r.text == nullptr) return;
   if (at_end) r.held += r.text->flush();
   size_t cut = std::string::npos;
+  const std::string* matched = nullptr;
   for (const std::string& s : r.params.stop) {
     if (s.empty()) continue;
     const size_t at = r.held.find(s);
-    if (at != std::string::npos) cut = std::min(cut, at);
+    if (at != std::string::npos && at < cut) {
+      cut = at;
+      matched = &s;
+    }
   }
   if (cut != std::string::npos) {
     ev.text += r.held.substr(0, cut);
     r.held.clear();
-    if (ev.finish == FinishReason::kNone) ev.finish = FinishReason::kStop;
+    if (ev.finish == FinishReason::kNone || ev.finish == FinishReason::kStop) {
+      ev.finish = FinishReason::kStop;
+      ev.stop = *matched;
+    }
     return;
   }
   size_t keep = 0;  // the longest tail that begins a stop string

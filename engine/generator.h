@@ -76,6 +76,7 @@ struct GenerateEvent {
   std::vector<TokenLogprob> top_logprobs;
   FinishReason finish = FinishReason::kNone;
   std::string error;  // kError: why
+  std::string stop;   // kStop by a stop string: that string
 };
 
 struct GeneratorOptions {

@@ -42,9 +42,9 @@ if [ ${#missing[@]} -ne 0 ]; then
   $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
 
-# The OpenAI Node.js SDK, pinned by the lock file, into the test folder.
+# The server tests' Node.js clients (the OpenAI and Anthropic SDKs), pinned by the lock file.
 node_tests="$(dirname "$0")/../tests/server/node"
-if [ ! -d "$node_tests/node_modules/openai" ]; then
-  echo "bootstrap: npm ci in tests/server/node (the OpenAI SDK for the server tests)"
+if [ ! -d "$node_tests/node_modules/openai" ] || [ ! -d "$node_tests/node_modules/@anthropic-ai/sdk" ]; then
+  echo "bootstrap: npm ci in tests/server/node (the SDKs the server tests drive it with)"
   (cd "$node_tests" && npm ci --no-audit --no-fund --loglevel=error)
 fi

@@ -8,14 +8,15 @@
 #include <ctime>
 
 #include "core/error.h"
+#include "server/request_fields.h"
 
 namespace tandem::server {
 namespace {
 
-void send_error(httplib::Response& res, const ApiError& e) {
+void send_error(httplib::Response& res, const ApiError& e, Api api) {
   res.status = e.status;
   if (e.status == 429) res.set_header("Retry-After", "1");
-  res.set_content(error_body(e), "application/json");
+  res.set_content(error_body(e, api), "application/json");
 }
 
 std::string status_message(const httplib::Request& req, int status, const HttpOptions& options) {
@@ -107,7 +108,7 @@ bool same_secret(const std::string& a, const std::string& b) {
 struct Exchange {
   ApiRequest request;
   std::shared_ptr<Job> job;
-  std::unique_ptr<ResponseBuilder> builder;
+  std::unique_ptr<ResponseWriter> builder;
   bool started = false;
 };
 
@@ -124,16 +125,16 @@ void provide_content(const httplib::Request& req, httplib::Response& res, const 
   }
 }
 
-// Runs `f`, answering what it throws in OpenAI's error shape.
+// Runs `f`, answering what it throws in the error shape of the request's API.
 template <typename F>
 httplib::Server::Handler guarded(F f) {
   return [f](const httplib::Request& req, httplib::Response& res) {
     try {
       f(req, res);
     } catch (const ApiError& e) {
-      send_error(res, e);
+      send_error(res, e, api_of_path(req.path));
     } catch (const Error& e) {
-      send_error(res, api_error(e));
+      send_error(res, api_error(e), api_of_path(req.path));
     }
   };
 }
@@ -159,14 +160,16 @@ httplib::ContentProviderWithoutLength stream_events(std::shared_ptr<Exchange> x)
 
 // A whole completion's body, written once its completions end.
 httplib::ContentProviderWithoutLength whole_body(std::shared_ptr<Exchange> x) {
-  return [x](size_t, httplib::DataSink& sink) {
+  const Api api = x->request.api;
+  return [x, api](size_t, httplib::DataSink& sink) {
     for (const Job::Event& e : x->job->take(std::chrono::milliseconds(100))) {
       x->builder->add(e);
     }
     if (!x->job->done()) return true;
-    const std::string out = x->builder->error().empty()
-                                ? dump_json(x->builder->body(*x->job))
-                                : error_body(ApiError(500, "server_error", x->builder->error()));
+    const std::string out =
+        x->builder->error().empty()
+            ? dump_json(x->builder->body(*x->job))
+            : error_body(ApiError(500, "server_error", x->builder->error()), api);
     if (!sink.write(out.data(), out.size())) return false;
     sink.done();
     return true;
@@ -244,7 +247,7 @@ httplib::Server::HandlerResponse HttpServer::admit(const httplib::Request& req,
   if (conn != nullptr) conn->headers_done();
   const auto refuse = [&](const ApiError& e) {
     if (conn != nullptr) conn->close_after_response();  // (its body is not read)
-    send_error(res, e);
+    send_error(res, e, api_of_path(req.path));
     return Server::HandlerResponse::Handled;
   };
   try {
@@ -255,12 +258,16 @@ httplib::Server::HandlerResponse HttpServer::admit(const httplib::Request& req,
     return refuse(e);
   }
   if (req.path == "/health") return Server::HandlerResponse::Unhandled;
-  // The header as sent: cpp-httplib percent-decodes header values.
-  if (!options_.api_key.empty() &&
-      !same_secret(conn != nullptr ? conn->raw_header("Authorization") : std::string(),
-                   "Bearer " + options_.api_key)) {
-    return refuse(ApiError(401, "authentication_error",
-                           "a valid API key is needed: 'Authorization: Bearer KEY'"));
+  // The headers as sent (cpp-httplib percent-decodes header values): OpenAI's clients send the
+  // key as 'Authorization: Bearer KEY', Anthropic's as 'x-api-key: KEY'.
+  if (!options_.api_key.empty()) {
+    const std::string bearer = conn != nullptr ? conn->raw_header("Authorization") : "";
+    const std::string key = conn != nullptr ? conn->raw_header("x-api-key") : "";
+    if (!same_secret(bearer, "Bearer " + options_.api_key) && !same_secret(key, options_.api_key)) {
+      return refuse(ApiError(401, "authentication_error",
+                             "a valid API key is needed: 'Authorization: Bearer KEY' or "
+                             "'x-api-key: KEY'"));
+    }
   }
   if (model_.load() == nullptr && req.path != "/metrics") {
     return refuse(ApiError(503, "unavailable_error", "the model is loading"));
@@ -277,9 +284,9 @@ void HttpServer::answer_status(const httplib::Request& req, httplib::Response& r
   }
   if (res.body.empty() && !res.is_chunked_content_provider_) {
     const std::string type = res.status >= 500 ? "server_error" : "invalid_request_error";
-    res.set_content(
-        error_body(ApiError(res.status, type, status_message(req, res.status, options_))),
-        "application/json");
+    res.set_content(error_body(ApiError(res.status, type, status_message(req, res.status, options_)),
+                               api_of_path(req.path)),
+                    "application/json");
   }
 }
 
@@ -325,21 +332,37 @@ void HttpServer::detokenize(const httplib::Request& req, httplib::Response& res)
   res.set_content(dump_json(Json({{"content", m.tokenizer->decode(ids)}})), "application/json");
 }
 
+void HttpServer::count_tokens(const httplib::Request& req, httplib::Response& res) const {
+  const ApiRequest r = parse_count_tokens_request(parse_body(req, options_), *model_.load());
+  res.set_content(dump_json(Json({{"input_tokens", r.prompt.size()}})), "application/json");
+}
+
 // A completion: the request parsed and admitted by the scheduler, then its events written as
 // they come (streamed) or as one body at the end.
-void HttpServer::complete(const httplib::Request& req, httplib::Response& res, bool chat) {
+void HttpServer::complete(const httplib::Request& req, httplib::Response& res, Api api) {
   const ModelInfo& m = *model_.load();
   Scheduler& sched = *scheduler_.load();
   const Json body = parse_body(req, options_);
   auto x = std::make_shared<Exchange>();
-  x->request = chat ? parse_chat_request(body, m) : parse_completion_request(body, m);
+  switch (api) {
+    case Api::kCompletions:
+      x->request = parse_completion_request(body, m);
+      break;
+    case Api::kChat:
+      x->request = parse_chat_request(body, m);
+      break;
+    case Api::kResponses:
+      x->request = parse_responses_request(body, m);
+      break;
+    case Api::kMessages:
+      x->request = parse_messages_request(body, m);
+      break;
+  }
   x->job = sched.submit(x->request.prompt, x->request.params, x->request.n);
   Error refused(ErrorKind::kInternal, "");
   if (!x->job->wait_accepted(&refused)) throw api_error(refused);
-  const uint64_t serial = next_id_.fetch_add(1);
-  x->builder = std::make_unique<ResponseBuilder>(
-      x->request, m, fmt::format("{}-{}", chat ? "chatcmpl" : "cmpl", serial),
-      static_cast<int64_t>(std::time(nullptr)));
+  x->builder = make_response_writer(x->request, m, next_id_.fetch_add(1),
+                                    static_cast<int64_t>(std::time(nullptr)));
   // A client that goes away cancels its completions (their blocks are freed at the next step).
   Scheduler* sp = &sched;
   const auto release = [sp, x](bool success) {
@@ -366,7 +389,7 @@ void HttpServer::routes() {
     answer_status(req, res);
     return httplib::Server::HandlerResponse::Handled;
   }));
-  s.set_exception_handler([](const Request&, Response& res, std::exception_ptr ep) {
+  s.set_exception_handler([](const Request& req, Response& res, std::exception_ptr ep) {
     std::string what = "internal error";
     try {
       std::rethrow_exception(ep);
@@ -374,7 +397,7 @@ void HttpServer::routes() {
       what = e.what();
     } catch (...) {
     }
-    send_error(res, ApiError(500, "server_error", what));
+    send_error(res, ApiError(500, "server_error", what), api_of_path(req.path));
   });
   s.set_logger([this](const Request&, const Response& res) { metrics_.http_response(res.status); });
 
@@ -394,11 +417,18 @@ void HttpServer::routes() {
   }
   s.Post("/tokenize", guarded([this](const Request& q, Response& r) { tokenize(q, r); }));
   s.Post("/detokenize", guarded([this](const Request& q, Response& r) { detokenize(q, r); }));
-  for (const bool chat : {true, false}) {
+  const std::pair<const char*, Api> apis[] = {{"/chat/completions", Api::kChat},
+                                              {"/completions", Api::kCompletions},
+                                              {"/responses", Api::kResponses},
+                                              {"/messages", Api::kMessages}};
+  for (const auto& [path, api] : apis) {
     for (const char* prefix : {"/v1", ""}) {
-      s.Post(std::string(prefix) + (chat ? "/chat/completions" : "/completions"),
-             guarded([this, chat](const Request& q, Response& r) { complete(q, r, chat); }));
+      s.Post(std::string(prefix) + path,
+             guarded([this, api = api](const Request& q, Response& r) { complete(q, r, api); }));
     }
+  }
+  for (const char* path : {"/v1/messages/count_tokens", "/messages/count_tokens"}) {
+    s.Post(path, guarded([this](const Request& q, Response& r) { count_tokens(q, r); }));
   }
 }
 

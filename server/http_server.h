@@ -50,7 +50,8 @@ class HttpServer {
   void models(httplib::Response& res) const;
   void tokenize(const httplib::Request& req, httplib::Response& res) const;
   void detokenize(const httplib::Request& req, httplib::Response& res) const;
-  void complete(const httplib::Request& req, httplib::Response& res, bool chat);
+  void count_tokens(const httplib::Request& req, httplib::Response& res) const;
+  void complete(const httplib::Request& req, httplib::Response& res, Api api);
   HttpOptions options_;
   std::unique_ptr<ConnectionServer> http_;
   std::unique_ptr<ConnectionPool> pool_;  // until the listening thread takes it

@@ -44,12 +44,6 @@ std::string error_body(const ApiError& e);
 // A request body as JSON: 400 for text that is not JSON or nests deeper than kMaxJsonDepth.
 constexpr int kMaxJsonDepth = 64;
 Json parse_json_body(const std::string& body);
-// The checks of one request field, shared by every route: absent or null leaves `out` as it is;
-// a wrong type is a 400 naming the field.
-void boolean(const Json& body, const char* key, bool* out);
-struct ModelInfo;
-// An array of token ids of the model's vocabulary, or a 400 naming `field` and the bad id.
-std::vector<int32_t> token_ids(const Json& v, const ModelInfo& model, const char* field);
 // JSON as text, invalid UTF-8 (a byte token's piece) replaced by U+FFFD instead of throwing.
 std::string dump_json(const Json& j);
 
@@ -65,8 +59,12 @@ struct ModelInfo {
   int max_n = 16;
 };
 
+// The API a request came in (its response and error shapes).
+enum class Api { kCompletions, kChat, kResponses, kMessages };
+
 struct ApiRequest {
-  bool chat = false;
+  Api api = Api::kCompletions;
+  bool chat = false;  // rendered from a conversation (every API but completions)
   bool stream = false;
   bool include_usage = false;
   int n = 1;
@@ -85,38 +83,43 @@ struct ApiRequest {
 ApiRequest parse_completion_request(const Json& body, const ModelInfo& model);
 ApiRequest parse_chat_request(const Json& body, const ModelInfo& model);
 
-// The response of one request, built from its events.
-class ResponseBuilder {
+// The response of one request, built from its events, in its API's shape.
+class ResponseWriter {
  public:
-  ResponseBuilder(const ApiRequest& request, const ModelInfo& model, std::string id,
-                  int64_t created);
-  ~ResponseBuilder();
-  // Streaming: what opens the stream (chat: each choice's role).
-  std::string stream_start();
-  // Streaming: the SSE chunks of one event ("data: {...}\n\n" each; may be empty).
-  std::string stream_event(const Job::Event& e);
-  // Streaming: after the last event: the usage chunk (when asked for) and "data: [DONE]".
-  std::string stream_end(const Job& job);
+  virtual ~ResponseWriter() = default;
+  // Streaming: what opens the stream.
+  virtual std::string stream_start() = 0;
+  // Streaming: the SSE events of one generation event (may be empty).
+  virtual std::string stream_event(const Job::Event& e) = 0;
+  // Streaming: after the last event: what closes the stream.
+  virtual std::string stream_end(const Job& job) = 0;
   // Not streaming: takes an event in.
-  void add(const Job::Event& e);
+  virtual void add(const Job::Event& e) = 0;
   // Not streaming: the whole response (after the last event).
-  Json body(const Job& job);
-  // The first error event's message, if any completion ended with one.
+  virtual Json body(const Job& job) = 0;
+  // The first error event's message, if a completion ended with one.
   const std::string& error() const { return error_; }
 
- private:
-  struct Choice;
-  Json chunk(int index, Json delta_or_text, const Json& finish, const Json& logprobs) const;
-  Json logprobs_of(const GenerateEvent& ev) const;
-  Json usage(const Job& job) const;
-  const char* finish_name(const Choice& c, FinishReason reason) const;
-
-  const ApiRequest& request_;
-  const ModelInfo& model_;
-  std::string id_;
-  int64_t created_;
-  std::vector<std::unique_ptr<Choice>> choices_;
+ protected:
   std::string error_;
 };
+
+// The writer of `request`'s API; ids are made from `serial` (chatcmpl-7, resp_7, msg_7, ...).
+std::unique_ptr<ResponseWriter> make_response_writer(const ApiRequest& request,
+                                                     const ModelInfo& model, uint64_t serial,
+                                                     int64_t created);
+
+// An error in `api`'s shape: OpenAI's {"error": {...}}, or Anthropic's {"type": "error",
+// "error": {"type", "message"}} for the Messages API.
+std::string error_body(const ApiError& e, Api api);
+// The API a path belongs to (for the shape of errors raised before a request is parsed).
+Api api_of_path(const std::string& path);
+
+// OpenAI's Responses API (/v1/responses) and Anthropic's Messages API (/v1/messages): the
+// request's input turned into a conversation in chat's shape and rendered like a chat request.
+ApiRequest parse_responses_request(const Json& body, const ModelInfo& model);
+ApiRequest parse_messages_request(const Json& body, const ModelInfo& model);
+// /v1/messages/count_tokens: the request's prompt (max_tokens not needed).
+ApiRequest parse_count_tokens_request(const Json& body, const ModelInfo& model);
 
 }  // namespace tandem::server

@@ -1,5 +1,7 @@
 // OpenAI requests checked and turned into a prompt and GenerateParams; the error shape.
 #include "server/openai.h"
+#include "server/conversation.h"
+#include "server/request_fields.h"
 
 #include <fmt/format.h>
 
@@ -36,20 +38,6 @@ ApiError api_error(const Error& e) {
   }
 }
 
-Json parse_json_body(const std::string& body) {
-  // Deeper nesting than any request needs is refused before parsing (copies and dumps of JSON
-  // values recurse).
-  if (jinja::json_nesting(body).max_depth > kMaxJsonDepth) {
-    throw ApiError(400, "invalid_request_error",
-                   fmt::format("the request body nests deeper than {} levels", kMaxJsonDepth));
-  }
-  Json j = Json::parse(body, nullptr, /*allow_exceptions=*/false);
-  if (j.is_discarded()) {
-    throw ApiError(400, "invalid_request_error", "the request body is not valid JSON");
-  }
-  return j;
-}
-
 std::string dump_json(const Json& j) {
   return j.dump(-1, ' ', false, Json::error_handler_t::replace);
 }
@@ -62,109 +50,29 @@ std::string error_body(const ApiError& e) {
   return dump_json(Json({{"error", err}}));
 }
 
-namespace {
-
-const char* type_name(const Json& v);
-
-}  // namespace
-
-void boolean(const Json& body, const char* key, bool* out) {
-  if (!body.contains(key) || body[key].is_null()) return;
-  if (!body[key].is_boolean()) {
-    bad_request(key, fmt::format("'{}' must be a boolean, not {}", key, type_name(body[key])));
-  }
-  *out = body[key].get<bool>();
+std::string error_body(const ApiError& e, Api api) {
+  if (api != Api::kMessages) return error_body(e);
+  // Anthropic's error types by status.
+  const char* type = e.status == 401   ? "authentication_error"
+                     : e.status == 403 ? "permission_error"
+                     : e.status == 404 ? "not_found_error"
+                     : e.status == 413 ? "request_too_large"
+                     : e.status == 429 ? "rate_limit_error"
+                     : e.status == 503 ? "overloaded_error"
+                     : e.status >= 500 ? "api_error"
+                                       : "invalid_request_error";
+  return dump_json(Json({{"type", "error"}, {"error", {{"type", type}, {"message", e.what()}}}}));
 }
 
-std::vector<int32_t> token_ids(const Json& v, const ModelInfo& m, const char* field) {
-  if (!v.is_array()) bad_request(field, fmt::format("'{}' must be an array of token ids", field));
-  std::vector<int32_t> ids;
-  ids.reserve(v.size());
-  for (const Json& x : v) {
-    int64_t id = -1;
-    if (x.is_number_integer() && !(x.is_number_unsigned() && x.get<uint64_t>() > INT32_MAX)) {
-      id = x.get<int64_t>();
-    }
-    if (id < 0 || id >= m.vocab_size) {
-      bad_request(field, fmt::format("'{}': {} is not a token id in [0, {})", field, x.dump(),
-                                     m.vocab_size));
-    }
-    ids.push_back(static_cast<int32_t>(id));
-  }
-  return ids;
+Api api_of_path(const std::string& path) {
+  const auto under = [&](const char* p) { return path.rfind(p, 0) == 0; };
+  if (under("/v1/messages") || under("/messages")) return Api::kMessages;
+  if (under("/v1/responses") || under("/responses")) return Api::kResponses;
+  if (under("/v1/completions") || under("/completions")) return Api::kCompletions;
+  return Api::kChat;
 }
 
 namespace {
-
-const char* type_name(const Json& v) {
-  switch (v.type()) {
-    case Json::value_t::null:
-      return "null";
-    case Json::value_t::boolean:
-      return "a boolean";
-    case Json::value_t::string:
-      return "a string";
-    case Json::value_t::array:
-      return "an array";
-    case Json::value_t::object:
-      return "an object";
-    default:
-      return "a number";
-  }
-}
-
-// Typed optional fields: absent or null leaves `out` as it is; a wrong type or a value outside
-// [lo, hi] is a 400 naming the field.
-void number(const Json& body, const char* key, double lo, double hi, float* out) {
-  if (!body.contains(key) || body[key].is_null()) return;
-  const Json& v = body[key];
-  if (!v.is_number())
-    bad_request(key, fmt::format("'{}' must be a number, not {}", key, type_name(v)));
-  const double d = v.get<double>();
-  if (!std::isfinite(d) || d < lo || d > hi) {
-    bad_request(key, fmt::format("'{}' must be in [{}, {}], got {}", key, lo, hi, v.dump()));
-  }
-  *out = static_cast<float>(d);
-}
-
-template <typename T>
-void integer(const Json& body, const char* key, int64_t lo, int64_t hi, T* out) {
-  if (!body.contains(key) || body[key].is_null()) return;
-  const Json& v = body[key];
-  if (!v.is_number_integer()) {
-    bad_request(key, fmt::format("'{}' must be an integer, not {}", key,
-                                 v.is_number() ? v.dump() : type_name(v)));
-  }
-  // (JSON's non-negative integers parse as unsigned: one past int64's range is out of range.)
-  const bool fits =
-      !v.is_number_unsigned() || v.get<uint64_t>() <= static_cast<uint64_t>(std::max<int64_t>(hi, 0));
-  const int64_t x = fits ? v.get<int64_t>() : hi;
-  if (!fits || x < lo || x > hi) {
-    bad_request(key, fmt::format("'{}' must be in [{}, {}], got {}", key, lo, hi, v.dump()));
-  }
-  *out = static_cast<T>(x);
-}
-
-void check_object(const Json& body) {
-  if (!body.is_object()) {
-    throw ApiError(400, "invalid_request_error",
-                   fmt::format("the request body must be a JSON object, not {}", type_name(body)));
-  }
-}
-
-void check_model(const Json& body, const ModelInfo& m) {
-  if (!body.contains("model") || body["model"].is_null()) return;
-  if (!body["model"].is_string()) {
-    bad_request("model", fmt::format("'model' must be a string, not {}", type_name(body["model"])));
-  }
-  const std::string name = body["model"].get<std::string>();
-  if (name != m.name) {
-    throw ApiError(
-        404, "invalid_request_error",
-        fmt::format("the model '{}' does not exist; this server serves '{}'", name, m.name),
-        "model");
-  }
-}
 
 // What both endpoints share: sampling, lengths, stops, n, streaming.
 void parse_common(const Json& body, const ModelInfo& m, ApiRequest* r) {
@@ -334,6 +242,7 @@ Json template_messages(const Json& messages) {
 ApiRequest parse_completion_request(const Json& body, const ModelInfo& m) {
   check_object(body);
   ApiRequest r;
+  r.api = Api::kCompletions;
   parse_common(body, m, &r);
   if (!body.contains("prompt")) bad_request("prompt", "'prompt' is required");
   const Json& p = body["prompt"];
@@ -370,16 +279,52 @@ ApiRequest parse_completion_request(const Json& body, const ModelInfo& m) {
   return r;
 }
 
-ApiRequest parse_chat_request(const Json& body, const ModelInfo& m) {
-  check_object(body);
-  ApiRequest r;
-  r.chat = true;
-  parse_common(body, m, &r);
+Json chosen_tools(Json tools, const std::string& choice) {
+  if (choice == "none") return nullptr;
+  if (choice == "auto" || choice == "required" || choice.empty()) return tools;
+  // One named tool: only it is offered.
+  Json only = Json::array();
+  for (const Json& t : tools.is_array() ? tools : Json::array()) {
+    if (t["function"]["name"] == choice) only.push_back(t);
+  }
+  if (only.empty()) bad_request("tool_choice", "'tool_choice' names a tool not in 'tools'");
+  return only;
+}
+
+void render_conversation(const Json& messages, const Json& tools, const Json& extra,
+                         const ModelInfo& m, ApiRequest* r) {
   if (m.chat_template == nullptr) {
     bad_request("messages", "the model has no chat template; use /v1/completions");
   }
+  const Json checked = template_messages(messages);
+  ChatPrompt p;
+  try {
+    p = render_chat_prompt(*m.chat_template, *m.tokenizer, checked, true, tools, extra);
+  } catch (const Error& e) {
+    bad_request("messages", fmt::format("the chat template: {}", e.what()));
+  }
+  r->chat = true;
+  r->prompt = std::move(p.ids);
+  r->in_think = prompt_opens_think(p.text);
+  r->tools = tools;
+  // Harmony (gpt-oss) shapes every answer (its reasoning is a channel); the other syntaxes are
+  // parsed when the request has tools.
+  r->tool_syntax = tools.is_null() && m.tool_syntax != ToolCallSyntax::kHarmony
+                       ? ToolCallSyntax::kNone
+                       : m.tool_syntax;
+  r->params.continues_prompt = false;
+  // A tool call's markers (harmony's channels) may be control tokens: written out so that they
+  // parse.
+  r->params.special_text = r->tool_syntax != ToolCallSyntax::kNone;
+  if (r->prompt.empty()) bad_request("messages", "the rendered prompt is empty");
+}
+
+ApiRequest parse_chat_request(const Json& body, const ModelInfo& m) {
+  check_object(body);
+  ApiRequest r;
+  r.api = Api::kChat;
+  parse_common(body, m, &r);
   if (!body.contains("messages")) bad_request("messages", "'messages' is required");
-  const Json messages = template_messages(body["messages"]);
   Json tools = nullptr;
   if (body.contains("tools") && !body["tools"].is_null()) {
     if (!body["tools"].is_array()) bad_request("tools", "'tools' must be an array");
@@ -395,22 +340,11 @@ ApiRequest parse_chat_request(const Json& body, const ModelInfo& m) {
   }
   if (body.contains("tool_choice") && !body["tool_choice"].is_null()) {
     const Json& tc = body["tool_choice"];
-    if (tc.is_string()) {
-      const std::string c = tc.get<std::string>();
-      if (c == "none") {
-        tools = nullptr;
-      } else if (c != "auto" && c != "required") {
-        bad_request("tool_choice", "'tool_choice' must be none, auto, required or an object");
-      }
+    if (tc.is_string() && (tc == "none" || tc == "auto" || tc == "required")) {
+      tools = chosen_tools(tools, tc.get<std::string>());
     } else if (tc.is_object() && tc.contains("function") && tc["function"].is_object() &&
                tc["function"].contains("name") && tc["function"]["name"].is_string()) {
-      // One named tool: only it is offered.
-      Json only = Json::array();
-      for (const Json& t : tools.is_array() ? tools : Json::array()) {
-        if (t["function"]["name"] == tc["function"]["name"]) only.push_back(t);
-      }
-      if (only.empty()) bad_request("tool_choice", "'tool_choice' names a tool not in 'tools'");
-      tools = only;
+      tools = chosen_tools(tools, tc["function"]["name"].get<std::string>());
     } else {
       bad_request("tool_choice", "'tool_choice' must be none, auto, required or an object");
     }
@@ -431,27 +365,29 @@ ApiRequest parse_chat_request(const Json& body, const ModelInfo& m) {
   }
   r.logprobs = logprobs;
   r.params.top_logprobs = top;
-  ChatPrompt p;
-  try {
-    p = render_chat_prompt(*m.chat_template, *m.tokenizer, messages, true, tools, extra);
-  } catch (const Error& e) {
-    bad_request("messages", fmt::format("the chat template: {}", e.what()));
-  }
-  r.prompt = std::move(p.ids);
-  r.in_think = prompt_opens_think(p.text);
-  r.tools = tools;
-  // Harmony (gpt-oss) shapes every answer (its reasoning is a channel); the other syntaxes are
-  // parsed when the request has tools.
-  r.tool_syntax = tools.is_null() && m.tool_syntax != ToolCallSyntax::kHarmony
-                      ? ToolCallSyntax::kNone
-                      : m.tool_syntax;
-  r.params.continues_prompt = false;
-  // A tool call's markers (harmony's channels) may be control tokens: written out so that they
-  // parse.
-  r.params.special_text = r.tool_syntax != ToolCallSyntax::kNone;
-  if (r.prompt.empty()) bad_request("messages", "the rendered prompt is empty");
+  render_conversation(body["messages"], tools, extra, m, &r);
   return r;
 }
 
+
+AnswerParts::AnswerParts(const ApiRequest& request)
+    : parser_(request.tool_syntax, request.in_think, request.tools) {}
+
+AnswerParts::Step AnswerParts::push(const GenerateEvent& ev) {
+  Step s;
+  const ChatStreamParser::Delta d = parser_.push(ev.text);
+  s.reasoning = d.reasoning;
+  s.content = d.content;
+  if (ev.finish == FinishReason::kNone) return s;
+  ChatOutput rest = parser_.finish();
+  s.reasoning += rest.reasoning;
+  s.content += rest.content;
+  s.calls = std::move(rest.tool_calls);
+  s.last = true;
+  s.finish = ev.finish;
+  s.stop = ev.stop;
+  s.error = ev.error;
+  return s;
+}
 
 }  // namespace tandem::server

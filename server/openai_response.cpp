@@ -2,6 +2,7 @@
 // Server-Sent Events chunks OpenAI streams.
 #include <fmt/format.h>
 
+#include "server/conversation.h"
 #include "server/openai.h"
 
 namespace tandem::server {
@@ -17,9 +18,33 @@ Json bytes_of(const std::string& s) {
   return b;
 }
 
-}  // namespace
+// Chat and text completions (OpenAI): one JSON body, or SSE "data:" chunks then "[DONE]".
+class ChatCompletionWriter : public ResponseWriter {
+ public:
+  ChatCompletionWriter(const ApiRequest& request, const ModelInfo& model, std::string id,
+                       int64_t created);
+  ~ChatCompletionWriter() override;
+  std::string stream_start() override;
+  std::string stream_event(const Job::Event& e) override;
+  std::string stream_end(const Job& job) override;
+  void add(const Job::Event& e) override;
+  Json body(const Job& job) override;
 
-struct ResponseBuilder::Choice {
+ private:
+  struct Choice;
+  Json chunk(int index, Json delta_or_text, const Json& finish, const Json& logprobs) const;
+  Json logprobs_of(const GenerateEvent& ev) const;
+  Json usage(const Job& job) const;
+  const char* finish_name(const Choice& c, FinishReason reason) const;
+
+  const ApiRequest& request_;
+  const ModelInfo& model_;
+  std::string id_;
+  int64_t created_;
+  std::vector<std::unique_ptr<Choice>> choices_;
+};
+
+struct ChatCompletionWriter::Choice {
   std::unique_ptr<ChatStreamParser> parser;
   std::string text;  // completions (and chat before parsing, when not streaming)
   Json logprobs = Json::array();
@@ -31,7 +56,7 @@ struct ResponseBuilder::Choice {
   size_t offset = 0;
 };
 
-ResponseBuilder::ResponseBuilder(const ApiRequest& request, const ModelInfo& model, std::string id,
+ChatCompletionWriter::ChatCompletionWriter(const ApiRequest& request, const ModelInfo& model, std::string id,
                                  int64_t created)
     : request_(request), model_(model), id_(std::move(id)), created_(created) {
   for (int i = 0; i < request_.n; ++i) {
@@ -48,9 +73,9 @@ ResponseBuilder::ResponseBuilder(const ApiRequest& request, const ModelInfo& mod
   }
 }
 
-ResponseBuilder::~ResponseBuilder() = default;
+ChatCompletionWriter::~ChatCompletionWriter() = default;
 
-Json ResponseBuilder::chunk(int index, Json delta_or_text, const Json& finish,
+Json ChatCompletionWriter::chunk(int index, Json delta_or_text, const Json& finish,
                             const Json& logprobs) const {
   Json choice = {{"index", index}};
   if (request_.chat) {
@@ -67,7 +92,7 @@ Json ResponseBuilder::chunk(int index, Json delta_or_text, const Json& finish,
                {"choices", Json::array({choice})}});
 }
 
-Json ResponseBuilder::logprobs_of(const GenerateEvent& ev) const {
+Json ChatCompletionWriter::logprobs_of(const GenerateEvent& ev) const {
   const Tokenizer& tok = *model_.tokenizer;
   const std::string t = piece(tok, ev.token);
   Json top = Json::array();
@@ -78,7 +103,7 @@ Json ResponseBuilder::logprobs_of(const GenerateEvent& ev) const {
   return {{"token", t}, {"logprob", ev.logprob}, {"bytes", bytes_of(t)}, {"top_logprobs", top}};
 }
 
-const char* ResponseBuilder::finish_name(const Choice& c, FinishReason reason) const {
+const char* ChatCompletionWriter::finish_name(const Choice& c, FinishReason reason) const {
   if (c.tool_calls) return "tool_calls";
   switch (reason) {
     case FinishReason::kLength:
@@ -89,7 +114,7 @@ const char* ResponseBuilder::finish_name(const Choice& c, FinishReason reason) c
   }
 }
 
-Json ResponseBuilder::usage(const Job& job) const {
+Json ChatCompletionWriter::usage(const Job& job) const {
   int64_t completion = 0, prompt = 0, cached = 0;
   for (int i = 0; i < job.n(); ++i) {
     const Generator::Usage u = job.usage(i);
@@ -105,7 +130,7 @@ Json ResponseBuilder::usage(const Job& job) const {
           {"prompt_tokens_details", {{"cached_tokens", cached}}}};
 }
 
-std::string ResponseBuilder::stream_start() {
+std::string ChatCompletionWriter::stream_start() {
   std::string out;
   for (int i = 0; i < request_.n; ++i) {
     if (request_.chat) {
@@ -119,7 +144,7 @@ std::string ResponseBuilder::stream_start() {
   return out;
 }
 
-std::string ResponseBuilder::stream_event(const Job::Event& e) {
+std::string ChatCompletionWriter::stream_event(const Job::Event& e) {
   Choice& c = *choices_.at(static_cast<size_t>(e.index));
   const GenerateEvent& ev = e.ev;
   std::string out;
@@ -184,7 +209,7 @@ std::string ResponseBuilder::stream_event(const Job::Event& e) {
   return out;
 }
 
-std::string ResponseBuilder::stream_end(const Job& job) {
+std::string ChatCompletionWriter::stream_end(const Job& job) {
   std::string out;
   if (request_.include_usage && error_.empty()) {
     Json u = {{"id", id_},
@@ -199,7 +224,7 @@ std::string ResponseBuilder::stream_end(const Job& job) {
   return out;
 }
 
-void ResponseBuilder::add(const Job::Event& e) {
+void ChatCompletionWriter::add(const Job::Event& e) {
   Choice& c = *choices_.at(static_cast<size_t>(e.index));
   const GenerateEvent& ev = e.ev;
   if (ev.finish == FinishReason::kError && error_.empty()) error_ = ev.error;
@@ -220,7 +245,7 @@ void ResponseBuilder::add(const Job::Event& e) {
   }
 }
 
-Json ResponseBuilder::body(const Job& job) {
+Json ChatCompletionWriter::body(const Job& job) {
   Json choices = Json::array();
   for (size_t i = 0; i < choices_.size(); ++i) {
     Choice& c = *choices_[i];
@@ -258,6 +283,24 @@ Json ResponseBuilder::body(const Job& job) {
   return {{"id", id_},           {"object", request_.chat ? "chat.completion" : "text_completion"},
           {"created", created_}, {"model", model_.name},
           {"choices", choices},  {"usage", usage(job)}};
+}
+
+}  // namespace
+
+std::unique_ptr<ResponseWriter> make_response_writer(const ApiRequest& request,
+                                                     const ModelInfo& model, uint64_t serial,
+                                                     int64_t created) {
+  switch (request.api) {
+    case Api::kResponses:
+      return make_responses_writer(request, model, serial, created);
+    case Api::kMessages:
+      return make_messages_writer(request, model, serial, created);
+    default:
+      return std::make_unique<ChatCompletionWriter>(
+          request, model,
+          fmt::format("{}-{}", request.api == Api::kChat ? "chatcmpl" : "cmpl", serial),
+          created);
+  }
 }
 
 }  // namespace tandem::server

@@ -1,0 +1,50 @@
+// What the API files share beyond the fields (server/request_fields.h): a conversation in chat's
+// shape rendered into a request's prompt, and an answer taken apart as it streams. The Responses
+// and Messages APIs turn their input into chat's shape and their output from these parts.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/chat_output.h"
+#include "server/openai.h"
+
+namespace tandem::server {
+
+// The tools offered for a tool choice: "none" (null), "auto" / "required" / "" (all), or a
+// tool's name (that tool only; 400 when it is not among them). Tools in chat's shape.
+Json chosen_tools(Json tools, const std::string& choice);
+// A conversation rendered into r's prompt with the model's chat template: `messages` in chat's
+// shape (checked here), `tools` in chat's shape or null, `extra` the template's keyword arguments;
+// sets how the answer is parsed (reasoning, the tool-call syntax).
+void render_conversation(const Json& messages, const Json& tools, const Json& extra,
+                         const ModelInfo& model, ApiRequest* r);
+
+// One answer (n = 1) as its events come: the reasoning and content that are final so far, and at
+// the end the tool calls and why it ended. Streamed and whole answers are taken apart alike.
+class AnswerParts {
+ public:
+  explicit AnswerParts(const ApiRequest& request);
+  struct Step {
+    std::string reasoning, content;
+    std::vector<ToolCall> calls;  // at the end
+    bool last = false;
+    FinishReason finish = FinishReason::kNone;
+    std::string stop;   // the stop string that ended it
+    std::string error;  // kError
+  };
+  Step push(const GenerateEvent& ev);
+
+ private:
+  ChatStreamParser parser_;
+};
+
+std::unique_ptr<ResponseWriter> make_responses_writer(const ApiRequest& request,
+                                                      const ModelInfo& model, uint64_t serial,
+                                                      int64_t created);
+std::unique_ptr<ResponseWriter> make_messages_writer(const ApiRequest& request,
+                                                     const ModelInfo& model, uint64_t serial,
+                                                     int64_t created);
+
+}  // namespace tandem::server
