@@ -224,10 +224,11 @@ class MessagesWriter : public ResponseWriter {
     if (!error_.empty()) {
       return event("error", {{"error", {{"type", "api_error"}, {"message", error_}}}});
     }
-    return event("message_delta",
-                 {{"delta", {{"stop_reason", stop_reason()}, {"stop_sequence", stop_sequence()}}},
-                  {"usage", {{"output_tokens", job.usage(0).generated}}}}) +
-           event("message_stop", Json::object());
+    std::string out =
+        event("message_delta",
+              {{"delta", {{"stop_reason", stop_reason()}, {"stop_sequence", stop_sequence()}}},
+               {"usage", {{"output_tokens", job.usage(0).generated}}}});
+    return out + event("message_stop", Json::object());
   }
 
   void add(const Job::Event& e) override {
@@ -295,7 +296,9 @@ class MessagesWriter : public ResponseWriter {
     if (open_ == kind && kind != "tool_use") return "";
     std::string out = close_block();
     open_ = kind;
-    return out + event("content_block_start", {{"index", blocks_++}, {"content_block", block}});
+    out += event("content_block_start", {{"index", blocks_}, {"content_block", block}});
+    ++blocks_;
+    return out;
   }
   std::string close_block() {
     if (open_.empty()) return "";

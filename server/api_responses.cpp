@@ -173,8 +173,8 @@ class ResponsesWriter : public ResponseWriter {
 
   std::string stream_start() override {
     const Json r = response("in_progress", Json::array(), nullptr, nullptr);
-    return event("response.created", {{"response", r}}) +
-           event("response.in_progress", {{"response", r}});
+    std::string out = event("response.created", {{"response", r}});
+    return out + event("response.in_progress", {{"response", r}});
   }
 
   std::string stream_event(const Job::Event& e) override {
@@ -186,7 +186,8 @@ class ResponsesWriter : public ResponseWriter {
     if (s.finish == FinishReason::kError && error_.empty()) error_ = s.error;
     // (an answer with neither text nor calls still has its message, as the whole one has)
     if (!message_seen_ && s.calls.empty()) out += text_delta("");
-    out += close_reasoning() + close_message();
+    out += close_reasoning();
+    out += close_message();
     for (size_t i = 0; i < s.calls.size(); ++i) {
       Json item = call_item(s.calls[i], i);
       const int index = static_cast<int>(output_.size());
@@ -342,16 +343,16 @@ class ResponsesWriter : public ResponseWriter {
     reasoning_index_ = -1;
     const Json item = reasoning_item(reasoning_);
     output_[static_cast<size_t>(index)] = item;
-    return event("response.reasoning_summary_text.done", {{"item_id", id("rs")},
+    // (one statement each: the events are numbered in the order they are made)
+    std::string out = event("response.reasoning_summary_text.done", {{"item_id", id("rs")},
+                                                                     {"output_index", index},
+                                                                     {"summary_index", 0},
+                                                                     {"text", reasoning_}});
+    out += event("response.reasoning_summary_part.done", {{"item_id", id("rs")},
                                                           {"output_index", index},
                                                           {"summary_index", 0},
-                                                          {"text", reasoning_}}) +
-           event("response.reasoning_summary_part.done",
-                 {{"item_id", id("rs")},
-                  {"output_index", index},
-                  {"summary_index", 0},
-                  {"part", item["summary"][0]}}) +
-           event("response.output_item.done", {{"output_index", index}, {"item", item}});
+                                                          {"part", item["summary"][0]}});
+    return out + event("response.output_item.done", {{"output_index", index}, {"item", item}});
   }
 
   std::string text_delta(const std::string& text) {
@@ -386,15 +387,15 @@ class ResponsesWriter : public ResponseWriter {
     message_index_ = -1;
     const Json item = message_item(text_);
     output_[static_cast<size_t>(index)] = item;
-    return event("response.output_text.done", {{"item_id", id("msg")},
-                                               {"output_index", index},
-                                               {"content_index", 0},
-                                               {"text", text_}}) +
-           event("response.content_part.done", {{"item_id", id("msg")},
+    std::string out = event("response.output_text.done", {{"item_id", id("msg")},
+                                                          {"output_index", index},
+                                                          {"content_index", 0},
+                                                          {"text", text_}});
+    out += event("response.content_part.done", {{"item_id", id("msg")},
                                                 {"output_index", index},
                                                 {"content_index", 0},
-                                                {"part", item["content"][0]}}) +
-           event("response.output_item.done", {{"output_index", index}, {"item", item}});
+                                                {"part", item["content"][0]}});
+    return out + event("response.output_item.done", {{"output_index", index}, {"item", item}});
   }
 
   const ApiRequest& request_;
