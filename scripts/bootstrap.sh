@@ -11,6 +11,7 @@ packages=(
   libhwloc-dev libnuma-dev libpcre2-dev libyaml-cpp-dev
   clang libclang-rt-14-dev   # libFuzzer for the `slow` fuzz tests
   curl                       # the server tests' command-line client
+  chromium                   # the chat page's test (headless, driven by puppeteer-core)
   # the Python module (pybind11) and its tests (torch, pytest); setuptools for `pip install .`
   python3-dev pybind11-dev python3-torch python3-numpy python3-pytest python3-setuptools
 )
@@ -42,9 +43,14 @@ if [ ${#missing[@]} -ne 0 ]; then
   $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
 
-# The server tests' Node.js clients (the OpenAI and Anthropic SDKs), pinned by the lock file.
+# The server tests' Node.js clients (the OpenAI and Anthropic SDKs, puppeteer-core for the chat
+# page), pinned by the lock file.
 node_tests="$(dirname "$0")/../tests/server/node"
-if [ ! -d "$node_tests/node_modules/openai" ] || [ ! -d "$node_tests/node_modules/@anthropic-ai/sdk" ]; then
-  echo "bootstrap: npm ci in tests/server/node (the SDKs the server tests drive it with)"
+need_npm=0
+for m in openai @anthropic-ai/sdk puppeteer-core; do
+  [ -d "$node_tests/node_modules/$m" ] || need_npm=1
+done
+if [ "$need_npm" -eq 1 ]; then
+  echo "bootstrap: npm ci in tests/server/node (the clients the server tests drive it with)"
   (cd "$node_tests" && npm ci --no-audit --no-fund --loglevel=error)
 fi

@@ -9,6 +9,7 @@
 
 #include "core/error.h"
 #include "server/request_fields.h"
+#include "server/webui_page.h"
 
 namespace tandem::server {
 namespace {
@@ -257,7 +258,10 @@ httplib::Server::HandlerResponse HttpServer::admit(const httplib::Request& req,
   } catch (const ApiError& e) {
     return refuse(e);
   }
-  if (req.path == "/health") return Server::HandlerResponse::Unhandled;
+  // (the page holds no data: it asks for the key itself)
+  if (req.path == "/health" || (req.path == "/" && options_.webui)) {
+    return Server::HandlerResponse::Unhandled;
+  }
   // The headers as sent (cpp-httplib percent-decodes header values): OpenAI's clients send the
   // key as 'Authorization: Bearer KEY', Anthropic's as 'x-api-key: KEY'.
   if (!options_.api_key.empty()) {
@@ -409,6 +413,16 @@ void HttpServer::routes() {
       res.set_content(R"({"status":"ok"})", "application/json");
     }
   });
+  if (options_.webui) {
+    s.Get("/", [](const Request&, Response& res) {
+      // Everything the page uses is in it: nothing may be loaded from elsewhere.
+      res.set_header("Content-Security-Policy",
+                     "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; "
+                     "connect-src 'self'; img-src data:; base-uri 'none'; form-action 'none'");
+      res.set_header("X-Content-Type-Options", "nosniff");
+      res.set_content(kChatPage, sizeof(kChatPage) - 1, "text/html; charset=utf-8");
+    });
+  }
   s.Get("/metrics", [this](const Request&, Response& res) {
     res.set_content(metrics_.render(), "text/plain; version=0.0.4");
   });

@@ -24,6 +24,7 @@ struct HttpOptions {
   size_t max_body = 8u << 20;  // request bodies larger: 413
   int threads = 64;            // connections served at once (as many more wait; beyond: 503)
   int timeout_s = 60;          // for a request's headers and body to arrive (then 408)
+  bool webui = true;           // the chat page at /
 };
 
 class HttpServer {

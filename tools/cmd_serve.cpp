@@ -50,6 +50,7 @@ struct ServeArgs {
   int64_t max_body = 8 << 20;
   int http_threads = 0;
   int timeout_s = 60;
+  bool no_webui = false;
   std::string chat_template;
   int threads = 0;
   std::string mla = "auto";
@@ -91,6 +92,7 @@ void serve(const ServeArgs& a) {
   ho.api_key = api_key;
   ho.max_body = static_cast<size_t>(a.max_body);
   ho.timeout_s = a.timeout_s;
+  ho.webui = !a.no_webui;
   // Every running and queued request holds a connection; a few more answer /health, /metrics.
   ho.threads = a.http_threads > 0
                    ? a.http_threads
@@ -208,6 +210,7 @@ void add_serve(CLI::App& app) {
                  "seconds a client has to send one request's headers and body (then 408)")
       ->check(number_in(1, 86400))
       ->capture_default_str();
+  app.add_flag("--no-webui", args->no_webui, "do not serve the chat page at /");
   app.add_option("--chat-template", args->chat_template,
                  "a Jinja chat template file to use instead of the model's");
   add_threads_option(app, &args->threads);
