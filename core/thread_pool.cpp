@@ -1,5 +1,6 @@
 #include "core/thread_pool.h"
 
+#include <fmt/format.h>
 #include <immintrin.h>
 #include <pthread.h>
 #include <sched.h>
@@ -11,6 +12,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "core/trace_events.h"
 
 namespace tandem {
 namespace {
@@ -112,6 +114,7 @@ void ThreadPool::start_worker(int i, std::atomic<int>& started) {
     char name[16];
     std::snprintf(name, sizeof(name), "tandem-w%d", i);
     pthread_setname_np(pthread_self(), name);
+    trace::name_thread(fmt::format("{} {}", options_.track, i));
     started.fetch_add(1);
     started.notify_one();
     worker_main(i);

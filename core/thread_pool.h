@@ -37,6 +37,7 @@ struct ThreadPoolOptions {
   bool pin = true;     // pin each worker to its placement's CPUs
   int spin_us = 50;    // idle workers and waiters spin this long before sleeping
   int node_count = 0;  // NUMA nodes jobs may name; 0: 1 + the highest node in the placements
+  const char* track = "cpu worker";  // the workers' tracks in a timeline: "<track> <index>"
 };
 
 // How a job runs. node = -1: any worker; else only the workers of that node. The caller helps

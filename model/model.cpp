@@ -5,6 +5,7 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "core/trace_events.h"
 #include "model/router.h"
 
 namespace tandem {
@@ -117,6 +118,11 @@ int64_t Model::forward(std::span<const SeqTokens> batch, KvCache& cache, float* 
   const ModelConfig& c = w_.config;
   const int64_t hd = c.hidden_size;
   if (batch.empty()) fail(ErrorKind::kInvalidArgument, "forward: an empty batch");
+  int64_t step_tokens = 0;
+  for (const SeqTokens& e : batch) step_tokens += static_cast<int64_t>(e.tokens.size());
+  trace::name_thread("host");
+  trace::set_step(steps_++);
+  const trace::Span step_span("step", "step", {.tokens = step_tokens});
   if (!(cache.layout() == kv_layout())) {
     fail(ErrorKind::kInvalidArgument,
          "forward: the KV cache was made for another layout (another model or --mla form)");
@@ -176,12 +182,16 @@ int64_t Model::forward(std::span<const SeqTokens> batch, KvCache& cache, float* 
     if (graph_step(batch) && replay_graph(cache, logits)) return rows;
     ops_->begin(s, cache);
     float* x = ops_->buffer(kX, n * hd);
-    ops_->embed(x);
+    {
+      const trace::Span span("embed", "model");
+      ops_->embed(x);
+    }
     run_layers(n);
     if (rows == 0) {
       ops_->finish();
       return 0;
     }
+    const trace::Span span("lm_head", "model", {.tokens = rows});
     ops_->lm_head(rows_, x, logits);
     return rows;
   } catch (...) {
@@ -284,13 +294,18 @@ void Model::run_layers(int64_t n) {
   float* h = ops_->buffer(kH, n * hd);
   float* a = ops_->buffer(kA, n * hd);
   for (int64_t l = 0; l < c.num_layers; ++l) {
-    ops_->norm(ForwardOps::Norm::kAttention, l, x, n, h);
-    if (c.is_linear_layer(l)) {
-      ops_->linear_attention(l, h, a);
-    } else {
-      ops_->attention(l, h, a);
+    {
+      const bool linear = c.is_linear_layer(l);
+      const trace::Span span(linear ? "linear attention" : "attention", "layer", {.layer = l});
+      ops_->norm(ForwardOps::Norm::kAttention, l, x, n, h);
+      if (linear) {
+        ops_->linear_attention(l, h, a);
+      } else {
+        ops_->attention(l, h, a);
+      }
+      ops_->add(x, a, n * hd);
     }
-    ops_->add(x, a, n * hd);
+    const trace::Span span(w_.layers[l].moe ? "moe" : "dense ffn", "layer", {.layer = l});
     ops_->norm(ForwardOps::Norm::kFfn, l, x, n, h);
     const auto t1 = Clock::now();
     ffn(l, n, h, a);
@@ -353,19 +368,26 @@ void Model::ffn(int64_t l, int64_t n, const float* x, float* out) {
   // What does not depend on the routing (the backend's shared experts) starts first: it streams
   // while the router and the routing run.
   moe_->begin(req);
-  float* router_logits = ops_->buffer(kRouterLogits, n * ne);
-  ops_->router(l, x, n, router_logits);
-  route(l, n, ops_->host_view(router_logits, n * ne, &logits_host_), hx);
+  {
+    const trace::Span span("router", "layer", {.layer = l});
+    float* router_logits = ops_->buffer(kRouterLogits, n * ne);
+    ops_->router(l, x, n, router_logits);
+    route(l, n, ops_->host_view(router_logits, n * ne, &logits_host_), hx);
+  }
   req.ids = ids_.data();
   req.weights = topw_.data();
   moe_->submit(req);
   if (moe_->computes_shared()) {
     ops_->fill_zero(out, n * hd);
   } else {
+    const trace::Span span("shared experts", "layer", {.layer = l});
     ops_->shared_ffn(l, x, n, out);
   }
   const auto tw = Clock::now();
-  moe_->wait();
+  {
+    const trace::Span span("wait cpu experts", "wait", {.layer = l});
+    moe_->wait();
+  }
   moe_wait_seconds_ += seconds(tw);
   ops_->add_from_host(out, routed, n * hd);
 }

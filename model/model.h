@@ -142,6 +142,7 @@ class Model {
   MoeBackend* moe_;
   std::unique_ptr<ForwardOps> ops_;
   double ffn_seconds_ = 0, moe_wait_seconds_ = 0;
+  int64_t steps_ = 0;  // forwards run (a timeline's step numbers)
   // The ops are a device's and the MoE backend can run in its host functions: MoE layers in
   // stream order, the routed request kept here for the host function that waits for it.
   bool ordered_moe_ = false;

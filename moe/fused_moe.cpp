@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "core/error.h"
+#include "core/trace_events.h"
 #include "model/weights.h"
 #include "ops/cpu/ref_ops.h"
 
@@ -452,6 +453,10 @@ void FusedMoeBackend::run_task(const Task& t) {
   Expert& x = *experts_[t.expert];
   const int64_t n = static_cast<int64_t>(x.tokens.size());
   const int64_t H = req_.hidden_size;
+  static constexpr const char* kPhase[] = {"expert gate+up", "expert down", "expert",
+                                           "shared expert", "expert"};
+  const trace::Span span(kPhase[t.phase], "cpu experts",
+                         {.layer = req_.layer, .expert = x.id, .tokens = n});
   if (t.phase == 2) {  // reference path: the whole expert here
     std::vector<float> in(static_cast<size_t>(n * H)), g, u;
     for (int64_t j = 0; j < n; ++j) {
@@ -574,6 +579,7 @@ void FusedMoeBackend::wait() {
     }
   };
   if (pool_ != nullptr && r.n_tokens > 8) {
+    const trace::Span span("combine", "cpu experts", {.layer = r.layer, .tokens = r.n_tokens});
     pool_->run(static_cast<size_t>(r.n_tokens), combine);
   } else {
     for (int64_t t = 0; t < r.n_tokens; ++t) combine(static_cast<size_t>(t));

@@ -19,6 +19,7 @@
 #include "core/log.h"
 #include "core/memory.h"
 #include "core/thread_pool.h"
+#include "core/trace_events.h"
 #include "ops/cpu/kernels.h"
 #include "runtime/dense_weights.h"
 #include "runtime/device_forward_ops.h"
@@ -195,6 +196,7 @@ class HostDevice final : public Device {
     if (o.threads > 1) {
       ThreadPoolOptions po;
       po.pin = false;
+      po.track = "device worker";
       pool_ = std::make_unique<ThreadPool>(std::vector<WorkerPlacement>(o.threads - 1), po);
     }
     create_stream();  // stream 0, the default stream
@@ -489,6 +491,7 @@ class HostDevice final : public Device {
   }
 
   void worker(Stream* st, int id) {
+    trace::name_thread(fmt::format("device stream {}", id));
     std::unique_lock<std::mutex> lock(mu_);
     for (;;) {
       cv_.wait(lock, [&] { return stop_ || !st->queue.empty(); });
@@ -501,6 +504,7 @@ class HostDevice final : public Device {
       const bool compute = timeline != nullptr && is_compute(item.op);
       const Clock::time_point t0 = compute ? Clock::now() : Clock::time_point{};
       try {
+        trace::Span span(item.op, is_compute(item.op) ? "device" : "device copy or wait");
         item.fn();
         if (compute) timeline->add(Timeline::kDevice, t0, Clock::now());
       } catch (const Error& e) {

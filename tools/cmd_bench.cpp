@@ -35,6 +35,7 @@
 #include "model/weights.h"
 #include "ops/cpu/roofline.h"
 #include "runtime/timeline.h"
+#include "tools/timeline_file.h"
 #include "tools/bench_batch.h"
 #include "tools/bench_util.h"
 #include "tools/command.h"
@@ -58,6 +59,7 @@ struct BenchArgs {
   std::string cache_type = "f32";
   std::vector<int> batch;       // --batch: sequences decoding together (the batched test)
   int64_t batch_tokens = 2048;  // -b: tokens per forward while the batched test's prompts fill
+  std::string timeline;         // --timeline FILE: the decode repetitions' timeline
 };
 
 void run_bench(const BenchArgs& a) {
@@ -70,6 +72,7 @@ void run_bench(const BenchArgs& a) {
   // and Model on the same loaded weights, each repetition run on both in alternating order (A B,
   // B A, ...): the paired ratios compare the two in the same minutes.
   const bool vs = !a.vs.empty();
+  TimelineFile timeline_file(a.timeline, /*paused=*/true);
   if (vs && !a.batch.empty()) {
     fail(ErrorKind::kInvalidArgument, "--batch and --vs: one at a time");
   }
@@ -291,6 +294,8 @@ void run_bench(const BenchArgs& a) {
     }
     const Model::Profile p0 = m.model().profile();
     const int64_t replayed0 = m.model().graph_stats().replayed;
+    // (--timeline: the first configuration's timed decode tokens)
+    const bool recorded = !a.timeline.empty() && decode && traced != nullptr;
     traced = decode && timeline != nullptr ? traced : nullptr;
     if (traced != nullptr) timeline->take();  // (forget what came before)
     double seconds = 0;
@@ -302,6 +307,7 @@ void run_bench(const BenchArgs& a) {
       const int per = rounds != nullptr ? round_tokens(n) : n;
       for (int j0 = 0; j0 < n; j0 += per) {
         const int j1 = std::min(n, j0 + per);
+        trace::set_recording(recorded);
         const double t0 = now_s();
         for (int j = j0; j < j1; ++j) {
           const int32_t t = prompt.empty() ? j % static_cast<int32_t>(c.vocab_size)
@@ -309,6 +315,7 @@ void run_bench(const BenchArgs& a) {
           m.forward(std::span<const int32_t>(&t, 1), logits.data(), false);
         }
         const double s = now_s() - t0;
+        trace::set_recording(false);
         seconds += s;
         if (rounds != nullptr) {
           const double gbs = probe->measure_once(0.04);
@@ -437,6 +444,7 @@ void run_bench(const BenchArgs& a) {
     }
     j["tests"].push_back(t);
   }
+  timeline_file.finish();
   if (a.json) {
     fmt::print("{}\n", j.dump(2));
     return;
@@ -519,6 +527,7 @@ void add_bench(CLI::App& app) {
   app.add_option("-r,--repetitions", args->reps, "repetitions of each test")->capture_default_str();
   add_threads_option(app, &args->threads);
   app.add_flag("--json", args->json, "print JSON instead of the table");
+  add_timeline_option(app, &args->timeline, "the timed decode tokens' timeline");
   app.add_option("--roofline", args->roofline,
                  "`tandem roofline --json` output to take DRAM bandwidth from (default: measure)");
   add_backend_options(app, &args->backend);

@@ -18,6 +18,7 @@
 #include "runtime/profile.h"
 #include "runtime/timeline.h"
 #include "tools/command.h"
+#include "tools/timeline_file.h"
 #include "tools/options.h"
 
 namespace tandem::tools {
@@ -27,13 +28,14 @@ struct ProfileArgs {
   std::string model, out = "profile.json";
   int threads = 0;
   int timeline_tokens = 32;
+  std::string timeline;  // --timeline FILE: the decode timeline's steps
   rt::ProfileOptions o;
 };
 
 // With an accelerator: `tokens` greedy decode steps through the runtime these flags build, and
 // where their time went (rt::Timeline).
 std::string decode_timeline(const LoadedModel& lm, const BackendOptions& backend,
-                            ThreadingContext& threading, int tokens) {
+                            ThreadingContext& threading, int tokens, const std::string& trace_to) {
   MoeRuntime moe(lm, backend, threading);
   ModelOptions mo;
   mo.pool = &threading.pool();
@@ -44,6 +46,7 @@ std::string decode_timeline(const LoadedModel& lm, const BackendOptions& backend
   int32_t t = 1;
   seq.forward(std::span<const int32_t>(&t, 1), logits.data(), false);  // (warm-up)
   moe.timeline()->take();
+  TimelineFile timeline_file(trace_to);
   const auto t0 = std::chrono::steady_clock::now();
   for (int i = 0; i < tokens; ++i) {
     t = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
@@ -51,11 +54,18 @@ std::string decode_timeline(const LoadedModel& lm, const BackendOptions& backend
   }
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  timeline_file.finish();
   return fmt::format("decode timeline ({} tokens, {:.1f} tokens/s): {}", tokens, tokens / seconds,
                      rt::Timeline::format(moe.timeline()->take(), seconds, tokens));
 }
 
 void run_profile(const ProfileArgs& a) {
+  if (!a.timeline.empty() && (a.o.backend.accel == "auto" || a.o.backend.accel == "none" ||
+                              a.timeline_tokens == 0)) {
+    fail(ErrorKind::kInvalidArgument,
+         "--timeline: the decode timeline is taken with an accelerator (--accel) and "
+         "--timeline-tokens > 0");
+  }
   rt::ProfileOptions o = a.o;
   o.backend = resolve_backend_options(a.o.backend, a.model);
   const LoadedModel lm = load_model(a.model, load_mode(o.backend));
@@ -78,7 +88,7 @@ void run_profile(const ProfileArgs& a) {
     BackendOptions b = o.backend;
     b.accel = o.accel;
     b.link = o.link;
-    std::printf("%s\n", decode_timeline(lm, b, threading, a.timeline_tokens).c_str());
+    std::printf("%s\n", decode_timeline(lm, b, threading, a.timeline_tokens, a.timeline).c_str());
   }
 }
 
@@ -94,6 +104,7 @@ void add_profile(CLI::App& app) {
                  "with --accel: greedy decode steps whose timeline is reported (0: none)")
       ->capture_default_str()
       ->check(CLI::Range(0, 1 << 20));
+  add_timeline_option(app, &a->timeline, "the decode timeline's steps");
   add_threads_option(app, &a->threads);
   add_backend_options(app, &a->o.backend);
   app.callback([a] { run_profile(*a); });

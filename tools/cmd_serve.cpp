@@ -24,6 +24,7 @@
 #include "server/http_server.h"
 #include "server/scheduler.h"
 #include "tools/command.h"
+#include "tools/timeline_file.h"
 #include "tools/options.h"
 
 namespace tandem::tools {
@@ -51,6 +52,7 @@ struct ServeArgs {
   int http_threads = 0;
   int timeout_s = 60;
   bool no_webui = false;
+  std::string timeline;  // --timeline FILE: written when the server stops
   std::string chat_template;
   int threads = 0;
   std::string mla = "auto";
@@ -86,6 +88,7 @@ void serve(const ServeArgs& a) {
         std::filesystem::path(a.chat_template).filename().string());
   }
 
+  TimelineFile timeline_file(a.timeline);  // (a path that cannot be written fails here)
   server::HttpOptions ho;
   ho.host = a.host;
   ho.port = a.port;
@@ -158,6 +161,7 @@ void serve(const ServeArgs& a) {
   while (!g_stop) std::this_thread::sleep_for(std::chrono::milliseconds(100));
   std::fprintf(stderr, "stopping\n");
   http.stop();  // (before the scheduler and the model go)
+  timeline_file.finish();
 }
 
 void add_serve(CLI::App& app) {
@@ -211,6 +215,8 @@ void add_serve(CLI::App& app) {
       ->check(number_in(1, 86400))
       ->capture_default_str();
   app.add_flag("--no-webui", args->no_webui, "do not serve the chat page at /");
+  add_timeline_option(app, &args->timeline,
+                      "the steps served, when the server stops (the first 4 M spans),");
   app.add_option("--chat-template", args->chat_template,
                  "a Jinja chat template file to use instead of the model's");
   add_threads_option(app, &args->threads);

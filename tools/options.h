@@ -84,6 +84,15 @@ inline CLI::Validator number_in(double lo, double hi = std::numeric_limits<doubl
       "");
 }
 
+// --timeline FILE: the run's timeline as Chrome trace events (core/trace_events.h).
+inline void add_timeline_option(CLI::App& app, std::string* path, const char* what) {
+  app.add_option("--timeline", *path,
+                 fmt::format("write {} as Chrome trace-event JSON (open it in ui.perfetto.dev "
+                             "or chrome://tracing): a track per thread, spans per step, layer, "
+                             "expert batch, device op and copy",
+                             what));
+}
+
 // --checkpoints, --checkpoint-every: hybrid models' recurrent-state checkpoints
 // (CheckpointOptions).
 inline void add_checkpoint_options(CLI::App& app, CheckpointOptions* o) {
