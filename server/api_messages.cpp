@@ -178,10 +178,10 @@ ApiRequest parse(const Json& body, const ModelInfo& m, bool needs_max_tokens) {
   return r;
 }
 
-class MessagesWriter : public ResponseWriter {
+class MessagesWriter : public AnswerWriter {
  public:
   MessagesWriter(const ApiRequest& request, const ModelInfo& model, uint64_t serial)
-      : request_(request), model_(model), parts_(request), serial_(serial) {}
+      : AnswerWriter(request), request_(request), model_(model), serial_(serial) {}
 
   std::string stream_start() override {
     Json m = message(Json::array(), nullptr, nullptr);
@@ -231,25 +231,18 @@ class MessagesWriter : public ResponseWriter {
     return out + event("message_stop", Json::object());
   }
 
-  void add(const Job::Event& e) override {
-    const AnswerParts::Step s = parts_.push(e.ev);
-    reasoning_ += s.reasoning;
-    text_ += s.content;
-    if (!s.last) return;
-    if (s.finish == FinishReason::kError && error_.empty()) error_ = s.error;
-    finish_ = s.finish;
-    stop_ = s.stop;
-    calls_ = s.calls;
-    tool_use_ = !calls_.empty();
-  }
-
   Json body(const Job& job) override {
+    const AnswerParts::Step& w = parts_.whole();
+    stop_ = w.stop;
+    tool_use_ = !w.calls.empty();
     Json content = Json::array();
-    if (!reasoning_.empty()) {
-      content.push_back({{"type", "thinking"}, {"thinking", reasoning_}, {"signature", ""}});
+    if (!w.reasoning.empty()) {
+      content.push_back({{"type", "thinking"}, {"thinking", w.reasoning}, {"signature", ""}});
     }
-    if (!text_.empty() || calls_.empty()) content.push_back({{"type", "text"}, {"text", text_}});
-    for (const ToolCall& t : calls_) {
+    if (!w.content.empty() || w.calls.empty()) {
+      content.push_back({{"type", "text"}, {"text", w.content}});
+    }
+    for (const ToolCall& t : w.calls) {
       content.push_back({{"type", "tool_use"},
                          {"id", t.id},
                          {"name", t.name},
@@ -311,11 +304,8 @@ class MessagesWriter : public ResponseWriter {
 
   const ApiRequest& request_;
   const ModelInfo& model_;
-  AnswerParts parts_;
   uint64_t serial_;
-  std::string reasoning_, text_, stop_;
-  std::vector<ToolCall> calls_;
-  FinishReason finish_ = FinishReason::kNone;
+  std::string stop_;
   bool tool_use_ = false;
   std::string open_;  // the kind of the open block ("" none)
   int blocks_ = 0;

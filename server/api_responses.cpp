@@ -165,11 +165,12 @@ ApiRequest parse_responses_request(const Json& body, const ModelInfo& m) {
 
 namespace {
 
-class ResponsesWriter : public ResponseWriter {
+class ResponsesWriter : public AnswerWriter {
  public:
   ResponsesWriter(const ApiRequest& request, const ModelInfo& model, uint64_t serial,
                   int64_t created)
-      : request_(request), model_(model), parts_(request), serial_(serial), created_(created) {}
+      : AnswerWriter(request), request_(request), model_(model), serial_(serial),
+        created_(created) {}
 
   std::string stream_start() override {
     const Json r = response("in_progress", Json::array(), nullptr, nullptr);
@@ -216,20 +217,11 @@ class ResponsesWriter : public ResponseWriter {
     return event("response.completed", {{"response", final_response(job)}});
   }
 
-  void add(const Job::Event& e) override {
-    const AnswerParts::Step s = parts_.push(e.ev);
-    reasoning_ += s.reasoning;
-    text_ += s.content;
-    if (!s.last) return;
-    if (s.finish == FinishReason::kError && error_.empty()) error_ = s.error;
-    finish_ = s.finish;
-    calls_ = s.calls;
-  }
-
   Json body(const Job& job) override {
-    if (!reasoning_.empty()) output_.push_back(reasoning_item(reasoning_));
-    if (!text_.empty() || calls_.empty()) output_.push_back(message_item(text_));
-    for (size_t i = 0; i < calls_.size(); ++i) output_.push_back(call_item(calls_[i], i));
+    const AnswerParts::Step& w = parts_.whole();
+    if (!w.reasoning.empty()) output_.push_back(reasoning_item(w.reasoning));
+    if (!w.content.empty() || w.calls.empty()) output_.push_back(message_item(w.content));
+    for (size_t i = 0; i < w.calls.size(); ++i) output_.push_back(call_item(w.calls[i], i));
     return final_response(job);
   }
 
@@ -400,16 +392,13 @@ class ResponsesWriter : public ResponseWriter {
 
   const ApiRequest& request_;
   const ModelInfo& model_;
-  AnswerParts parts_;
   uint64_t serial_;
   int64_t created_;
   int64_t sequence_ = 0;
   Json output_ = Json::array();
-  std::string reasoning_, text_;
-  std::vector<ToolCall> calls_;
+  std::string reasoning_, text_;  // streamed so far
   int reasoning_index_ = -1, message_index_ = -1;  // the open items (-1: none)
   bool message_seen_ = false;
-  FinishReason finish_ = FinishReason::kNone;
 };
 
 }  // namespace

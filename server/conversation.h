@@ -35,9 +35,31 @@ class AnswerParts {
     std::string error;  // kError
   };
   Step push(const GenerateEvent& ev);
+  // Not streaming: push()es the event and adds its step to the whole answer's.
+  void add(const GenerateEvent& ev);
+  const Step& whole() const { return whole_; }
 
  private:
   ChatStreamParser parser_;
+  Step whole_;
+};
+
+// A writer of one conversational answer (the Responses and Messages APIs): its parts as they
+// stream (parts_), or the whole answer gathered by add().
+class AnswerWriter : public ResponseWriter {
+ public:
+  explicit AnswerWriter(const ApiRequest& request) : parts_(request) {}
+  void add(const Job::Event& e) override {
+    parts_.add(e.ev);
+    const AnswerParts::Step& w = parts_.whole();
+    if (!w.last) return;
+    if (w.finish == FinishReason::kError && error_.empty()) error_ = w.error;
+    finish_ = w.finish;
+  }
+
+ protected:
+  AnswerParts parts_;
+  FinishReason finish_ = FinishReason::kNone;
 };
 
 std::unique_ptr<ResponseWriter> make_responses_writer(const ApiRequest& request,

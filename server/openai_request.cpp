@@ -390,4 +390,16 @@ AnswerParts::Step AnswerParts::push(const GenerateEvent& ev) {
   return s;
 }
 
+void AnswerParts::add(const GenerateEvent& ev) {
+  Step s = push(ev);
+  whole_.reasoning += s.reasoning;
+  whole_.content += s.content;
+  if (!s.last) return;
+  whole_.calls = std::move(s.calls);
+  whole_.last = true;
+  whole_.finish = s.finish;
+  whole_.stop = std::move(s.stop);
+  whole_.error = std::move(s.error);
+}
+
 }  // namespace tandem::server

@@ -7,9 +7,10 @@
 // and TANDEM_TEST_DATA_DIR set.
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
-import { spawn, execFileSync } from 'node:child_process';
+import { execFileSync } from 'node:child_process';
 import path from 'node:path';
 import fs from 'node:fs';
+import { startServer as startServer_, stopServer } from './server.mjs';
 import OpenAI from 'openai';
 import Anthropic from '@anthropic-ai/sdk';
 
@@ -22,32 +23,7 @@ for (const f of [model, qwen3]) assert.ok(fs.existsSync(f), `${f} is missing`);
 const key = 'agent-key';
 const name = 'tandem-demo-moe-Q4_K_M.gguf';
 
-async function startServer(args) {
-  const proc = spawn(bin, ['serve', '-m', model, '--port', '0', '--api-key', key, ...args],
-                     { stdio: ['ignore', 'ignore', 'pipe'] });
-  let log = '';
-  const port = await new Promise((resolve, reject) => {
-    proc.stderr.on('data', (d) => {
-      log += d.toString();
-      const m = log.match(/listening on http:\/\/127\.0\.0\.1:(\d+)/);
-      if (m) resolve(Number(m[1]));
-    });
-    proc.on('exit', (code) => reject(new Error(`tandem serve exited ${code}: ${log}`)));
-  });
-  for (let i = 0; i < 600; i++) {
-    try {
-      if ((await fetch(`http://127.0.0.1:${port}/health`)).status === 200) break;
-    } catch (e) { /* not yet */ }
-    await new Promise((r) => setTimeout(r, 20));
-  }
-  return { proc, url: `http://127.0.0.1:${port}` };
-}
-
-async function stopServer(s) {
-  const exited = new Promise((resolve) => s.proc.on('exit', resolve));
-  s.proc.kill('SIGTERM');
-  assert.equal(await exited, 0);
-}
+const startServer = (args) => startServer_(bin, model, ['--api-key', key, ...args]);
 
 let demo;  // the demo model with its own template
 let tools;  // the same with Qwen3's template (tool calls), a longer context

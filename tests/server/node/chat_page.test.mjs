@@ -6,9 +6,10 @@
 // Run by ctest (server.chat_page_node) with TANDEM_BIN and TANDEM_TEST_DATA_DIR set.
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
-import { spawn, execFileSync } from 'node:child_process';
+import { execFileSync } from 'node:child_process';
 import path from 'node:path';
 import fs from 'node:fs';
+import { startServer as startServer_, stopServer } from './server.mjs';
 import puppeteer from 'puppeteer-core';
 
 const bin = process.env.TANDEM_BIN;
@@ -21,32 +22,7 @@ const chromium = process.env.CHROMIUM ||
 assert.ok(chromium, 'chromium is not installed (scripts/bootstrap.sh installs it)');
 const key = 'page-key';
 
-async function startServer(args) {
-  const proc = spawn(bin, ['serve', '-m', model, '--port', '0', ...args],
-                     { stdio: ['ignore', 'ignore', 'pipe'] });
-  let log = '';
-  const port = await new Promise((resolve, reject) => {
-    proc.stderr.on('data', (d) => {
-      log += d.toString();
-      const m = log.match(/listening on http:\/\/127\.0\.0\.1:(\d+)/);
-      if (m) resolve(Number(m[1]));
-    });
-    proc.on('exit', (code) => reject(new Error(`tandem serve exited ${code}: ${log}`)));
-  });
-  for (let i = 0; i < 600; i++) {
-    try {
-      if ((await fetch(`http://127.0.0.1:${port}/health`)).status === 200) break;
-    } catch (e) { /* not yet */ }
-    await new Promise((r) => setTimeout(r, 20));
-  }
-  return { proc, url: `http://127.0.0.1:${port}` };
-}
-
-async function stopServer(s) {
-  const exited = new Promise((resolve) => s.proc.on('exit', resolve));
-  s.proc.kill('SIGTERM');
-  assert.equal(await exited, 0);
-}
+const startServer = (args) => startServer_(bin, model, args);
 
 let server, browser, page;
 

@@ -3,10 +3,11 @@
 // Run by ctest (server.openai_node) with TANDEM_BIN and TANDEM_TEST_DATA_DIR set.
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
-import { spawn, execFileSync } from 'node:child_process';
+import { execFileSync } from 'node:child_process';
 import path from 'node:path';
 import fs from 'node:fs';
 import OpenAI from 'openai';
+import { startServer, stopServer } from './server.mjs';
 
 const bin = process.env.TANDEM_BIN;
 const data = process.env.TANDEM_TEST_DATA_DIR;
@@ -19,31 +20,12 @@ let server;
 let client;
 
 before(async () => {
-  server = spawn(bin, ['serve', '-m', model, '--port', '0', '--api-key', key, '--parallel', '4'],
-                 { stdio: ['ignore', 'ignore', 'pipe'] });
-  let log = '';
-  const port = await new Promise((resolve, reject) => {
-    server.stderr.on('data', (d) => {
-      log += d.toString();
-      const m = log.match(/listening on http:\/\/127\.0\.0\.1:(\d+)/);
-      if (m) resolve(Number(m[1]));
-    });
-    server.on('exit', (code) => reject(new Error(`tandem serve exited ${code}: ${log}`)));
-  });
-  for (let i = 0; i < 600; i++) {
-    try {
-      const r = await fetch(`http://127.0.0.1:${port}/health`);
-      if (r.status === 200) break;
-    } catch (e) { /* not yet */ }
-    await new Promise((r) => setTimeout(r, 20));
-  }
-  client = new OpenAI({ baseURL: `http://127.0.0.1:${port}/v1`, apiKey: key, maxRetries: 0 });
+  server = await startServer(bin, model, ['--api-key', key, '--parallel', '4']);
+  client = new OpenAI({ baseURL: `${server.url}/v1`, apiKey: key, maxRetries: 0 });
 });
 
 after(async () => {
-  const exited = new Promise((resolve) => server.on('exit', resolve));
-  server.kill('SIGTERM');
-  assert.equal(await exited, 0);
+  await stopServer(server);
 });
 
 const name = 'tandem-demo-moe-Q4_K_M.gguf';
