@@ -117,6 +117,39 @@ test('stop interrupts a long answer', async () => {
   assert.equal(await page.$eval('#send', (el) => el.disabled), false);
 });
 
+test('the reasoning is shown folded', async () => {
+  // Qwen3.5's template opens <think> in the generation prompt: the demo model's answer is
+  // reasoning (it never closes the block).
+  const s = await startServer(['--chat-template',
+                               path.join(data, 'templates', 'Qwen3.5-4B.jinja'), '--ctx', '1024']);
+  const r = await fetch(s.url + '/v1/chat/completions', {
+    method: 'POST', headers: { 'Content-Type': 'application/json' },
+    body: JSON.stringify({ messages: [{ role: 'user', content: 'In the beginning' }],
+                           max_tokens: 24, temperature: 0 }),
+  });
+  const want = (await r.json()).choices[0].message;
+  assert.ok(want.reasoning_content, 'the API answer has reasoning');
+  const p = await browser.newPage();
+  await p.goto(s.url + '/', { waitUntil: 'load' });
+  await p.$eval('#temperature', (el) => { el.value = '0'; el.dispatchEvent(new Event('change')); });
+  await p.$eval('#max-tokens', (el) => { el.value = '24'; el.dispatchEvent(new Event('change')); });
+  await p.type('#prompt', 'In the beginning');
+  await p.keyboard.press('Enter');
+  await p.waitForFunction(() => {
+    const a = document.querySelector('.msg.assistant');
+    return a && a.dataset.state && a.dataset.state !== 'streaming';
+  }, { timeout: 60000 });
+  const got = await p.$eval('.msg.assistant', (el) => ({
+    reasoning: el.dataset.reasoning, content: el.dataset.raw,
+    folded: !!el.querySelector('details.reasoning') && !el.querySelector('details.reasoning').open,
+  }));
+  assert.equal(got.reasoning, want.reasoning_content);
+  assert.equal(got.content, want.content ?? '');
+  assert.ok(got.folded, 'the reasoning is in a closed <details>');
+  await p.close();
+  await stopServer(s);
+});
+
 test('--no-webui serves no page', async () => {
   const s = await startServer(['--no-webui']);
   assert.equal((await fetch(s.url + '/')).status, 404);
