@@ -153,8 +153,11 @@ TEST_P(HybridSequences, StaggeredSequencesEqualTheirSoloRuns) {
   double worst = 0;
   for (int n_seq = 1; n_seq <= 8; ++n_seq) {
     KvCache cache = make_cache(*net, 64 * 8, 8);
+    // Bit for bit, but where the prompt's DeltaNet runs chunked: chunks of other lengths than the
+    // solo run's sum in another order (measured 0.000868 of the tolerance; 0.01 allows ~10x).
+    const double bound = GetParam().chunk > 0 ? 0.01 : 0.0;
     worst = std::max(worst, test::check_staggered(*net->model, cache, prompts, solo, start, steps,
-                                                  n_seq, 40));
+                                                  n_seq, 40, bound));
     if (HasFailure()) return;
   }
   std::printf("%s %s: worst %.3g of the F32 tolerance\n", GetParam().model.c_str(),
