@@ -253,9 +253,14 @@ TEST_P(CudaDeviceOps, MatchTheCpuReference) {
   dev->copy_d2h(plain.data(), dplain, plain.size() * 4, s);
   dev->copy_d2h(mm.data(), dmm, mm.size() * 4, s);
   dev->sync_stream(s);
-  EXPECT_LE(test::max_rel_diff(acc, want), 1e-5);
-  EXPECT_LE(test::max_rel_diff(plain, y), 1e-5);
-  EXPECT_LE(test::max_rel_diff(mm, mm_want), 1e-5);
+  // BF16 prefill "at F32 accuracy" is three BF16 products (hi*hi + hi*lo + lo*hi); measured on
+  // an H100 at these shapes: three parts ~3e-7, two ~4e-6, one ~3e-3. Its bound is the three
+  // parts' error with a 5x margin, below what dropping the smallest product gives.
+  const bool bf16_prefill = c.gate == DType::kBF16 && T >= 32;
+  const double bound = bf16_prefill ? 1.5e-6 : 1e-5;
+  EXPECT_LE(test::max_rel_diff(acc, want), bound);
+  EXPECT_LE(test::max_rel_diff(plain, y), bound);
+  EXPECT_LE(test::max_rel_diff(mm, mm_want), bound);
 }
 
 INSTANTIATE_TEST_SUITE_P(
