@@ -336,6 +336,11 @@ void HttpServer::detokenize(const httplib::Request& req, httplib::Response& res)
   res.set_content(dump_json(Json({{"content", m.tokenizer->decode(ids)}})), "application/json");
 }
 
+void HttpServer::apply_template(const httplib::Request& req, httplib::Response& res) const {
+  const ApiRequest r = parse_chat_request(parse_body(req, options_), *model_.load());
+  res.set_content(dump_json(Json({{"prompt", r.prompt_text}})), "application/json");
+}
+
 void HttpServer::count_tokens(const httplib::Request& req, httplib::Response& res) const {
   const ApiRequest r = parse_count_tokens_request(parse_body(req, options_), *model_.load());
   res.set_content(dump_json(Json({{"input_tokens", r.prompt.size()}})), "application/json");
@@ -441,6 +446,8 @@ void HttpServer::routes() {
              guarded([this, api = api](const Request& q, Response& r) { complete(q, r, api); }));
     }
   }
+  s.Post("/apply-template",
+         guarded([this](const Request& q, Response& r) { apply_template(q, r); }));
   for (const char* path : {"/v1/messages/count_tokens", "/messages/count_tokens"}) {
     s.Post(path, guarded([this](const Request& q, Response& r) { count_tokens(q, r); }));
   }

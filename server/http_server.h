@@ -52,6 +52,7 @@ class HttpServer {
   void tokenize(const httplib::Request& req, httplib::Response& res) const;
   void detokenize(const httplib::Request& req, httplib::Response& res) const;
   void count_tokens(const httplib::Request& req, httplib::Response& res) const;
+  void apply_template(const httplib::Request& req, httplib::Response& res) const;
   void complete(const httplib::Request& req, httplib::Response& res, Api api);
   HttpOptions options_;
   std::unique_ptr<ConnectionServer> http_;

@@ -72,7 +72,7 @@ struct ApiRequest {
   GenerateParams params;
   bool logprobs = false;  // chat: logprobs; completions: logprobs >= 0
   bool echo = false;      // completions: the prompt's text before the answer
-  std::string prompt_text;
+  std::string prompt_text;  // completions: the prompt as text; the others: the rendered template
   // chat
   bool in_think = false;  // the rendered prompt opened <think>
   Json tools;             // null: no tools (or tool_choice "none")

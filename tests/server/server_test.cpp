@@ -345,6 +345,11 @@ TEST(Serve, ToolsRenderAsHuggingFaceRendersThem) {
   std::ifstream ef(data_path("templates/expected/Qwen-Qwen3-0.6B.tools.txt"));
   std::stringstream es;
   es << ef.rdbuf();
+  // The rendered prompt itself, character for character.
+  const Reply text = post(*c, "/apply-template",
+                          Json({{"messages", messages}, {"tools", conv["tools"]}}));
+  ASSERT_EQ(text.status, 200) << text.text;
+  EXPECT_EQ(text.body["prompt"].get<std::string>(), es.str());
   const Reply tok = post(*c, "/tokenize", Json({{"content", es.str()}, {"add_special", true}}));
   ASSERT_EQ(tok.status, 200);
   const size_t want = tok.body["tokens"].size();
