@@ -80,6 +80,22 @@ TEST(BlockPool, FreedBlocksServeRequestsOfAboutTheirSize) {
     EXPECT_EQ(pool.used(), 70 * kKiB + 200 * kKiB + BlockPool::kGranule);
     pool.free(e);
     EXPECT_EQ(raw.frees, 0);
+    // A choice: 100 and 110 KiB cached (allocated in either order), both can serve 95 KiB: the
+    // smaller one does, and the larger is left for a larger request.
+    for (const bool larger_first : {false, true}) {
+      void* first = pool.alloc(larger_first ? 110 * kKiB : 100 * kKiB);
+      void* second = pool.alloc(larger_first ? 100 * kKiB : 110 * kKiB);
+      void* big = larger_first ? first : second;     // 110 KiB
+      void* small = larger_first ? second : first;  // 100 KiB
+      pool.free(big);
+      pool.free(small);
+      void* got = pool.alloc(95 * kKiB);
+      EXPECT_EQ(got, small) << (larger_first ? "larger allocated first" : "smaller first");
+      EXPECT_EQ(pool.alloc(105 * kKiB), big);
+      pool.free(got);
+      pool.free(big);
+      pool.trim();
+    }
   }
   EXPECT_EQ(raw.frees, raw.allocs);  // live and cached blocks given back
   EXPECT_TRUE(raw.live.empty());
