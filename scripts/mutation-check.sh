@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# Mutations the tests must catch (`make test-slow`, ctest slow.mutations): each one is a bug a test
+# exists for, put into a copy of the tree; the test is rebuilt and run there, and must fail. The
+# script prints each mutation and whether it was caught, and exits non-zero when one survives or no
+# longer applies (the code it mutates moved: update the mutation).
+#
+#   scripts/mutation-check.sh [name ...]     (default: all)
+#   env: TANDEM_MUTATION_DIR (default <repo>/build-mutation: the copy and its build)
+set -euo pipefail
+
+repo="$(cd "$(dirname "$0")/.." && pwd)"
+work="${TANDEM_MUTATION_DIR:-$repo/build-mutation}"
+src="$work/src"
+build="$work/build"
+
+selected=("$@")
+mkdir -p "$work"
+echo "== copying the tree to $src"
+mkdir -p "$src"
+# (tar keeps the files' times: what did not change since the last run does not rebuild)
+tar -C "$repo" --exclude='./build*' --exclude='./.git' --exclude='node_modules' \
+  --exclude='./tests/data' -cf - . | tar -C "$src" -xf -
+ln -sfn "$repo/tests/data" "$src/tests/data"
+cmake -S "$src" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DTANDEM_CUDA=OFF >/dev/null
+
+status=0
+# mutation NAME FILE PERL-SUBSTITUTION TEST-BINARY GTEST-FILTER: FILE mutated (the substitution must
+# change it), the test rebuilt and run, and it must fail.
+mutation() {
+  local name=$1 file=$2 subst=$3 binary=$4 filter=$5
+  if [[ ${#selected[@]} -gt 0 && ! " ${selected[*]} " == *" $name "* ]]; then return; fi
+  cp "$src/$file" "$src/$file.orig"
+  perl -0pi -e "$subst" "$src/$file"
+  if cmp -s "$src/$file" "$src/$file.orig"; then
+    echo "!! $name: the mutation no longer applies to $file"
+    status=1
+  else
+    echo "== $name ($file): building"
+    if ! ninja -C "$build" tandem "$binary" >"$work/$name.build.log" 2>&1; then
+      echo "!! $name: the mutated tree does not build (see $work/$name.build.log)"
+      status=1
+    elif TANDEM_BIN="$build/tandem" "$build/tests/$binary" --gtest_filter="$filter" \
+        >"$work/$name.test.log" 2>&1; then
+      echo "!! $name: SURVIVED ($binary $filter passed)"
+      status=1
+    else
+      echo "ok $name: caught by $binary ($filter)"
+    fi
+  fi
+  mv "$src/$file.orig" "$src/$file"
+  touch "$src/$file"
+}
+
+# A request's integer field checked only against its upper bound (n = 0 killed the server).
+mutation integer-lower-bound server/request_fields.cpp \
+  's/if \(!fits \|\| x < lo \|\| x > hi\)/if (!fits || x > hi)/' \
+  test_server_hostile_test '*EveryNumberIsChecked*'
+# The stream passing whitespace on as it comes (streamed != whole).
+mutation stream-keeps-trailing-space engine/chat_output.cpp \
+  's/(void ChatStreamParser::hold_space\(std::string\* out, int k\) \{)/$1\n  return;/' \
+  test_unit_engine_chat_output_test '*StreamedPiecesAddUp*'
+# Tool-call turns with "content": null handed to the templates as null.
+mutation null-content-not-rendered server/openai_request.cpp \
+  's/if \(m\["content"\]\.is_null\(\) && msg\.contains\("tool_calls"\)\) m\["content"\] = "";//' \
+  test_server_hostile_test '*NullContent*'
+# No deadline on a request's bytes (a trickling client holds a thread for ever).
+mutation no-request-deadline server/http_connection.cpp \
+  's/deadline_ = Clock::now\(\) \+ limits_\.request_timeout;/deadline_ = Clock::now() + std::chrono::hours(1);/' \
+  test_server_hostile_test '*SlowClients*'
+# A cached block other than the smallest that fits.
+mutation not-the-smallest-cached-block runtime/block_pool.cpp \
+  's/cached_\.lower_bound\(need\)/cached_.lower_bound(need + need \/ 8)/' \
+  test_unit_runtime_block_pool_test '*FreedBlocksServe*'
+# A drift in batched steps only, far below the F32 tolerance (batch == solo is bit for bit).
+mutation batch-only-drift model/model.cpp \
+  's/(    ops_->lm_head\(rows_, x, logits\);\n)/$1    if (batch.size() > 1) logits[0] += 1e-6f * (1.0f + std::fabs(logits[0]));\n/' \
+  test_model_batch_forward_test '*StaggeredSequences*golden_qwen3moe_gguf_reference*'
+
+# (the copy's build is left for the next run: only the mutated files rebuild)
+ninja -C "$build" tandem >/dev/null 2>&1 || true
+exit $status
