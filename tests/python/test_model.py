@@ -79,9 +79,15 @@ def test_interleaved_streams_equal_their_solo_runs(model):
 
 
 def test_abandoned_stream_is_cancelled(model):
-    it = model.generate(PROMPT, max_tokens=50, stream=True)
+    it = model.generate(PROMPT, max_tokens=50, stream=True, ignore_eos=True)
     next(it)
-    it.close()  # cancels the request: the next one runs alone and completes
+    it.close()  # cancels the request
+    # The engine ends it at its next step (without the cancel it would run its 49 tokens more).
+    steps = 0
+    while not model._m.idle():
+        model._m.step()
+        steps += 1
+        assert steps <= 2, "the abandoned request kept running"
     assert model.generate(PROMPT, max_tokens=5) == model.generate(PROMPT, max_tokens=5)
 
 
@@ -89,6 +95,14 @@ def test_sampling_seed_repeats(model):
     a = model.generate(PROMPT, max_tokens=12, temperature=0.9, top_k=40, seed=7)
     b = model.generate(PROMPT, max_tokens=12, temperature=0.9, top_k=40, seed=7)
     assert a == b
+    # The temperature and the seed are used: sampled answers differ across seeds and from the
+    # greedy one (which a temperature of 0 gives, whatever the seed).
+    greedy = model.generate(PROMPT, max_tokens=12, temperature=0, ignore_eos=True)
+    assert model.generate(PROMPT, max_tokens=12, temperature=0, seed=3, ignore_eos=True) == greedy
+    sampled = {model.generate(PROMPT, max_tokens=12, temperature=1.5, seed=s, ignore_eos=True)
+               for s in range(6)}
+    assert len(sampled) > 1, sampled
+    assert sampled != {greedy}
 
 
 def test_token_ids_and_stop(model):
