@@ -644,8 +644,13 @@ class HostForwardOps final : public DeviceForwardOps {
     staged_ = step;
     cache_ = &cache;
   }
+  // The cache is bound when the op is enqueued -- or captured into a graph, as a CUDA graph binds
+  // its kernels' pointers: a graph replayed on another cache (a stale graph) computes on the one
+  // it was captured with, here as on a GPU. (The step's contents are read at run time, as a
+  // graph's copy from the pinned staging buffer is.)
   void upload_step() override {
-    run("begin", [this] { cpu_->begin(staged_, *cache_); });
+    KvCache* cache = cache_;
+    run("begin", [this, cache] { cpu_->begin(staged_, *cache); });
   }
   void embed(float* x) override {
     run("embed", [this, x] { cpu_->embed(x); });

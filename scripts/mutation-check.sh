@@ -71,6 +71,11 @@ mutation no-request-deadline server/http_connection.cpp \
 mutation not-the-smallest-cached-block runtime/block_pool.cpp \
   's/cached_\.lower_bound\(need\)/cached_.lower_bound(need + need \/ 8)/' \
   test_unit_runtime_block_pool_test '*FreedBlocksServe*'
+# A step graph kept when the KV cache changes (stale on a GPU; the host device binds the cache
+# into its graphs as CUDA binds pointers, so the replay computes on the old cache).
+mutation stale-graph-on-cache-change model/model.cpp \
+  's/if \(g\.id >= 0 && \(g\.epoch != ops_->memory_epoch\(\) \|\| !\(g\.cache == key\)\)\)/if (g.id >= 0 \&\& (g.epoch != ops_->memory_epoch()))/' \
+  test_model_step_graph_test '*'
 # A drift in batched steps only, far below the F32 tolerance (batch == solo is bit for bit).
 mutation batch-only-drift model/model.cpp \
   's/(    ops_->lm_head\(rows_, x, logits\);\n)/$1    if (batch.size() > 1) logits[0] += 1e-6f * (1.0f + std::fabs(logits[0]));\n/' \

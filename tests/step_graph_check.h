@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <memory>
 #include <random>
 #include <span>
 #include <vector>
@@ -76,11 +77,23 @@ inline std::vector<float> run_step_schedule(Model& model, KvCache& cache, uint32
 inline void check_step_graphs(Model& graphed, Model& eager, const KvCacheOptions& cache_options) {
   constexpr int kSteps = 30;
   int64_t replayed = 0;
-  for (uint32_t round = 0; round < 2; ++round) {  // (the second on a cache of its own)
-    KvCache a(graphed.kv_layout(), graphed.cache_options(cache_options));
-    KvCache b(eager.kv_layout(), eager.cache_options(cache_options));
-    const std::vector<float> got = run_step_schedule(graphed, a, 31 + round, kSteps);
-    const std::vector<float> want = run_step_schedule(eager, b, 31 + round, kSteps);
+  // The second round repeats the schedule on caches of their own, made with the first round's
+  // before it starts: the device's memory does not move between the rounds (the same buffers
+  // suffice), so only the change of cache can drop the graphs; the first caches stay alive at
+  // other addresses, so a graph kept across the change computes on them, and is caught (the host
+  // device binds the cache into a graph as CUDA binds pointers).
+  std::vector<std::unique_ptr<KvCache>> caches;
+  for (int i = 0; i < 2; ++i) {
+    caches.push_back(
+        std::make_unique<KvCache>(graphed.kv_layout(), graphed.cache_options(cache_options)));
+    caches.push_back(
+        std::make_unique<KvCache>(eager.kv_layout(), eager.cache_options(cache_options)));
+  }
+  for (uint32_t round = 0; round < 2; ++round) {
+    KvCache& a = *caches[2 * round];
+    KvCache& b = *caches[2 * round + 1];
+    const std::vector<float> got = run_step_schedule(graphed, a, 31, kSteps);
+    const std::vector<float> want = run_step_schedule(eager, b, 31, kSteps);
     ASSERT_EQ(got.size(), want.size());
     int64_t differ = 0;
     for (size_t i = 0; i < got.size(); ++i) differ += std::memcmp(&got[i], &want[i], 4) != 0;
