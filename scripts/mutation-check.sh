@@ -17,9 +17,17 @@ selected=("$@")
 mkdir -p "$work"
 echo "== copying the tree to $src"
 mkdir -p "$src"
-# (tar keeps the files' times: what did not change since the last run does not rebuild)
-tar -C "$repo" --exclude='./build*' --exclude='./.git' --exclude='node_modules' \
-  --exclude='./tests/data' -cf - . | tar -C "$src" -xf -
+# Files that differ from the copy's are copied (new times: they rebuild); the rest are left as
+# they are, so only what changed since the last run builds again.
+(cd "$repo" && git ls-files -co --exclude-standard) | grep -v '^tests/data/' |
+  while IFS= read -r f; do
+    [[ -f "$repo/$f" ]] || continue
+    if ! cmp -s "$repo/$f" "$src/$f" 2>/dev/null; then
+      mkdir -p "$(dirname "$src/$f")"
+      cp "$repo/$f" "$src/$f"
+    fi
+  done
+mkdir -p "$src/tests"
 ln -sfn "$repo/tests/data" "$src/tests/data"
 cmake -S "$src" -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DTANDEM_CUDA=OFF >/dev/null
 
