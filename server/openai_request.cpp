@@ -305,8 +305,8 @@ void render_conversation(const Json& messages, const Json& tools, const Json& ex
   }
   r->chat = true;
   r->prompt = std::move(p.ids);
-  r->prompt_text = std::move(p.text);
   r->in_think = prompt_opens_think(p.text);
+  r->prompt_text = std::move(p.text);
   r->tools = tools;
   // Harmony (gpt-oss) shapes every answer (its reasoning is a channel); the other syntaxes are
   // parsed when the request has tools.

@@ -74,7 +74,7 @@ async function ask(prompt) {
   return (await page.$$('.msg.assistant')).at(-1);
 }
 
-test('a typed prompt streams the API\'s answer', async () => {
+test('a typed prompt streams the API\'s answer', { timeout: 120000 }, async () => {
   const want = await apiAnswer([{ role: 'user', content: 'The LORD is my shepherd' }], 24);
   const answer = await ask('The LORD is my shepherd');
   await page.waitForFunction((el) => el.dataset.state !== 'streaming', { timeout: 60000 }, answer);
@@ -95,7 +95,7 @@ test('a typed prompt streams the API\'s answer', async () => {
   }
 });
 
-test('stop interrupts a long answer', async () => {
+test('stop interrupts a long answer', { timeout: 120000 }, async () => {
   await page.click('#new-chat');
   await page.click('#toggle-settings');
   await page.$eval('#max-tokens', (el) => { el.value = '2000'; el.dispatchEvent(new Event('change')); });
@@ -117,7 +117,7 @@ test('stop interrupts a long answer', async () => {
   assert.equal(await page.$eval('#send', (el) => el.disabled), false);
 });
 
-test('the reasoning is shown folded', async () => {
+test('the reasoning is shown folded', { timeout: 120000 }, async () => {
   // Qwen3.5's template opens <think> in the generation prompt: the demo model's answer is
   // reasoning (it never closes the block).
   const s = await startServer(['--chat-template',
@@ -128,26 +128,29 @@ test('the reasoning is shown folded', async () => {
                            max_tokens: 24, temperature: 0 }),
   });
   const want = (await r.json()).choices[0].message;
-  assert.ok(want.reasoning_content, 'the API answer has reasoning');
   const p = await browser.newPage();
-  await p.goto(s.url + '/', { waitUntil: 'load' });
-  await p.$eval('#temperature', (el) => { el.value = '0'; el.dispatchEvent(new Event('change')); });
-  await p.$eval('#max-tokens', (el) => { el.value = '24'; el.dispatchEvent(new Event('change')); });
-  await p.type('#prompt', 'In the beginning');
-  await p.keyboard.press('Enter');
-  await p.waitForFunction(() => {
-    const a = document.querySelector('.msg.assistant');
-    return a && a.dataset.state && a.dataset.state !== 'streaming';
-  }, { timeout: 60000 });
-  const got = await p.$eval('.msg.assistant', (el) => ({
-    reasoning: el.dataset.reasoning, content: el.dataset.raw,
-    folded: !!el.querySelector('details.reasoning') && !el.querySelector('details.reasoning').open,
-  }));
-  assert.equal(got.reasoning, want.reasoning_content);
-  assert.equal(got.content, want.content ?? '');
-  assert.ok(got.folded, 'the reasoning is in a closed <details>');
-  await p.close();
-  await stopServer(s);
+  try {
+    assert.ok(want.reasoning_content, 'the API answer has reasoning');
+    await p.goto(s.url + '/', { waitUntil: 'load' });
+    await p.$eval('#temperature', (el) => { el.value = '0'; el.dispatchEvent(new Event('change')); });
+    await p.$eval('#max-tokens', (el) => { el.value = '24'; el.dispatchEvent(new Event('change')); });
+    await p.type('#prompt', 'In the beginning');
+    await p.keyboard.press('Enter');
+    await p.waitForFunction(() => {
+      const a = document.querySelector('.msg.assistant');
+      return a && a.dataset.state && a.dataset.state !== 'streaming';
+    }, { timeout: 60000 });
+    const got = await p.$eval('.msg.assistant', (el) => ({
+      reasoning: el.dataset.reasoning, content: el.dataset.raw,
+      folded: !!el.querySelector('details.reasoning') && !el.querySelector('details.reasoning').open,
+    }));
+    assert.equal(got.reasoning, want.reasoning_content);
+    assert.equal(got.content, want.content ?? '');
+    assert.ok(got.folded, 'the reasoning is in a closed <details>');
+  } finally {
+    await p.close();
+    await stopServer(s);
+  }
 });
 
 test('--no-webui serves no page', async () => {
