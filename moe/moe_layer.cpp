@@ -36,12 +36,12 @@ class MoeContext {
       if (pool.workers_on_node(n) > 0) nodes.push_back(n);
     }
     if (numa_parts > 1 && static_cast<int>(nodes.size()) < numa_parts) {
-      log_info("{} NUMA parts asked for, {} node(s) with workers here: the experts stay whole",
+      log_info("{} NUMA parts asked for, {} node(s) with workers here: parts share nodes (a "
+               "software split, the same sums)",
                numa_parts, nodes.size());
-      numa_parts = 1;
     }
     for (int p = 0; numa_parts > 1 && p < numa_parts; ++p) {
-      const int n = nodes[static_cast<size_t>(p)];
+      const int n = nodes[static_cast<size_t>(p) % nodes.size()];
       part_node_.push_back(n);
       part_os_node_.push_back(threading_.topology().nodes[static_cast<size_t>(n)].os_index);
     }

@@ -268,8 +268,9 @@ def test_cuda_stream_arguments():
 
 
 def test_numa_parts_compute_the_same_layer():
-    # Split over NUMA nodes where the machine has them (else one part, logged): the same sums up
-    # to the order in which the parts' outputs are added.
+    # Split over NUMA nodes (on a one-node machine the two parts share the node: a software split
+    # that runs the same code), against the unsplit layer: the same sums up to the order in
+    # which the parts' outputs are added.
     E, K, H, Fd = 8, 2, 128, 128
     gate, up, down = make_layer(E, H, Fd)
     x, ids, w = make_routing(6, E, K, H)
