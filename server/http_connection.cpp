@@ -306,18 +306,15 @@ bool ConnectionServer::process_and_close_socket(socket_t sock) {
     while (::recv(sock, sink, sizeof(sink), MSG_DONTWAIT) > 0) {
     }
     const std::string body =
-        R"({"error":{"message":"the server has no connection free (--http-threads); retry later","type":"server_error","param":null,"code":503}})";
-    const std::string head = fmt::format(
+        R"({"error":{"message":"the server has no connection free (--http-threads); retry )"
+        R"(later","type":"server_error","param":null,"code":503}})";
+    const std::string reply = fmt::format(
         "HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
-        "Content-Length: {}\r\nRetry-After: 1\r\nConnection: close\r\n\r\n",
-        body.size());
-    Connection conn(sock, limits_);
-    const std::string reply = head + body;
-    for (size_t sent = 0; sent < reply.size();) {
-      const ssize_t n = conn.write(reply.data() + sent, reply.size() - sent);
-      if (n <= 0) break;
-      sent += static_cast<size_t>(n);
-    }
+        "Content-Length: {}\r\nRetry-After: 1\r\nConnection: close\r\n\r\n{}",
+        body.size(), body);
+    // One non-blocking send (the reply fits in any socket buffer): a client that does not read
+    // cannot hold the one thread that refuses.
+    (void)::send(sock, reply.data(), reply.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
     linger_close(sock, false);
     return false;
   }
