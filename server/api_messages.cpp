@@ -243,10 +243,11 @@ class MessagesWriter : public AnswerWriter {
       content.push_back({{"type", "text"}, {"text", w.content}});
     }
     for (const ToolCall& t : w.calls) {
-      content.push_back({{"type", "tool_use"},
-                         {"id", t.id},
-                         {"name", t.name},
-                         {"input", Json::parse(t.arguments, nullptr, false)}});
+      // (arguments are a JSON object as the parsers write them; anything else is no input)
+      Json input = Json::parse(t.arguments, nullptr, false);
+      if (!input.is_object()) input = Json::object();
+      content.push_back(
+          {{"type", "tool_use"}, {"id", t.id}, {"name", t.name}, {"input", std::move(input)}});
     }
     const Generator::Usage u = job.usage(0);
     Json m = message(content, stop_reason(), stop_sequence());
