@@ -42,10 +42,27 @@ struct ToolCall {
   std::string arguments;  // a JSON object, as text (OpenAI's `function.arguments`)
 };
 
+// A piece of an answer as it streams, in the order the model wrote it.
+struct AnswerPiece {
+  enum class Kind {
+    kReasoning,  // text of the reasoning
+    kContent,    // text for the user
+    kCall,       // a tool call starts: its index in the answer, id and name
+    kArguments,  // more of call `call`'s arguments
+  };
+  Kind kind = Kind::kContent;
+  std::string text;  // kReasoning, kContent, kArguments
+  size_t call = 0;   // kCall, kArguments
+  std::string id, name;
+};
+using AnswerDelta = std::vector<AnswerPiece>;
+
 struct ChatOutput {
   std::string reasoning;  // between <think> and </think> (harmony: the analysis channel)
   std::string content;    // the rest, without the tool calls
   std::vector<ToolCall> tool_calls;
+  // Adds streamed pieces (calls numbered from 0 in order, as a ChatStreamParser numbers them).
+  void add(const AnswerDelta& d);
 };
 
 // The marker a tool call starts with in this syntax ("" for kNone).
@@ -54,7 +71,8 @@ std::string_view tool_call_start(ToolCallSyntax syntax);
 // Parses a whole answer. in_think: the prompt ended inside <think> (the template opened it), so
 // the answer begins with reasoning. tools: the request's tools (their parameter schemas decide
 // whether a value written as text is a string or JSON, in the syntaxes that write values as
-// text); null when there are none. A tool call that does not parse stays in the content.
+// text); null when there are none. Text after a start marker that is not a tool call stays in
+// the content; a call cut short keeps the arguments read (engine/tool_call_reader.h).
 ChatOutput parse_chat_output(std::string_view text, ToolCallSyntax syntax, bool in_think,
                              const jinja::Json& tools);
 
@@ -62,48 +80,50 @@ ChatOutput parse_chat_output(std::string_view text, ToolCallSyntax syntax, bool 
 // reasoning first).
 bool prompt_opens_think(std::string_view prompt);
 
-// The same, as the text streams in: push() returns the reasoning and content that are final so
-// far (a tail that may still become "<think>", "</think>" or a tool call's start is held back);
-// once a tool call starts, the rest is kept until finish(), which parses it. The pieces add up to
-// what parse_chat_output returns: the reasoning without the whitespace around it, the content
-// without trailing whitespace (whitespace is held until text follows it).
+// The same, as the text streams in: push() returns the pieces that are final so far (a tail that
+// may still become "<think>", "</think>" or a tool call's start is held back), a tool call as
+// soon as its name is read and then its arguments as they are read (engine/tool_call_reader.h);
+// finish() the rest. The pieces add up to what parse_chat_output returns: the reasoning and each
+// run of content without the whitespace around them (whitespace is held until text follows it).
 class ChatStreamParser {
  public:
   ChatStreamParser(ToolCallSyntax syntax, bool in_think, jinja::Json tools);
-  struct Delta {
-    std::string reasoning, content;
-  };
-  Delta push(std::string_view text);
-  // The rest, and the tool calls (their text was held back since their start).
-  ChatOutput finish();
+  AnswerDelta push(std::string_view text);
+  AnswerDelta finish();
 
  private:
-  Delta push_text(std::string_view text);
-  ChatOutput finish_text();
-  // Whitespace at the end of what was parsed so far, [0] reasoning, [1] content; and whether
-  // the reasoning has begun (its leading whitespace is dropped).
+  // The text read so far into pieces (final: no more will come).
+  void drain(AnswerDelta* d, bool final);
+  // Tool calls in tool_text_ as far as they go; the text after them back to pending_.
+  void read_calls(AnswerDelta* d, bool final);
+  void start_call(AnswerDelta* d, const std::string& id, const std::string& name);
+  AnswerDelta settle(AnswerDelta raw);
+  // Whitespace at the end of what was passed on, [0] reasoning, [1] content; and whether that
+  // side has begun (its leading whitespace is dropped: at the start, and content after a call).
   std::string held_space_[2];
-  bool reasoning_begun_ = false;
+  bool begun_[2] = {false, false};
   void hold_space(std::string* out, int k);
-  Delta push_harmony(std::string_view text);
-  void end_harmony_message(Delta* d);
+  void push_harmony(std::string_view text, AnswerDelta* d);
+  void end_harmony_message(AnswerDelta* d);
   // Harmony: a message's header (until <|message|>) or its body; the body's destination.
   enum class Harmony { kHeader, kReasoning, kContent, kCall };
   Harmony harmony_ = Harmony::kHeader;
   // Texts of several messages of a kind are joined with a newline, written before the next
   // message's first text: [0] reasoning, [1] content. (wrote: some text came; sep: one is due.)
   bool wrote_[2] = {false, false}, sep_[2] = {false, false};
-  void harmony_text(Delta* d, std::string_view part);
+  void harmony_text(AnswerDelta* d, std::string_view part);
+  void harmony_call(AnswerDelta* d);
   std::string call_name_;
-  std::vector<ToolCall> harmony_calls_;
   ToolCallSyntax syntax_;
   jinja::Json tools_;
   bool in_think_;
   bool seen_think_ = false;       // a <think> block opened or closed: no second one
   bool started_content_ = false;  // non-blank content came (a <think> can no longer open)
-  bool in_tools_ = false;
-  std::string pending_;  // text not yet classified
-  std::string tool_text_;
+  bool in_tools_ = false;         // (harmony: a call's body started as JSON)
+  std::string pending_;           // text not yet classified
+  std::string tool_text_;         // the tool calls' text since their start marker
+  size_t calls_ = 0;              // calls finished before tool_text_'s
+  std::vector<size_t> sent_;      // arguments passed on of each call in tool_text_
 };
 
 }  // namespace tandem

@@ -192,31 +192,37 @@ class MessagesWriter : public AnswerWriter {
   std::string stream_event(const Job::Event& e) override {
     const AnswerParts::Step s = parts_.push(e.ev);
     std::string out;
-    if (!s.reasoning.empty()) {
-      out += open_block("thinking", {{"type", "thinking"}, {"thinking", ""}, {"signature", ""}});
-      out += delta({{"type", "thinking_delta"}, {"thinking", s.reasoning}});
-    }
-    if (!s.content.empty()) {
-      out += open_block("text", {{"type", "text"}, {"text", ""}});
-      out += delta({{"type", "text_delta"}, {"text", s.content}});
+    for (const AnswerPiece& p : s.pieces) {
+      switch (p.kind) {
+        case AnswerPiece::Kind::kReasoning:
+          out += open_block("thinking", {{"type", "thinking"}, {"thinking", ""}, {"signature", ""}});
+          out += delta("thinking", {{"type", "thinking_delta"}, {"thinking", p.text}});
+          break;
+        case AnswerPiece::Kind::kContent:
+          out += open_block("text", {{"type", "text"}, {"text", ""}});
+          out += delta("text", {{"type", "text_delta"}, {"text", p.text}});
+          break;
+        case AnswerPiece::Kind::kCall:
+          tool_use_ = true;
+          out += open_block("tool_use", {{"type", "tool_use"},
+                                         {"id", p.id},
+                                         {"name", p.name},
+                                         {"input", Json::object()}});
+          break;
+        case AnswerPiece::Kind::kArguments:
+          out += delta("partial_json", {{"type", "input_json_delta"}, {"partial_json", p.text}});
+          break;
+      }
     }
     if (!s.last) return out;
     if (s.finish == FinishReason::kError) {
       if (error_.empty()) error_ = s.error;
       return out;
     }
-    if (blocks_ == 0 && s.calls.empty()) out += open_block("text", {{"type", "text"}, {"text", ""}});
-    for (size_t i = 0; i < s.calls.size(); ++i) {
-      out += open_block("tool_use", {{"type", "tool_use"},
-                                     {"id", s.calls[i].id},
-                                     {"name", s.calls[i].name},
-                                     {"input", Json::object()}});
-      out += delta({{"type", "input_json_delta"}, {"partial_json", s.calls[i].arguments}});
-    }
+    if (blocks_ == 0) out += open_block("text", {{"type", "text"}, {"text", ""}});
     out += close_block();
     finish_ = s.finish;
     stop_ = s.stop;
-    tool_use_ = !s.calls.empty();
     return out;
   }
 
@@ -232,25 +238,8 @@ class MessagesWriter : public AnswerWriter {
   }
 
   Json body(const Job& job) override {
-    const AnswerParts::Step& w = parts_.whole();
-    stop_ = w.stop;
-    tool_use_ = !w.calls.empty();
-    Json content = Json::array();
-    if (!w.reasoning.empty()) {
-      content.push_back({{"type", "thinking"}, {"thinking", w.reasoning}, {"signature", ""}});
-    }
-    if (!w.content.empty() || w.calls.empty()) {
-      content.push_back({{"type", "text"}, {"text", w.content}});
-    }
-    for (const ToolCall& t : w.calls) {
-      // (arguments are a JSON object as the parsers write them; anything else is no input)
-      Json input = Json::parse(t.arguments, nullptr, false);
-      if (!input.is_object()) input = Json::object();
-      content.push_back(
-          {{"type", "tool_use"}, {"id", t.id}, {"name", t.name}, {"input", std::move(input)}});
-    }
     const Generator::Usage u = job.usage(0);
-    Json m = message(content, stop_reason(), stop_sequence());
+    Json m = message(content_, stop_reason(), stop_sequence());
     m["usage"] = {{"input_tokens", u.prompt},
                   {"output_tokens", u.generated},
                   {"cache_read_input_tokens", u.cached}};
@@ -273,13 +262,14 @@ class MessagesWriter : public AnswerWriter {
             {"stop_sequence", stop_sequence}};
   }
 
+  // (an answer cut short is that, even inside a tool call)
   Json stop_reason() const {
-    if (tool_use_) return "tool_use";
     switch (finish_) {
       case FinishReason::kLength:
       case FinishReason::kContext:
         return "max_tokens";
       default:
+        if (tool_use_) return "tool_use";
         return stop_.empty() ? "end_turn" : "stop_sequence";
     }
   }
@@ -290,16 +280,32 @@ class MessagesWriter : public AnswerWriter {
     if (open_ == kind && kind != "tool_use") return "";
     std::string out = close_block();
     open_ = kind;
+    content_.push_back(block);
     out += event("content_block_start", {{"index", blocks_}, {"content_block", block}});
     ++blocks_;
     return out;
   }
+  // The open block's end; a tool_use block's input is the JSON its deltas spelled (an object
+  // as the parsers write them; anything else, as a call cut short, is no input).
   std::string close_block() {
     if (open_.empty()) return "";
+    if (open_ == "tool_use") {
+      Json input = Json::parse(partial_json_, nullptr, false);
+      content_.back()["input"] = input.is_object() ? std::move(input) : Json::object();
+      partial_json_.clear();
+    }
     open_.clear();
     return event("content_block_stop", {{"index", blocks_ - 1}});
   }
-  std::string delta(const Json& d) {
+  // More of the open block's `field`.
+  std::string delta(const char* field, const Json& d) {
+    const std::string& more = d[field].get_ref<const std::string&>();
+    if (open_ == "tool_use") {
+      partial_json_ += more;
+    } else {
+      Json& b = content_.back()[field];
+      b = b.get<std::string>() + more;
+    }
     return event("content_block_delta", {{"index", blocks_ - 1}, {"delta", d}});
   }
 
@@ -310,6 +316,8 @@ class MessagesWriter : public AnswerWriter {
   bool tool_use_ = false;
   std::string open_;  // the kind of the open block ("" none)
   int blocks_ = 0;
+  Json content_ = Json::array();  // the blocks so far
+  std::string partial_json_;      // the open tool_use block's input so far
 };
 
 }  // namespace

@@ -181,29 +181,27 @@ class ResponsesWriter : public AnswerWriter {
   std::string stream_event(const Job::Event& e) override {
     const AnswerParts::Step s = parts_.push(e.ev);
     std::string out;
-    if (!s.reasoning.empty()) out += reasoning_delta(s.reasoning);
-    if (!s.content.empty()) out += text_delta(s.content);
+    for (const AnswerPiece& p : s.pieces) {
+      switch (p.kind) {
+        case AnswerPiece::Kind::kReasoning:
+          out += reasoning_delta(p.text);
+          break;
+        case AnswerPiece::Kind::kContent:
+          out += text_delta(p.text);
+          break;
+        case AnswerPiece::Kind::kCall:
+          out += open_call(p);
+          break;
+        case AnswerPiece::Kind::kArguments:
+          out += arguments_delta(p.text);
+          break;
+      }
+    }
     if (!s.last) return out;
     if (s.finish == FinishReason::kError && error_.empty()) error_ = s.error;
-    // (an answer with neither text nor calls still has its message, as the whole one has)
-    if (!message_seen_ && s.calls.empty()) out += text_delta("");
-    out += close_reasoning();
-    out += close_message();
-    for (size_t i = 0; i < s.calls.size(); ++i) {
-      Json item = call_item(s.calls[i], i);
-      const int index = static_cast<int>(output_.size());
-      Json added = item;
-      added["arguments"] = "";
-      added["status"] = "in_progress";
-      out += event("response.output_item.added", {{"output_index", index}, {"item", added}});
-      out += event("response.function_call_arguments.delta",
-                   {{"item_id", item["id"]}, {"output_index", index}, {"delta", item["arguments"]}});
-      out += event("response.function_call_arguments.done", {{"item_id", item["id"]},
-                                                              {"output_index", index},
-                                                              {"arguments", item["arguments"]}});
-      out += event("response.output_item.done", {{"output_index", index}, {"item", item}});
-      output_.push_back(std::move(item));
-    }
+    // (an answer with neither text nor calls still has its message)
+    if (!message_seen_ && calls_ == 0) out += text_delta("");
+    out += close_open_item();
     finish_ = s.finish;
     return out;
   }
@@ -217,13 +215,7 @@ class ResponsesWriter : public AnswerWriter {
     return event("response.completed", {{"response", final_response(job)}});
   }
 
-  Json body(const Job& job) override {
-    const AnswerParts::Step& w = parts_.whole();
-    if (!w.reasoning.empty()) output_.push_back(reasoning_item(w.reasoning));
-    if (!w.content.empty() || w.calls.empty()) output_.push_back(message_item(w.content));
-    for (size_t i = 0; i < w.calls.size(); ++i) output_.push_back(call_item(w.calls[i], i));
-    return final_response(job);
-  }
+  Json body(const Job& job) override { return final_response(job); }
 
  private:
   std::string event(const char* type, Json data) {
@@ -233,6 +225,10 @@ class ResponsesWriter : public AnswerWriter {
   }
 
   std::string id(const char* prefix) const { return fmt::format("{}_{}", prefix, serial_); }
+  // An output item's id: its kind's prefix, the response and its place in the output.
+  std::string item_id(const char* prefix, int index) const {
+    return fmt::format("{}_{}_{}", prefix, serial_, index);
+  }
 
   Json response(const char* status, const Json& output, const Json& usage,
                 const Json& error) const {
@@ -280,15 +276,15 @@ class ResponsesWriter : public AnswerWriter {
             {"total_tokens", u.prompt + u.generated}};
   }
 
-  Json reasoning_item(const std::string& text) const {
+  Json reasoning_item(const std::string& text, int index) const {
     return {{"type", "reasoning"},
-            {"id", id("rs")},
+            {"id", item_id("rs", index)},
             {"summary", Json::array({{{"type", "summary_text"}, {"text", text}}})}};
   }
 
-  Json message_item(const std::string& text) const {
+  Json message_item(const std::string& text, int index) const {
     return {{"type", "message"},
-            {"id", id("msg")},
+            {"id", item_id("msg", index)},
             {"status", "completed"},
             {"role", "assistant"},
             {"content", Json::array({{{"type", "output_text"},
@@ -296,97 +292,129 @@ class ResponsesWriter : public AnswerWriter {
                                       {"annotations", Json::array()}}})}};
   }
 
-  Json call_item(const ToolCall& t, size_t i) const {
+  Json call_item(int index) const {
     return {{"type", "function_call"},
-            {"id", fmt::format("fc_{}_{}", serial_, i)},
-            {"call_id", t.id},
-            {"name", t.name},
-            {"arguments", t.arguments},
+            {"id", item_id("fc", index)},
+            {"call_id", call_.id},
+            {"name", call_.name},
+            {"arguments", call_.arguments},
             {"status", "completed"}};
+  }
+
+  // The output item open now: its kind, and where it is in the output.
+  enum class Open { kNone, kReasoning, kMessage, kCall };
+
+  // Opens an item of `kind` at the output's end (closing the one open), with its added event.
+  std::string open_item(Open kind, Json item) {
+    std::string out = close_open_item();
+    open_ = kind;
+    index_ = static_cast<int>(output_.size());
+    output_.push_back(nullptr);  // (its place; the item when it closes)
+    return out + event("response.output_item.added", {{"output_index", index_}, {"item", item}});
   }
 
   std::string reasoning_delta(const std::string& text) {
     std::string out;
-    if (reasoning_index_ < 0) {
-      out += close_message();
-      reasoning_index_ = static_cast<int>(output_.size());
-      output_.push_back(nullptr);  // (its place; the item when it closes)
-      Json item = reasoning_item("");
+    if (open_ != Open::kReasoning) {
+      Json item = reasoning_item("", static_cast<int>(output_.size()));
       item["summary"] = Json::array();
-      out += event("response.output_item.added", {{"output_index", reasoning_index_},
-                                                  {"item", item}});
+      out += open_item(Open::kReasoning, item);
       out += event("response.reasoning_summary_part.added",
-                   {{"item_id", id("rs")},
-                    {"output_index", reasoning_index_},
+                   {{"item_id", item["id"]},
+                    {"output_index", index_},
                     {"summary_index", 0},
                     {"part", {{"type", "summary_text"}, {"text", ""}}}});
     }
-    reasoning_ += text;
-    out += event("response.reasoning_summary_text.delta", {{"item_id", id("rs")},
-                                                           {"output_index", reasoning_index_},
-                                                           {"summary_index", 0},
-                                                           {"delta", text}});
-    return out;
-  }
-
-  std::string close_reasoning() {
-    if (reasoning_index_ < 0) return "";
-    const int index = reasoning_index_;
-    reasoning_index_ = -1;
-    const Json item = reasoning_item(reasoning_);
-    output_[static_cast<size_t>(index)] = item;
-    // (one statement each: the events are numbered in the order they are made)
-    std::string out = event("response.reasoning_summary_text.done", {{"item_id", id("rs")},
-                                                                     {"output_index", index},
-                                                                     {"summary_index", 0},
-                                                                     {"text", reasoning_}});
-    out += event("response.reasoning_summary_part.done", {{"item_id", id("rs")},
-                                                          {"output_index", index},
-                                                          {"summary_index", 0},
-                                                          {"part", item["summary"][0]}});
-    return out + event("response.output_item.done", {{"output_index", index}, {"item", item}});
+    text_ += text;
+    return out + event("response.reasoning_summary_text.delta",
+                       {{"item_id", item_id("rs", index_)},
+                        {"output_index", index_},
+                        {"summary_index", 0},
+                        {"delta", text}});
   }
 
   std::string text_delta(const std::string& text) {
-    std::string out = close_reasoning();
-    if (message_index_ < 0) {
+    std::string out;
+    if (open_ != Open::kMessage) {
       message_seen_ = true;
-      message_index_ = static_cast<int>(output_.size());
-      output_.push_back(nullptr);
-      Json item = message_item("");
+      Json item = message_item("", static_cast<int>(output_.size()));
       item["status"] = "in_progress";
       item["content"] = Json::array();
-      out += event("response.output_item.added", {{"output_index", message_index_},
-                                                  {"item", item}});
+      out += open_item(Open::kMessage, item);
       out += event("response.content_part.added",
-                   {{"item_id", id("msg")},
-                    {"output_index", message_index_},
+                   {{"item_id", item["id"]},
+                    {"output_index", index_},
                     {"content_index", 0},
                     {"part", {{"type", "output_text"}, {"text", ""}, {"annotations", Json::array()}}}});
     }
     text_ += text;
     if (text.empty()) return out;
-    out += event("response.output_text.delta", {{"item_id", id("msg")},
-                                                {"output_index", message_index_},
-                                                {"content_index", 0},
-                                                {"delta", text}});
-    return out;
+    return out + event("response.output_text.delta", {{"item_id", item_id("msg", index_)},
+                                                      {"output_index", index_},
+                                                      {"content_index", 0},
+                                                      {"delta", text}});
   }
 
-  std::string close_message() {
-    if (message_index_ < 0) return "";
-    const int index = message_index_;
-    message_index_ = -1;
-    const Json item = message_item(text_);
-    output_[static_cast<size_t>(index)] = item;
-    std::string out = event("response.output_text.done", {{"item_id", id("msg")},
-                                                          {"output_index", index},
-                                                          {"content_index", 0},
-                                                          {"text", text_}});
-    out += event("response.content_part.done", {{"item_id", id("msg")},
-                                                {"output_index", index},
-                                                {"content_index", 0},
-                                                {"part", item["content"][0]}});
+  std::string open_call(const AnswerPiece& p) {
+    call_ = {p.id, p.name, ""};
+    ++calls_;
+    Json item = call_item(static_cast<int>(output_.size()));
+    item["status"] = "in_progress";
+    return open_item(Open::kCall, item);
+  }
+
+  std::string arguments_delta(const std::string& text) {
+    call_.arguments += text;
+    return event("response.function_call_arguments.delta",
+                 {{"item_id", item_id("fc", index_)}, {"output_index", index_}, {"delta", text}});
+  }
+
+  // The open item's done events; the item in its place in the output.
+  std::string close_open_item() {
+    const int index = index_;
+    std::string out;
+    // (one statement each: the events are numbered in the order they are made)
+    switch (open_) {
+      case Open::kNone:
+        return "";
+      case Open::kReasoning: {
+        const Json item = reasoning_item(text_, index);
+        output_[static_cast<size_t>(index)] = item;
+        out = event("response.reasoning_summary_text.done", {{"item_id", item["id"]},
+                                                             {"output_index", index},
+                                                             {"summary_index", 0},
+                                                             {"text", text_}});
+        out += event("response.reasoning_summary_part.done", {{"item_id", item["id"]},
+                                                              {"output_index", index},
+                                                              {"summary_index", 0},
+                                                              {"part", item["summary"][0]}});
+        break;
+      }
+      case Open::kMessage: {
+        const Json item = message_item(text_, index);
+        output_[static_cast<size_t>(index)] = item;
+        out = event("response.output_text.done", {{"item_id", item["id"]},
+                                                  {"output_index", index},
+                                                  {"content_index", 0},
+                                                  {"text", text_}});
+        out += event("response.content_part.done", {{"item_id", item["id"]},
+                                                    {"output_index", index},
+                                                    {"content_index", 0},
+                                                    {"part", item["content"][0]}});
+        break;
+      }
+      case Open::kCall: {
+        output_[static_cast<size_t>(index)] = call_item(index);
+        out = event("response.function_call_arguments.done", {{"item_id", item_id("fc", index)},
+                                                              {"output_index", index},
+                                                              {"arguments", call_.arguments}});
+        break;
+      }
+    }
+    open_ = Open::kNone;
+    index_ = -1;
+    text_.clear();
+    const Json item = output_[static_cast<size_t>(index)];
     return out + event("response.output_item.done", {{"output_index", index}, {"item", item}});
   }
 
@@ -396,8 +424,11 @@ class ResponsesWriter : public AnswerWriter {
   int64_t created_;
   int64_t sequence_ = 0;
   Json output_ = Json::array();
-  std::string reasoning_, text_;  // streamed so far
-  int reasoning_index_ = -1, message_index_ = -1;  // the open items (-1: none)
+  Open open_ = Open::kNone;
+  int index_ = -1;       // the open item's place in the output
+  std::string text_;     // the open reasoning's or message's text so far
+  ToolCall call_;        // the open call so far
+  size_t calls_ = 0;
   bool message_seen_ = false;
 };
 

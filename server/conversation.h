@@ -21,41 +21,32 @@ Json chosen_tools(Json tools, const std::string& choice);
 void render_conversation(const Json& messages, const Json& tools, const Json& extra,
                          const ModelInfo& model, ApiRequest* r);
 
-// One answer (n = 1) as its events come: the reasoning and content that are final so far, and at
-// the end the tool calls and why it ended. Streamed and whole answers are taken apart alike.
+// One answer (n = 1) as its events come: its pieces in order as they become final (the
+// reasoning, the content, each tool call's start and its arguments as they are read), and at
+// the end why it ended.
 class AnswerParts {
  public:
   explicit AnswerParts(const ApiRequest& request);
   struct Step {
-    std::string reasoning, content;
-    std::vector<ToolCall> calls;  // at the end
+    AnswerDelta pieces;
     bool last = false;
     FinishReason finish = FinishReason::kNone;
     std::string stop;   // the stop string that ended it
     std::string error;  // kError
   };
   Step push(const GenerateEvent& ev);
-  // Not streaming: push()es the event and adds its step to the whole answer's.
-  void add(const GenerateEvent& ev);
-  const Step& whole() const { return whole_; }
 
  private:
   ChatStreamParser parser_;
-  Step whole_;
 };
 
-// A writer of one conversational answer (the Responses and Messages APIs): its parts as they
-// stream (parts_), or the whole answer gathered by add().
+// A writer of one conversational answer (the Responses and Messages APIs). The whole answer is
+// built by taking it apart as it would stream (the events made and dropped), so a stream
+// assembles into exactly the whole answer.
 class AnswerWriter : public ResponseWriter {
  public:
   explicit AnswerWriter(const ApiRequest& request) : parts_(request) {}
-  void add(const Job::Event& e) override {
-    parts_.add(e.ev);
-    const AnswerParts::Step& w = parts_.whole();
-    if (!w.last) return;
-    if (w.finish == FinishReason::kError && error_.empty()) error_ = w.error;
-    finish_ = w.finish;
-  }
+  void add(const Job::Event& e) override { stream_event(e); }
 
  protected:
   AnswerParts parts_;

@@ -376,31 +376,15 @@ AnswerParts::AnswerParts(const ApiRequest& request)
 
 AnswerParts::Step AnswerParts::push(const GenerateEvent& ev) {
   Step s;
-  const ChatStreamParser::Delta d = parser_.push(ev.text);
-  s.reasoning = d.reasoning;
-  s.content = d.content;
+  s.pieces = parser_.push(ev.text);
   if (ev.finish == FinishReason::kNone) return s;
-  ChatOutput rest = parser_.finish();
-  s.reasoning += rest.reasoning;
-  s.content += rest.content;
-  s.calls = std::move(rest.tool_calls);
+  const AnswerDelta rest = parser_.finish();
+  s.pieces.insert(s.pieces.end(), rest.begin(), rest.end());
   s.last = true;
   s.finish = ev.finish;
   s.stop = ev.stop;
   s.error = ev.error;
   return s;
-}
-
-void AnswerParts::add(const GenerateEvent& ev) {
-  Step s = push(ev);
-  whole_.reasoning += s.reasoning;
-  whole_.content += s.content;
-  if (!s.last) return;
-  whole_.calls = std::move(s.calls);
-  whole_.last = true;
-  whole_.finish = s.finish;
-  whole_.stop = std::move(s.stop);
-  whole_.error = std::move(s.error);
 }
 
 }  // namespace tandem::server

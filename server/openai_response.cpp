@@ -103,14 +103,14 @@ Json ChatCompletionWriter::logprobs_of(const GenerateEvent& ev) const {
   return {{"token", t}, {"logprob", ev.logprob}, {"bytes", bytes_of(t)}, {"top_logprobs", top}};
 }
 
+// (an answer cut short is that, even inside a tool call)
 const char* ChatCompletionWriter::finish_name(const Choice& c, FinishReason reason) const {
-  if (c.tool_calls) return "tool_calls";
   switch (reason) {
     case FinishReason::kLength:
     case FinishReason::kContext:
       return "length";
     default:
-      return "stop";
+      return c.tool_calls ? "tool_calls" : "stop";
   }
 }
 
@@ -144,6 +144,46 @@ std::string ChatCompletionWriter::stream_start() {
   return out;
 }
 
+namespace {
+
+// Streamed pieces as a chat.completion.chunk's delta: the reasoning, the content, and the tool
+// calls as OpenAI streams them (a call's first entry with its index, id and name, then entries
+// with its index and more of its arguments).
+Json chat_delta(const AnswerDelta& pieces) {
+  Json delta = Json::object();
+  std::string reasoning, content;
+  Json calls = Json::array();
+  for (const AnswerPiece& p : pieces) {
+    switch (p.kind) {
+      case AnswerPiece::Kind::kReasoning:
+        reasoning += p.text;
+        break;
+      case AnswerPiece::Kind::kContent:
+        content += p.text;
+        break;
+      case AnswerPiece::Kind::kCall:
+        calls.push_back({{"index", p.call},
+                         {"id", p.id},
+                         {"type", "function"},
+                         {"function", {{"name", p.name}, {"arguments", ""}}}});
+        break;
+      case AnswerPiece::Kind::kArguments:
+        if (calls.empty() || calls.back()["index"] != p.call) {
+          calls.push_back({{"index", p.call}, {"function", {{"arguments", ""}}}});
+        }
+        Json& args = calls.back()["function"]["arguments"];
+        args = args.get<std::string>() + p.text;
+        break;
+    }
+  }
+  if (!reasoning.empty()) delta["reasoning_content"] = reasoning;
+  if (!content.empty()) delta["content"] = content;
+  if (!calls.empty()) delta["tool_calls"] = calls;
+  return delta;
+}
+
+}  // namespace
+
 std::string ChatCompletionWriter::stream_event(const Job::Event& e) {
   Choice& c = *choices_.at(static_cast<size_t>(e.index));
   const GenerateEvent& ev = e.ev;
@@ -169,26 +209,13 @@ std::string ChatCompletionWriter::stream_event(const Job::Event& e) {
   }
   const bool last = ev.finish != FinishReason::kNone;
   if (request_.chat) {
-    ChatStreamParser::Delta d = c.parser->push(ev.text);
-    ChatOutput rest;
-    if (last) rest = c.parser->finish();
-    Json delta = Json::object();
-    const std::string reasoning = d.reasoning + rest.reasoning;
-    const std::string content = d.content + rest.content;
-    if (!reasoning.empty()) delta["reasoning_content"] = reasoning;
-    if (!content.empty()) delta["content"] = content;
-    if (!rest.tool_calls.empty()) {
-      c.tool_calls = true;
-      Json calls = Json::array();
-      for (size_t k = 0; k < rest.tool_calls.size(); ++k) {
-        const ToolCall& t = rest.tool_calls[k];
-        calls.push_back({{"index", k},
-                         {"id", t.id},
-                         {"type", "function"},
-                         {"function", {{"name", t.name}, {"arguments", t.arguments}}}});
-      }
-      delta["tool_calls"] = calls;
+    AnswerDelta pieces = c.parser->push(ev.text);
+    if (last) {
+      const AnswerDelta rest = c.parser->finish();
+      pieces.insert(pieces.end(), rest.begin(), rest.end());
     }
+    Json delta = chat_delta(pieces);
+    if (delta.contains("tool_calls")) c.tool_calls = true;
     if (!delta.empty() || !lp.is_null()) {
       out += "data: " + dump_json(chunk(e.index, delta, nullptr, lp)) + "\n\n";
     }

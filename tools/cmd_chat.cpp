@@ -123,7 +123,8 @@ class ChatSession {
       }
       for (const GenerateEvent& ev : events) {
         if (harmony != nullptr) {
-          const ChatStreamParser::Delta d = harmony->push(ev.text);
+          ChatOutput d;  // (no tools: reasoning and content only)
+          d.add(harmony->push(ev.text));
           answer += d.content;
           show(d.reasoning, d.content);
         } else {
@@ -144,7 +145,8 @@ class ChatSession {
       }
     }
     if (harmony != nullptr) {
-      const ChatOutput rest = harmony->finish();
+      ChatOutput rest;
+      rest.add(harmony->finish());
       answer += rest.content;
       show(rest.reasoning, rest.content);
     }

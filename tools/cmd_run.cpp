@@ -189,7 +189,8 @@ void run_model(const RunArgs& a) {
     for (const GenerateEvent& ev : events) {
       if (ev.finish == FinishReason::kError) fail(ErrorKind::kResource, "{}", ev.error);
       if (harmony != nullptr) {
-        const ChatStreamParser::Delta d = harmony->push(ev.text);
+        ChatOutput d;  // (no tools: reasoning and content only)
+        d.add(harmony->push(ev.text));
         std::fputs(d.reasoning.c_str(), stderr);
         std::fputs(d.content.c_str(), stdout);
       } else if (output == "text") {
@@ -203,7 +204,8 @@ void run_model(const RunArgs& a) {
     }
   }
   if (harmony != nullptr) {
-    const ChatOutput rest = harmony->finish();
+    ChatOutput rest;
+    rest.add(harmony->finish());
     std::fputs(rest.reasoning.c_str(), stderr);
     std::fputs(rest.content.c_str(), stdout);
   }

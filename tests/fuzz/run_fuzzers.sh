@@ -15,7 +15,7 @@ shift || true
 targets=("$@")
 [[ ${#targets[@]} -eq 0 ]] &&
   targets=(gguf safetensors safetensors_index hf_config jinja trace residuals placement
-    openai_request)
+    openai_request chat_output)
 build="${TANDEM_FUZZ_BUILD:-$repo/build-fuzz}"
 jobs="${TANDEM_FUZZ_JOBS:-1}"
 flags="-fsanitize=address,undefined,fuzzer-no-link -fno-sanitize-recover=undefined -g -O1"

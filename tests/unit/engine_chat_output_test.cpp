@@ -59,15 +59,8 @@ ChatOutput parse_streamed(const std::string& text, ToolCallSyntax syntax, bool i
                           const Json& tools, size_t piece) {
   ChatStreamParser p(syntax, in_think, tools);
   ChatOutput out;
-  for (size_t i = 0; i < text.size(); i += piece) {
-    const ChatStreamParser::Delta d = p.push(text.substr(i, piece));
-    out.reasoning += d.reasoning;
-    out.content += d.content;
-  }
-  ChatOutput rest = p.finish();
-  out.reasoning += rest.reasoning;
-  out.content += rest.content;
-  out.tool_calls = rest.tool_calls;
+  for (size_t i = 0; i < text.size(); i += piece) out.add(p.push(text.substr(i, piece)));
+  out.add(p.finish());
   return out;
 }
 
@@ -123,6 +116,153 @@ TEST(ChatOutput, EveryTemplatesToolCallsParseBackIntoTheCallsItRendered) {
   // (both), minimax, harmony.
   EXPECT_GE(with_golden_tools, 12);
   EXPECT_EQ(parsed_templates, with_golden_tools);
+}
+
+// What a stream passed on, and when: each call's start and its arguments, and the byte of the
+// answer at which they came.
+struct StreamedCall {
+  std::string id, name, arguments;
+  size_t started_at = 0;        // bytes of the answer pushed when the call started
+  size_t argument_pushes = 0;   // pushes that carried some of its arguments
+  size_t first_arguments_at = 0;
+};
+
+std::vector<StreamedCall> stream_calls(const std::string& text, ToolCallSyntax syntax,
+                                       bool in_think, const Json& tools, size_t piece) {
+  ChatStreamParser p(syntax, in_think, tools);
+  std::vector<StreamedCall> calls;
+  const auto take = [&](const AnswerDelta& d, size_t at) {
+    std::vector<bool> pushed(calls.size() + d.size(), false);
+    for (const AnswerPiece& x : d) {
+      if (x.kind == AnswerPiece::Kind::kCall) {
+        EXPECT_EQ(x.call, calls.size()) << "calls are numbered in order";
+        calls.push_back({x.id, x.name, "", at, 0, 0});
+        pushed.resize(calls.size() + d.size(), false);
+      } else if (x.kind == AnswerPiece::Kind::kArguments) {
+        EXPECT_LT(x.call, calls.size()) << "arguments of a call not started";
+        if (x.call >= calls.size()) continue;
+        StreamedCall& c = calls[x.call];
+        if (c.arguments.empty()) c.first_arguments_at = at;
+        c.arguments += x.text;
+        if (!pushed[x.call]) ++c.argument_pushes;
+        pushed[x.call] = true;
+      }
+    }
+  };
+  for (size_t i = 0; i < text.size(); i += piece) {
+    take(p.push(text.substr(i, piece)), std::min(i + piece, text.size()));
+  }
+  take(p.finish(), text.size() + 1);
+  return calls;
+}
+
+// Streamed byte by byte, every template's calls start as soon as their name is read and their
+// arguments come in many pieces, before the call's text ends; the pieces add up to the whole
+// answer's arguments, byte for byte. (Mistral Nemo's list writes a call's id after its
+// arguments: the list is read whole.)
+TEST(ChatOutput, ToolCallsStreamAsTheyAreRead) {
+  const Json conv = Json::parse(read_file(templates_dir() / "conversations.json"))["tools"];
+  const Json tools = conv["tools"];
+  const Json& msgs = conv["messages"];
+  const Json before = Json::array({msgs[0], msgs[1]});
+  int streamed_templates = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(templates_dir())) {
+    if (entry.path().extension() != ".jinja") continue;
+    const std::string name = entry.path().stem().string();
+    const ChatTemplate t(read_file(entry.path()), name);
+    const ToolCallSyntax syntax = tool_call_syntax(t.source());
+    if (syntax == ToolCallSyntax::kNone) continue;
+    Rendered r;
+    try {
+      r = render_answer(t, before, msgs[2], tools);
+    } catch (const Error&) {
+      continue;  // (the test above checks which templates may refuse)
+    }
+    SCOPED_TRACE(name + " (" + tool_call_syntax_name(syntax) + "): " + r.answer);
+    const bool in_think = prompt_opens_think(r.prompt);
+    const ChatOutput whole = parse_chat_output(r.answer, syntax, in_think, tools);
+    for (size_t piece : {size_t{1}, size_t{4}}) {
+      const std::vector<StreamedCall> calls = stream_calls(r.answer, syntax, in_think, tools, piece);
+      ASSERT_EQ(calls.size(), whole.tool_calls.size());
+      for (size_t i = 0; i < calls.size(); ++i) {
+        EXPECT_EQ(calls[i].id, whole.tool_calls[i].id);
+        EXPECT_EQ(calls[i].name, whole.tool_calls[i].name);
+        EXPECT_EQ(calls[i].arguments, whole.tool_calls[i].arguments) << "piece " << piece;
+        if (piece != 1) continue;
+        if (syntax == ToolCallSyntax::kMistralList) {
+          EXPECT_EQ(calls[i].argument_pushes, 1u);
+          continue;
+        }
+        // Byte by byte: the call starts before the answer is over, its arguments come in more
+        // pushes than one, the first of them before the answer's last byte.
+        EXPECT_LT(calls[i].started_at, r.answer.size());
+        EXPECT_GT(calls[i].argument_pushes, 3u) << "call " << i;
+        EXPECT_LT(calls[i].first_arguments_at, r.answer.size());
+      }
+    }
+    ++streamed_templates;
+  }
+  EXPECT_GE(streamed_templates, 12);
+}
+
+// A call cut short (the answer ran out of tokens) keeps the arguments read so far, in every
+// syntax's way of writing them, whole or streamed alike; text after a call is content again, and
+// a marker that does not start a call is text, with a call after it still read.
+TEST(ChatOutput, CallsCutShortAndTextAroundThem) {
+  const Json tools = Json::parse(R"([{"type":"function","function":{"name":"f","parameters":{
+      "type":"object","properties":{"code":{"type":"string"},"n":{"type":"integer"}}}}}])");
+  struct Case {
+    ToolCallSyntax syntax;
+    std::string answer, arguments;
+  };
+  const std::vector<Case> cases = {
+      {ToolCallSyntax::kHermes, "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"code\": \"a b",
+       "{\"code\":\"a b"},
+      {ToolCallSyntax::kQwen3Coder,
+       "<tool_call>\n<function=f>\n<parameter=n>\n4\n</parameter>\n<parameter=code>\nx = \"1\"\n",
+       "{\"n\":4,\"code\":\"x = \\\"1\\\""},
+      {ToolCallSyntax::kQwen3Coder,
+       "<tool_call>\n<function=f>\n<parameter=n>\n4\n</parameter>\n", "{\"n\":4}"},
+      {ToolCallSyntax::kGlm, "<tool_call>f\n<arg_key>code</arg_key>\n<arg_value>line\n",
+       "{\"code\":\"line\\n"},
+      {ToolCallSyntax::kDeepSeekV3,
+       "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>f<｜tool▁sep｜>{\"n\": [1, 2",
+       "{\"n\":[1,2"},
+      {ToolCallSyntax::kKimi,
+       "<|tool_calls_section_begin|><|tool_call_begin|>functions.f:0<|tool_call_argument_begin|>"
+       "{\"code\": \"{",
+       "{\"code\":\"{"},
+      {ToolCallSyntax::kMiniMax,
+       "<minimax:tool_call>\n<invoke name=\"f\">\n<parameter name=\"n\">7</parameter>\n",
+       "{\"n\":7}"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(std::string(tool_call_syntax_name(c.syntax)) + ": " + c.answer);
+    const ChatOutput whole = parse_chat_output(c.answer, c.syntax, false, tools);
+    ASSERT_EQ(whole.tool_calls.size(), 1u);
+    EXPECT_EQ(whole.tool_calls[0].name, "f");
+    EXPECT_EQ(whole.tool_calls[0].arguments, c.arguments);
+    EXPECT_EQ(whole.content, "");
+    for (size_t piece : {size_t{1}, size_t{3}}) {
+      const ChatOutput o = parse_streamed(c.answer, c.syntax, false, tools, piece);
+      ASSERT_EQ(o.tool_calls.size(), 1u);
+      EXPECT_EQ(o.tool_calls[0].arguments, c.arguments) << piece;
+    }
+  }
+  // Text after a call; a marker that starts no call, then one that does.
+  const std::string call = "<tool_call>\n{\"name\": \"f\", \"arguments\": {}}\n</tool_call>";
+  for (const std::string& a :
+       {call + "\n\nDone.", "<tool_call>oops</tool_call> then " + call + " end"}) {
+    const ChatOutput whole = parse_chat_output(a, ToolCallSyntax::kHermes, false, tools);
+    ASSERT_EQ(whole.tool_calls.size(), 1u) << a;
+    EXPECT_EQ(whole.tool_calls[0].arguments, "{}");
+    EXPECT_EQ(whole.content, a.back() == '.' ? "Done." : "<tool_call>oops</tool_call> thenend");
+    for (size_t piece : {size_t{1}, size_t{5}}) {
+      const ChatOutput o = parse_streamed(a, ToolCallSyntax::kHermes, false, tools, piece);
+      EXPECT_EQ(o.content, whole.content) << piece;
+      ASSERT_EQ(o.tool_calls.size(), 1u);
+    }
+  }
 }
 
 TEST(ChatOutput, SyntaxesAreRecognizedFromTheTemplates) {
@@ -184,15 +324,21 @@ TEST(ChatOutput, HarmonyChannelsSplitReasoningContentAndCalls) {
     EXPECT_EQ(o.tool_calls[0].name, "get_weather");
     EXPECT_EQ(Json::parse(o.tool_calls[0].arguments), Json::parse(R"({"city": "Paris"})"));
   }
-  // Without tools in the request the same message is text; arguments that are not a JSON object
-  // stay text too.
+  // Without tools in the request the same message is text; a body that is not a JSON object is
+  // text too; a call cut short keeps the arguments written so far.
   EXPECT_EQ(parse_chat_output(call, ToolCallSyntax::kHarmony, false, Json(nullptr)).content,
             "{\"city\": \"Paris\"}");
-  const ChatOutput broken = parse_chat_output(
+  const ChatOutput text = parse_chat_output(
+      "<|channel|>commentary to=functions.f<|message|>Paris", ToolCallSyntax::kHarmony, false,
+      tools);
+  EXPECT_TRUE(text.tool_calls.empty());
+  EXPECT_EQ(text.content, "Paris");
+  const ChatOutput cut = parse_chat_output(
       "<|channel|>commentary to=functions.f<|message|>{\"a\": ", ToolCallSyntax::kHarmony, false,
       tools);
-  EXPECT_TRUE(broken.tool_calls.empty());
-  EXPECT_EQ(broken.content, "{\"a\":");
+  ASSERT_EQ(cut.tool_calls.size(), 1u);
+  EXPECT_EQ(cut.tool_calls[0].arguments, "{\"a\":");
+  EXPECT_EQ(cut.content, "");
   // A model that does not write harmony: its text is the content.
   const std::string plain(300, 'x');
   EXPECT_EQ(parse_streamed(plain, ToolCallSyntax::kHarmony, false, Json(nullptr), 7).content,

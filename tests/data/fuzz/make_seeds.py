@@ -202,7 +202,41 @@ def seeds_openai_request():
         write("openai_request", f"completion_{name}.bin", bytes([0]) + json.dumps(body).encode())
 
 
+def seeds_chat_output():
+    """A selector byte (the tool-call syntax, mod 11: none, hermes, qwen3-coder, glm,
+    deepseek-v3, deepseek-r1, kimi, mistral list, mistral args, minimax, harmony) and an answer
+    written as each family's template writes one."""
+    answers = {
+        0: "<think>\nplan\n</think>\n\nIt is 7.",
+        1: "Let me check.\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": "
+           "{\"city\": \"Paris\"}}\n</tool_call>\n<tool_call>\n{\"name\": \"f\", "
+           "\"arguments\": {\"n\": 3}}\n</tool_call>",
+        2: "<tool_call>\n<function=f>\n<parameter=code>\nprint(\"hi\")\n</parameter>\n"
+           "<parameter=n>\n3\n</parameter>\n</function>\n</tool_call>",
+        3: "<tool_call>f\n<arg_key>code</arg_key>\n<arg_value>x</arg_value>\n<arg_key>n"
+           "</arg_key>\n<arg_value>3</arg_value>\n</tool_call>",
+        4: "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{\"city\": "
+           "\"Paris\"}<｜tool▁call▁end｜><｜tool▁calls▁end｜>",
+        5: "<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```json\n"
+           "{\"city\": \"Paris\"}\n```<｜tool▁call▁end｜><｜tool▁calls▁end｜>",
+        6: "<|tool_calls_section_begin|><|tool_call_begin|>functions.get_weather:0"
+           "<|tool_call_argument_begin|>{\"city\": \"Paris\"}<|tool_call_end|>"
+           "<|tool_calls_section_end|>",
+        7: "[TOOL_CALLS][{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}, "
+           "\"id\": \"abcdefghi\"}]",
+        8: "[TOOL_CALLS]get_weather[CALL_ID]abcdefghi[ARGS]{\"city\": \"Paris\"}",
+        9: "<minimax:tool_call>\n<invoke name=\"f\">\n<parameter name=\"code\">x</parameter>\n"
+           "<parameter name=\"n\">3</parameter>\n</invoke>\n</minimax:tool_call>",
+        10: "<|channel|>analysis<|message|>Need the weather.<|end|><|start|>assistant"
+            "<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>"
+            "{\"city\": \"Paris\"}",
+    }
+    for syntax, text in answers.items():
+        write("chat_output", f"answer_{syntax}.bin", bytes([syntax]) + text.encode("utf-8"))
+
+
 if __name__ == "__main__":
+    seeds_chat_output()
     seeds_openai_request()
     seeds_gguf()
     seeds_safetensors()
