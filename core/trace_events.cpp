@@ -23,6 +23,7 @@ struct Event {
 struct Track {
   int id = 0;
   std::string name;
+  bool named = false;  // named_track()'s (no thread's)
   std::mutex mu;
   std::vector<Event> events;
 };
@@ -105,20 +106,54 @@ void set_step(int64_t step) {
   recorder().step.store(step, std::memory_order_relaxed);
 }
 
-void record(const char* name, const char* category, Clock::time_point t0, Clock::time_point t1,
-            const Args& args) {
+namespace {
+
+void add_event(Track& t, const char* name, const char* category, Clock::time_point t0,
+               Clock::time_point t1, const Args& args) {
   Recorder& r = recorder();
   if (r.events.fetch_add(1, std::memory_order_relaxed) >= r.max_events) {
     r.dropped.fetch_add(1, std::memory_order_relaxed);
     return;
   }
-  Track& t = track();
   const auto ns = [&](Clock::duration d) {
     return std::chrono::duration_cast<std::chrono::nanoseconds>(d).count();
   };
   std::lock_guard<std::mutex> lock(t.mu);
   t.events.push_back(Event{name, category, ns(t0 - r.t0), ns(t1 - t0),
                            r.step.load(std::memory_order_relaxed), args});
+}
+
+}  // namespace
+
+void record(const char* name, const char* category, Clock::time_point t0, Clock::time_point t1,
+            const Args& args) {
+  add_event(track(), name, category, t0, t1, args);
+}
+
+int named_track(const std::string& name) {
+  Recorder& r = recorder();
+  std::lock_guard<std::mutex> lock(r.mu);
+  for (const auto& t : r.tracks) {
+    if (t->named && t->name == name) return t->id;
+  }
+  r.tracks.push_back(std::make_unique<Track>());
+  Track& t = *r.tracks.back();
+  t.id = static_cast<int>(r.tracks.size());
+  t.name = name;
+  t.named = true;
+  return t.id;
+}
+
+void record_on(int track, const char* name, const char* category, Clock::time_point t0,
+               Clock::time_point t1, const Args& args) {
+  Recorder& r = recorder();
+  Track* t = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(r.mu);
+    if (track < 1 || track > static_cast<int>(r.tracks.size())) return;
+    t = r.tracks[static_cast<size_t>(track - 1)].get();
+  }
+  add_event(*t, name, category, t0, t1, args);
 }
 
 void write_json(const std::function<void(std::string_view)>& sink) {

@@ -1,7 +1,7 @@
 // The run's timeline as Chrome trace events (`--timeline FILE` of profile, bench and serve): what
 // each thread did, as complete spans on one track per thread -- the host thread's steps and
 // layers (attention, router, the wait for the CPU experts), each CPU worker's expert batches, each
-// device stream's ops and copies -- written as the JSON that Perfetto (ui.perfetto.dev) and
+// device stream's ops and copies (a CUDA stream's kernels, timed by events) -- written as the JSON that Perfetto (ui.perfetto.dev) and
 // chrome://tracing open (docs/performance.md, "Reading a timeline").
 //
 // The recorder is the process's: a trace describes the whole process, and the threads that add
@@ -41,6 +41,12 @@ struct Args {
 
 void record(const char* name, const char* category, Clock::time_point t0, Clock::time_point t1,
             const Args& args = {});
+
+// A track of its own name, not a thread's: for work the host learns the times of afterwards
+// (a GPU stream's kernels, read from timing events at a sync). The same name, the same track.
+int named_track(const std::string& name);
+void record_on(int track, const char* name, const char* category, Clock::time_point t0,
+               Clock::time_point t1, const Args& args = {});
 
 // A span from its construction to its destruction (names and categories: string literals).
 class Span {

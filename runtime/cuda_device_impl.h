@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "core/log.h"
+#include "core/trace_events.h"
 #include "model/kv_cache.h"
 #include "ops/cpu/ref_ops.h"
 #include "ops/cuda/attention.h"
@@ -41,6 +42,7 @@ struct CudaGraph;
 
 struct CudaStreamState {
   cudaStream_t stream = nullptr;
+  int id = 0;  // its StreamId
   std::mutex mu;
   std::exception_ptr error;  // the first unreported failure of a host callback
   void* scratch = nullptr;   // intermediates of ffn, dequantized W_UK for MLA
@@ -74,11 +76,15 @@ struct CudaCallback {
   }
 };
 
-// One op's span for the timeline: timing events recorded before and after it on its stream.
+// One op's span for the timeline and the trace: timing events recorded before and after it on
+// its stream.
 struct OpSpan {
   cudaEvent_t start = nullptr, end = nullptr;
   double* seconds = nullptr;  // also added here (the forward ops' profile), when set
   bool graph = false;         // a graph's: recorded by its event nodes at every launch
+  const char* name = "op";    // (a string literal)
+  bool compute = true;        // a kernel (the timeline's device lane), else a copy
+  int stream = 0;             // the stream it ran on (its trace track)
 };
 
 struct CudaGraph {
@@ -224,6 +230,7 @@ class CudaDevice final : public Device {
     TD_CUDA_CHECK(cudaSetDevice(index_));
     auto s = std::make_unique<CudaStreamState>();
     TD_CUDA_CHECK(cudaStreamCreateWithFlags(&s->stream, cudaStreamNonBlocking));
+    s->id = static_cast<int>(streams_.size());
     streams_.push_back(std::move(s));
     return static_cast<StreamId>(streams_.size() - 1);
   }
@@ -276,12 +283,14 @@ class CudaDevice final : public Device {
     check_device(dst, bytes, "copy_h2d destination");
     CudaStreamState& st = stream(s);
     count_bytes(st, true, bytes);
+    const Timed timed(*this, st, "copy host to device", nullptr, /*compute=*/false);
     TD_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, st.stream));
   }
   void copy_d2h(void* dst, const void* src, uint64_t bytes, StreamId s) override {
     check_device(src, bytes, "copy_d2h source");
     CudaStreamState& st = stream(s);
     count_bytes(st, false, bytes);
+    const Timed timed(*this, st, "copy device to host", nullptr, /*compute=*/false);
     TD_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, st.stream));
   }
 
@@ -341,6 +350,9 @@ class CudaDevice final : public Device {
     if (timeline_ != nullptr) {
       timeline_->add_bytes(true, h2d);
       timeline_->add_bytes(false, d2h);
+    }
+    if (timeline_ != nullptr || trace::recording()) {
+      for (OpSpan& p : spans) p.stream = st.id;
       std::lock_guard<std::mutex> lock(span_mu_);
       spans_pending_.insert(spans_pending_.end(), spans.begin(), spans.end());
     }
@@ -367,7 +379,7 @@ class CudaDevice final : public Device {
     const int64_t H = w.gate.cols(), ff = w.gate.rows(), out_cols = w.down.rows();
     const ops::FfnExtras& e = w.extras;
     CudaStreamState& st = stream(s);
-    const Timed timed(*this, st);
+    const Timed timed(*this, st, "expert FFN");
     // Scratch: g, u [n, ff] and the down output [n, out].
     float* g = scratch(st, static_cast<uint64_t>(2 * n * ff + n * out_cols) * 4);
     float* u = g + n * ff;
@@ -385,7 +397,7 @@ class CudaDevice final : public Device {
     check_device(x, uint64_t(n * w.cols()) * 4, "matmul input");
     check_device(y, uint64_t(n * w.rows()) * 4, "matmul output");
     CudaStreamState& st = stream(s);
-    const Timed timed(*this, st);
+    const Timed timed(*this, st, "matmul");
     product(w, x, w.cols(), n, y, w.rows(), st);
   }
 
@@ -393,7 +405,7 @@ class CudaDevice final : public Device {
     check_device(a, uint64_t(count) * 4, "add input");
     check_device(out, uint64_t(count) * 4, "add output");
     CudaStreamState& st = stream(s);
-    const Timed timed(*this, st);
+    const Timed timed(*this, st, "add");
     launch(add_cuda(a, out, count, st.stream), "add");
   }
 
@@ -622,13 +634,20 @@ class CudaDevice final : public Device {
     }
   }
 
-  // ---- the ops' spans for the Timeline's device lane (only while a timeline is set) ----
+  // ---- the ops' spans for the Timeline's device lane and the trace (only while a timeline is
+  // set or a trace records) ----
   // Two timing events around each op on its stream; a sync resolves the reached ones into host
   // time through an anchor event whose host time was read when it completed.
-  class Timed {  // RAII: one op's span
+  class Timed {  // RAII: one op's span (name: a string literal)
    public:
-    Timed(CudaDevice& d, CudaStreamState& s, double* seconds = nullptr) : d_(d), s_(s) {
-      if (d.timeline_ != nullptr) span_ = d.span_start(s, seconds);
+    Timed(CudaDevice& d, CudaStreamState& s, const char* name, double* seconds = nullptr,
+          bool compute = true)
+        : d_(d), s_(s) {
+      if ((compute && d.timeline_ != nullptr) || trace::recording()) {
+        span_ = d.span_start(s, seconds);
+        span_.name = name;
+        span_.compute = compute;
+      }
     }
     ~Timed() {
       if (span_.start != nullptr) d_.span_end(span_, s_);
@@ -663,6 +682,7 @@ class CudaDevice final : public Device {
     }
     p.seconds = seconds;
     p.graph = graph;
+    p.stream = st.id;
     const cudaError_t err =
         cudaEventRecordWithFlags(p.start, st.stream, graph ? cudaEventRecordExternal : 0);
     if (err != cudaSuccess) {
@@ -714,7 +734,11 @@ class CudaDevice final : public Device {
         return anchor_time_ + std::chrono::duration_cast<Timeline::Clock::duration>(
                                   std::chrono::duration<double, std::milli>(ms));
       };
-      if (timeline_ != nullptr) timeline_->add(Timeline::kDevice, at(a), at(b));
+      if (timeline_ != nullptr && p.compute) timeline_->add(Timeline::kDevice, at(a), at(b));
+      if (trace::recording()) {
+        trace::record_on(trace::named_track(fmt::format("cuda stream {}", p.stream)), p.name,
+                         p.compute ? "device" : "device copy or wait", at(a), at(b));
+      }
       if (p.seconds != nullptr) *p.seconds += (b - a) * 1e-3;
       if (!p.graph) spans_free_.push_back(p);
     }

@@ -115,7 +115,7 @@ class CudaForwardOps final : public DeviceForwardOps {
     return DeviceForwardOps::memory_epoch() + st_.generation;
   }
   void embed(float* x) override {
-    const CudaDevice::Timed timed(cuda_, st_);
+    const CudaDevice::Timed timed(cuda_, st_, "embedding");
     const LoadedModel& m = w_->weights;
     const int64_t hd = m.config.hidden_size;
     run(gather_rows_cuda(m.embed.dtype, m.embed.data, m.embed.row_bytes(), tok_dev_,
@@ -123,7 +123,7 @@ class CudaForwardOps final : public DeviceForwardOps {
         "embedding");
   }
   void norm(Norm which, int64_t layer, const float* x, int64_t n, float* out) override {
-    const CudaDevice::Timed timed(cuda_, st_);
+    const CudaDevice::Timed timed(cuda_, st_, "norm");
     const LayerWeights& lw = w_->weights.layers[layer];
     const ModelConfig& c = w_->weights.config;
     const float* g = vec(which == Norm::kAttention ? lw.attn_norm : lw.ffn_norm);
@@ -132,14 +132,14 @@ class CudaForwardOps final : public DeviceForwardOps {
         "norm");
   }
   void add(float* out, const float* a, int64_t count) override {
-    const CudaDevice::Timed timed(cuda_, st_);
+    const CudaDevice::Timed timed(cuda_, st_, "add");
     run(add_cuda(a, out, count, st_.stream), "add");
   }
   void fill_zero(float* out, int64_t count) override {
     TD_CUDA_CHECK(cudaMemsetAsync(out, 0, static_cast<size_t>(count) * 4, st_.stream));
   }
   void attention(int64_t layer, const float* x, float* out) override {
-    const CudaDevice::Timed timed(cuda_, st_, &seconds_.attention);
+    const CudaDevice::Timed timed(cuda_, st_, "attention", &seconds_.attention);
     if (w_->weights.config.is_mla()) {
       attention_mla(layer, x, out);
     } else {
@@ -147,11 +147,11 @@ class CudaForwardOps final : public DeviceForwardOps {
     }
   }
   void linear_attention(int64_t layer, const float* x, float* out) override {
-    const CudaDevice::Timed timed(cuda_, st_, &seconds_.attention);
+    const CudaDevice::Timed timed(cuda_, st_, "linear attention", &seconds_.attention);
     delta_net(layer, x, out);
   }
   void dense_ffn(int64_t layer, const float* x, int64_t n, float* out) override {
-    const CudaDevice::Timed timed(cuda_, st_);
+    const CudaDevice::Timed timed(cuda_, st_, "dense FFN");
     const LayerWeights& lw = w_->weights.layers[layer];
     swiglu(lw.ffn_gate, lw.ffn_up, lw.ffn_down, x, n, out);
   }
@@ -159,7 +159,7 @@ class CudaForwardOps final : public DeviceForwardOps {
     TD_CHECK(w_->shared_experts,
              "CUDA forward ops: the shared experts were not uploaded (the MoE backend computes "
              "them)");
-    const CudaDevice::Timed timed(cuda_, st_);
+    const CudaDevice::Timed timed(cuda_, st_, "shared experts");
     const LayerWeights& lw = w_->weights.layers[layer];
     const int64_t hd = w_->weights.config.hidden_size;
     if (lw.sh_gate.empty()) {
@@ -172,7 +172,7 @@ class CudaForwardOps final : public DeviceForwardOps {
     }
   }
   void router(int64_t layer, const float* x, int64_t n, float* logits) override {
-    const CudaDevice::Timed timed(cuda_, st_);
+    const CudaDevice::Timed timed(cuda_, st_, "router");
     const LayerWeights& lw = w_->weights.layers[layer];
     const ModelConfig& c = w_->weights.config;
     mm(lw.router, x, c.hidden_size, n, logits, c.n_experts);
@@ -187,7 +187,7 @@ class CudaForwardOps final : public DeviceForwardOps {
     const ModelConfig& c = m.config;
     const int64_t hd = c.hidden_size, rows = static_cast<int64_t>(row_ids.size());
     float* h = grow(head_in_, rows * hd);
-    const CudaDevice::Timed timed(cuda_, st_, &seconds_.lm_head);
+    const CudaDevice::Timed timed(cuda_, st_, "LM head", &seconds_.lm_head);
     for (int64_t j = 0; j < rows; ++j) {
       run(rms_norm_cuda(x + row_ids[j] * hd, hd, vec(m.out_norm), 1, hd, c.rms_norm_eps, h + j * hd,
                         hd, st_.stream),

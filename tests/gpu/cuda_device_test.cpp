@@ -15,6 +15,7 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
+#include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <random>
@@ -337,6 +338,27 @@ TEST(CudaDeviceCli, RunEqualsTheCpu) {
     EXPECT_LE(tg["timeline"]["device_busy"].get<double>(), 1.0) << tg.dump();
     EXPECT_GT(tg["time_split"]["attention"].get<double>(), 0.0) << tg.dump();
     EXPECT_GT(tg["time_split"]["lm_head"].get<double>(), 0.0) << tg.dump();
+    // Its trace has the GPU's kernels and copies on the CUDA stream's own track, timed by events.
+    const std::string trace_path = (dir / (std::string(arch) + ".trace.json")).string();
+    const auto traced = test::run_tandem("bench -m " + m +
+                                         " -p 8 -n 4 -r 1 --accel cuda --vram-budget 256M "
+                                         "--timeline " + trace_path);
+    ASSERT_EQ(traced.exit_code, 0) << traced.err;
+    std::ifstream trace_file(trace_path);
+    const nlohmann::json trace = nlohmann::json::parse(trace_file);
+    std::map<int, std::string> tracks;
+    std::map<std::string, int> gpu_spans;  // name -> count, on a "cuda stream" track
+    for (const auto& e : trace["traceEvents"]) {
+      if (e["ph"] == "M" && e["name"] == "thread_name") tracks[e["tid"]] = e["args"]["name"];
+    }
+    for (const auto& e : trace["traceEvents"]) {
+      if (e["ph"] != "X" || tracks[e["tid"].get<int>()].rfind("cuda stream", 0) != 0) continue;
+      EXPECT_GE(e["dur"].get<double>(), 0.0) << e.dump();
+      ++gpu_spans[e["name"].get<std::string>()];
+    }
+    for (const char* op : {"attention", "router", "LM head", "copy host to device"}) {
+      EXPECT_GT(gpu_spans[op], 0) << arch << ": no " << op << " span on a CUDA stream's track";
+    }
     // Several sequences in one forward (block tables, per-part attention) run too.
     const auto batch = test::run_tandem("bench -m " + m +
                                         " --batch 1,3 -p 8 -n 4 -r 1 --accel "
