@@ -89,6 +89,15 @@ mutation batch-only-drift model/model.cpp \
   's/(    ops_->lm_head\(rows_, x, logits\);\n)/$1    if (batch.size() > 1) logits[0] += 1e-6f * (1.0f + std::fabs(logits[0]));\n/' \
   test_model_batch_forward_test '*StaggeredSequences*golden_qwen3moe_gguf_reference*'
 
+# Logprobs relative to the largest logit, not normalized (still <= 0, the top one still first).
+mutation logprobs-not-normalized engine/generator.cpp \
+  's/const float log_z = mx \+ static_cast<float>\(std::log\(sum\)\);/const float log_z = mx;/' \
+  test_server_server_test '*LogprobsAreLogSoftmax*'
+# Tool calls held until the answer ends (their arguments sent whole, not as they are read).
+mutation tool-calls-sent-whole engine/chat_output.cpp \
+  's/(  const ToolCallsRead r = read_tool_calls\(tool_text_, syntax_, tools_, final\);\n)/$1  if (!r.ended \&\& !final) return;\n/' \
+  test_unit_engine_chat_output_test '*ToolCallsStreamAsTheyAreRead*'
+
 # (the copy's build is left for the next run: only the mutated files rebuild)
 ninja -C "$build" tandem >/dev/null 2>&1 || true
 exit $status

@@ -6,6 +6,10 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <cstring>
 #include <cstdio>
 #include <fstream>
 #include <map>
@@ -439,6 +443,74 @@ TEST(Serve, SamplingLogprobsNAndPrefixCache) {
   EXPECT_EQ(back.body["content"], "And God said");
 }
 
+// Logprobs are the model's: each greedy token's logprob and its top 3 equal log_softmax of the
+// logits `tandem run --logits-out` writes at that position (the prompt plus the tokens before it
+// prefilled), within the prefill-versus-decode arithmetic difference (measured 5e-7; bound 1e-5).
+// A server that reported probabilities, unnormalized logits, the next position's values or the
+// top list in another order fails.
+TEST(Serve, LogprobsAreLogSoftmaxOfTheModelsLogits) {
+  ServerProcess server({"-m", demo_model()});
+  auto c = server.client();
+  const Reply ids = post(*c, "/tokenize", Json({{"content", "And God said"}}));
+  ASSERT_EQ(ids.status, 200) << ids.text;
+  std::vector<int64_t> prompt = ids.body["tokens"].get<std::vector<int64_t>>();
+  const int n = 6;
+  const Reply r = post(*c, "/v1/completions",
+                       Json({{"prompt", prompt}, {"max_tokens", n}, {"temperature", 0},
+                             {"logprobs", 3}, {"ignore_eos", true}}));
+  ASSERT_EQ(r.status, 200) << r.text;
+  const Json& lp = r.body["choices"][0]["logprobs"];
+  ASSERT_EQ(lp["token_logprobs"].size(), static_cast<size_t>(n)) << r.text;
+  // The same greedy tokens by `tandem run`, then the logits of every position they follow.
+  std::string list;
+  for (int64_t t : prompt) list += (list.empty() ? "" : ",") + std::to_string(t);
+  const auto gen = run_tandem("run -m " + demo_model() + " --tokens " + list + " -n " +
+                              std::to_string(n) + " --temp 0 --ignore-eos --output ids");
+  ASSERT_EQ(gen.exit_code, 0) << gen.err;
+  std::vector<int64_t> answer;
+  std::istringstream in(gen.out);
+  for (int64_t t; in >> t;) answer.push_back(t);
+  ASSERT_EQ(answer.size(), static_cast<size_t>(n)) << gen.out;
+  for (int i = 0; i + 1 < n; ++i) list += "," + std::to_string(answer[i]);
+  TempDir tmp("logprobs");
+  const std::string logits_path = (tmp / "logits.f32").string();
+  const auto pre = run_tandem("run -m " + demo_model() + " --tokens " + list +
+                              " -n 1 --temp 0 --logits-out " + logits_path);
+  ASSERT_EQ(pre.exit_code, 0) << pre.err;
+  std::ifstream f(logits_path, std::ios::binary);
+  const std::string bytes((std::istreambuf_iterator<char>(f)), {});
+  std::vector<float> all(bytes.size() / 4);
+  std::memcpy(all.data(), bytes.data(), all.size() * 4);
+  const size_t positions = prompt.size() + n - 1;
+  ASSERT_EQ(all.size() % positions, 0u);
+  const size_t vocab = all.size() / positions;
+  double worst = 0;
+  for (int i = 0; i < n; ++i) {
+    const float* row = all.data() + (prompt.size() - 1 + i) * vocab;
+    double mx = row[0];
+    for (size_t v = 0; v < vocab; ++v) mx = std::max(mx, double(row[v]));
+    double sum = 0;
+    for (size_t v = 0; v < vocab; ++v) sum += std::exp(double(row[v]) - mx);
+    const auto logprob = [&](size_t v) { return double(row[v]) - mx - std::log(sum); };
+    std::vector<size_t> order(vocab);
+    std::iota(order.begin(), order.end(), 0);
+    std::partial_sort(order.begin(), order.begin() + 3, order.end(),
+                      [&](size_t a, size_t b) { return row[a] > row[b]; });
+    ASSERT_EQ(order[0], static_cast<size_t>(answer[i])) << "greedy token " << i;
+    const double got = lp["token_logprobs"][i].get<double>();
+    worst = std::max(worst, std::abs(got - logprob(answer[i])));
+    EXPECT_NEAR(got, logprob(answer[i]), 1e-5) << "token " << i;
+    const Json& top = lp["top_logprobs"][i];
+    ASSERT_EQ(top.size(), 3u);
+    std::vector<double> want_top, got_top;
+    for (int k = 0; k < 3; ++k) want_top.push_back(logprob(order[k]));
+    for (const auto& [piece, value] : top.items()) got_top.push_back(value.get<double>());
+    std::sort(got_top.rbegin(), got_top.rend());
+    for (int k = 0; k < 3; ++k) EXPECT_NEAR(got_top[k], want_top[k], 1e-5) << i << " top " << k;
+  }
+  std::printf("logprobs: largest difference from log_softmax of run's logits %.3g\n", worst);
+}
+
 // A hybrid model (Qwen3.5-MoE: DeltaNet layers whose recurrent state cannot be cut at any
 // position) over three chat turns: each turn resumes from the sequence memory of the last one
 // (its prompt's end checkpoint or the state it finished with), so cached_tokens covers the earlier
@@ -502,6 +574,9 @@ TEST(Serve, FullQueueIsTooManyRequestsAndAHangUpCancels) {
   holder.join();
   wait_idle(*c);
   EXPECT_EQ(metric(*c, "tandem_completions_total{finish_reason=\"cancelled\"}"), 1);
+  // Cancelled means stopped: the generation ended well before its 200 tokens and left the batch.
+  EXPECT_LT(metric(*c, "tandem_generated_tokens_total"), 150);
+  EXPECT_EQ(metric(*c, "tandem_requests_running"), 0);
   EXPECT_EQ(post(*c, "/v1/completions", Json({{"prompt", "And"}, {"max_tokens", 2}})).status, 200);
 }
 
