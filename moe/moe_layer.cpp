@@ -137,7 +137,9 @@ struct MoeLayer::Impl {
   std::vector<float> scratch;
 
   bool submitted = false;  // submit() without its sync() yet
-  bool running = false;    // the driver has not finished the submitted work
+  // Submits posted to the driver and finished (in order: the driver runs them one by one), and
+  // the ticket of the one sync() waits for (a deferred submit may follow it).
+  uint64_t posted = 0, finished = 0, main_ticket = 0;
   std::exception_ptr error;
   // A call in progress (forward; begin .. end; submit .. sync; remap; the mask): a second one
   // from another thread is refused, not interleaved with it (the scratch, the backend's
@@ -150,20 +152,36 @@ struct MoeLayer::Impl {
   }
   void release() { busy.store(false, std::memory_order_release); }
 
+  // Waits for a deferred submit still running (every call but a deferred submit does, so the
+  // layer's buffers are one call's at a time); rethrows its error.
+  void wait_posted();
   void build(ThreadPool* pool);
   void set_slots(const std::vector<int64_t>& map);
   void check_call(const int32_t* ids, int64_t tokens, int64_t k, const float* hidden,
                   const float* weights, const float* out, bool check_out = true) const;
+  // gpu_mask: this call's mask in `mask`'s sense (nullptr: `mask`); accumulate: out += result.
   void run(const float* hidden, int64_t tokens, const int32_t* ids, const float* weights,
-           int64_t k, float* out);
+           int64_t k, float* out, const uint8_t* gpu_mask = nullptr, bool accumulate = false);
   void propagate_non_finite(const float* hidden, int64_t tokens, const int32_t* ids, int64_t k,
                             float* out) const;
   MoeRequest request(const float* hidden, int64_t n, const int32_t* ids, const float* weights,
-                     int64_t k, float* out) const;
+                     int64_t k, float* out, const uint8_t* expert_mask = nullptr) const;
 };
 
+void MoeLayer::Impl::wait_posted() {
+  std::unique_lock<std::mutex> lock(mu);
+  cv.wait(lock, [&] { return finished == posted; });
+  if (error) {
+    busy.store(false, std::memory_order_release);
+    std::rethrow_exception(std::exchange(error, nullptr));
+  }
+}
+
 void MoeLayer::Impl::claim(const char* call) {
-  if (!busy.exchange(true, std::memory_order_acq_rel)) return;
+  if (!busy.exchange(true, std::memory_order_acq_rel)) {
+    wait_posted();
+    return;
+  }
   if (in_flight_locked()) {
     fail(ErrorKind::kInvalidArgument, "{}: this layer has a submit in flight (sync_forward first)",
          call);
@@ -371,7 +389,8 @@ void MoeLayer::Impl::check_call(const int32_t* ids, int64_t tokens, int64_t k,
 }
 
 MoeRequest MoeLayer::Impl::request(const float* hidden, int64_t n, const int32_t* ids,
-                                   const float* weights, int64_t k, float* out) const {
+                                   const float* weights, int64_t k, float* out,
+                                   const uint8_t* expert_mask) const {
   MoeRequest r;
   r.layer = 0;
   r.moe_index = 0;
@@ -384,21 +403,30 @@ MoeRequest MoeLayer::Impl::request(const float* hidden, int64_t n, const int32_t
   r.ids = ids;
   r.weights = weights;
   r.k = k;
-  r.expert_mask = mask.data();
+  r.expert_mask = expert_mask != nullptr ? expert_mask : mask.data();
   r.out = out;
   return r;
 }
 
 void MoeLayer::Impl::run(const float* hidden, int64_t tokens, const int32_t* ids,
-                         const float* weights, int64_t k, float* out) {
+                         const float* weights, int64_t k, float* out, const uint8_t* gpu_mask,
+                         bool accumulate) {
   const int64_t H = options.hidden_size;
+  std::vector<float> result;
+  float* dst = out;
+  if (accumulate) {
+    result.resize(static_cast<size_t>(tokens * H));
+    dst = result.data();
+  }
   const int64_t chunk = options.max_chunk_tokens > 0 ? options.max_chunk_tokens : tokens;
   for (int64_t t0 = 0; t0 < tokens; t0 += chunk) {
     const int64_t n = std::min(chunk, tokens - t0);
-    backend->submit(request(hidden + t0 * H, n, ids + t0 * k, weights + t0 * k, k, out + t0 * H));
+    backend->submit(
+        request(hidden + t0 * H, n, ids + t0 * k, weights + t0 * k, k, dst + t0 * H, gpu_mask));
     backend->wait();
   }
-  propagate_non_finite(hidden, tokens, ids, k, out);
+  propagate_non_finite(hidden, tokens, ids, k, dst);
+  for (size_t i = 0; i < result.size(); ++i) out[i] += result[i];
 }
 
 // The quantized methods' activation quantizers skip NaN when they look for a group's largest
@@ -481,6 +509,8 @@ MoeLayer::~MoeLayer() {
   if (impl_ != nullptr) {
     try {
       sync();
+      std::unique_lock<std::mutex> lock(impl_->mu);  // (a deferred submit still running)
+      impl_->cv.wait(lock, [&] { return impl_->finished == impl_->posted; });
     } catch (const std::exception& e) {
       log_error("MoeLayer destroyed with a failed submit: {}", e.what());
     }
@@ -569,31 +599,58 @@ void MoeLayer::end(float* out) {
 }
 
 void MoeLayer::submit(const float* hidden, int64_t tokens, const int32_t* ids,
-                      const float* weights, int64_t k, float* out) {
-  impl_->claim("submit_forward");  // (held until sync())
+                      const float* weights, int64_t k, float* out, const SubmitOptions& so) {
+  if (so.deferred) {
+    // (the layer's claim is its submit's, held until sync())
+    std::lock_guard<std::mutex> lock(impl_->mu);
+    if (!impl_->submitted || impl_->posted != impl_->main_ticket) {
+      fail(ErrorKind::kInvalidArgument, "submit_forward: a deferred submit follows the layer's "
+           "own submit, before its sync_forward (one per submit)");
+    }
+  } else {
+    impl_->claim("submit_forward");  // (held until sync())
+  }
+  // This call's mask, in the sense of the layer's (1 = computed here).
+  std::vector<uint8_t> mask;
   try {
     impl_->check_call(ids, tokens, k, hidden, weights, out);
+    if (!so.gpu_experts_mask.empty()) {
+      if (so.gpu_experts_mask.size() != impl_->slots.gate.size()) {
+        fail(ErrorKind::kInvalidArgument, "gpu_experts_mask: {} entries, expected {}",
+             so.gpu_experts_mask.size(), impl_->slots.gate.size());
+      }
+      mask.resize(so.gpu_experts_mask.size());
+      for (size_t i = 0; i < mask.size(); ++i) mask[i] = so.gpu_experts_mask[i] != 0 ? 0 : 1;
+    }
   } catch (...) {
-    impl_->release();
+    if (!so.deferred) impl_->release();
     throw;
   }
+  uint64_t ticket = 0;
   {
     std::lock_guard<std::mutex> lock(impl_->mu);
-    impl_->submitted = impl_->running = true;
-    impl_->error = nullptr;
+    ticket = ++impl_->posted;
+    if (!so.deferred) {
+      impl_->submitted = true;
+      impl_->main_ticket = ticket;
+      impl_->error = nullptr;
+    }
   }
   Impl* impl = impl_.get();
-  impl_->context->post([impl, hidden, tokens, ids, weights, k, out] {
+  const bool accumulate = so.accumulate;
+  impl_->context->post([impl, hidden, tokens, ids, weights, k, out, ticket, accumulate,
+                        mask = std::move(mask)] {
     std::exception_ptr error;
     try {
-      impl->run(hidden, tokens, ids, weights, k, out);
+      impl->run(hidden, tokens, ids, weights, k, out, mask.empty() ? nullptr : mask.data(),
+                accumulate);
     } catch (...) {
       error = std::current_exception();
     }
     {
       std::lock_guard<std::mutex> lock(impl->mu);
-      impl->running = false;
-      impl->error = error;
+      impl->finished = ticket;
+      if (error && !impl->error) impl->error = error;
     }
     impl->cv.notify_all();
   });
@@ -601,7 +658,7 @@ void MoeLayer::submit(const float* hidden, int64_t tokens, const int32_t* ids,
 
 void MoeLayer::sync() {
   std::unique_lock<std::mutex> lock(impl_->mu);
-  impl_->cv.wait(lock, [&] { return !impl_->running; });
+  impl_->cv.wait(lock, [&] { return impl_->finished >= impl_->main_ticket; });
   if (impl_->submitted) impl_->release();
   impl_->submitted = false;
   if (impl_->error) std::rethrow_exception(std::exchange(impl_->error, nullptr));

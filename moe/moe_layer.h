@@ -73,6 +73,22 @@ std::shared_ptr<MoeContext> make_moe_context(int threads, int numa_parts = 1,
 int moe_context_threads(const MoeContext& context);
 int moe_context_numa_parts(const MoeContext& context);
 
+// What a submit() does beyond its call's arguments: kt-kernel's Expert Deferral (KTransformers
+// §4) and a GPU-experts mask that may change between calls.
+struct SubmitOptions {
+  // Add the result to out instead of overwriting it (what the deferred experts of the layer before
+  // wrote there: kt-kernel's `incremental`).
+  bool accumulate = false;
+  // The layer's deferred experts: a second submit while the layer's own is in flight. sync() does
+  // not wait for it (it runs while the engine goes on to the next layer); the layer's next call
+  // does. Submits run in order on the context's driver thread, so a later layer's submit that
+  // accumulates into this one's out starts after it.
+  bool deferred = false;
+  // [num_experts], nonzero = on the GPU (skipped), for this submit only, as it is now (empty: the
+  // layer's mask).
+  std::vector<uint8_t> gpu_experts_mask;
+};
+
 class MoeLayer {
  public:
   // From the caller's tensors: gate and up [num_experts, intermediate, hidden], down
@@ -106,12 +122,14 @@ class MoeLayer {
   void begin(const float* hidden, int64_t tokens, const int32_t* ids, const float* weights,
              int64_t k);
   void end(float* out);
-  // The same queued on the context's driver thread: the pointers must stay valid until sync().
-  // At most one submit per layer is in flight: a second before its sync() is an Error, finished
-  // or not (its result would go unread).
+  // The same queued on the context's driver thread: the pointers must stay valid until sync()
+  // (a deferred submit's: until the layer's next call). At most one submit per layer is in
+  // flight, and one deferred submit after it: another before its sync() is an Error, finished or
+  // not (its result would go unread).
   void submit(const float* hidden, int64_t tokens, const int32_t* ids, const float* weights,
-              int64_t k, float* out);
-  // Waits for this layer's submit; rethrows its error. Nothing in flight: returns at once.
+              int64_t k, float* out, const SubmitOptions& submit_options = {});
+  // Waits for this layer's submit (not its deferred one); rethrows its error. Nothing in flight:
+  // returns at once.
   void sync();
   bool in_flight() const;  // submitted, not yet synced
   // Kept to be raised by the next sync() (a submit that failed where it could not throw: a CUDA

@@ -2,6 +2,7 @@
 
 #include <exception>
 #include <memory>
+#include <utility>
 
 #include "core/error.h"
 #include "core/log.h"
@@ -24,12 +25,13 @@ struct SubmitArgs {
   const float* weights;
   int64_t k;
   float* out;
+  SubmitOptions options;
 };
 
 void CUDART_CB run_submit(void* data) {
   std::unique_ptr<SubmitArgs> a(static_cast<SubmitArgs*>(data));
   try {
-    a->layer->submit(a->hidden, a->tokens, a->ids, a->weights, a->k, a->out);
+    a->layer->submit(a->hidden, a->tokens, a->ids, a->weights, a->k, a->out, a->options);
   } catch (...) {
     a->layer->keep_error(std::current_exception());
   }
@@ -55,8 +57,9 @@ void check(cudaError_t e, const char* what) {
 bool stream_hooks_built() { return true; }
 
 void enqueue_submit(uintptr_t stream, MoeLayer* layer, const float* hidden, int64_t tokens,
-                    const int32_t* ids, const float* weights, int64_t k, float* out) {
-  auto* a = new SubmitArgs{layer, hidden, tokens, ids, weights, k, out};
+                    const int32_t* ids, const float* weights, int64_t k, float* out,
+                    SubmitOptions options) {
+  auto* a = new SubmitArgs{layer, hidden, tokens, ids, weights, k, out, std::move(options)};
   const cudaError_t e =
       cudaLaunchHostFunc(reinterpret_cast<cudaStream_t>(stream), run_submit, a);
   if (e != cudaSuccess) delete a;
@@ -73,7 +76,7 @@ void enqueue_sync(uintptr_t stream, MoeLayer* layer) {
 bool stream_hooks_built() { return false; }
 
 void enqueue_submit(uintptr_t, MoeLayer*, const float*, int64_t, const int32_t*, const float*,
-                    int64_t, float*) {
+                    int64_t, float*, SubmitOptions) {
   fail(ErrorKind::kUnsupported, "cuda_stream: this tandem was built without CUDA (no nvcc at "
        "build time); pass cuda_stream=None");
 }

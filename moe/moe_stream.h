@@ -13,8 +13,10 @@
 namespace tandem {
 
 bool stream_hooks_built();
+// (options, its mask included, are taken as they are now)
 void enqueue_submit(uintptr_t stream, MoeLayer* layer, const float* hidden, int64_t tokens,
-                    const int32_t* ids, const float* weights, int64_t k, float* out);
+                    const int32_t* ids, const float* weights, int64_t k, float* out,
+                    SubmitOptions options = {});
 void enqueue_sync(uintptr_t stream, MoeLayer* layer);
 
 }  // namespace tandem

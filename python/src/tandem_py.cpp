@@ -70,6 +70,18 @@ MoeLayerOptions layer_options(int64_t num_experts, int64_t k, int64_t hidden, in
   return o;
 }
 
+// A submit's options; mask: the address of mask_size bools (a torch.bool tensor's), read now.
+SubmitOptions submit_options(bool accumulate, bool deferred, uintptr_t mask, int64_t mask_size) {
+  SubmitOptions o;
+  o.accumulate = accumulate;
+  o.deferred = deferred;
+  if (mask != 0 && mask_size > 0) {
+    const auto* m = ptr<const uint8_t>(mask);
+    o.gpu_experts_mask.assign(m, m + mask_size);
+  }
+  return o;
+}
+
 // A MoeContext as Python holds it (the type is opaque to the bindings).
 struct ContextHandle {
   std::shared_ptr<MoeContext> ctx;
@@ -331,20 +343,30 @@ PYBIND11_MODULE(_tandem, m) {
            })
       .def("submit",
            [](MoeLayer& l, uintptr_t hidden, int64_t tokens, uintptr_t ids, uintptr_t weights,
-              int64_t k, uintptr_t out) {
+              int64_t k, uintptr_t out, bool accumulate, bool deferred, uintptr_t mask,
+              int64_t mask_size) {
              l.submit(ptr<const float>(hidden), tokens, ptr<const int32_t>(ids),
-                      ptr<const float>(weights), k, ptr<float>(out));
-           })
+                      ptr<const float>(weights), k, ptr<float>(out),
+                      submit_options(accumulate, deferred, mask, mask_size));
+           },
+           py::arg("hidden"), py::arg("tokens"), py::arg("ids"), py::arg("weights"), py::arg("k"),
+           py::arg("out"), py::arg("accumulate") = false, py::arg("deferred") = false,
+           py::arg("mask") = 0, py::arg("mask_size") = 0)
       .def("sync", [](MoeLayer& l) {
         py::gil_scoped_release release;
         l.sync();
       })
       .def("submit_on_stream",
            [](MoeLayer& l, uintptr_t stream, uintptr_t hidden, int64_t tokens, uintptr_t ids,
-              uintptr_t weights, int64_t k, uintptr_t out) {
+              uintptr_t weights, int64_t k, uintptr_t out, bool accumulate, bool deferred,
+              uintptr_t mask, int64_t mask_size) {
              enqueue_submit(stream, &l, ptr<const float>(hidden), tokens, ptr<const int32_t>(ids),
-                            ptr<const float>(weights), k, ptr<float>(out));
-           })
+                            ptr<const float>(weights), k, ptr<float>(out),
+                            submit_options(accumulate, deferred, mask, mask_size));
+           },
+           py::arg("stream"), py::arg("hidden"), py::arg("tokens"), py::arg("ids"),
+           py::arg("weights"), py::arg("k"), py::arg("out"), py::arg("accumulate") = false,
+           py::arg("deferred") = false, py::arg("mask") = 0, py::arg("mask_size") = 0)
       .def("sync_on_stream", [](MoeLayer& l, uintptr_t stream) { enqueue_sync(stream, &l); })
       .def_property_readonly("in_flight", &MoeLayer::in_flight)
       .def("remap", &MoeLayer::remap)

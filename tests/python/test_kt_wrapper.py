@@ -40,7 +40,7 @@ def test_num_gpu_experts_and_physical_map():
     # Slot p computes logical expert map[p]: ids given as slots.
     perm = torch.tensor([3, 7, 1, 0, 6, 2, 5, 4])
     w = wrapper(method="BF16")
-    w.load_weights_from_tensors(gate, up, down, physical_to_logical_map=perm)
+    w.load_weights_from_tensors(gate, up, down, physical_to_logical_map_cpu=perm)
     slot_of = torch.empty(8, dtype=torch.int64)
     slot_of[perm] = torch.arange(8)
     assert rel_err(w.forward(x, slot_of[ids], wt), reference_moe(x, gate, up, down, ids, wt)) < 0.01
@@ -65,10 +65,20 @@ def test_kt_arguments_refused_with_a_reason():
     with pytest.raises(ValueError, match="method"):
         wrapper(method="RAWINT4")
     with pytest.raises(ValueError, match="max_deferred_experts_per_token"):
-        wrapper(max_deferred_experts_per_token=2)
+        wrapper(max_deferred_experts_per_token=3)  # (more than num_experts_per_tok)
     with pytest.raises(ValueError, match="num_gpu_experts"):
         wrapper(num_gpu_experts=9)
-    with pytest.raises(TypeError, match="unknown"):
+    with pytest.raises(ValueError, match="gpu_experts_mask"):
+        wrapper(gpu_experts_mask=torch.zeros(7, dtype=torch.bool))
+    with pytest.raises(ValueError, match="sft"):
+        wrapper(mode="sft", lora_rank=8)
+    with pytest.raises(ValueError, match="MXFP4"):
+        wrapper(method="MXFP4", swiglu_limit=7.0)
+    with pytest.raises(ValueError, match="swiglu_limit"):
+        wrapper(swiglu_limit=7.0)
+    with pytest.raises(ValueError, match="numa_nodes"):
+        wrapper(numa_nodes=[1])
+    with pytest.raises(TypeError, match="unexpected keyword"):
         wrapper(not_an_argument=1)
     w = wrapper(weight_path="/nonexistent")
     with pytest.raises(OSError):

@@ -285,7 +285,7 @@ def test_numa_parts_compute_the_same_layer():
                      down=down).load_weights()
     two = tandem.MoE(E, K, H, Fd, method="int8", threads=2, numa_parts=2, gate=gate, up=up,
                      down=down).load_weights()
-    assert tandem._context(2, 2).numa_parts == 2  # (the split is real, not a fallback to one)
+    assert tandem.operator._context(2, 2).numa_parts == 2  # (the split is real, not a fallback to one)
     assert torch.allclose(one.forward(x, ids, w), two.forward(x, ids, w), rtol=1e-5, atol=1e-6)
 
 
