@@ -14,9 +14,9 @@
 Tensors are CPU torch tensors, read in place where their layout allows (contiguous, a dtype the
 kernels take) and copied otherwise. Errors are Python exceptions whose message names the argument:
 ValueError (a shape, a value, an id), TypeError (a dtype or method the operator cannot take),
-OSError (a file). docs/python.md has the whole API.
+OSError (a file). docs/python.md has the whole API. The modules: operator (MoE and the weight
+formats), kt (kt-kernel's names over it: KTMoEWrapper, generate_gpu_experts_masks), engine (Model).
 """
-
 
 from __future__ import annotations
 

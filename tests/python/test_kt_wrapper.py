@@ -1,5 +1,4 @@
 # KTMoEWrapper: kt-kernel's names and arguments over tandem's operator.
-import os
 import shutil
 
 import pytest

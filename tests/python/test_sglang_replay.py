@@ -18,7 +18,8 @@ import torch
 import torch.nn.functional as F
 
 import tandem
-from tandem import KTMoEWrapper, generate_gpu_experts_masks  # (SGLang: from kt_kernel import ...)
+# As SGLang imports them: the build's python-kt/kt_kernel stands in for KTransformers' package.
+from kt_kernel import KTMoEWrapper, generate_gpu_experts_masks
 from safetensors_reader import read_safetensors
 
 LAYERS, E, K, H, FD, T = 4, 8, 2, 256, 128, 4
@@ -90,6 +91,7 @@ METHODS = [("BF16", 0.005), ("AMXINT8", 0.03), ("AMXINT4", 0.3)]
 def test_sglang_call_sequence(checkpoint, method, bound, device):
     if device == "cuda" and not (torch.cuda.is_available() and tandem.cuda_streams):
         pytest.skip("needs a CUDA build of torch and of tandem, and a GPU (label gpu)")
+    assert KTMoEWrapper is tandem.KTMoEWrapper  # (the stand-in is tandem's)
     path, experts = checkpoint
     g = torch.Generator().manual_seed(11)
     # The fork's "frequency" placement: activation counts from --init-expert-location.

@@ -317,6 +317,66 @@ TEST(MoeLayer, SeveralLayersInFlightEqualOneAtATime) {
   }
 }
 
+// Expert Deferral's submits (kt-kernel's): a layer's deferred experts submitted after its own
+// submit run after it without sync() waiting for them, into another buffer; the next layer's
+// submit that accumulates adds to what they wrote, bit for bit the two forwards summed; a
+// submit's own mask is used for it alone; a deferred submit without the layer's submit, or a
+// second one, is refused.
+TEST(MoeLayer, DeferredSubmitsAccumulateIntoTheNextLayer) {
+  const std::string path = golden("deepseek2-q8_0.gguf");
+  auto ctx = make_moe_context(2);
+  MoeLayerOptions o;
+  o.method = "gguf";
+  MoeLayer a(ctx, o, path, 1), b(ctx, o, path, 2);
+  o = a.options();
+  const int64_t E = o.num_experts;
+  const Batch x = make_batch(5, o.num_experts_per_tok, o.hidden_size, E, 4);
+  const Batch y = make_batch(5, o.num_experts_per_tok, o.hidden_size, E, 5);
+  // Split a's slots: the first of each token immediate, the rest deferred.
+  Batch now = x, later = x;
+  for (size_t i = 0; i < x.ids.size(); ++i) {
+    const bool first = i % static_cast<size_t>(x.k) == 0;
+    now.ids[i] = first ? x.ids[i] : -1;
+    later.ids[i] = first ? -1 : x.ids[i];
+  }
+  const std::vector<float> want_now = layer_forward(a, now), want_later = layer_forward(a, later);
+  const std::vector<float> want_b = layer_forward(b, y);
+  std::vector<float> out_a(x.x.size()), carry(x.x.size(), 123.0f);
+  a.submit(now.x.data(), now.tokens, now.ids.data(), now.w.data(), now.k, out_a.data());
+  SubmitOptions deferred;
+  deferred.deferred = true;
+  a.submit(later.x.data(), later.tokens, later.ids.data(), later.w.data(), later.k, carry.data(),
+           deferred);
+  EXPECT_THROW(a.submit(later.x.data(), later.tokens, later.ids.data(), later.w.data(), later.k,
+                        carry.data(), deferred),
+               Error);  // one deferred submit per submit
+  a.sync();
+  expect_bits(out_a, want_now, "the immediate experts");
+  SubmitOptions accumulate;
+  accumulate.accumulate = true;
+  b.submit(y.x.data(), y.tokens, y.ids.data(), y.w.data(), y.k, carry.data(), accumulate);
+  b.sync();
+  std::vector<float> sum(want_b.size());
+  for (size_t i = 0; i < sum.size(); ++i) sum[i] = want_later[i] + want_b[i];
+  expect_bits(carry, sum, "the next layer's experts added to the deferred ones");
+  EXPECT_THROW(a.submit(x.x.data(), x.tokens, x.ids.data(), x.w.data(), x.k, out_a.data(),
+                        deferred),
+               Error);  // no submit of the layer's own in flight
+
+  // A submit's mask: every expert on the GPU -> nothing computed, for this submit only.
+  SubmitOptions all_gpu;
+  all_gpu.gpu_experts_mask.assign(static_cast<size_t>(E), 1);
+  std::vector<float> none(x.x.size(), 7.0f);
+  a.submit(x.x.data(), x.tokens, x.ids.data(), x.w.data(), x.k, none.data(), all_gpu);
+  a.sync();
+  for (float v : none) ASSERT_EQ(v, 0.0f);
+  expect_bits(layer_forward(a, now), want_now, "the layer's own mask after it");
+  all_gpu.gpu_experts_mask.pop_back();
+  EXPECT_THROW(a.submit(x.x.data(), x.tokens, x.ids.data(), x.w.data(), x.k, none.data(),
+                        all_gpu),
+               Error);  // a mask of the wrong size
+}
+
 // begin() / end(out) is forward() in two halves: the same bits, chunked or not; the layer takes
 // no other call in between; end(nullptr) discards.
 TEST(MoeLayer, BeginEndEqualsForward) {
