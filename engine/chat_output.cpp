@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <utility>
 
+#include "engine/text_scan.h"
 #include "engine/tool_call_reader.h"
 
 namespace tandem {
@@ -16,29 +17,9 @@ constexpr std::string_view kThinkOpen = "<think>";
 constexpr std::string_view kThinkClose = "</think>";
 constexpr std::string_view kDsCallsBegin = "<｜tool▁calls▁begin｜>";
 
-bool is_space(char c) {
-  return c == ' ' || c == '\n' || c == '\t' || c == '\r';
-}
-
-std::string_view trim(std::string_view s) {
-  while (!s.empty() && is_space(s.front())) s.remove_prefix(1);
-  while (!s.empty() && is_space(s.back())) s.remove_suffix(1);
-  return s;
-}
-
-// The longest tail of s that is a proper prefix of one of the markers.
-size_t held_tail(std::string_view s, const std::vector<std::string_view>& markers) {
-  size_t keep = 0;
-  for (std::string_view m : markers) {
-    for (size_t k = std::min(m.size() - 1, s.size()); k > keep; --k) {
-      if (s.substr(s.size() - k) == m.substr(0, k)) {
-        keep = k;
-        break;
-      }
-    }
-  }
-  return keep;
-}
+using text::held_tail;
+using text::is_space;
+using text::trim;
 
 }  // namespace
 

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 
+#include "engine/text_scan.h"
+
 namespace tandem {
 namespace {
 
@@ -14,23 +16,8 @@ constexpr std::string_view kDsSep = "<｜tool▁sep｜>";
 constexpr std::string_view kDsCallEnd = "<｜tool▁call▁end｜>";
 constexpr std::string_view kDsCallsEnd = "<｜tool▁calls▁end｜>";
 
-bool is_space(char c) {
-  return c == ' ' || c == '\n' || c == '\t' || c == '\r';
-}
-
-std::string_view trim(std::string_view s) {
-  while (!s.empty() && is_space(s.front())) s.remove_prefix(1);
-  while (!s.empty() && is_space(s.back())) s.remove_suffix(1);
-  return s;
-}
-
-// The longest tail of s that is a proper prefix of m.
-size_t held_tail(std::string_view s, std::string_view m) {
-  for (size_t k = std::min(m.size() - 1, s.size()); k > 0; --k) {
-    if (s.substr(s.size() - k) == m.substr(0, k)) return k;
-  }
-  return 0;
-}
+using text::is_space;
+using text::trim;
 
 // Whether the text at a point is what the syntax expects there: it is (kYes), it may still
 // become it (kMore: the text ends first), or it is not (kNo).
@@ -60,7 +47,7 @@ class Cursor {
     const std::string_view r = rest();
     const size_t at = r.find(t);
     if (at == npos) {
-      *out = r.substr(0, r.size() - held_tail(r, t));
+      *out = r.substr(0, r.size() - text::held_tail(r, {t}));
       return Match::kMore;
     }
     *out = r.substr(0, at);
