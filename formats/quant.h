@@ -177,4 +177,17 @@ void dequantize_fp8_blocks(const uint8_t* w, const float* scale_inv, int64_t row
 void quantize_fp8_blocks(const float* src, int64_t rows, int64_t cols, int64_t block_rows,
                          int64_t block_cols, uint8_t* w, float* scale_inv);
 
+// compressed-tensors' pack-quantized INT4 (Kimi-K2-Thinking / K2.5's experts: symmetric, one BF16
+// scale per group of `group` values along a row): packed [rows, cols / 8] int32, value i of a row
+// in bits 4 (i % 8) of word i / 8 as q + 8; value = q * scale[r][i / group].
+// Onto Q4_0 without loss (its x = d * (q - 8) over blocks of 32): group a multiple of 32 (each
+// group's scale repeated over its blocks) and every scale exact as an F16. Returns false, with the
+// first scale that is not in *bad_scale, where one is not (nothing useful is then in out).
+bool int4_groups_to_q4_0(const int32_t* packed, const uint16_t* scales_bf16, int64_t rows,
+                         int64_t cols, int64_t group, BlockQ4_0* out, float* bad_scale);
+// The writer's side, as compressed-tensors quantizes: scale = amax / 7.5 per group (BF16; an
+// all-zero group gets 1), q = clamp(round(x / scale), -8, 7).
+void quantize_int4_groups(const float* src, int64_t rows, int64_t cols, int64_t group,
+                          int32_t* packed, uint16_t* scales_bf16);
+
 }  // namespace tandem

@@ -44,7 +44,7 @@ constexpr TypeName kTypes[] = {
     {SynthType::kQ4_0, "q4_0", 2},      {SynthType::kQ4_1, "q4_1", 3},
     {SynthType::kQ5_0, "q5_0", 8},      {SynthType::kQ5_1, "q5_1", 9},
     {SynthType::kQ2_K, "q2_k", 10},     {SynthType::kQ3_K, "q3_k", 12},
-    {SynthType::kMXFP4_MOE, "mxfp4_moe", 38},
+    {SynthType::kMXFP4_MOE, "mxfp4_moe", 38}, {SynthType::kInt4Ct, "int4-ct", 0},
 };
 
 int64_t numel(const std::vector<int64_t>& shape) {
@@ -101,6 +101,18 @@ std::vector<int64_t> mxfp4_blocks_shape(const HfTensorSpec& t) {
 }
 std::vector<int64_t> mxfp4_scales_shape(const HfTensorSpec& t) {
   return {t.shape[0], t.shape[2], t.shape[1] / 32};
+}
+
+// Kimi-K2-Thinking's release (--format hf --type int4-ct): each routed expert's matrices as
+// compressed-tensors INT4 (<name>_packed / _scale / _shape), every other tensor BF16.
+constexpr int64_t kInt4Group = 32;
+bool is_int4_ct_weight(const HfTensorSpec& t, SynthType type) {
+  return type == SynthType::kInt4Ct && t.role == WeightRole::kLinear && t.shape.size() == 2 &&
+         t.name.find(".experts.") != std::string::npos;
+}
+std::vector<int64_t> int4_packed_shape(const HfTensorSpec& t) { return {t.shape[0], t.shape[1] / 8}; }
+std::vector<int64_t> int4_scale_shape(const HfTensorSpec& t) {
+  return {t.shape[0], t.shape[1] / kInt4Group};
 }
 
 DType hf_dtype(const HfTensorSpec& t, SynthType type) {
@@ -175,9 +187,26 @@ SynthPlan make_plan(const SynthOptions& o, const ModelConfig& c) {
         add(t.name + "_scales", DType::kU8, mxfp4_scales_shape(t));
         continue;
       }
+      if (is_int4_ct_weight(t, o.type)) {
+        if (t.shape[1] % kInt4Group != 0) {
+          fail(ErrorKind::kInvalidArgument, "--format hf --type int4-ct: expert input widths in "
+               "{}s ('{}' has {})", kInt4Group, t.name, t.shape[1]);
+        }
+        add(t.name + "_packed", DType::kI32, int4_packed_shape(t));
+        add(t.name + "_scale", DType::kBF16, int4_scale_shape(t));
+        add(t.name + "_shape", DType::kI32, {2});
+        continue;
+      }
       const DType dtype = hf_dtype(t, o.type);
       add(t.name, dtype, t.shape);
       if (dtype == DType::kF8E4M3) add(scale_name(t.name), DType::kF32, fp8_scale_shape(t.shape));
+    }
+    if (o.type == SynthType::kInt4Ct &&
+        std::none_of(hf.begin(), hf.end(), [&](const HfTensorSpec& t) {
+          return is_int4_ct_weight(t, o.type);
+        })) {
+      fail(ErrorKind::kInvalidArgument, "--format hf --type int4-ct: {} has no per-expert "
+           "matrices to store as INT4", arch_name(c.arch));
     }
   }
   // Vocabulary (GGUF arrays or tokenizer.json): tokens, merges and their framing.
@@ -295,6 +324,30 @@ void fill_mxfp4_experts(const SynthOptions& o, const HfTensorSpec& t, bool want_
   });
 }
 
+// An INT4 expert matrix's packed words (part 0), BF16 scales (1) or shape (2), row by row.
+void fill_int4_ct(const SynthOptions& o, const HfTensorSpec& t, int part, uint8_t* dst) {
+  const int64_t rows = t.shape[0], cols = t.shape[1];
+  if (part == 2) {
+    const int32_t shape[2] = {static_cast<int32_t>(rows), static_cast<int32_t>(cols)};
+    std::memcpy(dst, shape, sizeof(shape));
+    return;
+  }
+  parallel_rows(rows, cols, thread_count(o), [&](int64_t begin, int64_t end) {
+    std::vector<float> buf(cols);
+    std::vector<int32_t> packed(cols / 8);
+    std::vector<uint16_t> scales(cols / kInt4Group);
+    for (int64_t r = begin; r < end; ++r) {
+      synth_values(o.seed, t, r * cols, 1, cols, buf.data());
+      quantize_int4_groups(buf.data(), 1, cols, kInt4Group, packed.data(), scales.data());
+      if (part == 0) {
+        std::memcpy(dst + r * cols / 2, packed.data(), cols / 2);
+      } else {
+        std::memcpy(dst + r * scales.size() * 2, scales.data(), scales.size() * 2);
+      }
+    }
+  });
+}
+
 void write_text(const fs::path& path, const std::string& text) {
   write_output_file(path, text);
 }
@@ -354,6 +407,29 @@ void write_hf(const SynthOptions& o, const SynthPlan& plan, const GgufFile* voca
                                      {"fmt", "e4m3"},
                                      {"quant_method", "fp8"},
                                      {"weight_block_size", {kFp8Block, kFp8Block}}};
+  } else if (o.type == SynthType::kInt4Ct) {  // as Kimi-K2-Thinking's release says it
+    config["quantization_config"] = {
+        {"config_groups",
+         {{"group_0",
+           {{"input_activations", nullptr},
+            {"output_activations", nullptr},
+            {"targets", {"Linear"}},
+            {"weights",
+             {{"actorder", nullptr},
+              {"block_structure", nullptr},
+              {"dynamic", false},
+              {"group_size", kInt4Group},
+              {"num_bits", 4},
+              {"observer", "minmax"},
+              {"observer_kwargs", nlohmann::ordered_json::object()},
+              {"strategy", "group"},
+              {"symmetric", true},
+              {"type", "int"}}}}}}},
+        {"format", "pack-quantized"},
+        {"ignore", {"lm_head", "re:.*self_attn.*", "re:.*shared_expert.*", "re:.*mlp\\.(gate|up|down)_proj.*"}},
+        {"kv_cache_scheme", nullptr},
+        {"quant_method", "compressed-tensors"},
+        {"quantization_status", "compressed"}};
   } else if (o.type == SynthType::kMXFP4_MOE) {  // as gpt-oss's release says it
     config["quantization_config"] = {
         {"modules_to_not_convert",
@@ -396,6 +472,22 @@ void write_hf(const SynthOptions& o, const SynthPlan& plan, const GgufFile* voca
         w.add_tensor(t.name + (scales ? "_scales" : "_blocks"), DType::kU8, shape,
                      [&o, hf, i, scales, bytes, progress](void* dst) {
                        fill_mxfp4_experts(o, (*hf)[i], scales, static_cast<uint8_t*>(dst));
+                       if (progress) progress->add(bytes);
+                     });
+      }
+      continue;
+    }
+    if (is_int4_ct_weight(t, o.type)) {
+      const std::pair<const char*, DType> parts[] = {
+          {"_packed", DType::kI32}, {"_scale", DType::kBF16}, {"_shape", DType::kI32}};
+      for (int part = 0; part < 3; ++part) {
+        const std::vector<int64_t> shape = part == 0   ? int4_packed_shape(t)
+                                           : part == 1 ? int4_scale_shape(t)
+                                                       : std::vector<int64_t>{2};
+        const uint64_t bytes = dtype_bytes(parts[part].second, numel(shape));
+        w.add_tensor(t.name + parts[part].first, parts[part].second, shape,
+                     [&o, hf, i, part, bytes, progress](void* dst) {
+                       fill_int4_ct(o, (*hf)[i], part, static_cast<uint8_t*>(dst));
                        if (progress) progress->add(bytes);
                      });
       }
@@ -455,9 +547,10 @@ std::string_view synth_gguf_type_list() {
 
 bool synth_type_allowed(SynthType type, SynthFormat format) {
   if (format == SynthFormat::kHf) {
-    return type == SynthType::kBF16 || type == SynthType::kFp8 || type == SynthType::kMXFP4_MOE;
+    return type == SynthType::kBF16 || type == SynthType::kFp8 || type == SynthType::kMXFP4_MOE ||
+           type == SynthType::kInt4Ct;
   }
-  return type != SynthType::kFp8;
+  return type != SynthType::kFp8 && type != SynthType::kInt4Ct;
 }
 
 uint32_t gguf_file_type(SynthType type) {

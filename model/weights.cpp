@@ -29,6 +29,43 @@ bool detail_is_hybrid(const ModelConfig& c) {
   return c.arch == ModelArch::kQwen3Next || c.arch == ModelArch::kQwen35Moe;
 }
 
+// The group size of a compressed-tensors checkpoint's INT4 weights (0: one scale per row), the
+// kind tandem reads (Kimi-K2-Thinking's and K2.5's experts): pack-quantized, weights only, 4-bit
+// symmetric integers in groups or per channel.
+int64_t compressed_tensors_int4_group(const nlohmann::json& q, const std::string& where) {
+  const auto refuse = [&](const std::string& what) {
+    fail(ErrorKind::kUnsupported, "{}: quantization_config {}: tandem reads compressed-tensors "
+         "'pack-quantized' 4-bit symmetric integer weights (groups or per channel)", where, what);
+  };
+  if (q.value("format", "") != "pack-quantized") {
+    refuse(fmt::format("format '{}'", q.value("format", "")));
+  }
+  if (!q.contains("config_groups") || !q["config_groups"].is_object() ||
+      q["config_groups"].empty()) {
+    refuse("without config_groups");
+  }
+  int64_t group = -1;
+  for (const auto& [name, g] : q["config_groups"].items()) {
+    const nlohmann::json w = g.is_object() ? g.value("weights", nlohmann::json()) : nlohmann::json();
+    if (!w.is_object()) refuse(fmt::format("group '{}' without weights", name));
+    if (g.contains("input_activations") && !g["input_activations"].is_null()) {
+      refuse(fmt::format("group '{}' quantizes activations", name));
+    }
+    const std::string strategy = w.value("strategy", "");
+    if (w.value("num_bits", 0) != 4 || w.value("type", "") != "int" ||
+        !w.value("symmetric", false) || (strategy != "group" && strategy != "channel")) {
+      refuse(fmt::format("group '{}' ({}-bit {}, symmetric {}, strategy '{}')", name,
+                         w.value("num_bits", 0), w.value("type", ""), w.value("symmetric", false),
+                         strategy));
+    }
+    const int64_t g_size = strategy == "channel" ? 0 : w.value("group_size", int64_t{0});
+    if (strategy == "group" && g_size <= 0) refuse(fmt::format("group '{}' without group_size", name));
+    if (group >= 0 && group != g_size) refuse("groups of different sizes");
+    group = g_size;
+  }
+  return group;
+}
+
 // Tensor lookup over either checkpoint kind; tracks the dtypes and bytes used for the summary.
 class Source {
  public:
@@ -51,8 +88,12 @@ class Source {
   void known(const std::string& name) { used_.insert(name); }
   bool used(const std::string& name) const { return used_.count(name) != 0; }
 
-  // A matrix weight; FP8 ones come with their `<name>_scale_inv` blocks.
+  // A matrix weight; FP8 ones come with their `<name>_scale_inv` blocks; a compressed-tensors
+  // checkpoint's INT4 ones are `<name>_packed` / `_scale` / `_shape`.
   ops::Weight get_w(const std::string& name, std::initializer_list<int64_t> shape) {
+    if (int4_group_ >= 0 && find(name) == nullptr && find(name + "_packed") != nullptr) {
+      return int4_weight(name, shape);
+    }
     ops::Weight w(get(name, shape, /*allow_fp8=*/true));
     if (w.t.dtype != DType::kF8E4M3) return w;
     const std::string sname = name + "_scale_inv";
@@ -81,6 +122,65 @@ class Source {
   void set_fp8_block(int64_t rows, int64_t cols) {
     fp8_block_[0] = rows;
     fp8_block_[1] = cols;
+  }
+  // A compressed-tensors INT4 checkpoint's group size (0: one scale per row).
+  void set_int4_group(int64_t group) { int4_group_ = group; }
+
+  // compressed-tensors' pack-quantized INT4 weight as Q4_0 blocks, which hold the same values
+  // in the same bytes (formats/quant.h): 18 bytes per 32 weights, as stored.
+  ops::Weight int4_weight(const std::string& name, std::initializer_list<int64_t> shape) {
+    const int64_t cols = *(shape.end() - 1);
+    int64_t rows = 1;
+    for (auto it = shape.begin(); it + 1 != shape.end(); ++it) rows *= *it;
+    const int64_t group = int4_group_ > 0 ? int4_group_ : cols;
+    if (cols % kQK != 0 || group % kQK != 0 || cols % group != 0) {
+      fail(ErrorKind::kUnsupported,
+           "{}: INT4 tensor '{}' has {} columns in groups of {}: tandem maps compressed-tensors "
+           "INT4 onto Q4_0's blocks of 32 (the columns and the group size in 32s)",
+           m_.path.string(), name, cols, group);
+    }
+    for (const char* part : {"_zero_point", "_g_idx"}) {
+      if (find(name + part) != nullptr) {
+        fail(ErrorKind::kUnsupported, "{}: INT4 tensor '{}' has '{}{}': only symmetric groups "
+             "in column order are read", m_.path.string(), name, name, part);
+      }
+    }
+    const Tensor packed = *find(name + "_packed");
+    if (packed.dtype != DType::kI32 || packed.numel() != rows * cols / 8 ||
+        packed.row_elems() != cols / 8) {
+      fail(ErrorKind::kFormat, "{}: '{}_packed' must be I32 [{}, {}], is {} {}", m_.path.string(),
+           name, rows, cols / 8, dtype_info(packed.dtype).name, packed.shape_string());
+    }
+    const Tensor* sp = find(name + "_scale");
+    if (sp == nullptr || sp->dtype != DType::kBF16 || sp->numel() != rows * (cols / group) ||
+        sp->row_elems() != cols / group) {
+      fail(ErrorKind::kFormat, "{}: INT4 tensor '{}' needs a BF16 '{}_scale' of shape [{}, {}]",
+           m_.path.string(), name, name, rows, cols / group);
+    }
+    const Tensor scale = *sp;
+    if (const Tensor* ws = find(name + "_shape"); ws != nullptr) {
+      int64_t dims[2] = {-1, -1};
+      for (int i = 0; i < 2 && ws->numel() == 2; ++i) {
+        if (ws->dtype == DType::kI32) dims[i] = ws->as<const int32_t>()[i];
+        if (ws->dtype == DType::kI64) dims[i] = ws->as<const int64_t>()[i];
+      }
+      if (dims[0] != rows || dims[1] != cols) {
+        fail(ErrorKind::kFormat, "{}: '{}_shape' does not say [{}, {}]", m_.path.string(), name,
+             rows, cols);
+      }
+    }
+    const uint64_t stored = static_cast<uint64_t>(packed.nbytes() + scale.nbytes());
+    m_.weight_bytes += stored;
+    m_.bytes_by_dtype["int4 (compressed-tensors)"] += stored;
+    auto* q = reinterpret_cast<BlockQ4_0*>(own(static_cast<size_t>(rows * cols / kQK) *
+                                              sizeof(BlockQ4_0)));
+    float bad = 0;
+    if (!int4_groups_to_q4_0(packed.as<const int32_t>(), scale.as<const uint16_t>(), rows, cols,
+                             group, q, &bad)) {
+      fail(ErrorKind::kUnsupported, "{}: INT4 tensor '{}' has the scale {}, which F16 does not "
+           "hold exactly: it cannot be read as Q4_0 without loss", m_.path.string(), name, bad);
+    }
+    return ops::Weight(Tensor::dense(DType::kQ4_0, shape, q));
   }
 
   // The tensor, checked to hold `numel` elements per outer slice with rows of `row_elems`.
@@ -140,6 +240,7 @@ class Source {
   LoadedModel& m_;
   Tensor last_;
   int64_t fp8_block_[2] = {128, 128};
+  int64_t int4_group_ = -1;  // compressed-tensors INT4 (-1: not such a checkpoint)
   std::unordered_set<std::string> used_;  // every name found: read, or probed and present
 };
 
@@ -724,6 +825,12 @@ LoadedModel load_model(const std::filesystem::path& path, LoadMode mode) {
              (path / "config.json").string());
       }
       s.set_fp8_block(b[0].get<int64_t>(), b[1].get<int64_t>());
+    }
+    if (j.is_object() && j.contains("quantization_config") &&
+        j["quantization_config"].is_object() &&
+        j["quantization_config"].value("quant_method", "") == "compressed-tensors") {
+      s.set_int4_group(compressed_tensors_int4_group(j["quantization_config"],
+                                                     (path / "config.json").string()));
     }
     if (j.is_object() && j.contains("num_nextn_predict_layers") &&
         j["num_nextn_predict_layers"].is_number_integer()) {

@@ -1,0 +1,226 @@
+// A Kimi-K2-Thinking / K2.5-style checkpoint -- its routed experts in compressed-tensors'
+// pack-quantized INT4 (groups of 32, BF16 scales), written by synth -- is read as stored: each
+// expert matrix becomes Q4_0 blocks holding the same values in the same bytes (18 per 32
+// weights, as the checkpoint keeps them), and the model gives the logits of its twin whose INT4
+// weights are dequantized to F32 here, by compressed-tensors' own unpacking written out
+// independently of the loader; the difference is the Q8 rounding of the activations the Q4_0
+// kernels take, which a wrong nibble or scale far exceeds. Configurations tandem cannot read
+// losslessly are refused naming the field.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <vector>
+
+#include "core/error.h"
+#include "core/fp_convert.h"
+#include "core/thread_pool.h"
+#include "formats/quant.h"
+#include "formats/safetensors.h"
+#include "formats/synth.h"
+#include "model/model.h"
+#include "model/weights.h"
+#include "moe/fused_moe.h"
+#include "tests/test_util.h"
+
+namespace tandem {
+namespace {
+
+// max|d| / max|ref| per position over 24 positions, INT4 checkpoint against its F32 twin through
+// the fused CPU kernels (Q4_0 weights meet Q8 activations there, F32 ones F32): measured 0.0105
+// (deepseek3) and 0.0097 (qwen3moe); bound 1.5x. Through the reference backend (F32 arithmetic
+// over the dequantized rows) the two are the same numbers: exactly equal.
+constexpr double kKernelBound = 0.016;
+
+ThreadingContext& threading() {
+  static ThreadingContext ctx(ThreadingOptions{2, false, 50});
+  return ctx;
+}
+
+std::vector<float> prompt_logits(const LoadedModel& lm, const std::vector<int32_t>& tokens,
+                                 MoeBackend* moe = nullptr) {
+  ModelOptions mo;
+  mo.moe = moe;
+  Model model_net(lm, mo);
+  SingleSequence model(model_net, 64);
+  std::vector<float> logits(tokens.size() * lm.config.vocab_size);
+  model.forward(tokens, logits.data(), true);
+  return logits;
+}
+
+// compressed-tensors' unpack_from_int32 + dequantize, as its Python writes them: value i of a row
+// is ((word[i / 8] >> 4 (i % 8)) & 15) - 8, times the scale of its group.
+void dequantize_ct(const int32_t* packed, const uint16_t* scales, int64_t rows, int64_t cols,
+                   int64_t group, float* out) {
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t i = 0; i < cols; ++i) {
+      const uint32_t word = static_cast<uint32_t>(packed[r * (cols / 8) + i / 8]);
+      const int q = static_cast<int>((word >> (4 * (i % 8))) & 15u) - 8;
+      out[r * cols + i] = static_cast<float>(q) * bf16_to_f32(scales[r * (cols / group) + i / group]);
+    }
+  }
+}
+
+TEST(ModelInt4, CompressedTensorsBlocksAreQ4_0WithoutLoss) {
+  // Random words and scales, groups of 32 and 128: the Q4_0 blocks dequantize to exactly the
+  // compressed-tensors values.
+  std::mt19937 rng(3);
+  for (const int64_t group : {int64_t{32}, int64_t{128}}) {
+    const int64_t rows = 5, cols = 256;
+    std::vector<int32_t> packed(rows * cols / 8);
+    std::vector<uint16_t> scales(rows * cols / group);
+    for (int32_t& w : packed) w = static_cast<int32_t>(rng());
+    for (uint16_t& s : scales) s = f32_to_bf16(std::ldexp(1.0f + (rng() % 128) / 128.0f, -(int)(rng() % 12)));
+    std::vector<BlockQ4_0> q(rows * cols / 32);
+    float bad = 0;
+    ASSERT_TRUE(int4_groups_to_q4_0(packed.data(), scales.data(), rows, cols, group, q.data(), &bad));
+    std::vector<float> want(rows * cols), got(rows * cols);
+    dequantize_ct(packed.data(), scales.data(), rows, cols, group, want.data());
+    for (int64_t r = 0; r < rows; ++r) {
+      dequantize_row(DType::kQ4_0, q.data() + r * cols / 32, got.data() + r * cols, cols);
+    }
+    ASSERT_EQ(got, want) << "group " << group;
+    // A scale F16 cannot hold (below its subnormals' precision) is refused.
+    scales[3] = f32_to_bf16(std::ldexp(1.5f, -30));
+    EXPECT_FALSE(int4_groups_to_q4_0(packed.data(), scales.data(), rows, cols, group, q.data(),
+                                     &bad));
+    EXPECT_EQ(bad, bf16_to_f32(scales[3]));
+  }
+}
+
+class ModelInt4Release : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(ModelInt4Release, ReadAsStoredEqualsTheDequantizedTwin) {
+  test::TempDir dir("int4");
+  SynthOptions o;
+  o.config = config_preset(GetParam());
+  o.format = SynthFormat::kHf;
+  o.seed = 11;
+  o.progress = false;
+  o.threads = 1;
+  o.type = SynthType::kInt4Ct;
+  o.output = dir / "int4";
+  synth_model(o);
+  o.type = SynthType::kBF16;  // (for the twin's config.json: the same model, no quantization)
+  o.output = dir / "bf16";
+  synth_model(o);
+
+  // The twin: every INT4 matrix dequantized to F32.
+  const SafetensorsModel src = SafetensorsModel::open(dir / "int4");
+  std::filesystem::create_directories(dir / "f32");
+  SafetensorsWriter w(dir / "f32");
+  uint64_t int4_bytes = 0;
+  for (const auto& t : src.tensors()) {
+    if (t.name.ends_with("weight_scale") || t.name.ends_with("weight_shape")) continue;
+    std::vector<int64_t> shape(t.shape.begin(), t.shape.begin() + t.ndim);
+    if (!t.name.ends_with("weight_packed")) {
+      const uint8_t* data = t.data;
+      const uint64_t n = t.nbytes;
+      w.add_tensor(t.name, t.dtype, shape, [data, n](void* dst) { std::memcpy(dst, data, n); });
+      continue;
+    }
+    const std::string base = t.name.substr(0, t.name.size() - std::string_view("_packed").size());
+    const Tensor sc = src.tensor(base + "_scale");
+    int4_bytes += t.nbytes + static_cast<uint64_t>(sc.nbytes());
+    const int64_t rows = shape[0], cols = shape[1] * 8;
+    const auto* data = reinterpret_cast<const int32_t*>(t.data);
+    w.add_tensor(base, DType::kF32, {rows, cols}, [=](void* dst) {
+      dequantize_ct(data, sc.as<const uint16_t>(), rows, cols, 32, static_cast<float*>(dst));
+    });
+  }
+  ASSERT_GT(int4_bytes, 0u);
+  w.write();
+  std::filesystem::copy_file(dir / "bf16" / "config.json", dir / "f32" / "config.json");
+
+  const LoadedModel int4 = load_model(dir / "int4");
+  const int64_t moe_layer = int4.config.first_k_dense_replace;
+  ASSERT_EQ(int4.layers[moe_layer].experts.gate[0].t.dtype, DType::kQ4_0);
+  // Not expanded: what the loader made of the INT4 tensors is the bytes they are stored in.
+  uint64_t owned = 0;
+  for (const AlignedBuffer& b : int4.owned) owned += b.size();
+  std::printf("%s: INT4 tensors %llu bytes stored, %llu bytes resident after load\n", GetParam(),
+              static_cast<unsigned long long>(int4_bytes),
+              static_cast<unsigned long long>(owned));
+  EXPECT_EQ(owned, int4_bytes);
+
+  const LoadedModel f32 = load_model(dir / "f32");
+  const int64_t nv = int4.config.vocab_size;
+  std::vector<int32_t> tokens;
+  for (int i = 0; i < 24; ++i) tokens.push_back((i * 37 + 5) % static_cast<int32_t>(nv));
+  // The reference backend: the same weights, the same arithmetic.
+  EXPECT_EQ(prompt_logits(int4, tokens), prompt_logits(f32, tokens));
+  // The CPU kernels: Q4_0's (Q8 activations) against F32's.
+  FusedMoeBackend moe_a(&threading().pool()), moe_b(&threading().pool());
+  const std::vector<float> a = prompt_logits(int4, tokens, &moe_a);
+  const std::vector<float> b = prompt_logits(f32, tokens, &moe_b);
+  double worst = 0;
+  int agree = 0;
+  for (size_t t = 0; t < tokens.size(); ++t) {
+    const float* x = &a[t * nv];
+    const float* y = &b[t * nv];
+    double md = 0, mr = 0;
+    for (int64_t j = 0; j < nv; ++j) {
+      md = std::max(md, std::fabs(double(x[j]) - y[j]));
+      mr = std::max(mr, std::fabs(double(y[j])));
+    }
+    worst = std::max(worst, md / mr);
+    agree += std::max_element(x, x + nv) - x == std::max_element(y, y + nv) - y;
+  }
+  std::printf("%s: INT4 vs its dequantized twin: worst position %.5f, argmax %d/%zu\n",
+              GetParam(), worst, agree, tokens.size());
+  EXPECT_GT(worst, 0.0);
+  EXPECT_LE(worst, kKernelBound);
+  EXPECT_GE(agree, static_cast<int>(tokens.size()) - 1);
+}
+
+INSTANTIATE_TEST_SUITE_P(Presets, ModelInt4Release,
+                         ::testing::Values("tiny-deepseek3", "tiny-qwen3moe"),
+                         [](const auto& info) { return std::to_string(info.index); });
+
+// What is not compressed-tensors' symmetric pack-quantized INT4 is refused, naming the field.
+TEST(ModelInt4, OtherQuantizationConfigsAreRefused) {
+  test::TempDir dir("int4c");
+  SynthOptions o;
+  o.config = config_preset("tiny-deepseek3");
+  o.format = SynthFormat::kHf;
+  o.type = SynthType::kInt4Ct;
+  o.progress = false;
+  o.threads = 1;
+  o.output = dir / "m";
+  synth_model(o);
+  const std::filesystem::path config = dir / "m" / "config.json";
+  nlohmann::json j;
+  std::ifstream(config) >> j;
+  const nlohmann::json original = j;
+  const auto refused = [&](const char* what, const std::function<void(nlohmann::json&)>& edit) {
+    nlohmann::json k = original;
+    edit(k["quantization_config"]);
+    std::ofstream(config) << k.dump(2);
+    try {
+      load_model(dir / "m");
+      ADD_FAILURE() << what << ": no error";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
+    }
+  };
+  refused("format 'float-quantized'", [](nlohmann::json& q) { q["format"] = "float-quantized"; });
+  refused("symmetric false", [](nlohmann::json& q) {
+    q["config_groups"]["group_0"]["weights"]["symmetric"] = false;
+  });
+  refused("8-bit", [](nlohmann::json& q) {
+    q["config_groups"]["group_0"]["weights"]["num_bits"] = 8;
+  });
+  refused("quantizes activations", [](nlohmann::json& q) {
+    q["config_groups"]["group_0"]["input_activations"] = {{"num_bits", 8}};
+  });
+  refused("groups of 16", [](nlohmann::json& q) {
+    q["config_groups"]["group_0"]["weights"]["group_size"] = 16;
+  });
+}
+
+}  // namespace
+}  // namespace tandem
