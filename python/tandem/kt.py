@@ -31,10 +31,12 @@ from . import _tandem
 from .operator import METHODS, MoE, _stream_handle
 
 # kt-kernel's inference methods tandem runs, and the others (refused, naming them).
+# (RAWINT4: a compressed-tensors INT4 checkpoint's experts, which the loader reads as the Q4_0
+# blocks they are: tandem's gguf kernels run them as stored.)
 _KT_METHODS = {"AMXINT4": "int4", "AMXINT8": "int8", "LLAMAFILE": "gguf", "FP8": "fp8",
-               "BF16": "bf16"}
-_KT_OTHER_METHODS = ("RAWINT4", "FP8_PERCHANNEL", "GPTQ_INT4", "SYCL_GPTQ_INT4", "MXFP4",
-                     "MXFP8", "MOE_INT4", "MOE_INT8")
+               "BF16": "bf16", "RAWINT4": "gguf"}
+_KT_OTHER_METHODS = ("FP8_PERCHANNEL", "GPTQ_INT4", "SYCL_GPTQ_INT4", "MXFP4", "MXFP8",
+                     "MOE_INT4", "MOE_INT8")
 
 
 def generate_gpu_experts_masks(activation_freq: torch.Tensor,
