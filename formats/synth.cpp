@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "core/error.h"
+#include "core/fp_convert.h"
 #include "core/log.h"
 #include "core/progress.h"
 #include "formats/gguf.h"
@@ -45,6 +46,7 @@ constexpr TypeName kTypes[] = {
     {SynthType::kQ5_0, "q5_0", 8},      {SynthType::kQ5_1, "q5_1", 9},
     {SynthType::kQ2_K, "q2_k", 10},     {SynthType::kQ3_K, "q3_k", 12},
     {SynthType::kMXFP4_MOE, "mxfp4_moe", 38}, {SynthType::kInt4Ct, "int4-ct", 0},
+    {SynthType::kFp8Ct, "fp8-ct", 0},
 };
 
 int64_t numel(const std::vector<int64_t>& shape) {
@@ -116,6 +118,7 @@ std::vector<int64_t> int4_scale_shape(const HfTensorSpec& t) {
 }
 
 DType hf_dtype(const HfTensorSpec& t, SynthType type) {
+  if (type == SynthType::kFp8Ct && is_fp8_weight(t)) return DType::kF8E4M3;
   if (type == SynthType::kFp8) {
     if (is_fp8_weight(t)) return DType::kF8E4M3;
     if (t.role == WeightRole::kScoreBias) return DType::kF32;  // as released
@@ -199,7 +202,11 @@ SynthPlan make_plan(const SynthOptions& o, const ModelConfig& c) {
       }
       const DType dtype = hf_dtype(t, o.type);
       add(t.name, dtype, t.shape);
-      if (dtype == DType::kF8E4M3) add(scale_name(t.name), DType::kF32, fp8_scale_shape(t.shape));
+      if (dtype == DType::kF8E4M3 && o.type == SynthType::kFp8Ct) {
+        add(t.name + "_scale", DType::kBF16, {t.shape[0], 1});
+      } else if (dtype == DType::kF8E4M3) {
+        add(scale_name(t.name), DType::kF32, fp8_scale_shape(t.shape));
+      }
     }
     if (o.type == SynthType::kInt4Ct &&
         std::none_of(hf.begin(), hf.end(), [&](const HfTensorSpec& t) {
@@ -324,6 +331,26 @@ void fill_mxfp4_experts(const SynthOptions& o, const HfTensorSpec& t, bool want_
   });
 }
 
+// An FP8 matrix with one BF16 scale per row (compressed-tensors' channel strategy): the weight
+// (want_scales false) or its scales, each row quantized against its own amax.
+void fill_fp8_rows(const SynthOptions& o, const HfTensorSpec& t, bool want_scales, uint8_t* dst) {
+  const int64_t rows = t.shape[0], cols = t.shape[1];
+  parallel_rows(rows, cols, thread_count(o), [&](int64_t begin, int64_t end) {
+    std::vector<float> buf(cols);
+    std::vector<uint8_t> w(cols);
+    for (int64_t r = begin; r < end; ++r) {
+      synth_values(o.seed, t, r * cols, 1, cols, buf.data());
+      float scale = 0;
+      quantize_fp8_blocks(buf.data(), 1, cols, 1, cols, want_scales ? w.data() : dst + r * cols,
+                          &scale);
+      if (want_scales) {
+        const uint16_t b = f32_to_bf16(scale);
+        std::memcpy(dst + r * 2, &b, 2);
+      }
+    }
+  });
+}
+
 // An INT4 expert matrix's packed words (part 0), BF16 scales (1) or shape (2), row by row.
 void fill_int4_ct(const SynthOptions& o, const HfTensorSpec& t, int part, uint8_t* dst) {
   const int64_t rows = t.shape[0], cols = t.shape[1];
@@ -407,6 +434,29 @@ void write_hf(const SynthOptions& o, const SynthPlan& plan, const GgufFile* voca
                                      {"fmt", "e4m3"},
                                      {"quant_method", "fp8"},
                                      {"weight_block_size", {kFp8Block, kFp8Block}}};
+  } else if (o.type == SynthType::kFp8Ct) {  // as the FP8-dynamic releases say it
+    config["quantization_config"] = {
+        {"config_groups",
+         {{"group_0",
+           {{"input_activations",
+             {{"dynamic", true},
+              {"num_bits", 8},
+              {"strategy", "token"},
+              {"symmetric", true},
+              {"type", "float"}}},
+            {"output_activations", nullptr},
+            {"targets", {"Linear"}},
+            {"weights",
+             {{"dynamic", false},
+              {"num_bits", 8},
+              {"observer", "minmax"},
+              {"strategy", "channel"},
+              {"symmetric", true},
+              {"type", "float"}}}}}}},
+        {"format", "float-quantized"},
+        {"ignore", {"lm_head", "re:.*mlp.gate$"}},
+        {"quant_method", "compressed-tensors"},
+        {"quantization_status", "compressed"}};
   } else if (o.type == SynthType::kInt4Ct) {  // as Kimi-K2-Thinking's release says it
     config["quantization_config"] = {
         {"config_groups",
@@ -496,14 +546,23 @@ void write_hf(const SynthOptions& o, const SynthPlan& plan, const GgufFile* voca
     const DType dtype = hf_dtype(t, o.type);
     const uint64_t bytes = dtype_bytes(dtype, numel(t.shape));
     w.add_tensor(t.name, dtype, t.shape, [&o, hf, i, dtype, bytes, progress](void* dst) {
-      if (dtype == DType::kF8E4M3) {
+      if (dtype == DType::kF8E4M3 && o.type == SynthType::kFp8Ct) {
+        fill_fp8_rows(o, (*hf)[i], false, static_cast<uint8_t*>(dst));
+      } else if (dtype == DType::kF8E4M3) {
         fill_fp8(o, (*hf)[i], false, static_cast<uint8_t*>(dst));
       } else {
         fill_hf(o, (*hf)[i], dtype, static_cast<uint8_t*>(dst));
       }
       if (progress) progress->add(bytes);
     });
-    if (dtype == DType::kF8E4M3) {
+    if (dtype == DType::kF8E4M3 && o.type == SynthType::kFp8Ct) {
+      const std::vector<int64_t> shape = {t.shape[0], 1};
+      w.add_tensor(t.name + "_scale", DType::kBF16, shape,
+                   [&o, hf, i, progress, shape](void* dst) {
+                     fill_fp8_rows(o, (*hf)[i], true, static_cast<uint8_t*>(dst));
+                     if (progress) progress->add(2 * shape[0]);
+                   });
+    } else if (dtype == DType::kF8E4M3) {
       const std::vector<int64_t> shape = fp8_scale_shape(t.shape);
       const uint64_t scale_bytes = sizeof(float) * numel(shape);
       w.add_tensor(scale_name(t.name), DType::kF32, shape,
@@ -548,9 +607,9 @@ std::string_view synth_gguf_type_list() {
 bool synth_type_allowed(SynthType type, SynthFormat format) {
   if (format == SynthFormat::kHf) {
     return type == SynthType::kBF16 || type == SynthType::kFp8 || type == SynthType::kMXFP4_MOE ||
-           type == SynthType::kInt4Ct;
+           type == SynthType::kInt4Ct || type == SynthType::kFp8Ct;
   }
-  return type != SynthType::kFp8 && type != SynthType::kInt4Ct;
+  return type != SynthType::kFp8 && type != SynthType::kInt4Ct && type != SynthType::kFp8Ct;
 }
 
 uint32_t gguf_file_type(SynthType type) {

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <functional>
 #include <map>
+#include <optional>
 #include <nlohmann/json.hpp>
 #include <thread>
 #include <unordered_set>
@@ -29,41 +30,81 @@ bool detail_is_hybrid(const ModelConfig& c) {
   return c.arch == ModelArch::kQwen3Next || c.arch == ModelArch::kQwen35Moe;
 }
 
-// The group size of a compressed-tensors checkpoint's INT4 weights (0: one scale per row), the
-// kind tandem reads (Kimi-K2-Thinking's and K2.5's experts): pack-quantized, weights only, 4-bit
-// symmetric integers in groups or per channel.
-int64_t compressed_tensors_int4_group(const nlohmann::json& q, const std::string& where) {
+// A compressed-tensors checkpoint's weights, of the kinds tandem reads: 'pack-quantized' 4-bit
+// symmetric integers in groups or per channel (Kimi-K2-Thinking's and K2.5's experts), weights
+// only; 'float-quantized' FP8 E4M3 per channel, per tensor or in blocks (the FP8-dynamic
+// releases: their activations' dynamic FP8 is not taken up, tandem's kernels take BF16 ones).
+struct CompressedTensors {
+  bool int4 = false;
+  int64_t group = 0;  // int4: values per scale along a row (0: one scale per row)
+  // fp8: the scale blocks as {rows, cols}, 0 = the whole dimension: channel {1, 0}, tensor
+  // {0, 0}, block {r, c}
+  int64_t block[2] = {1, 0};
+};
+
+CompressedTensors parse_compressed_tensors(const nlohmann::json& q, const std::string& where) {
+  const std::string format = q.value("format", "");
   const auto refuse = [&](const std::string& what) {
     fail(ErrorKind::kUnsupported, "{}: quantization_config {}: tandem reads compressed-tensors "
-         "'pack-quantized' 4-bit symmetric integer weights (groups or per channel)", where, what);
+         "'pack-quantized' 4-bit symmetric integer weights (groups or per channel) and "
+         "'float-quantized' FP8 weights (per channel, per tensor or in blocks)", where, what);
   };
-  if (q.value("format", "") != "pack-quantized") {
-    refuse(fmt::format("format '{}'", q.value("format", "")));
+  if (format != "pack-quantized" && format != "float-quantized") {
+    refuse(fmt::format("format '{}'", format));
   }
   if (!q.contains("config_groups") || !q["config_groups"].is_object() ||
       q["config_groups"].empty()) {
     refuse("without config_groups");
   }
-  int64_t group = -1;
+  CompressedTensors ct;
+  ct.int4 = format == "pack-quantized";
+  bool first = true;
   for (const auto& [name, g] : q["config_groups"].items()) {
     const nlohmann::json w = g.is_object() ? g.value("weights", nlohmann::json()) : nlohmann::json();
     if (!w.is_object()) refuse(fmt::format("group '{}' without weights", name));
-    if (g.contains("input_activations") && !g["input_activations"].is_null()) {
-      refuse(fmt::format("group '{}' quantizes activations", name));
+    const nlohmann::json act =
+        g.is_object() ? g.value("input_activations", nlohmann::json()) : nlohmann::json();
+    if (!act.is_null() && (ct.int4 || !act.is_object() || !act.value("dynamic", false))) {
+      refuse(fmt::format("group '{}' quantizes activations{}", name,
+                         ct.int4 ? "" : " with stored scales"));
     }
     const std::string strategy = w.value("strategy", "");
-    if (w.value("num_bits", 0) != 4 || w.value("type", "") != "int" ||
-        !w.value("symmetric", false) || (strategy != "group" && strategy != "channel")) {
-      refuse(fmt::format("group '{}' ({}-bit {}, symmetric {}, strategy '{}')", name,
-                         w.value("num_bits", 0), w.value("type", ""), w.value("symmetric", false),
-                         strategy));
+    const int bits = w.value("num_bits", 0);
+    const std::string type = w.value("type", "");
+    const bool ok =
+        w.value("symmetric", false) &&
+        (ct.int4 ? bits == 4 && type == "int" && (strategy == "group" || strategy == "channel")
+                 : bits == 8 && type == "float" &&
+                       (strategy == "channel" || strategy == "tensor" || strategy == "block"));
+    if (!ok) {
+      refuse(fmt::format("group '{}' ({}-bit {}, symmetric {}, strategy '{}')", name, bits, type,
+                         w.value("symmetric", false), strategy));
     }
-    const int64_t g_size = strategy == "channel" ? 0 : w.value("group_size", int64_t{0});
-    if (strategy == "group" && g_size <= 0) refuse(fmt::format("group '{}' without group_size", name));
-    if (group >= 0 && group != g_size) refuse("groups of different sizes");
-    group = g_size;
+    CompressedTensors here = ct;
+    if (ct.int4) {
+      here.group = strategy == "channel" ? 0 : w.value("group_size", int64_t{0});
+      if (strategy == "group" && here.group <= 0) {
+        refuse(fmt::format("group '{}' without group_size", name));
+      }
+    } else if (strategy == "tensor") {
+      here.block[0] = here.block[1] = 0;
+    } else if (strategy == "block") {
+      const nlohmann::json bs = w.value("block_structure", nlohmann::json());
+      if (!bs.is_array() || bs.size() != 2 || !bs[0].is_number_integer() ||
+          !bs[1].is_number_integer() || bs[0].get<int64_t>() <= 0 || bs[1].get<int64_t>() <= 0) {
+        refuse(fmt::format("group '{}' without a block_structure of two sizes", name));
+      }
+      here.block[0] = bs[0].get<int64_t>();
+      here.block[1] = bs[1].get<int64_t>();
+    }
+    if (!first && (here.group != ct.group || here.block[0] != ct.block[0] ||
+                   here.block[1] != ct.block[1])) {
+      refuse("groups that differ");
+    }
+    ct = here;
+    first = false;
   }
-  return group;
+  return ct;
 }
 
 // Tensor lookup over either checkpoint kind; tracks the dtypes and bytes used for the summary.
@@ -88,14 +129,16 @@ class Source {
   void known(const std::string& name) { used_.insert(name); }
   bool used(const std::string& name) const { return used_.count(name) != 0; }
 
-  // A matrix weight; FP8 ones come with their `<name>_scale_inv` blocks; a compressed-tensors
-  // checkpoint's INT4 ones are `<name>_packed` / `_scale` / `_shape`.
+  // A matrix weight; FP8 ones come with their `<name>_scale_inv` blocks (a compressed-tensors
+  // checkpoint's: `<name>_scale`); a compressed-tensors checkpoint's INT4 ones are
+  // `<name>_packed` / `_scale` / `_shape`.
   ops::Weight get_w(const std::string& name, std::initializer_list<int64_t> shape) {
-    if (int4_group_ >= 0 && find(name) == nullptr && find(name + "_packed") != nullptr) {
+    if (ct_ && ct_->int4 && find(name) == nullptr && find(name + "_packed") != nullptr) {
       return int4_weight(name, shape);
     }
     ops::Weight w(get(name, shape, /*allow_fp8=*/true));
     if (w.t.dtype != DType::kF8E4M3) return w;
+    if (ct_ && !ct_->int4) return with_ct_fp8_scales(name, w);
     const std::string sname = name + "_scale_inv";
     const Tensor* s = find(sname);
     const int64_t rows = w.t.rows(), cols = w.t.row_elems();
@@ -123,8 +166,31 @@ class Source {
     fp8_block_[0] = rows;
     fp8_block_[1] = cols;
   }
-  // A compressed-tensors INT4 checkpoint's group size (0: one scale per row).
-  void set_int4_group(int64_t group) { int4_group_ = group; }
+  void set_compressed_tensors(const CompressedTensors& ct) { ct_ = ct; }
+
+  // A compressed-tensors FP8 weight's scales (`<name>_scale`, BF16 / F16 / F32, one per row,
+  // one, or one per block) as the F32 block scales the FP8 kernels take.
+  ops::Weight with_ct_fp8_scales(const std::string& name, ops::Weight w) {
+    const int64_t rows = w.t.rows(), cols = w.t.row_elems();
+    const int64_t br = ct_->block[0] > 0 ? ct_->block[0] : rows;
+    const int64_t bc = ct_->block[1] > 0 ? ct_->block[1] : cols;
+    const int64_t sr = (rows + br - 1) / br, sc = (cols + bc - 1) / bc;
+    const std::string sname = name + "_scale";
+    const Tensor* s = find(sname);
+    if (s == nullptr || s->numel() != sr * sc ||
+        (s->dtype != DType::kBF16 && s->dtype != DType::kF16 && s->dtype != DType::kF32)) {
+      fail(ErrorKind::kFormat, "{}: FP8 tensor '{}' needs a '{}' of {} scales ({}x{} blocks; "
+           "BF16, F16 or F32)", m_.path.string(), name, sname, sr * sc, br, bc);
+    }
+    const std::vector<float> scales = ops::to_f32(*s);
+    auto* f = reinterpret_cast<float*>(own(scales.size() * sizeof(float)));
+    std::copy(scales.begin(), scales.end(), f);
+    w.scale_inv = f;
+    w.scale_cols = sc;
+    w.block_rows = br;
+    w.block_cols = bc;
+    return w;
+  }
 
   // compressed-tensors' pack-quantized INT4 weight as Q4_0 blocks, which hold the same values
   // in the same bytes (formats/quant.h): 18 bytes per 32 weights, as stored.
@@ -132,7 +198,7 @@ class Source {
     const int64_t cols = *(shape.end() - 1);
     int64_t rows = 1;
     for (auto it = shape.begin(); it + 1 != shape.end(); ++it) rows *= *it;
-    const int64_t group = int4_group_ > 0 ? int4_group_ : cols;
+    const int64_t group = ct_->group > 0 ? ct_->group : cols;
     if (cols % kQK != 0 || group % kQK != 0 || cols % group != 0) {
       fail(ErrorKind::kUnsupported,
            "{}: INT4 tensor '{}' has {} columns in groups of {}: tandem maps compressed-tensors "
@@ -240,7 +306,7 @@ class Source {
   LoadedModel& m_;
   Tensor last_;
   int64_t fp8_block_[2] = {128, 128};
-  int64_t int4_group_ = -1;  // compressed-tensors INT4 (-1: not such a checkpoint)
+  std::optional<CompressedTensors> ct_;  // a compressed-tensors checkpoint's
   std::unordered_set<std::string> used_;  // every name found: read, or probed and present
 };
 
@@ -829,8 +895,8 @@ LoadedModel load_model(const std::filesystem::path& path, LoadMode mode) {
     if (j.is_object() && j.contains("quantization_config") &&
         j["quantization_config"].is_object() &&
         j["quantization_config"].value("quant_method", "") == "compressed-tensors") {
-      s.set_int4_group(compressed_tensors_int4_group(j["quantization_config"],
-                                                     (path / "config.json").string()));
+      s.set_compressed_tensors(parse_compressed_tensors(j["quantization_config"],
+                                                        (path / "config.json").string()));
     }
     if (j.is_object() && j.contains("num_nextn_predict_layers") &&
         j["num_nextn_predict_layers"].is_number_integer()) {

@@ -207,7 +207,8 @@ TEST(ModelInt4, OtherQuantizationConfigsAreRefused) {
       EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
     }
   };
-  refused("format 'float-quantized'", [](nlohmann::json& q) { q["format"] = "float-quantized"; });
+  refused("format 'nvfp4-pack-quantized'",
+          [](nlohmann::json& q) { q["format"] = "nvfp4-pack-quantized"; });
   refused("symmetric false", [](nlohmann::json& q) {
     q["config_groups"]["group_0"]["weights"]["symmetric"] = false;
   });

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 import tandem
 # As SGLang imports them: the build's python-kt/kt_kernel stands in for KTransformers' package.
 from kt_kernel import KTMoEWrapper, generate_gpu_experts_masks
-from safetensors_reader import read_safetensors
+from safetensors_reader import fp8_e4m3_values, read_safetensors
 
 LAYERS, E, K, H, FD, T = 4, 8, 2, 256, 128, 4
 
@@ -49,7 +49,11 @@ def synth_checkpoint(tmp_path_factory, kind):
     for layer in range(LAYERS):
         def weight(e, w):
             name = f"model.layers.{layer}.mlp.experts.{e}.{w}_proj.weight"
-            return tensors[name].float() if kind == "bf16" else dequantize_int4(tensors, name)
+            if kind == "int4-ct":
+                return dequantize_int4(tensors, name)
+            if kind == "fp8-ct":  # (compressed-tensors: fp8 value times its row's scale)
+                return fp8_e4m3_values(tensors[name]) * tensors[name + "_scale"].float()
+            return tensors[name].float()
         experts.append({w: [weight(e, w) for e in range(E)] for w in ("gate", "up", "down")})
     return path, experts
 
@@ -62,6 +66,11 @@ def checkpoint(tmp_path_factory):
 @pytest.fixture(scope="module")
 def int4_checkpoint(tmp_path_factory):
     return synth_checkpoint(tmp_path_factory, "int4-ct")
+
+
+@pytest.fixture(scope="module")
+def fp8_checkpoint(tmp_path_factory):
+    return synth_checkpoint(tmp_path_factory, "fp8-ct")
 
 
 def expert(ex, e, x):
@@ -104,11 +113,13 @@ def rel_mean(got, want):
 
 
 # Measured (this test, 3 forwards x 4 layers): bf16 0.0026, int8 0.023, int4 0.22 (requantized
-# from BF16), RAWINT4 0.0135 (the checkpoint's own INT4, against its dequantized values);
-# kt-kernel's own bounds for its methods are 0.02, 0.05, 0.35, 0.12. (A wrapper that dropped the
+# from BF16), RAWINT4 0.0135 (the checkpoint's own INT4, against its dequantized values),
+# FP8_PERCHANNEL 0.0028 (likewise its FP8); kt-kernel's own bounds for its methods are 0.02, 0.05,
+# 0.35, 0.12 and 0.1. (A wrapper that dropped the
 # deferred experts' carry into the next layer measures 0.30 here, one that kept the mask it was
 # built with 3.96.)
-METHODS = [("BF16", 0.005), ("AMXINT8", 0.03), ("AMXINT4", 0.3), ("RAWINT4", 0.02)]
+METHODS = [("BF16", 0.005), ("AMXINT8", 0.03), ("AMXINT4", 0.3), ("RAWINT4", 0.02),
+           ("FP8_PERCHANNEL", 0.005)]
 
 
 @pytest.mark.parametrize("method,bound", METHODS)
@@ -118,9 +129,10 @@ def test_sglang_call_sequence(request, method, bound, device):
         pytest.skip("needs a CUDA build of torch and of tandem, and a GPU (label gpu)")
     assert KTMoEWrapper is tandem.KTMoEWrapper  # (the stand-in is tandem's)
     # RAWINT4 reads a compressed-tensors INT4 checkpoint as stored (kt-kernel's --kt-method for
-    # Kimi-K2-Thinking / K2.5); the others a BF16 one.
-    path, experts = request.getfixturevalue(
-        "int4_checkpoint" if method == "RAWINT4" else "checkpoint")
+    # Kimi-K2-Thinking / K2.5), FP8_PERCHANNEL a compressed-tensors FP8 one; the others a BF16 one.
+    path, experts = request.getfixturevalue({"RAWINT4": "int4_checkpoint",
+                                             "FP8_PERCHANNEL": "fp8_checkpoint"}.get(
+                                                method, "checkpoint"))
     g = torch.Generator().manual_seed(11)
     # The fork's "frequency" placement: activation counts from --init-expert-location.
     freq = torch.randperm(LAYERS * E, generator=g).view(LAYERS, E)  # (distinct: no ties)
