@@ -190,4 +190,16 @@ bool int4_groups_to_q4_0(const int32_t* packed, const uint16_t* scales_bf16, int
 void quantize_int4_groups(const float* src, int64_t rows, int64_t cols, int64_t group,
                           int32_t* packed, uint16_t* scales_bf16);
 
+// GPTQ's symmetric INT4 (AutoGPTQ / GPTQModel checkpoints: Qwen3-30B-A3B-GPTQ-Int4, ...), a
+// weight [rows, cols] (out, in) stored transposed: qweight [cols / 8, rows] int32, value (r, k) in
+// bits 4 (k % 8) of qweight[k / 8][r] as q; scales [cols / group, rows] F16; the zero point 8;
+// value = (q - 8) * scale[k / group][r]. Onto Q4_0 always without loss (F16 scales, the same
+// offset): group a multiple of 32.
+void gptq_int4_to_q4_0(const int32_t* qweight, const uint16_t* scales_f16, int64_t rows,
+                       int64_t cols, int64_t group, BlockQ4_0* out);
+// The writer's side, as GPTQ's symmetric quantizer rounds (without its error feedback): scale =
+// 2 amax / 15 per group (F16; an all-zero group gets 1), q = clamp(round(x / scale) + 8, 0, 15).
+void quantize_gptq_int4(const float* src, int64_t rows, int64_t cols, int64_t group,
+                        int32_t* qweight, uint16_t* scales_f16);
+
 }  // namespace tandem

@@ -46,7 +46,7 @@ constexpr TypeName kTypes[] = {
     {SynthType::kQ5_0, "q5_0", 8},      {SynthType::kQ5_1, "q5_1", 9},
     {SynthType::kQ2_K, "q2_k", 10},     {SynthType::kQ3_K, "q3_k", 12},
     {SynthType::kMXFP4_MOE, "mxfp4_moe", 38}, {SynthType::kInt4Ct, "int4-ct", 0},
-    {SynthType::kFp8Ct, "fp8-ct", 0},
+    {SynthType::kFp8Ct, "fp8-ct", 0},          {SynthType::kGptqInt4, "gptq-int4", 0},
 };
 
 int64_t numel(const std::vector<int64_t>& shape) {
@@ -115,6 +115,16 @@ bool is_int4_ct_weight(const HfTensorSpec& t, SynthType type) {
 std::vector<int64_t> int4_packed_shape(const HfTensorSpec& t) { return {t.shape[0], t.shape[1] / 8}; }
 std::vector<int64_t> int4_scale_shape(const HfTensorSpec& t) {
   return {t.shape[0], t.shape[1] / kInt4Group};
+}
+
+// A GPTQ release (--type gptq-int4): every decoder linear weight as <base>.qweight / .scales /
+// .qzeros / .g_idx, groups of 128 along the input.
+constexpr int64_t kGptqGroup = 128;
+bool is_gptq_weight(const HfTensorSpec& t, SynthType type) {
+  return type == SynthType::kGptqInt4 && is_fp8_weight(t);
+}
+std::string gptq_base(const HfTensorSpec& t) {
+  return t.name.substr(0, t.name.size() - std::string_view(".weight").size());
 }
 
 DType hf_dtype(const HfTensorSpec& t, SynthType type) {
@@ -188,6 +198,19 @@ SynthPlan make_plan(const SynthOptions& o, const ModelConfig& c) {
         widest_row = std::max(widest_row, t.shape[1]);
         add(t.name + "_blocks", DType::kU8, mxfp4_blocks_shape(t));
         add(t.name + "_scales", DType::kU8, mxfp4_scales_shape(t));
+        continue;
+      }
+      if (is_gptq_weight(t, o.type)) {
+        const int64_t out = t.shape[0], in = t.shape[1];
+        if (in % kGptqGroup != 0 || out % 8 != 0) {
+          fail(ErrorKind::kInvalidArgument, "--format hf --type gptq-int4: linear weights with "
+               "inputs in {}s and outputs in 8s ('{}' is [{}, {}])", kGptqGroup, t.name, out, in);
+        }
+        const std::string b = gptq_base(t);
+        add(b + ".qweight", DType::kI32, {in / 8, out});
+        add(b + ".scales", DType::kF16, {in / kGptqGroup, out});
+        add(b + ".qzeros", DType::kI32, {in / kGptqGroup, out / 8});
+        add(b + ".g_idx", DType::kI32, {in});
         continue;
       }
       if (is_int4_ct_weight(t, o.type)) {
@@ -351,6 +374,30 @@ void fill_fp8_rows(const SynthOptions& o, const HfTensorSpec& t, bool want_scale
   });
 }
 
+// A GPTQ weight's qweight (part 0), scales (1), qzeros (2) or g_idx (3): the whole matrix is
+// quantized (qweight and scales are stored transposed).
+void fill_gptq(const SynthOptions& o, const HfTensorSpec& t, int part, uint8_t* dst) {
+  const int64_t out = t.shape[0], in = t.shape[1];
+  if (part == 2) {  // the symmetric zero point 8, stored as 7 (GPTQ's checkpoint_format gptq)
+    std::fill_n(reinterpret_cast<uint32_t*>(dst), in / kGptqGroup * out / 8, 0x77777777u);
+    return;
+  }
+  if (part == 3) {
+    for (int64_t k = 0; k < in; ++k) reinterpret_cast<int32_t*>(dst)[k] = k / kGptqGroup;
+    return;
+  }
+  std::vector<float> w(out * in);
+  synth_values(o.seed, t, 0, 1, out * in, w.data());
+  std::vector<int32_t> qweight(in / 8 * out);
+  std::vector<uint16_t> scales(in / kGptqGroup * out);
+  quantize_gptq_int4(w.data(), out, in, kGptqGroup, qweight.data(), scales.data());
+  if (part == 0) {
+    std::memcpy(dst, qweight.data(), qweight.size() * 4);
+  } else {
+    std::memcpy(dst, scales.data(), scales.size() * 2);
+  }
+}
+
 // An INT4 expert matrix's packed words (part 0), BF16 scales (1) or shape (2), row by row.
 void fill_int4_ct(const SynthOptions& o, const HfTensorSpec& t, int part, uint8_t* dst) {
   const int64_t rows = t.shape[0], cols = t.shape[1];
@@ -434,6 +481,18 @@ void write_hf(const SynthOptions& o, const SynthPlan& plan, const GgufFile* voca
                                      {"fmt", "e4m3"},
                                      {"quant_method", "fp8"},
                                      {"weight_block_size", {kFp8Block, kFp8Block}}};
+  } else if (o.type == SynthType::kGptqInt4) {  // as Qwen's GPTQ-Int4 releases say it
+    config["quantization_config"] = {{"bits", 4},
+                                     {"checkpoint_format", "gptq"},
+                                     {"damp_percent", 0.01},
+                                     {"desc_act", false},
+                                     {"group_size", kGptqGroup},
+                                     {"model_name_or_path", nullptr},
+                                     {"model_file_base_name", nullptr},
+                                     {"quant_method", "gptq"},
+                                     {"static_groups", false},
+                                     {"sym", true},
+                                     {"true_sequential", true}};
   } else if (o.type == SynthType::kFp8Ct) {  // as the FP8-dynamic releases say it
     config["quantization_config"] = {
         {"config_groups",
@@ -527,6 +586,24 @@ void write_hf(const SynthOptions& o, const SynthPlan& plan, const GgufFile* voca
       }
       continue;
     }
+    if (is_gptq_weight(t, o.type)) {
+      const int64_t out = t.shape[0], in = t.shape[1];
+      const std::pair<const char*, DType> parts[] = {{".qweight", DType::kI32},
+                                                     {".scales", DType::kF16},
+                                                     {".qzeros", DType::kI32},
+                                                     {".g_idx", DType::kI32}};
+      const std::vector<int64_t> shapes[] = {
+          {in / 8, out}, {in / kGptqGroup, out}, {in / kGptqGroup, out / 8}, {in}};
+      for (int part = 0; part < 4; ++part) {
+        const uint64_t bytes = dtype_bytes(parts[part].second, numel(shapes[part]));
+        w.add_tensor(gptq_base(t) + parts[part].first, parts[part].second, shapes[part],
+                     [&o, hf, i, part, bytes, progress](void* dst) {
+                       fill_gptq(o, (*hf)[i], part, static_cast<uint8_t*>(dst));
+                       if (progress) progress->add(bytes);
+                     });
+      }
+      continue;
+    }
     if (is_int4_ct_weight(t, o.type)) {
       const std::pair<const char*, DType> parts[] = {
           {"_packed", DType::kI32}, {"_scale", DType::kBF16}, {"_shape", DType::kI32}};
@@ -607,9 +684,10 @@ std::string_view synth_gguf_type_list() {
 bool synth_type_allowed(SynthType type, SynthFormat format) {
   if (format == SynthFormat::kHf) {
     return type == SynthType::kBF16 || type == SynthType::kFp8 || type == SynthType::kMXFP4_MOE ||
-           type == SynthType::kInt4Ct || type == SynthType::kFp8Ct;
+           type == SynthType::kInt4Ct || type == SynthType::kFp8Ct || type == SynthType::kGptqInt4;
   }
-  return type != SynthType::kFp8 && type != SynthType::kInt4Ct && type != SynthType::kFp8Ct;
+  return type != SynthType::kFp8 && type != SynthType::kInt4Ct && type != SynthType::kFp8Ct &&
+         type != SynthType::kGptqInt4;
 }
 
 uint32_t gguf_file_type(SynthType type) {

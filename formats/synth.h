@@ -46,10 +46,11 @@ enum class SynthFormat : uint8_t { kGguf, kHf };
 // stacked experts in MXFP4, every other matrix Q8_0). HF: bf16, fp8, mxfp4_moe (gpt-oss's release),
 // int4-ct (Kimi-K2-Thinking / K2.5's release: the routed experts in compressed-tensors'
 // pack-quantized INT4, groups of 32, the rest BF16), fp8-ct (the FP8-dynamic releases:
-// compressed-tensors' float-quantized FP8 with one BF16 scale per row for every linear weight).
+// compressed-tensors' float-quantized FP8 with one BF16 scale per row for every linear weight),
+// gptq-int4 (GPTQ's symmetric INT4, groups of 128, every linear weight: Qwen's GPTQ-Int4 releases).
 enum class SynthType : uint8_t {
   kF32, kF16, kBF16, kQ8_0, kQ4_K, kQ6_K, kQ4_K_M, kFp8, kQ5_K, kQ5_K_M, kQ4_0, kQ4_1, kQ5_0,
-  kQ5_1, kQ2_K, kQ3_K, kMXFP4_MOE, kInt4Ct, kFp8Ct
+  kQ5_1, kQ2_K, kQ3_K, kMXFP4_MOE, kInt4Ct, kFp8Ct, kGptqInt4
 };
 // The GGUF type names, for messages ("f32, f16, ...").
 std::string_view synth_gguf_type_list();

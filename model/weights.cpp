@@ -107,6 +107,35 @@ CompressedTensors parse_compressed_tensors(const nlohmann::json& q, const std::s
   return ct;
 }
 
+// A GPTQ checkpoint's INT4 weights, of the kind tandem reads: 4-bit, symmetric, groups in their
+// order (desc_act false), the zero point 8 as GPTQ stores it (checkpoint_format gptq: 7, the old
+// off-by-one; gptq_v2: 8).
+struct Gptq {
+  int64_t group = 0;  // values per scale along a row (0: one per row)
+  uint32_t zero_word = 0x77777777u;  // eight stored zero points, as every qzeros word holds them
+};
+
+Gptq parse_gptq(const nlohmann::json& q, const std::string& where) {
+  const auto refuse = [&](const std::string& what) {
+    fail(ErrorKind::kUnsupported, "{}: quantization_config {}: tandem reads GPTQ's 4-bit "
+         "symmetric weights with groups in order (bits 4, sym true, desc_act false)", where, what);
+  };
+  if (q.value("bits", 0) != 4) refuse(fmt::format("bits {}", q.value("bits", 0)));
+  if (!q.value("sym", false)) refuse("sym false");
+  if (q.value("desc_act", false)) refuse("desc_act true");
+  Gptq g;
+  const int64_t group = q.value("group_size", int64_t{-1});
+  if (group == 0 || group < -1) refuse(fmt::format("group_size {}", group));
+  g.group = group == -1 ? 0 : group;
+  const std::string format = q.value("checkpoint_format", "gptq");
+  if (format == "gptq_v2") {
+    g.zero_word = 0x88888888u;
+  } else if (format != "gptq") {
+    refuse(fmt::format("checkpoint_format '{}'", format));
+  }
+  return g;
+}
+
 // Tensor lookup over either checkpoint kind; tracks the dtypes and bytes used for the summary.
 class Source {
  public:
@@ -135,6 +164,10 @@ class Source {
   ops::Weight get_w(const std::string& name, std::initializer_list<int64_t> shape) {
     if (ct_ && ct_->int4 && find(name) == nullptr && find(name + "_packed") != nullptr) {
       return int4_weight(name, shape);
+    }
+    if (gptq_ && name.ends_with(".weight") && find(name) == nullptr) {
+      const std::string base = name.substr(0, name.size() - std::string_view(".weight").size());
+      if (find(base + ".qweight") != nullptr) return gptq_weight(base, shape);
     }
     ops::Weight w(get(name, shape, /*allow_fp8=*/true));
     if (w.t.dtype != DType::kF8E4M3) return w;
@@ -167,6 +200,60 @@ class Source {
     fp8_block_[1] = cols;
   }
   void set_compressed_tensors(const CompressedTensors& ct) { ct_ = ct; }
+  void set_gptq(const Gptq& g) { gptq_ = g; }
+
+  // GPTQ's INT4 weight (`<base>.qweight` / `.scales` / `.qzeros` / `.g_idx`) as Q4_0 blocks:
+  // the same values in 18 bytes per 32 weights (a larger group's scale repeated over its
+  // blocks: 9% more than GPTQ's groups of 128 store; formats/quant.h).
+  ops::Weight gptq_weight(const std::string& base, std::initializer_list<int64_t> shape) {
+    const int64_t cols = *(shape.end() - 1);
+    int64_t rows = 1;
+    for (auto it = shape.begin(); it + 1 != shape.end(); ++it) rows *= *it;
+    const int64_t group = gptq_->group > 0 ? gptq_->group : cols;
+    const std::string where = m_.path.string();
+    if (cols % kQK != 0 || group % kQK != 0 || cols % group != 0) {
+      fail(ErrorKind::kUnsupported, "{}: GPTQ tensor '{}' has {} inputs in groups of {}: tandem "
+           "maps GPTQ INT4 onto Q4_0's blocks of 32 (both in 32s)", where, base, cols, group);
+    }
+    const Tensor qweight = *find(base + ".qweight");
+    if (qweight.dtype != DType::kI32 || qweight.numel() != cols / 8 * rows ||
+        qweight.row_elems() != rows) {
+      fail(ErrorKind::kFormat, "{}: '{}.qweight' must be I32 [{}, {}], is {} {}", where, base,
+           cols / 8, rows, dtype_info(qweight.dtype).name, qweight.shape_string());
+    }
+    const Tensor* sp = find(base + ".scales");
+    if (sp == nullptr || sp->dtype != DType::kF16 || sp->numel() != cols / group * rows ||
+        sp->row_elems() != rows) {
+      fail(ErrorKind::kFormat, "{}: GPTQ tensor '{}' needs an F16 '{}.scales' of shape [{}, {}]",
+           where, base, base, cols / group, rows);
+    }
+    const Tensor scales = *sp;
+    if (const Tensor* z = find(base + ".qzeros"); z != nullptr) {
+      const bool shaped = z->dtype == DType::kI32 && z->numel() * 8 == cols / group * rows;
+      const auto* w = z->as<const uint32_t>();
+      if (!shaped || !std::all_of(w, w + z->numel(),
+                                  [&](uint32_t x) { return x == gptq_->zero_word; })) {
+        fail(ErrorKind::kUnsupported, "{}: '{}.qzeros' holds zero points other than the "
+             "symmetric 8: asymmetric GPTQ is not read", where, base);
+      }
+    }
+    if (const Tensor* gi = find(base + ".g_idx"); gi != nullptr) {
+      bool in_order = gi->dtype == DType::kI32 && gi->numel() == cols;
+      for (int64_t k = 0; in_order && k < cols; ++k) in_order = gi->as<const int32_t>()[k] == k / group;
+      if (!in_order) {
+        fail(ErrorKind::kUnsupported, "{}: '{}.g_idx' reorders the groups (desc_act): not read",
+             where, base);
+      }
+    }
+    const uint64_t stored = static_cast<uint64_t>(qweight.nbytes() + scales.nbytes());
+    m_.weight_bytes += stored;
+    m_.bytes_by_dtype["int4 (GPTQ)"] += stored;
+    auto* q = reinterpret_cast<BlockQ4_0*>(own(static_cast<size_t>(rows * cols / kQK) *
+                                              sizeof(BlockQ4_0)));
+    gptq_int4_to_q4_0(qweight.as<const int32_t>(), scales.as<const uint16_t>(), rows, cols, group,
+                      q);
+    return ops::Weight(Tensor::dense(DType::kQ4_0, shape, q));
+  }
 
   // A compressed-tensors FP8 weight's scales (`<name>_scale`, BF16 / F16 / F32, one per row,
   // one, or one per block) as the F32 block scales the FP8 kernels take.
@@ -193,7 +280,7 @@ class Source {
   }
 
   // compressed-tensors' pack-quantized INT4 weight as Q4_0 blocks, which hold the same values
-  // in the same bytes (formats/quant.h): 18 bytes per 32 weights, as stored.
+  // (formats/quant.h) in 18 bytes per 32 weights: as stored for groups of 32 (Kimi's).
   ops::Weight int4_weight(const std::string& name, std::initializer_list<int64_t> shape) {
     const int64_t cols = *(shape.end() - 1);
     int64_t rows = 1;
@@ -307,6 +394,7 @@ class Source {
   Tensor last_;
   int64_t fp8_block_[2] = {128, 128};
   std::optional<CompressedTensors> ct_;  // a compressed-tensors checkpoint's
+  std::optional<Gptq> gptq_;              // a GPTQ checkpoint's
   std::unordered_set<std::string> used_;  // every name found: read, or probed and present
 };
 
@@ -893,10 +981,19 @@ LoadedModel load_model(const std::filesystem::path& path, LoadMode mode) {
       s.set_fp8_block(b[0].get<int64_t>(), b[1].get<int64_t>());
     }
     if (j.is_object() && j.contains("quantization_config") &&
-        j["quantization_config"].is_object() &&
-        j["quantization_config"].value("quant_method", "") == "compressed-tensors") {
-      s.set_compressed_tensors(parse_compressed_tensors(j["quantization_config"],
-                                                        (path / "config.json").string()));
+        j["quantization_config"].is_object()) {
+      const nlohmann::json& q = j["quantization_config"];
+      const std::string method = q.value("quant_method", "");
+      const std::string where = (path / "config.json").string();
+      if (method == "compressed-tensors") {
+        s.set_compressed_tensors(parse_compressed_tensors(q, where));
+      } else if (method == "gptq") {
+        s.set_gptq(parse_gptq(q, where));
+      } else if (method != "fp8" && method != "mxfp4") {
+        fail(ErrorKind::kUnsupported, "{}: quantization_config.quant_method '{}': tandem reads "
+             "fp8 (block scales), mxfp4 (gpt-oss), compressed-tensors (INT4, FP8) and gptq (INT4) "
+             "checkpoints", where, method);
+      }
     }
     if (j.is_object() && j.contains("num_nextn_predict_layers") &&
         j["num_nextn_predict_layers"].is_number_integer()) {

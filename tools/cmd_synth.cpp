@@ -80,7 +80,7 @@ void run_synth(const SynthArgs& a) {
   const std::optional<SynthType> t = synth_type_from_name(type);
   if (!t || !synth_type_allowed(*t, o.format)) {
     fail(ErrorKind::kInvalidArgument,
-         "--type {} is not available for --format {} (gguf: {}; hf: bf16, fp8, mxfp4_moe, int4-ct, fp8-ct)", type,
+         "--type {} is not available for --format {} (gguf: {}; hf: bf16, fp8, mxfp4_moe, int4-ct, fp8-ct, gptq-int4)", type,
          a.format, synth_gguf_type_list());
   }
   o.type = *t;
@@ -113,7 +113,8 @@ void add_synth(CLI::App& app) {
       "gguf: f32 (default), f16, bf16, q8_0, q4_0, q4_1, q5_0, q5_1, q2_k, q3_k, q4_k, q5_k, "
       "q6_k, q4_k_m, q5_k_m, mxfp4_moe; hf: bf16 (default), fp8, int4-ct (the routed experts in "
       "compressed-tensors INT4, as Kimi-K2.5 ships them), fp8-ct (compressed-tensors FP8 with "
-      "a scale per row, as the FP8-dynamic releases ship them), mxfp4_moe (gpt-oss: its "
+      "a scale per row, as the FP8-dynamic releases ship them), gptq-int4 (GPTQ's INT4, groups "
+      "of 128), mxfp4_moe (gpt-oss: its "
       "release's MXFP4 experts)");
   app.add_option("--seed", args->seed, "random seed (same seed, same bytes)");
   app.add_option("--vocab", args->vocab,

@@ -32,11 +32,12 @@ from .operator import METHODS, MoE, _stream_handle
 
 # kt-kernel's inference methods tandem runs, and the others (refused, naming them).
 # (RAWINT4: a compressed-tensors INT4 checkpoint's experts, which the loader reads as the Q4_0
-# blocks they are: tandem's gguf kernels run them as stored. FP8_PERCHANNEL: a compressed-tensors
-# FP8 checkpoint's, one scale per row: tandem's FP8 kernels with (1 x columns) blocks.)
+# blocks they are: tandem's gguf kernels run them as stored; GPTQ_INT4 likewise a GPTQ
+# checkpoint's. FP8_PERCHANNEL: a compressed-tensors FP8 checkpoint's, one scale per row:
+# tandem's FP8 kernels with (1 x columns) blocks.)
 _KT_METHODS = {"AMXINT4": "int4", "AMXINT8": "int8", "LLAMAFILE": "gguf", "FP8": "fp8",
-               "BF16": "bf16", "RAWINT4": "gguf", "FP8_PERCHANNEL": "fp8"}
-_KT_OTHER_METHODS = ("GPTQ_INT4", "SYCL_GPTQ_INT4", "MXFP4", "MXFP8", "MOE_INT4", "MOE_INT8")
+               "BF16": "bf16", "RAWINT4": "gguf", "FP8_PERCHANNEL": "fp8", "GPTQ_INT4": "gguf"}
+_KT_OTHER_METHODS = ("SYCL_GPTQ_INT4", "MXFP4", "MXFP8", "MOE_INT4", "MOE_INT8")
 
 
 def generate_gpu_experts_masks(activation_freq: torch.Tensor,

@@ -1,4 +1,5 @@
-// A Kimi-K2-Thinking / K2.5-style checkpoint -- its routed experts in compressed-tensors'
+// Checkpoints whose weights are INT4 as released, read as stored. A Kimi-K2-Thinking / K2.5-style
+// checkpoint -- its routed experts in compressed-tensors'
 // pack-quantized INT4 (groups of 32, BF16 scales), written by synth -- is read as stored: each
 // expert matrix becomes Q4_0 blocks holding the same values in the same bytes (18 per 32
 // weights, as the checkpoint keeps them), and the model gives the logits of its twin whose INT4
@@ -180,6 +181,118 @@ TEST_P(ModelInt4Release, ReadAsStoredEqualsTheDequantizedTwin) {
 INSTANTIATE_TEST_SUITE_P(Presets, ModelInt4Release,
                          ::testing::Values("tiny-deepseek3", "tiny-qwen3moe"),
                          [](const auto& info) { return std::to_string(info.index); });
+
+// AutoGPTQ's dequantization, written out: w[n][k] = scale[k / g][n] * (q - (z + 1)), q the nibble
+// k % 8 of qweight[k / 8][n], z the nibble n % 8 of qzeros[k / g][n / 8] (checkpoint_format gptq
+// stores the zero point minus one).
+void dequantize_gptq(const int32_t* qweight, const uint16_t* scales, const int32_t* qzeros,
+                     int64_t out, int64_t in, int64_t group, float* w) {
+  for (int64_t n = 0; n < out; ++n) {
+    for (int64_t k = 0; k < in; ++k) {
+      const uint32_t qw = static_cast<uint32_t>(qweight[(k / 8) * out + n]);
+      const uint32_t zw = static_cast<uint32_t>(qzeros[(k / group) * (out / 8) + n / 8]);
+      const int q = static_cast<int>((qw >> (4 * (k % 8))) & 15u);
+      const int z = static_cast<int>((zw >> (4 * (n % 8))) & 15u) + 1;
+      w[n * in + k] = static_cast<float>(q - z) * f16_to_f32(scales[(k / group) * out + n]);
+    }
+  }
+}
+
+// A GPTQ INT4 release (Qwen's GPTQ-Int4 checkpoints: every linear weight, groups of 128), written
+// by synth, read as Q4_0 blocks: against its twin dequantized by AutoGPTQ's formula above, within
+// kKernelBound on both backends (attention's Q4_0 products take Q8 activations on both; measured
+// 0.0083 reference, 0.0113 kernels).
+TEST(ModelInt4, GptqReadAsStoredEqualsTheDequantizedTwin) {
+  test::TempDir dir("gptq");
+  SynthOptions o;
+  o.config = config_preset("tiny-qwen3moe");
+  o.format = SynthFormat::kHf;
+  o.seed = 11;
+  o.progress = false;
+  o.threads = 1;
+  o.type = SynthType::kGptqInt4;
+  o.output = dir / "gptq";
+  synth_model(o);
+  o.type = SynthType::kBF16;
+  o.output = dir / "bf16";
+  synth_model(o);
+  const SafetensorsModel src = SafetensorsModel::open(dir / "gptq");
+  std::filesystem::create_directories(dir / "f32");
+  SafetensorsWriter w(dir / "f32");
+  uint64_t int4_bytes = 0, q4_0_bytes = 0;
+  for (const auto& t : src.tensors()) {
+    const bool part = t.name.ends_with(".scales") || t.name.ends_with(".qzeros") ||
+                      t.name.ends_with(".g_idx");
+    if (part) continue;
+    std::vector<int64_t> shape(t.shape.begin(), t.shape.begin() + t.ndim);
+    if (!t.name.ends_with(".qweight")) {
+      const uint8_t* data = t.data;
+      const uint64_t n = t.nbytes;
+      w.add_tensor(t.name, t.dtype, shape, [data, n](void* dst) { std::memcpy(dst, data, n); });
+      continue;
+    }
+    const std::string base = t.name.substr(0, t.name.size() - std::string_view(".qweight").size());
+    const Tensor sc = src.tensor(base + ".scales"), qz = src.tensor(base + ".qzeros");
+    int4_bytes += t.nbytes + static_cast<uint64_t>(sc.nbytes());
+    const int64_t in = shape[0] * 8, out = shape[1];
+    q4_0_bytes += static_cast<uint64_t>(in * out / 32 * 18);
+    const auto* qw = reinterpret_cast<const int32_t*>(t.data);
+    w.add_tensor(base + ".weight", DType::kF32, {out, in}, [=](void* dst) {
+      dequantize_gptq(qw, sc.as<const uint16_t>(), qz.as<const int32_t>(), out, in, 128,
+                      static_cast<float*>(dst));
+    });
+  }
+  w.write();
+  std::filesystem::copy_file(dir / "bf16" / "config.json", dir / "f32" / "config.json");
+  const LoadedModel gptq = load_model(dir / "gptq");
+  const LoadedModel f32 = load_model(dir / "f32");
+  ASSERT_EQ(gptq.layers[0].experts.gate[0].t.dtype, DType::kQ4_0);
+  ASSERT_EQ(gptq.layers[0].wq.t.dtype, DType::kQ4_0);
+  // What loading made is Q4_0's 18 bytes per 32 weights: GPTQ's groups of 128 keep a scale per 128
+  // (16.5 bytes per 32), so 9% more than stored, not the 7x of F32.
+  const auto owned = [](const LoadedModel& m) {
+    uint64_t n = 0;
+    for (const AlignedBuffer& b : m.owned) n += b.size();
+    return n;
+  };
+  EXPECT_EQ(owned(gptq) - owned(f32), q4_0_bytes);
+  std::printf("gptq: INT4 tensors %llu bytes stored, %llu resident after load\n",
+              static_cast<unsigned long long>(int4_bytes),
+              static_cast<unsigned long long>(owned(gptq)));
+  const int64_t nv = gptq.config.vocab_size;
+  std::vector<int32_t> tokens;
+  for (int i = 0; i < 24; ++i) tokens.push_back((i * 37 + 5) % static_cast<int32_t>(nv));
+  // (Attention's Q4_0 products take Q8 activations on both paths: no path is exact here.)
+  FusedMoeBackend moe_a(&threading().pool()), moe_b(&threading().pool());
+  for (const bool kernels : {false, true}) {
+    const std::vector<float> a = prompt_logits(gptq, tokens, kernels ? &moe_a : nullptr);
+    const std::vector<float> b = prompt_logits(f32, tokens, kernels ? &moe_b : nullptr);
+    double worst = 0;
+    for (size_t t = 0; t < tokens.size(); ++t) {
+      double md = 0, mr = 0;
+      for (int64_t j = 0; j < nv; ++j) {
+        md = std::max(md, std::fabs(double(a[t * nv + j]) - b[t * nv + j]));
+        mr = std::max(mr, std::fabs(double(b[t * nv + j])));
+      }
+      worst = std::max(worst, md / mr);
+    }
+    std::printf("gptq vs its dequantized twin (%s): worst position %.5f\n",
+                kernels ? "kernels" : "reference", worst);
+    EXPECT_GT(worst, 0.0);
+    EXPECT_LE(worst, kKernelBound);
+  }
+  // Asymmetric zero points and reordered groups are refused.
+  nlohmann::json j;
+  std::ifstream(dir / "gptq" / "config.json") >> j;
+  j["quantization_config"]["desc_act"] = true;
+  std::ofstream(dir / "gptq" / "config.json") << j.dump(2);
+  try {
+    load_model(dir / "gptq");
+    ADD_FAILURE() << "desc_act: no error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("desc_act true"), std::string::npos) << e.what();
+  }
+}
 
 // What is not compressed-tensors' symmetric pack-quantized INT4 is refused, naming the field.
 TEST(ModelInt4, OtherQuantizationConfigsAreRefused) {

@@ -61,8 +61,8 @@ def test_submit_sync_and_llamafile_from_a_gguf_directory(tmp_path):
 
 
 def test_kt_arguments_refused_with_a_reason():
-    with pytest.raises(ValueError, match="GPTQ_INT4.*not yet"):
-        wrapper(method="GPTQ_INT4")
+    with pytest.raises(ValueError, match="MXFP8.*not yet"):
+        wrapper(method="MXFP8")
     with pytest.raises(ValueError, match="max_deferred_experts_per_token"):
         wrapper(max_deferred_experts_per_token=3)  # (more than num_experts_per_tok)
     with pytest.raises(ValueError, match="num_gpu_experts"):

@@ -35,6 +35,19 @@ def dequantize_int4(tensors, name):
     return q.float() * scale
 
 
+def dequantize_gptq(tensors, base):
+    """AutoGPTQ's dequantization, written out: w[n, k] = scales[k // 128, n] * (q - (z + 1)), q the
+    nibble k % 8 of qweight[k // 8, n], z the nibble n % 8 of qzeros[k // 128, n // 8]."""
+    shifts = torch.arange(8) * 4
+    qw = tensors[base + ".qweight"].to(torch.int64) & 0xFFFFFFFF       # [in / 8, out]
+    q = ((qw.unsqueeze(1) >> shifts.view(1, 8, 1)) & 15).reshape(-1, qw.shape[1])  # [in, out]
+    qz = tensors[base + ".qzeros"].to(torch.int64) & 0xFFFFFFFF        # [in / 128, out / 8]
+    z = ((qz.unsqueeze(-1) >> shifts) & 15).reshape(qz.shape[0], -1) + 1  # [in / 128, out]
+    scales = tensors[base + ".scales"].float()                          # [in / 128, out]
+    w = (q - z.repeat_interleave(128, dim=0)).float() * scales.repeat_interleave(128, dim=0)
+    return w.t().contiguous()
+
+
 def synth_checkpoint(tmp_path_factory, kind):
     """A tiny Qwen3-MoE checkpoint (BF16, or its routed experts in compressed-tensors INT4) and
     its experts' weights as plain torch reads them."""
@@ -51,6 +64,8 @@ def synth_checkpoint(tmp_path_factory, kind):
             name = f"model.layers.{layer}.mlp.experts.{e}.{w}_proj.weight"
             if kind == "int4-ct":
                 return dequantize_int4(tensors, name)
+            if kind == "gptq-int4":
+                return dequantize_gptq(tensors, name[:-len(".weight")])
             if kind == "fp8-ct":  # (compressed-tensors: fp8 value times its row's scale)
                 return fp8_e4m3_values(tensors[name]) * tensors[name + "_scale"].float()
             return tensors[name].float()
@@ -71,6 +86,11 @@ def int4_checkpoint(tmp_path_factory):
 @pytest.fixture(scope="module")
 def fp8_checkpoint(tmp_path_factory):
     return synth_checkpoint(tmp_path_factory, "fp8-ct")
+
+
+@pytest.fixture(scope="module")
+def gptq_checkpoint(tmp_path_factory):
+    return synth_checkpoint(tmp_path_factory, "gptq-int4")
 
 
 def expert(ex, e, x):
@@ -114,12 +134,12 @@ def rel_mean(got, want):
 
 # Measured (this test, 3 forwards x 4 layers): bf16 0.0026, int8 0.023, int4 0.22 (requantized
 # from BF16), RAWINT4 0.0135 (the checkpoint's own INT4, against its dequantized values),
-# FP8_PERCHANNEL 0.0028 (likewise its FP8); kt-kernel's own bounds for its methods are 0.02, 0.05,
-# 0.35, 0.12 and 0.1. (A wrapper that dropped the
+# FP8_PERCHANNEL 0.0028 and GPTQ_INT4 0.0133 (likewise their own weights); kt-kernel's own bounds
+# for its methods are 0.02, 0.05, 0.35, 0.12, 0.1 and 0.12. (A wrapper that dropped the
 # deferred experts' carry into the next layer measures 0.30 here, one that kept the mask it was
 # built with 3.96.)
 METHODS = [("BF16", 0.005), ("AMXINT8", 0.03), ("AMXINT4", 0.3), ("RAWINT4", 0.02),
-           ("FP8_PERCHANNEL", 0.005)]
+           ("FP8_PERCHANNEL", 0.005), ("GPTQ_INT4", 0.02)]
 
 
 @pytest.mark.parametrize("method,bound", METHODS)
@@ -129,9 +149,11 @@ def test_sglang_call_sequence(request, method, bound, device):
         pytest.skip("needs a CUDA build of torch and of tandem, and a GPU (label gpu)")
     assert KTMoEWrapper is tandem.KTMoEWrapper  # (the stand-in is tandem's)
     # RAWINT4 reads a compressed-tensors INT4 checkpoint as stored (kt-kernel's --kt-method for
-    # Kimi-K2-Thinking / K2.5), FP8_PERCHANNEL a compressed-tensors FP8 one; the others a BF16 one.
+    # Kimi-K2-Thinking / K2.5), FP8_PERCHANNEL a compressed-tensors FP8 one, GPTQ_INT4 a GPTQ one;
+    # the others a BF16 one.
     path, experts = request.getfixturevalue({"RAWINT4": "int4_checkpoint",
-                                             "FP8_PERCHANNEL": "fp8_checkpoint"}.get(
+                                             "FP8_PERCHANNEL": "fp8_checkpoint",
+                                             "GPTQ_INT4": "gptq_checkpoint"}.get(
                                                 method, "checkpoint"))
     g = torch.Generator().manual_seed(11)
     # The fork's "frequency" placement: activation counts from --init-expert-location.
