@@ -334,6 +334,7 @@ TEST(ModelInt4, OtherQuantizationConfigsAreRefused) {
   refused("groups of 16", [](nlohmann::json& q) {
     q["config_groups"]["group_0"]["weights"]["group_size"] = 16;
   });
+  refused("quant_method 'awq'", [](nlohmann::json& q) { q = {{"quant_method", "awq"}}; });
 }
 
 }  // namespace
