@@ -12,6 +12,7 @@ const char* error_kind_name(ErrorKind kind) {
     case ErrorKind::kUnsupported: return "unsupported";
     case ErrorKind::kOutOfRange: return "out of range";
     case ErrorKind::kResource: return "out of resources";
+    case ErrorKind::kBusy: return "busy";
     case ErrorKind::kInternal: return "internal error";
   }
   return "error";

@@ -18,6 +18,7 @@ enum class ErrorKind {
   kUnsupported,      // well-formed but not supported (an unknown dtype or architecture)
   kOutOfRange,       // a value outside what the model allows (token id, context length)
   kResource,         // not enough memory or disk
+  kBusy,             // a service at its limit (the server's queue is full): try again later
   kInternal,         // a broken invariant: a bug
 };
 

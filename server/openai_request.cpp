@@ -26,13 +26,10 @@ ApiError api_error(const Error& e) {
     case ErrorKind::kFormat:
     case ErrorKind::kUnsupported:
       return ApiError(400, "invalid_request_error", e.what());
-    case ErrorKind::kResource: {
-      const std::string m = e.what();
-      if (m.find("queue is full") != std::string::npos) {
-        return ApiError(429, "rate_limit_error", m);
-      }
-      return ApiError(503, "server_error", m);
-    }
+    case ErrorKind::kBusy:
+      return ApiError(429, "rate_limit_error", e.what());
+    case ErrorKind::kResource:
+      return ApiError(503, "server_error", e.what());
     default:
       return ApiError(500, "server_error", e.what());
   }

@@ -10,9 +10,9 @@ using Clock = std::chrono::steady_clock;
 
 bool Job::wait_accepted(Error* error) {
   std::unique_lock<std::mutex> lock(mu_);
-  cv_.wait(lock, [&] { return state_ != 0; });
-  if (state_ < 0) *error = error_;
-  return state_ > 0;
+  cv_.wait(lock, [&] { return state_ != State::kWaiting; });
+  if (state_ == State::kRefused) *error = error_;
+  return state_ == State::kAccepted;
 }
 
 std::vector<Job::Event> Job::take(std::chrono::milliseconds timeout) {
@@ -91,11 +91,11 @@ std::shared_ptr<Job> Scheduler::submit(std::vector<int32_t> prompt, GeneratePara
     // does.)
     const bool alone = ahead == 0 && running_.load() == 0;
     if (!alone && ahead + n > options_.queue + free_slots) {
-      fail(ErrorKind::kResource, "the queue is full ({} completions waiting, --queue {})", ahead,
+      fail(ErrorKind::kBusy, "the queue is full ({} completions waiting, --queue {})", ahead,
            options_.queue);
     }
     incoming_completions_ += n;
-    incoming_.push_back({job, {std::move(prompt), std::move(params)}});
+    incoming_.push_back({job, std::move(prompt), std::move(params)});
   }
   cv_.notify_all();
   return job;
@@ -126,8 +126,8 @@ void Scheduler::deliver(std::vector<GenerateEvent>& events) {
   for (GenerateEvent& ev : events) {
     const auto it = live_.find(ev.id);
     if (it == live_.end()) continue;
-    Job& job = *it->second.first;
-    const int index = it->second.second;
+    Job& job = *it->second.job;
+    const int index = it->second.index;
     const size_t i = static_cast<size_t>(index);
     if (ev.token >= 0) {
       if (job.tokens_[i]++ == 0) {
@@ -161,8 +161,7 @@ void Scheduler::deliver(std::vector<GenerateEvent>& events) {
 
 void Scheduler::loop() {
   while (true) {
-    std::vector<std::pair<std::shared_ptr<Job>, std::pair<std::vector<int32_t>, GenerateParams>>>
-        incoming;
+    std::vector<Incoming> incoming;
     std::vector<std::shared_ptr<Job>> cancels;
     {
       std::unique_lock<std::mutex> lock(mu_);
@@ -174,21 +173,22 @@ void Scheduler::loop() {
       incoming_completions_ = 0;
       // (the submitted ones count as waiting until the generator's count includes them)
       int64_t added = 0;
-      for (const auto& in : incoming) added += in.first->n();
+      for (const Incoming& in : incoming) added += in.job->n();
       waiting_ = gen_.waiting() + added;
     }
-    for (auto& [job, req] : incoming) {
+    for (Incoming& in : incoming) {
+      const std::shared_ptr<Job>& job = in.job;
       try {
-        const RequestId first = gen_.submit(std::move(req.first), std::move(req.second), job->n());
+        const RequestId first = gen_.submit(std::move(in.prompt), std::move(in.params), job->n());
         job->first_id_ = first;
         job->first_token_.resize(static_cast<size_t>(job->n()));
         job->tokens_.assign(static_cast<size_t>(job->n()), 0);
         for (int i = 0; i < job->n(); ++i) live_[first + i] = {job, i};
         std::lock_guard<std::mutex> lock(job->mu_);
-        job->state_ = 1;
+        job->state_ = Job::State::kAccepted;
       } catch (const Error& e) {
         std::lock_guard<std::mutex> lock(job->mu_);
-        job->state_ = -1;
+        job->state_ = Job::State::kRefused;
         job->error_ = e;
       }
       job->cv_.notify_all();
@@ -222,24 +222,24 @@ void Scheduler::loop() {
   }
   // Shutdown: every live completion ends, cancelled.
   for (auto& [id, who] : live_) {
-    Job& job = *who.first;
+    Job& job = *who.job;
     {
       std::lock_guard<std::mutex> lock(job.mu_);
       GenerateEvent ev;
       ev.id = id;
       ev.finish = FinishReason::kCancelled;
-      job.events_.push_back({who.second, ev});
+      job.events_.push_back({who.index, ev});
       ++job.finished_;
     }
     job.cv_.notify_all();
   }
   live_.clear();
   std::lock_guard<std::mutex> lock(mu_);
-  for (auto& in : incoming_) {
-    std::lock_guard<std::mutex> jl(in.first->mu_);
-    in.first->state_ = -1;
-    in.first->error_ = Error(ErrorKind::kResource, "the server is shutting down");
-    in.first->cv_.notify_all();
+  for (Incoming& in : incoming_) {
+    std::lock_guard<std::mutex> jl(in.job->mu_);
+    in.job->state_ = Job::State::kRefused;
+    in.job->error_ = Error(ErrorKind::kResource, "the server is shutting down");
+    in.job->cv_.notify_all();
   }
 }
 

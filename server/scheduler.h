@@ -31,7 +31,7 @@ namespace tandem::server {
 
 struct SchedulerOptions {
   int parallel = 4;     // completions running at once
-  int64_t queue = 256;  // completions waiting for a slot at most (more: Error(kResource))
+  int64_t queue = 256;  // completions waiting for a slot at most (more: Error(kBusy))
   int64_t max_batch_tokens = 512;  // tokens per step at most
   double tpot_target_ms = 0;       // 0: no target (every step takes max_batch_tokens)
   int retain = 8;  // finished sequences kept for their prefix (dropped first when blocks run out)
@@ -60,7 +60,8 @@ class Job {
   mutable std::mutex mu_;
   std::condition_variable cv_;
   const int n_;
-  int state_ = 0;  // 0 waiting, 1 accepted, -1 refused
+  enum class State { kWaiting, kAccepted, kRefused };  // (for the scheduler to take it)
+  State state_ = State::kWaiting;
   Error error_{ErrorKind::kInternal, ""};
   std::deque<Event> events_;
   int finished_ = 0;
@@ -81,7 +82,7 @@ class Scheduler {
   Scheduler(const Scheduler&) = delete;
   Scheduler& operator=(const Scheduler&) = delete;
 
-  // Queues a request. Error(kResource) "queue full" when `queue` completions wait already.
+  // Queues a request. Error(kBusy) "queue full" when `queue` completions wait already.
   // What the Generator refuses (a bad prompt, a prompt longer than the context) comes back
   // through Job::wait_accepted.
   std::shared_ptr<Job> submit(std::vector<int32_t> prompt, GenerateParams params, int n);
@@ -101,13 +102,22 @@ class Scheduler {
   std::mutex mu_;
   std::condition_variable cv_;
   bool stop_ = false;
-  std::vector<std::pair<std::shared_ptr<Job>, std::pair<std::vector<int32_t>, GenerateParams>>>
-      incoming_;
+  // A request handed over by an HTTP thread, for the scheduler thread to submit.
+  struct Incoming {
+    std::shared_ptr<Job> job;
+    std::vector<int32_t> prompt;
+    GenerateParams params;
+  };
+  std::vector<Incoming> incoming_;
   std::vector<std::shared_ptr<Job>> cancels_;
   std::atomic<int64_t> waiting_{0}, running_{0};
   int64_t incoming_completions_ = 0;
-  // scheduler thread only
-  std::unordered_map<RequestId, std::pair<std::shared_ptr<Job>, int>> live_;
+  // scheduler thread only: each running completion's job and its index there
+  struct Live {
+    std::shared_ptr<Job> job;
+    int index = 0;
+  };
+  std::unordered_map<RequestId, Live> live_;
   std::thread thread_;
 };
 

@@ -264,7 +264,9 @@ TEST(ServerWriters, MessagesStreamAssemblesIntoTheWholeMessage) {
     EXPECT_EQ(msg["content"], m["content"]) << "piece " << piece;
     EXPECT_EQ(msg["stop_reason"], m["stop_reason"]);
     // The call's input streams as it is written: many deltas, not one at the end.
-    if (piece == 1) EXPECT_GT(s.events_with("input_json_delta"), 5);
+    if (piece == 1) {
+      EXPECT_GT(s.events_with("input_json_delta"), 5);
+    }
   }
 }
 
@@ -293,7 +295,9 @@ TEST(ServerWriters, ResponsesStreamAssemblesIntoTheWholeResponse) {
     const Json snapshot = assemble_responses(s.all());
     EXPECT_EQ(snapshot["output"], out) << "piece " << piece;
     EXPECT_EQ(snapshot["status"], "completed");
-    if (piece == 1) EXPECT_GT(s.events_with("response.function_call_arguments.delta"), 5);
+    if (piece == 1) {
+      EXPECT_GT(s.events_with("response.function_call_arguments.delta"), 5);
+    }
   }
 }
 
@@ -315,7 +319,9 @@ TEST(ServerWriters, ChatStreamAssemblesIntoTheWholeMessage) {
     EXPECT_EQ(streamed["content"], m["content"]) << "piece " << piece;
     EXPECT_EQ(streamed["tool_calls"], m["tool_calls"]) << "piece " << piece;
     EXPECT_EQ(streamed["finish_reason"], "tool_calls");
-    if (piece == 1) EXPECT_GT(s.events_with("\"arguments\""), 5);
+    if (piece == 1) {
+      EXPECT_GT(s.events_with("\"arguments\""), 5);
+    }
   }
 }
 
