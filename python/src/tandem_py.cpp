@@ -189,12 +189,8 @@ class PyModel {
   std::unique_ptr<Generator> generator_;
 };
 
-}  // namespace
-}  // namespace tandem
-
-PYBIND11_MODULE(_tandem, m) {
-  using namespace tandem;
-  m.doc() = "tandem's native module: the CPU MoE operator and the engine (see tandem/__init__.py)";
+// tandem::Error as the Python exception its kind calls for (docs/python.md).
+void bind_errors(py::module_& m) {
   py::register_exception_translator([](std::exception_ptr p) {
     try {
       if (p) std::rethrow_exception(p);
@@ -220,7 +216,10 @@ PYBIND11_MODULE(_tandem, m) {
       }
     }
   });
+}
 
+// The weight formats: log level, row sizes, quantize / dequantize.
+void bind_quantization(py::module_& m) {
   m.def("set_log_level", [](const std::string& name) {
     LogLevel level;
     if (!parse_log_level(name, &level)) {
@@ -268,7 +267,10 @@ PYBIND11_MODULE(_tandem, m) {
     dequantize_fp8_blocks(ptr<const uint8_t>(w), ptr<const float>(scales), rows, cols, br, bc,
                           ptr<float>(dst));
   });
+}
 
+// The MoE operator: its thread pools (Context) and layers (Layer), and their CUDA-stream hooks.
+void bind_operator(py::module_& m) {
   py::class_<ContextHandle>(m, "Context")
       .def(py::init([](int threads, int numa_parts, int spin_us) {
              return ContextHandle{make_moe_context(threads, numa_parts, spin_us)};
@@ -382,7 +384,10 @@ PYBIND11_MODULE(_tandem, m) {
       .def_property_readonly("intermediate_size",
                              [](const MoeLayer& l) { return l.options().intermediate_size; });
   m.attr("cuda_streams") = py::bool_(stream_hooks_built());
+}
 
+// The engine: a loaded model generating (Model).
+void bind_engine(py::module_& m) {
   py::class_<PyModel>(m, "Model")
       .def(py::init([](const std::string& path, int threads, int64_t ctx,
                        const std::string& cache_type, int max_sequences, int64_t checkpoints,
@@ -401,4 +406,15 @@ PYBIND11_MODULE(_tandem, m) {
       .def("idle", &PyModel::idle)
       .def_property_readonly("context_size", &PyModel::context_size)
       .def_property_readonly("summary", &PyModel::summary);
+}
+
+}  // namespace
+}  // namespace tandem
+
+PYBIND11_MODULE(_tandem, m) {
+  m.doc() = "tandem's native module: the CPU MoE operator and the engine (see tandem/__init__.py)";
+  tandem::bind_errors(m);
+  tandem::bind_quantization(m);
+  tandem::bind_operator(m);
+  tandem::bind_engine(m);
 }
