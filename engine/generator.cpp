@@ -342,94 +342,22 @@ void Generator::sample(Request& r, const float* row, std::vector<GenerateEvent>*
 }
 
 std::vector<GenerateEvent> Generator::step() {
-  std::vector<GenerateEvent> events;
+  Events events;
   using State = Request::State;
   // Requests finished in the last step leave now (usage() and tokens() answered until then).
   std::erase_if(requests_, [](const auto& r) { return r->state == State::kDone; });
-  // Cancellations.
   for (const auto& r : requests_) {
     if (r->cancelled && r->state != State::kDone) finish(*r, FinishReason::kCancelled, &events);
   }
-  // Admissions, in arrival order, while the blocks and the request limit allow. The blocks the
-  // decoding requests' next tokens take are kept for them (else a request admitted now would be
-  // preempted again before it ran).
-  int64_t n_running = running();
-  std::vector<KvCache::Write> decoding;
-  for (const auto& r : requests_) {
-    if (r->state == State::kDecode) {
-      decoding.push_back({r->seq, r->fed, std::span<const int32_t>(&r->tokens.back(), 1)});
-    }
-  }
-  int64_t reserve = cache_.blocks_needed(decoding);
-  for (const auto& r : requests_) {
-    if (r->state != State::kWaiting) continue;
-    if (options_.max_sequences > 0 && n_running >= options_.max_sequences) break;
-    if (!admit(*r, reserve)) {
-      if (n_running == 0) {
-        finish(*r, FinishReason::kError, &events,
-               fmt::format("KV cache full: the prompt of {} tokens does not fit in the {} "
-                           "positions of the pool",
-                           r->tokens.size(), cache_.capacity()));
-        continue;
-      }
-      break;  // back-pressure: it waits for running requests to finish
-    }
-    ++n_running;
-  }
-  // The batch: every decoding request's token, then prompt chunks up to the budget. When the
-  // blocks do not suffice, the youngest running request gives its blocks back and waits again.
+  int64_t n_running = admit_waiting(&events);
   std::vector<SeqTokens> batch;
   std::vector<Request*> who;
   while (true) {
-    batch.clear();
-    who.clear();
-    int64_t used = 0;
-    for (const auto& r : requests_) {
-      if (r->state != State::kDecode) continue;
-      batch.push_back({r->seq, std::span<const int32_t>(&r->tokens.back(), 1), r->fed,
-                       LogitRows::kLast});
-      who.push_back(r.get());
-      ++used;
-    }
-    for (const auto& r : requests_) {
-      if (r->state != State::kPrefill) continue;
-      const int64_t left = static_cast<int64_t>(r->tokens.size()) - r->fed;
-      const int64_t chunk = std::min(left, options_.max_batch_tokens - used);
-      if (chunk <= 0) break;
-      const bool report = r->params.on_prompt_logits && r->fed + chunk > r->reported;
-      // (The prompt's end is a checkpoint of a recurrent state: a next turn resumes there.)
-      batch.push_back({r->seq, std::span<const int32_t>(r->tokens.data() + r->fed,
-                                                        static_cast<size_t>(chunk)),
-                       r->fed,
-                       report ? LogitRows::kAll
-                              : chunk == left ? LogitRows::kLast : LogitRows::kNone,
-                       chunk == left});
-      who.push_back(r.get());
-      used += chunk;
-    }
+    collect_batch(&batch, &who);
     if (batch.empty()) return events;
-    std::vector<KvCache::Write> writes;
-    for (const SeqTokens& e : batch) writes.push_back({e.seq, e.pos0, e.tokens});
-    while (cache_.blocks_needed(writes) > cache_.blocks_free() && !retained_.empty()) {
-      drop_retained();
-    }
-    if (cache_.blocks_needed(writes) <= cache_.blocks_free()) break;
-    // Preempt the youngest running request (the last admitted in arrival order).
-    Request* victim = nullptr;
-    for (const auto& r : requests_) {
-      if (r->state == State::kPrefill || r->state == State::kDecode) victim = r.get();
-    }
-    if (n_running <= 1) {
-      finish(*victim, FinishReason::kError, &events,
-             fmt::format("KV cache full: {} positions do not fit in the {} of the pool",
-                         victim->tokens.size(), cache_.capacity()));
-      return events;
-    }
-    cache_.release(victim->seq);
-    victim->seq = -1;
-    victim->fed = 0;
-    victim->state = State::kWaiting;
-    --n_running;
+    bool give_up = false;
+    if (make_room(batch, &n_running, &events, &give_up)) break;
+    if (give_up) return events;
   }
   // The forward.
   int64_t rows = 0;
@@ -438,8 +366,7 @@ std::vector<GenerateEvent> Generator::step() {
             : e.logits == LogitRows::kLast ? 1
                                            : 0;
   }
-  const int64_t nv = model_.config().vocab_size;
-  logits_.resize(static_cast<size_t>(std::max<int64_t>(rows, 1) * nv));
+  logits_.resize(static_cast<size_t>(std::max<int64_t>(rows, 1) * model_.config().vocab_size));
   last_batch_tokens_ = 0;
   for (const SeqTokens& e : batch) last_batch_tokens_ += static_cast<int64_t>(e.tokens.size());
   try {
@@ -450,6 +377,103 @@ std::vector<GenerateEvent> Generator::step() {
     for (Request* r : who) finish(*r, FinishReason::kError, &events, e.what());
     return events;
   }
+  take_logits(batch, who, &events);
+  return events;
+}
+
+// Admissions, in arrival order, while the blocks and the request limit allow. The blocks the
+// decoding requests' next tokens take are kept for them (else a request admitted now would be
+// preempted again before it ran).
+int64_t Generator::admit_waiting(Events* events) {
+  using State = Request::State;
+  int64_t n_running = running();
+  std::vector<KvCache::Write> decoding;
+  for (const auto& r : requests_) {
+    if (r->state == State::kDecode) {
+      decoding.push_back({r->seq, r->fed, std::span<const int32_t>(&r->tokens.back(), 1)});
+    }
+  }
+  const int64_t reserve = cache_.blocks_needed(decoding);
+  for (const auto& r : requests_) {
+    if (r->state != State::kWaiting) continue;
+    if (options_.max_sequences > 0 && n_running >= options_.max_sequences) break;
+    if (!admit(*r, reserve)) {
+      if (n_running == 0) {
+        finish(*r, FinishReason::kError, events,
+               fmt::format("KV cache full: the prompt of {} tokens does not fit in the {} "
+                           "positions of the pool",
+                           r->tokens.size(), cache_.capacity()));
+        continue;
+      }
+      break;  // back-pressure: it waits for running requests to finish
+    }
+    ++n_running;
+  }
+  return n_running;
+}
+
+void Generator::collect_batch(std::vector<SeqTokens>* batch, std::vector<Request*>* who) const {
+  using State = Request::State;
+  batch->clear();
+  who->clear();
+  int64_t used = 0;
+  for (const auto& r : requests_) {
+    if (r->state != State::kDecode) continue;
+    batch->push_back({r->seq, std::span<const int32_t>(&r->tokens.back(), 1), r->fed,
+                      LogitRows::kLast});
+    who->push_back(r.get());
+    ++used;
+  }
+  for (const auto& r : requests_) {
+    if (r->state != State::kPrefill) continue;
+    const int64_t left = static_cast<int64_t>(r->tokens.size()) - r->fed;
+    const int64_t chunk = std::min(left, options_.max_batch_tokens - used);
+    if (chunk <= 0) break;
+    const bool report = r->params.on_prompt_logits && r->fed + chunk > r->reported;
+    // (The prompt's end is a checkpoint of a recurrent state: a next turn resumes there.)
+    batch->push_back({r->seq, std::span<const int32_t>(r->tokens.data() + r->fed,
+                                                       static_cast<size_t>(chunk)),
+                      r->fed,
+                      report ? LogitRows::kAll
+                             : chunk == left ? LogitRows::kLast : LogitRows::kNone,
+                      chunk == left});
+    who->push_back(r.get());
+    used += chunk;
+  }
+}
+
+bool Generator::make_room(const std::vector<SeqTokens>& batch, int64_t* n_running,
+                          Events* events, bool* give_up) {
+  using State = Request::State;
+  std::vector<KvCache::Write> writes;
+  for (const SeqTokens& e : batch) writes.push_back({e.seq, e.pos0, e.tokens});
+  while (cache_.blocks_needed(writes) > cache_.blocks_free() && !retained_.empty()) {
+    drop_retained();
+  }
+  if (cache_.blocks_needed(writes) <= cache_.blocks_free()) return true;
+  // Preempt the youngest running request (the last admitted in arrival order).
+  Request* victim = nullptr;
+  for (const auto& r : requests_) {
+    if (r->state == State::kPrefill || r->state == State::kDecode) victim = r.get();
+  }
+  if (*n_running <= 1) {
+    finish(*victim, FinishReason::kError, events,
+           fmt::format("KV cache full: {} positions do not fit in the {} of the pool",
+                       victim->tokens.size(), cache_.capacity()));
+    *give_up = true;
+    return false;
+  }
+  cache_.release(victim->seq);
+  victim->seq = -1;
+  victim->fed = 0;
+  victim->state = State::kWaiting;
+  --*n_running;
+  return false;
+}
+
+void Generator::take_logits(const std::vector<SeqTokens>& batch, const std::vector<Request*>& who,
+                            Events* events) {
+  const int64_t nv = model_.config().vocab_size;
   const float* row = logits_.data();
   for (size_t i = 0; i < batch.size(); ++i) {
     Request& r = *who[i];
@@ -479,23 +503,22 @@ std::vector<GenerateEvent> Generator::step() {
       s->fed = r.fed;
       s->cached = r.cached;
       try {
-        sample(*s, last, &events);
+        sample(*s, last, events);
       } catch (const Error& e) {
-        finish(*s, FinishReason::kError, &events, e.what());
+        finish(*s, FinishReason::kError, events, e.what());
       }
     }
     r.siblings.clear();
     if (r.params.max_tokens == 0) {
-      finish(r, FinishReason::kLength, &events);
+      finish(r, FinishReason::kLength, events);
       continue;
     }
     try {
-      sample(r, last, &events);
+      sample(r, last, events);
     } catch (const Error& e) {
-      finish(r, FinishReason::kError, &events, e.what());
+      finish(r, FinishReason::kError, events, e.what());
     }
   }
-  return events;
 }
 
 }  // namespace tandem

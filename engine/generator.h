@@ -140,6 +140,20 @@ class Generator {
   bool is_end(const Request& r, int32_t token) const;
   void drop_retained();  // releases the oldest kept sequence
 
+  // step()'s parts, in order.
+  using Events = std::vector<GenerateEvent>;
+  // Requests admitted while the blocks and the request limit allow; the running count after.
+  int64_t admit_waiting(Events* events);
+  // Every decoding request's token, then prompt chunks up to the token budget.
+  void collect_batch(std::vector<SeqTokens>* batch, std::vector<Request*>* who) const;
+  // Blocks for the batch: kept prefixes dropped, then the youngest running request preempted
+  // (false: the batch must be made again; a lone request that cannot fit ends with an error).
+  bool make_room(const std::vector<SeqTokens>& batch, int64_t* n_running, Events* events,
+                 bool* give_up);
+  // The batch's logits: prompt rows reported, sibling completions forked, next tokens sampled.
+  void take_logits(const std::vector<SeqTokens>& batch, const std::vector<Request*>& who,
+                   Events* events);
+
   Model& model_;
   KvCache& cache_;
   const Tokenizer* tokenizer_;
