@@ -265,7 +265,9 @@ TEST(Hostile, SlowClientsAreCutAtTheTimeout) {
     c->set_read_timeout(5);
     const auto health = c->Get("/health");
     EXPECT_TRUE(health && health->status == 200);
-    EXPECT_LT(seconds_since(h0), 1.0) << "/health waited behind the slow clients";
+    // (Held behind the slow clients it would wait for their 3 s timeout; 2 s leaves a loaded
+    // 2-core machine room.)
+    EXPECT_LT(seconds_since(h0), 2.0) << "/health waited behind the slow clients";
     std::this_thread::sleep_for(std::chrono::milliseconds(400));
   }
   EXPECT_TRUE(all_cut) << "slow clients still connected after " << seconds_since(t0) << " s";
