@@ -81,11 +81,11 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
-void run_model(const RunArgs& a) {
+// -o: what is printed ("ids" or "text"), after the arguments are checked.
+std::string check_run_args(const RunArgs& a) {
   if (a.n_predict < 0) fail(ErrorKind::kInvalidArgument, "-n must be >= 0, got {}", a.n_predict);
   if (a.ctx < 0) fail(ErrorKind::kInvalidArgument, "--ctx must be >= 0, got {}", a.ctx);
   check_sampling_params(a.sampling);
-  const KvType kv_type = parse_kv_type(a.cache_type);
   if (a.has_tokens == a.has_prompt) {
     fail(ErrorKind::kInvalidArgument, "give the prompt as exactly one of -p TEXT or --tokens IDS");
   }
@@ -94,6 +94,95 @@ void run_model(const RunArgs& a) {
     fail(ErrorKind::kInvalidArgument, "--output must be 'ids' or 'text', got '{}'", a.output);
   }
   if (a.chat && !a.has_prompt) fail(ErrorKind::kInvalidArgument, "--chat needs -p TEXT");
+  return output;
+}
+
+// The prompt's token ids: -p (with --chat, the model's chat template around it) or --tokens.
+// --chat with a harmony template (gpt-oss) sets *harmony: the answer's channels are parsed, the
+// reasoning to stderr, the final answer to stdout.
+std::vector<int32_t> prompt_tokens(const RunArgs& a, Engine& engine, const Tokenizer* tokenizer,
+                                   bool text_output, std::unique_ptr<ChatStreamParser>* harmony) {
+  const ModelConfig& c = engine.config();
+  if (a.has_prompt && a.chat) {
+    const jinja::Json messages = jinja::Json::array({{{"role", "user"}, {"content", a.prompt}}});
+    const ChatTemplate tmpl = chat_template_for(engine.weights());
+    if (tool_call_syntax(tmpl.source()) == ToolCallSyntax::kHarmony && text_output) {
+      *harmony = std::make_unique<ChatStreamParser>(ToolCallSyntax::kHarmony, false, nullptr);
+    }
+    return render_chat(tmpl, *tokenizer, messages, true);
+  }
+  if (!a.has_prompt) return parse_tokens(a.tokens, c.vocab_size);
+  std::vector<int32_t> prompt = tokenizer->encode(a.prompt, /*add_special=*/true);
+  if (prompt.empty()) fail(ErrorKind::kInvalidArgument, "-p: the prompt is empty");
+  for (int32_t id : prompt) {
+    if (id < 0 || id >= c.vocab_size) {
+      fail(ErrorKind::kOutOfRange, "-p: token id {} is outside the model's vocabulary [0, {})",
+           id, c.vocab_size);
+    }
+  }
+  return prompt;
+}
+
+// The KV cache's positions: --ctx, or the prompt and -n within what the model was trained for.
+int64_t context_size(const RunArgs& a, const ModelConfig& c, size_t prompt) {
+  int64_t ctx = a.ctx;
+  const bool ctx_given = ctx > 0;
+  if (!ctx_given) {
+    ctx = static_cast<int64_t>(prompt) + a.n_predict;
+    if (c.max_position_embeddings > 0) ctx = std::min<int64_t>(ctx, c.max_position_embeddings);
+  }
+  if (static_cast<int64_t>(prompt) > ctx) {
+    if (ctx_given) {
+      fail(ErrorKind::kOutOfRange,
+           "the prompt has {} tokens, more than the context size --ctx {}", prompt, ctx);
+    }
+    fail(ErrorKind::kOutOfRange,
+         "the prompt has {} tokens, more than the {} positions the model was trained for",
+         prompt, ctx);
+  }
+  return ctx;
+}
+
+// Prints the generation's events as they come: ids, text, or harmony's channels.
+class RunOutput {
+ public:
+  RunOutput(bool text, ChatStreamParser* harmony) : text_(text), harmony_(harmony) {}
+  void event(const GenerateEvent& ev) {
+    if (harmony_ != nullptr) {
+      ChatOutput d;  // (no tools: reasoning and content only)
+      d.add(harmony_->push(ev.text));
+      print(d);
+    } else if (text_) {
+      std::fputs(ev.text.c_str(), stdout);
+    } else if (ev.token >= 0) {
+      std::fprintf(stdout, printed_ == 0 ? "%d" : " %d", ev.token);
+    }
+    std::fflush(stdout);
+    printed_ += ev.token >= 0;
+  }
+  void end() {
+    if (harmony_ != nullptr) {
+      ChatOutput rest;
+      rest.add(harmony_->finish());
+      print(rest);
+    }
+    std::fprintf(stdout, "\n");
+    std::fflush(stdout);
+  }
+
+ private:
+  static void print(const ChatOutput& o) {
+    std::fputs(o.reasoning.c_str(), stderr);
+    std::fputs(o.content.c_str(), stdout);
+  }
+  bool text_;
+  ChatStreamParser* harmony_;
+  int printed_ = 0;
+};
+
+void run_model(const RunArgs& a) {
+  const std::string output = check_run_args(a);
+  const KvType kv_type = parse_kv_type(a.cache_type);
   EngineOptions eo;
   eo.model = a.model;
   eo.threads = a.threads;
@@ -104,47 +193,13 @@ void run_model(const RunArgs& a) {
   // The vocabulary: the GGUF metadata, or an HF directory's tokenizer.model / tokenizer.json.
   const Tokenizer* tokenizer = nullptr;
   if (a.has_prompt || output == "text" || !a.stop.empty()) tokenizer = &engine.tokenizer();
-  std::vector<int32_t> prompt;
-  // --chat with a harmony template (gpt-oss): the answer's channels are parsed; the reasoning to
-  // stderr, the final answer to stdout.
   std::unique_ptr<ChatStreamParser> harmony;
-  if (a.has_prompt && a.chat) {
-    const jinja::Json messages = jinja::Json::array({{{"role", "user"}, {"content", a.prompt}}});
-    const ChatTemplate tmpl = chat_template_for(engine.weights());
-    prompt = render_chat(tmpl, *tokenizer, messages, true);
-    if (tool_call_syntax(tmpl.source()) == ToolCallSyntax::kHarmony && output == "text") {
-      harmony = std::make_unique<ChatStreamParser>(ToolCallSyntax::kHarmony, false, nullptr);
-    }
-  } else if (a.has_prompt) {
-    prompt = tokenizer->encode(a.prompt, /*add_special=*/true);
-    if (prompt.empty()) fail(ErrorKind::kInvalidArgument, "-p: the prompt is empty");
-    for (int32_t id : prompt) {
-      if (id < 0 || id >= c.vocab_size) {
-        fail(ErrorKind::kOutOfRange, "-p: token id {} is outside the model's vocabulary [0, {})",
-             id, c.vocab_size);
-      }
-    }
-  } else {
-    prompt = parse_tokens(a.tokens, c.vocab_size);
-  }
+  const std::vector<int32_t> prompt =
+      prompt_tokens(a, engine, tokenizer, output == "text", &harmony);
   std::string prompt_ids;
   for (int32_t id : prompt) prompt_ids += fmt::format("{}{}", prompt_ids.empty() ? "" : ",", id);
   std::fprintf(stderr, "prompt: %zu tokens: %s\n", prompt.size(), prompt_ids.c_str());
-  int64_t ctx = a.ctx;
-  const bool ctx_given = ctx > 0;
-  if (!ctx_given) {
-    ctx = static_cast<int64_t>(prompt.size()) + a.n_predict;
-    if (c.max_position_embeddings > 0) ctx = std::min<int64_t>(ctx, c.max_position_embeddings);
-  }
-  if (static_cast<int64_t>(prompt.size()) > ctx) {
-    if (ctx_given) {
-      fail(ErrorKind::kOutOfRange,
-           "the prompt has {} tokens, more than the context size --ctx {}", prompt.size(), ctx);
-    }
-    fail(ErrorKind::kOutOfRange,
-         "the prompt has {} tokens, more than the {} positions the model was trained for",
-         prompt.size(), ctx);
-  }
+  const int64_t ctx = context_size(a, c, prompt.size());
   KvCache cache = engine.make_cache(ctx, kv_type, 1, a.checkpoints);
   std::fprintf(stderr, "%s\n", engine.summary().c_str());
   std::fprintf(stderr, "loaded in %.2f s; KV cache %.1f MiB (%s) for %ld positions; %d threads\n",
@@ -174,11 +229,12 @@ void run_model(const RunArgs& a) {
   if (output == "text" && a.has_prompt && !a.chat) {
     std::fputs(a.prompt.c_str(), stdout);  // like llama.cpp: the prompt, then the continuation
   }
+  RunOutput out(output == "text", harmony.get());
   gen.submit(prompt, gp);
   const auto t_prefill = std::chrono::steady_clock::now();
   double prefill_s = 0;
   auto t_decode = t_prefill;
-  int generated = 0, steps = 0;
+  int steps = 0;
   FinishReason finish = FinishReason::kNone;
   while (finish == FinishReason::kNone && !gen.idle()) {
     const std::vector<GenerateEvent> events = gen.step();
@@ -188,29 +244,11 @@ void run_model(const RunArgs& a) {
     }
     for (const GenerateEvent& ev : events) {
       if (ev.finish == FinishReason::kError) fail(ErrorKind::kResource, "{}", ev.error);
-      if (harmony != nullptr) {
-        ChatOutput d;  // (no tools: reasoning and content only)
-        d.add(harmony->push(ev.text));
-        std::fputs(d.reasoning.c_str(), stderr);
-        std::fputs(d.content.c_str(), stdout);
-      } else if (output == "text") {
-        std::fputs(ev.text.c_str(), stdout);
-      } else if (ev.token >= 0) {
-        std::fprintf(stdout, generated == 0 ? "%d" : " %d", ev.token);
-      }
-      std::fflush(stdout);
-      generated += ev.token >= 0;
+      out.event(ev);
       finish = ev.finish;
     }
   }
-  if (harmony != nullptr) {
-    ChatOutput rest;
-    rest.add(harmony->finish());
-    std::fputs(rest.reasoning.c_str(), stderr);
-    std::fputs(rest.content.c_str(), stdout);
-  }
-  std::fprintf(stdout, "\n");
-  std::fflush(stdout);
+  out.end();
   if (logits_out) logits_out->commit();
   if (finish == FinishReason::kContext) {
     std::fprintf(stderr, "context full (--ctx %ld): stopping\n", static_cast<long>(ctx));
