@@ -17,10 +17,17 @@
 #include "formats/synth.h"
 #include "model/model.h"
 #include "model/weights.h"
+#include "tests/model/twin_check.h"
 #include "tests/test_util.h"
 
 namespace tandem {
 namespace {
+
+using test::compare_logits;
+using test::copy_tensor;
+using test::prompt_logits;
+using test::synth_checkpoint;
+using test::twin_prompt;
 
 // Bounds 1.5x the worst measured over the three presets, max|d| / max|ref| per position over the
 // 24 positions (the same at every TANDEM_ISA level but for the twin's last digits):
@@ -35,15 +42,6 @@ namespace {
 constexpr double kTwinBound = 0.0103;
 constexpr double kBf16Bound = 0.58;
 constexpr int kBf16ArgmaxMisses = 6;
-
-std::vector<float> prompt_logits(const LoadedModel& lm, const std::vector<int32_t>& tokens) {
-  ModelOptions mo;
-  Model model_net(lm, mo);
-  SingleSequence model(model_net, 64);
-  std::vector<float> logits(tokens.size() * lm.config.vocab_size);
-  model.forward(tokens, logits.data(), true);
-  return logits;
-}
 
 // FP8 releases with 128 x 128 block scales: DeepSeek-V3 / R1 / Kimi-K2, GLM-4.5-FP8, MiniMax-M2,
 // Qwen3-Next-FP8, Qwen3.5-FP8.
@@ -156,35 +154,23 @@ INSTANTIATE_TEST_SUITE_P(Presets, ModelFp8Release,
 TEST(ModelFp8, CompressedTensorsPerRowScalesEqualTheDequantizedTwin) {
   for (const char* preset : {"tiny-deepseek3", "tiny-qwen3moe"}) {
     test::TempDir dir("fp8ct");
-    SynthOptions o;
-    o.config = config_preset(preset);
-    o.format = SynthFormat::kHf;
-    o.seed = 11;
-    o.progress = false;
-    o.threads = 1;
-    o.type = SynthType::kFp8Ct;
-    o.output = dir / "fp8";
-    synth_model(o);
-    o.type = SynthType::kBF16;
-    o.output = dir / "bf16";
-    synth_model(o);
-    const SafetensorsModel src = SafetensorsModel::open(dir / "fp8");
+    const auto fp8_dir = synth_checkpoint(dir.path(), preset, SynthType::kFp8Ct, "fp8");
+    const auto bf16_dir = synth_checkpoint(dir.path(), preset, SynthType::kBF16, "bf16");
+    const SafetensorsModel src = SafetensorsModel::open(fp8_dir);
     std::filesystem::create_directories(dir / "f32");
     SafetensorsWriter w(dir / "f32");
     int fp8_tensors = 0;
     for (const auto& t : src.tensors()) {
       if (t.name.ends_with("weight_scale")) continue;
-      std::vector<int64_t> shape(t.shape.begin(), t.shape.begin() + t.ndim);
-      const uint8_t* data = t.data;
       if (t.dtype != DType::kF8E4M3) {
-        const uint64_t n = t.nbytes;
-        w.add_tensor(t.name, t.dtype, shape, [data, n](void* dst) { std::memcpy(dst, data, n); });
+        copy_tensor(w, t);
         continue;
       }
       ++fp8_tensors;
       const Tensor sc = src.tensor(t.name + "_scale");
-      const int64_t rows = shape[0], cols = shape[1];
-      w.add_tensor(t.name, DType::kF32, shape, [=](void* dst) {
+      const uint8_t* data = t.data;
+      const int64_t rows = t.shape[0], cols = t.shape[1];
+      w.add_tensor(t.name, DType::kF32, {rows, cols}, [=](void* dst) {
         auto* out = static_cast<float*>(dst);
         for (int64_t r = 0; r < rows; ++r) {
           const float scale = bf16_to_f32(sc.as<const uint16_t>()[r]);
@@ -196,34 +182,20 @@ TEST(ModelFp8, CompressedTensorsPerRowScalesEqualTheDequantizedTwin) {
     }
     ASSERT_GT(fp8_tensors, 0);
     w.write();
-    std::filesystem::copy_file(dir / "bf16" / "config.json", dir / "f32" / "config.json");
-    const LoadedModel fp8 = load_model(dir / "fp8");
+    std::filesystem::copy_file(bf16_dir / "config.json", dir / "f32" / "config.json");
+    const LoadedModel fp8 = load_model(fp8_dir);
     const int64_t moe = fp8.config.first_k_dense_replace;
     ASSERT_EQ(fp8.layers[moe].experts.gate[0].t.dtype, DType::kF8E4M3);
     EXPECT_EQ(fp8.layers[moe].experts.gate[0].block_rows, 1);
     const int64_t nv = fp8.config.vocab_size;
-    std::vector<int32_t> tokens;
-    for (int i = 0; i < 24; ++i) tokens.push_back((i * 37 + 5) % static_cast<int32_t>(nv));
-    const std::vector<float> a = prompt_logits(fp8, tokens);
-    const std::vector<float> c = prompt_logits(load_model(dir / "f32"), tokens);
-    double worst = 0;
-    int agree = 0;
-    for (size_t t = 0; t < tokens.size(); ++t) {
-      const float* x = &a[t * nv];
-      const float* y = &c[t * nv];
-      double md = 0, mr = 0;
-      for (int64_t j = 0; j < nv; ++j) {
-        md = std::max(md, std::fabs(double(x[j]) - y[j]));
-        mr = std::max(mr, std::fabs(double(y[j])));
-      }
-      worst = std::max(worst, md / mr);
-      agree += std::max_element(x, x + nv) - x == std::max_element(y, y + nv) - y;
-    }
+    const std::vector<int32_t> tokens = twin_prompt(nv);
+    const test::LogitsDiff d = compare_logits(prompt_logits(fp8, tokens),
+                                              prompt_logits(load_model(dir / "f32"), tokens), nv);
     std::printf("%s compressed-tensors fp8 vs dequantized twin: worst position %.5f, argmax "
-                "%d/%zu\n", preset, worst, agree, tokens.size());
-    EXPECT_GT(worst, 0.0);
-    EXPECT_LE(worst, kTwinBound);
-    EXPECT_GE(agree, static_cast<int>(tokens.size()) - 1);
+                "%d/%zu\n", preset, d.worst, d.agree, tokens.size());
+    EXPECT_GT(d.worst, 0.0);
+    EXPECT_LE(d.worst, kTwinBound);
+    EXPECT_GE(d.agree, static_cast<int>(tokens.size()) - 1);
   }
 }
 

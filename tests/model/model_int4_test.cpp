@@ -26,10 +26,17 @@
 #include "model/model.h"
 #include "model/weights.h"
 #include "moe/fused_moe.h"
+#include "tests/model/twin_check.h"
 #include "tests/test_util.h"
 
 namespace tandem {
 namespace {
+
+using test::compare_logits;
+using test::copy_tensor;
+using test::prompt_logits;
+using test::synth_checkpoint;
+using test::twin_prompt;
 
 // max|d| / max|ref| per position over 24 positions, INT4 checkpoint against its F32 twin through
 // the fused CPU kernels (Q4_0 weights meet Q8 activations there, F32 ones F32): measured 0.0105
@@ -40,17 +47,6 @@ constexpr double kKernelBound = 0.016;
 ThreadingContext& threading() {
   static ThreadingContext ctx(ThreadingOptions{2, false, 50});
   return ctx;
-}
-
-std::vector<float> prompt_logits(const LoadedModel& lm, const std::vector<int32_t>& tokens,
-                                 MoeBackend* moe = nullptr) {
-  ModelOptions mo;
-  mo.moe = moe;
-  Model model_net(lm, mo);
-  SingleSequence model(model_net, 64);
-  std::vector<float> logits(tokens.size() * lm.config.vocab_size);
-  model.forward(tokens, logits.data(), true);
-  return logits;
 }
 
 // compressed-tensors' unpack_from_int32 + dequantize, as its Python writes them: value i of a row
@@ -97,37 +93,25 @@ class ModelInt4Release : public ::testing::TestWithParam<const char*> {};
 
 TEST_P(ModelInt4Release, ReadAsStoredEqualsTheDequantizedTwin) {
   test::TempDir dir("int4");
-  SynthOptions o;
-  o.config = config_preset(GetParam());
-  o.format = SynthFormat::kHf;
-  o.seed = 11;
-  o.progress = false;
-  o.threads = 1;
-  o.type = SynthType::kInt4Ct;
-  o.output = dir / "int4";
-  synth_model(o);
-  o.type = SynthType::kBF16;  // (for the twin's config.json: the same model, no quantization)
-  o.output = dir / "bf16";
-  synth_model(o);
+  const auto int4_dir = synth_checkpoint(dir.path(), GetParam(), SynthType::kInt4Ct, "int4");
+  // (for the twin's config.json: the same model, no quantization)
+  const auto bf16_dir = synth_checkpoint(dir.path(), GetParam(), SynthType::kBF16, "bf16");
 
   // The twin: every INT4 matrix dequantized to F32.
-  const SafetensorsModel src = SafetensorsModel::open(dir / "int4");
+  const SafetensorsModel src = SafetensorsModel::open(int4_dir);
   std::filesystem::create_directories(dir / "f32");
   SafetensorsWriter w(dir / "f32");
   uint64_t int4_bytes = 0;
   for (const auto& t : src.tensors()) {
     if (t.name.ends_with("weight_scale") || t.name.ends_with("weight_shape")) continue;
-    std::vector<int64_t> shape(t.shape.begin(), t.shape.begin() + t.ndim);
     if (!t.name.ends_with("weight_packed")) {
-      const uint8_t* data = t.data;
-      const uint64_t n = t.nbytes;
-      w.add_tensor(t.name, t.dtype, shape, [data, n](void* dst) { std::memcpy(dst, data, n); });
+      copy_tensor(w, t);
       continue;
     }
     const std::string base = t.name.substr(0, t.name.size() - std::string_view("_packed").size());
     const Tensor sc = src.tensor(base + "_scale");
     int4_bytes += t.nbytes + static_cast<uint64_t>(sc.nbytes());
-    const int64_t rows = shape[0], cols = shape[1] * 8;
+    const int64_t rows = t.shape[0], cols = t.shape[1] * 8;
     const auto* data = reinterpret_cast<const int32_t*>(t.data);
     w.add_tensor(base, DType::kF32, {rows, cols}, [=](void* dst) {
       dequantize_ct(data, sc.as<const uint16_t>(), rows, cols, 32, static_cast<float*>(dst));
@@ -135,9 +119,9 @@ TEST_P(ModelInt4Release, ReadAsStoredEqualsTheDequantizedTwin) {
   }
   ASSERT_GT(int4_bytes, 0u);
   w.write();
-  std::filesystem::copy_file(dir / "bf16" / "config.json", dir / "f32" / "config.json");
+  std::filesystem::copy_file(bf16_dir / "config.json", dir / "f32" / "config.json");
 
-  const LoadedModel int4 = load_model(dir / "int4");
+  const LoadedModel int4 = load_model(int4_dir);
   const int64_t moe_layer = int4.config.first_k_dense_replace;
   ASSERT_EQ(int4.layers[moe_layer].experts.gate[0].t.dtype, DType::kQ4_0);
   // Not expanded: what the loader made of the INT4 tensors is the bytes they are stored in.
@@ -150,32 +134,18 @@ TEST_P(ModelInt4Release, ReadAsStoredEqualsTheDequantizedTwin) {
 
   const LoadedModel f32 = load_model(dir / "f32");
   const int64_t nv = int4.config.vocab_size;
-  std::vector<int32_t> tokens;
-  for (int i = 0; i < 24; ++i) tokens.push_back((i * 37 + 5) % static_cast<int32_t>(nv));
+  const std::vector<int32_t> tokens = twin_prompt(nv);
   // The reference backend: the same weights, the same arithmetic.
   EXPECT_EQ(prompt_logits(int4, tokens), prompt_logits(f32, tokens));
   // The CPU kernels: Q4_0's (Q8 activations) against F32's.
   FusedMoeBackend moe_a(&threading().pool()), moe_b(&threading().pool());
-  const std::vector<float> a = prompt_logits(int4, tokens, &moe_a);
-  const std::vector<float> b = prompt_logits(f32, tokens, &moe_b);
-  double worst = 0;
-  int agree = 0;
-  for (size_t t = 0; t < tokens.size(); ++t) {
-    const float* x = &a[t * nv];
-    const float* y = &b[t * nv];
-    double md = 0, mr = 0;
-    for (int64_t j = 0; j < nv; ++j) {
-      md = std::max(md, std::fabs(double(x[j]) - y[j]));
-      mr = std::max(mr, std::fabs(double(y[j])));
-    }
-    worst = std::max(worst, md / mr);
-    agree += std::max_element(x, x + nv) - x == std::max_element(y, y + nv) - y;
-  }
+  const test::LogitsDiff d = compare_logits(prompt_logits(int4, tokens, &moe_a),
+                                            prompt_logits(f32, tokens, &moe_b), nv);
   std::printf("%s: INT4 vs its dequantized twin: worst position %.5f, argmax %d/%zu\n",
-              GetParam(), worst, agree, tokens.size());
-  EXPECT_GT(worst, 0.0);
-  EXPECT_LE(worst, kKernelBound);
-  EXPECT_GE(agree, static_cast<int>(tokens.size()) - 1);
+              GetParam(), d.worst, d.agree, tokens.size());
+  EXPECT_GT(d.worst, 0.0);
+  EXPECT_LE(d.worst, kKernelBound);
+  EXPECT_GE(d.agree, static_cast<int>(tokens.size()) - 1);
 }
 
 INSTANTIATE_TEST_SUITE_P(Presets, ModelInt4Release,
@@ -204,19 +174,9 @@ void dequantize_gptq(const int32_t* qweight, const uint16_t* scales, const int32
 // 0.0083 reference, 0.0113 kernels).
 TEST(ModelInt4, GptqReadAsStoredEqualsTheDequantizedTwin) {
   test::TempDir dir("gptq");
-  SynthOptions o;
-  o.config = config_preset("tiny-qwen3moe");
-  o.format = SynthFormat::kHf;
-  o.seed = 11;
-  o.progress = false;
-  o.threads = 1;
-  o.type = SynthType::kGptqInt4;
-  o.output = dir / "gptq";
-  synth_model(o);
-  o.type = SynthType::kBF16;
-  o.output = dir / "bf16";
-  synth_model(o);
-  const SafetensorsModel src = SafetensorsModel::open(dir / "gptq");
+  const auto gptq_dir = synth_checkpoint(dir.path(), "tiny-qwen3moe", SynthType::kGptqInt4, "gptq");
+  const auto bf16_dir = synth_checkpoint(dir.path(), "tiny-qwen3moe", SynthType::kBF16, "bf16");
+  const SafetensorsModel src = SafetensorsModel::open(gptq_dir);
   std::filesystem::create_directories(dir / "f32");
   SafetensorsWriter w(dir / "f32");
   uint64_t int4_bytes = 0, q4_0_bytes = 0;
@@ -224,17 +184,14 @@ TEST(ModelInt4, GptqReadAsStoredEqualsTheDequantizedTwin) {
     const bool part = t.name.ends_with(".scales") || t.name.ends_with(".qzeros") ||
                       t.name.ends_with(".g_idx");
     if (part) continue;
-    std::vector<int64_t> shape(t.shape.begin(), t.shape.begin() + t.ndim);
     if (!t.name.ends_with(".qweight")) {
-      const uint8_t* data = t.data;
-      const uint64_t n = t.nbytes;
-      w.add_tensor(t.name, t.dtype, shape, [data, n](void* dst) { std::memcpy(dst, data, n); });
+      copy_tensor(w, t);
       continue;
     }
     const std::string base = t.name.substr(0, t.name.size() - std::string_view(".qweight").size());
     const Tensor sc = src.tensor(base + ".scales"), qz = src.tensor(base + ".qzeros");
     int4_bytes += t.nbytes + static_cast<uint64_t>(sc.nbytes());
-    const int64_t in = shape[0] * 8, out = shape[1];
+    const int64_t in = t.shape[0] * 8, out = t.shape[1];
     q4_0_bytes += static_cast<uint64_t>(in * out / 32 * 18);
     const auto* qw = reinterpret_cast<const int32_t*>(t.data);
     w.add_tensor(base + ".weight", DType::kF32, {out, in}, [=](void* dst) {
@@ -243,8 +200,8 @@ TEST(ModelInt4, GptqReadAsStoredEqualsTheDequantizedTwin) {
     });
   }
   w.write();
-  std::filesystem::copy_file(dir / "bf16" / "config.json", dir / "f32" / "config.json");
-  const LoadedModel gptq = load_model(dir / "gptq");
+  std::filesystem::copy_file(bf16_dir / "config.json", dir / "f32" / "config.json");
+  const LoadedModel gptq = load_model(gptq_dir);
   const LoadedModel f32 = load_model(dir / "f32");
   ASSERT_EQ(gptq.layers[0].experts.gate[0].t.dtype, DType::kQ4_0);
   ASSERT_EQ(gptq.layers[0].wq.t.dtype, DType::kQ4_0);
@@ -260,34 +217,25 @@ TEST(ModelInt4, GptqReadAsStoredEqualsTheDequantizedTwin) {
               static_cast<unsigned long long>(int4_bytes),
               static_cast<unsigned long long>(owned(gptq)));
   const int64_t nv = gptq.config.vocab_size;
-  std::vector<int32_t> tokens;
-  for (int i = 0; i < 24; ++i) tokens.push_back((i * 37 + 5) % static_cast<int32_t>(nv));
+  const std::vector<int32_t> tokens = twin_prompt(nv);
   // (Attention's Q4_0 products take Q8 activations on both paths: no path is exact here.)
   FusedMoeBackend moe_a(&threading().pool()), moe_b(&threading().pool());
   for (const bool kernels : {false, true}) {
-    const std::vector<float> a = prompt_logits(gptq, tokens, kernels ? &moe_a : nullptr);
-    const std::vector<float> b = prompt_logits(f32, tokens, kernels ? &moe_b : nullptr);
-    double worst = 0;
-    for (size_t t = 0; t < tokens.size(); ++t) {
-      double md = 0, mr = 0;
-      for (int64_t j = 0; j < nv; ++j) {
-        md = std::max(md, std::fabs(double(a[t * nv + j]) - b[t * nv + j]));
-        mr = std::max(mr, std::fabs(double(b[t * nv + j])));
-      }
-      worst = std::max(worst, md / mr);
-    }
+    const test::LogitsDiff d =
+        compare_logits(prompt_logits(gptq, tokens, kernels ? &moe_a : nullptr),
+                       prompt_logits(f32, tokens, kernels ? &moe_b : nullptr), nv);
     std::printf("gptq vs its dequantized twin (%s): worst position %.5f\n",
-                kernels ? "kernels" : "reference", worst);
-    EXPECT_GT(worst, 0.0);
-    EXPECT_LE(worst, kKernelBound);
+                kernels ? "kernels" : "reference", d.worst);
+    EXPECT_GT(d.worst, 0.0);
+    EXPECT_LE(d.worst, kKernelBound);
   }
-  // Asymmetric zero points and reordered groups are refused.
+  // Reordered groups are refused.
   nlohmann::json j;
-  std::ifstream(dir / "gptq" / "config.json") >> j;
+  std::ifstream(gptq_dir / "config.json") >> j;
   j["quantization_config"]["desc_act"] = true;
-  std::ofstream(dir / "gptq" / "config.json") << j.dump(2);
+  std::ofstream(gptq_dir / "config.json") << j.dump(2);
   try {
-    load_model(dir / "gptq");
+    load_model(gptq_dir);
     ADD_FAILURE() << "desc_act: no error";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("desc_act true"), std::string::npos) << e.what();
@@ -297,15 +245,8 @@ TEST(ModelInt4, GptqReadAsStoredEqualsTheDequantizedTwin) {
 // What is not compressed-tensors' symmetric pack-quantized INT4 is refused, naming the field.
 TEST(ModelInt4, OtherQuantizationConfigsAreRefused) {
   test::TempDir dir("int4c");
-  SynthOptions o;
-  o.config = config_preset("tiny-deepseek3");
-  o.format = SynthFormat::kHf;
-  o.type = SynthType::kInt4Ct;
-  o.progress = false;
-  o.threads = 1;
-  o.output = dir / "m";
-  synth_model(o);
-  const std::filesystem::path config = dir / "m" / "config.json";
+  const auto m = synth_checkpoint(dir.path(), "tiny-deepseek3", SynthType::kInt4Ct, "m");
+  const std::filesystem::path config = m / "config.json";
   nlohmann::json j;
   std::ifstream(config) >> j;
   const nlohmann::json original = j;
@@ -314,7 +255,7 @@ TEST(ModelInt4, OtherQuantizationConfigsAreRefused) {
     edit(k["quantization_config"]);
     std::ofstream(config) << k.dump(2);
     try {
-      load_model(dir / "m");
+      load_model(m);
       ADD_FAILURE() << what << ": no error";
     } catch (const Error& e) {
       EXPECT_NE(std::string(e.what()).find(what), std::string::npos) << e.what();
