@@ -348,11 +348,22 @@ void MoeLayer::Impl::set_slots(const std::vector<int64_t>& map) {
   experts.gate.resize(1);
   experts.up.resize(1);
   experts.down.resize(1);
+  // (gpt-oss's experts bring their biases and clamped SwiGLU: each slot its expert's)
+  slots.swiglu_limit = loaded.swiglu_limit;
+  const auto copy_bias = [&](const std::vector<float>& from, std::vector<float>* to, size_t l,
+                             int64_t width) {
+    if (from.empty()) return;
+    const auto w = static_cast<size_t>(width);
+    to->insert(to->end(), from.begin() + l * w, from.begin() + (l + 1) * w);
+  };
   for (int64_t logical : map) {
     const auto l = static_cast<size_t>(logical);
     slots.gate.push_back(loaded.gate[l]);
     slots.up.push_back(loaded.up[l]);
     slots.down.push_back(loaded.down[l]);
+    copy_bias(loaded.gate_bias, &slots.gate_bias, l, loaded.gate[l].rows());
+    copy_bias(loaded.up_bias, &slots.up_bias, l, loaded.up[l].rows());
+    copy_bias(loaded.down_bias, &slots.down_bias, l, loaded.down[l].rows());
     experts.gate[0].push_back(prepared.gate[l]);
     experts.up[0].push_back(prepared.up[l]);
     experts.down[0].push_back(prepared.down[l]);
@@ -677,6 +688,8 @@ void MoeLayer::keep_error(std::exception_ptr error) {
 const MoeLayerOptions& MoeLayer::options() const { return impl_->options; }
 
 std::string MoeLayer::weight_format() const { return impl_->experts.format; }
+
+float MoeLayer::swiglu_limit() const { return impl_->loaded.swiglu_limit; }
 
 uint64_t MoeLayer::weight_bytes() const { return impl_->prepared.bytes; }
 

@@ -138,6 +138,8 @@ class MoeLayer {
 
   const MoeLayerOptions& options() const;
   std::string weight_format() const;  // the kernels' layout, e.g. "int8", "q4_K_x16"
+  // gpt-oss's clamped SwiGLU (its experts' limit; 0: plain SwiGLU), from the model.
+  float swiglu_limit() const;
   uint64_t weight_bytes() const;      // bytes one pass over every expert reads
 
  private:

@@ -22,6 +22,7 @@
 #include "formats/quant.h"
 #include "moe/moe_layer.h"
 #include "moe/moe_stream.h"
+#include "ops/cpu/ref_ops.h"
 #include "tools/options.h"
 
 namespace py = pybind11;
@@ -374,6 +375,7 @@ void bind_operator(py::module_& m) {
       .def("remap", &MoeLayer::remap)
       .def("set_gpu_experts_mask", &MoeLayer::set_gpu_experts_mask)
       .def_property_readonly("weight_format", &MoeLayer::weight_format)
+      .def_property_readonly("swiglu_limit", &MoeLayer::swiglu_limit)
       .def_property_readonly("weight_bytes", &MoeLayer::weight_bytes)
       .def_property_readonly("num_experts",
                              [](const MoeLayer& l) { return l.options().num_experts; })
@@ -384,6 +386,7 @@ void bind_operator(py::module_& m) {
       .def_property_readonly("intermediate_size",
                              [](const MoeLayer& l) { return l.options().intermediate_size; });
   m.attr("cuda_streams") = py::bool_(stream_hooks_built());
+  m.attr("swiglu_oai_alpha") = py::float_(ops::kSwigluOaiAlpha);
 }
 
 // The engine: a loaded model generating (Model).

@@ -34,10 +34,12 @@ from .operator import METHODS, MoE, _stream_handle
 # (RAWINT4: a compressed-tensors INT4 checkpoint's experts, which the loader reads as the Q4_0
 # blocks they are: tandem's gguf kernels run them as stored; GPTQ_INT4 likewise a GPTQ
 # checkpoint's. FP8_PERCHANNEL: a compressed-tensors FP8 checkpoint's, one scale per row:
-# tandem's FP8 kernels with (1 x columns) blocks.)
+# tandem's FP8 kernels with (1 x columns) blocks. MXFP4: gpt-oss's MXFP4 experts with their
+# biases and clamped SwiGLU, as the checkpoint (HF or GGUF) holds them.)
 _KT_METHODS = {"AMXINT4": "int4", "AMXINT8": "int8", "LLAMAFILE": "gguf", "FP8": "fp8",
-               "BF16": "bf16", "RAWINT4": "gguf", "FP8_PERCHANNEL": "fp8", "GPTQ_INT4": "gguf"}
-_KT_OTHER_METHODS = ("SYCL_GPTQ_INT4", "MXFP4", "MXFP8", "MOE_INT4", "MOE_INT8")
+               "BF16": "bf16", "RAWINT4": "gguf", "FP8_PERCHANNEL": "fp8", "GPTQ_INT4": "gguf",
+               "MXFP4": "gguf"}
+_KT_OTHER_METHODS = ("SYCL_GPTQ_INT4", "MXFP8", "MOE_INT4", "MOE_INT8")
 
 
 def generate_gpu_experts_masks(activation_freq: torch.Tensor,
@@ -131,11 +133,12 @@ class KTMoEWrapper(MoE):
                    else "")
             raise ValueError(f"method {method!r}{why}: expected one of {sorted(_KT_METHODS)} "
                              f"(or tandem's {', '.join(METHODS)})")
-        if swiglu_limit or swiglu_alpha:
+        if (swiglu_limit or swiglu_alpha) and name != "MXFP4":
             raise ValueError(f"swiglu_limit {swiglu_limit!r} / swiglu_alpha {swiglu_alpha!r}: "
-                             f"the clamped SwiGLU belongs to kt-kernel's MXFP4 / MXFP8 methods, "
-                             f"which tandem does not have; method {method} computes plain SwiGLU "
-                             f"(pass 0)")
+                             f"the clamped SwiGLU belongs to kt-kernel's MXFP4 / MXFP8 methods; "
+                             f"method {method} computes plain SwiGLU (pass 0)")
+        # (MXFP4: the clamp is the checkpoint's; load_weights checks these against it)
+        self._swiglu = (float(swiglu_limit), float(swiglu_alpha))
         deferred = 0 if max_deferred_experts_per_token is None else max_deferred_experts_per_token
         if not isinstance(deferred, int) or not 0 <= deferred <= num_experts_per_tok:
             raise ValueError(f"max_deferred_experts_per_token {max_deferred_experts_per_token!r}: "
@@ -175,11 +178,27 @@ class KTMoEWrapper(MoE):
 
     # -- weights --
     def load_weights(self, physical_to_logical_map_cpu=None):
-        return super().load_weights(physical_to_logical_map=physical_to_logical_map_cpu)
+        super().load_weights(physical_to_logical_map=physical_to_logical_map_cpu)
+        self._check_swiglu()
+        return self
+
+    def _check_swiglu(self):
+        """swiglu_limit / swiglu_alpha, when given, must be the model's own (gpt-oss: its
+        config's limit and alpha 1.702): tandem computes the experts as the checkpoint says."""
+        limit, alpha = self._swiglu
+        if not (limit or alpha):
+            return
+        have = self._loaded().swiglu_limit
+        want_alpha = _tandem.swiglu_oai_alpha if have else 0.0
+        if abs(limit - have) > 1e-6 or (alpha and abs(alpha - want_alpha) > 1e-4):
+            raise ValueError(f"swiglu_limit {limit} / swiglu_alpha {alpha}: the checkpoint's "
+                             f"experts clamp at {have} with alpha {want_alpha:g}")
 
     def load_weights_from_tensors(self, gate_proj, up_proj, down_proj,
                                   physical_to_logical_map_cpu=None):
-        return super().load_weights(gate_proj, up_proj, down_proj, physical_to_logical_map_cpu)
+        super().load_weights(gate_proj, up_proj, down_proj, physical_to_logical_map_cpu)
+        self._check_swiglu()
+        return self
 
     # -- deferral --
     def select_deferred_experts(self, expert_ids: torch.Tensor, expert_scores: torch.Tensor,

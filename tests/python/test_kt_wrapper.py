@@ -1,4 +1,5 @@
 # KTMoEWrapper: kt-kernel's names and arguments over tandem's operator.
+import os
 import shutil
 
 import pytest
@@ -71,8 +72,6 @@ def test_kt_arguments_refused_with_a_reason():
         wrapper(gpu_experts_mask=torch.zeros(7, dtype=torch.bool))
     with pytest.raises(ValueError, match="sft"):
         wrapper(mode="sft", lora_rank=8)
-    with pytest.raises(ValueError, match="MXFP4"):
-        wrapper(method="MXFP4", swiglu_limit=7.0)
     with pytest.raises(ValueError, match="swiglu_limit"):
         wrapper(swiglu_limit=7.0)
     with pytest.raises(ValueError, match="numa_nodes"):
@@ -106,3 +105,26 @@ def test_sglang_device_form_on_a_stream():
     torch.cuda.synchronize()
     assert got.is_cuda and got.dtype == torch.bfloat16
     assert torch.equal(got.cpu(), want)
+
+
+def test_mxfp4_gpt_oss_with_its_clamped_swiglu(tmp_path):
+    # kt-kernel's MXFP4 with swiglu_limit / swiglu_alpha over gpt-oss's release (MXFP4 experts,
+    # biases, the clamp): the layer the checkpoint describes (the operator's gpt-oss layer equals
+    # the engine's bit for bit: moe_layer_test's golden gpt-oss cases); a clamp other than the
+    # checkpoint's is refused.
+    import subprocess
+    path = tmp_path / "gpt-oss"
+    subprocess.run([os.environ["TANDEM_BIN"], "synth", "--arch", "gpt-oss", "--preset", "tiny",
+                    "--format", "hf", "--type", "mxfp4_moe", "--layers", "2", "-o", str(path)],
+                   check=True, capture_output=True)
+    args = dict(layer_idx=1, num_experts=8, num_experts_per_tok=2, hidden_size=256,
+                moe_intermediate_size=64, cpuinfer_threads=2, weight_path=str(path),
+                method="MXFP4")
+    w = tandem.KTMoEWrapper(**args, swiglu_limit=7.0, swiglu_alpha=1.702)
+    w.load_weights()
+    direct = tandem.MoE(method="gguf", weight_path=str(path), layer_idx=1).load_weights()
+    assert direct.weight_format == "mxfp4"
+    x, ids, wt = make_routing(5, 8, 2, 256)
+    assert torch.equal(w.forward(x, ids, wt), direct.forward(x, ids, wt))
+    with pytest.raises(ValueError, match="clamp at 7"):
+        tandem.KTMoEWrapper(**args, swiglu_limit=5.0, swiglu_alpha=1.702).load_weights()

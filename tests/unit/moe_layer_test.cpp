@@ -133,7 +133,10 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"deepseek2-q4_k_m.gguf", 2, "gguf", "repack"},
                       Case{"mixtral-q4_k_m.gguf", 0, "int8", "int8"},
                       Case{"qwen3moe-hf", 0, "bf16", "bf16"},
-                      Case{"deepseek3-hf", 1, "int4", "int4", 32}),
+                      Case{"deepseek3-hf", 1, "int4", "int4", 32},
+                      // gpt-oss: the experts' biases and clamped SwiGLU with the weights
+                      Case{"gpt-oss-mxfp4_moe.gguf", 1, "gguf", "repack"},
+                      Case{"gpt-oss-hf", 0, "int8", "int8", 32}),
     [](const auto& info) {
       std::string s = std::string(info.param.model) + "_" + info.param.method;
       for (char& ch : s) {
