@@ -10,6 +10,15 @@
 
 namespace tandem {
 
+void check_token_ids(std::span<const int32_t> ids, int64_t vocab_size, std::string_view what) {
+  for (int32_t id : ids) {
+    if (id < 0 || id >= vocab_size) {
+      fail(ErrorKind::kOutOfRange, "{}{}token id {} is outside the vocabulary [0, {})", what,
+           what.empty() ? "" : ": ", id, vocab_size);
+    }
+  }
+}
+
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -136,12 +145,7 @@ int64_t Model::forward(std::span<const SeqTokens> batch, KvCache& cache, float* 
   for (const SeqTokens& e : batch) {
     const int64_t m = static_cast<int64_t>(e.tokens.size());
     if (m == 0) fail(ErrorKind::kInvalidArgument, "forward: no tokens for sequence {}", e.seq);
-    for (int32_t id : e.tokens) {
-      if (id < 0 || id >= c.vocab_size) {
-        fail(ErrorKind::kOutOfRange, "token id {} is outside the vocabulary [0, {})", id,
-             c.vocab_size);
-      }
-    }
+    check_token_ids(e.tokens, c.vocab_size);
     const int64_t pos0 = e.pos0 < 0 ? cache.length(e.seq) : e.pos0;
     s.parts.push_back(ForwardStep::Part{e.seq, n, m, pos0});
     writes.push_back(KvCache::Write{e.seq, pos0, e.tokens, e.checkpoint});

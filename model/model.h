@@ -20,6 +20,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "model/forward_ops.h"
@@ -82,6 +83,10 @@ enum class LogitRows { kNone, kLast, kAll };
 // sequence's end; a pos0 before it replaces the positions from there on).
 // checkpoint: with recurrent layers, keep a checkpoint of the state before the entry's last token
 // (the end of a prompt: where the next turn of a chat or the same prompt again resumes).
+// Error(kOutOfRange) "<what>: token id X is outside the vocabulary [0, V)" for the first id not
+// in [0, vocab_size) (`what` empty: no prefix).
+void check_token_ids(std::span<const int32_t> ids, int64_t vocab_size, std::string_view what = {});
+
 struct SeqTokens {
   SeqId seq = -1;
   std::span<const int32_t> tokens;

@@ -114,12 +114,7 @@ std::vector<int32_t> prompt_tokens(const RunArgs& a, Engine& engine, const Token
   if (!a.has_prompt) return parse_tokens(a.tokens, c.vocab_size);
   std::vector<int32_t> prompt = tokenizer->encode(a.prompt, /*add_special=*/true);
   if (prompt.empty()) fail(ErrorKind::kInvalidArgument, "-p: the prompt is empty");
-  for (int32_t id : prompt) {
-    if (id < 0 || id >= c.vocab_size) {
-      fail(ErrorKind::kOutOfRange, "-p: token id {} is outside the model's vocabulary [0, {})",
-           id, c.vocab_size);
-    }
-  }
+  check_token_ids(prompt, c.vocab_size, "-p");
   return prompt;
 }
 

@@ -137,12 +137,7 @@ class PyModel {
                    const std::vector<std::string>& stop, bool ignore_eos) {
     if (prompt.empty()) fail(ErrorKind::kInvalidArgument, "prompt: empty");
     const int64_t vocab = engine_->config().vocab_size;
-    for (int32_t id : prompt) {
-      if (id < 0 || id >= vocab) {
-        fail(ErrorKind::kOutOfRange, "prompt: token id {} is outside the vocabulary [0, {})", id,
-             vocab);
-      }
-    }
+    check_token_ids(prompt, vocab, "prompt");
     if (static_cast<int64_t>(prompt.size()) > cache_->max_sequence_positions()) {
       fail(ErrorKind::kOutOfRange, "prompt: {} tokens, more than the context size {}",
            prompt.size(), cache_->max_sequence_positions());
