@@ -32,7 +32,6 @@ struct Generator::Request {
   GenerateParams params;
   Sampler sampler;
   SeqId seq = -1;
-  RequestId parent = -1;               // kSibling: forked from this request after its prefill
   std::vector<Request*> siblings;      // the completions waiting for this one's prefill
   std::unique_ptr<TokenStreamDecoder> text;
   std::string held;  // decoded text not yet emitted: it may be the start of a stop string
@@ -118,7 +117,6 @@ RequestId Generator::submit(std::vector<int32_t> prompt, GenerateParams params, 
       parent = r.get();
     } else {
       r->state = Request::State::kSibling;
-      r->parent = first;
       parent->siblings.push_back(r.get());
     }
     requests_.push_back(std::move(r));

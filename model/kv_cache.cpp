@@ -238,10 +238,6 @@ bool KvCache::contains(SeqId seq) const {
 
 int64_t KvCache::length(SeqId seq) const { return seq_ref(seq).length; }
 
-int64_t KvCache::sequences() const {
-  return std::count_if(seqs_.begin(), seqs_.end(), [](const Seq& s) { return s.live; });
-}
-
 int64_t KvCache::positions_used() const {
   int64_t n = 0;
   for (const Seq& s : seqs_) n += s.live ? s.length : 0;

@@ -156,7 +156,6 @@ class KvCache {
   void release(SeqId seq);
   bool contains(SeqId seq) const;
   int64_t length(SeqId seq) const;
-  int64_t sequences() const;
   int64_t positions_used() const;  // the live sequences' lengths together
   // The token ids written at the sequence's positions, in order.
   std::span<const int32_t> tokens(SeqId seq) const;

@@ -7,6 +7,8 @@
 // activation and the output; intermediates live in a per-stream scratch. The class is in
 // runtime/cuda_device_impl.h, its forward ops (the dense part on the GPU with the kernels of
 // ops/cuda/attention.h and dense.h) in runtime/cuda_forward_ops.cpp.
+// Not yet run on a GPU: it builds here (sm_80 to sm_90a), and its `gpu` tests skip without a
+// device (docs/device.md, "The CUDA device").
 #include "core/error.h"
 #include "runtime/device.h"
 

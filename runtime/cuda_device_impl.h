@@ -1,6 +1,8 @@
 // The CUDA device's class (runtime/cuda_device.cpp: what it is; docs/device.md), shared with its
 // forward ops (runtime/cuda_forward_ops.cpp), which use its streams' state, its products and its
 // op timing. Included only by those two files, in a build with CUDA.
+// Not yet run on a GPU: it builds here (sm_80 to sm_90a), and its `gpu` tests skip without a
+// device (docs/device.md, "The CUDA device").
 #pragma once
 
 #ifndef TANDEM_HAVE_CUDA

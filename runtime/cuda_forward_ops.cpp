@@ -1,4 +1,6 @@
 // The CUDA device's forward ops (model/forward_ops.h; docs/device.md).
+// Not yet run on a GPU: it builds here (sm_80 to sm_90a), and its `gpu` tests skip without a
+// device (docs/device.md, "The CUDA device").
 #include "core/error.h"
 
 #ifdef TANDEM_HAVE_CUDA
