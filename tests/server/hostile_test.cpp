@@ -285,9 +285,12 @@ TEST(Hostile, SlowClientsAreCutAtTheTimeout) {
   RawClient extra(small.port());
   const auto e0 = Clock::now();
   extra.send("GET /health HTTP/1.1\r\n\r\n");
-  const std::string r = extra.read_all(3);
+  // Refused, not queued: a queued request would be served only when an idle connection's 5 s
+  // timeout frees a thread (a 200 after 5 s). The window stops short of that and leaves a loaded
+  // 2-core machine room to schedule the server.
+  const std::string r = extra.read_all(4.5);
   EXPECT_EQ(status_of(r), 503) << r;
-  EXPECT_LT(seconds_since(e0), 2.0);
+  EXPECT_LT(seconds_since(e0), 4.5);
   EXPECT_NE(r.find("--http-threads"), std::string::npos) << r;
 }
 
