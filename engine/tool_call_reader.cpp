@@ -1,7 +1,5 @@
 #include "engine/tool_call_reader.h"
 
-#include <algorithm>
-
 #include "engine/text_scan.h"
 
 namespace tandem {

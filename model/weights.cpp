@@ -983,16 +983,20 @@ LoadedModel load_model(const std::filesystem::path& path, LoadMode mode) {
     if (j.is_object() && j.contains("quantization_config") &&
         j["quantization_config"].is_object()) {
       const nlohmann::json& q = j["quantization_config"];
-      const std::string method = q.value("quant_method", "");
       const std::string where = (path / "config.json").string();
-      if (method == "compressed-tensors") {
-        s.set_compressed_tensors(parse_compressed_tensors(q, where));
-      } else if (method == "gptq") {
-        s.set_gptq(parse_gptq(q, where));
-      } else if (method != "fp8" && method != "mxfp4") {
-        fail(ErrorKind::kUnsupported, "{}: quantization_config.quant_method '{}': tandem reads "
-             "fp8 (block scales), mxfp4 (gpt-oss), compressed-tensors (INT4, FP8) and gptq (INT4) "
-             "checkpoints", where, method);
+      try {
+        const std::string method = q.value("quant_method", "");
+        if (method == "compressed-tensors") {
+          s.set_compressed_tensors(parse_compressed_tensors(q, where));
+        } else if (method == "gptq") {
+          s.set_gptq(parse_gptq(q, where));
+        } else if (method != "fp8" && method != "mxfp4") {
+          fail(ErrorKind::kUnsupported, "{}: quantization_config.quant_method '{}': tandem reads "
+               "fp8 (block scales), mxfp4 (gpt-oss), compressed-tensors (INT4, FP8) and gptq "
+               "(INT4) checkpoints", where, method);
+        }
+      } catch (const nlohmann::json::exception& e) {  // (a field of the wrong type)
+        fail(ErrorKind::kFormat, "{}: quantization_config: {}", where, e.what());
       }
     }
     if (j.is_object() && j.contains("num_nextn_predict_layers") &&

@@ -276,6 +276,9 @@ TEST(ModelInt4, OtherQuantizationConfigsAreRefused) {
     q["config_groups"]["group_0"]["weights"]["group_size"] = 16;
   });
   refused("quant_method 'awq'", [](nlohmann::json& q) { q = {{"quant_method", "awq"}}; });
+  refused("quantization_config: [json.exception", [](nlohmann::json& q) {
+    q["config_groups"]["group_0"]["weights"]["num_bits"] = "4";  // (a string: refused, named)
+  });
 }
 
 }  // namespace
