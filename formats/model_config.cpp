@@ -3,6 +3,7 @@
 // model_config_write.cpp.
 #include "formats/model_config.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "core/error.h"
@@ -28,6 +29,8 @@ constexpr ArchNames kArchNames[] = {
     {ModelArch::kQwen3Next, "qwen3next", "qwen3next", "Qwen3NextForCausalLM", "qwen3_next"},
     {ModelArch::kQwen35Moe, "qwen35moe", "qwen35moe", "Qwen3_5MoeForConditionalGeneration",
      "qwen3_5_moe"},
+    {ModelArch::kDeepseek32, "deepseek32", "deepseek32", "DeepseekV32ForCausalLM", "deepseek_v32"},
+    {ModelArch::kGlmDsa, "glm-dsa", "glm-dsa", "GlmMoeDsaForCausalLM", "glm_moe_dsa"},
 };
 
 const ArchNames& names_of(ModelArch arch) {
@@ -106,6 +109,27 @@ void validate_impl(const ModelConfig& c, std::string_view source, const detail::
   }
   v.range("rope_dim", c.rope_dim, 2, c.head_dim);
   if (c.rope_dim % 2 != 0) v.inconsistent("rope_dim", fmt::format("{} is odd", c.rope_dim));
+  if (c.has_indexer() || c.index_n_heads != 0 || c.index_head_dim != 0) {
+    if (!c.is_mla() || c.q_lora_rank == 0) {
+      v.inconsistent("index_topk", "the lightning indexer needs MLA with a q LoRA");
+    }
+    v.range("index_n_heads", c.index_n_heads, 1, kMaxHeads);
+    // (The Hadamard transform runs over blocks of a power of two of at least 64 values.)
+    v.range("index_head_dim", c.index_head_dim, c.rope_dim, kMaxHeadDim);
+    if (c.index_head_dim % 64 != 0) {
+      v.inconsistent("index_head_dim",
+                     fmt::format("{} is not a multiple of 64", c.index_head_dim));
+    }
+    v.range("index_topk", c.index_topk, 1, kMaxPositions);
+    int64_t prev = 0;
+    for (int64_t layer : c.index_shared_layers) {
+      v.range("index_shared_layers", layer, 1, c.num_layers - 1);
+      if (layer <= prev && prev != 0) {
+        v.inconsistent("index_shared_layers", "layers must be ascending");
+      }
+      prev = layer;
+    }
+  }
 
   v.range("intermediate_size", c.intermediate_size, 1, kMaxFfn);
   v.range("moe_intermediate_size", c.moe_intermediate_size, 1, kMaxFfn);
@@ -264,6 +288,8 @@ bool ModelConfig::is_moe_layer(int64_t layer) const {
   switch (arch) {
     case ModelArch::kDeepseek2:
     case ModelArch::kDeepseek3:
+    case ModelArch::kDeepseek32:
+    case ModelArch::kGlmDsa:
       return layer >= first_k_dense_replace && layer % moe_layer_freq == 0;
     case ModelArch::kGlm4Moe:
       return layer >= first_k_dense_replace;
@@ -281,6 +307,23 @@ bool ModelConfig::is_moe_layer(int64_t layer) const {
       return true;
   }
   return false;
+}
+
+bool ModelConfig::is_index_layer(int64_t layer) const {
+  if (!has_indexer() || layer < 0 || layer >= num_layers) return false;
+  return !std::binary_search(index_shared_layers.begin(), index_shared_layers.end(), layer);
+}
+
+int64_t ModelConfig::index_layer(int64_t layer) const {
+  // Layers before `layer` (itself included) that have an indexer, minus one; a shared layer's
+  // is the last full one before it (layer 0 always has one: validate_config).
+  const auto shared_upto = std::upper_bound(index_shared_layers.begin(),
+                                            index_shared_layers.end(), layer);
+  return layer - static_cast<int64_t>(shared_upto - index_shared_layers.begin());
+}
+
+int64_t ModelConfig::num_index_layers() const {
+  return has_indexer() ? num_layers - static_cast<int64_t>(index_shared_layers.size()) : 0;
 }
 
 int64_t ModelConfig::num_moe_layers() const {
@@ -369,6 +412,11 @@ std::vector<std::string> config_diff(const ModelConfig& a, const ModelConfig& b)
   i("linear_key_head_dim", a.linear_key_head_dim, b.linear_key_head_dim);
   i("linear_value_head_dim", a.linear_value_head_dim, b.linear_value_head_dim);
   i("attn_output_gate", a.attn_output_gate, b.attn_output_gate);
+  i("index_n_heads", a.index_n_heads, b.index_n_heads);
+  i("index_head_dim", a.index_head_dim, b.index_head_dim);
+  i("index_topk", a.index_topk, b.index_topk);
+  if (a.index_shared_layers != b.index_shared_layers) out.push_back("index_shared_layers");
+  i("index_rope_interleaved", a.index_rope_interleaved, b.index_rope_interleaved);
   if (a.rope_sections != b.rope_sections) {
     out.push_back(fmt::format("rope_sections: [{}, {}, {}, {}] vs [{}, {}, {}, {}]",
                               a.rope_sections[0], a.rope_sections[1], a.rope_sections[2],
@@ -381,7 +429,8 @@ std::vector<std::string> config_diff(const ModelConfig& a, const ModelConfig& b)
 namespace detail {
 
 bool is_deepseek(ModelArch arch) {
-  return arch == ModelArch::kDeepseek2 || arch == ModelArch::kDeepseek3;
+  return arch == ModelArch::kDeepseek2 || arch == ModelArch::kDeepseek3 ||
+         arch == ModelArch::kDeepseek32 || arch == ModelArch::kGlmDsa;
 }
 
 std::string_view hf_model_type(ModelArch arch) {
@@ -429,11 +478,16 @@ ParamCount count_params(const ModelConfig& c) {
                          2 * h * c.linear_num_value_heads +
                          c.linear_conv_channels() * c.linear_conv_kernel +
                          2 * c.linear_num_value_heads + c.linear_value_head_dim + vdim * h;
+  // The lightning indexer: its q from the q LoRA, its key from x with a LayerNorm (weight and
+  // bias), the heads' weights from x.
+  const int64_t indexer = c.q_lora_rank * c.index_n_heads * c.index_head_dim +
+                          h * c.index_head_dim + 2 * c.index_head_dim + h * c.index_n_heads;
   ParamCount p;
   p.embedding = c.vocab_size * h * (c.tie_word_embeddings ? 1 : 2);
   int64_t dense = p.embedding + h;  // + final norm
   for (int64_t layer = 0; layer < c.num_layers; ++layer) {
     dense += c.is_linear_layer(layer) ? linear : attn;
+    if (c.is_index_layer(layer)) dense += indexer;
     if (!c.is_moe_layer(layer)) {
       dense += 3 * h * c.intermediate_size;
       continue;

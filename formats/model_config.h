@@ -27,20 +27,21 @@ class GgufWriter;
 
 enum class ModelArch : uint8_t {
   kDeepseek2, kDeepseek3, kQwen2Moe, kQwen3Moe, kMixtral, kGlm4Moe, kMiniMaxM2, kGptOss,
-  kQwen3Next, kQwen35Moe
+  kQwen3Next, kQwen35Moe, kDeepseek32, kGlmDsa
 };
 
 // "deepseek2", "deepseek3", "qwen2moe", "qwen3moe", "mixtral", "glm4moe", "minimax-m2", "gpt-oss",
-// "qwen3next", "qwen35moe" (tandem's names, `--arch`).
+// "qwen3next", "qwen35moe", "deepseek32", "glm-dsa" (tandem's names, `--arch`).
 std::string_view arch_name(ModelArch arch);
 std::optional<ModelArch> arch_from_name(std::string_view name);
 std::vector<std::string> arch_names();  // every arch's name, in that order
 // llama.cpp's `general.architecture`: deepseek2 (both DeepSeek arches), qwen2moe, qwen3moe, llama,
-// glm4moe, minimax-m2, gpt-oss, qwen3next, qwen35moe.
+// glm4moe, minimax-m2, gpt-oss, qwen3next, qwen35moe, deepseek32, glm-dsa.
 std::string_view gguf_arch_name(ModelArch arch);
 // HF `architectures[0]`: DeepseekV2ForCausalLM, ..., MixtralForCausalLM, Glm4MoeForCausalLM,
 // MiniMaxM2ForCausalLM, GptOssForCausalLM, Qwen3NextForCausalLM,
-// Qwen3_5MoeForConditionalGeneration (the text model of it, or of Qwen3_5MoeForCausalLM).
+// Qwen3_5MoeForConditionalGeneration (the text model of it, or of Qwen3_5MoeForCausalLM),
+// DeepseekV32ForCausalLM, GlmMoeDsaForCausalLM.
 std::string_view hf_architecture_name(ModelArch arch);
 
 enum class RopeScalingType : uint8_t { kNone, kLinear, kYarn };
@@ -162,6 +163,18 @@ struct ModelConfig {
   // the token's position and the extra one 0. All zero: plain RoPE.
   std::array<int64_t, 4> rope_sections{};
 
+  // DeepSeek Sparse Attention (DeepSeek-V3.2, GLM-5): a lightning indexer scores every earlier
+  // position for each query (index_n_heads heads of index_head_dim, ReLU, weighted per head)
+  // and MLA attends to the index_topk best only. 0: dense attention.
+  int64_t index_n_heads = 0, index_head_dim = 0, index_topk = 0;
+  // GLM-5.2: the layers whose indexer is "shared" (HF indexer_types; llama.cpp's
+  // attention.indexer.types) reuse the selection of the last layer before them with a full one
+  // and have no indexer weights or keys; empty: every layer has its own.
+  std::vector<int64_t> index_shared_layers;
+  // The indexer's RoPE pairs: DeepSeek-V3.2's rotate the halves (NeoX), GLM-5's adjacent values
+  // (llama.cpp's rope types of the two).
+  bool index_rope_interleaved = false;
+
   bool is_mla() const { return kv_lora_rank > 0; }
   bool is_moe_layer(int64_t layer) const;
   bool is_linear_layer(int64_t layer) const {
@@ -196,6 +209,14 @@ struct ModelConfig {
   }
   int64_t num_moe_layers() const;
   int64_t q_head_dim() const { return head_dim; }
+  bool has_indexer() const { return index_topk > 0; }
+  // The layer computes its own selection (an indexer of its own): every layer of a sparse model
+  // but GLM-5.2's shared ones.
+  bool is_index_layer(int64_t layer) const;
+  // A layer's index among the index layers (where its indexer keys are kept); for a shared
+  // layer, the index layer whose selection it reuses (the last one before it).
+  int64_t index_layer(int64_t layer) const;
+  int64_t num_index_layers() const;
 };
 
 // Names of the fields that differ between a and b ("hidden_size: 2048 vs 1024"), empty when the
@@ -218,8 +239,9 @@ ModelConfig config_from_hf_json_text(std::string_view json_text, std::string_vie
 ModelConfig config_from_gguf(const GgufFile& file);
 
 // "tiny-<arch>" for every arch (the golden test models' shapes) and the released shapes
-// "deepseek-v2-lite", "deepseek-v3", "kimi-k2", "qwen3-30b-a3b", "qwen2-57b-a14b",
-// "mixtral-8x7b", "glm-4.5-air", "glm-4.5", "minimax-m2", "gpt-oss-20b", "gpt-oss-120b". Throws
+// "deepseek-v2-lite", "deepseek-v3", "kimi-k2", "deepseek-v3.2", "glm-5", "qwen3-30b-a3b",
+// "qwen2-57b-a14b", "mixtral-8x7b", "glm-4.5-air", "glm-4.5", "minimax-m2", "gpt-oss-20b",
+// "gpt-oss-120b", the Qwen3-Next / Qwen3.5 ones. Throws
 // Error(kInvalidArgument) listing the names for an unknown one.
 ModelConfig config_preset(std::string_view name);
 std::vector<std::string> config_preset_names();

@@ -14,7 +14,8 @@ inline constexpr ModelArch kAllArches[] = {ModelArch::kDeepseek2, ModelArch::kDe
                                            ModelArch::kQwen2Moe, ModelArch::kQwen3Moe,
                                            ModelArch::kMixtral, ModelArch::kGlm4Moe,
                                            ModelArch::kMiniMaxM2, ModelArch::kGptOss,
-                                           ModelArch::kQwen3Next, ModelArch::kQwen35Moe};
+                                           ModelArch::kQwen3Next, ModelArch::kQwen35Moe,
+                                           ModelArch::kDeepseek32, ModelArch::kGlmDsa};
 
 // Largest magnitude any integer of a config may have when read (real limits are far lower and
 // checked by validate_config_keys()): keeps sums and products of two values within int64.
@@ -23,6 +24,7 @@ inline bool in_config_range(int64_t v) {
   return v >= -kMaxConfigInt && v <= kMaxConfigInt;
 }
 
+// The MLA arches: DeepSeek-V2 / V3 / V3.2 and GLM-5 (DeepSeek-shaped).
 bool is_deepseek(ModelArch arch);
 // Qwen3-Next and Qwen3.5-MoE: Gated DeltaNet + gated attention, zero-centred norms in HF files.
 inline bool is_qwen_hybrid(ModelArch arch) {

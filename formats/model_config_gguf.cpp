@@ -59,7 +59,12 @@ std::string gguf_key_of(ModelArch arch, std::string_view field) {
   if (field == "linear_key_head_dim") return a + ".ssm.state_size";
   if (field == "linear_value_head_dim") return a + ".ssm.inner_size";
   if (field == "rope_sections") return a + ".rope.dimension_sections";
-  if (field == "num_layers" && (arch == ModelArch::kGlm4Moe || detail::is_qwen_hybrid(arch))) {
+  if (field == "index_n_heads") return a + ".attention.indexer.head_count";
+  if (field == "index_head_dim") return a + ".attention.indexer.key_length";
+  if (field == "index_topk") return a + ".attention.indexer.top_k";
+  if (field == "index_shared_layers") return a + ".attention.indexer.types";
+  if (field == "num_layers" && (arch == ModelArch::kGlm4Moe || detail::is_qwen_hybrid(arch) ||
+                                arch == ModelArch::kDeepseek32 || arch == ModelArch::kGlmDsa)) {
     return a + ".block_count (minus " + a + ".nextn_predict_layers)";
   }
   if (field == "bos_token_id") return "tokenizer.ggml.bos_token_id";
@@ -250,6 +255,43 @@ void read_qwen_hybrid(const GgufReader& r, const GgufFile& f, ModelConfig& c) {
   }
 }
 
+// DeepSeek-V3.2 / GLM-5 as llama.cpp's deepseek32 and glm-dsa loaders read them: the MTP
+// layers after the last one (n_layer = block_count - nextn_predict_layers), the indexer's sizes,
+// and glm-dsa's indexer types (one flag per layer, true = full; absent: every layer full, or
+// GLM-5.2's pattern for a 1M-token context: layers 0 and 1, then every fourth from 2).
+void read_gguf_indexer(const GgufReader& r, const GgufFile& f, ModelConfig& c) {
+  c.nextn_layers = r.opt_int("nextn_predict_layers", 0);
+  if (c.nextn_layers < 0 || c.nextn_layers >= c.num_layers) {
+    fail(ErrorKind::kFormat, "{}: key '{}': {} is not below {} ({})", f.path(),
+         r.key("nextn_predict_layers"), c.nextn_layers, r.key("block_count"), c.num_layers);
+  }
+  c.num_layers -= c.nextn_layers;
+  c.index_n_heads = r.req_int("attention.indexer.head_count");
+  c.index_head_dim = r.req_int("attention.indexer.key_length");
+  c.index_topk = r.req_int("attention.indexer.top_k");
+  if (c.arch != ModelArch::kGlmDsa) return;
+  c.index_rope_interleaved = true;
+  const GgufValue* v = r.find("attention.indexer.types");
+  if (v == nullptr) {
+    if (c.max_position_embeddings >= 1048576) {
+      for (int64_t l = 2; l < c.num_layers; ++l) {
+        if ((l - 2) % 4 != 0) c.index_shared_layers.push_back(l);
+      }
+    }
+    return;
+  }
+  const std::string k = r.key("attention.indexer.types");
+  if (v->type() != GgufType::kArray || v->size() < static_cast<size_t>(c.num_layers)) {
+    fail(ErrorKind::kFormat, "{}: key '{}': expected an array of {} flags", f.path(), k,
+         c.num_layers);
+  }
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    const GgufValue& e = v->at(static_cast<size_t>(l));
+    const bool full = e.is_integer() ? r.as_int(e, k) != 0 : e.as_bool();
+    if (!full) c.index_shared_layers.push_back(l);
+  }
+}
+
 void read_gguf_rope_scaling(const GgufReader& r, const GgufFile& f, ModelConfig& c) {
   RopeScaling& rs = c.rope_scaling;
   std::string type = r.opt_string("rope.scaling.type", "none");
@@ -322,10 +364,15 @@ ModelConfig config_from_gguf(const GgufFile& f) {
     c.arch = ModelArch::kQwen3Next;
   } else if (arch == "qwen35moe") {
     c.arch = ModelArch::kQwen35Moe;
+  } else if (arch == "deepseek32") {
+    c.arch = ModelArch::kDeepseek32;
+  } else if (arch == "glm-dsa") {
+    c.arch = ModelArch::kGlmDsa;
   } else {
     fail(ErrorKind::kUnsupported,
          "{}: key 'general.architecture': '{}' is not supported (deepseek2, qwen2moe, qwen3moe, "
-         "llama with experts, glm4moe, minimax-m2, gpt-oss, qwen3next, qwen35moe)",
+         "llama with experts, glm4moe, minimax-m2, gpt-oss, qwen3next, qwen35moe, deepseek32, "
+         "glm-dsa)",
          f.path(), printable(arch));
   }
 
@@ -371,7 +418,12 @@ ModelConfig config_from_gguf(const GgufFile& f) {
   };
   switch (c.arch) {
     case ModelArch::kDeepseek2:
-    case ModelArch::kDeepseek3: {
+    case ModelArch::kDeepseek3:
+    case ModelArch::kDeepseek32:
+    case ModelArch::kGlmDsa: {
+      if (c.arch == ModelArch::kDeepseek32 || c.arch == ModelArch::kGlmDsa) {
+        read_gguf_indexer(r, f, c);
+      }
       c.first_k_dense_replace = r.opt_int("leading_dense_block_count", 0);
       c.q_lora_rank = r.opt_int("attention.q_lora_rank", 0);
       c.kv_lora_rank = r.req_int("attention.kv_lora_rank");
@@ -391,7 +443,9 @@ ModelConfig config_from_gguf(const GgufFile& f) {
       c.shared_expert_intermediate_size = c.n_shared_experts * c.moe_intermediate_size;
       c.routed_scaling_factor = static_cast<float>(r.opt_float("expert_weights_scale", 1.0));
       c.norm_topk_prob = r.opt_bool("expert_weights_norm", false);
-      const int64_t gating = r.opt_int("expert_gating_func", 1);
+      // (llama.cpp's glm-dsa defaults to sigmoid, deepseek2 to softmax.)
+      const int64_t gating =
+          r.opt_int("expert_gating_func", c.arch == ModelArch::kGlmDsa ? 2 : 1);
       if (gating != 1 && gating != 2) {
         fail(ErrorKind::kUnsupported,
              "{}: key '{}': gating function {} is not supported (1 = "

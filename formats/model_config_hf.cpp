@@ -41,6 +41,7 @@ std::string hf_key_of(ModelArch arch, std::string_view field) {
   }
   if (field == "shared_expert_intermediate_size" && glm) return "n_shared_experts";
   if (field == "nextn_layers") return "num_nextn_predict_layers";
+  if (field == "index_shared_layers") return "indexer_types";
   if (field == "moe_layer_freq" && !is_deepseek(arch)) return "decoder_sparse_step";
   if (field == "scoring") return "scoring_func";
   if (field == "head_dim" && is_deepseek(arch)) return "qk_nope_head_dim";
@@ -171,6 +172,27 @@ std::optional<ModelArch> arch_from_hf(const Json& root, std::string* what) {
     }
   }
   return std::nullopt;
+}
+
+// DeepSeek Sparse Attention's indexer (DeepseekV32Config, GlmMoeDsaConfig): index_n_heads,
+// index_head_dim, index_topk, and GLM-5.2's indexer_types ("full" / "shared" per layer).
+void read_hf_indexer(const JsonReader& r, ModelConfig& c) {
+  c.index_n_heads = r.req_int("index_n_heads");
+  c.index_head_dim = r.req_int("index_head_dim");
+  c.index_topk = r.req_int("index_topk");
+  c.index_rope_interleaved = c.arch == ModelArch::kGlmDsa;
+  const Json* types = r.get("indexer_types");
+  if (types == nullptr) return;
+  if (!types->is_array() || types->size() > 1000) {
+    r.bad_type("indexer_types", "a list of \"full\" / \"shared\"", *types);
+  }
+  for (size_t l = 0; l < types->size(); ++l) {
+    const Json& t = types->at(l);
+    if (!t.is_string() || (t != "full" && t != "shared")) {
+      r.bad_type("indexer_types", "a list of \"full\" / \"shared\"", *types);
+    }
+    if (t == "shared") c.index_shared_layers.push_back(static_cast<int64_t>(l));
+  }
 }
 
 // The share of a head that is rotated (GLM-4.5, MiniMax-M2), checked to (0, 1] before it scales
@@ -330,13 +352,15 @@ ModelConfig parse_hf(const Json& root_in, std::string_view source) {
          "{}: architecture '{}' is not supported (supported: "
          "DeepseekV2ForCausalLM, DeepseekV3ForCausalLM, Qwen2MoeForCausalLM, "
          "Qwen3MoeForCausalLM, MixtralForCausalLM, Glm4MoeForCausalLM, MiniMaxM2ForCausalLM, "
-         "GptOssForCausalLM, Qwen3NextForCausalLM, Qwen3_5MoeForConditionalGeneration)",
+         "GptOssForCausalLM, Qwen3NextForCausalLM, Qwen3_5MoeForConditionalGeneration, "
+         "DeepseekV32ForCausalLM, GlmMoeDsaForCausalLM)",
          source, what.empty() ? "(none)" : what);
   }
   const JsonReader r(*root, source);
   ModelConfig c;
   c.arch = *arch;
-  const bool v3 = c.arch == ModelArch::kDeepseek3;
+  // DeepSeek-V3's routing defaults (noaux_tc, sigmoid, 2.5) are V3.2's and GLM-5's too.
+  const bool v3 = is_deepseek(c.arch) && c.arch != ModelArch::kDeepseek2;
 
   const std::string act = r.opt_string("hidden_act", "silu");
   if (act != "silu") {
@@ -367,7 +391,13 @@ ModelConfig parse_hf(const Json& root_in, std::string_view source) {
 
   switch (c.arch) {
     case ModelArch::kDeepseek2:
-    case ModelArch::kDeepseek3: {
+    case ModelArch::kDeepseek3:
+    case ModelArch::kDeepseek32:
+    case ModelArch::kGlmDsa: {
+      if (c.arch == ModelArch::kDeepseek32 || c.arch == ModelArch::kGlmDsa) {
+        read_hf_indexer(r, c);
+        c.nextn_layers = r.opt_int("num_nextn_predict_layers", 0);
+      }
       c.moe_intermediate_size = r.req_int("moe_intermediate_size");
       c.n_experts = r.req_int("n_routed_experts");
       c.n_shared_experts = r.opt_int("n_shared_experts", 0);

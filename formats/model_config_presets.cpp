@@ -84,6 +84,36 @@ ModelConfig tiny_deepseek3() {
   return c;
 }
 
+// DeepSeek-V3.2 scaled down: tiny-deepseek3 with the lightning indexer (16 heads of 64, so that
+// ReLU's zeros seldom tie; top 16, so that the 7-token golden prompt attends densely and the
+// 40-token one sparsely) and one MTP layer.
+ModelConfig tiny_deepseek32() {
+  ModelConfig c = tiny_deepseek3();
+  c.arch = ModelArch::kDeepseek32;
+  c.index_n_heads = 16;
+  c.index_head_dim = 64;
+  c.index_topk = 16;
+  c.nextn_layers = 1;
+  return c;
+}
+
+// GLM-5.2 scaled down: tiny-deepseek32's MLA with GLM's routing (one group), the indexer's RoPE
+// on adjacent pairs, and layer 2 sharing layer 1's selection (indexer_types full, full, shared,
+// full).
+ModelConfig tiny_glm_dsa() {
+  ModelConfig c = tiny_deepseek32();
+  c.arch = ModelArch::kGlmDsa;
+  c.num_layers = 4;
+  c.n_experts = 8;
+  c.n_experts_per_tok = 2;
+  c.n_group = 1;
+  c.topk_group = 1;
+  c.rms_norm_eps = 1e-5f;
+  c.index_rope_interleaved = true;
+  c.index_shared_layers = {2};
+  return c;
+}
+
 ModelConfig tiny_qwen(ModelArch arch) {
   ModelConfig c;
   c.arch = arch;
@@ -185,6 +215,48 @@ ModelConfig deepseek_v3() {
   set_yarn(c, 40.0f, 4096, 32.0f, 1.0f, 1.0f, 1.0f);
   c.bos_token_id = 0;
   c.eos_token_id = 1;
+  return c;
+}
+
+// deepseek-ai/DeepSeek-V3.2 (-Exp, -Speciale: the same shapes): V3 with the lightning indexer.
+// The MTP layer is not modelled.
+ModelConfig deepseek_v32() {
+  ModelConfig c = deepseek_v3();
+  c.arch = ModelArch::kDeepseek32;
+  c.index_n_heads = 64;
+  c.index_head_dim = 128;
+  c.index_topk = 2048;
+  return c;
+}
+
+// zai-org/GLM-5 (and 5.1; 5.2 adds a 1M context whose layers past the first two share every
+// fourth one's indexer). The MTP layer is not modelled.
+ModelConfig glm5() {
+  ModelConfig c = deepseek_base(ModelArch::kGlmDsa);
+  c.vocab_size = 154880;
+  c.hidden_size = 6144;
+  c.num_layers = 78;
+  c.num_heads = 64;
+  set_mla(c, 2048, 512, 192, 64, 256);
+  c.intermediate_size = 12288;
+  c.moe_intermediate_size = 2048;
+  c.n_experts = 256;
+  c.n_experts_per_tok = 8;
+  c.n_shared_experts = 1;
+  c.shared_expert_intermediate_size = 2048;
+  c.first_k_dense_replace = 3;
+  detail::set_noaux_tc_routing(c);
+  c.norm_topk_prob = true;
+  c.routed_scaling_factor = 2.5f;
+  c.rms_norm_eps = 1e-5f;
+  c.rope_theta = 1000000.0f;
+  c.max_position_embeddings = 202752;
+  c.index_n_heads = 32;
+  c.index_head_dim = 128;
+  c.index_topk = 2048;
+  c.index_rope_interleaved = true;
+  c.bos_token_id = -1;
+  c.eos_token_id = 154820;
   return c;
 }
 
@@ -558,9 +630,13 @@ const Preset kPresets[] = {
     {"tiny-gpt-oss", tiny_gpt_oss},
     {"tiny-qwen3next", [] { return tiny_qwen_hybrid(ModelArch::kQwen3Next); }},
     {"tiny-qwen35moe", [] { return tiny_qwen_hybrid(ModelArch::kQwen35Moe); }},
+    {"tiny-deepseek32", tiny_deepseek32},
+    {"tiny-glm-dsa", tiny_glm_dsa},
     {"deepseek-v2-lite", deepseek_v2_lite},
     {"deepseek-v3", deepseek_v3},
     {"kimi-k2", kimi_k2},
+    {"deepseek-v3.2", deepseek_v32},
+    {"glm-5", glm5},
     {"qwen3-30b-a3b", qwen3_30b_a3b},
     {"qwen2-57b-a14b", qwen2_57b_a14b},
     {"mixtral-8x7b", mixtral_8x7b},

@@ -36,7 +36,13 @@ void check_expressible(const ModelConfig& c, std::string_view target, bool gguf)
     refuse(c.qk_norm ? "q/k norms" : "the absence of q/k norms");
   }
   if (c.qk_norm_all_heads != minimax) refuse("this q/k norm span");
-  if (c.nextn_layers != 0 && !glm && !hybrid) refuse("multi-token-prediction layers");
+  const bool dsa = c.arch == ModelArch::kDeepseek32 || c.arch == ModelArch::kGlmDsa;
+  if (c.nextn_layers != 0 && !glm && !hybrid && !dsa) refuse("multi-token-prediction layers");
+  if (c.has_indexer() != dsa) refuse(dsa ? "attention without the indexer" : "a lightning indexer");
+  if (c.index_rope_interleaved != (c.arch == ModelArch::kGlmDsa)) refuse("this indexer RoPE");
+  if (!c.index_shared_layers.empty() && c.arch != ModelArch::kGlmDsa) {
+    refuse("layers sharing an indexer");
+  }
   if (qwen2 && !c.attention_bias) refuse("q/k/v without bias");
   if (minimax && c.attention_bias) refuse("attention bias");
   if (c.shared_expert_gate != ((qwen2 || hybrid) && c.shared_expert_intermediate_size > 0)) {
@@ -270,6 +276,19 @@ std::string config_to_hf_json(const ModelConfig& c) {
     j["attention_bias"] = c.attention_bias;
     j["rope_scaling"] = rope_scaling_json(c);
     if (c.arch == ModelArch::kDeepseek3) j["num_nextn_predict_layers"] = 0;
+    if (c.has_indexer()) {
+      j["num_nextn_predict_layers"] = c.nextn_layers;
+      j["index_n_heads"] = c.index_n_heads;
+      j["index_head_dim"] = c.index_head_dim;
+      j["index_topk"] = c.index_topk;
+    }
+    if (c.arch == ModelArch::kGlmDsa) {
+      OJson types = OJson::array();
+      for (int64_t l = 0; l < c.num_layers; ++l) {
+        types.push_back(c.is_index_layer(l) ? "full" : "shared");
+      }
+      j["indexer_types"] = types;
+    }
   } else if (c.arch == ModelArch::kGlm4Moe) {
     // Glm4MoeConfig's keys, in the order of GLM-4.5-Air's config.json.
     j["head_dim"] = c.head_dim;
@@ -377,6 +396,8 @@ void write_gguf_config(const ModelConfig& c, GgufWriter& w) {
   switch (c.arch) {
     case ModelArch::kDeepseek2:
     case ModelArch::kDeepseek3:
+    case ModelArch::kDeepseek32:
+    case ModelArch::kGlmDsa:
       // MLA is written as MQA over the compressed KV (llama.cpp's absorbed form), see
       // tests/data/golden/README.md "Layout notes".
       set_u32(w, key("expert_group_count"), c.n_group);
@@ -395,6 +416,20 @@ void write_gguf_config(const ModelConfig& c, GgufWriter& w) {
       if (c.norm_topk_prob) w.set(key("expert_weights_norm"), GgufValue::boolean(true));
       set_u32(w, key("expert_gating_func"), c.scoring == ScoringFunc::kSigmoid ? 2 : 1);
       set_u32(w, key("rope.dimension_count"), c.qk_rope_head_dim);
+      if (c.has_indexer()) {
+        // As convert_hf_to_gguf.py's DeepseekV32Model / GlmMoeDsaModel.
+        set_u32(w, key("nextn_predict_layers"), c.nextn_layers);
+        set_u32(w, key("attention.indexer.head_count"), c.index_n_heads);
+        set_u32(w, key("attention.indexer.key_length"), c.index_head_dim);
+        set_u32(w, key("attention.indexer.top_k"), c.index_topk);
+      }
+      if (c.arch == ModelArch::kGlmDsa) {
+        std::vector<GgufValue> types;
+        for (int64_t l = 0; l < c.num_layers; ++l) {
+          types.push_back(GgufValue::boolean(c.is_index_layer(l)));
+        }
+        w.set(key("attention.indexer.types"), GgufValue::array(GgufType::kBool, types));
+      }
       break;
     case ModelArch::kQwen2Moe:
       set_u32(w, key("attention.head_count_kv"), c.num_kv_heads);

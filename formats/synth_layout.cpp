@@ -14,9 +14,7 @@
 namespace tandem {
 namespace {
 
-bool is_deepseek(ModelArch arch) {
-  return arch == ModelArch::kDeepseek2 || arch == ModelArch::kDeepseek3;
-}
+using detail::is_deepseek;
 
 uint64_t splitmix64(uint64_t x) {
   x += 0x9E3779B97F4A7C15ull;
@@ -70,6 +68,17 @@ std::vector<HfTensorSpec> hf_tensor_specs(const ModelConfig& c) {
             WeightRole::kLinear, c.kv_lora_rank);
       b.add(a + "o_proj.weight", {h, c.num_heads * c.v_head_dim}, WeightRole::kLinear,
             c.num_heads * c.v_head_dim);
+      // DeepSeek Sparse Attention's lightning indexer (the MTP layer has one too).
+      if (c.is_index_layer(l) || (mtp && c.has_indexer())) {
+        const std::string x = a + "indexer.";
+        const int64_t d = c.index_head_dim;
+        b.add(x + "wq_b.weight", {c.index_n_heads * d, c.q_lora_rank}, WeightRole::kLinear,
+              c.q_lora_rank);
+        b.add(x + "wk.weight", {d, h}, WeightRole::kLinear, h);
+        b.add(x + "k_norm.weight", {d}, WeightRole::kNorm);
+        b.add(x + "k_norm.bias", {d}, WeightRole::kBias);
+        b.add(x + "weights_proj.weight", {c.index_n_heads, h}, WeightRole::kLinear, h);
+      }
     } else {
       const int64_t q_out = c.num_heads * c.head_dim, kv_out = c.num_kv_heads * c.head_dim;
       const int64_t v_out = c.num_kv_heads * c.v_head_dim;
@@ -237,6 +246,14 @@ std::vector<GgufTensorSpec> gguf_tensor_specs(const ModelConfig& c,
                        return HfRowRef{kv, (head * (nope + vd) + nope + d) * lora, 1};
                      }});
       direct(g + "attn_output.weight", a + "o_proj.weight");
+      if (c.is_index_layer(l) || (mtp && c.has_indexer())) {
+        const std::string x = a + "indexer.";
+        direct(g + "indexer.attn_q_b.weight", x + "wq_b.weight");
+        direct(g + "indexer.attn_k.weight", x + "wk.weight");
+        direct(g + "indexer.k_norm.weight", x + "k_norm.weight");
+        direct(g + "indexer.k_norm.bias", x + "k_norm.bias");
+        direct(g + "indexer.proj.weight", x + "weights_proj.weight");
+      }
     } else {
       if (c.arch == ModelArch::kMixtral) {
         permuted(g + "attn_q.weight", a + "q_proj.weight", c.num_heads);

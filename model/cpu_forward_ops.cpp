@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 #include <deque>
+#include <memory>
 
 #include "core/error.h"
 #include "core/thread_pool.h"
@@ -12,6 +13,7 @@
 #include "model/delta_net_layer.h"
 #include "model/forward_ops.h"
 #include "model/moe_backend.h"
+#include "model/sparse_attention.h"
 #include "ops/cpu/delta_net.h"
 #include "ops/cpu/kernels.h"
 #include "ops/cpu/ref_ops.h"
@@ -58,7 +60,8 @@ class CpuForwardOps final : public ForwardOps {
     return grow(buffers_[slot], count);
   }
   void begin(const ForwardStep& step, KvCache& cache) override {
-    if (w_.config.has_linear_layers()) step_ = step;  // (the DeltaNet layers read it whole)
+    // (The DeltaNet layers and the lightning indexer read it whole.)
+    if (w_.config.has_linear_layers() || w_.config.has_indexer()) step_ = step;
     parts_ = step.parts;
     part_of_ = step.part_of;
     pos_ = step.pos;
@@ -186,7 +189,7 @@ class CpuForwardOps final : public ForwardOps {
   ops::RopeForm rope_form_;
   float attn_scale_;
   int64_t delta_chunk_tokens_;
-  ForwardStep step_;  // hybrid models: the step being computed
+  ForwardStep step_;  // hybrid and sparse-attention models: the step being computed
   DeltaNetScratch delta_scratch_;
   ForwardOpsProfile profile_;
   // The step being computed: its parts, each token's id, part and position, its cache.
@@ -202,6 +205,15 @@ class CpuForwardOps final : public ForwardOps {
   std::vector<float> lat_f32_;              // expanded MLA: the sequence's latents as F32
   std::deque<kern::Activations> lat_acts_;  // expanded MLA: the latents per encoding
   std::vector<int64_t> rows_;               // absorbed MLA's token rows
+  // DeepSeek Sparse Attention: the indexer, the step's selection (of the last index layer), the
+  // selected rows gathered for the layer's attention.
+  std::unique_ptr<LightningIndexer> indexer_;
+  SparseSelection selection_;
+  std::deque<std::vector<uint8_t>> gathered_;
+  // args as they attend: split by the selection with an indexer (split_by_selection).
+  void add_attention(const ops::AttentionArgs& args, int64_t t0,
+                     std::vector<ops::AttentionArgs>* out);
+  bool part_is_sparse(const Part& p) const;
 };
 
 CpuForwardOps::CpuForwardOps(const LoadedModel& weights, const ForwardOpsOptions& o)
@@ -220,6 +232,20 @@ CpuForwardOps::CpuForwardOps(const LoadedModel& weights, const ForwardOpsOptions
   const bool interleaved = c.is_mla() || (c.arch == ModelArch::kMixtral && w_.from_gguf);
   rope_form_ = interleaved ? ops::RopeForm::kInterleaved : ops::RopeForm::kNeox;
   attn_scale_ = 1.0f / std::sqrt(static_cast<float>(c.head_dim)) * rope_.softmax_scale_factor();
+  if (c.has_indexer()) indexer_ = std::make_unique<LightningIndexer>(c, pool_, views_);
+}
+
+void CpuForwardOps::add_attention(const ops::AttentionArgs& args, int64_t t0,
+                                  std::vector<ops::AttentionArgs>* out) {
+  if (indexer_) {
+    split_by_selection(args, t0, selection_, gathered_, out);
+  } else {
+    out->push_back(args);
+  }
+}
+
+bool CpuForwardOps::part_is_sparse(const Part& p) const {
+  return indexer_ && selection_.sparse(p.t0 + p.n - 1);  // (its last token sees the most)
 }
 
 template <typename F>
@@ -379,6 +405,8 @@ void CpuForwardOps::attention_mla(KvCache& cache, int64_t l, int64_t n, const fl
       float* r = qa + t * c.q_lora_rank;
       ops::rms_norm(r, lw.q_a_norm.data(), c.q_lora_rank, c.rms_norm_eps, r);
     }
+    // (A layer sharing an indexer keeps the selection of the last one before it.)
+    if (c.is_index_layer(l)) indexer_->run(l, lw, x, qa, step_, cache, &selection_);
     kern::matmul(lw.wq_b, qa, n, q, pool_, views_);
   } else {
     const ops::Weight* ws[2] = {&lw.wq, &lw.wkv_a};
@@ -386,6 +414,7 @@ void CpuForwardOps::attention_mla(KvCache& cache, int64_t l, int64_t n, const fl
     kern::matmul_shared_input(ws, x, n, ys, pool_, views_);
   }
   const bool latent = mla_ != MlaMode::kNaive;
+  gathered_.clear();
   for_tokens(n, [&](int64_t t) {
     const int64_t pos = pos_[static_cast<size_t>(t)];
     float* r = kv + t * kr;
@@ -442,14 +471,16 @@ void CpuForwardOps::attention_mla(KvCache& cache, int64_t l, int64_t n, const fl
   float* qc = grow(t1_, n * nh * kr);
   float* att = grow(att_, n * nh * kvl);
   for (const Part& p : parts_) {
-    if (mla_expands(l, p.n, p.pos0 + p.n)) {
+    // (Expanded: every position's K / V; a sparse part reads its selection's latents.)
+    if (mla_expands(l, p.n, p.pos0 + p.n) && !part_is_sparse(p)) {
       attention_mla_expanded(cache, l, p, q, o);
       decode = false;
       continue;
     }
     for (int64_t j = 0; j < p.n; ++j) rows_.push_back(p.t0 + j);
+    decode = decode && p.n == 1;
     // q_cat per head: W_UK^T q_nope (kvl values) then q_pe, scored against [latent, k_pe].
-    ops::AttentionArgs& a = args.emplace_back();
+    ops::AttentionArgs a;
     a.q = qc + p.t0 * nh * kr;
     a.q_stride = nh * kr;
     a.n_tokens = p.n;
@@ -461,7 +492,10 @@ void CpuForwardOps::attention_mla(KvCache& cache, int64_t l, int64_t n, const fl
     a.pos0 = p.pos0;
     a.scale = attn_scale_;
     a.out = att + p.t0 * nh * kvl;
-    decode = decode && p.n == 1 && !kern::attention_splits_cache(a, pool_);
+    add_attention(a, p.t0, &args);
+  }
+  for (const ops::AttentionArgs& a : args) {
+    decode = decode && a.n_tokens == 1 && !kern::attention_splits_cache(a, pool_);
   }
   if (rows_.empty()) {
     kern::matmul(lw.wo, o, n, out, pool_, views_);
@@ -553,7 +587,9 @@ void CpuForwardOps::attend_per_head(const Part& p, const float* q, ops::Attentio
   args.pos0 = p.pos0;
   args.scale = attn_scale_;
   args.out = o + p.t0 * nh * vd;
-  kern::attention(args, pool_);
+  std::vector<ops::AttentionArgs> split;
+  add_attention(args, p.t0, &split);
+  for (const ops::AttentionArgs& a : split) kern::attention(a, pool_);
 }
 
 bool CpuForwardOps::mla_expands(int64_t l, int64_t n, int64_t positions_in) const {

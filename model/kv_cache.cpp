@@ -47,7 +47,8 @@ KvCache::KvCache(const KvLayout& layout, const KvCacheOptions& options)
   if (l.layers <= 0 || l.k_heads <= 0 || l.k_dim <= 0 || l.v_heads < 0 || l.v_dim <= 0 ||
       (l.v_heads == 0 && (l.k_heads != 1 || l.v_dim > l.k_dim)) || l.state_layers < 0 ||
       l.state_floats < 0 || (l.state_layers > 0) != (l.state_floats > 0) ||
-      l.state_floats > (int64_t{1} << 32)) {
+      l.state_floats > (int64_t{1} << 32) || l.index_layers < 0 || l.index_dim < 0 ||
+      (l.index_layers > 0) != (l.index_dim > 0) || l.index_layers > l.layers) {
     fail(ErrorKind::kInvalidArgument,
          "KV cache: a bad layout ({} layers, {} x {} key values, {} x {} values per position)",
          l.layers, l.k_heads, l.k_dim, l.v_heads, l.v_dim);
@@ -73,9 +74,13 @@ KvCache::KvCache(const KvLayout& layout, const KvCacheOptions& options)
   v_row_ = l.v_heads > 0 ? row_elems(t, l.v_dim) : 0;
   k_row_bytes_ = k_row_ * elem_bytes(t);
   v_row_bytes_ = v_row_ * elem_bytes(t);
+  i_row_ = l.index_layers > 0 ? row_elems(t, l.index_dim) : 0;
+  i_row_bytes_ = i_row_ * elem_bytes(t);
   k_block_bytes_ = static_cast<uint64_t>(l.k_heads * block_ * k_row_bytes_);
   v_block_bytes_ = static_cast<uint64_t>(l.v_heads * block_ * v_row_bytes_);
-  block_bytes_ = static_cast<uint64_t>(l.layers) * (k_block_bytes_ + v_block_bytes_);
+  i_block_bytes_ = static_cast<uint64_t>(block_ * i_row_bytes_);
+  block_bytes_ = static_cast<uint64_t>(l.layers) * (k_block_bytes_ + v_block_bytes_) +
+                 static_cast<uint64_t>(l.index_layers) * i_block_bytes_;
   // The pool's size before any arithmetic that could overflow: at most 2^31 - 1 blocks and 1 TiB.
   constexpr uint64_t kMaxBytes = uint64_t{1} << 40;
   const uint64_t blocks = (static_cast<uint64_t>(options.positions) + block_ - 1) / block_;
@@ -127,7 +132,8 @@ KvCache::KvCache(const KvLayout& layout, const KvCacheOptions& options)
 }
 
 uint64_t KvCache::position_bytes() const {
-  return static_cast<uint64_t>(layout_.k_heads * k_row_bytes_ + layout_.v_heads * v_row_bytes_);
+  return static_cast<uint64_t>(layout_.k_heads * k_row_bytes_ + layout_.v_heads * v_row_bytes_) +
+         (layout_.index_layers > 0 ? static_cast<uint64_t>(i_row_bytes_) : 0);
 }
 
 const KvCache::Seq& KvCache::seq_ref(SeqId seq) const {
@@ -361,6 +367,9 @@ void KvCache::make_writable(std::span<const Write> writes) {
                        v_block_bytes_);
           }
         }
+        for (int64_t il = 0; il < layout_.index_layers; ++il) {
+          copy_bytes(index_row_at(il, copy, 0), index_row_at(il, old, 0), i_block_bytes_);
+        }
         --refs_[static_cast<size_t>(old)];
         old = copy;
       } else {
@@ -409,12 +418,14 @@ uint8_t* KvCache::row_at(int64_t layer, bool value, int32_t block, int64_t r,
          static_cast<uint64_t>((head * block_ + r) * v_row_bytes_);
 }
 
-void KvCache::write_row(int64_t layer, bool value, SeqId seq, int64_t pos, int64_t head,
-                        const float* src) {
-  const Seq& s = seqs_[static_cast<size_t>(seq)];
-  uint8_t* row = row_at(layer, value, s.blocks[static_cast<size_t>(pos / block_)], pos % block_,
-                        head);
-  const int64_t d = value ? layout_.v_dim : layout_.k_dim;
+uint8_t* KvCache::index_row_at(int64_t il, int32_t block, int64_t r) const {
+  const uint64_t base = static_cast<uint64_t>(layout_.layers) * n_blocks_ *
+                            (k_block_bytes_ + v_block_bytes_) +
+                        static_cast<uint64_t>(il) * n_blocks_ * i_block_bytes_;
+  return base_ + base + block * i_block_bytes_ + static_cast<uint64_t>(r * i_row_bytes_);
+}
+
+void KvCache::store_row(uint8_t* row, const float* src, int64_t d) const {
   switch (options_.type) {
     case KvType::kF32:
       std::memcpy(row, src, static_cast<size_t>(d) * 4);
@@ -432,12 +443,7 @@ void KvCache::write_row(int64_t layer, bool value, SeqId seq, int64_t pos, int64
   }
 }
 
-void KvCache::read_row(int64_t layer, bool value, SeqId seq, int64_t pos, int64_t head,
-                       float* dst) const {
-  const Seq& s = seqs_[static_cast<size_t>(seq)];
-  const uint8_t* row = row_at(layer, value, s.blocks[static_cast<size_t>(pos / block_)],
-                              pos % block_, head);
-  const int64_t d = value ? layout_.v_dim : layout_.k_dim;
+void KvCache::load_row(const uint8_t* row, float* dst, int64_t d) const {
   switch (options_.type) {
     case KvType::kF32:
       std::memcpy(dst, row, static_cast<size_t>(d) * 4);
@@ -457,12 +463,29 @@ void KvCache::read_row(int64_t layer, bool value, SeqId seq, int64_t pos, int64_
   }
 }
 
-void KvCache::attention_args(int64_t layer, SeqId seq, ops::AttentionArgs* a) const {
-  const Seq& s = seq_ref(seq);
-  const int64_t eb = elem_bytes(options_.type);
-  const uint8_t* k = row_at(layer, false, 0, 0, 0);
-  const bool values_in_keys = layout_.v_heads == 0;
-  const uint8_t* v = values_in_keys ? k : row_at(layer, true, 0, 0, 0);
+void KvCache::write_row(int64_t layer, bool value, SeqId seq, int64_t pos, int64_t head,
+                        const float* src) {
+  const Seq& s = seqs_[static_cast<size_t>(seq)];
+  store_row(row_at(layer, value, s.blocks[static_cast<size_t>(pos / block_)], pos % block_, head),
+            src, value ? layout_.v_dim : layout_.k_dim);
+}
+
+void KvCache::read_row(int64_t layer, bool value, SeqId seq, int64_t pos, int64_t head,
+                       float* dst) const {
+  const Seq& s = seqs_[static_cast<size_t>(seq)];
+  load_row(row_at(layer, value, s.blocks[static_cast<size_t>(pos / block_)], pos % block_, head),
+           dst, value ? layout_.v_dim : layout_.k_dim);
+}
+
+void KvCache::write_index_row(int64_t il, SeqId seq, int64_t pos, const float* src) {
+  TD_CHECK(il >= 0 && il < layout_.index_layers, "KV cache: index layer {}", il);
+  const Seq& s = seqs_[static_cast<size_t>(seq)];
+  store_row(index_row_at(il, s.blocks[static_cast<size_t>(pos / block_)], pos % block_), src,
+            layout_.index_dim);
+}
+
+void KvCache::set_row_pointers(const uint8_t* k, const uint8_t* v, int64_t k_dim, int64_t v_dim,
+                               ops::AttentionArgs* a) const {
   switch (options_.type) {
     case KvType::kF32:
       a->k = reinterpret_cast<const float*>(k);
@@ -475,13 +498,32 @@ void KvCache::attention_args(int64_t layer, SeqId seq, ops::AttentionArgs* a) co
       a->f16 = options_.type == KvType::kF16;
       break;
     case KvType::kQ8_0:
-      a->k8 = reinterpret_cast<const int8_t*>(k) + ops::q8_lead_bytes(layout_.k_dim);
+      a->k8 = reinterpret_cast<const int8_t*>(k) + ops::q8_lead_bytes(k_dim);
       // (The values of a latent row are its first v_dim: the same row, the key's scales.)
-      a->v8 = values_in_keys
-                  ? a->k8
-                  : reinterpret_cast<const int8_t*>(v) + ops::q8_lead_bytes(layout_.v_dim);
+      a->v8 = v == k ? a->k8 : reinterpret_cast<const int8_t*>(v) + ops::q8_lead_bytes(v_dim);
       break;
   }
+}
+
+void KvCache::index_args(int64_t il, SeqId seq, ops::AttentionArgs* a) const {
+  TD_CHECK(il >= 0 && il < layout_.index_layers, "KV cache: index layer {}", il);
+  const Seq& s = seq_ref(seq);
+  const uint8_t* k = index_row_at(il, 0, 0);
+  set_row_pointers(k, k, layout_.index_dim, layout_.index_dim, a);
+  a->k_stride = i_row_;
+  a->k_head = 0;
+  a->blocks = s.blocks.data();
+  a->block_positions = block_;
+  a->k_block = static_cast<int64_t>(i_block_bytes_) / elem_bytes(options_.type);
+}
+
+void KvCache::attention_args(int64_t layer, SeqId seq, ops::AttentionArgs* a) const {
+  const Seq& s = seq_ref(seq);
+  const int64_t eb = elem_bytes(options_.type);
+  const uint8_t* k = row_at(layer, false, 0, 0, 0);
+  const bool values_in_keys = layout_.v_heads == 0;
+  const uint8_t* v = values_in_keys ? k : row_at(layer, true, 0, 0, 0);
+  set_row_pointers(k, v, layout_.k_dim, layout_.v_dim, a);
   // Head-major within a block: a KV head's positions of the block are consecutive rows.
   a->k_stride = k_row_;
   a->v_stride = values_in_keys ? k_row_ : v_row_;

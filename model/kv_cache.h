@@ -58,11 +58,15 @@ const char* kv_type_name(KvType type);
 // rows (DeepSeek MLA's latent cache: the latent, then the rope key).
 // state_layers, state_floats: the recurrent layers (counted apart from the attention `layers`)
 // each keep state_floats F32 values per sequence (ModelConfig::linear_state_floats); 0: none.
+// index_layers, index_dim: DeepSeek Sparse Attention's indexer keys, one row of index_dim values
+// per position in each of index_layers layers (ModelConfig::num_index_layers), paged with the
+// keys and values in the cache's element type; 0: none.
 struct KvLayout {
   int64_t layers = 0;
   int64_t k_heads = 0, k_dim = 0;
   int64_t v_heads = 0, v_dim = 0;
   int64_t state_layers = 0, state_floats = 0;
+  int64_t index_layers = 0, index_dim = 0;
   bool operator==(const KvLayout&) const = default;
 };
 
@@ -201,6 +205,11 @@ class KvCache {
   // The cache fields of AttentionArgs for seq's rows of layer: k / v (k16 / v16, k8 / v8), the
   // strides, heads and its block table (valid until the sequence's blocks change).
   void attention_args(int64_t layer, SeqId seq, ops::AttentionArgs* a) const;
+  // The indexer's keys (layout().index_layers > 0): position pos's row of index layer
+  // `index_layer`, written from F32; and the key fields of AttentionArgs (k / k16 / k8, k_stride,
+  // the block table, k_block) for seq's rows of it (the value fields unset).
+  void write_index_row(int64_t index_layer, SeqId seq, int64_t pos, const float* src);
+  void index_args(int64_t index_layer, SeqId seq, ops::AttentionArgs* a) const;
 
  private:
   struct Seq {
@@ -238,14 +247,25 @@ class KvCache {
   }
   // Address of the row (layer, value, block b, row r within the block, head) in the pool.
   uint8_t* row_at(int64_t layer, bool value, int32_t block, int64_t r, int64_t head) const;
+  // The same for an indexer key (index layer il).
+  uint8_t* index_row_at(int64_t il, int32_t block, int64_t r) const;
+  // d F32 values into / out of a row in the cache's element type.
+  void store_row(uint8_t* row, const float* src, int64_t d) const;
+  void load_row(const uint8_t* row, float* dst, int64_t d) const;
+  // The cache fields of AttentionArgs for rows at `base` (k and v both, values_in_keys).
+  void set_row_pointers(const uint8_t* k, const uint8_t* v, int64_t k_dim, int64_t v_dim,
+                        ops::AttentionArgs* a) const;
 
   KvLayout layout_;
   KvCacheOptions options_;
   int64_t block_ = 0, n_blocks_ = 0, max_seq_ = 0;
-  // Per row: elements (bytes for Q8_0) and bytes; per block of one layer: K and V bytes.
+  // Per row: elements (bytes for Q8_0) and bytes; per block of one layer: K, V and indexer-key
+  // bytes.
   int64_t k_row_ = 0, v_row_ = 0, k_row_bytes_ = 0, v_row_bytes_ = 0;
-  uint64_t k_block_bytes_ = 0, v_block_bytes_ = 0, block_bytes_ = 0;
-  // The pool, layer-major: layer l's key blocks, then its value blocks. In pool_, or in the
+  int64_t i_row_ = 0, i_row_bytes_ = 0;
+  uint64_t k_block_bytes_ = 0, v_block_bytes_ = 0, i_block_bytes_ = 0, block_bytes_ = 0;
+  // The pool, layer-major: layer l's key blocks, then its value blocks; after the last layer the
+  // index layers' blocks. In pool_, or in the
   // memory of options.alloc (owned by external_, which releases it).
   AlignedBuffer pool_;
   std::shared_ptr<void> external_;

@@ -106,6 +106,10 @@ KvLayout Model::kv_layout() const {
     l.state_layers = c.num_linear_layers();
     l.state_floats = c.linear_state_floats();
   }
+  if (c.has_indexer()) {
+    l.index_layers = c.num_index_layers();
+    l.index_dim = c.index_head_dim;
+  }
   if (c.is_mla() && mla_ != MlaMode::kNaive) {
     // The latent then the rope key; the values are the latent (the key rows' first kv_lora).
     l.k_heads = 1;

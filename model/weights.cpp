@@ -406,6 +406,7 @@ struct LayerNames {
   std::string q_a, q_a_norm, q_b, kv_a, kv_a_norm;                 // MLA
   std::string kv_b;        // MLA up-projection, [heads * (nope + v), kv_lora]
   std::string k_b, v_b;    // GGUF's split form of kv_b (empty for HF)
+  std::string idx_q_b, idx_k, idx_k_norm, idx_k_norm_bias, idx_weights;  // the indexer
   std::string gate, up, down;  // dense FFN
   std::string router, router_bias;
   std::string o_bias, sinks, router_logit_bias;  // gpt-oss
@@ -452,6 +453,11 @@ LayerNames gguf_names(const ModelConfig& c, int64_t l) {
   n.kv_b = p + "attn_kv_b.weight";
   n.k_b = p + "attn_k_b.weight";
   n.v_b = p + "attn_v_b.weight";
+  n.idx_q_b = p + "indexer.attn_q_b.weight";
+  n.idx_k = p + "indexer.attn_k.weight";
+  n.idx_k_norm = p + "indexer.k_norm.weight";
+  n.idx_k_norm_bias = p + "indexer.k_norm.bias";
+  n.idx_weights = p + "indexer.proj.weight";
   n.gate = p + "ffn_gate.weight";
   n.up = p + "ffn_up.weight";
   n.down = p + "ffn_down.weight";
@@ -517,6 +523,11 @@ LayerNames hf_names(const ModelConfig& c, int64_t l) {
   n.kv_a = a + "kv_a_proj_with_mqa.weight";
   n.kv_a_norm = a + "kv_a_layernorm.weight";
   n.kv_b = a + "kv_b_proj.weight";
+  n.idx_q_b = a + "indexer.wq_b.weight";
+  n.idx_k = a + "indexer.wk.weight";
+  n.idx_k_norm = a + "indexer.k_norm.weight";
+  n.idx_k_norm_bias = a + "indexer.k_norm.bias";
+  n.idx_weights = a + "indexer.weights_proj.weight";
   n.gate = p + "mlp.gate_proj.weight";
   n.up = p + "mlp.up_proj.weight";
   n.down = p + "mlp.down_proj.weight";
@@ -786,6 +797,14 @@ void load_layer(Source& s, const ModelConfig& c, int64_t l, const LayerNames& n,
       }
     }
     w.wo = s.get_w(n.o, {hd, c.num_heads * c.v_head_dim});
+    if (c.is_index_layer(l)) {
+      const int64_t d = c.index_head_dim;
+      w.idx_wq_b = s.get_w(n.idx_q_b, {c.index_n_heads * d, c.q_lora_rank});
+      w.idx_wk = s.get_w(n.idx_k, {d, hd});
+      w.idx_k_norm = s.get_f32(n.idx_k_norm, d);
+      w.idx_k_norm_bias = s.get_f32(n.idx_k_norm_bias, d);
+      w.idx_weights = s.get_w(n.idx_weights, {c.index_n_heads, hd});
+    }
   } else {
     const int64_t d = c.head_dim;
     // (With the output gate, q_proj gives each head its query and its gate: twice the rows.)

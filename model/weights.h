@@ -61,6 +61,12 @@ struct LayerWeights {
   // attn_k_b) and v_up [v_head, kv_lora].
   std::vector<ops::Weight> k_up, v_up;
   bool k_up_transposed = false;
+  // DeepSeek Sparse Attention's lightning indexer (ModelConfig::is_index_layer; empty else):
+  // its query from the q LoRA, its key from x through a LayerNorm, each head's weight from x.
+  ops::Weight idx_wq_b;     // [index heads * index_head_dim, q_lora]
+  ops::Weight idx_wk;       // [index_head_dim, hidden]
+  std::vector<float> idx_k_norm, idx_k_norm_bias;
+  ops::Weight idx_weights;  // [index heads, hidden]
 
   // Dense FFN (DeepSeek's leading layers).
   ops::Weight ffn_gate, ffn_up, ffn_down;

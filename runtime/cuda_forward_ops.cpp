@@ -38,6 +38,12 @@ class CudaForwardOps final : public DeviceForwardOps {
            "absorbed), not naive",
            dev.name());
     }
+    if (c.has_indexer()) {
+      fail(ErrorKind::kUnsupported,
+           "{}: DeepSeek Sparse Attention (the lightning indexer of {}) has no CUDA kernels; run "
+           "it with --accel none or host",
+           dev.name(), arch_name(c.arch));
+    }
     if (c.has_linear_layers() && (c.linear_conv_kernel > 8 || c.linear_key_head_dim > 256)) {
       fail(ErrorKind::kUnsupported,
            "{}: the CUDA DeltaNet kernels take convolutions up to 8 wide and key heads up to 256 "

@@ -21,7 +21,8 @@ std::vector<ops::Weight*> dense_matrices(LoadedModel& m) {
   for (LayerWeights& lw : m.layers) {
     for (ops::Weight* w :
          {&lw.wq, &lw.wk, &lw.wv, &lw.wo, &lw.wq_a, &lw.wq_b, &lw.wkv_a, &lw.ffn_gate, &lw.ffn_up,
-          &lw.ffn_down, &lw.router, &lw.sh_gate, &lw.sh_up, &lw.sh_down}) {
+          &lw.ffn_down, &lw.router, &lw.sh_gate, &lw.sh_up, &lw.sh_down, &lw.idx_wq_b,
+          &lw.idx_wk, &lw.idx_weights}) {
       out.push_back(w);
     }
     for (ops::Weight& w : lw.k_up) out.push_back(&w);

@@ -166,6 +166,12 @@ void swiglu_ffn(const ops::Weight& gate, const ops::Weight& up, const ops::Weigh
 void gemm_f32_kn(const float* a, int64_t lda, int64_t m, const float* b, int64_t k, int64_t n,
                  float* c, int64_t ldc, Isa isa = best_isa());
 
+// ops::index_scores's contract (DeepSeek Sparse Attention's indexer: one query's scores against
+// the first n cached keys), the keys in tiles of 64 positions on `pool`, each tile's dot products
+// with every head one gemm_f32_kn; the reference's bits.
+void index_scores(const ops::AttentionArgs& keys, const float* q, const float* w, int64_t heads,
+                  int64_t n, float* out, ThreadPool* pool);
+
 // ops::attention's contract, one task per (token, KV head) on `pool`: the scores of every query
 // head sharing that KV head against all its cached keys, softmax, then the weighted sum of the
 // values. AVX-512: register-blocked scores and value sums over segments of 256 keys, each

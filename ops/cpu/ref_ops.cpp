@@ -115,6 +115,61 @@ void rms_norm(const float* x, const float* w, int64_t n, float eps, float* out) 
   for (int64_t i = 0; i < n; ++i) out[i] = x[i] * inv * w[i];
 }
 
+void layer_norm(const float* x, const float* w, const float* b, int64_t n, float eps,
+                float* out) {
+  float mean = 0.0f;
+  for (int64_t i = 0; i < n; ++i) mean += x[i];
+  mean /= static_cast<float>(n);
+  float var = 0.0f;
+  for (int64_t i = 0; i < n; ++i) var += (x[i] - mean) * (x[i] - mean);
+  const float inv = 1.0f / std::sqrt(var / static_cast<float>(n) + eps);
+  for (int64_t i = 0; i < n; ++i) out[i] = (x[i] - mean) * inv * w[i] + b[i];
+}
+
+void hadamard(float* x, int64_t n) {
+  for (int64_t len = 1; len < n; len *= 2) {
+    for (int64_t i = 0; i < n; i += 2 * len) {
+      for (int64_t j = i; j < i + len; ++j) {
+        const float a = x[j], b = x[j + len];
+        x[j] = a + b;
+        x[j + len] = a - b;
+      }
+    }
+  }
+  const float scale = 1.0f / std::sqrt(static_cast<float>(n));
+  for (int64_t i = 0; i < n; ++i) x[i] *= scale;
+}
+
+void index_scores(const AttentionArgs& keys, const float* q, const float* w, int64_t heads,
+                  int64_t n, float* out) {
+  AttentionArgs a = keys;
+  a.n_tokens = 1;
+  a.pos0 = n - 1;
+  a.n_kv_heads = 1;
+  a.dv = a.dk;
+  a.v = a.k;
+  a.v16 = a.k16;
+  a.v8 = a.k8;
+  a.v_stride = a.k_stride;
+  a.v_block = a.k_block;
+  std::vector<float> wq, wk, wv;
+  a.q = q;
+  a.q_stride = heads * a.dk;
+  a.n_heads = heads;
+  // The keys as F32 rows (widen_cache rounds a BF16 cache's queries; the indexer's are F32).
+  AttentionArgs k32 = widen_cache(a, &wq, &wk, &wv);
+  std::vector<float> dots(static_cast<size_t>(heads));
+  for (int64_t s = 0; s < n; ++s) {
+    const float* k = k32.k + s * k32.k_stride;
+    for (int64_t h = 0; h < heads; ++h) {
+      float d = 0.0f;
+      for (int64_t i = 0; i < a.dk; ++i) d = std::fma(q[h * a.dk + i], k[i], d);
+      dots[static_cast<size_t>(h)] = d;
+    }
+    out[s] = index_score(dots.data(), w, heads);
+  }
+}
+
 void softmax(float* x, int64_t n) {
   float mx = x[0];
   for (int64_t i = 1; i < n; ++i) mx = std::max(mx, x[i]);

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <array>
+#include <cmath>
 #include <cstdint>
 #include <vector>
 
@@ -39,6 +40,30 @@ std::vector<float> to_f32(const Tensor& t);
 
 // out = x / rms(x) * w over n values (out may alias x).
 void rms_norm(const float* x, const float* w, int64_t n, float eps, float* out);
+
+// out = (x - mean(x)) / sqrt(var(x) + eps) * w + b over n values (out may alias x): the
+// LayerNorm of DeepSeek Sparse Attention's indexer key.
+void layer_norm(const float* x, const float* w, const float* b, int64_t n, float eps, float* out);
+
+// x (n values, a power of two) times the orthonormal Walsh-Hadamard matrix (entries
+// (-1)^popcount(i & j) / sqrt(n); its own inverse), in place: the rotation the indexer applies to
+// its queries and keys (llama.cpp's attn_rot_k). Butterflies, then the scale.
+void hadamard(float* x, int64_t n);
+
+// DeepSeek Sparse Attention's score of one key: sum_h w[h] * relu(dot[h]) over the heads in
+// order, from the query heads' dot products with the key. Shared by the reference and the kernel.
+inline float index_score(const float* dot, const float* w, int64_t heads) {
+  float s = 0.0f;
+  for (int64_t h = 0; h < heads; ++h) s = std::fma(w[h], dot[h] > 0.0f ? dot[h] : 0.0f, s);
+  return s;
+}
+
+// The indexer's scores of one query against the first n keys of a cache (the key fields of
+// AttentionArgs: k / k16 / k8, paged or not; dk the key's size): out[s] = index_score over
+// q_h . k_s for the heads' queries q [heads, dk] and weights w [heads]; each dot product one
+// fused multiply-add chain from element 0 (kern::index_scores's bits). The reference.
+void index_scores(const AttentionArgs& keys, const float* q, const float* w, int64_t heads,
+                  int64_t n, float* out);
 
 void softmax(float* x, int64_t n);  // in place, max-subtracted
 // softmax with one more term e^(sink - m) in the denominator (m = max(x, sink)): gpt-oss's
