@@ -367,11 +367,14 @@ TEST_P(BatchForward, RandomScheduleEqualsSoloRuns) {
 
 std::vector<Case> cases() {
   std::vector<Case> v;
-  for (const std::string m : {"qwen2moe", "qwen3moe", "mixtral", "deepseek2", "deepseek3"}) {
+  for (const std::string m : {"qwen2moe", "qwen3moe", "mixtral", "deepseek2", "deepseek3",
+                              "deepseek32", "glm-dsa"}) {
     v.push_back({"golden/" + m + ".gguf", "reference", "", MlaMode::kAuto});
     v.push_back({"golden/" + m + "-hf", "fused", "native", MlaMode::kAuto});
   }
   v.push_back({"golden/deepseek2.gguf", "fused", "native", MlaMode::kNaive});
+  v.push_back({"golden/glm-dsa.gguf", "fused", "native", MlaMode::kNaive});
+  v.push_back({"golden/deepseek32-q4_k_m.gguf", "fused", "repack", MlaMode::kAuto});
   v.push_back({"golden/qwen3moe-q4_k_m.gguf", "fused", "repack", MlaMode::kAuto});
   v.push_back({"demo/tandem-demo-moe-hf", "fused", "native", MlaMode::kAuto});
   v.push_back({"demo/tandem-demo-moe-Q4_K_M.gguf", "fused", "repack", MlaMode::kAuto});
@@ -379,9 +382,10 @@ std::vector<Case> cases() {
   v.push_back({"demo/tandem-demo-moe-Q4_K_M.gguf", "fused", "native", MlaMode::kNaive});
   // The dense part on the host device (--accel host), the experts through the hybrid backend.
   for (const std::string m : {"qwen2moe", "qwen3moe", "mixtral", "deepseek2", "deepseek3",
-                              "gpt-oss", "glm4moe", "minimax-m2"}) {
+                              "gpt-oss", "glm4moe", "minimax-m2", "deepseek32", "glm-dsa"}) {
     v.push_back({"golden/" + m + ".gguf", "hybrid", "native", MlaMode::kAuto});
   }
+  v.push_back({"golden/deepseek32-q4_k_m.gguf", "device", "repack", MlaMode::kAuto});
   v.push_back({"golden/deepseek2.gguf", "hybrid", "native", MlaMode::kNaive});
   v.push_back({"golden/qwen3moe-q4_k_m.gguf", "hybrid", "native", MlaMode::kAuto});
   v.push_back({"demo/tandem-demo-moe-hf", "hybrid", "native", MlaMode::kAuto});

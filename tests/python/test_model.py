@@ -189,3 +189,24 @@ def test_hybrid_model_equals_the_cli_alone_together_and_on_the_accelerator(tande
     assert interleaved(accel, PROMPTS, max_tokens=10, temperature=0, ignore_eos=True) == solo
     with pytest.raises(ValueError, match="checkpoints"):
         tandem.Model(path, checkpoints=-1)
+
+
+@pytest.mark.parametrize("name", ["deepseek32", "glm-dsa"])
+def test_sparse_attention_model_continues_as_llama_cpp(name):
+    # DeepSeek-V3.2 / GLM-5 (the lightning indexer: the 40-token golden prompt attends to 16
+    # selected positions from position 16 on): the greedy continuation of the prompt's token ids
+    # is llama.cpp's (tests/data/golden), on the CPU and with the dense part on the host device,
+    # alone and beside other requests.
+    import json
+    meta = json.loads(data_path("golden", name + ".json").read_text())
+    prompt = meta["prompts"][1]
+    path = str(data_path("golden", name + ".gguf"))
+    m = tandem.Model(path, threads=2, ctx=128, max_sequences=4)
+    want = m.detokenize(prompt["greedy"])
+    assert m.generate(prompt["tokens"], max_tokens=16, temperature=0, ignore_eos=True) == want
+    accel = tandem.Model(path, threads=2, ctx=128, max_sequences=4, accel="host",
+                         vram_budget="64M", link="none")
+    got = interleaved(accel, [prompt["tokens"], PROMPT, prompt["tokens"][:20]], max_tokens=16,
+                      temperature=0, ignore_eos=True)
+    assert got[0] == want
+    assert got[1] == m.generate(PROMPT, max_tokens=16, temperature=0, ignore_eos=True)
