@@ -1,7 +1,8 @@
 // DeepSeek Sparse Attention's decode-time work per layer, DeepSeek-V3.2's shapes (64 indexer heads
 // of 128, top 2048; 128 MLA heads over a 576-value latent):
-//  - BM_IndexScores/<ctx>/<impl>: one query's indexer scores against ctx cached keys (BF16
-//    cache): impl 1 kern::index_scores on the pool, 0 ops::index_scores (the scalar reference).
+//  - BM_IndexScores/<ctx>/<impl>/<f16>: one query's indexer scores against ctx cached keys (a
+//    BF16 cache, or F16 with f16 1): impl 1 kern::index_scores on the pool, 0 ops::index_scores
+//    (the scalar reference).
 //    bytes_per_second: the keys read; items_per_second: multiply-adds x 2 (64 x 128 per key).
 //  - BM_SparseMlaAttention/<ctx>: the absorbed MLA attention of one decode token over the 2048
 //    positions the indexer chose from ctx (split_by_selection's gather, then kern::attention),
@@ -29,7 +30,7 @@ constexpr int64_t kHeads = 64, kDim = 128, kTopk = 2048;
 constexpr int64_t kMlaHeads = 128, kLatent = 512, kRope = 64;
 
 ThreadPool& pool() {
-  static ThreadingContext ctx(ThreadingOptions{0, false, 50});
+  static ThreadingContext ctx(ThreadingOptions{2, false, 50});
   return ctx.pool();
 }
 
@@ -41,15 +42,16 @@ std::vector<float> random_values(int64_t n, uint32_t seed) {
   return v;
 }
 
-// A BF16 cache of one sequence of ctx positions: an MLA latent layer and an index layer.
+// A BF16 (or F16) cache of one sequence of ctx positions: an MLA latent layer and an index
+// layer.
 struct Cache {
   KvCache cache;
   SeqId seq;
-  explicit Cache(int64_t ctx)
+  explicit Cache(int64_t ctx, KvType type = KvType::kBf16)
       : cache(KvLayout{1, 1, kLatent + kRope, 0, kLatent, 0, 0, 1, kDim},
               [&] {
                 KvCacheOptions o;
-                o.type = KvType::kBf16;
+                o.type = type;
                 o.positions = ctx;
                 return o;
               }()),
@@ -67,7 +69,7 @@ struct Cache {
 
 void BM_IndexScores(benchmark::State& state) {
   const int64_t ctx = state.range(0);
-  Cache c(ctx);
+  Cache c(ctx, state.range(2) == 1 ? KvType::kF16 : KvType::kBf16);
   ops::AttentionArgs keys;
   c.cache.index_args(0, c.seq, &keys);
   keys.dk = kDim;
@@ -84,7 +86,12 @@ void BM_IndexScores(benchmark::State& state) {
   state.SetBytesProcessed(state.iterations() * ctx * kDim * 2);
   state.SetItemsProcessed(state.iterations() * ctx * kHeads * kDim * 2);
 }
-BENCHMARK(BM_IndexScores)->Args({4096, 1})->Args({16384, 1})->Args({4096, 0})->UseRealTime();
+BENCHMARK(BM_IndexScores)
+    ->Args({4096, 1, 0})
+    ->Args({16384, 1, 0})
+    ->Args({16384, 1, 1})
+    ->Args({4096, 0, 0})
+    ->UseRealTime();
 
 // One decode token's absorbed attention over `positions` of the cache (all: dense).
 void mla_attention(benchmark::State& state, int64_t ctx, bool sparse) {

@@ -132,8 +132,7 @@ KvCache::KvCache(const KvLayout& layout, const KvCacheOptions& options)
 }
 
 uint64_t KvCache::position_bytes() const {
-  return static_cast<uint64_t>(layout_.k_heads * k_row_bytes_ + layout_.v_heads * v_row_bytes_) +
-         (layout_.index_layers > 0 ? static_cast<uint64_t>(i_row_bytes_) : 0);
+  return static_cast<uint64_t>(layout_.k_heads * k_row_bytes_ + layout_.v_heads * v_row_bytes_);
 }
 
 const KvCache::Seq& KvCache::seq_ref(SeqId seq) const {

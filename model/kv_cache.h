@@ -124,6 +124,8 @@ class KvCache {
   }
   // Bytes of one position of one layer (keys and values): what attention reads per position.
   uint64_t position_bytes() const;
+  // Bytes of one position's indexer key in one index layer (0: none).
+  uint64_t index_position_bytes() const { return static_cast<uint64_t>(i_row_bytes_); }
   // The pool's first byte (bytes() of them).
   const void* memory() const { return base_; }
 

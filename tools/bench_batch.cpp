@@ -20,8 +20,6 @@ nlohmann::json run_batch_bench(Engine& engine, ExpertUnionBytes& experts,
   std::uniform_int_distribution<int32_t> tok(0, static_cast<int32_t>(c.vocab_size - 1));
   for (const int n : a.batches) {
     KvCache cache = engine.make_cache(a.n_prompt + a.n_gen + 2, a.kv_type, n);
-    const uint64_t kv_per_position =
-        cache.position_bytes() * static_cast<uint64_t>(cache.layout().layers);
     nlohmann::json r;
     std::vector<double> pp_tps, agg_tps, fraction, bound_tps, dram;
     double step_bytes_sum = 0;
@@ -65,10 +63,10 @@ nlohmann::json run_batch_bench(Engine& engine, ExpertUnionBytes& experts,
           if (ev.finish == FinishReason::kError) fail(ErrorKind::kResource, "{}", ev.error);
         }
         tokens += gen.last_batch_tokens();
-        kv_bytes += static_cast<double>(before + gen.last_batch_tokens()) *
-                        static_cast<double>(kv_per_position) +
-                    static_cast<double>(gen.last_batch_tokens()) *
-                        static_cast<double>(split.state);  // (each sequence's state)
+        // (Every sequence as long as the others: the batch's prompts and steps are alike.)
+        const double seqs = static_cast<double>(gen.last_batch_tokens());
+        kv_bytes += seqs * kv_read_bytes(c, cache, static_cast<double>(before) / seqs + 1) +
+                    seqs * static_cast<double>(split.state);  // (each sequence's state)
         ++steps;
       }
       const double t_tg = now_s() - t1;

@@ -40,6 +40,15 @@ uint64_t expert_bytes(const ExpertWeights& x, size_t e) {
 
 }  // namespace
 
+double kv_read_bytes(const ModelConfig& c, const KvCache& cache, double positions) {
+  const double attended =
+      c.has_indexer() ? std::min(positions, static_cast<double>(c.index_topk)) : positions;
+  return static_cast<double>(cache.layout().layers) * static_cast<double>(cache.position_bytes()) *
+             attended +
+         static_cast<double>(cache.layout().index_layers) *
+             static_cast<double>(cache.index_position_bytes()) * positions;
+}
+
 StepBytes decode_bytes(const LoadedModel& m) {
   StepBytes b;
   b.lm_head = weight_bytes(m.lm_head);

@@ -33,6 +33,10 @@ struct StepBytes {
   uint64_t total() const { return dense() + experts + kv_cache + state; }
 };
 StepBytes decode_bytes(const LoadedModel& m);
+// The KV cache's bytes one decode token of a sequence of `positions` cached positions reads:
+// every attention layer's keys and values of the positions it attends to (with DeepSeek Sparse
+// Attention at most index_topk of them) and every index layer's indexer keys of all of them.
+double kv_read_bytes(const ModelConfig& c, const KvCache& cache, double positions);
 
 // The routed experts' bytes a batched decode step reads: for each MoE layer, the union of the
 // experts its tokens selected (each read once for all of them). A RoutingObserver target.

@@ -559,13 +559,12 @@ void run_bench(const BenchArgs& a) {
     return;
   }
   StepBytes split = decode_bytes(lm);
-  // A decode step also reads the KV cache of every position it attends to: mean over the test's
-  // steps, (depth + (n + 1) / 2) positions of the cache's bytes per position.
+  // A decode step also reads the KV cache of the positions it attends to: at the test's middle
+  // step, depth + (n + 1) / 2 positions (kv_read_bytes).
   SequenceBench bench(a, engine, moe_b.get(), vs ? &*vs : nullptr, probe.get(), 0);
   if (a.n_gen > 0) {
-    const double per_position = static_cast<double>(bench.model().cache().position_bytes() *
-                                                    bench.model().cache().layout().layers);
-    split.kv_cache = static_cast<uint64_t>(per_position * (a.depth + (a.n_gen + 1) / 2.0));
+    split.kv_cache = static_cast<uint64_t>(kv_read_bytes(
+        engine.config(), bench.model().cache(), a.depth + (a.n_gen + 1) / 2.0));
   }
   bench.set_step_bytes(split.total());
   bench.prepare();

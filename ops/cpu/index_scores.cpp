@@ -12,12 +12,20 @@
 
 namespace tandem::kern {
 
+namespace detail {
+void widen_keys_avx512(const ops::AttentionArgs& a, int64_t s0, int64_t rows, float* tile);
+}  // namespace detail
+
 namespace {
 
 constexpr int64_t kTile = ops::kKvBlockAlign;  // positions per tile: never across a cache block
 
-// Rows [s0, s0 + rows) of the keys as F32 into tile [rows, dk].
+// Rows [s0, s0 + rows) of the keys as F32 into tile [rows, dk] (widen_keys_avx512's bits).
 void widen_keys(const ops::AttentionArgs& a, int64_t s0, int64_t rows, float* tile) {
+  if (best_isa() >= Isa::kAvx512) {
+    detail::widen_keys_avx512(a, s0, rows, tile);
+    return;
+  }
   const int64_t d = a.dk;
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t at = ops::k_offset(a, s0 + r);

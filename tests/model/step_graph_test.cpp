@@ -1,8 +1,9 @@
 // Decode steps as graphs on the host device (Model's graph per batch size, the forward ops'
 // stage / capture / replay, the MoE layers' host functions as the graph's host nodes): the same
 // logits, bit for bit, as the same steps run op by op, over GQA with q / k norms (qwen3moe
-// Q4_K_M), MLA (deepseek3 Q4_K_M), sinks and sliding windows (gpt-oss), biases and the shared
-// expert gate (qwen2moe) and the demo model; an error inside a replayed step surfaces from
+// Q4_K_M), MLA (deepseek3 Q4_K_M), sparse MLA (deepseek32 Q4_K_M: decode steps past index_topk
+// select their positions inside the replayed attention), sinks and sliding windows (gpt-oss),
+// biases and the shared expert gate (qwen2moe) and the demo model; an error inside a replayed step surfaces from
 // forward() with the cache as it was, and the model keeps working; a step whose capture fails runs
 // op by op.
 #include <gtest/gtest.h>
@@ -71,7 +72,8 @@ TEST_P(StepGraphs, ReplaysEqualTheStepsRunOpByOp) {
 
 INSTANTIATE_TEST_SUITE_P(Models, StepGraphs,
                          ::testing::Values("golden/qwen3moe-q4_k_m.gguf",
-                                           "golden/deepseek3-q4_k_m.gguf", "golden/gpt-oss.gguf",
+                                           "golden/deepseek3-q4_k_m.gguf",
+                                           "golden/deepseek32-q4_k_m.gguf", "golden/gpt-oss.gguf",
                                            "golden/qwen2moe.gguf",
                                            "demo/tandem-demo-moe-Q4_K_M.gguf"),
                          [](const ::testing::TestParamInfo<std::string>& info) {

@@ -159,7 +159,8 @@ TEST(IndexKeys, ForksShareThemAndWritesCopyTheirBlock) {
       EXPECT_EQ(forked[i], s == 70 ? 42.0f : c.keys[s * d + i]) << s;
     }
   }
-  EXPECT_EQ(c.cache.position_bytes(), uint64_t{8 * 4 + d * 4});
+  EXPECT_EQ(c.cache.position_bytes(), uint64_t{8 * 4});
+  EXPECT_EQ(c.cache.index_position_bytes(), uint64_t{d * 4});
 }
 
 // Softmax attention of one query over the selected positions of F32 rows: the definition.
