@@ -97,6 +97,14 @@ mutation logprobs-not-normalized engine/generator.cpp \
 mutation tool-calls-sent-whole engine/chat_output.cpp \
   's/(  const ToolCallsRead r = read_tool_calls\(tool_text_, syntax_, tools_, final\);\n)/$1  if (!r.ended \&\& !final) return;\n/' \
   test_unit_engine_chat_output_test '*ToolCallsStreamAsTheyAreRead*'
+# DeepSeek Sparse Attention's selection ignored: every query attends to all positions before it.
+mutation sparse-attention-ignored model/cpu_forward_ops.cpp \
+  's/  if \(indexer_\) \{\n    split_by_selection/  if (false \&\& indexer_) {\n    split_by_selection/' \
+  test_model_model_golden_test 'Models/Golden.F32Gguf/1?'
+# GLM-5's indexer keys and queries rotated as DeepSeek-V3.2's (NeoX halves, not adjacent pairs).
+mutation indexer-rope-form model/sparse_attention.cpp \
+  's/form_\(c\.index_rope_interleaved \? ops::RopeForm::kInterleaved : ops::RopeForm::kNeox\)/form_(ops::RopeForm::kNeox)/' \
+  test_model_model_golden_test 'Models/Golden.F32Gguf/11'
 
 # (the copy's build is left for the next run: only the mutated files rebuild)
 ninja -C "$build" tandem >/dev/null 2>&1 || true
