@@ -15,7 +15,8 @@
 namespace tandem {
 namespace {
 
-const char* kArches[] = {"deepseek2", "deepseek3", "qwen2moe", "qwen3moe", "mixtral"};
+const char* kArches[] = {"deepseek2", "deepseek3", "qwen2moe",  "qwen3moe",
+                         "mixtral",   "deepseek32", "glm-dsa"};
 
 std::string read_text(const std::filesystem::path& p) {
   std::ifstream in(p);
@@ -182,7 +183,8 @@ TEST(ModelConfig, PresetParameterCountsMatchModelCards) {
       {"qwen2-57b-a14b", 57, 14, 0},      {"mixtral-8x7b", 46.7, 12.9, 0},
       {"glm-4.5-air", 106, 12, 2},        {"glm-4.5", 355, 32, 2},
       {"minimax-m2", 230, 10, 2},         {"gpt-oss-20b", 20.9, 3.6, 1},
-      {"gpt-oss-120b", 116.8, 5.1, 1},
+      {"gpt-oss-120b", 116.8, 5.1, 1},   {"deepseek-v3.2", 671, 37, 1},
+      {"glm-5", 744, 40, 1},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.preset);
@@ -305,6 +307,19 @@ TEST(ModelConfig, HfErrorsNameFileAndKey) {
                {"cfg.json", "swiglu_limit"});
   expect_error([&] { parse(edited_hf("gpt-oss", "layer_types", nlohmann::json::array({"x"}))); },
                ErrorKind::kFormat, {"cfg.json", "layer_types"});
+  // DeepSeek Sparse Attention's keys.
+  expect_error([&] { parse(edited_hf("deepseek32", "index_head_dim", 96)); }, ErrorKind::kFormat,
+               {"cfg.json", "index_head_dim", "64"});
+  expect_error([&] { parse(edited_hf("deepseek32", "index_topk", json::value_t::discarded)); },
+               ErrorKind::kFormat, {"cfg.json", "index_topk", "missing"});
+  expect_error([&] { parse(edited_hf("deepseek32", "q_lora_rank", nullptr)); },
+               ErrorKind::kFormat, {"cfg.json", "index_topk", "q LoRA"});
+  expect_error(
+      [&] { parse(edited_hf("glm-dsa", "indexer_types", json::array({"full", "sometimes"}))); },
+      ErrorKind::kFormat, {"cfg.json", "indexer_types"});
+  expect_error([&] {
+    parse(edited_hf("glm-dsa", "indexer_types", json::array({"shared", "full", "full", "full"})));
+  }, ErrorKind::kFormat, {"cfg.json", "indexer_types"});  // layer 0 has nothing to share
   expect_error([&] { parse("{\"hidden_size\": "); }, ErrorKind::kFormat,
                {"cfg.json", "invalid JSON"});
   expect_error([&] { parse("[1, 2]"); }, ErrorKind::kFormat, {"cfg.json", "object"});
@@ -407,6 +422,15 @@ TEST(ModelConfig, GgufErrorsNameFileAndKey) {
   const GgufValue no_experts = GgufValue::u32(0);
   expect_error(open("mixtral", "llama.expert_count", &no_experts), ErrorKind::kUnsupported,
                {"mixtral-edited.gguf", "dense"});
+  expect_error(open("deepseek32", "deepseek32.attention.indexer.top_k", nullptr),
+               ErrorKind::kFormat, {"deepseek32-edited.gguf", "deepseek32.attention.indexer.top_k"});
+  const std::vector<GgufValue> two(2, GgufValue::boolean(true));
+  const GgufValue short_types = GgufValue::array(GgufType::kBool, two);
+  expect_error(open("glm-dsa", "glm-dsa.attention.indexer.types", &short_types),
+               ErrorKind::kFormat, {"glm-dsa-edited.gguf", "glm-dsa.attention.indexer.types", "4"});
+  const GgufValue head = GgufValue::u32(100);
+  expect_error(open("glm-dsa", "glm-dsa.attention.indexer.key_length", &head), ErrorKind::kFormat,
+               {"glm-dsa-edited.gguf", "glm-dsa.attention.indexer.key_length"});
   const GgufValue gating = GgufValue::u32(7);
   expect_error(open("deepseek3", "deepseek2.expert_gating_func", &gating), ErrorKind::kUnsupported,
                {"deepseek2.expert_gating_func", "7"});

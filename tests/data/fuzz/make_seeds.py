@@ -116,7 +116,8 @@ def seeds_index():
 
 
 def seeds_hf_config():
-    for model in ["deepseek2", "deepseek3", "mixtral", "qwen2moe", "qwen3moe"]:
+    for model in ["deepseek2", "deepseek3", "mixtral", "qwen2moe", "qwen3moe", "glm4moe",
+                  "gpt-oss", "minimax-m2", "deepseek32", "glm-dsa"]:
         d = os.path.join(HERE, "hf_config")
         os.makedirs(d, exist_ok=True)
         shutil.copyfile(os.path.join(GOLDEN, model + "-hf", "config.json"), os.path.join(d, model + ".json"))
