@@ -20,57 +20,73 @@ LightningIndexer::LightningIndexer(const ModelConfig& c, ThreadPool* pool,
 
 void LightningIndexer::run(int64_t layer, const LayerWeights& lw, const float* x, const float* qr,
                            const ForwardStep& step, KvCache& cache, SparseSelection* out) {
-  const int64_t n = step.n_tokens(), nh = c_.index_n_heads, d = c_.index_head_dim;
-  const int64_t topk = c_.index_topk, il = c_.index_layer(layer);
+  const int64_t n = step.n_tokens();
+  sparse_.clear();
+  for (int64_t t = 0; t < n; ++t) {
+    if (step.pos[static_cast<size_t>(t)] + 1 > c_.index_topk) sparse_.push_back(t);
+  }
+  project(lw, x, qr, n);
+  write_keys(layer, lw, step, cache);
+  select(layer, step, cache, out);
+}
+
+// The keys and the heads' weights of every token; the queries where some token selects.
+void LightningIndexer::project(const LayerWeights& lw, const float* x, const float* qr,
+                               int64_t n) {
+  const int64_t nh = c_.index_n_heads, d = c_.index_head_dim;
   if (static_cast<int64_t>(q_.size()) < n * nh * d) q_.resize(static_cast<size_t>(n * nh * d));
   if (static_cast<int64_t>(k_.size()) < n * d) k_.resize(static_cast<size_t>(n * d));
   if (static_cast<int64_t>(w_.size()) < n * nh) w_.resize(static_cast<size_t>(n * nh));
-  float* q = q_.data();
-  float* k = k_.data();
-  float* w = w_.data();
-  {
-    const ops::Weight* ws[2] = {&lw.idx_wk, &lw.idx_weights};
-    float* ys[2] = {k, w};
-    kern::matmul_shared_input(ws, x, n, ys, pool_, views_);
-  }
-  // The queries only where a token selects (the keys always: later tokens read them).
-  out->topk = topk;
-  out->offset.assign(static_cast<size_t>(n), -1);
-  std::vector<int64_t> sparse;
-  for (int64_t t = 0; t < n; ++t) {
-    if (step.pos[static_cast<size_t>(t)] + 1 > topk) sparse.push_back(t);
-  }
-  if (!sparse.empty()) kern::matmul(lw.idx_wq_b, qr, n, q, pool_, views_);
+  const ops::Weight* ws[2] = {&lw.idx_wk, &lw.idx_weights};
+  float* ys[2] = {k_.data(), w_.data()};
+  kern::matmul_shared_input(ws, x, n, ys, pool_, views_);
+  if (!sparse_.empty()) kern::matmul(lw.idx_wq_b, qr, n, q_.data(), pool_, views_);
+}
+
+// Each token's key normed, rotated and written into the cache; the selecting tokens' queries
+// rotated; the weights scaled.
+void LightningIndexer::write_keys(int64_t layer, const LayerWeights& lw, const ForwardStep& step,
+                                  KvCache& cache) {
+  const int64_t n = step.n_tokens(), nh = c_.index_n_heads, d = c_.index_head_dim;
+  const int64_t il = c_.index_layer(layer);
   const float w_scale = 1.0f / std::sqrt(static_cast<float>(d * nh));
   std::vector<float> c(static_cast<size_t>(rope_.dim() / 2)), s(c.size());
   for (int64_t t = 0; t < n; ++t) {
     const int64_t pos = step.pos[static_cast<size_t>(t)];
     rope_.angles(pos, c.data(), s.data());
-    float* kt = k + t * d;
+    float* kt = k_.data() + t * d;
     ops::layer_norm(kt, lw.idx_k_norm.data(), lw.idx_k_norm_bias.data(), d, 1e-6f, kt);
     rope_.rotate(kt, c.data(), s.data(), form_);
     ops::hadamard(kt, d);
     const SeqId seq = step.parts[static_cast<size_t>(step.part_of[static_cast<size_t>(t)])].seq;
     cache.write_index_row(il, seq, pos, kt);
-    for (int64_t h = 0; h < nh; ++h) w[t * nh + h] *= w_scale;
-    if (pos + 1 <= topk) continue;
+    for (int64_t h = 0; h < nh; ++h) w_[static_cast<size_t>(t * nh + h)] *= w_scale;
+    if (pos + 1 <= c_.index_topk) continue;
     for (int64_t h = 0; h < nh; ++h) {
-      float* qh = q + (t * nh + h) * d;
+      float* qh = q_.data() + (t * nh + h) * d;
       rope_.rotate(qh, c.data(), s.data(), form_);
       ops::hadamard(qh, d);
     }
   }
-  out->positions.resize(sparse.size() * static_cast<size_t>(topk));
-  for (size_t i = 0; i < sparse.size(); ++i) {
-    const int64_t t = sparse[i], pos = step.pos[static_cast<size_t>(t)];
+}
+
+// Each selecting token's scores over the positions it sees, and the topk best (the earlier
+// position first among equal scores), in position order.
+void LightningIndexer::select(int64_t layer, const ForwardStep& step, const KvCache& cache,
+                              SparseSelection* out) {
+  const int64_t nh = c_.index_n_heads, d = c_.index_head_dim, topk = c_.index_topk;
+  out->topk = topk;
+  out->offset.assign(static_cast<size_t>(step.n_tokens()), -1);
+  out->positions.resize(sparse_.size() * static_cast<size_t>(topk));
+  for (size_t i = 0; i < sparse_.size(); ++i) {
+    const int64_t t = sparse_[i], visible = step.pos[static_cast<size_t>(t)] + 1;
     const SeqId seq = step.parts[static_cast<size_t>(step.part_of[static_cast<size_t>(t)])].seq;
     ops::AttentionArgs keys;
-    cache.index_args(il, seq, &keys);
+    cache.index_args(c_.index_layer(layer), seq, &keys);
     keys.dk = d;
-    const int64_t visible = pos + 1;
     if (static_cast<int64_t>(scores_.size()) < visible) scores_.resize(static_cast<size_t>(visible));
-    kern::index_scores(keys, q + t * nh * d, w + t * nh, nh, visible, scores_.data(), pool_);
-    // The topk best (the earlier position first among equal scores), in position order.
+    kern::index_scores(keys, q_.data() + t * nh * d, w_.data() + t * nh, nh, visible,
+                       scores_.data(), pool_);
     order_.resize(static_cast<size_t>(visible));
     for (int64_t p = 0; p < visible; ++p) order_[static_cast<size_t>(p)] = static_cast<int32_t>(p);
     const float* sc = scores_.data();
@@ -134,6 +150,44 @@ void point_at(ops::AttentionArgs* g, bool value, const uint8_t* rows, const RowS
   }
 }
 
+// Token j of args attending to `positions` only: their rows copied into storage, arguments over
+// them as a contiguous cache.
+ops::AttentionArgs gathered_args(const ops::AttentionArgs& args, int64_t j,
+                                 std::span<const int32_t> positions,
+                                 std::deque<std::vector<uint8_t>>& storage) {
+  const bool values_in_keys = value_base(args) == key_base(args) && args.v_stride == args.k_stride;
+  const RowShape kr = row_shape(args, args.dk), vr = row_shape(args, args.dv);
+  const int64_t m = static_cast<int64_t>(positions.size());
+  const int64_t k_bytes = m * args.n_kv_heads * kr.bytes;
+  const int64_t v_bytes = values_in_keys ? 0 : m * args.n_kv_heads * vr.bytes;
+  std::vector<uint8_t>& buf = storage.emplace_back(static_cast<size_t>(k_bytes + v_bytes));
+  gather_rows(args, key_base(args), args.k_stride, args.k_block, ops::k_head_stride(args), kr,
+              positions, buf.data());
+  if (!values_in_keys) {
+    gather_rows(args, value_base(args), args.v_stride, args.v_block, ops::v_head_stride(args), vr,
+                positions, buf.data() + k_bytes);
+  }
+  ops::AttentionArgs g = args;
+  g.q = args.q + j * args.q_stride;
+  g.out = args.out + j * args.n_heads * args.dv;
+  g.n_tokens = 1;
+  g.pos0 = m - 1;  // (the query sees every gathered row)
+  g.window = 0;
+  g.blocks = nullptr;
+  g.block_positions = g.k_block = g.v_block = 0;
+  g.k_head = g.v_head = 0;  // (the heads side by side)
+  g.k_stride = args.n_kv_heads * kr.bytes / kr.elem;
+  point_at(&g, false, buf.data(), kr);
+  if (values_in_keys) {
+    point_at(&g, true, buf.data(), kr);
+    g.v_stride = g.k_stride;
+  } else {
+    point_at(&g, true, buf.data() + k_bytes, vr);
+    g.v_stride = args.n_kv_heads * vr.bytes / vr.elem;
+  }
+  return g;
+}
+
 }  // namespace
 
 void split_by_selection(const ops::AttentionArgs& args, int64_t t0, const SparseSelection& sel,
@@ -146,41 +200,9 @@ void split_by_selection(const ops::AttentionArgs& args, int64_t t0, const Sparse
     a.n_tokens = dense;
     out->push_back(a);
   }
-  const bool values_in_keys = value_base(args) == key_base(args) && args.v_stride == args.k_stride;
-  const RowShape kr = row_shape(args, args.dk), vr = row_shape(args, args.dv);
-  const int64_t k_head = ops::k_head_stride(args), v_head = ops::v_head_stride(args);
   for (int64_t j = dense; j < args.n_tokens; ++j) {
     TD_CHECK(sel.sparse(t0 + j), "sparse attention: a dense token after a sparse one");
-    const std::span<const int32_t> positions = sel.of(t0 + j);
-    const int64_t m = static_cast<int64_t>(positions.size());
-    const int64_t k_bytes = m * args.n_kv_heads * kr.bytes;
-    const int64_t v_bytes = values_in_keys ? 0 : m * args.n_kv_heads * vr.bytes;
-    std::vector<uint8_t>& buf = storage.emplace_back(static_cast<size_t>(k_bytes + v_bytes));
-    gather_rows(args, key_base(args), args.k_stride, args.k_block, k_head, kr, positions,
-                buf.data());
-    if (!values_in_keys) {
-      gather_rows(args, value_base(args), args.v_stride, args.v_block, v_head, vr, positions,
-                  buf.data() + k_bytes);
-    }
-    ops::AttentionArgs g = args;
-    g.q = args.q + j * args.q_stride;
-    g.out = args.out + j * args.n_heads * args.dv;
-    g.n_tokens = 1;
-    g.pos0 = m - 1;  // (the query sees every gathered row)
-    g.window = 0;
-    g.blocks = nullptr;
-    g.block_positions = g.k_block = g.v_block = 0;
-    g.k_head = g.v_head = 0;  // (the heads side by side)
-    g.k_stride = args.n_kv_heads * kr.bytes / kr.elem;
-    point_at(&g, false, buf.data(), kr);
-    if (values_in_keys) {
-      point_at(&g, true, buf.data(), kr);
-      g.v_stride = g.k_stride;
-    } else {
-      point_at(&g, true, buf.data() + k_bytes, vr);
-      g.v_stride = args.n_kv_heads * vr.bytes / vr.elem;
-    }
-    out->push_back(g);
+    out->push_back(gathered_args(args, j, sel.of(t0 + j), storage));
   }
 }
 

@@ -51,6 +51,10 @@ class LightningIndexer {
            const ForwardStep& step, KvCache& cache, SparseSelection* out);
 
  private:
+  void project(const LayerWeights& lw, const float* x, const float* qr, int64_t n);
+  void write_keys(int64_t layer, const LayerWeights& lw, const ForwardStep& step, KvCache& cache);
+  void select(int64_t layer, const ForwardStep& step, const KvCache& cache, SparseSelection* out);
+
   const ModelConfig& c_;
   ThreadPool* pool_;
   const kern::WeightViews* views_;
@@ -58,6 +62,7 @@ class LightningIndexer {
   ops::RopeForm form_;
   std::vector<float> q_, k_, w_, scores_;
   std::vector<int32_t> order_;
+  std::vector<int64_t> sparse_;  // the step's tokens that select
 };
 
 // A part's attention arguments split by the selection: `args` covers the part's tokens (its
