@@ -896,6 +896,16 @@ Value Interpreter::call_filter(const Expr& e, Frames& f) {
       error(e, err.what());
     }
   }
+  if (n == "from_json") {  // (llama.cpp's templates: DeepSeek-V3.2's arguments as a JSON string)
+    if (v.kind != K::kString) error(e, fmt::format("from_json expects a string, got {}", v.type_name()));
+    const Json j = Json::parse(v.s, nullptr, /*allow_exceptions=*/false);
+    if (j.is_discarded()) error(e, "from_json: not valid JSON");
+    try {
+      return from_json(j);
+    } catch (const Error& err) {
+      error(e, err.what());
+    }
+  }
   if (n == "length" || n == "count") return Value::integer(length_of(v));
   if (n == "string") return Value::string(str(v));
   if (n == "trim") return Value::string(strip_chars(str(v), arg(args, kw, 0, "chars"), true, true));

@@ -180,6 +180,11 @@ TEST(Jinja, StringMethodsAndFilters) {
                    Json::parse(R"({"d": {"b": [1, 2.5], "a": "é\"\n"}})")),
             "{\"b\": [1, 2.5], \"a\": \"é\\\"\\n\"}|{\n  \"b\": [\n    1,\n    2.5\n  ],\n"
             "  \"a\": \"é\\\"\\n\"\n}|{\"a\":\"é\\\"\\n\",\"b\":[1,2.5]}");
+  // from_json (llama.cpp's templates: DeepSeek-V3.2's tool-call arguments given as a string).
+  EXPECT_EQ(render("{% set a = s | from_json %}{{ a.x[1] }}|{% for k, v in a.items() %}{{ k }}={{ "
+                   "v | tojson }};{% endfor %}",
+                   Json::parse(R"({"s": "{\"x\": [1, \"two\"], \"y\": null}"})")),
+            "two|x=[1, \"two\"];y=null;");
 }
 
 TEST(Jinja, ErrorsCarryLineAndColumn) {
@@ -199,6 +204,10 @@ TEST(Jinja, ErrorsCarryLineAndColumn) {
             std::string::npos)
       << message("a\n  {{ x | nosuchfilter }}");
   EXPECT_NE(message("{{ x.y }}").find("'x' is undefined"), std::string::npos);
+  EXPECT_NE(message("{{ '{\"a\": ' | from_json }}").find("t:1:13: from_json: not valid JSON"),
+            std::string::npos)
+      << message("{{ '{\"a\": ' | from_json }}");
+  EXPECT_NE(message("{{ 3 | from_json }}").find("from_json expects a string"), std::string::npos);
   EXPECT_NE(message("{% for x in 3 %}{% endfor %}").find("'int' object is not iterable"),
             std::string::npos);
   EXPECT_NE(message("{{ 'abc").find("unterminated string"), std::string::npos);

@@ -33,6 +33,7 @@ def make_env():
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
                                         extensions=[jinja2.ext.loopcontrols])
     env.filters["tojson"] = tojson
+    env.filters["from_json"] = json.loads  # (llama.cpp's templates: DeepSeek-V3.2's)
     env.globals["raise_exception"] = raise_exception
     env.globals["strftime_now"] = strftime_now
     return env
