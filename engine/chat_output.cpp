@@ -27,6 +27,7 @@ ToolCallSyntax tool_call_syntax(std::string_view src) {
   const auto has = [&](std::string_view s) { return src.find(s) != std::string_view::npos; };
   if (has("<|channel|>") && has("<|message|>")) return ToolCallSyntax::kHarmony;
   if (has("<minimax:tool_call>")) return ToolCallSyntax::kMiniMax;
+  if (has("｜DSML｜")) return ToolCallSyntax::kDsml;
   if (has("tool_calls_section_begin")) return ToolCallSyntax::kKimi;
   if (has("tool▁calls▁begin")) {
     return has("```json") ? ToolCallSyntax::kDeepSeekR1 : ToolCallSyntax::kDeepSeekV3;
@@ -62,6 +63,8 @@ const char* tool_call_syntax_name(ToolCallSyntax syntax) {
       return "mistral-args";
     case ToolCallSyntax::kMiniMax:
       return "minimax";
+    case ToolCallSyntax::kDsml:
+      return "deepseek-dsml";
     case ToolCallSyntax::kHarmony:
       return "harmony";
   }
@@ -86,6 +89,8 @@ std::string_view tool_call_start(ToolCallSyntax syntax) {
       return "[TOOL_CALLS]";
     case ToolCallSyntax::kMiniMax:
       return "<minimax:tool_call>";
+    case ToolCallSyntax::kDsml:
+      return "<｜DSML｜function_calls>";
     case ToolCallSyntax::kHarmony:
       return "to=functions.";
   }

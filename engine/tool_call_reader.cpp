@@ -170,8 +170,9 @@ class TextArguments {
       : call_(call), tools_(tools), strip_(strip_newlines) {
     call_->arguments = "{";
   }
-  // A parameter whose value is `value`, all of it (whole) or what is final of it so far.
-  void add(std::string_view key, std::string_view value, bool whole) {
+  // A parameter whose value is `value`, all of it (whole) or what is final of it so far; a
+  // string when string_hint is 1 or, at -1, when the tool's schema says so.
+  void add(std::string_view key, std::string_view value, bool whole, int string_hint = -1) {
     std::string& a = call_->arguments;
     if (a.size() > 1) a += ',';
     a += Json(std::string(key)).dump(-1, ' ', false, Json::error_handler_t::replace);
@@ -180,7 +181,8 @@ class TextArguments {
     // part of it. A newline at the end of a part may be that last one.)
     if (strip_ && !value.empty() && value.front() == '\n') value.remove_prefix(1);
     if (strip_ && !value.empty() && value.back() == '\n') value.remove_suffix(1);
-    if (is_string_parameter(tools_, call_->name, std::string(key))) {
+    if (string_hint == 1 ||
+        (string_hint < 0 && is_string_parameter(tools_, call_->name, std::string(key)))) {
       a += '"';
       append_escaped(&a, value);
       if (whole) a += '"';
@@ -204,9 +206,10 @@ class TextArguments {
 };
 
 // Parameters `<open>KEY<key_end>VALUE<value_end>` until `call_end`, into args. Between
-// parameters a call may end; `final` closes a call whose text stops there.
+// parameters a call may end; `final` closes a call whose text stops there. With attr_end, an
+// attribute follows the key up to it (DSML's string="true|false": a string, or JSON).
 struct ParameterTags {
-  std::string_view open, key_end, value_open, value_end, call_end;
+  std::string_view open, key_end, value_open, value_end, call_end, attr_end = {};
 };
 
 Read text_parameters(Cursor& c, const ParameterTags& tags, TextArguments* args, bool final) {
@@ -226,8 +229,9 @@ Read text_parameters(Cursor& c, const ParameterTags& tags, TextArguments* args, 
       if (final) args->close();
       return Read::kMore;
     }
-    std::string_view key, value;
+    std::string_view key, value, attr;
     if (c.until(tags.key_end, &key) != Match::kYes) return Read::kMore;
+    if (!tags.attr_end.empty() && c.until(tags.attr_end, &attr) != Match::kYes) return Read::kMore;
     if (!tags.value_open.empty()) {
       c.space();
       const Match m = c.lit(tags.value_open);
@@ -238,7 +242,8 @@ Read text_parameters(Cursor& c, const ParameterTags& tags, TextArguments* args, 
       }
     }
     const Match v = c.until(tags.value_end, &value);
-    args->add(trim(key), value, v == Match::kYes);
+    args->add(trim(key), value, v == Match::kYes,
+              attr == "true" ? 1 : attr == "false" ? 0 : -1);
     if (v != Match::kYes) return Read::kMore;
   }
 }
@@ -290,6 +295,23 @@ Read minimax_call(Cursor& c, const Json& tools, bool final, std::vector<ToolCall
   calls->push_back({"", std::string(name), ""});
   TextArguments args(&calls->back(), tools, /*strip_newlines=*/false);
   return text_parameters(c, {"<parameter name=\"", "\">", "", "</parameter>", "</invoke>"},
+                         &args, final);
+}
+
+// <｜DSML｜invoke name="N">\n<｜DSML｜parameter name="K" string="true">V</｜DSML｜parameter>\n
+// </｜DSML｜invoke> (inside <｜DSML｜function_calls>): MiniMax-M2's form, each value marked a
+// string or JSON.
+Read dsml_call(Cursor& c, const Json& tools, bool final, std::vector<ToolCall>* calls) {
+  c.space();
+  std::string_view name;
+  Match m = c.lit("<｜DSML｜invoke name=\"");
+  if (m != Match::kYes) return before(m);
+  if ((m = c.until("\">", &name)) != Match::kYes) return before(m);
+  calls->push_back({"", std::string(name), ""});
+  TextArguments args(&calls->back(), tools, /*strip_newlines=*/false);
+  return text_parameters(c,
+                         {"<｜DSML｜parameter name=\"", "\" string=\"", "", "</｜DSML｜parameter>",
+                          "</｜DSML｜invoke>", "\">"},
                          &args, final);
 }
 
@@ -548,6 +570,10 @@ ToolCallsRead read_tool_calls(std::string_view text, ToolCallSyntax syntax, cons
     case ToolCallSyntax::kMiniMax:
       read_section(c, "<minimax:tool_call>", "</minimax:tool_call>", &out,
                    [&](Cursor& k) { return minimax_call(k, tools, final, calls); });
+      break;
+    case ToolCallSyntax::kDsml:
+      read_section(c, "<｜DSML｜function_calls>", "</｜DSML｜function_calls>", &out,
+                   [&](Cursor& k) { return dsml_call(k, tools, final, calls); });
       break;
   }
   // (no call read: all of the text is text)

@@ -113,8 +113,8 @@ TEST(ChatOutput, EveryTemplatesToolCallsParseBackIntoTheCallsItRendered) {
   }
   // Every template with a golden rendering of tool calls parses its own calls back: hermes
   // (Qwen2.5, Qwen3), qwen3-coder (and Qwen3.5), glm, deepseek-v3, deepseek-r1, kimi, mistral
-  // (both), minimax, harmony.
-  EXPECT_GE(with_golden_tools, 12);
+  // (both), minimax, harmony, deepseek-dsml.
+  EXPECT_GE(with_golden_tools, 13);
   EXPECT_EQ(parsed_templates, with_golden_tools);
 }
 
@@ -202,7 +202,7 @@ TEST(ChatOutput, ToolCallsStreamAsTheyAreRead) {
     }
     ++streamed_templates;
   }
-  EXPECT_GE(streamed_templates, 12);
+  EXPECT_GE(streamed_templates, 13);
 }
 
 // A call cut short (the answer ran out of tokens) keeps the arguments read so far, in every
@@ -235,6 +235,12 @@ TEST(ChatOutput, CallsCutShortAndTextAroundThem) {
       {ToolCallSyntax::kMiniMax,
        "<minimax:tool_call>\n<invoke name=\"f\">\n<parameter name=\"n\">7</parameter>\n",
        "{\"n\":7}"},
+      // (DSML's own string attribute, not the schema, says what a value is.)
+      {ToolCallSyntax::kDsml,
+       "<｜DSML｜function_calls>\n<｜DSML｜invoke name=\"f\">\n<｜DSML｜parameter name=\"n\" "
+       "string=\"true\">7</｜DSML｜parameter>\n<｜DSML｜parameter name=\"code\" string=\"false\">"
+       "[1, 2",
+       "{\"n\":\"7\",\"code\":"},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(std::string(tool_call_syntax_name(c.syntax)) + ": " + c.answer);
@@ -281,6 +287,7 @@ TEST(ChatOutput, SyntaxesAreRecognizedFromTheTemplates) {
   EXPECT_EQ(syntax_of("Mistral-Small-3.2-24B-Instruct-2506.jinja"), ToolCallSyntax::kMistralArgs);
   EXPECT_EQ(syntax_of("MiniMax-M2.jinja"), ToolCallSyntax::kMiniMax);
   EXPECT_EQ(syntax_of("openai-gpt-oss-120b.jinja"), ToolCallSyntax::kHarmony);
+  EXPECT_EQ(syntax_of("deepseek-ai-DeepSeek-V3.2.jinja"), ToolCallSyntax::kDsml);
 }
 
 // gpt-oss's harmony messages: the template's own rendering of an assistant turn with its
