@@ -25,14 +25,14 @@ enum class ToolCallSyntax {
   kMistralList,  // [TOOL_CALLS][{"name": N, "arguments": {...}, "id": I}, ...] (Nemo)
   kMistralArgs,  // [TOOL_CALLS]N[CALL_ID]I[ARGS]{...} (Small 3.2)
   kMiniMax,      // <minimax:tool_call>\n<invoke name="N">\n<parameter name="K">V</parameter>
-  // DeepSeek-V3.2's DSML: <｜DSML｜function_calls>\n<｜DSML｜invoke name="N">\n<｜DSML｜parameter
-  // name="K" string="true|false">V</｜DSML｜parameter>...</｜DSML｜invoke>...</｜DSML｜function_calls>
-  kDsml,
   // gpt-oss's harmony messages, [<|start|>assistant]HEADER<|message|>BODY<|end|> / <|return|> /
   // <|call|>: channel `analysis` -> reasoning, `final` -> content, a header naming
   // `to=functions.N` -> a call of N with BODY as its arguments. It shapes every answer, with tools
   // or without.
   kHarmony,
+  // DeepSeek-V3.2's DSML: <｜DSML｜function_calls>\n<｜DSML｜invoke name="N">\n<｜DSML｜parameter
+  // name="K" string="true|false">V</｜DSML｜parameter>...</｜DSML｜invoke>...</｜DSML｜function_calls>
+  kDsml,
 };
 
 // The syntax a template renders tool calls in (kNone when it renders none).

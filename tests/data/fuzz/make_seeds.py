@@ -204,8 +204,9 @@ def seeds_openai_request():
 
 
 def seeds_chat_output():
-    """A selector byte (the tool-call syntax, mod 11: none, hermes, qwen3-coder, glm,
-    deepseek-v3, deepseek-r1, kimi, mistral list, mistral args, minimax, harmony) and an answer
+    """A selector byte (the tool-call syntax, mod 12: none, hermes, qwen3-coder, glm,
+    deepseek-v3, deepseek-r1, kimi, mistral list, mistral args, minimax, harmony, deepseek-dsml)
+    and an answer
     written as each family's template writes one."""
     answers = {
         0: "<think>\nplan\n</think>\n\nIt is 7.",
@@ -231,6 +232,9 @@ def seeds_chat_output():
         10: "<|channel|>analysis<|message|>Need the weather.<|end|><|start|>assistant"
             "<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>"
             "{\"city\": \"Paris\"}",
+        11: "\n\n<｜DSML｜function_calls>\n<｜DSML｜invoke name=\"f\">\n<｜DSML｜parameter "
+            "name=\"code\" string=\"true\">x</｜DSML｜parameter>\n<｜DSML｜parameter name=\"n\" "
+            "string=\"false\">3</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜function_calls>",
     }
     for syntax, text in answers.items():
         write("chat_output", f"answer_{syntax}.bin", bytes([syntax]) + text.encode("utf-8"))
