@@ -114,11 +114,11 @@ void validate_impl(const ModelConfig& c, std::string_view source, const detail::
       v.inconsistent("index_topk", "the lightning indexer needs MLA with a q LoRA");
     }
     v.range("index_n_heads", c.index_n_heads, 1, kMaxHeads);
-    // (The Hadamard transform runs over blocks of a power of two of at least 64 values.)
-    v.range("index_head_dim", c.index_head_dim, c.rope_dim, kMaxHeadDim);
-    if (c.index_head_dim % 64 != 0) {
+    // (The Hadamard rotation spans the head: a power of two, at least 64 as llama.cpp's.)
+    v.range("index_head_dim", c.index_head_dim, std::max<int64_t>(64, c.rope_dim), kMaxHeadDim);
+    if ((c.index_head_dim & (c.index_head_dim - 1)) != 0) {
       v.inconsistent("index_head_dim",
-                     fmt::format("{} is not a multiple of 64", c.index_head_dim));
+                     fmt::format("{} is not a power of two (64, 128, ...)", c.index_head_dim));
     }
     v.range("index_topk", c.index_topk, 1, kMaxPositions);
     int64_t prev = 0;

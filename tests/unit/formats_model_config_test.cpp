@@ -309,7 +309,11 @@ TEST(ModelConfig, HfErrorsNameFileAndKey) {
                ErrorKind::kFormat, {"cfg.json", "layer_types"});
   // DeepSeek Sparse Attention's keys.
   expect_error([&] { parse(edited_hf("deepseek32", "index_head_dim", 96)); }, ErrorKind::kFormat,
-               {"cfg.json", "index_head_dim", "64"});
+               {"cfg.json", "index_head_dim", "power of two"});
+  expect_error([&] { parse(edited_hf("deepseek32", "index_head_dim", 192)); }, ErrorKind::kFormat,
+               {"cfg.json", "index_head_dim", "192"});
+  expect_error([&] { parse(edited_hf("deepseek32", "index_head_dim", 32)); }, ErrorKind::kFormat,
+               {"cfg.json", "index_head_dim", "[64"});
   expect_error([&] { parse(edited_hf("deepseek32", "index_topk", json::value_t::discarded)); },
                ErrorKind::kFormat, {"cfg.json", "index_topk", "missing"});
   expect_error([&] { parse(edited_hf("deepseek32", "q_lora_rank", nullptr)); },
