@@ -12,7 +12,6 @@
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
-#include <deque>
 #include <random>
 #include <vector>
 
@@ -114,10 +113,10 @@ void mla_attention(benchmark::State& state, int64_t ctx, bool sparse) {
   sel.topk = kTopk;
   sel.offset = {sparse ? 0 : -1};
   for (int64_t i = 0; i < kTopk; ++i) sel.positions.push_back(static_cast<int32_t>(i * ctx / kTopk));
-  std::deque<std::vector<uint8_t>> storage;
+  GatherStorage storage;
   std::vector<ops::AttentionArgs> split;
   for (auto _ : state) {
-    storage.clear();
+    storage.reset();
     split.clear();
     split_by_selection(a, 0, sel, storage, &split);
     for (const ops::AttentionArgs& s : split) kern::attention(s, &pool());

@@ -79,6 +79,29 @@ constexpr int64_t kMaxExperts = int64_t{1} << 14;
 constexpr int64_t kMaxPositions = int64_t{1} << 28;
 constexpr double kMaxParams = 1e14;  // 100T parameters: anything above is a broken file
 
+// DeepSeek Sparse Attention's indexer: MLA with a q LoRA, its sizes, the shared layers.
+void validate_indexer(const ModelConfig& c, const Validator& v) {
+  if (!c.is_mla() || c.q_lora_rank == 0) {
+    v.inconsistent("index_topk", "the lightning indexer needs MLA with a q LoRA");
+  }
+  v.range("index_n_heads", c.index_n_heads, 1, kMaxHeads);
+  // (The Hadamard rotation spans the head: a power of two, at least 64 as llama.cpp's.)
+  v.range("index_head_dim", c.index_head_dim, std::max<int64_t>(64, c.rope_dim), kMaxHeadDim);
+  if ((c.index_head_dim & (c.index_head_dim - 1)) != 0) {
+    v.inconsistent("index_head_dim",
+                   fmt::format("{} is not a power of two (64, 128, ...)", c.index_head_dim));
+  }
+  v.range("index_topk", c.index_topk, 1, kMaxPositions);
+  int64_t prev = 0;
+  for (int64_t layer : c.index_shared_layers) {
+    v.range("index_shared_layers", layer, 1, c.num_layers - 1);
+    if (layer <= prev && prev != 0) {
+      v.inconsistent("index_shared_layers", "layers must be ascending");
+    }
+    prev = layer;
+  }
+}
+
 void validate_impl(const ModelConfig& c, std::string_view source, const detail::KeyNamer& namer) {
   Validator v(source, namer);
   v.range("vocab_size", c.vocab_size, 1, kMaxVocab);
@@ -109,27 +132,7 @@ void validate_impl(const ModelConfig& c, std::string_view source, const detail::
   }
   v.range("rope_dim", c.rope_dim, 2, c.head_dim);
   if (c.rope_dim % 2 != 0) v.inconsistent("rope_dim", fmt::format("{} is odd", c.rope_dim));
-  if (c.has_indexer() || c.index_n_heads != 0 || c.index_head_dim != 0) {
-    if (!c.is_mla() || c.q_lora_rank == 0) {
-      v.inconsistent("index_topk", "the lightning indexer needs MLA with a q LoRA");
-    }
-    v.range("index_n_heads", c.index_n_heads, 1, kMaxHeads);
-    // (The Hadamard rotation spans the head: a power of two, at least 64 as llama.cpp's.)
-    v.range("index_head_dim", c.index_head_dim, std::max<int64_t>(64, c.rope_dim), kMaxHeadDim);
-    if ((c.index_head_dim & (c.index_head_dim - 1)) != 0) {
-      v.inconsistent("index_head_dim",
-                     fmt::format("{} is not a power of two (64, 128, ...)", c.index_head_dim));
-    }
-    v.range("index_topk", c.index_topk, 1, kMaxPositions);
-    int64_t prev = 0;
-    for (int64_t layer : c.index_shared_layers) {
-      v.range("index_shared_layers", layer, 1, c.num_layers - 1);
-      if (layer <= prev && prev != 0) {
-        v.inconsistent("index_shared_layers", "layers must be ascending");
-      }
-      prev = layer;
-    }
-  }
+  if (c.has_indexer() || c.index_n_heads != 0 || c.index_head_dim != 0) validate_indexer(c, v);
 
   v.range("intermediate_size", c.intermediate_size, 1, kMaxFfn);
   v.range("moe_intermediate_size", c.moe_intermediate_size, 1, kMaxFfn);

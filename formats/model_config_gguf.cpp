@@ -287,8 +287,11 @@ void read_gguf_indexer(const GgufReader& r, const GgufFile& f, ModelConfig& c) {
   }
   for (int64_t l = 0; l < c.num_layers; ++l) {
     const GgufValue& e = v->at(static_cast<size_t>(l));
-    const bool full = e.is_integer() ? r.as_int(e, k) != 0 : e.as_bool();
-    if (!full) c.index_shared_layers.push_back(l);
+    if (e.type() != GgufType::kBool && !e.is_integer()) {
+      fail(ErrorKind::kFormat, "{}: key '{}': expected flags (bool), got {}", f.path(), k,
+           gguf_type_name(e.type()));
+    }
+    if (!e.as_bool()) c.index_shared_layers.push_back(l);
   }
 }
 

@@ -209,7 +209,7 @@ class CpuForwardOps final : public ForwardOps {
   // selected rows gathered for the layer's attention.
   std::unique_ptr<LightningIndexer> indexer_;
   SparseSelection selection_;
-  std::deque<std::vector<uint8_t>> gathered_;
+  GatherStorage gathered_;
   // args as they attend: split by the selection with an indexer (split_by_selection).
   void add_attention(const ops::AttentionArgs& args, int64_t t0,
                      std::vector<ops::AttentionArgs>* out);
@@ -414,7 +414,7 @@ void CpuForwardOps::attention_mla(KvCache& cache, int64_t l, int64_t n, const fl
     kern::matmul_shared_input(ws, x, n, ys, pool_, views_);
   }
   const bool latent = mla_ != MlaMode::kNaive;
-  gathered_.clear();
+  gathered_.reset();
   for_tokens(n, [&](int64_t t) {
     const int64_t pos = pos_[static_cast<size_t>(t)];
     float* r = kv + t * kr;

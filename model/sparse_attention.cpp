@@ -153,19 +153,18 @@ void point_at(ops::AttentionArgs* g, bool value, const uint8_t* rows, const RowS
 // Token j of args attending to `positions` only: their rows copied into storage, arguments over
 // them as a contiguous cache.
 ops::AttentionArgs gathered_args(const ops::AttentionArgs& args, int64_t j,
-                                 std::span<const int32_t> positions,
-                                 std::deque<std::vector<uint8_t>>& storage) {
+                                 std::span<const int32_t> positions, GatherStorage& storage) {
   const bool values_in_keys = value_base(args) == key_base(args) && args.v_stride == args.k_stride;
   const RowShape kr = row_shape(args, args.dk), vr = row_shape(args, args.dv);
   const int64_t m = static_cast<int64_t>(positions.size());
   const int64_t k_bytes = m * args.n_kv_heads * kr.bytes;
   const int64_t v_bytes = values_in_keys ? 0 : m * args.n_kv_heads * vr.bytes;
-  std::vector<uint8_t>& buf = storage.emplace_back(static_cast<size_t>(k_bytes + v_bytes));
+  uint8_t* buf = storage.take(static_cast<size_t>(k_bytes + v_bytes));
   gather_rows(args, key_base(args), args.k_stride, args.k_block, ops::k_head_stride(args), kr,
-              positions, buf.data());
+              positions, buf);
   if (!values_in_keys) {
     gather_rows(args, value_base(args), args.v_stride, args.v_block, ops::v_head_stride(args), vr,
-                positions, buf.data() + k_bytes);
+                positions, buf + k_bytes);
   }
   ops::AttentionArgs g = args;
   g.q = args.q + j * args.q_stride;
@@ -177,12 +176,12 @@ ops::AttentionArgs gathered_args(const ops::AttentionArgs& args, int64_t j,
   g.block_positions = g.k_block = g.v_block = 0;
   g.k_head = g.v_head = 0;  // (the heads side by side)
   g.k_stride = args.n_kv_heads * kr.bytes / kr.elem;
-  point_at(&g, false, buf.data(), kr);
+  point_at(&g, false, buf, kr);
   if (values_in_keys) {
-    point_at(&g, true, buf.data(), kr);
+    point_at(&g, true, buf, kr);
     g.v_stride = g.k_stride;
   } else {
-    point_at(&g, true, buf.data() + k_bytes, vr);
+    point_at(&g, true, buf + k_bytes, vr);
     g.v_stride = args.n_kv_heads * vr.bytes / vr.elem;
   }
   return g;
@@ -190,9 +189,15 @@ ops::AttentionArgs gathered_args(const ops::AttentionArgs& args, int64_t j,
 
 }  // namespace
 
+uint8_t* GatherStorage::take(size_t bytes) {
+  if (used_ == bufs_.size()) bufs_.emplace_back();
+  std::vector<uint8_t>& b = bufs_[used_++];
+  if (b.size() < bytes) b.resize(bytes);
+  return b.data();
+}
+
 void split_by_selection(const ops::AttentionArgs& args, int64_t t0, const SparseSelection& sel,
-                        std::deque<std::vector<uint8_t>>& storage,
-                        std::vector<ops::AttentionArgs>* out) {
+                        GatherStorage& storage, std::vector<ops::AttentionArgs>* out) {
   int64_t dense = 0;
   while (dense < args.n_tokens && !sel.sparse(t0 + dense)) ++dense;
   if (dense > 0) {

@@ -14,7 +14,6 @@
 #pragma once
 
 #include <cstdint>
-#include <deque>
 #include <span>
 #include <vector>
 
@@ -65,14 +64,26 @@ class LightningIndexer {
   std::vector<int64_t> sparse_;  // the step's tokens that select
 };
 
+// The rows gathered for sparse queries: buffers kept across calls (a decode step's 2,048 latents
+// per layer reuse the same memory, no allocation or page faults per token), handed out until
+// reset(). A buffer's memory stays where it is while the storage grows.
+class GatherStorage {
+ public:
+  uint8_t* take(size_t bytes);
+  void reset() { used_ = 0; }
+
+ private:
+  std::vector<std::vector<uint8_t>> bufs_;
+  size_t used_ = 0;
+};
+
 // A part's attention arguments split by the selection: `args` covers the part's tokens (its
 // queries from args.q, outputs from args.out, [n_tokens, n_heads, dv] with q_stride between
 // queries; t0 the part's first token in the step). The leading tokens that attend densely keep
 // args (fewer tokens); each sparse token gets arguments over a copy of its selected rows (keys,
 // and values unless they are the keys' rows), gathered into `storage` (valid until it is
-// cleared). Appends to out.
+// reset). Appends to out.
 void split_by_selection(const ops::AttentionArgs& args, int64_t t0, const SparseSelection& sel,
-                        std::deque<std::vector<uint8_t>>& storage,
-                        std::vector<ops::AttentionArgs>* out);
+                        GatherStorage& storage, std::vector<ops::AttentionArgs>* out);
 
 }  // namespace tandem

@@ -46,8 +46,12 @@ void widen_keys(const ops::AttentionArgs& a, int64_t s0, int64_t rows, float* ti
 void index_scores(const ops::AttentionArgs& keys, const float* q, const float* w, int64_t heads,
                   int64_t n, float* out, ThreadPool* pool) {
   const int64_t d = keys.dk;
-  // The queries transposed, [dk, heads]: the GEMM's right-hand side.
-  std::vector<float> qt(static_cast<size_t>(d * heads));
+  // The queries transposed, [dk, heads]: the GEMM's right-hand side (kept per calling thread).
+  // (The tasks read it through `qt`, a pointer: a thread_local named in the lambda would be each
+  // worker's own.)
+  thread_local std::vector<float> qt_rows;
+  qt_rows.resize(static_cast<size_t>(d * heads));
+  float* qt = qt_rows.data();
   for (int64_t h = 0; h < heads; ++h) {
     for (int64_t i = 0; i < d; ++i) qt[static_cast<size_t>(i * heads + h)] = q[h * d + i];
   }
@@ -58,7 +62,7 @@ void index_scores(const ops::AttentionArgs& keys, const float* q, const float* w
     k.resize(static_cast<size_t>(kTile * d));
     dots.resize(static_cast<size_t>(kTile * heads));
     widen_keys(keys, s0, rows, k.data());
-    gemm_f32_kn(k.data(), d, rows, qt.data(), d, heads, dots.data(), heads);
+    gemm_f32_kn(k.data(), d, rows, qt, d, heads, dots.data(), heads);
     for (int64_t r = 0; r < rows; ++r) out[s0 + r] = ops::index_score(dots.data() + r * heads, w, heads);
   };
   if (pool == nullptr || tiles == 1) {

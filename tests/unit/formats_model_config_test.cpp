@@ -432,6 +432,10 @@ TEST(ModelConfig, GgufErrorsNameFileAndKey) {
   const GgufValue short_types = GgufValue::array(GgufType::kBool, two);
   expect_error(open("glm-dsa", "glm-dsa.attention.indexer.types", &short_types),
                ErrorKind::kFormat, {"glm-dsa-edited.gguf", "glm-dsa.attention.indexer.types", "4"});
+  const std::vector<GgufValue> words(4, GgufValue::string("full"));
+  const GgufValue word_types = GgufValue::array(GgufType::kString, words);
+  expect_error(open("glm-dsa", "glm-dsa.attention.indexer.types", &word_types), ErrorKind::kFormat,
+               {"glm-dsa-edited.gguf", "glm-dsa.attention.indexer.types", "bool"});
   const GgufValue head = GgufValue::u32(100);
   expect_error(open("glm-dsa", "glm-dsa.attention.indexer.key_length", &head), ErrorKind::kFormat,
                {"glm-dsa-edited.gguf", "glm-dsa.attention.indexer.key_length"});

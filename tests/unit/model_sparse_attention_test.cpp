@@ -254,7 +254,7 @@ TEST(SparseAttention, SelectedRowsAttendAsTheSoftmaxOverThem) {
       a.pos0 = pos[0];
       a.scale = 0.3f;
       a.out = out.data();
-      std::deque<std::vector<uint8_t>> storage;
+      GatherStorage storage;
       std::vector<ops::AttentionArgs> split;
       split_by_selection(a, t0, sel, storage, &split);
       ASSERT_EQ(split.size(), 3u);
