@@ -44,19 +44,19 @@ Step make_step(int active, std::mt19937& rng) {
   CacheConfig c;
   c.n_experts = E;
   c.slots_per_layer = E;
-  s.cache = ExpertCache::make("lru", c);
+  s.cache = ExpertCache::make(CacheKind::kLru, c);
   for (int e = 0; e < E; ++e)
     if (rng() % 2) s.cache->pin(0, e);
   return s;
 }
 
 // Arg: active experts. 16 different steps cycled, so one lucky instance does not decide.
-void policy_bench(benchmark::State& state, const char* name) {
+void policy_bench(benchmark::State& state, PolicyKind kind) {
   std::mt19937 rng(99);
   std::vector<Step> steps;
   for (int i = 0; i < 16; ++i) steps.push_back(make_step(static_cast<int>(state.range(0)), rng));
   const CostModel cost = CostModel::from_linear(1e-3, 1e-4, 3e-4, 3e-5, 1e-3);
-  const auto policy = AssignmentPolicy::make(name);
+  const auto policy = AssignmentPolicy::make(kind);
   size_t i = 0;
   for (auto _ : state) {
     const Step& s = steps[i++ % steps.size()];
@@ -64,11 +64,11 @@ void policy_bench(benchmark::State& state, const char* name) {
   }
 }
 
-void BM_PolicyOptimal(benchmark::State& state) { policy_bench(state, "optimal"); }
+void BM_PolicyOptimal(benchmark::State& state) { policy_bench(state, PolicyKind::kOptimal); }
 BENCHMARK(BM_PolicyOptimal)->Arg(16)->Arg(20)->Arg(24)->Unit(benchmark::kMicrosecond);
-void BM_PolicyDali(benchmark::State& state) { policy_bench(state, "dali"); }
+void BM_PolicyDali(benchmark::State& state) { policy_bench(state, PolicyKind::kDali); }
 BENCHMARK(BM_PolicyDali)->Arg(16)->Arg(24)->Unit(benchmark::kMicrosecond);
-void BM_PolicyHybriMoe(benchmark::State& state) { policy_bench(state, "hybrimoe"); }
+void BM_PolicyHybriMoe(benchmark::State& state) { policy_bench(state, PolicyKind::kHybriMoe); }
 BENCHMARK(BM_PolicyHybriMoe)->Arg(16)->Arg(24)->Unit(benchmark::kMicrosecond);
 
 }  // namespace

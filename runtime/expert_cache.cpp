@@ -19,7 +19,7 @@ std::vector<int> routed_counts(const LayerRouting& r) {
 
 namespace {
 
-enum class Kind { kNone, kLru, kLfu, kMrs, kDali };
+using Kind = CacheKind;
 
 // One implementation for every kind: the kinds differ only in how on_routing() updates the
 // per-expert priority and (DALI) in wanted(). Eviction takes the evictable resident with the
@@ -282,21 +282,7 @@ class SlotCache final : public ExpertCache {
 
 }  // namespace
 
-std::unique_ptr<ExpertCache> ExpertCache::make(const std::string& kind, const CacheConfig& c) {
-  Kind k;
-  if (kind == "none")
-    k = Kind::kNone;
-  else if (kind == "lru")
-    k = Kind::kLru;
-  else if (kind == "lfu")
-    k = Kind::kLfu;
-  else if (kind == "mrs")
-    k = Kind::kMrs;
-  else if (kind == "dali")
-    k = Kind::kDali;
-  else
-    fail(ErrorKind::kInvalidArgument, "--cache '{}': unknown (none | lru | lfu | mrs | dali)",
-         kind);
+std::unique_ptr<ExpertCache> ExpertCache::make(CacheKind k, const CacheConfig& c) {
   if (c.n_layers <= 0 || c.n_experts <= 0 || c.top_k <= 0 || c.top_k > c.n_experts) {
     fail(ErrorKind::kInvalidArgument, "expert cache: bad shape: {} layers, {} experts, top-k {}",
          c.n_layers, c.n_experts, c.top_k);
@@ -315,7 +301,7 @@ std::unique_ptr<ExpertCache> ExpertCache::make(const std::string& kind, const Ca
          "expert cache: dali w_size {} must be in 1..4096, u_size {} >= 0", c.dali_w_size,
          c.dali_u_size);
   }
-  return std::make_unique<SlotCache>(k, kind, c);
+  return std::make_unique<SlotCache>(k, std::string(choice_name(k)), c);
 }
 
 }  // namespace tandem::rt

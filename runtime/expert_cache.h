@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "runtime/choices.h"
+
 namespace tandem::rt {
 
 struct LayerRouting {  // one MoE layer, one batch
@@ -35,9 +37,8 @@ struct CacheConfig {
 class ExpertCache {  // LRU, LFU, MRS (HybriMoE eq. 3), DALI window (Alg. 2), none
  public:
   virtual ~ExpertCache() = default;
-  // kind: none | lru | lfu | mrs | dali; Error(kInvalidArgument) naming an unknown kind or a bad
-  // config value.
-  static std::unique_ptr<ExpertCache> make(const std::string& kind, const CacheConfig& c);
+  // Error(kInvalidArgument) naming a bad config value.
+  static std::unique_ptr<ExpertCache> make(CacheKind kind, const CacheConfig& c);
 
   virtual bool resident(int layer, int expert) const = 0;
   // --gpu-experts: resident and never evicted (takes a slot; Error(kResource) when none is free).

@@ -154,7 +154,7 @@ HybridMoeBackend::HybridMoeBackend(const LoadedModel& model, MoeBackend* cpu, De
          o.gpu_experts, max_pinned, n_moe, pinned_bytes, avail);
   }
   int extra = 0;
-  if (o.cache != "none") {
+  if (o.cache != CacheKind::kNone) {
     const uint64_t per_layer = uint64_t(n_moe) * slot_bytes_;
     const int fit = static_cast<int>(
         std::min<uint64_t>((avail - pinned_bytes) / per_layer, uint64_t(n_experts)));
@@ -193,7 +193,7 @@ HybridMoeBackend::HybridMoeBackend(const LoadedModel& model, MoeBackend* cpu, De
     cost_ = std::make_unique<CostModel>(estimate_cost());
     cost_source_ = "estimated";
   }
-  if (o.prefetch == "residual") {
+  if (o.prefetch == PrefetchKind::kResidual) {
     if (o.residuals.empty()) {
       fail(ErrorKind::kInvalidArgument,
            "--prefetch residual needs --residuals FILE (written by `tandem calibrate`)");
@@ -610,7 +610,7 @@ void HybridMoeBackend::submit(const MoeRequest& r) {
   ++stats_.layers;
 
   // 5. Prefetch the next MoE layer's predicted experts behind this layer's compute.
-  if (opt_.prefetch != "none" && layer + 1 < static_cast<int>(layers_.size())) {
+  if (opt_.prefetch != PrefetchKind::kNone && layer + 1 < static_cast<int>(layers_.size())) {
     prefetch_next(r, layer);
   }
 }
@@ -700,8 +700,9 @@ std::string HybridMoeBackend::summary() const {
   return fmt::format(
       "{} slots/layer of {:.2f} MiB ({} pinned{}), policy {}, cache {}, prefetch "
       "{}, cost model {}{}",
-      slots_per_layer_, slot_bytes_ / 1048576.0, opt_.gpu_experts, pinned, opt_.policy, opt_.cache,
-      opt_.prefetch, cost_source_, host);
+      slots_per_layer_, slot_bytes_ / 1048576.0, opt_.gpu_experts, pinned,
+      choice_name(opt_.policy), choice_name(opt_.cache), choice_name(opt_.prefetch), cost_source_,
+      host);
 }
 
 }  // namespace tandem::rt

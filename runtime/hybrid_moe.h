@@ -18,6 +18,7 @@
 
 #include "model/moe_backend.h"
 #include "model/weights.h"
+#include "runtime/choices.h"
 #include "runtime/device.h"
 #include "runtime/placement.h"
 
@@ -30,9 +31,9 @@ struct CostModel;
 struct ResidualVectors;
 
 struct HybridOptions {
-  std::string policy = "static";  // static | fiddler | hybrimoe | dali | optimal
-  std::string cache = "lru";      // lru | lfu | mrs | dali | none
-  std::string prefetch = "none";  // none | gate | residual
+  PolicyKind policy = PolicyKind::kStatic;
+  CacheKind cache = CacheKind::kLru;
+  PrefetchKind prefetch = PrefetchKind::kNone;
   int gpu_experts = 0;            // pinned per MoE layer, most popular first
   int cache_slots = -1;           // per MoE layer on top of the pinned ones; -1: from the budget
   uint64_t budget_bytes = 0;      // accelerator memory to use; 0: what the device has left

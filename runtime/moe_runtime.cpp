@@ -123,14 +123,6 @@ void check_choice(const char* flag, const std::string& value, const char* const 
 void check_backend_options(const BackendOptions& o) {
   static const char* const kCpuExperts[] = {"auto", "native", "repack", "int8", "int4", "bf16"};
   check_choice("--cpu-experts", o.cpu_experts, kCpuExperts);
-  static const char* const kAccel[] = {"auto", "none", "host", "cuda"};
-  static const char* const kPolicy[] = {"static", "fiddler", "hybrimoe", "dali", "optimal"};
-  static const char* const kCache[] = {"lru", "lfu", "mrs", "dali", "none"};
-  static const char* const kPrefetch[] = {"none", "gate", "residual"};
-  check_choice("--accel", o.accel, kAccel);
-  check_choice("--policy", o.policy, kPolicy);
-  check_choice("--cache", o.cache, kCache);
-  check_choice("--prefetch", o.prefetch, kPrefetch);
   if (o.defer < 0) fail(ErrorKind::kInvalidArgument, "--defer must be >= 0, got {}", o.defer);
   if (o.gpu_experts < 0) {
     fail(ErrorKind::kInvalidArgument, "--gpu-experts must be >= 0, got {}", o.gpu_experts);
@@ -153,8 +145,7 @@ void check_backend_options(const BackendOptions& o) {
 }
 
 // Flag values checked against the loaded model.
-void check_backend_options(const BackendOptions& o, const std::string& accel,
-                           const LoadedModel& model) {
+void check_backend_options(const BackendOptions& o, rt::Accel accel, const LoadedModel& model) {
   const int64_t experts = model.config.n_experts;
   if (o.gpu_experts > experts) {
     fail(ErrorKind::kInvalidArgument,
@@ -162,11 +153,11 @@ void check_backend_options(const BackendOptions& o, const std::string& accel,
   }
   const bool any_moe =
       std::any_of(model.layers.begin(), model.layers.end(), [](const auto& l) { return l.moe; });
-  if (accel != "none" && !any_moe) {
+  if (accel != rt::Accel::kNone && !any_moe) {
     fail(ErrorKind::kUnsupported,
          "--accel {}: {} has no MoE layer (all {} layers are dense): the accelerator holds "
          "experts, there are none; run without --accel",
-         accel, model.path.string(), model.layers.size());
+         rt::choice_name(accel), model.path.string(), model.layers.size());
   }
 }
 
@@ -185,8 +176,8 @@ uint64_t default_kv_bytes(const ModelConfig& c) {
 
 // --accel auto|none|host|cuda -> none|host|cuda. cuda needs a build with CUDA and a GPU here;
 // auto stays CPU-only until the CUDA device has run its tests on a GPU (docs/device.md).
-std::string resolve_accel(const std::string& accel) {
-  if (accel == "cuda") {
+rt::Accel resolve_accel(rt::Accel accel) {
+  if (accel == rt::Accel::kCuda) {
 #ifdef TANDEM_HAVE_CUDA
     std::string why;
     if (cuda_devices(&why).empty()) {
@@ -202,7 +193,7 @@ std::string resolve_accel(const std::string& accel) {
 #endif
     return accel;
   }
-  if (accel != "auto") return accel;
+  if (accel != rt::Accel::kAuto) return accel;
 #ifdef TANDEM_HAVE_CUDA
   std::string why;
   const auto gpus = cuda_devices(&why);
@@ -213,7 +204,7 @@ std::string resolve_accel(const std::string& accel) {
         gpus[0].name);
   }
 #endif
-  return "none";
+  return rt::Accel::kNone;
 }
 
 }  // namespace
@@ -271,54 +262,18 @@ MoeRuntime::MoeRuntime(const LoadedModel& model, const BackendOptions& options,
   // Callers that did not resolve auto before loading (tests, library users): decided here; the
   // flags are checked either way.
   const BackendOptions o = resolve_backend_options(options, model.path);
-  const std::string accel = resolve_accel(o.accel);
+  const rt::Accel accel = resolve_accel(o.accel);
   check_backend_options(o, accel, model);
   impl_->graphs = o.graphs;
   std::vector<rt::PlacementRule> rules;
   if (!o.rules.empty()) rules = rt::load_placement_rules(o.rules);
-  impl_->placement = rt::resolve_placement(model, rules, accel != "none", o.cpu_experts);
-  impl_->cpu = make_cpu_backend(model, o, threading, accel == "none", &summary_, &impl_->experts);
+  impl_->placement =
+      rt::resolve_placement(model, rules, accel != rt::Accel::kNone, o.cpu_experts);
+  impl_->cpu = make_cpu_backend(model, o, threading, accel == rt::Accel::kNone, &summary_,
+                                &impl_->experts);
   backend_ = impl_->cpu.get();
-  if (accel != "none") {
-    rt::HostDeviceOptions ho;
-    ho.link = rt::parse_link(o.link);
-    if (accel == "host") {
-      ho.memory_bytes = o.vram_budget.empty() ? (uint64_t{4} << 30)
-                                              : rt::parse_bytes("--vram-budget", o.vram_budget);
-      impl_->device = rt::make_host_device(ho);
-    } else {
-      rt::CudaDeviceOptions co;
-      co.memory_bytes = o.vram_budget.empty() ? 0 : rt::parse_bytes("--vram-budget", o.vram_budget);
-      impl_->device = rt::make_cuda_device(co);
-      ho.memory_bytes = impl_->device->memory_capacity();
-    }
-    impl_->timeline = std::make_unique<rt::Timeline>();
-    impl_->device->set_timeline(impl_->timeline.get());
-    // --gpu-experts 0 --cache-slots 0 with the dense part and the shared experts on the device:
-    // no expert ever runs there, so no hybrid backend either (KTransformers' default): the CPU
-    // operator computes every routed expert and the model runs its MoE layers in the device's
-    // stream order (Model::ordered_moe), the host never waiting inside a forward.
-    bool shared_on_device = true, experts_pinned = false;
-    for (size_t l = 0; l < model.layers.size(); ++l) {
-      if (!model.layers[l].moe) continue;
-      const auto layer = static_cast<int64_t>(l);
-      shared_on_device = shared_on_device && (model.layers[l].sh_gate.empty() ||
-                                              impl_->placement.shared_on_accel(layer));
-      experts_pinned = experts_pinned || impl_->placement.experts_pinned(layer);
-    }
-    if (impl_->placement.dense_device() == rt::Where::kAccel && o.gpu_experts == 0 &&
-        o.cache_slots == 0 && shared_on_device && !experts_pinned) {
-      impl_->dense = rt::upload_dense_weights(*impl_->device, model, true);
-      summary_ += fmt::format(
-          "; accelerator: {} ({:.0f} MiB, link {}): the dense part and the shared experts "
-          "({:.1f} MiB), every routed expert on the CPU operator (--gpu-experts 0 --cache-slots "
-          "0), decode steps {}",
-          impl_->device->name(), ho.memory_bytes / 1048576.0, o.link,
-          impl_->dense->bytes / 1048576.0,
-          o.graphs ? "replayed as graphs" : "op by op (--no-graphs)");
-    } else {
-      make_hybrid(model, o, ho);
-    }
+  if (accel != rt::Accel::kNone) {
+    make_accelerator(model, o, accel);
   } else {
     summary_ += "; accelerator: none";
   }
@@ -340,6 +295,48 @@ MoeRuntime::MoeRuntime(const LoadedModel& model, const BackendOptions& options,
 }
 
 MoeRuntime::~MoeRuntime() = default;
+
+void MoeRuntime::make_accelerator(const LoadedModel& model, const BackendOptions& o,
+                                  rt::Accel accel) {
+  rt::HostDeviceOptions ho;
+  ho.link = rt::parse_link(o.link);
+  if (accel == rt::Accel::kHost) {
+    ho.memory_bytes = o.vram_budget.empty() ? (uint64_t{4} << 30)
+                                            : rt::parse_bytes("--vram-budget", o.vram_budget);
+    impl_->device = rt::make_host_device(ho);
+  } else {
+    rt::CudaDeviceOptions co;
+    co.memory_bytes = o.vram_budget.empty() ? 0 : rt::parse_bytes("--vram-budget", o.vram_budget);
+    impl_->device = rt::make_cuda_device(co);
+    ho.memory_bytes = impl_->device->memory_capacity();
+  }
+  impl_->timeline = std::make_unique<rt::Timeline>();
+  impl_->device->set_timeline(impl_->timeline.get());
+  // --gpu-experts 0 --cache-slots 0 with the dense part and the shared experts on the device:
+  // no expert ever runs there, so no hybrid backend either (KTransformers' default): the CPU
+  // operator computes every routed expert and the model runs its MoE layers in the device's
+  // stream order (Model::ordered_moe), the host never waiting inside a forward.
+  bool shared_on_device = true, experts_pinned = false;
+  for (size_t l = 0; l < model.layers.size(); ++l) {
+    if (!model.layers[l].moe) continue;
+    const auto layer = static_cast<int64_t>(l);
+    shared_on_device = shared_on_device && (model.layers[l].sh_gate.empty() ||
+                                            impl_->placement.shared_on_accel(layer));
+    experts_pinned = experts_pinned || impl_->placement.experts_pinned(layer);
+  }
+  if (impl_->placement.dense_device() != rt::Where::kAccel || o.gpu_experts != 0 ||
+      o.cache_slots != 0 || !shared_on_device || experts_pinned) {
+    make_hybrid(model, o, ho);
+    return;
+  }
+  impl_->dense = rt::upload_dense_weights(*impl_->device, model, true);
+  summary_ += fmt::format(
+      "; accelerator: {} ({:.0f} MiB, link {}): the dense part and the shared experts "
+      "({:.1f} MiB), every routed expert on the CPU operator (--gpu-experts 0 --cache-slots "
+      "0), decode steps {}",
+      impl_->device->name(), ho.memory_bytes / 1048576.0, o.link, impl_->dense->bytes / 1048576.0,
+      o.graphs ? "replayed as graphs" : "op by op (--no-graphs)");
+}
 
 void MoeRuntime::make_hybrid(const LoadedModel& model, const BackendOptions& o,
                              const rt::HostDeviceOptions& ho) {

@@ -17,6 +17,7 @@
 #include "model/moe_backend.h"
 #include "model/weights.h"
 #include "ops/cpu/kernels.h"
+#include "runtime/choices.h"
 
 namespace tandem {
 namespace rt {
@@ -42,15 +43,15 @@ struct BackendOptions {
   // wrap around the nodes (tests and benchmarks force 2 parts on one node).
   int numa_parts = 0;
   // Hybrid runtime (docs/hybrid.md).
-  std::string accel = "auto";       // auto | none | host | cuda  (auto: cuda if present, else none)
+  rt::Accel accel = rt::Accel::kAuto;  // (auto: see resolve_accel in moe_runtime.cpp)
   int gpu_experts = 0;              // experts resident on the accelerator per MoE layer
   std::string vram_budget;          // e.g. "8G"; empty: the device's capacity
   int defer = 0;                    // Expert Deferral: experts deferred per token (decode)
-  std::string policy = "static";    // static | fiddler | hybrimoe | dali | optimal
-  std::string cache = "lru";        // lru | lfu | mrs | dali | none
+  rt::PolicyKind policy = rt::PolicyKind::kStatic;
+  rt::CacheKind cache = rt::CacheKind::kLru;
   int cache_slots = -1;             // expert cache slots per layer (-1: from the budget)
   bool cache_global = false;        // one pool of slots shared by all MoE layers
-  std::string prefetch = "none";    // none | gate | residual
+  rt::PrefetchKind prefetch = rt::PrefetchKind::kNone;
   std::filesystem::path rules;      // YAML placement rules
   std::filesystem::path profile;    // cost model from `tandem profile`
   std::filesystem::path residuals;  // DALI residual vectors from `tandem calibrate`
@@ -111,6 +112,9 @@ class MoeRuntime {
   rt::Timeline* timeline() const;
 
  private:
+  // The accelerator (--accel host | cuda), and over it the hybrid backend or, when no routed
+  // expert runs there, the dense part alone.
+  void make_accelerator(const LoadedModel& model, const BackendOptions& o, rt::Accel accel);
   // The hybrid backend over impl_->device (the dense part uploaded first when placed there).
   void make_hybrid(const LoadedModel& model, const BackendOptions& o,
                    const rt::HostDeviceOptions& ho);

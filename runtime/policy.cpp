@@ -423,15 +423,21 @@ Assignment hybrimoe_schedule(const std::vector<int>& counts, const std::vector<u
   return a;
 }
 
-std::unique_ptr<AssignmentPolicy> AssignmentPolicy::make(const std::string& name,
+std::unique_ptr<AssignmentPolicy> AssignmentPolicy::make(PolicyKind kind,
                                                          const PolicyOptions& options) {
-  if (name == "static") return std::make_unique<StaticPolicy>(false, options);
-  if (name == "fiddler") return std::make_unique<StaticPolicy>(true, options);
-  if (name == "hybrimoe") return std::make_unique<HybriMoePolicy>(options);
-  if (name == "dali") return std::make_unique<DaliPolicy>(options);
-  if (name == "optimal") return std::make_unique<OptimalPolicy>(options);
-  fail(ErrorKind::kInvalidArgument,
-       "--policy '{}': unknown (static | fiddler | hybrimoe | dali | optimal)", name);
+  switch (kind) {
+    case PolicyKind::kStatic:
+      return std::make_unique<StaticPolicy>(false, options);
+    case PolicyKind::kFiddler:
+      return std::make_unique<StaticPolicy>(true, options);
+    case PolicyKind::kHybriMoe:
+      return std::make_unique<HybriMoePolicy>(options);
+    case PolicyKind::kDali:
+      return std::make_unique<DaliPolicy>(options);
+    case PolicyKind::kOptimal:
+      return std::make_unique<OptimalPolicy>(options);
+  }
+  fail(ErrorKind::kInvalidArgument, "assignment policy {}: not a policy", static_cast<int>(kind));
 }
 
 }  // namespace tandem::rt

@@ -38,8 +38,7 @@ struct PolicyOptions {
 class AssignmentPolicy {  // static, fiddler, hybrimoe, dali, optimal (branch and bound)
  public:
   virtual ~AssignmentPolicy() = default;
-  // Error(kInvalidArgument) naming an unknown policy.
-  static std::unique_ptr<AssignmentPolicy> make(const std::string& name,
+  static std::unique_ptr<AssignmentPolicy> make(PolicyKind kind,
                                                 const PolicyOptions& options = {});
   virtual Assignment assign(const LayerRouting& r, const ExpertCache& cache,
                             const CostModel& cost) = 0;

@@ -78,10 +78,9 @@ class ImpactPrefetch final : public Prefetcher {
 
 }  // namespace
 
-std::unique_ptr<Prefetcher> Prefetcher::make(const std::string& name, const PrefetchOptions& o) {
-  if (name == "none") return std::make_unique<NoPrefetch>();
-  if (name == "gate" || name == "residual") return std::make_unique<ImpactPrefetch>(name, o);
-  fail(ErrorKind::kInvalidArgument, "--prefetch '{}': unknown (none | gate | residual)", name);
+std::unique_ptr<Prefetcher> Prefetcher::make(PrefetchKind kind, const PrefetchOptions& o) {
+  if (kind == PrefetchKind::kNone) return std::make_unique<NoPrefetch>();
+  return std::make_unique<ImpactPrefetch>(std::string(choice_name(kind)), o);
 }
 
 }  // namespace tandem::rt

@@ -30,8 +30,7 @@ struct PrefetchOptions {
 class Prefetcher {  // none, gate (next layer's router on this hidden state), residual (DALI eq. 11)
  public:
   virtual ~Prefetcher() = default;
-  // name: none | gate | residual; Error(kInvalidArgument) naming an unknown one.
-  static std::unique_ptr<Prefetcher> make(const std::string& name,
+  static std::unique_ptr<Prefetcher> make(PrefetchKind kind,
                                           const PrefetchOptions& options = {});
   // Given predicted next-layer router scores [n_tokens, n_experts] (n_experts from the cache's
   // config; computed by the caller: runtime from the model, simulator from the trace), the experts

@@ -103,11 +103,11 @@ ProfileResult profile_experts(const LoadedModel& model, const ProfileOptions& o,
   if (moe.empty())
     fail(ErrorKind::kUnsupported, "{}: no MoE layer to profile", model.path.string());
   if (o.repeats < 1) fail(ErrorKind::kInvalidArgument, "--repeats must be >= 1, got {}", o.repeats);
-  if (o.accel != "none" && o.accel != "host") {
+  if (o.accel != Accel::kNone && o.accel != Accel::kHost) {
     fail(ErrorKind::kUnsupported,
          "--accel {}: only the emulated host device can be profiled so far (use --accel host or "
          "none)",
-         o.accel);
+         choice_name(o.accel));
   }
   const LayerWeights& lw = model.layers[static_cast<size_t>(moe[0])];
   ProfileResult r;
@@ -115,7 +115,7 @@ ProfileResult profile_experts(const LoadedModel& model, const ProfileOptions& o,
   r.expert_bytes = weight_bytes(lw.experts.gate[0]) + weight_bytes(lw.experts.up[0]) +
                    weight_bytes(lw.experts.down[0]);
   BackendOptions bo = o.backend;
-  bo.accel = "none";
+  bo.accel = Accel::kNone;
   MoeRuntime rt(model, bo, threading);
   r.cpu_backend = rt.summary();
   MoeBackend* be = rt.backend();
@@ -172,7 +172,7 @@ ProfileResult profile_experts(const LoadedModel& model, const ProfileOptions& o,
            moe.size(), E);
     }
   }
-  if (o.accel == "host") {
+  if (o.accel == Accel::kHost) {
     profile_host_device(lw, link, x, o, threading.n_threads(), &r);
     return r;
   }

@@ -42,7 +42,7 @@ struct ProfileOptions {
   std::vector<int64_t> tokens = {1, 2, 4, 8, 16, 32, 64, 128, 256, 512};
   int repeats = 5;             // best of
   BackendOptions backend;      // CPU experts as the runtime builds them (accel forced to none)
-  std::string accel = "none";  // none | host (the emulated device when the build has it)
+  Accel accel = Accel::kNone;  // none | host (the emulated device when the build has it)
   std::string link = "pcie4";
   std::filesystem::path trace;  // optional routing trace: expert popularity for --gpu-experts
 };

@@ -31,7 +31,7 @@ int parse_cache_size(const std::string& text, int n_experts) {
 SimResult simulate(const Trace& t, const CostModel& cost, const SimOptions& o) {
   t.validate("trace");
   const int L = t.n_layers, E = t.n_experts, K = t.top_k;
-  const bool pf_gate = o.prefetch == "gate", pf_res = o.prefetch == "residual";
+  const bool pf_gate = o.prefetch == PrefetchKind::kGate, pf_res = o.prefetch == PrefetchKind::kResidual;
   if (pf_gate && !t.has_gate_pred) {
     fail(ErrorKind::kInvalidArgument,
          "--prefetch gate: the trace has no gate predictions (record it with --scores)");
@@ -73,7 +73,7 @@ SimResult simulate(const Trace& t, const CostModel& cost, const SimOptions& o) {
   po.max_fetch = res.slots_per_layer * (o.global_pool ? L : 1);
   std::unique_ptr<AssignmentPolicy> policy = AssignmentPolicy::make(o.policy, po);
   std::unique_ptr<Prefetcher> prefetcher;
-  if (o.prefetch != "none") {
+  if (o.prefetch != PrefetchKind::kNone) {
     PrefetchOptions pf;
     pf.max_experts = o.prefetch_size;
     prefetcher = Prefetcher::make(o.prefetch, pf);

@@ -10,15 +10,16 @@
 #include <string>
 #include <vector>
 
+#include "runtime/choices.h"
 #include "runtime/cost_model.h"
 #include "runtime/trace.h"
 
 namespace tandem::rt {
 
 struct SimOptions {
-  std::string policy = "static";   // static | fiddler | hybrimoe | dali | optimal
-  std::string cache = "lru";       // lru | lfu | mrs | dali | none
-  std::string prefetch = "none";   // none | gate | residual
+  PolicyKind policy = PolicyKind::kStatic;
+  CacheKind cache = CacheKind::kLru;
+  PrefetchKind prefetch = PrefetchKind::kNone;
   std::string cache_size = "25%";  // slots per layer: N or P% of the experts
   int prefetch_size = -1;          // cap on experts prefetched per layer (-1: what the link
                                    // moves within the layer's time, the prefetcher's rule)

@@ -60,7 +60,7 @@ std::string decode_timeline(const LoadedModel& lm, const BackendOptions& backend
 }
 
 void run_profile(const ProfileArgs& a) {
-  if (!a.timeline.empty() && (a.o.backend.accel == "auto" || a.o.backend.accel == "none" ||
+  if (!a.timeline.empty() && (a.o.backend.accel == rt::Accel::kAuto || a.o.backend.accel == rt::Accel::kNone ||
                               a.timeline_tokens == 0)) {
     fail(ErrorKind::kInvalidArgument,
          "--timeline: the decode timeline is taken with an accelerator (--accel) and "
@@ -71,7 +71,7 @@ void run_profile(const ProfileArgs& a) {
   const LoadedModel lm = load_model(a.model, load_mode(o.backend));
   page_in_model(lm);
   ThreadingContext threading(ThreadingOptions{a.threads, true, 50});
-  o.accel = a.o.backend.accel == "auto" ? "none" : a.o.backend.accel;
+  o.accel = a.o.backend.accel == rt::Accel::kAuto ? rt::Accel::kNone : a.o.backend.accel;
   o.link = a.o.backend.link;
   const rt::ProfileResult r = rt::profile_experts(lm, o, threading);
   rt::save_profile(r, a.out);
@@ -84,7 +84,7 @@ void run_profile(const ProfileArgs& a) {
                 1e6 * p.seconds / double(p.tokens), double(r.expert_bytes) / p.seconds / 1e9);
   }
   std::printf("wrote %s\n", a.out.c_str());
-  if (o.accel != "none" && a.timeline_tokens > 0) {
+  if (o.accel != rt::Accel::kNone && a.timeline_tokens > 0) {
     BackendOptions b = o.backend;
     b.accel = o.accel;
     b.link = o.link;

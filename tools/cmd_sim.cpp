@@ -22,10 +22,13 @@ struct SimArgs {
   std::string trace, profile;
   rt::SimOptions o;
   bool json = false, sweep = false;
-  std::vector<std::string> policies = {"static", "fiddler", "hybrimoe", "dali", "optimal"};
-  std::vector<std::string> caches = {"lru", "lfu", "mrs", "dali"};
+  std::vector<rt::PolicyKind> policies = {rt::PolicyKind::kStatic, rt::PolicyKind::kFiddler,
+                                          rt::PolicyKind::kHybriMoe, rt::PolicyKind::kDali,
+                                          rt::PolicyKind::kOptimal};
+  std::vector<rt::CacheKind> caches = {rt::CacheKind::kLru, rt::CacheKind::kLfu,
+                                       rt::CacheKind::kMrs, rt::CacheKind::kDali};
   std::vector<std::string> sizes = {"25%", "50%", "75%"};
-  std::vector<std::string> prefetchers;  // empty: none + what the trace supports
+  std::vector<rt::PrefetchKind> prefetchers;  // empty: none + what the trace supports
 };
 
 nlohmann::json phase_json(const rt::SimPhaseStats& s) {
@@ -52,9 +55,9 @@ nlohmann::json phase_json(const rt::SimPhaseStats& s) {
 
 nlohmann::json result_json(const rt::SimResult& r) {
   nlohmann::json j;
-  j["policy"] = r.options.policy;
-  j["cache"] = r.options.cache;
-  j["prefetch"] = r.options.prefetch;
+  j["policy"] = rt::choice_name(r.options.policy);
+  j["cache"] = rt::choice_name(r.options.cache);
+  j["prefetch"] = rt::choice_name(r.options.prefetch);
   j["cache_size"] = r.options.cache_size;
   j["slots_per_layer"] = r.slots_per_layer;
   j["prefill"] = phase_json(r.prefill);
@@ -73,7 +76,9 @@ void print_row(const rt::SimResult& r) {
     if (ph->tokens == 0) continue;
     const double secs = ph->seconds > 0 ? ph->seconds : 1;
     std::printf("%-9s %-5s %-8s %5s | %-7s %6ld %6.1f %6s %9.1f %10.4f %6.1f %6.1f %6.1f\n",
-                r.options.policy.c_str(), r.options.cache.c_str(), r.options.prefetch.c_str(),
+                std::string(rt::choice_name(r.options.policy)).c_str(),
+                std::string(rt::choice_name(r.options.cache)).c_str(),
+                std::string(rt::choice_name(r.options.prefetch)).c_str(),
                 r.options.cache_size.c_str(), ph == &r.prefill ? "prefill" : "decode",
                 long(ph->tokens), 100 * ph->hit_rate(),
                 ph->prefetched ? fmt::format("{:.1f}", 100 * ph->prefetch_accuracy()).c_str() : "-",
@@ -92,11 +97,11 @@ void run_sim(const SimArgs& a) {
   if (!a.sweep) {
     results.push_back(rt::simulate(t, cost, base));
   } else {
-    std::vector<std::string> pfs = a.prefetchers;
+    std::vector<rt::PrefetchKind> pfs = a.prefetchers;
     if (pfs.empty()) {
-      pfs.push_back("none");
-      if (t.has_gate_pred) pfs.push_back("gate");
-      if (t.has_residual_pred) pfs.push_back("residual");
+      pfs.push_back(rt::PrefetchKind::kNone);
+      if (t.has_gate_pred) pfs.push_back(rt::PrefetchKind::kGate);
+      if (t.has_residual_pred) pfs.push_back(rt::PrefetchKind::kResidual);
     }
     for (const auto& size : a.sizes) {
       for (const auto& policy : a.policies) {
@@ -142,10 +147,9 @@ void add_sim(CLI::App& app) {
   app.add_option("--trace", a->trace, "trace from `tandem trace` (or a demo NAME.json)")
       ->required();
   app.add_option("--profile", a->profile, "cost model from `tandem profile`")->required();
-  app.add_option("--policy", a->o.policy, "static | fiddler | hybrimoe | dali | optimal")
-      ->capture_default_str();
-  app.add_option("--cache", a->o.cache, "lru | lfu | mrs | dali | none")->capture_default_str();
-  app.add_option("--prefetch", a->o.prefetch, "none | gate | residual")->capture_default_str();
+  add_choice_option(app, &a->o.policy, "CPU/accelerator assignment");
+  add_choice_option(app, &a->o.cache, "expert cache");
+  add_choice_option(app, &a->o.prefetch, "expert prefetching");
   app.add_option("--cache-size", a->o.cache_size, "expert cache slots per layer: N or P%")
       ->capture_default_str();
   app.add_option("--prefetch-size", a->o.prefetch_size,
@@ -169,10 +173,10 @@ void add_sim(CLI::App& app) {
       ->capture_default_str();
   app.add_flag("--json", a->json, "print JSON instead of a table");
   app.add_flag("--sweep", a->sweep, "all policies x caches x {25,50,75}% x prefetchers");
-  app.add_option("--sweep-policies", a->policies, "--sweep: the policies")->delimiter(',');
-  app.add_option("--sweep-caches", a->caches, "--sweep: the caches")->delimiter(',');
+  add_choice_list_option(app, "--sweep-policies", &a->policies, "--sweep: the policies");
+  add_choice_list_option(app, "--sweep-caches", &a->caches, "--sweep: the caches");
   app.add_option("--sweep-sizes", a->sizes, "--sweep: the cache sizes")->delimiter(',');
-  app.add_option("--sweep-prefetch", a->prefetchers, "--sweep: the prefetchers")->delimiter(',');
+  add_choice_list_option(app, "--sweep-prefetch", &a->prefetchers, "--sweep: the prefetchers");
   app.callback([a] { run_sim(*a); });
 }
 

@@ -21,6 +21,32 @@
 
 namespace tandem::tools {
 
+// A flag whose value is one of an enum's words (runtime/choices.h), parsed as it is read: a word
+// not in the list is an error naming the flag before anything loads. The help lists the words.
+template <class E>
+CLI::Option* add_choice_option(CLI::App& app, E* value, const std::string& help) {
+  return app
+      .add_option_function<std::string>(
+          rt::Choices<E>::kFlag, [value](const std::string& w) { *value = rt::parse_choice<E>(w); },
+          help + ": " + rt::choice_words<E>())
+      ->default_str(std::string(rt::choice_name(*value)));
+}
+
+// The same for a comma-separated list of words (`tandem sim --sweep-*`).
+template <class E>
+CLI::Option* add_choice_list_option(CLI::App& app, const std::string& name, std::vector<E>* values,
+                                    const std::string& help) {
+  return app
+      .add_option_function<std::vector<std::string>>(
+          name,
+          [values](const std::vector<std::string>& words) {
+            values->clear();
+            for (const auto& w : words) values->push_back(rt::parse_choice<E>(w));
+          },
+          help + " (" + rt::choice_words<E>() + ")")
+      ->delimiter(',');
+}
+
 // --threads: ThreadingOptions::n_threads, the threads that compute with the caller counted, as
 // llama.cpp's -t (the pool gets one worker fewer). More than the hardware threads this process
 // may use only makes threads preempt one another (and 10,000 of them exhaust memory): such a
@@ -194,8 +220,7 @@ inline void add_backend_options(CLI::App& app, BackendOptions* o) {
                  "NUMA tensor parallelism: split each expert into N parts, one per NUMA node "
                  "(0 = one per node, 1 = off)")
       ->capture_default_str();
-  app.add_option("--accel", o->accel, "accelerator: auto | none | host | cuda")
-      ->capture_default_str();
+  add_choice_option(app, &o->accel, "accelerator");
   app.add_option("--gpu-experts", o->gpu_experts,
                  "routed experts resident on the accelerator per MoE layer (most popular first)")
       ->capture_default_str();
@@ -203,18 +228,14 @@ inline void add_backend_options(CLI::App& app, BackendOptions* o) {
   app.add_option("--defer", o->defer, "Expert Deferral: experts per token deferred to the next "
                  "layer (decode)")
       ->capture_default_str();
-  app.add_option("--policy", o->policy,
-                 "CPU/accelerator assignment: static | fiddler | hybrimoe | dali | optimal")
-      ->capture_default_str();
-  app.add_option("--cache", o->cache, "accelerator expert cache: lru | lfu | mrs | dali | none")
-      ->capture_default_str();
+  add_choice_option(app, &o->policy, "CPU/accelerator assignment");
+  add_choice_option(app, &o->cache, "accelerator expert cache");
   app.add_option("--cache-slots", o->cache_slots,
                  "expert cache slots per MoE layer (-1: what the budget allows)")
       ->capture_default_str();
   app.add_flag("--cache-global", o->cache_global,
                "one expert cache pool shared by all MoE layers (n_layers x --cache-slots slots)");
-  app.add_option("--prefetch", o->prefetch, "expert prefetching: none | gate | residual")
-      ->capture_default_str();
+  add_choice_option(app, &o->prefetch, "expert prefetching");
   app.add_option("--rules", o->rules, "YAML placement rules");
   app.add_option("--profile", o->profile, "cost model written by `tandem profile`");
   app.add_option("--residuals", o->residuals, "residual vectors written by `tandem calibrate`");

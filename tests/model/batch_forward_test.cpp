@@ -89,11 +89,11 @@ std::unique_ptr<Net> open(const Case& c) {
     BackendOptions bo;
     bo.cpu_experts = c.experts;
     bo.expert_cache = false;
-    bo.accel = "host";
+    bo.accel = rt::Accel::kHost;
     bo.vram_budget = "256M";
     bo.link = "none";
-    bo.policy = "hybrimoe";
-    bo.prefetch = "gate";
+    bo.policy = rt::PolicyKind::kHybriMoe;
+    bo.prefetch = rt::PrefetchKind::kGate;
     bo.gpu_experts = 1;
     bo.cache_slots = 2;
     net->runtime =
@@ -108,7 +108,7 @@ std::unique_ptr<Net> open(const Case& c) {
     BackendOptions bo;
     bo.cpu_experts = c.experts;
     bo.expert_cache = false;
-    bo.accel = "none";
+    bo.accel = rt::Accel::kNone;
     net->runtime =
         std::make_unique<MoeRuntime>(net->lm, resolve_backend_options(bo, path), threading());
     net->runtime->apply(&mo);

@@ -93,7 +93,7 @@ std::unique_ptr<Net> open(const Case& c) {
     BackendOptions bo;
     bo.cpu_experts = "native";
     bo.expert_cache = false;
-    bo.accel = c.backend == "host" ? "host" : "none";
+    bo.accel = c.backend == "host" ? rt::Accel::kHost : rt::Accel::kNone;
     if (c.backend == "host") {
       bo.vram_budget = "256M";
       bo.link = "none";

@@ -90,9 +90,9 @@ std::unique_ptr<rt::Device> host_device() {
 rt::HybridOptions hybrid_options(const std::string& policy, const std::string& cache,
                                  const std::string& prefetch, const std::string& residuals) {
   rt::HybridOptions o;
-  o.policy = policy;
-  o.cache = cache;
-  o.prefetch = prefetch;
+  o.policy = rt::parse_choice<rt::PolicyKind>(policy);
+  o.cache = rt::parse_choice<rt::CacheKind>(cache);
+  o.prefetch = rt::parse_choice<rt::PrefetchKind>(prefetch);
   o.gpu_experts = 1;
   o.cache_slots = 2;  // small: eviction and fetches really happen
   o.residuals = residuals;

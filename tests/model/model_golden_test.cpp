@@ -565,7 +565,7 @@ std::unique_ptr<MoeRuntime> fused_runtime(const LoadedModel& lm, const char* cpu
   BackendOptions bo;
   bo.cpu_experts = cpu_experts;
   bo.expert_cache = false;
-  bo.accel = "none";
+  bo.accel = rt::Accel::kNone;
   return std::make_unique<MoeRuntime>(lm, bo, threading());
 }
 

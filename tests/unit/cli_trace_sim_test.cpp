@@ -201,9 +201,9 @@ TEST(CliSim, JsonSweepAndErrors) {
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const nlohmann::json j = nlohmann::json::parse(r.out);
   rt::SimOptions o;
-  o.policy = "dali";
-  o.cache = "dali";
-  o.prefetch = "residual";
+  o.policy = rt::PolicyKind::kDali;
+  o.cache = rt::CacheKind::kDali;
+  o.prefetch = rt::PrefetchKind::kResidual;
   o.cache_size = "25%";
   o.expert_bytes = 5000;
   const rt::SimResult lib =

@@ -42,7 +42,7 @@ int admit(ExpertCache& c, int layer, int e) {
 }
 
 TEST(RuntimeCache, LruByHand) {
-  auto c = ExpertCache::make("lru", config(1, 6, 1, 2));
+  auto c = ExpertCache::make(CacheKind::kLru, config(1, 6, 1, 2));
   c->on_routing(Step(0, 1, 6, {0}).r);  // tick 1
   EXPECT_EQ(admit(*c, 0, 0), -1);
   EXPECT_EQ(c->slot_of(0, 0), 0);
@@ -74,7 +74,7 @@ TEST(RuntimeCache, LruByHand) {
 }
 
 TEST(RuntimeCache, LfuByHand) {
-  auto c = ExpertCache::make("lfu", config(1, 4, 2, 2));
+  auto c = ExpertCache::make(CacheKind::kLfu, config(1, 4, 2, 2));
   c->on_routing(Step(0, 2, 4, {0, 1, 0, 2}).r);  // freq 2 1 1 0
   admit(*c, 0, 0);
   admit(*c, 0, 1);
@@ -88,7 +88,7 @@ TEST(RuntimeCache, LfuByHand) {
 }
 
 TEST(RuntimeCache, PinnedNeverEvicted) {
-  auto c = ExpertCache::make("lru", config(1, 4, 1, 2));
+  auto c = ExpertCache::make(CacheKind::kLru, config(1, 4, 1, 2));
   c->pin(0, 3);
   EXPECT_TRUE(c->pinned(0, 3));
   c->on_routing(Step(0, 1, 4, {0}).r);
@@ -101,7 +101,7 @@ TEST(RuntimeCache, PinnedNeverEvicted) {
 
 TEST(RuntimeCache, MrsEquation3ByHand) {
   CacheConfig cfg = config(1, 4, 1, 2);  // p = 2 * top_k = 2, alpha 0.5
-  auto c = ExpertCache::make("mrs", cfg);
+  auto c = ExpertCache::make(CacheKind::kMrs, cfg);
   c->on_routing(Step(0, 1, 4, {0}, {0.5f, 0.3f, 0.2f, 0.0f}).r);
   // top-2 of s: e0 .5, e1 .3 -> S = .5 * [.5 .3 0 0] = [.25 .15 0 0]
   EXPECT_NEAR(c->priority(0, 0), 0.25, 1e-6);
@@ -124,7 +124,7 @@ TEST(RuntimeCache, MrsEquation3ByHand) {
   EXPECT_EQ(admit(*c, 0, 1), 2);  // 3 is protected
 
   cfg.mrs_alpha = 0.25;  // S = .25 * TopP(s) + .75 * S
-  auto d = ExpertCache::make("mrs", cfg);
+  auto d = ExpertCache::make(CacheKind::kMrs, cfg);
   d->on_routing(Step(0, 1, 4, {0}, {0.5f, 0.3f, 0.2f, 0.0f}).r);
   d->on_routing(Step(0, 1, 4, {2}, {0.1f, 0.2f, 0.6f, 0.1f}).r);
   EXPECT_NEAR(d->priority(0, 0), 0.75 * 0.125, 1e-6);
@@ -135,7 +135,7 @@ TEST(RuntimeCache, DaliWindowByHand) {
   CacheConfig cfg = config(1, 4, 1, 2);
   cfg.dali_w_size = 2;
   cfg.dali_u_size = 1;
-  auto c = ExpertCache::make("dali", cfg);
+  auto c = ExpertCache::make(CacheKind::kDali, cfg);
   c->on_routing(Step(0, 1, 4, {0, 1}).r);  // window [1 1 0 0]
   EXPECT_TRUE(c->wanted(0).empty());       // not at a window boundary
   admit(*c, 0, 0);
@@ -159,7 +159,7 @@ TEST(RuntimeCache, DaliWindowByHand) {
 TEST(RuntimeCache, GlobalPoolEvictsAcrossLayers) {
   CacheConfig cfg = config(2, 4, 1, 1);
   cfg.global_pool = true;
-  auto c = ExpertCache::make("lru", cfg);
+  auto c = ExpertCache::make(CacheKind::kLru, cfg);
   EXPECT_EQ(c->n_slots(), 2);
   c->on_routing(Step(0, 1, 4, {0}).r);
   admit(*c, 0, 0);
@@ -174,7 +174,7 @@ TEST(RuntimeCache, GlobalPoolEvictsAcrossLayers) {
 }
 
 TEST(RuntimeCache, NoneAdmitsNothing) {
-  auto c = ExpertCache::make("none", config(1, 4, 1, 2));
+  auto c = ExpertCache::make(CacheKind::kNone, config(1, 4, 1, 2));
   c->pin(0, 1);
   c->on_routing(Step(0, 1, 4, {2}).r);
   bool ok = true;
@@ -185,10 +185,10 @@ TEST(RuntimeCache, NoneAdmitsNothing) {
 }
 
 TEST(RuntimeCache, BadArguments) {
-  EXPECT_THROW(ExpertCache::make("arc", config(1, 4, 1, 2)), Error);
-  EXPECT_THROW(ExpertCache::make("lru", config(1, 4, 1, 5)), Error);
-  EXPECT_THROW(ExpertCache::make("lru", config(0, 4, 1, 2)), Error);
-  auto c = ExpertCache::make("lru", config(1, 4, 1, 2));
+  EXPECT_THROW(parse_choice<CacheKind>("arc"), Error);
+  EXPECT_THROW(ExpertCache::make(CacheKind::kLru, config(1, 4, 1, 5)), Error);
+  EXPECT_THROW(ExpertCache::make(CacheKind::kLru, config(0, 4, 1, 2)), Error);
+  auto c = ExpertCache::make(CacheKind::kLru, config(1, 4, 1, 2));
   bool ok = false;
   EXPECT_THROW(c->admit(0, 4, &ok), Error);
   EXPECT_THROW(c->on_routing(Step(1, 1, 4, {0}).r), Error);

@@ -100,9 +100,28 @@ TEST(CpuExpertsAuto, AnExplicitFormatIsKept) {
   BackendOptions bad;
   bad.cpu_experts = "int9";
   EXPECT_NE(error_of(bad).find("--cpu-experts 'int9'"), std::string::npos) << error_of(bad);
-  bad = BackendOptions{};
-  bad.policy = "fastest";
-  EXPECT_NE(error_of(bad).find("--policy 'fastest'"), std::string::npos) << error_of(bad);
+}
+
+// The runtime's named choices are parsed where the flags are read: a word not in the list is an
+// error naming the flag, the word and the list; each word names its enum back.
+TEST(MoeRuntime, ChoicesParseTheirWordsAndNameTheFlag) {
+  try {
+    rt::parse_choice<rt::PolicyKind>("fastest");
+    ADD_FAILURE() << "no error";
+  } catch (const Error& e) {
+    EXPECT_EQ(e.kind(), ErrorKind::kInvalidArgument);
+    EXPECT_STREQ(e.what(),
+                 "--policy 'fastest' is not one of: static | fiddler | hybrimoe | dali | optimal");
+  }
+  EXPECT_THROW(rt::parse_choice<rt::Accel>("tpu"), Error);
+  EXPECT_THROW(rt::parse_choice<rt::CacheKind>("LRU"), Error);  // words are lower case
+  EXPECT_EQ(rt::parse_choice<rt::Accel>("host"), rt::Accel::kHost);
+  EXPECT_EQ(rt::parse_choice<rt::PrefetchKind>("residual"), rt::PrefetchKind::kResidual);
+  for (const auto& [kind, word] : rt::Choices<rt::CacheKind>::kWords) {
+    EXPECT_EQ(rt::parse_choice<rt::CacheKind>(word), kind);
+    EXPECT_EQ(rt::choice_name(kind), word);
+  }
+  EXPECT_EQ(rt::choice_words<rt::PrefetchKind>(), "none | gate | residual");
 }
 
 TEST(CpuExpertsAuto, FactsOfARealFile) {
@@ -134,7 +153,7 @@ TEST(MoeRuntime, FlagsAreCheckedAgainstTheModel) {
   };
   BackendOptions o;
   o.cpu_experts = "native";
-  o.accel = "host";
+  o.accel = rt::Accel::kHost;
   o.gpu_experts = 100000;
   EXPECT_NE(error_of(o).find("--gpu-experts 100000: the model has"), std::string::npos)
       << error_of(o);

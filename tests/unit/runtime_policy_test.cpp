@@ -34,7 +34,7 @@ struct Case {
     c.n_experts = E;
     c.top_k = 1;
     c.slots_per_layer = E;
-    cache = ExpertCache::make("lru", c);
+    cache = ExpertCache::make(CacheKind::kLru, c);
     for (int e : resident) cache->pin(0, e);
   }
 };
@@ -51,7 +51,7 @@ const CostModel kUnits = CostModel::from_linear(0, 1, 0.5, 0, 2);
 
 TEST(RuntimePolicy, StaticRunsOnlyResidents) {
   Case c({4, 3, 1, 2}, {0, 3});
-  const Assignment a = AssignmentPolicy::make("static")->assign(c.r, *c.cache, kUnits);
+  const Assignment a = AssignmentPolicy::make(PolicyKind::kStatic)->assign(c.r, *c.cache, kUnits);
   EXPECT_EQ(accel_set(a), (std::vector<int>{0, 3}));
   EXPECT_TRUE(a.fetch.empty());
   EXPECT_DOUBLE_EQ(a.est_seconds, 4.0);  // CPU: 3 + 1; accelerator 0.5 + 0.5
@@ -59,7 +59,7 @@ TEST(RuntimePolicy, StaticRunsOnlyResidents) {
 
 TEST(RuntimePolicy, FiddlerFetchesWhenCopyPlusAccelBeatsCpu) {
   Case c({4, 3, 1, 2}, {0, 3});
-  const Assignment a = AssignmentPolicy::make("fiddler")->assign(c.r, *c.cache, kUnits);
+  const Assignment a = AssignmentPolicy::make(PolicyKind::kFiddler)->assign(c.r, *c.cache, kUnits);
   // e1: 2 + 0.5 < 3 -> fetched; e2: 2 + 0.5 > 1 -> CPU.
   EXPECT_EQ(accel_set(a), (std::vector<int>{0, 1, 3}));
   EXPECT_EQ(a.fetch, (std::vector<int>{1}));
@@ -72,14 +72,14 @@ TEST(RuntimePolicy, DaliAlgorithm1ByHand) {
   // |diff| = [3.5, .5, 1.5, 1.5] -> order e0, e2, e3, e1.
   // e0: 0 + .5 <= 0 + 4 -> GPU (Tg .5); e2: .5 + 2.5 > 0 + 1 -> CPU (Tc 1);
   // e3: .5 + .5 <= 1 + 2 -> GPU (Tg 1); e1: 1 + 2.5 <= 1 + 3 -> GPU, fetched (Tg 3.5).
-  const Assignment a = AssignmentPolicy::make("dali")->assign(c.r, *c.cache, kUnits);
+  const Assignment a = AssignmentPolicy::make(PolicyKind::kDali)->assign(c.r, *c.cache, kUnits);
   EXPECT_EQ(accel_set(a), (std::vector<int>{0, 1, 3}));
   EXPECT_EQ(a.fetch, (std::vector<int>{1}));
   EXPECT_DOUBLE_EQ(a.est_seconds, 2.5);  // the copy overlaps resident work: max(1, 2) + .5
   // With no slot to fetch into, e1 falls back to the CPU: CPU 1 + 3.
   PolicyOptions o;
   o.max_fetch = 0;
-  const Assignment b = AssignmentPolicy::make("dali", o)->assign(c.r, *c.cache, kUnits);
+  const Assignment b = AssignmentPolicy::make(PolicyKind::kDali, o)->assign(c.r, *c.cache, kUnits);
   EXPECT_EQ(accel_set(b), (std::vector<int>{0, 3}));
   EXPECT_DOUBLE_EQ(b.est_seconds, 4.0);
 }
@@ -101,10 +101,10 @@ TEST(RuntimePolicy, HybriMoeFigure5) {
   EXPECT_DOUBLE_EQ(a.est_seconds, 4.0);
   // The policy object gives the same through the cache, and the optimum is also 4.
   Case c({4, 3, 6, 2, 1}, {0, 1, 3, 4});
-  const Assignment p = AssignmentPolicy::make("hybrimoe")->assign(c.r, *c.cache, units);
+  const Assignment p = AssignmentPolicy::make(PolicyKind::kHybriMoe)->assign(c.r, *c.cache, units);
   EXPECT_EQ(accel_set(p), accel_set(a));
   EXPECT_DOUBLE_EQ(p.est_seconds, 4.0);
-  EXPECT_DOUBLE_EQ(AssignmentPolicy::make("optimal")->assign(c.r, *c.cache, units).est_seconds,
+  EXPECT_DOUBLE_EQ(AssignmentPolicy::make(PolicyKind::kOptimal)->assign(c.r, *c.cache, units).est_seconds,
                    4.0);
 }
 
@@ -189,7 +189,7 @@ TEST(RuntimePolicy, OptimalEqualsBruteForce) {
     PolicyOptions o;
     o.max_fetch = trial % 3 == 0 ? int(rng() % 3) : -1;
     Case c(counts, resident);
-    const Assignment a = AssignmentPolicy::make("optimal", o)->assign(c.r, *c.cache, cost);
+    const Assignment a = AssignmentPolicy::make(PolicyKind::kOptimal, o)->assign(c.r, *c.cache, cost);
     const double want = brute_force(counts, res, cost, o.max_fetch);
     ASSERT_NEAR(a.est_seconds, want, 1e-9 * want) << "trial " << trial;
     // The reported estimate is the makespan of the returned assignment.
@@ -199,9 +199,11 @@ TEST(RuntimePolicy, OptimalEqualsBruteForce) {
       ASSERT_LE(int(a.fetch.size()), o.max_fetch);
     }
     // No heuristic beats the optimum.
-    for (const char* name : {"static", "fiddler", "hybrimoe", "dali"}) {
-      const Assignment h = AssignmentPolicy::make(name, o)->assign(c.r, *c.cache, cost);
-      ASSERT_GE(assignment_makespan(counts, h.on_accel, h.fetch, cost), want * (1 - 1e-9)) << name;
+    for (PolicyKind kind :
+         {PolicyKind::kStatic, PolicyKind::kFiddler, PolicyKind::kHybriMoe, PolicyKind::kDali}) {
+      const Assignment h = AssignmentPolicy::make(kind, o)->assign(c.r, *c.cache, cost);
+      ASSERT_GE(assignment_makespan(counts, h.on_accel, h.fetch, cost), want * (1 - 1e-9))
+          << choice_name(kind);
     }
   }
 }
@@ -224,14 +226,14 @@ TEST(RuntimePolicy, OptimalBeatsDaliFor24ActiveExperts) {
     for (int e = 0; e < E; ++e)
       if (rng() % 2) resident.push_back(e);
     Case c(counts, resident);
-    const Assignment a = AssignmentPolicy::make("optimal")->assign(c.r, *c.cache, cost);
-    const Assignment d = AssignmentPolicy::make("dali")->assign(c.r, *c.cache, cost);
+    const Assignment a = AssignmentPolicy::make(PolicyKind::kOptimal)->assign(c.r, *c.cache, cost);
+    const Assignment d = AssignmentPolicy::make(PolicyKind::kDali)->assign(c.r, *c.cache, cost);
     EXPECT_LE(a.est_seconds, d.est_seconds * (1 + 1e-12));
   }
 }
 
 TEST(RuntimePolicy, UnknownPolicy) {
-  EXPECT_THROW(AssignmentPolicy::make("random"), Error);
+  EXPECT_THROW(parse_choice<PolicyKind>("random"), Error);
 }
 
 }  // namespace

@@ -14,7 +14,7 @@ std::unique_ptr<ExpertCache> make_cache(int layers, int experts, int k, int slot
   c.n_experts = experts;
   c.top_k = k;
   c.slots_per_layer = slots;
-  return ExpertCache::make("lru", c);
+  return ExpertCache::make(CacheKind::kLru, c);
 }
 
 // cpu(n) = 1 + n, accel = 0.1, transfer 1.
@@ -26,7 +26,7 @@ const float kScores[] = {0.6f, 0.3f, 0.1f, 0.0f, 0.5f, 0.1f, 0.4f, 0.0f};
 TEST(RuntimePrefetch, ImpactOrderAndLinkBudget) {
   auto cache = make_cache(2, 4, 2, 4);
   cache->pin(1, 0);  // e0 of the next layer is already there
-  auto p = Prefetcher::make("gate");
+  auto p = Prefetcher::make(PrefetchKind::kGate);
   // impact e1 = .3 * (2 - .1) = .57, e2 = .4 * 1.9 = .76 -> e2 first.
   p->set_layer_seconds(2.0);  // the link moves 2 experts meanwhile
   EXPECT_EQ(p->choose(1, kScores, 2, *cache, kCost), (std::vector<int>{2, 1}));
@@ -41,12 +41,12 @@ TEST(RuntimePrefetch, ResidualSameRuleAndCaps) {
   cache->pin(1, 0);  // one free slot left in layer 1
   PrefetchOptions o;
   o.budget_seconds = 10;
-  auto p = Prefetcher::make("residual", o);
+  auto p = Prefetcher::make(PrefetchKind::kResidual, o);
   EXPECT_EQ(p->choose(1, kScores, 2, *cache, kCost), (std::vector<int>{2}));  // slot cap
   auto big = make_cache(2, 4, 2, 4);
   EXPECT_EQ(p->choose(1, kScores, 2, *big, kCost), (std::vector<int>{0, 2, 1}));
   o.max_experts = 1;
-  EXPECT_EQ(Prefetcher::make("residual", o)->choose(1, kScores, 2, *big, kCost),
+  EXPECT_EQ(Prefetcher::make(PrefetchKind::kResidual, o)->choose(1, kScores, 2, *big, kCost),
             (std::vector<int>{0}));
   // An expert that is slower on the accelerator is never worth a copy.
   const CostModel slow_accel = CostModel::from_linear(1, 1, 5, 0, 1);
@@ -56,8 +56,8 @@ TEST(RuntimePrefetch, ResidualSameRuleAndCaps) {
 
 TEST(RuntimePrefetch, NoneAndUnknown) {
   auto cache = make_cache(2, 4, 2, 4);
-  EXPECT_TRUE(Prefetcher::make("none")->choose(1, kScores, 2, *cache, kCost).empty());
-  EXPECT_THROW(Prefetcher::make("oracle"), Error);
+  EXPECT_TRUE(Prefetcher::make(PrefetchKind::kNone)->choose(1, kScores, 2, *cache, kCost).empty());
+  EXPECT_THROW(parse_choice<PrefetchKind>("oracle"), Error);
 }
 
 }  // namespace

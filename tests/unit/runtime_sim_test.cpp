@@ -46,8 +46,8 @@ Trace hand_trace() {
 
 TEST(RuntimeSim, FiddlerLruAccountingByHand) {
   SimOptions o;
-  o.policy = "fiddler";  // fetch when 4 + 1.1 ms < 11 ms: every uncached expert of 1 token
-  o.cache = "lru";
+  o.policy = PolicyKind::kFiddler;  // fetch when 4 + 1.1 ms < 11 ms: every uncached expert of 1 token
+  o.cache = CacheKind::kLru;
   o.cache_size = "50%";
   o.expert_bytes = 1000;
   o.warm = false;  // start empty
@@ -77,10 +77,10 @@ TEST(RuntimeSim, FiddlerLruAccountingByHand) {
 
 TEST(RuntimeSim, StaticWithGatePrefetchByHand) {
   SimOptions o;
-  o.policy = "static";  // resident experts on the accelerator, the rest on the CPU, no fetch
-  o.cache = "lru";
+  o.policy = PolicyKind::kStatic;  // resident experts on the accelerator, the rest on the CPU, no fetch
+  o.cache = CacheKind::kLru;
   o.cache_size = "2";
-  o.prefetch = "gate";
+  o.prefetch = PrefetchKind::kGate;
   o.prefetch_size = 1;
   o.expert_bytes = 1000;
   o.warm = false;  // start empty
@@ -115,7 +115,7 @@ TEST(RuntimeSim, CacheSizeParsingAndMissingPredictions) {
   EXPECT_THROW(parse_cache_size("120%", 8), Error);
   Trace t = hand_trace();
   SimOptions o;
-  o.prefetch = "residual";
+  o.prefetch = PrefetchKind::kResidual;
   EXPECT_THROW(simulate(t, hand_cost(), o), Error);
 }
 
@@ -132,8 +132,8 @@ TEST(RuntimeSim, MoreCacheMoreHitsOnSkewedTraces) {
   double last = -1;
   for (const char* size : {"0", "25%", "50%", "75%", "100%"}) {
     SimOptions o;
-    o.policy = "fiddler";
-    o.cache = "lru";
+    o.policy = PolicyKind::kFiddler;
+    o.cache = CacheKind::kLru;
     o.cache_size = size;
     o.warm = false;
     const double hit = simulate(t, hand_cost(), o).decode.hit_rate();
@@ -154,8 +154,8 @@ TEST(RuntimeSim, WarmStartHoldsThePopularExperts) {
   so.decode_steps = 100;
   const Trace t = synth_trace(so);
   SimOptions o;
-  o.policy = "static";
-  o.cache = "lru";
+  o.policy = PolicyKind::kStatic;
+  o.cache = CacheKind::kLru;
   o.cache_size = "100%";
   SimResult r = simulate(t, hand_cost(), o);
   EXPECT_EQ(r.decode.hits, r.decode.activated);
