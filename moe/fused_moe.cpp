@@ -186,7 +186,6 @@ void FusedMoeBackend::begin(const MoeRequest& r) {
 
 void FusedMoeBackend::submit(const MoeRequest& r) {
   TD_CHECK(!pending_, "FusedMoeBackend::submit while a request is pending");
-  const int64_t T = r.n_tokens, K = r.k, H = r.hidden_size;
   const int64_t n_experts = static_cast<int64_t>(r.experts->gate.size());
   const bool prepared = prepared_ != nullptr &&
                         static_cast<size_t>(r.layer) < prepared_->gate.size() &&
@@ -199,8 +198,19 @@ void FusedMoeBackend::submit(const MoeRequest& r) {
     drop_early();  // begun for another request: this one computes its shared expert itself
   }
   if (!early_started_) early_tasks_count_ = 0;
-  // Which experts are active and which rows they get (counting pass, then fill in slot order).
-  // A split expert takes n_parts consecutive entries (its sub-experts), the first owning the rows.
+  route(r, prepared, split ? n_parts : 0);
+  if (!early_started_) add_shared(r);
+  req_ = r;
+  choose_whole_experts(r.n_tokens, split);
+  prepare_activations(r);
+  launch(split, n_parts);
+}
+
+// Which experts are active and which rows they get (in slot order): experts_[0, n_active_), each
+// split expert as n_parts consecutive sub-experts, the first owning the token rows.
+void FusedMoeBackend::route(const MoeRequest& r, bool prepared, int n_parts) {
+  const int64_t T = r.n_tokens, K = r.k;
+  const int64_t n_experts = static_cast<int64_t>(r.experts->gate.size());
   std::vector<int32_t>& index_of = index_of_;  // reused: no allocation per layer
   index_of.assign(static_cast<size_t>(n_experts), -1);
   slot_row_.assign(static_cast<size_t>(T * K), -1);
@@ -212,101 +222,107 @@ void FusedMoeBackend::submit(const MoeRequest& r) {
     TD_CHECK(e >= 0 && e < n_experts, "expert id {} out of range", e);
     if (r.expert_mask != nullptr && r.expert_mask[e] == 0) continue;
     if (index_of[e] < 0) {
-      const int32_t first = static_cast<int32_t>(n_active_);
-      index_of[e] = first;
-      Expert& x = next_expert();
-      x.id = e;
-      x.part = 0;
-      x.parts = 1;
-      x.first = first;
-      x.tokens.clear();
-      x.w_gate = &r.experts->gate[e];
-      x.w_up = &r.experts->up[e];
-      x.w_down = &r.experts->down[e];
-      x.ff = x.w_gate->rows();
-      x.extras = r.experts->extras(e);
-      x.f0 = 0;
-      const std::vector<ExpertPart>* parts = split ? &prepared_->parts[r.layer][e] : nullptr;
-      if (parts != nullptr && !parts->empty()) {
-        // Sub-expert p: part p's slices (an empty part becomes a sub-expert with ff = 0, skipped
-        // by the tasks and the combine).
-        x.parts = n_parts;
-        for (int p = 0; p < n_parts; ++p) {
-          Expert& s = p == 0 ? x : next_expert();
-          const ExpertPart& part = (*parts)[static_cast<size_t>(p)];
-          if (p > 0) {
-            s.id = e;
-            s.parts = 1;
-            s.first = first;
-            s.w_gate = x.w_gate;
-            s.w_up = x.w_up;
-            s.w_down = x.w_down;
-            // Every part's down output is a partial sum over its columns: the bias once.
-            s.extras = x.extras;
-            s.extras.down_bias = nullptr;
-          }
-          s.part = p;
-          s.f0 = part.f0;
-          s.ff = part.f1 - part.f0;
-          s.gate = part.gate;
-          s.up = part.up;
-          s.down = part.down;
-          s.fast = true;
-        }
-      } else if (prepared) {
-        x.gate = prepared_->gate[r.layer][e];
-        x.up = prepared_->up[r.layer][e];
-        x.down = prepared_->down[r.layer][e];
-        x.fast = x.gate.valid() && x.up.valid() && x.down.valid();
-      } else {
-        x.fast = kern::view_weight(*x.w_gate, &x.gate) && kern::view_weight(*x.w_up, &x.up) &&
-                 kern::view_weight(*x.w_down, &x.down);
-      }
-      x.fast = x.fast && x.gate.format == x.up.format && x.gate.group == x.up.group;
+      index_of[e] = static_cast<int32_t>(n_active_);
+      activate(r, e, prepared, n_parts);
     }
     Expert& x = *experts_[index_of[e]];
     slot_expert_[i] = index_of[e];
     slot_row_[i] = static_cast<int32_t>(x.tokens.size());
     x.tokens.push_back(static_cast<int32_t>(i / K));
   }
+}
 
-  if (!early_started_) add_shared(r);
-  req_ = r;
+// Expert e of the request as the next active entry (or, split into n_parts > 0 parts, the next
+// n_parts entries), its weights: the prepared ones, else views of the stored ones.
+void FusedMoeBackend::activate(const MoeRequest& r, int32_t e, bool prepared, int n_parts) {
+  const int32_t first = static_cast<int32_t>(n_active_);
+  Expert& x = next_expert();
+  x.id = e;
+  x.part = 0;
+  x.parts = 1;
+  x.first = first;
+  x.tokens.clear();
+  x.w_gate = &r.experts->gate[e];
+  x.w_up = &r.experts->up[e];
+  x.w_down = &r.experts->down[e];
+  x.ff = x.w_gate->rows();
+  x.extras = r.experts->extras(e);
+  x.f0 = 0;
+  const std::vector<ExpertPart>* parts = n_parts > 0 ? &prepared_->parts[r.layer][e] : nullptr;
+  if (parts != nullptr && !parts->empty()) {
+    // Sub-expert p: part p's slices (an empty part becomes a sub-expert with ff = 0, skipped by
+    // the tasks and the combine).
+    x.parts = n_parts;
+    for (int p = 0; p < n_parts; ++p) {
+      Expert& s = p == 0 ? x : next_expert();
+      const ExpertPart& part = (*parts)[static_cast<size_t>(p)];
+      if (p > 0) {
+        s.id = e;
+        s.parts = 1;
+        s.first = first;
+        s.w_gate = x.w_gate;
+        s.w_up = x.w_up;
+        s.w_down = x.w_down;
+        // Every part's down output is a partial sum over its columns: the bias once.
+        s.extras = x.extras;
+        s.extras.down_bias = nullptr;
+      }
+      s.part = p;
+      s.f0 = part.f0;
+      s.ff = part.f1 - part.f0;
+      s.gate = part.gate;
+      s.up = part.up;
+      s.down = part.down;
+      s.fast = true;
+    }
+  } else if (prepared) {
+    x.gate = prepared_->gate[r.layer][e];
+    x.up = prepared_->up[r.layer][e];
+    x.down = prepared_->down[r.layer][e];
+    x.fast = x.gate.valid() && x.up.valid() && x.down.valid();
+  } else {
+    x.fast = kern::view_weight(*x.w_gate, &x.gate) && kern::view_weight(*x.w_up, &x.up) &&
+             kern::view_weight(*x.w_down, &x.down);
+  }
+  x.fast = x.fast && x.gate.format == x.up.format && x.gate.group == x.up.group;
+}
 
-  // A prefill's many experts (FusedMoeOptions::whole_experts_per_thread): each routed one whole in
-  // one task (phase 4) on one thread, largest first; the smallest `threads` stay in row chunks
-  // (with the shared experts) so that the threads still finish together. The task gathers its
-  // expert's rows itself, so its activations, gate / up outputs, their down-projection encoding
-  // and its output stay in that core's cache, where row chunks spread each expert over the cores
-  // (chunks reading rows another core gathered, the last one converting gate / up rows that
-  // every core wrote).
+// A prefill's many experts (FusedMoeOptions::whole_experts_per_thread): each routed one whole in
+// one task (phase 4) on one thread, largest first; the smallest `threads` stay in row chunks
+// (with the shared experts) so that the threads still finish together. The task gathers its
+// expert's rows itself, so its activations, gate / up outputs, their down-projection encoding
+// and its output stay in that core's cache, where row chunks spread each expert over the cores
+// (chunks reading rows another core gathered, the last one converting gate / up rows that
+// every core wrote).
+void FusedMoeBackend::choose_whole_experts(int64_t T, bool split) {
   whole_.clear();
   for (int64_t a = 0; a < n_active_; ++a) experts_[a]->whole = false;
   const int64_t per_thread = options_.whole_experts_per_thread;
-  if (per_thread > 0 && pool_ != nullptr && T > 4 && !split) {
-    const int64_t threads = pool_->size() + 1;
-    for (int64_t a = 0; a < n_active_; ++a) {
-      if (a != shared_ && experts_[a]->fast && experts_[a]->ff > 0) {
-        whole_.push_back(static_cast<int32_t>(a));
-      }
-    }
-    if (static_cast<int64_t>(whole_.size()) >= per_thread * threads) {
-      auto work = [&](int32_t a) {
-        return static_cast<int64_t>(experts_[a]->tokens.size()) * experts_[a]->ff;
-      };
-      std::stable_sort(whole_.begin(), whole_.end(),
-                       [&](int32_t p, int32_t q) { return work(p) > work(q); });
-      whole_.resize(whole_.size() - static_cast<size_t>(threads));
-      for (int32_t a : whole_) experts_[a]->whole = true;
-    } else {
-      whole_.clear();
+  if (per_thread <= 0 || pool_ == nullptr || T <= 4 || split) return;
+  const int64_t threads = pool_->size() + 1;
+  for (int64_t a = 0; a < n_active_; ++a) {
+    if (a != shared_ && experts_[a]->fast && experts_[a]->ff > 0) {
+      whole_.push_back(static_cast<int32_t>(a));
     }
   }
+  if (static_cast<int64_t>(whole_.size()) < per_thread * threads) {
+    whole_.clear();
+    return;
+  }
+  auto work = [&](int32_t a) {
+    return static_cast<int64_t>(experts_[a]->tokens.size()) * experts_[a]->ff;
+  };
+  std::stable_sort(whole_.begin(), whole_.end(),
+                   [&](int32_t p, int32_t q) { return work(p) > work(q); });
+  whole_.resize(whole_.size() - static_cast<size_t>(threads));
+  for (int32_t a : whole_) experts_[a]->whole = true;
+}
 
-  // Activations: the hidden states once per encoding (on the pool), then each expert's rows
-  // gathered into its first sub-expert (the other parts read them there), the experts in
-  // parallel for a prefill (a 512-token V2-Lite layer copies ~13 MB: ~10% of the layer on the
-  // caller alone).
+// Activations: the hidden states once per encoding (on the pool), then each expert's rows
+// gathered into its first sub-expert (the other parts read them there), the experts in parallel
+// for a prefill (a 512-token V2-Lite layer copies ~13 MB: ~10% of the layer on the caller alone).
+void FusedMoeBackend::prepare_activations(const MoeRequest& r) {
+  const int64_t T = r.n_tokens, H = r.hidden_size;
   const int64_t a0 = early_started_ ? 1 : 0;  // (begin() prepared its shared expert)
   for (int64_t a = a0; a < n_active_; ++a) {
     const Expert& x = *experts_[a];
@@ -342,7 +358,11 @@ void FusedMoeBackend::submit(const MoeRequest& r) {
   }
   // Invalidate the per-encoding caches for the next request.
   for (kern::Activations& a : hidden_acts_) a.tokens = -1;
+}
 
+// Each part's tasks (add_tasks), then one pool job per part on its node's workers (inline without
+// a pool); wait() joins them.
+void FusedMoeBackend::launch(bool split, int n_parts) {
   tasks_.clear();
   part_begin_.assign(1, 0);
   for (int p = 0; p < n_parts; ++p) {

@@ -97,6 +97,12 @@ class FusedMoeBackend : public MoeBackend {
     int32_t phase;
     int64_t r0, r1;
   };
+  // submit()'s steps, in order.
+  void route(const MoeRequest& r, bool prepared, int n_parts);  // n_parts 0: experts unsplit
+  void activate(const MoeRequest& r, int32_t e, bool prepared, int n_parts);
+  void choose_whole_experts(int64_t tokens, bool split);
+  void prepare_activations(const MoeRequest& r);
+  void launch(bool split, int n_parts);
   void run_task(const Task& task);
   void gather(const Expert& x, kern::Activations* out) const;
   void add_tasks(int part, int64_t threads);

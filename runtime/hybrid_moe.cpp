@@ -93,6 +93,12 @@ struct HybridMoeBackend::Pending {
   std::vector<int64_t> row_of_pair;     // [t * k + j]: row of the device output, -1: on the CPU
   std::vector<const float*> slot_rows;  // the same as rows of dev_y for the CPU's combine
   int64_t shared_rows = 0;
+  int64_t rows = 0;  // device rows: shared_rows + the accelerator experts' tokens
+  struct Run {
+    int64_t expert, row0, n;  // an accelerator expert's rows of the device buffers
+  };
+  std::vector<Run> runs;
+  std::vector<int64_t> count;  // [n_experts]: the request's tokens per expert
   float* d_buf = nullptr;  // device: inputs [rows, h], outputs [rows, h], scales [rows]
   uint64_t d_bytes = 0;
 };
@@ -100,15 +106,28 @@ struct HybridMoeBackend::Pending {
 HybridMoeBackend::HybridMoeBackend(const LoadedModel& model, MoeBackend* cpu, Device* device,
                                    const Placement& placement, const HybridOptions& o)
     : model_(model), cpu_(cpu), dev_(device), opt_(o), p_(std::make_unique<Pending>(device)) {
-  const ModelConfig& c = model.config;
-  const int n_experts = static_cast<int>(c.n_experts), k = static_cast<int>(c.n_experts_per_tok);
   compute_ = dev_->create_stream();
   copy_ = dev_->create_stream();
   fetched_ = dev_->create_event();
   done_ = dev_->create_event();
-
   uint64_t shared_total = 0;
-  int max_pinned = std::min(o.gpu_experts, n_experts);
+  int max_pinned = 0;
+  collect_layers(placement, &shared_total, &max_pinned);
+  const int extra = size_slots(shared_total, max_pinned);
+  make_strategies(extra);
+  if (o.pin_experts && slots_per_layer_ > 0) register_experts();
+  upload_resident(placement, max_pinned);
+  dev_->sync_stream(copy_);
+  stats_.bytes_copied = 0;  // count what moves while running
+}
+
+// The MoE layers (layers_, moe_layers_) with their placement; the bytes of the shared experts
+// that go to the device, the pinned experts per layer, and slot_bytes_ (the largest expert).
+void HybridMoeBackend::collect_layers(const Placement& placement, uint64_t* shared_total,
+                                      int* max_pinned) {
+  const LoadedModel& model = model_;
+  const int n_experts = static_cast<int>(model.config.n_experts);
+  *max_pinned = std::min(opt_.gpu_experts, n_experts);
   for (size_t l = 0; l < model.layers.size(); ++l) {
     const LayerWeights& lw = model.layers[l];
     if (!lw.moe) continue;
@@ -118,8 +137,8 @@ HybridMoeBackend::HybridMoeBackend(const LoadedModel& model, MoeBackend* cpu, De
     L->cpu_only = placement.experts_cpu_only(L->model_layer);
     L->has_shared = !lw.sh_gate.empty();
     L->shared_accel = L->has_shared && placement.shared_on_accel(L->model_layer);
-    if (L->shared_accel) shared_total += ffn_bytes(lw.sh_gate, lw.sh_up, lw.sh_down);
-    if (placement.experts_pinned(L->model_layer)) max_pinned = n_experts;
+    if (L->shared_accel) *shared_total += ffn_bytes(lw.sh_gate, lw.sh_up, lw.sh_down);
+    if (placement.experts_pinned(L->model_layer)) *max_pinned = n_experts;
     for (int e = 0; e < n_experts; ++e) {
       slot_bytes_ = std::max(slot_bytes_, ffn_bytes(lw.experts.gate[e], lw.experts.up[e],
                                                     lw.experts.down[e], lw.experts.extras(e)));
@@ -130,11 +149,16 @@ HybridMoeBackend::HybridMoeBackend(const LoadedModel& model, MoeBackend* cpu, De
     moe_layers_.push_back(L->model_layer);
     layers_.push_back(std::move(L));
   }
-  const int n_moe = static_cast<int>(layers_.size());
-  TD_CHECK(n_moe > 0, "HybridMoeBackend on a model without MoE layers");
+  TD_CHECK(!layers_.empty(), "HybridMoeBackend on a model without MoE layers");
+}
 
-  // Budget: shared experts, pinned experts, then cache slots; a reserve stays for activations
-  // (and the KV cache, when the dense part runs on the device: it was uploaded before).
+// Budget: shared experts, pinned experts, then cache slots; a reserve stays for activations
+// (and the KV cache, when the dense part runs on the device: it was uploaded before). Sets
+// slots_per_layer_ and the slot tables; returns the evictable slots per layer.
+int HybridMoeBackend::size_slots(uint64_t shared_total, int max_pinned) {
+  const HybridOptions& o = opt_;
+  const int n_experts = static_cast<int>(model_.config.n_experts);
+  const int n_moe = static_cast<int>(layers_.size());
   const uint64_t left = dev_->memory_capacity() - dev_->memory_used();
   const uint64_t budget = o.budget_bytes ? std::min(o.budget_bytes, left) : left;
   const uint64_t reserve =
@@ -173,7 +197,16 @@ HybridMoeBackend::HybridMoeBackend(const LoadedModel& model, MoeBackend* cpu, De
   slots_per_layer_ = std::min(n_experts, max_pinned + extra);
   slot_mem_.assign(size_t(n_moe) * std::max(slots_per_layer_, 1), nullptr);
   slot_owner_.assign(slot_mem_.size(), {-1, -1});
+  return extra;
+}
 
+// The expert cache, the assignment policy, the cost model and the prefetcher (with DALI's
+// residual vectors when it predicts from them).
+void HybridMoeBackend::make_strategies(int extra) {
+  const HybridOptions& o = opt_;
+  const ModelConfig& c = model_.config;
+  const int n_moe = static_cast<int>(layers_.size());
+  const int n_experts = static_cast<int>(c.n_experts), k = static_cast<int>(c.n_experts_per_tok);
   CacheConfig cc;
   cc.n_layers = n_moe;
   cc.n_experts = n_experts;
@@ -210,9 +243,14 @@ HybridMoeBackend::HybridMoeBackend(const LoadedModel& model, MoeBackend* cpu, De
     }
   }
   prefetcher_ = Prefetcher::make(o.prefetch);
-  if (o.pin_experts && slots_per_layer_ > 0) register_experts();
+}
 
-  // Shared experts live on the device for the whole run.
+// The shared experts (for the whole run) and the pinned experts: the most used ones per layer
+// (profile counts) or ids 0..N-1, copied on the copy stream.
+void HybridMoeBackend::upload_resident(const Placement& placement, int max_pinned) {
+  const HybridOptions& o = opt_;
+  const int n_experts = static_cast<int>(model_.config.n_experts);
+  const int n_moe = static_cast<int>(layers_.size());
   for (auto& L : layers_) {
     if (!L->shared_accel) continue;
     const LayerWeights& lw = *L->lw;
@@ -220,7 +258,6 @@ HybridMoeBackend::HybridMoeBackend(const LoadedModel& model, MoeBackend* cpu, De
     shared_mem_.push_back(mem);
     L->shared = place_ffn(lw.sh_gate, lw.sh_up, lw.sh_down, {}, mem, copy_);
   }
-  // Pinned experts: the most used ones per layer (profile counts) or ids 0..N-1.
   std::vector<std::vector<int64_t>> counts = expert_counts();
   if (max_pinned > 0 && counts.empty() && o.gpu_experts > 0) {
     log_warn("--gpu-experts {}: no expert counts in {}: pinning experts 0..{} of each layer",
@@ -243,8 +280,6 @@ HybridMoeBackend::HybridMoeBackend(const LoadedModel& model, MoeBackend* cpu, De
       copy_expert(l, e, cache_->slot_of(l, e), copy_);
     }
   }
-  dev_->sync_stream(copy_);
-  stats_.bytes_copied = 0;  // count what moves while running
 }
 
 HybridMoeBackend::~HybridMoeBackend() {
@@ -460,12 +495,23 @@ void HybridMoeBackend::submit(const MoeRequest& r) {
   TD_CHECK(r.moe_index >= 0 && r.moe_index < static_cast<int64_t>(layers_.size()),
            "MoE index {} out of range", r.moe_index);
   const int layer = static_cast<int>(r.moe_index);
+  p_->r = r;
+  const Assignment a = assign(r, layer);
+  stage_inputs(r, layer, a);
+  launch(r, layer, a);
+  // 5. Prefetch the next MoE layer's predicted experts behind this layer's compute.
+  if (opt_.prefetch != PrefetchKind::kNone && layer + 1 < static_cast<int>(layers_.size())) {
+    prefetch_next(r, layer);
+  }
+}
+
+// Steps 1 and 2 of submit(): which experts run on the device (resident, fetched now, not masked
+// off), the fetches on the copy stream that the compute stream waits for; Pending::count.
+Assignment HybridMoeBackend::assign(const MoeRequest& r, int layer) {
   Layer& L = *layers_[layer];
   Pending& p = *p_;
   const ModelConfig& c = model_.config;
-  const int64_t n = r.n_tokens, k = r.k, h = r.hidden_size, ne = c.n_experts;
-  p.r = r;
-
+  const int64_t n = r.n_tokens, k = r.k, ne = c.n_experts;
   // 1. Routing -> cache statistics -> assignment.
   layer_scores(c, *L.lw, r.hidden, n, &p.logits, &p.scores);
   LayerRouting lr;
@@ -506,7 +552,8 @@ void HybridMoeBackend::submit(const MoeRequest& r) {
     copy_expert(layer, e, cache_->slot_of(layer, e), copy_);
     ++stats_.fetches;
   }
-  std::vector<int64_t> count(ne, 0);
+  std::vector<int64_t>& count = p_->count;
+  count.assign(ne, 0);
   for (int64_t i = 0; i < n * k; ++i) ++count[r.ids[i]];
   for (int64_t e = 0; e < ne; ++e) {
     if (a.on_accel[e] && !(cache_->resident(layer, static_cast<int>(e)) && L.valid[e])) {
@@ -518,8 +565,16 @@ void HybridMoeBackend::submit(const MoeRequest& r) {
   std::fill(L.prefetched.begin(), L.prefetched.end(), 0);
   dev_->record(fetched_, copy_);
   dev_->wait_event(compute_, fetched_);
+  return a;
+}
 
-  // 3. Device inputs: shared rows (all tokens) then each accelerator expert's tokens, by id.
+// Step 3: the device's inputs, shared rows (all tokens) then each accelerator expert's tokens by
+// id (Pending::runs, row_of_pair, rows), staged and copied on the compute stream.
+void HybridMoeBackend::stage_inputs(const MoeRequest& r, int layer, const Assignment& a) {
+  Layer& L = *layers_[layer];
+  Pending& p = *p_;
+  const int64_t n = r.n_tokens, k = r.k, h = r.hidden_size, ne = model_.config.n_experts;
+  const std::vector<int64_t>& count = p.count;
   p.shared_rows = L.shared_accel ? n : 0;
   p.row_of_pair.assign(n * k, -1);
   int64_t rows = p.shared_rows;
@@ -528,7 +583,6 @@ void HybridMoeBackend::submit(const MoeRequest& r) {
   }
   float* xg = p.xg.floats(rows * h);
   float* scale = p.scale.floats(p.shared_rows);  // Qwen2's shared-expert gate per token
-  float* dev_y = p.dev_y.floats(rows * h);
   if (p.shared_rows > 0) {
     std::copy(r.hidden, r.hidden + n * h, xg);
     for (int64_t t = 0; t < n; ++t) {
@@ -537,10 +591,8 @@ void HybridMoeBackend::submit(const MoeRequest& r) {
                      : shared_expert_gate(r.hidden + t * h, L.lw->sh_gate_inp.data(), h);
     }
   }
-  struct Run {
-    int64_t expert, row0, n;
-  };
-  std::vector<Run> runs;
+  std::vector<Pending::Run>& runs = p.runs;
+  runs.clear();
   int64_t row = p.shared_rows;
   for (int64_t e = 0; e < ne; ++e) {
     if (!a.on_accel[e] || count[e] == 0) continue;
@@ -562,15 +614,25 @@ void HybridMoeBackend::submit(const MoeRequest& r) {
     p.d_bytes = need;
   }
   float* d_x = p.d_buf;
-  float* d_y = d_x + rows * h;
-  float* d_s = d_y + rows * h;
+  float* d_s = d_x + 2 * rows * h;
   if (rows > 0) dev_->copy_h2d(d_x, xg, rows * h * 4, compute_);
   if (p.shared_rows > 0) dev_->copy_h2d(d_s, scale, p.shared_rows * 4, compute_);
+  p.rows = rows;
+}
 
-  // 4. The CPU experts start when the compute stream gets here (after the copies above), the
-  // device experts run meanwhile, their outputs (unweighted) come back, and the stream then waits
-  // for the CPU before reporting done. A CPU backend that adds slot rows combines every expert of
-  // a token in router slot order, the device's among its own: the bits of the CPU alone.
+// Step 4: the CPU experts start when the compute stream gets here (after the copies above), the
+// device experts run meanwhile, their outputs (unweighted) come back, and the stream then waits
+// for the CPU before reporting done. A CPU backend that adds slot rows combines every expert of
+// a token in router slot order, the device's among its own: the bits of the CPU alone.
+void HybridMoeBackend::launch(const MoeRequest& r, int layer, const Assignment& a) {
+  Layer& L = *layers_[layer];
+  Pending& p = *p_;
+  const int64_t n = r.n_tokens, k = r.k, h = r.hidden_size, ne = model_.config.n_experts;
+  const int64_t rows = p.rows;
+  float* dev_y = p.dev_y.floats(rows * h);  // the device's outputs, back on the host
+  float* d_x = p.d_buf;
+  float* d_y = d_x + rows * h;
+  float* d_s = d_y + rows * h;
   p.mask.assign(ne, 1);
   for (int64_t e = 0; e < ne; ++e) {
     p.mask[e] = (a.on_accel[e] || (r.expert_mask != nullptr && r.expert_mask[e] == 0)) ? 0 : 1;
@@ -594,7 +656,7 @@ void HybridMoeBackend::submit(const MoeRequest& r) {
     dev_->ffn(compute_, L.shared, d_x, n, L.lw->sh_gate_inp.empty() ? nullptr : d_s, d_y, false);
     ++stats_.shared_on_accel;
   }
-  for (const Run& run : runs) {
+  for (const Pending::Run& run : p.runs) {
     dev_->ffn(compute_, L.dev_w[run.expert], d_x + run.row0 * h, run.n, nullptr, d_y + run.row0 * h,
               false);
   }
@@ -609,10 +671,6 @@ void HybridMoeBackend::submit(const MoeRequest& r) {
   p.active = true;
   ++stats_.layers;
 
-  // 5. Prefetch the next MoE layer's predicted experts behind this layer's compute.
-  if (opt_.prefetch != PrefetchKind::kNone && layer + 1 < static_cast<int>(layers_.size())) {
-    prefetch_next(r, layer);
-  }
 }
 
 void HybridMoeBackend::prefetch_next(const MoeRequest& r, int layer) {

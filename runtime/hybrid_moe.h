@@ -28,6 +28,7 @@ class ExpertCache;
 class AssignmentPolicy;
 class Prefetcher;
 struct CostModel;
+struct Assignment;
 struct ResidualVectors;
 
 struct HybridOptions {
@@ -81,6 +82,15 @@ class HybridMoeBackend : public MoeBackend {
  private:
   struct Layer;
   struct Pending;
+  // The constructor's steps, in order.
+  void collect_layers(const Placement& placement, uint64_t* shared_total, int* max_pinned);
+  int size_slots(uint64_t shared_total, int max_pinned);
+  void make_strategies(int extra);
+  void upload_resident(const Placement& placement, int max_pinned);
+  // submit()'s steps, in order.
+  Assignment assign(const MoeRequest& r, int layer);
+  void stage_inputs(const MoeRequest& r, int layer, const Assignment& a);
+  void launch(const MoeRequest& r, int layer, const Assignment& a);
   void copy_expert(int layer, int expert, int slot, StreamId stream);
   void register_experts();
   DeviceFfnWeights place_ffn(const ops::Weight& g, const ops::Weight& u, const ops::Weight& d,
