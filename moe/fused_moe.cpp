@@ -9,6 +9,7 @@
 #include "core/error.h"
 #include "core/trace_events.h"
 #include "model/weights.h"
+#include "moe/expert_ffn.h"
 #include "ops/cpu/ref_ops.h"
 
 namespace tandem {
@@ -63,11 +64,6 @@ void grow_to(std::vector<float>& v, int64_t n) {
 }
 
 // A phase-4 task's buffers (FusedMoeBackend::run_task), one set per thread.
-struct WholeScratch {
-  kern::Activations x, h;
-  std::vector<float> g, u;
-};
-
 void pause() {
   _mm_pause();
 }
@@ -499,23 +495,13 @@ void FusedMoeBackend::run_task(const Task& t) {
     // encoding in this thread's scratch, which the previous whole expert left in the core's cache
     // (per-expert buffers would come from memory last written a layer ago: a store miss per
     // line).
-    thread_local WholeScratch s;
-    gather(x, &s.x);
-    grow_to(s.g, n * x.ff);
-    grow_to(s.u, n * x.ff);
-    kern::gemm(x.gate, s.x, 0, x.ff, s.g.data(), x.ff);
-    kern::gemm(x.up, s.x, 0, x.ff, s.u.data(), x.ff);
-    if (x.extras.any()) {
-      for (int64_t j = 0; j < n; ++j) {
-        ops::glu_with_extras(s.g.data() + j * x.ff, s.u.data() + j * x.ff, x.ff, x.f0, x.extras);
-      }
-    } else {
-      kern::swiglu(s.g.data(), s.u.data(), n * x.ff, s.g.data());
-    }
-    kern::quantize_activations(kern::act_format(x.down.format), x.down.group, s.g.data(), n, x.ff,
-                               x.ff, &s.h);
-    kern::gemm(x.down, s.h, 0, H, x.y.data(), H);
-    for (int64_t j = 0; j < n; ++j) ops::add_down_bias(x.y.data() + j * H, H, 0, x.extras);
+    thread_local kern::Activations in;
+    thread_local expert::Scratch s;
+    gather(x, &in);
+    expert::whole(x.gate, x.up, x.down, x.extras, in, &s, x.y.data(),
+                  [](const kern::KMatrix& w, const kern::Activations& a, float* y) {
+                    kern::gemm(w, a, 0, w.rows, y, w.rows);
+                  });
     x.ready.store(true, std::memory_order_release);
     return;
   }
@@ -523,15 +509,8 @@ void FusedMoeBackend::run_task(const Task& t) {
     const kern::Activations& in = experts_[x.first]->x;
     kern::gemm(x.gate, in, t.r0, t.r1, x.g.data(), x.ff);
     kern::gemm(x.up, in, t.r0, t.r1, x.u.data(), x.ff);
-    for (int64_t j = 0; j < n; ++j) {
-      float* g = x.g.data() + j * x.ff + t.r0;
-      const float* u = x.u.data() + j * x.ff + t.r0;
-      if (x.extras.any()) {
-        ops::glu_with_extras(g, u, t.r1 - t.r0, x.f0 + t.r0, x.extras);
-      } else {
-        kern::swiglu(g, u, t.r1 - t.r0, g);
-      }
-    }
+    expert::glu_rows(x.g.data() + t.r0, x.u.data() + t.r0, n, x.ff, x.f0 + t.r0, t.r1 - t.r0,
+                     x.extras);
     if (x.gate_left.fetch_sub(1, std::memory_order_acq_rel) == 1) {
       kern::quantize_activations(kern::act_format(x.down.format), x.down.group, x.g.data(), n, x.ff,
                                  x.ff, &x.h);
@@ -548,11 +527,7 @@ void FusedMoeBackend::run_task(const Task& t) {
     }
   }
   kern::gemm(x.down, x.h, t.r0, t.r1, x.y.data(), H);
-  if (x.extras.down_bias != nullptr) {
-    for (int64_t j = 0; j < n; ++j) {
-      ops::add_down_bias(x.y.data() + j * H + t.r0, t.r1 - t.r0, t.r0, x.extras);
-    }
-  }
+  expert::add_down_bias(x.y.data(), n, H, t.r0, t.r1 - t.r0, x.extras);
 }
 
 void FusedMoeBackend::wait() {

@@ -20,6 +20,7 @@
 #include "core/memory.h"
 #include "core/thread_pool.h"
 #include "core/trace_events.h"
+#include "moe/expert_ffn.h"
 #include "ops/cpu/kernels.h"
 #include "runtime/dense_weights.h"
 #include "runtime/device_forward_ops.h"
@@ -27,135 +28,9 @@
 
 namespace tandem::rt {
 
-void* Device::alloc_host(uint64_t bytes) {
-  if (bytes > (uint64_t(1) << 62)) {
-    fail(ErrorKind::kResource, "{}: alloc_host of {} bytes: too large", name(), bytes);
-  }
-  const uint64_t rounded = std::max<uint64_t>(64, (bytes + 63) / 64 * 64);
-  void* p = std::aligned_alloc(64, rounded);
-  if (p == nullptr) {
-    fail(ErrorKind::kResource, "{}: alloc_host of {} bytes: out of host memory", name(), bytes);
-  }
-  return p;
-}
-
-void Device::free_host(void* p) {
-  std::free(p);
-}
-
-void Device::begin_capture(StreamId) {
-  fail(ErrorKind::kUnsupported, "{}: no graph capture", name());
-}
-Device::GraphId Device::end_capture(StreamId) {
-  fail(ErrorKind::kUnsupported, "{}: no graph capture", name());
-}
-void Device::launch_graph(GraphId, StreamId) {
-  fail(ErrorKind::kUnsupported, "{}: no graphs", name());
-}
-void Device::destroy_graph(GraphId) {
-  fail(ErrorKind::kUnsupported, "{}: no graphs", name());
-}
-
-bool Device::register_host(const void*, uint64_t, std::string*) {
-  return true;
-}
-
-void Device::unregister_host(const void*) {}
-
-void check_ffn_args(const std::string& device, const DeviceFfnWeights& w, const float* x, int64_t n,
-                    const float* scale, const float* out,
-                    const std::function<void(const void*, uint64_t, const char*)>& check) {
-  const int64_t H = w.gate.cols(), ff = w.gate.rows(), out_cols = w.down.rows();
-  if (w.up.rows() != ff || w.up.cols() != H || w.down.cols() != ff || n < 0) {
-    fail(ErrorKind::kInvalidArgument,
-         "{}: ffn shapes: gate [{}, {}], up [{}, {}], down [{}, {}], {} tokens", device, ff, H,
-         w.up.rows(), w.up.cols(), out_cols, w.down.cols(), n);
-  }
-  for (const ops::Weight* m : {&w.gate, &w.up, &w.down}) check(m->t.data, 1, "ffn weight");
-  check(x, static_cast<uint64_t>(n * H) * 4, "ffn input");
-  check(out, static_cast<uint64_t>(n * out_cols) * 4, "ffn output");
-  if (scale != nullptr) check(scale, static_cast<uint64_t>(n) * 4, "ffn scale");
-  const ops::FfnExtras& e = w.extras;
-  if (e.gate_bias != nullptr) check(e.gate_bias, static_cast<uint64_t>(ff) * 4, "ffn gate bias");
-  if (e.up_bias != nullptr) check(e.up_bias, static_cast<uint64_t>(ff) * 4, "ffn up bias");
-  if (e.down_bias != nullptr) {
-    check(e.down_bias, static_cast<uint64_t>(out_cols) * 4, "ffn down bias");
-  }
-}
-
-float* HostStaging::floats(int64_t count, bool* grew) {
-  const uint64_t bytes = static_cast<uint64_t>(std::max<int64_t>(count, 1)) * 4;
-  if (grew != nullptr) *grew = bytes > bytes_;
-  if (bytes > bytes_) {
-    dev_->free_host(p_);
-    p_ = nullptr;
-    bytes_ = 0;
-    p_ = dev_->alloc_host(bytes);
-    bytes_ = bytes;
-  }
-  return static_cast<float*>(p_);
-}
-
-std::unique_ptr<ForwardOps> Device::forward_ops(std::shared_ptr<const DenseWeights>,
-                                                const ForwardOpsOptions&) {
-  fail(ErrorKind::kUnsupported, "the {} device has no forward ops: keep the dense part on the CPU",
-       name());
-}
-
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-// One direction of the host <-> device link. Copies reserve chunk-sized slots on a shared
-// schedule (next_free_), so two copies at once each get about half the bandwidth. A copy's
-// own chunks chain on virtual times, so sleep overshoot does not accumulate over a long copy.
-class Link {
- public:
-  explicit Link(LinkSpec spec) : spec_(spec) {}
-
-  void copy(void* dst, const void* src, uint64_t bytes) {
-    const Clock::time_point begin = Clock::now();
-    if (spec_.latency_us > 0) {
-      wait_until(begin + std::chrono::duration_cast<Clock::duration>(
-                             std::chrono::duration<double, std::micro>(spec_.latency_us)));
-    }
-    auto* d = static_cast<uint8_t*>(dst);
-    const auto* s = static_cast<const uint8_t*>(src);
-    if (spec_.gb_per_s <= 0) {
-      if (bytes > 0) std::memcpy(d, s, bytes);
-      return;
-    }
-    const double ns_per_byte = 1.0 / spec_.gb_per_s;  // 1 GB/s = 1 byte/ns
-    Clock::time_point finish = Clock::now();
-    for (uint64_t off = 0; off < bytes; off += kHostLinkChunkBytes) {
-      const uint64_t n = std::min(kHostLinkChunkBytes, bytes - off);
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        const Clock::time_point start = std::max(next_free_, finish);
-        finish = start + std::chrono::duration_cast<Clock::duration>(
-                             std::chrono::duration<double, std::nano>(double(n) * ns_per_byte));
-        next_free_ = finish;
-      }
-      std::memcpy(d + off, s + off, n);
-      // Pace only when well ahead: many short waits cost more than they pace.
-      if (finish > Clock::now() + std::chrono::microseconds(100)) wait_until(finish);
-    }
-    wait_until(finish);
-  }
-
- private:
-  // sleep_until overshoots by tens of microseconds (timer slack), as much as a PCIe copy's whole
-  // latency: sleep to just before t, then yield-spin to it.
-  static void wait_until(Clock::time_point t) {
-    const auto margin = std::chrono::microseconds(100);
-    if (t - Clock::now() > margin) std::this_thread::sleep_until(t - margin);
-    while (Clock::now() < t) std::this_thread::yield();
-  }
-
-  LinkSpec spec_;
-  std::mutex mu_;
-  Clock::time_point next_free_{};
-};
 
 struct Item {
   const char* op;
@@ -181,17 +56,8 @@ class HostForwardOps;
 
 class HostDevice final : public Device {
  public:
-  explicit HostDevice(const HostDeviceOptions& o) : opt_(o), h2d_(o.link), d2h_(o.link) {
-    if (o.threads < 1) {
-      fail(ErrorKind::kInvalidArgument, "host device: threads must be >= 1 (got {})", o.threads);
-    }
-    if (o.memory_bytes > 0) {
-      AllocOptions ao;
-      ao.alignment = kHostDeviceAlign;
-      memory_ = AlignedBuffer(o.memory_bytes, ao);
-      free_[0] = o.memory_bytes / kHostDeviceAlign * kHostDeviceAlign;
-      capacity_ = free_[0];
-    }
+  explicit HostDevice(const HostDeviceOptions& o)
+      : opt_(o), h2d_(o.link), d2h_(o.link), arena_(checked(o).memory_bytes) {
     // The stream thread helps run each job, so threads - 1 workers make `threads` computing.
     if (o.threads > 1) {
       ThreadPoolOptions po;
@@ -220,62 +86,10 @@ class HostDevice final : public Device {
   }
 
   std::string name() const override { return "host"; }
-  uint64_t memory_capacity() const override { return capacity_; }
-  uint64_t memory_used() const override {
-    std::lock_guard<std::mutex> lock(mem_mu_);
-    return used_;
-  }
-
-  void* alloc(uint64_t bytes) override {
-    std::lock_guard<std::mutex> lock(mem_mu_);
-    const uint64_t left = capacity_ - used_;
-    uint64_t largest = 0;
-    if (bytes <= capacity_) {
-      const uint64_t need = std::max(
-          kHostDeviceAlign, (bytes + kHostDeviceAlign - 1) / kHostDeviceAlign * kHostDeviceAlign);
-      for (auto it = free_.begin(); it != free_.end(); ++it) {  // first fit
-        largest = std::max(largest, it->second);
-        if (it->second < need) continue;
-        const uint64_t off = it->first, size = it->second;
-        free_.erase(it);
-        if (size > need) free_[off + need] = size - need;
-        live_[off] = need;
-        used_ += need;
-        return memory_.as<uint8_t>() + off;
-      }
-    }
-    fail(ErrorKind::kResource,
-         "{} device: cannot allocate {} bytes: {} of {} bytes left (largest free block {})", name(),
-         bytes, left, capacity_, largest);
-  }
-
-  void free(void* p) override {
-    if (p == nullptr) return;
-    std::lock_guard<std::mutex> lock(mem_mu_);
-    const uint64_t off = static_cast<uint64_t>(static_cast<uint8_t*>(p) - memory_.as<uint8_t>());
-    auto it = in_memory(p, 0) ? live_.find(off) : live_.end();
-    if (it == live_.end()) {
-      fail(ErrorKind::kInvalidArgument, "{} device: free of {} which is not a live allocation",
-           name(), p);
-    }
-    uint64_t start = off, size = it->second;
-    used_ -= size;
-    live_.erase(it);
-    auto next = free_.lower_bound(start);  // coalesce with the neighbours
-    if (next != free_.end() && next->first == start + size) {
-      size += next->second;
-      next = free_.erase(next);
-    }
-    if (next != free_.begin()) {
-      auto prev = std::prev(next);
-      if (prev->first + prev->second == start) {
-        start = prev->first;
-        size += prev->second;
-        free_.erase(prev);
-      }
-    }
-    free_[start] = size;
-  }
+  uint64_t memory_capacity() const override { return arena_.capacity(); }
+  uint64_t memory_used() const override { return arena_.used(); }
+  void* alloc(uint64_t bytes) override { return arena_.alloc(bytes, name()); }
+  void free(void* p) override { arena_.free(p, name()); }
 
   StreamId create_stream() override {
     std::lock_guard<std::mutex> lock(mu_);
@@ -403,15 +217,15 @@ class HostDevice final : public Device {
     return events_[e];
   }
 
-  bool in_memory(const void* p, uint64_t bytes) const {
-    const auto* base = memory_.as<uint8_t>();
-    const auto* q = static_cast<const uint8_t*>(p);
-    return base != nullptr && q >= base && q <= base + capacity_ &&
-           bytes <= static_cast<uint64_t>(base + capacity_ - q);
+  static const HostDeviceOptions& checked(const HostDeviceOptions& o) {
+    if (o.threads < 1) {
+      fail(ErrorKind::kInvalidArgument, "host device: threads must be >= 1 (got {})", o.threads);
+    }
+    return o;
   }
   // Host pointers handed to device ops work here but would crash a CUDA device: reject them.
   void check_device(const void* p, uint64_t bytes, const char* what) const {
-    if (bytes > 0 && !in_memory(p, bytes)) {
+    if (bytes > 0 && !arena_.contains(p, bytes)) {
       fail(ErrorKind::kInvalidArgument, "{} device: {} ({} bytes at {}) is not device memory",
            name(), what, bytes, p);
     }
@@ -546,38 +360,27 @@ class HostDevice final : public Device {
     }
   }
 
-  // One expert exactly as moe/fused_moe.cpp computes it (same activation encodings, kernels and
-  // SiLU), so a hybrid run produces the CPU backend's numbers for every expert.
+  // One expert by the fused operator's formula (moe/expert_ffn.h), so a hybrid run produces the
+  // CPU backend's numbers for every expert.
   void run_ffn(const DeviceFfnWeights& w, const float* x, int64_t n, const float* scale, float* out,
                bool accumulate) {
     if (n == 0) return;
-    const int64_t H = w.gate.cols(), ff = w.gate.rows(), out_cols = w.down.rows();
-    thread_local std::vector<float> g, u, d;
-    thread_local kern::Activations ax, ah;
-    g.resize(static_cast<size_t>(n * ff));
-    u.resize(g.size());
+    const int64_t H = w.gate.cols(), out_cols = w.down.rows();
+    thread_local expert::Scratch s;
+    thread_local std::vector<float> d;
+    thread_local kern::Activations ax;
     d.resize(static_cast<size_t>(n * out_cols));
     kern::KMatrix kg, ku, kd;
     const bool fast = kern::view_weight(w.gate, &kg) && kern::view_weight(w.up, &ku) &&
                       kern::view_weight(w.down, &kd) && kg.format == ku.format;
     if (fast) {
-      kern::quantize_activations(kern::act_format(kg.format), 0, x, n, H, H, &ax);
-      gemm_rows(kg, ax, g.data());
-      gemm_rows(ku, ax, u.data());
-      if (w.extras.any()) {
-        for (int64_t t = 0; t < n; ++t) {
-          ops::glu_with_extras(g.data() + t * ff, u.data() + t * ff, ff, 0, w.extras);
-        }
-      } else {
-        kern::swiglu(g.data(), u.data(), static_cast<int64_t>(g.size()), g.data());
-      }
-      kern::quantize_activations(kern::act_format(kd.format), 0, g.data(), n, ff, ff, &ah);
-      gemm_rows(kd, ah, d.data());
-      for (int64_t t = 0; t < n; ++t) {
-        ops::add_down_bias(d.data() + t * out_cols, out_cols, 0, w.extras);
-      }
+      kern::quantize_activations(kern::act_format(kg.format), kg.group, x, n, H, H, &ax);
+      expert::whole(kg, ku, kd, w.extras, ax, &s, d.data(),
+                    [this](const kern::KMatrix& m, const kern::Activations& a, float* y) {
+                      gemm_rows(m, a, y);
+                    });
     } else {
-      ops::swiglu_ffn(w.gate, w.up, w.down, x, n, d.data(), pool_.get(), &g, &u, w.extras);
+      ops::swiglu_ffn(w.gate, w.up, w.down, x, n, d.data(), pool_.get(), &s.g, &s.u, w.extras);
     }
     for (int64_t t = 0; t < n; ++t) {
       const float s = scale != nullptr ? scale[t] : 1.0f;
@@ -592,13 +395,9 @@ class HostDevice final : public Device {
   }
 
   HostDeviceOptions opt_;
-  Link h2d_, d2h_;
+  EmulatedLink h2d_, d2h_;
+  DeviceArena arena_;
   std::unique_ptr<ThreadPool> pool_;
-
-  mutable std::mutex mem_mu_;  // guards the allocator
-  AlignedBuffer memory_;
-  uint64_t capacity_ = 0, used_ = 0;
-  std::map<uint64_t, uint64_t> free_, live_;  // offset -> bytes
 
   std::mutex mu_;  // guards streams, events and queues
   std::condition_variable cv_;
@@ -632,7 +431,7 @@ class HostForwardOps final : public DeviceForwardOps {
   }
 
   void check_cache(const KvCache& cache) const override {
-    if (!host_.in_memory(cache.memory(), cache.bytes())) {
+    if (!host_.arena_.contains(cache.memory(), cache.bytes())) {
       fail(ErrorKind::kInvalidArgument,
            "forward: the KV cache is not in the {} device's memory, where the dense part runs "
            "(make it with Model::cache_options)",
