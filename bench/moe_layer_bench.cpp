@@ -481,7 +481,7 @@ void BM_MoeLayerShared(benchmark::State& state, Shape s, int64_t tokens) {
       MoeRequest b = r;
       b.ids = nullptr;
       b.weights = nullptr;
-      if (early) fused.begin(b);
+      if (early) fused.start_shared(b);
       float* rw = (*routers)[(i - 1) % kCopies].data();
       kern::matmul(ops::Weight(Tensor::dense(DType::kF32, {s.n_experts, s.hidden}, rw)), x.data(),
                    1, logits.data(), &pool());

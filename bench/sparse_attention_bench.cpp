@@ -60,7 +60,7 @@ struct Cache {
     cache.make_writable(std::span<const KvCache::Write>(&w, 1));
     const std::vector<float> row = random_values(kLatent + kRope, 3);
     for (int64_t s = 0; s < ctx; ++s) {
-      cache.write_row(0, false, seq, s, 0, row.data());
+      cache.write_row(0, KvPart::kKey, seq, s, 0, row.data());
       cache.write_index_row(0, seq, s, row.data());
     }
   }

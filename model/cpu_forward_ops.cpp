@@ -59,7 +59,7 @@ class CpuForwardOps final : public ForwardOps {
     TD_CHECK(slot >= 0 && slot < kBufferSlots, "forward ops: buffer slot {}", slot);
     return grow(buffers_[slot], count);
   }
-  void begin(const ForwardStep& step, KvCache& cache) override {
+  void begin_step(const ForwardStep& step, KvCache& cache) override {
     // (The DeltaNet layers and the lightning indexer read it whole.)
     if (w_.config.has_linear_layers() || w_.config.has_indexer()) step_ = step;
     parts_ = step.parts;
@@ -312,8 +312,8 @@ void CpuForwardOps::attention_mha(KvCache& cache, int64_t l, int64_t n, const fl
       rope_.rotate(kt + i * d, ang.c.data(), ang.s.data(), rope_form_);
     }
     for (int64_t i = 0; i < nkv; ++i) {
-      cache.write_row(cl, false, seq, pos, i, kt + i * d);
-      cache.write_row(cl, true, seq, pos, i, vt + i * d);
+      cache.write_row(cl, KvPart::kKey, seq, pos, i, kt + i * d);
+      cache.write_row(cl, KvPart::kValue, seq, pos, i, vt + i * d);
     }
   });
   float* att = grow(att_, n * nq * d);
@@ -426,7 +426,7 @@ void CpuForwardOps::attention_mla(KvCache& cache, int64_t l, int64_t n, const fl
     }
     if (latent) {
       const SeqId seq = parts_[static_cast<size_t>(part_of_[static_cast<size_t>(t)])].seq;
-      cache.write_row(l, false, seq, pos, 0, r);
+      cache.write_row(l, KvPart::kKey, seq, pos, 0, r);
     }
   });
   float* o = grow(v_, n * nh * vd);  // the heads' outputs, before wo
@@ -446,12 +446,12 @@ void CpuForwardOps::attention_mla(KvCache& cache, int64_t l, int64_t n, const fl
         std::copy(tmp + t * nope, tmp + (t + 1) * nope, row.data());
         std::copy(kv + t * kr + kvl, kv + (t + 1) * kr, row.data() + nope);
         const Part& p = parts_[static_cast<size_t>(part_of_[static_cast<size_t>(t)])];
-        cache.write_row(l, false, p.seq, pos_[static_cast<size_t>(t)], i, row.data());
+        cache.write_row(l, KvPart::kKey, p.seq, pos_[static_cast<size_t>(t)], i, row.data());
       }
       ops::matmul(lw.v_up[i], lat, n, tmp, nullptr);
       for (int64_t t = 0; t < n; ++t) {
         const Part& p = parts_[static_cast<size_t>(part_of_[static_cast<size_t>(t)])];
-        cache.write_row(l, true, p.seq, pos_[static_cast<size_t>(t)], i, tmp + t * vd);
+        cache.write_row(l, KvPart::kValue, p.seq, pos_[static_cast<size_t>(t)], i, tmp + t * vd);
       }
     }
     for (const Part& p : parts_) {
@@ -625,7 +625,7 @@ void CpuForwardOps::attention_mla_expanded(const KvCache& kv_cache, int64_t l, c
   // [np, kr]: latent, then rope key, gathered from the sequence's blocks (and widened) once per
   // call.
   float* cache = grow(lat_f32_, np * kr);
-  for (int64_t s = 0; s < np; ++s) kv_cache.read_row(l, false, p.seq, s, 0, cache + s * kr);
+  for (int64_t s = 0; s < np; ++s) kv_cache.read_row(l, KvPart::kKey, p.seq, s, 0, cache + s * kr);
   float* K = grow(ek_, np * nh * qk);
   float* V = grow(ev_, np * nh * vd);
   // The latents in each activation encoding the up-projections read, converted once for all
@@ -688,49 +688,6 @@ void CpuForwardOps::attention_mla_expanded(const KvCache& kv_cache, int64_t l, c
 }
 
 }  // namespace
-
-void ForwardOps::linear_attention(int64_t, const float*, float*) {
-  fail(ErrorKind::kUnsupported, "{} forward ops: no Gated DeltaNet (linear-attention) layers",
-       name());
-}
-
-float* ForwardOps::host_buffer(int, int64_t) {
-  fail(ErrorKind::kInternal, "{} forward ops: host_buffer on ops that are not stream-ordered",
-       name());
-}
-void ForwardOps::copy_to_host(const float*, int64_t, float*) {
-  fail(ErrorKind::kInternal, "{} forward ops: copy_to_host on ops that are not stream-ordered",
-       name());
-}
-void ForwardOps::host_work(std::function<void()>) {
-  fail(ErrorKind::kInternal, "{} forward ops: host_work on ops that are not stream-ordered",
-       name());
-}
-
-namespace {
-[[noreturn]] void no_graphs(const ForwardOps& ops, const char* what) {
-  fail(ErrorKind::kInternal, "{} forward ops: {} on ops without graphs", ops.name(), what);
-}
-}  // namespace
-
-void ForwardOps::stage(const ForwardStep&, KvCache&) {
-  no_graphs(*this, "stage");
-}
-void ForwardOps::begin_capture() {
-  no_graphs(*this, "begin_capture");
-}
-int ForwardOps::end_capture() {
-  no_graphs(*this, "end_capture");
-}
-void ForwardOps::launch_graph(int) {
-  no_graphs(*this, "launch_graph");
-}
-void ForwardOps::drop_graph(int) {
-  no_graphs(*this, "drop_graph");
-}
-void ForwardOps::lm_head_to_host(const std::vector<int64_t>&, const float*, float*) {
-  no_graphs(*this, "lm_head_to_host");
-}
 
 std::unique_ptr<ForwardOps> make_cpu_forward_ops(const LoadedModel& weights,
                                                  const ForwardOpsOptions& options) {

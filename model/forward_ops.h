@@ -116,7 +116,7 @@ class ForwardOps {
   virtual void check_cache(const KvCache& cache) const {}
 
   // The step's batch; the cache holds its positions writable (KvCache::make_writable).
-  virtual void begin(const ForwardStep& step, KvCache& cache) = 0;
+  virtual void begin_step(const ForwardStep& step, KvCache& cache) = 0;
   // x [n, hidden]: the step's tokens' embeddings.
   virtual void embed(float* x) = 0;
   // out[t] = rms_norm(x[t]) with the layer's attention or FFN norm, n rows of hidden.
@@ -146,14 +146,20 @@ class ForwardOps {
   // Stream-ordered host work (a device's ops: true; the CPU's: false, and the three below are
   // not called): a MoE layer whose routing, CPU experts' submit and wait run as host functions
   // in the ops' order, so the host never waits inside a forward (KTransformers §3.3).
-  // host_buffer: host memory `slot` (0 .. kHostSlots - 1) of at least count floats that copies read
-  // and write in stream order (pinned on CUDA), unchanged while large enough; copy_to_host: x's
+  // host_buffer: host memory `slot` of at least count floats that copies read and write in
+  // stream order (pinned on CUDA), unchanged while large enough; copy_to_host: x's
   // count floats into it once the work before has finished; host_work: fn on a host thread once the
   // work before has finished (later work waits for it; it must not call the device: no CUDA API
   // in a host function). An exception in fn surfaces at the next lm_head / finish.
   virtual bool stream_ordered() const { return false; }
+  enum class HostSlot : int {
+    kMoeInput,         // a stream-ordered MoE layer's hidden states, read by the host
+    kMoeRouterLogits,  // its router logits, read by the host's routing
+    kMoeRouted,        // the routed experts' output the host writes back
+    kLogits,           // the logits a replayed step writes
+  };
   static constexpr int kHostSlots = 4;
-  virtual float* host_buffer(int slot, int64_t count);
+  virtual float* host_buffer(HostSlot slot, int64_t count);
   virtual void copy_to_host(const float* x, int64_t count, float* host);
   virtual void host_work(std::function<void()> fn);
   // The CPU experts' span from their submit to the return of their wait (a stream-ordered MoE
@@ -171,8 +177,8 @@ class ForwardOps {
   // A decode step captured once per batch shape and replayed (KTransformers §3.3: a CUDA graph
   // whose host nodes are the CPU experts' submit and wait). What a step's work reads that changes
   // from step to step (token ids, positions, RoPE angles, cache rows, block tables) lives in fixed
-  // memory that stage() fills on the host and begin()'s device half copies in, so a replay after
-  // stage() computes the new step; begin(step, cache) is stage(step, cache) then that copy. The
+  // memory that stage() fills on the host and begin_step()'s device half copies in, so a replay after
+  // stage() computes the new step; begin_step(step, cache) is stage(step, cache) then that copy. The
   // sizes of everything a step uses follow from its shape (parts, tokens per part, the cache's
   // positions per sequence), never from its positions. memory_epoch() changes whenever memory a
   // captured step may use has moved (a buffer or a scratch grown): graphs captured before are

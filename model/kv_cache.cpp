@@ -405,12 +405,12 @@ int32_t KvCache::take_block() {
   return b;
 }
 
-uint8_t* KvCache::row_at(int64_t layer, bool value, int32_t block, int64_t r,
+uint8_t* KvCache::row_at(int64_t layer, KvPart part, int32_t block, int64_t r,
                          int64_t head) const {
   const uint64_t layer_base =
       static_cast<uint64_t>(layer) * n_blocks_ * (k_block_bytes_ + v_block_bytes_);
   uint8_t* base = base_ + layer_base;
-  if (!value) {
+  if (part == KvPart::kKey) {
     return base + block * k_block_bytes_ + static_cast<uint64_t>((head * block_ + r) * k_row_bytes_);
   }
   return base + static_cast<uint64_t>(n_blocks_) * k_block_bytes_ + block * v_block_bytes_ +
@@ -462,18 +462,18 @@ void KvCache::load_row(const uint8_t* row, float* dst, int64_t d) const {
   }
 }
 
-void KvCache::write_row(int64_t layer, bool value, SeqId seq, int64_t pos, int64_t head,
+void KvCache::write_row(int64_t layer, KvPart part, SeqId seq, int64_t pos, int64_t head,
                         const float* src) {
   const Seq& s = seqs_[static_cast<size_t>(seq)];
-  store_row(row_at(layer, value, s.blocks[static_cast<size_t>(pos / block_)], pos % block_, head),
-            src, value ? layout_.v_dim : layout_.k_dim);
+  store_row(row_at(layer, part, s.blocks[static_cast<size_t>(pos / block_)], pos % block_, head),
+            src, part == KvPart::kValue ? layout_.v_dim : layout_.k_dim);
 }
 
-void KvCache::read_row(int64_t layer, bool value, SeqId seq, int64_t pos, int64_t head,
+void KvCache::read_row(int64_t layer, KvPart part, SeqId seq, int64_t pos, int64_t head,
                        float* dst) const {
   const Seq& s = seqs_[static_cast<size_t>(seq)];
-  load_row(row_at(layer, value, s.blocks[static_cast<size_t>(pos / block_)], pos % block_, head),
-           dst, value ? layout_.v_dim : layout_.k_dim);
+  load_row(row_at(layer, part, s.blocks[static_cast<size_t>(pos / block_)], pos % block_, head),
+           dst, part == KvPart::kValue ? layout_.v_dim : layout_.k_dim);
 }
 
 void KvCache::write_index_row(int64_t il, SeqId seq, int64_t pos, const float* src) {
@@ -519,9 +519,9 @@ void KvCache::index_args(int64_t il, SeqId seq, ops::AttentionArgs* a) const {
 void KvCache::attention_args(int64_t layer, SeqId seq, ops::AttentionArgs* a) const {
   const Seq& s = seq_ref(seq);
   const int64_t eb = elem_bytes(options_.type);
-  const uint8_t* k = row_at(layer, false, 0, 0, 0);
+  const uint8_t* k = row_at(layer, KvPart::kKey, 0, 0, 0);
   const bool values_in_keys = layout_.v_heads == 0;
-  const uint8_t* v = values_in_keys ? k : row_at(layer, true, 0, 0, 0);
+  const uint8_t* v = values_in_keys ? k : row_at(layer, KvPart::kValue, 0, 0, 0);
   set_row_pointers(k, v, layout_.k_dim, layout_.v_dim, a);
   // Head-major within a block: a KV head's positions of the block are consecutive rows.
   a->k_stride = k_row_;

@@ -49,6 +49,8 @@ namespace tandem {
 // F32 arithmetic on the rows widened. kQ8_0: int8 in blocks of 32 with an F32 scale per block
 // (ops::q8_quantize), 28% of F32's memory, F32 arithmetic on the rows dequantized.
 enum class KvType { kF32, kBf16, kF16, kQ8_0 };
+// The keys or the values of an attention layer in the cache (KvCache::write_row / read_row).
+enum class KvPart { kKey, kValue };
 // "f32" | "bf16" | "f16" | "q8_0"; anything else: Error(kInvalidArgument) naming the choices.
 KvType parse_kv_type(const std::string& name);
 const char* kv_type_name(KvType type);
@@ -198,11 +200,11 @@ class KvCache {
   // anything.
   void make_writable(std::span<const Write> writes);
 
-  // The model's side. Row `head` of position pos (writable, or < length) of layer's keys
-  // (value = false) or values, converted from / to F32.
-  void write_row(int64_t layer, bool value, SeqId seq, int64_t pos, int64_t head,
+  // The model's side. Row `head` of position pos (writable, or < length) of layer's keys or
+  // values, converted from / to F32.
+  void write_row(int64_t layer, KvPart part, SeqId seq, int64_t pos, int64_t head,
                  const float* src);
-  void read_row(int64_t layer, bool value, SeqId seq, int64_t pos, int64_t head,
+  void read_row(int64_t layer, KvPart part, SeqId seq, int64_t pos, int64_t head,
                 float* dst) const;
   // The cache fields of AttentionArgs for seq's rows of layer: k / v (k16 / v16, k8 / v8), the
   // strides, heads and its block table (valid until the sequence's blocks change).
@@ -248,7 +250,7 @@ class KvCache {
     return base_ + state_base_ + static_cast<uint64_t>(slot) * slot_bytes_;
   }
   // Address of the row (layer, value, block b, row r within the block, head) in the pool.
-  uint8_t* row_at(int64_t layer, bool value, int32_t block, int64_t r, int64_t head) const;
+  uint8_t* row_at(int64_t layer, KvPart part, int32_t block, int64_t r, int64_t head) const;
   // The same for an indexer key (index layer il).
   uint8_t* index_row_at(int64_t il, int32_t block, int64_t r) const;
   // d F32 values into / out of a row in the cache's element type.

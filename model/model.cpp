@@ -28,9 +28,7 @@ double seconds(Clock::time_point t0) {
 
 // Activation buffers of the ops (ForwardOps::buffer).
 enum Slot : int { kX, kH, kA, kRouterLogits };
-// Host buffers of stream-ordered ops (ForwardOps::host_buffer): ordered_moe's 0 .. 2, then the
-// logits a graph's step writes.
-constexpr int kLogitsHost = 3;
+using HostSlot = ForwardOps::HostSlot;
 
 }  // namespace
 
@@ -188,7 +186,7 @@ int64_t Model::forward(std::span<const SeqTokens> batch, KvCache& cache, float* 
     }
     const int64_t rows = static_cast<int64_t>(rows_.size());
     if (graph_step(batch) && replay_graph(cache, logits)) return rows;
-    ops_->begin(s, cache);
+    ops_->begin_step(s, cache);
     float* x = ops_->buffer(kX, n * hd);
     {
       const trace::Span span("embed", "model");
@@ -232,7 +230,7 @@ bool Model::replay_graph(KvCache& cache, float* logits) {
   const int64_t b = step_.n_tokens(), nv = w_.config.vocab_size;
   StepGraph& g = graphs_[static_cast<size_t>(b - 1)];
   if (g.failed) return false;
-  float* host = ops_->host_buffer(kLogitsHost, b * nv);
+  float* host = ops_->host_buffer(HostSlot::kLogits, b * nv);
   const CacheKey key{cache.memory(), cache.bytes(), cache.max_sequence_positions(), cache.type()};
   if (g.id >= 0 && (g.epoch != ops_->memory_epoch() || !(g.cache == key))) {
     ops_->drop_graph(g.id);
@@ -288,7 +286,7 @@ bool Model::replay_graph(KvCache& cache, float* logits) {
 // The whole step enqueued on the ops' stream, its logits rows into host memory.
 void Model::enqueue_step(KvCache& cache, float* host_logits) {
   const int64_t n = step_.n_tokens();
-  ops_->begin(step_, cache);
+  ops_->begin_step(step_, cache);
   float* x = ops_->buffer(kX, n * w_.config.hidden_size);
   ops_->embed(x);
   run_layers(n);
@@ -357,7 +355,7 @@ void Model::ffn(int64_t l, int64_t n, const float* x, float* out) {
   req.layer = l;
   req.moe_index = moe_index_[l];
   req.n_moe_layers = n_moe_layers_;
-  req.decode = n == 1;
+  req.single_token = n == 1;
   req.layer_weights = &lw;
   req.experts = &lw.experts;
   req.n_tokens = n;
@@ -375,7 +373,7 @@ void Model::ffn(int64_t l, int64_t n, const float* x, float* out) {
   req.out = routed;
   // What does not depend on the routing (the backend's shared experts) starts first: it streams
   // while the router and the routing run.
-  moe_->begin(req);
+  moe_->start_shared(req);
   {
     const trace::Span span("router", "layer", {.layer = l});
     float* router_logits = ops_->buffer(kRouterLogits, n * ne);
@@ -438,9 +436,9 @@ void Model::route(int64_t l, int64_t n, const float* logits, const float* hidden
 void Model::ordered_moe(int64_t l, int64_t n, const float* x, float* out, MoeRequest req) {
   const ModelConfig& c = w_.config;
   const int64_t hd = c.hidden_size, ne = c.n_experts;
-  float* hx = ops_->host_buffer(0, n * hd);
-  float* logits = ops_->host_buffer(1, n * ne);
-  float* routed = ops_->host_buffer(2, n * hd);
+  float* hx = ops_->host_buffer(HostSlot::kMoeInput, n * hd);
+  float* logits = ops_->host_buffer(HostSlot::kMoeRouterLogits, n * ne);
+  float* routed = ops_->host_buffer(HostSlot::kMoeRouted, n * hd);
   float* router_logits = ops_->buffer(kRouterLogits, n * ne);
   ops_->router(l, x, n, router_logits);
   ops_->copy_to_host(x, n * hd, hx);

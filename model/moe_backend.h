@@ -20,7 +20,9 @@ struct MoeRequest {
   int64_t layer = 0;         // model layer index
   int64_t moe_index = 0;     // index among the MoE layers: 0 .. n_moe_layers - 1
   int64_t n_moe_layers = 0;  // Expert Deferral never defers in the last MoE layer
-  bool decode = false;       // one token per forward (deferral applies only then)
+  // The forward computes one token (one sequence's decode step; a step of several sequences is
+  // not): Expert Deferral applies only then.
+  bool single_token = false;
   const LayerWeights* layer_weights = nullptr;  // the whole layer (shared experts, router)
   const ExpertWeights* experts = nullptr;
   const float* hidden = nullptr;  // [n_tokens, hidden_size]
@@ -53,7 +55,7 @@ class MoeBackend {
   // yet (request.ids / weights are not read). A backend may start what does not depend on the
   // routing -- the shared experts -- so that it overlaps the router and the routing. submit()
   // must follow with the same layer and hidden states.
-  virtual void begin(const MoeRequest& request) {}
+  virtual void start_shared(const MoeRequest& request) {}
   virtual void submit(const MoeRequest& request) = 0;
   virtual void wait() = 0;
   // true: out also holds the shared experts' output (incl. Qwen2's sigmoid gate), the model does

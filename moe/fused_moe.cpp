@@ -126,7 +126,7 @@ void FusedMoeBackend::add_shared(const MoeRequest& r) {
   }
 }
 
-void FusedMoeBackend::begin(const MoeRequest& r) {
+void FusedMoeBackend::start_shared(const MoeRequest& r) {
   TD_CHECK(!pending_, "FusedMoeBackend::begin while a request is pending");
   drop_early();  // (one begun for a request that never came: a forward() that threw midway)
   early_tasks_count_ = 0;
@@ -211,7 +211,7 @@ void FusedMoeBackend::route(const MoeRequest& r, bool prepared, int n_parts) {
   index_of.assign(static_cast<size_t>(n_experts), -1);
   slot_row_.assign(static_cast<size_t>(T * K), -1);
   slot_expert_.assign(static_cast<size_t>(T * K), -1);
-  n_active_ = early_started_ ? 1 : 0;  // (begin()'s shared expert is experts_[0])
+  n_active_ = early_started_ ? 1 : 0;  // (start_shared()'s shared expert is experts_[0])
   for (int64_t i = 0; i < T * K; ++i) {
     const int32_t e = r.ids[i];
     if (e == -1) continue;  // an empty slot (MoeRequest::ids)
@@ -319,7 +319,7 @@ void FusedMoeBackend::choose_whole_experts(int64_t T, bool split) {
 // for a prefill (a 512-token V2-Lite layer copies ~13 MB: ~10% of the layer on the caller alone).
 void FusedMoeBackend::prepare_activations(const MoeRequest& r) {
   const int64_t T = r.n_tokens, H = r.hidden_size;
-  const int64_t a0 = early_started_ ? 1 : 0;  // (begin() prepared its shared expert)
+  const int64_t a0 = early_started_ ? 1 : 0;  // (start_shared() prepared its shared expert)
   for (int64_t a = a0; a < n_active_; ++a) {
     const Expert& x = *experts_[a];
     if (x.first != a || !x.fast) continue;
@@ -331,7 +331,7 @@ void FusedMoeBackend::prepare_activations(const MoeRequest& r) {
   }
   auto prepare = [&](size_t i) {
     const int64_t a = static_cast<int64_t>(i);
-    if (a < a0) return;  // begin()'s, running
+    if (a < a0) return;  // start_shared()'s, running
     Expert& x = *experts_[i];
     const Expert& owner = *experts_[x.first];
     if (x.first != a) x.tokens = owner.tokens;
@@ -407,7 +407,7 @@ void FusedMoeBackend::add_tasks(int part, int64_t threads) {
   const int64_t H = req_.hidden_size;
   // Chunks: >= ~4 tasks per thread over the part's work, multiples of 16 rows, capped.
   int64_t total_rows = 0;
-  const int64_t a0 = early_started_ ? 1 : 0;  // (begin()'s shared expert has its own job)
+  const int64_t a0 = early_started_ ? 1 : 0;  // (start_shared()'s shared expert has its own job)
   for (int64_t a = a0; a < n_active_; ++a) {
     const Expert& x = *experts_[a];
     if (x.part == part && x.fast && x.ff > 0) total_rows += 2 * x.ff + H;
@@ -533,7 +533,7 @@ void FusedMoeBackend::run_task(const Task& t) {
 void FusedMoeBackend::wait() {
   TD_CHECK(pending_, "FusedMoeBackend::wait without submit");
   pending_ = false;
-  // The routed job first: the caller helps it, and begin()'s job (lower slot, which the worker
+  // The routed job first: the caller helps it, and start_shared()'s job (lower slot, which the worker
   // took first) is long done or nearly.
   for (TaskHandle& h : handles_) {
     if (h.valid()) h.wait();

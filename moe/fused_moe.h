@@ -14,7 +14,7 @@
 //     A prefill with many experts runs most of them whole instead, one task each (its gather,
 //     gate/up, SiLU * up, down) on one core, largest first; the rest stay in row chunks
 //     (FusedMoeOptions::whole_experts_per_thread).
-//     A decode's shared experts start earlier, in begin(): their gate/up and down chunks form a
+//     A decode's shared experts start earlier, in start_shared(): their gate/up and down chunks form a
 //     job of their own that one core streams while the caller computes the router, the routing
 //     and the routed experts' set-up (serial work that otherwise left both cores idle).
 //  3. wait(): joins the job and combines the experts' outputs per token in top-k slot order
@@ -71,13 +71,13 @@ class FusedMoeBackend : public MoeBackend {
   ~FusedMoeBackend() override;
   // A decode's (<= 4 tokens) shared experts, when computes_shared() and they have kernels: their
   // tasks start now, as a job of their own (unsplit experts only: no NUMA parts).
-  void begin(const MoeRequest& request) override;
+  void start_shared(const MoeRequest& request) override;
   void submit(const MoeRequest& request) override;
   void wait() override;
   bool computes_shared() const override { return options_.shared_experts; }
   bool adds_slot_rows() const override { return true; }
   bool runs_in_host_callbacks() const override { return true; }
-  // Whether the last request's shared experts ran as begin()'s early job.
+  // Whether the last request's shared experts ran as start_shared()'s early job.
   bool last_shared_early() const { return early_tasks_count_ > 0; }
 
   // Tasks of the last submitted layer (tests and benchmarks look at the decomposition).
@@ -108,7 +108,7 @@ class FusedMoeBackend : public MoeBackend {
   void add_tasks(int part, int64_t threads);
   void add_shared(const MoeRequest& r);  // the shared expert as experts_[n_active_] (shared_)
   Expert& next_expert();
-  void drop_early();  // waits for begin()'s job, if any, and forgets it
+  void drop_early();  // waits for start_shared()'s job, if any, and forgets it
 
   ThreadPool* pool_;
   FusedMoeOptions options_;
@@ -128,8 +128,8 @@ class FusedMoeBackend : public MoeBackend {
   std::vector<float> shared_gate_;    // [T]: Qwen2-MoE's sigmoid gate per token (when present)
   std::vector<kern::Activations> hidden_acts_;  // hidden in each encoding needed (by AFormat)
   std::vector<TaskHandle> handles_;             // one job per part
-  // begin()'s job: the shared expert (experts_[0]) of the pending request, its gate/up chunks
-  // then its down chunks. While it runs, experts_ does not grow (begin() allocated every entry
+  // start_shared()'s job: the shared expert (experts_[0]) of the pending request, its gate/up chunks
+  // then its down chunks. While it runs, experts_ does not grow (start_shared() allocated every entry
   // submit() can use).
   std::vector<Task> early_tasks_;
   TaskHandle early_;

@@ -406,7 +406,7 @@ MoeRequest MoeLayer::Impl::request(const float* hidden, int64_t n, const int32_t
   r.layer = 0;
   r.moe_index = 0;
   r.n_moe_layers = 1;
-  r.decode = n == 1;
+  r.single_token = n == 1;
   r.experts = &slots;
   r.hidden = hidden;
   r.n_tokens = n;

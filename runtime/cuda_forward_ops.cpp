@@ -290,7 +290,7 @@ class CudaForwardOps final : public DeviceForwardOps {
     }
   }
 
-  // Rows [rows, d] (stride d) into layer l's keys (or values) at the offsets begin() uploaded.
+  // Rows [rows, d] (stride d) into layer l's keys (or values) at the offsets begin_step() uploaded.
   void write_cache(int64_t l, bool values, const int64_t* offsets, int64_t rows, const float* src,
                    int64_t d, const char* what) {
     ops::AttentionArgs base;

@@ -130,7 +130,7 @@ void DeferringMoeBackend::submit(const MoeRequest& r) {
   current_ = r;
   have_current_ = true;
   const int64_t n_def = std::min<int64_t>(n_defer_, r.k - 1);
-  split_current_ = n_def > 0 && r.decode && r.moe_index < r.n_moe_layers - 1;
+  split_current_ = n_def > 0 && r.single_token && r.moe_index < r.n_moe_layers - 1;
   if (n_defer_ > n_def && r.k != clamped_warned_k_) {
     clamped_warned_k_ = r.k;
     log_warn(

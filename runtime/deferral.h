@@ -42,7 +42,7 @@ class DeferringMoeBackend : public MoeBackend {
   ~DeferringMoeBackend() override;
 
   // (The shared experts belong to the immediate part.)
-  void begin(const MoeRequest& request) override { immediate_->begin(request); }
+  void start_shared(const MoeRequest& request) override { immediate_->start_shared(request); }
   void submit(const MoeRequest& request) override;
   void wait() override;
   bool computes_shared() const override { return immediate_->computes_shared(); }

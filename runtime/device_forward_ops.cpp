@@ -56,10 +56,11 @@ const float* DeviceForwardOps::host_view(const float* x, int64_t count,
   return staging->data();
 }
 
-float* DeviceForwardOps::host_buffer(int slot, int64_t count) {
-  TD_CHECK(slot >= 0 && slot < static_cast<int>(host_.size()), "forward ops: host buffer {}", slot);
+float* DeviceForwardOps::host_buffer(HostSlot slot, int64_t count) {
+  const auto i = static_cast<size_t>(slot);
+  TD_CHECK(i < host_.size(), "forward ops: host buffer {}", i);
   bool grew = false;
-  float* p = host_[static_cast<size_t>(slot)].floats(count, &grew);
+  float* p = host_[i].floats(count, &grew);
   if (grew) moved();
   return p;
 }

@@ -3,7 +3,7 @@
 // device's memory (grown once the stream no longer reads them, freed with the ops after the
 // stream is done), the host's views of device memory through a d2h copy, the routed output back
 // through an h2d copy, stream-ordered host buffers and host work (the device's host callbacks),
-// finish() as the stream's sync, and graphs of the stream's work (the device's capture; begin()
+// finish() as the stream's sync, and graphs of the stream's work (the device's capture; begin_step()
 // split into stage(), the host's half, and upload_step(), the copy of what it staged, so that a
 // replay reads each step's values). The host device's ops
 // (runtime/host_device.cpp) and the CUDA device's (runtime/cuda_device.cpp) derive from it.
@@ -34,13 +34,13 @@ class DeviceForwardOps : public ForwardOps {
   const float* host_view(const float* x, int64_t count, std::vector<float>* staging) override;
   void add_from_host(float* out, const float* host, int64_t count) override;
   bool stream_ordered() const override { return true; }
-  float* host_buffer(int slot, int64_t count) override;
+  float* host_buffer(HostSlot slot, int64_t count) override;
   void copy_to_host(const float* x, int64_t count, float* host) override;
   void host_work(std::function<void()> fn) override;
   void note_cpu_experts(std::chrono::steady_clock::time_point t0,
                         std::chrono::steady_clock::time_point t1) override;
   void finish() override { dev_.sync_stream(stream_); }
-  void begin(const ForwardStep& step, KvCache& cache) final {
+  void begin_step(const ForwardStep& step, KvCache& cache) final {
     stage(step, cache);
     upload_step();
   }
@@ -62,7 +62,7 @@ class DeviceForwardOps : public ForwardOps {
   Buf* new_buf();
   // b's memory of at least count floats in the device's memory (its budget).
   float* grow(Buf* b, int64_t count);
-  // begin()'s device half: what stage() put in host memory copied in, on the stream.
+  // begin_step()'s device half: what stage() put in host memory copied in, on the stream.
   virtual void upload_step() = 0;
   // The final-normed rows' logits [rows, vocab] in the ops' memory (lm_head's device half).
   virtual const float* logits_rows(const std::vector<int64_t>& row_ids, const float* x) = 0;

@@ -449,7 +449,7 @@ class HostForwardOps final : public DeviceForwardOps {
   // graph's copy from the pinned staging buffer is.)
   void upload_step() override {
     KvCache* cache = cache_;
-    run("begin", [this, cache] { cpu_->begin(staged_, *cache); });
+    run("begin", [this, cache] { cpu_->begin_step(staged_, *cache); });
   }
   void embed(float* x) override {
     run("embed", [this, x] { cpu_->embed(x); });

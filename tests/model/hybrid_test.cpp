@@ -173,7 +173,7 @@ class FormulaBackend : public MoeBackend {
   void submit(const MoeRequest& r) override {
     const int64_t h = r.hidden_size;
     std::vector<float> out(r.n_tokens * h, 0.0f);
-    const bool split = n_defer_ > 0 && r.decode && r.moe_index < r.n_moe_layers - 1;
+    const bool split = n_defer_ > 0 && r.single_token && r.moe_index < r.n_moe_layers - 1;
     std::vector<Sel> next_def;
     for (int64_t t = 0; t < r.n_tokens; ++t) {
       std::vector<int64_t> order(r.k);

@@ -156,9 +156,9 @@ class UncapturableOps final : public ForwardOps {
   float* buffer(int slot, int64_t count) override { return in_->buffer(slot, count); }
   KvCacheOptions cache_options(KvCacheOptions o) const override { return in_->cache_options(o); }
   void check_cache(const KvCache& c) const override { in_->check_cache(c); }
-  void begin(const ForwardStep& step, KvCache& cache) override {
+  void begin_step(const ForwardStep& step, KvCache& cache) override {
     step_tokens_ = step.n_tokens();
-    in_->begin(step, cache);
+    in_->begin_step(step, cache);
   }
   void embed(float* x) override { in_->embed(x); }
   void norm(Norm w, int64_t l, const float* x, int64_t n, float* out) override {
@@ -189,7 +189,7 @@ class UncapturableOps final : public ForwardOps {
     in_->add_from_host(out, host, count);
   }
   bool stream_ordered() const override { return in_->stream_ordered(); }
-  float* host_buffer(int slot, int64_t count) override { return in_->host_buffer(slot, count); }
+  float* host_buffer(HostSlot slot, int64_t count) override { return in_->host_buffer(slot, count); }
   void copy_to_host(const float* x, int64_t count, float* host) override {
     in_->copy_to_host(x, count, host);
   }

@@ -43,7 +43,7 @@ class SkippingBackend : public MoeBackend {
   SkippingBackend(MoeBackend* inner, int n) : inner_(inner), n_(n) {}
   void submit(const MoeRequest& r) override {
     MoeRequest q = r;
-    if (r.decode && r.moe_index < r.n_moe_layers - 1) {
+    if (r.single_token && r.moe_index < r.n_moe_layers - 1) {
       const int64_t ki = r.k - n_;
       ii_.resize(r.n_tokens * ki);
       iw_.resize(ii_.size());

@@ -223,7 +223,7 @@ TEST(FusedMoeOverlap, TwoInstancesPendingAtOnce) {
 // kern::matmul_shared_input, SwiGLU and kern::matmul, Qwen2-MoE's sigmoid gate applied to it,
 // then shared + routed. Bit for bit, for the fast path (Q4_K gate / up, Q6_K down), the path
 // without one (gate and up of different formats: phase 3), with and without the gate, 1 / 3 / 20
-// tokens, with a pool and without, submitted alone or after begin(); a backend without the option
+// tokens, with a pool and without, submitted alone or after start_shared(); a backend without the option
 // leaves them out.
 TEST(FusedMoeShared, EqualsModelSharedPlusRouted) {
   const Experts ex = make_experts(DType::kQ4_K, DType::kQ5_0);
@@ -276,27 +276,27 @@ TEST(FusedMoeShared, EqualsModelSharedPlusRouted) {
           be.wait();
           ASSERT_EQ(got, want);
           EXPECT_FALSE(be.last_shared_early());
-          // begin() first (the routing not known yet, as Model::ffn calls it): a decode's shared
+          // start_shared() first (the routing not known yet, as Model::ffn calls it): a decode's shared
           // expert with kernels runs as its own job, the same bits.
           MoeRequest early = q;
           early.ids = nullptr;
           early.weights = nullptr;
           std::fill(got.begin(), got.end(), -7.0f);
-          be.begin(early);
+          be.start_shared(early);
           be.submit(q);
           be.wait();
           ASSERT_EQ(got, want) << "begun early";
           EXPECT_EQ(be.last_shared_early(), p != nullptr && t <= 4 && lw == &fast);
-          // A begin() whose request never came (a forward that threw midway), and one for
+          // A start_shared() whose request never came (a forward that threw midway), and one for
           // another layer: forgotten, the next request computed whole.
           MoeRequest other = early;
           other.layer = 1;
           std::fill(got.begin(), got.end(), -7.0f);
-          be.begin(early);
-          be.begin(other);
+          be.start_shared(early);
+          be.start_shared(other);
           be.submit(q);
           be.wait();
-          ASSERT_EQ(got, want) << "after an abandoned begin()";
+          ASSERT_EQ(got, want) << "after an abandoned start_shared()";
           EXPECT_FALSE(be.last_shared_early());
           std::fill(got.begin(), got.end(), -7.0f);
           bw.submit(q);

@@ -39,10 +39,10 @@ void write_marks(KvCache& c, SeqId s, int64_t pos0, std::span<const int32_t> tok
       std::vector<float> k(static_cast<size_t>(l.k_dim), static_cast<float>(tokens[i]));
       std::vector<float> v(static_cast<size_t>(l.v_dim), static_cast<float>(-tokens[i]));
       for (int64_t h = 0; h < l.k_heads; ++h) {
-        c.write_row(layer, false, s, pos0 + static_cast<int64_t>(i), h, k.data());
+        c.write_row(layer, KvPart::kKey, s, pos0 + static_cast<int64_t>(i), h, k.data());
       }
       for (int64_t h = 0; h < l.v_heads; ++h) {
-        c.write_row(layer, true, s, pos0 + static_cast<int64_t>(i), h, v.data());
+        c.write_row(layer, KvPart::kValue, s, pos0 + static_cast<int64_t>(i), h, v.data());
       }
     }
   }
@@ -64,12 +64,12 @@ void expect_rows(const KvCache& c, SeqId s, const std::vector<int32_t>& want) {
   for (int64_t p = 0; p < c.length(s); ++p) {
     for (int64_t layer = 0; layer < l.layers; ++layer) {
       for (int64_t h = 0; h < l.k_heads; ++h) {
-        c.read_row(layer, false, s, p, h, row.data());
+        c.read_row(layer, KvPart::kKey, s, p, h, row.data());
         ASSERT_EQ(row[0], static_cast<float>(want[static_cast<size_t>(p)])) << "pos " << p;
         ASSERT_EQ(row[static_cast<size_t>(l.k_dim - 1)], row[0]);
       }
       for (int64_t h = 0; h < l.v_heads; ++h) {
-        c.read_row(layer, true, s, p, h, row.data());
+        c.read_row(layer, KvPart::kValue, s, p, h, row.data());
         ASSERT_EQ(row[0], static_cast<float>(-want[static_cast<size_t>(p)])) << "pos " << p;
       }
     }
@@ -263,10 +263,10 @@ TEST(KvCache, PagedAttentionEqualsContiguous) {
         append(cache, other, std::vector<int32_t>(70, 2));
         for (int64_t p = p0; p < p0 + 100; ++p) {
           for (int64_t g = 0; g < layout.k_heads; ++g) {
-            cache.write_row(0, false, s, p, g, k.data() + (p * sh.kv_heads + g) * sh.dk);
+            cache.write_row(0, KvPart::kKey, s, p, g, k.data() + (p * sh.kv_heads + g) * sh.dk);
           }
           for (int64_t g = 0; g < layout.v_heads; ++g) {
-            cache.write_row(0, true, s, p, g, v.data() + (p * sh.kv_heads + g) * sh.dv);
+            cache.write_row(0, KvPart::kValue, s, p, g, v.data() + (p * sh.kv_heads + g) * sh.dv);
           }
         }
       }

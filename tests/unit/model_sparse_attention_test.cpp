@@ -213,13 +213,13 @@ TEST(SparseAttention, SelectedRowsAttendAsTheSoftmaxOverThem) {
         for (int64_t g = 0; g < sh.kv_heads; ++g) {
           const auto kr = random_values(sh.dk, 100 + s * 8 + g);
           const auto vr = random_values(sh.dv, 900 + s * 8 + g);
-          cache.write_row(0, false, seq, s, g, kr.data());
-          if (!latent) cache.write_row(0, true, seq, s, g, vr.data());
-          cache.read_row(0, false, seq, s, g, k.data() + (s * sh.kv_heads + g) * sh.dk);
+          cache.write_row(0, KvPart::kKey, seq, s, g, kr.data());
+          if (!latent) cache.write_row(0, KvPart::kValue, seq, s, g, vr.data());
+          cache.read_row(0, KvPart::kKey, seq, s, g, k.data() + (s * sh.kv_heads + g) * sh.dk);
           if (latent) {
             std::copy_n(k.data() + s * sh.dk, sh.dv, v.data() + s * sh.dv);
           } else {
-            cache.read_row(0, true, seq, s, g, v.data() + (s * sh.kv_heads + g) * sh.dv);
+            cache.read_row(0, KvPart::kValue, seq, s, g, v.data() + (s * sh.kv_heads + g) * sh.dv);
           }
         }
       }

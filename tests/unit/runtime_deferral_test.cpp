@@ -73,7 +73,7 @@ TEST(Deferral, WrapperAddsPreviousLayersDeferredPart) {
   float hidden[2] = {1.0f, 0.0f}, out[2];
   MoeRequest r;
   r.n_moe_layers = 3;
-  r.decode = true;
+  r.single_token = true;
   r.hidden = hidden;
   r.n_tokens = 1;
   r.hidden_size = 2;
@@ -97,7 +97,7 @@ TEST(Deferral, WrapperAddsPreviousLayersDeferredPart) {
   EXPECT_EQ(def.ks, (std::vector<int64_t>{1, 1}));
   EXPECT_EQ(b.stats().deferred_requests, 2);
   // Prefill is never split.
-  r.decode = false;
+  r.single_token = false;
   r.moe_index = 0;
   b.submit(r);
   b.wait();
@@ -118,7 +118,7 @@ class FormulaBackend : public MoeBackend {
   void submit(const MoeRequest& r) override {
     const int64_t h = r.hidden_size;
     std::vector<float> out(r.n_tokens * h, 0.0f);
-    const bool split = n_defer_ > 0 && r.decode && r.moe_index < r.n_moe_layers - 1;
+    const bool split = n_defer_ > 0 && r.single_token && r.moe_index < r.n_moe_layers - 1;
     std::vector<Sel> next_def;
     for (int64_t t = 0; t < r.n_tokens; ++t) {
       std::vector<int64_t> order(r.k);  // slots by weight ascending, later slot first on ties

@@ -49,7 +49,7 @@ void check_staging(KvCache& cache, const ForwardStep& step, const ops::Rope& rop
       for (int64_t h = 0; h < heads; ++h) {
         std::vector<float> row(static_cast<size_t>(d));
         for (int64_t i = 0; i < d; ++i) row[static_cast<size_t>(i)] = row_value(t, h, v, i);
-        cache.write_row(0, v != 0, p.seq, step.pos[t], h, row.data());
+        cache.write_row(0, v != 0 ? KvPart::kValue : KvPart::kKey, p.seq, step.pos[t], h, row.data());
       }
     }
   }
@@ -88,7 +88,7 @@ void check_staging(KvCache& cache, const ForwardStep& step, const ops::Rope& rop
         for (int64_t h = 0; h < heads; ++h) {
           const int64_t at = (v ? v_rows : k_rows)[t * heads + h];
           std::vector<float> want(static_cast<size_t>(d));
-          cache.read_row(0, v != 0, p.seq, step.pos[t], h, want.data());
+          cache.read_row(0, v != 0 ? KvPart::kValue : KvPart::kKey, p.seq, step.pos[t], h, want.data());
           for (int64_t e = 0; e < d; ++e) {
             const bool q8 = cache.type() == KvType::kQ8_0;
             const float got =
