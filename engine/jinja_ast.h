@@ -1,5 +1,5 @@
 // Internal AST of the Jinja2 engine shared by the parser (jinja_parse.cpp) and the
-// interpreter (jinja.cpp).
+// interpreter (jinja_interp.h).
 #pragma once
 
 #include <cstdint>
@@ -62,6 +62,7 @@ Value str_array(const std::vector<std::string>& v);
 std::string upper(std::string s);
 std::string lower(std::string s);
 std::string title(std::string s);
+std::string capitalize(std::string s);  // lower case, the first byte upper
 // str.replace; Error(kResource) when the result would pass max_bytes.
 std::string replace(const std::string& s, const std::string& from, const std::string& to,
                     int64_t count, uint64_t max_bytes);

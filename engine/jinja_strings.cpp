@@ -1,4 +1,4 @@
-// Python str semantics the interpreter needs (jinja.cpp): split/strip/replace as Python does
+// Python str semantics the interpreter needs (jinja_interp.h): split/strip/replace as Python does
 // them, UTF-8 code points as the unit of length and indexing.
 #include <cctype>
 
@@ -125,6 +125,11 @@ std::string title(std::string s) {
     c = static_cast<char>(start ? toupper(u) : tolower(u));
     start = !isalnum(u);
   }
+  return s;
+}
+std::string capitalize(std::string s) {
+  s = lower(std::move(s));
+  if (!s.empty()) s[0] = static_cast<char>(toupper(static_cast<unsigned char>(s[0])));
   return s;
 }
 

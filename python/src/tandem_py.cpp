@@ -41,18 +41,30 @@ DType dtype_of(const std::string& name) {
   return *t;
 }
 
-ExpertTensor expert_tensor(uintptr_t data, const std::string& dtype, int64_t experts,
-                           int64_t rows, int64_t cols, uintptr_t scales, int64_t block_rows,
-                           int64_t block_cols) {
+// One weight family of a layer (gate, up or down) as Python describes it: data and scales are an
+// address (scales: 0 when there are none) or a list of one address per expert.
+ExpertTensor expert_tensor(const py::object& data, const std::string& dtype, int64_t experts,
+                           int64_t rows, int64_t cols, const py::object& scales,
+                           int64_t block_rows, int64_t block_cols) {
+  const bool each = py::isinstance<py::list>(data);
+  const bool each_scales = py::isinstance<py::list>(scales);
   ExpertTensor t;
-  t.data = ptr<const void>(data);
+  t.data = ptr<const void>(each ? 0 : data.cast<uintptr_t>());
   t.dtype = dtype_of(dtype);
   t.experts = experts;
   t.rows = rows;
   t.cols = cols;
-  t.scales = ptr<const float>(scales);
+  t.scales = ptr<const float>(each_scales ? 0 : scales.cast<uintptr_t>());
   t.block_rows = block_rows;
   t.block_cols = block_cols;
+  if (each) {
+    for (uintptr_t p : data.cast<std::vector<uintptr_t>>()) t.each.push_back(ptr<const void>(p));
+  }
+  if (each_scales) {
+    for (uintptr_t p : scales.cast<std::vector<uintptr_t>>()) {
+      t.each_scales.push_back(ptr<const float>(p));
+    }
+  }
   return t;
 }
 
@@ -214,59 +226,90 @@ void bind_errors(py::module_& m) {
   });
 }
 
+// tandem.set_log_level's docstring (the function is public: python/tandem/__init__.py).
+constexpr const char* kSetLogLevelDoc = R"doc(Sets how much tandem logs (to stderr).
+
+Args:
+    level: "error", "warn", "info", "debug" or "trace" (str).
+
+Returns:
+    None. An unknown level raises ValueError.
+
+Example:
+    >>> tandem.set_log_level("warn")
+)doc";
+
 // The weight formats: log level, row sizes, quantize / dequantize.
 void bind_quantization(py::module_& m) {
-  m.def("set_log_level", [](const std::string& name) {
-    LogLevel level;
-    if (!parse_log_level(name, &level)) {
-      fail(ErrorKind::kInvalidArgument, "log level '{}': expected error, warn, info, debug or "
-           "trace", name);
-    }
-    set_log_level(level);
-  });
-  m.def("dtype_row_bytes", [](const std::string& dtype, int64_t cols) {
-    const DType t = dtype_of(dtype);
-    if (cols % dtype_info(t).block_elems != 0) {
-      fail(ErrorKind::kInvalidArgument, "{} values are not a multiple of {}'s block of {}", cols,
-           dtype, dtype_info(t).block_elems);
-    }
-    return dtype_bytes(t, cols);
-  });
-  m.def("quantize_rows", [](uintptr_t src, int64_t rows, int64_t cols, const std::string& dtype,
-                            uintptr_t dst) {
-    const DType t = dtype_of(dtype);
-    if (!can_quantize(t)) fail(ErrorKind::kUnsupported, "cannot quantize to {}", dtype);
-    const int64_t rb = dtype_bytes(t, cols);
-    py::gil_scoped_release release;
-    for (int64_t r = 0; r < rows; ++r) {
-      quantize_row(t, ptr<const float>(src) + r * cols, ptr<uint8_t>(dst) + r * rb, cols);
-    }
-  });
-  m.def("dequantize_rows", [](uintptr_t src, int64_t rows, int64_t cols, const std::string& dtype,
-                              uintptr_t dst) {
-    const DType t = dtype_of(dtype);
-    const int64_t rb = dtype_bytes(t, cols);
-    py::gil_scoped_release release;
-    for (int64_t r = 0; r < rows; ++r) {
-      dequantize_row(t, ptr<const uint8_t>(src) + r * rb, ptr<float>(dst) + r * cols, cols);
-    }
-  });
-  m.def("quantize_fp8", [](uintptr_t src, int64_t rows, int64_t cols, int64_t br, int64_t bc,
-                           uintptr_t w, uintptr_t scales) {
-    py::gil_scoped_release release;
-    quantize_fp8_blocks(ptr<const float>(src), rows, cols, br, bc, ptr<uint8_t>(w),
-                        ptr<float>(scales));
-  });
-  m.def("dequantize_fp8", [](uintptr_t w, uintptr_t scales, int64_t rows, int64_t cols,
-                             int64_t br, int64_t bc, uintptr_t dst) {
-    py::gil_scoped_release release;
-    dequantize_fp8_blocks(ptr<const uint8_t>(w), ptr<const float>(scales), rows, cols, br, bc,
-                          ptr<float>(dst));
-  });
+  m.def(
+      "set_log_level",
+      [](const std::string& name) {
+        LogLevel level;
+        if (!parse_log_level(name, &level)) {
+          fail(ErrorKind::kInvalidArgument,
+               "log level '{}': expected error, warn, info, debug or trace", name);
+        }
+        set_log_level(level);
+      },
+      py::arg("level"), kSetLogLevelDoc);
+  m.def(
+      "dtype_row_bytes",
+      [](const std::string& dtype, int64_t cols) {
+        const DType t = dtype_of(dtype);
+        if (cols % dtype_info(t).block_elems != 0) {
+          fail(ErrorKind::kInvalidArgument, "{} values are not a multiple of {}'s block of {}",
+               cols, dtype, dtype_info(t).block_elems);
+        }
+        return dtype_bytes(t, cols);
+      },
+      py::arg("dtype"), py::arg("cols"));
+  m.def(
+      "quantize_rows",
+      [](uintptr_t src, int64_t rows, int64_t cols, const std::string& dtype, uintptr_t dst) {
+        const DType t = dtype_of(dtype);
+        if (!can_quantize(t)) fail(ErrorKind::kUnsupported, "cannot quantize to {}", dtype);
+        const int64_t rb = dtype_bytes(t, cols);
+        py::gil_scoped_release release;
+        for (int64_t r = 0; r < rows; ++r) {
+          quantize_row(t, ptr<const float>(src) + r * cols, ptr<uint8_t>(dst) + r * rb, cols);
+        }
+      },
+      py::arg("src"), py::arg("rows"), py::arg("cols"), py::arg("dtype"), py::arg("dst"));
+  m.def(
+      "dequantize_rows",
+      [](uintptr_t src, int64_t rows, int64_t cols, const std::string& dtype, uintptr_t dst) {
+        const DType t = dtype_of(dtype);
+        const int64_t rb = dtype_bytes(t, cols);
+        py::gil_scoped_release release;
+        for (int64_t r = 0; r < rows; ++r) {
+          dequantize_row(t, ptr<const uint8_t>(src) + r * rb, ptr<float>(dst) + r * cols, cols);
+        }
+      },
+      py::arg("src"), py::arg("rows"), py::arg("cols"), py::arg("dtype"), py::arg("dst"));
+  m.def(
+      "quantize_fp8",
+      [](uintptr_t src, int64_t rows, int64_t cols, int64_t br, int64_t bc, uintptr_t w,
+         uintptr_t scales) {
+        py::gil_scoped_release release;
+        quantize_fp8_blocks(ptr<const float>(src), rows, cols, br, bc, ptr<uint8_t>(w),
+                            ptr<float>(scales));
+      },
+      py::arg("src"), py::arg("rows"), py::arg("cols"), py::arg("block_rows"),
+      py::arg("block_cols"), py::arg("dst"), py::arg("scales"));
+  m.def(
+      "dequantize_fp8",
+      [](uintptr_t w, uintptr_t scales, int64_t rows, int64_t cols, int64_t br, int64_t bc,
+         uintptr_t dst) {
+        py::gil_scoped_release release;
+        dequantize_fp8_blocks(ptr<const uint8_t>(w), ptr<const float>(scales), rows, cols, br, bc,
+                              ptr<float>(dst));
+      },
+      py::arg("src"), py::arg("scales"), py::arg("rows"), py::arg("cols"), py::arg("block_rows"),
+      py::arg("block_cols"), py::arg("dst"));
 }
 
-// The MoE operator: its thread pools (Context) and layers (Layer), and their CUDA-stream hooks.
-void bind_operator(py::module_& m) {
+// The thread pools (Context): one per (threads, numa_parts), shared by the layers given it.
+void bind_context(py::module_& m) {
   py::class_<ContextHandle>(m, "Context")
       .def(py::init([](int threads, int numa_parts, int spin_us) {
              return ContextHandle{make_moe_context(threads, numa_parts, spin_us)};
@@ -276,69 +319,75 @@ void bind_operator(py::module_& m) {
       .def_property_readonly("threads", [](const ContextHandle& c) { return moe_context_threads(*c.ctx); })
       .def_property_readonly("numa_parts",
                              [](const ContextHandle& c) { return moe_context_numa_parts(*c.ctx); });
+}
 
-  py::class_<MoeLayer>(m, "Layer")
-      .def(py::init([](const ContextHandle& ctx, int64_t num_experts, int64_t k,
-                       int64_t hidden, int64_t inter, const std::string& method, int group,
-                       const std::vector<uint8_t>& mask, int64_t chunk, py::tuple gate,
-                       py::tuple up, py::tuple down) {
-             // (data, dtype, experts, rows, cols, scales, block rows, block cols); data and
-             // scales an address, or a list of one address per expert
-             auto tensor = [](const py::tuple& t) {
-               const bool each = py::isinstance<py::list>(t[0]);
-               const bool each_scales = py::isinstance<py::list>(t[5]);
-               ExpertTensor x = expert_tensor(
-                   each ? 0 : t[0].cast<uintptr_t>(), t[1].cast<std::string>(),
-                   t[2].cast<int64_t>(), t[3].cast<int64_t>(), t[4].cast<int64_t>(),
-                   each_scales ? 0 : t[5].cast<uintptr_t>(), t[6].cast<int64_t>(),
-                   t[7].cast<int64_t>());
-               if (each) {
-                 for (uintptr_t p : t[0].cast<std::vector<uintptr_t>>()) {
-                   x.each.push_back(ptr<const void>(p));
-                 }
-               }
-               if (each_scales) {
-                 for (uintptr_t p : t[5].cast<std::vector<uintptr_t>>()) {
-                   x.each_scales.push_back(ptr<const float>(p));
-                 }
-               }
-               return x;
-             };
-             const ExpertTensor g = tensor(gate), u = tensor(up), d = tensor(down);
+// One weight family of a layer (ExpertTensor), described by keywords (expert_tensor above).
+void bind_expert_tensor(py::module_& m) {
+  py::class_<ExpertTensor>(m, "ExpertTensor")
+      .def(py::init(&expert_tensor), py::arg("data"), py::arg("dtype"), py::arg("experts"),
+           py::arg("rows"), py::arg("cols"), py::arg("scales"), py::arg("block_rows"),
+           py::arg("block_cols"));
+}
+
+// Layer(ctx, sizes, method, group, gpu_experts_mask, chunk_tokens, ...): from gate / up / down
+// ExpertTensors, or from a model file's layer.
+void bind_layer_init(py::class_<MoeLayer>& layer) {
+  layer
+      .def(py::init([](const ContextHandle& ctx, int64_t num_experts, int64_t k, int64_t hidden,
+                       int64_t inter, const std::string& method, int group,
+                       const std::vector<uint8_t>& mask, int64_t chunk, const ExpertTensor& gate,
+                       const ExpertTensor& up, const ExpertTensor& down) {
              const MoeLayerOptions o =
                  layer_options(num_experts, k, hidden, inter, method, group, mask, chunk);
              py::gil_scoped_release release;
-             return std::make_unique<MoeLayer>(ctx.ctx, o, g, u, d);
-           }))
-      .def(py::init([](const ContextHandle& ctx, int64_t num_experts, int64_t k,
-                       int64_t hidden, int64_t inter, const std::string& method, int group,
+             return std::make_unique<MoeLayer>(ctx.ctx, o, gate, up, down);
+           }),
+           py::arg("ctx"), py::arg("num_experts"), py::arg("num_experts_per_tok"),
+           py::arg("hidden_size"), py::arg("intermediate_size"), py::arg("method"),
+           py::arg("group"), py::arg("gpu_experts_mask"), py::arg("chunk_tokens"),
+           py::arg("gate"), py::arg("up"), py::arg("down"))
+      .def(py::init([](const ContextHandle& ctx, int64_t num_experts, int64_t k, int64_t hidden,
+                       int64_t inter, const std::string& method, int group,
                        const std::vector<uint8_t>& mask, int64_t chunk, const std::string& path,
                        int64_t layer) {
              const MoeLayerOptions o =
                  layer_options(num_experts, k, hidden, inter, method, group, mask, chunk);
              py::gil_scoped_release release;
-             return std::make_unique<MoeLayer>(ctx.ctx, o, std::filesystem::path(path),
-                                               layer);
-           }))
+             return std::make_unique<MoeLayer>(ctx.ctx, o, std::filesystem::path(path), layer);
+           }),
+           py::arg("ctx"), py::arg("num_experts"), py::arg("num_experts_per_tok"),
+           py::arg("hidden_size"), py::arg("intermediate_size"), py::arg("method"),
+           py::arg("group"), py::arg("gpu_experts_mask"), py::arg("chunk_tokens"),
+           py::arg("path"), py::arg("layer"));
+}
+
+// A layer's forward on the calling thread (forward, or begin + end) and its submits on the
+// driver thread (submit + sync), or on a CUDA stream's host functions.
+void bind_layer_compute(py::class_<MoeLayer>& layer) {
+  layer
       .def("forward",
            [](MoeLayer& l, uintptr_t hidden, int64_t tokens, uintptr_t ids, uintptr_t weights,
               int64_t k, uintptr_t out) {
              py::gil_scoped_release release;
              l.forward(ptr<const float>(hidden), tokens, ptr<const int32_t>(ids),
                        ptr<const float>(weights), k, ptr<float>(out));
-           })
+           },
+           py::arg("hidden"), py::arg("tokens"), py::arg("ids"), py::arg("weights"), py::arg("k"),
+           py::arg("out"))
       .def("begin",
            [](MoeLayer& l, uintptr_t hidden, int64_t tokens, uintptr_t ids, uintptr_t weights,
               int64_t k) {
              py::gil_scoped_release release;
              l.begin(ptr<const float>(hidden), tokens, ptr<const int32_t>(ids),
                      ptr<const float>(weights), k);
-           })
+           },
+           py::arg("hidden"), py::arg("tokens"), py::arg("ids"), py::arg("weights"), py::arg("k"))
       .def("end",
            [](MoeLayer& l, uintptr_t out) {
              py::gil_scoped_release release;
              l.end(ptr<float>(out));
-           })
+           },
+           py::arg("out"))
       .def("submit",
            [](MoeLayer& l, uintptr_t hidden, int64_t tokens, uintptr_t ids, uintptr_t weights,
               int64_t k, uintptr_t out, bool accumulate, bool deferred, uintptr_t mask,
@@ -365,10 +414,15 @@ void bind_operator(py::module_& m) {
            py::arg("stream"), py::arg("hidden"), py::arg("tokens"), py::arg("ids"),
            py::arg("weights"), py::arg("k"), py::arg("out"), py::arg("accumulate") = false,
            py::arg("deferred") = false, py::arg("mask") = 0, py::arg("mask_size") = 0)
-      .def("sync_on_stream", [](MoeLayer& l, uintptr_t stream) { enqueue_sync(stream, &l); })
-      .def_property_readonly("in_flight", &MoeLayer::in_flight)
-      .def("remap", &MoeLayer::remap)
-      .def("set_gpu_experts_mask", &MoeLayer::set_gpu_experts_mask)
+      .def("sync_on_stream", [](MoeLayer& l, uintptr_t stream) { enqueue_sync(stream, &l); },
+           py::arg("stream"));
+}
+
+// A layer's expert placement (remap, GPU mask) and what it was built with.
+void bind_layer_state(py::class_<MoeLayer>& layer) {
+  layer.def_property_readonly("in_flight", &MoeLayer::in_flight)
+      .def("remap", &MoeLayer::remap, py::arg("physical_to_logical"))
+      .def("set_gpu_experts_mask", &MoeLayer::set_gpu_experts_mask, py::arg("mask"))
       .def_property_readonly("weight_format", &MoeLayer::weight_format)
       .def_property_readonly("swiglu_limit", &MoeLayer::swiglu_limit)
       .def_property_readonly("weight_bytes", &MoeLayer::weight_bytes)
@@ -380,6 +434,16 @@ void bind_operator(py::module_& m) {
                              [](const MoeLayer& l) { return l.options().hidden_size; })
       .def_property_readonly("intermediate_size",
                              [](const MoeLayer& l) { return l.options().intermediate_size; });
+}
+
+// The MoE operator: its thread pools (Context) and layers (Layer), and their CUDA-stream hooks.
+void bind_operator(py::module_& m) {
+  bind_context(m);
+  bind_expert_tensor(m);
+  py::class_<MoeLayer> layer(m, "Layer");
+  bind_layer_init(layer);
+  bind_layer_compute(layer);
+  bind_layer_state(layer);
   m.attr("cuda_streams") = py::bool_(stream_hooks_built());
   m.attr("swiglu_oai_alpha") = py::float_(ops::kSwigluOaiAlpha);
 }
@@ -394,13 +458,20 @@ void bind_engine(py::module_& m) {
              return std::make_unique<PyModel>(path, threads, ctx, cache_type, max_sequences,
                                               CheckpointOptions{checkpoints, checkpoint_every},
                                               args);
-           }))
-      .def("encode", &PyModel::encode)
-      .def("decode", &PyModel::decode)
-      .def("chat_prompt", &PyModel::chat_prompt)
-      .def("submit", &PyModel::submit)
+           }),
+           py::arg("path"), py::arg("threads"), py::arg("ctx"), py::arg("cache_type"),
+           py::arg("max_sequences"), py::arg("checkpoints"), py::arg("checkpoint_every"),
+           py::arg("backend_args"))
+      .def("encode", &PyModel::encode, py::arg("text"), py::arg("add_special"))
+      .def("decode", &PyModel::decode, py::arg("ids"))
+      .def("chat_prompt", &PyModel::chat_prompt, py::arg("messages_json"))
+      .def("submit", &PyModel::submit, py::arg("prompt"), py::arg("continues_prompt"),
+           py::arg("max_tokens"), py::arg("temperature"), py::arg("top_k"), py::arg("top_p"),
+           py::arg("min_p"), py::arg("seed"), py::arg("repeat_penalty"),
+           py::arg("presence_penalty"), py::arg("frequency_penalty"), py::arg("stop"),
+           py::arg("ignore_eos"))
       .def("step", &PyModel::step)
-      .def("cancel", &PyModel::cancel)
+      .def("cancel", &PyModel::cancel, py::arg("request"))
       .def("idle", &PyModel::idle)
       .def_property_readonly("context_size", &PyModel::context_size)
       .def_property_readonly("summary", &PyModel::summary);

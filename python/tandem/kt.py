@@ -44,9 +44,23 @@ _KT_OTHER_METHODS = ("SYCL_GPTQ_INT4", "MXFP8", "MOE_INT4", "MOE_INT8")
 
 def generate_gpu_experts_masks(activation_freq: torch.Tensor,
                                num_gpu_experts: int) -> torch.Tensor:
-    """The num_gpu_experts (layer, expert) pairs activated most often, over all layers at once:
-    activation_freq [layers, experts] -> a bool CPU tensor of that shape, True = on the GPU (ties
-    as torch.topk breaks them). As kt-kernel computes it."""
+    """The num_gpu_experts (layer, expert) pairs activated most often, over all layers at once,
+    as kt-kernel computes it (ties as torch.topk breaks them).
+
+    Args:
+        activation_freq: [layers, experts] activation counts or frequencies (a tensor or anything
+            torch.as_tensor takes; any device, any numeric dtype).
+        num_gpu_experts: how many pairs go to the GPU, over all layers (clamped to 0 ..
+            layers * experts).
+
+    Returns:
+        A torch.bool CPU tensor [layers, experts], True = on the GPU.
+
+    Example:
+        >>> masks = tandem.generate_gpu_experts_masks(torch.rand(4, 64), 32)
+        >>> masks.shape, int(masks.sum())
+        (torch.Size([4, 64]), 32)
+    """
     freq = torch.as_tensor(activation_freq)
     if freq.dim() != 2:
         raise ValueError(f"activation_freq: shape {list(freq.shape)}, expected [layers, experts]")
@@ -105,7 +119,44 @@ class KTMoEWrapper(MoE):
     """kt-kernel's KTMoEWrapper (inference) over tandem's operator; the arguments in kt-kernel's
     order and meaning (docs/python.md has the table). An argument tandem cannot honour is refused
     with a ValueError that says why; kt-kernel's fine-tuning arguments (lora_*, max_cache_depth,
-    group_size, zero_point, full_weight_grad) are, as there, unused in inference."""
+    group_size, zero_point, full_weight_grad) are, as there, unused in inference.
+
+    Args:
+        layer_idx: the layer (its output slot is layer_idx % 2; with weight_path, the layer read).
+        num_experts, num_experts_per_tok, hidden_size, moe_intermediate_size: the layer's sizes,
+            as tandem.MoE's.
+        gpu_experts_mask: [num_experts] bool tensor, True = on the GPU (skipped here); kept as
+            the attribute gpu_experts_mask (pinned where CUDA is) and read at every
+            submit_forward: update it in place with .copy_(). An int here is kt-kernel's older
+            num_gpu_experts.
+        cpuinfer_threads: compute threads (0: one per physical core).
+        threadpool_count: NUMA parts; wrappers with the same threads and parts share one pool.
+        weight_path: a .gguf file, a directory of GGUF files or a Hugging Face directory.
+        chunked_prefill_size: longer forwards run in chunks of this many tokens (0: at once).
+        cpu_save: accepted (tandem quantizes at every load and writes nothing).
+        max_deferred_experts_per_token: Expert Deferral, 0 .. num_experts_per_tok (None: 0).
+        method: kt-kernel's AMXINT4, AMXINT8, LLAMAFILE, FP8, BF16, RAWINT4, FP8_PERCHANNEL,
+            GPTQ_INT4, MXFP4, or tandem's int4 / int8 / bf16 / fp8 / gguf.
+        numa_nodes: None or [0, ..., threadpool_count - 1].
+        mode: "inference" only.
+        num_gpu_experts: without a mask, the first num_gpu_experts experts are the GPU's.
+        lora_rank, lora_alpha, lora_dropout, max_cache_depth, group_size, zero_point,
+            full_weight_grad: fine-tuning only, unused.
+        swiglu_limit, swiglu_alpha: MXFP4 only: the checkpoint's own clamp (checked at load);
+            0 otherwise.
+
+    Returns:
+        The wrapper; load_weights() or load_weights_from_tensors() builds the layer.
+
+    Example:
+        >>> w = tandem.KTMoEWrapper(layer_idx=0, num_experts=64, num_experts_per_tok=6,
+        ...                         hidden_size=2048, moe_intermediate_size=1408,
+        ...                         gpu_experts_mask=torch.zeros(64, dtype=torch.bool),
+        ...                         cpuinfer_threads=16, threadpool_count=1,
+        ...                         weight_path="/models/DeepSeek-V2-Lite", method="AMXINT8")
+        >>> w.load_weights()
+        >>> out = w.forward(hidden_states, topk_ids, topk_weights)
+    """
 
     _pending_deferred: dict = {}  # layer_idx -> its deferred experts are on their way
     _instances = weakref.WeakSet()
@@ -178,6 +229,18 @@ class KTMoEWrapper(MoE):
 
     # -- weights --
     def load_weights(self, physical_to_logical_map_cpu=None):
+        """Builds the layer from weight_path (kt-kernel's load_weights).
+
+        Args:
+            physical_to_logical_map_cpu: [slots] integers (SGLang's int64 map): slot p computes
+                logical expert map[p]. None: slot e is expert e.
+
+        Returns:
+            self.
+
+        Example:
+            >>> w.load_weights(torch.arange(64, dtype=torch.int64))
+        """
         super().load_weights(physical_to_logical_map=physical_to_logical_map_cpu)
         self._check_swiglu()
         return self
@@ -196,6 +259,21 @@ class KTMoEWrapper(MoE):
 
     def load_weights_from_tensors(self, gate_proj, up_proj, down_proj,
                                   physical_to_logical_map_cpu=None):
+        """Builds the layer from weight tensors (kt-kernel's online quantization).
+
+        Args:
+            gate_proj, up_proj: [num_experts, moe_intermediate_size, hidden_size]; down_proj:
+                [num_experts, hidden_size, moe_intermediate_size]. CPU torch tensors (float32,
+                bfloat16, float16), per-expert lists or tandem.QuantizedTensor, as tandem.MoE
+                takes them.
+            physical_to_logical_map_cpu: as load_weights()'.
+
+        Returns:
+            self.
+
+        Example:
+            >>> w.load_weights_from_tensors(gate, up, down)
+        """
         super().load_weights(gate_proj, up_proj, down_proj, physical_to_logical_map_cpu)
         self._check_swiglu()
         return self
@@ -203,8 +281,23 @@ class KTMoEWrapper(MoE):
     # -- deferral --
     def select_deferred_experts(self, expert_ids: torch.Tensor, expert_scores: torch.Tensor,
                                 protected_k: int) -> Tuple[torch.Tensor, torch.Tensor]:
-        """(immediate, deferred) ids, -1 elsewhere: an expert is immediate for every token when
-        it is among some token's protected_k heaviest (kt-kernel's rule); ids of -1 stay -1."""
+        """Splits the routed experts into those computed now and those deferred to the next
+        layer: an expert is immediate for every token when it is among some token's protected_k
+        heaviest (kt-kernel's rule, over the whole batch); ids of -1 stay -1.
+
+        Args:
+            expert_ids: [T, num_experts_per_tok] integer expert ids (-1: an empty slot).
+            expert_scores: their weights, the same shape, floating point.
+            protected_k: how many of each token's heaviest make an expert immediate (clamped to
+                0 .. num_experts_per_tok).
+
+        Returns:
+            (immediate, deferred): two tensors of expert_ids' shape, dtype and device, each with
+            the ids it keeps and -1 elsewhere.
+
+        Example:
+            >>> now, later = w.select_deferred_experts(topk_ids.long(), topk_weights, 4)
+        """
         topk = expert_ids.shape[-1]
         protected_k = max(0, min(int(protected_k), topk))
         if protected_k == 0:
@@ -222,9 +315,24 @@ class KTMoEWrapper(MoE):
     # -- compute --
     def submit_forward(self, hidden_states, topk_ids, topk_weights, cuda_stream=None):
         """Starts the layer: the inputs copied (converted) into this batch size's buffers, the
-        experts queued. GPU tensors with cuda_stream (or the current stream): all of it enqueued
-        on that stream (CUDA-graph capturable: no allocation or host synchronization once the
-        batch size's buffers exist)."""
+        experts queued; the caller may overwrite its tensors right after. GPU tensors with
+        cuda_stream (or the current stream): all of it enqueued on that stream (CUDA-graph
+        capturable: no allocation or host synchronization once the batch size's buffers exist).
+
+        Args:
+            hidden_states: [T, hidden_size] floating-point tensor, CPU or GPU.
+            topk_ids: T * num_experts_per_tok integer expert ids ([T, k]), -1: none.
+            topk_weights: their weights, the same number, floating point.
+            cuda_stream: a torch.cuda.Stream or its handle for GPU tensors (None: the current
+                stream); unused for CPU tensors.
+
+        Returns:
+            None. A second submit before sync_forward raises RuntimeError.
+
+        Example:
+            >>> w.submit_forward(hidden_states, topk_ids, topk_weights, stream)
+            >>> out = w.sync_forward(hidden_states, stream)
+        """
         layer = self._loaded()
         if self._inflight is not None:
             raise RuntimeError("submit_forward: this layer already has one in flight "
@@ -291,9 +399,21 @@ class KTMoEWrapper(MoE):
         self._inflight = (x.shape, x.dtype, x.device, bufs, cur, handle)
 
     def sync_forward(self, hidden_states=None, cuda_stream=None) -> torch.Tensor:
-        """Waits for the layer (with a stream: enqueues the wait) and returns its output, in the
-        hidden states' shape, dtype and device: this batch size's buffer, rewritten by the layer
-        two after this one (consume or copy it before)."""
+        """Waits for the layer (with a stream: enqueues the wait) and returns its output.
+
+        Args:
+            hidden_states: unused (kt-kernel's signature).
+            cuda_stream: unused: the submit's stream is the one waited on.
+
+        Returns:
+            The CPU experts' weighted sum (no routed_scaling_factor) in the submitted hidden
+            states' shape, dtype and device: this batch size's buffer, rewritten by the layer
+            two after this one (consume or copy it before). Without a submit, RuntimeError.
+
+        Example:
+            >>> w.submit_forward(hidden_states, topk_ids, topk_weights)
+            >>> out = w.sync_forward()
+        """
         if self._inflight is None:
             raise RuntimeError("sync_forward without submit_forward")
         shape, dtype, device, bufs, cur, handle = self._inflight
@@ -313,7 +433,18 @@ class KTMoEWrapper(MoE):
         return typed.view(shape)
 
     def forward(self, hidden_states, topk_ids, topk_weights, cuda_stream=None):
-        """submit_forward + sync_forward; on the CPU a tensor of its own (not the buffer)."""
+        """submit_forward + sync_forward.
+
+        Args:
+            hidden_states, topk_ids, topk_weights, cuda_stream: as submit_forward()'s.
+
+        Returns:
+            The output as sync_forward() gives it; on the CPU a tensor of its own (not the
+            buffer).
+
+        Example:
+            >>> out = w.forward(hidden_states, topk_ids, topk_weights)
+        """
         self.submit_forward(hidden_states, topk_ids, topk_weights, cuda_stream)
         out = self.sync_forward(hidden_states, cuda_stream)
         return out if out.is_cuda else out.clone()
@@ -323,14 +454,42 @@ class KTMoEWrapper(MoE):
     # -- kt-kernel's static methods --
     @staticmethod
     def set_capture_batch_sizes(capture_bs: Iterable[int]) -> None:
-        """The batch sizes (tokens) a CUDA graph captures: their buffers are kept."""
+        """The batch sizes (tokens) a CUDA graph captures: their buffers are kept (another size
+        uses one temporary entry).
+
+        Args:
+            capture_bs: token counts, as SGLang's cuda_graph_runner passes them.
+
+        Returns:
+            None.
+
+        Example:
+            >>> tandem.KTMoEWrapper.set_capture_batch_sizes([1, 2, 4, 8, 16])
+        """
         _Buffers.capture_sizes = [int(s) for s in capture_bs]
 
     @staticmethod
     def get_capture_batch_sizes() -> List[int]:
+        """The batch sizes set_capture_batch_sizes() keeps buffers for.
+
+        Returns:
+            A new list of ints.
+
+        Example:
+            >>> tandem.KTMoEWrapper.get_capture_batch_sizes()
+            [1, 2, 4, 8, 16]
+        """
         return list(_Buffers.capture_sizes)
 
     @staticmethod
     def clear_buffer_cache() -> None:
+        """Drops every kept and temporary buffer (made again at the next submit).
+
+        Returns:
+            None.
+
+        Example:
+            >>> tandem.KTMoEWrapper.clear_buffer_cache()
+        """
         _Buffers.kept.clear()
         _Buffers.temp = (None, None)

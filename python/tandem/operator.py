@@ -1,5 +1,5 @@
-"""The fused CPU MoE operator from Python: weights in the formats the engine reads
-(QuantizedTensor, quantize, dequantize) and one layer's routed experts (MoE)."""
+"""The fused CPU MoE operator from Python: one layer's routed experts (MoE), over weights given as
+torch tensors, tandem.QuantizedTensor (quant.py) or a model file."""
 
 from __future__ import annotations
 
@@ -10,136 +10,35 @@ from typing import Optional, Sequence
 import torch
 
 from . import _tandem
+# (quantize and dequantize live in quant.py; imported here, tandem.operator names them as before)
+from .quant import QuantizedTensor, _checked_blocks, _cpu, dequantize, quantize
 
 _TORCH_DTYPES = {torch.float32: "f32", torch.float16: "f16", torch.bfloat16: "bf16"}
 _FP8 = getattr(torch, "float8_e4m3fn", None)  # (torch >= 2.1)
-_BLOCK_TYPES = {n.lower(): n for n in ("q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "q2_K", "q3_K",
-                                       "q4_K", "q5_K", "q6_K")}
 METHODS = ("int4", "int8", "bf16", "fp8", "gguf")
-
-
-# ---------------------------------------------------------------------------------------------
-# Weights in the formats the engine reads
-
-class QuantizedTensor:
-    """Weights in a block format: a GGUF block type ("q4_K", "q8_0", ...) or FP8 E4M3 with
-    DeepSeek-V3 block scales ("fp8"). data: uint8 [..., rows, row bytes]; shape: the logical
-    [..., rows, cols]; scales: FP8's F32 [..., ceil(rows / 128), ceil(cols / 128)]."""
-
-    def __init__(self, data: torch.Tensor, dtype: str, shape: Sequence[int],
-                 scales: Optional[torch.Tensor] = None, block: Sequence[int] = (128, 128)):
-        dtype = "fp8" if str(dtype).lower() == "fp8" else _block_type(dtype)
-        self.data, self.dtype, self.shape = data, dtype, tuple(int(s) for s in shape)
-        self.scales, self.block = scales, (int(block[0]), int(block[1]))
-
-    def __repr__(self):
-        return f"QuantizedTensor({self.dtype}, shape={list(self.shape)})"
-
-
-def _block_type(name: str) -> str:
-    t = _BLOCK_TYPES.get(str(name).lower())
-    if t is None:
-        raise ValueError(f"dtype {name!r}: expected fp8 or one of {sorted(_BLOCK_TYPES.values())}")
-    return t
-
-
-def quantize(t: torch.Tensor, dtype: str, block: Sequence[int] = (128, 128)) -> QuantizedTensor:
-    """F32 weights [..., rows, cols] into `dtype`: "fp8" (E4M3 with per-block scales, as
-    DeepSeek-V3 ships them) or a GGUF block type, quantized as llama.cpp's reference does."""
-    t = _cpu(t, "t").to(torch.float32).contiguous()
-    if t.dim() < 2:
-        raise ValueError(f"t: {t.dim()} dimensions, expected [..., rows, cols]")
-    rows, cols = t.shape[-2], t.shape[-1]
-    lead = t.shape[:-2]
-    n = t.numel() // (rows * cols) if t.numel() else 0
-    if str(dtype).lower() == "fp8":
-        br, bc = int(block[0]), int(block[1])
-        if br <= 0 or bc <= 0:
-            raise ValueError(f"block {list(block)}: expected positive sizes (rows, cols)")
-        sr, sc = -(-rows // br), -(-cols // bc)
-        w = torch.empty(*lead, rows, cols, dtype=torch.uint8)
-        s = torch.empty(*lead, sr, sc, dtype=torch.float32)
-        for i in range(n):
-            _tandem.quantize_fp8(t.data_ptr() + i * rows * cols * 4, rows, cols, br, bc,
-                                 w.data_ptr() + i * rows * cols, s.data_ptr() + i * sr * sc * 4)
-        return QuantizedTensor(w, "fp8", t.shape, s, (br, bc))
-    bt = _block_type(dtype)
-    rb = _tandem.dtype_row_bytes(bt, cols)
-    out = torch.empty(*lead, rows, rb, dtype=torch.uint8)
-    _tandem.quantize_rows(t.data_ptr(), n * rows, cols, bt, out.data_ptr())
-    return QuantizedTensor(out, bt, t.shape)
-
-
-def dequantize(q: QuantizedTensor) -> torch.Tensor:
-    """The F32 values of quantized weights (what the kernels multiply by)."""
-    if not isinstance(q, QuantizedTensor):
-        raise TypeError(f"q: expected a tandem.QuantizedTensor, got {type(q).__name__}")
-    data, scales = _checked_blocks(q, "q")
-    rows, cols = q.shape[-2], q.shape[-1]
-    n = data.numel() // (rows * cols) if q.dtype == "fp8" else 0
-    out = torch.empty(*q.shape, dtype=torch.float32)
-    if scales is not None:
-        sr, sc = scales.shape[-2], scales.shape[-1]
-        for i in range(n):
-            _tandem.dequantize_fp8(data.data_ptr() + i * rows * cols,
-                                   scales.data_ptr() + i * sr * sc * 4, rows, cols, q.block[0],
-                                   q.block[1], out.data_ptr() + i * rows * cols * 4)
-    else:
-        _tandem.dequantize_rows(data.data_ptr(), out.numel() // cols, cols, q.dtype,
-                                out.data_ptr())
-    return out
 
 
 # ---------------------------------------------------------------------------------------------
 # Argument checks
 
-def _cpu(t, name: str) -> torch.Tensor:
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
-    if t.device.type != "cpu":
-        raise ValueError(f"{name} is on {t.device}: tandem's CPU operator takes CPU tensors "
-                         f"(copy it with .cpu(), pinned for a CUDA stream)")
-    return t
-
-
-def _checked_blocks(q: QuantizedTensor, name: str):
-    """q's contiguous CPU bytes and (FP8) F32 scales, their sizes checked against q.shape."""
-    if len(q.shape) < 2:
-        raise ValueError(f"{name}: shape {list(q.shape)}, expected [..., rows, cols]")
-    rows, cols = q.shape[-2], q.shape[-1]
-    n = 1
-    for s in q.shape[:-2]:
-        n *= s
-    data = _cpu(q.data, name).contiguous()
-    if q.dtype != "fp8":
-        rb = _tandem.dtype_row_bytes(q.dtype, cols)
-        if data.dtype != torch.uint8 or data.numel() != n * rows * rb:
-            raise ValueError(f"{name}: {data.numel()} {data.dtype} values, expected "
-                             f"{n * rows * rb} uint8 bytes of {q.dtype}")
-        return data, None
-    if data.dtype != torch.uint8 or data.numel() != n * rows * cols:
-        raise ValueError(f"{name}: {data.numel()} {data.dtype} values, expected {n * rows * cols} "
-                         f"uint8 FP8 bytes")
-    if q.block[0] <= 0 or q.block[1] <= 0:
-        raise ValueError(f"{name}: block {list(q.block)}, expected positive sizes")
-    scales = _cpu(q.scales, f"{name} scales").to(torch.float32).contiguous()
-    want = (*q.shape[:-2], -(-rows // q.block[0]), -(-cols // q.block[1]))
-    if tuple(scales.shape) != want:
-        raise ValueError(f"{name} scales: shape {list(scales.shape)}, expected {list(want)}")
-    return data, scales
+def _native_tensor(data, dtype: str, shape: Sequence[int], scales=0, block=(0, 0)) -> dict:
+    """The keywords of _tandem.ExpertTensor: data and scales an address or a list of one address
+    per expert (scales 0: none), shape (num_experts, out, in)."""
+    return dict(data=data, dtype=dtype, experts=shape[0], rows=shape[1], cols=shape[2],
+                scales=scales, block_rows=block[0], block_cols=block[1])
 
 
 def _expert_tensor(t, name: str, shape: Sequence[int], method: str):
-    """(keep-alive objects, the native tuple) for one weight family."""
+    """(keep-alive objects, the native tensor's keywords) for one weight family."""
     if isinstance(t, QuantizedTensor):
         if tuple(t.shape) != tuple(shape):
             raise ValueError(f"{name}: shape {list(t.shape)}, expected {list(shape)} "
                              f"(num_experts, out, in)")
         data, scales = _checked_blocks(t, name)
         if scales is not None:
-            return (data, scales), (data.data_ptr(), "f8_e4m3", *shape, scales.data_ptr(),
-                                    *t.block)
-        return (data,), (data.data_ptr(), t.dtype, *shape, 0, 0, 0)
+            return (data, scales), _native_tensor(data.data_ptr(), "f8_e4m3", shape,
+                                                  scales.data_ptr(), t.block)
+        return (data,), _native_tensor(data.data_ptr(), t.dtype, shape)
     if isinstance(t, (list, tuple)):  # one [out, in] tensor per expert: read where they are
         if len(t) != shape[0]:
             raise ValueError(f"{name}: {len(t)} per-expert tensors, expected num_experts "
@@ -157,7 +56,7 @@ def _expert_tensor(t, name: str, shape: Sequence[int], method: str):
             te = te.contiguous()
             keep.append(te)
             ptrs.append(te.data_ptr())
-        return tuple(keep), (ptrs, _TORCH_DTYPES[dtype], *shape, 0, 0, 0)
+        return tuple(keep), _native_tensor(ptrs, _TORCH_DTYPES[dtype], shape)
     t = _cpu(t, name)
     if t.dim() != 3 or tuple(t.shape) != tuple(shape):
         raise ValueError(f"{name}: shape {list(t.shape)}, expected {list(shape)} "
@@ -169,10 +68,11 @@ def _expert_tensor(t, name: str, shape: Sequence[int], method: str):
         raise TypeError(f"{name}: dtype {t.dtype}; expected float32, bfloat16, float16 or a "
                         f"tandem.QuantizedTensor (fp8, GGUF blocks)")
     t = t.contiguous()
-    return (t,), (t.data_ptr(), _TORCH_DTYPES[t.dtype], *shape, 0, 0, 0)
+    return (t,), _native_tensor(t.data_ptr(), _TORCH_DTYPES[t.dtype], shape)
 
 
 def _mask_list(mask, n: int, name: str = "gpu_experts_mask"):
+    """mask (anything torch.as_tensor takes, or None) as n 0 / 1 bytes ([] for None)."""
     if mask is None:
         return []
     m = torch.as_tensor(mask).cpu().flatten()
@@ -194,11 +94,12 @@ def _context(threads: int, numa_parts: int):
     with _contexts_lock:
         ctx = _contexts.get(key)
         if ctx is None:
-            ctx = _contexts[key] = _tandem.Context(*key)
+            ctx = _contexts[key] = _tandem.Context(threads=key[0], numa_parts=key[1])
         return ctx
 
 
 def _stream_handle(cuda_stream) -> int:
+    """A CUDA stream's handle: a torch.cuda.Stream's, an int as it is, 0 for None."""
     if cuda_stream is None:
         return 0
     if isinstance(cuda_stream, int):
@@ -211,21 +112,48 @@ def _stream_handle(cuda_stream) -> int:
 
 
 class MoE:
-    """The routed experts of one MoE layer on the CPU: tandem's fused operator.
+    """The routed experts of one MoE layer on the CPU: tandem's fused operator. It computes, per
+    token t, sum_j topk_weights[t, j] * down_e(silu(gate_e(x_t)) * up_e(x_t)) with
+    e = topk_ids[t, j], over the experts it owns; shared experts and routing are the caller's.
 
-    num_experts, num_experts_per_tok, hidden_size, moe_intermediate_size: the layer's sizes (0:
-    from the model, with weight_path).
-    method: int4 | int8 | bf16 (requantized into tandem's packed tiles; group: 32/64/128 for the
-    INT ones; None: the largest that divides hidden_size and moe_intermediate_size) | fp8 (FP8 E4M3 with block scales, as stored) | gguf (GGUF block types, rearranged
-    for the kernels).
-    gpu_experts_mask: [num_experts] bools, True = on the GPU: skipped here (contributes nothing).
-    threads: compute threads (0: one per physical core); numa_parts: split each expert over
-    that many NUMA nodes. Layers with the same threads / numa_parts share one thread pool.
-    The weights: gate / up [num_experts, moe_intermediate_size, hidden_size] and down
-    [num_experts, hidden_size, moe_intermediate_size] torch tensors (float32, bfloat16, float16),
-    lists of one [out, in] tensor per expert, or tandem.QuantizedTensor; or weight_path (a .gguf file or a Hugging Face directory) and
-    layer_idx. load_weights() builds the operator.
-    chunk_tokens: a forward of more tokens runs in pieces of this many (0: at once).
+    Args:
+        num_experts: experts of the layer (0: from the model, with weight_path).
+        num_experts_per_tok: routed experts per token, k: the last size of topk_ids (0: from the
+            model, with weight_path).
+        hidden_size: the model's hidden size H (0: from the model, with weight_path).
+        moe_intermediate_size: an expert's intermediate size F (0: from the model, with
+            weight_path).
+        method: "int4" | "int8" | "bf16" (requantized into tandem's packed tiles) | "fp8" (FP8
+            E4M3 with block scales, as stored) | "gguf" (GGUF block types, rearranged for the
+            kernels).
+        group: int4 / int8 quantization group, 32, 64 or 128 (None: the largest that divides
+            hidden_size and moe_intermediate_size).
+        gpu_experts_mask: [num_experts] bools (anything torch.as_tensor takes), True = on the
+            GPU: skipped here (contributes nothing). None: every expert is the CPU's.
+        threads: compute threads (0: one per physical core).
+        numa_parts: each expert split over that many NUMA nodes. Layers with the same threads /
+            numa_parts share one thread pool.
+        gate, up: [num_experts, F, H] weights; down: [num_experts, H, F]. torch tensors
+            (float32, bfloat16, float16), lists of one [out, in] tensor per expert, or
+            tandem.QuantizedTensor. Or None, with weight_path.
+        weight_path: instead of tensors, a .gguf file (split files: the first), a directory of
+            GGUF files or a Hugging Face directory.
+        layer_idx: the layer to read from weight_path.
+        chunk_tokens: a forward of more tokens runs in pieces of this many (0: at once).
+
+    Returns:
+        The layer, not yet built: load_weights() builds the operator. A size or method out of
+        range raises ValueError.
+
+    Example:
+        >>> moe = tandem.MoE(num_experts=8, num_experts_per_tok=2, hidden_size=256,
+        ...                  moe_intermediate_size=512, method="int8", threads=2,
+        ...                  gate=torch.randn(8, 512, 256), up=torch.randn(8, 512, 256),
+        ...                  down=torch.randn(8, 256, 512))
+        >>> moe.load_weights()
+        >>> out = moe.forward(torch.randn(4, 256), torch.randint(0, 8, (4, 2)), torch.rand(4, 2))
+        >>> out.shape
+        torch.Size([4, 256])
     """
 
     def __init__(self, num_experts: int = 0, num_experts_per_tok: int = 0, hidden_size: int = 0,
@@ -256,39 +184,35 @@ class MoE:
     # -- weights --
     def load_weights(self, gate=None, up=None, down=None, physical_to_logical_map=None):
         """Builds the operator from the weights given here or at construction (tensors or
-        weight_path). physical_to_logical_map: slot p computes logical expert map[p]."""
+        weight_path). The methods that repack (int4, int8, bf16) copy the weights; fp8 and gguf
+        read the caller's tensors, which the object keeps alive.
+
+        Args:
+            gate, up, down: as the constructor's (all three or none; None: the constructor's).
+            physical_to_logical_map: [slots] integers (anything torch.as_tensor takes): slot p
+                computes logical expert map[p] (SGLang's expert-parallel load balancing; slots
+                may repeat an expert); topk_ids then name slots and num_experts becomes the
+                number of slots. None: slot e is expert e.
+
+        Returns:
+            self. Missing or mis-shaped weights raise ValueError; a dtype the operator cannot
+            take raises TypeError; an unreadable model file OSError.
+
+        Example:
+            >>> moe = tandem.MoE(weight_path="model.gguf", layer_idx=3, method="gguf")
+            >>> moe.load_weights().num_experts
+            64
+        """
         gate = gate if gate is not None else self._weights[0]
         up = up if up is not None else self._weights[1]
         down = down if down is not None else self._weights[2]
         given = [w is not None for w in (gate, up, down)]
         if any(given) and not all(given):
             raise ValueError("gate, up, down: give all three weight tensors or none")
-        sizes = (self.num_experts, self.num_experts_per_tok, self.hidden_size,
-                 self.moe_intermediate_size)
         if all(given):
-            if 0 in sizes:
-                raise ValueError("num_experts, num_experts_per_tok, hidden_size and "
-                                 "moe_intermediate_size are needed with weight tensors")
-            E, H, F = self.num_experts, self.hidden_size, self.moe_intermediate_size
-            kg, g = _expert_tensor(gate, "gate", (E, F, H), self.method)
-            ku, u = _expert_tensor(up, "up", (E, F, H), self.method)
-            kd, d = _expert_tensor(down, "down", (E, H, F), self.method)
-            mask = _mask_list(self._mask, E)
-            layer = _tandem.Layer(self._ctx, *sizes, self.method, int(self.group or 0), mask,
-                                  self.chunk_tokens, g, u, d)
-            # (fp8 and gguf views read the caller's memory: keep it alive)
-            self._keep = kg + ku + kd if self.method in ("fp8", "gguf") else ()
+            layer = self._layer_from_tensors(gate, up, down)
         elif self._path is not None:
-            if self._layer_idx is None:
-                raise ValueError("layer_idx: needed with weight_path")
-            path = _model_file(self._path)
-            mask = _mask_list(self._mask, self.num_experts) if self.num_experts else []
-            layer = _tandem.Layer(self._ctx, *sizes, self.method, int(self.group or 0), mask,
-                                  self.chunk_tokens, path, int(self._layer_idx))
-            if self._mask is not None and not self.num_experts:
-                layer.set_gpu_experts_mask(_mask_list(self._mask, layer.num_experts))
-            self.num_experts, self.num_experts_per_tok = layer.num_experts, layer.num_experts_per_tok
-            self.hidden_size, self.moe_intermediate_size = layer.hidden_size, layer.intermediate_size
+            layer = self._layer_from_file()
         else:
             raise ValueError("no weights: give gate, up and down tensors or weight_path and "
                              "layer_idx")
@@ -302,16 +226,87 @@ class MoE:
         self._weights = (None, None, None)  # (packed copies made: the caller's may go)
         return self
 
+    def _layer_options(self) -> dict:
+        """The native Layer's keywords beside its weights: the context, sizes and method."""
+        return dict(ctx=self._ctx, num_experts=self.num_experts,
+                    num_experts_per_tok=self.num_experts_per_tok, hidden_size=self.hidden_size,
+                    intermediate_size=self.moe_intermediate_size, method=self.method,
+                    group=int(self.group or 0), chunk_tokens=self.chunk_tokens)
+
+    def _layer_from_tensors(self, gate, up, down):
+        """The native layer over gate / up / down (tensors, per-expert lists, QuantizedTensor)."""
+        if 0 in (self.num_experts, self.num_experts_per_tok, self.hidden_size,
+                 self.moe_intermediate_size):
+            raise ValueError("num_experts, num_experts_per_tok, hidden_size and "
+                             "moe_intermediate_size are needed with weight tensors")
+        E, H, F = self.num_experts, self.hidden_size, self.moe_intermediate_size
+        kg, g = _expert_tensor(gate, "gate", (E, F, H), self.method)
+        ku, u = _expert_tensor(up, "up", (E, F, H), self.method)
+        kd, d = _expert_tensor(down, "down", (E, H, F), self.method)
+        mask = _mask_list(self._mask, E)
+        layer = _tandem.Layer(**self._layer_options(), gpu_experts_mask=mask,
+                              gate=_tandem.ExpertTensor(**g), up=_tandem.ExpertTensor(**u),
+                              down=_tandem.ExpertTensor(**d))
+        # (fp8 and gguf views read the caller's memory: keep it alive)
+        self._keep = kg + ku + kd if self.method in ("fp8", "gguf") else ()
+        return layer
+
+    def _layer_from_file(self):
+        """The native layer read from weight_path's layer layer_idx; the sizes left 0 become the
+        model's."""
+        if self._layer_idx is None:
+            raise ValueError("layer_idx: needed with weight_path")
+        path = _model_file(self._path)
+        mask = _mask_list(self._mask, self.num_experts) if self.num_experts else []
+        layer = _tandem.Layer(**self._layer_options(), gpu_experts_mask=mask, path=path,
+                              layer=int(self._layer_idx))
+        if self._mask is not None and not self.num_experts:
+            layer.set_gpu_experts_mask(_mask_list(self._mask, layer.num_experts))
+        self.num_experts, self.num_experts_per_tok = layer.num_experts, layer.num_experts_per_tok
+        self.hidden_size, self.moe_intermediate_size = layer.hidden_size, layer.intermediate_size
+        return layer
+
     def set_gpu_experts_mask(self, mask) -> None:
+        """Moves experts between the GPU and this operator from the next call on.
+
+        Args:
+            mask: [num_experts] bools (anything torch.as_tensor takes), True = on the GPU
+                (skipped here).
+
+        Returns:
+            None. A mask of another size raises ValueError; before load_weights(),
+            RuntimeError.
+
+        Example:
+            >>> moe.set_gpu_experts_mask(torch.arange(moe.num_experts) < 4)  # the first 4: GPU's
+        """
         self._mask = mask
         self._loaded().set_gpu_experts_mask(_mask_list(mask, self.num_experts))
 
     @property
     def weight_format(self) -> str:
+        """The experts' weight layout as the kernels hold it (a name such as "int8", "q4_K_x16").
+
+        Returns:
+            str; before load_weights(), RuntimeError.
+
+        Example:
+            >>> moe.load_weights().weight_format
+            'int8'
+        """
         return self._loaded().weight_format
 
     @property
     def weight_bytes(self) -> int:
+        """The bytes of the experts' weights as the operator holds them.
+
+        Returns:
+            int; before load_weights(), RuntimeError.
+
+        Example:
+            >>> moe.load_weights().weight_bytes > 0
+            True
+        """
         return self._loaded().weight_bytes
 
     def _loaded(self):
@@ -388,9 +383,28 @@ class MoE:
     def forward(self, hidden_states, topk_ids, topk_weights, cuda_stream=None,
                 out=None) -> torch.Tensor:
         """sum_j topk_weights[t, j] * expert_{topk_ids[t, j]}(hidden_states[t]) per token, over
-        the experts this operator owns (ids of -1 and GPU experts are skipped); the output has
-        hidden_states' shape and dtype. out: a float32 tensor of that shape to write instead of a
-        new one (an engine's preallocated buffer; float32 hidden states only)."""
+        the experts this operator owns (ids of -1 and GPU experts are skipped), computed on the
+        calling thread (which helps the pool's workers).
+
+        Args:
+            hidden_states: [T, hidden_size] (or [..., hidden_size]) CPU tensor, float32, bfloat16
+                or float16 (the 16-bit ones converted to float32 for the kernels).
+            topk_ids: [T, num_experts_per_tok] int32 or int64 expert ids (-1: an empty slot).
+            topk_weights: topk_ids' shape, any floating dtype (used as float32).
+            cuda_stream: a torch.cuda.Stream or its handle: submit_forward + sync_forward on it
+                (out then required). None: compute now.
+            out: a contiguous float32 CPU tensor of hidden_states' shape to write instead of a
+                new one (an engine's preallocated buffer).
+
+        Returns:
+            The output, hidden_states' shape and dtype (out itself when given). Mis-shaped
+            inputs or ids out of range raise ValueError, dtypes the kernels cannot take
+            TypeError.
+
+        Example:
+            >>> out = moe.forward(torch.randn(4, 256), torch.randint(0, 8, (4, 2)),
+            ...                   torch.rand(4, 2))
+        """
         if cuda_stream is not None:
             self.submit_forward(hidden_states, topk_ids, topk_weights, cuda_stream, out=out)
             return self.sync_forward(cuda_stream=cuda_stream)
@@ -399,6 +413,8 @@ class MoE:
         given = out is not None
         if not given and tokens > 64:  # (the allocation is noise next to such a layer)
             out = torch.empty(hidden.shape, dtype=torch.float32)
+        # (the per-token native calls take their six arguments by position: keywords add about
+        # a quarter to this wrapper's own per-call overhead)
         if out is not None:
             layer.forward(x.data_ptr(), tokens, ids.data_ptr(), w.data_ptr(), k, out.data_ptr())
         else:
@@ -417,12 +433,25 @@ class MoE:
     def submit_forward(self, hidden_states, topk_ids, topk_weights, cuda_stream=None,
                        out=None) -> None:
         """Starts the layer on tandem's threads and returns; sync_forward() gives the result.
-        Several layers may be in flight (they run in submit order). With cuda_stream (tandem
-        built with CUDA) the start is a host function on that stream, run when the stream
-        reaches it: the tensors are then read and written in place, so they must be CPU tensors
-        (pinned, filled by the stream's copies) that the kernels take as they are -- contiguous
-        float32 hidden_states and topk_weights, int32 topk_ids, a float32 out -- and stay alive
-        until the stream has passed sync_forward (static buffers, as CUDA graphs need)."""
+        Several layers may be in flight (they run in submit order), one submit per layer.
+
+        Args:
+            hidden_states, topk_ids, topk_weights, out: as forward()'s.
+            cuda_stream: (tandem built with CUDA) a torch.cuda.Stream or its handle: the start
+                is a host function on that stream, run when the stream reaches it. The tensors
+                are then read and written in place, so they must be CPU tensors (pinned, filled
+                by the stream's copies) that the kernels take as they are -- contiguous float32
+                hidden_states and topk_weights, int32 topk_ids, a float32 out -- and stay alive
+                until the stream has passed sync_forward (static buffers, as CUDA graphs need).
+
+        Returns:
+            None. A second submit before sync_forward raises RuntimeError.
+
+        Example:
+            >>> moe.submit_forward(hidden, topk_ids, topk_weights)
+            >>> ...                                   # the GPU's part of the layer meanwhile
+            >>> out = moe.sync_forward()
+        """
         if self._pending is not None:
             raise RuntimeError("submit_forward: this layer already has one in flight "
                                "(sync_forward first)")
@@ -448,8 +477,22 @@ class MoE:
         self._pending = (hidden, x, ids, w, out)
 
     def sync_forward(self, hidden_states=None, cuda_stream=None) -> torch.Tensor:
-        """Waits for submit_forward's layer and returns its output (with cuda_stream: enqueues
-        the wait on the stream; the output is final once the stream passes it)."""
+        """Waits for submit_forward's layer and returns its output.
+
+        Args:
+            hidden_states: unused (kt-kernel's signature).
+            cuda_stream: the submit's stream: the wait is enqueued on it, and the output is
+                final once the stream passes it. None: waits now.
+
+        Returns:
+            The output in the submitted hidden states' shape and dtype (with cuda_stream: the
+            float32 out given to submit_forward). Without a submit, RuntimeError; an error of
+            the layer is raised here.
+
+        Example:
+            >>> moe.submit_forward(hidden, topk_ids, topk_weights)
+            >>> out = moe.sync_forward()
+        """
         if self._pending is None:
             raise RuntimeError("sync_forward without submit_forward")
         hidden, _, _, _, out = self._pending
