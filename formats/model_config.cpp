@@ -63,6 +63,7 @@ class Validator {
     fail(ErrorKind::kFormat, "{}: key '{}': {}", source_, namer_(field), why);
   }
   std::string key(std::string_view field) const { return namer_(field); }
+  std::string_view source() const { return source_; }
 
  private:
   std::string_view source_;
@@ -102,8 +103,8 @@ void validate_indexer(const ModelConfig& c, const Validator& v) {
   }
 }
 
-void validate_impl(const ModelConfig& c, std::string_view source, const detail::KeyNamer& namer) {
-  Validator v(source, namer);
+// The model's outer sizes: vocabulary, hidden size, layers, heads, positions, norm and RoPE base.
+void validate_sizes(const ModelConfig& c, const Validator& v) {
   v.range("vocab_size", c.vocab_size, 1, kMaxVocab);
   v.range("hidden_size", c.hidden_size, 1, kMaxHidden);
   v.range("num_layers", c.num_layers, 1, kMaxLayers);
@@ -116,6 +117,11 @@ void validate_impl(const ModelConfig& c, std::string_view source, const detail::
   v.range("max_position_embeddings", c.max_position_embeddings, 1, kMaxPositions);
   v.positive_float("rms_norm_eps", c.rms_norm_eps, 1.0);
   v.positive_float("rope_theta", c.rope_theta, 1e12);
+}
+
+// The attention's head sizes (MLA's ranks and split heads, or plain head sizes), the rotated
+// share, and the indexer.
+void validate_attention(const ModelConfig& c, const Validator& v) {
   if (c.is_mla()) {
     v.range("kv_lora_rank", c.kv_lora_rank, 1, kMaxHidden);
     v.range("q_lora_rank", c.q_lora_rank, 0, kMaxHidden);
@@ -133,7 +139,11 @@ void validate_impl(const ModelConfig& c, std::string_view source, const detail::
   v.range("rope_dim", c.rope_dim, 2, c.head_dim);
   if (c.rope_dim % 2 != 0) v.inconsistent("rope_dim", fmt::format("{} is odd", c.rope_dim));
   if (c.has_indexer() || c.index_n_heads != 0 || c.index_head_dim != 0) validate_indexer(c, v);
+}
 
+// The FFN and experts' widths, expert counts, which layers are MoE, the router's groups and
+// scaling.
+void validate_moe(const ModelConfig& c, const Validator& v) {
   v.range("intermediate_size", c.intermediate_size, 1, kMaxFfn);
   v.range("moe_intermediate_size", c.moe_intermediate_size, 1, kMaxFfn);
   v.range("shared_expert_intermediate_size", c.shared_expert_intermediate_size, 0, kMaxFfn);
@@ -162,7 +172,10 @@ void validate_impl(const ModelConfig& c, std::string_view source, const detail::
                                c.topk_group, c.n_experts / c.n_group, c.n_experts_per_tok));
   }
   v.positive_float("routed_scaling_factor", c.routed_scaling_factor, 1e4);
+}
 
+// Token ids, the sliding window, the SwiGLU clamp, MTP layers, q/k norm span, the output gate.
+void validate_extras(const ModelConfig& c, const Validator& v) {
   if (c.bos_token_id != -1) v.range("bos_token_id", c.bos_token_id, 0, c.vocab_size - 1);
   if (c.eos_token_id != -1) v.range("eos_token_id", c.eos_token_id, 0, c.vocab_size - 1);
   v.range("sliding_window", c.sliding_window, 0, kMaxPositions);
@@ -175,26 +188,34 @@ void validate_impl(const ModelConfig& c, std::string_view source, const detail::
     v.inconsistent("qk_norm", "norms over all heads without q/k norms");
   }
   if (c.attn_output_gate && c.is_mla()) v.inconsistent("attn_output_gate", "a gate with MLA");
+}
+
+// The Gated DeltaNet's layer pattern and sizes (the delta rule needs key and value heads of one
+// size).
+void validate_linear_attention(const ModelConfig& c, const Validator& v) {
   v.range("full_attention_interval", c.full_attention_interval, 0, kMaxLayers);
-  if (c.full_attention_interval > 1) {
-    v.range("linear_conv_kernel", c.linear_conv_kernel, 2, 64);
-    v.range("linear_num_key_heads", c.linear_num_key_heads, 1, kMaxHeads);
-    v.range("linear_num_value_heads", c.linear_num_value_heads, 1, kMaxHeads);
-    v.range("linear_key_head_dim", c.linear_key_head_dim, 1, 1024);
-    v.range("linear_value_head_dim", c.linear_value_head_dim, 1, 1024);
-    if (c.linear_num_value_heads % c.linear_num_key_heads != 0) {
-      v.inconsistent("linear_num_value_heads",
-                     fmt::format("{} value heads are not a multiple of {} key heads",
-                                 c.linear_num_value_heads, c.linear_num_key_heads));
-    }
-    if (c.linear_key_head_dim != c.linear_value_head_dim) {
-      fail(ErrorKind::kUnsupported,
-           "{}: key '{}': key heads of {} and value heads of {} values: the delta rule needs "
-           "them equal (as llama.cpp)",
-           source, v.key("linear_value_head_dim"), c.linear_key_head_dim,
-           c.linear_value_head_dim);
-    }
+  if (c.full_attention_interval <= 1) return;
+  v.range("linear_conv_kernel", c.linear_conv_kernel, 2, 64);
+  v.range("linear_num_key_heads", c.linear_num_key_heads, 1, kMaxHeads);
+  v.range("linear_num_value_heads", c.linear_num_value_heads, 1, kMaxHeads);
+  v.range("linear_key_head_dim", c.linear_key_head_dim, 1, 1024);
+  v.range("linear_value_head_dim", c.linear_value_head_dim, 1, 1024);
+  if (c.linear_num_value_heads % c.linear_num_key_heads != 0) {
+    v.inconsistent("linear_num_value_heads",
+                   fmt::format("{} value heads are not a multiple of {} key heads",
+                               c.linear_num_value_heads, c.linear_num_key_heads));
   }
+  if (c.linear_key_head_dim != c.linear_value_head_dim) {
+    fail(ErrorKind::kUnsupported,
+         "{}: key '{}': key heads of {} and value heads of {} values: the delta rule needs "
+         "them equal (as llama.cpp)",
+         v.source(), v.key("linear_value_head_dim"), c.linear_key_head_dim,
+         c.linear_value_head_dim);
+  }
+}
+
+// The multi-section RoPE's sections and the scaling's parameters.
+void validate_rope(const ModelConfig& c, const Validator& v) {
   int64_t sections = 0;
   for (int64_t s : c.rope_sections) {
     v.range("rope_sections", s, 0, c.head_dim);
@@ -205,7 +226,6 @@ void validate_impl(const ModelConfig& c, std::string_view source, const detail::
                    fmt::format("sections of {} pairs in all, more than the head's {} values",
                                sections, c.head_dim));
   }
-
   const RopeScaling& rs = c.rope_scaling;
   if (rs.type != RopeScalingType::kNone) v.positive_float("rope_scaling.factor", rs.factor, 1e6);
   if (rs.type == RopeScalingType::kYarn) {
@@ -217,6 +237,10 @@ void validate_impl(const ModelConfig& c, std::string_view source, const detail::
       v.inconsistent("rope_scaling.mscale", "must be finite");
     }
   }
+}
+
+// The parameter count the sizes describe, bounded by kMaxParams.
+void validate_param_count(const ModelConfig& c, std::string_view source) {
   double params = 0;
   {
     // Same formula as count_params(), in double so that absurd shapes cannot overflow.
@@ -233,6 +257,129 @@ void validate_impl(const ModelConfig& c, std::string_view source, const detail::
          "{}: the sizes describe a model of {:.3g} parameters, more than the "
          "{:.0g} tandem accepts",
          source, params, kMaxParams);
+  }
+}
+
+void validate_impl(const ModelConfig& c, std::string_view source, const detail::KeyNamer& namer) {
+  Validator v(source, namer);
+  validate_sizes(c, v);
+  validate_attention(c, v);
+  validate_moe(c, v);
+  validate_extras(c, v);
+  validate_linear_attention(c, v);
+  validate_rope(c, v);
+  validate_param_count(c, source);
+}
+
+// Collects "name: a vs b" lines for the fields two configs disagree on.
+class ConfigDiff {
+ public:
+  void i(const char* name, int64_t x, int64_t y) {
+    if (x != y) out.push_back(fmt::format("{}: {} vs {}", name, x, y));
+  }
+  // Floats within a relative 1e-6 of each other count as the same.
+  void f(const char* name, float x, float y) {
+    const bool same = x == y || std::fabs(x - y) <= 1e-6f * std::max(std::fabs(x), std::fabs(y));
+    if (!same) out.push_back(fmt::format("{}: {} vs {}", name, x, y));
+  }
+  void s(const char* name, std::string_view x, std::string_view y) {
+    if (x != y) out.push_back(fmt::format("{}: {} vs {}", name, x, y));
+  }
+  std::vector<std::string> out;
+};
+
+// The architecture, the model's sizes and the experts' layout.
+void diff_sizes(const ModelConfig& a, const ModelConfig& b, ConfigDiff& d) {
+  d.s("arch", arch_name(a.arch), arch_name(b.arch));
+  d.i("vocab_size", a.vocab_size, b.vocab_size);
+  d.i("hidden_size", a.hidden_size, b.hidden_size);
+  d.i("num_layers", a.num_layers, b.num_layers);
+  d.i("num_heads", a.num_heads, b.num_heads);
+  d.i("num_kv_heads", a.num_kv_heads, b.num_kv_heads);
+  d.i("head_dim", a.head_dim, b.head_dim);
+  d.i("rope_dim", a.rope_dim, b.rope_dim);
+  d.i("intermediate_size", a.intermediate_size, b.intermediate_size);
+  d.i("moe_intermediate_size", a.moe_intermediate_size, b.moe_intermediate_size);
+  d.i("shared_expert_intermediate_size", a.shared_expert_intermediate_size,
+      b.shared_expert_intermediate_size);
+  d.i("n_shared_experts", a.n_shared_experts, b.n_shared_experts);
+  d.i("shared_expert_gate", a.shared_expert_gate, b.shared_expert_gate);
+  d.i("n_experts", a.n_experts, b.n_experts);
+  d.i("n_experts_per_tok", a.n_experts_per_tok, b.n_experts_per_tok);
+  d.i("first_k_dense_replace", a.first_k_dense_replace, b.first_k_dense_replace);
+  d.i("moe_layer_freq", a.moe_layer_freq, b.moe_layer_freq);
+  if (a.mlp_only_layers != b.mlp_only_layers) d.out.push_back("mlp_only_layers");
+}
+
+// The norm epsilon, RoPE base and scaling, the context length.
+void diff_rope(const ModelConfig& a, const ModelConfig& b, ConfigDiff& d) {
+  d.f("rms_norm_eps", a.rms_norm_eps, b.rms_norm_eps);
+  d.f("rope_theta", a.rope_theta, b.rope_theta);
+  d.s("rope_scaling.type", rope_scaling_name(a.rope_scaling.type),
+      rope_scaling_name(b.rope_scaling.type));
+  if (a.rope_scaling.type != RopeScalingType::kNone) {
+    d.f("rope_scaling.factor", a.rope_scaling.factor, b.rope_scaling.factor);
+  }
+  if (a.rope_scaling.type == RopeScalingType::kYarn) {
+    d.i("rope_scaling.original_max_position_embeddings",
+        a.rope_scaling.original_max_position_embeddings,
+        b.rope_scaling.original_max_position_embeddings);
+    d.f("rope_scaling.beta_fast", a.rope_scaling.beta_fast, b.rope_scaling.beta_fast);
+    d.f("rope_scaling.beta_slow", a.rope_scaling.beta_slow, b.rope_scaling.beta_slow);
+    d.f("rope_scaling.mscale", a.rope_scaling.mscale, b.rope_scaling.mscale);
+    d.f("rope_scaling.mscale_all_dim", a.rope_scaling.mscale_all_dim,
+        b.rope_scaling.mscale_all_dim);
+  }
+  d.i("max_position_embeddings", a.max_position_embeddings, b.max_position_embeddings);
+}
+
+// MLA's sizes and the router.
+void diff_mla_routing(const ModelConfig& a, const ModelConfig& b, ConfigDiff& d) {
+  d.i("q_lora_rank", a.q_lora_rank, b.q_lora_rank);
+  d.i("kv_lora_rank", a.kv_lora_rank, b.kv_lora_rank);
+  d.i("qk_nope_head_dim", a.qk_nope_head_dim, b.qk_nope_head_dim);
+  d.i("qk_rope_head_dim", a.qk_rope_head_dim, b.qk_rope_head_dim);
+  d.i("v_head_dim", a.v_head_dim, b.v_head_dim);
+  d.s("scoring", scoring_func_name(a.scoring), scoring_func_name(b.scoring));
+  d.s("topk_method", topk_method_name(a.topk_method), topk_method_name(b.topk_method));
+  d.i("n_group", a.n_group, b.n_group);
+  d.i("topk_group", a.topk_group, b.topk_group);
+  d.i("norm_topk_prob", a.norm_topk_prob, b.norm_topk_prob);
+  d.f("routed_scaling_factor", a.routed_scaling_factor, b.routed_scaling_factor);
+  d.i("has_e_score_correction_bias", a.has_e_score_correction_bias, b.has_e_score_correction_bias);
+}
+
+// The per-architecture layer features: biases, norms, MTP, tokens, window, sinks, linear
+// attention, the indexer, RoPE sections.
+void diff_layer_features(const ModelConfig& a, const ModelConfig& b, ConfigDiff& d) {
+  d.i("attention_bias", a.attention_bias, b.attention_bias);
+  d.i("qk_norm", a.qk_norm, b.qk_norm);
+  d.i("qk_norm_all_heads", a.qk_norm_all_heads, b.qk_norm_all_heads);
+  d.i("nextn_layers", a.nextn_layers, b.nextn_layers);
+  d.i("tie_word_embeddings", a.tie_word_embeddings, b.tie_word_embeddings);
+  d.i("bos_token_id", a.bos_token_id, b.bos_token_id);
+  d.i("eos_token_id", a.eos_token_id, b.eos_token_id);
+  d.i("sliding_window", a.sliding_window, b.sliding_window);
+  d.i("swa_period", a.swa_period, b.swa_period);
+  d.i("attn_sinks", a.attn_sinks, b.attn_sinks);
+  d.f("swiglu_limit", a.swiglu_limit, b.swiglu_limit);
+  d.i("full_attention_interval", a.full_attention_interval, b.full_attention_interval);
+  d.i("linear_conv_kernel", a.linear_conv_kernel, b.linear_conv_kernel);
+  d.i("linear_num_key_heads", a.linear_num_key_heads, b.linear_num_key_heads);
+  d.i("linear_num_value_heads", a.linear_num_value_heads, b.linear_num_value_heads);
+  d.i("linear_key_head_dim", a.linear_key_head_dim, b.linear_key_head_dim);
+  d.i("linear_value_head_dim", a.linear_value_head_dim, b.linear_value_head_dim);
+  d.i("attn_output_gate", a.attn_output_gate, b.attn_output_gate);
+  d.i("index_n_heads", a.index_n_heads, b.index_n_heads);
+  d.i("index_head_dim", a.index_head_dim, b.index_head_dim);
+  d.i("index_topk", a.index_topk, b.index_topk);
+  if (a.index_shared_layers != b.index_shared_layers) d.out.push_back("index_shared_layers");
+  d.i("index_rope_interleaved", a.index_rope_interleaved, b.index_rope_interleaved);
+  if (a.rope_sections != b.rope_sections) {
+    d.out.push_back(fmt::format("rope_sections: [{}, {}, {}, {}] vs [{}, {}, {}, {}]",
+                                a.rope_sections[0], a.rope_sections[1], a.rope_sections[2],
+                                a.rope_sections[3], b.rope_sections[0], b.rope_sections[1],
+                                b.rope_sections[2], b.rope_sections[3]));
   }
 }
 }  // namespace
@@ -336,97 +483,12 @@ int64_t ModelConfig::num_moe_layers() const {
 }
 
 std::vector<std::string> config_diff(const ModelConfig& a, const ModelConfig& b) {
-  std::vector<std::string> out;
-  auto same_float = [](float x, float y) {
-    return x == y || std::fabs(x - y) <= 1e-6f * std::max(std::fabs(x), std::fabs(y));
-  };
-  auto i = [&](const char* name, int64_t x, int64_t y) {
-    if (x != y) out.push_back(fmt::format("{}: {} vs {}", name, x, y));
-  };
-  auto f = [&](const char* name, float x, float y) {
-    if (!same_float(x, y)) out.push_back(fmt::format("{}: {} vs {}", name, x, y));
-  };
-  auto s = [&](const char* name, std::string_view x, std::string_view y) {
-    if (x != y) out.push_back(fmt::format("{}: {} vs {}", name, x, y));
-  };
-  s("arch", arch_name(a.arch), arch_name(b.arch));
-  i("vocab_size", a.vocab_size, b.vocab_size);
-  i("hidden_size", a.hidden_size, b.hidden_size);
-  i("num_layers", a.num_layers, b.num_layers);
-  i("num_heads", a.num_heads, b.num_heads);
-  i("num_kv_heads", a.num_kv_heads, b.num_kv_heads);
-  i("head_dim", a.head_dim, b.head_dim);
-  i("rope_dim", a.rope_dim, b.rope_dim);
-  i("intermediate_size", a.intermediate_size, b.intermediate_size);
-  i("moe_intermediate_size", a.moe_intermediate_size, b.moe_intermediate_size);
-  i("shared_expert_intermediate_size", a.shared_expert_intermediate_size,
-    b.shared_expert_intermediate_size);
-  i("n_shared_experts", a.n_shared_experts, b.n_shared_experts);
-  i("shared_expert_gate", a.shared_expert_gate, b.shared_expert_gate);
-  i("n_experts", a.n_experts, b.n_experts);
-  i("n_experts_per_tok", a.n_experts_per_tok, b.n_experts_per_tok);
-  i("first_k_dense_replace", a.first_k_dense_replace, b.first_k_dense_replace);
-  i("moe_layer_freq", a.moe_layer_freq, b.moe_layer_freq);
-  if (a.mlp_only_layers != b.mlp_only_layers) out.push_back("mlp_only_layers");
-  f("rms_norm_eps", a.rms_norm_eps, b.rms_norm_eps);
-  f("rope_theta", a.rope_theta, b.rope_theta);
-  s("rope_scaling.type", rope_scaling_name(a.rope_scaling.type),
-    rope_scaling_name(b.rope_scaling.type));
-  if (a.rope_scaling.type != RopeScalingType::kNone) {
-    f("rope_scaling.factor", a.rope_scaling.factor, b.rope_scaling.factor);
-  }
-  if (a.rope_scaling.type == RopeScalingType::kYarn) {
-    i("rope_scaling.original_max_position_embeddings",
-      a.rope_scaling.original_max_position_embeddings,
-      b.rope_scaling.original_max_position_embeddings);
-    f("rope_scaling.beta_fast", a.rope_scaling.beta_fast, b.rope_scaling.beta_fast);
-    f("rope_scaling.beta_slow", a.rope_scaling.beta_slow, b.rope_scaling.beta_slow);
-    f("rope_scaling.mscale", a.rope_scaling.mscale, b.rope_scaling.mscale);
-    f("rope_scaling.mscale_all_dim", a.rope_scaling.mscale_all_dim, b.rope_scaling.mscale_all_dim);
-  }
-  i("max_position_embeddings", a.max_position_embeddings, b.max_position_embeddings);
-  i("q_lora_rank", a.q_lora_rank, b.q_lora_rank);
-  i("kv_lora_rank", a.kv_lora_rank, b.kv_lora_rank);
-  i("qk_nope_head_dim", a.qk_nope_head_dim, b.qk_nope_head_dim);
-  i("qk_rope_head_dim", a.qk_rope_head_dim, b.qk_rope_head_dim);
-  i("v_head_dim", a.v_head_dim, b.v_head_dim);
-  s("scoring", scoring_func_name(a.scoring), scoring_func_name(b.scoring));
-  s("topk_method", topk_method_name(a.topk_method), topk_method_name(b.topk_method));
-  i("n_group", a.n_group, b.n_group);
-  i("topk_group", a.topk_group, b.topk_group);
-  i("norm_topk_prob", a.norm_topk_prob, b.norm_topk_prob);
-  f("routed_scaling_factor", a.routed_scaling_factor, b.routed_scaling_factor);
-  i("has_e_score_correction_bias", a.has_e_score_correction_bias, b.has_e_score_correction_bias);
-  i("attention_bias", a.attention_bias, b.attention_bias);
-  i("qk_norm", a.qk_norm, b.qk_norm);
-  i("qk_norm_all_heads", a.qk_norm_all_heads, b.qk_norm_all_heads);
-  i("nextn_layers", a.nextn_layers, b.nextn_layers);
-  i("tie_word_embeddings", a.tie_word_embeddings, b.tie_word_embeddings);
-  i("bos_token_id", a.bos_token_id, b.bos_token_id);
-  i("eos_token_id", a.eos_token_id, b.eos_token_id);
-  i("sliding_window", a.sliding_window, b.sliding_window);
-  i("swa_period", a.swa_period, b.swa_period);
-  i("attn_sinks", a.attn_sinks, b.attn_sinks);
-  f("swiglu_limit", a.swiglu_limit, b.swiglu_limit);
-  i("full_attention_interval", a.full_attention_interval, b.full_attention_interval);
-  i("linear_conv_kernel", a.linear_conv_kernel, b.linear_conv_kernel);
-  i("linear_num_key_heads", a.linear_num_key_heads, b.linear_num_key_heads);
-  i("linear_num_value_heads", a.linear_num_value_heads, b.linear_num_value_heads);
-  i("linear_key_head_dim", a.linear_key_head_dim, b.linear_key_head_dim);
-  i("linear_value_head_dim", a.linear_value_head_dim, b.linear_value_head_dim);
-  i("attn_output_gate", a.attn_output_gate, b.attn_output_gate);
-  i("index_n_heads", a.index_n_heads, b.index_n_heads);
-  i("index_head_dim", a.index_head_dim, b.index_head_dim);
-  i("index_topk", a.index_topk, b.index_topk);
-  if (a.index_shared_layers != b.index_shared_layers) out.push_back("index_shared_layers");
-  i("index_rope_interleaved", a.index_rope_interleaved, b.index_rope_interleaved);
-  if (a.rope_sections != b.rope_sections) {
-    out.push_back(fmt::format("rope_sections: [{}, {}, {}, {}] vs [{}, {}, {}, {}]",
-                              a.rope_sections[0], a.rope_sections[1], a.rope_sections[2],
-                              a.rope_sections[3], b.rope_sections[0], b.rope_sections[1],
-                              b.rope_sections[2], b.rope_sections[3]));
-  }
-  return out;
+  ConfigDiff d;
+  diff_sizes(a, b, d);
+  diff_rope(a, b, d);
+  diff_mla_routing(a, b, d);
+  diff_layer_features(a, b, d);
+  return std::move(d.out);
 }
 
 namespace detail {

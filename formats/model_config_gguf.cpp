@@ -187,24 +187,27 @@ bool has_tensor_suffix(const GgufFile& f, std::string_view suffix) {
   return false;
 }
 
-// Qwen3-Next / Qwen3.5-MoE as llama.cpp's loaders read them: the delta rule's sizes from the
-// ssm.* keys (Mamba's names: state_size the key head, group_count the key heads, time_step_rank
-// the value heads, inner_size all value heads together), the layer pattern from
-// full_attention_interval (default 4) or attention.recurrent_layers, the MTP layers after the
-// last one, and what the graphs hard-code: renormalized top-k, q / k norms, the output gate, the
-// shared expert's sigmoid gate.
-void read_qwen_hybrid(const GgufReader& r, const GgufFile& f, ModelConfig& c) {
+// The head sizes of the non-MLA arches (key_length absent: hidden / heads; rope over the head).
+void read_gguf_head_dims(const GgufReader& r, ModelConfig& c) {
   c.head_dim = r.opt_int("attention.key_length", c.hidden_size / c.num_heads);
   c.v_head_dim = r.opt_int("attention.value_length", c.head_dim);
   c.rope_dim = r.opt_int("rope.dimension_count", c.head_dim);
-  c.moe_intermediate_size = r.req_int("expert_feed_forward_length");
-  if (c.intermediate_size == 0) c.intermediate_size = c.moe_intermediate_size;
-  c.shared_expert_intermediate_size = r.opt_int("expert_shared_feed_forward_length", 0);
-  c.n_shared_experts = c.shared_expert_intermediate_size > 0 ? 1 : 0;
-  c.shared_expert_gate = c.n_shared_experts > 0;
-  c.norm_topk_prob = true;
-  c.qk_norm = true;
-  c.attn_output_gate = true;
+}
+
+// The MTP layers, which llama.cpp counts in block_count after the last decoder layer:
+// n_layer = block_count - nextn_predict_layers.
+void read_gguf_nextn_layers(const GgufReader& r, const GgufFile& f, ModelConfig& c) {
+  c.nextn_layers = r.opt_int("nextn_predict_layers", 0);
+  if (c.nextn_layers < 0 || c.nextn_layers >= c.num_layers) {
+    fail(ErrorKind::kFormat, "{}: key '{}': {} is not below {} ({})", f.path(),
+         r.key("nextn_predict_layers"), c.nextn_layers, r.key("block_count"), c.num_layers);
+  }
+  c.num_layers -= c.nextn_layers;
+}
+
+// The Gated DeltaNet's sizes from the ssm.* keys (Mamba's names: state_size the key head,
+// group_count the key heads, time_step_rank the value heads, inner_size all value heads together).
+void read_gguf_linear_attention(const GgufReader& r, const GgufFile& f, ModelConfig& c) {
   c.linear_conv_kernel = r.req_int("ssm.conv_kernel");
   c.linear_key_head_dim = r.req_int("ssm.state_size");
   c.linear_num_key_heads = r.req_int("ssm.group_count");
@@ -215,57 +218,71 @@ void read_qwen_hybrid(const GgufReader& r, const GgufFile& f, ModelConfig& c) {
          r.key("ssm.inner_size"), inner, r.key("ssm.time_step_rank"), c.linear_num_value_heads);
   }
   c.linear_value_head_dim = inner / c.linear_num_value_heads;
-  c.nextn_layers = r.opt_int("nextn_predict_layers", 0);
-  if (c.nextn_layers < 0 || c.nextn_layers >= c.num_layers) {
-    fail(ErrorKind::kFormat, "{}: key '{}': {} is not below {} ({})", f.path(),
-         r.key("nextn_predict_layers"), c.nextn_layers, r.key("block_count"), c.num_layers);
-  }
-  c.num_layers -= c.nextn_layers;
+}
+
+// Which layers are linear attention: full_attention_interval (default 4), or one flag per layer
+// in attention.recurrent_layers (the MTP layers' false), which must be the interval's pattern.
+void read_gguf_recurrent_layers(const GgufReader& r, const GgufFile& f, ModelConfig& c) {
   c.full_attention_interval = r.opt_int("full_attention_interval", 4);
-  if (const GgufValue* v = r.find("attention.recurrent_layers")) {
-    // One flag per layer (the MTP layers' false): it must be the interval's pattern.
-    const std::string k = r.key("attention.recurrent_layers");
-    if (v->type() != GgufType::kArray || v->size() < static_cast<size_t>(c.num_layers)) {
-      fail(ErrorKind::kFormat, "{}: key '{}': expected an array of {} flags", f.path(), k,
-           c.num_layers);
-    }
-    int64_t interval = 0;
-    for (int64_t l = 0; l < c.num_layers && interval == 0; ++l) {
-      if (!v->at(static_cast<size_t>(l)).as_bool()) interval = l + 1;
-    }
-    c.full_attention_interval = interval == 0 ? c.num_layers + 1 : interval;
-    for (int64_t l = 0; l < c.num_layers; ++l) {
-      if (v->at(static_cast<size_t>(l)).as_bool() != c.is_linear_layer(l)) {
-        fail(ErrorKind::kUnsupported,
-             "{}: key '{}': layer {} breaks the pattern of {} linear-attention layers then one "
-             "full (the pattern tandem supports)",
-             f.path(), k, l, c.full_attention_interval - 1);
-      }
-    }
+  const GgufValue* v = r.find("attention.recurrent_layers");
+  if (v == nullptr) return;
+  const std::string k = r.key("attention.recurrent_layers");
+  if (v->type() != GgufType::kArray || v->size() < static_cast<size_t>(c.num_layers)) {
+    fail(ErrorKind::kFormat, "{}: key '{}': expected an array of {} flags", f.path(), k,
+         c.num_layers);
   }
-  if (c.arch == ModelArch::kQwen35Moe) {
-    const GgufValue* v = r.find("rope.dimension_sections");
-    if (v == nullptr || v->type() != GgufType::kArray || v->size() > 4 || v->size() == 0) {
-      fail(ErrorKind::kFormat, "{}: key '{}': expected an array of up to 4 integers", f.path(),
-           r.key("rope.dimension_sections"));
-    }
-    for (size_t i = 0; i < v->size(); ++i) {
-      c.rope_sections[i] = r.as_int(v->at(i), r.key("rope.dimension_sections"));
+  int64_t interval = 0;
+  for (int64_t l = 0; l < c.num_layers && interval == 0; ++l) {
+    if (!v->at(static_cast<size_t>(l)).as_bool()) interval = l + 1;
+  }
+  c.full_attention_interval = interval == 0 ? c.num_layers + 1 : interval;
+  for (int64_t l = 0; l < c.num_layers; ++l) {
+    if (v->at(static_cast<size_t>(l)).as_bool() != c.is_linear_layer(l)) {
+      fail(ErrorKind::kUnsupported,
+           "{}: key '{}': layer {} breaks the pattern of {} linear-attention layers then one "
+           "full (the pattern tandem supports)",
+           f.path(), k, l, c.full_attention_interval - 1);
     }
   }
 }
 
-// DeepSeek-V3.2 / GLM-5 as llama.cpp's deepseek32 and glm-dsa loaders read them: the MTP
-// layers after the last one (n_layer = block_count - nextn_predict_layers), the indexer's sizes,
-// and glm-dsa's indexer types (one flag per layer, true = full; absent: every layer full, or
-// GLM-5.2's pattern for a 1M-token context: layers 0 and 1, then every fourth from 2).
-void read_gguf_indexer(const GgufReader& r, const GgufFile& f, ModelConfig& c) {
-  c.nextn_layers = r.opt_int("nextn_predict_layers", 0);
-  if (c.nextn_layers < 0 || c.nextn_layers >= c.num_layers) {
-    fail(ErrorKind::kFormat, "{}: key '{}': {} is not below {} ({})", f.path(),
-         r.key("nextn_predict_layers"), c.nextn_layers, r.key("block_count"), c.num_layers);
+// Qwen3.5's multi-section RoPE: rope.dimension_sections, up to 4 integers.
+void read_gguf_rope_sections(const GgufReader& r, const GgufFile& f, ModelConfig& c) {
+  const GgufValue* v = r.find("rope.dimension_sections");
+  if (v == nullptr || v->type() != GgufType::kArray || v->size() > 4 || v->size() == 0) {
+    fail(ErrorKind::kFormat, "{}: key '{}': expected an array of up to 4 integers", f.path(),
+         r.key("rope.dimension_sections"));
   }
-  c.num_layers -= c.nextn_layers;
+  for (size_t i = 0; i < v->size(); ++i) {
+    c.rope_sections[i] = r.as_int(v->at(i), r.key("rope.dimension_sections"));
+  }
+}
+
+// Qwen3-Next / Qwen3.5-MoE as llama.cpp's loaders read them: the delta rule's sizes, the layer
+// pattern, the MTP layers after the last one, and what the graphs hard-code: renormalized top-k,
+// q / k norms, the output gate, the shared expert's sigmoid gate.
+void read_qwen_hybrid(const GgufReader& r, const GgufFile& f, ModelConfig& c) {
+  read_gguf_head_dims(r, c);
+  c.moe_intermediate_size = r.req_int("expert_feed_forward_length");
+  if (c.intermediate_size == 0) c.intermediate_size = c.moe_intermediate_size;
+  c.shared_expert_intermediate_size = r.opt_int("expert_shared_feed_forward_length", 0);
+  c.n_shared_experts = c.shared_expert_intermediate_size > 0 ? 1 : 0;
+  c.shared_expert_gate = c.n_shared_experts > 0;
+  c.norm_topk_prob = true;
+  c.qk_norm = true;
+  c.attn_output_gate = true;
+  read_gguf_linear_attention(r, f, c);
+  read_gguf_nextn_layers(r, f, c);
+  read_gguf_recurrent_layers(r, f, c);
+  if (c.arch == ModelArch::kQwen35Moe) read_gguf_rope_sections(r, f, c);
+}
+
+// DeepSeek-V3.2 / GLM-5 as llama.cpp's deepseek32 and glm-dsa loaders read them: the MTP
+// layers after the last one, the indexer's sizes, and glm-dsa's indexer types (one flag per
+// layer, true = full; absent: every layer full, or GLM-5.2's pattern for a 1M-token context:
+// layers 0 and 1, then every fourth from 2).
+void read_gguf_indexer(const GgufReader& r, const GgufFile& f, ModelConfig& c) {
+  read_gguf_nextn_layers(r, f, c);
   c.index_n_heads = r.req_int("attention.indexer.head_count");
   c.index_head_dim = r.req_int("attention.indexer.key_length");
   c.index_topk = r.req_int("attention.indexer.top_k");
@@ -295,6 +312,7 @@ void read_gguf_indexer(const GgufReader& r, const GgufFile& f, ModelConfig& c) {
   }
 }
 
+// rope.scaling.* (or the pre-2024 rope.scale_linear): linear or YaRN scaling.
 void read_gguf_rope_scaling(const GgufReader& r, const GgufFile& f, ModelConfig& c) {
   RopeScaling& rs = c.rope_scaling;
   std::string type = r.opt_string("rope.scaling.type", "none");
@@ -328,57 +346,56 @@ void read_gguf_rope_scaling(const GgufReader& r, const GgufFile& f, ModelConfig&
     rs.mscale = rs.mscale_all_dim;
   }
 }
-}  // namespace
 
-ModelConfig config_from_gguf(const GgufFile& f) {
+// general.architecture, which must be a string.
+std::string gguf_architecture(const GgufFile& f) {
   const GgufValue* arch_value = f.find("general.architecture");
   if (!arch_value)
     fail(ErrorKind::kFormat, "{}: required key 'general.architecture' is missing", f.path());
   if (arch_value->type() != GgufType::kString) {
     fail(ErrorKind::kFormat, "{}: key 'general.architecture': expected a string", f.path());
   }
-  const std::string arch = arch_value->as_string();
-  const GgufReader r(f, arch);
-  ModelConfig c;
+  return arch_value->as_string();
+}
+
+// The ModelArch of llama.cpp's arch name: deepseek2 is V3 when it routes like V3, llama is
+// Mixtral when it has experts.
+ModelArch arch_from_gguf(const GgufReader& r, const GgufFile& f, const std::string& arch) {
   if (arch == "deepseek2") {
     // V3-style routing (sigmoid scores, selection bias) marks DeepSeek-V3 / R1 / Kimi-K2.
     const bool sigmoid = r.opt_int("expert_gating_func", 1) == 2;
-    c.arch = sigmoid || has_tensor_suffix(f, "exp_probs_b.bias") ? ModelArch::kDeepseek3
-                                                                 : ModelArch::kDeepseek2;
-  } else if (arch == "qwen2moe") {
-    c.arch = ModelArch::kQwen2Moe;
-  } else if (arch == "qwen3moe") {
-    c.arch = ModelArch::kQwen3Moe;
-  } else if (arch == "llama") {
+    return sigmoid || has_tensor_suffix(f, "exp_probs_b.bias") ? ModelArch::kDeepseek3
+                                                               : ModelArch::kDeepseek2;
+  }
+  if (arch == "llama") {
     if (r.opt_int("expert_count", 0) <= 1) {
       fail(ErrorKind::kUnsupported,
            "{}: architecture 'llama' without experts (a dense model) is "
            "not supported; tandem runs MoE models",
            f.path());
     }
-    c.arch = ModelArch::kMixtral;
-  } else if (arch == "glm4moe") {
-    c.arch = ModelArch::kGlm4Moe;
-  } else if (arch == "minimax-m2") {
-    c.arch = ModelArch::kMiniMaxM2;
-  } else if (arch == "gpt-oss") {
-    c.arch = ModelArch::kGptOss;
-  } else if (arch == "qwen3next") {
-    c.arch = ModelArch::kQwen3Next;
-  } else if (arch == "qwen35moe") {
-    c.arch = ModelArch::kQwen35Moe;
-  } else if (arch == "deepseek32") {
-    c.arch = ModelArch::kDeepseek32;
-  } else if (arch == "glm-dsa") {
-    c.arch = ModelArch::kGlmDsa;
-  } else {
-    fail(ErrorKind::kUnsupported,
-         "{}: key 'general.architecture': '{}' is not supported (deepseek2, qwen2moe, qwen3moe, "
-         "llama with experts, glm4moe, minimax-m2, gpt-oss, qwen3next, qwen35moe, deepseek32, "
-         "glm-dsa)",
-         f.path(), printable(arch));
+    return ModelArch::kMixtral;
   }
+  static constexpr std::pair<std::string_view, ModelArch> kNames[] = {
+      {"qwen2moe", ModelArch::kQwen2Moe},   {"qwen3moe", ModelArch::kQwen3Moe},
+      {"glm4moe", ModelArch::kGlm4Moe},     {"minimax-m2", ModelArch::kMiniMaxM2},
+      {"gpt-oss", ModelArch::kGptOss},      {"qwen3next", ModelArch::kQwen3Next},
+      {"qwen35moe", ModelArch::kQwen35Moe}, {"deepseek32", ModelArch::kDeepseek32},
+      {"glm-dsa", ModelArch::kGlmDsa},
+  };
+  for (const auto& [name, a] : kNames) {
+    if (arch == name) return a;
+  }
+  fail(ErrorKind::kUnsupported,
+       "{}: key 'general.architecture': '{}' is not supported (deepseek2, qwen2moe, qwen3moe, "
+       "llama with experts, glm4moe, minimax-m2, gpt-oss, qwen3next, qwen35moe, deepseek32, "
+       "glm-dsa)",
+       f.path(), printable(arch));
+}
 
+// The keys every architecture has: the model's sizes, norms, RoPE base, experts, window, and
+// what the tensors tell (tied output, attention biases), the tokenizer's BOS / EOS.
+void read_gguf_common(const GgufReader& r, const GgufFile& f, ModelConfig& c) {
   if (const GgufValue* v = r.find("vocab_size")) {
     c.vocab_size = r.as_int(*v, r.key("vocab_size"));
   } else if (f.find("tokenizer.ggml.tokens")) {
@@ -412,147 +429,174 @@ ModelConfig config_from_gguf(const GgufFile& f) {
     fail(ErrorKind::kFormat, "{}: key '{}': value {} must be > 0", f.path(),
          r.key("attention.head_count"), c.num_heads);
   }
+}
 
-  // The head sizes of the non-MLA arches (key_length absent: hidden / heads; rope over the head).
-  auto read_head_dims = [&] {
-    c.head_dim = r.opt_int("attention.key_length", c.hidden_size / c.num_heads);
-    c.v_head_dim = r.opt_int("attention.value_length", c.head_dim);
-    c.rope_dim = r.opt_int("rope.dimension_count", c.head_dim);
-  };
+// MLA's sizes: the LoRA ranks and the split head sizes (key_length_mla / value_length_mla, or
+// in older files the MHA lengths of an unsplit attn_kv_b).
+void read_gguf_mla(const GgufReader& r, ModelConfig& c) {
+  c.q_lora_rank = r.opt_int("attention.q_lora_rank", 0);
+  c.kv_lora_rank = r.req_int("attention.kv_lora_rank");
+  c.qk_rope_head_dim = r.req_int("rope.dimension_count");
+  if (r.find("attention.key_length_mla")) {
+    c.qk_nope_head_dim = r.req_int("attention.key_length_mla") - c.qk_rope_head_dim;
+    c.v_head_dim = r.req_int("attention.value_length_mla");
+  } else {  // older files: MHA lengths, unsplit attn_kv_b
+    c.qk_nope_head_dim = r.req_int("attention.key_length") - c.qk_rope_head_dim;
+    c.v_head_dim = r.req_int("attention.value_length");
+  }
+  c.head_dim = c.qk_nope_head_dim + c.qk_rope_head_dim;
+  c.rope_dim = c.qk_rope_head_dim;
+  c.num_kv_heads = c.num_heads;
+}
+
+// deepseek2's experts and router: the gating function, groups, and the top-k method that GGUF
+// does not store (the selection bias tensor means noaux_tc).
+void read_gguf_deepseek_moe(const GgufReader& r, const GgufFile& f, ModelConfig& c) {
+  c.moe_intermediate_size = r.req_int("expert_feed_forward_length");
+  c.n_shared_experts = r.opt_int("expert_shared_count", 0);
+  c.shared_expert_intermediate_size = c.n_shared_experts * c.moe_intermediate_size;
+  c.routed_scaling_factor = static_cast<float>(r.opt_float("expert_weights_scale", 1.0));
+  c.norm_topk_prob = r.opt_bool("expert_weights_norm", false);
+  // (llama.cpp's glm-dsa defaults to sigmoid, deepseek2 to softmax.)
+  const int64_t gating = r.opt_int("expert_gating_func", c.arch == ModelArch::kGlmDsa ? 2 : 1);
+  if (gating != 1 && gating != 2) {
+    fail(ErrorKind::kUnsupported,
+         "{}: key '{}': gating function {} is not supported (1 = "
+         "softmax, 2 = sigmoid)",
+         f.path(), r.key("expert_gating_func"), gating);
+  }
+  c.scoring = gating == 2 ? ScoringFunc::kSigmoid : ScoringFunc::kSoftmax;
+  c.n_group = r.opt_int("expert_group_count", 1);
+  c.topk_group = r.opt_int("expert_group_used_count", 1);
+  c.has_e_score_correction_bias = has_tensor_suffix(f, "exp_probs_b.bias");
+  // GGUF has no topk_method: the selection bias means noaux_tc, groups mean V2's
+  // group-limited greedy (with one group both reduce to plain greedy).
+  c.topk_method = c.has_e_score_correction_bias ? TopkMethod::kNoauxTc
+                  : c.n_group > 1               ? TopkMethod::kGroupLimitedGreedy
+                                                : TopkMethod::kGreedy;
+}
+
+// deepseek2 / deepseek32 / glm-dsa: the indexer (V3.2, GLM-5), MLA, the experts and router.
+void read_gguf_deepseek(const GgufReader& r, const GgufFile& f, ModelConfig& c) {
+  if (c.arch == ModelArch::kDeepseek32 || c.arch == ModelArch::kGlmDsa) {
+    read_gguf_indexer(r, f, c);
+  }
+  c.first_k_dense_replace = r.opt_int("leading_dense_block_count", 0);
+  read_gguf_mla(r, c);
+  read_gguf_deepseek_moe(r, f, c);
+}
+
+// qwen2moe / qwen3moe: llama.cpp hard-codes the routing per arch: Qwen2-MoE keeps raw top-k
+// softmax weights (and has a gated shared expert), Qwen3 renormalizes them and has q/k norms.
+void read_gguf_qwen_moe(const GgufReader& r, ModelConfig& c) {
+  const bool qwen3 = c.arch == ModelArch::kQwen3Moe;
+  read_gguf_head_dims(r, c);
+  c.moe_intermediate_size = r.req_int("expert_feed_forward_length");
+  if (!qwen3) {
+    c.shared_expert_intermediate_size = r.opt_int("expert_shared_feed_forward_length", 0);
+    c.n_shared_experts = c.shared_expert_intermediate_size > 0 ? 1 : 0;
+    c.shared_expert_gate = c.n_shared_experts > 0;
+  }
+  c.norm_topk_prob = qwen3;
+  c.qk_norm = qwen3;
+}
+
+// glm4moe / minimax-m2: sigmoid scores with the selection bias (exp_probs_b), as llama.cpp runs
+// both arches; GLM-4.5's MTP layers, leading dense layers, shared experts and groups.
+void read_gguf_glm_minimax(const GgufReader& r, const GgufFile& f, const std::string& arch,
+                           ModelConfig& c) {
+  read_gguf_head_dims(r, c);
+  c.moe_intermediate_size = r.req_int("expert_feed_forward_length");
+  const int64_t gating = r.opt_int("expert_gating_func", 2);
+  if (gating != 2) {
+    fail(ErrorKind::kUnsupported,
+         "{}: key '{}': gating function {} is not supported for {} (2 = sigmoid)", f.path(),
+         r.key("expert_gating_func"), gating, arch);
+  }
+  detail::set_noaux_tc_routing(c);
+  c.qk_norm = f.find_tensor("blk.0.attn_q_norm.weight") != nullptr;
+  if (c.arch != ModelArch::kGlm4Moe) {
+    c.norm_topk_prob = true;  // llama.cpp's minimax-m2 graph always renormalizes
+    // llama.cpp's minimax-m2 norms span all heads (attn_q_norm: num_heads * head_dim).
+    c.qk_norm_all_heads = c.qk_norm;
+    return;
+  }
+  read_gguf_nextn_layers(r, f, c);
+  c.first_k_dense_replace = r.opt_int("leading_dense_block_count", 0);
+  c.n_shared_experts = r.opt_int("expert_shared_count", 0);
+  c.shared_expert_intermediate_size = c.n_shared_experts * c.moe_intermediate_size;
+  c.n_group = r.opt_int("expert_group_count", 1);
+  c.topk_group = r.opt_int("expert_group_used_count", 1);
+  // llama.cpp leaves the weights unscaled when the key is absent (or 0).
+  const double scale = r.opt_float("expert_weights_scale", 0.0);
+  c.routed_scaling_factor = scale == 0.0 ? 1.0f : static_cast<float>(scale);
+  c.norm_topk_prob = r.opt_bool("expert_weights_norm", false);
+}
+
+// As llama.cpp's openai-moe loader: a window on the layers of the pattern (default every other,
+// the even ones), sinks, the router's softmax over its top k (= softmax, top k, renormalized),
+// the clamped SwiGLU with llama.cpp's constants.
+void read_gguf_gpt_oss(const GgufReader& r, const GgufFile& f, ModelConfig& c) {
+  read_gguf_head_dims(r, c);
+  c.moe_intermediate_size = r.req_int("expert_feed_forward_length");
+  c.sliding_window = r.req_int("attention.sliding_window");
+  c.swa_period = r.opt_int("attention.sliding_window_pattern", 2);
+  if (c.swa_period < 1) {
+    fail(ErrorKind::kUnsupported, "{}: key '{}': {} is not supported (a period >= 1)", f.path(),
+         r.key("attention.sliding_window_pattern"), c.swa_period);
+  }
+  c.norm_topk_prob = true;
+  c.attn_sinks = true;
+  c.swiglu_limit = 7.0f;
+  if (r.opt_float("rope.freq_base_swa", c.rope_theta) != c.rope_theta) {
+    fail(ErrorKind::kUnsupported,
+         "{}: key '{}': a RoPE base of its own for the window layers "
+         "is not supported",
+         f.path(), r.key("rope.freq_base_swa"));
+  }
+}
+
+// The keys (and what llama.cpp hard-codes) of c.arch.
+void read_gguf_arch_fields(const GgufReader& r, const GgufFile& f, const std::string& arch,
+                           ModelConfig& c) {
   switch (c.arch) {
     case ModelArch::kDeepseek2:
     case ModelArch::kDeepseek3:
     case ModelArch::kDeepseek32:
-    case ModelArch::kGlmDsa: {
-      if (c.arch == ModelArch::kDeepseek32 || c.arch == ModelArch::kGlmDsa) {
-        read_gguf_indexer(r, f, c);
-      }
-      c.first_k_dense_replace = r.opt_int("leading_dense_block_count", 0);
-      c.q_lora_rank = r.opt_int("attention.q_lora_rank", 0);
-      c.kv_lora_rank = r.req_int("attention.kv_lora_rank");
-      c.qk_rope_head_dim = r.req_int("rope.dimension_count");
-      if (r.find("attention.key_length_mla")) {
-        c.qk_nope_head_dim = r.req_int("attention.key_length_mla") - c.qk_rope_head_dim;
-        c.v_head_dim = r.req_int("attention.value_length_mla");
-      } else {  // older files: MHA lengths, unsplit attn_kv_b
-        c.qk_nope_head_dim = r.req_int("attention.key_length") - c.qk_rope_head_dim;
-        c.v_head_dim = r.req_int("attention.value_length");
-      }
-      c.head_dim = c.qk_nope_head_dim + c.qk_rope_head_dim;
-      c.rope_dim = c.qk_rope_head_dim;
-      c.num_kv_heads = c.num_heads;
-      c.moe_intermediate_size = r.req_int("expert_feed_forward_length");
-      c.n_shared_experts = r.opt_int("expert_shared_count", 0);
-      c.shared_expert_intermediate_size = c.n_shared_experts * c.moe_intermediate_size;
-      c.routed_scaling_factor = static_cast<float>(r.opt_float("expert_weights_scale", 1.0));
-      c.norm_topk_prob = r.opt_bool("expert_weights_norm", false);
-      // (llama.cpp's glm-dsa defaults to sigmoid, deepseek2 to softmax.)
-      const int64_t gating =
-          r.opt_int("expert_gating_func", c.arch == ModelArch::kGlmDsa ? 2 : 1);
-      if (gating != 1 && gating != 2) {
-        fail(ErrorKind::kUnsupported,
-             "{}: key '{}': gating function {} is not supported (1 = "
-             "softmax, 2 = sigmoid)",
-             f.path(), r.key("expert_gating_func"), gating);
-      }
-      c.scoring = gating == 2 ? ScoringFunc::kSigmoid : ScoringFunc::kSoftmax;
-      c.n_group = r.opt_int("expert_group_count", 1);
-      c.topk_group = r.opt_int("expert_group_used_count", 1);
-      c.has_e_score_correction_bias = has_tensor_suffix(f, "exp_probs_b.bias");
-      // GGUF has no topk_method: the selection bias means noaux_tc, groups mean V2's
-      // group-limited greedy (with one group both reduce to plain greedy).
-      c.topk_method = c.has_e_score_correction_bias ? TopkMethod::kNoauxTc
-                      : c.n_group > 1               ? TopkMethod::kGroupLimitedGreedy
-                                                    : TopkMethod::kGreedy;
+    case ModelArch::kGlmDsa:
+      read_gguf_deepseek(r, f, c);
       break;
-    }
     case ModelArch::kQwen2Moe:
-    case ModelArch::kQwen3Moe: {
-      const bool qwen3 = c.arch == ModelArch::kQwen3Moe;
-      read_head_dims();
-      c.moe_intermediate_size = r.req_int("expert_feed_forward_length");
-      if (!qwen3) {
-        c.shared_expert_intermediate_size = r.opt_int("expert_shared_feed_forward_length", 0);
-        c.n_shared_experts = c.shared_expert_intermediate_size > 0 ? 1 : 0;
-        c.shared_expert_gate = c.n_shared_experts > 0;
-      }
-      // llama.cpp hard-codes these per arch: Qwen2-MoE keeps raw top-k softmax weights, Qwen3
-      // renormalizes them and has q/k norms.
-      c.norm_topk_prob = qwen3;
-      c.qk_norm = qwen3;
+    case ModelArch::kQwen3Moe:
+      read_gguf_qwen_moe(r, c);
       break;
-    }
     case ModelArch::kGlm4Moe:
-    case ModelArch::kMiniMaxM2: {
-      const bool glm = c.arch == ModelArch::kGlm4Moe;
-      read_head_dims();
-      c.moe_intermediate_size = r.req_int("expert_feed_forward_length");
-      // Sigmoid scores with the selection bias (exp_probs_b), as llama.cpp runs both arches.
-      const int64_t gating = r.opt_int("expert_gating_func", 2);
-      if (gating != 2) {
-        fail(ErrorKind::kUnsupported,
-             "{}: key '{}': gating function {} is not supported for {} (2 = sigmoid)", f.path(),
-             r.key("expert_gating_func"), gating, arch);
-      }
-      detail::set_noaux_tc_routing(c);
-      c.qk_norm = f.find_tensor("blk.0.attn_q_norm.weight") != nullptr;
-      if (glm) {
-        // llama.cpp: n_layer = block_count - nextn_predict_layers (the MTP layers come last).
-        c.nextn_layers = r.opt_int("nextn_predict_layers", 0);
-        if (c.nextn_layers < 0 || c.nextn_layers >= c.num_layers) {
-          fail(ErrorKind::kFormat, "{}: key '{}': {} is not below {} ({})", f.path(),
-               r.key("nextn_predict_layers"), c.nextn_layers, r.key("block_count"),
-               c.num_layers);
-        }
-        c.num_layers -= c.nextn_layers;
-        c.first_k_dense_replace = r.opt_int("leading_dense_block_count", 0);
-        c.n_shared_experts = r.opt_int("expert_shared_count", 0);
-        c.shared_expert_intermediate_size = c.n_shared_experts * c.moe_intermediate_size;
-        c.n_group = r.opt_int("expert_group_count", 1);
-        c.topk_group = r.opt_int("expert_group_used_count", 1);
-        // llama.cpp leaves the weights unscaled when the key is absent (or 0).
-        const double scale = r.opt_float("expert_weights_scale", 0.0);
-        c.routed_scaling_factor = scale == 0.0 ? 1.0f : static_cast<float>(scale);
-        c.norm_topk_prob = r.opt_bool("expert_weights_norm", false);
-      } else {
-        c.norm_topk_prob = true;  // llama.cpp's minimax-m2 graph always renormalizes
-        // llama.cpp's minimax-m2 norms span all heads (attn_q_norm: num_heads * head_dim).
-        c.qk_norm_all_heads = c.qk_norm;
-      }
+    case ModelArch::kMiniMaxM2:
+      read_gguf_glm_minimax(r, f, arch, c);
       break;
-    }
     case ModelArch::kQwen3Next:
     case ModelArch::kQwen35Moe:
       read_qwen_hybrid(r, f, c);
       break;
-    case ModelArch::kMixtral: {
-      read_head_dims();
+    case ModelArch::kMixtral:
+      read_gguf_head_dims(r, c);
       c.moe_intermediate_size = r.opt_int("expert_feed_forward_length", c.intermediate_size);
       c.norm_topk_prob = true;
       break;
-    }
-    case ModelArch::kGptOss: {
-      // As llama.cpp's openai-moe loader: a window on the layers of the pattern (default every
-      // other, the even ones), sinks, the router's softmax over its top k (= softmax, top k,
-      // renormalized), the clamped SwiGLU with llama.cpp's constants.
-      read_head_dims();
-      c.moe_intermediate_size = r.req_int("expert_feed_forward_length");
-      c.sliding_window = r.req_int("attention.sliding_window");
-      c.swa_period = r.opt_int("attention.sliding_window_pattern", 2);
-      if (c.swa_period < 1) {
-        fail(ErrorKind::kUnsupported, "{}: key '{}': {} is not supported (a period >= 1)",
-             f.path(), r.key("attention.sliding_window_pattern"), c.swa_period);
-      }
-      c.norm_topk_prob = true;
-      c.attn_sinks = true;
-      c.swiglu_limit = 7.0f;
-      if (r.opt_float("rope.freq_base_swa", c.rope_theta) != c.rope_theta) {
-        fail(ErrorKind::kUnsupported, "{}: key '{}': a RoPE base of its own for the window layers "
-             "is not supported", f.path(), r.key("rope.freq_base_swa"));
-      }
+    case ModelArch::kGptOss:
+      read_gguf_gpt_oss(r, f, c);
       break;
-    }
   }
+}
+}  // namespace
+
+ModelConfig config_from_gguf(const GgufFile& f) {
+  const std::string arch = gguf_architecture(f);
+  const GgufReader r(f, arch);
+  ModelConfig c;
+  c.arch = arch_from_gguf(r, f, arch);
+  read_gguf_common(r, f, c);
+  read_gguf_arch_fields(r, f, arch, c);
   read_gguf_rope_scaling(r, f, c);
   detail::validate_config_keys(c, f.path(),
                                [&](std::string_view field) { return gguf_key_of(c.arch, field); });

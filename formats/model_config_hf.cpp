@@ -242,10 +242,30 @@ void read_hf_layer_types(const JsonReader& r, std::string_view source, ModelConf
   }
 }
 
-// Qwen3NextConfig / Qwen3_5MoeTextConfig: the Gated DeltaNet sizes, the layer pattern, the gated
-// attention with partial rotary (Qwen3.5: interleaved multi-section), the gated shared expert.
-void read_hf_qwen_hybrid(const JsonReader& r, std::string_view source, ModelConfig& c) {
-  const bool q35 = c.arch == ModelArch::kQwen35Moe;
+// Qwen3.5's multi-section RoPE from rope_parameters (rp, null when absent): mrope_section, in
+// the interleaved form only.
+void read_hf_mrope_sections(const Json* rp, std::string_view source, ModelConfig& c) {
+  // transformers' default mrope_section (and convert_hf_to_gguf.py's) when a file has none.
+  std::vector<int64_t> sections = {11, 11, 10};
+  if (rp != nullptr) {
+    const JsonReader p(*rp, source, "rope_parameters.");
+    if (p.has("mrope_section")) sections = p.opt_int_list("mrope_section");
+    if (!p.opt_bool("mrope_interleaved", true)) {
+      fail(ErrorKind::kUnsupported,
+           "{}: key 'rope_parameters.mrope_interleaved': only the interleaved form is "
+           "supported (as released)",
+           source);
+    }
+  }
+  if (sections.empty() || sections.size() > 4) {
+    fail(ErrorKind::kFormat, "{}: key 'rope_parameters.mrope_section': 1 to 4 sections", source);
+  }
+  for (size_t i = 0; i < sections.size(); ++i) c.rope_sections[i] = sections[i];
+}
+
+// The hybrid models' gated attention: head_dim, the partial rotary factor (top level or in
+// rope_parameters / rope_scaling) and, for Qwen3.5, the multi-section RoPE.
+void read_hf_hybrid_attention(const JsonReader& r, std::string_view source, ModelConfig& c) {
   c.head_dim = r.opt_int("head_dim", 256);
   c.v_head_dim = c.head_dim;
   const Json* rp = r.get("rope_parameters");
@@ -256,25 +276,13 @@ void read_hf_qwen_hybrid(const JsonReader& r, std::string_view source, ModelConf
     partial = partial_rotary_factor(JsonReader(*rp, source, "rope_parameters."), partial, source);
   }
   c.rope_dim = static_cast<int64_t>(static_cast<double>(c.head_dim) * partial);
-  if (q35) {
-    // transformers' default mrope_section (and convert_hf_to_gguf.py's) when a file has none.
-    std::vector<int64_t> sections = {11, 11, 10};
-    if (rp != nullptr) {
-      const JsonReader p(*rp, source, "rope_parameters.");
-      if (p.has("mrope_section")) sections = p.opt_int_list("mrope_section");
-      if (!p.opt_bool("mrope_interleaved", true)) {
-        fail(ErrorKind::kUnsupported,
-             "{}: key 'rope_parameters.mrope_interleaved': only the interleaved form is "
-             "supported (as released)",
-             source);
-      }
-    }
-    if (sections.empty() || sections.size() > 4) {
-      fail(ErrorKind::kFormat, "{}: key 'rope_parameters.mrope_section': 1 to 4 sections",
-           source);
-    }
-    for (size_t i = 0; i < sections.size(); ++i) c.rope_sections[i] = sections[i];
-  }
+  if (c.arch == ModelArch::kQwen35Moe) read_hf_mrope_sections(rp, source, c);
+}
+
+// Qwen3NextConfig / Qwen3_5MoeTextConfig: the Gated DeltaNet sizes, the layer pattern, the gated
+// attention with partial rotary (Qwen3.5: interleaved multi-section), the gated shared expert.
+void read_hf_qwen_hybrid(const JsonReader& r, std::string_view source, ModelConfig& c) {
+  read_hf_hybrid_attention(r, source, c);
   c.moe_intermediate_size = r.req_int("moe_intermediate_size");
   if (c.intermediate_size == 0) c.intermediate_size = c.moe_intermediate_size;
   c.shared_expert_intermediate_size = r.opt_int("shared_expert_intermediate_size", 0);
@@ -300,8 +308,8 @@ void read_hf_qwen_hybrid(const JsonReader& r, std::string_view source, ModelConf
   read_hf_layer_types(r, source, c);
 }
 
-void read_hf_rope_scaling(const JsonReader& r, const Json& root, std::string_view source,
-                          ModelConfig& c) {
+// rope_scaling (or rope_parameters): the RoPE base it may carry, linear or YaRN scaling.
+void read_hf_rope_scaling(const JsonReader& r, std::string_view source, ModelConfig& c) {
   const Json* rs = r.get("rope_scaling");
   if (!rs) rs = r.get("rope_parameters");  // transformers >= 4.56 spelling
   if (!rs) return;
@@ -334,19 +342,22 @@ void read_hf_rope_scaling(const JsonReader& r, const Json& root, std::string_vie
        source, type);
 }
 
-ModelConfig parse_hf(const Json& root_in, std::string_view source) {
-  if (!root_in.is_object()) {
-    fail(ErrorKind::kFormat, "{}: expected a JSON object, got {}", source, json_type(root_in));
+// The object that holds the language model's keys: multimodal wrappers (e.g. Kimi-K2.5) nest it
+// under text_config.
+const Json& hf_text_root(const Json& root) {
+  if (auto it = root.find("text_config");
+      it != root.end() && it->is_object() && !root.contains("hidden_size")) {
+    return *it;
   }
-  // Multimodal wrappers (e.g. Kimi-K2.5) nest the language model under text_config.
-  const Json* root = &root_in;
-  if (auto it = root_in.find("text_config");
-      it != root_in.end() && it->is_object() && !root_in.contains("hidden_size")) {
-    root = &*it;
-  }
+  return root;
+}
+
+// The architecture named by `root` (or by the wrapper around it), or an error listing those
+// tandem supports.
+ModelArch hf_arch(const Json& root, const Json& wrapper, std::string_view source) {
   std::string what;
-  std::optional<ModelArch> arch = arch_from_hf(*root, &what);
-  if (!arch && root != &root_in) arch = arch_from_hf(root_in, &what);
+  std::optional<ModelArch> arch = arch_from_hf(root, &what);
+  if (!arch && &root != &wrapper) arch = arch_from_hf(wrapper, &what);
   if (!arch) {
     fail(ErrorKind::kUnsupported,
          "{}: architecture '{}' is not supported (supported: "
@@ -356,12 +367,11 @@ ModelConfig parse_hf(const Json& root_in, std::string_view source) {
          "DeepseekV32ForCausalLM, GlmMoeDsaForCausalLM)",
          source, what.empty() ? "(none)" : what);
   }
-  const JsonReader r(*root, source);
-  ModelConfig c;
-  c.arch = *arch;
-  // DeepSeek-V3's routing defaults (noaux_tc, sigmoid, 2.5) are V3.2's and GLM-5's too.
-  const bool v3 = is_deepseek(c.arch) && c.arch != ModelArch::kDeepseek2;
+  return *arch;
+}
 
+// The keys every architecture has: the activation, the model's sizes, norms, RoPE base, tokens.
+void read_hf_common(const JsonReader& r, std::string_view source, ModelConfig& c) {
   const std::string act = r.opt_string("hidden_act", "silu");
   if (act != "silu") {
     fail(ErrorKind::kUnsupported, "{}: key 'hidden_act': activation '{}' is not supported (silu)",
@@ -388,209 +398,268 @@ ModelConfig parse_hf(const Json& root_in, std::string_view source) {
     fail(ErrorKind::kFormat, "{}: key 'num_attention_heads': value {} must be > 0", source,
          c.num_heads);
   }
+}
 
+// Qwen2-MoE and Mixtral derive head_dim from hidden_size, which the heads must divide.
+void check_heads_divide_hidden(std::string_view source, const ModelConfig& c) {
+  if (c.hidden_size % c.num_heads != 0) {
+    fail(ErrorKind::kFormat,
+         "{}: key 'num_attention_heads': {} heads do not divide "
+         "hidden_size {}",
+         source, c.num_heads, c.hidden_size);
+  }
+}
+
+// DeepSeek's MLA: the LoRA ranks and the split head sizes (every head its own decompressed K/V).
+void read_hf_mla(const JsonReader& r, ModelConfig& c) {
+  c.q_lora_rank = r.opt_int("q_lora_rank", 0);
+  c.kv_lora_rank = r.req_int("kv_lora_rank");
+  c.qk_nope_head_dim = r.req_int("qk_nope_head_dim");
+  c.qk_rope_head_dim = r.req_int("qk_rope_head_dim");
+  c.v_head_dim = r.req_int("v_head_dim");
+  c.head_dim = c.qk_nope_head_dim + c.qk_rope_head_dim;
+  c.rope_dim = c.qk_rope_head_dim;
+  c.num_kv_heads = c.num_heads;  // MLA: every head has its own decompressed K/V
+}
+
+// DeepSeek's router: groups, topk_method, scoring_func, renormalization and scaling, with the
+// defaults of the HF configuration classes (V2: softmax greedy, V3 and later: noaux_tc).
+void read_hf_deepseek_routing(const JsonReader& r, std::string_view source, bool v3,
+                              ModelConfig& c) {
+  c.n_group = r.opt_int("n_group", 1);
+  c.topk_group = r.opt_int("topk_group", 1);
+  const std::string method = r.opt_string("topk_method", v3 ? "noaux_tc" : "greedy");
+  if (method == "greedy" || method == "gready") {  // "gready": DeepseekV2Config's default
+    c.topk_method = TopkMethod::kGreedy;
+  } else if (method == "group_limited_greedy") {
+    c.topk_method = TopkMethod::kGroupLimitedGreedy;
+  } else if (method == "noaux_tc") {
+    c.topk_method = TopkMethod::kNoauxTc;
+  } else {
+    fail(ErrorKind::kUnsupported,
+         "{}: key 'topk_method': '{}' is not supported (greedy, "
+         "group_limited_greedy, noaux_tc)",
+         source, method);
+  }
+  const std::string scoring = r.opt_string("scoring_func", v3 ? "sigmoid" : "softmax");
+  if (scoring == "softmax") {
+    c.scoring = ScoringFunc::kSoftmax;
+  } else if (scoring == "sigmoid") {
+    c.scoring = ScoringFunc::kSigmoid;
+  } else {
+    fail(ErrorKind::kUnsupported,
+         "{}: key 'scoring_func': '{}' is not supported (softmax, "
+         "sigmoid)",
+         source, scoring);
+  }
+  c.norm_topk_prob = r.opt_bool("norm_topk_prob", v3);
+  c.routed_scaling_factor =
+      static_cast<float>(r.opt_float("routed_scaling_factor", v3 ? 2.5 : 1.0));
+  c.has_e_score_correction_bias = c.topk_method == TopkMethod::kNoauxTc;
+}
+
+// DeepseekV2/V3/V32Config, GlmMoeDsaConfig: the indexer and MTP layers (V3.2, GLM-5), the
+// experts, MLA and the router.
+void read_hf_deepseek(const JsonReader& r, std::string_view source, ModelConfig& c) {
+  // DeepSeek-V3's routing defaults (noaux_tc, sigmoid, 2.5) are V3.2's and GLM-5's too.
+  const bool v3 = c.arch != ModelArch::kDeepseek2;
+  if (c.arch == ModelArch::kDeepseek32 || c.arch == ModelArch::kGlmDsa) {
+    read_hf_indexer(r, c);
+    c.nextn_layers = r.opt_int("num_nextn_predict_layers", 0);
+  }
+  c.moe_intermediate_size = r.req_int("moe_intermediate_size");
+  c.n_experts = r.req_int("n_routed_experts");
+  c.n_shared_experts = r.opt_int("n_shared_experts", 0);
+  c.shared_expert_intermediate_size = c.n_shared_experts * c.moe_intermediate_size;
+  c.first_k_dense_replace = r.opt_int("first_k_dense_replace", 0);
+  c.moe_layer_freq = r.opt_int("moe_layer_freq", 1);
+  read_hf_mla(r, c);
+  read_hf_deepseek_routing(r, source, v3, c);
+  c.attention_bias = r.opt_bool("attention_bias", false);
+}
+
+// Qwen2MoeConfig / Qwen3MoeConfig: head sizes, experts (Qwen2: a gated shared expert), the
+// sparse-layer pattern, biases and q/k norms, the optional sliding window.
+void read_hf_qwen_moe(const JsonReader& r, std::string_view source, ModelConfig& c) {
+  const bool qwen3 = c.arch == ModelArch::kQwen3Moe;
+  c.moe_intermediate_size = r.req_int("moe_intermediate_size");
+  c.n_experts = r.req_int("num_experts");
+  c.head_dim =
+      qwen3 ? r.opt_int("head_dim", c.hidden_size / c.num_heads) : c.hidden_size / c.num_heads;
+  if (!qwen3) check_heads_divide_hidden(source, c);
+  c.v_head_dim = c.head_dim;
+  c.rope_dim = c.head_dim;
+  if (!qwen3) {
+    c.shared_expert_intermediate_size = r.opt_int("shared_expert_intermediate_size", 0);
+    c.n_shared_experts = c.shared_expert_intermediate_size > 0 ? 1 : 0;
+    c.shared_expert_gate = c.n_shared_experts > 0;
+  }
+  c.norm_topk_prob = r.opt_bool("norm_topk_prob", false);
+  c.moe_layer_freq = r.opt_int("decoder_sparse_step", 1);
+  c.mlp_only_layers = r.opt_int_list("mlp_only_layers");
+  c.attention_bias = qwen3 ? r.opt_bool("attention_bias", false) : true;  // Qwen2: always
+  c.qk_norm = qwen3;
+  if (r.opt_bool("use_sliding_window", false)) c.sliding_window = r.opt_int("sliding_window", 0);
+}
+
+// Glm4MoeConfig: partial rotary, DeepSeek-V3-style experts and router (noaux_tc), q/k norms and
+// the MTP layers.
+void read_hf_glm4moe(const JsonReader& r, std::string_view source, ModelConfig& c) {
+  c.head_dim = r.opt_int("head_dim", c.hidden_size / c.num_heads);
+  c.v_head_dim = c.head_dim;
+  const double partial = partial_rotary_factor(r, 0.5, source);
+  // As convert_hf_to_gguf.py writes rope.dimension_count: int(head_dim * factor).
+  c.rope_dim = static_cast<int64_t>(static_cast<double>(c.head_dim) * partial);
+  c.moe_intermediate_size = r.req_int("moe_intermediate_size");
+  c.n_experts = r.req_int("n_routed_experts");
+  c.n_shared_experts = r.opt_int("n_shared_experts", 1);
+  c.shared_expert_intermediate_size = c.n_shared_experts * c.moe_intermediate_size;
+  c.first_k_dense_replace = r.opt_int("first_k_dense_replace", 1);
+  c.n_group = r.opt_int("n_group", 1);
+  c.topk_group = r.opt_int("topk_group", 1);
+  detail::set_noaux_tc_routing(c);  // Glm4MoeTopkRouter
+  c.norm_topk_prob = r.opt_bool("norm_topk_prob", true);
+  c.routed_scaling_factor = static_cast<float>(r.opt_float("routed_scaling_factor", 1.0));
+  c.attention_bias = r.opt_bool("attention_bias", false);
+  c.qk_norm = r.opt_bool("use_qk_norm", false);
+  c.nextn_layers = r.opt_int("num_nextn_predict_layers", 0);
+}
+
+// MiniMaxM2Config: the experts' width is intermediate_size, rotary_dim (or the partial factor),
+// sigmoid routing with a bias (the only form released), q/k norms over all heads.
+void read_hf_minimax_m2(const JsonReader& r, std::string_view source, ModelConfig& c) {
+  c.moe_intermediate_size = c.intermediate_size;
+  c.n_experts = r.req_int("num_local_experts");
+  c.head_dim = r.opt_int("head_dim", c.hidden_size / c.num_heads);
+  c.v_head_dim = c.head_dim;
+  const double partial = partial_rotary_factor(r, 1.0, source);
+  c.rope_dim = r.has("rotary_dim")
+                   ? r.req_int("rotary_dim")
+                   : static_cast<int64_t>(static_cast<double>(c.head_dim) * partial);
+  const std::string scoring = r.opt_string("scoring_func", "sigmoid");
+  if (scoring != "sigmoid" || !r.opt_bool("use_routing_bias", true)) {
+    fail(ErrorKind::kUnsupported,
+         "{}: keys 'scoring_func' / 'use_routing_bias': only sigmoid scores with a routing "
+         "bias are supported (as released)",
+         source);
+  }
+  detail::set_noaux_tc_routing(c);
+  c.norm_topk_prob = true;  // MiniMaxM2SparseMoeBlock always renormalizes the top-k
+  c.qk_norm = r.opt_bool("use_qk_norm", true);
+  c.qk_norm_all_heads = c.qk_norm;  // qk_norm_type "per_layer": over all heads
+  const std::string norm_type = r.opt_string("qk_norm_type", "per_layer");
+  if (c.qk_norm && norm_type != "per_layer") {
+    fail(ErrorKind::kUnsupported, "{}: key 'qk_norm_type': '{}' is not supported (per_layer)",
+         source, norm_type);
+  }
+}
+
+// MixtralConfig: the experts' width is intermediate_size, full rotary, an optional window.
+void read_hf_mixtral(const JsonReader& r, std::string_view source, ModelConfig& c) {
+  c.moe_intermediate_size = c.intermediate_size;  // Mixtral names the expert width so
+  c.n_experts = r.req_int("num_local_experts");
+  c.head_dim = r.opt_int("head_dim", c.hidden_size / c.num_heads);
+  if (!r.has("head_dim")) check_heads_divide_hidden(source, c);
+  c.v_head_dim = c.head_dim;
+  c.rope_dim = c.head_dim;
+  c.norm_topk_prob = true;  // MixtralSparseMoeBlock always renormalizes the top-k
+  c.sliding_window = r.opt_int("sliding_window", 0);
+}
+
+// layer_types: "sliding_attention" / "full_attention" per layer, a repeating pattern of
+// windowed layers then one full (gpt-oss: alternating, the first windowed).
+void read_hf_sliding_layer_types(const JsonReader& r, std::string_view source, ModelConfig& c) {
+  c.swa_period = 2;
+  const Json* types = r.get("layer_types");
+  if (types == nullptr) return;
+  if (!types->is_array()) r.bad_type("layer_types", "a list", *types);
+  std::vector<bool> swa;
+  for (const Json& t : *types) {
+    const bool sliding = t.is_string() && t.get<std::string>() == "sliding_attention";
+    if (!sliding && !(t.is_string() && t.get<std::string>() == "full_attention")) {
+      fail(ErrorKind::kFormat,
+           "{}: key 'layer_types': entries are 'sliding_attention' or 'full_attention'", source);
+    }
+    swa.push_back(sliding);
+  }
+  if (static_cast<int64_t>(swa.size()) != c.num_layers) {
+    fail(ErrorKind::kFormat, "{}: key 'layer_types': {} entries for {} layers", source, swa.size(),
+         c.num_layers);
+  }
+  int64_t period = 0;  // 0: no windowed layer
+  for (size_t l = 0; l < swa.size() && period == 0; ++l) {
+    if (!swa[l]) period = static_cast<int64_t>(l) + 1;
+  }
+  if (period == 0) period = c.num_layers + 1;  // every layer windowed
+  c.swa_period = period == 1 ? 0 : period;
+  for (size_t l = 0; l < swa.size(); ++l) {
+    if (swa[l] != c.is_swa_layer(static_cast<int64_t>(l))) {
+      fail(ErrorKind::kUnsupported,
+           "{}: key 'layer_types': layer {} breaks the repeating pattern of {} windowed "
+           "layers then one full (the pattern llama.cpp and tandem support)",
+           source, l, period - 1);
+    }
+  }
+}
+
+// GptOssConfig: the experts' width is intermediate_size, biases, sinks, the clamped SwiGLU and
+// the windowed layers.
+void read_hf_gpt_oss(const JsonReader& r, std::string_view source, ModelConfig& c) {
+  c.moe_intermediate_size = c.intermediate_size;  // the experts' width (no dense FFN)
+  c.n_experts = r.req_int("num_local_experts");
+  c.head_dim = r.opt_int("head_dim", c.hidden_size / c.num_heads);
+  c.v_head_dim = c.rope_dim = c.head_dim;
+  c.norm_topk_prob = true;  // GptOssTopKRouter: softmax over the top-k logits
+  c.attention_bias = r.opt_bool("attention_bias", true);
+  c.attn_sinks = true;
+  c.swiglu_limit = static_cast<float>(r.opt_float("swiglu_limit", 7.0));
+  c.sliding_window = r.opt_int("sliding_window", 128);
+  read_hf_sliding_layer_types(r, source, c);
+}
+
+// The keys of c.arch's configuration class.
+void read_hf_arch_fields(const JsonReader& r, std::string_view source, ModelConfig& c) {
   switch (c.arch) {
     case ModelArch::kDeepseek2:
     case ModelArch::kDeepseek3:
     case ModelArch::kDeepseek32:
-    case ModelArch::kGlmDsa: {
-      if (c.arch == ModelArch::kDeepseek32 || c.arch == ModelArch::kGlmDsa) {
-        read_hf_indexer(r, c);
-        c.nextn_layers = r.opt_int("num_nextn_predict_layers", 0);
-      }
-      c.moe_intermediate_size = r.req_int("moe_intermediate_size");
-      c.n_experts = r.req_int("n_routed_experts");
-      c.n_shared_experts = r.opt_int("n_shared_experts", 0);
-      c.shared_expert_intermediate_size = c.n_shared_experts * c.moe_intermediate_size;
-      c.first_k_dense_replace = r.opt_int("first_k_dense_replace", 0);
-      c.moe_layer_freq = r.opt_int("moe_layer_freq", 1);
-      c.q_lora_rank = r.opt_int("q_lora_rank", 0);
-      c.kv_lora_rank = r.req_int("kv_lora_rank");
-      c.qk_nope_head_dim = r.req_int("qk_nope_head_dim");
-      c.qk_rope_head_dim = r.req_int("qk_rope_head_dim");
-      c.v_head_dim = r.req_int("v_head_dim");
-      c.head_dim = c.qk_nope_head_dim + c.qk_rope_head_dim;
-      c.rope_dim = c.qk_rope_head_dim;
-      c.num_kv_heads = c.num_heads;  // MLA: every head has its own decompressed K/V
-      c.n_group = r.opt_int("n_group", 1);
-      c.topk_group = r.opt_int("topk_group", 1);
-      // Defaults are those of the HF configuration classes (V2: softmax greedy, V3: noaux_tc).
-      const std::string method = r.opt_string("topk_method", v3 ? "noaux_tc" : "greedy");
-      if (method == "greedy" || method == "gready") {  // "gready": DeepseekV2Config's default
-        c.topk_method = TopkMethod::kGreedy;
-      } else if (method == "group_limited_greedy") {
-        c.topk_method = TopkMethod::kGroupLimitedGreedy;
-      } else if (method == "noaux_tc") {
-        c.topk_method = TopkMethod::kNoauxTc;
-      } else {
-        fail(ErrorKind::kUnsupported,
-             "{}: key 'topk_method': '{}' is not supported (greedy, "
-             "group_limited_greedy, noaux_tc)",
-             source, method);
-      }
-      const std::string scoring = r.opt_string("scoring_func", v3 ? "sigmoid" : "softmax");
-      if (scoring == "softmax") {
-        c.scoring = ScoringFunc::kSoftmax;
-      } else if (scoring == "sigmoid") {
-        c.scoring = ScoringFunc::kSigmoid;
-      } else {
-        fail(ErrorKind::kUnsupported,
-             "{}: key 'scoring_func': '{}' is not supported (softmax, "
-             "sigmoid)",
-             source, scoring);
-      }
-      c.norm_topk_prob = r.opt_bool("norm_topk_prob", v3);
-      c.routed_scaling_factor =
-          static_cast<float>(r.opt_float("routed_scaling_factor", v3 ? 2.5 : 1.0));
-      c.has_e_score_correction_bias = c.topk_method == TopkMethod::kNoauxTc;
-      c.attention_bias = r.opt_bool("attention_bias", false);
+    case ModelArch::kGlmDsa:
+      read_hf_deepseek(r, source, c);
       break;
-    }
     case ModelArch::kQwen2Moe:
-    case ModelArch::kQwen3Moe: {
-      const bool qwen3 = c.arch == ModelArch::kQwen3Moe;
-      c.moe_intermediate_size = r.req_int("moe_intermediate_size");
-      c.n_experts = r.req_int("num_experts");
-      c.head_dim =
-          qwen3 ? r.opt_int("head_dim", c.hidden_size / c.num_heads) : c.hidden_size / c.num_heads;
-      if (!qwen3 && c.hidden_size % c.num_heads != 0) {
-        fail(ErrorKind::kFormat,
-             "{}: key 'num_attention_heads': {} heads do not divide "
-             "hidden_size {}",
-             source, c.num_heads, c.hidden_size);
-      }
-      c.v_head_dim = c.head_dim;
-      c.rope_dim = c.head_dim;
-      if (!qwen3) {
-        c.shared_expert_intermediate_size = r.opt_int("shared_expert_intermediate_size", 0);
-        c.n_shared_experts = c.shared_expert_intermediate_size > 0 ? 1 : 0;
-        c.shared_expert_gate = c.n_shared_experts > 0;
-      }
-      c.norm_topk_prob = r.opt_bool("norm_topk_prob", false);
-      c.moe_layer_freq = r.opt_int("decoder_sparse_step", 1);
-      c.mlp_only_layers = r.opt_int_list("mlp_only_layers");
-      c.attention_bias = qwen3 ? r.opt_bool("attention_bias", false) : true;  // Qwen2: always
-      c.qk_norm = qwen3;
-      if (r.opt_bool("use_sliding_window", false))
-        c.sliding_window = r.opt_int("sliding_window", 0);
+    case ModelArch::kQwen3Moe:
+      read_hf_qwen_moe(r, source, c);
       break;
-    }
     case ModelArch::kQwen3Next:
     case ModelArch::kQwen35Moe:
       read_hf_qwen_hybrid(r, source, c);
       break;
-    case ModelArch::kGlm4Moe: {
-      c.head_dim = r.opt_int("head_dim", c.hidden_size / c.num_heads);
-      c.v_head_dim = c.head_dim;
-      const double partial = partial_rotary_factor(r, 0.5, source);
-      // As convert_hf_to_gguf.py writes rope.dimension_count: int(head_dim * factor).
-      c.rope_dim = static_cast<int64_t>(static_cast<double>(c.head_dim) * partial);
-      c.moe_intermediate_size = r.req_int("moe_intermediate_size");
-      c.n_experts = r.req_int("n_routed_experts");
-      c.n_shared_experts = r.opt_int("n_shared_experts", 1);
-      c.shared_expert_intermediate_size = c.n_shared_experts * c.moe_intermediate_size;
-      c.first_k_dense_replace = r.opt_int("first_k_dense_replace", 1);
-      c.n_group = r.opt_int("n_group", 1);
-      c.topk_group = r.opt_int("topk_group", 1);
-      detail::set_noaux_tc_routing(c);  // Glm4MoeTopkRouter
-      c.norm_topk_prob = r.opt_bool("norm_topk_prob", true);
-      c.routed_scaling_factor = static_cast<float>(r.opt_float("routed_scaling_factor", 1.0));
-      c.attention_bias = r.opt_bool("attention_bias", false);
-      c.qk_norm = r.opt_bool("use_qk_norm", false);
-      c.nextn_layers = r.opt_int("num_nextn_predict_layers", 0);
+    case ModelArch::kGlm4Moe:
+      read_hf_glm4moe(r, source, c);
       break;
-    }
-    case ModelArch::kMiniMaxM2: {
-      c.moe_intermediate_size = c.intermediate_size;
-      c.n_experts = r.req_int("num_local_experts");
-      c.head_dim = r.opt_int("head_dim", c.hidden_size / c.num_heads);
-      c.v_head_dim = c.head_dim;
-      const double partial = partial_rotary_factor(r, 1.0, source);
-      c.rope_dim = r.has("rotary_dim")
-                       ? r.req_int("rotary_dim")
-                       : static_cast<int64_t>(static_cast<double>(c.head_dim) * partial);
-      const std::string scoring = r.opt_string("scoring_func", "sigmoid");
-      if (scoring != "sigmoid" || !r.opt_bool("use_routing_bias", true)) {
-        fail(ErrorKind::kUnsupported,
-             "{}: keys 'scoring_func' / 'use_routing_bias': only sigmoid scores with a routing "
-             "bias are supported (as released)",
-             source);
-      }
-      detail::set_noaux_tc_routing(c);
-      c.norm_topk_prob = true;  // MiniMaxM2SparseMoeBlock always renormalizes the top-k
-      c.qk_norm = r.opt_bool("use_qk_norm", true);
-      c.qk_norm_all_heads = c.qk_norm;  // qk_norm_type "per_layer": over all heads
-      const std::string norm_type = r.opt_string("qk_norm_type", "per_layer");
-      if (c.qk_norm && norm_type != "per_layer") {
-        fail(ErrorKind::kUnsupported,
-             "{}: key 'qk_norm_type': '{}' is not supported (per_layer)", source, norm_type);
-      }
+    case ModelArch::kMiniMaxM2:
+      read_hf_minimax_m2(r, source, c);
       break;
-    }
-    case ModelArch::kMixtral: {
-      c.moe_intermediate_size = c.intermediate_size;  // Mixtral names the expert width so
-      c.n_experts = r.req_int("num_local_experts");
-      c.head_dim = r.opt_int("head_dim", c.hidden_size / c.num_heads);
-      if (!r.has("head_dim") && c.hidden_size % c.num_heads != 0) {
-        fail(ErrorKind::kFormat,
-             "{}: key 'num_attention_heads': {} heads do not divide "
-             "hidden_size {}",
-             source, c.num_heads, c.hidden_size);
-      }
-      c.v_head_dim = c.head_dim;
-      c.rope_dim = c.head_dim;
-      c.norm_topk_prob = true;  // MixtralSparseMoeBlock always renormalizes the top-k
-      c.sliding_window = r.opt_int("sliding_window", 0);
+    case ModelArch::kMixtral:
+      read_hf_mixtral(r, source, c);
       break;
-    }
-    case ModelArch::kGptOss: {
-      c.moe_intermediate_size = c.intermediate_size;  // the experts' width (no dense FFN)
-      c.n_experts = r.req_int("num_local_experts");
-      c.head_dim = r.opt_int("head_dim", c.hidden_size / c.num_heads);
-      c.v_head_dim = c.rope_dim = c.head_dim;
-      c.norm_topk_prob = true;  // GptOssTopKRouter: softmax over the top-k logits
-      c.attention_bias = r.opt_bool("attention_bias", true);
-      c.attn_sinks = true;
-      c.swiglu_limit = static_cast<float>(r.opt_float("swiglu_limit", 7.0));
-      c.sliding_window = r.opt_int("sliding_window", 128);
-      // layer_types: "sliding_attention" / "full_attention" per layer, a repeating pattern of
-      // windowed layers then one full (gpt-oss: alternating, the first windowed).
-      c.swa_period = 2;
-      if (const Json* types = r.get("layer_types")) {
-        if (!types->is_array()) r.bad_type("layer_types", "a list", *types);
-        std::vector<bool> swa;
-        for (const Json& t : *types) {
-          const bool sliding = t.is_string() && t.get<std::string>() == "sliding_attention";
-          if (!sliding && !(t.is_string() && t.get<std::string>() == "full_attention")) {
-            fail(ErrorKind::kFormat,
-                 "{}: key 'layer_types': entries are 'sliding_attention' or 'full_attention'",
-                 source);
-          }
-          swa.push_back(sliding);
-        }
-        if (static_cast<int64_t>(swa.size()) != c.num_layers) {
-          fail(ErrorKind::kFormat, "{}: key 'layer_types': {} entries for {} layers", source,
-               swa.size(), c.num_layers);
-        }
-        int64_t period = 0;  // 0: no windowed layer
-        for (size_t l = 0; l < swa.size() && period == 0; ++l) {
-          if (!swa[l]) period = static_cast<int64_t>(l) + 1;
-        }
-        if (period == 0) period = c.num_layers + 1;  // every layer windowed
-        c.swa_period = period == 1 ? 0 : period;
-        for (size_t l = 0; l < swa.size(); ++l) {
-          if (swa[l] != c.is_swa_layer(static_cast<int64_t>(l))) {
-            fail(ErrorKind::kUnsupported,
-                 "{}: key 'layer_types': layer {} breaks the repeating pattern of {} windowed "
-                 "layers then one full (the pattern llama.cpp and tandem support)",
-                 source, l, period - 1);
-          }
-        }
-      }
+    case ModelArch::kGptOss:
+      read_hf_gpt_oss(r, source, c);
       break;
-    }
   }
-  read_hf_rope_scaling(r, *root, source, c);
+}
+
+ModelConfig parse_hf(const Json& root_in, std::string_view source) {
+  if (!root_in.is_object()) {
+    fail(ErrorKind::kFormat, "{}: expected a JSON object, got {}", source, json_type(root_in));
+  }
+  const Json& root = hf_text_root(root_in);
+  ModelConfig c;
+  c.arch = hf_arch(root, root_in, source);
+  const JsonReader r(root, source);
+  read_hf_common(r, source, c);
+  read_hf_arch_fields(r, source, c);
+  read_hf_rope_scaling(r, source, c);
   detail::validate_config_keys(c, source, [&](std::string_view f) { return hf_key_of(c.arch, f); });
   return c;
 }

@@ -32,6 +32,37 @@ constexpr int kMaxGroup = 32;
 // for that step, and the winner is then chosen in step order, so the result is bitwise the same.
 constexpr int kLanes = 24;
 
+// The range of a group (min, max) and its weighted sums (sum_w of the weights, sum_x of the
+// weighted values), accumulated in ggml's order.
+struct GroupStats {
+  float min, max, sum_w, sum_x;
+};
+GroupStats group_stats(int n, const float* x, const float* weights) {
+  GroupStats g{x[0], x[0], weights[0], weights[0] * x[0]};
+  for (int i = 1; i < n; ++i) {
+    if (x[i] < g.min) g.min = x[i];
+    if (x[i] > g.max) g.max = x[i];
+    const float w = weights[i];
+    g.sum_w += w;
+    g.sum_x += w * x[i];
+  }
+  return g;
+}
+
+// The levels L of the first guess (inverse scale iscale, scale, min) and their weighted error.
+float first_guess_levels(int n, int nmax, const float* x, const float* weights, float iscale,
+                         float scale, float min, bool use_mad, uint8_t* L) {
+  float error = 0;
+  for (int i = 0; i < n; ++i) {
+    const int l = nearest_int(iscale * (x[i] - min));
+    L[i] = static_cast<uint8_t>(std::clamp(l, 0, nmax));
+    float diff = scale * L[i] + min - x[i];
+    diff = use_mad ? std::fabs(diff) : diff * diff;
+    error += weights[i] * diff;
+  }
+  return error;
+}
+
 // Asymmetric quantization of n values to 0..nmax with a scale and a min <= 0 (returned negated in
 // *neg_min): value ~ scale * L - neg_min. Weighted error (absolute if use_mad, else squared).
 // For each step's inverse scale around nmax / (max - min), the levels are rounded and the
@@ -39,17 +70,9 @@ constexpr int kLanes = 24;
 float search_scale_min(int n, int nmax, const float* x, const float* weights, uint8_t* L,
                        float* neg_min, float rmin, float rdelta, int nstep, bool use_mad) {
   TD_CHECK(n <= kMaxGroup);
-  float min = x[0];
-  float max = x[0];
-  float sum_w = weights[0];
-  float sum_x = sum_w * x[0];
-  for (int i = 1; i < n; ++i) {
-    if (x[i] < min) min = x[i];
-    if (x[i] > max) max = x[i];
-    const float w = weights[i];
-    sum_w += w;
-    sum_x += w * x[i];
-  }
+  const GroupStats g = group_stats(n, x, weights);
+  const float max = g.max, sum_w = g.sum_w, sum_x = g.sum_x;
+  float min = g.min;
   if (min > 0) min = 0;
   if (max == min) {
     std::memset(L, 0, static_cast<size_t>(n));
@@ -58,14 +81,7 @@ float search_scale_min(int n, int nmax, const float* x, const float* weights, ui
   }
   float iscale = static_cast<float>(nmax) / (max - min);
   float scale = 1 / iscale;
-  float best_error = 0;
-  for (int i = 0; i < n; ++i) {
-    const int l = nearest_int(iscale * (x[i] - min));
-    L[i] = static_cast<uint8_t>(std::clamp(l, 0, nmax));
-    float diff = scale * L[i] + min - x[i];
-    diff = use_mad ? std::fabs(diff) : diff * diff;
-    best_error += weights[i] * diff;
-  }
+  float best_error = first_guess_levels(n, nmax, x, weights, iscale, scale, min, use_mad, L);
   if (nstep < 1) {
     *neg_min = -min;
     return scale;

@@ -67,113 +67,117 @@ std::string shape_string(const SafetensorsTensorInfo& t) {
   return s + "]";
 }
 
-}  // namespace
-
-std::optional<DType> dtype_from_safetensors(std::string_view name) {
-  for (const NameDType& e : kDTypes) {
-    if (e.name == name) return e.dtype;
-  }
-  return std::nullopt;
-}
-
-std::string_view safetensors_dtype_name(DType dtype) {
-  for (const NameDType& e : kDTypes) {
-    if (e.dtype == dtype) return e.name;
-  }
-  return {};
-}
-
-void SafetensorsModel::add_shard(std::string name, const uint8_t* data, size_t size, bool first) {
+// The JSON header of shard `name`: its 8-byte length, checked against the file and the limit,
+// then the object itself. *header_len receives the length.
+json read_shard_header(const std::string& name, const uint8_t* data, size_t size,
+                       uint64_t* header_len) {
   if (size < 8) {
     fail(ErrorKind::kFormat, "{}: file truncated: {} bytes, the header length alone needs 8", name,
          size);
   }
-  uint64_t header_len = 0;
-  std::memcpy(&header_len, data, 8);
-  if (header_len > size - 8) {
+  std::memcpy(header_len, data, 8);
+  if (*header_len > size - 8) {
     fail(ErrorKind::kFormat, "{}: header length {} exceeds the file ({} bytes); truncated?", name,
-         header_len, size);
+         *header_len, size);
   }
-  if (header_len > kMaxHeaderBytes) {
-    fail(ErrorKind::kFormat, "{}: header length {} exceeds the {} byte limit", name, header_len,
+  if (*header_len > kMaxHeaderBytes) {
+    fail(ErrorKind::kFormat, "{}: header length {} exceeds the {} byte limit", name, *header_len,
          kMaxHeaderBytes);
   }
   const json header =
-      parse_json(name, std::string_view(reinterpret_cast<const char*>(data + 8), header_len));
+      parse_json(name, std::string_view(reinterpret_cast<const char*>(data + 8), *header_len));
   if (!header.is_object()) fail(ErrorKind::kFormat, "{}: the header is not a JSON object", name);
+  return header;
+}
 
-  const uint8_t* base = data + 8 + header_len;
-  const uint64_t data_size = size - 8 - header_len;
-  std::vector<std::pair<uint64_t, SafetensorsTensorInfo>> found;  // (begin offset, info)
-  for (const auto& [key, entry] : header.items()) {
-    if (key == "__metadata__") {
-      if (!entry.is_object()) fail(ErrorKind::kFormat, "{}: __metadata__ is not an object", name);
-      for (const auto& [mkey, mval] : entry.items()) {
-        if (!mval.is_string()) {
-          fail(ErrorKind::kFormat, "{}: __metadata__ '{}' is not a string", name, mkey);
-        }
-        if (first) metadata_[mkey] = mval.get<std::string>();
-      }
-      continue;
+// The __metadata__ entry: a map of strings, kept in *metadata unless that is null.
+void read_shard_metadata(const std::string& name, const json& entry,
+                         std::map<std::string, std::string>* metadata) {
+  if (!entry.is_object()) fail(ErrorKind::kFormat, "{}: __metadata__ is not an object", name);
+  for (const auto& [mkey, mval] : entry.items()) {
+    if (!mval.is_string()) {
+      fail(ErrorKind::kFormat, "{}: __metadata__ '{}' is not a string", name, mkey);
     }
-    const std::string where = fmt::format("{}: tensor '{}'", name, key);
-    if (!entry.is_object()) fail(ErrorKind::kFormat, "{}: entry is not an object", where);
-    const auto dtype_it = entry.find("dtype");
-    const auto shape_it = entry.find("shape");
-    const auto offsets_it = entry.find("data_offsets");
-    if (dtype_it == entry.end() || !dtype_it->is_string()) {
-      fail(ErrorKind::kFormat, "{}: missing or non-string 'dtype'", where);
-    }
-    if (shape_it == entry.end() || !shape_it->is_array()) {
-      fail(ErrorKind::kFormat, "{}: missing or non-array 'shape'", where);
-    }
-    if (offsets_it == entry.end() || !offsets_it->is_array() || offsets_it->size() != 2) {
-      fail(ErrorKind::kFormat, "{}: 'data_offsets' must be an array [begin, end]", where);
-    }
-    const std::string dtype_name = dtype_it->get<std::string>();
-    const auto dtype = dtype_from_safetensors(dtype_name);
-    if (!dtype) fail(ErrorKind::kUnsupported, "{}: dtype '{}' is not supported", where, dtype_name);
-    if (shape_it->size() > static_cast<size_t>(kMaxDims)) {
-      fail(ErrorKind::kUnsupported, "{}: {} dimensions (tandem supports up to {})", where,
-           shape_it->size(), kMaxDims);
-    }
-    SafetensorsTensorInfo t;
-    t.name = key;
-    t.dtype = *dtype;
-    t.ndim = static_cast<int>(shape_it->size());
-    uint64_t numel = 1;
-    for (int d = 0; d < t.ndim; ++d) {
-      const uint64_t extent = json_uint((*shape_it)[d], where + " shape");
-      if (extent > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()) ||
-          __builtin_mul_overflow(numel, extent, &numel)) {
-        fail(ErrorKind::kFormat, "{}: shape overflows", where);
-      }
-      t.shape[d] = static_cast<int64_t>(extent);
-    }
-    uint64_t expected = 0;
-    if (__builtin_mul_overflow(numel, uint64_t(dtype_info(t.dtype).block_bytes), &expected)) {
-      fail(ErrorKind::kFormat, "{}: byte size overflows", where);
-    }
-    const uint64_t begin = json_uint((*offsets_it)[0], where + " data_offsets");
-    const uint64_t end = json_uint((*offsets_it)[1], where + " data_offsets");
-    if (begin > end || end > data_size) {
-      fail(ErrorKind::kFormat, "{}: data_offsets [{}, {}] out of bounds (data section {} bytes)",
-           where, begin, end, data_size);
-    }
-    if (end - begin != expected) {
-      fail(ErrorKind::kFormat, "{}: data_offsets [{}, {}] hold {} bytes, but {} {} needs {}", where,
-           begin, end, end - begin, dtype_name, shape_string(t), expected);
-    }
-    t.data = base + begin;
-    t.nbytes = expected;
-    t.file = name;
-    found.emplace_back(begin, std::move(t));
+    if (metadata) (*metadata)[mkey] = mval.get<std::string>();
   }
+}
+
+// The shape of a tensor entry into t (ndim, shape) and its element count, refusing overflow.
+uint64_t read_tensor_shape(const json& shape, const std::string& where, SafetensorsTensorInfo& t) {
+  if (shape.size() > static_cast<size_t>(kMaxDims)) {
+    fail(ErrorKind::kUnsupported, "{}: {} dimensions (tandem supports up to {})", where,
+         shape.size(), kMaxDims);
+  }
+  t.ndim = static_cast<int>(shape.size());
+  uint64_t numel = 1;
+  for (int d = 0; d < t.ndim; ++d) {
+    const uint64_t extent = json_uint(shape[d], where + " shape");
+    if (extent > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()) ||
+        __builtin_mul_overflow(numel, extent, &numel)) {
+      fail(ErrorKind::kFormat, "{}: shape overflows", where);
+    }
+    t.shape[d] = static_cast<int64_t>(extent);
+  }
+  return numel;
+}
+
+// One tensor entry of shard `name` ({dtype, shape, data_offsets}), its bytes checked to lie in
+// the data section (data_size bytes at base) and to match the dtype and shape. Returns the
+// entry's begin offset with the tensor.
+std::pair<uint64_t, SafetensorsTensorInfo> read_tensor_entry(const std::string& name,
+                                                             const std::string& key,
+                                                             const json& entry, const uint8_t* base,
+                                                             uint64_t data_size) {
+  const std::string where = fmt::format("{}: tensor '{}'", name, key);
+  if (!entry.is_object()) fail(ErrorKind::kFormat, "{}: entry is not an object", where);
+  const auto dtype_it = entry.find("dtype");
+  const auto shape_it = entry.find("shape");
+  const auto offsets_it = entry.find("data_offsets");
+  if (dtype_it == entry.end() || !dtype_it->is_string()) {
+    fail(ErrorKind::kFormat, "{}: missing or non-string 'dtype'", where);
+  }
+  if (shape_it == entry.end() || !shape_it->is_array()) {
+    fail(ErrorKind::kFormat, "{}: missing or non-array 'shape'", where);
+  }
+  if (offsets_it == entry.end() || !offsets_it->is_array() || offsets_it->size() != 2) {
+    fail(ErrorKind::kFormat, "{}: 'data_offsets' must be an array [begin, end]", where);
+  }
+  const std::string dtype_name = dtype_it->get<std::string>();
+  const auto dtype = dtype_from_safetensors(dtype_name);
+  if (!dtype) fail(ErrorKind::kUnsupported, "{}: dtype '{}' is not supported", where, dtype_name);
+  SafetensorsTensorInfo t;
+  t.name = key;
+  t.dtype = *dtype;
+  const uint64_t numel = read_tensor_shape(*shape_it, where, t);
+  uint64_t expected = 0;
+  if (__builtin_mul_overflow(numel, uint64_t(dtype_info(t.dtype).block_bytes), &expected)) {
+    fail(ErrorKind::kFormat, "{}: byte size overflows", where);
+  }
+  const uint64_t begin = json_uint((*offsets_it)[0], where + " data_offsets");
+  const uint64_t end = json_uint((*offsets_it)[1], where + " data_offsets");
+  if (begin > end || end > data_size) {
+    fail(ErrorKind::kFormat, "{}: data_offsets [{}, {}] out of bounds (data section {} bytes)",
+         where, begin, end, data_size);
+  }
+  if (end - begin != expected) {
+    fail(ErrorKind::kFormat, "{}: data_offsets [{}, {}] hold {} bytes, but {} {} needs {}", where,
+         begin, end, end - begin, dtype_name, shape_string(t), expected);
+  }
+  t.data = base + begin;
+  t.nbytes = expected;
+  t.file = name;
+  return {begin, std::move(t)};
+}
+
+// Sorts the (begin offset, tensor) entries into [begin, end) order and checks the format's
+// rule: the tensors fill the data section, no holes, nothing after. A header length off by a
+// byte or two (data read shifted into the JSON's padding) breaks it.
+void check_data_section(const std::string& name,
+                        std::vector<std::pair<uint64_t, SafetensorsTensorInfo>>& found,
+                        uint64_t data_size) {
   std::sort(found.begin(), found.end(), [](const auto& a, const auto& b) {  // [begin, end) order
     return a.first != b.first ? a.first < b.first : a.second.nbytes < b.second.nbytes;
   });
-  // The format's rule: the tensors fill the data section, no holes, nothing after. A header
-  // length off by a byte or two (data read shifted into the JSON's padding) breaks it.
   uint64_t filled = 0;
   for (size_t i = 0; i < found.size(); ++i) {
     if (i > 0 && found[i].first < filled) {
@@ -194,6 +198,38 @@ void SafetensorsModel::add_shard(std::string name, const uint8_t* data, size_t s
          "offsets?)",
          name, filled, data_size);
   }
+}
+
+}  // namespace
+
+std::optional<DType> dtype_from_safetensors(std::string_view name) {
+  for (const NameDType& e : kDTypes) {
+    if (e.name == name) return e.dtype;
+  }
+  return std::nullopt;
+}
+
+std::string_view safetensors_dtype_name(DType dtype) {
+  for (const NameDType& e : kDTypes) {
+    if (e.dtype == dtype) return e.name;
+  }
+  return {};
+}
+
+void SafetensorsModel::add_shard(std::string name, const uint8_t* data, size_t size, bool first) {
+  uint64_t header_len = 0;
+  const json header = read_shard_header(name, data, size, &header_len);
+  const uint8_t* base = data + 8 + header_len;
+  const uint64_t data_size = size - 8 - header_len;
+  std::vector<std::pair<uint64_t, SafetensorsTensorInfo>> found;  // (begin offset, info)
+  for (const auto& [key, entry] : header.items()) {
+    if (key == "__metadata__") {
+      read_shard_metadata(name, entry, first ? &metadata_ : nullptr);
+      continue;
+    }
+    found.push_back(read_tensor_entry(name, key, entry, base, data_size));
+  }
+  check_data_section(name, found, data_size);
   for (auto& [begin, t] : found) {
     if (!index_.emplace(t.name, tensors_.size()).second) {
       fail(ErrorKind::kFormat, "{}: tensor '{}' is also in {}", name, t.name,

@@ -26,6 +26,8 @@ namespace tandem {
 namespace {
 
 namespace fs = std::filesystem;
+using OJson = nlohmann::ordered_json;
+using HfSpecs = std::shared_ptr<std::vector<HfTensorSpec>>;
 
 constexpr int64_t kFp8Block = 128;  // DeepSeek-V3's weight_block_size [128, 128]
 constexpr uint64_t kDefaultShardBytes = 5'000'000'000;
@@ -112,7 +114,9 @@ bool is_int4_ct_weight(const HfTensorSpec& t, SynthType type) {
   return type == SynthType::kInt4Ct && t.role == WeightRole::kLinear && t.shape.size() == 2 &&
          t.name.find(".experts.") != std::string::npos;
 }
-std::vector<int64_t> int4_packed_shape(const HfTensorSpec& t) { return {t.shape[0], t.shape[1] / 8}; }
+std::vector<int64_t> int4_packed_shape(const HfTensorSpec& t) {
+  return {t.shape[0], t.shape[1] / 8};
+}
 std::vector<int64_t> int4_scale_shape(const HfTensorSpec& t) {
   return {t.shape[0], t.shape[1] / kInt4Group};
 }
@@ -165,13 +169,10 @@ ModelConfig effective_config(const SynthOptions& o, std::unique_ptr<GgufFile>* v
   return c;
 }
 
-SynthPlan make_plan(const SynthOptions& o, const ModelConfig& c) {
-  SynthPlan plan;
-  plan.config = c;
-  const std::vector<HfTensorSpec> hf = hf_tensor_specs(c);
-  const int threads = thread_count(o);
-  uint64_t largest = 0, metadata = 0;
-  auto add = [&](std::string name, DType dtype, std::vector<int64_t> shape) {
+// Collects the plan's tensors with their bytes, the largest one, the widest row and the files'
+// metadata.
+struct PlanBuilder {
+  void add(std::string name, DType dtype, std::vector<int64_t> shape) {
     const uint64_t bytes = static_cast<uint64_t>(dtype_bytes(dtype, numel(shape)));
     metadata += name.size() + 64 + 8 * shape.size();  // header entry + alignment padding
     if (bytes > largest) {
@@ -180,72 +181,99 @@ SynthPlan make_plan(const SynthOptions& o, const ModelConfig& c) {
     }
     plan.tensor_bytes += bytes;
     plan.tensors.push_back({std::move(name), dtype, std::move(shape), bytes});
-  };
+  }
+  SynthPlan& plan;
+  uint64_t largest = 0, metadata = 0;
   int64_t widest_row = 0;
+};
+
+// HF tensor t as the checkpoint stores it for o.type: MXFP4 blocks and scales, GPTQ's four
+// parts, INT4's three, or the tensor itself (FP8: with its scales). Refuses shapes the type
+// cannot store.
+void plan_hf_tensor(const SynthOptions& o, const ModelConfig& c, const HfTensorSpec& t,
+                    PlanBuilder& p) {
+  p.widest_row = std::max(p.widest_row, t.shape.back());
+  if (is_mxfp4_experts(t, o.type)) {
+    if (c.arch != ModelArch::kGptOss || t.shape[1] % 32 != 0) {
+      fail(ErrorKind::kInvalidArgument,
+           "--format hf --type mxfp4_moe: gpt-oss's experts only (input widths in 32s)");
+    }
+    p.widest_row = std::max(p.widest_row, t.shape[1]);
+    p.add(t.name + "_blocks", DType::kU8, mxfp4_blocks_shape(t));
+    p.add(t.name + "_scales", DType::kU8, mxfp4_scales_shape(t));
+    return;
+  }
+  if (is_gptq_weight(t, o.type)) {
+    const int64_t out = t.shape[0], in = t.shape[1];
+    if (in % kGptqGroup != 0 || out % 8 != 0) {
+      fail(ErrorKind::kInvalidArgument,
+           "--format hf --type gptq-int4: linear weights with "
+           "inputs in {}s and outputs in 8s ('{}' is [{}, {}])",
+           kGptqGroup, t.name, out, in);
+    }
+    const std::string b = gptq_base(t);
+    p.add(b + ".qweight", DType::kI32, {in / 8, out});
+    p.add(b + ".scales", DType::kF16, {in / kGptqGroup, out});
+    p.add(b + ".qzeros", DType::kI32, {in / kGptqGroup, out / 8});
+    p.add(b + ".g_idx", DType::kI32, {in});
+    return;
+  }
+  if (is_int4_ct_weight(t, o.type)) {
+    if (t.shape[1] % kInt4Group != 0) {
+      fail(ErrorKind::kInvalidArgument,
+           "--format hf --type int4-ct: expert input widths in "
+           "{}s ('{}' has {})",
+           kInt4Group, t.name, t.shape[1]);
+    }
+    p.add(t.name + "_packed", DType::kI32, int4_packed_shape(t));
+    p.add(t.name + "_scale", DType::kBF16, int4_scale_shape(t));
+    p.add(t.name + "_shape", DType::kI32, {2});
+    return;
+  }
+  const DType dtype = hf_dtype(t, o.type);
+  p.add(t.name, dtype, t.shape);
+  if (dtype == DType::kF8E4M3 && o.type == SynthType::kFp8Ct) {
+    p.add(t.name + "_scale", DType::kBF16, {t.shape[0], 1});
+  } else if (dtype == DType::kF8E4M3) {
+    p.add(scale_name(t.name), DType::kF32, fp8_scale_shape(t.shape));
+  }
+}
+
+// Every tensor of the HF checkpoint; int4-ct needs per-expert matrices to store.
+void plan_hf_tensors(const SynthOptions& o, const ModelConfig& c,
+                     const std::vector<HfTensorSpec>& hf, PlanBuilder& p) {
+  for (const HfTensorSpec& t : hf) plan_hf_tensor(o, c, t, p);
+  if (o.type == SynthType::kInt4Ct &&
+      std::none_of(hf.begin(), hf.end(),
+                   [&](const HfTensorSpec& t) { return is_int4_ct_weight(t, o.type); })) {
+    fail(ErrorKind::kInvalidArgument,
+         "--format hf --type int4-ct: {} has no per-expert "
+         "matrices to store as INT4",
+         arch_name(c.arch));
+  }
+}
+
+SynthPlan make_plan(const SynthOptions& o, const ModelConfig& c) {
+  SynthPlan plan;
+  plan.config = c;
+  const std::vector<HfTensorSpec> hf = hf_tensor_specs(c);
+  const int threads = thread_count(o);
+  PlanBuilder p{plan};
   if (o.format == SynthFormat::kGguf) {
     for (const GgufTensorSpec& t : gguf_tensor_specs(c, hf)) {
-      widest_row = std::max(widest_row, t.shape.back());
-      add(t.name, gguf_tensor_dtype(c, o.type, t.name, t.shape), t.shape);
+      p.widest_row = std::max(p.widest_row, t.shape.back());
+      p.add(t.name, gguf_tensor_dtype(c, o.type, t.name, t.shape), t.shape);
     }
   } else {
-    for (const HfTensorSpec& t : hf) {
-      widest_row = std::max(widest_row, t.shape.back());
-      if (is_mxfp4_experts(t, o.type)) {
-        if (c.arch != ModelArch::kGptOss || t.shape[1] % 32 != 0) {
-          fail(ErrorKind::kInvalidArgument,
-               "--format hf --type mxfp4_moe: gpt-oss's experts only (input widths in 32s)");
-        }
-        widest_row = std::max(widest_row, t.shape[1]);
-        add(t.name + "_blocks", DType::kU8, mxfp4_blocks_shape(t));
-        add(t.name + "_scales", DType::kU8, mxfp4_scales_shape(t));
-        continue;
-      }
-      if (is_gptq_weight(t, o.type)) {
-        const int64_t out = t.shape[0], in = t.shape[1];
-        if (in % kGptqGroup != 0 || out % 8 != 0) {
-          fail(ErrorKind::kInvalidArgument, "--format hf --type gptq-int4: linear weights with "
-               "inputs in {}s and outputs in 8s ('{}' is [{}, {}])", kGptqGroup, t.name, out, in);
-        }
-        const std::string b = gptq_base(t);
-        add(b + ".qweight", DType::kI32, {in / 8, out});
-        add(b + ".scales", DType::kF16, {in / kGptqGroup, out});
-        add(b + ".qzeros", DType::kI32, {in / kGptqGroup, out / 8});
-        add(b + ".g_idx", DType::kI32, {in});
-        continue;
-      }
-      if (is_int4_ct_weight(t, o.type)) {
-        if (t.shape[1] % kInt4Group != 0) {
-          fail(ErrorKind::kInvalidArgument, "--format hf --type int4-ct: expert input widths in "
-               "{}s ('{}' has {})", kInt4Group, t.name, t.shape[1]);
-        }
-        add(t.name + "_packed", DType::kI32, int4_packed_shape(t));
-        add(t.name + "_scale", DType::kBF16, int4_scale_shape(t));
-        add(t.name + "_shape", DType::kI32, {2});
-        continue;
-      }
-      const DType dtype = hf_dtype(t, o.type);
-      add(t.name, dtype, t.shape);
-      if (dtype == DType::kF8E4M3 && o.type == SynthType::kFp8Ct) {
-        add(t.name + "_scale", DType::kBF16, {t.shape[0], 1});
-      } else if (dtype == DType::kF8E4M3) {
-        add(scale_name(t.name), DType::kF32, fp8_scale_shape(t.shape));
-      }
-    }
-    if (o.type == SynthType::kInt4Ct &&
-        std::none_of(hf.begin(), hf.end(), [&](const HfTensorSpec& t) {
-          return is_int4_ct_weight(t, o.type);
-        })) {
-      fail(ErrorKind::kInvalidArgument, "--format hf --type int4-ct: {} has no per-expert "
-           "matrices to store as INT4", arch_name(c.arch));
-    }
+    plan_hf_tensors(o, c, hf, p);
   }
   // Vocabulary (GGUF arrays or tokenizer.json): tokens, merges and their framing.
-  metadata += static_cast<uint64_t>(c.vocab_size) * 48 + (1u << 20);
-  plan.file_bytes = plan.tensor_bytes + metadata;
+  p.metadata += static_cast<uint64_t>(c.vocab_size) * 48 + (1u << 20);
+  plan.file_bytes = plan.tensor_bytes + p.metadata;
   // The writers hold one whole tensor; each thread a few rows of F32 (FP8: a 128-row strip).
-  const uint64_t per_thread = static_cast<uint64_t>(widest_row) * sizeof(float) *
+  const uint64_t per_thread = static_cast<uint64_t>(p.widest_row) * sizeof(float) *
                               (o.type == SynthType::kFp8 ? 2 * kFp8Block : 4);
-  plan.ram_bytes = largest + per_thread * threads + (64u << 20);
+  plan.ram_bytes = p.largest + per_thread * threads + (64u << 20);
   return plan;
 }
 
@@ -456,6 +484,228 @@ void write_gguf(const SynthOptions& o, const SynthPlan& plan, const GgufFile* vo
   w.write();
 }
 
+// The checkpoint directory, made if absent, without the shards of an earlier run (a reader would
+// mix them into this checkpoint).
+void prepare_hf_dir(const fs::path& dir) {
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) fail(ErrorKind::kIo, "{}: cannot create directory: {}", dir.string(), ec.message());
+  for (const auto& entry : fs::directory_iterator(dir)) {
+    const std::string n = entry.path().filename().string();
+    if (n == "model.safetensors" || n == "model.safetensors.index.json" ||
+        (n.starts_with("model-") && n.ends_with(".safetensors"))) {
+      fs::remove(entry.path(), ec);
+    }
+  }
+}
+
+// compressed-tensors' float-quantized FP8, as the FP8-dynamic releases say it.
+OJson fp8_ct_quantization_config() {
+  return {{"config_groups",
+           {{"group_0",
+             {{"input_activations",
+               {{"dynamic", true},
+                {"num_bits", 8},
+                {"strategy", "token"},
+                {"symmetric", true},
+                {"type", "float"}}},
+              {"output_activations", nullptr},
+              {"targets", {"Linear"}},
+              {"weights",
+               {{"dynamic", false},
+                {"num_bits", 8},
+                {"observer", "minmax"},
+                {"strategy", "channel"},
+                {"symmetric", true},
+                {"type", "float"}}}}}}},
+          {"format", "float-quantized"},
+          {"ignore", {"lm_head", "re:.*mlp.gate$"}},
+          {"quant_method", "compressed-tensors"},
+          {"quantization_status", "compressed"}};
+}
+
+// compressed-tensors' pack-quantized INT4 experts, as Kimi-K2-Thinking's release says it.
+OJson int4_ct_quantization_config() {
+  return {
+      {"config_groups",
+       {{"group_0",
+         {{"input_activations", nullptr},
+          {"output_activations", nullptr},
+          {"targets", {"Linear"}},
+          {"weights",
+           {{"actorder", nullptr},
+            {"block_structure", nullptr},
+            {"dynamic", false},
+            {"group_size", kInt4Group},
+            {"num_bits", 4},
+            {"observer", "minmax"},
+            {"observer_kwargs", OJson::object()},
+            {"strategy", "group"},
+            {"symmetric", true},
+            {"type", "int"}}}}}}},
+      {"format", "pack-quantized"},
+      {"ignore",
+       {"lm_head", "re:.*self_attn.*", "re:.*shared_expert.*", "re:.*mlp\\.(gate|up|down)_proj.*"}},
+      {"kv_cache_scheme", nullptr},
+      {"quant_method", "compressed-tensors"},
+      {"quantization_status", "compressed"}};
+}
+
+// config.json's quantization_config for `type`; null for BF16 (no such key).
+OJson quantization_config(SynthType type) {
+  switch (type) {
+    case SynthType::kFp8:
+      return {{"activation_scheme", "dynamic"},
+              {"fmt", "e4m3"},
+              {"quant_method", "fp8"},
+              {"weight_block_size", {kFp8Block, kFp8Block}}};
+    case SynthType::kGptqInt4:  // as Qwen's GPTQ-Int4 releases say it
+      return {{"bits", 4},
+              {"checkpoint_format", "gptq"},
+              {"damp_percent", 0.01},
+              {"desc_act", false},
+              {"group_size", kGptqGroup},
+              {"model_name_or_path", nullptr},
+              {"model_file_base_name", nullptr},
+              {"quant_method", "gptq"},
+              {"static_groups", false},
+              {"sym", true},
+              {"true_sequential", true}};
+    case SynthType::kFp8Ct:
+      return fp8_ct_quantization_config();
+    case SynthType::kInt4Ct:
+      return int4_ct_quantization_config();
+    case SynthType::kMXFP4_MOE:  // as gpt-oss's release says it
+      return {{"modules_to_not_convert",
+               {"model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens",
+                "lm_head"}},
+              {"quant_method", "mxfp4"}};
+    default:
+      return nullptr;
+  }
+}
+
+// config.json (with the quantization's description), generation_config.json, tokenizer.json
+// and tokenizer_config.json.
+void write_hf_json_files(const SynthOptions& o, const ModelConfig& c, const SynthVocab& vocab) {
+  OJson config = OJson::parse(config_to_hf_json(c));
+  if (OJson q = quantization_config(o.type); !q.is_null()) {
+    config["quantization_config"] = std::move(q);
+  }
+  write_text(o.output / "config.json", config.dump(2) + "\n");
+  auto id_or_null = [](int64_t id) { return id < 0 ? OJson(nullptr) : OJson(id); };
+  OJson gen = {{"_from_model_config", true},
+               {"bos_token_id", id_or_null(c.bos_token_id)},
+               {"eos_token_id", id_or_null(c.eos_token_id)},
+               {"do_sample", false},
+               {"transformers_version", "4.46.0"}};
+  write_text(o.output / "generation_config.json", gen.dump(2) + "\n");
+  write_text(o.output / "tokenizer.json", tokenizer_json(vocab));
+  write_text(o.output / "tokenizer_config.json",
+             tokenizer_config_json(vocab, c.max_position_embeddings));
+}
+
+// The shard size limit: --shard-bytes, or 5 GB; small checkpoints still come in two shards
+// (+ index), the layout real ones have: with a limit of half + the largest tensor, the greedy
+// split makes exactly two.
+uint64_t hf_shard_bytes(const SynthOptions& o, const SynthPlan& plan) {
+  if (o.hf_shard_bytes != 0) return o.hf_shard_bytes;
+  uint64_t largest = 0;
+  for (const SynthTensorInfo& t : plan.tensors) largest = std::max(largest, t.nbytes);
+  return plan.tensor_bytes < kSmallModelBytes ? plan.tensor_bytes / 2 + largest
+                                              : kDefaultShardBytes;
+}
+
+// gpt-oss's stacked experts (*hf)[i] as MXFP4 *_blocks and *_scales.
+void add_mxfp4_experts(SafetensorsWriter& w, const SynthOptions& o, const HfSpecs& hf, size_t i,
+                       Progress* progress) {
+  const HfTensorSpec& t = (*hf)[i];
+  for (const bool scales : {false, true}) {
+    const std::vector<int64_t> shape = scales ? mxfp4_scales_shape(t) : mxfp4_blocks_shape(t);
+    const uint64_t bytes = static_cast<uint64_t>(numel(shape));
+    w.add_tensor(t.name + (scales ? "_scales" : "_blocks"), DType::kU8, shape,
+                 [&o, hf, i, scales, bytes, progress](void* dst) {
+                   fill_mxfp4_experts(o, (*hf)[i], scales, static_cast<uint8_t*>(dst));
+                   if (progress) progress->add(bytes);
+                 });
+  }
+}
+
+// Linear weight (*hf)[i] as GPTQ's .qweight / .scales / .qzeros / .g_idx.
+void add_gptq_weight(SafetensorsWriter& w, const SynthOptions& o, const HfSpecs& hf, size_t i,
+                     Progress* progress) {
+  const HfTensorSpec& t = (*hf)[i];
+  const int64_t out = t.shape[0], in = t.shape[1];
+  const std::pair<const char*, DType> parts[] = {{".qweight", DType::kI32},
+                                                 {".scales", DType::kF16},
+                                                 {".qzeros", DType::kI32},
+                                                 {".g_idx", DType::kI32}};
+  const std::vector<int64_t> shapes[] = {
+      {in / 8, out}, {in / kGptqGroup, out}, {in / kGptqGroup, out / 8}, {in}};
+  for (int part = 0; part < 4; ++part) {
+    const uint64_t bytes = dtype_bytes(parts[part].second, numel(shapes[part]));
+    w.add_tensor(gptq_base(t) + parts[part].first, parts[part].second, shapes[part],
+                 [&o, hf, i, part, bytes, progress](void* dst) {
+                   fill_gptq(o, (*hf)[i], part, static_cast<uint8_t*>(dst));
+                   if (progress) progress->add(bytes);
+                 });
+  }
+}
+
+// Expert matrix (*hf)[i] as compressed-tensors' INT4 _packed / _scale / _shape.
+void add_int4_ct_weight(SafetensorsWriter& w, const SynthOptions& o, const HfSpecs& hf, size_t i,
+                        Progress* progress) {
+  const HfTensorSpec& t = (*hf)[i];
+  const std::pair<const char*, DType> parts[] = {
+      {"_packed", DType::kI32}, {"_scale", DType::kBF16}, {"_shape", DType::kI32}};
+  for (int part = 0; part < 3; ++part) {
+    const std::vector<int64_t> shape = part == 0   ? int4_packed_shape(t)
+                                       : part == 1 ? int4_scale_shape(t)
+                                                   : std::vector<int64_t>{2};
+    const uint64_t bytes = dtype_bytes(parts[part].second, numel(shape));
+    w.add_tensor(t.name + parts[part].first, parts[part].second, shape,
+                 [&o, hf, i, part, bytes, progress](void* dst) {
+                   fill_int4_ct(o, (*hf)[i], part, static_cast<uint8_t*>(dst));
+                   if (progress) progress->add(bytes);
+                 });
+  }
+}
+
+// Tensor (*hf)[i] in its hf_dtype(): BF16 / F32, or FP8 followed by its scales (one BF16 per
+// row for fp8-ct, 128x128 blocks' F32 weight_scale_inv for fp8).
+void add_plain_tensor(SafetensorsWriter& w, const SynthOptions& o, const HfSpecs& hf, size_t i,
+                      Progress* progress) {
+  const HfTensorSpec& t = (*hf)[i];
+  const DType dtype = hf_dtype(t, o.type);
+  const uint64_t bytes = dtype_bytes(dtype, numel(t.shape));
+  const bool fp8_rows = dtype == DType::kF8E4M3 && o.type == SynthType::kFp8Ct;
+  w.add_tensor(t.name, dtype, t.shape, [&o, hf, i, dtype, fp8_rows, bytes, progress](void* dst) {
+    if (fp8_rows) {
+      fill_fp8_rows(o, (*hf)[i], false, static_cast<uint8_t*>(dst));
+    } else if (dtype == DType::kF8E4M3) {
+      fill_fp8(o, (*hf)[i], false, static_cast<uint8_t*>(dst));
+    } else {
+      fill_hf(o, (*hf)[i], dtype, static_cast<uint8_t*>(dst));
+    }
+    if (progress) progress->add(bytes);
+  });
+  if (fp8_rows) {
+    const std::vector<int64_t> shape = {t.shape[0], 1};
+    w.add_tensor(t.name + "_scale", DType::kBF16, shape, [&o, hf, i, progress, shape](void* dst) {
+      fill_fp8_rows(o, (*hf)[i], true, static_cast<uint8_t*>(dst));
+      if (progress) progress->add(2 * shape[0]);
+    });
+  } else if (dtype == DType::kF8E4M3) {
+    const std::vector<int64_t> shape = fp8_scale_shape(t.shape);
+    const uint64_t scale_bytes = sizeof(float) * numel(shape);
+    w.add_tensor(scale_name(t.name), DType::kF32, shape,
+                 [&o, hf, i, scale_bytes, progress](void* dst) {
+                   fill_fp8(o, (*hf)[i], true, static_cast<uint8_t*>(dst));
+                   if (progress) progress->add(scale_bytes);
+                 });
+  }
+}
+
 void write_hf(const SynthOptions& o, const SynthPlan& plan, const GgufFile* vocab_file,
               Progress* progress) {
   const ModelConfig& c = plan.config;
@@ -463,190 +713,21 @@ void write_hf(const SynthOptions& o, const SynthPlan& plan, const GgufFile* voca
   const SynthVocab vocab = vocab_file
                                ? vocab_from_gguf(*vocab_file)
                                : build_synth_vocab(c.vocab_size, c.bos_token_id, c.eos_token_id);
-  std::error_code ec;
-  fs::create_directories(o.output, ec);
-  if (ec) fail(ErrorKind::kIo, "{}: cannot create directory: {}", o.output.string(), ec.message());
-  // Stale shards of an earlier run would be mixed into this checkpoint by a reader.
-  for (const auto& entry : fs::directory_iterator(o.output)) {
-    const std::string n = entry.path().filename().string();
-    if (n == "model.safetensors" || n == "model.safetensors.index.json" ||
-        (n.starts_with("model-") && n.ends_with(".safetensors"))) {
-      fs::remove(entry.path(), ec);
-    }
-  }
-
-  nlohmann::ordered_json config = nlohmann::ordered_json::parse(config_to_hf_json(c));
-  if (o.type == SynthType::kFp8) {
-    config["quantization_config"] = {{"activation_scheme", "dynamic"},
-                                     {"fmt", "e4m3"},
-                                     {"quant_method", "fp8"},
-                                     {"weight_block_size", {kFp8Block, kFp8Block}}};
-  } else if (o.type == SynthType::kGptqInt4) {  // as Qwen's GPTQ-Int4 releases say it
-    config["quantization_config"] = {{"bits", 4},
-                                     {"checkpoint_format", "gptq"},
-                                     {"damp_percent", 0.01},
-                                     {"desc_act", false},
-                                     {"group_size", kGptqGroup},
-                                     {"model_name_or_path", nullptr},
-                                     {"model_file_base_name", nullptr},
-                                     {"quant_method", "gptq"},
-                                     {"static_groups", false},
-                                     {"sym", true},
-                                     {"true_sequential", true}};
-  } else if (o.type == SynthType::kFp8Ct) {  // as the FP8-dynamic releases say it
-    config["quantization_config"] = {
-        {"config_groups",
-         {{"group_0",
-           {{"input_activations",
-             {{"dynamic", true},
-              {"num_bits", 8},
-              {"strategy", "token"},
-              {"symmetric", true},
-              {"type", "float"}}},
-            {"output_activations", nullptr},
-            {"targets", {"Linear"}},
-            {"weights",
-             {{"dynamic", false},
-              {"num_bits", 8},
-              {"observer", "minmax"},
-              {"strategy", "channel"},
-              {"symmetric", true},
-              {"type", "float"}}}}}}},
-        {"format", "float-quantized"},
-        {"ignore", {"lm_head", "re:.*mlp.gate$"}},
-        {"quant_method", "compressed-tensors"},
-        {"quantization_status", "compressed"}};
-  } else if (o.type == SynthType::kInt4Ct) {  // as Kimi-K2-Thinking's release says it
-    config["quantization_config"] = {
-        {"config_groups",
-         {{"group_0",
-           {{"input_activations", nullptr},
-            {"output_activations", nullptr},
-            {"targets", {"Linear"}},
-            {"weights",
-             {{"actorder", nullptr},
-              {"block_structure", nullptr},
-              {"dynamic", false},
-              {"group_size", kInt4Group},
-              {"num_bits", 4},
-              {"observer", "minmax"},
-              {"observer_kwargs", nlohmann::ordered_json::object()},
-              {"strategy", "group"},
-              {"symmetric", true},
-              {"type", "int"}}}}}}},
-        {"format", "pack-quantized"},
-        {"ignore", {"lm_head", "re:.*self_attn.*", "re:.*shared_expert.*", "re:.*mlp\\.(gate|up|down)_proj.*"}},
-        {"kv_cache_scheme", nullptr},
-        {"quant_method", "compressed-tensors"},
-        {"quantization_status", "compressed"}};
-  } else if (o.type == SynthType::kMXFP4_MOE) {  // as gpt-oss's release says it
-    config["quantization_config"] = {
-        {"modules_to_not_convert",
-         {"model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens",
-          "lm_head"}},
-        {"quant_method", "mxfp4"}};
-  }
-  write_text(o.output / "config.json", config.dump(2) + "\n");
-  auto id_or_null = [](int64_t id) {
-    return id < 0 ? nlohmann::ordered_json(nullptr) : nlohmann::ordered_json(id);
-  };
-  nlohmann::ordered_json gen = {{"_from_model_config", true},
-                                {"bos_token_id", id_or_null(c.bos_token_id)},
-                                {"eos_token_id", id_or_null(c.eos_token_id)},
-                                {"do_sample", false},
-                                {"transformers_version", "4.46.0"}};
-  write_text(o.output / "generation_config.json", gen.dump(2) + "\n");
-  write_text(o.output / "tokenizer.json", tokenizer_json(vocab));
-  write_text(o.output / "tokenizer_config.json",
-             tokenizer_config_json(vocab, c.max_position_embeddings));
-
-  uint64_t shard = o.hf_shard_bytes;
-  if (shard == 0) {
-    // Small checkpoints still come in two shards (+ index), the layout real ones have: with a
-    // limit of half + the largest tensor, the greedy split makes exactly two.
-    uint64_t largest = 0;
-    for (const SynthTensorInfo& t : plan.tensors) largest = std::max(largest, t.nbytes);
-    shard =
-        plan.tensor_bytes < kSmallModelBytes ? plan.tensor_bytes / 2 + largest : kDefaultShardBytes;
-  }
-  SafetensorsWriter w(o.output, shard);
+  prepare_hf_dir(o.output);
+  write_hf_json_files(o, c, vocab);
+  SafetensorsWriter w(o.output, hf_shard_bytes(o, plan));
   w.set_metadata("format", "pt");
   auto hf = std::make_shared<std::vector<HfTensorSpec>>(hf_tensor_specs(c));
   for (size_t i = 0; i < hf->size(); ++i) {
     const HfTensorSpec& t = (*hf)[i];
     if (is_mxfp4_experts(t, o.type)) {
-      for (const bool scales : {false, true}) {
-        const std::vector<int64_t> shape = scales ? mxfp4_scales_shape(t) : mxfp4_blocks_shape(t);
-        const uint64_t bytes = static_cast<uint64_t>(numel(shape));
-        w.add_tensor(t.name + (scales ? "_scales" : "_blocks"), DType::kU8, shape,
-                     [&o, hf, i, scales, bytes, progress](void* dst) {
-                       fill_mxfp4_experts(o, (*hf)[i], scales, static_cast<uint8_t*>(dst));
-                       if (progress) progress->add(bytes);
-                     });
-      }
-      continue;
-    }
-    if (is_gptq_weight(t, o.type)) {
-      const int64_t out = t.shape[0], in = t.shape[1];
-      const std::pair<const char*, DType> parts[] = {{".qweight", DType::kI32},
-                                                     {".scales", DType::kF16},
-                                                     {".qzeros", DType::kI32},
-                                                     {".g_idx", DType::kI32}};
-      const std::vector<int64_t> shapes[] = {
-          {in / 8, out}, {in / kGptqGroup, out}, {in / kGptqGroup, out / 8}, {in}};
-      for (int part = 0; part < 4; ++part) {
-        const uint64_t bytes = dtype_bytes(parts[part].second, numel(shapes[part]));
-        w.add_tensor(gptq_base(t) + parts[part].first, parts[part].second, shapes[part],
-                     [&o, hf, i, part, bytes, progress](void* dst) {
-                       fill_gptq(o, (*hf)[i], part, static_cast<uint8_t*>(dst));
-                       if (progress) progress->add(bytes);
-                     });
-      }
-      continue;
-    }
-    if (is_int4_ct_weight(t, o.type)) {
-      const std::pair<const char*, DType> parts[] = {
-          {"_packed", DType::kI32}, {"_scale", DType::kBF16}, {"_shape", DType::kI32}};
-      for (int part = 0; part < 3; ++part) {
-        const std::vector<int64_t> shape = part == 0   ? int4_packed_shape(t)
-                                           : part == 1 ? int4_scale_shape(t)
-                                                       : std::vector<int64_t>{2};
-        const uint64_t bytes = dtype_bytes(parts[part].second, numel(shape));
-        w.add_tensor(t.name + parts[part].first, parts[part].second, shape,
-                     [&o, hf, i, part, bytes, progress](void* dst) {
-                       fill_int4_ct(o, (*hf)[i], part, static_cast<uint8_t*>(dst));
-                       if (progress) progress->add(bytes);
-                     });
-      }
-      continue;
-    }
-    const DType dtype = hf_dtype(t, o.type);
-    const uint64_t bytes = dtype_bytes(dtype, numel(t.shape));
-    w.add_tensor(t.name, dtype, t.shape, [&o, hf, i, dtype, bytes, progress](void* dst) {
-      if (dtype == DType::kF8E4M3 && o.type == SynthType::kFp8Ct) {
-        fill_fp8_rows(o, (*hf)[i], false, static_cast<uint8_t*>(dst));
-      } else if (dtype == DType::kF8E4M3) {
-        fill_fp8(o, (*hf)[i], false, static_cast<uint8_t*>(dst));
-      } else {
-        fill_hf(o, (*hf)[i], dtype, static_cast<uint8_t*>(dst));
-      }
-      if (progress) progress->add(bytes);
-    });
-    if (dtype == DType::kF8E4M3 && o.type == SynthType::kFp8Ct) {
-      const std::vector<int64_t> shape = {t.shape[0], 1};
-      w.add_tensor(t.name + "_scale", DType::kBF16, shape,
-                   [&o, hf, i, progress, shape](void* dst) {
-                     fill_fp8_rows(o, (*hf)[i], true, static_cast<uint8_t*>(dst));
-                     if (progress) progress->add(2 * shape[0]);
-                   });
-    } else if (dtype == DType::kF8E4M3) {
-      const std::vector<int64_t> shape = fp8_scale_shape(t.shape);
-      const uint64_t scale_bytes = sizeof(float) * numel(shape);
-      w.add_tensor(scale_name(t.name), DType::kF32, shape,
-                   [&o, hf, i, scale_bytes, progress](void* dst) {
-                     fill_fp8(o, (*hf)[i], true, static_cast<uint8_t*>(dst));
-                     if (progress) progress->add(scale_bytes);
-                   });
+      add_mxfp4_experts(w, o, hf, i, progress);
+    } else if (is_gptq_weight(t, o.type)) {
+      add_gptq_weight(w, o, hf, i, progress);
+    } else if (is_int4_ct_weight(t, o.type)) {
+      add_int4_ct_weight(w, o, hf, i, progress);
+    } else {
+      add_plain_tensor(w, o, hf, i, progress);
     }
   }
   w.write();

@@ -2,6 +2,7 @@
 // synth_hybrid.cpp); not an API.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -37,6 +38,24 @@ class HfIndex {
  private:
   const std::vector<HfTensorSpec>& hf_;
   mutable size_t hint_ = 0;
+};
+
+// Builds the GGUF tensor list, each tensor's rows mapped onto the HF tensors it converts.
+class GgufBuilder {
+ public:
+  explicit GgufBuilder(const std::vector<HfTensorSpec>& hf) : index(hf) {}
+  // A GGUF tensor whose rows are the HF tensor's rows (possibly with another rank); + offset (a
+  // zero-centred norm's 1).
+  void direct(std::string name, const std::string& hf_name, float offset = 0.0f,
+              std::optional<std::vector<int64_t>> shape = std::nullopt);
+  // Per-expert [rows, cols] HF tensors <prefix><expert><suffix> stacked into
+  // [n_experts, rows, cols].
+  void stacked(std::string name, int64_t n_experts, const std::string& prefix,
+               const std::string& suffix);
+  void add(GgufTensorSpec t) { specs.push_back(std::move(t)); }
+
+  HfIndex index;
+  std::vector<GgufTensorSpec> specs;
 };
 
 // The Qwen3-Next / Qwen3.5-MoE layouts (synth_hybrid.cpp).

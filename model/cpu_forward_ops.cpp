@@ -154,6 +154,14 @@ class CpuForwardOps final : public ForwardOps {
   using Part = ForwardStep::Part;
   void attention_mha(KvCache& cache, int64_t layer, int64_t n, const float* x, float* out);
   void attention_mla(KvCache& cache, int64_t layer, int64_t n, const float* x, float* out);
+  // attention_mla's steps.
+  void mla_project(KvCache& cache, int64_t layer, int64_t n, const float* x, float* q, float* kv);
+  void mla_naive(KvCache& cache, int64_t layer, int64_t n, const float* q, const float* kv,
+                 float* o);
+  bool mla_absorbed_args(KvCache& cache, int64_t layer, const float* q, float* qc, float* att,
+                         float* o, std::vector<ops::AttentionArgs>* args);
+  void mla_absorbed_heads(const LayerWeights& lw, const float* q, float* qc, const float* att,
+                          const std::vector<ops::AttentionArgs>& args, bool decode, float* o);
   bool mla_expands(int64_t layer, int64_t n, int64_t positions) const;
   // Part p's attention outputs (before wo) into o rows [t0, t0 + n), per-head K / V expanded.
   void attention_mla_expanded(const KvCache& cache, int64_t layer, const Part& p, const float* q,
@@ -391,10 +399,34 @@ void CpuForwardOps::attention_mla(KvCache& cache, int64_t l, int64_t n, const fl
                                   float* out) {
   const ModelConfig& c = w_.config;
   const LayerWeights& lw = w_.layers[l];
-  const int64_t nope = c.qk_nope_head_dim, rd = c.qk_rope_head_dim, kvl = c.kv_lora_rank;
-  const int64_t vd = c.v_head_dim, nh = c.num_heads, qk = nope + rd, kr = kvl + rd;
-  float* q = grow(q_, n * nh * qk);
+  const int64_t kr = c.kv_lora_rank + c.qk_rope_head_dim;
+  float* q = grow(q_, n * c.num_heads * (c.qk_nope_head_dim + c.qk_rope_head_dim));
   float* kv = grow(k_, n * kr);  // per token: latent [kvl] then rope key [rd]
+  mla_project(cache, l, n, x, q, kv);
+  float* o = grow(v_, n * c.num_heads * c.v_head_dim);  // the heads' outputs, before wo
+  if (mla_ == MlaMode::kNaive) {
+    mla_naive(cache, l, n, q, kv, o);
+  } else {
+    // Each sequence's chunk attends expanded (a large prefill chunk) or absorbed; the absorbed
+    // tokens' rows go through W_UK / W_UV together.
+    float* qc = grow(t1_, n * c.num_heads * kr);
+    float* att = grow(att_, n * c.num_heads * c.kv_lora_rank);
+    std::vector<ops::AttentionArgs> args;
+    const bool decode = mla_absorbed_args(cache, l, q, qc, att, o, &args);
+    if (!rows_.empty()) mla_absorbed_heads(lw, q, qc, att, args, decode, o);
+  }
+  kern::matmul(lw.wo, o, n, out, pool_, views_);
+}
+
+// q [n, heads, nope + rd] and kv [n, kvl + rd] from x: the projections (through q's LoRA and the
+// indexer on its layers), the latent's norm, RoPE; the latent rows written to the cache unless
+// the attention is naive.
+void CpuForwardOps::mla_project(KvCache& cache, int64_t l, int64_t n, const float* x, float* q,
+                                float* kv) {
+  const ModelConfig& c = w_.config;
+  const LayerWeights& lw = w_.layers[l];
+  const int64_t nope = c.qk_nope_head_dim, kvl = c.kv_lora_rank;
+  const int64_t nh = c.num_heads, qk = nope + c.qk_rope_head_dim, kr = kvl + c.qk_rope_head_dim;
   // The projections of x (q or q_a, and kv_a) in one call.
   if (!lw.wq_a.empty()) {
     float* qa = grow(t0_, n * c.q_lora_rank);
@@ -429,47 +461,56 @@ void CpuForwardOps::attention_mla(KvCache& cache, int64_t l, int64_t n, const fl
       cache.write_row(l, KvPart::kKey, seq, pos, 0, r);
     }
   });
-  float* o = grow(v_, n * nh * vd);  // the heads' outputs, before wo
-  if (!latent) {
-    // Naive: decompress per-head K (nope part + the shared rope key) and V into the cache.
-    float* lat = grow(t0_, n * kvl);
-    float* tmp = grow(t2_, n * std::max(nope, vd));
-    for (int64_t t = 0; t < n; ++t) std::copy(kv + t * kr, kv + t * kr + kvl, lat + t * kvl);
-    std::vector<float> row(static_cast<size_t>(qk));  // a head's K: nope part, then the rope key
-    for (int64_t i = 0; i < nh; ++i) {
-      if (lw.k_up_transposed) {
-        ops::matmul_transposed(lw.k_up[i], lat, n, tmp);
-      } else {
-        ops::matmul(lw.k_up[i], lat, n, tmp, nullptr);
-      }
-      for (int64_t t = 0; t < n; ++t) {
-        std::copy(tmp + t * nope, tmp + (t + 1) * nope, row.data());
-        std::copy(kv + t * kr + kvl, kv + (t + 1) * kr, row.data() + nope);
-        const Part& p = parts_[static_cast<size_t>(part_of_[static_cast<size_t>(t)])];
-        cache.write_row(l, KvPart::kKey, p.seq, pos_[static_cast<size_t>(t)], i, row.data());
-      }
-      ops::matmul(lw.v_up[i], lat, n, tmp, nullptr);
-      for (int64_t t = 0; t < n; ++t) {
-        const Part& p = parts_[static_cast<size_t>(part_of_[static_cast<size_t>(t)])];
-        cache.write_row(l, KvPart::kValue, p.seq, pos_[static_cast<size_t>(t)], i, tmp + t * vd);
-      }
+}
+
+// Naive MLA: per-head K (nope part + the shared rope key) and V decompressed into the cache, then
+// multi-head attention per part.
+void CpuForwardOps::mla_naive(KvCache& cache, int64_t l, int64_t n, const float* q,
+                              const float* kv, float* o) {
+  const ModelConfig& c = w_.config;
+  const LayerWeights& lw = w_.layers[l];
+  const int64_t nope = c.qk_nope_head_dim, rd = c.qk_rope_head_dim, kvl = c.kv_lora_rank;
+  const int64_t vd = c.v_head_dim, nh = c.num_heads, qk = nope + rd, kr = kvl + rd;
+  float* lat = grow(t0_, n * kvl);
+  float* tmp = grow(t2_, n * std::max(nope, vd));
+  for (int64_t t = 0; t < n; ++t) std::copy(kv + t * kr, kv + t * kr + kvl, lat + t * kvl);
+  std::vector<float> row(static_cast<size_t>(qk));  // a head's K: nope part, then the rope key
+  for (int64_t i = 0; i < nh; ++i) {
+    if (lw.k_up_transposed) {
+      ops::matmul_transposed(lw.k_up[i], lat, n, tmp);
+    } else {
+      ops::matmul(lw.k_up[i], lat, n, tmp, nullptr);
     }
-    for (const Part& p : parts_) {
-      ops::AttentionArgs kv_args;
-      cache.attention_args(l, p.seq, &kv_args);
-      attend_per_head(p, q, kv_args, o);
+    for (int64_t t = 0; t < n; ++t) {
+      std::copy(tmp + t * nope, tmp + (t + 1) * nope, row.data());
+      std::copy(kv + t * kr + kvl, kv + (t + 1) * kr, row.data() + nope);
+      const Part& p = parts_[static_cast<size_t>(part_of_[static_cast<size_t>(t)])];
+      cache.write_row(l, KvPart::kKey, p.seq, pos_[static_cast<size_t>(t)], i, row.data());
     }
-    kern::matmul(lw.wo, o, n, out, pool_, views_);
-    return;
+    ops::matmul(lw.v_up[i], lat, n, tmp, nullptr);
+    for (int64_t t = 0; t < n; ++t) {
+      const Part& p = parts_[static_cast<size_t>(part_of_[static_cast<size_t>(t)])];
+      cache.write_row(l, KvPart::kValue, p.seq, pos_[static_cast<size_t>(t)], i, tmp + t * vd);
+    }
   }
-  // Each sequence's chunk attends expanded (a large prefill chunk) or absorbed; the absorbed
-  // tokens' rows go through W_UK / W_UV together.
+  for (const Part& p : parts_) {
+    ops::AttentionArgs kv_args;
+    cache.attention_args(l, p.seq, &kv_args);
+    attend_per_head(p, q, kv_args, o);
+  }
+}
+
+// The parts that attend absorbed: their token rows (rows_) and attention args over the latent
+// cache (q_cat per head into qc, outputs into att); the expanded parts attend here, into o.
+// Returns whether the absorbed attention is a decode's (one token per part, none split).
+bool CpuForwardOps::mla_absorbed_args(KvCache& cache, int64_t l, const float* q, float* qc,
+                                      float* att, float* o, std::vector<ops::AttentionArgs>* args) {
+  const ModelConfig& c = w_.config;
+  const int64_t kvl = c.kv_lora_rank, nh = c.num_heads, kr = kvl + c.qk_rope_head_dim;
   rows_.clear();
   bool decode = pool_ != nullptr;  // every absorbed part one token, none split over the threads
-  std::vector<ops::AttentionArgs> args;
-  args.reserve(parts_.size());
-  float* qc = grow(t1_, n * nh * kr);
-  float* att = grow(att_, n * nh * kvl);
+  args->clear();
+  args->reserve(parts_.size());
   for (const Part& p : parts_) {
     // (Expanded: every position's K / V; a sparse part reads its selection's latents.)
     if (mla_expands(l, p.n, p.pos0 + p.n) && !part_is_sparse(p)) {
@@ -492,15 +533,21 @@ void CpuForwardOps::attention_mla(KvCache& cache, int64_t l, int64_t n, const fl
     a.pos0 = p.pos0;
     a.scale = attn_scale_;
     a.out = att + p.t0 * nh * kvl;
-    add_attention(a, p.t0, &args);
+    add_attention(a, p.t0, args);
   }
-  for (const ops::AttentionArgs& a : args) {
+  for (const ops::AttentionArgs& a : *args) {
     decode = decode && a.n_tokens == 1 && !kern::attention_splits_cache(a, pool_);
   }
-  if (rows_.empty()) {
-    kern::matmul(lw.wo, o, n, out, pool_, views_);
-    return;
-  }
+  return decode;
+}
+
+// The absorbed rows' heads: W_UK^T q_nope into qc, the attention, W_UV into o.
+void CpuForwardOps::mla_absorbed_heads(const LayerWeights& lw, const float* q, float* qc,
+                                       const float* att, const std::vector<ops::AttentionArgs>& args,
+                                       bool decode, float* o) {
+  const ModelConfig& c = w_.config;
+  const int64_t nope = c.qk_nope_head_dim, rd = c.qk_rope_head_dim, kvl = c.kv_lora_rank;
+  const int64_t vd = c.v_head_dim, nh = c.num_heads, qk = nope + rd, kr = kvl + rd;
   const int64_t na = static_cast<int64_t>(rows_.size());
   // Heads are independent: one task each (per-thread scratch), threaded for prefill.
   auto q_head = [&](size_t head) {
@@ -567,7 +614,6 @@ void CpuForwardOps::attention_mla(KvCache& cache, int64_t l, int64_t n, const fl
     for (const ops::AttentionArgs& a : args) kern::attention(a, pool_);
     for_heads(nh, na, v_head);
   }
-  kern::matmul(lw.wo, o, n, out, pool_, views_);
 }
 
 // Multi-head attention of part p over per-head K [position, heads, qk] and V [position, heads,
