@@ -19,8 +19,8 @@ Engine::Engine(const EngineOptions& o) : path_(o.model) {
   threading_ = std::make_unique<ThreadingContext>(ThreadingOptions{o.threads, true, 50});
   moe_ = std::make_unique<MoeRuntime>(*weights_, backend_, *threading_);
   ModelOptions mo;
-  mo.pool = &threading_->pool();
-  mo.mla = o.mla;
+  mo.forward.pool = &threading_->pool();
+  mo.forward.mla = o.mla;
   moe_->apply(&mo);
   mo.on_routing = o.on_routing;
   model_ = std::make_unique<Model>(*weights_, mo);

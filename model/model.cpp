@@ -48,21 +48,15 @@ bool mla_expansion_pays(const ModelConfig& c, int64_t n, int64_t positions) {
 }
 
 Model::Model(const LoadedModel& weights, const ModelOptions& options)
-    : w_(weights), mla_(options.mla), on_routing_(options.on_routing) {
+    : w_(weights), mla_(options.forward.mla), on_routing_(options.on_routing) {
   const ModelConfig& c = w_.config;
   if (options.moe != nullptr) {
     moe_ = options.moe;
   } else {
-    own_moe_ = std::make_unique<CpuMoeBackend>(options.pool);
+    own_moe_ = std::make_unique<CpuMoeBackend>(options.forward.pool);
     moe_ = own_moe_.get();
   }
-  ForwardOpsOptions fo;
-  fo.pool = options.pool;
-  fo.mla = options.mla;
-  fo.mla_expand_tokens = options.mla_expand_tokens;
-  fo.mla_expand_by_cost = options.mla_expand_by_cost;
-  fo.delta_chunk_tokens = options.delta_chunk_tokens;
-  fo.views = options.views;
+  const ForwardOpsOptions& fo = options.forward;
   ops_ = options.ops ? options.ops(w_, fo) : make_cpu_forward_ops(w_, fo);
   ordered_moe_ = ops_->stream_ordered() && moe_->runs_in_host_callbacks();
   moe_index_.assign(c.num_layers, -1);

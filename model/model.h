@@ -51,18 +51,11 @@ struct RoutingEvent {
 using RoutingObserver = std::function<void(const RoutingEvent& event)>;
 
 struct ModelOptions {
-  ThreadPool* pool = nullptr;  // nullptr: single-threaded
-  MlaMode mla = MlaMode::kAuto;
-  // kAuto: the batch size from which MLA attention expands K / V (see MlaMode; ForwardOpsOptions).
-  int64_t mla_expand_tokens = 32;
-  bool mla_expand_by_cost = true;
-  // Gated DeltaNet: parts of at least this many tokens run the chunked form; 0: never
-  // (ForwardOpsOptions::delta_chunk_tokens).
-  int64_t delta_chunk_tokens = 0;
+  // The forward ops' options: the threads (nullptr: single-threaded; also the internal MoE
+  // backend's), MLA's mode, DeltaNet's chunked form, the prepared weight copies
+  // (`--cpu-experts repack`: MoeRuntime::weight_views()).
+  ForwardOpsOptions forward;
   MoeBackend* moe = nullptr;  // nullptr: an internal CpuMoeBackend
-  // Prepared copies of non-expert weights (`--cpu-experts repack`: MoeRuntime::weight_views()),
-  // read instead of the stored bytes where they hold a weight; nullptr: the stored bytes.
-  const kern::WeightViews* views = nullptr;
   // Where the dense part runs (MoeRuntime::forward_ops()); empty: the CPU (make_cpu_forward_ops).
   ForwardOpsFactory ops;
   // With ops that have graphs (a device's) and every MoE layer in their stream order: a decode

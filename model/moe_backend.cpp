@@ -20,7 +20,7 @@ void CpuMoeBackend::submit(const MoeRequest& r) {
   std::fill(r.out, r.out + r.n_tokens * h, 0.0f);
   const int64_t n_experts = static_cast<int64_t>(r.experts->gate.size());
   for (int64_t e = 0; e < n_experts; ++e) {
-    if (r.expert_mask != nullptr && r.expert_mask[e] == 0) continue;
+    if (r.run_here != nullptr && r.run_here[e] == 0) continue;
     rows_.clear();  // (token * k + slot) of every selection of e
     for (int64_t i = 0; i < r.n_tokens * r.k; ++i) {
       if (r.ids[i] == e) rows_.push_back(i);

@@ -29,13 +29,13 @@ struct MoeRequest {
   int64_t n_tokens = 0;
   int64_t hidden_size = 0;
   // [n_tokens, k]; -1: an empty slot, no expert (an engine that runs some of a token's experts
-  // elsewhere may mark them so instead of through expert_mask)
+  // elsewhere may mark them so instead of through run_here)
   const int32_t* ids = nullptr;
   const float* weights = nullptr;  // [n_tokens, k]
   int64_t k = 0;
   // [n_experts]: nonzero = compute this expert here; nullptr = all. Skipped experts contribute
   // nothing (another backend owns them).
-  const uint8_t* expert_mask = nullptr;
+  const uint8_t* run_here = nullptr;
   float* out = nullptr;  // [n_tokens, hidden_size], overwritten; valid after wait()
   // [n_tokens * k] or nullptr, for a backend whose adds_slot_rows(): slot i's expert output row
   // ([hidden_size], unweighted) when another backend computed it (its expert masked here; null:

@@ -216,7 +216,7 @@ void FusedMoeBackend::route(const MoeRequest& r, bool prepared, int n_parts) {
     const int32_t e = r.ids[i];
     if (e == -1) continue;  // an empty slot (MoeRequest::ids)
     TD_CHECK(e >= 0 && e < n_experts, "expert id {} out of range", e);
-    if (r.expert_mask != nullptr && r.expert_mask[e] == 0) continue;
+    if (r.run_here != nullptr && r.run_here[e] == 0) continue;
     if (index_of[e] < 0) {
       index_of[e] = static_cast<int32_t>(n_active_);
       activate(r, e, prepared, n_parts);

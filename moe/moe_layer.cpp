@@ -120,7 +120,8 @@ struct MoeLayer::Impl {
   ExpertWeights slots;                 // [slot]: loaded, in slot order (remap)
   CpuExperts experts;                  // layer 0 = the slots' kernel matrices
   std::unique_ptr<FusedMoeBackend> backend;
-  std::vector<uint8_t> mask;           // [slot]: 1 = computed here
+  // [slot]: 1 = computed here (MoeRequest::run_here), the complement of gpu_experts_mask
+  std::vector<uint8_t> mask;
 
   std::mutex mu;
   std::condition_variable cv;
@@ -159,13 +160,14 @@ struct MoeLayer::Impl {
   void set_slots(const std::vector<int64_t>& map);
   void check_call(const int32_t* ids, int64_t tokens, int64_t k, const float* hidden,
                   const float* weights, const float* out, bool check_out = true) const;
-  // gpu_mask: this call's mask in `mask`'s sense (nullptr: `mask`); accumulate: out += result.
+  // gpu_mask: this call's experts computed here, in `mask`'s sense (nullptr: `mask`);
+  // accumulate: out += result.
   void run(const float* hidden, int64_t tokens, const int32_t* ids, const float* weights,
            int64_t k, float* out, const uint8_t* gpu_mask = nullptr, bool accumulate = false);
   void propagate_non_finite(const float* hidden, int64_t tokens, const int32_t* ids, int64_t k,
                             float* out) const;
   MoeRequest request(const float* hidden, int64_t n, const int32_t* ids, const float* weights,
-                     int64_t k, float* out, const uint8_t* expert_mask = nullptr) const;
+                     int64_t k, float* out, const uint8_t* run_here = nullptr) const;
 };
 
 void MoeLayer::Impl::wait_posted() {
@@ -401,7 +403,7 @@ void MoeLayer::Impl::check_call(const int32_t* ids, int64_t tokens, int64_t k,
 
 MoeRequest MoeLayer::Impl::request(const float* hidden, int64_t n, const int32_t* ids,
                                    const float* weights, int64_t k, float* out,
-                                   const uint8_t* expert_mask) const {
+                                   const uint8_t* run_here) const {
   MoeRequest r;
   r.layer = 0;
   r.moe_index = 0;
@@ -414,7 +416,7 @@ MoeRequest MoeLayer::Impl::request(const float* hidden, int64_t n, const int32_t
   r.ids = ids;
   r.weights = weights;
   r.k = k;
-  r.expert_mask = expert_mask != nullptr ? expert_mask : mask.data();
+  r.run_here = run_here != nullptr ? run_here : mask.data();
   r.out = out;
   return r;
 }

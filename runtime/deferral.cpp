@@ -155,8 +155,8 @@ void DeferringMoeBackend::submit(const MoeRequest& r) {
   }
   next_def_k_ = n_def;
   next_def_hidden_.assign(r.hidden, r.hidden + t * r.hidden_size);
-  if (r.expert_mask != nullptr) {
-    next_def_mask_.assign(r.expert_mask, r.expert_mask + r.experts->gate.size());
+  if (r.run_here != nullptr) {
+    next_def_mask_.assign(r.run_here, r.run_here + r.experts->gate.size());
   } else {
     next_def_mask_.clear();
   }
@@ -187,7 +187,7 @@ void DeferringMoeBackend::wait() {
   d.ids = def_ids_.data();
   d.weights = def_w_.data();
   d.k = next_def_k_;
-  d.expert_mask = def_mask_.empty() ? nullptr : def_mask_.data();
+  d.run_here = def_mask_.empty() ? nullptr : def_mask_.data();
   d.out = def_out_.data();
   start_deferred();
   def_pending_ = true;

@@ -559,7 +559,7 @@ Assignment HybridMoeBackend::assign(const MoeRequest& r, int layer) {
     if (a.on_accel[e] && !(cache_->resident(layer, static_cast<int>(e)) && L.valid[e])) {
       a.on_accel[e] = 0;
     }
-    if (r.expert_mask != nullptr && r.expert_mask[e] == 0) a.on_accel[e] = 0;
+    if (r.run_here != nullptr && r.run_here[e] == 0) a.on_accel[e] = 0;
     if (a.on_accel[e] && count[e] > 0 && L.prefetched[e]) ++stats_.prefetch_hits;
   }
   std::fill(L.prefetched.begin(), L.prefetched.end(), 0);
@@ -635,11 +635,11 @@ void HybridMoeBackend::launch(const MoeRequest& r, int layer, const Assignment& 
   float* d_s = d_y + rows * h;
   p.mask.assign(ne, 1);
   for (int64_t e = 0; e < ne; ++e) {
-    p.mask[e] = (a.on_accel[e] || (r.expert_mask != nullptr && r.expert_mask[e] == 0)) ? 0 : 1;
+    p.mask[e] = (a.on_accel[e] || (r.run_here != nullptr && r.run_here[e] == 0)) ? 0 : 1;
   }
   p.cpu_out.resize(n * h);
   p.cpu_req = r;
-  p.cpu_req.expert_mask = p.mask.data();
+  p.cpu_req.run_here = p.mask.data();
   p.cpu_req.out = p.cpu_out.data();
   if (cpu_->adds_slot_rows()) {
     p.slot_rows.assign(n * k, nullptr);

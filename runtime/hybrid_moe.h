@@ -65,7 +65,7 @@ struct HybridStats {
 
 class HybridMoeBackend : public MoeBackend {
  public:
-  // `cpu` computes the experts assigned to the CPU (honours MoeRequest::expert_mask); `device`
+  // `cpu` computes the experts assigned to the CPU (honours MoeRequest::run_here); `device`
   // holds the slots, the shared experts and the activation buffers. Throws Error(kResource) when
   // the pinned experts and shared experts do not fit the budget.
   HybridMoeBackend(const LoadedModel& model, MoeBackend* cpu, Device* device,

@@ -385,7 +385,7 @@ ForwardOpsFactory MoeRuntime::forward_ops() const {
 
 void MoeRuntime::apply(ModelOptions* options) {
   options->moe = backend_;
-  options->views = weight_views();
+  options->forward.views = weight_views();
   options->ops = forward_ops();
   options->graphs = impl_->graphs;
 }

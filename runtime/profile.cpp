@@ -144,7 +144,7 @@ ProfileResult profile_experts(const LoadedModel& model, const ProfileOptions& o,
     q.ids = ids.data();
     q.weights = w.data();
     q.k = 1;
-    q.expert_mask = mask.data();
+    q.run_here = mask.data();
     q.out = out.data();
     double best = std::numeric_limits<double>::infinity();
     for (int i = 0; i <= o.repeats; ++i) {  // the first run warms caches and is not counted

@@ -182,8 +182,8 @@ class SequenceBench {
         model_(engine.model(), context(a), parse_kv_type(a.cache_type)) {
     if (vs != nullptr) {
       ModelOptions mo_b;
-      mo_b.pool = &engine.threading().pool();
-      mo_b.mla = parse_mla_mode(vs->mla);
+      mo_b.forward.pool = &engine.threading().pool();
+      mo_b.forward.mla = parse_mla_mode(vs->mla);
       moe_b->apply(&mo_b);
       net_b_ = std::make_unique<Model>(engine.weights(), mo_b);
       model_b_ = std::make_unique<SingleSequence>(*net_b_, context(a), parse_kv_type(vs->cache_type));

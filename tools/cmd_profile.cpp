@@ -38,7 +38,7 @@ std::string decode_timeline(const LoadedModel& lm, const BackendOptions& backend
                             ThreadingContext& threading, int tokens, const std::string& trace_to) {
   MoeRuntime moe(lm, backend, threading);
   ModelOptions mo;
-  mo.pool = &threading.pool();
+  mo.forward.pool = &threading.pool();
   moe.apply(&mo);
   Model model(lm, mo);
   SingleSequence seq(model, tokens + 2);

@@ -388,7 +388,7 @@ TEST(CudaStepGraphs, ReplaysEqualTheStepsRunOpByOp) {
       FusedMoeBackend moe_a(&threading.pool()), moe_b(&threading.pool());
       auto model = [&](MoeBackend* moe, bool graphs) {
         ModelOptions mo;
-        mo.pool = &threading.pool();
+        mo.forward.pool = &threading.pool();
         mo.moe = moe;
         mo.graphs = graphs;
         mo.ops = [d, w](const LoadedModel&, const ForwardOpsOptions& o) {
@@ -427,14 +427,14 @@ TEST(CudaHybrid, TurnsAndBatchesThroughTheSequenceMemoryEqualTheCpu) {
   ThreadingContext threading(ThreadingOptions{2, false, 50});
   FusedMoeBackend moe(&threading.pool());
   ModelOptions mo;
-  mo.pool = &threading.pool();
+  mo.forward.pool = &threading.pool();
   mo.moe = &moe;
   mo.ops = [d, w](const LoadedModel&, const ForwardOpsOptions& o) {
     return d->forward_ops(w, o);
   };
   Model on_gpu(lm, mo);
   ModelOptions co;
-  co.pool = &threading.pool();
+  co.forward.pool = &threading.pool();
   Model on_cpu(lm, co);
   const int64_t vocab = lm.config.vocab_size;
   auto solo = [&](const std::vector<int32_t>& prompt, int n) {

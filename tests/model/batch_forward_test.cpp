@@ -81,8 +81,8 @@ std::unique_ptr<Net> open(const Case& c) {
   const auto path = test::data_path(c.model);
   net->lm = load_model(path);
   ModelOptions mo;
-  mo.pool = &threading().pool();
-  mo.mla = c.mla;
+  mo.forward.pool = &threading().pool();
+  mo.forward.mla = c.mla;
   if (c.backend == "hybrid") {
     // --accel host: the dense part on the host device, the routed experts through the hybrid
     // backend (an expert cache of 2 slots per layer, 1 pinned, prefetch), compared with the CPU.

@@ -87,8 +87,8 @@ std::unique_ptr<Net> open(const Case& c) {
   const auto path = test::data_path(c.model);
   net->lm = load_model(path);
   ModelOptions mo;
-  mo.pool = &threading().pool();
-  mo.delta_chunk_tokens = c.chunk;
+  mo.forward.pool = &threading().pool();
+  mo.forward.delta_chunk_tokens = c.chunk;
   if (c.backend != "reference") {
     BackendOptions bo;
     bo.cpu_experts = "native";

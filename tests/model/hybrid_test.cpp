@@ -49,7 +49,7 @@ const std::vector<int32_t> kPrompt = {1, 453, 386, 332, 341, 311, 426, 17};
 Decode decode(const LoadedModel& lm, MoeBackend* moe, int steps,
               const std::vector<int32_t>& prompt = kPrompt, ForwardOpsFactory ops = {}) {
   ModelOptions mo;
-  mo.pool = &threading().pool();
+  mo.forward.pool = &threading().pool();
   mo.moe = moe;
   mo.ops = std::move(ops);
   Model model_net(lm, mo);

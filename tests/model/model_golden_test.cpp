@@ -68,13 +68,13 @@ PromptRun run_prompt(const LoadedModel& lm, const std::vector<int32_t>& tokens, 
                      MoeBackend* moe = nullptr, const kern::WeightViews* views = nullptr,
                      int64_t delta_chunk_tokens = 0) {
   ModelOptions mo;
-  mo.pool = threads;
-  mo.delta_chunk_tokens = delta_chunk_tokens;
+  mo.forward.pool = threads;
+  mo.forward.delta_chunk_tokens = delta_chunk_tokens;
   mo.moe = moe;
-  mo.views = views;
-  mo.mla = mla;
-  mo.mla_expand_tokens = expand_tokens;
-  mo.mla_expand_by_cost = false;  // expand every batch of expand_tokens or more
+  mo.forward.views = views;
+  mo.forward.mla = mla;
+  mo.forward.mla_expand_tokens = expand_tokens;
+  mo.forward.mla_expand_by_cost = false;  // expand every batch of expand_tokens or more
   PromptRun r;
   r.experts.resize(tokens.size());
   mo.on_routing = [&](const RoutingEvent& ev) {
@@ -201,7 +201,7 @@ TEST_P(Golden, ExpertUsage) {
   const LoadedModel lm = load_model(test::data_path("golden/" + GetParam() + ".gguf"));
   std::map<std::string, std::map<std::string, int>> usage;
   ModelOptions o;
-  o.pool = &pool();
+  o.forward.pool = &pool();
   o.on_routing = [&](const RoutingEvent& ev) {
     for (int64_t i = 0; i < ev.n_tokens * ev.k; ++i) {
       ++usage["ffn_moe_topk-" + std::to_string(ev.layer)][std::to_string(ev.ids[i])];

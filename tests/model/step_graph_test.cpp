@@ -43,7 +43,7 @@ std::unique_ptr<Model> device_model(const LoadedModel& lm, rt::Device* dev,
                                     std::shared_ptr<const rt::DenseWeights> w, MoeBackend* moe,
                                     bool graphs) {
   ModelOptions mo;
-  mo.pool = &threading().pool();
+  mo.forward.pool = &threading().pool();
   mo.moe = moe;
   mo.graphs = graphs;
   mo.ops = [dev, w](const LoadedModel&, const ForwardOpsOptions& o) {
@@ -239,7 +239,7 @@ TEST(StepGraphs, AFailedCaptureLeavesItsBatchSizeOpByOp) {
   rt::Device* d = dev.get();
   FusedMoeBackend moe_a(&threading().pool()), moe_b(&threading().pool());
   ModelOptions mo;
-  mo.pool = &threading().pool();
+  mo.forward.pool = &threading().pool();
   mo.moe = &moe_a;
   mo.ops = [d, w](const LoadedModel&, const ForwardOpsOptions& o) {
     return std::make_unique<UncapturableOps>(d->forward_ops(w, o));

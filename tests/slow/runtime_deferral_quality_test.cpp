@@ -70,7 +70,7 @@ class SkippingBackend : public MoeBackend {
 
 double perplexity(const LoadedModel& lm, MoeBackend* moe, ThreadPool* pool) {
   ModelOptions mo;
-  mo.pool = pool;
+  mo.forward.pool = pool;
   mo.moe = moe;
   Model m_net(lm, mo);
   SingleSequence m(m_net, 512);

@@ -37,7 +37,7 @@ TEST(CliPerplexity, MatchesDefinition) {
   int count = 0;
   for (size_t c = 0; c + ctx <= tokens.size(); c += ctx) {
     ModelOptions mo;
-    mo.mla = MlaMode::kNaive;
+    mo.forward.mla = MlaMode::kNaive;
     Model m_net(lm, mo);
     SingleSequence m(m_net, ctx);
     std::vector<int32_t> chunk(tokens.begin() + c, tokens.begin() + c + ctx);

@@ -61,7 +61,7 @@ TEST(CliTrace, RecordsWhatTheModelRoutes) {
   ThreadingContext threading(ThreadingOptions{0, true, 50});
   MoeRuntime moe(lm, BackendOptions{}, threading);
   ModelOptions mo;
-  mo.pool = &threading.pool();
+  mo.forward.pool = &threading.pool();
   mo.moe = moe.backend();
   mo.on_routing = [&](const RoutingEvent& e) {
     inputs[e.moe_index].insert(inputs[e.moe_index].end(), e.hidden, e.hidden + e.n_tokens * H);

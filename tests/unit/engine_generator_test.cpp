@@ -31,7 +31,7 @@ struct Demo {
   std::unique_ptr<Model> model;
   Demo() {
     ModelOptions mo;
-    mo.pool = &threading.pool();
+    mo.forward.pool = &threading.pool();
     model = std::make_unique<Model>(lm, mo);
   }
   int64_t nv() const { return lm.config.vocab_size; }

@@ -317,8 +317,8 @@ TEST(CpuExperts, RepackRearrangesQ4KQ6KAndKeepsTheProducts) {
   const std::vector<int32_t> ids = {1, 5, 9, 2};
   for (const kern::WeightViews* views : {static_cast<const kern::WeightViews*>(nullptr), &e.other}) {
     ModelOptions mo;
-    mo.pool = &pool();
-    mo.views = views;
+    mo.forward.pool = &pool();
+    mo.forward.views = views;
     Model model_net(lm, mo);
     SingleSequence model(model_net, 16);
     model.forward(ids, (views == nullptr ? want : got).data(), false);

@@ -167,11 +167,11 @@ TEST_P(FusedMoe, EqualsDirectComputationAndMasksSplitWork) {
         const uint8_t mask_b[kExperts] = {0, 1, 0, 1, 0, 1, 0, 1};
         std::vector<float> a(want.size()), b(want.size());
         MoeRequest q = request(ex, r, t, a.data());
-        q.expert_mask = mask_a;
+        q.run_here = mask_a;
         be.submit(q);
         be.wait();
         EXPECT_EQ(a, direct(ex, r, t, mask_a));
-        q.expert_mask = mask_b;
+        q.run_here = mask_b;
         q.out = b.data();
         be.submit(q);
         be.wait();

@@ -67,11 +67,11 @@ TEST(MoeBackend, MatchesFormulaAndMasksSplitWork) {
   backend.submit(r);
   backend.wait();
   const uint8_t mask_a[] = {1, 0, 1, 0}, mask_b[] = {0, 1, 0, 1};
-  r.expert_mask = mask_a;
+  r.run_here = mask_a;
   r.out = a.data();
   backend.submit(r);
   backend.wait();
-  r.expert_mask = mask_b;
+  r.run_here = mask_b;
   r.out = b.data();
   backend.submit(r);
   backend.wait();

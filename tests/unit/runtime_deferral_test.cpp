@@ -179,7 +179,7 @@ struct Decode {
 
 Decode decode(const LoadedModel& lm, MoeBackend* moe, int steps) {
   ModelOptions mo;
-  mo.pool = &pool();
+  mo.forward.pool = &pool();
   mo.moe = moe;
   Model model_net(lm, mo);
   SingleSequence model(model_net, 64);
