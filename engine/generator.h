@@ -1,10 +1,10 @@
-// The generation loop every front-end shares (run, chat, perplexity, bench --batch; the server
-// next): requests -- a prompt, its sampling and its stop conditions -- become sequences of a
-// KvCache, and each step() is one Model::forward over all of them: one decode token of each
-// decoding sequence, then prompt chunks of the others up to a token budget (chunked prefill, so a
-// long prompt does not stall the others' decoding). Each sequence then samples its next token with
-// its own sampler and the token becomes text, held back while it may still turn into a stop
-// string.
+// The generation loop every front-end shares (run, chat, perplexity, bench --batch, the server,
+// the Python engine): requests -- a prompt, its sampling and its stop conditions -- become
+// sequences of a KvCache, and each step() is one Model::forward over all of them: one decode token
+// of each decoding sequence, then prompt chunks of the others up to a token budget (chunked
+// prefill, so a long prompt does not stall the others' decoding). Each sequence then samples its
+// next token with its own sampler and the token becomes text, held back while it may still turn
+// into a stop string.
 //
 // The KV cache's blocks are the scarce resource. A request is admitted when its prompt fits in
 // the free blocks; when the running sequences' next tokens do not fit, the youngest is preempted

@@ -1,3 +1,6 @@
+// MoeLayer submit / sync as host functions on a CUDA stream (moe/moe_stream.h).
+// Not yet run on a GPU: it builds here (sm_80 to sm_90a); tests/gpu/moe_stream_test.cpp
+// checks it against the CPU on a device and skips without one.
 #include "moe/moe_stream.h"
 
 #include <exception>

@@ -1,3 +1,6 @@
+// The kernels of ops/cuda/attention.h (the forward's dense part on a GPU).
+// Not yet run on a GPU: it builds here (sm_80 to sm_90a); tests/gpu/cuda_ops_test.cpp
+// checks it against the CPU on a device and skips without one.
 #include <algorithm>
 #include <cmath>
 

@@ -1,3 +1,6 @@
+// The Gated DeltaNet kernels of ops/cuda/delta_net.h.
+// Not yet run on a GPU: it builds here (sm_80 to sm_90a); tests/gpu/cuda_delta_net_test.cpp
+// checks it against the CPU on a device and skips without one.
 #include <cmath>
 
 #include "ops/cuda/delta_net.h"

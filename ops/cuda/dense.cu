@@ -1,3 +1,7 @@
+// The F32 kernels of ops/cuda/dense.h (an accelerator expert's activation, transposed products
+// and scaled writes).
+// Not yet run on a GPU: it builds here (sm_80 to sm_90a); tests/gpu/cuda_ops_test.cpp
+// checks it against the CPU on a device and skips without one.
 #include <cmath>
 
 #include "ops/cuda/dense.h"

@@ -1,5 +1,7 @@
 // Launchers for dequant.cuh: argument checks and launch geometry (a runtime DType becomes a kernel
 // template argument through dequant_formats.h's visit_format).
+// Not yet run on a GPU: it builds here (sm_80 to sm_90a); tests/gpu/cuda_dequant_test.cpp
+// checks it against the CPU on a device and skips without one.
 #include <algorithm>
 
 #include "ops/cuda/dequant.cuh"

@@ -2,6 +2,8 @@
 // row (quant_dot.h) with up to kTokensPerPass activation rows, then a warp-wide sum. Consecutive
 // lanes read consecutive chunks, so a warp reads a run of the row's bytes at a time; the weight row
 // is read once per pass of kTokensPerPass tokens.
+// Not yet run on a GPU: it builds here (sm_80 to sm_90a); tests/gpu/cuda_dequant_test.cpp
+// checks it against the CPU on a device and skips without one.
 #include "ops/cuda/dequant_formats.h"
 #include "ops/cuda/matvec.h"
 #include "ops/cuda/quant_dot.h"
