@@ -751,79 +751,157 @@ void load_delta_net(Source& s, const ModelConfig& c, const LayerNames& n, bool f
   d.tiled = from_gguf && c.arch == ModelArch::kQwen35Moe;
 }
 
-void load_layer(Source& s, const ModelConfig& c, int64_t l, const LayerNames& n,
-                LayerWeights& w, bool from_gguf) {
+// A norm's weights: HF's Qwen3-Next / Qwen3.5 norms are zero-centred (x * (1 + w)); GGUF files
+// hold 1 + w.
+std::vector<float> load_norm(Source& s, const LayerNames& n, const std::string& name,
+                             int64_t count) {
+  std::vector<float> v = s.get_f32(name, count);
+  if (n.zero_centred) {
+    for (float& x : v) x += 1.0f;
+  }
+  return v;
+}
+
+// Multi-head latent attention (DeepSeek-V3, Kimi-K2): q (low-rank or not), the compressed kv and
+// its per-head up projections, o, and on index layers the sparse-attention indexer.
+void load_mla(Source& s, const ModelConfig& c, int64_t l, const LayerNames& n, LayerWeights& w) {
   const int64_t hd = c.hidden_size;
-  // HF's Qwen3-Next / Qwen3.5 norms are zero-centred (x * (1 + w)); GGUF files hold 1 + w.
-  auto norm = [&](const std::string& name, int64_t count) {
-    std::vector<float> v = s.get_f32(name, count);
-    if (n.zero_centred) {
-      for (float& x : v) x += 1.0f;
+  const int64_t qk = c.qk_nope_head_dim + c.qk_rope_head_dim;
+  if (c.q_lora_rank > 0) {
+    w.wq_a = s.get_w(n.q_a, {c.q_lora_rank, hd});
+    w.q_a_norm = s.get_f32(n.q_a_norm, c.q_lora_rank);
+    w.wq_b = s.get_w(n.q_b, {c.num_heads * qk, c.q_lora_rank});
+  } else {
+    w.wq = s.get_w(n.q, {c.num_heads * qk, hd});
+  }
+  w.wkv_a = s.get_w(n.kv_a, {c.kv_lora_rank + c.qk_rope_head_dim, hd});
+  w.kv_a_norm = s.get_f32(n.kv_a_norm, c.kv_lora_rank);
+  if (!n.k_b.empty() && s.find(n.k_b) != nullptr) {
+    // GGUF's split form: attn_k_b is W_UK transposed per head, attn_v_b is W_UV. A file may
+    // keep the unsplit attn_kv_b beside them.
+    s.known(n.kv_b);
+    const ops::Weight kb = s.get_w(n.k_b, {c.num_heads, c.kv_lora_rank, c.qk_nope_head_dim});
+    const ops::Weight vb = s.get_w(n.v_b, {c.num_heads, c.v_head_dim, c.kv_lora_rank});
+    w.k_up_transposed = true;
+    for (int64_t h = 0; h < c.num_heads; ++h) {
+      w.k_up.push_back(kb.row_range(h * c.kv_lora_rank, c.kv_lora_rank));
+      w.v_up.push_back(vb.row_range(h * c.v_head_dim, c.v_head_dim));
     }
-    return v;
-  };
-  w.attn_norm = norm(n.attn_norm, hd);
-  w.ffn_norm = norm(n.ffn_norm, hd);
+  } else {
+    const int64_t per = c.qk_nope_head_dim + c.v_head_dim;
+    const ops::Weight kvb = s.get_w(n.kv_b, {c.num_heads * per, c.kv_lora_rank});
+    for (int64_t h = 0; h < c.num_heads; ++h) {
+      w.k_up.push_back(kvb.row_range(h * per, c.qk_nope_head_dim));
+      w.v_up.push_back(kvb.row_range(h * per + c.qk_nope_head_dim, c.v_head_dim));
+    }
+  }
+  w.wo = s.get_w(n.o, {hd, c.num_heads * c.v_head_dim});
+  if (c.is_index_layer(l)) {
+    const int64_t d = c.index_head_dim;
+    w.idx_wq_b = s.get_w(n.idx_q_b, {c.index_n_heads * d, c.q_lora_rank});
+    w.idx_wk = s.get_w(n.idx_k, {d, hd});
+    w.idx_k_norm = s.get_f32(n.idx_k_norm, d);
+    w.idx_k_norm_bias = s.get_f32(n.idx_k_norm_bias, d);
+    w.idx_weights = s.get_w(n.idx_weights, {c.index_n_heads, hd});
+  }
+}
+
+// Grouped-query attention: q, k, v, o, and the biases, sinks and q / k norms of the
+// architectures that have them.
+void load_attention(Source& s, const ModelConfig& c, const LayerNames& n, LayerWeights& w) {
+  const int64_t hd = c.hidden_size, d = c.head_dim;
+  // (With the output gate, q_proj gives each head its query and its gate: twice the rows.)
+  w.wq = s.get_w(n.q, {(c.attn_output_gate ? 2 : 1) * c.num_heads * d, hd});
+  w.wk = s.get_w(n.k, {c.num_kv_heads * d, hd});
+  w.wv = s.get_w(n.v, {c.num_kv_heads * d, hd});
+  w.wo = s.get_w(n.o, {hd, c.num_heads * d});
+  if (c.attention_bias) {
+    w.bq = s.get_f32(n.q_bias, c.num_heads * d);
+    w.bk = s.get_f32(n.k_bias, c.num_kv_heads * d);
+    w.bv = s.get_f32(n.v_bias, c.num_kv_heads * d);
+  }
+  if (c.arch == ModelArch::kGptOss) w.bo = s.get_f32(n.o_bias, hd);
+  if (c.attn_sinks) w.sinks = s.get_f32(n.sinks, c.num_heads);
+  if (c.qk_norm) {
+    // Per head (head_dim weights), or over all heads at once (MiniMax-M2).
+    w.q_norm = load_norm(s, n, n.q_norm, c.qk_norm_all_heads ? c.num_heads * d : d);
+    w.k_norm = load_norm(s, n, n.k_norm, c.qk_norm_all_heads ? c.num_kv_heads * d : d);
+  }
+}
+
+// The routed experts, one matrix view each, from whichever form the file stores them in:
+// gpt-oss's HF tensors, GGUF's stacked ones, HF's fused gate_up, or one tensor per expert.
+void load_routed_experts(Source& s, const ModelConfig& c, const LayerNames& n, ExpertWeights& x) {
+  const int64_t hd = c.hidden_size, ne = c.n_experts, ff = c.moe_intermediate_size;
+  if (n.gpt_oss_hf) {
+    gpt_oss_experts(s, c, n.expert_prefix, x);
+  } else if (!n.gate_exps.empty()) {
+    if (c.arch == ModelArch::kGptOss) {
+      x.gate_bias = s.get_f32(n.gate_exps_bias, {ne, ff});
+      x.up_bias = s.get_f32(n.up_exps_bias, {ne, ff});
+      x.down_bias = s.get_f32(n.down_exps_bias, {ne, hd});
+    }
+    const ops::Weight g = s.get_w(n.gate_exps, {ne, ff, hd});
+    const ops::Weight u = s.get_w(n.up_exps, {ne, ff, hd});
+    const ops::Weight dn = s.get_w(n.down_exps, {ne, hd, ff});
+    for (int64_t e = 0; e < ne; ++e) {
+      x.gate.push_back(g.row_range(e * ff, ff));
+      x.up.push_back(u.row_range(e * ff, ff));
+      x.down.push_back(dn.row_range(e * hd, hd));
+    }
+  } else if (!n.fused_gate_up.empty() && s.find(n.fused_gate_up) != nullptr) {
+    // Stacked experts: gate and up as the two halves of each expert's 2 ff rows.
+    const ops::Weight gu = s.get_w(n.fused_gate_up, {ne, 2 * ff, hd});
+    const ops::Weight dn = s.get_w(n.fused_down, {ne, hd, ff});
+    if (gu.t.dtype == DType::kF8E4M3 || dn.t.dtype == DType::kF8E4M3) {
+      fail(ErrorKind::kUnsupported, "{}: stacked FP8 experts ('{}') are not supported", s.path(),
+           n.fused_gate_up);
+    }
+    for (int64_t e = 0; e < ne; ++e) {
+      x.gate.push_back(gu.row_range(e * 2 * ff, ff));
+      x.up.push_back(gu.row_range(e * 2 * ff + ff, ff));
+      x.down.push_back(dn.row_range(e * hd, hd));
+    }
+  } else {
+    for (int64_t e = 0; e < ne; ++e) {
+      const std::string prefix = fmt::format("{}{}.", n.expert_prefix, e);
+      x.gate.push_back(s.get_w(prefix + n.expert_gate, {ff, hd}));
+      x.up.push_back(s.get_w(prefix + n.expert_up, {ff, hd}));
+      x.down.push_back(s.get_w(prefix + n.expert_down, {hd, ff}));
+    }
+  }
+}
+
+// An MoE layer's FFN: the router and its biases, the routed experts, the shared expert.
+void load_moe(Source& s, const ModelConfig& c, const LayerNames& n, LayerWeights& w) {
+  const int64_t hd = c.hidden_size, ne = c.n_experts;
+  w.router = s.get_w(n.router, {ne, hd});
+  if (c.has_e_score_correction_bias) w.router_bias = s.get_f32(n.router_bias, ne);
+  if (c.arch == ModelArch::kGptOss) w.router_logit_bias = s.get_f32(n.router_logit_bias, ne);
+  w.experts.swiglu_limit = c.swiglu_limit;
+  load_routed_experts(s, c, n, w.experts);
+  if (c.shared_expert_intermediate_size > 0) {
+    const int64_t sf = c.shared_expert_intermediate_size;
+    w.sh_gate = s.get_w(n.sh_gate, {sf, hd});
+    w.sh_up = s.get_w(n.sh_up, {sf, hd});
+    w.sh_down = s.get_w(n.sh_down, {hd, sf});
+    if (c.shared_expert_gate) w.sh_gate_inp = s.get_f32(n.sh_gate_inp, hd);
+  }
+}
+
+// One decoder layer's tensors: its norms, its attention (Gated DeltaNet, MLA or grouped-query,
+// by architecture and layer), its FFN (dense or MoE).
+void load_layer(Source& s, const ModelConfig& c, int64_t l, const LayerNames& n, LayerWeights& w,
+                bool from_gguf) {
+  const int64_t hd = c.hidden_size;
+  w.attn_norm = load_norm(s, n, n.attn_norm, hd);
+  w.ffn_norm = load_norm(s, n, n.ffn_norm, hd);
   if (c.is_linear_layer(l)) {
     load_delta_net(s, c, n, from_gguf, w.delta);
   } else if (c.is_mla()) {
-    const int64_t qk = c.qk_nope_head_dim + c.qk_rope_head_dim;
-    if (c.q_lora_rank > 0) {
-      w.wq_a = s.get_w(n.q_a, {c.q_lora_rank, hd});
-      w.q_a_norm = s.get_f32(n.q_a_norm, c.q_lora_rank);
-      w.wq_b = s.get_w(n.q_b, {c.num_heads * qk, c.q_lora_rank});
-    } else {
-      w.wq = s.get_w(n.q, {c.num_heads * qk, hd});
-    }
-    w.wkv_a = s.get_w(n.kv_a, {c.kv_lora_rank + c.qk_rope_head_dim, hd});
-    w.kv_a_norm = s.get_f32(n.kv_a_norm, c.kv_lora_rank);
-    if (!n.k_b.empty() && s.find(n.k_b) != nullptr) {
-      // GGUF's split form: attn_k_b is W_UK transposed per head, attn_v_b is W_UV. A file may
-      // keep the unsplit attn_kv_b beside them.
-      s.known(n.kv_b);
-      const ops::Weight kb = s.get_w(n.k_b, {c.num_heads, c.kv_lora_rank, c.qk_nope_head_dim});
-      const ops::Weight vb = s.get_w(n.v_b, {c.num_heads, c.v_head_dim, c.kv_lora_rank});
-      w.k_up_transposed = true;
-      for (int64_t h = 0; h < c.num_heads; ++h) {
-        w.k_up.push_back(kb.row_range(h * c.kv_lora_rank, c.kv_lora_rank));
-        w.v_up.push_back(vb.row_range(h * c.v_head_dim, c.v_head_dim));
-      }
-    } else {
-      const int64_t per = c.qk_nope_head_dim + c.v_head_dim;
-      const ops::Weight kvb = s.get_w(n.kv_b, {c.num_heads * per, c.kv_lora_rank});
-      for (int64_t h = 0; h < c.num_heads; ++h) {
-        w.k_up.push_back(kvb.row_range(h * per, c.qk_nope_head_dim));
-        w.v_up.push_back(kvb.row_range(h * per + c.qk_nope_head_dim, c.v_head_dim));
-      }
-    }
-    w.wo = s.get_w(n.o, {hd, c.num_heads * c.v_head_dim});
-    if (c.is_index_layer(l)) {
-      const int64_t d = c.index_head_dim;
-      w.idx_wq_b = s.get_w(n.idx_q_b, {c.index_n_heads * d, c.q_lora_rank});
-      w.idx_wk = s.get_w(n.idx_k, {d, hd});
-      w.idx_k_norm = s.get_f32(n.idx_k_norm, d);
-      w.idx_k_norm_bias = s.get_f32(n.idx_k_norm_bias, d);
-      w.idx_weights = s.get_w(n.idx_weights, {c.index_n_heads, hd});
-    }
+    load_mla(s, c, l, n, w);
   } else {
-    const int64_t d = c.head_dim;
-    // (With the output gate, q_proj gives each head its query and its gate: twice the rows.)
-    w.wq = s.get_w(n.q, {(c.attn_output_gate ? 2 : 1) * c.num_heads * d, hd});
-    w.wk = s.get_w(n.k, {c.num_kv_heads * d, hd});
-    w.wv = s.get_w(n.v, {c.num_kv_heads * d, hd});
-    w.wo = s.get_w(n.o, {hd, c.num_heads * d});
-    if (c.attention_bias) {
-      w.bq = s.get_f32(n.q_bias, c.num_heads * d);
-      w.bk = s.get_f32(n.k_bias, c.num_kv_heads * d);
-      w.bv = s.get_f32(n.v_bias, c.num_kv_heads * d);
-    }
-    if (c.arch == ModelArch::kGptOss) w.bo = s.get_f32(n.o_bias, hd);
-    if (c.attn_sinks) w.sinks = s.get_f32(n.sinks, c.num_heads);
-    if (c.qk_norm) {
-      // Per head (head_dim weights), or over all heads at once (MiniMax-M2).
-      w.q_norm = norm(n.q_norm, c.qk_norm_all_heads ? c.num_heads * d : d);
-      w.k_norm = norm(n.k_norm, c.qk_norm_all_heads ? c.num_kv_heads * d : d);
-    }
+    load_attention(s, c, n, w);
   }
   w.moe = c.is_moe_layer(l);
   if (!w.moe) {
@@ -833,55 +911,7 @@ void load_layer(Source& s, const ModelConfig& c, int64_t l, const LayerNames& n,
     w.ffn_down = s.get_w(n.down, {hd, ff});
     return;
   }
-  const int64_t ne = c.n_experts, ff = c.moe_intermediate_size;
-  w.router = s.get_w(n.router, {ne, hd});
-  if (c.has_e_score_correction_bias) w.router_bias = s.get_f32(n.router_bias, ne);
-  if (c.arch == ModelArch::kGptOss) w.router_logit_bias = s.get_f32(n.router_logit_bias, ne);
-  w.experts.swiglu_limit = c.swiglu_limit;
-  if (n.gpt_oss_hf) {
-    gpt_oss_experts(s, c, n.expert_prefix, w.experts);
-  } else if (!n.gate_exps.empty()) {
-    if (c.arch == ModelArch::kGptOss) {
-      w.experts.gate_bias = s.get_f32(n.gate_exps_bias, {ne, ff});
-      w.experts.up_bias = s.get_f32(n.up_exps_bias, {ne, ff});
-      w.experts.down_bias = s.get_f32(n.down_exps_bias, {ne, hd});
-    }
-    const ops::Weight g = s.get_w(n.gate_exps, {ne, ff, hd});
-    const ops::Weight u = s.get_w(n.up_exps, {ne, ff, hd});
-    const ops::Weight dn = s.get_w(n.down_exps, {ne, hd, ff});
-    for (int64_t e = 0; e < ne; ++e) {
-      w.experts.gate.push_back(g.row_range(e * ff, ff));
-      w.experts.up.push_back(u.row_range(e * ff, ff));
-      w.experts.down.push_back(dn.row_range(e * hd, hd));
-    }
-  } else if (!n.fused_gate_up.empty() && s.find(n.fused_gate_up) != nullptr) {
-    // Stacked experts: gate and up as the two halves of each expert's 2 ff rows.
-    const ops::Weight gu = s.get_w(n.fused_gate_up, {ne, 2 * ff, hd});
-    const ops::Weight dn = s.get_w(n.fused_down, {ne, hd, ff});
-    if (gu.t.dtype == DType::kF8E4M3 || dn.t.dtype == DType::kF8E4M3) {
-      fail(ErrorKind::kUnsupported, "{}: stacked FP8 experts ('{}') are not supported",
-           s.path(), n.fused_gate_up);
-    }
-    for (int64_t e = 0; e < ne; ++e) {
-      w.experts.gate.push_back(gu.row_range(e * 2 * ff, ff));
-      w.experts.up.push_back(gu.row_range(e * 2 * ff + ff, ff));
-      w.experts.down.push_back(dn.row_range(e * hd, hd));
-    }
-  } else {
-    for (int64_t e = 0; e < ne; ++e) {
-      const std::string x = fmt::format("{}{}.", n.expert_prefix, e);
-      w.experts.gate.push_back(s.get_w(x + n.expert_gate, {ff, hd}));
-      w.experts.up.push_back(s.get_w(x + n.expert_up, {ff, hd}));
-      w.experts.down.push_back(s.get_w(x + n.expert_down, {hd, ff}));
-    }
-  }
-  if (c.shared_expert_intermediate_size > 0) {
-    const int64_t sf = c.shared_expert_intermediate_size;
-    w.sh_gate = s.get_w(n.sh_gate, {sf, hd});
-    w.sh_up = s.get_w(n.sh_up, {sf, hd});
-    w.sh_down = s.get_w(n.sh_down, {hd, sf});
-    if (c.shared_expert_gate) w.sh_gate_inp = s.get_f32(n.sh_gate_inp, hd);
-  }
+  load_moe(s, c, n, w);
 }
 
 }  // namespace
