@@ -544,113 +544,133 @@ fs::path cpu_expert_cache_path(const LoadedModel& model, const CpuExpertOptions&
   return user_cache_dir() / name;
 }
 
-CpuExperts prepare_cpu_experts(const LoadedModel& model, const CpuExpertOptions& options,
-                               ThreadPool* pool) {
-  CpuExperts out;
-  out.format = options.format;
-  const std::vector<Source> src = sources_of(model);
-  std::vector<KMatrix> mats;
-  // Every layer through prepare_layer_experts, unless a cache file is mapped or written.
-  auto by_layer = [&] {
-    std::optional<Progress> progress;  // requantizing: one bar for all layers
-    if (options.format != "native") {
-      const WFormat f = parse_format(options.format);
-      const int g = checked_group(f, options.group);
-      uint64_t payload = 0;
-      for (const Source& s : src) payload += kern::packed_bytes(f, s.w->rows(), s.w->cols(), g);
-      progress.emplace(fmt::format("repacking experts to {}", kern::wformat_name(f)), payload);
-    }
-    out.gate.assign(model.layers.size(), {});
-    out.up.assign(model.layers.size(), {});
-    out.down.assign(model.layers.size(), {});
-    for (size_t l = 0; l < model.layers.size(); ++l) {
-      if (!model.layers[l].moe) continue;
-      LayerExperts le = prepare_layer(model.layers[l].experts, options.format, options.group,
-                                      pool, progress ? &*progress : nullptr);
-      out.gate[l] = std::move(le.gate);
-      out.up[l] = std::move(le.up);
-      out.down[l] = std::move(le.down);
-      out.bytes += le.bytes;
-    }
-    if (progress) progress->finish();
-  };
-  if (options.format == "native") {
-    by_layer();
-    return out;
+namespace {
+
+// Every MoE layer through prepare_layer; requantizing, one progress bar counts all layers.
+void prepare_by_layer(CpuExperts* out, const LoadedModel& model, const CpuExpertOptions& options,
+                      const std::vector<Source>& src, ThreadPool* pool) {
+  std::optional<Progress> progress;
+  if (options.format != "native") {
+    const WFormat f = parse_format(options.format);
+    const int g = checked_group(f, options.group);
+    uint64_t payload = 0;
+    for (const Source& s : src) payload += kern::packed_bytes(f, s.w->rows(), s.w->cols(), g);
+    progress.emplace(fmt::format("repacking experts to {}", kern::wformat_name(f)), payload);
   }
-  if (options.format == "repack") {
-    // One arena for the routed experts, then the MoE layers' shared experts (the fused operator
-    // runs them with the routed ones), then every other matrix the model reads through
-    // kern::matmul (ModelOptions::views).
-    std::vector<Source> all = src, shared, rest;
-    for (size_t l = 0; l < model.layers.size(); ++l) {
-      const LayerWeights& lw = model.layers[l];
-      const auto L = static_cast<uint32_t>(l);
-      if (lw.moe && !lw.sh_gate.empty()) {
-        shared.push_back({L, 0, 0, &lw.sh_gate});
-        shared.push_back({L, 0, 1, &lw.sh_up});
-        shared.push_back({L, 0, 2, &lw.sh_down});
-      }
-      auto add = [&](const ops::Weight& w) {
-        if (!w.empty()) rest.push_back({L, 0, 0, &w});
-      };
-      for (const ops::Weight* w : {&lw.wq, &lw.wk, &lw.wv, &lw.wo, &lw.wq_a, &lw.wq_b, &lw.wkv_a,
-                                   &lw.ffn_gate, &lw.ffn_up, &lw.ffn_down, &lw.router}) {
-        add(*w);
-      }
-      // Every k_up too: GGUF's transposed k_b [kv_lora, qk_nope] is read through kern::matmul
-      // in absorbed MLA (naive MLA reads it from the file with ops::matmul_transposed). Left out,
-      // the absorbed k_b (27 x 16 heads of 40 KiB Q5_0 in V2-Lite) would be read from the
-      // released file mapping every token.
-      for (const ops::Weight& w : lw.k_up) add(w);
-      for (const ops::Weight& w : lw.v_up) add(w);
+  out->gate.assign(model.layers.size(), {});
+  out->up.assign(model.layers.size(), {});
+  out->down.assign(model.layers.size(), {});
+  for (size_t l = 0; l < model.layers.size(); ++l) {
+    if (!model.layers[l].moe) continue;
+    LayerExperts le = prepare_layer(model.layers[l].experts, options.format, options.group, pool,
+                                    progress ? &*progress : nullptr);
+    out->gate[l] = std::move(le.gate);
+    out->up[l] = std::move(le.up);
+    out->down[l] = std::move(le.down);
+    out->bytes += le.bytes;
+  }
+  if (progress) progress->finish();
+}
+
+// repack: the matrices that go into the arena after the routed experts.
+struct RepackExtras {
+  std::vector<Source> shared;  // the MoE layers' shared experts (the fused operator runs them)
+  std::vector<Source> rest;    // every other matrix read through kern::matmul
+};
+
+RepackExtras repack_extras(const LoadedModel& model) {
+  RepackExtras x;
+  for (size_t l = 0; l < model.layers.size(); ++l) {
+    const LayerWeights& lw = model.layers[l];
+    const auto L = static_cast<uint32_t>(l);
+    if (lw.moe && !lw.sh_gate.empty()) {
+      x.shared.push_back({L, 0, 0, &lw.sh_gate});
+      x.shared.push_back({L, 0, 1, &lw.sh_up});
+      x.shared.push_back({L, 0, 2, &lw.sh_down});
     }
-    if (!model.lm_head.empty()) {
-      rest.push_back({static_cast<uint32_t>(model.layers.size()), 0, 0, &model.lm_head});
-    }
-    all.insert(all.end(), shared.begin(), shared.end());
-    all.insert(all.end(), rest.begin(), rest.end());
-    std::vector<int64_t> tiled;
-    mats = repack_experts(all, pool, &tiled);
-    auto count = [&](size_t b, size_t e, int64_t kind) {
-      return std::count(tiled.begin() + static_cast<std::ptrdiff_t>(b),
-                        tiled.begin() + static_cast<std::ptrdiff_t>(e), kind);
+    auto add = [&](const ops::Weight& w) {
+      if (!w.empty()) x.rest.push_back({L, 0, 0, &w});
     };
-    const size_t n_routed = src.size(), n_shared = shared.size();
-    const size_t routed[2] = {0, n_routed}, shared_r[2] = {n_routed, n_routed + n_shared},
-                 rest_r[2] = {n_routed + n_shared, all.size()};
-    std::vector<KMatrix> sm(std::make_move_iterator(mats.begin() + src.size()),
-                            std::make_move_iterator(mats.begin() + src.size() + shared.size()));
-    std::vector<KMatrix> rm(std::make_move_iterator(mats.begin() + src.size() + shared.size()),
-                            std::make_move_iterator(mats.end()));
-    mats.resize(src.size());
-    fill_result(&out, model, src, std::move(mats));
-    out.shared_gate.assign(model.layers.size(), {});
-    out.shared_up.assign(model.layers.size(), {});
-    out.shared_down.assign(model.layers.size(), {});
-    for (size_t i = 0; i < shared.size(); ++i) {
-      auto& dst = shared[i].which == 0   ? out.shared_gate
-                  : shared[i].which == 1 ? out.shared_up
-                                         : out.shared_down;
-      out.bytes += sm[i].bytes();
-      if (sm[i].valid()) out.other[shared[i].w] = sm[i];  // the model's path (hybrid runs)
-      dst[shared[i].layer] = std::move(sm[i]);
+    for (const ops::Weight* w : {&lw.wq, &lw.wk, &lw.wv, &lw.wo, &lw.wq_a, &lw.wq_b, &lw.wkv_a,
+                                 &lw.ffn_gate, &lw.ffn_up, &lw.ffn_down, &lw.router}) {
+      add(*w);
     }
-    for (size_t i = 0; i < rest.size(); ++i) {
-      if (!rm[i].valid()) continue;  // no kernel for its dtype: read where it is
-      out.bytes += rm[i].bytes();
-      out.other[rest[i].w] = std::move(rm[i]);
-    }
-    log_info("{} of {} routed, {} of {} shared expert and {} of {} other matrices in Q4_K / "
-             "Q6_K x16 tiles; {} / {} / {} in Q5_0 / Q8_0 x4 rows; the rest as stored ({:.2f} GiB)",
-             count(routed[0], routed[1], 1), src.size(), count(shared_r[0], shared_r[1], 1),
-             shared.size(), count(rest_r[0], rest_r[1], 1), rest.size(),
-             count(routed[0], routed[1], 2), count(shared_r[0], shared_r[1], 2),
-             count(rest_r[0], rest_r[1], 2), out.bytes / 1073741824.0);
-    return out;
+    // Every k_up too: GGUF's transposed k_b [kv_lora, qk_nope] is read through kern::matmul
+    // in absorbed MLA (naive MLA reads it from the file with ops::matmul_transposed). Left out,
+    // the absorbed k_b (27 x 16 heads of 40 KiB Q5_0 in V2-Lite) would be read from the
+    // released file mapping every token.
+    for (const ops::Weight& w : lw.k_up) add(w);
+    for (const ops::Weight& w : lw.v_up) add(w);
   }
-  const WFormat f = parse_format(options.format);
-  const int group = checked_group(f, options.group);
+  if (!model.lm_head.empty()) {
+    x.rest.push_back({static_cast<uint32_t>(model.layers.size()), 0, 0, &model.lm_head});
+  }
+  return x;
+}
+
+// The repacked shared experts into out->shared_* (and out->other, the model's path in hybrid
+// runs), the repacked other matrices with a kernel into out->other.
+void place_repack_extras(CpuExperts* out, const LoadedModel& model, const RepackExtras& x,
+                         std::vector<KMatrix> sm, std::vector<KMatrix> rm) {
+  out->shared_gate.assign(model.layers.size(), {});
+  out->shared_up.assign(model.layers.size(), {});
+  out->shared_down.assign(model.layers.size(), {});
+  for (size_t i = 0; i < x.shared.size(); ++i) {
+    auto& dst = x.shared[i].which == 0   ? out->shared_gate
+                : x.shared[i].which == 1 ? out->shared_up
+                                         : out->shared_down;
+    out->bytes += sm[i].bytes();
+    if (sm[i].valid()) out->other[x.shared[i].w] = sm[i];  // the model's path (hybrid runs)
+    dst[x.shared[i].layer] = std::move(sm[i]);
+  }
+  for (size_t i = 0; i < x.rest.size(); ++i) {
+    if (!rm[i].valid()) continue;  // no kernel for its dtype: read where it is
+    out->bytes += rm[i].bytes();
+    out->other[x.rest[i].w] = std::move(rm[i]);
+  }
+}
+
+// How many routed, shared and other matrices went into x16 tiles (tiled 1) and x4 rows (2).
+void log_repacked(const std::vector<int64_t>& tiled, size_t n_routed, size_t n_shared,
+                  size_t n_rest, uint64_t bytes) {
+  auto count = [&](size_t b, size_t e, int64_t kind) {
+    return std::count(tiled.begin() + static_cast<std::ptrdiff_t>(b),
+                      tiled.begin() + static_cast<std::ptrdiff_t>(e), kind);
+  };
+  const size_t routed[2] = {0, n_routed}, shared_r[2] = {n_routed, n_routed + n_shared},
+               rest_r[2] = {n_routed + n_shared, n_routed + n_shared + n_rest};
+  log_info(
+      "{} of {} routed, {} of {} shared expert and {} of {} other matrices in Q4_K / "
+      "Q6_K x16 tiles; {} / {} / {} in Q5_0 / Q8_0 x4 rows; the rest as stored ({:.2f} GiB)",
+      count(routed[0], routed[1], 1), n_routed, count(shared_r[0], shared_r[1], 1), n_shared,
+      count(rest_r[0], rest_r[1], 1), n_rest, count(routed[0], routed[1], 2),
+      count(shared_r[0], shared_r[1], 2), count(rest_r[0], rest_r[1], 2), bytes / 1073741824.0);
+}
+
+// repack: one arena for the routed experts, then the MoE layers' shared experts (the fused
+// operator runs them with the routed ones), then every other matrix the model reads through
+// kern::matmul (ModelOptions::views).
+void prepare_repacked(CpuExperts* out, const LoadedModel& model, const std::vector<Source>& src,
+                      ThreadPool* pool) {
+  const RepackExtras x = repack_extras(model);
+  std::vector<Source> all = src;
+  all.insert(all.end(), x.shared.begin(), x.shared.end());
+  all.insert(all.end(), x.rest.begin(), x.rest.end());
+  std::vector<int64_t> tiled;
+  std::vector<KMatrix> mats = repack_experts(all, pool, &tiled);
+  std::vector<KMatrix> sm(std::make_move_iterator(mats.begin() + src.size()),
+                          std::make_move_iterator(mats.begin() + src.size() + x.shared.size()));
+  std::vector<KMatrix> rm(std::make_move_iterator(mats.begin() + src.size() + x.shared.size()),
+                          std::make_move_iterator(mats.end()));
+  mats.resize(src.size());
+  fill_result(out, model, src, std::move(mats));
+  place_repack_extras(out, model, x, std::move(sm), std::move(rm));
+  log_repacked(tiled, src.size(), x.shared.size(), x.rest.size(), out->bytes);
+}
+
+// int8 / int4: every expert's rows must be whole quantization groups.
+void check_expert_groups(const LoadedModel& model, const std::vector<Source>& src, WFormat f,
+                         int group) {
   for (const Source& s : src) {
     if (f != WFormat::kBF16Tile && s.w->cols() % group != 0) {
       fail(ErrorKind::kUnsupported,
@@ -659,35 +679,65 @@ CpuExperts prepare_cpu_experts(const LoadedModel& model, const CpuExpertOptions&
            s.which == 0 ? "gate" : s.which == 1 ? "up" : "down", s.w->cols(), group);
     }
   }
-  if (options.use_cache) {
-    const uint64_t fp = fingerprint(model, src, f, group);
-    const fs::path path = cpu_expert_cache_path(model, options);
-    out.cache_path = path;
-    std::error_code ec;
-    if (fs::exists(path, ec)) {
-      std::string why;
-      if (map_cache(path, src, f, group, fp, options.cache_load, &mats, &why)) {
-        out.from_cache = true;
-        log_info("{} experts mapped from {}", options.format, path.string());
-        fill_result(&out, model, src, std::move(mats));
-        return out;
-      }
-      log_warn("{}: stale or corrupt expert cache ({}); repacking", path.string(), why);
+}
+
+// The requantized experts from the cache file: mapped when it is valid, else packed, written and
+// mapped. false (out->cache_path cleared) when neither works: the caller packs in memory.
+bool prepare_from_cache(CpuExperts* out, const LoadedModel& model, const CpuExpertOptions& options,
+                        const std::vector<Source>& src, WFormat f, int group, ThreadPool* pool) {
+  std::vector<KMatrix> mats;
+  const uint64_t fp = fingerprint(model, src, f, group);
+  const fs::path path = cpu_expert_cache_path(model, options);
+  out->cache_path = path;
+  std::error_code ec;
+  if (fs::exists(path, ec)) {
+    std::string why;
+    if (map_cache(path, src, f, group, fp, options.cache_load, &mats, &why)) {
+      out->from_cache = true;
+      log_info("{} experts mapped from {}", options.format, path.string());
+      fill_result(out, model, src, std::move(mats));
+      return true;
     }
-    if (write_cache(path, src, f, group, fp, pool)) {
-      std::string why;
-      if (map_cache(path, src, f, group, fp, options.cache_load, &mats, &why)) {
-        out.cache_written = true;
-        log_info("{} experts packed and cached in {}", options.format, path.string());
-        fill_result(&out, model, src, std::move(mats));
-        return out;
-      }
-      log_warn("{}: the cache just written does not read back ({}); packing in memory",
-               path.string(), why);
-    }
-    out.cache_path.clear();
+    log_warn("{}: stale or corrupt expert cache ({}); repacking", path.string(), why);
   }
-  by_layer();
+  if (write_cache(path, src, f, group, fp, pool)) {
+    std::string why;
+    if (map_cache(path, src, f, group, fp, options.cache_load, &mats, &why)) {
+      out->cache_written = true;
+      log_info("{} experts packed and cached in {}", options.format, path.string());
+      fill_result(out, model, src, std::move(mats));
+      return true;
+    }
+    log_warn("{}: the cache just written does not read back ({}); packing in memory", path.string(),
+             why);
+  }
+  out->cache_path.clear();
+  return false;
+}
+
+}  // namespace
+
+CpuExperts prepare_cpu_experts(const LoadedModel& model, const CpuExpertOptions& options,
+                               ThreadPool* pool) {
+  CpuExperts out;
+  out.format = options.format;
+  const std::vector<Source> src = sources_of(model);
+  if (options.format == "native") {
+    prepare_by_layer(&out, model, options, src, pool);
+    return out;
+  }
+  if (options.format == "repack") {
+    prepare_repacked(&out, model, src, pool);
+    return out;
+  }
+  const WFormat f = parse_format(options.format);
+  const int group = checked_group(f, options.group);
+  check_expert_groups(model, src, f, group);
+  if (options.use_cache && prepare_from_cache(&out, model, options, src, f, group, pool)) {
+    return out;
+  }
+  // Without a usable cache file: every layer through prepare_layer_experts.
+  prepare_by_layer(&out, model, options, src, pool);
   return out;
 }
 

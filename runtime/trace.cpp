@@ -259,68 +259,85 @@ Trace parse_trace(const std::string& what, const uint8_t* data, size_t size) {
   return t;
 }
 
-Trace import_demo_trace(const std::filesystem::path& path) {
-  auto jpath = path, bpath = path;
-  jpath.replace_extension(".json");
-  bpath.replace_extension(".bin");
+namespace {
+
+// One array of a demo trace's .bin, as the .json's "arrays" list describes it.
+struct DemoArray {
+  std::string dtype;
+  std::vector<int64_t> shape;
+  const uint8_t* data = nullptr;
+};
+using DemoArrays = std::map<std::string, DemoArray>;
+
+nlohmann::json parse_demo_json(const std::filesystem::path& jpath) {
   const std::string jtext = read_input_file(jpath, kMaxConfigFileBytes);
-  nlohmann::json j;
   try {
-    j = nlohmann::json::parse(jtext);
+    return nlohmann::json::parse(jtext);
   } catch (const std::exception& e) {
     fail(ErrorKind::kFormat, "{}: invalid JSON: {}", jpath.string(), e.what());
   }
-  const std::string bin = read_input_file(bpath, kMaxDataFileBytes);
-  const std::string what = jpath.string();
-  struct Array {
-    std::string dtype;
-    std::vector<int64_t> shape;
-    const uint8_t* data = nullptr;
-  };
-  std::map<std::string, Array> arrays;
+}
+
+// One entry of "arrays" (its name in *name), checked to lie within the .bin.
+DemoArray read_demo_array(const nlohmann::json& a, const std::string& bin, const std::string& what,
+                          const std::filesystem::path& bpath, std::string* name) {
+  DemoArray arr;
+  arr.dtype = a.at("dtype").get<std::string>();
+  arr.shape = a.at("shape").get<std::vector<int64_t>>();
+  const auto off = a.at("offset").get<uint64_t>(), nb = a.at("nbytes").get<uint64_t>();
+  const uint64_t es = arr.dtype == "uint8"                               ? 1
+                      : (arr.dtype == "int32" || arr.dtype == "float32") ? 4
+                                                                         : 0;
+  *name = a.at("name").get<std::string>();
+  if (!es) fail(ErrorKind::kUnsupported, "{}: array '{}': dtype '{}'", what, *name, arr.dtype);
+  uint64_t count = 1;
+  for (int64_t s : arr.shape) {
+    if (s < 0 || s > INT32_MAX) fail(ErrorKind::kFormat, "{}: array '{}': bad shape", what, *name);
+    count *= uint64_t(s);
+    if (count > bin.size()) {
+      fail(ErrorKind::kFormat, "{}: array '{}': shape larger than {}", what, *name, bpath.string());
+    }
+  }
+  if (count * es != nb || off > bin.size() || nb > bin.size() - off) {
+    fail(ErrorKind::kFormat, "{}: array '{}': {} bytes at {} do not fit its shape or {} ({} bytes)",
+         what, *name, nb, off, bpath.string(), bin.size());
+  }
+  arr.data = reinterpret_cast<const uint8_t*>(bin.data()) + off;
+  return arr;
+}
+
+// Every array the .json lists, by name (a later entry of the same name replaces an earlier one).
+DemoArrays read_demo_arrays(const nlohmann::json& j, const std::string& bin,
+                            const std::string& what, const std::filesystem::path& bpath) {
+  DemoArrays arrays;
   try {
     for (const auto& a : j.at("arrays")) {
-      Array arr;
-      arr.dtype = a.at("dtype").get<std::string>();
-      arr.shape = a.at("shape").get<std::vector<int64_t>>();
-      const auto off = a.at("offset").get<uint64_t>(), nb = a.at("nbytes").get<uint64_t>();
-      const uint64_t es = arr.dtype == "uint8"                               ? 1
-                          : (arr.dtype == "int32" || arr.dtype == "float32") ? 4
-                                                                             : 0;
-      const std::string name = a.at("name").get<std::string>();
-      if (!es) fail(ErrorKind::kUnsupported, "{}: array '{}': dtype '{}'", what, name, arr.dtype);
-      uint64_t count = 1;
-      for (int64_t s : arr.shape) {
-        if (s < 0 || s > INT32_MAX)
-          fail(ErrorKind::kFormat, "{}: array '{}': bad shape", what, name);
-        count *= uint64_t(s);
-        if (count > bin.size()) {
-          fail(ErrorKind::kFormat, "{}: array '{}': shape larger than {}", what, name,
-               bpath.string());
-        }
-      }
-      if (count * es != nb || off > bin.size() || nb > bin.size() - off) {
-        fail(ErrorKind::kFormat,
-             "{}: array '{}': {} bytes at {} do not fit its shape or {} ({} bytes)", what, name, nb,
-             off, bpath.string(), bin.size());
-      }
-      arr.data = reinterpret_cast<const uint8_t*>(bin.data()) + off;
+      std::string name;
+      const DemoArray arr = read_demo_array(a, bin, what, bpath, &name);
       arrays[name] = arr;
     }
   } catch (const nlohmann::json::exception& e) {
     fail(ErrorKind::kFormat, "{}: {}", what, e.what());
   }
-  auto need = [&](const std::string& name, const std::string& dtype, size_t ndim) -> const Array& {
-    auto it = arrays.find(name);
-    if (it == arrays.end()) fail(ErrorKind::kFormat, "{}: missing array '{}'", what, name);
-    if (it->second.dtype != dtype || it->second.shape.size() != ndim) {
-      fail(ErrorKind::kFormat, "{}: array '{}' must be {} with {} dimensions", what, name, dtype,
-           ndim);
-    }
-    return it->second;
-  };
-  const Array& ids = need("topk_ids", "uint8", 3);
-  const Array& w = need("topk_weights", "float32", 3);
+  return arrays;
+}
+
+const DemoArray& need_demo_array(const DemoArrays& arrays, const std::string& what,
+                                 const std::string& name, const std::string& dtype, size_t ndim) {
+  auto it = arrays.find(name);
+  if (it == arrays.end()) fail(ErrorKind::kFormat, "{}: missing array '{}'", what, name);
+  if (it->second.dtype != dtype || it->second.shape.size() != ndim) {
+    fail(ErrorKind::kFormat, "{}: array '{}' must be {} with {} dimensions", what, name, dtype,
+         ndim);
+  }
+  return it->second;
+}
+
+// The empty trace of the demo's dimensions: layers and top-k from topk_ids, experts from
+// n_routed_experts and / or the scores array (whose presence sets has_scores).
+Trace demo_trace_shape(const nlohmann::json& j, const DemoArrays& arrays, const DemoArray& ids,
+                       const DemoArray& w, const std::filesystem::path& jpath,
+                       const std::string& what) {
   const int64_t n = ids.shape[0];
   Trace t;
   t.model = jpath.stem().string();
@@ -334,10 +351,9 @@ Trace import_demo_trace(const std::filesystem::path& path) {
   }
   if (w.shape != ids.shape)
     fail(ErrorKind::kFormat, "{}: topk_weights shape differs from topk_ids", what);
-  auto sit = arrays.find("scores");
-  t.has_scores = sit != arrays.end();
+  t.has_scores = arrays.find("scores") != arrays.end();
   if (t.has_scores) {
-    const Array& s = need("scores", "float32", 3);
+    const DemoArray& s = need_demo_array(arrays, what, "scores", "float32", 3);
     if (s.shape[0] != n || s.shape[1] != t.n_layers || (t.n_experts && s.shape[2] != t.n_experts)) {
       fail(ErrorKind::kFormat, "{}: scores shape does not match topk_ids / n_routed_experts", what);
     }
@@ -345,23 +361,43 @@ Trace import_demo_trace(const std::filesystem::path& path) {
   }
   if (t.n_experts <= 0 || t.n_experts > 256)
     fail(ErrorKind::kFormat, "{}: n_routed_experts {}", what, t.n_experts);
-  const bool decode = arrays.count("phase") > 0;
-  const Array* phase = decode ? &need("phase", "int32", 1) : nullptr;
-  const Array* prompt = decode ? &need("prompt", "int32", 1) : nullptr;
-  const Array* chunk = decode ? nullptr : &need("chunk", "int32", 1);
-  const Array* pos = decode ? nullptr : &need("pos", "int32", 1);
-  for (const Array* a : {phase, prompt, chunk, pos}) {
+  return t;
+}
+
+// The per-row arrays that place each row in a batch: phase and prompt in a trace with decode
+// steps, chunk and pos in a prefill-only one.
+struct DemoRowKeys {
+  bool decode = false;
+  const DemoArray *phase = nullptr, *prompt = nullptr, *chunk = nullptr, *pos = nullptr;
+};
+
+DemoRowKeys demo_row_keys(const DemoArrays& arrays, int64_t n, const std::string& what) {
+  DemoRowKeys k;
+  k.decode = arrays.count("phase") > 0;
+  k.phase = k.decode ? &need_demo_array(arrays, what, "phase", "int32", 1) : nullptr;
+  k.prompt = k.decode ? &need_demo_array(arrays, what, "prompt", "int32", 1) : nullptr;
+  k.chunk = k.decode ? nullptr : &need_demo_array(arrays, what, "chunk", "int32", 1);
+  k.pos = k.decode ? nullptr : &need_demo_array(arrays, what, "pos", "int32", 1);
+  for (const DemoArray* a : {k.phase, k.prompt, k.chunk, k.pos}) {
     if (a && a->shape[0] != n)
       fail(ErrorKind::kFormat, "{}: per-row arrays differ in length", what);
   }
-  t.validate(what);  // the empty trace: checks n_layers / n_experts / top_k
+  return k;
+}
+
+// Appends the demo's rows to t: each row's phase, batch and token index from the row keys, its
+// routing (and scores) copied.
+void add_demo_rows(Trace& t, const DemoArrays& arrays, const DemoArray& ids, const DemoArray& w,
+                   const DemoRowKeys& k, const std::string& what) {
+  const int64_t n = ids.shape[0];
+  const DemoArray* scores = t.has_scores ? &arrays.find("scores")->second : nullptr;
   const int64_t lk = int64_t(t.n_layers) * t.top_k, le = int64_t(t.n_layers) * t.n_experts;
   int32_t batch_id = -1, last_key = INT32_MIN, token_index = 0;
   for (int64_t r = 0; r < n; ++r) {
     TracePhase ph = TracePhase::kPrefill;
-    if (decode) {
-      const int32_t pr = get<int32_t>(prompt->data + 4 * r),
-                    phv = get<int32_t>(phase->data + 4 * r);
+    if (k.decode) {
+      const int32_t pr = get<int32_t>(k.prompt->data + 4 * r),
+                    phv = get<int32_t>(k.phase->data + 4 * r);
       if (phv != 0 && phv != 1) fail(ErrorKind::kFormat, "{}: row {}: phase {}", what, r, phv);
       ph = phv ? TracePhase::kDecode : TracePhase::kPrefill;
       // A new batch at every prompt change and at every decode step; a prompt's prefill rows
@@ -371,17 +407,35 @@ Trace import_demo_trace(const std::filesystem::path& path) {
       if (new_prompt || ph == TracePhase::kDecode) ++batch_id;
       last_key = pr;
     } else {
-      const int32_t c = get<int32_t>(chunk->data + 4 * r);
+      const int32_t c = get<int32_t>(k.chunk->data + 4 * r);
       if (c != last_key) ++batch_id;
       last_key = c;
-      token_index = get<int32_t>(pos->data + 4 * r);
+      token_index = get<int32_t>(k.pos->data + 4 * r);
     }
     t.add_record(token_index++, ph, batch_id);
     for (int64_t i = 0; i < lk; ++i) t.ids[r * lk + i] = ids.data[r * lk + i];
     std::memcpy(t.weights.data() + r * lk, w.data + 4 * r * lk, size_t(lk) * 4);
     if (t.has_scores)
-      std::memcpy(t.scores.data() + r * le, sit->second.data + 4 * r * le, size_t(le) * 4);
+      std::memcpy(t.scores.data() + r * le, scores->data + 4 * r * le, size_t(le) * 4);
   }
+}
+
+}  // namespace
+
+Trace import_demo_trace(const std::filesystem::path& path) {
+  auto jpath = path, bpath = path;
+  jpath.replace_extension(".json");
+  bpath.replace_extension(".bin");
+  const nlohmann::json j = parse_demo_json(jpath);
+  const std::string bin = read_input_file(bpath, kMaxDataFileBytes);
+  const std::string what = jpath.string();
+  const DemoArrays arrays = read_demo_arrays(j, bin, what, bpath);
+  const DemoArray& ids = need_demo_array(arrays, what, "topk_ids", "uint8", 3);
+  const DemoArray& w = need_demo_array(arrays, what, "topk_weights", "float32", 3);
+  Trace t = demo_trace_shape(j, arrays, ids, w, jpath, what);
+  const DemoRowKeys keys = demo_row_keys(arrays, ids.shape[0], what);
+  t.validate(what);  // the empty trace: checks n_layers / n_experts / top_k
+  add_demo_rows(t, arrays, ids, w, keys, what);
   t.validate(what);
   return t;
 }

@@ -134,108 +134,169 @@ Result one_request(httplib::Client& cli, const BenchServeArgs& a, const std::str
   return r;
 }
 
-void bench_serve(const BenchServeArgs& a) {
-  // "http://host:port[/prefix]"
-  const size_t scheme = a.url.find("://");
-  const size_t slash = a.url.find('/', scheme == std::string::npos ? 0 : scheme + 3);
-  const std::string origin = slash == std::string::npos ? a.url : a.url.substr(0, slash);
-  std::string prefix = slash == std::string::npos ? "" : a.url.substr(slash);
+// Where the requests go: "http://host:port[/prefix]" split into the origin the clients connect
+// to and the completions path under the prefix.
+struct Endpoint {
+  std::string origin, path;
+};
+
+Endpoint endpoint_of(const std::string& url) {
+  const size_t scheme = url.find("://");
+  const size_t slash = url.find('/', scheme == std::string::npos ? 0 : scheme + 3);
+  Endpoint ep;
+  ep.origin = slash == std::string::npos ? url : url.substr(0, slash);
+  std::string prefix = slash == std::string::npos ? "" : url.substr(slash);
   while (!prefix.empty() && prefix.back() == '/') prefix.pop_back();
-  const std::string path = prefix + "/v1/completions";
+  ep.path = prefix + "/v1/completions";
+  return ep;
+}
+
+// One client count's requests: a prompt of token ids and its max_tokens each.
+using Work = std::vector<std::pair<std::vector<int>, int>>;
+
+// The requests, drawn before the clock starts.
+Work draw_work(const BenchServeArgs& a, int n_req, std::mt19937_64& rng) {
+  Work work(static_cast<size_t>(n_req));
+  std::uniform_int_distribution<int> tok(a.token_min, a.vocab - 1);
+  for (auto& [prompt, max] : work) {
+    std::uniform_int_distribution<int> pl(std::max(1, a.prompt_tokens - a.prompt_spread),
+                                          a.prompt_tokens + a.prompt_spread);
+    std::uniform_int_distribution<int> ml(std::max(1, a.max_tokens - a.max_spread),
+                                          a.max_tokens + a.max_spread);
+    prompt.resize(static_cast<size_t>(pl(rng)));
+    for (int& t : prompt) t = tok(rng);
+    max = ml(rng);
+  }
+  return work;
+}
+
+// One short request first (connections, first-call costs).
+void warm_up(const BenchServeArgs& a, const Endpoint& ep) {
+  httplib::Client cli(ep.origin);
+  cli.set_read_timeout(600);
+  one_request(cli, a, ep.path, {a.token_min, a.token_min + 1}, 2);
+}
+
+// `clients` threads, each on its own connection, take the requests in order until none is
+// left; returns their results in request order and the wall seconds in *wall.
+std::vector<Result> run_clients(const BenchServeArgs& a, const Endpoint& ep, const Work& work,
+                                int clients, double* wall) {
+  const int n_req = static_cast<int>(work.size());
+  std::atomic<int> next{0};
+  std::vector<Result> results(work.size());
+  const auto t0 = Clock::now();
+  std::vector<std::thread> threads;
+  for (int c = 0; c < clients; ++c) {
+    threads.emplace_back([&] {
+      httplib::Client cli(ep.origin);
+      cli.set_read_timeout(3600);
+      cli.set_write_timeout(600);
+      for (int i; (i = next.fetch_add(1)) < n_req;) {
+        const auto& [prompt, max] = work[static_cast<size_t>(i)];
+        results[static_cast<size_t>(i)] = one_request(cli, a, ep.path, prompt, max);
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  *wall = std::chrono::duration<double>(Clock::now() - t0).count();
+  return results;
+}
+
+// One client count's figures: TTFT and TPOT (ms) of the requests that succeeded, their output
+// tokens, and the failed ones.
+struct Level {
+  int clients = 0, requests = 0;
+  double wall = 0;
+  std::vector<double> ttft, tpot;
+  int64_t tokens = 0;
+  int errors = 0;
+  std::string first_error;
+};
+
+Level summarize(int clients, double wall, const std::vector<Result>& results) {
+  Level lv;
+  lv.clients = clients;
+  lv.requests = static_cast<int>(results.size());
+  lv.wall = wall;
+  for (const Result& r : results) {
+    if (!r.ok) {
+      if (lv.errors++ == 0) lv.first_error = r.error;
+      continue;
+    }
+    lv.ttft.push_back(r.ttft * 1e3);
+    if (r.tpot > 0) lv.tpot.push_back(r.tpot * 1e3);
+    lv.tokens += r.tokens;
+  }
+  return lv;
+}
+
+Json level_json(const Level& lv) {
+  const double tps = static_cast<double>(lv.tokens) / lv.wall;
+  Json row = {{"clients", lv.clients},
+              {"requests", lv.requests},
+              {"errors", lv.errors},
+              {"seconds", lv.wall},
+              {"output_tokens", lv.tokens},
+              {"output_tokens_per_s", tps},
+              {"ttft_ms",
+               {{"p50", percentile(lv.ttft, 0.5)},
+                {"p90", percentile(lv.ttft, 0.9)},
+                {"p99", percentile(lv.ttft, 0.99)}}},
+              {"tpot_ms",
+               {{"p50", percentile(lv.tpot, 0.5)},
+                {"p90", percentile(lv.tpot, 0.9)},
+                {"p99", percentile(lv.tpot, 0.99)}}}};
+  if (!lv.first_error.empty()) row["first_error"] = lv.first_error;
+  return row;
+}
+
+void print_table_header() {
+  std::printf(
+      "| clients | requests | errors | seconds | output tok/s | TTFT p50 / p90 / p99 ms "
+      "| TPOT p50 / p90 / p99 ms |\n|---|---|---|---|---|---|---|\n");
+}
+
+void print_table_row(const Level& lv) {
+  const double tps = static_cast<double>(lv.tokens) / lv.wall;
+  std::printf("| %d | %d | %d | %.1f | %.2f | %.0f / %.0f / %.0f | %.1f / %.1f / %.1f |\n",
+              lv.clients, lv.requests, lv.errors, lv.wall, tps, percentile(lv.ttft, 0.5),
+              percentile(lv.ttft, 0.9), percentile(lv.ttft, 0.99), percentile(lv.tpot, 0.5),
+              percentile(lv.tpot, 0.9), percentile(lv.tpot, 0.99));
+  if (!lv.first_error.empty()) std::printf("  first error: %s\n", lv.first_error.c_str());
+  std::fflush(stdout);
+}
+
+// Checks the arguments before any request: the token range and the URL.
+void check_args(const BenchServeArgs& a, const Endpoint& ep) {
   if (a.token_min >= a.vocab) {
     fail(ErrorKind::kInvalidArgument, "--token-min {} must be below --vocab {}", a.token_min,
          a.vocab);
   }
-  {
-    httplib::Client probe(origin);
-    if (!probe.is_valid()) fail(ErrorKind::kInvalidArgument, "--url: '{}' is not a URL", a.url);
-  }
+  httplib::Client probe(ep.origin);
+  if (!probe.is_valid()) fail(ErrorKind::kInvalidArgument, "--url: '{}' is not a URL", a.url);
+}
+
+void bench_serve(const BenchServeArgs& a) {
+  const Endpoint ep = endpoint_of(a.url);
+  check_args(a, ep);
   std::mt19937_64 rng(a.seed);
   Json report = Json::array();
-  if (!a.json) {
-    std::printf(
-        "| clients | requests | errors | seconds | output tok/s | TTFT p50 / p90 / p99 ms "
-        "| TPOT p50 / p90 / p99 ms |\n|---|---|---|---|---|---|---|\n");
-  }
+  if (!a.json) print_table_header();
   int64_t total_errors = 0, total_requests = 0;
   std::string any_error;
   for (int clients : a.clients) {
     const int n_req = a.requests > 0 ? a.requests : std::max(4, 2 * clients);
-    // The requests, drawn before the clock starts.
-    std::vector<std::pair<std::vector<int>, int>> work(static_cast<size_t>(n_req));
-    std::uniform_int_distribution<int> tok(a.token_min, a.vocab - 1);
-    for (auto& [prompt, max] : work) {
-      std::uniform_int_distribution<int> pl(std::max(1, a.prompt_tokens - a.prompt_spread),
-                                            a.prompt_tokens + a.prompt_spread);
-      std::uniform_int_distribution<int> ml(std::max(1, a.max_tokens - a.max_spread),
-                                            a.max_tokens + a.max_spread);
-      prompt.resize(static_cast<size_t>(pl(rng)));
-      for (int& t : prompt) t = tok(rng);
-      max = ml(rng);
-    }
-    {  // one short request first (connections, first-call costs)
-      httplib::Client cli(origin);
-      cli.set_read_timeout(600);
-      one_request(cli, a, path, {a.token_min, a.token_min + 1}, 2);
-    }
-    std::atomic<int> next{0};
-    std::vector<Result> results(work.size());
-    const auto t0 = Clock::now();
-    std::vector<std::thread> threads;
-    for (int c = 0; c < clients; ++c) {
-      threads.emplace_back([&] {
-        httplib::Client cli(origin);
-        cli.set_read_timeout(3600);
-        cli.set_write_timeout(600);
-        for (int i; (i = next.fetch_add(1)) < n_req;) {
-          const auto& [prompt, max] = work[static_cast<size_t>(i)];
-          results[static_cast<size_t>(i)] = one_request(cli, a, path, prompt, max);
-        }
-      });
-    }
-    for (auto& t : threads) t.join();
-    const double wall = std::chrono::duration<double>(Clock::now() - t0).count();
-    std::vector<double> ttft, tpot;
-    int64_t tokens = 0;
-    int errors = 0;
-    std::string first_error;
-    for (const Result& r : results) {
-      if (!r.ok) {
-        if (errors++ == 0) first_error = r.error;
-        continue;
-      }
-      ttft.push_back(r.ttft * 1e3);
-      if (r.tpot > 0) tpot.push_back(r.tpot * 1e3);
-      tokens += r.tokens;
-    }
-    const double tps = static_cast<double>(tokens) / wall;
-    Json row = {{"clients", clients},
-                {"requests", n_req},
-                {"errors", errors},
-                {"seconds", wall},
-                {"output_tokens", tokens},
-                {"output_tokens_per_s", tps},
-                {"ttft_ms",
-                 {{"p50", percentile(ttft, 0.5)},
-                  {"p90", percentile(ttft, 0.9)},
-                  {"p99", percentile(ttft, 0.99)}}},
-                {"tpot_ms",
-                 {{"p50", percentile(tpot, 0.5)},
-                  {"p90", percentile(tpot, 0.9)},
-                  {"p99", percentile(tpot, 0.99)}}}};
-    if (!first_error.empty()) row["first_error"] = first_error;
-    if (!a.json) {
-      std::printf("| %d | %d | %d | %.1f | %.2f | %.0f / %.0f / %.0f | %.1f / %.1f / %.1f |\n",
-                  clients, n_req, errors, wall, tps, percentile(ttft, 0.5), percentile(ttft, 0.9),
-                  percentile(ttft, 0.99), percentile(tpot, 0.5), percentile(tpot, 0.9),
-                  percentile(tpot, 0.99));
-      if (!first_error.empty()) std::printf("  first error: %s\n", first_error.c_str());
-      std::fflush(stdout);
-    }
+    const Work work = draw_work(a, n_req, rng);
+    warm_up(a, ep);
+    double wall = 0;
+    const std::vector<Result> results = run_clients(a, ep, work, clients, &wall);
+    const Level lv = summarize(clients, wall, results);
+    Json row = level_json(lv);
+    if (!a.json) print_table_row(lv);
     report.push_back(std::move(row));
-    total_errors += errors;
+    total_errors += lv.errors;
     total_requests += n_req;
-    if (any_error.empty()) any_error = first_error;
+    if (any_error.empty()) any_error = lv.first_error;
   }
   if (a.json) {
     Json out = {{"url", a.url},
