@@ -27,7 +27,9 @@ ToolCallSyntax tool_call_syntax(std::string_view src) {
   const auto has = [&](std::string_view s) { return src.find(s) != std::string_view::npos; };
   if (has("<|channel|>") && has("<|message|>")) return ToolCallSyntax::kHarmony;
   if (has("<minimax:tool_call>")) return ToolCallSyntax::kMiniMax;
-  if (has("｜DSML｜")) return ToolCallSyntax::kDsml;
+  if (has("｜DSML｜")) {
+    return has("function_calls>") ? ToolCallSyntax::kDsml : ToolCallSyntax::kDsmlToolCalls;
+  }
   if (has("tool_calls_section_begin")) return ToolCallSyntax::kKimi;
   if (has("tool▁calls▁begin")) {
     return has("```json") ? ToolCallSyntax::kDeepSeekR1 : ToolCallSyntax::kDeepSeekV3;
@@ -65,6 +67,8 @@ const char* tool_call_syntax_name(ToolCallSyntax syntax) {
       return "minimax";
     case ToolCallSyntax::kDsml:
       return "deepseek-dsml";
+    case ToolCallSyntax::kDsmlToolCalls:
+      return "deepseek-v4-dsml";
     case ToolCallSyntax::kHarmony:
       return "harmony";
   }
@@ -91,6 +95,8 @@ std::string_view tool_call_start(ToolCallSyntax syntax) {
       return "<minimax:tool_call>";
     case ToolCallSyntax::kDsml:
       return "<｜DSML｜function_calls>";
+    case ToolCallSyntax::kDsmlToolCalls:
+      return "<｜DSML｜tool_calls>";
     case ToolCallSyntax::kHarmony:
       return "to=functions.";
   }

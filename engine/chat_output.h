@@ -33,6 +33,8 @@ enum class ToolCallSyntax {
   // DeepSeek-V3.2's DSML: <｜DSML｜function_calls>\n<｜DSML｜invoke name="N">\n<｜DSML｜parameter
   // name="K" string="true|false">V</｜DSML｜parameter>...</｜DSML｜invoke>...</｜DSML｜function_calls>
   kDsml,
+  // DeepSeek-V4's DSML: the same invokes inside <｜DSML｜tool_calls> .. </｜DSML｜tool_calls>.
+  kDsmlToolCalls,
 };
 
 // The syntax a template renders tool calls in (kNone when it renders none).

@@ -572,9 +572,13 @@ ToolCallsRead read_tool_calls(std::string_view text, ToolCallSyntax syntax, cons
                    [&](Cursor& k) { return minimax_call(k, tools, final, calls); });
       break;
     case ToolCallSyntax::kDsml:
-      read_section(c, "<｜DSML｜function_calls>", "</｜DSML｜function_calls>", &out,
+    case ToolCallSyntax::kDsmlToolCalls: {  // (V3.2's section name, V4's)
+      const bool v4 = syntax == ToolCallSyntax::kDsmlToolCalls;
+      read_section(c, v4 ? "<｜DSML｜tool_calls>" : "<｜DSML｜function_calls>",
+                   v4 ? "</｜DSML｜tool_calls>" : "</｜DSML｜function_calls>", &out,
                    [&](Cursor& k) { return dsml_call(k, tools, final, calls); });
       break;
+    }
   }
   // (no call read: all of the text is text)
   if (out.calls.empty()) out.end = 0;

@@ -36,7 +36,7 @@ bool same(const ChatOutput& a, const ChatOutput& b) {
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size == 0) return 0;
-  const auto syntax = static_cast<ToolCallSyntax>(data[0] % 12);
+  const auto syntax = static_cast<ToolCallSyntax>(data[0] % 13);
   const bool in_think = (data[0] >> 4) & 1;
   const size_t piece = ((data[0] >> 5) & 7) + 1;
   const std::string text(reinterpret_cast<const char*>(data) + 1, size - 1);

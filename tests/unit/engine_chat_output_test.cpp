@@ -241,6 +241,10 @@ TEST(ChatOutput, CallsCutShortAndTextAroundThem) {
        "string=\"true\">7</｜DSML｜parameter>\n<｜DSML｜parameter name=\"code\" string=\"false\">"
        "[1, 2",
        "{\"n\":\"7\",\"code\":"},
+      {ToolCallSyntax::kDsmlToolCalls,
+       "<｜DSML｜tool_calls>\n<｜DSML｜invoke name=\"f\">\n<｜DSML｜parameter name=\"n\" "
+       "string=\"false\">{\"a\": [1, 2",
+       "{\"n\":"},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(std::string(tool_call_syntax_name(c.syntax)) + ": " + c.answer);
@@ -288,6 +292,8 @@ TEST(ChatOutput, SyntaxesAreRecognizedFromTheTemplates) {
   EXPECT_EQ(syntax_of("MiniMax-M2.jinja"), ToolCallSyntax::kMiniMax);
   EXPECT_EQ(syntax_of("openai-gpt-oss-120b.jinja"), ToolCallSyntax::kHarmony);
   EXPECT_EQ(syntax_of("deepseek-ai-DeepSeek-V3.2.jinja"), ToolCallSyntax::kDsml);
+  EXPECT_EQ(syntax_of("deepseek-ai-DeepSeek-V4.jinja"), ToolCallSyntax::kDsmlToolCalls);
+  EXPECT_EQ(syntax_of("deepseek-ai-DeepSeek-V4-Flash-0731.jinja"), ToolCallSyntax::kDsmlToolCalls);
 }
 
 // gpt-oss's harmony messages: the template's own rendering of an assistant turn with its
@@ -425,7 +431,7 @@ TEST(ChatOutput, StreamedPiecesAddUpToTheWholeAnswer) {
       "<|channel|>analysis<|message|> think  <|end|><|start|>assistant<|channel|>final"
       "<|message|>  The answer.  \n<|return|>",
       "<|channel|>final<|message|>text ending in spaces   ", "   ", ""};
-  for (int si = 0; si <= static_cast<int>(ToolCallSyntax::kHarmony); ++si) {
+  for (int si = 0; si <= static_cast<int>(ToolCallSyntax::kDsmlToolCalls); ++si) {
     const auto syntax = static_cast<ToolCallSyntax>(si);
     for (const bool in_think : {false, true}) {
       for (const std::string& a : answers) {
