@@ -168,7 +168,7 @@ namespace {
 
 constexpr std::string_view kHarmonyMessage = "<|message|>";
 constexpr std::string_view kHarmonyEnds[] = {"<|end|>", "<|return|>", "<|call|>"};
-// A header longer than this without <|message|>: the model is not writing harmony, its text is
+// A header longer than this before <|message|>: the model is not writing harmony, its text is
 // content as it is.
 constexpr size_t kHarmonyHeaderMax = 256;
 
@@ -190,12 +190,18 @@ void ChatStreamParser::push_harmony(std::string_view text, AnswerDelta* d) {
   pending_ += text;
   while (!pending_.empty()) {
     if (harmony_ == Harmony::kHeader) {
+      // Harmony when <|message|> starts within kHarmonyHeaderMax bytes: once that many and the
+      // token's length have come without one, or one starts later, not harmony.
       const size_t at = pending_.find(kHarmonyMessage);
-      if (at == std::string::npos) {
-        if (pending_.size() > kHarmonyHeaderMax) {  // not harmony: plain content from here
+      if (at == std::string::npos || at > kHarmonyHeaderMax) {
+        if (at != std::string::npos ||
+            pending_.size() >= kHarmonyHeaderMax + kHarmonyMessage.size()) {
+          // not harmony: plain content from here
           syntax_ = ToolCallSyntax::kNone;
           harmony_ = Harmony::kContent;
           started_content_ = true;
+          in_think_ = false;  // (as written: no reasoning, no <think> to look for)
+          seen_think_ = true;
           add_piece(d, AnswerPiece::Kind::kContent, pending_);
           pending_.clear();
         }

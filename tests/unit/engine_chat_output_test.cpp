@@ -499,5 +499,26 @@ TEST(ChatOutput, JsonNestingRespectsStringsAndEscapes) {
   EXPECT_EQ(jinja::json_nesting("]]}{}").end, 5u);  // stray closers do not go below zero
 }
 
+// Text that is not harmony (no <|message|> starting within the header's 256 bytes) is content as
+// written, whole or in any pieces: none of it reasoning, whatever the prompt opened; a
+// <|message|> past the limit does not make it harmony.
+TEST(ChatOutput, TextThatIsNotHarmonyStaysContentWhenStreamed) {
+  for (const std::string& text : {std::string(300, 'x'), std::string(260, 'x') + "<|message|>hi",
+                                  std::string(250, 'x') + "<|message|>hi"}) {
+    const bool harmony = text.find("<|message|>") < 256;
+    for (const bool in_think : {false, true}) {
+      const ChatOutput whole = parse_chat_output(text, ToolCallSyntax::kHarmony, in_think, Json());
+      EXPECT_EQ(whole.content, harmony ? "hi" : text);
+      for (size_t piece : {size_t{1}, size_t{2}, size_t{7}}) {
+        const ChatOutput o =
+            parse_streamed(text, ToolCallSyntax::kHarmony, in_think, Json(), piece);
+        EXPECT_EQ(o.reasoning, "") << "piece " << piece;
+        EXPECT_EQ(o.content, whole.content) << "piece " << piece;
+      }
+    }
+  }
+}
+
+
 }  // namespace
 }  // namespace tandem
