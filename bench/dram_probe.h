@@ -5,10 +5,10 @@
 // rounds of its own work with rounds of this probe, and reports the median of the per-round
 // ratios, measures both under the same conditions.
 //
-// The probe streams a huge-page buffer far larger than L3 with roofline's read kernels
-// (ops/cpu/roofline_kernels.h, the best of them per round, as `tandem roofline` keeps the best),
-// on the benchmark's own threads: the pool's workers and the caller, pulling 4 MiB chunks as the
-// fused MoE's tasks are pulled.
+// The probe streams a huge-page buffer far larger than L3 (dram_sized_bytes) with roofline's read
+// kernels (ops/cpu/roofline_kernels.h, the best of them per round, as `tandem roofline` keeps the
+// best), on the benchmark's own threads: the pool's workers and the caller, pulling 4 MiB chunks
+// as the fused MoE's tasks are pulled.
 #pragma once
 
 #include <benchmark/benchmark.h>
@@ -22,9 +22,21 @@
 
 #include "core/memory.h"
 #include "core/thread_pool.h"
+#include "core/topology.h"
 #include "ops/cpu/roofline_kernels.h"
 
 namespace tandem {
+
+// Bytes a buffer needs to be read from DRAM rather than the caches: at least `minimum` and 3x
+// the L3 in use (a server's L3 of several hundred MiB holds what a laptop's would not), at most
+// a quarter of the memory available (where that is less than `minimum`, `minimum`).
+inline uint64_t dram_sized_bytes(uint64_t minimum) {
+  static const Topology t = detect_topology();
+  const uint64_t l3 = t.l3_bytes * static_cast<uint64_t>(std::max(1, t.l3_instances));
+  uint64_t bytes = std::max(minimum, 3 * l3);
+  if (t.available_memory_bytes > 0) bytes = std::min(bytes, t.available_memory_bytes / 4);
+  return std::max(bytes, minimum);
+}
 
 // The benchmarks' thread pool, as the model's (ThreadingOptions::n_threads): one thread per
 // physical core, the calling thread (which helps) one of them, so cores - 1 workers.
@@ -39,7 +51,8 @@ inline ThreadPool& bench_pool() {
 
 class DramProbe {
  public:
-  explicit DramProbe(ThreadPool* pool, size_t bytes = size_t{512} << 20) : pool_(pool) {
+  explicit DramProbe(ThreadPool* pool, size_t bytes = dram_sized_bytes(size_t{512} << 20))
+      : pool_(pool) {
     AllocOptions a;
     a.huge_pages = true;
     a.prefault = true;

@@ -1,7 +1,8 @@
 // The fast CPU kernels (ops/cpu/kernels.h) per format and ISA level:
-//  - GEMV: 1 token against 96 MiB of weights (far larger than L3, so DRAM-bound), all pool
-//    threads; bytes_per_second = weight bytes read, to compare with `tandem roofline`'s DRAM
-//    figure. TANDEM_BENCH_GEMV_KIB=8192 makes the weights cache-resident (the kernel's own speed),
+//  - GEMV: 1 token against 96 MiB of weights, or 3x the L3 where that is more (dram_sized_bytes:
+//    DRAM-bound also under a server's L3 of hundreds of MiB), all pool threads; bytes_per_second =
+//    weight bytes read, to compare with `tandem roofline`'s DRAM figure.
+//    TANDEM_BENCH_GEMV_KIB=8192 makes the weights cache-resident (the kernel's own speed),
 //    TANDEM_BENCH_HUGE=1 puts them in transparent huge pages. BM_GemvQ4KX16: the Q4_K x16 tile
 //    GEMV on the same weights (TANDEM_BENCH_TASK_KIB=N: tasks of N KiB instead of 256).
 //    BM_GemvReadOnly: the same bytes read in the same tasks without arithmetic. From DRAM each
@@ -45,6 +46,11 @@
 
 namespace tandem {
 namespace {
+
+// The GEMV benchmarks' weights: 96 MiB, or 3x the L3 where that is more.
+int64_t gemv_bytes() {
+  return static_cast<int64_t>(dram_sized_bytes(uint64_t{96} << 20));
+}
 
 struct Weights {
   AlignedBuffer bytes;
@@ -162,10 +168,10 @@ void run(benchmark::State& state, DType dtype, int64_t rows, int64_t cols, int64
 }
 
 void BM_Gemv(benchmark::State& state, DType dtype, Isa isa) {
-  // TANDEM_BENCH_GEMV_KIB=N: N KiB of weights instead of 96 MiB (e.g. 512: cache-resident, so the
-  // kernel's own speed, without DRAM).
+  // TANDEM_BENCH_GEMV_KIB=N: N KiB of weights instead of gemv_bytes() (e.g. 512: cache-resident,
+  // so the kernel's own speed, without DRAM).
   const char* kib = std::getenv("TANDEM_BENCH_GEMV_KIB");
-  const int64_t bytes = kib != nullptr ? std::atoll(kib) << 10 : 96ll << 20;
+  const int64_t bytes = kib != nullptr ? std::atoll(kib) << 10 : gemv_bytes();
   const int64_t cols = 2048;
   const int64_t rows = bytes / static_cast<int64_t>(dtype_bytes(dtype, cols));
   // TANDEM_BENCH_TOKENS=N: N tokens (2-15: the few-token paths between GEMV and tiles).
@@ -181,7 +187,7 @@ void BM_GemvQ4KX16(benchmark::State& state, Isa isa) {
     return;
   }
   const char* kib = std::getenv("TANDEM_BENCH_GEMV_KIB");
-  const int64_t bytes = kib != nullptr ? std::atoll(kib) << 10 : 96ll << 20;
+  const int64_t bytes = kib != nullptr ? std::atoll(kib) << 10 : gemv_bytes();
   const int64_t cols = 2048;
   const int64_t tile_bytes = kern::q4k_x16_tile_bytes(cols);
   const int64_t tiles = std::max<int64_t>(1, bytes / tile_bytes), rows = 16 * tiles;
@@ -239,7 +245,7 @@ void BM_GemvQ0X4(benchmark::State& state, DType dtype) {
     return;
   }
   const char* kib = std::getenv("TANDEM_BENCH_GEMV_KIB");
-  const int64_t bytes = kib != nullptr ? std::atoll(kib) << 10 : 96ll << 20;
+  const int64_t bytes = kib != nullptr ? std::atoll(kib) << 10 : gemv_bytes();
   // TANDEM_BENCH_COLS=N: rows of N columns (a multiple of 32) instead of 2048, e.g. 1408:
   // DeepSeek-V2-Lite's expert downs, 44 blocks (two groups of 16 and three quads).
   const char* cols_env = std::getenv("TANDEM_BENCH_COLS");
@@ -289,7 +295,7 @@ BENCHMARK_CAPTURE(BM_GemvQ0X4, q8_0, DType::kQ8_0)->UseRealTime()->MinTime(0.3);
 // and dram_GBps is the task split's and the pool's.
 void BM_GemvReadOnly(benchmark::State& state, std::string_view kernel) {
   const char* kib = std::getenv("TANDEM_BENCH_GEMV_KIB");
-  const int64_t bytes = kib != nullptr ? std::atoll(kib) << 10 : 96ll << 20;
+  const int64_t bytes = kib != nullptr ? std::atoll(kib) << 10 : gemv_bytes();
   const Weights w = make_weights(DType::kQ4_K, bytes / 1152, 2048);
   cpu::ReadFn read = nullptr;
   for (const cpu::ReadKernel& k : cpu::read_kernels()) {

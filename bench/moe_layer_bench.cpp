@@ -70,13 +70,7 @@ int64_t layer_copies(uint64_t bytes) {
   if (const char* env = std::getenv("TANDEM_BENCH_LAYER_COPIES")) {
     return std::max<int64_t>(1, std::atoll(env));
   }
-  static const Topology t = detect_topology();
-  const uint64_t l3 = t.l3_bytes * static_cast<uint64_t>(std::max(1, t.l3_instances));
-  int64_t n = static_cast<int64_t>((3 * l3 + bytes - 1) / bytes);
-  if (t.available_memory_bytes > 0) {
-    n = std::min<int64_t>(n, static_cast<int64_t>(t.available_memory_bytes / 4 / bytes));
-  }
-  return std::max<int64_t>(1, n);
+  return std::max<int64_t>(1, static_cast<int64_t>(dram_sized_bytes(bytes) / bytes));
 }
 
 // The weights' memory: huge pages unless TANDEM_BENCH_HUGE=0.

@@ -1,7 +1,8 @@
 // The packed formats (ops/cpu/packed.h) per ISA level:
-//  - GEMV: 1 token against 96 MiB of packed weights (3x L3 here, so DRAM-bound), the pool's
-//    threads; bytes_per_second = weight bytes read (incl. scales), vs `tandem roofline` DRAM;
-//    GBps the same in 1e9 units, of_dram the fraction of a DRAM probe run in alternating rounds.
+//  - GEMV: 1 token against 96 MiB of packed weights, or 3x the L3 where that is more (so
+//    DRAM-bound), the pool's threads; bytes_per_second = weight bytes read (incl. scales), vs
+//    `tandem roofline` DRAM; GBps the same in 1e9 units, of_dram the fraction of a DRAM probe run
+//    in alternating rounds.
 //  - GEMM: 512 tokens x a 2048 x 2048 matrix; items_per_second = 2 x multiply-adds (OP/s), vs
 //    the int8 VNNI / bf16 peaks of `tandem roofline`; of_peak that fraction of the peak measured
 //    in rounds alternating with the GEMM's (bench/dram_probe.h). Gemm48Dram: 48 tokens x 96 MiB
@@ -146,10 +147,11 @@ int64_t gemv_rows(WFormat f, int64_t cols) {
   const int64_t per_row = f == WFormat::kInt4                                 ? cols / 2
                           : f == WFormat::kBF16 || f == WFormat::kBF16Tile ? cols * 2
                                                                            : cols;
-  // TANDEM_BENCH_GEMV_KIB=N: N KiB of weights instead of 96 MiB (e.g. 8192: L3-resident, so the
-  // kernel's own speed, without DRAM).
+  // TANDEM_BENCH_GEMV_KIB=N: N KiB of weights instead of 96 MiB or 3x the L3 (dram_sized_bytes;
+  // e.g. 8192: L3-resident, so the kernel's own speed, without DRAM).
   const char* kib = std::getenv("TANDEM_BENCH_GEMV_KIB");
-  const int64_t bytes = kib != nullptr ? std::atoll(kib) << 10 : 96ll << 20;
+  const int64_t bytes =
+      kib != nullptr ? std::atoll(kib) << 10 : static_cast<int64_t>(dram_sized_bytes(96ll << 20));
   return std::max<int64_t>(16, bytes / per_row / 16 * 16);
 }
 
