@@ -122,7 +122,9 @@ struct Act {
 };
 
 // The x4 rows' prefetch distance: 4 KiB (8 KiB, as the stored rows take, read the MoE layer with
-// Q8_0 downs slower in same-minute A/Bs; spreading a prefetch per line over the quads did too).
+// Q8_0 downs slower in same-minute A/Bs; spreading a prefetch per line over the quads did too),
+// into L2 (the Q5_0 GEMV read 0.59-0.62 of DRAM with _MM_HINT_T0, 0.77 with _MM_HINT_T1: the L1's
+// miss buffers stay free for the kernel's loads; docs/performance.md, D3).
 constexpr int kX4PrefetchBytes = 4096;
 
 // The constants of the quad expansion.
@@ -278,7 +280,7 @@ template <class Block, int NT, int Q>
 inline void x4_group(const uint8_t* x, int64_t g0, const Act* act, const Consts& c, __m512* acc) {
   constexpr int kQuad = 4 * static_cast<int>(sizeof(Block));
   for (int o = 0; o < Q * kQuad; o += 64) {
-    _mm_prefetch(reinterpret_cast<const char*>(x) + kX4PrefetchBytes + o, _MM_HINT_T0);
+    _mm_prefetch(reinterpret_cast<const char*>(x) + kX4PrefetchBytes + o, _MM_HINT_T1);
   }
   __m512i v[NT][4];
   __m128i dq[4];

@@ -24,9 +24,12 @@ constexpr int kPrefetch = 8192;
 
 // One prefetch as an ordered statement: with _mm_prefetch the compiler hoisted a slice's 36
 // prefetches into one burst at its start (more than the core's L1 miss buffers take at once),
-// which read DRAM ~10% slower than spreading them over the slice (docs/cpu-kernels.md).
-inline void prefetch_t0(const uint8_t* p) {
-  asm volatile("prefetcht0 %0" : : "m"(*reinterpret_cast<const char*>(p)));
+// which read DRAM ~10% slower than spreading them over the slice (docs/cpu-kernels.md). Into L2
+// (prefetcht1), not L1: the line reaches L1 when the kernel loads it, 8 KiB later, and the L1's
+// miss buffers stay free for those loads (the GEMV read 0.56-0.61 of DRAM with prefetcht0, 0.76
+// with prefetcht1: docs/performance.md, D3).
+inline void prefetch_l2(const uint8_t* p) {
+  asm volatile("prefetcht1 %0" : : "m"(*reinterpret_cast<const char*>(p)));
 }
 
 inline int32_t load_i32(const int8_t* p) {
@@ -63,7 +66,7 @@ void gemv_tile(const uint8_t* t, int64_t nb, const BlockQ8_K* const* act, float*
   for (int k = 0; k < NT; ++k) acc[k] = _mm512_setzero_ps();
   for (int64_t b = 0; b < nb; ++b, t += kSlice) {
     const uint8_t* q = t + 256;
-    for (int l = 0; l < 4; ++l) prefetch_t0(t + kPrefetch + 64 * l);
+    for (int l = 0; l < 4; ++l) prefetch_l2(t + kPrefetch + 64 * l);
     // Header words: 0 = d | dmin << 16; 1 (A) scales 0-3 and the top bits of scales 4-7; 2 (B)
     // mins 0-3 and the top bits of mins 4-7; 3 (C) the low nibbles of scales / mins 4-7.
     __m512i wd[4];
@@ -87,7 +90,7 @@ void gemv_tile(const uint8_t* t, int64_t nb, const BlockQ8_K* const* act, float*
       for (int i = 0; i < 8; ++i) {
         const int c = 8 * g + i;
         if (c % 4 == 0) {  // four lines at a time, one group per four chunks
-          for (int l = 0; l < 4; ++l) prefetch_t0(q + kPrefetch + 64 * (c + l));
+          for (int l = 0; l < 4; ++l) prefetch_l2(q + kPrefetch + 64 * (c + l));
         }
         const __m512i w = _mm512_loadu_si512(q + 64 * c);
         const __m512i lo = _mm512_and_si512(w, m0f), hi = _mm512_and_si512(w, mf0);

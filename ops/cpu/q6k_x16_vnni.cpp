@@ -22,9 +22,10 @@ constexpr int64_t kQuants = 3072;
 // alone leave a one-token GEMV well below the DRAM's rate).
 constexpr int kPrefetch = 8192;
 
-// An ordered statement (see q4k_x16_vnni.cpp: _mm_prefetch calls were hoisted into one burst).
-inline void prefetch_t0(const uint8_t* p) {
-  asm volatile("prefetcht0 %0" : : "m"(*reinterpret_cast<const char*>(p)));
+// An ordered statement into L2 (see q4k_x16_vnni.cpp: _mm_prefetch calls were hoisted into one
+// burst; prefetcht0 kept the L1's miss buffers from the kernel's own loads).
+inline void prefetch_l2(const uint8_t* p) {
+  asm volatile("prefetcht1 %0" : : "m"(*reinterpret_cast<const char*>(p)));
 }
 
 inline __m512i act4(const int8_t* p) {
@@ -62,7 +63,7 @@ void gemv_tile(const uint8_t* tile, int64_t nb, const BlockQ8_K* const* act, flo
       for (int ii = 0; ii < 4; ++ii) {
         const int i = 4 * p + ii, t = 8 * h + i;
         const uint8_t* c = q + 192 * t;
-        for (int l = 0; l < 3; ++l) prefetch_t0(c + kPrefetch + 64 * l);
+        for (int l = 0; l < 3; ++l) prefetch_l2(c + kPrefetch + 64 * l);
         const __m512i a = _mm512_loadu_si512(c), bb = _mm512_loadu_si512(c + 64);
         const __m512i qh = _mm512_loadu_si512(c + 128);
         // Values 0..63: a nibble, and its two high bits from qh moved to bits 4-5 (16-bit
