@@ -87,12 +87,14 @@ inline int32_t k4_min_sum(const uint8_t* m, const int16_t* bsums) {
 // native MoE layer's decode slower in same-minute A/Bs, and 8 KiB left end-to-end decode no
 // slower; 12 KiB read the benchmark and the layer faster than 4 KiB but decoded slower end to end
 // (the forward keeps activations, KV cache and the pool's state in L1 / L2, where more lines in
-// flight per thread cost more). The x4 rows keep 4 KiB (kern_q0_vbmi.cpp).
+// flight per thread cost more). The x4 rows keep 4 KiB (kern_q0_vbmi.cpp). Into L2 (_MM_HINT_T1):
+// the Q4_K / Q6_K row GEMVs read 0.71 of DRAM prefetching into L1, 0.73-0.79 into L2, and
+// V2-Lite's native decode 1.03x (docs/performance.md, D5).
 constexpr int kPrefetchBytes = 8192;
 template <int kDistance = kPrefetchBytes>
 inline void prefetch_ahead(const void* p, int bytes) {
   for (int o = 0; o < bytes; o += 64) {
-    _mm_prefetch(static_cast<const char*>(p) + kDistance + o, _MM_HINT_T0);
+    _mm_prefetch(static_cast<const char*>(p) + kDistance + o, _MM_HINT_T1);
   }
 }
 
