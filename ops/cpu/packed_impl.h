@@ -37,12 +37,14 @@ namespace tandem::kern::detail::packed_impl {
 // contiguous): one core's hardware prefetchers alone leave a single stream short of bandwidth
 // (as in kern_gguf_impl.h). INT4 and BF16 tiles 8 KiB ahead, INT8 and the FP8 rows 4 KiB: the
 // distances at which the MoE layer's decode read DRAM fastest in same-minute A/Bs (2 KiB was
-// slower for all, 12 and 16 KiB no better than 8, and INT8 gained nothing from 8).
+// slower for all, 12 and 16 KiB no better than 8, and INT8 gained nothing from 8). Into L2
+// (locality 2: prefetcht1), as the GGUF kernels: the INT4 GEMV read 0.70 of DRAM prefetching into
+// L1, 0.78-0.79 into L2 (docs/performance.md, D6).
 constexpr int kPackedPrefetchBytes = 4096;
 constexpr int kPackedPrefetchFar = 8192;
 template <int NR, int NT, int kDistance = kPackedPrefetchBytes>
 inline void gemv_prefetch(const uint8_t* p) {
-  if constexpr (NR == 1 && NT <= 2) __builtin_prefetch(p + kDistance, 0, 3);
+  if constexpr (NR == 1 && NT <= 2) __builtin_prefetch(p + kDistance, 0, 2);
 }
 
 // The GEMM's next panel (the next step's tiles), prefetched into L2 while this step's token blocks
